@@ -1,0 +1,82 @@
+//! `receiver`: accepts files from `sender`s over RDMA.
+
+use clap::Parser;
+use rdma_xfer::XferError;
+use rdma_xfer::cli::{finish, init_logging, parse_size_arg, parse_timeout_arg};
+use rdma_xfer::engine::receiver::{ReceiverConfig, serve};
+use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, check_buffers, print_summary};
+use rdma_xfer::verbs::os::install_shutdown_handlers;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Receive files over RDMA from `sender`.",
+    long_about = "Receive files over RDMA from `sender`. Each file is written to a temporary \
+file in --dir, fsynced, checked against the sender's digest and only then renamed to its \
+final name.",
+    after_help = concat!(
+        "Examples:\n",
+        "  receiver --dir /data/incoming\n",
+        "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n\n",
+        rdma_xfer::exit_codes_help!()
+    )
+)]
+struct Args {
+    /// Local address to listen on (IPv4 or IPv6).
+    #[arg(long, default_value = "0.0.0.0")]
+    bind: IpAddr,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 7471)]
+    port: u16,
+    /// Output directory.
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Serve one session, then exit with its status.
+    #[arg(long)]
+    once: bool,
+    /// Replace existing files (default: refuse them).
+    #[arg(long)]
+    overwrite: bool,
+    /// Number of ring slots registered per session.
+    #[arg(long, default_value_t = DEFAULT_SLOTS)]
+    slots: u32,
+    /// Ring slot size (K, M, G suffixes).
+    #[arg(long, value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
+    chunk_size: u64,
+    /// Spin on the completion queue instead of sleeping on events.
+    #[arg(long)]
+    busy_poll: bool,
+    /// Seconds without progress (or to accept) before a session is dropped.
+    #[arg(long, value_parser = parse_timeout_arg, default_value = "30")]
+    timeout: Duration,
+    /// More log output (-v info, -vv debug).
+    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn run(args: &Args) -> Result<(), XferError> {
+    let (chunk_size, slots) = check_buffers(args.chunk_size, args.slots as u64, "--slots")?;
+    let mut cfg = ReceiverConfig::new(SocketAddr::new(args.bind, args.port), args.dir.clone());
+    cfg.once = args.once;
+    cfg.overwrite = args.overwrite;
+    cfg.slots = slots;
+    cfg.chunk_size = chunk_size;
+    cfg.busy_poll = args.busy_poll;
+    cfg.timeout = args.timeout;
+    serve(&cfg, |report| print_summary(report, args.quiet))
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    init_logging(args.verbose, args.quiet);
+    if let Err(e) = install_shutdown_handlers() {
+        eprintln!("receiver: warning: {e}");
+    }
+    finish("receiver", args.verbose, run(&args))
+}

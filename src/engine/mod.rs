@@ -1,0 +1,109 @@
+//! The engine drives the pure session state machines of `proto` over the
+//! verbs wrapper and the file system: the sender's pipeline (file ->
+//! registered staging buffers -> RDMA WRITE WITH IMM, limited by credits)
+//! and the receiver's ring (completion -> CRC check -> pwrite -> credit).
+
+mod control;
+mod digest;
+pub mod receiver;
+mod report;
+pub mod sender;
+
+pub use digest::FileHasher;
+pub use report::{FileReport, print_summary};
+
+use crate::error::XferError;
+use std::time::Duration;
+
+/// Default slot (chunk) size of the receiver's ring and the sender's buffers.
+pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 20;
+/// Default number of ring slots.
+pub const DEFAULT_SLOTS: u32 = 16;
+/// Default number of RDMA WRITEs the sender keeps in flight.
+pub const DEFAULT_DEPTH: u32 = 16;
+/// Default for every phase timeout and the no-progress timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest accepted chunk size: the receive completion's byte_len and the
+/// wire's u32 fields bound it, and bigger slots bring nothing.
+pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
+/// Largest ring / staging pool, to keep a typo from pinning all memory.
+pub const MAX_SLOTS: u32 = 1024;
+
+/// Checks a (chunk size, count) pair given on the command line.
+pub fn check_buffers(chunk_size: u64, count: u64, what: &str) -> Result<(u32, u32), XferError> {
+    if chunk_size < 4096 || chunk_size > MAX_CHUNK_SIZE as u64 {
+        return Err(XferError::Usage(format!(
+            "chunk size must be between 4K and {}M, got {chunk_size}",
+            MAX_CHUNK_SIZE >> 20
+        )));
+    }
+    if count == 0 || count > MAX_SLOTS as u64 {
+        return Err(XferError::Usage(format!(
+            "{what} must be between 1 and {MAX_SLOTS}, got {count}"
+        )));
+    }
+    Ok((chunk_size as u32, count as u32))
+}
+
+/// How often a wait for completions also checks for a CM disconnect, so a
+/// vanished peer is noticed long before the no-progress timeout.
+const DISCONNECT_CHECK: Duration = Duration::from_millis(500);
+
+/// Waits (at most `timeout` without progress) for completions on the
+/// endpoint's CQ, watching for the peer's disconnect meanwhile.
+fn wait_completions(
+    ep: &crate::verbs::Endpoint,
+    wcs: &mut Vec<crate::verbs::WorkCompletion>,
+    timeout: Duration,
+    what: &str,
+) -> Result<(), XferError> {
+    use crate::verbs::VerbsError;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let slice = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .min(DISCONNECT_CHECK);
+        match ep.cq().wait(wcs, 16, slice, what) {
+            Ok(_) => return Ok(()),
+            Err(VerbsError::Timeout { .. }) => {
+                if ep.cm_id().peer_disconnected() {
+                    return Err(XferError::PeerLost(format!(
+                        "the peer disconnected while we waited for {what}"
+                    )));
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(XferError::PeerLost(format!(
+                        "no progress for {}s while waiting for {what}",
+                        timeout.as_secs()
+                    )));
+                }
+            }
+            Err(
+                e @ VerbsError::WorkRequest {
+                    peer_lost: true, ..
+                },
+            ) => {
+                return Err(XferError::PeerLost(format!(
+                    "the peer stopped responding ({e})"
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Kinds of work requests, kept in the top byte of wr_id.
+mod wr {
+    pub const RECV: u64 = 1 << 56;
+    pub const SEND: u64 = 2 << 56;
+    pub const WRITE: u64 = 3 << 56;
+    pub const KIND_MASK: u64 = 0xff << 56;
+
+    pub fn kind(wr_id: u64) -> u64 {
+        wr_id & KIND_MASK
+    }
+
+    pub fn index(wr_id: u64) -> usize {
+        (wr_id & !KIND_MASK) as usize
+    }
+}

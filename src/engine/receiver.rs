@@ -1,0 +1,544 @@
+//! Receiver: listens, and per session answers each HELLO with the ring (or a
+//! REJECT), checks and writes every chunk the sender RDMA-writes into the
+//! ring, returns credits, and on FIN verifies, fsyncs and renames before the
+//! ACK.
+
+use super::control::Control;
+use super::digest::{FileHasher, digest_hex};
+use super::report::FileReport;
+use super::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT, wait_completions, wr};
+use crate::error::XferError;
+use crate::proto::{
+    Ack, AckStatus, Fin, Hello, Message, PROTOCOL_VERSION, ReceiverConfig as MachineConfig,
+    ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode, RingInfo, WireError,
+};
+use crate::verbs::os::{free_space, rename_noreplace, shutdown_requested};
+use crate::verbs::{
+    Access, CmId, ConnectRequest, Endpoint, EventChannel, MemoryRegion, QpCaps, VerbsError,
+    WcOpcode, WorkCompletion, probe_devices,
+};
+use std::fs::{File, OpenOptions};
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+#[derive(Debug, Clone)]
+pub struct ReceiverConfig {
+    pub bind: SocketAddr,
+    pub dir: PathBuf,
+    pub once: bool,
+    pub overwrite: bool,
+    pub slots: u32,
+    pub chunk_size: u32,
+    pub busy_poll: bool,
+    pub timeout: Duration,
+}
+
+impl ReceiverConfig {
+    pub fn new(bind: SocketAddr, dir: PathBuf) -> Self {
+        ReceiverConfig {
+            bind,
+            dir,
+            once: false,
+            overwrite: false,
+            slots: DEFAULT_SLOTS,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            busy_poll: false,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// Control messages the receiver may have outstanding at once from the
+/// sender besides the data writes (HELLO/FIN/BYE are request/response).
+const CONTROL_RECVS: u32 = 8;
+const SEND_BUFFERS: usize = 16;
+
+/// Serves sessions one after another until SIGINT/SIGTERM, or exactly one
+/// with `once` (whose status is then returned).
+pub fn serve(cfg: &ReceiverConfig, mut on_file: impl FnMut(&FileReport)) -> Result<(), XferError> {
+    let dir_meta = std::fs::metadata(&cfg.dir)
+        .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
+    if !dir_meta.is_dir() {
+        return Err(XferError::Usage(format!(
+            "{} is not a directory",
+            cfg.dir.display()
+        )));
+    }
+    probe_devices()?;
+    let channel = EventChannel::new()?;
+    let listener = CmId::new(&channel)?;
+    listener.listen(cfg.bind, 16)?;
+    info!(bind = %cfg.bind, dir = %cfg.dir.display(), "listening");
+    loop {
+        if shutdown_requested() {
+            info!("shutting down");
+            return Ok(());
+        }
+        let request = match listener.get_request(Duration::from_millis(500)) {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
+            Err(VerbsError::Interrupted) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let started = Instant::now();
+        let result = run_session(cfg, request, &mut on_file);
+        match &result {
+            Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
+            Err(e) => error!("session failed: {e}"),
+        }
+        if cfg.once {
+            return result;
+        }
+        if let Err(e) = result {
+            eprintln!("receiver: session failed: {e}");
+        }
+    }
+}
+
+fn run_session(
+    cfg: &ReceiverConfig,
+    request: ConnectRequest,
+    on_file: &mut impl FnMut(&FileReport),
+) -> Result<(), XferError> {
+    let id = request.into_id()?;
+    let recvs = cfg.slots + CONTROL_RECVS;
+    let caps = QpCaps {
+        max_send_wr: SEND_BUFFERS as u32 + 4,
+        max_recv_wr: recvs,
+    };
+    let ep = Endpoint::new(id, caps, cfg.busy_poll)?;
+    let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
+    ep.cm_id().accept(cfg.timeout)?;
+    info!("session established");
+    let machine = ReceiverSession::new(MachineConfig {
+        slot_size: cfg.chunk_size,
+        slot_count: cfg.slots,
+        credit_batch: (cfg.slots / 4).max(1),
+        max_size: u64::MAX,
+    });
+    let mut session = Session {
+        cfg,
+        ep,
+        control,
+        ring: None,
+        machine,
+        file: None,
+        first_error: None,
+    };
+    let result = session.run(on_file);
+    session.finish(result)
+}
+
+/// The file being received: a temporary file in the output directory that is
+/// removed on drop unless it was renamed into place.
+struct IncomingFile {
+    name: String,
+    final_path: PathBuf,
+    temp_path: PathBuf,
+    file: File,
+    mode: u32,
+    hasher: FileHasher,
+    started: Instant,
+    committed: bool,
+}
+
+impl Drop for IncomingFile {
+    fn drop(&mut self) {
+        if !self.committed
+            && let Err(e) = std::fs::remove_file(&self.temp_path)
+        {
+            warn!(path = %self.temp_path.display(), "cannot remove temporary file: {e}");
+        }
+    }
+}
+
+/// A temporary name that does not depend on the (up to 255-byte) final name.
+fn temp_path(dir: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    dir.join(format!(
+        ".rdma-xfer-{}-{}-{nanos:08x}.part",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+struct Session<'a> {
+    cfg: &'a ReceiverConfig,
+    ep: Endpoint,
+    control: Control,
+    /// Registered at the first accepted HELLO, reused for every file.
+    ring: Option<MemoryRegion>,
+    machine: ReceiverSession,
+    file: Option<IncomingFile>,
+    /// A per-file failure that did not end the session (--once reports it).
+    first_error: Option<XferError>,
+}
+
+/// What handling one completion decided.
+enum Flow {
+    Continue,
+    /// BYE: the sender is done.
+    Done,
+}
+
+impl Session<'_> {
+    fn run(&mut self, on_file: &mut impl FnMut(&FileReport)) -> Result<(), XferError> {
+        let mut wcs = Vec::with_capacity(16);
+        loop {
+            wcs.clear();
+            let what = match self.file {
+                Some(_) => "data from the sender",
+                None => "the next HELLO or BYE",
+            };
+            wait_completions(&self.ep, &mut wcs, self.cfg.timeout, what)?;
+            for wc in &wcs {
+                if let Flow::Done = self.on_completion(wc, on_file)? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn on_completion(
+        &mut self,
+        wc: &WorkCompletion,
+        on_file: &mut impl FnMut(&FileReport),
+    ) -> Result<Flow, XferError> {
+        match (wr::kind(wc.wr_id), wc.opcode) {
+            (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
+            (wr::RECV, WcOpcode::RecvWithImm) => {
+                // The receive buffer carried no data: hand it back at once.
+                self.control.repost(&self.ep, wr::index(wc.wr_id))?;
+                let imm = wc.imm.ok_or_else(|| {
+                    XferError::Protocol("RDMA write completion without immediate data".into())
+                })?;
+                self.on_chunk(wc.byte_len, imm)?;
+            }
+            (wr::RECV, WcOpcode::Recv) => {
+                let decoded = self.control.decode(wc);
+                self.control.repost(&self.ep, wr::index(wc.wr_id))?;
+                let msg = match decoded {
+                    Ok(m) => m,
+                    Err(WireError::UnknownVersion(v)) => {
+                        let reason = format!(
+                            "protocol version {v} is not supported (this receiver speaks {PROTOCOL_VERSION})"
+                        );
+                        let _ = self.control.send(
+                            &self.ep,
+                            &Message::Reject(Reject::new(RejectCode::Version, reason.clone())),
+                        );
+                        return Err(XferError::Rejected {
+                            code: RejectCode::Version.as_str(),
+                            reason,
+                        });
+                    }
+                    Err(e) => {
+                        let err =
+                            XferError::Protocol(format!("malformed message from the sender: {e}"));
+                        return Err(self.abort(AckStatus::Protocol, err));
+                    }
+                };
+                return self.on_message(msg, on_file);
+            }
+            (kind, opcode) => {
+                return Err(XferError::Protocol(format!(
+                    "unexpected completion {opcode:?} for work request kind {kind:#x}"
+                )));
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn on_message(
+        &mut self,
+        msg: Message,
+        on_file: &mut impl FnMut(&FileReport),
+    ) -> Result<Flow, XferError> {
+        let kind = msg.kind();
+        match self.machine.on_message(msg) {
+            Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
+            Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin, on_file)?,
+            Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
+            Err(RecvError::Reject(reject)) => {
+                warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
+                let err = XferError::Rejected {
+                    code: reject.code.as_str(),
+                    reason: reject.reason.clone(),
+                };
+                self.first_error.get_or_insert(err);
+                self.control.send(&self.ep, &Message::Reject(reject))?;
+            }
+            Err(RecvError::Protocol(e)) => {
+                let err = XferError::Protocol(format!("{kind} not allowed here: {e}"));
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Checks that need the file system, then opens the temporary file and
+    /// exposes the ring (registered once per session).
+    fn on_hello(&mut self, hello: Hello) -> Result<(), XferError> {
+        info!(file = %hello.name, size = hello.size, "offer");
+        match self.prepare_file(&hello) {
+            Ok(file) => {
+                let ring = self.ring_info()?;
+                self.file = Some(file);
+                let reply = self
+                    .machine
+                    .accept(ring)
+                    .map_err(|e| XferError::Protocol(e.to_string()))?;
+                self.control.send(&self.ep, &reply)
+            }
+            Err((code, reason)) => {
+                warn!(file = %hello.name, code = code.as_str(), "refused: {reason}");
+                self.first_error.get_or_insert(XferError::Rejected {
+                    code: code.as_str(),
+                    reason: reason.clone(),
+                });
+                let reply = self
+                    .machine
+                    .reject(code, reason)
+                    .map_err(|e| XferError::Protocol(e.to_string()))?;
+                self.control.send(&self.ep, &reply)
+            }
+        }
+    }
+
+    fn prepare_file(&self, hello: &Hello) -> Result<IncomingFile, (RejectCode, String)> {
+        let dir = &self.cfg.dir;
+        let final_path = dir.join(&hello.name);
+        if let Ok(meta) = std::fs::symlink_metadata(&final_path) {
+            if meta.is_dir() {
+                return Err((
+                    RejectCode::Exists,
+                    format!("{} exists and is a directory", hello.name),
+                ));
+            }
+            if !self.cfg.overwrite {
+                return Err((
+                    RejectCode::Exists,
+                    format!(
+                        "{} already exists on the receiver (it runs without --overwrite)",
+                        hello.name
+                    ),
+                ));
+            }
+        }
+        match free_space(dir) {
+            Ok(free) if free < hello.size => {
+                return Err((
+                    RejectCode::NoSpace,
+                    format!(
+                        "{} needs {} bytes but only {free} are free",
+                        hello.name, hello.size
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => warn!("cannot check free space of {}: {e}", dir.display()),
+        }
+        let temp = temp_path(dir);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+            .map_err(|e| {
+                (
+                    RejectCode::Io,
+                    format!("cannot create a file in the output directory: {e}"),
+                )
+            })?;
+        Ok(IncomingFile {
+            name: hello.name.clone(),
+            final_path,
+            temp_path: temp,
+            file,
+            mode: hello.mode & 0o777,
+            hasher: FileHasher::new(hello.digest),
+            started: Instant::now(),
+            committed: false,
+        })
+    }
+
+    fn ring_info(&mut self) -> Result<RingInfo, XferError> {
+        if self.ring.is_none() {
+            let len = self.cfg.slots as usize * self.cfg.chunk_size as usize;
+            let mr = MemoryRegion::new(self.ep.pd(), len, Access::RemoteWrite)?;
+            debug!(len, rkey = mr.rkey(), "ring registered");
+            self.ring = Some(mr);
+        }
+        let ring = self
+            .ring
+            .as_ref()
+            .ok_or_else(|| XferError::Protocol("ring missing".into()))?;
+        Ok(RingInfo {
+            addr: ring.addr(),
+            rkey: ring.rkey(),
+            slot_size: self.cfg.chunk_size,
+            slot_count: self.cfg.slots,
+        })
+    }
+
+    fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), XferError> {
+        let placement = match self.machine.on_chunk(byte_len, imm) {
+            Ok(p) => p,
+            Err(e) => {
+                let err = XferError::Protocol(format!("bad data write: {e}"));
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+        };
+        let (Some(ring), Some(file)) = (self.ring.as_ref(), self.file.as_mut()) else {
+            return Err(XferError::Protocol("data without an open file".into()));
+        };
+        let data = ring.slice(placement.slot_offset as usize, placement.len as usize)?;
+        let crc = crc32fast::hash(data);
+        if crc != placement.expected_crc {
+            let err = XferError::Integrity(format!(
+                "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
+                placement.seq, file.name, placement.file_offset, placement.expected_crc
+            ));
+            return Err(self.abort(AckStatus::Integrity, err));
+        }
+        if let Err(e) = file.file.write_all_at(data, placement.file_offset) {
+            let err = XferError::io(format!("cannot write {}", file.name), e);
+            return Err(self.abort(AckStatus::Io, err));
+        }
+        file.hasher.update(data, crc);
+        if let Some(credit) = self.machine.chunk_done() {
+            self.control.send(&self.ep, &credit)?;
+        }
+        Ok(())
+    }
+
+    fn on_fin(&mut self, fin: Fin, on_file: &mut impl FnMut(&FileReport)) -> Result<(), XferError> {
+        let Some(mut file) = self.file.take() else {
+            return Err(XferError::Protocol("FIN without an open file".into()));
+        };
+        let hasher = std::mem::replace(
+            &mut file.hasher,
+            FileHasher::new(crate::proto::DigestAlg::Crc32),
+        );
+        let digest = hasher.finish();
+        let (status, reason, err) = if digest != fin.digest {
+            let reason = format!(
+                "whole-file digest mismatch for {}: received data hashes to {}, the sender's is {}",
+                file.name,
+                digest_hex(&digest),
+                digest_hex(&fin.digest)
+            );
+            (
+                AckStatus::Integrity,
+                reason.clone(),
+                Some(XferError::Integrity(reason)),
+            )
+        } else {
+            match commit(&mut file, self.cfg.overwrite) {
+                Ok(()) => (AckStatus::Ok, String::new(), None),
+                Err(e) => (AckStatus::Io, e.to_string(), Some(e)),
+            }
+        };
+        let ack = self
+            .machine
+            .complete(status, reason)
+            .map_err(|e| XferError::Protocol(e.to_string()))?;
+        self.control.send(&self.ep, &ack)?;
+        match err {
+            None => {
+                let report = FileReport {
+                    name: file.name.clone(),
+                    bytes: fin.bytes,
+                    elapsed: file.started.elapsed(),
+                    digest,
+                };
+                on_file(&report);
+            }
+            Some(e) => {
+                error!(file = %file.name, "{e}");
+                self.first_error.get_or_insert(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A fatal error mid-session: tell the sender why (best effort), and
+    /// return the error. The temporary file is removed when `file` drops.
+    fn abort(&mut self, status: AckStatus, err: XferError) -> XferError {
+        // After a peer-caused error the machine is already Closed and
+        // refuses complete(); the ACK is then built directly.
+        let ack = self
+            .machine
+            .complete(status, err.to_string())
+            .unwrap_or_else(|_| Message::Ack(Ack::new(status, err.to_string())));
+        let _ = self.control.send(&self.ep, &ack);
+        self.file = None;
+        err
+    }
+
+    /// Lets queued replies reach the sender, then disconnects.
+    fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut wcs = Vec::new();
+        while self.control.busy() && Instant::now() < deadline {
+            wcs.clear();
+            if self
+                .ep
+                .cq()
+                .wait(&mut wcs, 16, Duration::from_millis(200), "sends")
+                .is_err()
+            {
+                break;
+            }
+            for wc in &wcs {
+                if wr::kind(wc.wr_id) == wr::SEND {
+                    let _ = self.control.on_send_done(&self.ep, wc);
+                }
+            }
+        }
+        self.file = None;
+        self.ep.cm_id().disconnect(Duration::from_secs(1));
+        result?;
+        match self.first_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// fsync the data, apply the mode, rename into place, fsync the directory.
+fn commit(file: &mut IncomingFile, overwrite: bool) -> Result<(), XferError> {
+    let ctx = |what: &str| format!("{what} {}", file.name);
+    file.file
+        .set_permissions(std::fs::Permissions::from_mode(file.mode))
+        .map_err(|e| XferError::io(ctx("cannot set the mode of"), e))?;
+    file.file
+        .sync_all()
+        .map_err(|e| XferError::io(ctx("cannot fsync"), e))?;
+    let renamed = if overwrite {
+        std::fs::rename(&file.temp_path, &file.final_path)
+    } else {
+        rename_noreplace(&file.temp_path, &file.final_path)
+    };
+    renamed.map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
+    file.committed = true;
+    if let Some(dir) = file.final_path.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| XferError::io(format!("cannot fsync directory {}", dir.display()), e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! Errors of a transfer and the exit codes they map to (documented in
+//! README and `--help`).
+
+use crate::verbs::VerbsError;
+
+/// Process exit codes shared by both tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum ExitCode {
+    Ok = 0,
+    Other = 1,
+    Usage = 2,
+    NoDeviceOrConnect = 3,
+    Rejected = 4,
+    Integrity = 5,
+    Io = 6,
+    TimeoutOrPeerLost = 7,
+}
+
+/// Exit-code table for `--help` of both binaries (a macro so that it can be
+/// `concat!`ed with each tool's examples).
+#[macro_export]
+macro_rules! exit_codes_help {
+    () => {
+        "Exit codes:
+  0  all files acknowledged OK
+  1  other error
+  2  usage error
+  3  no RDMA device, or cannot connect
+  4  rejected by the peer (name, exists, size, version)
+  5  integrity failure (checksum mismatch)
+  6  I/O error (local, or reported by the peer)
+  7  timeout or peer lost"
+    };
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum XferError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("cannot connect to {addr}: {source}")]
+    Connect { addr: String, source: VerbsError },
+    #[error("{0}")]
+    Verbs(#[from] VerbsError),
+    #[error("rejected by the receiver ({code}): {reason}")]
+    Rejected { code: &'static str, reason: String },
+    #[error("integrity check failed: {0}")]
+    Integrity(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("the receiver reported an I/O error: {0}")]
+    PeerIo(String),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("peer lost: {0}")]
+    PeerLost(String),
+}
+
+impl XferError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        XferError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            XferError::Usage(_) => ExitCode::Usage,
+            XferError::Connect { .. } => ExitCode::NoDeviceOrConnect,
+            XferError::Verbs(v) => match v {
+                VerbsError::NoDevice => ExitCode::NoDeviceOrConnect,
+                VerbsError::Timeout { .. } | VerbsError::Disconnected => {
+                    ExitCode::TimeoutOrPeerLost
+                }
+                VerbsError::WorkRequest {
+                    peer_lost: true, ..
+                } => ExitCode::TimeoutOrPeerLost,
+                _ => ExitCode::Other,
+            },
+            XferError::Rejected { .. } => ExitCode::Rejected,
+            XferError::Integrity(_) => ExitCode::Integrity,
+            XferError::Io { .. } | XferError::PeerIo(_) => ExitCode::Io,
+            XferError::Protocol(_) => ExitCode::Other,
+            XferError::PeerLost(_) => ExitCode::TimeoutOrPeerLost,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn exit_codes_are_distinct_per_class() {
+        let cases: Vec<(XferError, u8)> = vec![
+            (XferError::Usage("x".into()), 2),
+            (XferError::Verbs(VerbsError::NoDevice), 3),
+            (
+                XferError::Connect {
+                    addr: "a".into(),
+                    source: VerbsError::Disconnected,
+                },
+                3,
+            ),
+            (
+                XferError::Rejected {
+                    code: "exists",
+                    reason: "r".into(),
+                },
+                4,
+            ),
+            (XferError::Integrity("c".into()), 5),
+            (XferError::io("w", std::io::Error::other("x")), 6),
+            (XferError::PeerIo("disk full".into()), 6),
+            (
+                XferError::Verbs(VerbsError::Timeout {
+                    what: "ACK".into(),
+                    after: Duration::from_secs(1),
+                }),
+                7,
+            ),
+            (XferError::PeerLost("gone".into()), 7),
+            (XferError::Protocol("bad".into()), 1),
+        ];
+        for (err, code) in cases {
+            assert_eq!(err.exit_code() as u8, code, "{err}");
+        }
+    }
+}

@@ -1,0 +1,840 @@
+//! Receiver side of a session. The engine feeds it decoded messages and
+//! WRITE_WITH_IMM completions; it answers with placements and messages to send.
+
+use thiserror::Error;
+
+use super::names::validate_name;
+use super::wire::{Ack, AckStatus, DigestAlg, Fin, Hello, Message, Reject, RejectCode, RingInfo};
+use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReceiverState {
+    AwaitHello,
+    /// HELLO passed the pure checks; the engine must `accept` or `reject`.
+    AwaitDecision,
+    Receiving,
+    /// FIN arrived; the engine verifies and calls `complete`.
+    Verifying,
+    Closed,
+}
+
+impl ReceiverState {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::AwaitHello => "AWAIT_HELLO",
+            Self::AwaitDecision => "AWAIT_DECISION",
+            Self::Receiving => "RECEIVING",
+            Self::Verifying => "VERIFYING",
+            Self::Closed => "CLOSED",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiverConfig {
+    pub slot_size: u32,
+    pub slot_count: u32,
+    /// Return credits once this many slots are free (clamped to 1..=slot_count,
+    /// since a larger batch would starve the sender forever).
+    pub credit_batch: u32,
+    /// Largest accepted file; `u64::MAX` = no limit.
+    pub max_size: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkPlacement {
+    pub seq: u64,
+    pub slot: u32,
+    /// Byte offset inside the ring (= slot * slot_size).
+    pub slot_offset: u64,
+    pub file_offset: u64,
+    pub len: u32,
+    pub expected_crc: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReceiverEvent {
+    /// Version, name and size passed; the engine does its I/O checks and calls
+    /// `accept` or `reject`.
+    Offer(Hello),
+    /// All data arrived; the engine verifies the digest, fsyncs, renames, then
+    /// calls `complete`.
+    Fin(Fin),
+    /// The sender said BYE.
+    Closed,
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum RecvError {
+    /// Answer with this REJECT; the session continues (state stays AwaitHello).
+    #[error("offer rejected ({}): {}", .0.code, .0.reason)]
+    Reject(Reject),
+    /// The session is over (state is now Closed): send `Ack::new(AckStatus::Protocol, err)`
+    /// (or a `Reject` with `RejectCode::Protocol`) directly and disconnect.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+}
+
+#[derive(Debug, Clone)]
+pub struct ReceiverSession {
+    cfg: ReceiverConfig,
+    state: ReceiverState,
+    size: u64,
+    digest: DigestAlg,
+    ring: RingInfo,
+    bytes: u64,
+    chunks: u64,
+    /// Length of the first chunk of the file; 0 until it arrives.
+    chunk_len: u32,
+    /// Chunks received but not yet consumed (`chunk_done`).
+    unconsumed: u32,
+    /// Slots consumed whose credit has not been returned yet.
+    pending: u32,
+}
+
+impl ReceiverSession {
+    pub fn new(cfg: ReceiverConfig) -> Self {
+        Self {
+            cfg,
+            state: ReceiverState::AwaitHello,
+            size: 0,
+            digest: DigestAlg::Crc32,
+            ring: RingInfo::default(),
+            bytes: 0,
+            chunks: 0,
+            chunk_len: 0,
+            unconsumed: 0,
+            pending: 0,
+        }
+    }
+
+    pub fn state(&self) -> ReceiverState {
+        self.state
+    }
+
+    pub fn bytes_received(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn chunks_received(&self) -> u64 {
+        self.chunks
+    }
+
+    fn batch(&self) -> u32 {
+        self.cfg.credit_batch.clamp(1, self.cfg.slot_count.max(1))
+    }
+
+    fn wrong_state(&self, op: &'static str) -> ProtocolError {
+        ProtocolError::WrongState {
+            op,
+            state: self.state.as_str(),
+        }
+    }
+
+    fn reset_file(&mut self) {
+        self.bytes = 0;
+        self.chunks = 0;
+        self.chunk_len = 0;
+        self.unconsumed = 0;
+        self.pending = 0;
+    }
+
+    /// Applies a message from the sender. A `RecvError::Protocol` closes the session.
+    pub fn on_message(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
+        let result = self.dispatch(msg);
+        if let Err(RecvError::Protocol(_)) = result {
+            self.state = ReceiverState::Closed;
+        }
+        result
+    }
+
+    fn dispatch(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
+        use ReceiverState::*;
+        match (self.state, msg) {
+            (Closed, m) => Err(self.unexpected(m.kind()).into()),
+            (AwaitHello, Message::Hello(h)) => {
+                check_hello(&h, self.cfg.max_size).map_err(RecvError::Reject)?;
+                self.size = h.size;
+                self.digest = h.digest;
+                self.reset_file();
+                self.state = AwaitDecision;
+                Ok(ReceiverEvent::Offer(h))
+            }
+            (AwaitHello, Message::Bye) => {
+                self.state = Closed;
+                Ok(ReceiverEvent::Closed)
+            }
+            (Receiving, Message::Fin(f)) => {
+                if f.digest.alg() != self.digest {
+                    return Err(ProtocolError::DigestAlgMismatch {
+                        expected: self.digest,
+                        got: f.digest.alg(),
+                    }
+                    .into());
+                }
+                if f.bytes != self.bytes || f.chunks != self.chunks || self.bytes != self.size {
+                    return Err(ProtocolError::FinMismatch {
+                        fin_bytes: f.bytes,
+                        fin_chunks: f.chunks,
+                        got_bytes: self.bytes,
+                        got_chunks: self.chunks,
+                        size: self.size,
+                    }
+                    .into());
+                }
+                self.state = Verifying;
+                Ok(ReceiverEvent::Fin(f))
+            }
+            // The sender aborting (e.g. a local read error) ends the session.
+            (_, Message::Reject(r)) => Err(ProtocolError::PeerRejected {
+                code: r.code,
+                reason: r.reason,
+            }
+            .into()),
+            (_, m) => Err(self.unexpected(m.kind()).into()),
+        }
+    }
+
+    fn unexpected(&self, msg: &'static str) -> ProtocolError {
+        ProtocolError::Unexpected {
+            msg,
+            state: self.state.as_str(),
+        }
+    }
+
+    /// AwaitDecision -> Receiving; returns the MR. `ring` must match the config's shape.
+    pub fn accept(&mut self, ring: RingInfo) -> Result<Message, ProtocolError> {
+        if self.state != ReceiverState::AwaitDecision {
+            return Err(self.wrong_state("accept"));
+        }
+        check_ring(&ring)?;
+        if ring.slot_size != self.cfg.slot_size || ring.slot_count != self.cfg.slot_count {
+            return Err(ProtocolError::BadRing {
+                reason: "ring shape differs from the receiver configuration",
+            });
+        }
+        self.ring = ring;
+        self.reset_file();
+        self.state = ReceiverState::Receiving;
+        Ok(Message::Mr(ring))
+    }
+
+    /// AwaitDecision -> AwaitHello; returns the REJECT.
+    pub fn reject(&mut self, code: RejectCode, reason: String) -> Result<Message, ProtocolError> {
+        if self.state != ReceiverState::AwaitDecision {
+            return Err(self.wrong_state("reject"));
+        }
+        self.state = ReceiverState::AwaitHello;
+        Ok(Message::Reject(Reject::new(code, reason)))
+    }
+
+    /// A WRITE_WITH_IMM completion (`imm` = CRC32 of the chunk). Returns where the
+    /// data is in the ring and where it belongs in the file. Errors close the session.
+    pub fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
+        let result = self.place_chunk(byte_len, imm);
+        if result.is_err() {
+            self.state = ReceiverState::Closed;
+        }
+        result.map_err(RecvError::Protocol)
+    }
+
+    fn place_chunk(&mut self, len: u32, imm: u32) -> Result<ChunkPlacement, ProtocolError> {
+        if self.state != ReceiverState::Receiving {
+            return Err(self.unexpected("WRITE_WITH_IMM"));
+        }
+        let seq = self.chunks;
+        let bad = |reason| ProtocolError::BadChunk { seq, len, reason };
+        if len == 0 {
+            return Err(bad("empty chunk"));
+        }
+        if len > self.ring.slot_size {
+            return Err(bad("larger than a ring slot"));
+        }
+        let in_flight = u64::from(self.unconsumed) + u64::from(self.pending);
+        if in_flight >= u64::from(self.ring.slot_count) {
+            return Err(ProtocolError::CreditOverrun {
+                slot_count: self.ring.slot_count,
+            });
+        }
+        let end = self
+            .bytes
+            .checked_add(u64::from(len))
+            .filter(|&e| e <= self.size)
+            .ok_or(bad("past the announced file size"))?;
+        if self.chunk_len == 0 {
+            self.chunk_len = len;
+        } else if len > self.chunk_len {
+            return Err(bad("longer than the first chunk"));
+        }
+        // Only the chunk that completes the file may be short.
+        if len < self.chunk_len && end != self.size {
+            return Err(bad("short chunk before the end of the file"));
+        }
+        let slot = u32::try_from(seq % u64::from(self.ring.slot_count))
+            .map_err(|_| bad("slot out of range"))?;
+        let placement = ChunkPlacement {
+            seq,
+            slot,
+            slot_offset: u64::from(slot) * u64::from(self.ring.slot_size),
+            file_offset: self.bytes,
+            len,
+            expected_crc: imm,
+        };
+        self.bytes = end;
+        self.chunks += 1;
+        self.unconsumed += 1;
+        Ok(placement)
+    }
+
+    /// The engine consumed the oldest received slot (verified and written). Returns
+    /// a CREDIT once `credit_batch` slots are free. Calls without an unconsumed
+    /// chunk are ignored; after FIN no credit is sent (the sender needs none).
+    pub fn chunk_done(&mut self) -> Option<Message> {
+        if self.unconsumed == 0 {
+            return None;
+        }
+        self.unconsumed -= 1;
+        self.pending += 1;
+        if self.state == ReceiverState::Receiving && self.pending >= self.batch() {
+            return self.flush_credits();
+        }
+        None
+    }
+
+    /// Returns all pending credits now (e.g. when the engine goes idle).
+    pub fn flush_credits(&mut self) -> Option<Message> {
+        if self.state != ReceiverState::Receiving || self.pending == 0 {
+            return None;
+        }
+        let count = self.pending;
+        self.pending = 0;
+        Some(Message::Credit { count })
+    }
+
+    /// Ends the current file with an ACK. From Verifying (any status) -> AwaitHello.
+    /// From Receiving / AwaitDecision it is an abort (non-OK status only) and the
+    /// session ends -> Closed.
+    pub fn complete(
+        &mut self,
+        status: AckStatus,
+        reason: String,
+    ) -> Result<Message, ProtocolError> {
+        match self.state {
+            ReceiverState::Verifying => self.state = ReceiverState::AwaitHello,
+            ReceiverState::Receiving | ReceiverState::AwaitDecision if status != AckStatus::Ok => {
+                self.state = ReceiverState::Closed
+            }
+            _ => return Err(self.wrong_state("complete")),
+        }
+        self.reset_file();
+        Ok(Message::Ack(Ack::new(status, reason)))
+    }
+}
+
+fn check_hello(h: &Hello, max_size: u64) -> Result<(), Reject> {
+    if h.version != PROTOCOL_VERSION {
+        return Err(Reject::new(
+            RejectCode::Version,
+            format!(
+                "protocol version {} is not supported (receiver speaks {PROTOCOL_VERSION})",
+                h.version
+            ),
+        ));
+    }
+    if let Err(e) = validate_name(&h.name) {
+        return Err(Reject::new(RejectCode::BadName, e.to_string()));
+    }
+    if h.size > max_size {
+        return Err(Reject::new(
+            RejectCode::TooLarge,
+            format!(
+                "file is {} bytes; the receiver accepts at most {max_size} bytes",
+                h.size
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::wire::Digest;
+
+    const ADDR: u64 = 0x2000;
+
+    fn cfg(slot_size: u32, slot_count: u32, credit_batch: u32) -> ReceiverConfig {
+        ReceiverConfig {
+            slot_size,
+            slot_count,
+            credit_batch,
+            max_size: u64::MAX,
+        }
+    }
+
+    fn ring(c: &ReceiverConfig) -> RingInfo {
+        RingInfo {
+            addr: ADDR,
+            rkey: 5,
+            slot_size: c.slot_size,
+            slot_count: c.slot_count,
+        }
+    }
+
+    fn hello(name: &str, size: u64) -> Hello {
+        Hello {
+            version: PROTOCOL_VERSION,
+            caps: 0,
+            name: name.into(),
+            size,
+            mode: 0o644,
+            digest: DigestAlg::Crc32,
+        }
+    }
+
+    fn fin(bytes: u64, chunks: u64) -> Fin {
+        Fin {
+            bytes,
+            chunks,
+            digest: Digest::Crc32(0),
+        }
+    }
+
+    /// Session of a 4x100 ring, batch 2, file of 1000 bytes (100 for Verifying).
+    fn session_in(state: ReceiverState) -> ReceiverSession {
+        let c = cfg(100, 4, 2);
+        let mut r = ReceiverSession::new(c);
+        match state {
+            ReceiverState::AwaitHello => return r,
+            ReceiverState::Closed => {
+                r.on_message(Message::Bye).unwrap();
+                return r;
+            }
+            _ => {}
+        }
+        let size = if state == ReceiverState::Verifying {
+            100
+        } else {
+            1000
+        };
+        r.on_message(Message::Hello(hello("f", size))).unwrap();
+        if state == ReceiverState::AwaitDecision {
+            return r;
+        }
+        r.accept(ring(&c)).unwrap();
+        r.on_chunk(100, 0).unwrap();
+        if state == ReceiverState::Verifying {
+            r.on_message(Message::Fin(fin(100, 1))).unwrap();
+        }
+        assert_eq!(r.state(), state);
+        r
+    }
+
+    const STATES: [ReceiverState; 5] = [
+        ReceiverState::AwaitHello,
+        ReceiverState::AwaitDecision,
+        ReceiverState::Receiving,
+        ReceiverState::Verifying,
+        ReceiverState::Closed,
+    ];
+
+    fn all_messages(size_for_fin: u64) -> Vec<Message> {
+        vec![
+            Message::Hello(hello("x", 1)),
+            Message::Mr(RingInfo::default()),
+            Message::Reject(Reject::new(RejectCode::Io, "read error")),
+            Message::Credit { count: 1 },
+            Message::Fin(fin(size_for_fin, 1)),
+            Message::Ack(Ack::new(AckStatus::Ok, "")),
+            Message::Ack(Ack::new(AckStatus::Io, "x")),
+            Message::Bye,
+        ]
+    }
+
+    #[test]
+    fn every_state_message_pair() {
+        use ReceiverState::*;
+        for state in STATES {
+            // A FIN matching what arrived, so only the state decides legality.
+            for msg in all_messages(100) {
+                let mut r = session_in(state);
+                // Make the Receiving session's FIN consistent: 100 bytes of a 100-byte file.
+                if state == Receiving {
+                    r.size = 100;
+                }
+                let res = r.on_message(msg.clone());
+                let ctx = format!("{} in {}", msg.kind(), state.as_str());
+                let legal = match (state, &msg) {
+                    (AwaitHello, Message::Hello(_)) => Some(AwaitDecision),
+                    (AwaitHello, Message::Bye) => Some(Closed),
+                    (Receiving, Message::Fin(_)) => Some(Verifying),
+                    _ => None,
+                };
+                match legal {
+                    Some(next) => {
+                        assert!(res.is_ok(), "{ctx}: {res:?}");
+                        assert_eq!(r.state(), next, "{ctx}");
+                    }
+                    None => {
+                        let want = match (&msg, state) {
+                            (Message::Reject(j), st) if st != Closed => {
+                                ProtocolError::PeerRejected {
+                                    code: j.code,
+                                    reason: j.reason.clone(),
+                                }
+                            }
+                            _ => ProtocolError::Unexpected {
+                                msg: msg.kind(),
+                                state: state.as_str(),
+                            },
+                        };
+                        assert_eq!(res, Err(RecvError::Protocol(want)), "{ctx}");
+                        assert_eq!(r.state(), Closed, "{ctx}: errors end the session");
+                    }
+                }
+            }
+            // Chunks are only legal while Receiving.
+            let mut r = session_in(state);
+            let res = r.on_chunk(100, 0);
+            if state == Receiving {
+                assert!(res.is_ok());
+            } else {
+                assert_eq!(
+                    res,
+                    Err(RecvError::Protocol(ProtocolError::Unexpected {
+                        msg: "WRITE_WITH_IMM",
+                        state: state.as_str()
+                    }))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn local_calls_in_wrong_state() {
+        use ReceiverState::*;
+        for state in STATES {
+            let c = cfg(100, 4, 2);
+            if state != AwaitDecision {
+                let mut r = session_in(state);
+                let e = |op| ProtocolError::WrongState {
+                    op,
+                    state: state.as_str(),
+                };
+                assert_eq!(r.accept(ring(&c)), Err(e("accept")));
+                assert_eq!(r.reject(RejectCode::Busy, "b".into()), Err(e("reject")));
+                assert_eq!(r.state(), state);
+            }
+            let mut r = session_in(state);
+            let ok = r.complete(AckStatus::Ok, String::new());
+            assert_eq!(ok.is_ok(), state == Verifying, "{}", state.as_str());
+            let mut r = session_in(state);
+            let fail = r.complete(AckStatus::Io, "disk full".into());
+            assert_eq!(
+                fail.is_ok(),
+                matches!(state, Verifying | Receiving | AwaitDecision),
+                "{}",
+                state.as_str()
+            );
+            if fail.is_ok() {
+                let next = if state == Verifying {
+                    AwaitHello
+                } else {
+                    Closed
+                };
+                assert_eq!(r.state(), next);
+                assert_eq!(fail, Ok(Message::Ack(Ack::new(AckStatus::Io, "disk full"))));
+            }
+        }
+    }
+
+    #[test]
+    fn hello_checks_reject_and_stay() {
+        let mut c = cfg(100, 4, 1);
+        c.max_size = 1000;
+        let mut r = ReceiverSession::new(c);
+        let mut h = hello("ok", 1);
+        h.version = 2;
+        let Err(RecvError::Reject(j)) = r.on_message(Message::Hello(h)) else {
+            panic!("version not rejected");
+        };
+        assert_eq!(j.code, RejectCode::Version);
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        for bad in ["", ".", "..", "../x", "/etc/passwd", "a\nb"] {
+            let Err(RecvError::Reject(j)) = r.on_message(Message::Hello(hello(bad, 1))) else {
+                panic!("{bad:?} not rejected");
+            };
+            assert_eq!(j.code, RejectCode::BadName, "{bad:?}");
+            assert_eq!(r.state(), ReceiverState::AwaitHello);
+        }
+        let Err(RecvError::Reject(j)) = r.on_message(Message::Hello(hello("big", 1001))) else {
+            panic!("size not rejected");
+        };
+        assert_eq!(j.code, RejectCode::TooLarge);
+        assert_eq!(
+            j.reason,
+            "file is 1001 bytes; the receiver accepts at most 1000 bytes"
+        );
+        // Exactly the limit is fine; the offer is handed to the engine unchanged.
+        let h = hello("edge", 1000);
+        assert_eq!(
+            r.on_message(Message::Hello(h.clone())),
+            Ok(ReceiverEvent::Offer(h))
+        );
+        // Engine-side rejection returns to AwaitHello.
+        assert_eq!(
+            r.reject(RejectCode::Exists, "exists".into()),
+            Ok(Message::Reject(Reject::new(RejectCode::Exists, "exists")))
+        );
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+    }
+
+    #[test]
+    fn accept_checks_ring() {
+        let c = cfg(100, 4, 1);
+        let mut r = session_in(ReceiverState::AwaitDecision);
+        let mut other = ring(&c);
+        other.slot_count = 5;
+        assert!(matches!(
+            r.accept(other),
+            Err(ProtocolError::BadRing { .. })
+        ));
+        assert!(matches!(
+            r.accept(RingInfo {
+                addr: u64::MAX,
+                ..ring(&c)
+            }),
+            Err(ProtocolError::BadRing { .. })
+        ));
+        assert_eq!(r.state(), ReceiverState::AwaitDecision);
+        assert_eq!(r.accept(ring(&c)), Ok(Message::Mr(ring(&c))));
+        assert_eq!(r.state(), ReceiverState::Receiving);
+    }
+
+    fn receiving(c: ReceiverConfig, size: u64) -> ReceiverSession {
+        let mut r = ReceiverSession::new(c);
+        r.on_message(Message::Hello(hello("f", size))).unwrap();
+        r.accept(ring(&c)).unwrap();
+        r
+    }
+
+    #[test]
+    fn placement_wraps_and_last_chunk_is_short() {
+        let c = cfg(100, 3, 1);
+        let mut r = receiving(c, 750);
+        for i in 0..8u64 {
+            let len = if i == 7 { 50 } else { 100 };
+            let p = r.on_chunk(len, i as u32 + 7).unwrap();
+            assert_eq!(
+                p,
+                ChunkPlacement {
+                    seq: i,
+                    slot: (i % 3) as u32,
+                    slot_offset: (i % 3) * 100,
+                    file_offset: i * 100,
+                    len,
+                    expected_crc: i as u32 + 7,
+                }
+            );
+            assert_eq!(r.chunk_done(), Some(Message::Credit { count: 1 }));
+        }
+        assert_eq!(
+            r.on_message(Message::Fin(fin(750, 8))),
+            Ok(ReceiverEvent::Fin(fin(750, 8)))
+        );
+        assert_eq!(r.state(), ReceiverState::Verifying);
+    }
+
+    #[test]
+    fn chunk_length_rules() {
+        let c = cfg(100, 8, 1);
+        let err = |r: &mut ReceiverSession, len| match r.on_chunk(len, 0) {
+            Err(RecvError::Protocol(ProtocolError::BadChunk { reason, .. })) => reason,
+            other => panic!("expected BadChunk, got {other:?}"),
+        };
+        assert_eq!(err(&mut receiving(c, 1000), 0), "empty chunk");
+        assert_eq!(err(&mut receiving(c, 1000), 101), "larger than a ring slot");
+        assert_eq!(
+            err(&mut receiving(c, 50), 60),
+            "past the announced file size"
+        );
+        // Sender chunk length may be below the slot size; it is fixed by the first chunk.
+        let mut r = receiving(c, 1000);
+        r.on_chunk(64, 0).unwrap();
+        assert_eq!(err(&mut r.clone(), 65), "longer than the first chunk");
+        assert_eq!(err(&mut r, 63), "short chunk before the end of the file");
+        assert_eq!(r.state(), ReceiverState::Closed);
+        // Short final chunk is fine, then nothing more fits.
+        let mut r = receiving(c, 100);
+        r.on_chunk(64, 0).unwrap();
+        r.on_chunk(36, 0).unwrap();
+        assert_eq!(err(&mut r, 1), "past the announced file size");
+        // Zero-byte file: no chunk allowed.
+        assert_eq!(err(&mut receiving(c, 0), 1), "past the announced file size");
+    }
+
+    #[test]
+    fn sizes_around_the_chunk_length() {
+        let c = cfg(100, 4, 1);
+        for (size, lens) in [
+            (0u64, vec![]),
+            (99, vec![99]),
+            (100, vec![100]),
+            (101, vec![100, 1]),
+            (199, vec![100, 99]),
+            (200, vec![100, 100]),
+        ] {
+            let mut r = receiving(c, size);
+            for &len in &lens {
+                r.on_chunk(len, 0).unwrap();
+                r.chunk_done();
+            }
+            let n = lens.len() as u64;
+            // A FIN disagreeing in bytes or chunks is fatal.
+            for bad in [fin(size + 1, n), fin(size, n + 1)] {
+                assert!(matches!(
+                    r.clone().on_message(Message::Fin(bad)),
+                    Err(RecvError::Protocol(ProtocolError::FinMismatch { .. }))
+                ));
+            }
+            assert_eq!(
+                r.on_message(Message::Fin(fin(size, n))),
+                Ok(ReceiverEvent::Fin(fin(size, n))),
+                "size {size}"
+            );
+        }
+    }
+
+    #[test]
+    fn fin_before_all_data_or_wrong_digest() {
+        let c = cfg(100, 4, 1);
+        let mut r = receiving(c, 150);
+        r.on_chunk(100, 0).unwrap();
+        assert_eq!(
+            r.clone().on_message(Message::Fin(fin(100, 1))),
+            Err(RecvError::Protocol(ProtocolError::FinMismatch {
+                fin_bytes: 100,
+                fin_chunks: 1,
+                got_bytes: 100,
+                got_chunks: 1,
+                size: 150
+            }))
+        );
+        r.on_chunk(50, 0).unwrap();
+        let sha = Fin {
+            digest: Digest::Sha256([0; 32]),
+            ..fin(150, 2)
+        };
+        assert_eq!(
+            r.on_message(Message::Fin(sha)),
+            Err(RecvError::Protocol(ProtocolError::DigestAlgMismatch {
+                expected: DigestAlg::Crc32,
+                got: DigestAlg::Sha256
+            }))
+        );
+    }
+
+    #[test]
+    fn credit_batching_and_overrun() {
+        let c = cfg(10, 4, 3);
+        let mut r = receiving(c, 1000);
+        for _ in 0..4 {
+            r.on_chunk(10, 0).unwrap();
+        }
+        // A fifth chunk without credit returned overruns the ring.
+        assert_eq!(
+            r.clone().on_chunk(10, 0),
+            Err(RecvError::Protocol(ProtocolError::CreditOverrun {
+                slot_count: 4
+            }))
+        );
+        assert_eq!(r.chunk_done(), None);
+        assert_eq!(r.chunk_done(), None);
+        // Consumed but not yet credited slots still count as in flight.
+        assert!(r.clone().on_chunk(10, 0).is_err());
+        assert_eq!(r.chunk_done(), Some(Message::Credit { count: 3 }));
+        assert_eq!(r.flush_credits(), None);
+        assert_eq!(r.chunk_done(), None);
+        assert_eq!(r.flush_credits(), Some(Message::Credit { count: 1 }));
+        assert_eq!(r.flush_credits(), None);
+        // Nothing left to consume: extra chunk_done calls are ignored.
+        assert_eq!(r.chunk_done(), None);
+        assert_eq!(r.flush_credits(), None);
+        for _ in 0..4 {
+            r.on_chunk(10, 0).unwrap();
+        }
+    }
+
+    #[test]
+    fn credit_batch_is_clamped() {
+        // Batch larger than the ring would deadlock; 0 would never send.
+        for (batch, want) in [(0u32, 1u32), (1, 1), (99, 2)] {
+            let c = cfg(10, 2, batch);
+            let mut r = receiving(c, 1000);
+            r.on_chunk(10, 0).unwrap();
+            r.on_chunk(10, 0).unwrap();
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                got.extend(r.chunk_done());
+            }
+            assert_eq!(
+                got.first(),
+                Some(&Message::Credit { count: want }),
+                "batch {batch}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_credits_after_fin() {
+        let c = cfg(10, 4, 1);
+        let mut r = receiving(c, 20);
+        r.on_chunk(10, 0).unwrap();
+        r.on_chunk(10, 0).unwrap();
+        r.on_message(Message::Fin(fin(20, 2))).unwrap();
+        assert_eq!(r.chunk_done(), None);
+        assert_eq!(r.flush_credits(), None);
+        assert_eq!(
+            r.complete(AckStatus::Ok, String::new()),
+            Ok(Message::Ack(Ack::new(AckStatus::Ok, "")))
+        );
+        assert_eq!(r.chunk_done(), None);
+    }
+
+    #[test]
+    fn zero_byte_file_and_multi_file_session() {
+        let c = cfg(10, 2, 1);
+        let mut r = ReceiverSession::new(c);
+        // File 1: zero bytes.
+        r.on_message(Message::Hello(hello("empty", 0))).unwrap();
+        r.accept(ring(&c)).unwrap();
+        r.on_message(Message::Fin(fin(0, 0))).unwrap();
+        r.complete(AckStatus::Ok, String::new()).unwrap();
+        // File 2: rejected by the engine.
+        r.on_message(Message::Hello(hello("b", 5))).unwrap();
+        r.reject(RejectCode::NoSpace, "full".into()).unwrap();
+        // File 3: data; counters restart at 0.
+        r.on_message(Message::Hello(hello("c", 15))).unwrap();
+        r.accept(ring(&c)).unwrap();
+        let p = r.on_chunk(10, 0).unwrap();
+        assert_eq!((p.seq, p.slot, p.file_offset), (0, 0, 0));
+        r.chunk_done();
+        r.on_chunk(5, 0).unwrap();
+        r.on_message(Message::Fin(fin(15, 2))).unwrap();
+        r.complete(AckStatus::Integrity, "crc".into()).unwrap();
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        assert_eq!(r.on_message(Message::Bye), Ok(ReceiverEvent::Closed));
+        assert_eq!(r.state(), ReceiverState::Closed);
+    }
+
+    #[test]
+    fn error_messages() {
+        let e = RecvError::Reject(Reject::new(RejectCode::Exists, "f.bin exists"));
+        assert_eq!(e.to_string(), "offer rejected (file exists): f.bin exists");
+        let e = RecvError::Protocol(ProtocolError::Unexpected {
+            msg: "HELLO",
+            state: "RECEIVING",
+        });
+        assert_eq!(e.to_string(), "unexpected HELLO in state RECEIVING");
+    }
+}

@@ -1,0 +1,1181 @@
+//! Control-message codec, protocol v1.
+//!
+//! Frame: 12-byte header (magic u32, version u8, type u8, flags u16, body_len u32)
+//! followed by the body; every integer is big-endian. Decoding is strict: a buffer
+//! must hold exactly one frame and every body byte must be consumed, so the
+//! encoding is canonical (`encode(decode(b)) == b`).
+
+use std::fmt;
+
+use thiserror::Error;
+
+/// "RXFR".
+pub const MAGIC: u32 = 0x5258_4652;
+/// Version of the framing (header layout), not the session protocol.
+pub const WIRE_VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 12;
+/// Largest whole frame (header + body).
+pub const MAX_MESSAGE: usize = 4096;
+pub const MAX_BODY: usize = MAX_MESSAGE - HEADER_LEN;
+pub const CAP_NONE: u32 = 0;
+/// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
+pub const MAX_REASON: usize = 1024;
+
+/// Wire type codes.
+pub mod msg_type {
+    pub const HELLO: u8 = 1;
+    pub const MR: u8 = 2;
+    pub const REJECT: u8 = 3;
+    pub const CREDIT: u8 = 4;
+    pub const FIN: u8 = 5;
+    pub const ACK: u8 = 6;
+    pub const BYE: u8 = 7;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum DigestAlg {
+    #[default]
+    Crc32 = 1,
+    Sha256 = 2,
+}
+
+impl DigestAlg {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Crc32),
+            2 => Some(Self::Sha256),
+            _ => None,
+        }
+    }
+
+    /// Digest size in bytes.
+    pub const fn digest_len(self) -> usize {
+        match self {
+            Self::Crc32 => 4,
+            Self::Sha256 => 32,
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Crc32 => "crc32",
+            Self::Sha256 => "sha256",
+        }
+    }
+}
+
+impl fmt::Display for DigestAlg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Digest {
+    /// Travels as 4 big-endian bytes.
+    Crc32(u32),
+    Sha256([u8; 32]),
+}
+
+impl Digest {
+    pub const fn alg(&self) -> DigestAlg {
+        match self {
+            Self::Crc32(_) => DigestAlg::Crc32,
+            Self::Sha256(_) => DigestAlg::Sha256,
+        }
+    }
+}
+
+impl fmt::Display for Digest {
+    /// `crc32:0123abcd` / `sha256:<64 hex>`, for mismatch messages.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Crc32(v) => write!(f, "crc32:{v:08x}"),
+            Self::Sha256(b) => {
+                f.write_str("sha256:")?;
+                b.iter().try_for_each(|x| write!(f, "{x:02x}"))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum RejectCode {
+    BadName = 1,
+    Exists = 2,
+    TooLarge = 3,
+    Version = 4,
+    NoSpace = 5,
+    Busy = 6,
+    Io = 7,
+    Protocol = 8,
+}
+
+impl RejectCode {
+    pub const ALL: [Self; 8] = [
+        Self::BadName,
+        Self::Exists,
+        Self::TooLarge,
+        Self::Version,
+        Self::NoSpace,
+        Self::Busy,
+        Self::Io,
+        Self::Protocol,
+    ];
+
+    pub fn from_u16(v: u16) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| *c as u16 == v)
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::BadName => "bad file name",
+            Self::Exists => "file exists",
+            Self::TooLarge => "file too large",
+            Self::Version => "unsupported protocol version",
+            Self::NoSpace => "no space left",
+            Self::Busy => "receiver busy",
+            Self::Io => "I/O error",
+            Self::Protocol => "protocol error",
+        }
+    }
+}
+
+impl fmt::Display for RejectCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum AckStatus {
+    Ok = 0,
+    Integrity = 1,
+    Io = 2,
+    Protocol = 3,
+    Rejected = 4,
+}
+
+impl AckStatus {
+    pub const ALL: [Self; 5] = [
+        Self::Ok,
+        Self::Integrity,
+        Self::Io,
+        Self::Protocol,
+        Self::Rejected,
+    ];
+
+    pub fn from_u16(v: u16) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| *s as u16 == v)
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Integrity => "integrity check failed",
+            Self::Io => "I/O error",
+            Self::Protocol => "protocol error",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+impl fmt::Display for AckStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Sender's session protocol version (`PROTOCOL_VERSION`).
+    pub version: u16,
+    pub caps: u32,
+    /// Not validated here; see `names::validate_name`.
+    pub name: String,
+    pub size: u64,
+    /// Unix permission bits; only `mode & 0o7777` is meaningful.
+    pub mode: u32,
+    /// Whole-file digest the FIN will carry, so the receiver can hash while receiving.
+    pub digest: DigestAlg,
+}
+
+/// The receiver's ring; length is always `slot_size * slot_count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RingInfo {
+    pub addr: u64,
+    pub rkey: u32,
+    pub slot_size: u32,
+    pub slot_count: u32,
+}
+
+impl RingInfo {
+    /// Ring length in bytes (cannot overflow: product of two u32).
+    pub const fn len_bytes(&self) -> u64 {
+        self.slot_size as u64 * self.slot_count as u64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    pub code: RejectCode,
+    pub reason: String,
+}
+
+impl Reject {
+    /// Cuts `reason` to `MAX_REASON` bytes so encoding cannot fail on it.
+    pub fn new(code: RejectCode, reason: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason: clamp_string(reason.into(), MAX_REASON),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fin {
+    pub bytes: u64,
+    pub chunks: u64,
+    pub digest: Digest,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    pub status: AckStatus,
+    pub reason: String,
+}
+
+impl Ack {
+    /// Cuts `reason` to `MAX_REASON` bytes so encoding cannot fail on it.
+    pub fn new(status: AckStatus, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason: clamp_string(reason.into(), MAX_REASON),
+        }
+    }
+}
+
+/// Truncates to at most `max` bytes on a char boundary.
+pub fn clamp_string(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1; // terminates: index 0 is always a boundary
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Hello(Hello),
+    Mr(RingInfo),
+    Reject(Reject),
+    Credit { count: u32 },
+    Fin(Fin),
+    Ack(Ack),
+    Bye,
+}
+
+impl Message {
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Self::Hello(_) => "HELLO",
+            Self::Mr(_) => "MR",
+            Self::Reject(_) => "REJECT",
+            Self::Credit { .. } => "CREDIT",
+            Self::Fin(_) => "FIN",
+            Self::Ack(_) => "ACK",
+            Self::Bye => "BYE",
+        }
+    }
+
+    pub const fn type_code(&self) -> u8 {
+        match self {
+            Self::Hello(_) => msg_type::HELLO,
+            Self::Mr(_) => msg_type::MR,
+            Self::Reject(_) => msg_type::REJECT,
+            Self::Credit { .. } => msg_type::CREDIT,
+            Self::Fin(_) => msg_type::FIN,
+            Self::Ack(_) => msg_type::ACK,
+            Self::Bye => msg_type::BYE,
+        }
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum WireError {
+    #[error("control message truncated: need {need} bytes, have {have}")]
+    Truncated { need: usize, have: usize },
+    #[error("declared body length {len} exceeds the maximum of {max}", max = MAX_BODY)]
+    Oversized { len: usize },
+    #[error("bad magic 0x{0:08x}: not an rdma-xfer control message")]
+    BadMagic(u32),
+    #[error("unsupported wire version {0} (this build speaks {v})", v = WIRE_VERSION)]
+    UnknownVersion(u8),
+    #[error("unknown message type {0}")]
+    UnknownType(u8),
+    #[error("reserved header flags must be 0, got 0x{0:04x}")]
+    BadFlags(u16),
+    #[error("{extra} stray bytes after the end of the frame")]
+    TrailingBytes { extra: usize },
+    #[error("{kind} body ends early: a field needs {need} bytes but only {have} remain")]
+    ShortBody {
+        kind: &'static str,
+        need: usize,
+        have: usize,
+    },
+    #[error("{kind} body has {extra} unused bytes at the end")]
+    BodyTrailing { kind: &'static str, extra: usize },
+    #[error("{field} is not valid UTF-8")]
+    BadUtf8 { field: &'static str },
+    #[error("unknown {field} value {value}")]
+    BadEnum { field: &'static str, value: u64 },
+    #[error("{alg} digest must be {} bytes, got {len}", .alg.digest_len())]
+    BadDigestLength { alg: DigestAlg, len: usize },
+    #[error("{field} is {len} bytes, over the {max}-byte limit")]
+    TooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("output buffer too small: need {need} bytes, have {have}")]
+    BufferTooSmall { need: usize, have: usize },
+}
+
+// Fixed body bytes per message (excluding the variable string/digest payload).
+const HELLO_FIXED: usize = 2 + 4 + 2 + 8 + 4 + 1;
+const MR_BODY: usize = 8 + 4 + 4 + 4;
+const REASON_FIXED: usize = 2 + 2;
+const FIN_FIXED: usize = 8 + 8 + 1 + 2;
+
+/// Body length of `msg`, checking the single variable-length field against the frame limit.
+fn body_len(msg: &Message) -> Result<usize, WireError> {
+    let str_field = |field: &'static str, s: &str, fixed: usize| {
+        let max = MAX_BODY - fixed;
+        if s.len() > max {
+            Err(WireError::TooLong {
+                field,
+                len: s.len(),
+                max,
+            })
+        } else {
+            Ok(fixed + s.len())
+        }
+    };
+    match msg {
+        Message::Hello(h) => str_field("HELLO name", &h.name, HELLO_FIXED),
+        Message::Mr(_) => Ok(MR_BODY),
+        Message::Reject(r) => str_field("REJECT reason", &r.reason, REASON_FIXED),
+        Message::Credit { .. } => Ok(4),
+        Message::Fin(f) => Ok(FIN_FIXED + f.digest.alg().digest_len()),
+        Message::Ack(a) => str_field("ACK reason", &a.reason, REASON_FIXED),
+        Message::Bye => Ok(0),
+    }
+}
+
+/// Encoded frame length of `msg`.
+pub fn encoded_len(msg: &Message) -> Result<usize, WireError> {
+    Ok(HEADER_LEN + body_len(msg)?)
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        let have = self.buf.len();
+        let end = self
+            .pos
+            .checked_add(bytes.len())
+            .ok_or(WireError::BufferTooSmall {
+                need: usize::MAX,
+                have,
+            })?;
+        let dst = self
+            .buf
+            .get_mut(self.pos..end)
+            .ok_or(WireError::BufferTooSmall { need: end, have })?;
+        dst.copy_from_slice(bytes);
+        self.pos = end;
+        Ok(())
+    }
+
+    fn u8(&mut self, v: u8) -> Result<(), WireError> {
+        self.put(&[v])
+    }
+    fn u16(&mut self, v: u16) -> Result<(), WireError> {
+        self.put(&v.to_be_bytes())
+    }
+    fn u32(&mut self, v: u32) -> Result<(), WireError> {
+        self.put(&v.to_be_bytes())
+    }
+    fn u64(&mut self, v: u64) -> Result<(), WireError> {
+        self.put(&v.to_be_bytes())
+    }
+
+    fn bytes16(&mut self, field: &'static str, b: &[u8]) -> Result<(), WireError> {
+        let len = u16::try_from(b.len()).map_err(|_| WireError::TooLong {
+            field,
+            len: b.len(),
+            max: u16::MAX.into(),
+        })?;
+        self.u16(len)?;
+        self.put(b)
+    }
+}
+
+/// Encodes `msg` into the start of `out` (e.g. registered memory); returns the frame length.
+pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
+    let body = body_len(msg)?;
+    let need = HEADER_LEN + body;
+    if out.len() < need {
+        return Err(WireError::BufferTooSmall {
+            need,
+            have: out.len(),
+        });
+    }
+    let body_u32 = u32::try_from(body).map_err(|_| WireError::Oversized { len: body })?;
+    let mut w = Writer { buf: out, pos: 0 };
+    w.u32(MAGIC)?;
+    w.u8(WIRE_VERSION)?;
+    w.u8(msg.type_code())?;
+    w.u16(0)?;
+    w.u32(body_u32)?;
+    match msg {
+        Message::Hello(h) => {
+            w.u16(h.version)?;
+            w.u32(h.caps)?;
+            w.bytes16("HELLO name", h.name.as_bytes())?;
+            w.u64(h.size)?;
+            w.u32(h.mode)?;
+            w.u8(h.digest as u8)?;
+        }
+        Message::Mr(r) => {
+            w.u64(r.addr)?;
+            w.u32(r.rkey)?;
+            w.u32(r.slot_size)?;
+            w.u32(r.slot_count)?;
+        }
+        Message::Reject(r) => {
+            w.u16(r.code as u16)?;
+            w.bytes16("REJECT reason", r.reason.as_bytes())?;
+        }
+        Message::Credit { count } => w.u32(*count)?,
+        Message::Fin(f) => {
+            w.u64(f.bytes)?;
+            w.u64(f.chunks)?;
+            w.u8(f.digest.alg() as u8)?;
+            match &f.digest {
+                Digest::Crc32(v) => w.bytes16("FIN digest", &v.to_be_bytes())?,
+                Digest::Sha256(b) => w.bytes16("FIN digest", b)?,
+            }
+        }
+        Message::Ack(a) => {
+            w.u16(a.status as u16)?;
+            w.bytes16("ACK reason", a.reason.as_bytes())?;
+        }
+        Message::Bye => {}
+    }
+    Ok(w.pos)
+}
+
+pub fn encode_to_vec(msg: &Message) -> Result<Vec<u8>, WireError> {
+    let mut out = vec![0u8; encoded_len(msg)?];
+    let n = encode(msg, &mut out)?;
+    out.truncate(n);
+    Ok(out)
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    kind: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let have = self.buf.len().saturating_sub(self.pos);
+        let short = WireError::ShortBody {
+            kind: self.kind,
+            need: n,
+            have,
+        };
+        let end = self.pos.checked_add(n).ok_or(short.clone())?;
+        let s = self.buf.get(self.pos..end).ok_or(short)?;
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let kind = self.kind;
+        let s = self.take(N)?;
+        <[u8; N]>::try_from(s).map_err(|_| WireError::ShortBody {
+            kind,
+            need: N,
+            have: s.len(),
+        })
+    }
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(u8::from_be_bytes(self.array()?))
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+
+    fn bytes16(&mut self) -> Result<&'a [u8], WireError> {
+        let len = self.u16()?;
+        self.take(len.into())
+    }
+
+    fn string(&mut self, field: &'static str) -> Result<String, WireError> {
+        let b = self.bytes16()?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| WireError::BadUtf8 { field })
+    }
+
+    fn finish(&self) -> Result<(), WireError> {
+        let extra = self.buf.len().saturating_sub(self.pos);
+        if extra == 0 {
+            Ok(())
+        } else {
+            Err(WireError::BodyTrailing {
+                kind: self.kind,
+                extra,
+            })
+        }
+    }
+}
+
+/// Decodes exactly one frame; `buf` must be the whole frame and nothing more.
+pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
+    let header = buf.get(..HEADER_LEN).ok_or(WireError::Truncated {
+        need: HEADER_LEN,
+        have: buf.len(),
+    })?;
+    let mut h = Reader {
+        buf: header,
+        pos: 0,
+        kind: "header",
+    };
+    let magic = h.u32()?;
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    let version = h.u8()?;
+    if version != WIRE_VERSION {
+        return Err(WireError::UnknownVersion(version));
+    }
+    let ty = h.u8()?;
+    let flags = h.u16()?;
+    if flags != 0 {
+        return Err(WireError::BadFlags(flags));
+    }
+    let kind = match ty {
+        msg_type::HELLO => "HELLO",
+        msg_type::MR => "MR",
+        msg_type::REJECT => "REJECT",
+        msg_type::CREDIT => "CREDIT",
+        msg_type::FIN => "FIN",
+        msg_type::ACK => "ACK",
+        msg_type::BYE => "BYE",
+        other => return Err(WireError::UnknownType(other)),
+    };
+    let declared = h.u32()?;
+    let body_len = usize::try_from(declared)
+        .ok()
+        .filter(|&l| l <= MAX_BODY)
+        .ok_or(WireError::Oversized {
+            len: usize::try_from(declared).unwrap_or(usize::MAX),
+        })?;
+    let need = HEADER_LEN + body_len;
+    if buf.len() < need {
+        return Err(WireError::Truncated {
+            need,
+            have: buf.len(),
+        });
+    }
+    if buf.len() > need {
+        return Err(WireError::TrailingBytes {
+            extra: buf.len() - need,
+        });
+    }
+    let body = buf.get(HEADER_LEN..need).ok_or(WireError::Truncated {
+        need,
+        have: buf.len(),
+    })?;
+    let mut r = Reader {
+        buf: body,
+        pos: 0,
+        kind,
+    };
+    let msg = match ty {
+        msg_type::HELLO => {
+            let version = r.u16()?;
+            let caps = r.u32()?;
+            let name = r.string("HELLO name")?;
+            let size = r.u64()?;
+            let mode = r.u32()?;
+            let alg = r.u8()?;
+            let digest = DigestAlg::from_u8(alg).ok_or(WireError::BadEnum {
+                field: "digest algorithm",
+                value: alg.into(),
+            })?;
+            Message::Hello(Hello {
+                version,
+                caps,
+                name,
+                size,
+                mode,
+                digest,
+            })
+        }
+        msg_type::MR => Message::Mr(RingInfo {
+            addr: r.u64()?,
+            rkey: r.u32()?,
+            slot_size: r.u32()?,
+            slot_count: r.u32()?,
+        }),
+        msg_type::REJECT => {
+            let v = r.u16()?;
+            let code = RejectCode::from_u16(v).ok_or(WireError::BadEnum {
+                field: "reject code",
+                value: v.into(),
+            })?;
+            let reason = r.string("REJECT reason")?;
+            Message::Reject(Reject { code, reason })
+        }
+        msg_type::CREDIT => Message::Credit { count: r.u32()? },
+        msg_type::FIN => {
+            let bytes = r.u64()?;
+            let chunks = r.u64()?;
+            let a = r.u8()?;
+            let alg = DigestAlg::from_u8(a).ok_or(WireError::BadEnum {
+                field: "digest algorithm",
+                value: a.into(),
+            })?;
+            let raw = r.bytes16()?;
+            let bad_len = WireError::BadDigestLength {
+                alg,
+                len: raw.len(),
+            };
+            let digest = match alg {
+                DigestAlg::Crc32 => {
+                    Digest::Crc32(u32::from_be_bytes(raw.try_into().map_err(|_| bad_len)?))
+                }
+                DigestAlg::Sha256 => Digest::Sha256(raw.try_into().map_err(|_| bad_len)?),
+            };
+            Message::Fin(Fin {
+                bytes,
+                chunks,
+                digest,
+            })
+        }
+        msg_type::ACK => {
+            let v = r.u16()?;
+            let status = AckStatus::from_u16(v).ok_or(WireError::BadEnum {
+                field: "ack status",
+                value: v.into(),
+            })?;
+            let reason = r.string("ACK reason")?;
+            Message::Ack(Ack { status, reason })
+        }
+        // Only BYE is left: `kind` above rejected every other code.
+        _ => Message::Bye,
+    };
+    r.finish()?;
+    Ok(msg)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    fn sha() -> [u8; 32] {
+        let mut b = [0u8; 32];
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (i as u8).wrapping_mul(37);
+        }
+        b
+    }
+
+    fn hello(name: &str, size: u64) -> Message {
+        Message::Hello(Hello {
+            version: 1,
+            caps: CAP_NONE,
+            name: name.into(),
+            size,
+            mode: 0o644,
+            digest: DigestAlg::Sha256,
+        })
+    }
+
+    /// One or more samples of every variant, including edge values.
+    pub(crate) fn samples() -> Vec<Message> {
+        let max_name = "n".repeat(MAX_BODY - HELLO_FIXED);
+        let max_reason = "r".repeat(MAX_BODY - REASON_FIXED);
+        let mut v = vec![
+            hello("file.bin", 12345),
+            hello("", 0),
+            hello("ünïcødé 文件.txt", u64::MAX),
+            hello(&max_name, 1),
+            Message::Hello(Hello {
+                version: u16::MAX,
+                caps: u32::MAX,
+                name: "x".into(),
+                size: 0,
+                mode: u32::MAX,
+                digest: DigestAlg::Crc32,
+            }),
+            Message::Mr(RingInfo::default()),
+            Message::Mr(RingInfo {
+                addr: u64::MAX,
+                rkey: u32::MAX,
+                slot_size: u32::MAX,
+                slot_count: u32::MAX,
+            }),
+            Message::Mr(RingInfo {
+                addr: 0x7f00_dead_beef,
+                rkey: 0x1234,
+                slot_size: 1 << 20,
+                slot_count: 16,
+            }),
+            Message::Credit { count: 0 },
+            Message::Credit { count: u32::MAX },
+            Message::Fin(Fin {
+                bytes: 0,
+                chunks: 0,
+                digest: Digest::Crc32(0),
+            }),
+            Message::Fin(Fin {
+                bytes: u64::MAX,
+                chunks: u64::MAX,
+                digest: Digest::Crc32(0xdead_beef),
+            }),
+            Message::Fin(Fin {
+                bytes: 42,
+                chunks: 1,
+                digest: Digest::Sha256(sha()),
+            }),
+            Message::Reject(Reject::new(RejectCode::Protocol, max_reason.clone())),
+            Message::Ack(Ack {
+                status: AckStatus::Rejected,
+                reason: max_reason,
+            }),
+            Message::Bye,
+        ];
+        for code in RejectCode::ALL {
+            v.push(Message::Reject(Reject::new(code, code.as_str())));
+        }
+        for status in AckStatus::ALL {
+            v.push(Message::Ack(Ack::new(status, "")));
+        }
+        v
+    }
+
+    #[test]
+    fn round_trip_every_variant() {
+        for m in samples() {
+            let buf = encode_to_vec(&m).unwrap();
+            assert!(buf.len() <= MAX_MESSAGE);
+            assert_eq!(buf.len(), encoded_len(&m).unwrap());
+            assert_eq!(decode(&buf).unwrap(), m, "{}", m.kind());
+            // Encoding into a larger buffer writes only the frame.
+            let mut big = vec![0xAAu8; MAX_MESSAGE + 10];
+            let n = encode(&m, &mut big).unwrap();
+            assert_eq!(&big[..n], &buf[..]);
+            assert!(big[n..].iter().all(|&b| b == 0xAA));
+        }
+    }
+
+    #[test]
+    fn header_layout_is_big_endian() {
+        let buf = encode_to_vec(&Message::Credit { count: 0x0102_0304 }).unwrap();
+        assert_eq!(
+            buf,
+            [0x52, 0x58, 0x46, 0x52, 1, 4, 0, 0, 0, 0, 0, 4, 1, 2, 3, 4]
+        );
+        let bye = encode_to_vec(&Message::Bye).unwrap();
+        assert_eq!(bye, [0x52, 0x58, 0x46, 0x52, 1, 7, 0, 0, 0, 0, 0, 0]);
+        let fin = encode_to_vec(&Message::Fin(Fin {
+            bytes: 1,
+            chunks: 2,
+            digest: Digest::Crc32(0xaabb_ccdd),
+        }))
+        .unwrap();
+        assert_eq!(
+            &fin[12..],
+            &[
+                0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 4, 0xaa, 0xbb, 0xcc, 0xdd
+            ]
+        );
+    }
+
+    #[test]
+    fn every_truncation_is_rejected() {
+        for m in samples() {
+            let buf = encode_to_vec(&m).unwrap();
+            for cut in 0..buf.len() {
+                let err = decode(&buf[..cut]).unwrap_err();
+                let need = if cut < HEADER_LEN {
+                    HEADER_LEN
+                } else {
+                    buf.len()
+                };
+                assert_eq!(
+                    err,
+                    WireError::Truncated { need, have: cut },
+                    "{} cut {cut}",
+                    m.kind()
+                );
+            }
+        }
+    }
+
+    fn set_body_len(buf: &mut [u8], len: u32) {
+        buf[8..12].copy_from_slice(&len.to_be_bytes());
+    }
+
+    #[test]
+    fn header_errors() {
+        let good = encode_to_vec(&Message::Credit { count: 7 }).unwrap();
+
+        let mut b = good.clone();
+        b[0] = 0;
+        assert_eq!(decode(&b), Err(WireError::BadMagic(0x0058_4652)));
+
+        let mut b = good.clone();
+        b[4] = 2;
+        assert_eq!(decode(&b), Err(WireError::UnknownVersion(2)));
+
+        for ty in [0u8, 8, 200, 255] {
+            let mut b = good.clone();
+            b[5] = ty;
+            assert_eq!(decode(&b), Err(WireError::UnknownType(ty)));
+        }
+
+        let mut b = good.clone();
+        b[7] = 1;
+        assert_eq!(decode(&b), Err(WireError::BadFlags(1)));
+
+        let mut b = good.clone();
+        set_body_len(&mut b, (MAX_BODY + 1) as u32);
+        assert_eq!(decode(&b), Err(WireError::Oversized { len: MAX_BODY + 1 }));
+        set_body_len(&mut b, u32::MAX);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::Oversized {
+                len: u32::MAX as usize
+            })
+        );
+
+        // Buffer longer than the frame.
+        let mut b = good.clone();
+        b.push(0);
+        assert_eq!(decode(&b), Err(WireError::TrailingBytes { extra: 1 }));
+
+        // body_len larger than the bytes present.
+        let mut b = good.clone();
+        set_body_len(&mut b, 5);
+        assert_eq!(decode(&b), Err(WireError::Truncated { need: 17, have: 16 }));
+    }
+
+    #[test]
+    fn body_errors() {
+        // Body shorter than the message layout requires (frame itself complete).
+        let mut b = encode_to_vec(&Message::Credit { count: 7 }).unwrap();
+        b.pop();
+        set_body_len(&mut b, 3);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::ShortBody {
+                kind: "CREDIT",
+                need: 4,
+                have: 3
+            })
+        );
+
+        // Body longer than the layout consumes.
+        let mut b = encode_to_vec(&Message::Bye).unwrap();
+        b.push(9);
+        set_body_len(&mut b, 1);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BodyTrailing {
+                kind: "BYE",
+                extra: 1
+            })
+        );
+
+        // String length pointing past the end of the body.
+        let mut b = encode_to_vec(&Message::Reject(Reject::new(RejectCode::Busy, "abc"))).unwrap();
+        b[14..16].copy_from_slice(&100u16.to_be_bytes());
+        assert_eq!(
+            decode(&b),
+            Err(WireError::ShortBody {
+                kind: "REJECT",
+                need: 100,
+                have: 3
+            })
+        );
+
+        // Invalid UTF-8 in a name and in a reason.
+        let mut b = encode_to_vec(&hello("abc", 1)).unwrap();
+        b[20] = 0xff; // header 12 + version 2 + caps 4 + len 2 -> name starts at 20
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BadUtf8 {
+                field: "HELLO name"
+            })
+        );
+        let mut b = encode_to_vec(&Message::Ack(Ack::new(AckStatus::Io, "é"))).unwrap();
+        b[16] = 0xc3;
+        b[17] = 0x28;
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BadUtf8 {
+                field: "ACK reason"
+            })
+        );
+    }
+
+    #[test]
+    fn unknown_enum_codes() {
+        let mut b = encode_to_vec(&Message::Reject(Reject::new(RejectCode::Busy, "x"))).unwrap();
+        for v in [0u16, 9, u16::MAX] {
+            b[12..14].copy_from_slice(&v.to_be_bytes());
+            assert_eq!(
+                decode(&b),
+                Err(WireError::BadEnum {
+                    field: "reject code",
+                    value: v.into()
+                })
+            );
+        }
+        let mut b = encode_to_vec(&Message::Ack(Ack::new(AckStatus::Ok, "x"))).unwrap();
+        for v in [5u16, u16::MAX] {
+            b[12..14].copy_from_slice(&v.to_be_bytes());
+            assert_eq!(
+                decode(&b),
+                Err(WireError::BadEnum {
+                    field: "ack status",
+                    value: v.into()
+                })
+            );
+        }
+        let mut b = encode_to_vec(&hello("", 0)).unwrap();
+        let last = b.len() - 1;
+        for v in [0u8, 3, 255] {
+            b[last] = v;
+            assert_eq!(
+                decode(&b),
+                Err(WireError::BadEnum {
+                    field: "digest algorithm",
+                    value: v.into()
+                })
+            );
+        }
+        let mut b = encode_to_vec(&Message::Fin(Fin {
+            bytes: 0,
+            chunks: 0,
+            digest: Digest::Crc32(1),
+        }))
+        .unwrap();
+        b[28] = 7;
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BadEnum {
+                field: "digest algorithm",
+                value: 7
+            })
+        );
+    }
+
+    #[test]
+    fn wrong_digest_length() {
+        // A sha256 tag on a 4-byte digest, and a crc32 tag on a 32-byte digest.
+        let mut b = encode_to_vec(&Message::Fin(Fin {
+            bytes: 0,
+            chunks: 0,
+            digest: Digest::Crc32(1),
+        }))
+        .unwrap();
+        b[28] = DigestAlg::Sha256 as u8;
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BadDigestLength {
+                alg: DigestAlg::Sha256,
+                len: 4
+            })
+        );
+        let mut b = encode_to_vec(&Message::Fin(Fin {
+            bytes: 0,
+            chunks: 0,
+            digest: Digest::Sha256(sha()),
+        }))
+        .unwrap();
+        b[28] = DigestAlg::Crc32 as u8;
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BadDigestLength {
+                alg: DigestAlg::Crc32,
+                len: 32
+            })
+        );
+    }
+
+    #[test]
+    fn encode_limits() {
+        let m = hello("abc", 1);
+        let len = encoded_len(&m).unwrap();
+        for have in [0, 1, HEADER_LEN, len - 1] {
+            let mut small = vec![0u8; have];
+            assert_eq!(
+                encode(&m, &mut small),
+                Err(WireError::BufferTooSmall { need: len, have })
+            );
+        }
+        let too_long = "n".repeat(MAX_BODY - HELLO_FIXED + 1);
+        assert_eq!(
+            encode_to_vec(&hello(&too_long, 1)),
+            Err(WireError::TooLong {
+                field: "HELLO name",
+                len: too_long.len(),
+                max: too_long.len() - 1
+            })
+        );
+        let huge = "r".repeat(100_000);
+        assert!(matches!(
+            encode_to_vec(&Message::Ack(Ack {
+                status: AckStatus::Io,
+                reason: huge.clone()
+            })),
+            Err(WireError::TooLong {
+                field: "ACK reason",
+                ..
+            })
+        ));
+        // The constructors clamp instead, on a char boundary.
+        let a = Ack::new(AckStatus::Io, "é".repeat(MAX_REASON));
+        assert_eq!(a.reason.len(), MAX_REASON);
+        let r = Reject::new(RejectCode::Io, format!("x{}", "é".repeat(MAX_REASON)));
+        assert_eq!(r.reason.len(), MAX_REASON - 1);
+        assert!(encode_to_vec(&Message::Reject(r)).is_ok());
+    }
+
+    #[test]
+    fn names_and_display() {
+        let kinds: Vec<_> = [
+            hello("a", 1),
+            Message::Mr(RingInfo::default()),
+            Message::Reject(Reject::new(RejectCode::Io, "")),
+            Message::Credit { count: 1 },
+            Message::Fin(Fin {
+                bytes: 0,
+                chunks: 0,
+                digest: Digest::Crc32(0),
+            }),
+            Message::Ack(Ack::new(AckStatus::Ok, "")),
+            Message::Bye,
+        ]
+        .iter()
+        .map(Message::kind)
+        .collect();
+        assert_eq!(
+            kinds,
+            ["HELLO", "MR", "REJECT", "CREDIT", "FIN", "ACK", "BYE"]
+        );
+        assert_eq!(RejectCode::Exists.to_string(), "file exists");
+        assert_eq!(AckStatus::Integrity.as_str(), "integrity check failed");
+        assert_eq!(Digest::Crc32(0xab).to_string(), "crc32:000000ab");
+        assert_eq!(
+            Digest::Sha256([0x11; 32]).to_string(),
+            format!("sha256:{}", "11".repeat(32))
+        );
+        assert_eq!(
+            WireError::BadMagic(1).to_string(),
+            "bad magic 0x00000001: not an rdma-xfer control message"
+        );
+        assert_eq!(
+            WireError::Oversized { len: 5000 }.to_string(),
+            "declared body length 5000 exceeds the maximum of 4084"
+        );
+    }
+
+    /// xorshift64*: deterministic, no external crate.
+    pub(crate) struct Rng(pub u64);
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            if n == 0 { 0 } else { self.next() % n }
+        }
+    }
+
+    #[test]
+    fn fuzz_decode_never_panics_and_is_canonical() {
+        let seeds: Vec<Vec<u8>> = samples()
+            .iter()
+            .map(|m| encode_to_vec(m).unwrap())
+            .collect();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut decoded = 0u32;
+        for _ in 0..200_000 {
+            let mut buf = match rng.below(4) {
+                // Pure noise, sometimes with a valid magic/version so parsing gets further.
+                0 => {
+                    let len = rng.below(64) as usize;
+                    let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                    if len >= 6 && rng.below(2) == 0 {
+                        b[..4].copy_from_slice(&MAGIC.to_be_bytes());
+                        b[4] = WIRE_VERSION;
+                        b[5] = rng.below(9) as u8;
+                    }
+                    b
+                }
+                _ => seeds[rng.below(seeds.len() as u64) as usize].clone(),
+            };
+            // Mutate: flip bytes, rewrite body_len, truncate or extend.
+            for _ in 0..rng.below(4) {
+                match rng.below(4) {
+                    0 if !buf.is_empty() => {
+                        let i = rng.below(buf.len() as u64) as usize;
+                        buf[i] = rng.next() as u8;
+                    }
+                    1 if buf.len() >= HEADER_LEN => {
+                        let body = buf.len() - HEADER_LEN;
+                        let l = (body as i64 + rng.below(5) as i64 - 2).max(0) as u32;
+                        set_body_len(&mut buf, l);
+                    }
+                    2 => buf.truncate(rng.below(buf.len() as u64 + 1) as usize),
+                    _ => buf.push(rng.next() as u8),
+                }
+            }
+            if let Ok(m) = decode(&buf) {
+                decoded += 1;
+                let re = encode_to_vec(&m).unwrap();
+                assert_eq!(re, buf, "non-canonical decode of {m:?}");
+                assert_eq!(decode(&re).unwrap(), m);
+            }
+        }
+        assert!(decoded > 1000, "fuzzer too weak: {decoded} decodes");
+    }
+}

@@ -1,0 +1,498 @@
+//! Connection management (librdmacm): event channels and CM ids.
+
+use super::os::{set_nonblocking, wait_readable};
+use super::{Result, VerbsError};
+use rdma_sys::*;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// The CM events the tools care about; everything else is `Other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmEventKind {
+    AddrResolved,
+    AddrError,
+    RouteResolved,
+    RouteError,
+    ConnectRequest,
+    ConnectResponse,
+    ConnectError,
+    Unreachable,
+    Rejected,
+    Established,
+    Disconnected,
+    DeviceRemoval,
+    TimewaitExit,
+    Other(u32),
+}
+
+impl CmEventKind {
+    fn from_raw(raw: rdma_cm_event_type::Type) -> Self {
+        use rdma_cm_event_type::*;
+        match raw {
+            RDMA_CM_EVENT_ADDR_RESOLVED => Self::AddrResolved,
+            RDMA_CM_EVENT_ADDR_ERROR => Self::AddrError,
+            RDMA_CM_EVENT_ROUTE_RESOLVED => Self::RouteResolved,
+            RDMA_CM_EVENT_ROUTE_ERROR => Self::RouteError,
+            RDMA_CM_EVENT_CONNECT_REQUEST => Self::ConnectRequest,
+            RDMA_CM_EVENT_CONNECT_RESPONSE => Self::ConnectResponse,
+            RDMA_CM_EVENT_CONNECT_ERROR => Self::ConnectError,
+            RDMA_CM_EVENT_UNREACHABLE => Self::Unreachable,
+            RDMA_CM_EVENT_REJECTED => Self::Rejected,
+            RDMA_CM_EVENT_ESTABLISHED => Self::Established,
+            RDMA_CM_EVENT_DISCONNECTED => Self::Disconnected,
+            RDMA_CM_EVENT_DEVICE_REMOVAL => Self::DeviceRemoval,
+            RDMA_CM_EVENT_TIMEWAIT_EXIT => Self::TimewaitExit,
+            other => Self::Other(other),
+        }
+    }
+}
+
+impl fmt::Display for CmEventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Self::AddrResolved => "ADDR_RESOLVED",
+            Self::AddrError => "ADDR_ERROR",
+            Self::RouteResolved => "ROUTE_RESOLVED",
+            Self::RouteError => "ROUTE_ERROR",
+            Self::ConnectRequest => "CONNECT_REQUEST",
+            Self::ConnectResponse => "CONNECT_RESPONSE",
+            Self::ConnectError => "CONNECT_ERROR",
+            Self::Unreachable => "UNREACHABLE",
+            Self::Rejected => "REJECTED",
+            Self::Established => "ESTABLISHED",
+            Self::Disconnected => "DISCONNECTED",
+            Self::DeviceRemoval => "DEVICE_REMOVAL",
+            Self::TimewaitExit => "TIMEWAIT_EXIT",
+            Self::Other(n) => return write!(f, "CM event {n}"),
+        };
+        f.write_str(s)
+    }
+}
+
+/// A CM event copied out of librdmacm and already acknowledged.
+struct CmEvent {
+    kind: CmEventKind,
+    status: i32,
+    /// For CONNECT_REQUEST: the new id, owned by us from now on.
+    new_id: *mut rdma_cm_id,
+}
+
+/// An rdma_cm event channel. Its fd is non-blocking and waited on with poll().
+pub struct EventChannel {
+    raw: *mut rdma_event_channel,
+}
+
+impl EventChannel {
+    pub fn new() -> Result<Rc<Self>> {
+        // SAFETY: plain constructor; NULL is checked.
+        let raw = unsafe { rdma_create_event_channel() };
+        if raw.is_null() {
+            return Err(map_no_device(VerbsError::last_os(
+                "rdma_create_event_channel",
+            )));
+        }
+        let ch = EventChannel { raw };
+        // SAFETY: raw is a valid channel; fd is its descriptor.
+        let fd = unsafe { (*raw).fd };
+        set_nonblocking(fd, "fcntl(event channel)")?;
+        Ok(Rc::new(ch))
+    }
+
+    fn fd(&self) -> i32 {
+        // SAFETY: self.raw is valid for the lifetime of self.
+        unsafe { (*self.raw).fd }
+    }
+
+    /// Next event within `timeout`, acknowledged immediately (all data we
+    /// need is copied out first).
+    fn next_event(&self, timeout: Duration, what: &str) -> Result<CmEvent> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+            // SAFETY: self.raw is valid; ev is a valid out-pointer. The fd is
+            // non-blocking, so this returns EAGAIN when nothing is queued.
+            let rc = unsafe { rdma_get_cm_event(self.raw, &mut ev) };
+            if rc == 0 && !ev.is_null() {
+                // SAFETY: ev is a valid event until acked; we copy and ack it.
+                let out = unsafe {
+                    let kind = CmEventKind::from_raw((*ev).event);
+                    let status = (*ev).status;
+                    let new_id = if kind == CmEventKind::ConnectRequest {
+                        (*ev).id
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    rdma_ack_cm_event(ev);
+                    CmEvent {
+                        kind,
+                        status,
+                        new_id,
+                    }
+                };
+                return Ok(out);
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::WouldBlock
+                && err.kind() != std::io::ErrorKind::Interrupted
+            {
+                return Err(VerbsError::Call {
+                    call: "rdma_get_cm_event",
+                    source: err,
+                });
+            }
+            if !wait_readable(self.fd(), deadline)? {
+                return Err(VerbsError::Timeout {
+                    what: what.to_string(),
+                    after: timeout,
+                });
+            }
+        }
+    }
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // SAFETY: every CmId holds an Rc to its channel, so no id uses it now.
+        unsafe { rdma_destroy_event_channel(self.raw) };
+    }
+}
+
+/// An rdma_cm identifier (like a socket). Destroyed on drop; a QP created on
+/// it is owned by `Endpoint`, which is always dropped first because it holds
+/// an `Rc` of this id.
+pub struct CmId {
+    raw: *mut rdma_cm_id,
+    channel: Rc<EventChannel>,
+}
+
+/// A pending incoming connection, not yet accepted. Dropping it rejects it.
+pub struct ConnectRequest {
+    id: Option<CmId>,
+}
+
+impl ConnectRequest {
+    /// Moves the new connection onto its own event channel and hands it out.
+    pub fn into_id(mut self) -> Result<CmId> {
+        let mut id = self
+            .id
+            .take()
+            .ok_or(VerbsError::Invalid("request already taken".into()))?;
+        let channel = EventChannel::new()?;
+        // SAFETY: both pointers are valid; migrating a fresh id with no
+        // outstanding events is allowed.
+        let rc = unsafe { rdma_migrate_id(id.raw, channel.raw) };
+        if rc != 0 {
+            let err = VerbsError::last_os("rdma_migrate_id");
+            self.id = Some(id);
+            return Err(err);
+        }
+        id.channel = channel;
+        Ok(id)
+    }
+
+    /// Refuses the connection at the CM level (no QP was created).
+    pub fn reject(mut self) {
+        if let Some(id) = self.id.take() {
+            // SAFETY: id.raw is a connect-request id not yet accepted.
+            unsafe { rdma_reject(id.raw, std::ptr::null(), 0) };
+        }
+    }
+}
+
+impl Drop for ConnectRequest {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            // SAFETY: as in reject().
+            unsafe { rdma_reject(id.raw, std::ptr::null(), 0) };
+        }
+    }
+}
+
+impl CmId {
+    pub fn new(channel: &Rc<EventChannel>) -> Result<Self> {
+        let mut raw: *mut rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: channel is valid; raw is a valid out-pointer.
+        let rc = unsafe {
+            rdma_create_id(
+                channel.raw,
+                &mut raw,
+                std::ptr::null_mut(),
+                rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        if rc != 0 || raw.is_null() {
+            return Err(map_no_device(VerbsError::last_os("rdma_create_id")));
+        }
+        Ok(CmId {
+            raw,
+            channel: channel.clone(),
+        })
+    }
+
+    pub(crate) fn raw(&self) -> *mut rdma_cm_id {
+        self.raw
+    }
+
+    /// The verbs context of the device this id is bound to (NULL before the
+    /// address is bound or resolved).
+    pub(crate) fn context(&self) -> Result<*mut ibv_context> {
+        // SAFETY: self.raw is valid for the lifetime of self.
+        let ctx = unsafe { (*self.raw).verbs };
+        if ctx.is_null() {
+            return Err(VerbsError::Invalid(
+                "CM id is not bound to an RDMA device".into(),
+            ));
+        }
+        Ok(ctx)
+    }
+
+    /// Binds to a local address and starts listening.
+    pub fn listen(&self, addr: SocketAddr, backlog: i32) -> Result<()> {
+        let mut storage = SockAddr::from(addr);
+        // SAFETY: storage holds a valid sockaddr of the right family.
+        let rc = unsafe { rdma_bind_addr(self.raw, storage.as_mut_ptr()) };
+        if rc != 0 {
+            let err = VerbsError::last_os("rdma_bind_addr");
+            return Err(map_bind_error(err, addr));
+        }
+        // SAFETY: self.raw is a bound id.
+        let rc = unsafe { rdma_listen(self.raw, backlog) };
+        if rc != 0 {
+            return Err(VerbsError::last_os("rdma_listen"));
+        }
+        Ok(())
+    }
+
+    /// Waits for the next incoming connection on a listening id. Returns
+    /// Ok(None) on timeout so that a server can check for shutdown.
+    pub fn get_request(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
+        let ev = match self.channel.next_event(timeout, "a connection") {
+            Ok(ev) => ev,
+            Err(VerbsError::Timeout { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if ev.kind == CmEventKind::ConnectRequest && !ev.new_id.is_null() {
+            // The new id reports on the listener's channel until migrated.
+            let id = CmId {
+                raw: ev.new_id,
+                channel: self.channel.clone(),
+            };
+            return Ok(Some(ConnectRequest { id: Some(id) }));
+        }
+        // Stray events on a listener (e.g. device removal) are not connections.
+        if ev.kind == CmEventKind::DeviceRemoval {
+            return Err(VerbsError::UnexpectedEvent {
+                want: "CONNECT_REQUEST",
+                got: ev.kind,
+                status: ev.status,
+            });
+        }
+        Ok(None)
+    }
+
+    /// Resolves the destination address (from `src` if given, else from
+    /// whatever address routing picks) and the route to it.
+    pub fn resolve(&self, src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        let mut storage = SockAddr::from(dst);
+        let mut src_storage = src.map(|ip| SockAddr::from(SocketAddr::new(ip, 0)));
+        let src_ptr = match src_storage.as_mut() {
+            Some(s) => s.as_mut_ptr(),
+            None => std::ptr::null_mut(),
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: storage (and src_storage if used) hold valid sockaddrs that
+        // outlive the call; a NULL source means "any".
+        let rc = unsafe { rdma_resolve_addr(self.raw, src_ptr, storage.as_mut_ptr(), ms) };
+        if rc != 0 {
+            return Err(map_no_device(VerbsError::last_os("rdma_resolve_addr")));
+        }
+        self.expect(
+            CmEventKind::AddrResolved,
+            "ADDR_RESOLVED",
+            timeout + Duration::from_secs(1),
+        )?;
+        // SAFETY: address is resolved, so route resolution may start.
+        let rc = unsafe { rdma_resolve_route(self.raw, ms) };
+        if rc != 0 {
+            return Err(VerbsError::last_os("rdma_resolve_route"));
+        }
+        self.expect(
+            CmEventKind::RouteResolved,
+            "ROUTE_RESOLVED",
+            timeout + Duration::from_secs(1),
+        )
+    }
+
+    /// Active side: connects (a QP must exist on this id) and waits for
+    /// ESTABLISHED.
+    pub fn connect(&self, timeout: Duration) -> Result<()> {
+        let mut param = conn_param();
+        // SAFETY: param is a valid, fully initialised struct.
+        let rc = unsafe { rdma_connect(self.raw, &mut param) };
+        if rc != 0 {
+            return Err(VerbsError::last_os("rdma_connect"));
+        }
+        self.expect(CmEventKind::Established, "ESTABLISHED", timeout)
+    }
+
+    /// Passive side: accepts (a QP must exist on this id) and waits for
+    /// ESTABLISHED.
+    pub fn accept(&self, timeout: Duration) -> Result<()> {
+        let mut param = conn_param();
+        // SAFETY: param is valid; self.raw is a connect-request id with a QP.
+        let rc = unsafe { rdma_accept(self.raw, &mut param) };
+        if rc != 0 {
+            return Err(VerbsError::last_os("rdma_accept"));
+        }
+        self.expect(CmEventKind::Established, "ESTABLISHED", timeout)
+    }
+
+    /// Starts an orderly disconnect and waits (bounded) for DISCONNECTED, so
+    /// that the peer sees the end of the connection promptly.
+    pub fn disconnect(&self, timeout: Duration) {
+        // SAFETY: disconnecting a connected or half-dead id is allowed; errors
+        // (e.g. already disconnected) are harmless here.
+        let rc = unsafe { rdma_disconnect(self.raw) };
+        if rc == 0 {
+            let _ = self.expect(CmEventKind::Disconnected, "DISCONNECTED", timeout);
+        }
+    }
+
+    /// Non-blocking check whether the peer has disconnected.
+    pub fn peer_disconnected(&self) -> bool {
+        matches!(
+            self.channel.next_event(Duration::ZERO, "peek"),
+            Ok(CmEvent {
+                kind: CmEventKind::Disconnected | CmEventKind::DeviceRemoval,
+                ..
+            })
+        )
+    }
+
+    fn expect(&self, want: CmEventKind, name: &'static str, timeout: Duration) -> Result<()> {
+        let ev = self.channel.next_event(timeout, name)?;
+        if ev.kind == want && ev.status == 0 {
+            return Ok(());
+        }
+        if ev.kind == CmEventKind::Disconnected {
+            return Err(VerbsError::Disconnected);
+        }
+        Err(VerbsError::UnexpectedEvent {
+            want: name,
+            got: ev.kind,
+            status: ev.status,
+        })
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: the QP on this id (if any) was destroyed by Endpoint, which
+        // holds an Rc of this id; all events were acked when read.
+        unsafe { rdma_destroy_id(self.raw) };
+    }
+}
+
+fn conn_param() -> rdma_conn_param {
+    rdma_conn_param {
+        private_data: std::ptr::null(),
+        private_data_len: 0,
+        // Only RDMA WRITE and SEND are used: no RDMA READ resources needed.
+        responder_resources: 1,
+        initiator_depth: 1,
+        flow_control: 1,
+        retry_count: 7,
+        // 7 = retry forever on receiver-not-ready; the application-level
+        // timeouts bound the wait instead.
+        rnr_retry_count: 7,
+        srq: 0,
+        qp_num: 0,
+    }
+}
+
+/// A sockaddr big enough for IPv4 and IPv6.
+struct SockAddr {
+    storage: libc::sockaddr_storage,
+}
+
+impl From<SocketAddr> for SockAddr {
+    fn from(addr: SocketAddr) -> Self {
+        // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        match addr {
+            SocketAddr::V4(v4) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: v4.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for
+                // sockaddr_in.
+                unsafe {
+                    std::ptr::write(
+                        &mut storage as *mut libc::sockaddr_storage as *mut libc::sockaddr_in,
+                        sin,
+                    )
+                };
+            }
+            SocketAddr::V6(v6) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: v6.port().to_be(),
+                    sin6_flowinfo: v6.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: v6.ip().octets(),
+                    },
+                    sin6_scope_id: v6.scope_id(),
+                };
+                // SAFETY: as above, for sockaddr_in6.
+                unsafe {
+                    std::ptr::write(
+                        &mut storage as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6,
+                        sin6,
+                    )
+                };
+            }
+        }
+        SockAddr { storage }
+    }
+}
+
+impl SockAddr {
+    fn as_mut_ptr(&mut self) -> *mut libc::sockaddr {
+        &mut self.storage as *mut libc::sockaddr_storage as *mut libc::sockaddr
+    }
+}
+
+/// librdmacm reports "no RDMA stack" as ENODEV/ENOSYS/ENOENT in several
+/// calls; turn those into the one clear NoDevice error.
+fn map_no_device(err: VerbsError) -> VerbsError {
+    if let VerbsError::Call { source, .. } = &err
+        && matches!(source.raw_os_error(), Some(libc::ENODEV | libc::ENOSYS))
+    {
+        return VerbsError::NoDevice;
+    }
+    err
+}
+
+fn map_bind_error(err: VerbsError, addr: SocketAddr) -> VerbsError {
+    if let VerbsError::Call { source, .. } = &err {
+        match source.raw_os_error() {
+            Some(libc::EADDRINUSE) => {
+                return VerbsError::Invalid(format!("address {addr} is already in use"));
+            }
+            Some(libc::EADDRNOTAVAIL) | Some(libc::ENODEV) => {
+                return VerbsError::Invalid(format!(
+                    "cannot bind {addr}: no RDMA device has this address"
+                ));
+            }
+            _ => {}
+        }
+    }
+    map_no_device(err)
+}
