@@ -1,0 +1,292 @@
+//! End-to-end tests of `receiver` + `sender` on a real RDMA stack.
+//! `make test` runs them inside the SoftRoCE guest (scripts/guest/run.sh).
+//! Every case checks the output's SHA-256 against the input's and that no
+//! temporary file is left behind.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+use support::*;
+use tempfile::TempDir;
+
+fn dirs() -> (TempDir, TempDir) {
+    (
+        tempfile::tempdir().expect("src dir"),
+        tempfile::tempdir().expect("dst dir"),
+    )
+}
+
+/// Sends `files` (name, size) in one session and checks every byte.
+fn transfer_and_check(
+    net: &Net,
+    path: Path_,
+    files: &[(&str, u64)],
+    extra: &[&str],
+) -> (Finished, Finished) {
+    let (src, dst) = dirs();
+    let mut inputs = Vec::new();
+    for (i, (name, size)) in files.iter().enumerate() {
+        let p = src.path().join(name);
+        let sum = make_file(&p, *size, 0x5eed + i as u64 * 7919 + size);
+        inputs.push((p, sum));
+    }
+    let port = next_port();
+    let receiver = start_receiver(net, port, dst.path(), &["--once"]);
+    let paths: Vec<PathBuf> = inputs.iter().map(|(p, _)| p.clone()).collect();
+    let sent = run_sender(net, port, path, &paths, extra);
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(
+        sent.code(),
+        0,
+        "sender failed:\n{}\nreceiver:\n{}",
+        sent.stderr,
+        received.stderr
+    );
+    assert_eq!(
+        received.code(),
+        0,
+        "receiver --once failed:\n{}",
+        received.stderr
+    );
+    for (p, sum) in &inputs {
+        let out = dst.path().join(p.file_name().expect("name"));
+        assert_eq!(&sha256_file(&out), sum, "content of {}", out.display());
+        let want_mode = std::fs::metadata(p).expect("meta").permissions();
+        let got_mode = std::fs::metadata(&out).expect("meta").permissions();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            got_mode.mode() & 0o777,
+            want_mode.mode() & 0o777,
+            "mode of {}",
+            out.display()
+        );
+    }
+    assert_no_temp_files(dst.path());
+    (sent, received)
+}
+
+#[test]
+fn sizes_around_the_chunk_boundary_across_the_wire() {
+    let Some(net) = rdma_net() else { return };
+    for size in [0, 1, CHUNK - 1, CHUNK, CHUNK + 1] {
+        let name = format!("file-{size}.bin");
+        let (sent, _) = transfer_and_check(&net, Path_::Wire, &[(&name, size)], &[]);
+        assert!(
+            sent.stderr.contains(&format!("{name}: {size} bytes")),
+            "{}",
+            sent.stderr
+        );
+    }
+}
+
+#[test]
+fn several_files_in_one_session() {
+    let Some(net) = rdma_net() else { return };
+    transfer_and_check(
+        &net,
+        Path_::Wire,
+        &[
+            ("a.bin", 3 * CHUNK + 5),
+            ("empty", 0),
+            ("b.bin", 17),
+            ("c.bin", 2 * CHUNK),
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn hundred_mib_across_the_wire_uses_the_wire() {
+    let Some(net) = rdma_net() else { return };
+    let before = std::env::var("RXFER_NETDEV_B").map(|d| tx_bytes(&d)).ok();
+    transfer_and_check(&net, Path_::Wire, &[("random-100m.bin", 100 * MIB)], &[]);
+    if let (Some(before), Ok(dev)) = (before, std::env::var("RXFER_NETDEV_B")) {
+        let sent = tx_bytes(&dev) - before;
+        assert!(
+            sent >= 100 * MIB,
+            "only {sent} bytes left through {dev}: not across the wire"
+        );
+    }
+}
+
+#[test]
+fn file_larger_than_four_rings_over_loopback() {
+    let Some(net) = rdma_net() else { return };
+    // 300 MiB through a 16 x 1 MiB ring: every slot is reused ~19 times.
+    transfer_and_check(
+        &net,
+        Path_::Loopback,
+        &[("random-300m.bin", 300 * MIB)],
+        &[],
+    );
+}
+
+#[test]
+fn sha256_verification() {
+    let Some(net) = rdma_net() else { return };
+    let (sent, received) = transfer_and_check(
+        &net,
+        Path_::Wire,
+        &[("sha.bin", 5 * CHUNK + 123)],
+        &["--verify", "sha256"],
+    );
+    assert!(sent.stderr.contains("sha256"), "{}", sent.stderr);
+    assert!(received.stderr.contains("sha256"), "{}", received.stderr);
+}
+
+#[test]
+fn small_ring_and_odd_chunk_sizes() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("odd.bin");
+    let sum = make_file(&input, 3 * MIB + 4321, 99);
+    let port = next_port();
+    let receiver = start_receiver(
+        &net,
+        port,
+        dst.path(),
+        &["--once", "--slots", "3", "--chunk-size", "256K"],
+    );
+    // The sender's bigger chunk is capped by the receiver's slot size.
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        &[input],
+        &["--depth", "2", "--chunk-size", "1M"],
+    );
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 0, "{}\n{}", sent.stderr, received.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_eq!(sha256_file(&dst.path().join("odd.bin")), sum);
+    assert_no_temp_files(dst.path());
+}
+
+#[test]
+fn existing_file_is_refused_without_overwrite_and_replaced_with_it() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("report.txt");
+    let sum = make_file(&input, 2 * CHUNK + 9, 4);
+    let existing = dst.path().join("report.txt");
+    std::fs::write(&existing, b"old content").expect("write existing");
+
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 4, "sender:\n{}", sent.stderr);
+    assert!(sent.stderr.contains("already exists"), "{}", sent.stderr);
+    assert_eq!(
+        received.code(),
+        4,
+        "receiver --once status:\n{}",
+        received.stderr
+    );
+    assert_eq!(std::fs::read(&existing).expect("read"), b"old content");
+    assert_no_temp_files(dst.path());
+
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--overwrite"]);
+    let sent = run_sender(&net, port, Path_::Wire, &[input], &[]);
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_eq!(sha256_file(&existing), sum);
+    assert_no_temp_files(dst.path());
+}
+
+#[test]
+fn hostile_name_is_refused_and_later_files_still_arrive() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let bad = src.path().join("bad\nname");
+    make_file(&bad, 1000, 5);
+    let good = src.path().join("good.bin");
+    let sum = make_file(&good, 1000, 6);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender(&net, port, Path_::Wire, &[bad, good], &[]);
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
+    assert!(sent.stderr.contains("control character"), "{}", sent.stderr);
+    assert_eq!(received.code(), 4, "{}", received.stderr);
+    let names: Vec<_> = std::fs::read_dir(dst.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("good.bin")]);
+    assert_eq!(sha256_file(&dst.path().join("good.bin")), sum);
+}
+
+#[test]
+fn receiver_without_once_serves_sessions_until_sigterm() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    for i in 0..3u64 {
+        let input = src.path().join(format!("s{i}.bin"));
+        let sum = make_file(&input, i * CHUNK + 77, i);
+        let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+        assert_eq!(
+            sent.code(),
+            0,
+            "{}\n{}",
+            sent.stderr,
+            receiver.stderr_so_far()
+        );
+        assert_eq!(sha256_file(&dst.path().join(format!("s{i}.bin"))), sum);
+    }
+    // SIGTERM to the receiver this test started: a clean exit 0.
+    let pid = receiver.pid().to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    let done = receiver.wait(Duration::from_secs(30));
+    assert_eq!(done.code(), 0, "{}", done.stderr);
+    assert_no_temp_files(dst.path());
+}
+
+#[test]
+fn nothing_listening_is_a_connect_error() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("dir");
+    let input = src.path().join("x");
+    make_file(&input, 10, 1);
+    let port = next_port();
+    let sent = run_sender(&net, port, Path_::Wire, &[input], &["--timeout", "5"]);
+    assert_eq!(sent.code(), 3, "{}", sent.stderr);
+    assert!(sent.stderr.contains("cannot connect"), "{}", sent.stderr);
+}
+
+#[test]
+fn one_gib_keeps_memory_bounded() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("one-gib.bin");
+    let sum = make_file(&input, 1024 * MIB, 11);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 0, "{}\n{}", sent.stderr, received.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    // Remove the input before hashing the output: the guest's tmpfs is RAM.
+    std::fs::remove_file(&input).expect("rm input");
+    assert_eq!(sha256_file(&dst.path().join("one-gib.bin")), sum);
+    assert_no_temp_files(dst.path());
+    // 64 MiB plus the registered buffers (16 x 1 MiB ring; 16 x 1 MiB staging).
+    let bound = 64 * MIB + 16 * MIB;
+    let (s, r) = (peak_rss(&sent.stderr), peak_rss(&received.stderr));
+    eprintln!(
+        "peak RSS for 1 GiB: sender {} KiB, receiver {} KiB",
+        s / 1024,
+        r / 1024
+    );
+    assert!(s < bound, "sender peak RSS {s} >= {bound}");
+    assert!(r < bound, "receiver peak RSS {r} >= {bound}");
+}
