@@ -1,0 +1,48 @@
+# rdma-xfer — see README.md. On a fresh Debian 12 machine (root) `make demo`
+# and `make test` install what they need (apt-get), build, and use SoftRoCE:
+# on this host if it has RDMA, else inside a QEMU guest (scripts/guest/).
+SHELL := /bin/bash
+CARGO ?= cargo
+PREFIX ?= /usr/local
+# rdma-sys 0.3 uses bindgen 0.59, which needs libclang 14 (breaks with >= 16).
+export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+.PHONY: all deps build lint unit e2e test demo bench install clean
+
+all: build
+
+deps:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
+	scripts/install-deps.sh --build
+	scripts/guest/prepare.sh -q
+
+build: deps
+	$(CARGO) build --release --locked --all-targets
+
+lint: deps
+	$(CARGO) fmt --check
+	$(CARGO) clippy --release --locked --all-targets -- -D warnings
+
+# Pure logic and CLI tests on this host (no RDMA needed).
+unit: build
+	$(CARGO) test --release --locked --lib --bins --test cli
+
+# The end-to-end suite on real RDMA (this host, or the SoftRoCE guest).
+e2e: build
+	scripts/e2e.sh
+
+test: lint unit e2e
+
+demo: build
+	scripts/demo.sh
+
+bench: build
+	scripts/guest/run.sh -t 3600 'scripts/bench.sh -r 3'
+
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 target/release/sender target/release/receiver $(DESTDIR)$(PREFIX)/bin/
+
+clean:
+	$(CARGO) clean

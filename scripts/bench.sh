@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Benchmark: ib_write_bw vs sender -> receiver over the same path in the same
+# guest boot. Run INSIDE the SoftRoCE guest (`make bench` does that).
+#   1. ib_write_bw RC, 1 MiB messages, B -> A across the veth wire, IPv4
+#      RoCEv2 GID (scripts/guest/ib-write-bw.sh);
+#   2. scripts/transfer.sh: a 256 MiB random file tmpfs -> tmpfs, RUNS times.
+# Prints both throughputs and ratio = median tool throughput / ib_write_bw.
+# Usage: scripts/bench.sh [-s SIZE_MiB] [-r RUNS]
+set -euo pipefail
+
+SIZE_MIB=256 RUNS=3
+while getopts 's:r:h' o; do
+  case $o in
+    s) SIZE_MIB=$OPTARG ;;
+    r) RUNS=$OPTARG ;;
+    *) sed -n '2,8p' "$0" >&2; exit 2 ;;
+  esac
+done
+here=$(cd "$(dirname "$0")" && pwd)
+
+ibw=$("$here/guest/ib-write-bw.sh" | sed -n 's/^ib_write_bw_MiBps=//p')
+[[ -n $ibw ]] || { echo "bench: ib_write_bw gave no result" >&2; exit 1; }
+echo "ib_write_bw (RC, 1 MiB, B->A wire): $ibw MiB/s"
+out=$("$here/transfer.sh" -s "$SIZE_MIB" -r "$RUNS" | tee /dev/stderr)
+tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
+ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
+echo "RESULT ib_write_bw=$ibw MiB/s rdma-xfer=$tool MiB/s (median of $RUNS, ${SIZE_MIB} MiB) ratio=$ratio"

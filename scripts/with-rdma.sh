@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs a command where a real RDMA stack exists:
+#   - on this host if it has an ACTIVE RDMA device (scripts/rxe-setup.sh
+#     --check), or can get one by loading rdma_rxe (with RXFER_SETUP_RXE=1);
+#   - otherwise inside the SoftRoCE QEMU guest (scripts/guest/run.sh), which
+#     exports RXFER_ADDR_A/RXFER_ADDR_B (the two ends of a veth wire).
+# Usage: scripts/with-rdma.sh [-t TIMEOUT_S] 'COMMAND STRING'
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+timeout=3600
+if [[ ${1:-} == -t ]]; then timeout=$2; shift 2; fi
+cmd=${1:?usage: with-rdma.sh [-t TIMEOUT_S] 'COMMAND'}
+
+host_ok=0
+if "$here/rxe-setup.sh" --check >/dev/null 2>&1; then
+  host_ok=1
+elif [[ ${RXFER_SETUP_RXE:-0} == 1 ]] && "$here/rxe-setup.sh" >/dev/null 2>&1 &&
+  "$here/rxe-setup.sh" --check >/dev/null 2>&1; then
+  host_ok=1
+fi
+
+if [[ $host_ok == 1 ]]; then
+  # On a host, address A is the IPv4 address of the first RDMA port's netdev.
+  if [[ -z ${RXFER_ADDR_A:-} ]]; then
+    ndev=$(cat /sys/class/infiniband/*/ports/1/gid_attrs/ndevs/1 2>/dev/null | head -1 || true)
+    [[ -n $ndev ]] && RXFER_ADDR_A=$(ip -4 -o addr show dev "$ndev" | awk '{ split($4, a, "/"); print a[1]; exit }')
+    export RXFER_ADDR_A
+  fi
+  echo "with-rdma: running on this host (RDMA device present, A=${RXFER_ADDR_A:-?})" >&2
+  exec timeout "$timeout" bash -c "ulimit -l unlimited 2>/dev/null; $cmd"
+fi
+echo "with-rdma: no RDMA device on this host; running inside the SoftRoCE guest" >&2
+exec "$here/guest/run.sh" -t "$timeout" "$cmd"
