@@ -215,10 +215,10 @@ if [[ ! -f $KDIR/.unpacked ]]; then
   log "downloading $KPKG"
   dl=$(mktemp -d "$GDIR/dl.XXXXXX")
   # Sandbox user root: the _apt user may not be able to write the cache dir.
-  if ! (cd "$dl" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" </dev/null >&2); then
+  if ! (cd "$dl" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" </dev/null >"$dl/log" 2>&1); then
     apt_update_once
-    (cd "$dl" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" </dev/null >&2) ||
-      { rm -rf "$dl"; die "apt-get download $KPKG failed"; }
+    (cd "$dl" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" </dev/null >"$dl/log" 2>&1) ||
+      { cat "$dl/log" >&2; rm -rf "$dl"; die "apt-get download $KPKG failed"; }
   fi
   log "unpacking $KPKG"
   rm -rf "$KDIR.tmp"

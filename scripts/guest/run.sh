@@ -139,6 +139,14 @@ done
 CMD="$*"
 [[ $MEM =~ ^[0-9]+$ && $CPUS =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ ]] || usage
 
+# The guest mounts fresh tmpfs on /tmp, /run, /dev/shm: host files there are
+# invisible to it, so the command could not start in such a directory.
+case $PWD/ in
+  /tmp/* | /run/* | /dev/* | /proc/* | /sys/*)
+    echo "run.sh: current directory $PWD is hidden inside the guest (tmpfs/pseudo-fs there); run from elsewhere (e.g. /var/tmp)" >&2
+    exit 125 ;;
+esac
+
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 SCRIPT_DIR=${SELF%/*}
 REPO=$(cd "$SCRIPT_DIR/../.." && pwd)

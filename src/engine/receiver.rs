@@ -143,6 +143,9 @@ struct IncomingFile {
     hasher: FileHasher,
     started: Instant,
     committed: bool,
+    /// Time spent checking and writing chunks (logged for tuning).
+    check_time: Duration,
+    write_time: Duration,
 }
 
 impl Drop for IncomingFile {
@@ -367,6 +370,8 @@ impl Session<'_> {
             hasher: FileHasher::new(hello.digest),
             started: Instant::now(),
             committed: false,
+            check_time: Duration::ZERO,
+            write_time: Duration::ZERO,
         })
     }
 
@@ -401,7 +406,9 @@ impl Session<'_> {
             return Err(XferError::Protocol("data without an open file".into()));
         };
         let data = ring.slice(placement.slot_offset as usize, placement.len as usize)?;
+        let t0 = Instant::now();
         let crc = crc32fast::hash(data);
+        let t1 = Instant::now();
         if crc != placement.expected_crc {
             let err = XferError::Integrity(format!(
                 "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
@@ -414,6 +421,8 @@ impl Session<'_> {
             return Err(self.abort(AckStatus::Io, err));
         }
         file.hasher.update(data, crc);
+        file.check_time += t1 - t0;
+        file.write_time += t1.elapsed();
         if let Some(credit) = self.machine.chunk_done() {
             self.control.send(&self.ep, &credit)?;
         }
@@ -429,6 +438,13 @@ impl Session<'_> {
             FileHasher::new(crate::proto::DigestAlg::Crc32),
         );
         let digest = hasher.finish();
+        debug!(
+            file = %file.name,
+            elapsed_s = file.started.elapsed().as_secs_f64(),
+            crc_s = file.check_time.as_secs_f64(),
+            write_s = file.write_time.as_secs_f64(),
+            "all data received"
+        );
         let (status, reason, err) = if digest != fin.digest {
             let reason = format!(
                 "whole-file digest mismatch for {}: received data hashes to {}, the sender's is {}",

@@ -132,6 +132,15 @@ pub fn send_files(
     Ok(outcome)
 }
 
+/// Where the data phase spent its time (logged at debug level for tuning).
+#[derive(Default)]
+struct DataPathTimes {
+    read: Duration,
+    digest: Duration,
+    wait_credit: Duration,
+    wait_buffer: Duration,
+}
+
 /// A per-file failure either leaves the session usable or ends it.
 enum FileError {
     Continue(XferError),
@@ -245,6 +254,7 @@ impl Connection {
         // Phase 2: stream chunks.
         let mut hasher = FileHasher::new(cfg.verify);
         let chunk = cfg.chunk_size as usize;
+        let mut time = DataPathTimes::default();
         loop {
             while !self.free_staging.is_empty() {
                 let Some(plan) = self.session.next_chunk() else {
@@ -254,6 +264,7 @@ impl Connection {
                     break;
                 };
                 let len = plan.len as usize;
+                let t0 = Instant::now();
                 let data = self
                     .staging
                     .slice_mut(buf * chunk, len)
@@ -266,8 +277,12 @@ impl Connection {
                             e,
                         )
                     })?;
+                let t1 = Instant::now();
                 let crc = crc32fast::hash(data);
                 hasher.update(data, crc);
+                let t2 = Instant::now();
+                time.read += t1 - t0;
+                time.digest += t2 - t1;
                 self.ep.post_write_imm(
                     &self.staging,
                     buf * chunk,
@@ -283,7 +298,15 @@ impl Connection {
                 break;
             }
             // Out of credits or buffers: wait for a write or a CREDIT.
-            if let Some(event) = self.next_event(cfg, "credit from the receiver")? {
+            let t0 = Instant::now();
+            let waiting_for_credit = self.session.credits() == 0;
+            let event = self.next_event(cfg, "credit from the receiver")?;
+            if waiting_for_credit {
+                time.wait_credit += t0.elapsed();
+            } else {
+                time.wait_buffer += t0.elapsed();
+            }
+            if let Some(event) = event {
                 match event {
                     SenderEvent::Credit(_) => {}
                     SenderEvent::Acked(ack) => {
@@ -300,7 +323,14 @@ impl Connection {
             _ => return Err(FileError::Fatal(XferError::Protocol("FIN expected".into()))),
         };
         self.control.send(&self.ep, &fin)?;
-        debug!(file = %src.name, "FIN sent");
+        debug!(
+            file = %src.name,
+            read_s = time.read.as_secs_f64(),
+            crc_s = time.digest.as_secs_f64(),
+            wait_credit_s = time.wait_credit.as_secs_f64(),
+            wait_buffer_s = time.wait_buffer.as_secs_f64(),
+            "FIN sent"
+        );
         // Phase 3: the ACK comes only after verify + fsync + rename.
         loop {
             if let Some(event) = self.next_event(cfg, "the receiver's ACK")? {
