@@ -19,7 +19,7 @@ SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$SCRIPT_DIR/../.." && pwd)
 GDIR=${RXFER_GUEST_DIR:-$REPO/target/guest}
 # Bump when the layout of the cache or the initramfs changes.
-LAYOUT=3
+LAYOUT=4
 
 HOST_PKGS=(qemu-system-x86 kmod xz-utils busybox-static rdma-core ibverbs-utils
   ibverbs-providers rdmacm-utils perftest iproute2 cpio util-linux coreutils)
@@ -163,6 +163,10 @@ mount -t tmpfs -o mode=0755,size=50% upper /upper || fail "mount upper"
 mkdir -p /upper/u /upper/w
 mount -t overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w rootfs /newroot || fail "mount overlay"
 mount -t tmpfs -o mode=1777,size=75% tmp /newroot/tmp
+if [ -n "$SHOW_HOST_DIR" ]; then
+  mkdir -p "/newroot$SHOW_HOST_DIR" && mount --bind "/lower$SHOW_HOST_DIR" "/newroot$SHOW_HOST_DIR" ||
+    fail "cannot show $SHOW_HOST_DIR in the guest"
+fi
 mount -t tmpfs -o mode=0755,size=10% run /newroot/run
 mkdir -p /newroot/run/rxfer-io /newroot/lib/modules
 mount --move /io /newroot/run/rxfer-io

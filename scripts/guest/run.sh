@@ -139,17 +139,21 @@ done
 CMD="$*"
 [[ $MEM =~ ^[0-9]+$ && $CPUS =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ ]] || usage
 
+SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+SCRIPT_DIR=${SELF%/*}
+REPO=$(cd "$SCRIPT_DIR/../.." && pwd)
+
 # The guest mounts fresh tmpfs on /tmp, /run, /dev/shm: host files there are
-# invisible to it, so the command could not start in such a directory.
+# invisible to it. A checkout under /tmp (a CI clone, say) is bind-mounted
+# back (read-only) at its own path; any other hidden directory cannot work.
+SHOW_HOST_DIR=
+[[ $REPO/ == /tmp/* ]] && SHOW_HOST_DIR=$REPO
 case $PWD/ in
+  "$REPO"/*) ;;
   /tmp/* | /run/* | /dev/* | /proc/* | /sys/*)
     echo "run.sh: current directory $PWD is hidden inside the guest (tmpfs/pseudo-fs there); run from elsewhere (e.g. /var/tmp)" >&2
     exit 125 ;;
 esac
-
-SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
-SCRIPT_DIR=${SELF%/*}
-REPO=$(cd "$SCRIPT_DIR/../.." && pwd)
 GDIR=${RXFER_GUEST_DIR:-$REPO/target/guest}
 export RXFER_GUEST_DIR=$GDIR
 
@@ -172,6 +176,7 @@ sq() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
   echo "KVER=$(sq "$KVER")"
   echo "MODDIR=$(sq "$MODDIR")"
   echo "GUEST_INIT=$(sq "$SELF")"
+  echo "SHOW_HOST_DIR=$(sq "$SHOW_HOST_DIR")"
 } >"$IO/boot.conf"
 
 # Environment for the command: PATH as on the host (with ~/.cargo/bin),

@@ -5,6 +5,7 @@
 
 mod control;
 mod digest;
+mod reader;
 pub mod receiver;
 mod report;
 pub mod sender;

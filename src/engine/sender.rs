@@ -3,21 +3,20 @@
 //! FIN -> ACK; finally BYE.
 
 use super::control::Control;
-use super::digest::FileHasher;
+use super::reader::{self, ReadJob, ReaderMsg};
 use super::report::FileReport;
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
-use crate::proto::{
-    AckStatus, DigestAlg, FileOffer, Message, SenderEvent, SenderSession, SenderState,
-};
+use crate::proto::{AckStatus, DigestAlg, FileOffer, SenderEvent, SenderSession, SenderState};
 use crate::verbs::{
-    Access, CmId, Endpoint, EventChannel, MemoryRegion, QpCaps, VerbsError, WcOpcode,
+    CmId, Endpoint, EventChannel, QpCaps, SlotPool, SlotToken, VerbsError, WcOpcode,
     WorkCompletion, probe_devices,
 };
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
@@ -107,38 +106,93 @@ pub fn send_files(
     let sources = open_sources(paths)?;
     probe_devices()?;
     let mut conn = Connection::open(cfg)?;
-    let mut outcome = SessionOutcome {
-        files: Vec::new(),
-        first_error: None,
-    };
-    for source in &sources {
-        match conn.send_file(cfg, source) {
-            Ok(report) => {
-                on_file(&report);
-                outcome.files.push(report);
-            }
-            Err(FileError::Continue(e)) => {
-                warn!(file = %source.name, "{e}");
-                eprintln!("{}: {e}", source.name);
-                outcome.first_error.get_or_insert(e);
-            }
-            Err(FileError::Fatal(e)) => {
-                conn.abort();
-                return Err(e);
+    let (pool, tokens) = SlotPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)?;
+    std::thread::scope(|scope| {
+        let (job_tx, job_rx) = mpsc::channel();
+        let (free_tx, free_rx) = mpsc::channel();
+        let (out_tx, out_rx) = mpsc::channel();
+        for token in tokens {
+            let _ = free_tx.send(token);
+        }
+        let filler = pool.filler();
+        scope.spawn(move || reader::run(filler, job_rx, free_rx, out_tx));
+        let mut pipe = Pipeline {
+            pool: &pool,
+            jobs: job_tx,
+            free: free_tx,
+            filled: out_rx,
+            in_flight: (0..cfg.depth).map(|_| None).collect(),
+            held: None,
+        };
+        let mut outcome = SessionOutcome {
+            files: Vec::new(),
+            first_error: None,
+        };
+        for source in &sources {
+            match conn.send_file(cfg, source, &mut pipe) {
+                Ok(report) => {
+                    on_file(&report);
+                    outcome.files.push(report);
+                }
+                Err(FileError::Continue(e)) => {
+                    warn!(file = %source.name, "{e}");
+                    eprintln!("{}: {e}", source.name);
+                    outcome.first_error.get_or_insert(e);
+                }
+                Err(FileError::Fatal(e)) => {
+                    conn.abort();
+                    return Err(e);
+                }
             }
         }
-    }
-    conn.close(cfg)?;
-    Ok(outcome)
+        conn.close(cfg, &mut pipe)?;
+        // Dropping `pipe` closes the channels, which ends the reader thread.
+        Ok(outcome)
+    })
 }
 
-/// Where the data phase spent its time (logged at debug level for tuning).
-#[derive(Default)]
-struct DataPathTimes {
-    read: Duration,
-    digest: Duration,
-    wait_credit: Duration,
-    wait_buffer: Duration,
+/// The sender's side of the reader thread: channels plus the slots that are
+/// posted (held until their write completes).
+struct Pipeline<'a> {
+    pool: &'a SlotPool,
+    jobs: Sender<ReadJob<'a>>,
+    free: Sender<SlotToken>,
+    filled: Receiver<ReaderMsg>,
+    in_flight: Vec<Option<SlotToken>>,
+    /// A filled chunk waiting for a credit.
+    held: Option<(SlotToken, u64, u32, u32)>,
+}
+
+impl Pipeline<'_> {
+    /// Slots the reader holds or has filled but not yet handed over: when
+    /// nonzero, a message from the reader is on its way.
+    fn with_reader(&self) -> usize {
+        let posted = self.in_flight.iter().filter(|t| t.is_some()).count();
+        self.in_flight.len() - posted - usize::from(self.held.is_some())
+    }
+
+    /// A write completed: its slot goes back to the reader.
+    fn write_done(&mut self, index: usize) -> Result<(), XferError> {
+        let token = self
+            .in_flight
+            .get_mut(index)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                XferError::Protocol(format!("completion for idle staging slot {index}"))
+            })?;
+        // The reader may already be gone (session ending): nothing to do then.
+        let _ = self.free.send(token);
+        Ok(())
+    }
+
+    fn next_from_reader(&mut self, timeout: Duration) -> Result<ReaderMsg, XferError> {
+        self.filled.recv_timeout(timeout).map_err(|_| {
+            XferError::io(
+                "reading the input",
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),
+            )
+        })
+    }
 }
 
 /// A per-file failure either leaves the session usable or ends it.
@@ -173,8 +227,6 @@ fn peer_lost_or(e: VerbsError) -> XferError {
 struct Connection {
     ep: Endpoint,
     control: Control,
-    staging: MemoryRegion,
-    free_staging: Vec<usize>,
     session: SenderSession,
     wcs: Vec<WorkCompletion>,
 }
@@ -199,24 +251,22 @@ impl Connection {
         };
         let ep = Endpoint::new(id, caps, cfg.busy_poll).map_err(connect_err)?;
         let control = Control::new(&ep, RECV_BUFFERS, SEND_BUFFERS)?;
-        let staging = MemoryRegion::new(
-            ep.pd(),
-            cfg.depth as usize * cfg.chunk_size as usize,
-            Access::Local,
-        )?;
         ep.cm_id().connect(cfg.timeout).map_err(connect_err)?;
         info!(peer = %cfg.addr, "connected");
         Ok(Connection {
             ep,
             control,
-            staging,
-            free_staging: (0..cfg.depth as usize).rev().collect(),
             session: SenderSession::new(cfg.chunk_size),
             wcs: Vec::with_capacity(64),
         })
     }
 
-    fn send_file(&mut self, cfg: &SenderConfig, src: &Source) -> Result<FileReport, FileError> {
+    fn send_file<'a>(
+        &mut self,
+        cfg: &SenderConfig,
+        src: &'a Source,
+        pipe: &mut Pipeline<'a>,
+    ) -> Result<FileReport, FileError> {
         let started = Instant::now();
         let offer = FileOffer {
             name: src.name.clone(),
@@ -228,7 +278,7 @@ impl Connection {
         self.control.send(&self.ep, &hello)?;
         // Phase 1: wait for the ring (or a rejection).
         while self.session.state() == SenderState::AwaitRing {
-            if let Some(event) = self.next_event(cfg, "the receiver's MR reply")? {
+            if let Some(event) = self.next_event(cfg, pipe, "the receiver's MR reply")? {
                 match event {
                     SenderEvent::Ring(ring) => {
                         debug!(
@@ -251,89 +301,85 @@ impl Connection {
                 }
             }
         }
-        // Phase 2: stream chunks.
-        let mut hasher = FileHasher::new(cfg.verify);
-        let chunk = cfg.chunk_size as usize;
+        // Phase 2: the reader fills slots; each filled slot is written to
+        // the next ring slot as soon as a credit allows.
+        let job = ReadJob {
+            file: &src.file,
+            name: &src.name,
+            size: src.size,
+            chunk_len: self.session.chunk_len(),
+            digest: cfg.verify,
+        };
+        pipe.jobs
+            .send(job)
+            .map_err(|_| XferError::Protocol("the reader thread is gone".into()))?;
         let mut time = DataPathTimes::default();
-        loop {
-            while !self.free_staging.is_empty() {
-                let Some(plan) = self.session.next_chunk() else {
-                    break;
-                };
-                let Some(buf) = self.free_staging.pop() else {
-                    break;
-                };
-                let len = plan.len as usize;
+        while !self.session.all_chunks_planned() {
+            if self.session.credits() > 0 && pipe.held.is_none() && pipe.with_reader() > 0 {
+                // The reader is working: wait for its next chunk.
                 let t0 = Instant::now();
-                let data = self
-                    .staging
-                    .slice_mut(buf * chunk, len)
-                    .map_err(XferError::from)?;
-                src.file
-                    .read_exact_at(data, plan.file_offset)
-                    .map_err(|e| {
-                        XferError::io(
-                            format!("cannot read {} at offset {}", src.name, plan.file_offset),
-                            e,
-                        )
-                    })?;
-                let t1 = Instant::now();
-                let crc = crc32fast::hash(data);
-                hasher.update(data, crc);
-                let t2 = Instant::now();
-                time.read += t1 - t0;
-                time.digest += t2 - t1;
-                self.ep.post_write_imm(
-                    &self.staging,
-                    buf * chunk,
-                    len,
-                    plan.remote_addr,
-                    plan.rkey,
-                    crc,
-                    wr::WRITE | buf as u64,
-                    true,
-                )?;
-            }
-            if self.session.all_chunks_planned() {
-                break;
-            }
-            // Out of credits or buffers: wait for a write or a CREDIT.
-            let t0 = Instant::now();
-            let waiting_for_credit = self.session.credits() == 0;
-            let event = self.next_event(cfg, "credit from the receiver")?;
-            if waiting_for_credit {
-                time.wait_credit += t0.elapsed();
-            } else {
-                time.wait_buffer += t0.elapsed();
-            }
-            if let Some(event) = event {
-                match event {
-                    SenderEvent::Credit(_) => {}
-                    SenderEvent::Acked(ack) => {
-                        return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
+                let msg = pipe.next_from_reader(cfg.timeout)?;
+                time.wait_reader += t0.elapsed();
+                match msg {
+                    ReaderMsg::Chunk {
+                        token,
+                        seq,
+                        len,
+                        crc,
+                    } => pipe.held = Some((token, seq, len, crc)),
+                    ReaderMsg::Done(_) => {
+                        return Err(FileError::Fatal(XferError::Protocol(
+                            "the reader finished before all chunks were sent".into(),
+                        )));
                     }
-                    other => return Err(unexpected(&other)),
+                    ReaderMsg::Failed(context, e) => {
+                        return Err(FileError::Fatal(XferError::io(context, e)));
+                    }
                 }
             }
+            if self.session.credits() > 0
+                && let Some((token, seq, len, crc)) = pipe.held.take()
+            {
+                self.post_chunk(pipe, token, seq, len, crc)?;
+                // Hand finished slots back early so the reader keeps going.
+                self.poll_events(pipe)?;
+                continue;
+            }
+            // Out of credits, or every slot is in flight: wait for the CQ.
+            let t0 = Instant::now();
+            let event = self.next_event(cfg, pipe, "credit from the receiver")?;
+            time.wait_cq += t0.elapsed();
+            match event {
+                None | Some(SenderEvent::Credit(_)) => {}
+                Some(SenderEvent::Acked(ack)) => {
+                    return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
+                }
+                Some(other) => return Err(unexpected(&other)),
+            }
         }
-        // RC ordering: FIN arrives after every WRITE posted before it.
-        let fin = self.session.finish(hasher.finish()).map_err(proto_err)?;
-        let digest = match &fin {
-            Message::Fin(f) => f.digest,
-            _ => return Err(FileError::Fatal(XferError::Protocol("FIN expected".into()))),
+        let digest = match pipe.next_from_reader(cfg.timeout)? {
+            ReaderMsg::Done(digest) => digest,
+            ReaderMsg::Failed(context, e) => {
+                return Err(FileError::Fatal(XferError::io(context, e)));
+            }
+            ReaderMsg::Chunk { .. } => {
+                return Err(FileError::Fatal(XferError::Protocol(
+                    "the reader produced more chunks than the file has".into(),
+                )));
+            }
         };
+        // RC ordering: FIN arrives after every WRITE posted before it.
+        let fin = self.session.finish(digest).map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
         debug!(
             file = %src.name,
-            read_s = time.read.as_secs_f64(),
-            crc_s = time.digest.as_secs_f64(),
-            wait_credit_s = time.wait_credit.as_secs_f64(),
-            wait_buffer_s = time.wait_buffer.as_secs_f64(),
+            wait_reader_s = time.wait_reader.as_secs_f64(),
+            wait_cq_s = time.wait_cq.as_secs_f64(),
             "FIN sent"
         );
         // Phase 3: the ACK comes only after verify + fsync + rename.
         loop {
-            if let Some(event) = self.next_event(cfg, "the receiver's ACK")? {
+            if let Some(event) = self.next_event(cfg, pipe, "the receiver's ACK")? {
                 match event {
                     SenderEvent::Credit(_) => {}
                     SenderEvent::Acked(ack) if ack.status == AckStatus::Ok => break,
@@ -358,21 +404,84 @@ impl Connection {
         })
     }
 
+    /// Writes a filled slot to the ring slot the state machine assigns.
+    fn post_chunk(
+        &mut self,
+        pipe: &mut Pipeline<'_>,
+        token: SlotToken,
+        seq: u64,
+        len: u32,
+        crc: u32,
+    ) -> Result<(), FileError> {
+        let plan = self
+            .session
+            .next_chunk()
+            .ok_or_else(|| XferError::Protocol("no chunk to plan despite credit".into()))?;
+        if plan.seq != seq || plan.len != len {
+            return Err(FileError::Fatal(XferError::Protocol(format!(
+                "reader chunk {seq} ({len} bytes) does not match plan {} ({} bytes)",
+                plan.seq, plan.len
+            ))));
+        }
+        let index = token.index();
+        self.ep.post_write_imm(
+            pipe.pool.mr(),
+            pipe.pool.offset(&token),
+            len as usize,
+            plan.remote_addr,
+            plan.rkey,
+            crc,
+            wr::WRITE | index as u64,
+            true,
+        )?;
+        if let Some(slot) = pipe.in_flight.get_mut(index) {
+            *slot = Some(token);
+        }
+        Ok(())
+    }
+
+    /// Handles whatever completions are ready, without blocking.
+    fn poll_events(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        self.ep.cq().poll(&mut wcs, 16)?;
+        let event = self.handle_completions(&wcs, pipe);
+        self.wcs = wcs;
+        match event? {
+            None | Some(SenderEvent::Credit(_)) => Ok(()),
+            Some(SenderEvent::Acked(ack)) => {
+                Err(FileError::Fatal(ack_error(ack.status, ack.reason)))
+            }
+            Some(other) => Err(unexpected(&other)),
+        }
+    }
+
     /// Waits for completions and handles them all; returns the state machine
     /// event that matters for control flow (request/response keeps it to
     /// one such event per batch besides credits).
     fn next_event(
         &mut self,
         cfg: &SenderConfig,
+        pipe: &mut Pipeline<'_>,
         what: &str,
     ) -> Result<Option<SenderEvent>, FileError> {
-        self.wcs.clear();
         let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
         super::wait_completions(&self.ep, &mut wcs, cfg.timeout, what)?;
+        let event = self.handle_completions(&wcs, pipe);
+        self.wcs = wcs;
+        event
+    }
+
+    fn handle_completions(
+        &mut self,
+        wcs: &[WorkCompletion],
+        pipe: &mut Pipeline<'_>,
+    ) -> Result<Option<SenderEvent>, FileError> {
         let mut event = None;
-        for wc in &wcs {
+        for wc in wcs {
             match (wr::kind(wc.wr_id), wc.opcode) {
-                (wr::WRITE, WcOpcode::RdmaWrite) => self.free_staging.push(wr::index(wc.wr_id)),
+                (wr::WRITE, WcOpcode::RdmaWrite) => pipe.write_done(wr::index(wc.wr_id))?,
                 (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
                 (wr::RECV, WcOpcode::Recv) => {
                     let msg = self.control.decode(wc).map_err(|e| {
@@ -393,19 +502,18 @@ impl Connection {
                 }
             }
         }
-        self.wcs = wcs;
         Ok(event)
     }
 
     /// Ends the session politely: BYE, wait until it is delivered, disconnect.
-    fn close(&mut self, cfg: &SenderConfig) -> Result<(), XferError> {
+    fn close(&mut self, cfg: &SenderConfig, pipe: &mut Pipeline<'_>) -> Result<(), XferError> {
         let bye = self
             .session
             .close()
             .map_err(|e| XferError::Protocol(e.to_string()))?;
         self.control.send(&self.ep, &bye)?;
         while self.control.busy() {
-            match self.next_event(cfg, "delivery of BYE") {
+            match self.next_event(cfg, pipe, "delivery of BYE") {
                 Ok(_) => {}
                 Err(FileError::Fatal(e) | FileError::Continue(e)) => return Err(e),
             }
@@ -417,6 +525,13 @@ impl Connection {
     fn abort(&mut self) {
         self.ep.cm_id().disconnect(Duration::from_secs(1));
     }
+}
+
+/// Where the data phase spent its time (logged at debug level for tuning).
+#[derive(Default)]
+struct DataPathTimes {
+    wait_reader: Duration,
+    wait_cq: Duration,
 }
 
 fn proto_err(e: impl std::fmt::Display) -> FileError {

@@ -142,3 +142,113 @@ impl Drop for MemoryRegion {
         }
     }
 }
+
+/// A registered region cut into equal slots that can be filled on another
+/// thread. Each slot has exactly one `SlotToken`; whoever holds a slot's
+/// token may write it (the reader thread) or have the NIC read it (the
+/// posting thread, until the write's completion). Tokens move between
+/// threads through channels, so a slot is never written while in flight.
+pub struct SlotPool {
+    mr: MemoryRegion,
+    slot_size: usize,
+    pool_id: u64,
+}
+
+/// The exclusive right to one slot of one `SlotPool`.
+#[derive(Debug)]
+pub struct SlotToken {
+    index: usize,
+    pool_id: u64,
+}
+
+impl SlotToken {
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+/// Write access to a pool's slots for one other thread, bounded by a borrow
+/// of the pool (use it in `std::thread::scope`).
+pub struct SlotFiller<'a> {
+    base: *mut u8,
+    slot_size: usize,
+    pool_id: u64,
+    _pool: std::marker::PhantomData<&'a SlotPool>,
+}
+
+// SAFETY: the filler only hands out a slot's memory against a `&mut
+// SlotToken` of the same pool, and each token exists once, so two threads
+// never get the same bytes; the borrow keeps the memory registered and
+// allocated for as long as the filler lives.
+unsafe impl Send for SlotFiller<'_> {}
+
+impl SlotPool {
+    /// Registers `count` slots of `slot_size` bytes (local access only) and
+    /// returns the pool with the one token of each slot.
+    pub fn new(
+        pd: &Rc<ProtectionDomain>,
+        slot_size: usize,
+        count: usize,
+    ) -> Result<(Self, Vec<SlotToken>)> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+        let len = slot_size
+            .checked_mul(count)
+            .ok_or_else(|| VerbsError::Invalid("slot pool too large".into()))?;
+        let mr = MemoryRegion::new(pd, len, Access::Local)?;
+        let pool_id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
+        let tokens = (0..count)
+            .map(|index| SlotToken { index, pool_id })
+            .collect();
+        Ok((
+            SlotPool {
+                mr,
+                slot_size,
+                pool_id,
+            },
+            tokens,
+        ))
+    }
+
+    pub fn mr(&self) -> &MemoryRegion {
+        &self.mr
+    }
+
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// Byte offset of a token's slot inside `mr()`.
+    pub fn offset(&self, token: &SlotToken) -> usize {
+        token.index * self.slot_size
+    }
+
+    pub fn filler(&self) -> SlotFiller<'_> {
+        SlotFiller {
+            base: self.mr.ptr,
+            slot_size: self.slot_size,
+            pool_id: self.pool_id,
+            _pool: std::marker::PhantomData,
+        }
+    }
+}
+
+impl SlotFiller<'_> {
+    /// The first `len` bytes of the token's slot, writable while the token
+    /// is borrowed.
+    pub fn slot_mut<'t>(&self, token: &'t mut SlotToken, len: usize) -> Result<&'t mut [u8]> {
+        if token.pool_id != self.pool_id || len > self.slot_size {
+            return Err(VerbsError::Invalid(format!(
+                "slot {} of pool {} (len {len}) used with pool {}",
+                token.index, token.pool_id, self.pool_id
+            )));
+        }
+        // SAFETY: the slot lies inside the pool's allocation (tokens are only
+        // created for indices < count, len <= slot_size); the token is unique
+        // and mutably borrowed for 't, so no other reference to these bytes
+        // exists meanwhile; the pool outlives the filler.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(self.base.add(token.index * self.slot_size), len)
+        })
+    }
+}

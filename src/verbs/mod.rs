@@ -13,7 +13,7 @@ mod queue;
 
 pub use cm::{CmEventKind, CmId, ConnectRequest, EventChannel};
 pub use device::probe_devices;
-pub use memory::{Access, MemoryRegion};
+pub use memory::{Access, MemoryRegion, SlotFiller, SlotPool, SlotToken};
 pub use queue::{CompletionQueue, Endpoint, ProtectionDomain, QpCaps, WcOpcode, WorkCompletion};
 
 use std::time::Duration;
