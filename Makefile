@@ -38,7 +38,7 @@ demo: build
 	scripts/demo.sh
 
 bench: build
-	scripts/guest/run.sh -t 3600 'scripts/bench.sh -r 3'
+	scripts/guest/run.sh -t 3600 'scripts/bench.sh'
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin
