@@ -5,6 +5,23 @@ use crate::error::{ExitCode, XferError};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+/// Options both tools share (flattened into each tool's arguments).
+#[derive(clap::Args, Debug)]
+pub struct CommonArgs {
+    /// Spin on the completion queue instead of sleeping on events.
+    #[arg(long)]
+    pub busy_poll: bool,
+    /// Seconds without progress (or to connect/accept) before giving up.
+    #[arg(long, value_parser = parse_timeout_arg, default_value = "30")]
+    pub timeout: Duration,
+    /// More log output (-v info, -vv debug; -v also prints peak RSS).
+    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    pub verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
 /// Logs go to stderr; stdout stays free for data. Default shows warnings,
 /// `-v` info, `-vv` debug, `-q` only errors. RUST_LOG overrides.
 pub fn init_logging(verbose: u8, quiet: bool) {

@@ -2,13 +2,12 @@
 
 use clap::Parser;
 use rdma_xfer::XferError;
-use rdma_xfer::cli::{finish, init_logging, parse_size_arg, parse_timeout_arg};
+use rdma_xfer::cli::{CommonArgs, finish, init_logging, parse_size_arg};
 use rdma_xfer::engine::receiver::{ReceiverConfig, serve};
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, check_buffers, print_summary};
 use rdma_xfer::verbs::os::install_shutdown_handlers;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -46,18 +45,8 @@ struct Args {
     /// Ring slot size (K, M, G suffixes).
     #[arg(long, value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
     chunk_size: u64,
-    /// Spin on the completion queue instead of sleeping on events.
-    #[arg(long)]
-    busy_poll: bool,
-    /// Seconds without progress (or to accept) before a session is dropped.
-    #[arg(long, value_parser = parse_timeout_arg, default_value = "30")]
-    timeout: Duration,
-    /// More log output (-v info, -vv debug).
-    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet")]
-    verbose: u8,
-    /// Only errors on stderr.
-    #[arg(short, long)]
-    quiet: bool,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
 fn run(args: &Args) -> Result<(), XferError> {
@@ -67,16 +56,16 @@ fn run(args: &Args) -> Result<(), XferError> {
     cfg.overwrite = args.overwrite;
     cfg.slots = slots;
     cfg.chunk_size = chunk_size;
-    cfg.busy_poll = args.busy_poll;
-    cfg.timeout = args.timeout;
-    serve(&cfg, |report| print_summary(report, args.quiet))
+    cfg.busy_poll = args.common.busy_poll;
+    cfg.timeout = args.common.timeout;
+    serve(&cfg, |report| print_summary(report, args.common.quiet))
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_logging(args.verbose, args.quiet);
+    init_logging(args.common.verbose, args.common.quiet);
     if let Err(e) = install_shutdown_handlers() {
         eprintln!("receiver: warning: {e}");
     }
-    finish("receiver", args.verbose, run(&args))
+    finish("receiver", args.common.verbose, run(&args))
 }

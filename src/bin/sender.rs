@@ -2,14 +2,13 @@
 
 use clap::{Parser, ValueEnum};
 use rdma_xfer::XferError;
-use rdma_xfer::cli::{finish, init_logging, parse_size_arg, parse_timeout_arg, resolve};
+use rdma_xfer::cli::{CommonArgs, finish, init_logging, parse_size_arg, resolve};
 use rdma_xfer::engine::sender::{SenderConfig, send_files};
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, check_buffers, print_summary};
 use rdma_xfer::proto::DigestAlg;
 use rdma_xfer::verbs::os::install_shutdown_handlers;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Verify {
@@ -50,18 +49,8 @@ struct Args {
     /// receiver's slot size caps it.
     #[arg(long, value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
     chunk_size: u64,
-    /// Spin on the completion queue instead of sleeping on events.
-    #[arg(long)]
-    busy_poll: bool,
-    /// Seconds without progress (or to connect) before giving up.
-    #[arg(long, value_parser = parse_timeout_arg, default_value = "30")]
-    timeout: Duration,
-    /// More log output (-v info, -vv debug).
-    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet")]
-    verbose: u8,
-    /// Only errors on stderr.
-    #[arg(short, long)]
-    quiet: bool,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
 fn run(args: &Args) -> Result<(), XferError> {
@@ -74,10 +63,10 @@ fn run(args: &Args) -> Result<(), XferError> {
         Verify::Crc32 => DigestAlg::Crc32,
         Verify::Sha256 => DigestAlg::Sha256,
     };
-    cfg.busy_poll = args.busy_poll;
-    cfg.timeout = args.timeout;
+    cfg.busy_poll = args.common.busy_poll;
+    cfg.timeout = args.common.timeout;
     let outcome = send_files(&cfg, &args.files, |report| {
-        print_summary(report, args.quiet)
+        print_summary(report, args.common.quiet)
     })?;
     match outcome.first_error {
         Some(e) => Err(e),
@@ -87,9 +76,9 @@ fn run(args: &Args) -> Result<(), XferError> {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_logging(args.verbose, args.quiet);
+    init_logging(args.common.verbose, args.common.quiet);
     if let Err(e) = install_shutdown_handlers() {
         eprintln!("sender: warning: {e}");
     }
-    finish("sender", args.verbose, run(&args))
+    finish("sender", args.common.verbose, run(&args))
 }

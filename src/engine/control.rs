@@ -11,6 +11,7 @@ pub(super) struct Control {
     recv_mr: MemoryRegion,
     send_mr: MemoryRegion,
     recv_count: usize,
+    send_count: usize,
     free_send: Vec<usize>,
     /// Encoded messages waiting for a free send buffer, in order.
     queued: VecDeque<Vec<u8>>,
@@ -25,6 +26,7 @@ impl Control {
             recv_mr,
             send_mr,
             recv_count,
+            send_count,
             free_send: (0..send_count).rev().collect(),
             queued: VecDeque::new(),
         };
@@ -78,7 +80,7 @@ impl Control {
 
     /// True while some message is queued or not yet completed.
     pub fn busy(&self) -> bool {
-        !self.queued.is_empty() || self.free_send.len() * MAX_MESSAGE < self.send_mr.len()
+        !self.queued.is_empty() || self.free_send.len() < self.send_count
     }
 
     fn flush(&mut self, ep: &Endpoint) -> Result<(), XferError> {

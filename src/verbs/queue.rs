@@ -299,6 +299,18 @@ fn wc_error(wc: &ibv_wc, opcode: WcOpcode) -> VerbsError {
     }
 }
 
+/// The scatter/gather entry for `[offset, offset+len)` of a region.
+fn scatter_entry(mr: &MemoryRegion, offset: usize, len: usize) -> Result<ibv_sge> {
+    mr.check(offset, len)?;
+    let length = u32::try_from(len)
+        .map_err(|_| VerbsError::Invalid(format!("{len} bytes exceed one work request")))?;
+    Ok(ibv_sge {
+        addr: mr.addr() + offset as u64,
+        length,
+        lkey: mr.lkey(),
+    })
+}
+
 /// Queue sizes of an RC endpoint.
 #[derive(Debug, Clone, Copy)]
 pub struct QpCaps {
@@ -380,12 +392,7 @@ impl Endpoint {
         len: usize,
         wr_id: u64,
     ) -> Result<()> {
-        mr.check(offset, len)?;
-        let mut sge = ibv_sge {
-            addr: mr.addr() + offset as u64,
-            length: len as u32,
-            lkey: mr.lkey(),
-        };
+        let mut sge = scatter_entry(mr, offset, len)?;
         // SAFETY: ibv_recv_wr is plain data; zeroed is valid.
         let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
@@ -449,12 +456,7 @@ impl Endpoint {
         signaled: bool,
         write: Option<(u64, u32, u32)>,
     ) -> Result<()> {
-        mr.check(offset, len)?;
-        let mut sge = ibv_sge {
-            addr: mr.addr() + offset as u64,
-            length: len as u32,
-            lkey: mr.lkey(),
-        };
+        let mut sge = scatter_entry(mr, offset, len)?;
         // SAFETY: ibv_send_wr is plain data; zeroed is valid.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
