@@ -291,9 +291,18 @@ impl Session<'_> {
     /// exposes the ring (registered once per session).
     fn on_hello(&mut self, hello: Hello) -> Result<(), XferError> {
         info!(file = %hello.name, size = hello.size, "offer");
-        match self.prepare_file(&hello) {
-            Ok(file) => {
-                let ring = self.ring_info()?;
+        // The ring is registered only for an acceptable offer; if that
+        // fails (memlock limit, say) the sender hears why instead of
+        // waiting for an MR that never comes.
+        let prepared = self.prepare_file(&hello).and_then(|file| match self.ring_info() {
+            Ok(ring) => Ok((file, ring)),
+            Err(e) => {
+                error!("cannot register the receive ring: {e}");
+                Err((RejectCode::Io, format!("the receiver cannot register its ring: {e}")))
+            }
+        });
+        match prepared {
+            Ok((file, ring)) => {
                 self.file = Some(file);
                 let reply = self
                     .machine
