@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Runs the end-to-end test binary (tests/e2e.rs) on a real RDMA stack: on
-# this host if it has one, else in the SoftRoCE guest. The binary must be
-# built already (make build). Tests run one at a time: the guest has 2 vCPUs
-# and parallel transfers would only measure contention.
+# Runs the RDMA test binaries (tests/e2e.rs, tests/faults.rs) on a real RDMA
+# stack: on this host if it has one, else in the SoftRoCE guest (one boot for
+# all). They must be built already (make build). Tests run one at a time:
+# the guest has 2 vCPUs and parallel transfers would only measure contention.
+# Extra arguments go to each test binary (e.g. a name filter, --nocapture).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-exe=$(cargo test --release --locked --test e2e --no-run --message-format=json 2>/dev/null |
-  grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep '/e2e-' | tail -1)
-[[ -x $exe ]] || { echo "e2e: test binary not found; run make build first" >&2; exit 1; }
-exec scripts/with-rdma.sh -t 2400 "$exe --test-threads=1 $*"
+cmd=""
+for t in e2e faults; do
+  exe=$(cargo test --release --locked --test "$t" --no-run --message-format=json 2>/dev/null |
+    grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep "/$t-" | tail -1)
+  [[ -x $exe ]] || { echo "e2e: test binary $t not found; run make build first" >&2; exit 1; }
+  cmd+="${cmd:+ && }$exe --test-threads=1 $*"
+done
+exec scripts/with-rdma.sh -t 2400 "$cmd"

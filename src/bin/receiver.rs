@@ -45,6 +45,10 @@ struct Args {
     /// Ring slot size (K, M, G suffixes).
     #[arg(long, value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
     chunk_size: u64,
+    /// Refuse files larger than this (K, M, G suffixes); default: no limit
+    /// besides the free space of --dir.
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
+    max_size: Option<u64>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -54,6 +58,7 @@ fn run(args: &Args) -> Result<(), XferError> {
     let mut cfg = ReceiverConfig::new(SocketAddr::new(args.bind, args.port), args.dir.clone());
     cfg.once = args.once;
     cfg.overwrite = args.overwrite;
+    cfg.max_size = args.max_size.unwrap_or(u64::MAX);
     cfg.slots = slots;
     cfg.chunk_size = chunk_size;
     cfg.busy_poll = args.common.busy_poll;

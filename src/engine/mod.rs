@@ -79,17 +79,28 @@ fn wait_completions(
                     )));
                 }
             }
-            Err(
-                e @ VerbsError::WorkRequest {
-                    peer_lost: true, ..
-                },
-            ) => {
-                return Err(XferError::PeerLost(format!(
-                    "the peer stopped responding ({e})"
-                )));
-            }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(completion_error(ep, e)),
         }
+    }
+}
+
+/// Classifies an error from polling the CQ. A failed work request whose
+/// peer is gone becomes PeerLost: retry-exceeded style statuses directly, and
+/// any other status when a disconnect follows promptly (a dying peer tears
+/// down its memory first, so our writes fail with a remote access error just
+/// before its disconnect arrives).
+fn completion_error(ep: &crate::verbs::Endpoint, e: crate::verbs::VerbsError) -> XferError {
+    use crate::verbs::VerbsError;
+    match e {
+        VerbsError::WorkRequest {
+            peer_lost: true, ..
+        } => XferError::PeerLost(format!("the peer stopped responding ({e})")),
+        VerbsError::WorkRequest { .. }
+            if ep.cm_id().disconnected_within(Duration::from_secs(2)) =>
+        {
+            XferError::PeerLost(format!("the peer went away ({e})"))
+        }
+        other => other.into(),
     }
 }
 

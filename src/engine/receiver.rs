@@ -34,6 +34,8 @@ pub struct ReceiverConfig {
     pub chunk_size: u32,
     pub busy_poll: bool,
     pub timeout: Duration,
+    /// Largest file accepted (checked before any memory is registered).
+    pub max_size: u64,
 }
 
 impl ReceiverConfig {
@@ -47,6 +49,7 @@ impl ReceiverConfig {
             chunk_size: DEFAULT_CHUNK_SIZE,
             busy_poll: false,
             timeout: DEFAULT_TIMEOUT,
+            max_size: u64::MAX,
         }
     }
 }
@@ -117,7 +120,7 @@ fn run_session(
         slot_size: cfg.chunk_size,
         slot_count: cfg.slots,
         credit_batch: (cfg.slots / 4).max(1),
-        max_size: u64::MAX,
+        max_size: cfg.max_size,
     });
     let mut session = Session {
         cfg,
@@ -294,13 +297,18 @@ impl Session<'_> {
         // The ring is registered only for an acceptable offer; if that
         // fails (memlock limit, say) the sender hears why instead of
         // waiting for an MR that never comes.
-        let prepared = self.prepare_file(&hello).and_then(|file| match self.ring_info() {
-            Ok(ring) => Ok((file, ring)),
-            Err(e) => {
-                error!("cannot register the receive ring: {e}");
-                Err((RejectCode::Io, format!("the receiver cannot register its ring: {e}")))
-            }
-        });
+        let prepared = self
+            .prepare_file(&hello)
+            .and_then(|file| match self.ring_info() {
+                Ok(ring) => Ok((file, ring)),
+                Err(e) => {
+                    error!("cannot register the receive ring: {e}");
+                    Err((
+                        RejectCode::Io,
+                        format!("the receiver cannot register its ring: {e}"),
+                    ))
+                }
+            });
         match prepared {
             Ok((file, ring)) => {
                 self.file = Some(file);

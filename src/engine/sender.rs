@@ -444,7 +444,10 @@ impl Connection {
     fn poll_events(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
-        self.ep.cq().poll(&mut wcs, 16)?;
+        let polled = self.ep.cq().poll(&mut wcs, 16);
+        if let Err(e) = polled {
+            return Err(FileError::Fatal(super::completion_error(&self.ep, e)));
+        }
         let event = self.handle_completions(&wcs, pipe);
         self.wcs = wcs;
         match event? {

@@ -362,8 +362,14 @@ impl CmId {
 
     /// Non-blocking check whether the peer has disconnected.
     pub fn peer_disconnected(&self) -> bool {
+        self.disconnected_within(Duration::ZERO)
+    }
+
+    /// Whether a disconnect arrives within `timeout` (a failed work request
+    /// is often followed by one when the peer died).
+    pub fn disconnected_within(&self, timeout: Duration) -> bool {
         matches!(
-            self.channel.next_event(Duration::ZERO, "peek"),
+            self.channel.next_event(timeout, "disconnect"),
             Ok(CmEvent {
                 kind: CmEventKind::Disconnected | CmEventKind::DeviceRemoval,
                 ..

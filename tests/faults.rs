@@ -1,0 +1,167 @@
+//! Faults on real RDMA (run in the SoftRoCE guest by `make test`): a peer
+//! killed mid-transfer and limits refused up front. Each case checks both
+//! tools' exit codes, that nothing appears under the final name, that no
+//! temporary file remains, and that the receiver then still serves a normal
+//! transfer.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// Waits until the receiver's temporary file in `dir` holds `bytes`, so a
+/// fault lands in the middle of the data phase.
+fn wait_for_partial_file(dir: &Path, bytes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let grown = std::fs::read_dir(dir)
+            .expect("read dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".rdma-xfer-"))
+            .any(|e| e.metadata().map(|m| m.len() >= bytes).unwrap_or(false));
+        if grown {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the transfer never reached {bytes} bytes");
+}
+
+fn sigkill(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// A normal transfer to an already running receiver must still work.
+fn assert_still_serves(net: &Net, port: u16, src: &Path, dst: &Path) {
+    let input = src.join("after.bin");
+    let sum = make_file(&input, CHUNK + 1, 77);
+    let sent = run_sender(net, port, Path_::Wire, &[input], &[]);
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst.join("after.bin")), sum);
+}
+
+#[test]
+fn sender_killed_mid_transfer() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = (
+        tempfile::tempdir().expect("src"),
+        tempfile::tempdir().expect("dst"),
+    );
+    let input = src.path().join("big.bin");
+    make_file(&input, 300 * MIB, 1);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--timeout", "10"]);
+    let sender = Running::spawn(
+        "sender",
+        sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]),
+    );
+    wait_for_partial_file(dst.path(), 32 * MIB);
+    let killed_at = Instant::now();
+    sigkill(sender.pid());
+    let sent = sender.wait(Duration::from_secs(30));
+    assert!(sent.status.code().is_none(), "sender was killed");
+
+    // The receiver notices within the timeout plus a few seconds, cleans up
+    // and keeps serving.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !receiver.stderr_so_far().contains("session failed") {
+        assert!(
+            Instant::now() < deadline,
+            "receiver did not notice:\n{}",
+            receiver.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "receiver noticed the dead sender after {:?}",
+        killed_at.elapsed()
+    );
+    let log = receiver.stderr_so_far();
+    assert!(log.contains("peer lost"), "{log}");
+    assert!(
+        !dst.path().join("big.bin").exists(),
+        "partial file under the final name"
+    );
+    assert_no_temp_files(dst.path());
+    assert_still_serves(&net, port, src.path(), dst.path());
+    assert!(!dst.path().join("big.bin").exists());
+    assert_no_temp_files(dst.path());
+}
+
+#[test]
+fn receiver_killed_mid_transfer_sender_exits_7() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = (
+        tempfile::tempdir().expect("src"),
+        tempfile::tempdir().expect("dst"),
+    );
+    let input = src.path().join("big.bin");
+    make_file(&input, 300 * MIB, 2);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sender = Running::spawn(
+        "sender",
+        sender_cmd(
+            &net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&input),
+            &["--timeout", "10"],
+        ),
+    );
+    wait_for_partial_file(dst.path(), 32 * MIB);
+    let killed_at = Instant::now();
+    sigkill(receiver.pid());
+    let _ = receiver.wait(Duration::from_secs(30));
+    let sent = sender.wait(Duration::from_secs(40));
+    eprintln!(
+        "sender gave up {:?} after the receiver died",
+        killed_at.elapsed()
+    );
+    assert_eq!(sent.code(), 7, "{}", sent.stderr);
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        killed_at.elapsed()
+    );
+    assert!(
+        !dst.path().join("big.bin").exists(),
+        "partial file under the final name"
+    );
+
+    // A fresh receiver on the same directory serves normally. (The killed
+    // one could not remove its temporary file; it never has the final name.)
+    let port = next_port();
+    let again = start_receiver(&net, port, dst.path(), &[]);
+    assert_still_serves(&net, port, src.path(), dst.path());
+    drop(again);
+}
+
+#[test]
+fn oversized_file_is_refused_before_any_data() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = (
+        tempfile::tempdir().expect("src"),
+        tempfile::tempdir().expect("dst"),
+    );
+    let input = src.path().join("too-big.bin");
+    make_file(&input, 2 * MIB + 1, 3);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--max-size", "2M"]);
+    let sent = run_sender(&net, port, Path_::Wire, &[input], &[]);
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("at most 2097152 bytes"),
+        "{}",
+        sent.stderr
+    );
+    assert!(!dst.path().join("too-big.bin").exists());
+    assert_no_temp_files(dst.path());
+    assert_still_serves(&net, port, src.path(), dst.path());
+    drop(receiver);
+}
