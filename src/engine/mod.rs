@@ -84,23 +84,31 @@ fn wait_completions(
     }
 }
 
-/// Classifies an error from polling the CQ. A failed work request whose
-/// peer is gone becomes PeerLost: retry-exceeded style statuses directly, and
-/// any other status when a disconnect follows promptly (a dying peer tears
-/// down its memory first, so our writes fail with a remote access error just
-/// before its disconnect arrives).
+/// Maps verbs errors that mean "the peer went away" to PeerLost.
+fn peer_lost_or(e: crate::verbs::VerbsError) -> XferError {
+    use crate::verbs::VerbsError;
+    match e {
+        VerbsError::Disconnected => XferError::PeerLost("the peer disconnected".into()),
+        VerbsError::WorkRequest {
+            peer_lost: true, ..
+        } => XferError::PeerLost(format!("the peer stopped responding ({e})")),
+        other => XferError::Verbs(other),
+    }
+}
+
+/// Classifies an error from polling the CQ: besides `peer_lost_or`, any
+/// failed work request counts as PeerLost when a disconnect follows promptly
+/// (a dying peer tears down its memory first, so our writes fail with a
+/// remote access error just before its disconnect arrives).
 fn completion_error(ep: &crate::verbs::Endpoint, e: crate::verbs::VerbsError) -> XferError {
     use crate::verbs::VerbsError;
     match e {
         VerbsError::WorkRequest {
-            peer_lost: true, ..
-        } => XferError::PeerLost(format!("the peer stopped responding ({e})")),
-        VerbsError::WorkRequest { .. }
-            if ep.cm_id().disconnected_within(Duration::from_secs(2)) =>
-        {
+            peer_lost: false, ..
+        } if ep.cm_id().disconnected_within(Duration::from_secs(2)) => {
             XferError::PeerLost(format!("the peer went away ({e})"))
         }
-        other => other.into(),
+        other => peer_lost_or(other),
     }
 }
 

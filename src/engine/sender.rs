@@ -209,18 +209,7 @@ impl From<XferError> for FileError {
 
 impl From<VerbsError> for FileError {
     fn from(e: VerbsError) -> Self {
-        FileError::Fatal(peer_lost_or(e))
-    }
-}
-
-/// Maps "the peer went away" style verbs errors to PeerLost.
-fn peer_lost_or(e: VerbsError) -> XferError {
-    match e {
-        VerbsError::Disconnected => XferError::PeerLost("the receiver disconnected".into()),
-        VerbsError::WorkRequest {
-            peer_lost: true, ..
-        } => XferError::PeerLost(format!("the receiver stopped responding ({e})")),
-        other => XferError::Verbs(other),
+        FileError::Fatal(super::peer_lost_or(e))
     }
 }
 
