@@ -165,3 +165,69 @@ fn oversized_file_is_refused_before_any_data() {
     assert_still_serves(&net, port, src.path(), dst.path());
     drop(receiver);
 }
+
+/// Cuts or restores the guest's veth wire (scripts/guest/wire.sh).
+fn set_wire(state: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/guest/wire.sh");
+    let status = std::process::Command::new(script)
+        .arg(state)
+        .status()
+        .expect("wire.sh");
+    assert!(status.success(), "wire.sh {state}");
+}
+
+#[test]
+fn wire_cut_mid_transfer_ends_both_sides_within_the_timeout() {
+    let Some(net) = rdma_net() else { return };
+    // Only where the test owns the wire (the guest's veth pair).
+    if std::env::var_os("RXFER_NETDEV_B").is_none() {
+        eprintln!("SKIPPED: no veth wire of our own (RXFER_NETDEV_B unset)");
+        return;
+    }
+    let (src, dst) = (
+        tempfile::tempdir().expect("src"),
+        tempfile::tempdir().expect("dst"),
+    );
+    let input = src.path().join("big.bin");
+    make_file(&input, 300 * MIB, 4);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--timeout", "5"]);
+    let sender = Running::spawn(
+        "sender",
+        sender_cmd(
+            &net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&input),
+            &["--timeout", "5"],
+        ),
+    );
+    wait_for_partial_file(dst.path(), 32 * MIB);
+    let cut_at = Instant::now();
+    set_wire("down");
+    let sent = sender.wait(Duration::from_secs(60));
+    let sender_took = cut_at.elapsed();
+    let received = receiver.wait(Duration::from_secs(60));
+    let receiver_took = cut_at.elapsed();
+    set_wire("up");
+    eprintln!("wire cut: sender gave up after {sender_took:?}, receiver after {receiver_took:?}");
+    assert_eq!(sent.code(), 7, "{}", sent.stderr);
+    assert_eq!(received.code(), 7, "{}", received.stderr);
+    // Timeout 5 s plus the transport's own retries and a little slack.
+    assert!(
+        sender_took < Duration::from_secs(20),
+        "sender took {sender_took:?}"
+    );
+    assert!(
+        receiver_took < Duration::from_secs(20),
+        "receiver took {receiver_took:?}"
+    );
+    assert!(
+        !dst.path().join("big.bin").exists(),
+        "partial file under the final name"
+    );
+    assert_no_temp_files(dst.path());
+    // Known gap (issue 3): right after the link comes back, new rdma_cm
+    // connections to the guest time out for a while, so serving again after
+    // a link flap is not asserted here yet.
+}

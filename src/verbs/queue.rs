@@ -281,9 +281,12 @@ fn wc_error(wc: &ibv_wc, opcode: WcOpcode) -> VerbsError {
     let text = unsafe { CStr::from_ptr(ibv_wc_status_str(wc.status)) }
         .to_string_lossy()
         .into_owned();
+    // LOC_QP_OP_ERR is how software RoCE reports that it could not transmit
+    // (the link is down); our own work requests are well-formed.
     let peer_lost = matches!(
         wc.status,
-        ibv_wc_status::IBV_WC_RETRY_EXC_ERR
+        ibv_wc_status::IBV_WC_LOC_QP_OP_ERR
+            | ibv_wc_status::IBV_WC_RETRY_EXC_ERR
             | ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR
             | ibv_wc_status::IBV_WC_WR_FLUSH_ERR
             | ibv_wc_status::IBV_WC_REM_ABORT_ERR
