@@ -36,6 +36,50 @@ fn sigkill(pid: u32) {
     assert!(status.success());
 }
 
+/// A 300 MiB transfer caught in the middle of its data phase (32 MiB
+/// arrived), for injecting a fault.
+struct MidTransfer {
+    src: tempfile::TempDir,
+    dst: tempfile::TempDir,
+    port: u16,
+    receiver: Running,
+    sender: Running,
+}
+
+fn start_big_transfer(
+    net: &Net,
+    seed: u64,
+    receiver_args: &[&str],
+    sender_args: &[&str],
+) -> MidTransfer {
+    let (src, dst) = (
+        tempfile::tempdir().expect("src"),
+        tempfile::tempdir().expect("dst"),
+    );
+    let input = src.path().join("big.bin");
+    make_file(&input, 300 * MIB, seed);
+    let port = next_port();
+    let receiver = start_receiver(net, port, dst.path(), receiver_args);
+    let sender = Running::spawn(
+        "sender",
+        sender_cmd(
+            net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&input),
+            sender_args,
+        ),
+    );
+    wait_for_partial_file(dst.path(), 32 * MIB);
+    MidTransfer {
+        src,
+        dst,
+        port,
+        receiver,
+        sender,
+    }
+}
+
 /// A normal transfer to an already running receiver must still work.
 fn assert_still_serves(net: &Net, port: u16, src: &Path, dst: &Path) {
     let input = src.join("after.bin");
@@ -48,19 +92,13 @@ fn assert_still_serves(net: &Net, port: u16, src: &Path, dst: &Path) {
 #[test]
 fn sender_killed_mid_transfer() {
     let Some(net) = rdma_net() else { return };
-    let (src, dst) = (
-        tempfile::tempdir().expect("src"),
-        tempfile::tempdir().expect("dst"),
-    );
-    let input = src.path().join("big.bin");
-    make_file(&input, 300 * MIB, 1);
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--timeout", "10"]);
-    let sender = Running::spawn(
-        "sender",
-        sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]),
-    );
-    wait_for_partial_file(dst.path(), 32 * MIB);
+    let MidTransfer {
+        src,
+        dst,
+        port,
+        receiver,
+        sender,
+    } = start_big_transfer(&net, 1, &["--timeout", "10"], &[]);
     let killed_at = Instant::now();
     sigkill(sender.pid());
     let sent = sender.wait(Duration::from_secs(30));
@@ -96,25 +134,13 @@ fn sender_killed_mid_transfer() {
 #[test]
 fn receiver_killed_mid_transfer_sender_exits_7() {
     let Some(net) = rdma_net() else { return };
-    let (src, dst) = (
-        tempfile::tempdir().expect("src"),
-        tempfile::tempdir().expect("dst"),
-    );
-    let input = src.path().join("big.bin");
-    make_file(&input, 300 * MIB, 2);
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sender = Running::spawn(
-        "sender",
-        sender_cmd(
-            &net,
-            port,
-            Path_::Wire,
-            std::slice::from_ref(&input),
-            &["--timeout", "10"],
-        ),
-    );
-    wait_for_partial_file(dst.path(), 32 * MIB);
+    let MidTransfer {
+        src,
+        dst,
+        port: _,
+        receiver,
+        sender,
+    } = start_big_transfer(&net, 2, &["--once"], &["--timeout", "10"]);
     let killed_at = Instant::now();
     sigkill(receiver.pid());
     let _ = receiver.wait(Duration::from_secs(30));
@@ -184,25 +210,13 @@ fn wire_cut_mid_transfer_ends_both_sides_within_the_timeout() {
         eprintln!("SKIPPED: no veth wire of our own (RXFER_NETDEV_B unset)");
         return;
     }
-    let (src, dst) = (
-        tempfile::tempdir().expect("src"),
-        tempfile::tempdir().expect("dst"),
-    );
-    let input = src.path().join("big.bin");
-    make_file(&input, 300 * MIB, 4);
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--timeout", "5"]);
-    let sender = Running::spawn(
-        "sender",
-        sender_cmd(
-            &net,
-            port,
-            Path_::Wire,
-            std::slice::from_ref(&input),
-            &["--timeout", "5"],
-        ),
-    );
-    wait_for_partial_file(dst.path(), 32 * MIB);
+    let MidTransfer {
+        src: _src,
+        dst,
+        port: _,
+        receiver,
+        sender,
+    } = start_big_transfer(&net, 4, &["--once", "--timeout", "5"], &["--timeout", "5"]);
     let cut_at = Instant::now();
     set_wire("down");
     let sent = sender.wait(Duration::from_secs(60));
