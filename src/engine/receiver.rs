@@ -9,8 +9,9 @@ use super::report::FileReport;
 use super::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT, wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
-    Ack, AckStatus, Fin, Hello, Message, PROTOCOL_VERSION, ReceiverConfig as MachineConfig,
-    ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode, RingInfo, WireError,
+    Ack, AckStatus, AuthFailure, Fin, Hello, Message, PROTOCOL_VERSION,
+    ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode,
+    RingInfo, WireError,
 };
 use crate::verbs::os::{free_space, rename_noreplace, shutdown_requested};
 use crate::verbs::{
@@ -122,8 +123,13 @@ fn run_session(
         credit_batch: (cfg.slots / 4).max(1),
         max_size: cfg.max_size,
     });
+    let peer = ep
+        .cm_id()
+        .peer_addr()
+        .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
     let mut session = Session {
         cfg,
+        peer,
         ep,
         control,
         ring: None,
@@ -178,6 +184,8 @@ fn temp_path(dir: &Path) -> PathBuf {
 
 struct Session<'a> {
     cfg: &'a ReceiverConfig,
+    /// The sender's address, for log messages.
+    peer: String,
     ep: Endpoint,
     control: Control,
     /// Registered at the first accepted HELLO, reused for every file.
@@ -273,6 +281,11 @@ impl Session<'_> {
             Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
             Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin, on_file)?,
             Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
+            Ok(ReceiverEvent::Authenticated) => info!("sender authenticated"),
+            Ok(ReceiverEvent::AuthIgnored) => {
+                debug!("AUTH ignored: this receiver has no token")
+            }
+            Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Reject(reject)) => {
                 warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
                 let err = XferError::Rejected {
@@ -288,6 +301,21 @@ impl Session<'_> {
             }
         }
         Ok(Flow::Continue)
+    }
+
+    /// The sender did not prove the secret: tell it (best effort) and end
+    /// the session before anything is written or exposed.
+    fn auth_failed(&mut self, failure: AuthFailure) -> XferError {
+        warn!(
+            "authentication failed from {}: {}",
+            self.peer,
+            failure.detail()
+        );
+        let _ = self
+            .control
+            .send(&self.ep, &Message::Reject(failure.reject()));
+        self.file = None;
+        XferError::Auth(failure.to_string())
     }
 
     /// Checks that need the file system, then opens the temporary file and

@@ -377,6 +377,16 @@ impl CmId {
         )
     }
 
+    /// The peer's address (for log messages); None when librdmacm has none.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: self.raw is valid for the lifetime of self; route.addr is
+        // plain data that librdmacm fills in (zeroed while unknown), and
+        // sockaddr_storage is the largest member of the union, so reading it
+        // is valid whatever member was written.
+        let storage = unsafe { std::ptr::read(&(*self.raw).route.addr.dst_addr_union.dst_storage) };
+        sockaddr_to_std(&storage)
+    }
+
     fn expect(&self, want: CmEventKind, name: &'static str, timeout: Duration) -> Result<()> {
         let ev = self.channel.next_event(timeout, name)?;
         if ev.kind == want && ev.status == 0 {
@@ -475,6 +485,33 @@ impl SockAddr {
     }
 }
 
+/// An IPv4 or IPv6 socket address from a sockaddr_storage; None for other
+/// (or no) families.
+fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    let ptr = storage as *const libc::sockaddr_storage;
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, and
+            // sockaddr_storage is large enough and aligned for it.
+            let sin = unsafe { std::ptr::read(ptr as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { std::ptr::read(ptr as *const libc::sockaddr_in6) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
 /// librdmacm reports "no RDMA stack" as ENODEV/ENOSYS/ENOENT in several
 /// calls; turn those into the one clear NoDevice error.
 fn map_no_device(err: VerbsError) -> VerbsError {
@@ -501,4 +538,26 @@ fn map_bind_error(err: VerbsError, addr: SocketAddr) -> VerbsError {
         }
     }
     map_no_device(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddr_round_trip() {
+        for s in [
+            "10.77.0.2:40123",
+            "[fe80::1%3]:7471",
+            "[::1]:1",
+            "0.0.0.0:0",
+        ] {
+            let addr: SocketAddr = s.parse().unwrap();
+            let raw = SockAddr::from(addr);
+            assert_eq!(sockaddr_to_std(&raw.storage), Some(addr), "{s}");
+        }
+        // SAFETY: sockaddr_storage is plain data; all-zero is valid (AF_UNSPEC).
+        let zero: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        assert_eq!(sockaddr_to_std(&zero), None);
+    }
 }
