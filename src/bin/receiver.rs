@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use rdma_xfer::XferError;
-use rdma_xfer::cli::{CommonArgs, finish, init_logging, parse_size_arg};
+use rdma_xfer::cli::{CommonArgs, TOKEN_ENV, finish, init_logging, parse_size_arg};
 use rdma_xfer::engine::receiver::{ReceiverConfig, serve};
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, check_buffers, print_summary};
 use rdma_xfer::verbs::os::install_shutdown_handlers;
@@ -19,7 +19,8 @@ final name.",
     after_help = concat!(
         "Examples:\n",
         "  receiver --dir /data/incoming\n",
-        "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n\n",
+        "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n",
+        "  receiver --token-file /etc/rdma-xfer/token --dir /data/incoming\n\n",
         rdma_xfer::exit_codes_help!()
     )
 )]
@@ -55,6 +56,13 @@ struct Args {
 
 fn run(args: &Args) -> Result<(), XferError> {
     let (chunk_size, slots) = check_buffers(args.chunk_size, args.slots as u64, "--slots")?;
+    let token = args.common.token()?;
+    if token.is_none() {
+        tracing::warn!(
+            "no token configured: this receiver accepts transfers from anyone who can reach it \
+             (use --token-file or {TOKEN_ENV})"
+        );
+    }
     let mut cfg = ReceiverConfig::new(SocketAddr::new(args.bind, args.port), args.dir.clone());
     cfg.once = args.once;
     cfg.overwrite = args.overwrite;
@@ -63,6 +71,7 @@ fn run(args: &Args) -> Result<(), XferError> {
     cfg.chunk_size = chunk_size;
     cfg.busy_poll = args.common.busy_poll;
     cfg.timeout = args.common.timeout;
+    cfg.token = token;
     serve(&cfg, |report| print_summary(report, args.common.quiet))
 }
 

@@ -9,9 +9,9 @@ use super::report::FileReport;
 use super::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT, wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
-    Ack, AckStatus, AuthFailure, Fin, Hello, Message, PROTOCOL_VERSION,
+    Ack, AckStatus, AuthFailure, Fin, Hello, Message, NONCE_LEN, PROTOCOL_VERSION,
     ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode,
-    RingInfo, WireError,
+    RingInfo, Token, WireError,
 };
 use crate::verbs::os::{free_space, rename_noreplace, shutdown_requested};
 use crate::verbs::{
@@ -37,6 +37,8 @@ pub struct ReceiverConfig {
     pub timeout: Duration,
     /// Largest file accepted (checked before any memory is registered).
     pub max_size: u64,
+    /// Shared secret senders must prove before anything else; None accepts anyone.
+    pub token: Option<Token>,
 }
 
 impl ReceiverConfig {
@@ -51,6 +53,7 @@ impl ReceiverConfig {
             busy_poll: false,
             timeout: DEFAULT_TIMEOUT,
             max_size: u64::MAX,
+            token: None,
         }
     }
 }
@@ -117,12 +120,7 @@ fn run_session(
     let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
     ep.cm_id().accept(cfg.timeout)?;
     info!("session established");
-    let machine = ReceiverSession::new(MachineConfig {
-        slot_size: cfg.chunk_size,
-        slot_count: cfg.slots,
-        credit_batch: (cfg.slots / 4).max(1),
-        max_size: cfg.max_size,
-    });
+    let machine = new_machine(cfg)?;
     let peer = ep
         .cm_id()
         .peer_addr()
@@ -139,6 +137,32 @@ fn run_session(
     };
     let result = session.run(on_file);
     session.finish(result)
+}
+
+/// The session's state machine; with a token, it requires AUTH over a fresh
+/// nonce from the OS RNG before anything else.
+fn new_machine(cfg: &ReceiverConfig) -> Result<ReceiverSession, XferError> {
+    let machine_cfg = MachineConfig {
+        slot_size: cfg.chunk_size,
+        slot_count: cfg.slots,
+        credit_batch: (cfg.slots / 4).max(1),
+        max_size: cfg.max_size,
+    };
+    let Some(token) = &cfg.token else {
+        return Ok(ReceiverSession::new(machine_cfg));
+    };
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).map_err(|e| {
+        XferError::io(
+            "cannot get random bytes for the challenge",
+            std::io::Error::other(e),
+        )
+    })?;
+    Ok(ReceiverSession::with_auth(
+        machine_cfg,
+        token.clone(),
+        nonce,
+    ))
 }
 
 /// The file being received: a temporary file in the output directory that is
@@ -205,6 +229,9 @@ enum Flow {
 
 impl Session<'_> {
     fn run(&mut self, on_file: &mut impl FnMut(&FileReport)) -> Result<(), XferError> {
+        // Always the first message: the sender waits for it.
+        let challenge = self.machine.challenge();
+        self.control.send(&self.ep, &challenge)?;
         let mut wcs = Vec::with_capacity(16);
         loop {
             wcs.clear();
