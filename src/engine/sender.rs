@@ -7,7 +7,9 @@ use super::reader::{self, ReadJob, ReaderMsg};
 use super::report::FileReport;
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
-use crate::proto::{AckStatus, DigestAlg, FileOffer, SenderEvent, SenderSession, SenderState};
+use crate::proto::{
+    AckStatus, DigestAlg, FileOffer, RejectCode, SenderEvent, SenderSession, SenderState,
+};
 use crate::verbs::{
     CmId, Endpoint, EventChannel, QpCaps, SlotPool, SlotToken, VerbsError, WcOpcode,
     WorkCompletion, probe_devices,
@@ -278,10 +280,17 @@ impl Connection {
                         );
                     }
                     SenderEvent::Rejected(rej) => {
-                        return Err(FileError::Continue(XferError::Rejected {
+                        let err = XferError::Rejected {
                             code: rej.code.as_str(),
                             reason: rej.reason,
-                        }));
+                        };
+                        // "Busy" refuses the whole session (the receiver
+                        // disconnects); other refusals concern this file.
+                        return Err(if rej.code == RejectCode::Busy {
+                            FileError::Fatal(err)
+                        } else {
+                            FileError::Continue(err)
+                        });
                     }
                     SenderEvent::Acked(ack) => {
                         return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
