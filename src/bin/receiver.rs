@@ -3,7 +3,7 @@
 use clap::Parser;
 use rdma_xfer::XferError;
 use rdma_xfer::cli::{CommonArgs, TOKEN_ENV, finish, init_logging, parse_size_arg};
-use rdma_xfer::engine::receiver::{ReceiverConfig, serve};
+use rdma_xfer::engine::receiver::{DEFAULT_MAX_SESSIONS, ReceiverConfig, serve};
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, check_buffers, print_summary};
 use rdma_xfer::verbs::os::install_shutdown_handlers;
 use std::net::{IpAddr, SocketAddr};
@@ -50,6 +50,10 @@ struct Args {
     /// besides the free space of --dir.
     #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
     max_size: Option<u64>,
+    /// Sessions served at once (each has its own queue pair and ring);
+    /// further senders are refused with a "busy" reason.
+    #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS as u16, value_parser = clap::value_parser!(u16).range(1..))]
+    max_sessions: u16,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -67,12 +71,13 @@ fn run(args: &Args) -> Result<(), XferError> {
     cfg.once = args.once;
     cfg.overwrite = args.overwrite;
     cfg.max_size = args.max_size.unwrap_or(u64::MAX);
+    cfg.max_sessions = args.max_sessions.into();
     cfg.slots = slots;
     cfg.chunk_size = chunk_size;
     cfg.busy_poll = args.common.busy_poll;
     cfg.timeout = args.common.timeout;
     cfg.token = token;
-    serve(&cfg, |report| print_summary(report, args.common.quiet))
+    serve(&cfg, &|report| print_summary(report, args.common.quiet))
 }
 
 fn main() -> std::process::ExitCode {

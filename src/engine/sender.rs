@@ -8,7 +8,8 @@ use super::report::FileReport;
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AckStatus, DigestAlg, FileOffer, ProtocolError, SenderEvent, SenderSession, SenderState, Token,
+    AckStatus, DigestAlg, FileOffer, ProtocolError, RejectCode, SenderEvent, SenderSession,
+    SenderState, Token,
 };
 use crate::verbs::{
     CmId, Endpoint, EventChannel, QpCaps, SlotPool, SlotToken, VerbsError, WcOpcode,
@@ -320,10 +321,17 @@ impl Connection {
                         );
                     }
                     SenderEvent::Rejected(rej) => {
-                        return Err(FileError::Continue(XferError::Rejected {
+                        let err = XferError::Rejected {
                             code: rej.code.as_str(),
                             reason: rej.reason,
-                        }));
+                        };
+                        // "Busy" refuses the whole session (the receiver
+                        // disconnects); other refusals concern this file.
+                        return Err(if rej.code == RejectCode::Busy {
+                            FileError::Fatal(err)
+                        } else {
+                            FileError::Continue(err)
+                        });
                     }
                     SenderEvent::Acked(ack) => {
                         return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
