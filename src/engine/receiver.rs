@@ -10,8 +10,8 @@ use super::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT, wait_completions
 use crate::error::XferError;
 use crate::proto::{
     Ack, AckStatus, AuthFailure, Fin, Hello, Message, NONCE_LEN, PROTOCOL_VERSION,
-    ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode,
-    RingInfo, Token, WireError,
+    ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError,
+    Reject, RejectCode, RingInfo, Token, WireError,
 };
 use crate::verbs::os::{free_space, rename_noreplace, shutdown_requested};
 use crate::verbs::{
@@ -344,9 +344,10 @@ impl Session<'_> {
         let mut wcs = Vec::with_capacity(16);
         loop {
             wcs.clear();
-            let what = match self.file {
-                Some(_) => "data from the sender",
-                None => "the next HELLO or BYE",
+            let what = match (&self.file, self.machine.state()) {
+                (Some(_), _) => "data from the sender",
+                (None, ReceiverState::AwaitAuth) => "the sender's AUTH",
+                (None, _) => "the next HELLO or BYE",
             };
             wait_completions(&self.ep, &mut wcs, self.cfg.timeout, what)?;
             for wc in &wcs {
