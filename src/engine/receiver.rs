@@ -62,6 +62,10 @@ impl ReceiverConfig {
     }
 }
 
+/// Longest wait for a sender's AUTH (when a token is set), so that peers
+/// without the secret cannot keep all session slots busy for long.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Default of --max-sessions.
 pub const DEFAULT_MAX_SESSIONS: usize = 8;
 
@@ -228,6 +232,7 @@ fn run_session(
     };
     let ep = Endpoint::new(id, caps, cfg.busy_poll)?;
     let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
+    super::tune_ack_timeout(ep.cm_id());
     ep.cm_id().accept(cfg.timeout)?;
     info!("session established");
     let machine = new_machine(cfg)?;
@@ -344,12 +349,15 @@ impl Session<'_> {
         let mut wcs = Vec::with_capacity(16);
         loop {
             wcs.clear();
-            let what = match (&self.file, self.machine.state()) {
-                (Some(_), _) => "data from the sender",
-                (None, ReceiverState::AwaitAuth) => "the sender's AUTH",
-                (None, _) => "the next HELLO or BYE",
+            let (what, timeout) = match (&self.file, self.machine.state()) {
+                (Some(_), _) => ("data from the sender", self.cfg.timeout),
+                // An unauthenticated peer holds a session slot only briefly.
+                (None, ReceiverState::AwaitAuth) => {
+                    ("the sender's AUTH", self.cfg.timeout.min(AUTH_TIMEOUT))
+                }
+                (None, _) => ("the next HELLO or BYE", self.cfg.timeout),
             };
-            wait_completions(&self.ep, &mut wcs, self.cfg.timeout, what)?;
+            wait_completions(&self.ep, &mut wcs, timeout, what)?;
             for wc in &wcs {
                 if let Flow::Done = self.on_completion(wc, on_file)? {
                     return Ok(());

@@ -250,6 +250,7 @@ impl Connection {
         };
         let ep = Endpoint::new(id, caps, cfg.busy_poll).map_err(connect_err)?;
         let control = Control::new(&ep, RECV_BUFFERS, SEND_BUFFERS)?;
+        super::tune_ack_timeout(ep.cm_id());
         ep.cm_id().connect(cfg.timeout).map_err(connect_err)?;
         info!(peer = %cfg.addr, "connected");
         Ok(Connection {
