@@ -17,12 +17,16 @@ deps:
 	scripts/install-deps.sh --build
 	scripts/guest/prepare.sh -q
 
+# The fault-injection build (test-only switches) goes to its own target dir
+# so that release binaries never contain it.
 build: deps
 	$(CARGO) build --release --locked --all-targets
+	$(CARGO) build --release --locked --features fault-injection --target-dir target/fault-injection --bins
 
 lint: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
+	$(CARGO) clippy --release --locked --features fault-injection --target-dir target/fault-injection --all-targets -- -D warnings
 
 # Pure logic and CLI tests on this host (no RDMA needed).
 unit: build

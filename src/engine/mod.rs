@@ -13,7 +13,7 @@ mod report;
 pub mod sender;
 
 pub use digest::FileHasher;
-pub use report::{FileReport, print_summary};
+pub use report::{FileReport, Phases, print_summary};
 
 use crate::error::XferError;
 use std::time::Duration;
