@@ -83,7 +83,25 @@ fn directory_as_input_is_a_usage_error() {
         &["127.0.0.1", dir.path().to_str().expect("utf8")],
     );
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("not a regular file"), "{err}");
+    assert!(err.contains("is a directory"), "{err}");
+    assert!(err.contains("use -r"), "{err}");
+}
+
+#[test]
+fn stream_and_stdout_usage_errors() {
+    // --stdout needs --once (standard output takes one stream).
+    let (code, _, err) = run(receiver_bin(), &["--stdout"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--once"), "{err}");
+    // Standard input once only; --name only with it.
+    let (code, _, err) = run(sender_bin(), &["127.0.0.1", "-", "-"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("only once"), "{err}");
+    let file = tempfile::NamedTempFile::new().expect("file");
+    let path = file.path().to_str().expect("utf8");
+    let (code, _, err) = run(sender_bin(), &["--name", "x", "127.0.0.1", path]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--name"), "{err}");
 }
 
 #[test]

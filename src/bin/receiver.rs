@@ -20,7 +20,8 @@ final name.",
         "Examples:\n",
         "  receiver --dir /data/incoming\n",
         "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n",
-        "  receiver --token-file /etc/rdma-xfer/token --dir /data/incoming\n\n",
+        "  receiver --token-file /etc/rdma-xfer/token --dir /data/incoming\n",
+        "  receiver --once --stdout | tar -C dst -xf -   (one stream to standard output)\n\n",
         rdma_xfer::exit_codes_help!()
     )
 )]
@@ -37,6 +38,10 @@ struct Args {
     /// Serve one session, then exit with its status.
     #[arg(long)]
     once: bool,
+    /// Write the one file or stream of the session to standard output
+    /// (logs stay on stderr); needs --once.
+    #[arg(long, requires = "once")]
+    stdout: bool,
     /// Replace existing files (default: refuse them).
     #[arg(long)]
     overwrite: bool,
@@ -69,6 +74,7 @@ fn run(args: &Args) -> Result<(), XferError> {
     }
     let mut cfg = ReceiverConfig::new(SocketAddr::new(args.bind, args.port), args.dir.clone());
     cfg.once = args.once;
+    cfg.stdout = args.stdout;
     cfg.overwrite = args.overwrite;
     cfg.max_size = args.max_size.unwrap_or(u64::MAX);
     cfg.max_sessions = args.max_sessions.into();

@@ -3,8 +3,10 @@
 use clap::{Parser, ValueEnum};
 use rdma_xfer::XferError;
 use rdma_xfer::cli::{CommonArgs, LogFormat, finish, init_logging, parse_size_arg, resolve};
-use rdma_xfer::engine::sender::{SenderConfig, send_files};
-use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, check_buffers, print_summary};
+use rdma_xfer::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig, send_files};
+use rdma_xfer::engine::{
+    DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, check_buffers, print_session_summary, print_summary,
+};
 use rdma_xfer::proto::DigestAlg;
 use rdma_xfer::verbs::os::install_shutdown_handlers;
 use std::net::IpAddr;
@@ -24,6 +26,8 @@ enum Verify {
         "Examples:\n",
         "  sender 10.0.0.1 data.bin\n",
         "  sender --verify sha256 recv-host a.bin b.bin\n",
+        "  sender -r 10.0.0.1 results/ notes.txt   (trees arrive under their own name)\n",
+        "  tar -C src -cf - . | sender 10.0.0.1 - --name src.tar   (standard input)\n",
         "  RDMA_XFER_TOKEN=... sender 10.0.0.1 data.bin   (or --token-file PATH)\n\n",
         rdma_xfer::exit_codes_help!()
     )
@@ -31,9 +35,24 @@ enum Verify {
 struct Args {
     /// Receiver's address: IPv4, IPv6 or host name.
     addr: String,
-    /// Files to send, in order, in one session.
+    /// Files to send, in order, in one session; `-` is standard input (of
+    /// any length), directories need -r.
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    /// Send directories as trees: every file and directory below them
+    /// (symbolic links inside are skipped unless --follow-links).
+    #[arg(short, long)]
+    recursive: bool,
+    /// Follow symbolic links inside trees (links named on the command line
+    /// are always followed).
+    #[arg(long)]
+    follow_links: bool,
+    /// Keep modification times (files and directories).
+    #[arg(long)]
+    preserve_times: bool,
+    /// Name standard input (`-`) arrives under on the receiver.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
     /// Local address to connect from (picks the RDMA device and port).
     #[arg(long, value_name = "ADDR")]
     source: Option<IpAddr>,
@@ -67,13 +86,25 @@ fn run(args: &Args) -> Result<(), XferError> {
     cfg.busy_poll = args.common.busy_poll;
     cfg.timeout = args.common.timeout;
     cfg.token = args.common.token()?;
+    if args.name.is_some() && !args.files.iter().any(|f| f.as_os_str() == "-") {
+        return Err(XferError::Usage(
+            "--name names standard input, which is sent only when `-` is among the files".into(),
+        ));
+    }
+    cfg.walk.recursive = args.recursive;
+    cfg.walk.follow_links = args.follow_links;
+    cfg.walk.preserve_times = args.preserve_times;
+    cfg.walk.stdin_name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| DEFAULT_STDIN_NAME.into());
+    let json = args.common.log_format == LogFormat::Json;
     let outcome = send_files(&cfg, &args.files, |report| {
-        print_summary(
-            report,
-            args.common.quiet,
-            args.common.log_format == LogFormat::Json,
-        )
+        print_summary(report, args.common.quiet, json)
     })?;
+    if args.recursive {
+        print_session_summary(&outcome, args.common.quiet, json);
+    }
     match outcome.first_error {
         Some(e) => Err(e),
         None => Ok(()),

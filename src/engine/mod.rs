@@ -5,6 +5,7 @@
 
 mod control;
 mod digest;
+pub mod entries;
 #[cfg(feature = "fault-injection")]
 mod fault;
 mod reader;
@@ -13,7 +14,7 @@ mod report;
 pub mod sender;
 
 pub use digest::FileHasher;
-pub use report::{FileReport, Phases, print_summary};
+pub use report::{FileReport, Phases, print_session_summary, print_summary, session_summary_line};
 
 use crate::error::XferError;
 use std::time::Duration;

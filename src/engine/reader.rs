@@ -5,23 +5,36 @@
 
 use super::digest::FileHasher;
 use crate::proto::{Digest, DigestAlg};
-use crate::verbs::{SlotFiller, SlotToken};
+use crate::verbs::os::wait_readable;
+use crate::verbs::{SlotFiller, SlotToken, VerbsError};
 use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
+use std::time::{Duration, Instant};
 
-/// One file to read, in chunks of `chunk_len` from offset 0.
-pub struct ReadJob<'a> {
-    pub file: &'a File,
-    pub name: &'a str,
-    pub size: u64,
+/// What a job reads.
+pub enum Input {
+    /// A file of known size, read by offset from 0.
+    File { file: File, size: u64 },
+    /// A stream (standard input) read until end of file.
+    Stream(File),
+}
+
+/// One file or stream to read, in chunks of `chunk_len`.
+pub struct ReadJob {
+    pub input: Input,
+    pub name: String,
     pub chunk_len: u32,
     pub digest: DigestAlg,
 }
 
 /// What the reader reports, in file order.
 pub enum ReaderMsg {
-    /// Chunk `seq` (at `seq * chunk_len`) is in the token's slot.
+    /// Chunk `seq` (at `seq * chunk_len`) is in the token's slot. Every
+    /// chunk but the last is `chunk_len` long.
     Chunk {
         token: SlotToken,
         seq: u64,
@@ -34,64 +47,174 @@ pub enum ReaderMsg {
     Failed(String, std::io::Error),
 }
 
-/// Runs until `jobs` closes (or `free` closes mid-job).
-pub fn run(
-    filler: SlotFiller<'_>,
-    jobs: Receiver<ReadJob<'_>>,
-    free: Receiver<SlotToken>,
-    out: Sender<ReaderMsg>,
-) {
-    while let Ok(job) = jobs.recv() {
-        if !read_file(&filler, &job, &free, &out) {
-            return;
-        }
-    }
+/// How long a stream read waits before it looks at `stop` again.
+const STOP_CHECK: Duration = Duration::from_millis(200);
+
+/// The reader's channels and state across jobs.
+pub struct Reader<'a> {
+    pub filler: SlotFiller<'a>,
+    pub jobs: Receiver<ReadJob>,
+    pub free: Receiver<SlotToken>,
+    pub out: Sender<ReaderMsg>,
+    /// Set when the session goes away: a read waiting for input gives up.
+    pub stop: &'a AtomicBool,
+    /// A slot taken from `free` but not filled (a stream ended on a slot
+    /// boundary): used for the next chunk.
+    pub spare: Option<SlotToken>,
 }
 
-/// Returns false when the session is going away (a channel closed).
-fn read_file(
-    filler: &SlotFiller<'_>,
-    job: &ReadJob<'_>,
-    free: &Receiver<SlotToken>,
-    out: &Sender<ReaderMsg>,
-) -> bool {
-    let mut hasher = FileHasher::new(job.digest);
-    let mut offset = 0u64;
-    let mut seq = 0u64;
-    while offset < job.size {
-        let Ok(mut token) = free.recv() else {
-            return false;
-        };
-        let len = (job.size - offset).min(job.chunk_len as u64) as u32;
-        let result = filler
-            .slot_mut(&mut token, len as usize)
-            .map_err(std::io::Error::other)
-            .and_then(|data| {
-                job.file.read_exact_at(data, offset)?;
-                let crc = crc32fast::hash(data);
-                hasher.update(data, crc);
-                #[cfg(feature = "fault-injection")]
-                super::fault::after_checksum(seq, data);
-                Ok(crc)
-            });
-        let msg = match result {
-            Ok(crc) => ReaderMsg::Chunk {
-                token,
-                seq,
-                len,
-                crc,
-            },
-            Err(e) => {
-                let context = format!("cannot read {} at offset {offset}", job.name);
-                let _ = out.send(ReaderMsg::Failed(context, e));
-                return true;
+impl Reader<'_> {
+    /// Runs until `jobs` closes (or `free` closes mid-job, or `stop`).
+    pub fn run(mut self) {
+        while let Ok(job) = self.jobs.recv() {
+            let going_on = match &job.input {
+                Input::File { file, size } => self.read_file(&job, file, *size),
+                Input::Stream(file) => self.read_stream(&job, file),
+            };
+            if !going_on {
+                return;
             }
-        };
-        if out.send(msg).is_err() {
-            return false;
         }
-        offset += len as u64;
-        seq += 1;
     }
-    out.send(ReaderMsg::Done(hasher.finish())).is_ok()
+
+    fn next_slot(&mut self) -> Option<SlotToken> {
+        self.spare.take().or_else(|| self.free.recv().ok())
+    }
+
+    /// Returns false when the session is going away (a channel closed).
+    fn read_file(&mut self, job: &ReadJob, file: &File, size: u64) -> bool {
+        let mut hasher = FileHasher::new(job.digest);
+        let mut offset = 0u64;
+        let mut seq = 0u64;
+        while offset < size {
+            let Some(mut token) = self.next_slot() else {
+                return false;
+            };
+            let len = (size - offset).min(job.chunk_len as u64) as u32;
+            let result = self
+                .filler
+                .slot_mut(&mut token, len as usize)
+                .map_err(std::io::Error::other)
+                .and_then(|data| {
+                    file.read_exact_at(data, offset)?;
+                    let crc = crc32fast::hash(data);
+                    hasher.update(data, crc);
+                    #[cfg(feature = "fault-injection")]
+                    super::fault::after_checksum(seq, data);
+                    Ok(crc)
+                });
+            let msg = match result {
+                Ok(crc) => ReaderMsg::Chunk {
+                    token,
+                    seq,
+                    len,
+                    crc,
+                },
+                Err(e) => {
+                    self.spare = Some(token);
+                    let context = format!("cannot read {} at offset {offset}", job.name);
+                    let _ = self.out.send(ReaderMsg::Failed(context, e));
+                    return true;
+                }
+            };
+            if self.out.send(msg).is_err() {
+                return false;
+            }
+            offset += len as u64;
+            seq += 1;
+        }
+        self.out.send(ReaderMsg::Done(hasher.finish())).is_ok()
+    }
+
+    /// Reads a stream to its end: every slot is filled completely (pipes
+    /// deliver short reads) unless the end comes first. Returns false when
+    /// the session is going away.
+    fn read_stream(&mut self, job: &ReadJob, mut file: &File) -> bool {
+        let mut hasher = FileHasher::new(job.digest);
+        let mut seq = 0u64;
+        let mut total = 0u64;
+        loop {
+            let Some(mut token) = self.next_slot() else {
+                return false;
+            };
+            let data = match self.filler.slot_mut(&mut token, job.chunk_len as usize) {
+                Ok(d) => d,
+                Err(e) => {
+                    self.spare = Some(token);
+                    let _ = self.out.send(ReaderMsg::Failed(
+                        format!("cannot read {}", job.name),
+                        std::io::Error::other(e),
+                    ));
+                    return true;
+                }
+            };
+            let mut filled = 0usize;
+            let mut eof = false;
+            while filled < data.len() {
+                // Wait for input without blocking in read(), so that a
+                // session that ends meanwhile is not held up by a silent
+                // producer.
+                match wait_readable(file.as_raw_fd(), Instant::now() + STOP_CHECK) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        if self.stop.load(Ordering::SeqCst) {
+                            return false;
+                        }
+                        continue;
+                    }
+                    Err(VerbsError::Interrupted) => {
+                        self.spare = Some(token);
+                        let _ = self.out.send(ReaderMsg::Failed(
+                            format!("reading {}", job.name),
+                            std::io::Error::new(std::io::ErrorKind::Interrupted, "interrupted"),
+                        ));
+                        return true;
+                    }
+                    // poll() itself failed: let read() block or say why.
+                    Err(_) => {}
+                }
+                match file.read(&mut data[filled..]) {
+                    Ok(0) => {
+                        eof = true;
+                        break;
+                    }
+                    Ok(n) => filled += n,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                        ) => {}
+                    Err(e) => {
+                        self.spare = Some(token);
+                        let context = format!("cannot read {} at offset {total}", job.name);
+                        let _ = self.out.send(ReaderMsg::Failed(context, e));
+                        return true;
+                    }
+                }
+            }
+            if filled > 0 {
+                let chunk = &mut data[..filled];
+                let crc = crc32fast::hash(chunk);
+                hasher.update(chunk, crc);
+                #[cfg(feature = "fault-injection")]
+                super::fault::after_checksum(seq, chunk);
+                let msg = ReaderMsg::Chunk {
+                    token,
+                    seq,
+                    len: filled as u32,
+                    crc,
+                };
+                if self.out.send(msg).is_err() {
+                    return false;
+                }
+                seq += 1;
+                total += filled as u64;
+            } else {
+                self.spare = Some(token);
+            }
+            if eof {
+                return self.out.send(ReaderMsg::Done(hasher.finish())).is_ok();
+            }
+        }
+    }
 }

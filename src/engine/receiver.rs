@@ -1,7 +1,10 @@
 //! Receiver: listens, and per session answers each HELLO with the ring (or a
 //! REJECT), checks and writes every chunk the sender RDMA-writes into the
 //! ring, returns credits, and on FIN verifies, fsyncs and renames before the
-//! ACK.
+//! ACK. A directory HELLO is answered by creating the directory (ACK) or a
+//! REJECT. Paths inside --dir are resolved component by component without
+//! following links; with --stdout the one file or stream goes to standard
+//! output instead.
 
 use super::control::Control;
 use super::digest::{FileHasher, digest_hex};
@@ -9,19 +12,21 @@ use super::report::{FileReport, Phases};
 use super::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT, wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
-    Ack, AckStatus, AuthFailure, Fin, Hello, Message, NONCE_LEN, PROTOCOL_VERSION,
+    Ack, AckStatus, AuthFailure, Fin, Hello, Message, Mtime, NONCE_LEN, PROTOCOL_VERSION,
     ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError,
     Reject, RejectCode, RingInfo, Token, WireError,
 };
-use crate::verbs::os::{free_space, rename_noreplace, shutdown_requested};
+use crate::verbs::dirfd::{DirFd, EntryKind};
+use crate::verbs::os::{free_space, shutdown_requested};
 use crate::verbs::{
     Access, CmId, Endpoint, EventChannel, IncomingConnection, MemoryRegion, QpCaps, VerbsError,
     WcOpcode, WorkCompletion, probe_devices,
 };
-use std::fs::{File, OpenOptions};
+use std::fs::File;
+use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
@@ -42,6 +47,9 @@ pub struct ReceiverConfig {
     pub max_sessions: usize,
     /// Shared secret senders must prove before anything else; None accepts anyone.
     pub token: Option<Token>,
+    /// Write the one received file or stream to standard output instead of
+    /// --dir (requires `once`).
+    pub stdout: bool,
 }
 
 impl ReceiverConfig {
@@ -58,6 +66,7 @@ impl ReceiverConfig {
             max_size: u64::MAX,
             max_sessions: DEFAULT_MAX_SESSIONS,
             token: None,
+            stdout: false,
         }
     }
 }
@@ -70,8 +79,9 @@ const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_SESSIONS: usize = 8;
 
 /// Control messages the receiver may have outstanding at once from the
-/// sender besides the data writes (HELLO/FIN/BYE are request/response).
-const CONTROL_RECVS: u32 = 8;
+/// sender besides the data writes: a pipelining sender has up to
+/// `proto::MAX_PENDING` entries unanswered, plus a HELLO, a BYE, a KEEPALIVE.
+const CONTROL_RECVS: u32 = crate::proto::MAX_PENDING as u32 + 8;
 const SEND_BUFFERS: usize = 16;
 
 /// Serves sessions, each on its own thread, until SIGINT/SIGTERM; with
@@ -80,13 +90,21 @@ pub fn serve(
     cfg: &ReceiverConfig,
     on_file: &(dyn Fn(&FileReport) + Sync),
 ) -> Result<(), XferError> {
-    let dir_meta = std::fs::metadata(&cfg.dir)
-        .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
-    if !dir_meta.is_dir() {
-        return Err(XferError::Usage(format!(
-            "{} is not a directory",
-            cfg.dir.display()
-        )));
+    if cfg.stdout {
+        if !cfg.once {
+            return Err(XferError::Usage(
+                "--stdout needs --once: standard output takes one file or stream".into(),
+            ));
+        }
+    } else {
+        let dir_meta = std::fs::metadata(&cfg.dir)
+            .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
+        if !dir_meta.is_dir() {
+            return Err(XferError::Usage(format!(
+                "{} is not a directory",
+                cfg.dir.display()
+            )));
+        }
     }
     probe_devices()?;
     let channel = EventChannel::new()?;
@@ -224,6 +242,7 @@ fn run_session(
     conn: IncomingConnection,
     on_file: &(dyn Fn(&FileReport) + Sync),
 ) -> Result<(), XferError> {
+    let output = Output::open(cfg)?;
     let id = conn.into_id()?;
     let recvs = cfg.slots + CONTROL_RECVS;
     let caps = QpCaps {
@@ -253,8 +272,10 @@ fn run_session(
         control,
         ring: None,
         machine,
+        output,
         file: None,
         first_error: None,
+        output_closed: None,
     };
     let result = session.run(on_file);
     session.finish(result)
@@ -286,48 +307,204 @@ fn new_machine(cfg: &ReceiverConfig) -> Result<ReceiverSession, XferError> {
     ))
 }
 
-/// The file being received: a temporary file in the output directory that is
-/// removed on drop unless it was renamed into place.
+/// Where received entries go.
+enum Output {
+    /// Under --dir: every path resolved from this descriptor, component by
+    /// component, never through a link.
+    Tree {
+        root: DirFd,
+        /// Attributes of directories created in this session that are
+        /// applied when it ends (deepest last created first): an mtime
+        /// would be changed by the entries created inside, and a mode
+        /// without owner write/search would forbid creating them.
+        deferred: Vec<DirAttrs>,
+    },
+    /// --stdout: the one file or stream of the session; None once taken.
+    Stdout(Option<File>),
+}
+
+struct DirAttrs {
+    path: String,
+    mode: Option<u32>,
+    mtime: Option<Mtime>,
+}
+
+/// A refusal of an offer: the code and reason the sender hears.
+type Refusal = (RejectCode, String);
+
+impl Output {
+    fn open(cfg: &ReceiverConfig) -> Result<Output, XferError> {
+        if cfg.stdout {
+            // A duplicate of descriptor 1: unbuffered writes of whole
+            // chunks, and a write error (EPIPE) is ours to handle.
+            use std::os::fd::AsFd;
+            let fd = std::io::stdout()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| XferError::io("cannot use standard output", e))?;
+            return Ok(Output::Stdout(Some(File::from(fd))));
+        }
+        let root = DirFd::open(&cfg.dir)
+            .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
+        Ok(Output::Tree {
+            root,
+            deferred: Vec::new(),
+        })
+    }
+
+    /// Applies the deferred directory attributes (best effort: a failure
+    /// is logged, the data is already safe).
+    fn finish_dirs(&mut self) {
+        let Output::Tree { root, deferred } = self else {
+            return;
+        };
+        for attrs in deferred.drain(..).rev() {
+            let applied = open_path(root, &attrs.path).and_then(|dir| {
+                let f = dir.as_file()?;
+                if let Some(mode) = attrs.mode {
+                    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                }
+                if let Some(t) = attrs.mtime.and_then(system_time) {
+                    f.set_modified(t)?;
+                }
+                Ok(())
+            });
+            if let Err(e) = applied {
+                warn!(dir = %attrs.path, "cannot set the mode or time of a received directory: {e}");
+            }
+        }
+    }
+}
+
+/// Opens `path` (relative, already validated) below `root`, every component
+/// with O_NOFOLLOW.
+fn open_path(root: &DirFd, path: &str) -> std::io::Result<DirFd> {
+    let mut dir = root.try_clone()?;
+    for c in path.split('/') {
+        dir = dir.open_dir(c)?;
+    }
+    Ok(dir)
+}
+
+/// Opens the directory that holds `path`'s last component; returns it and
+/// that component. Refuses symbolic links and non-directories on the way.
+fn open_parent(root: &DirFd, path: &str) -> Result<(DirFd, String), Refusal> {
+    let (parents, leaf) = match path.rsplit_once('/') {
+        Some((p, l)) => (Some(p), l),
+        None => (None, path),
+    };
+    let mut dir = root.try_clone().map_err(|e| {
+        (
+            RejectCode::Io,
+            format!("cannot open the output directory: {e}"),
+        )
+    })?;
+    if let Some(parents) = parents {
+        let mut walked = String::new();
+        for c in parents.split('/') {
+            if !walked.is_empty() {
+                walked.push('/');
+            }
+            walked.push_str(c);
+            dir = dir.open_dir(c).map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT) => (
+                    RejectCode::Io,
+                    format!("directory {walked} does not exist on the receiver"),
+                ),
+                Some(libc::ELOOP | libc::ENOTDIR) => {
+                    if dir.kind(c).ok().flatten() == Some(EntryKind::Symlink) {
+                        (
+                            RejectCode::Exists,
+                            format!("{walked} is a symbolic link on the receiver: not followed"),
+                        )
+                    } else {
+                        (
+                            RejectCode::Exists,
+                            format!("{walked} exists on the receiver and is not a directory"),
+                        )
+                    }
+                }
+                _ => (
+                    RejectCode::Io,
+                    format!("cannot open directory {walked}: {e}"),
+                ),
+            })?;
+        }
+    }
+    Ok((dir, leaf.to_string()))
+}
+
+fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
+    let epoch = std::time::UNIX_EPOCH;
+    let nanos = Duration::from_nanos(m.nanos.into());
+    if m.secs >= 0 {
+        epoch
+            .checked_add(Duration::from_secs(m.secs as u64))?
+            .checked_add(nanos)
+    } else {
+        epoch
+            .checked_sub(Duration::from_secs(m.secs.unsigned_abs()))?
+            .checked_add(nanos)
+    }
+}
+
+/// A temporary file next to the final name, removed on drop unless it was
+/// renamed into place.
+struct TempFile {
+    parent: DirFd,
+    temp: String,
+    leaf: String,
+    file: File,
+    committed: bool,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.committed
+            && let Err(e) = self.parent.unlink(&self.temp)
+        {
+            warn!(path = %self.temp, "cannot remove temporary file: {e}");
+        }
+    }
+}
+
+enum Sink {
+    Temp(TempFile),
+    /// Standard output (chunks arrive in order and are written as they come).
+    Stdout(File),
+}
+
+/// The file or stream being received.
 struct IncomingFile {
     name: String,
-    final_path: PathBuf,
-    temp_path: PathBuf,
-    file: File,
+    sink: Sink,
     mode: u32,
+    mtime: Option<Mtime>,
     hasher: FileHasher,
+    /// Bytes written so far (standard output is written strictly in order).
+    written: u64,
     started: Instant,
     /// The file's log span (name, size) and its phase timings so far.
     span: tracing::Span,
     phases: Phases,
     data_started: Instant,
-    committed: bool,
     /// Time spent checking and writing chunks (logged for tuning).
     check_time: Duration,
     write_time: Duration,
 }
 
-impl Drop for IncomingFile {
-    fn drop(&mut self) {
-        if !self.committed
-            && let Err(e) = std::fs::remove_file(&self.temp_path)
-        {
-            warn!(path = %self.temp_path.display(), "cannot remove temporary file: {e}");
-        }
-    }
-}
-
 /// A temporary name that does not depend on the (up to 255-byte) final name.
-fn temp_path(dir: &Path) -> PathBuf {
+fn temp_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    dir.join(format!(
+    format!(
         ".rdma-xfer-{}-{}-{nanos:08x}.part",
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
-    ))
+    )
 }
 
 struct Session<'a> {
@@ -341,9 +518,13 @@ struct Session<'a> {
     /// Registered at the first accepted HELLO, reused for every file.
     ring: Option<MemoryRegion>,
     machine: ReceiverSession,
+    output: Output,
     file: Option<IncomingFile>,
     /// A per-file failure that did not end the session (--once reports it).
     first_error: Option<XferError>,
+    /// Standard output was closed by its reader (EPIPE): the session ended
+    /// on purpose, quietly; what to log.
+    output_closed: Option<String>,
 }
 
 /// What handling one completion decided.
@@ -442,6 +623,7 @@ impl Session<'_> {
             Ok(ReceiverEvent::AuthIgnored) => {
                 debug!("AUTH ignored: this receiver has no token")
             }
+            Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Reject(reject)) => {
                 warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
@@ -454,6 +636,10 @@ impl Session<'_> {
             }
             Err(RecvError::Protocol(e)) => {
                 let err = XferError::Protocol(format!("{kind} not allowed here: {e}"));
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+            Err(e @ RecvError::TooLarge { .. }) => {
+                let err = XferError::Protocol(format!("{kind}: {e}"));
                 return Err(self.abort(AckStatus::Protocol, err));
             }
         }
@@ -476,10 +662,31 @@ impl Session<'_> {
     }
 
     /// Checks that need the file system, then opens the temporary file and
-    /// exposes the ring (registered once per session).
+    /// exposes the ring (registered once per session). A directory is
+    /// created (or found) and answered at once.
     fn on_hello(&mut self, hello: Hello) -> Result<(), XferError> {
         let hello_at = Instant::now();
-        info!(file = %hello.name, size = hello.size, "offer");
+        if hello.is_directory() {
+            info!(dir = %hello.name, "directory");
+            let reply = match self.make_dir(&hello) {
+                Ok(()) => self.machine.accept_directory(),
+                Err((code, reason)) => {
+                    warn!(dir = %hello.name, code = code.as_str(), "refused: {reason}");
+                    self.first_error.get_or_insert(XferError::Rejected {
+                        code: code.as_str(),
+                        reason: reason.clone(),
+                    });
+                    self.machine.reject(code, reason)
+                }
+            }
+            .map_err(|e| XferError::Protocol(e.to_string()))?;
+            return self.control.send(&self.ep, &reply);
+        }
+        if hello.is_stream() {
+            info!(file = %hello.name, "offer of a stream (size unknown)");
+        } else {
+            info!(file = %hello.name, size = hello.size, "offer");
+        }
         // The ring is registered only for an acceptable offer; if that
         // fails (memlock limit, say) the sender hears why instead of
         // waiting for an MR that never comes.
@@ -523,63 +730,168 @@ impl Session<'_> {
         }
     }
 
-    fn prepare_file(&self, hello: &Hello) -> Result<IncomingFile, (RejectCode, String)> {
-        let dir = &self.cfg.dir;
-        let final_path = dir.join(&hello.name);
-        if let Ok(meta) = std::fs::symlink_metadata(&final_path) {
-            if meta.is_dir() {
-                return Err((
-                    RejectCode::Exists,
-                    format!("{} exists and is a directory", hello.name),
-                ));
+    /// Creates the directory `hello.name` (mode 0700 while its entries
+    /// arrive, see `Output::Tree::deferred`), or accepts an existing one
+    /// as it is.
+    fn make_dir(&mut self, hello: &Hello) -> Result<(), Refusal> {
+        let Output::Tree { root, deferred } = &mut self.output else {
+            return Err((
+                RejectCode::Protocol,
+                format!(
+                    "the receiver writes to its standard output (--stdout) and cannot create                      directory {}; send a tar stream instead (tar -cf - DIR | sender HOST -)",
+                    hello.name
+                ),
+            ));
+        };
+        let (parent, leaf) = open_parent(root, &hello.name)?;
+        let io =
+            |what: &str, e: std::io::Error| (RejectCode::Io, format!("{what} {}: {e}", hello.name));
+        match parent.kind(&leaf).map_err(|e| io("cannot inspect", e))? {
+            Some(EntryKind::Dir) => {
+                debug!(dir = %hello.name, "exists already: kept as it is");
+                return Ok(());
             }
-            if !self.cfg.overwrite {
+            Some(EntryKind::Symlink) => {
                 return Err((
                     RejectCode::Exists,
                     format!(
-                        "{} already exists on the receiver (it runs without --overwrite)",
+                        "{} is a symbolic link on the receiver: not followed",
                         hello.name
                     ),
                 ));
             }
-        }
-        match free_space(dir) {
-            Ok(free) if free < hello.size => {
+            Some(_) => {
                 return Err((
-                    RejectCode::NoSpace,
+                    RejectCode::Exists,
                     format!(
-                        "{} needs {} bytes but only {free} are free",
-                        hello.name, hello.size
+                        "{} exists on the receiver and is not a directory",
+                        hello.name
                     ),
                 ));
             }
-            Ok(_) => {}
-            Err(e) => warn!("cannot check free space of {}: {e}", dir.display()),
+            None => {}
         }
-        let temp = temp_path(dir);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)
-            .map_err(|e| {
-                (
-                    RejectCode::Io,
-                    format!("cannot create a file in the output directory: {e}"),
-                )
-            })?;
+        parent
+            .mkdir(&leaf, 0o700)
+            .map_err(|e| io("cannot create directory", e))?;
+        let mode = hello.mode & 0o777;
+        // Owner write and search are needed while entries are created inside.
+        let now = if mode & 0o300 == 0o300 {
+            mode
+        } else {
+            mode | 0o700
+        };
+        let dir = parent
+            .open_dir(&leaf)
+            .map_err(|e| io("cannot open the new directory", e))?;
+        dir.as_file()
+            .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(now)))
+            .map_err(|e| io("cannot set the mode of", e))?;
+        // The new entry must survive a crash like every acknowledged file.
+        parent
+            .sync()
+            .map_err(|e| io("cannot fsync the parent of", e))?;
+        if now != mode || hello.mtime.is_some() {
+            deferred.push(DirAttrs {
+                path: hello.name.clone(),
+                mode: (now != mode).then_some(mode),
+                mtime: hello.mtime,
+            });
+        }
+        Ok(())
+    }
+
+    fn prepare_file(&mut self, hello: &Hello) -> Result<IncomingFile, Refusal> {
+        let sink = match &mut self.output {
+            Output::Stdout(out) => {
+                let Some(out) = out.take() else {
+                    return Err((
+                        RejectCode::Protocol,
+                        format!(
+                            "the receiver writes to its standard output (--stdout) and takes one                              file or stream per session; {} is one too many",
+                            hello.name
+                        ),
+                    ));
+                };
+                Sink::Stdout(out)
+            }
+            Output::Tree { root, .. } => {
+                let (parent, leaf) = open_parent(root, &hello.name)?;
+                match parent.kind(&leaf) {
+                    Ok(Some(EntryKind::Dir)) => {
+                        return Err((
+                            RejectCode::Exists,
+                            format!("{} exists and is a directory", hello.name),
+                        ));
+                    }
+                    Ok(Some(_)) if !self.cfg.overwrite => {
+                        return Err((
+                            RejectCode::Exists,
+                            format!(
+                                "{} already exists on the receiver (it runs without --overwrite)",
+                                hello.name
+                            ),
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err((
+                            RejectCode::Io,
+                            format!("cannot inspect {}: {e}", hello.name),
+                        ));
+                    }
+                }
+                // A stream's size is unknown: it is checked as it arrives
+                // (--max-size by the state machine, space by the writes).
+                if !hello.is_stream() {
+                    match free_space(&self.cfg.dir) {
+                        Ok(free) if free < hello.size => {
+                            return Err((
+                                RejectCode::NoSpace,
+                                format!(
+                                    "{} needs {} bytes but only {free} are free",
+                                    hello.name, hello.size
+                                ),
+                            ));
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            warn!("cannot check free space of {}: {e}", self.cfg.dir.display())
+                        }
+                    }
+                }
+                let temp = temp_name();
+                let file = parent.create_new(&temp, 0o600).map_err(|e| {
+                    (
+                        RejectCode::Io,
+                        format!("cannot create a file in the output directory: {e}"),
+                    )
+                })?;
+                Sink::Temp(TempFile {
+                    parent,
+                    temp,
+                    leaf,
+                    file,
+                    committed: false,
+                })
+            }
+        };
+        let span = if hello.is_stream() {
+            error_span!("file", name = %hello.name, size = "unknown")
+        } else {
+            error_span!("file", name = %hello.name, size = hello.size)
+        };
         Ok(IncomingFile {
             name: hello.name.clone(),
-            final_path,
-            temp_path: temp,
-            file,
+            sink,
             mode: hello.mode & 0o777,
+            mtime: hello.mtime,
             hasher: FileHasher::new(hello.digest),
+            written: 0,
             started: Instant::now(),
-            span: error_span!("file", name = %hello.name, size = hello.size),
+            span,
             phases: Phases::default(),
             data_started: Instant::now(),
-            committed: false,
             check_time: Duration::ZERO,
             write_time: Duration::ZERO,
         })
@@ -607,6 +919,14 @@ impl Session<'_> {
     fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), XferError> {
         let placement = match self.machine.on_chunk(byte_len, imm) {
             Ok(p) => p,
+            Err(e @ RecvError::TooLarge { .. }) => {
+                let name = self.file.as_ref().map_or("?", |f| f.name.as_str());
+                let err = XferError::Rejected {
+                    code: RejectCode::TooLarge.as_str(),
+                    reason: format!("{name}: {e}"),
+                };
+                return Err(self.abort(AckStatus::Rejected, err));
+            }
             Err(e) => {
                 let err = XferError::Protocol(format!("bad data write: {e}"));
                 return Err(self.abort(AckStatus::Protocol, err));
@@ -626,10 +946,41 @@ impl Session<'_> {
             ));
             return Err(self.abort(AckStatus::Integrity, err));
         }
-        if let Err(e) = file.file.write_all_at(data, placement.file_offset) {
-            let err = XferError::io(format!("cannot write {}", file.name), e);
-            return Err(self.abort(AckStatus::Io, err));
+        let written = match &mut file.sink {
+            Sink::Temp(t) => t.file.write_all_at(data, placement.file_offset),
+            Sink::Stdout(out) if placement.file_offset == file.written => out.write_all(data),
+            Sink::Stdout(_) => {
+                let err = XferError::Protocol(format!(
+                    "chunk {} of {} at offset {} is out of order ({} bytes written)",
+                    placement.seq, file.name, placement.file_offset, file.written
+                ));
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+        };
+        if let Err(e) = written {
+            let stdout = matches!(file.sink, Sink::Stdout(_));
+            if stdout && e.kind() == std::io::ErrorKind::BrokenPipe {
+                // The reader of our output is gone (`| head`, say): not an
+                // error of ours. Tell the sender why, and end quietly.
+                let msg = format!(
+                    "standard output was closed after {} bytes of {} (broken pipe): stopped receiving",
+                    file.written, file.name
+                );
+                let reason = format!(
+                    "the receiver's standard output was closed by its reader after {} bytes (broken pipe)",
+                    file.written
+                );
+                self.output_closed = Some(msg);
+                return Err(self.abort(AckStatus::Io, XferError::PeerIo(reason)));
+            }
+            let what = if stdout {
+                format!("cannot write {} to standard output", file.name)
+            } else {
+                format!("cannot write {}", file.name)
+            };
+            return Err(self.abort(AckStatus::Io, XferError::io(what, e)));
         }
+        file.written += u64::from(placement.len);
         file.hasher.update(data, crc);
         file.check_time += t1 - t0;
         file.write_time += t1.elapsed();
@@ -663,13 +1014,20 @@ impl Session<'_> {
             write_s = file.write_time.as_secs_f64(),
             "all data received"
         );
+        let stdout = matches!(file.sink, Sink::Stdout(_));
         let (status, reason, err) = if digest != fin.digest {
-            let reason = format!(
+            let mut reason = format!(
                 "whole-file digest mismatch for {}: received data hashes to {}, the sender's is {}",
                 file.name,
                 digest_hex(&digest),
                 digest_hex(&fin.digest)
             );
+            if stdout {
+                // Written bytes cannot be taken back: say so, loudly.
+                reason.push_str(
+                    "; the data already written to the receiver's standard output is corrupt",
+                );
+            }
             (
                 AckStatus::Integrity,
                 reason.clone(),
@@ -742,7 +1100,12 @@ impl Session<'_> {
             }
         }
         self.file = None;
+        self.output.finish_dirs();
         self.ep.cm_id().disconnect(Duration::from_secs(1));
+        if let Some(msg) = self.output_closed.take() {
+            warn!("{msg}");
+            return Ok(());
+        }
         result?;
         match self.first_error.take() {
             Some(e) => Err(e),
@@ -751,31 +1114,87 @@ impl Session<'_> {
     }
 }
 
-/// fsync the data, apply the mode, rename into place, fsync the directory.
+/// Makes a verified file durable: for a temporary file, apply the mode (and
+/// mtime), fsync, rename into place, fsync the directory; for standard
+/// output, fsync when it is a file.
 fn commit(file: &mut IncomingFile, overwrite: bool) -> Result<(), XferError> {
-    let ctx = |what: &str| format!("{what} {}", file.name);
-    file.file
+    let name = &file.name;
+    let ctx = |what: &str| format!("{what} {name}");
+    let t = match &mut file.sink {
+        Sink::Stdout(out) => {
+            // A pipe or terminal cannot be fsynced (EINVAL); a file can.
+            return match out.sync_all() {
+                Err(e) if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EROFS)) => {
+                    Err(XferError::io("cannot fsync standard output", e))
+                }
+                _ => Ok(()),
+            };
+        }
+        Sink::Temp(t) => t,
+    };
+    t.file
         .set_permissions(std::fs::Permissions::from_mode(file.mode))
         .map_err(|e| XferError::io(ctx("cannot set the mode of"), e))?;
-    file.file
+    if let Some(m) = file.mtime.and_then(system_time) {
+        t.file
+            .set_modified(m)
+            .map_err(|e| XferError::io(ctx("cannot set the modification time of"), e))?;
+    }
+    t.file
         .sync_all()
         .map_err(|e| XferError::io(ctx("cannot fsync"), e))?;
-    let renamed = if overwrite {
-        std::fs::rename(&file.temp_path, &file.final_path)
-    } else {
-        rename_noreplace(&file.temp_path, &file.final_path)
-    };
-    renamed.map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
-    file.committed = true;
-    if let Some(dir) = file.final_path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| XferError::io(format!("cannot fsync directory {}", dir.display()), e))?;
-    }
+    t.parent
+        .rename(&t.temp, &t.leaf, !overwrite)
+        .map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
+    t.committed = true;
+    t.parent
+        .sync()
+        .map_err(|e| XferError::io(ctx("cannot fsync the directory of"), e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtimes_convert_both_sides_of_the_epoch() {
+        let t = |secs, nanos| system_time(Mtime { secs, nanos });
+        let epoch = std::time::UNIX_EPOCH;
+        assert_eq!(t(0, 0), Some(epoch));
+        assert_eq!(t(10, 5), Some(epoch + Duration::new(10, 5)));
+        assert_eq!(
+            t(-10, 5),
+            Some(epoch - Duration::from_secs(10) + Duration::from_nanos(5))
+        );
+        // Out of the platform's range: no time rather than a panic.
+        let _ = t(i64::MAX, 999_999_999);
+        let _ = t(i64::MIN, 999_999_999);
+    }
+
+    #[test]
+    fn parents_are_opened_without_following_links() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("a/b")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("a/link")).unwrap();
+        std::fs::write(root.path().join("a/file"), b"").unwrap();
+        let r = DirFd::open(root.path()).unwrap();
+        let (_, leaf) = open_parent(&r, "a/b/c").unwrap();
+        assert_eq!(leaf, "c");
+        let (_, leaf) = open_parent(&r, "top").unwrap();
+        assert_eq!(leaf, "top");
+        let err = |p| open_parent(&r, p).map(|_| ()).unwrap_err();
+        assert_eq!(err("a/link/x").0, RejectCode::Exists);
+        assert!(
+            err("a/link/x").1.contains("symbolic link"),
+            "{:?}",
+            err("a/link/x")
+        );
+        assert_eq!(err("a/file/x").0, RejectCode::Exists);
+        assert_eq!(err("a/missing/x").0, RejectCode::Io);
+        assert!(err("a/missing/x").1.contains("a/missing does not exist"));
+        assert!(open_path(&r, "a/b").is_ok());
+        assert!(open_path(&r, "a/link").is_err());
+    }
 }

@@ -105,3 +105,49 @@ pub fn print_summary(report: &FileReport, quiet: bool, json: bool) {
         eprintln!("{}", report.summary_line());
     }
 }
+
+/// Totals of a session (printed for trees): how many files and
+/// directories, how fast in files per second and MiB/s.
+pub fn session_summary_line(outcome: &super::sender::SessionOutcome) -> String {
+    let secs = outcome.elapsed.as_secs_f64();
+    let bytes: u64 = outcome.files.iter().map(|f| f.bytes).sum();
+    let files = outcome.files.len();
+    let per_sec = if secs > 0.0 { files as f64 / secs } else { 0.0 };
+    let mut line = format!(
+        "total: {files} files and {} directories, {bytes} bytes in {secs:.3} s: {per_sec:.1} files/s, {:.1} MiB/s",
+        outcome.directories,
+        mib_per_sec(bytes, secs),
+    );
+    if outcome.skipped > 0 {
+        line.push_str(&format!(
+            "; {} links or special files skipped",
+            outcome.skipped
+        ));
+    }
+    line
+}
+
+/// Prints the session totals on stderr (text or one JSON object).
+pub fn print_session_summary(outcome: &super::sender::SessionOutcome, quiet: bool, json: bool) {
+    if quiet {
+        return;
+    }
+    if json {
+        let secs = outcome.elapsed.as_secs_f64();
+        let bytes: u64 = outcome.files.iter().map(|f| f.bytes).sum();
+        let files = outcome.files.len();
+        let line = serde_json::json!({
+            "event": "session done",
+            "files": files,
+            "directories": outcome.directories,
+            "skipped": outcome.skipped,
+            "bytes": bytes,
+            "seconds": secs,
+            "files_per_s": if secs > 0.0 { files as f64 / secs } else { 0.0 },
+            "mib_per_s": mib_per_sec(bytes, secs),
+        });
+        eprintln!("{line}");
+    } else {
+        eprintln!("{}", session_summary_line(outcome));
+    }
+}

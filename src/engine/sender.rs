@@ -1,25 +1,31 @@
-//! Sender: connects, then for each file HELLO -> MR -> WRITE_WITH_IMM chunks
-//! (at most `depth` in flight and never more than the granted credits) ->
-//! FIN -> ACK; finally BYE.
+//! Sender: connects, then for each entry HELLO -> MR -> WRITE_WITH_IMM
+//! chunks (at most `depth` in flight and never more than the granted
+//! credits) -> FIN, or for a directory just its HELLO; finally BYE. Entries
+//! are pipelined: the next HELLO goes out right after a FIN, and the
+//! receiver's verdicts (ACK, or REJECT for a directory) are collected as
+//! they arrive, up to `proto::MAX_PENDING` of them outstanding.
 
 use super::control::Control;
-use super::reader::{self, ReadJob, ReaderMsg};
+use super::entries::{self, Entry, WalkOptions};
+use super::reader::{Input, ReadJob, Reader, ReaderMsg};
 use super::report::{FileReport, Phases};
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AckStatus, DigestAlg, FileOffer, ProtocolError, RejectCode, SenderEvent, SenderSession,
-    SenderState, Token,
+    AckStatus, DigestAlg, FileOffer, OfferKind, Pending, ProtocolError, RejectCode, SenderEvent,
+    SenderSession, SenderState, Token, Verdict,
 };
 use crate::verbs::{
     CmId, Endpoint, EventChannel, QpCaps, SlotPool, SlotToken, VerbsError, WcOpcode,
     WorkCompletion, probe_devices,
 };
+use std::collections::VecDeque;
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 use tracing::{debug, error_span, info, warn};
 
@@ -35,6 +41,8 @@ pub struct SenderConfig {
     pub timeout: Duration,
     /// Shared secret proving this sender to a receiver that requires one.
     pub token: Option<Token>,
+    /// Trees (`-r`), links, times, the name of standard input.
+    pub walk: WalkOptions,
 }
 
 impl SenderConfig {
@@ -48,22 +56,27 @@ impl SenderConfig {
             busy_poll: false,
             timeout: DEFAULT_TIMEOUT,
             token: None,
+            walk: WalkOptions {
+                stdin_name: DEFAULT_STDIN_NAME.into(),
+                ..WalkOptions::default()
+            },
         }
     }
 }
 
-/// A local file opened and checked before connecting.
-struct Source {
-    file: File,
-    name: String,
-    size: u64,
-    mode: u32,
-}
+/// Name standard input arrives under unless `--name` says otherwise.
+pub const DEFAULT_STDIN_NAME: &str = "stdin";
 
-/// Outcome of a whole session: reports of acknowledged files and the first
-/// per-file failure (later files are still attempted after a rejection).
+/// Outcome of a whole session: reports of acknowledged files, directories
+/// created, and the first per-entry failure (later entries are still
+/// attempted after a rejection).
 pub struct SessionOutcome {
     pub files: Vec<FileReport>,
+    pub directories: u64,
+    /// Links and special files skipped in trees.
+    pub skipped: usize,
+    /// From the start of the connection to the last verdict.
+    pub elapsed: Duration,
     pub first_error: Option<XferError>,
 }
 
@@ -71,50 +84,30 @@ pub struct SessionOutcome {
 const RECV_BUFFERS: usize = 64;
 const SEND_BUFFERS: usize = 8;
 
-/// Opens every file up front so that a typo fails before any connection.
-fn open_sources(paths: &[PathBuf]) -> Result<Vec<Source>, XferError> {
-    let mut out = Vec::with_capacity(paths.len());
-    for path in paths {
-        let file = File::open(path)
-            .map_err(|e| XferError::io(format!("cannot open {}", path.display()), e))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| XferError::io(format!("cannot stat {}", path.display()), e))?;
-        if !meta.is_file() {
-            return Err(XferError::Usage(format!(
-                "{} is not a regular file",
-                path.display()
-            )));
-        }
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| {
-                XferError::Usage(format!("{} has no valid UTF-8 file name", path.display()))
-            })?
-            .to_string();
-        out.push(Source {
-            file,
-            name,
-            size: meta.len(),
-            mode: meta.permissions().mode() & 0o7777,
-        });
-    }
-    Ok(out)
+/// How often a wait for the reader also listens to the receiver.
+const READER_SLICE: Duration = Duration::from_millis(200);
+
+/// How long a stream may wait for its input before the sender tells the
+/// receiver it is still there (a third of the receiver's patience).
+fn keepalive_interval(timeout: Duration) -> Duration {
+    (timeout / 3).max(Duration::from_millis(500))
 }
 
-/// Sends `paths` in one session. `on_file` is called after each ACK(ok).
+/// Sends `paths` in one session ("-" is standard input; directories need
+/// `cfg.walk.recursive`). `on_file` is called after each ACK(ok).
 pub fn send_files(
     cfg: &SenderConfig,
     paths: &[PathBuf],
     mut on_file: impl FnMut(&FileReport),
 ) -> Result<SessionOutcome, XferError> {
-    let sources = open_sources(paths)?;
+    let plan = entries::plan(paths, &cfg.walk)?;
     probe_devices()?;
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
+    let started = Instant::now();
     let mut conn = Connection::open(cfg)?;
     let (pool, tokens) = SlotPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)?;
+    let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (job_tx, job_rx) = mpsc::channel();
         let (free_tx, free_rx) = mpsc::channel();
@@ -122,8 +115,15 @@ pub fn send_files(
         for token in tokens {
             let _ = free_tx.send(token);
         }
-        let filler = pool.filler();
-        scope.spawn(move || reader::run(filler, job_rx, free_rx, out_tx));
+        let reader = Reader {
+            filler: pool.filler(),
+            jobs: job_rx,
+            free: free_rx,
+            out: out_tx,
+            stop: &stop,
+            spare: None,
+        };
+        scope.spawn(move || reader.run());
         let mut pipe = Pipeline {
             pool: &pool,
             jobs: job_tx,
@@ -131,35 +131,28 @@ pub fn send_files(
             filled: out_rx,
             in_flight: (0..cfg.depth).map(|_| None).collect(),
             held: None,
+            stop: &stop,
         };
-        let mut outcome = SessionOutcome {
-            files: Vec::new(),
-            first_error: None,
+        let mut tracker = Tracker {
+            pending: VecDeque::new(),
+            outcome: SessionOutcome {
+                files: Vec::new(),
+                directories: 0,
+                skipped: plan.skipped,
+                elapsed: Duration::ZERO,
+                first_error: plan.problems.into_iter().next(),
+            },
+            on_file: &mut on_file,
         };
-        if let Err(e) = conn.greet(cfg, &mut pipe) {
+        let result = conn.run(cfg, plan.entries, &mut pipe, &mut tracker);
+        if let Err(e) = result {
             conn.abort();
             return Err(e);
         }
-        for source in &sources {
-            match conn.send_file(cfg, source, &mut pipe) {
-                Ok(report) => {
-                    on_file(&report);
-                    outcome.files.push(report);
-                }
-                Err(FileError::Continue(e)) => {
-                    warn!(file = %source.name, "{e}");
-                    eprintln!("{}: {e}", source.name);
-                    outcome.first_error.get_or_insert(e);
-                }
-                Err(FileError::Fatal(e)) => {
-                    conn.abort();
-                    return Err(e);
-                }
-            }
-        }
-        conn.close(cfg, &mut pipe)?;
-        // Dropping `pipe` closes the channels, which ends the reader thread.
-        Ok(outcome)
+        tracker.outcome.elapsed = started.elapsed();
+        // Dropping `pipe` closes the channels and sets `stop`, which ends
+        // the reader thread.
+        Ok(tracker.outcome)
     })
 }
 
@@ -167,12 +160,19 @@ pub fn send_files(
 /// posted (held until their write completes).
 struct Pipeline<'a> {
     pool: &'a SlotPool,
-    jobs: Sender<ReadJob<'a>>,
+    jobs: Sender<ReadJob>,
     free: Sender<SlotToken>,
     filled: Receiver<ReaderMsg>,
     in_flight: Vec<Option<SlotToken>>,
     /// A filled chunk waiting for a credit.
     held: Option<(SlotToken, u64, u32, u32)>,
+    stop: &'a AtomicBool,
+}
+
+impl Drop for Pipeline<'_> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Pipeline<'_> {
@@ -196,15 +196,6 @@ impl Pipeline<'_> {
         let _ = self.free.send(token);
         Ok(())
     }
-
-    fn next_from_reader(&mut self, timeout: Duration) -> Result<ReaderMsg, XferError> {
-        self.filled.recv_timeout(timeout).map_err(|_| {
-            XferError::io(
-                "reading the input",
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),
-            )
-        })
-    }
 }
 
 /// A per-file failure either leaves the session usable or ends it.
@@ -225,12 +216,96 @@ impl From<VerbsError> for FileError {
     }
 }
 
+fn fatal(r: Result<(), FileError>) -> Result<(), XferError> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(FileError::Fatal(e) | FileError::Continue(e)) => Err(e),
+    }
+}
+
+/// An entry sent but not yet answered by the receiver.
+enum PendingEntry {
+    Dir {
+        name: String,
+    },
+    /// A file whose FIN went out; its report lacks only the verdict.
+    File {
+        report: FileReport,
+        fin_sent: Instant,
+    },
+}
+
+/// Entries awaiting their verdict, and the session's results so far.
+struct Tracker<'f> {
+    pending: VecDeque<PendingEntry>,
+    outcome: SessionOutcome,
+    on_file: &'f mut dyn FnMut(&FileReport),
+}
+
+impl Tracker<'_> {
+    fn fail(&mut self, name: &str, e: XferError) {
+        warn!(file = %name, "{e}");
+        eprintln!("{name}: {e}");
+        self.outcome.first_error.get_or_insert(e);
+    }
+
+    /// The receiver's verdict on the oldest pending entry.
+    fn answer(&mut self, entry: Pending, verdict: Verdict) -> Result<(), FileError> {
+        let mismatch = || {
+            FileError::Fatal(XferError::Protocol(format!(
+                "a verdict for a {entry:?} does not match the entries sent"
+            )))
+        };
+        let Some(front) = self.pending.pop_front() else {
+            return Err(mismatch());
+        };
+        match (front, entry, verdict) {
+            (
+                PendingEntry::File {
+                    mut report,
+                    fin_sent,
+                },
+                Pending::File,
+                Verdict::Ack(ack),
+            ) => {
+                if ack.status == AckStatus::Ok {
+                    report.phases.commit = fin_sent.elapsed();
+                    report.elapsed += report.phases.commit;
+                    report.phases.log(&report.name, report.bytes);
+                    (self.on_file)(&report);
+                    self.outcome.files.push(report);
+                } else {
+                    self.fail(&report.name, ack_error(ack.status, ack.reason));
+                }
+            }
+            (PendingEntry::Dir { name }, Pending::Directory, verdict) => match verdict {
+                Verdict::Ack(ack) if ack.status == AckStatus::Ok => {
+                    debug!(dir = %name, "directory done");
+                    self.outcome.directories += 1;
+                }
+                Verdict::Ack(ack) => self.fail(&name, ack_error(ack.status, ack.reason)),
+                Verdict::Reject(rej) => self.fail(
+                    &name,
+                    XferError::Rejected {
+                        code: rej.code.as_str(),
+                        reason: rej.reason,
+                    },
+                ),
+            },
+            _ => return Err(mismatch()),
+        }
+        Ok(())
+    }
+}
+
 struct Connection {
     connect_time: Duration,
     ep: Endpoint,
     control: Control,
     session: SenderSession,
     wcs: Vec<WorkCompletion>,
+    /// State machine events not yet acted upon, in order.
+    events: VecDeque<SenderEvent>,
 }
 
 impl Connection {
@@ -264,19 +339,49 @@ impl Connection {
             control,
             session: SenderSession::new(cfg.chunk_size, cfg.token.clone()),
             wcs: Vec::with_capacity(64),
+            events: VecDeque::new(),
         })
+    }
+
+    /// The whole session: greeting, every entry (pipelined), the last
+    /// verdicts, BYE.
+    fn run<'a>(
+        &mut self,
+        cfg: &SenderConfig,
+        entries: Vec<Entry>,
+        pipe: &mut Pipeline<'a>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), XferError> {
+        fatal(self.greet(cfg, pipe, tracker))?;
+        for entry in entries {
+            // Room in the pipeline: wait for the oldest verdicts.
+            while !self.session.can_start() {
+                fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's verdicts"))?;
+            }
+            let name = entry.name().to_string();
+            match self.send_entry(cfg, entry, pipe, tracker) {
+                Ok(()) => {}
+                Err(FileError::Continue(e)) => tracker.fail(&name, e),
+                Err(FileError::Fatal(e)) => return Err(e),
+            }
+        }
+        while self.session.pending() > 0 {
+            fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's ACK"))?;
+        }
+        self.close(cfg, pipe, tracker)
     }
 
     /// Waits for the receiver's greeting: CHALLENGE (answered with AUTH when
     /// it requires authentication; the first HELLO follows without waiting)
     /// or a REJECT that refuses the session.
-    fn greet(&mut self, cfg: &SenderConfig, pipe: &mut Pipeline<'_>) -> Result<(), XferError> {
+    fn greet(
+        &mut self,
+        cfg: &SenderConfig,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), FileError> {
         while self.session.state() == SenderState::AwaitChallenge {
-            let event = match self.next_event(cfg, pipe, "the receiver's greeting") {
-                Ok(event) => event,
-                Err(FileError::Fatal(e) | FileError::Continue(e)) => return Err(e),
-            };
-            match event {
+            match self.next_event(cfg, pipe, tracker, "the receiver's greeting")? {
                 None => {}
                 Some(SenderEvent::Greeted(greeting)) => {
                     if greeting.token_unused {
@@ -290,67 +395,157 @@ impl Connection {
                         self.control.send(&self.ep, &auth)?;
                     }
                 }
-                Some(other) => {
-                    return Err(XferError::Protocol(format!(
-                        "unexpected event {other:?} before the receiver's greeting"
-                    )));
-                }
+                Some(other) => return Err(unexpected(&other)),
             }
         }
         Ok(())
     }
 
-    fn send_file<'a>(
+    /// One wait in which only verdicts and credits may arrive.
+    fn expect_nothing(
         &mut self,
         cfg: &SenderConfig,
-        src: &'a Source,
-        pipe: &mut Pipeline<'a>,
-    ) -> Result<FileReport, FileError> {
-        let span = error_span!("file", name = %src.name, size = src.size);
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+        what: &str,
+    ) -> Result<(), FileError> {
+        match self.next_event(cfg, pipe, tracker, what)? {
+            None => Ok(()),
+            Some(other) => Err(unexpected(&other)),
+        }
+    }
+
+    fn send_entry(
+        &mut self,
+        cfg: &SenderConfig,
+        entry: Entry,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), FileError> {
+        let (offer, input) = match entry {
+            Entry::Dir { name, mode, mtime } => {
+                let offer = FileOffer {
+                    name: name.clone(),
+                    size: 0,
+                    mode,
+                    digest: cfg.verify,
+                    kind: OfferKind::Directory,
+                    mtime,
+                };
+                let hello = self.session.start_file(offer).map_err(proto_err)?;
+                self.control.send(&self.ep, &hello)?;
+                tracker.pending.push_back(PendingEntry::Dir { name });
+                return Ok(());
+            }
+            Entry::Stdin { name } => {
+                use std::os::fd::AsFd;
+                let stdin = std::io::stdin().as_fd().try_clone_to_owned().map_err(|e| {
+                    FileError::Fatal(XferError::io("cannot read standard input", e))
+                })?;
+                let offer = FileOffer {
+                    name,
+                    size: 0,
+                    mode: 0o644,
+                    digest: cfg.verify,
+                    kind: OfferKind::Stream,
+                    mtime: None,
+                };
+                (offer, Input::Stream(File::from(stdin)))
+            }
+            Entry::File {
+                path,
+                name,
+                opened,
+                mtime,
+            } => {
+                let opened = match opened {
+                    Some(f) => Ok(f),
+                    None => File::open(&path),
+                };
+                let cannot = |what: &str, e| {
+                    FileError::Continue(XferError::io(format!("{what} {}", path.display()), e))
+                };
+                let file = opened.map_err(|e| cannot("cannot open", e))?;
+                let meta = file.metadata().map_err(|e| cannot("cannot stat", e))?;
+                if !meta.is_file() {
+                    return Err(FileError::Continue(XferError::Usage(format!(
+                        "{} is no longer a regular file",
+                        path.display()
+                    ))));
+                }
+                let offer = FileOffer {
+                    name,
+                    size: meta.len(),
+                    mode: meta.permissions().mode() & 0o7777,
+                    digest: cfg.verify,
+                    kind: OfferKind::File,
+                    mtime,
+                };
+                let size = offer.size;
+                (offer, Input::File { file, size })
+            }
+        };
+        self.send_data(cfg, offer, input, pipe, tracker)
+    }
+
+    /// HELLO, wait for the ring, write every chunk, FIN. The verdict is
+    /// collected later (see `Tracker::answer`).
+    fn send_data(
+        &mut self,
+        cfg: &SenderConfig,
+        offer: FileOffer,
+        input: Input,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), FileError> {
+        let stream = offer.kind == OfferKind::Stream;
+        let name = offer.name.clone();
+        let span = if stream {
+            error_span!("file", name = %name, size = "unknown")
+        } else {
+            error_span!("file", name = %name, size = offer.size)
+        };
         let _enter = span.enter();
         let started = Instant::now();
         let mut phases = Phases {
             connect: self.connect_time,
             ..Phases::default()
         };
-        let offer = FileOffer {
-            name: src.name.clone(),
-            size: src.size,
-            mode: src.mode,
-            digest: cfg.verify,
-        };
         let hello = self.session.start_file(offer).map_err(proto_err)?;
         self.control.send(&self.ep, &hello)?;
-        // Phase 1: wait for the ring (or a rejection).
+        // Phase 1: wait for the ring (or a rejection); verdicts on earlier
+        // entries come first.
         while self.session.state() == SenderState::AwaitRing {
-            if let Some(event) = self.next_event(cfg, pipe, "the receiver's MR reply")? {
-                match event {
-                    SenderEvent::Ring(ring) => {
-                        debug!(
-                            addr = ring.addr,
-                            slots = ring.slot_count,
-                            slot_size = ring.slot_size,
-                            "ring granted"
-                        );
-                    }
-                    SenderEvent::Rejected(rej) => {
-                        let err = XferError::Rejected {
-                            code: rej.code.as_str(),
-                            reason: rej.reason,
-                        };
-                        // "Busy" refuses the whole session (the receiver
-                        // disconnects); other refusals concern this file.
-                        return Err(if rej.code == RejectCode::Busy {
-                            FileError::Fatal(err)
-                        } else {
-                            FileError::Continue(err)
-                        });
-                    }
-                    SenderEvent::Acked(ack) => {
-                        return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
-                    }
-                    other => return Err(unexpected(&other)),
+            let Some(event) = self.next_event(cfg, pipe, tracker, "the receiver's MR reply")?
+            else {
+                continue;
+            };
+            match event {
+                SenderEvent::Ring(ring) => {
+                    debug!(
+                        addr = ring.addr,
+                        slots = ring.slot_count,
+                        slot_size = ring.slot_size,
+                        "ring granted"
+                    );
                 }
+                SenderEvent::Rejected(rej) => {
+                    let err = XferError::Rejected {
+                        code: rej.code.as_str(),
+                        reason: rej.reason,
+                    };
+                    // "Busy" refuses the whole session (the receiver
+                    // disconnects); other refusals concern this file.
+                    return Err(if rej.code == RejectCode::Busy {
+                        FileError::Fatal(err)
+                    } else {
+                        FileError::Continue(err)
+                    });
+                }
+                SenderEvent::Aborted(ack) => {
+                    return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
+                }
+                other => return Err(unexpected(&other)),
             }
         }
         phases.mr_exchange = started.elapsed();
@@ -358,9 +553,8 @@ impl Connection {
         // Phase 2: the reader fills slots; each filled slot is written to
         // the next ring slot as soon as a credit allows.
         let job = ReadJob {
-            file: &src.file,
-            name: &src.name,
-            size: src.size,
+            input,
+            name: name.clone(),
             chunk_len: self.session.chunk_len(),
             digest: cfg.verify,
         };
@@ -368,11 +562,20 @@ impl Connection {
             .send(job)
             .map_err(|_| XferError::Protocol("the reader thread is gone".into()))?;
         let mut time = DataPathTimes::default();
-        while !self.session.all_chunks_planned() {
-            if self.session.credits() > 0 && pipe.held.is_none() && pipe.with_reader() > 0 {
-                // The reader is working: wait for its next chunk.
+        let digest = loop {
+            if self.session.credits() > 0
+                && let Some((token, seq, len, crc)) = pipe.held.take()
+            {
+                self.post_chunk(pipe, token, seq, len, crc, stream)?;
+                // Hand finished slots back early so the reader keeps going.
+                self.poll_events(pipe, tracker)?;
+                continue;
+            }
+            if pipe.held.is_none() && pipe.with_reader() > 0 {
+                // The reader is working (or waiting for input): wait for
+                // its next chunk.
                 let t0 = Instant::now();
-                let msg = pipe.next_from_reader(cfg.timeout)?;
+                let msg = self.wait_reader(cfg, pipe, tracker, stream)?;
                 time.wait_reader += t0.elapsed();
                 match msg {
                     ReaderMsg::Chunk {
@@ -381,86 +584,90 @@ impl Connection {
                         len,
                         crc,
                     } => pipe.held = Some((token, seq, len, crc)),
-                    ReaderMsg::Done(_) => {
-                        return Err(FileError::Fatal(XferError::Protocol(
-                            "the reader finished before all chunks were sent".into(),
-                        )));
-                    }
+                    ReaderMsg::Done(digest) => break digest,
                     ReaderMsg::Failed(context, e) => {
                         return Err(FileError::Fatal(XferError::io(context, e)));
                     }
                 }
-            }
-            if self.session.credits() > 0
-                && let Some((token, seq, len, crc)) = pipe.held.take()
-            {
-                self.post_chunk(pipe, token, seq, len, crc)?;
-                // Hand finished slots back early so the reader keeps going.
-                self.poll_events(pipe)?;
                 continue;
             }
             // Out of credits, or every slot is in flight: wait for the CQ.
             let t0 = Instant::now();
-            let event = self.next_event(cfg, pipe, "credit from the receiver")?;
+            let event = self.next_event(cfg, pipe, tracker, "credit from the receiver")?;
             time.wait_cq += t0.elapsed();
             match event {
-                None | Some(SenderEvent::Credit(_)) => {}
-                Some(SenderEvent::Acked(ack)) => {
+                None => {}
+                Some(SenderEvent::Aborted(ack)) => {
                     return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
                 }
                 Some(other) => return Err(unexpected(&other)),
             }
-        }
-        let digest = match pipe.next_from_reader(cfg.timeout)? {
-            ReaderMsg::Done(digest) => digest,
-            ReaderMsg::Failed(context, e) => {
-                return Err(FileError::Fatal(XferError::io(context, e)));
-            }
-            ReaderMsg::Chunk { .. } => {
-                return Err(FileError::Fatal(XferError::Protocol(
-                    "the reader produced more chunks than the file has".into(),
-                )));
-            }
         };
         // RC ordering: FIN arrives after every WRITE posted before it.
+        let bytes = self.session.bytes_planned();
         let fin = self.session.finish(digest).map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
         phases.data = data_started.elapsed();
-        let fin_sent = Instant::now();
         debug!(
-            file = %src.name,
+            file = %name,
+            bytes,
             wait_reader_s = time.wait_reader.as_secs_f64(),
             wait_cq_s = time.wait_cq.as_secs_f64(),
             "FIN sent"
         );
-        // Phase 3: the ACK comes only after verify + fsync + rename.
+        // Phase 3: the ACK comes only after verify + fsync + rename; the
+        // next entry goes out meanwhile.
+        tracker.pending.push_back(PendingEntry::File {
+            report: FileReport {
+                name,
+                bytes,
+                elapsed: started.elapsed(),
+                digest,
+                phases,
+            },
+            fin_sent: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Waits for the reader's next message, listening to the receiver
+    /// meanwhile (an abort ends the wait). A stream may wait for its input
+    /// indefinitely, keeping the receiver informed; a file read that makes
+    /// no progress for the timeout fails.
+    fn wait_reader(
+        &mut self,
+        cfg: &SenderConfig,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+        stream: bool,
+    ) -> Result<ReaderMsg, FileError> {
+        let started = Instant::now();
+        let mut last_sign = Instant::now();
         loop {
-            if let Some(event) = self.next_event(cfg, pipe, "the receiver's ACK")? {
-                match event {
-                    SenderEvent::Credit(_) => {}
-                    SenderEvent::Acked(ack) if ack.status == AckStatus::Ok => break,
-                    SenderEvent::Acked(ack) => {
-                        let err = ack_error(ack.status, ack.reason);
-                        // A failed verify leaves the session usable.
-                        return Err(if self.session.state() == SenderState::Idle {
-                            FileError::Continue(err)
-                        } else {
-                            FileError::Fatal(err)
-                        });
-                    }
-                    other => return Err(unexpected(&other)),
+            match pipe.filled.recv_timeout(READER_SLICE) {
+                Ok(msg) => return Ok(msg),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(FileError::Fatal(XferError::Protocol(
+                        "the reader thread is gone".into(),
+                    )));
                 }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            self.poll_events(pipe, tracker)?;
+            if stream {
+                if last_sign.elapsed() >= keepalive_interval(cfg.timeout) {
+                    debug!("waiting for input: KEEPALIVE sent");
+                    let keepalive = self.session.keepalive().map_err(proto_err)?;
+                    self.control.send(&self.ep, &keepalive)?;
+                    last_sign = Instant::now();
+                }
+            } else if started.elapsed() >= cfg.timeout {
+                return Err(FileError::Fatal(XferError::io(
+                    "reading the input",
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),
+                )));
             }
         }
-        phases.commit = fin_sent.elapsed();
-        phases.log(&src.name, src.size);
-        Ok(FileReport {
-            name: src.name.clone(),
-            bytes: src.size,
-            elapsed: started.elapsed(),
-            digest,
-            phases,
-        })
     }
 
     /// Writes a filled slot to the ring slot the state machine assigns.
@@ -471,11 +678,14 @@ impl Connection {
         seq: u64,
         len: u32,
         crc: u32,
+        stream: bool,
     ) -> Result<(), FileError> {
-        let plan = self
-            .session
-            .next_chunk()
-            .ok_or_else(|| XferError::Protocol("no chunk to plan despite credit".into()))?;
+        let plan = if stream {
+            self.session.next_stream_chunk(len).map_err(proto_err)?
+        } else {
+            self.session.next_chunk()
+        }
+        .ok_or_else(|| XferError::Protocol("no chunk to plan despite credit".into()))?;
         if plan.seq != seq || plan.len != len {
             return Err(FileError::Fatal(XferError::Protocol(format!(
                 "reader chunk {seq} ({len} bytes) does not match plan {} ({} bytes)",
@@ -499,48 +709,86 @@ impl Connection {
         Ok(())
     }
 
-    /// Handles whatever completions are ready, without blocking.
-    fn poll_events(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
+    /// Handles whatever completions are ready, without blocking. In the
+    /// data phase only credits and an abort may arrive.
+    fn poll_events(
+        &mut self,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), FileError> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let polled = self.ep.cq().poll(&mut wcs, 16);
-        if let Err(e) = polled {
-            return Err(FileError::Fatal(super::completion_error(&self.ep, e)));
-        }
-        let event = self.handle_completions(&wcs, pipe);
+        let handled = self.handle_completions(&wcs, pipe);
         self.wcs = wcs;
-        match event? {
-            None | Some(SenderEvent::Credit(_)) => Ok(()),
-            Some(SenderEvent::Acked(ack)) => {
+        handled?;
+        if let Err(e) = polled {
+            return Err(self.failure(super::completion_error(&self.ep, e)));
+        }
+        match self.pop_event(tracker)? {
+            None => Ok(()),
+            Some(SenderEvent::Aborted(ack)) => {
                 Err(FileError::Fatal(ack_error(ack.status, ack.reason)))
             }
             Some(other) => Err(unexpected(&other)),
         }
     }
 
-    /// Waits for completions and handles them all; returns the state machine
-    /// event that matters for control flow (request/response keeps it to
-    /// one such event per batch besides credits).
+    /// A completion failed (the receiver went away, typically): if the
+    /// receiver told why just before, that is the better error.
+    fn failure(&mut self, err: XferError) -> FileError {
+        let said = self.events.iter().find_map(|e| match e {
+            SenderEvent::Aborted(ack) => Some(ack.clone()),
+            _ => None,
+        });
+        FileError::Fatal(match said {
+            Some(ack) => ack_error(ack.status, ack.reason),
+            None => err,
+        })
+    }
+
+    /// The next state machine event that needs the caller, waiting for
+    /// completions if none is queued. Verdicts on pending entries go to
+    /// `tracker` on the way (then None is returned); so do credits.
     fn next_event(
         &mut self,
         cfg: &SenderConfig,
         pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
         what: &str,
     ) -> Result<Option<SenderEvent>, FileError> {
-        let mut wcs = std::mem::take(&mut self.wcs);
-        wcs.clear();
-        super::wait_completions(&self.ep, &mut wcs, cfg.timeout, what)?;
-        let event = self.handle_completions(&wcs, pipe);
-        self.wcs = wcs;
-        event
+        if self.events.is_empty() {
+            let mut wcs = std::mem::take(&mut self.wcs);
+            wcs.clear();
+            let waited = super::wait_completions(&self.ep, &mut wcs, cfg.timeout, what);
+            // Completions polled before a failure still count.
+            let handled = self.handle_completions(&wcs, pipe);
+            self.wcs = wcs;
+            handled?;
+            if let Err(e) = waited {
+                return Err(self.failure(e));
+            }
+        }
+        self.pop_event(tracker)
     }
 
+    fn pop_event(&mut self, tracker: &mut Tracker<'_>) -> Result<Option<SenderEvent>, FileError> {
+        while let Some(event) = self.events.pop_front() {
+            match event {
+                SenderEvent::Answered { entry, verdict } => tracker.answer(entry, verdict)?,
+                other => return Ok(Some(other)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Applies completions: slots go back to the reader, messages through
+    /// the state machine (its events queue up in `events`, credits apart).
     fn handle_completions(
         &mut self,
         wcs: &[WorkCompletion],
         pipe: &mut Pipeline<'_>,
-    ) -> Result<Option<SenderEvent>, FileError> {
-        let mut event = None;
+    ) -> Result<(), FileError> {
         for wc in wcs {
             match (wr::kind(wc.wr_id), wc.opcode) {
                 (wr::WRITE, WcOpcode::RdmaWrite) => pipe.write_done(wr::index(wc.wr_id))?,
@@ -550,11 +798,10 @@ impl Connection {
                         XferError::Protocol(format!("malformed message from the receiver: {e}"))
                     })?;
                     self.control.repost(&self.ep, wr::index(wc.wr_id))?;
-                    let ev = self.session.on_message(msg).map_err(proto_err)?;
-                    // Credits are already applied by the state machine; keep
-                    // the event that changes control flow.
-                    if !matches!(ev, SenderEvent::Credit(_)) || event.is_none() {
-                        event = Some(ev);
+                    match self.session.on_message(msg).map_err(proto_err)? {
+                        // Already applied by the state machine.
+                        SenderEvent::Credit(_) => {}
+                        event => self.events.push_back(event),
                     }
                 }
                 (kind, opcode) => {
@@ -564,21 +811,23 @@ impl Connection {
                 }
             }
         }
-        Ok(event)
+        Ok(())
     }
 
     /// Ends the session politely: BYE, wait until it is delivered, disconnect.
-    fn close(&mut self, cfg: &SenderConfig, pipe: &mut Pipeline<'_>) -> Result<(), XferError> {
+    fn close(
+        &mut self,
+        cfg: &SenderConfig,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), XferError> {
         let bye = self
             .session
             .close()
             .map_err(|e| XferError::Protocol(e.to_string()))?;
         self.control.send(&self.ep, &bye)?;
         while self.control.busy() {
-            match self.next_event(cfg, pipe, "delivery of BYE") {
-                Ok(_) => {}
-                Err(FileError::Fatal(e) | FileError::Continue(e)) => return Err(e),
-            }
+            fatal(self.expect_nothing(cfg, pipe, tracker, "delivery of BYE"))?;
         }
         self.ep.cm_id().disconnect(Duration::from_secs(2));
         Ok(())

@@ -8,21 +8,31 @@ pub mod sender;
 pub mod wire;
 
 pub use auth::{AUTH_REQUIRED, NONCE_LEN, Token};
-pub use names::{MAX_NAME_BYTES, NameError, validate_name};
+pub use names::{
+    MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, PathError, validate_name, validate_path,
+};
 pub use receiver::{
     AuthFailure, ChunkPlacement, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
     RecvError,
 };
-pub use sender::{ChunkPlan, FileOffer, Greeting, SenderEvent, SenderSession, SenderState};
+pub use sender::{
+    ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderEvent, SenderSession,
+    SenderState, Verdict,
+};
 pub use wire::{
     Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Hello, MAX_MESSAGE, Message,
-    Reject, RejectCode, RingInfo, WireError, decode, encode, encode_to_vec,
+    Mtime, Reject, RejectCode, RingInfo, WireError, decode, encode, encode_to_vec, hello_flags,
 };
 
 use thiserror::Error;
 
-/// Session protocol version carried in HELLO.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Session protocol version carried in HELLO. Version 2 added HELLO flags
+/// (streams of unknown size, directories, mtimes), relative paths and
+/// KEEPALIVE; a receiver still takes version-1 HELLOs, and a sender offers a
+/// plain file as version 1 so that version-1 receivers still take it.
+pub const PROTOCOL_VERSION: u16 = 2;
+/// Oldest HELLO version a receiver accepts.
+pub const MIN_PROTOCOL_VERSION: u16 = 1;
 
 /// A violation of the session protocol (by the peer, or by the local caller for
 /// `WrongState`). Errors caused by a peer message end the session: the state
@@ -79,6 +89,24 @@ pub enum ProtocolError {
     DigestAlgMismatch { expected: DigestAlg, got: DigestAlg },
     #[error("finish with {planned} of {size} bytes planned")]
     Incomplete { planned: u64, size: u64 },
+    #[error(
+        "FIN of a stream claims {fin_bytes} bytes in {fin_chunks} chunks, but {got_bytes} bytes in {got_chunks} chunks arrived"
+    )]
+    StreamFinMismatch {
+        fin_bytes: u64,
+        fin_chunks: u64,
+        got_bytes: u64,
+        got_chunks: u64,
+    },
+    #[error("{op} does not fit the current offer ({kind})")]
+    OfferKind {
+        op: &'static str,
+        kind: &'static str,
+    },
+    #[error("{pending} entries still await the receiver's answer (at most {max})")]
+    TooManyPending { pending: usize, max: usize },
+    #[error("close with {pending} entries still awaiting the receiver's answer")]
+    Unanswered { pending: usize },
 }
 
 /// Ring sanity shared by both sides: non-empty and addressable without u64 overflow.
@@ -105,6 +133,8 @@ pub(crate) fn check_ring(ring: &RingInfo) -> Result<(), ProtocolError> {
 mod tests {
     //! Drives a SenderSession and a ReceiverSession against each other through the
     //! codec, with a simulated ring that the sender writes as early as possible.
+    //! Sessions mix files, streams and directories, and half of them pipeline
+    //! (offer the next entry before the previous one is answered).
 
     use std::collections::VecDeque;
 
@@ -126,8 +156,25 @@ mod tests {
         crc32fast::hash(b)
     }
 
+    #[derive(Debug, Clone)]
+    enum SimEntry {
+        File(Vec<u8>),
+        Stream(Vec<u8>),
+        Dir,
+    }
+
+    impl SimEntry {
+        fn data(&self) -> &[u8] {
+            match self {
+                SimEntry::File(d) | SimEntry::Stream(d) => d,
+                SimEntry::Dir => &[],
+            }
+        }
+    }
+
     struct Sim {
         rng: Rng,
+        pipeline: bool,
         s: SenderSession,
         r: ReceiverSession,
         ring: RingInfo,
@@ -136,33 +183,50 @@ mod tests {
         r2s: VecDeque<Wire>,
         /// Chunks landed at the receiver, not yet consumed: (placement, sender's plan).
         landed: VecDeque<(ChunkPlacement, ChunkPlan)>,
-        files: Vec<Vec<u8>>,
-        next_file: usize,
+        entries: Vec<SimEntry>,
+        next_entry: usize,
+        /// The entry the sender is sending data for.
+        sending: Option<usize>,
+        /// Entries offered, not yet seen by the receiver.
+        offered: VecDeque<usize>,
+        /// The entry the receiver is receiving.
+        receiving: Option<usize>,
+        /// Entries awaiting their verdict at the sender, in order.
+        awaiting: VecDeque<usize>,
         out: Vec<u8>,
-        delivered: Vec<Vec<u8>>,
+        delivered: Vec<usize>,
         rejected: usize,
+        dirs_done: usize,
         max_outstanding: u64,
+        max_pending: usize,
     }
 
     impl Sim {
-        fn sender_next_file(&mut self) {
-            if let Some(data) = self.files.get(self.next_file) {
-                let offer = FileOffer {
-                    name: format!("file-{}", self.next_file),
-                    size: data.len() as u64,
-                    mode: 0o640,
-                    digest: DigestAlg::Crc32,
-                };
-                let m = self.s.start_file(offer).unwrap();
-                send(&mut self.s2r, &m);
+        fn sender_start_next(&mut self) {
+            let i = self.next_entry;
+            let (kind, size) = match &self.entries[i] {
+                SimEntry::File(d) => (OfferKind::File, d.len() as u64),
+                SimEntry::Stream(_) => (OfferKind::Stream, 0),
+                SimEntry::Dir => (OfferKind::Directory, 0),
+            };
+            let offer = FileOffer {
+                name: format!("e/{i}"),
+                size,
+                mode: 0o640,
+                digest: DigestAlg::Crc32,
+                kind,
+                mtime: None,
+            };
+            let m = self.s.start_file(offer).unwrap();
+            send(&mut self.s2r, &m);
+            self.offered.push_back(i);
+            if kind == OfferKind::Directory {
+                self.awaiting.push_back(i);
             } else {
-                let m = self.s.close().unwrap();
-                send(&mut self.s2r, &m);
+                self.sending = Some(i);
             }
-        }
-
-        fn current(&self) -> &[u8] {
-            self.files.get(self.next_file).map_or(&[], |v| v)
+            self.next_entry += 1;
+            self.max_pending = self.max_pending.max(self.s.pending());
         }
 
         fn step(&mut self) -> bool {
@@ -187,11 +251,40 @@ mod tests {
         }
 
         fn sender_work(&mut self) {
-            if self.s.state() != SenderState::Sending {
-                return;
+            match self.s.state() {
+                SenderState::Idle => {
+                    let more = self.next_entry < self.entries.len();
+                    let may = if self.pipeline {
+                        self.s.can_start()
+                    } else {
+                        self.s.pending() == 0
+                    };
+                    if more && may {
+                        self.sender_start_next();
+                    } else if !more && self.s.pending() == 0 {
+                        let m = self.s.close().unwrap();
+                        send(&mut self.s2r, &m);
+                    }
+                }
+                SenderState::Sending => self.sender_data(),
+                _ => {}
             }
-            if let Some(p) = self.s.next_chunk() {
-                let data = self.current();
+        }
+
+        fn sender_data(&mut self) {
+            let i = self.sending.expect("sending an entry");
+            let entry = self.entries[i].clone();
+            let data = entry.data();
+            let done = self.s.bytes_planned() as usize;
+            let plan = match entry {
+                SimEntry::Stream(_) if done < data.len() => {
+                    let len = (data.len() - done).min(self.s.chunk_len() as usize) as u32;
+                    self.s.next_stream_chunk(len).unwrap()
+                }
+                SimEntry::File(_) => self.s.next_chunk(),
+                _ => None,
+            };
+            if let Some(p) = plan {
                 let start = p.file_offset as usize;
                 let chunk = data[start..start + p.len as usize].to_vec();
                 let off = (p.remote_addr - ADDR) as usize;
@@ -202,13 +295,22 @@ mod tests {
                 assert!(u64::from(p.len) <= u64::from(self.ring.slot_size));
                 self.mem[off..off + chunk.len()].copy_from_slice(&chunk);
                 self.s2r.push_back(Wire::Chunk(p, crc(&chunk)));
-            } else if self.s.all_chunks_planned() {
-                let m = self.s.finish(Digest::Crc32(crc(self.current()))).unwrap();
+            } else if done == data.len()
+                && (self.s.all_chunks_planned() || matches!(entry, SimEntry::Stream(_)))
+            {
+                let m = self.s.finish(Digest::Crc32(crc(data))).unwrap();
                 send(&mut self.s2r, &m);
+                self.awaiting.push_back(i);
+                self.sending = None;
+                self.max_pending = self.max_pending.max(self.s.pending());
             }
         }
 
         fn deliver_to_receiver(&mut self) {
+            // The engine verifies and answers a FIN before it reads on.
+            if self.r.state() == ReceiverState::Verifying {
+                return;
+            }
             let Some(w) = self.s2r.pop_front() else {
                 return;
             };
@@ -226,21 +328,32 @@ mod tests {
                 }
                 Wire::Msg(b) => match self.r.on_message(decode(&b).unwrap()).unwrap() {
                     ReceiverEvent::Offer(h) => {
-                        // The engine sometimes refuses; otherwise it accepts.
-                        let m = if self.rng.below(5) == 0 {
-                            self.r.reject(RejectCode::Exists, h.name).unwrap()
-                        } else {
-                            self.out.clear();
-                            self.r.accept(self.ring).unwrap()
+                        let i = self.offered.pop_front().expect("an offered entry");
+                        assert_eq!(h.name, format!("e/{i}"));
+                        let refuse = self.rng.below(5) == 0;
+                        let m = match (&self.entries[i], refuse) {
+                            (_, true) => self.r.reject(RejectCode::Exists, h.name).unwrap(),
+                            (SimEntry::Dir, false) => {
+                                assert!(h.is_directory());
+                                self.r.accept_directory().unwrap()
+                            }
+                            (e, false) => {
+                                assert_eq!(h.is_stream(), matches!(e, SimEntry::Stream(_)));
+                                self.out.clear();
+                                self.receiving = Some(i);
+                                self.r.accept(self.ring).unwrap()
+                            }
                         };
                         send(&mut self.r2s, &m);
                     }
                     ReceiverEvent::Fin(f) => {
-                        assert_eq!(f.bytes, self.current().len() as u64);
+                        let i = self.receiving.expect("receiving");
+                        assert_eq!(f.bytes, self.entries[i].data().len() as u64);
                     }
                     ReceiverEvent::Closed
                     | ReceiverEvent::Authenticated
-                    | ReceiverEvent::AuthIgnored => {}
+                    | ReceiverEvent::AuthIgnored
+                    | ReceiverEvent::Keepalive => {}
                 },
             }
         }
@@ -268,8 +381,13 @@ mod tests {
             if self.r.state() != ReceiverState::Verifying || !self.landed.is_empty() {
                 return;
             }
-            assert_eq!(self.out, self.current(), "placements must cover [0,size)");
-            self.delivered.push(self.out.clone());
+            let i = self.receiving.take().expect("receiving");
+            assert_eq!(
+                self.out,
+                self.entries[i].data(),
+                "placements must cover [0,size)"
+            );
+            self.delivered.push(i);
             let m = self.r.complete(AckStatus::Ok, String::new()).unwrap();
             send(&mut self.r2s, &m);
         }
@@ -284,20 +402,37 @@ mod tests {
                     if let Some(auth) = g.auth {
                         send(&mut self.s2r, &auth);
                     }
-                    self.sender_next_file();
                 }
-                SenderEvent::Ring(r) => assert_eq!(r, self.ring),
+                SenderEvent::Ring(r) => {
+                    assert_eq!(r, self.ring);
+                    assert!(self.awaiting.is_empty(), "MR before earlier verdicts");
+                }
                 SenderEvent::Credit(_) => {}
                 SenderEvent::Rejected(_) => {
+                    assert!(self.awaiting.is_empty(), "REJECT before earlier verdicts");
+                    self.sending.take().expect("a rejected offer");
                     self.rejected += 1;
-                    self.next_file += 1;
-                    self.sender_next_file();
                 }
-                SenderEvent::Acked(a) => {
-                    assert_eq!(a.status, AckStatus::Ok);
-                    self.next_file += 1;
-                    self.sender_next_file();
+                SenderEvent::Answered { entry, verdict } => {
+                    let i = self.awaiting.pop_front().expect("a pending entry");
+                    let dir = matches!(self.entries[i], SimEntry::Dir);
+                    assert_eq!(entry == Pending::Directory, dir, "verdict order");
+                    match verdict {
+                        Verdict::Ack(a) => {
+                            assert_eq!(a.status, AckStatus::Ok);
+                            if dir {
+                                self.dirs_done += 1;
+                            } else {
+                                assert!(self.delivered.contains(&i));
+                            }
+                        }
+                        Verdict::Reject(_) => {
+                            assert!(dir);
+                            self.rejected += 1;
+                        }
+                    }
                 }
+                SenderEvent::Aborted(a) => panic!("aborted: {a:?}"),
             }
         }
     }
@@ -305,24 +440,35 @@ mod tests {
     #[test]
     fn simulated_sessions_deliver_every_byte() {
         let mut rng = Rng(0x1234_5678_9abc_def1);
-        let mut total_files = 0;
+        let mut total_entries = 0;
         let mut total_rejected = 0;
-        for round in 0..300 {
+        let mut deepest = 0;
+        let mut streams = 0;
+        for round in 0..400 {
             let slot_size = 1 + rng.below(200) as u32;
             let slot_count = 1 + rng.below(8) as u32;
             let chunk_size = rng.below(250) as u32;
             let credit_batch = rng.below(10) as u32;
-            let nfiles = rng.below(4) as usize;
-            let files: Vec<Vec<u8>> = (0..nfiles)
+            let nentries = rng.below(if round % 4 == 0 { 20 } else { 5 }) as usize;
+            let entries: Vec<SimEntry> = (0..nentries)
                 .map(|_| {
                     let size = match rng.below(4) {
                         0 => rng.below(3),
                         1 => u64::from(slot_size) * (1 + rng.below(4)) + rng.below(3) - 1,
                         _ => rng.below(5000),
                     };
-                    (0..size).map(|_| rng.next() as u8).collect()
+                    let data: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+                    match rng.below(5) {
+                        0 | 1 => SimEntry::Dir,
+                        2 => SimEntry::Stream(data),
+                        _ => SimEntry::File(data),
+                    }
                 })
                 .collect();
+            streams += entries
+                .iter()
+                .filter(|e| matches!(e, SimEntry::Stream(_)))
+                .count();
             let ring = RingInfo {
                 addr: ADDR,
                 rkey: round,
@@ -354,6 +500,7 @@ mod tests {
             };
             let mut sim = Sim {
                 rng: Rng(rng.next() | 1),
+                pipeline: round % 2 == 0,
                 s,
                 r,
                 ring,
@@ -361,12 +508,18 @@ mod tests {
                 s2r: VecDeque::new(),
                 r2s: VecDeque::new(),
                 landed: VecDeque::new(),
-                files: files.clone(),
-                next_file: 0,
+                entries: entries.clone(),
+                next_entry: 0,
+                sending: None,
+                offered: VecDeque::new(),
+                receiving: None,
+                awaiting: VecDeque::new(),
                 out: Vec::new(),
                 delivered: Vec::new(),
                 rejected: 0,
+                dirs_done: 0,
                 max_outstanding: 0,
+                max_pending: 0,
             };
             let greeting = sim.r.challenge();
             send(&mut sim.r2s, &greeting);
@@ -375,11 +528,22 @@ mod tests {
                 steps += 1;
                 assert!(steps < 2_000_000, "round {round} stalled (deadlock?)");
             }
-            assert_eq!(sim.delivered.len() + sim.rejected, files.len());
+            assert_eq!(
+                sim.delivered.len() + sim.dirs_done + sim.rejected,
+                entries.len()
+            );
+            assert!(sim.awaiting.is_empty() && sim.offered.is_empty());
             assert!(sim.max_outstanding <= u64::from(slot_count));
-            total_files += files.len();
+            assert!(sim.max_pending <= MAX_PENDING);
+            if !sim.pipeline {
+                assert!(sim.max_pending <= 1);
+            }
+            deepest = deepest.max(sim.max_pending);
+            total_entries += entries.len();
             total_rejected += sim.rejected;
         }
-        assert!(total_files > 300 && total_rejected > 20 && total_rejected < total_files / 2);
+        assert!(total_entries > 1000 && total_rejected > 50 && total_rejected < total_entries / 2);
+        assert!(deepest >= 4, "pipelining barely exercised: depth {deepest}");
+        assert!(streams > 100);
     }
 }

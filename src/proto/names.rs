@@ -1,10 +1,15 @@
 //! Validation of received file names: the receiver creates the file inside its
 //! target directory, so a name must never be able to address anything else.
+//! A relative path (for trees) is a sequence of such names joined by `/`.
 
 use thiserror::Error;
 
 /// Common filesystem limit (NAME_MAX) for one path component, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;
+/// Longest relative path accepted (PATH_MAX minus the terminating NUL).
+pub const MAX_PATH_BYTES: usize = 4095;
+/// Deepest relative path accepted, in components.
+pub const MAX_PATH_DEPTH: usize = 256;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum NameError {
@@ -20,6 +25,51 @@ pub enum NameError {
     Control { code: u32 },
     #[error("file name is {len} bytes long; the limit is {max} bytes", max = MAX_NAME_BYTES)]
     TooLong { len: usize },
+}
+
+/// Why a relative path was refused.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PathError {
+    #[error("path is {len} bytes long; the limit is {max} bytes", max = MAX_PATH_BYTES)]
+    TooLong { len: usize },
+    #[error("path has more than {max} components", max = MAX_PATH_DEPTH)]
+    TooDeep,
+    #[error("path must be relative (it starts with \"/\")")]
+    Absolute,
+    /// Component `index` (0-based) is not a valid name; `a//b` and a
+    /// trailing `/` show up as an empty component.
+    #[error("path component {} {component:?}: {error}", .index + 1)]
+    Component {
+        index: usize,
+        component: String,
+        error: NameError,
+    },
+}
+
+/// Accepts a relative path of plain names joined by `/`: no empty, `.` or
+/// `..` component, no leading or trailing `/`, no backslash, NUL or control
+/// characters, each component at most 255 bytes, the whole at most 4095.
+/// Such a path can only address something below the directory it is
+/// resolved in (given that no component there is a symbolic link, which the
+/// receiver checks as it opens each one).
+pub fn validate_path(path: &str) -> Result<(), PathError> {
+    if path.len() > MAX_PATH_BYTES {
+        return Err(PathError::TooLong { len: path.len() });
+    }
+    if path.starts_with('/') {
+        return Err(PathError::Absolute);
+    }
+    for (index, component) in path.split('/').enumerate() {
+        if index >= MAX_PATH_DEPTH {
+            return Err(PathError::TooDeep);
+        }
+        validate_name(component).map_err(|error| PathError::Component {
+            index,
+            component: component.chars().take(64).collect(),
+            error,
+        })?;
+    }
+    Ok(())
 }
 
 /// Accepts only a plain single file name (no directories, no control characters).
@@ -135,7 +185,122 @@ mod tests {
     }
 
     #[test]
+    fn paths_of_plain_names_are_accepted() {
+        for ok in [
+            "a",
+            "a/b",
+            "dir/sub dir/file with spaces.txt",
+            "ünïcødé/文件/🚀",
+            ".hidden/.x/...",
+            "..x/x..",
+            "-rf/a:b/*?",
+        ] {
+            assert_eq!(validate_path(ok), Ok(()), "{ok:?}");
+        }
+        let deep = vec!["d"; MAX_PATH_DEPTH].join("/");
+        assert_eq!(validate_path(&deep), Ok(()));
+        let long = vec!["a".repeat(255); 16].join("/");
+        assert_eq!(long.len(), MAX_PATH_BYTES);
+        assert_eq!(validate_path(&long), Ok(()));
+    }
+
+    #[test]
+    fn hostile_paths_are_refused() {
+        let comp = |index, component: &str, error| {
+            Err(PathError::Component {
+                index,
+                component: component.into(),
+                error,
+            })
+        };
+        assert_eq!(validate_path("/etc/passwd"), Err(PathError::Absolute));
+        assert_eq!(validate_path("/"), Err(PathError::Absolute));
+        assert_eq!(validate_path("//x"), Err(PathError::Absolute));
+        assert_eq!(validate_path(""), comp(0, "", NameError::Empty));
+        assert_eq!(validate_path(".."), comp(0, "..", NameError::DotName));
+        assert_eq!(validate_path("../x"), comp(0, "..", NameError::DotName));
+        assert_eq!(
+            validate_path("a/../../x"),
+            comp(1, "..", NameError::DotName)
+        );
+        assert_eq!(validate_path("a/.."), comp(1, "..", NameError::DotName));
+        assert_eq!(validate_path("./a"), comp(0, ".", NameError::DotName));
+        assert_eq!(validate_path("a/./b"), comp(1, ".", NameError::DotName));
+        assert_eq!(validate_path("a//b"), comp(1, "", NameError::Empty));
+        assert_eq!(validate_path("a/"), comp(1, "", NameError::Empty));
+        assert_eq!(
+            validate_path("a\\..\\b"),
+            comp(0, "a\\..\\b", NameError::PathSeparator)
+        );
+        assert_eq!(
+            validate_path("a/..\\x"),
+            comp(1, "..\\x", NameError::PathSeparator)
+        );
+        assert_eq!(validate_path("a/b\0c"), comp(1, "b\0c", NameError::Nul));
+        assert_eq!(
+            validate_path("ok/new\nline"),
+            comp(1, "new\nline", NameError::Control { code: 10 })
+        );
+        assert_eq!(
+            validate_path(&format!("a/{}", "x".repeat(256))),
+            comp(1, &"x".repeat(64), NameError::TooLong { len: 256 })
+        );
+        let deep = vec!["d"; MAX_PATH_DEPTH + 1].join("/");
+        assert_eq!(validate_path(&deep), Err(PathError::TooDeep));
+        let long = "a/".repeat(MAX_PATH_BYTES / 2 + 1);
+        assert_eq!(
+            validate_path(&long),
+            Err(PathError::TooLong { len: long.len() })
+        );
+    }
+
+    #[test]
+    fn every_valid_name_is_a_valid_path_and_no_path_escapes() {
+        use crate::proto::wire::tests::Rng;
+        // Paths built from a small alphabet that includes every separator
+        // and dot: whatever validate_path accepts stays below its base.
+        let alphabet = ['a', '.', '/', '\\', '\0', '\n', ' ', 'é'];
+        let mut rng = Rng(0xfeed_f00d_1234_5679);
+        let mut accepted = 0;
+        for _ in 0..50_000 {
+            let len = rng.below(12) as usize;
+            let p: String = (0..len)
+                .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
+                .collect();
+            let single = validate_name(&p).is_ok();
+            match validate_path(&p) {
+                Ok(()) => {
+                    accepted += 1;
+                    let mut depth = 0i32;
+                    for c in p.split('/') {
+                        assert!(!c.is_empty() && c != "." && c != "..", "{p:?}");
+                        assert!(!c.contains(['\\', '\0', '\n']), "{p:?}");
+                        depth += 1;
+                    }
+                    assert!(depth >= 1);
+                    assert!(!p.starts_with('/') && !p.ends_with('/'));
+                }
+                Err(_) => assert!(!single, "{p:?} is a valid name but not a valid path"),
+            }
+        }
+        assert!(accepted > 1000, "{accepted}");
+    }
+
+    #[test]
     fn messages_are_readable() {
+        assert_eq!(
+            PathError::Component {
+                index: 1,
+                component: "..".into(),
+                error: NameError::DotName
+            }
+            .to_string(),
+            "path component 2 \"..\": file name may not be \".\" or \"..\""
+        );
+        assert_eq!(
+            PathError::Absolute.to_string(),
+            "path must be relative (it starts with \"/\")"
+        );
         assert_eq!(
             NameError::PathSeparator.to_string(),
             "file name contains a path separator"

@@ -7,18 +7,20 @@
 use thiserror::Error;
 
 use super::auth::{AUTH_REQUIRED, NONCE_LEN, Token};
-use super::names::validate_name;
+use super::names::{validate_name, validate_path};
 use super::wire::{
     Ack, AckStatus, Challenge, DigestAlg, Fin, Hello, Message, Reject, RejectCode, RingInfo,
+    hello_flags,
 };
-use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
+use super::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtocolError, check_ring};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReceiverState {
     /// CHALLENGE (auth required) sent; only AUTH or BYE may come.
     AwaitAuth,
     AwaitHello,
-    /// HELLO passed the pure checks; the engine must `accept` or `reject`.
+    /// HELLO passed the pure checks; the engine must `accept` (a file or
+    /// stream), `accept_directory` (a directory) or `reject`.
     AwaitDecision,
     Receiving,
     /// FIN arrived; the engine verifies and calls `complete`.
@@ -46,7 +48,8 @@ pub struct ReceiverConfig {
     /// Return credits once this many slots are free (clamped to 1..=slot_count,
     /// since a larger batch would starve the sender forever).
     pub credit_batch: u32,
-    /// Largest accepted file; `u64::MAX` = no limit.
+    /// Largest accepted file or stream; `u64::MAX` = no limit. A stream is
+    /// checked as its chunks arrive.
     pub max_size: u64,
 }
 
@@ -75,6 +78,8 @@ pub enum ReceiverEvent {
     Authenticated,
     /// An AUTH although none was asked for (no token configured): ignored.
     AuthIgnored,
+    /// KEEPALIVE: the sender waits for its input; progress for the timeout.
+    Keepalive,
 }
 
 /// Why a sender was not authenticated.
@@ -123,6 +128,10 @@ pub enum RecvError {
     /// be written or exposed.
     #[error("{0}")]
     Auth(AuthFailure),
+    /// A stream grew past `max_size` (state is now Closed): abort the file
+    /// with `Ack::new(AckStatus::Rejected, err)`.
+    #[error("the stream is larger than the receiver accepts: more than {limit} bytes (--max-size)")]
+    TooLarge { limit: u64 },
 }
 
 /// The receiver's secret and this session's nonce.
@@ -137,7 +146,14 @@ pub struct ReceiverSession {
     cfg: ReceiverConfig,
     auth: Option<AuthKey>,
     state: ReceiverState,
+    /// Announced size (0 for streams and directories).
     size: u64,
+    /// The current offer is a stream (size unknown until FIN).
+    stream: bool,
+    /// The current offer is a directory (no ring, no data).
+    directory: bool,
+    /// A stream's short chunk arrived: it must have been the last one.
+    short_seen: bool,
     digest: DigestAlg,
     ring: RingInfo,
     bytes: u64,
@@ -158,6 +174,9 @@ impl ReceiverSession {
             auth: None,
             state: ReceiverState::AwaitHello,
             size: 0,
+            stream: false,
+            directory: false,
+            short_seen: false,
             digest: DigestAlg::Crc32,
             ring: RingInfo::default(),
             bytes: 0,
@@ -215,6 +234,7 @@ impl ReceiverSession {
     }
 
     fn reset_file(&mut self) {
+        self.short_seen = false;
         self.bytes = 0;
         self.chunks = 0;
         self.chunk_len = 0;
@@ -226,7 +246,9 @@ impl ReceiverSession {
     /// `RecvError::Auth` closes the session.
     pub fn on_message(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
         let result = self.dispatch(msg);
-        if let Err(RecvError::Protocol(_) | RecvError::Auth(_)) = result {
+        if let Err(RecvError::Protocol(_) | RecvError::Auth(_) | RecvError::TooLarge { .. }) =
+            result
+        {
             self.state = ReceiverState::Closed;
         }
         result
@@ -261,6 +283,8 @@ impl ReceiverSession {
             (AwaitHello, Message::Hello(h)) => {
                 check_hello(&h, self.cfg.max_size).map_err(RecvError::Reject)?;
                 self.size = h.size;
+                self.stream = h.is_stream();
+                self.directory = h.is_directory();
                 self.digest = h.digest;
                 self.reset_file();
                 self.state = AwaitDecision;
@@ -278,7 +302,21 @@ impl ReceiverSession {
                     }
                     .into());
                 }
-                if f.bytes != self.bytes || f.chunks != self.chunks || self.bytes != self.size {
+                if self.stream {
+                    // The FIN is where a stream's size is announced.
+                    if f.bytes != self.bytes || f.chunks != self.chunks {
+                        return Err(ProtocolError::StreamFinMismatch {
+                            fin_bytes: f.bytes,
+                            fin_chunks: f.chunks,
+                            got_bytes: self.bytes,
+                            got_chunks: self.chunks,
+                        }
+                        .into());
+                    }
+                } else if f.bytes != self.bytes
+                    || f.chunks != self.chunks
+                    || self.bytes != self.size
+                {
                     return Err(ProtocolError::FinMismatch {
                         fin_bytes: f.bytes,
                         fin_chunks: f.chunks,
@@ -291,6 +329,7 @@ impl ReceiverSession {
                 self.state = Verifying;
                 Ok(ReceiverEvent::Fin(f))
             }
+            (Receiving, Message::Keepalive) => Ok(ReceiverEvent::Keepalive),
             // The sender aborting (e.g. a local read error) ends the session.
             (_, Message::Reject(r)) => Err(ProtocolError::PeerRejected {
                 code: r.code,
@@ -308,10 +347,26 @@ impl ReceiverSession {
         }
     }
 
+    /// Whether the offer awaiting a decision (or being received) is a
+    /// directory / a stream.
+    pub fn offer_is_directory(&self) -> bool {
+        self.directory
+    }
+
+    pub fn offer_is_stream(&self) -> bool {
+        self.stream
+    }
+
     /// AwaitDecision -> Receiving; returns the MR. `ring` must match the config's shape.
     pub fn accept(&mut self, ring: RingInfo) -> Result<Message, ProtocolError> {
         if self.state != ReceiverState::AwaitDecision {
             return Err(self.wrong_state("accept"));
+        }
+        if self.directory {
+            return Err(ProtocolError::OfferKind {
+                op: "accept",
+                kind: "a directory",
+            });
         }
         check_ring(&ring)?;
         if ring.slot_size != self.cfg.slot_size || ring.slot_count != self.cfg.slot_count {
@@ -323,6 +378,22 @@ impl ReceiverSession {
         self.reset_file();
         self.state = ReceiverState::Receiving;
         Ok(Message::Mr(ring))
+    }
+
+    /// A directory offer was carried out (the directory exists now):
+    /// AwaitDecision -> AwaitHello; returns the ACK(ok).
+    pub fn accept_directory(&mut self) -> Result<Message, ProtocolError> {
+        if self.state != ReceiverState::AwaitDecision {
+            return Err(self.wrong_state("accept_directory"));
+        }
+        if !self.directory {
+            return Err(ProtocolError::OfferKind {
+                op: "accept_directory",
+                kind: "not a directory",
+            });
+        }
+        self.state = ReceiverState::AwaitHello;
+        Ok(Message::Ack(Ack::new(AckStatus::Ok, String::new())))
     }
 
     /// AwaitDecision -> AwaitHello; returns the REJECT.
@@ -341,40 +412,61 @@ impl ReceiverSession {
         if result.is_err() {
             self.state = ReceiverState::Closed;
         }
-        result.map_err(RecvError::Protocol)
+        result
     }
 
-    fn place_chunk(&mut self, len: u32, imm: u32) -> Result<ChunkPlacement, ProtocolError> {
+    fn place_chunk(&mut self, len: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
         if self.state != ReceiverState::Receiving {
-            return Err(self.unexpected("WRITE_WITH_IMM"));
+            return Err(self.unexpected("WRITE_WITH_IMM").into());
         }
         let seq = self.chunks;
         let bad = |reason| ProtocolError::BadChunk { seq, len, reason };
         if len == 0 {
-            return Err(bad("empty chunk"));
+            return Err(bad("empty chunk").into());
         }
         if len > self.ring.slot_size {
-            return Err(bad("larger than a ring slot"));
+            return Err(bad("larger than a ring slot").into());
         }
         let in_flight = u64::from(self.unconsumed) + u64::from(self.pending);
         if in_flight >= u64::from(self.ring.slot_count) {
             return Err(ProtocolError::CreditOverrun {
                 slot_count: self.ring.slot_count,
-            });
+            }
+            .into());
         }
-        let end = self
-            .bytes
-            .checked_add(u64::from(len))
-            .filter(|&e| e <= self.size)
-            .ok_or(bad("past the announced file size"))?;
+        let end = if self.stream {
+            if self.short_seen {
+                return Err(bad("a stream's chunk after its short (last) chunk").into());
+            }
+            let end = self
+                .bytes
+                .checked_add(u64::from(len))
+                .ok_or(bad("stream longer than 2^64 bytes"))?;
+            if end > self.cfg.max_size {
+                return Err(RecvError::TooLarge {
+                    limit: self.cfg.max_size,
+                });
+            }
+            end
+        } else {
+            self.bytes
+                .checked_add(u64::from(len))
+                .filter(|&e| e <= self.size)
+                .ok_or(bad("past the announced file size"))?
+        };
         if self.chunk_len == 0 {
             self.chunk_len = len;
         } else if len > self.chunk_len {
-            return Err(bad("longer than the first chunk"));
+            return Err(bad("longer than the first chunk").into());
         }
-        // Only the chunk that completes the file may be short.
-        if len < self.chunk_len && end != self.size {
-            return Err(bad("short chunk before the end of the file"));
+        if len < self.chunk_len {
+            // Only the chunk that completes the file may be short; for a
+            // stream, no chunk may follow it.
+            if self.stream {
+                self.short_seen = true;
+            } else if end != self.size {
+                return Err(bad("short chunk before the end of the file").into());
+            }
         }
         let slot = u32::try_from(seq % u64::from(self.ring.slot_count))
             .map_err(|_| bad("slot out of range"))?;
@@ -437,18 +529,54 @@ impl ReceiverSession {
     }
 }
 
+/// The checks that need no file system: version, flags, name or path, size.
 fn check_hello(h: &Hello, max_size: u64) -> Result<(), Reject> {
-    if h.version != PROTOCOL_VERSION {
+    if h.version < MIN_PROTOCOL_VERSION || h.version > PROTOCOL_VERSION {
         return Err(Reject::new(
             RejectCode::Version,
             format!(
-                "protocol version {} is not supported (receiver speaks {PROTOCOL_VERSION})",
+                "protocol version {} is not supported (receiver speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})",
                 h.version
             ),
         ));
     }
-    if let Err(e) = validate_name(&h.name) {
-        return Err(Reject::new(RejectCode::BadName, e.to_string()));
+    if h.version == 1 {
+        // Version 1: one plain file, nothing else.
+        if h.caps != 0 {
+            return Err(Reject::new(
+                RejectCode::Version,
+                format!("a version-1 HELLO carries no flags, got 0x{:x}", h.caps),
+            ));
+        }
+        if let Err(e) = validate_name(&h.name) {
+            return Err(Reject::new(RejectCode::BadName, e.to_string()));
+        }
+    } else {
+        let unknown = h.caps & !hello_flags::KNOWN;
+        if unknown != 0 {
+            return Err(Reject::new(
+                RejectCode::Version,
+                format!("HELLO flags 0x{unknown:x} are not supported by this receiver"),
+            ));
+        }
+        if h.is_stream() && h.is_directory() {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                "an entry cannot be both a stream and a directory",
+            ));
+        }
+        if (h.is_stream() || h.is_directory()) && h.size != 0 {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                format!(
+                    "a stream or directory announces size 0, not {} (a stream's FIN carries its size)",
+                    h.size
+                ),
+            ));
+        }
+        if let Err(e) = validate_path(&h.name) {
+            return Err(Reject::new(RejectCode::BadName, e.to_string()));
+        }
     }
     if h.size > max_size {
         return Err(Reject::new(
@@ -495,6 +623,15 @@ mod tests {
             size,
             mode: 0o644,
             digest: DigestAlg::Crc32,
+            mtime: None,
+        }
+    }
+
+    fn hello_v2(name: &str, caps: u32, size: u64) -> Hello {
+        Hello {
+            version: 2,
+            caps,
+            ..hello(name, size)
         }
     }
 
@@ -599,6 +736,7 @@ mod tests {
             Message::Auth {
                 mac: token().mac(&NONCE)[..16].to_vec(),
             },
+            Message::Keepalive,
         ]
     }
 
@@ -746,6 +884,7 @@ mod tests {
                     // Ignored when no token is configured.
                     (AwaitHello, Message::Auth { .. }) if !auth => Some(AwaitHello),
                     (Receiving, Message::Fin(_)) => Some(Verifying),
+                    (Receiving, Message::Keepalive) => Some(Receiving),
                     _ => None,
                 };
                 match legal {
@@ -835,7 +974,7 @@ mod tests {
         c.max_size = 1000;
         let mut r = ReceiverSession::new(c);
         let mut h = hello("ok", 1);
-        h.version = 2;
+        h.version = 3;
         let Err(RecvError::Reject(j)) = r.on_message(Message::Hello(h)) else {
             panic!("version not rejected");
         };
@@ -1106,6 +1245,303 @@ mod tests {
         assert_eq!(r.state(), ReceiverState::AwaitHello);
         assert_eq!(r.on_message(Message::Bye), Ok(ReceiverEvent::Closed));
         assert_eq!(r.state(), ReceiverState::Closed);
+    }
+
+    #[test]
+    fn hello_versions_flags_and_paths() {
+        use hello_flags::{DIRECTORY, MTIME, STREAM};
+        let mut c = cfg(100, 4, 1);
+        c.max_size = 1000;
+        let code = |h: Hello| {
+            let mut r = ReceiverSession::new(c);
+            let res = r.on_message(Message::Hello(h));
+            match res {
+                Ok(ReceiverEvent::Offer(_)) => {
+                    assert_eq!(r.state(), ReceiverState::AwaitDecision);
+                    None
+                }
+                Err(RecvError::Reject(j)) => {
+                    // A refused offer leaves the session waiting for the next.
+                    assert_eq!(r.state(), ReceiverState::AwaitHello);
+                    Some(j.code)
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        let v = |version, caps, name: &str, size| Hello {
+            version,
+            ..hello_v2(name, caps, size)
+        };
+        let t = Some(crate::proto::Mtime { secs: 1, nanos: 2 });
+        for (h, want) in [
+            // Version 1: a plain name, no flags.
+            (v(1, 0, "f", 1), None),
+            (v(1, 0, "a/b", 1), Some(RejectCode::BadName)),
+            (v(1, STREAM, "f", 0), Some(RejectCode::Version)),
+            (v(1, DIRECTORY, "f", 0), Some(RejectCode::Version)),
+            (
+                Hello {
+                    mtime: t,
+                    ..v(1, MTIME, "f", 1)
+                },
+                Some(RejectCode::Version),
+            ),
+            // Version 2: flags and relative paths.
+            (v(2, 0, "f", 1000), None),
+            (v(2, 0, "a/b/c", 1), None),
+            (v(2, STREAM, "stdin", 0), None),
+            (v(2, DIRECTORY, "top/sub", 0), None),
+            (
+                Hello {
+                    mtime: t,
+                    ..v(2, DIRECTORY | MTIME, "top", 0)
+                },
+                None,
+            ),
+            (v(2, 0, "f", 1001), Some(RejectCode::TooLarge)),
+            (v(2, 1 << 3, "f", 1), Some(RejectCode::Version)),
+            (v(2, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
+            (v(2, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
+            (v(2, STREAM, "f", 5), Some(RejectCode::Protocol)),
+            (v(2, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
+            // Other versions.
+            (v(0, 0, "f", 1), Some(RejectCode::Version)),
+            (v(3, 0, "f", 1), Some(RejectCode::Version)),
+            (v(u16::MAX, 0, "f", 1), Some(RejectCode::Version)),
+        ] {
+            assert_eq!(code(h.clone()), want, "{h:?}");
+        }
+        // A stream is not held to --max-size up front (its size is unknown).
+        assert_eq!(code(v(2, STREAM, "s", 0)), None);
+    }
+
+    #[test]
+    fn hostile_paths_are_refused_for_every_kind() {
+        use hello_flags::{DIRECTORY, STREAM};
+        for name in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/../../x",
+            "a/..",
+            "/etc/passwd",
+            "/",
+            "a//b",
+            "a/",
+            "./a",
+            "a/./b",
+            "a\\b",
+            "..\\x",
+            "a/b\0c",
+            "a/new\nline",
+            "esc\u{1b}[31m/x",
+        ] {
+            for caps in [0, STREAM, DIRECTORY] {
+                let mut r = ReceiverSession::new(cfg(100, 4, 1));
+                let Err(RecvError::Reject(j)) =
+                    r.on_message(Message::Hello(hello_v2(name, caps, 0)))
+                else {
+                    panic!("{name:?} (flags {caps}) not rejected");
+                };
+                assert_eq!(j.code, RejectCode::BadName, "{name:?}");
+                assert_eq!(r.state(), ReceiverState::AwaitHello);
+            }
+        }
+        let long = format!("{}/x", "d/".repeat(2048));
+        let mut r = ReceiverSession::new(cfg(100, 4, 1));
+        assert!(matches!(
+            r.on_message(Message::Hello(hello_v2(&long, 0, 1))),
+            Err(RecvError::Reject(Reject {
+                code: RejectCode::BadName,
+                ..
+            }))
+        ));
+    }
+
+    #[test]
+    fn directories_are_answered_without_a_ring() {
+        let c = cfg(100, 4, 1);
+        let mut r = ReceiverSession::new(c);
+        let dir = hello_v2("top/sub", hello_flags::DIRECTORY, 0);
+        assert_eq!(
+            r.on_message(Message::Hello(dir.clone())),
+            Ok(ReceiverEvent::Offer(dir))
+        );
+        assert!(r.offer_is_directory() && !r.offer_is_stream());
+        // No ring for a directory, and no data.
+        assert_eq!(
+            r.clone().accept(ring(&c)),
+            Err(ProtocolError::OfferKind {
+                op: "accept",
+                kind: "a directory"
+            })
+        );
+        assert!(r.clone().on_chunk(1, 0).is_err());
+        // Refused (exists as a file, say) or created: back to AwaitHello.
+        let mut refused = r.clone();
+        assert_eq!(
+            refused.reject(RejectCode::Exists, "a file".into()),
+            Ok(Message::Reject(Reject::new(RejectCode::Exists, "a file")))
+        );
+        assert_eq!(refused.state(), ReceiverState::AwaitHello);
+        assert_eq!(
+            r.accept_directory(),
+            Ok(Message::Ack(Ack::new(AckStatus::Ok, "")))
+        );
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        assert_eq!(
+            r.accept_directory(),
+            Err(ProtocolError::WrongState {
+                op: "accept_directory",
+                state: "AWAIT_HELLO"
+            })
+        );
+        // A file offer cannot be answered as a directory; the next file
+        // of the session gets its ring.
+        r.on_message(Message::Hello(hello_v2("top/sub/f", 0, 5)))
+            .unwrap();
+        assert!(!r.offer_is_directory());
+        assert_eq!(
+            r.clone().accept_directory(),
+            Err(ProtocolError::OfferKind {
+                op: "accept_directory",
+                kind: "not a directory"
+            })
+        );
+        assert!(r.accept(ring(&c)).is_ok());
+        // A failed directory (complete with an error) aborts like a file.
+        let mut r = ReceiverSession::new(c);
+        r.on_message(Message::Hello(hello_v2("d", hello_flags::DIRECTORY, 0)))
+            .unwrap();
+        assert!(r.complete(AckStatus::Io, "x".into()).is_ok());
+        assert_eq!(r.state(), ReceiverState::Closed);
+    }
+
+    fn receiving_stream(c: ReceiverConfig) -> ReceiverSession {
+        let mut r = ReceiverSession::new(c);
+        r.on_message(Message::Hello(hello_v2("s", hello_flags::STREAM, 0)))
+            .unwrap();
+        assert!(r.offer_is_stream());
+        r.accept(ring(&c)).unwrap();
+        r
+    }
+
+    #[test]
+    fn streams_take_chunks_until_fin_announces_the_size() {
+        let c = cfg(100, 3, 1);
+        let mut r = receiving_stream(c);
+        for i in 0..7u64 {
+            let p = r.on_chunk(100, i as u32).unwrap();
+            assert_eq!((p.seq, p.slot, p.file_offset), (i, (i % 3) as u32, i * 100));
+            r.chunk_done();
+        }
+        assert_eq!(
+            r.on_message(Message::Keepalive),
+            Ok(ReceiverEvent::Keepalive)
+        );
+        let p = r.on_chunk(42, 0).unwrap();
+        assert_eq!((p.file_offset, p.len), (700, 42));
+        r.chunk_done();
+        // Nothing may follow the short chunk.
+        let mut after = r.clone();
+        assert_eq!(
+            after.on_chunk(42, 0),
+            Err(RecvError::Protocol(ProtocolError::BadChunk {
+                seq: 8,
+                len: 42,
+                reason: "a stream's chunk after its short (last) chunk"
+            }))
+        );
+        assert_eq!(after.state(), ReceiverState::Closed);
+        // The FIN must agree with what arrived.
+        for bad in [fin(741, 8), fin(742, 9), fin(0, 0)] {
+            assert_eq!(
+                r.clone().on_message(Message::Fin(bad.clone())),
+                Err(RecvError::Protocol(ProtocolError::StreamFinMismatch {
+                    fin_bytes: bad.bytes,
+                    fin_chunks: bad.chunks,
+                    got_bytes: 742,
+                    got_chunks: 8
+                }))
+            );
+        }
+        assert_eq!(
+            r.on_message(Message::Fin(fin(742, 8))),
+            Ok(ReceiverEvent::Fin(fin(742, 8)))
+        );
+        assert_eq!(r.state(), ReceiverState::Verifying);
+        assert!(r.complete(AckStatus::Ok, String::new()).is_ok());
+    }
+
+    #[test]
+    fn empty_streams_and_chunk_rules() {
+        let c = cfg(100, 4, 1);
+        let mut r = receiving_stream(c);
+        assert_eq!(
+            r.on_message(Message::Fin(fin(0, 0))),
+            Ok(ReceiverEvent::Fin(fin(0, 0)))
+        );
+        let err = |r: &mut ReceiverSession, len| match r.on_chunk(len, 0) {
+            Err(RecvError::Protocol(ProtocolError::BadChunk { reason, .. })) => reason,
+            other => panic!("expected BadChunk, got {other:?}"),
+        };
+        assert_eq!(err(&mut receiving_stream(c), 0), "empty chunk");
+        assert_eq!(
+            err(&mut receiving_stream(c), 101),
+            "larger than a ring slot"
+        );
+        let mut r = receiving_stream(c);
+        r.on_chunk(64, 0).unwrap();
+        assert_eq!(err(&mut r.clone(), 65), "longer than the first chunk");
+        // A stream of one short chunk.
+        let mut r = receiving_stream(c);
+        r.on_chunk(5, 0).unwrap();
+        assert!(r.on_message(Message::Fin(fin(5, 1))).is_ok());
+        // Credit overruns count for streams too.
+        let mut r = receiving_stream(c);
+        for _ in 0..4 {
+            r.on_chunk(100, 0).unwrap();
+        }
+        assert_eq!(
+            r.on_chunk(100, 0),
+            Err(RecvError::Protocol(ProtocolError::CreditOverrun {
+                slot_count: 4
+            }))
+        );
+    }
+
+    #[test]
+    fn a_stream_over_max_size_is_stopped_as_it_arrives() {
+        let mut c = cfg(100, 4, 1);
+        c.max_size = 250;
+        let mut r = receiving_stream(c);
+        r.on_chunk(100, 0).unwrap();
+        r.chunk_done();
+        r.on_chunk(100, 0).unwrap();
+        r.chunk_done();
+        // 300 > 250: stopped, whatever the chunk's length.
+        let mut over = r.clone();
+        assert_eq!(
+            over.on_chunk(100, 0),
+            Err(RecvError::TooLarge { limit: 250 })
+        );
+        assert_eq!(over.state(), ReceiverState::Closed);
+        assert_eq!(
+            RecvError::TooLarge { limit: 250 }.to_string(),
+            "the stream is larger than the receiver accepts: more than 250 bytes (--max-size)"
+        );
+        // Exactly the limit is fine.
+        assert!(r.on_chunk(50, 0).is_ok());
+        assert!(r.on_message(Message::Fin(fin(250, 3))).is_ok());
+        // The abort the engine then sends is legal from Receiving only.
+        let mut r = receiving_stream(c);
+        r.on_chunk(100, 0).unwrap();
+        let _ = r.on_chunk(100, 0);
+        r.chunk_done();
+        r.chunk_done();
+        assert!(r.on_chunk(100, 0).is_err());
+        assert!(r.complete(AckStatus::Rejected, "too large".into()).is_err());
     }
 
     #[test]

@@ -1,26 +1,42 @@
 //! Sender side of a session: the receiver's greeting (CHALLENGE, answered
 //! with AUTH when it requires authentication, or a REJECT that refuses the
-//! session), then several files in order, each
-//! HELLO -> (MR | REJECT) -> chunks under credit -> FIN -> ACK, then BYE.
+//! session), then entries in order, then BYE. An entry is
+//! - a file: HELLO -> (MR | REJECT) -> chunks under credit -> FIN -> ACK;
+//! - a stream (size unknown): the same, the FIN carrying the final size;
+//! - a directory: HELLO -> (ACK | REJECT), no data.
+//!
+//! Pipelining: the receiver handles messages strictly in order, so the
+//! sender need not wait for a finished file's ACK (or a directory's answer)
+//! before it offers the next entry. Up to `MAX_PENDING` entries may await
+//! their verdict; the verdicts arrive in order, each before the reply to any
+//! later HELLO. Hence an MR only comes once every earlier entry is
+//! answered, and at most one finished file is pending (at the front).
+
+use std::collections::VecDeque;
 
 use super::auth::Token;
 use super::wire::{
-    Ack, AckStatus, CAP_NONE, Digest, DigestAlg, Fin, Hello, Message, Reject, RejectCode, RingInfo,
+    Ack, AckStatus, Digest, DigestAlg, Fin, Hello, Message, Mtime, Reject, RejectCode, RingInfo,
+    hello_flags,
 };
 use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
+
+/// Most entries that may await the receiver's verdict at once. The
+/// receiver keeps more control receives posted than this (plus the HELLO
+/// and BYE that may follow), so a pipelined sender never runs it dry.
+pub const MAX_PENDING: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SenderState {
     /// Connected, waiting for the receiver's CHALLENGE (or a REJECT).
     AwaitChallenge,
-    /// Between files: may offer a file or close.
+    /// Between files: may offer an entry, or close once nothing is pending.
     Idle,
-    /// HELLO sent, waiting for MR or REJECT.
+    /// A file's or stream's HELLO sent, waiting for MR or REJECT (verdicts
+    /// on pending entries come first).
     AwaitRing,
     /// Writing chunks under credit.
     Sending,
-    /// FIN sent, waiting for ACK.
-    AwaitAck,
     Closed,
 }
 
@@ -31,18 +47,34 @@ impl SenderState {
             Self::Idle => "IDLE",
             Self::AwaitRing => "AWAIT_RING",
             Self::Sending => "SENDING",
-            Self::AwaitAck => "AWAIT_ACK",
             Self::Closed => "CLOSED",
         }
     }
 }
 
+/// What an offer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OfferKind {
+    /// A file of known size.
+    #[default]
+    File,
+    /// Data of unknown size (standard input): the FIN carries the size.
+    Stream,
+    /// A directory: no data, answered by ACK or REJECT.
+    Directory,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileOffer {
+    /// A name, or a relative path (`dir/sub/file`) inside a tree.
     pub name: String,
+    /// The file's size; ignored (sent as 0) for streams and directories.
     pub size: u64,
     pub mode: u32,
     pub digest: DigestAlg,
+    pub kind: OfferKind,
+    /// Modification time to keep (`--preserve-times`).
+    pub mtime: Option<Mtime>,
 }
 
 /// Where the engine must RDMA-WRITE (with imm = CRC32 of the chunk) the next chunk.
@@ -69,20 +101,42 @@ pub struct Greeting {
     pub token_unused: bool,
 }
 
+/// An entry that awaits the receiver's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pending {
+    /// A file or stream whose FIN was sent.
+    File,
+    /// A directory whose HELLO was sent.
+    Directory,
+}
+
+/// The receiver's verdict on a pending entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// ACK of any status (a failure concerns this entry only: the session
+    /// goes on).
+    Ack(Ack),
+    /// A directory refused (name, exists, ...).
+    Reject(Reject),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SenderEvent {
     /// The receiver's CHALLENGE arrived: now Idle, ready for `start_file`
     /// once `Greeting::auth` (if any) is sent.
     Greeted(Greeting),
-    /// MR accepted: start sending (see `next_chunk`).
+    /// MR accepted: start sending (see `next_chunk`, `next_stream_chunk`).
     Ring(RingInfo),
-    /// Offer refused; back to Idle, the session may continue with another file.
+    /// The current file's or stream's offer was refused; back to Idle, the
+    /// session may continue with another entry.
     Rejected(Reject),
-    /// Credits added.
+    /// Credits added (or, after a FIN, late credits of that file noted).
     Credit(u32),
-    /// Final answer for the file. After FIN: back to Idle. Before FIN (only a
-    /// non-OK status is legal then): the receiver aborted and the session is Closed.
-    Acked(Ack),
+    /// The verdict on the oldest pending entry.
+    Answered { entry: Pending, verdict: Verdict },
+    /// The receiver gave up on the current file before its FIN (an ACK
+    /// with a failure status): the session is Closed.
+    Aborted(Ack),
 }
 
 #[derive(Debug, Clone)]
@@ -91,12 +145,17 @@ pub struct SenderSession {
     token: Option<Token>,
     chunk_size: u32,
     size: u64,
+    /// The current entry is a stream (size unknown until the engine finishes it).
+    stream: bool,
+    /// A stream's short chunk was planned: it must be the last.
+    short_planned: bool,
     digest: DigestAlg,
     ring: RingInfo,
     chunk_len: u32,
     credits: u32,
     seq: u64,
     planned: u64,
+    pending: VecDeque<Pending>,
 }
 
 impl SenderSession {
@@ -108,12 +167,15 @@ impl SenderSession {
             token,
             chunk_size,
             size: 0,
+            stream: false,
+            short_planned: false,
             digest: DigestAlg::Crc32,
             ring: RingInfo::default(),
             chunk_len: 0,
             credits: 0,
             seq: 0,
             planned: 0,
+            pending: VecDeque::new(),
         }
     }
 
@@ -143,6 +205,16 @@ impl SenderSession {
         self.seq
     }
 
+    /// Entries awaiting the receiver's verdict, oldest first.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether another entry may be offered now (Idle, pipeline not full).
+    pub fn can_start(&self) -> bool {
+        self.state == SenderState::Idle && self.pending.len() < MAX_PENDING
+    }
+
     fn wrong_state(&self, op: &'static str) -> ProtocolError {
         ProtocolError::WrongState {
             op,
@@ -150,27 +222,60 @@ impl SenderSession {
         }
     }
 
-    /// Idle -> AwaitRing; returns the HELLO to send. The name is not checked
-    /// here: the receiver is the authority and answers a bad one with REJECT.
+    /// Idle -> AwaitRing (a file or stream) or Idle with one more pending
+    /// entry (a directory); returns the HELLO to send. The name is not
+    /// checked here: the receiver is the authority and answers a bad one
+    /// with REJECT. A plain file goes out as a version-1 HELLO, which every
+    /// receiver takes; anything else needs version 2.
     pub fn start_file(&mut self, offer: FileOffer) -> Result<Message, ProtocolError> {
         if self.state != SenderState::Idle {
             return Err(self.wrong_state("start_file"));
         }
-        self.size = offer.size;
-        self.digest = offer.digest;
-        self.ring = RingInfo::default();
-        self.chunk_len = 0;
-        self.credits = 0;
-        self.seq = 0;
-        self.planned = 0;
-        self.state = SenderState::AwaitRing;
+        if self.pending.len() >= MAX_PENDING {
+            return Err(ProtocolError::TooManyPending {
+                pending: self.pending.len(),
+                max: MAX_PENDING,
+            });
+        }
+        let mut caps = match offer.kind {
+            OfferKind::File => 0,
+            OfferKind::Stream => hello_flags::STREAM,
+            OfferKind::Directory => hello_flags::DIRECTORY,
+        };
+        if offer.mtime.is_some() {
+            caps |= hello_flags::MTIME;
+        }
+        let version = if caps == 0 && !offer.name.contains('/') {
+            1
+        } else {
+            PROTOCOL_VERSION
+        };
+        let size = match offer.kind {
+            OfferKind::File => offer.size,
+            OfferKind::Stream | OfferKind::Directory => 0,
+        };
+        if offer.kind == OfferKind::Directory {
+            self.pending.push_back(Pending::Directory);
+        } else {
+            self.size = size;
+            self.stream = offer.kind == OfferKind::Stream;
+            self.short_planned = false;
+            self.digest = offer.digest;
+            // `ring` and `credits` stay until the MR: a finished file's
+            // late credits are still checked against its ring.
+            self.chunk_len = 0;
+            self.seq = 0;
+            self.planned = 0;
+            self.state = SenderState::AwaitRing;
+        }
         Ok(Message::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            caps: CAP_NONE,
+            version,
+            caps,
             name: offer.name,
-            size: offer.size,
+            size,
             mode: offer.mode,
             digest: offer.digest,
+            mtime: offer.mtime,
         }))
     }
 
@@ -183,8 +288,27 @@ impl SenderSession {
         result
     }
 
+    fn add_credits(&mut self, count: u32) -> Result<SenderEvent, ProtocolError> {
+        if count == 0 {
+            return Err(ProtocolError::ZeroCredit);
+        }
+        let slot_count = self.ring.slot_count;
+        match self.credits.checked_add(count) {
+            Some(total) if total <= slot_count => {
+                self.credits = total;
+                Ok(SenderEvent::Credit(count))
+            }
+            _ => Err(ProtocolError::CreditOverflow {
+                added: count,
+                credits: self.credits,
+                slot_count,
+            }),
+        }
+    }
+
     fn dispatch(&mut self, msg: Message) -> Result<SenderEvent, ProtocolError> {
         use SenderState::*;
+        let front = self.pending.front().copied();
         match (self.state, msg) {
             (Closed, m) => Err(self.unexpected(&m)),
             // Authentication refused: whenever it comes, the session is over.
@@ -215,7 +339,28 @@ impl SenderSession {
                 code: r.code,
                 reason: r.reason,
             }),
-            (AwaitRing, Message::Mr(ring)) => {
+            // Verdicts on pending entries come before anything about the
+            // current HELLO.
+            (Idle | AwaitRing, Message::Ack(a)) if front.is_some() => {
+                let entry = self.pending.pop_front().unwrap_or(Pending::File);
+                Ok(SenderEvent::Answered {
+                    entry,
+                    verdict: Verdict::Ack(a),
+                })
+            }
+            (Idle | AwaitRing, Message::Reject(r)) if front == Some(Pending::Directory) => {
+                self.pending.pop_front();
+                Ok(SenderEvent::Answered {
+                    entry: Pending::Directory,
+                    verdict: Verdict::Reject(r),
+                })
+            }
+            // A finished file's late credits (sent before the receiver saw
+            // its FIN): noted, bounded by the ring, never used.
+            (Idle | AwaitRing, Message::Credit { count }) if front == Some(Pending::File) => {
+                self.add_credits(count)
+            }
+            (AwaitRing, Message::Mr(ring)) if front.is_none() => {
                 check_ring(&ring)?;
                 self.ring = ring;
                 self.chunk_len = match self.chunk_size {
@@ -227,7 +372,7 @@ impl SenderSession {
                 self.state = Sending;
                 Ok(SenderEvent::Ring(ring))
             }
-            (AwaitRing, Message::Reject(r)) => {
+            (AwaitRing, Message::Reject(r)) if front.is_none() => {
                 self.state = Idle;
                 Ok(SenderEvent::Rejected(r))
             }
@@ -236,30 +381,10 @@ impl SenderSession {
                 code: r.code,
                 reason: r.reason,
             }),
-            (Sending | AwaitAck, Message::Credit { count }) => {
-                if count == 0 {
-                    return Err(ProtocolError::ZeroCredit);
-                }
-                let slot_count = self.ring.slot_count;
-                match self.credits.checked_add(count) {
-                    Some(total) if total <= slot_count => {
-                        self.credits = total;
-                        Ok(SenderEvent::Credit(count))
-                    }
-                    _ => Err(ProtocolError::CreditOverflow {
-                        added: count,
-                        credits: self.credits,
-                        slot_count,
-                    }),
-                }
-            }
-            (AwaitAck, Message::Ack(a)) => {
-                self.state = Idle;
-                Ok(SenderEvent::Acked(a))
-            }
+            (Sending, Message::Credit { count }) => self.add_credits(count),
             (AwaitRing | Sending, Message::Ack(a)) if a.status != AckStatus::Ok => {
                 self.state = Closed;
-                Ok(SenderEvent::Acked(a))
+                Ok(SenderEvent::Aborted(a))
             }
             (_, m) => Err(self.unexpected(&m)),
         }
@@ -272,23 +397,15 @@ impl SenderSession {
         }
     }
 
-    /// Plans the next chunk, consuming one credit. None when not Sending, out of
-    /// credit, or every byte is planned.
-    pub fn next_chunk(&mut self) -> Option<ChunkPlan> {
-        if self.state != SenderState::Sending || self.credits == 0 || self.planned >= self.size {
-            return None;
-        }
-        let remaining = self.size - self.planned;
-        let len = u32::try_from(remaining.min(u64::from(self.chunk_len))).ok()?;
-        if len == 0 {
-            return None;
-        }
+    /// Where chunk `self.seq` of `len` bytes goes; consumes one credit.
+    fn plan(&mut self, len: u32) -> Option<ChunkPlan> {
         let slot = u32::try_from(self.seq % u64::from(self.ring.slot_count)).ok()?;
         // Cannot overflow: check_ring verified addr + slot_size * slot_count.
         let remote_addr = self
             .ring
             .addr
             .checked_add(u64::from(slot) * u64::from(self.ring.slot_size))?;
+        let planned = self.planned.checked_add(u64::from(len))?;
         let plan = ChunkPlan {
             seq: self.seq,
             slot,
@@ -298,22 +415,73 @@ impl SenderSession {
             len,
         };
         self.seq += 1;
-        self.planned += u64::from(len);
+        self.planned = planned;
         self.credits -= 1;
         Some(plan)
     }
 
-    pub fn all_chunks_planned(&self) -> bool {
-        matches!(self.state, SenderState::Sending | SenderState::AwaitAck)
-            && self.planned == self.size
+    /// Plans the next chunk of a file of known size, consuming one credit.
+    /// None when not Sending such a file, out of credit, or every byte is
+    /// planned.
+    pub fn next_chunk(&mut self) -> Option<ChunkPlan> {
+        if self.state != SenderState::Sending
+            || self.stream
+            || self.credits == 0
+            || self.planned >= self.size
+        {
+            return None;
+        }
+        let remaining = self.size - self.planned;
+        let len = u32::try_from(remaining.min(u64::from(self.chunk_len))).ok()?;
+        if len == 0 {
+            return None;
+        }
+        self.plan(len)
     }
 
-    /// Sending with every byte planned -> AwaitAck; returns the FIN.
+    /// Plans the next chunk of a stream: `len` bytes the engine has read,
+    /// a full `chunk_len` except for the last chunk. Ok(None) when out of
+    /// credit. Local misuse (not streaming, a bad length, a chunk after a
+    /// short one) is an error that changes nothing.
+    pub fn next_stream_chunk(&mut self, len: u32) -> Result<Option<ChunkPlan>, ProtocolError> {
+        if self.state != SenderState::Sending || !self.stream {
+            return Err(self.wrong_state("next_stream_chunk"));
+        }
+        let seq = self.seq;
+        let bad = |reason| ProtocolError::BadChunk { seq, len, reason };
+        if len == 0 {
+            return Err(bad("empty chunk"));
+        }
+        if len > self.chunk_len {
+            return Err(bad("longer than the chunk length"));
+        }
+        if self.short_planned {
+            return Err(bad("a stream's chunk after its short (last) chunk"));
+        }
+        if self.credits == 0 {
+            return Ok(None);
+        }
+        let Some(plan) = self.plan(len) else {
+            return Err(bad("stream longer than 2^64 bytes"));
+        };
+        self.short_planned = len < self.chunk_len;
+        Ok(Some(plan))
+    }
+
+    /// Whether every byte of a file of known size is planned (never for a
+    /// stream: its end is the engine's to say, by `finish`).
+    pub fn all_chunks_planned(&self) -> bool {
+        self.state == SenderState::Sending && !self.stream && self.planned == self.size
+    }
+
+    /// Sending -> Idle with the file pending; returns the FIN. A file of
+    /// known size must have every byte planned; a stream ends here, its
+    /// size being what was planned.
     pub fn finish(&mut self, digest: Digest) -> Result<Message, ProtocolError> {
         if self.state != SenderState::Sending {
             return Err(self.wrong_state("finish"));
         }
-        if self.planned != self.size {
+        if !self.stream && self.planned != self.size {
             return Err(ProtocolError::Incomplete {
                 planned: self.planned,
                 size: self.size,
@@ -325,18 +493,33 @@ impl SenderSession {
                 got: digest.alg(),
             });
         }
-        self.state = SenderState::AwaitAck;
+        self.state = SenderState::Idle;
+        self.pending.push_back(Pending::File);
         Ok(Message::Fin(Fin {
-            bytes: self.size,
+            bytes: self.planned,
             chunks: self.seq,
             digest,
         }))
     }
 
-    /// Idle -> Closed; returns the BYE.
+    /// While a stream waits for its input: a KEEPALIVE so that the
+    /// receiver's no-progress timeout does not fire.
+    pub fn keepalive(&self) -> Result<Message, ProtocolError> {
+        if self.state != SenderState::Sending {
+            return Err(self.wrong_state("keepalive"));
+        }
+        Ok(Message::Keepalive)
+    }
+
+    /// Idle with nothing pending -> Closed; returns the BYE.
     pub fn close(&mut self) -> Result<Message, ProtocolError> {
         if self.state != SenderState::Idle {
             return Err(self.wrong_state("close"));
+        }
+        if !self.pending.is_empty() {
+            return Err(ProtocolError::Unanswered {
+                pending: self.pending.len(),
+            });
         }
         self.state = SenderState::Closed;
         Ok(Message::Bye)
@@ -376,6 +559,25 @@ mod tests {
             size,
             mode: 0o600,
             digest: DigestAlg::Crc32,
+            kind: OfferKind::File,
+            mtime: None,
+        }
+    }
+
+    fn stream_offer() -> FileOffer {
+        FileOffer {
+            name: "stdin".into(),
+            kind: OfferKind::Stream,
+            ..offer(0)
+        }
+    }
+
+    fn dir_offer(name: &str) -> FileOffer {
+        FileOffer {
+            name: name.into(),
+            mode: 0o755,
+            kind: OfferKind::Directory,
+            ..offer(0)
         }
     }
 
@@ -400,34 +602,105 @@ mod tests {
         })
     }
 
-    /// A session in `state`, with a 4x100 ring, 1000-byte file, one chunk planned.
-    fn session_in(state: SenderState) -> SenderSession {
-        if state == SenderState::AwaitChallenge {
-            return SenderSession::new(100, Some(token()));
+    /// Where a session can be, as far as the receiver's messages go.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Situation {
+        AwaitChallenge,
+        Idle,
+        /// Idle after a FIN whose ACK has not come.
+        IdleFilePending,
+        /// Idle after a directory HELLO.
+        IdleDirPending,
+        AwaitRing,
+        /// The next file's HELLO went out right after the previous FIN.
+        AwaitRingFilePending,
+        AwaitRingDirPending,
+        Sending,
+        SendingStream,
+        Closed,
+    }
+
+    const SITUATIONS: [Situation; 10] = [
+        Situation::AwaitChallenge,
+        Situation::Idle,
+        Situation::IdleFilePending,
+        Situation::IdleDirPending,
+        Situation::AwaitRing,
+        Situation::AwaitRingFilePending,
+        Situation::AwaitRingDirPending,
+        Situation::Sending,
+        Situation::SendingStream,
+        Situation::Closed,
+    ];
+
+    impl Situation {
+        fn state(self) -> SenderState {
+            use Situation::*;
+            match self {
+                AwaitChallenge => SenderState::AwaitChallenge,
+                Idle | IdleFilePending | IdleDirPending => SenderState::Idle,
+                AwaitRing | AwaitRingFilePending | AwaitRingDirPending => SenderState::AwaitRing,
+                Sending | SendingStream => SenderState::Sending,
+                Closed => SenderState::Closed,
+            }
         }
+
+        fn front(self) -> Option<Pending> {
+            use Situation::*;
+            match self {
+                IdleFilePending | AwaitRingFilePending => Some(Pending::File),
+                IdleDirPending | AwaitRingDirPending => Some(Pending::Directory),
+                _ => None,
+            }
+        }
+    }
+
+    /// A 100-byte file through a 4x100 ring: one chunk planned (3 credits
+    /// left), then FIN: the file is pending.
+    fn file_pending() -> SenderSession {
         let mut s = greeted(100);
-        if state == SenderState::Idle {
-            return s;
-        }
-        if state == SenderState::Closed {
-            s.close().unwrap();
-            return s;
-        }
-        let size = if state == SenderState::AwaitAck {
-            100
-        } else {
-            1000
-        };
-        s.start_file(offer(size)).unwrap();
-        if state == SenderState::AwaitRing {
-            return s;
-        }
+        s.start_file(offer(100)).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         s.next_chunk().unwrap();
-        if state == SenderState::AwaitAck {
-            s.finish(Digest::Crc32(1)).unwrap();
+        s.finish(Digest::Crc32(1)).unwrap();
+        s
+    }
+
+    /// A session in `sit`, with a 4x100 ring, 1000-byte file, one chunk planned.
+    fn session_in(sit: Situation) -> SenderSession {
+        use Situation::*;
+        let mut s = match sit {
+            AwaitChallenge => return SenderSession::new(100, Some(token())),
+            IdleFilePending | AwaitRingFilePending => file_pending(),
+            _ => greeted(100),
+        };
+        match sit {
+            Closed => {
+                s.close().unwrap();
+            }
+            IdleDirPending | AwaitRingDirPending => {
+                s.start_file(dir_offer("d")).unwrap();
+            }
+            _ => {}
         }
-        assert_eq!(s.state(), state);
+        match sit {
+            AwaitRing | AwaitRingFilePending | AwaitRingDirPending => {
+                s.start_file(offer(1000)).unwrap();
+            }
+            Sending => {
+                s.start_file(offer(1000)).unwrap();
+                s.on_message(Message::Mr(ring(100, 4))).unwrap();
+                s.next_chunk().unwrap();
+            }
+            SendingStream => {
+                s.start_file(stream_offer()).unwrap();
+                s.on_message(Message::Mr(ring(100, 4))).unwrap();
+                s.next_stream_chunk(100).unwrap().unwrap();
+            }
+            _ => {}
+        }
+        assert_eq!(s.state(), sit.state(), "{sit:?}");
+        assert_eq!(s.pending.front().copied(), sit.front(), "{sit:?}");
         s
     }
 
@@ -440,6 +713,7 @@ mod tests {
                 size: 1,
                 mode: 0,
                 digest: DigestAlg::Crc32,
+                mtime: None,
             }),
             Message::Mr(ring(100, 4)),
             Message::Reject(Reject::new(RejectCode::Exists, "exists")),
@@ -459,44 +733,79 @@ mod tests {
                 RejectCode::Auth,
                 "authentication failed: wrong token",
             )),
+            Message::Keepalive,
         ]
     }
 
-    const STATES: [SenderState; 6] = [
-        SenderState::AwaitChallenge,
-        SenderState::Idle,
-        SenderState::AwaitRing,
-        SenderState::Sending,
-        SenderState::AwaitAck,
-        SenderState::Closed,
-    ];
-
     #[test]
-    fn every_state_message_pair() {
-        use SenderState::*;
-        for state in STATES {
+    fn every_situation_message_pair() {
+        use Situation::*;
+        for sit in SITUATIONS {
             for msg in all_messages() {
-                let mut s = session_in(state);
+                let mut s = session_in(sit);
+                let pending_before = s.pending();
                 let res = s.on_message(msg.clone());
-                let failed_ack = matches!(&msg, Message::Ack(a) if a.status != AckStatus::Ok);
                 let auth_reject = matches!(&msg, Message::Reject(r) if r.code == RejectCode::Auth);
-                let expect_state = match (state, &msg) {
-                    (AwaitChallenge, Message::Challenge(_)) => Some(Idle),
-                    (AwaitRing, Message::Reject(_)) if !auth_reject => Some(Idle),
-                    (AwaitRing, Message::Mr(_)) => Some(Sending),
-                    (Sending | AwaitAck, Message::Credit { .. }) => Some(state),
-                    (AwaitAck, Message::Ack(_)) => Some(Idle),
-                    (AwaitRing | Sending, Message::Ack(_)) if failed_ack => Some(Closed),
+                let failed_ack = matches!(&msg, Message::Ack(a) if a.status != AckStatus::Ok);
+                let ctx = format!("{} in {sit:?}", msg.kind());
+                // The expected event and state, or None for an error.
+                let expect: Option<(SenderEvent, SenderState)> = match (sit, &msg) {
+                    _ if auth_reject || sit == Closed => None,
+                    (AwaitChallenge, Message::Challenge(c)) => Some((
+                        SenderEvent::Greeted(Greeting {
+                            auth: c.auth_required().then(|| Message::Auth {
+                                mac: token().mac(&NONCE).to_vec(),
+                            }),
+                            token_unused: !c.auth_required(),
+                        }),
+                        SenderState::Idle,
+                    )),
+                    (
+                        IdleFilePending | IdleDirPending | AwaitRingFilePending
+                        | AwaitRingDirPending,
+                        Message::Ack(a),
+                    ) => Some((
+                        SenderEvent::Answered {
+                            entry: sit.front().unwrap(),
+                            verdict: Verdict::Ack(a.clone()),
+                        },
+                        sit.state(),
+                    )),
+                    (IdleDirPending | AwaitRingDirPending, Message::Reject(r)) => Some((
+                        SenderEvent::Answered {
+                            entry: Pending::Directory,
+                            verdict: Verdict::Reject(r.clone()),
+                        },
+                        sit.state(),
+                    )),
+                    (
+                        IdleFilePending | AwaitRingFilePending | Sending | SendingStream,
+                        Message::Credit { count },
+                    ) => Some((SenderEvent::Credit(*count), sit.state())),
+                    (AwaitRing, Message::Mr(r)) => {
+                        Some((SenderEvent::Ring(*r), SenderState::Sending))
+                    }
+                    (AwaitRing, Message::Reject(r)) => {
+                        Some((SenderEvent::Rejected(r.clone()), SenderState::Idle))
+                    }
+                    (AwaitRing | Sending | SendingStream, Message::Ack(a)) if failed_ack => {
+                        Some((SenderEvent::Aborted(a.clone()), SenderState::Closed))
+                    }
                     _ => None,
                 };
-                let ctx = format!("{} in {}", msg.kind(), state.as_str());
-                match expect_state {
-                    Some(next) => {
-                        assert!(res.is_ok(), "{ctx}: {res:?}");
-                        assert_eq!(s.state(), next, "{ctx}");
+                match expect {
+                    Some((event, state)) => {
+                        assert_eq!(res, Ok(event), "{ctx}");
+                        assert_eq!(s.state(), state, "{ctx}");
+                        let answered = matches!(res, Ok(SenderEvent::Answered { .. }));
+                        assert_eq!(
+                            s.pending(),
+                            pending_before - usize::from(answered),
+                            "{ctx}: a verdict pops exactly one entry"
+                        );
                     }
                     None => {
-                        let want = match (&msg, state) {
+                        let want = match (&msg, sit) {
                             (Message::Reject(r), st) if st != Closed && auth_reject => {
                                 ProtocolError::AuthFailed {
                                     reason: r.reason.clone(),
@@ -514,11 +823,15 @@ mod tests {
                             }
                             _ => ProtocolError::Unexpected {
                                 msg: msg.kind(),
-                                state: state.as_str(),
+                                state: sit.state().as_str(),
                             },
                         };
                         assert_eq!(res, Err(want), "{ctx}");
-                        assert_eq!(s.state(), Closed, "{ctx}: errors end the session");
+                        assert_eq!(
+                            s.state(),
+                            SenderState::Closed,
+                            "{ctx}: errors end the session"
+                        );
                     }
                 }
             }
@@ -630,58 +943,131 @@ mod tests {
         // Not a per-file refusal: nothing more may be sent.
         assert!(s.start_file(offer(1)).is_err());
         assert!(s.close().is_err());
+        // Also when it answers a pipelined directory.
+        let mut s = SenderSession::new(10, None);
+        s.on_message(challenge(AUTH_REQUIRED)).unwrap();
+        s.start_file(dir_offer("d")).unwrap();
+        assert!(matches!(
+            s.on_message(Message::Reject(Reject::new(RejectCode::Auth, reason))),
+            Err(ProtocolError::AuthFailed { .. })
+        ));
     }
 
     #[test]
-    fn local_calls_in_wrong_state() {
-        for state in STATES {
-            let mut s = session_in(state);
-            if state != SenderState::Idle {
-                assert_eq!(
-                    s.start_file(offer(1)),
-                    Err(ProtocolError::WrongState {
-                        op: "start_file",
-                        state: state.as_str()
-                    })
-                );
-                assert_eq!(
-                    s.close(),
-                    Err(ProtocolError::WrongState {
-                        op: "close",
-                        state: state.as_str()
-                    })
-                );
+    fn local_calls_in_wrong_situations() {
+        use Situation::*;
+        for sit in SITUATIONS {
+            let mut s = session_in(sit);
+            let st = sit.state().as_str();
+            let wrong = |op| ProtocolError::WrongState { op, state: st };
+            if sit.state() == SenderState::Idle {
+                assert!(s.can_start(), "{sit:?}");
+                // Pending entries block BYE but not the next offer.
+                if sit != Idle {
+                    assert_eq!(
+                        s.clone().close(),
+                        Err(ProtocolError::Unanswered { pending: 1 })
+                    );
+                    assert!(s.clone().start_file(offer(1)).is_ok());
+                }
+            } else {
+                assert!(!s.can_start(), "{sit:?}");
+                assert_eq!(s.start_file(offer(1)), Err(wrong("start_file")), "{sit:?}");
+                assert_eq!(s.close(), Err(wrong("close")), "{sit:?}");
             }
-            if state != SenderState::Sending {
+            if sit.state() != SenderState::Sending {
                 assert_eq!(s.next_chunk(), None);
+                assert_eq!(s.finish(Digest::Crc32(0)), Err(wrong("finish")));
+                assert_eq!(s.keepalive(), Err(wrong("keepalive")));
+            }
+            if sit != SendingStream {
                 assert_eq!(
-                    s.finish(Digest::Crc32(0)),
-                    Err(ProtocolError::WrongState {
-                        op: "finish",
-                        state: state.as_str()
-                    })
+                    s.next_stream_chunk(1),
+                    Err(wrong("next_stream_chunk")),
+                    "{sit:?}"
                 );
+            } else {
+                // A stream plans only what the engine read.
+                assert_eq!(s.next_chunk(), None);
+                assert!(!s.all_chunks_planned());
+            }
+            if matches!(sit, Sending | SendingStream) {
+                assert_eq!(s.keepalive(), Ok(Message::Keepalive));
             }
             // Local misuse does not change the state.
-            assert_eq!(s.state(), state);
+            assert_eq!(s.state(), sit.state());
+            assert_eq!(s.pending.front().copied(), sit.front());
         }
     }
 
     #[test]
-    fn hello_contents_and_bad_offer() {
-        let mut s = greeted(10);
-        let m = s.start_file(offer(5)).unwrap();
+    fn hello_contents_and_versions() {
+        let hello = |o: FileOffer| {
+            let mut s = greeted(10);
+            match s.start_file(o).unwrap() {
+                Message::Hello(h) => h,
+                other => panic!("{other:?}"),
+            }
+        };
+        // A plain file: version 1, which every receiver takes.
         assert_eq!(
-            m,
-            Message::Hello(Hello {
+            hello(offer(5)),
+            Hello {
                 version: 1,
-                caps: CAP_NONE,
+                caps: 0,
                 name: "f.bin".into(),
                 size: 5,
                 mode: 0o600,
                 digest: DigestAlg::Crc32,
-            })
+                mtime: None,
+            }
         );
+        // Anything else is version 2: a path, a stream, a directory, an mtime.
+        let t = Mtime {
+            secs: 1_600_000_000,
+            nanos: 7,
+        };
+        let path = hello(FileOffer {
+            name: "a/b".into(),
+            ..offer(5)
+        });
+        assert_eq!((path.version, path.caps), (2, 0));
+        let stream = hello(FileOffer {
+            size: 99,
+            ..stream_offer()
+        });
+        assert_eq!(
+            (stream.version, stream.caps, stream.size),
+            (2, hello_flags::STREAM, 0),
+            "a stream announces no size"
+        );
+        let dir = hello(FileOffer {
+            size: 99,
+            mtime: Some(t),
+            ..dir_offer("top/sub")
+        });
+        assert_eq!(
+            (dir.version, dir.caps, dir.size, dir.mode, dir.mtime),
+            (
+                2,
+                hello_flags::DIRECTORY | hello_flags::MTIME,
+                0,
+                0o755,
+                Some(t)
+            )
+        );
+        let timed = hello(FileOffer {
+            mtime: Some(t),
+            ..offer(5)
+        });
+        assert_eq!(
+            (timed.version, timed.caps, timed.size),
+            (2, hello_flags::MTIME, 5)
+        );
+        // Every HELLO encodes (the mtime flag matches the field).
+        for h in [path, stream, dir, timed] {
+            assert!(crate::proto::encode_to_vec(&Message::Hello(h)).is_ok());
+        }
         // Hostile names are the receiver's to refuse, so they go out as is.
         let mut s = greeted(10);
         let mut o = offer(5);
@@ -703,7 +1089,7 @@ mod tests {
                 "address + length overflows 64 bits",
             ),
         ] {
-            let mut s = session_in(SenderState::AwaitRing);
+            let mut s = session_in(Situation::AwaitRing);
             assert_eq!(
                 s.on_message(Message::Mr(r)),
                 Err(ProtocolError::BadRing { reason })
@@ -711,7 +1097,7 @@ mod tests {
             assert_eq!(s.state(), SenderState::Closed);
         }
         // Exactly reaching the top of the address space is fine.
-        let mut s = session_in(SenderState::AwaitRing);
+        let mut s = session_in(Situation::AwaitRing);
         let top = RingInfo {
             addr: u64::MAX - 400,
             ..ring(100, 4)
@@ -764,7 +1150,8 @@ mod tests {
                 digest: Digest::Crc32(9)
             })
         );
-        assert!(s.all_chunks_planned());
+        assert_eq!(s.state(), SenderState::Idle);
+        assert_eq!(s.pending(), 1);
     }
 
     #[test]
@@ -859,6 +1246,50 @@ mod tests {
     }
 
     #[test]
+    fn late_credits_until_the_ack() {
+        // 3 of 4 credits held after FIN: one late credit fits, two do not.
+        let mut s = file_pending();
+        assert_eq!(s.credits(), 3);
+        assert_eq!(
+            s.clone().on_message(Message::Credit { count: 2 }),
+            Err(ProtocolError::CreditOverflow {
+                added: 2,
+                credits: 3,
+                slot_count: 4
+            })
+        );
+        assert_eq!(
+            s.clone().on_message(Message::Credit { count: 0 }),
+            Err(ProtocolError::ZeroCredit)
+        );
+        assert_eq!(
+            s.on_message(Message::Credit { count: 1 }),
+            Ok(SenderEvent::Credit(1))
+        );
+        // Also after the next HELLO went out.
+        s.start_file(offer(10)).unwrap();
+        assert!(s.clone().on_message(Message::Credit { count: 1 }).is_err());
+        assert!(matches!(
+            s.on_message(ack(AckStatus::Ok)),
+            Ok(SenderEvent::Answered {
+                entry: Pending::File,
+                ..
+            })
+        ));
+        // The file is answered: a credit now belongs to nothing.
+        assert_eq!(
+            s.clone().on_message(Message::Credit { count: 1 }),
+            Err(ProtocolError::Unexpected {
+                msg: "CREDIT",
+                state: "AWAIT_RING"
+            })
+        );
+        // The next MR starts with every slot free.
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        assert_eq!(s.credits(), 4);
+    }
+
+    #[test]
     fn finish_requires_everything_planned_and_matching_digest() {
         let mut s = greeted(10);
         s.start_file(offer(25)).unwrap();
@@ -906,8 +1337,227 @@ mod tests {
         );
     }
 
+    fn streaming(chunk: u32, slots: u32) -> SenderSession {
+        let mut s = greeted(chunk);
+        s.start_file(stream_offer()).unwrap();
+        s.on_message(Message::Mr(ring(chunk, slots))).unwrap();
+        s
+    }
+
     #[test]
-    fn multi_file_session_with_reject_and_abort() {
+    fn streams_plan_what_was_read_and_fin_carries_the_size() {
+        let mut s = streaming(100, 2);
+        let p = s.next_stream_chunk(100).unwrap().unwrap();
+        assert_eq!((p.seq, p.slot, p.file_offset, p.len), (0, 0, 0, 100));
+        let p = s.next_stream_chunk(100).unwrap().unwrap();
+        assert_eq!((p.seq, p.slot, p.file_offset), (1, 1, 100));
+        // Out of credit: nothing planned, nothing changed.
+        assert_eq!(s.next_stream_chunk(100), Ok(None));
+        assert_eq!(s.bytes_planned(), 200);
+        s.on_message(Message::Credit { count: 2 }).unwrap();
+        let p = s.next_stream_chunk(100).unwrap().unwrap();
+        assert_eq!((p.seq, p.slot, p.file_offset), (2, 0, 200));
+        // The last chunk may be short; nothing may follow it.
+        let p = s.next_stream_chunk(7).unwrap().unwrap();
+        assert_eq!((p.seq, p.file_offset, p.len), (3, 300, 7));
+        assert_eq!(
+            s.next_stream_chunk(100),
+            Err(ProtocolError::BadChunk {
+                seq: 4,
+                len: 100,
+                reason: "a stream's chunk after its short (last) chunk"
+            })
+        );
+        assert!(
+            !s.all_chunks_planned(),
+            "a stream's end is the engine's to say"
+        );
+        assert_eq!(
+            s.finish(Digest::Crc32(5)).unwrap(),
+            Message::Fin(Fin {
+                bytes: 307,
+                chunks: 4,
+                digest: Digest::Crc32(5)
+            })
+        );
+        assert_eq!(s.pending(), 1);
+    }
+
+    #[test]
+    fn stream_chunk_lengths_and_empty_streams() {
+        let mut s = streaming(100, 4);
+        for (len, reason) in [(0, "empty chunk"), (101, "longer than the chunk length")] {
+            assert_eq!(
+                s.next_stream_chunk(len),
+                Err(ProtocolError::BadChunk {
+                    seq: 0,
+                    len,
+                    reason
+                })
+            );
+        }
+        assert_eq!(
+            s.state(),
+            SenderState::Sending,
+            "local misuse changes nothing"
+        );
+        // A stream of exactly one chunk, and one ending on a chunk boundary.
+        assert!(s.next_stream_chunk(100).unwrap().is_some());
+        assert!(s.next_stream_chunk(100).unwrap().is_some());
+        assert!(matches!(
+            s.finish(Digest::Crc32(0)),
+            Ok(Message::Fin(Fin {
+                bytes: 200,
+                chunks: 2,
+                ..
+            }))
+        ));
+        // Zero bytes: FIN(0, 0) straight after the MR.
+        let mut s = streaming(100, 4);
+        assert_eq!(
+            s.finish(Digest::Crc32(0)).unwrap(),
+            Message::Fin(Fin {
+                bytes: 0,
+                chunks: 0,
+                digest: Digest::Crc32(0)
+            })
+        );
+        // The digest algorithm still has to match the offer.
+        let mut s = streaming(100, 4);
+        assert_eq!(
+            s.finish(Digest::Sha256([0; 32])),
+            Err(ProtocolError::DigestAlgMismatch {
+                expected: DigestAlg::Crc32,
+                got: DigestAlg::Sha256
+            })
+        );
+        // A file is not a stream: its chunks come from next_chunk.
+        let mut s = session_in(Situation::Sending);
+        assert_eq!(
+            s.next_stream_chunk(100),
+            Err(ProtocolError::WrongState {
+                op: "next_stream_chunk",
+                state: "SENDING"
+            })
+        );
+    }
+
+    #[test]
+    fn pipelined_entries_are_answered_in_order() {
+        let mut s = greeted(10);
+        // A directory, a file and another directory before any answer.
+        s.start_file(dir_offer("top")).unwrap();
+        assert_eq!(s.state(), SenderState::Idle);
+        s.start_file(offer(5)).unwrap();
+        // The ring cannot come before the directory's verdict.
+        assert_eq!(
+            s.clone().on_message(Message::Mr(ring(10, 2))),
+            Err(ProtocolError::Unexpected {
+                msg: "MR",
+                state: "AWAIT_RING"
+            })
+        );
+        assert_eq!(
+            s.on_message(ack(AckStatus::Ok)),
+            Ok(SenderEvent::Answered {
+                entry: Pending::Directory,
+                verdict: Verdict::Ack(Ack::new(AckStatus::Ok, "r"))
+            })
+        );
+        s.on_message(Message::Mr(ring(10, 2))).unwrap();
+        s.next_chunk().unwrap();
+        s.finish(Digest::Crc32(0)).unwrap();
+        s.start_file(dir_offer("top/sub")).unwrap();
+        s.start_file(stream_offer()).unwrap();
+        assert_eq!(s.pending(), 2);
+        // A failed verify of the file, then the directory refused: both
+        // are verdicts, the session goes on.
+        let bad = Ack::new(AckStatus::Integrity, "digest");
+        assert_eq!(
+            s.on_message(Message::Ack(bad.clone())),
+            Ok(SenderEvent::Answered {
+                entry: Pending::File,
+                verdict: Verdict::Ack(bad)
+            })
+        );
+        let rej = Reject::new(RejectCode::Exists, "top/sub is a file");
+        assert_eq!(
+            s.on_message(Message::Reject(rej.clone())),
+            Ok(SenderEvent::Answered {
+                entry: Pending::Directory,
+                verdict: Verdict::Reject(rej)
+            })
+        );
+        // Now the stream's own answer: a REJECT concerns the stream.
+        let rej = Reject::new(RejectCode::Exists, "stdin exists");
+        assert_eq!(
+            s.on_message(Message::Reject(rej.clone())),
+            Ok(SenderEvent::Rejected(rej))
+        );
+        assert_eq!(s.state(), SenderState::Idle);
+        assert_eq!(s.close(), Ok(Message::Bye));
+    }
+
+    #[test]
+    fn a_reject_for_a_finished_file_ends_the_session() {
+        // A finished file is answered by ACK only; a REJECT is the receiver
+        // giving up.
+        for sit in [Situation::IdleFilePending, Situation::AwaitRingFilePending] {
+            let mut s = session_in(sit);
+            assert!(matches!(
+                s.on_message(Message::Reject(Reject::new(RejectCode::Io, "x"))),
+                Err(ProtocolError::PeerRejected { .. })
+            ));
+            assert_eq!(s.state(), SenderState::Closed);
+        }
+    }
+
+    #[test]
+    fn the_pipeline_is_bounded() {
+        let mut s = greeted(10);
+        for i in 0..MAX_PENDING {
+            assert!(s.can_start());
+            s.start_file(dir_offer(&format!("d{i}"))).unwrap();
+        }
+        assert!(!s.can_start());
+        assert_eq!(
+            s.start_file(offer(1)),
+            Err(ProtocolError::TooManyPending {
+                pending: MAX_PENDING,
+                max: MAX_PENDING
+            })
+        );
+        assert_eq!(s.state(), SenderState::Idle);
+        s.on_message(ack(AckStatus::Ok)).unwrap();
+        assert!(s.can_start());
+        assert!(s.start_file(offer(1)).is_ok());
+        assert_eq!(s.pending(), MAX_PENDING - 1);
+    }
+
+    #[test]
+    fn aborts_before_fin_close_the_session() {
+        for sit in [
+            Situation::AwaitRing,
+            Situation::Sending,
+            Situation::SendingStream,
+        ] {
+            let mut s = session_in(sit);
+            let a = Ack::new(AckStatus::Io, "disk full");
+            assert_eq!(
+                s.on_message(Message::Ack(a.clone())),
+                Ok(SenderEvent::Aborted(a)),
+                "{sit:?}"
+            );
+            assert_eq!(s.state(), SenderState::Closed);
+            assert_eq!(s.next_chunk(), None);
+        }
+        // ACK(ok) before FIN makes no sense.
+        let mut s = session_in(Situation::Sending);
+        assert!(s.on_message(ack(AckStatus::Ok)).is_err());
+    }
+
+    #[test]
+    fn multi_file_session_with_reject() {
         let mut s = greeted(10);
         // File 1: rejected.
         s.start_file(offer(5)).unwrap();
@@ -917,7 +1567,8 @@ mod tests {
             Ok(SenderEvent::Rejected(rej))
         );
         assert_eq!(s.state(), SenderState::Idle);
-        // File 2 and 3: sent; credits reset per file.
+        // File 2 and 3: sent one after the other, each ACK awaited; credits
+        // reset per file.
         for size in [25u64, 7] {
             s.start_file(offer(size)).unwrap();
             s.on_message(Message::Mr(ring(10, 2))).unwrap();
@@ -929,21 +1580,14 @@ mod tests {
             let a = Ack::new(AckStatus::Integrity, "bad");
             assert_eq!(
                 s.on_message(Message::Ack(a.clone())),
-                Ok(SenderEvent::Acked(a))
+                Ok(SenderEvent::Answered {
+                    entry: Pending::File,
+                    verdict: Verdict::Ack(a)
+                })
             );
             assert_eq!(s.state(), SenderState::Idle);
         }
         assert_eq!(s.close(), Ok(Message::Bye));
         assert_eq!(s.state(), SenderState::Closed);
-
-        // Receiver aborting mid-file closes the session.
-        let mut s = session_in(SenderState::Sending);
-        let a = Ack::new(AckStatus::Io, "disk full");
-        assert_eq!(
-            s.on_message(Message::Ack(a.clone())),
-            Ok(SenderEvent::Acked(a))
-        );
-        assert_eq!(s.state(), SenderState::Closed);
-        assert_eq!(s.next_chunk(), None);
     }
 }

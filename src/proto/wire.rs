@@ -20,6 +20,21 @@ pub const HEADER_LEN: usize = 12;
 pub const MAX_MESSAGE: usize = 4096;
 pub const MAX_BODY: usize = MAX_MESSAGE - HEADER_LEN;
 pub const CAP_NONE: u32 = 0;
+
+/// Bits of HELLO's `caps` field (protocol version 2; a version-1 HELLO
+/// carries 0). They say what kind of entry the offer is.
+pub mod hello_flags {
+    /// A stream of unknown length: `size` is 0 and the FIN carries the
+    /// final size.
+    pub const STREAM: u32 = 1 << 0;
+    /// A directory: `size` is 0, no data follows; answered by ACK or REJECT.
+    pub const DIRECTORY: u32 = 1 << 1;
+    /// The body carries the modification time (`Hello::mtime`) after the
+    /// digest byte. The only flag that changes the layout.
+    pub const MTIME: u32 = 1 << 2;
+    /// Every flag this build knows.
+    pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME;
+}
 /// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
 pub const MAX_REASON: usize = 1024;
 
@@ -34,6 +49,7 @@ pub mod msg_type {
     pub const BYE: u8 = 7;
     pub const CHALLENGE: u8 = 8;
     pub const AUTH: u8 = 9;
+    pub const KEEPALIVE: u8 = 10;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -196,18 +212,41 @@ impl fmt::Display for AckStatus {
     }
 }
 
+/// A modification time: seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mtime {
+    pub secs: i64,
+    /// Below 1_000_000_000 (the codec refuses anything else).
+    pub nanos: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
-    /// Sender's session protocol version (`PROTOCOL_VERSION`).
+    /// Sender's session protocol version (`PROTOCOL_VERSION`, or 1 for a
+    /// plain file so that older receivers still take it).
     pub version: u16,
+    /// Flags (`hello_flags`): stream, directory, mtime present.
     pub caps: u32,
-    /// Not validated here; see `names::validate_name`.
+    /// Not validated here; see `names::validate_path`.
     pub name: String,
+    /// 0 for streams and directories.
     pub size: u64,
     /// Unix permission bits; only `mode & 0o7777` is meaningful.
     pub mode: u32,
     /// Whole-file digest the FIN will carry, so the receiver can hash while receiving.
     pub digest: DigestAlg,
+    /// Present on the wire exactly when `caps` has `hello_flags::MTIME`.
+    pub mtime: Option<Mtime>,
+}
+
+impl Hello {
+    pub const fn is_stream(&self) -> bool {
+        self.caps & hello_flags::STREAM != 0
+    }
+
+    pub const fn is_directory(&self) -> bool {
+        self.caps & hello_flags::DIRECTORY != 0
+    }
 }
 
 /// The receiver's ring; length is always `slot_size * slot_count`.
@@ -310,6 +349,9 @@ pub enum Message {
     Auth {
         mac: Vec<u8>,
     },
+    /// The sender is alive but waiting for its input (a slow stream): it
+    /// resets the receiver's no-progress timeout. Empty body.
+    Keepalive,
 }
 
 impl Message {
@@ -324,6 +366,7 @@ impl Message {
             Self::Bye => "BYE",
             Self::Challenge(_) => "CHALLENGE",
             Self::Auth { .. } => "AUTH",
+            Self::Keepalive => "KEEPALIVE",
         }
     }
 
@@ -338,6 +381,7 @@ impl Message {
             Self::Bye => msg_type::BYE,
             Self::Challenge(_) => msg_type::CHALLENGE,
             Self::Auth { .. } => msg_type::AUTH,
+            Self::Keepalive => msg_type::KEEPALIVE,
         }
     }
 }
@@ -382,6 +426,10 @@ pub enum WireError {
     BadMacLength { len: usize },
     #[error("unknown CHALLENGE flags 0x{0:04x}")]
     UnknownChallengeFlags(u16),
+    #[error("HELLO mtime flag and mtime field disagree")]
+    MtimeFlag,
+    #[error("HELLO mtime has {nanos} nanoseconds (must be below 1000000000)")]
+    BadMtime { nanos: u32 },
     #[error("output buffer too small: need {need} bytes, have {have}")]
     BufferTooSmall { need: usize, have: usize },
 }
@@ -393,6 +441,16 @@ const REASON_FIXED: usize = 2 + 2;
 const FIN_FIXED: usize = 8 + 8 + 1 + 2;
 const CHALLENGE_BODY: usize = 2 + NONCE_LEN;
 const AUTH_FIXED: usize = 2;
+const MTIME_LEN: usize = 8 + 4;
+
+fn check_mtime(h: &Hello) -> Result<usize, WireError> {
+    match (h.caps & hello_flags::MTIME != 0, h.mtime) {
+        (true, Some(m)) if m.nanos >= 1_000_000_000 => Err(WireError::BadMtime { nanos: m.nanos }),
+        (true, Some(_)) => Ok(MTIME_LEN),
+        (false, None) => Ok(0),
+        _ => Err(WireError::MtimeFlag),
+    }
+}
 
 /// AUTH carries no MAC (the sender has no token) or a whole HMAC-SHA256.
 fn check_mac_len(len: usize) -> Result<(), WireError> {
@@ -426,13 +484,16 @@ fn body_len(msg: &Message) -> Result<usize, WireError> {
         }
     };
     match msg {
-        Message::Hello(h) => str_field("HELLO name", &h.name, HELLO_FIXED),
+        Message::Hello(h) => {
+            let extra = check_mtime(h)?;
+            str_field("HELLO name", &h.name, HELLO_FIXED + extra)
+        }
         Message::Mr(_) => Ok(MR_BODY),
         Message::Reject(r) => str_field("REJECT reason", &r.reason, REASON_FIXED),
         Message::Credit { .. } => Ok(4),
         Message::Fin(f) => Ok(FIN_FIXED + f.digest.alg().digest_len()),
         Message::Ack(a) => str_field("ACK reason", &a.reason, REASON_FIXED),
-        Message::Bye => Ok(0),
+        Message::Bye | Message::Keepalive => Ok(0),
         Message::Challenge(c) => {
             check_challenge_flags(c.flags)?;
             Ok(CHALLENGE_BODY)
@@ -522,6 +583,10 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
             w.u64(h.size)?;
             w.u32(h.mode)?;
             w.u8(h.digest as u8)?;
+            if let Some(m) = h.mtime {
+                w.u64(m.secs as u64)?;
+                w.u32(m.nanos)?;
+            }
         }
         Message::Mr(r) => {
             w.u64(r.addr)?;
@@ -547,7 +612,7 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
             w.u16(a.status as u16)?;
             w.bytes16("ACK reason", a.reason.as_bytes())?;
         }
-        Message::Bye => {}
+        Message::Bye | Message::Keepalive => {}
         Message::Challenge(c) => {
             w.u16(c.flags)?;
             w.put(&c.nonce)?;
@@ -666,6 +731,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         msg_type::BYE => "BYE",
         msg_type::CHALLENGE => "CHALLENGE",
         msg_type::AUTH => "AUTH",
+        msg_type::KEEPALIVE => "KEEPALIVE",
         other => return Err(WireError::UnknownType(other)),
     };
     let declared = h.u32()?;
@@ -708,6 +774,16 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
                 field: "digest algorithm",
                 value: alg.into(),
             })?;
+            let mtime = if caps & hello_flags::MTIME != 0 {
+                let secs = r.u64()? as i64;
+                let nanos = r.u32()?;
+                if nanos >= 1_000_000_000 {
+                    return Err(WireError::BadMtime { nanos });
+                }
+                Some(Mtime { secs, nanos })
+            } else {
+                None
+            };
             Message::Hello(Hello {
                 version,
                 caps,
@@ -715,6 +791,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
                 size,
                 mode,
                 digest,
+                mtime,
             })
         }
         msg_type::MR => Message::Mr(RingInfo {
@@ -780,6 +857,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
             check_mac_len(mac.len())?;
             Message::Auth { mac: mac.to_vec() }
         }
+        msg_type::KEEPALIVE => Message::Keepalive,
         // Only BYE is left: `kind` above rejected every other code.
         _ => Message::Bye,
     };
@@ -807,6 +885,19 @@ pub(crate) mod tests {
             size,
             mode: 0o644,
             digest: DigestAlg::Sha256,
+            mtime: None,
+        })
+    }
+
+    fn flagged(name: &str, caps: u32, mtime: Option<Mtime>) -> Message {
+        Message::Hello(Hello {
+            version: 2,
+            caps,
+            name: name.into(),
+            size: 0,
+            mode: 0o755,
+            digest: DigestAlg::Crc32,
+            mtime,
         })
     }
 
@@ -821,12 +912,51 @@ pub(crate) mod tests {
             hello(&max_name, 1),
             Message::Hello(Hello {
                 version: u16::MAX,
-                caps: u32::MAX,
+                caps: !hello_flags::MTIME,
                 name: "x".into(),
                 size: 0,
                 mode: u32::MAX,
                 digest: DigestAlg::Crc32,
+                mtime: None,
             }),
+            Message::Hello(Hello {
+                version: u16::MAX,
+                caps: u32::MAX,
+                name: "y".into(),
+                size: u64::MAX,
+                mode: u32::MAX,
+                digest: DigestAlg::Sha256,
+                mtime: Some(Mtime {
+                    secs: i64::MAX,
+                    nanos: 999_999_999,
+                }),
+            }),
+            flagged("stdin", hello_flags::STREAM, None),
+            flagged("a/b/c", hello_flags::DIRECTORY, None),
+            flagged(
+                "dir/sub",
+                hello_flags::DIRECTORY | hello_flags::MTIME,
+                Some(Mtime {
+                    secs: 1_700_000_000,
+                    nanos: 123_456_789,
+                }),
+            ),
+            flagged(
+                "old",
+                hello_flags::MTIME,
+                Some(Mtime {
+                    secs: i64::MIN,
+                    nanos: 999_999_999,
+                }),
+            ),
+            flagged(
+                &"m".repeat(MAX_BODY - HELLO_FIXED - MTIME_LEN),
+                hello_flags::MTIME | hello_flags::STREAM,
+                Some(Mtime { secs: -1, nanos: 0 }),
+            ),
+            // Unknown flags pass the codec (the receiver refuses them).
+            flagged("x", 1 << 31 | hello_flags::STREAM, None),
+            Message::Keepalive,
             Message::Mr(RingInfo::default()),
             Message::Mr(RingInfo {
                 addr: u64::MAX,
@@ -967,7 +1097,7 @@ pub(crate) mod tests {
         b[4] = 2;
         assert_eq!(decode(&b), Err(WireError::UnknownVersion(2)));
 
-        for ty in [0u8, 10, 200, 255] {
+        for ty in [0u8, 11, 200, 255] {
             let mut b = good.clone();
             b[5] = ty;
             assert_eq!(decode(&b), Err(WireError::UnknownType(ty)));
@@ -1201,6 +1331,7 @@ pub(crate) mod tests {
                 nonce: [0; NONCE_LEN],
             }),
             Message::Auth { mac: Vec::new() },
+            Message::Keepalive,
         ]
         .iter()
         .map(Message::kind)
@@ -1216,7 +1347,8 @@ pub(crate) mod tests {
                 "ACK",
                 "BYE",
                 "CHALLENGE",
-                "AUTH"
+                "AUTH",
+                "KEEPALIVE"
             ]
         );
         assert_eq!(RejectCode::Auth.to_string(), "authentication failed");
@@ -1384,6 +1516,129 @@ pub(crate) mod tests {
         );
     }
 
+    #[test]
+    fn hello_mtime_layout_and_errors() {
+        let m = Mtime {
+            secs: 0x0102_0304_0506_0708,
+            nanos: 0x0a0b_0c0d,
+        };
+        let plain = encode_to_vec(&flagged("d", hello_flags::DIRECTORY, None)).unwrap();
+        let timed = encode_to_vec(&flagged(
+            "d",
+            hello_flags::DIRECTORY | hello_flags::MTIME,
+            Some(m),
+        ))
+        .unwrap();
+        // The same fields, the flag bit, and 12 more bytes at the end.
+        assert_eq!(timed.len(), plain.len() + 12);
+        assert_eq!(
+            &timed[14..18],
+            &(hello_flags::DIRECTORY | hello_flags::MTIME).to_be_bytes()
+        );
+        assert_eq!(
+            &timed[timed.len() - 12..],
+            &[1, 2, 3, 4, 5, 6, 7, 8, 0x0a, 0x0b, 0x0c, 0x0d]
+        );
+        // Flag and field must agree, both ways.
+        assert_eq!(
+            encode_to_vec(&flagged("d", hello_flags::MTIME, None)),
+            Err(WireError::MtimeFlag)
+        );
+        assert_eq!(
+            encode_to_vec(&flagged("d", 0, Some(m))),
+            Err(WireError::MtimeFlag)
+        );
+        assert_eq!(
+            encoded_len(&flagged("d", 0, Some(m))),
+            Err(WireError::MtimeFlag)
+        );
+        // Nanoseconds out of range, on either side.
+        let bad = Mtime {
+            secs: 1,
+            nanos: 1_000_000_000,
+        };
+        assert_eq!(
+            encode_to_vec(&flagged("d", hello_flags::MTIME, Some(bad))),
+            Err(WireError::BadMtime {
+                nanos: 1_000_000_000
+            })
+        );
+        let mut b = encode_to_vec(&flagged(
+            "d",
+            hello_flags::MTIME,
+            Some(Mtime {
+                secs: 1,
+                nanos: 999_999_999,
+            }),
+        ))
+        .unwrap();
+        let n = b.len();
+        b[n - 4..].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(decode(&b), Err(WireError::BadMtime { nanos: u32::MAX }));
+        // A set flag with the mtime bytes missing is a short body; a clear
+        // flag with them present leaves trailing bytes.
+        let mut b = plain.clone();
+        b[17] |= hello_flags::MTIME as u8;
+        assert_eq!(
+            decode(&b),
+            Err(WireError::ShortBody {
+                kind: "HELLO",
+                need: 8,
+                have: 0
+            })
+        );
+        let mut b = timed.clone();
+        b[17] &= !(hello_flags::MTIME as u8);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BodyTrailing {
+                kind: "HELLO",
+                extra: 12
+            })
+        );
+        // The name limit shrinks by the mtime bytes.
+        let long = "n".repeat(MAX_BODY - HELLO_FIXED - MTIME_LEN + 1);
+        assert!(matches!(
+            encode_to_vec(&flagged(&long, hello_flags::MTIME, Some(m))),
+            Err(WireError::TooLong {
+                field: "HELLO name",
+                ..
+            })
+        ));
+        assert!(encode_to_vec(&flagged(&long, 0, None)).is_ok());
+    }
+
+    #[test]
+    fn hello_kind_helpers_and_keepalive_layout() {
+        let Message::Hello(h) = flagged("s", hello_flags::STREAM, None) else {
+            unreachable!()
+        };
+        assert!(h.is_stream() && !h.is_directory());
+        let Message::Hello(h) = flagged("d", hello_flags::DIRECTORY, None) else {
+            unreachable!()
+        };
+        assert!(!h.is_stream() && h.is_directory());
+        let Message::Hello(h) = hello("f", 1) else {
+            unreachable!()
+        };
+        assert!(!h.is_stream() && !h.is_directory());
+        assert_eq!(
+            encode_to_vec(&Message::Keepalive).unwrap(),
+            [0x52, 0x58, 0x46, 0x52, 1, 10, 0, 0, 0, 0, 0, 0]
+        );
+        // A KEEPALIVE with a body is malformed.
+        let mut b = encode_to_vec(&Message::Keepalive).unwrap();
+        b.push(0);
+        set_body_len(&mut b, 1);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BodyTrailing {
+                kind: "KEEPALIVE",
+                extra: 1
+            })
+        );
+    }
+
     /// xorshift64*: deterministic, no external crate.
     pub(crate) struct Rng(pub u64);
     impl Rng {
@@ -1415,7 +1670,7 @@ pub(crate) mod tests {
                     if len >= 6 && rng.below(2) == 0 {
                         b[..4].copy_from_slice(&MAGIC.to_be_bytes());
                         b[4] = WIRE_VERSION;
-                        b[5] = rng.below(11) as u8;
+                        b[5] = rng.below(12) as u8;
                     }
                     b
                 }

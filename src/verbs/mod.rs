@@ -7,6 +7,7 @@
 
 mod cm;
 mod device;
+pub mod dirfd;
 mod memory;
 pub mod os;
 mod queue;

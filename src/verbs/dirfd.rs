@@ -1,0 +1,259 @@
+//! Directory-relative file operations (the `openat` family) for the
+//! receiver. Every component below the root is opened with `O_NOFOLLOW`
+//! and every leaf is created, inspected, renamed or removed relative to its
+//! parent's descriptor without following a link, so a received path can
+//! never reach outside the output directory — not even through a symbolic
+//! link that already exists inside it. They live here because they are
+//! plain libc calls, and all `unsafe` of the crate stays inside `verbs`.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+/// What a directory entry is (`lstat` semantics: a link is a link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// An open directory.
+#[derive(Debug)]
+pub struct DirFd {
+    fd: OwnedFd,
+}
+
+fn cname(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
+}
+
+/// A single component: no separator, not empty, not `.` or `..` (the
+/// protocol layer already refuses such names; this is the last line).
+fn component(name: &str) -> io::Result<CString> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a single path component"),
+        ));
+    }
+    cname(name)
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl DirFd {
+    /// Opens the root directory itself (a link here is the user's choice
+    /// of root, so it is followed).
+    pub fn open(path: &Path) -> io::Result<DirFd> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+        // SAFETY: c is a valid NUL-terminated path; the returned descriptor
+        // (if any) is new and owned by nobody else.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        check(fd)?;
+        // SAFETY: fd is a freshly opened descriptor we own.
+        Ok(DirFd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Opens the subdirectory `name`; a symbolic link or a non-directory
+    /// fails (ENOTDIR or ELOOP: see `kind` for which).
+    pub fn open_dir(&self, name: &str) -> io::Result<DirFd> {
+        let c = component(name)?;
+        // SAFETY: self.fd is a live directory descriptor, c a valid
+        // NUL-terminated single component; O_NOFOLLOW refuses links.
+        let fd = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        check(fd)?;
+        // SAFETY: fd is a freshly opened descriptor we own.
+        Ok(DirFd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// What `name` is, without following a link; None if it does not exist.
+    pub fn kind(&self, name: &str) -> io::Result<Option<EntryKind>> {
+        let c = component(name)?;
+        // SAFETY: a zeroed stat is a valid out-buffer; self.fd is live and c
+        // a valid NUL-terminated component.
+        let (rc, st) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            let rc = libc::fstatat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            );
+            (rc, st)
+        };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::NotFound {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(Some(match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => EntryKind::File,
+            libc::S_IFDIR => EntryKind::Dir,
+            libc::S_IFLNK => EntryKind::Symlink,
+            _ => EntryKind::Other,
+        }))
+    }
+
+    /// Creates the directory `name` (fails if anything exists there).
+    pub fn mkdir(&self, name: &str, mode: u32) -> io::Result<()> {
+        let c = component(name)?;
+        // SAFETY: self.fd is live, c a valid component; mkdirat never
+        // follows a link in its last component.
+        check(unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) })
+    }
+
+    /// Creates the regular file `name` for writing; fails if anything
+    /// (including a dangling link) exists there.
+    pub fn create_new(&self, name: &str, mode: u32) -> io::Result<File> {
+        let c = component(name)?;
+        // SAFETY: self.fd is live, c a valid component; O_EXCL with
+        // O_CREAT never follows a link.
+        let fd = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        };
+        check(fd)?;
+        // SAFETY: fd is a freshly opened descriptor we own.
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Renames `from` to `to`, both in this directory. Neither is followed
+    /// if it is a link (a link at `to` is replaced, never written through).
+    /// With `noreplace`, an existing `to` fails with AlreadyExists.
+    pub fn rename(&self, from: &str, to: &str, noreplace: bool) -> io::Result<()> {
+        let (f, t) = (component(from)?, component(to)?);
+        let flags = if noreplace { libc::RENAME_NOREPLACE } else { 0 };
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: fd is live; f and t are valid components.
+        check(unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), flags) })
+    }
+
+    /// Removes the file `name` (not a directory).
+    pub fn unlink(&self, name: &str) -> io::Result<()> {
+        let c = component(name)?;
+        // SAFETY: self.fd is live, c a valid component.
+        check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) })
+    }
+
+    /// fsync of the directory itself (makes created/renamed entries durable).
+    pub fn sync(&self) -> io::Result<()> {
+        self.as_file()?.sync_all()
+    }
+
+    /// Another descriptor of the same directory.
+    pub fn try_clone(&self) -> io::Result<DirFd> {
+        Ok(DirFd {
+            fd: self.fd.try_clone()?,
+        })
+    }
+
+    /// The directory as a `File` (a duplicate descriptor), for the safe
+    /// std calls that work on any descriptor: permissions, times, fsync.
+    pub fn as_file(&self) -> io::Result<File> {
+        Ok(File::from(self.fd.try_clone()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn never_follows_links_below_the_root() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("x"), root.path().join("dangling")).unwrap();
+        std::fs::write(root.path().join("file"), b"x").unwrap();
+        let d = DirFd::open(root.path()).unwrap();
+        assert_eq!(d.kind("link").unwrap(), Some(EntryKind::Symlink));
+        assert_eq!(d.kind("file").unwrap(), Some(EntryKind::File));
+        assert_eq!(d.kind("nothing").unwrap(), None);
+        // O_NOFOLLOW with O_DIRECTORY: Linux says ENOTDIR, others ELOOP.
+        let e = d.open_dir("link").unwrap_err();
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)),
+            "{e}"
+        );
+        let e = d.open_dir("file").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
+        // Creating through a dangling link fails instead of creating its target.
+        assert!(d.create_new("dangling", 0o600).is_err());
+        assert!(d.mkdir("link", 0o700).is_err());
+        assert!(!outside.path().join("x").exists());
+        // Renaming onto a link replaces the link, never its target.
+        let mut f = d.create_new("tmp", 0o600).unwrap();
+        std::io::Write::write_all(&mut f, b"new").unwrap();
+        d.rename("tmp", "link", true).unwrap_err();
+        d.rename("tmp", "link", false).unwrap();
+        assert_eq!(d.kind("link").unwrap(), Some(EntryKind::File));
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        // Components are single names only.
+        for bad in ["", ".", "..", "a/b", "../x", "a\0b"] {
+            assert!(d.open_dir(bad).is_err(), "{bad:?}");
+            assert!(d.create_new(bad, 0o600).is_err(), "{bad:?}");
+            assert!(d.kind(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn directories_files_and_attributes() {
+        let root = tempfile::tempdir().unwrap();
+        let d = DirFd::open(root.path()).unwrap();
+        d.mkdir("sub", 0o700).unwrap();
+        assert_eq!(
+            d.mkdir("sub", 0o700).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        let sub = d.open_dir("sub").unwrap();
+        sub.as_file()
+            .unwrap()
+            .set_permissions(std::fs::Permissions::from_mode(0o751))
+            .unwrap();
+        let meta = std::fs::metadata(root.path().join("sub")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o751);
+        let f = sub.create_new("f", 0o600).unwrap();
+        drop(f);
+        assert!(sub.create_new("f", 0o600).is_err());
+        sub.rename("f", "g", true).unwrap();
+        sub.sync().unwrap();
+        sub.unlink("g").unwrap();
+        assert_eq!(sub.kind("g").unwrap(), None);
+        assert!(DirFd::open(&root.path().join("missing")).is_err());
+    }
+}
