@@ -342,6 +342,7 @@ impl Output {
                 .as_fd()
                 .try_clone_to_owned()
                 .map_err(|e| XferError::io("cannot use standard output", e))?;
+            grow_pipe(&fd, cfg.chunk_size as usize);
             return Ok(Output::Stdout(Some(File::from(fd))));
         }
         let root = DirFd::open(&cfg.dir)
@@ -372,6 +373,23 @@ impl Output {
             if let Err(e) = applied {
                 warn!(dir = %attrs.path, "cannot set the mode or time of a received directory: {e}");
             }
+        }
+    }
+}
+
+/// A pipe as big as a chunk (when `fd` is one), for fewer wake-ups.
+pub(crate) fn grow_pipe(fd: &impl std::os::fd::AsFd, chunk: usize) {
+    let is_fifo = File::from(match fd.as_fd().try_clone_to_owned() {
+        Ok(f) => f,
+        Err(_) => return,
+    })
+    .metadata()
+    .map(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()))
+    .unwrap_or(false);
+    if is_fifo {
+        match crate::verbs::os::set_pipe_size(fd, chunk.min(1 << 20)) {
+            Ok(n) => debug!(bytes = n, "pipe buffer"),
+            Err(e) => debug!("pipe buffer left as it is: {e}"),
         }
     }
 }
@@ -921,11 +939,12 @@ impl Session<'_> {
             Ok(p) => p,
             Err(e @ RecvError::TooLarge { .. }) => {
                 let name = self.file.as_ref().map_or("?", |f| f.name.as_str());
+                let reason = format!("{name}: {e}");
                 let err = XferError::Rejected {
                     code: RejectCode::TooLarge.as_str(),
-                    reason: format!("{name}: {e}"),
+                    reason: reason.clone(),
                 };
-                return Err(self.abort(AckStatus::Rejected, err));
+                return Err(self.abort_with(AckStatus::Rejected, reason, err));
             }
             Err(e) => {
                 let err = XferError::Protocol(format!("bad data write: {e}"));
@@ -940,10 +959,17 @@ impl Session<'_> {
         let crc = crc32fast::hash(data);
         let t1 = Instant::now();
         if crc != placement.expected_crc {
-            let err = XferError::Integrity(format!(
+            let mut msg = format!(
                 "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
                 placement.seq, file.name, placement.file_offset, placement.expected_crc
-            ));
+            );
+            if let Sink::Stdout(_) = file.sink {
+                msg.push_str(&format!(
+                    "; standard output got only the {} bytes before it",
+                    file.written
+                ));
+            }
+            let err = XferError::Integrity(msg);
             return Err(self.abort(AckStatus::Integrity, err));
         }
         let written = match &mut file.sink {
@@ -966,12 +992,12 @@ impl Session<'_> {
                     "standard output was closed after {} bytes of {} (broken pipe): stopped receiving",
                     file.written, file.name
                 );
-                let reason = format!(
-                    "the receiver's standard output was closed by its reader after {} bytes (broken pipe)",
+                let context = format!(
+                    "the receiver's standard output was closed by its reader after {} bytes",
                     file.written
                 );
                 self.output_closed = Some(msg);
-                return Err(self.abort(AckStatus::Io, XferError::PeerIo(reason)));
+                return Err(self.abort(AckStatus::Io, XferError::io(context, e)));
             }
             let what = if stdout {
                 format!("cannot write {} to standard output", file.name)
@@ -1068,12 +1094,18 @@ impl Session<'_> {
     /// A fatal error mid-session: tell the sender why (best effort), and
     /// return the error. The temporary file is removed when `file` drops.
     fn abort(&mut self, status: AckStatus, err: XferError) -> XferError {
+        let reason = err.to_string();
+        self.abort_with(status, reason, err)
+    }
+
+    /// As `abort`, with the reason the sender hears given apart.
+    fn abort_with(&mut self, status: AckStatus, reason: String, err: XferError) -> XferError {
         // After a peer-caused error the machine is already Closed and
         // refuses complete(); the ACK is then built directly.
         let ack = self
             .machine
-            .complete(status, err.to_string())
-            .unwrap_or_else(|_| Message::Ack(Ack::new(status, err.to_string())));
+            .complete(status, reason.clone())
+            .unwrap_or_else(|_| Message::Ack(Ack::new(status, reason)));
         let _ = self.control.send(&self.ep, &ack);
         self.file = None;
         err

@@ -187,3 +187,21 @@ pub fn rename_noreplace(from: &std::path::Path, to: &std::path::Path) -> std::io
     }
     Ok(())
 }
+
+/// Asks for a pipe buffer of `bytes` on `fd` (Linux F_SETPIPE_SZ), so that
+/// whole 1 MiB chunks pass a pipe with one wake-up of its other end rather
+/// than sixteen. Best effort: returns the size granted, or an error for
+/// descriptors that are not pipes or a size above the system's limit
+/// (/proc/sys/fs/pipe-max-size).
+pub fn set_pipe_size(fd: &impl std::os::fd::AsFd, bytes: usize) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let want = libc::c_int::try_from(bytes)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "pipe size"))?;
+    // SAFETY: fcntl on a descriptor borrowed for the call; F_SETPIPE_SZ
+    // takes an int and touches no memory of ours.
+    let rc = unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), libc::F_SETPIPE_SZ, want) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(rc as usize)
+}

@@ -1,0 +1,638 @@
+//! End-to-end tests of streams and trees on a real RDMA stack (`make test`
+//! runs them in the SoftRoCE guest): tar pipes through `sender -` and
+//! `receiver --once --stdout`, `sender -r`, standard input of 0 bytes and
+//! of several rings, many small files, a reader of the receiver's output
+//! that goes away (EPIPE), links in trees, hostile receiver-side links,
+//! --max-size on a stream, a slow producer kept alive, corruption seen on
+//! standard output.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// Quotes `s` for bash.
+fn q(s: impl AsRef<str>) -> String {
+    format!("'{}'", s.as_ref().replace('\'', r"'\''"))
+}
+
+fn qp(p: &Path) -> String {
+    q(p.to_str().expect("UTF-8 path"))
+}
+
+/// A bash pipeline run like a tool (stdin null, stderr collected). It
+/// prints each stage's status as `pipe-status A B` and exits with the
+/// first stage's status.
+fn pipeline(name: &'static str, script: &str) -> Running {
+    let wrapped = format!(
+        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[0]}}"
+    );
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(wrapped).env_remove("RDMA_XFER_TOKEN");
+    Running::spawn(name, cmd)
+}
+
+/// The statuses of a pipeline's stages.
+fn stages(stderr: &str) -> Vec<i32> {
+    stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("pipe-status "))
+        .unwrap_or_else(|| panic!("no pipe-status in:\n{stderr}"))
+        .split_whitespace()
+        .map(|s| s.parse().expect("status"))
+        .collect()
+}
+
+/// `receiver --once --stdout ... | TAIL`, listening.
+fn receiver_to(net: &Net, port: u16, tail: &str, extra: &[&str]) -> Running {
+    let extra: Vec<String> = extra.iter().map(q).collect();
+    let script = format!(
+        "{} --bind {} --port {port} -v --once --stdout {} | {tail}",
+        q(receiver_bin()),
+        q(&net.addr_a),
+        extra.join(" ")
+    );
+    let mut r = pipeline("receiver pipeline", &script);
+    r.wait_for_stderr("listening", Duration::from_secs(60));
+    r
+}
+
+/// The sender's command line (across the wire) as a bash string.
+fn sender_line(bin: &str, net: &Net, port: u16, extra: &[&str], args: &[&str]) -> String {
+    let mut words = vec![q(bin), "--port".into(), port.to_string(), "-v".into()];
+    if let Some(b) = &net.addr_b {
+        words.push("--source".into());
+        words.push(q(b));
+    }
+    words.extend(extra.iter().map(q));
+    words.push(q(&net.addr_a));
+    words.extend(args.iter().map(q));
+    words.join(" ")
+}
+
+/// `HEAD | sender ... -`.
+fn sender_from(net: &Net, port: u16, head: &str, extra: &[&str]) -> Running {
+    let script = format!(
+        "{head} | {}",
+        sender_line(sender_bin(), net, port, extra, &["-"])
+    );
+    // The sender is the last stage: report its status first.
+    let wrapped = format!(
+        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[1]}}"
+    );
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(wrapped).env_remove("RDMA_XFER_TOKEN");
+    Running::spawn("sender pipeline", cmd)
+}
+
+fn run_sender_args(net: &Net, port: u16, extra: &[&str], args: &[PathBuf]) -> Finished {
+    Running::spawn("sender", sender_cmd(net, port, Path_::Wire, args, extra))
+        .wait(Duration::from_secs(600))
+}
+
+/// What a tree holds: relative path -> (kind and content hash, mode).
+fn snapshot(root: &Path) -> BTreeMap<String, (String, u32)> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (String, u32)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|e| e.expect("entry"))
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            let rel = path
+                .strip_prefix(root)
+                .expect("below root")
+                .to_string_lossy()
+                .into_owned();
+            let meta = std::fs::symlink_metadata(&path).expect("lstat");
+            let mode = meta.permissions().mode() & 0o7777;
+            if meta.is_dir() {
+                out.insert(rel, ("dir".into(), mode));
+                walk(root, &path, out);
+            } else if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).expect("readlink");
+                out.insert(rel, (format!("link {}", target.display()), 0));
+            } else {
+                out.insert(rel, (format!("file {}", sha256_file(&path)), mode));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn assert_same_tree(want: &Path, got: &Path) {
+    let (a, b) = (snapshot(want), snapshot(got));
+    for (k, v) in &a {
+        assert_eq!(
+            b.get(k),
+            Some(v),
+            "{k} differs ({} vs {})",
+            want.display(),
+            got.display()
+        );
+    }
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "extra entries in {}: {:?}",
+        got.display(),
+        b.keys().filter(|k| !a.contains_key(*k)).collect::<Vec<_>>()
+    );
+}
+
+/// No `.rdma-xfer-*.part` anywhere below `dir`.
+fn assert_no_temp_files_below(dir: &Path) {
+    assert_no_temp_files(dir);
+    for e in std::fs::read_dir(dir).expect("read_dir") {
+        let e = e.expect("entry");
+        if e.file_type().expect("type").is_dir() {
+            assert_no_temp_files_below(&e.path());
+        }
+    }
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A tree with nested and empty directories, empty files, odd but legal
+/// names, several modes and a few MiB of data.
+fn make_tree(root: &Path, big: u64) {
+    let dirs = [
+        "a",
+        "a/b",
+        "a/b/c deeper",
+        "empty dir",
+        "ünïcødé 文件",
+        "modes",
+        "modes/private",
+    ];
+    for d in dirs {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    let files: [(&str, u64); 10] = [
+        ("top.bin", big),
+        ("a/one", 1),
+        ("a/b/chunk", CHUNK + 3),
+        ("a/b/c deeper/empty", 0),
+        ("a/b/c deeper/x y z.txt", 12_345),
+        ("ünïcødé 文件/🚀 rocket.dat", 4096),
+        ("modes/script.sh", 100),
+        ("modes/readonly", 10),
+        ("modes/private/secret", 20),
+        (" leading space", 7),
+    ];
+    for (i, (f, size)) in files.iter().enumerate() {
+        make_file(&root.join(f), *size, 0xabc + i as u64);
+    }
+    set_mode(&root.join("modes/script.sh"), 0o755);
+    set_mode(&root.join("modes/readonly"), 0o444);
+    set_mode(&root.join("modes/private/secret"), 0o600);
+    set_mode(&root.join("modes/private"), 0o700);
+    set_mode(&root.join("empty dir"), 0o750);
+}
+
+fn mib_per_s(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0) / d.as_secs_f64()
+}
+
+#[test]
+fn tar_pipe_round_trip_of_a_tree() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("src");
+    let dst = tempfile::tempdir().expect("dst");
+    make_tree(src.path(), 64 * MIB);
+    let port = next_port();
+    let receiver = receiver_to(
+        &net,
+        port,
+        &format!("tar -C {} -xpf -", qp(dst.path())),
+        &[],
+    );
+    let started = Instant::now();
+    let sent = sender_from(
+        &net,
+        port,
+        &format!("tar -C {} -cf - .", qp(src.path())),
+        &["--name", "tree.tar"],
+    )
+    .wait(Duration::from_secs(600));
+    let elapsed = started.elapsed();
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(stages(&sent.stderr), [0, 0], "sender:\n{}", sent.stderr);
+    assert_eq!(
+        stages(&received.stderr),
+        [0, 0],
+        "receiver:\n{}",
+        received.stderr
+    );
+    assert_same_tree(src.path(), dst.path());
+    let bytes: u64 = sent
+        .stderr
+        .split("tree.tar: ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no summary in:\n{}", sent.stderr));
+    eprintln!(
+        "MEASURE tar pipe: {bytes} bytes in {:.2} s = {:.1} MiB/s (tar | sender - ... receiver --stdout | tar -x)",
+        elapsed.as_secs_f64(),
+        mib_per_s(bytes, elapsed)
+    );
+}
+
+#[test]
+fn send_r_of_the_same_tree_keeps_modes_and_times() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("src");
+    let dst = tempfile::tempdir().expect("dst");
+    let tree = src.path().join("tree");
+    make_tree(&tree, 5 * MIB);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender_args(
+        &net,
+        port,
+        &["-r", "--preserve-times"],
+        std::slice::from_ref(&tree),
+    );
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(
+        sent.code(),
+        0,
+        "sender:\n{}\nreceiver:\n{}",
+        sent.stderr,
+        received.stderr
+    );
+    assert_eq!(received.code(), 0, "receiver:\n{}", received.stderr);
+    assert!(
+        sent.stderr.contains("total: 10 files and 8 directories"),
+        "{}",
+        sent.stderr
+    );
+    let got = dst.path().join("tree");
+    assert_same_tree(&tree, &got);
+    // Modes of the roots and every mtime, directories included.
+    let m = |p: &Path| std::fs::metadata(p).expect("meta");
+    assert_eq!(m(&tree).mode() & 0o7777, m(&got).mode() & 0o7777);
+    for (rel, _) in snapshot(&tree) {
+        let (a, b) = (m(&tree.join(&rel)), m(&got.join(&rel)));
+        assert_eq!(
+            (a.mtime(), a.mtime_nsec()),
+            (b.mtime(), b.mtime_nsec()),
+            "mtime of {rel}"
+        );
+    }
+    assert_no_temp_files_below(dst.path());
+
+    // Again into the same directory: the directories merge, every file is
+    // refused as existing (exit 4) and nothing changes.
+    let before = snapshot(dst.path());
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender_args(&net, port, &["-r"], std::slice::from_ref(&tree));
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 4, "sender:\n{}", sent.stderr);
+    assert_eq!(received.code(), 4, "receiver:\n{}", received.stderr);
+    assert!(sent.stderr.contains("already exists"), "{}", sent.stderr);
+    assert_eq!(snapshot(dst.path()), before);
+}
+
+#[test]
+fn stdin_of_zero_bytes() {
+    let Some(net) = rdma_net() else { return };
+    // Into --dir, under --name.
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent =
+        sender_from(&net, port, "true", &["--name", "nothing.bin"]).wait(Duration::from_secs(120));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(stages(&sent.stderr), [0, 0], "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    let out = dst.path().join("nothing.bin");
+    assert_eq!(std::fs::metadata(&out).expect("output").len(), 0);
+    assert!(
+        sent.stderr.contains("nothing.bin: 0 bytes"),
+        "{}",
+        sent.stderr
+    );
+    // To standard output, default name.
+    let out = dst.path().join("stdout.bin");
+    let port = next_port();
+    let receiver = receiver_to(&net, port, &format!("cat > {}", qp(&out)), &[]);
+    let sent = sender_from(&net, port, "true", &[]).wait(Duration::from_secs(120));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(stages(&sent.stderr), [0, 0], "{}", sent.stderr);
+    assert_eq!(stages(&received.stderr), [0, 0], "{}", received.stderr);
+    assert!(
+        received.stderr.contains("stdin: 0 bytes"),
+        "{}",
+        received.stderr
+    );
+    assert_eq!(std::fs::metadata(&out).expect("output").len(), 0);
+}
+
+#[test]
+fn stdin_larger_than_four_rings_through_pipes() {
+    let Some(net) = rdma_net() else { return };
+    let dir = tempfile::tempdir().expect("dir");
+    let input = dir.path().join("input.bin");
+    // 80 MiB + 3 bytes: five 16 x 1 MiB rings and a short last chunk.
+    let size = 80 * MIB + 3;
+    let sum = make_file(&input, size, 0x5717);
+    let out = dir.path().join("output.bin");
+    let port = next_port();
+    let receiver = receiver_to(&net, port, &format!("cat > {}", qp(&out)), &[]);
+    let started = Instant::now();
+    let sent = sender_from(
+        &net,
+        port,
+        &format!("cat {}", qp(&input)),
+        &["--verify", "sha256"],
+    )
+    .wait(Duration::from_secs(600));
+    let elapsed = started.elapsed();
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(stages(&sent.stderr), [0, 0], "{}", sent.stderr);
+    assert_eq!(stages(&received.stderr), [0, 0], "{}", received.stderr);
+    assert_eq!(sha256_file(&out), sum);
+    assert!(
+        received.stderr.contains(&format!("stdin: {size} bytes")),
+        "{}",
+        received.stderr
+    );
+    eprintln!(
+        "MEASURE stdin pipe to stdout pipe: {size} bytes in {:.2} s = {:.1} MiB/s",
+        elapsed.as_secs_f64(),
+        mib_per_s(size, elapsed)
+    );
+    // The same from a redirected file into --dir: `sender - < file`.
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let script = format!(
+        "{} < {}",
+        sender_line(sender_bin(), &net, port, &["--name", "big.iso"], &["-"]),
+        qp(&input)
+    );
+    let sent = pipeline("sender", &script).wait(Duration::from_secs(600));
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_eq!(sha256_file(&dst.path().join("big.iso")), sum);
+    assert_no_temp_files(dst.path());
+}
+
+#[test]
+fn thousand_small_files_per_second_versus_one_file() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("src");
+    let tree = src.path().join("small");
+    let mut total = 0u64;
+    let mut state = 0x1234_5678u64;
+    for d in 0..10 {
+        let dir = tree.join(format!("d{d:02}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        for f in 0..100 {
+            // 0 .. 8 KiB, some empty.
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let size = ((state >> 33) % 8192) * u64::from(f % 10 != 0);
+            make_file(&dir.join(format!("f{f:03}")), size, state);
+            total += size;
+        }
+    }
+    let one = src.path().join("one.bin");
+    make_file(&one, total, 0x0e);
+
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let started = Instant::now();
+    let sent = run_sender_args(&net, port, &["-r"], std::slice::from_ref(&tree));
+    let tree_time = started.elapsed();
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_same_tree(&tree, &dst.path().join("small"));
+
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let started = Instant::now();
+    let sent = run_sender_args(&net, port, &[], std::slice::from_ref(&one));
+    let one_time = started.elapsed();
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    eprintln!(
+        "MEASURE 1000 small files ({total} bytes in 10 directories): {:.2} s = {:.0} files/s, {:.2} MiB/s; \
+         one file of the same size: {:.2} s, {:.2} MiB/s (sender start to exit)",
+        tree_time.as_secs_f64(),
+        1000.0 / tree_time.as_secs_f64(),
+        mib_per_s(total, tree_time),
+        one_time.as_secs_f64(),
+        mib_per_s(total, one_time)
+    );
+}
+
+#[test]
+fn epipe_on_the_receivers_stdout_ends_it_quietly() {
+    let Some(net) = rdma_net() else { return };
+    let dir = tempfile::tempdir().expect("dir");
+    let input = dir.path().join("input.bin");
+    make_file(&input, 64 * MIB, 0xe919e);
+    let port = next_port();
+    let receiver = receiver_to(&net, port, "head -c 1000 > /dev/null", &[]);
+    let sent =
+        sender_from(&net, port, &format!("cat {}", qp(&input)), &[]).wait(Duration::from_secs(300));
+    let received = receiver.wait(Duration::from_secs(60));
+    // Receiver: exit 0, one warning, no panic, no broken-pipe noise.
+    assert_eq!(stages(&received.stderr)[0], 0, "{}", received.stderr);
+    assert!(
+        received.stderr.contains("standard output was closed after"),
+        "{}",
+        received.stderr
+    );
+    assert!(!received.stderr.contains("panicked"), "{}", received.stderr);
+    assert!(!received.stderr.contains("error:"), "{}", received.stderr);
+    // Sender: exit 6 with the receiver's reason.
+    assert_eq!(stages(&sent.stderr)[1], 6, "{}", sent.stderr);
+    assert!(
+        sent.stderr
+            .contains("the receiver's standard output was closed by its reader"),
+        "{}",
+        sent.stderr
+    );
+    assert!(!sent.stderr.contains("panicked"), "{}", sent.stderr);
+}
+
+#[test]
+fn symlinks_in_a_tree_are_skipped_or_followed() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("src");
+    let tree = src.path().join("linked");
+    std::fs::create_dir_all(tree.join("real dir")).expect("mkdir");
+    let sum = make_file(&tree.join("real dir/data"), 5000, 7);
+    make_file(&tree.join("plain"), 10, 8);
+    symlink("real dir/data", tree.join("file link")).expect("symlink");
+    symlink("real dir", tree.join("dir link")).expect("symlink");
+
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender_args(&net, port, &["-r"], std::slice::from_ref(&tree));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert!(
+        sent.stderr.contains("skipping symbolic link") && sent.stderr.contains("file link"),
+        "{}",
+        sent.stderr
+    );
+    assert!(
+        sent.stderr.contains("2 links or special files skipped"),
+        "{}",
+        sent.stderr
+    );
+    let got = dst.path().join("linked");
+    assert!(got.join("plain").is_file() && got.join("real dir/data").is_file());
+    assert!(std::fs::symlink_metadata(got.join("file link")).is_err());
+    assert!(std::fs::symlink_metadata(got.join("dir link")).is_err());
+
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender_args(
+        &net,
+        port,
+        &["-r", "--follow-links"],
+        std::slice::from_ref(&tree),
+    );
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    let got = dst.path().join("linked");
+    // Followed links arrive as what they point to.
+    assert_eq!(sha256_file(&got.join("file link")), sum);
+    assert_eq!(sha256_file(&got.join("dir link/data")), sum);
+    assert!(
+        std::fs::symlink_metadata(got.join("dir link"))
+            .expect("dir")
+            .is_dir()
+    );
+}
+
+#[test]
+fn a_link_on_the_receiver_is_never_written_through() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("src");
+    let tree = src.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).expect("mkdir");
+    make_file(&tree.join("sub/f"), 100, 1);
+    make_file(&tree.join("g"), 100, 2);
+    let dst = tempfile::tempdir().expect("dst");
+    let outside = tempfile::tempdir().expect("outside");
+    // Someone left `tree` in --dir pointing elsewhere.
+    symlink(outside.path(), dst.path().join("tree")).expect("symlink");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender_args(&net, port, &["-r"], std::slice::from_ref(&tree));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
+    assert_eq!(received.code(), 4, "{}", received.stderr);
+    assert!(sent.stderr.contains("symbolic link"), "{}", sent.stderr);
+    assert_eq!(
+        std::fs::read_dir(outside.path()).expect("outside").count(),
+        0,
+        "something was written through the link"
+    );
+    assert_no_temp_files(dst.path());
+}
+
+#[test]
+fn a_stream_over_max_size_is_refused_as_it_arrives() {
+    let Some(net) = rdma_net() else { return };
+    let dst = tempfile::tempdir().expect("dst");
+    let input = dst.path().join("input.bin");
+    make_file(&input, 5 * MIB, 3);
+    let out = tempfile::tempdir().expect("out");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, out.path(), &["--once", "--max-size", "2M"]);
+    let sent = sender_from(&net, port, &format!("cat {}", qp(&input)), &["--name", "s"])
+        .wait(Duration::from_secs(120));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(stages(&sent.stderr)[1], 4, "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("more than 2097152 bytes"),
+        "{}",
+        sent.stderr
+    );
+    assert_eq!(received.code(), 4, "{}", received.stderr);
+    assert_eq!(std::fs::read_dir(out.path()).expect("out").count(), 0);
+}
+
+#[test]
+fn a_slow_producer_is_kept_alive() {
+    let Some(net) = rdma_net() else { return };
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--timeout", "2"]);
+    // Silent for twice the receiver's timeout, mid-stream.
+    let sent = sender_from(
+        &net,
+        port,
+        "{ printf abc; sleep 5; printf def; }",
+        &["--timeout", "2", "--name", "slow"],
+    )
+    .wait(Duration::from_secs(60));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(stages(&sent.stderr), [0, 0], "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_eq!(
+        std::fs::read(dst.path().join("slow")).expect("output"),
+        b"abcdef"
+    );
+}
+
+#[test]
+fn corruption_seen_on_stdout_exits_5() {
+    let Some(net) = rdma_net() else { return };
+    let dir = tempfile::tempdir().expect("dir");
+    let input = dir.path().join("input.bin");
+    make_file(&input, 6 * MIB, 0xbad);
+    let out = dir.path().join("out.bin");
+    let port = next_port();
+    let receiver = receiver_to(&net, port, &format!("cat > {}", qp(&out)), &[]);
+    let script = format!(
+        "cat {} | RDMA_XFER_FAULT=corrupt-chunk:3 {}",
+        qp(&input),
+        sender_line(&fault_injection_bin("sender"), &net, port, &[], &["-"])
+    );
+    let wrapped = format!(
+        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[1]}}"
+    );
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(wrapped).env_remove("RDMA_XFER_TOKEN");
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(stages(&sent.stderr)[1], 5, "{}", sent.stderr);
+    assert_eq!(stages(&received.stderr)[0], 5, "{}", received.stderr);
+    assert!(
+        received
+            .stderr
+            .contains("standard output got only the 3145728 bytes before it"),
+        "{}",
+        received.stderr
+    );
+    assert_eq!(std::fs::metadata(&out).expect("out").len(), 3 * MIB);
+}
