@@ -88,9 +88,10 @@ const SEND_BUFFERS: usize = 8;
 const READER_SLICE: Duration = Duration::from_millis(200);
 
 /// How long a stream may wait for its input before the sender tells the
-/// receiver it is still there (a third of the receiver's patience).
+/// receiver it is still there: often enough for any receiver's --timeout
+/// (1 s at least), a few tiny messages a second at most.
 fn keepalive_interval(timeout: Duration) -> Duration {
-    (timeout / 3).max(Duration::from_millis(500))
+    (timeout / 3).clamp(Duration::from_millis(200), Duration::from_millis(500))
 }
 
 /// Sends `paths` in one session ("-" is standard input; directories need
@@ -147,6 +148,14 @@ pub fn send_files(
         let result = conn.run(cfg, plan.entries, &mut pipe, &mut tracker);
         if let Err(e) = result {
             conn.abort();
+            // A receiver that failed an entry may end the session right
+            // after saying why (a stream over --max-size, say): the first
+            // failure is the one to report, as for any session.
+            if let Some(first) = tracker.outcome.first_error.take() {
+                warn!("then the session ended: {e}");
+                eprintln!("sender: then the session ended: {e}");
+                return Err(first);
+            }
             return Err(e);
         }
         tracker.outcome.elapsed = started.elapsed();
@@ -882,5 +891,24 @@ fn ack_error(status: AckStatus, reason: String) -> XferError {
             reason,
         },
         AckStatus::Protocol => XferError::Protocol(format!("the receiver reports: {reason}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_come_often_enough_for_any_receiver() {
+        for (secs, ms) in [(1, 333), (2, 500), (30, 500), (3600, 500)] {
+            assert_eq!(
+                keepalive_interval(Duration::from_secs(secs)),
+                Duration::from_millis(ms)
+                    + Duration::from_nanos(if secs == 1 { 333_333 } else { 0 }),
+                "--timeout {secs}"
+            );
+        }
+        // Below every possible receiver timeout (at least 1 s).
+        assert!(keepalive_interval(Duration::from_secs(1)) < Duration::from_secs(1) / 2);
     }
 }
