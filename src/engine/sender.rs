@@ -237,10 +237,12 @@ enum PendingEntry {
     Dir {
         name: String,
     },
-    /// A file whose FIN went out; its report lacks only the verdict.
+    /// A file whose FIN went out; its report lacks only the verdict. Its
+    /// log span goes with it (the verdict may come during another file).
     File {
         report: FileReport,
         fin_sent: Instant,
+        span: tracing::Span,
     },
 }
 
@@ -273,10 +275,12 @@ impl Tracker<'_> {
                 PendingEntry::File {
                     mut report,
                     fin_sent,
+                    span,
                 },
                 Pending::File,
                 Verdict::Ack(ack),
             ) => {
+                let _enter = span.enter();
                 if ack.status == AckStatus::Ok {
                     report.phases.commit = fin_sent.elapsed();
                     report.elapsed += report.phases.commit;
@@ -636,6 +640,7 @@ impl Connection {
                 phases,
             },
             fin_sent: Instant::now(),
+            span: span.clone(),
         });
         Ok(())
     }
