@@ -17,12 +17,17 @@ deps:
 	scripts/install-deps.sh --build
 	scripts/guest/prepare.sh -q
 
+# The second line builds the test-only tools (rxfer-raw-client, used by
+# tests/hostile.rs) with --features fault-injection into their own target
+# dir: target/release never contains them.
 build: deps
 	$(CARGO) build --release --locked --all-targets
+	$(CARGO) build --release --locked --features fault-injection --target-dir target/fault-injection --bins
 
 lint: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
+	$(CARGO) clippy --release --locked --features fault-injection --all-targets -- -D warnings
 
 # Pure logic and CLI tests on this host (no RDMA needed).
 unit: build
