@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the RDMA test binaries (tests/e2e.rs, tests/faults.rs) on a real RDMA
+# Runs the RDMA test binaries (tests/e2e.rs, faults.rs, hostile.rs) on a real RDMA
 # stack: on this host if it has one, else in the SoftRoCE guest (one boot for
 # all). They must be built already (make build). Tests run one at a time:
 # the guest has 2 vCPUs and parallel transfers would only measure contention.
@@ -8,7 +8,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmd=""
-for t in e2e faults; do
+for t in e2e faults hostile; do
   exe=$(cargo test --release --locked --test "$t" --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep "/$t-" | tail -1)
   [[ -x $exe ]] || { echo "e2e: test binary $t not found; run make build first" >&2; exit 1; }
