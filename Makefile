@@ -8,7 +8,7 @@ PREFIX ?= /usr/local
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build lint unit e2e test demo bench install clean
+.PHONY: all deps build lint unit fuzz e2e test demo bench install clean
 
 all: build
 
@@ -31,7 +31,18 @@ lint: deps
 
 # Pure logic and CLI tests on this host (no RDMA needed).
 unit: build
-	$(CARGO) test --release --locked --lib --bins --test cli
+	$(CARGO) test --release --locked --lib --bins --test cli --test fuzz_proto
+
+# Long property-based fuzzing of the codec and both session state machines
+# (tests/fuzz_proto.rs; `make unit` runs the same properties briefly):
+# 3 decoder properties x FUZZ_DECODE_CASES + 2 state-machine properties x
+# FUZZ_MACHINE_CASES (each case a sequence of up to 300 events) = 1.1 million
+# generated inputs by default. Each property prints its case/input counts.
+FUZZ_DECODE_CASES ?= 300000
+FUZZ_MACHINE_CASES ?= 100000
+fuzz: deps
+	PROPTEST_CASES=$(FUZZ_DECODE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 decode_
+	PROPTEST_CASES=$(FUZZ_MACHINE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 machine_
 
 # The end-to-end suite on real RDMA (this host, or the SoftRoCE guest).
 e2e: build

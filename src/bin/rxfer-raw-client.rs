@@ -474,7 +474,8 @@ fn scenarios() -> Vec<(&'static str, &'static str, Vec<Step>)> {
         ),
         (
             "oversized-frame",
-            "a 5000-byte SEND, larger than any receive buffer (no answer possible: the receiver's QP fails)",
+            "a 5000-byte SEND, larger than any receive buffer \
+             (no answer is possible: the receiver's QP fails)",
             vec![Step::Raw(oversized), Step::ExpectDisconnect],
         ),
         (
