@@ -2,8 +2,16 @@
 //! result into an exit code with one clear message.
 
 use crate::error::{ExitCode, XferError};
+use crate::proto::Token;
+use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Environment variable holding the shared secret (`--token-file` wins).
+pub const TOKEN_ENV: &str = "RDMA_XFER_TOKEN";
 
 /// Options both tools share (flattened into each tool's arguments).
 #[derive(clap::Args, Debug)]
@@ -20,6 +28,66 @@ pub struct CommonArgs {
     /// Only errors on stderr.
     #[arg(short, long)]
     pub quiet: bool,
+    /// File holding the shared secret that authenticates the sender to the
+    /// receiver (trailing whitespace ignored). Overrides RDMA_XFER_TOKEN.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl CommonArgs {
+    /// The shared secret from `--token-file` or RDMA_XFER_TOKEN, if any.
+    pub fn token(&self) -> Result<Option<Token>, XferError> {
+        load_token(self.token_file.as_deref(), std::env::var_os(TOKEN_ENV))
+    }
+}
+
+/// Loads the token: the file wins over the environment value. Trailing
+/// whitespace (the newline of `echo secret > file`) is dropped; an empty
+/// token is a usage error, an unreadable file an I/O error. The token's
+/// bytes never appear in a message.
+pub fn load_token(file: Option<&Path>, env: Option<OsString>) -> Result<Option<Token>, XferError> {
+    let (bytes, source) = match (file, env) {
+        (Some(path), _) => {
+            let ctx = || format!("cannot read token file {}", path.display());
+            let meta = std::fs::metadata(path).map_err(|e| XferError::io(ctx(), e))?;
+            if !meta.is_file() {
+                return Err(XferError::Usage(format!(
+                    "token file {} is not a regular file",
+                    path.display()
+                )));
+            }
+            let mode = meta.permissions().mode();
+            if exposed_to_others(mode) {
+                tracing::warn!(
+                    "token file {} is readable by group or others (mode {:o}); \
+                     `chmod 600 {}` keeps the secret to its owner",
+                    path.display(),
+                    mode & 0o777,
+                    path.display()
+                );
+            }
+            let bytes = std::fs::read(path).map_err(|e| XferError::io(ctx(), e))?;
+            (bytes, format!("token file {}", path.display()))
+        }
+        (None, Some(value)) => (value.into_vec(), TOKEN_ENV.to_string()),
+        (None, None) => return Ok(None),
+    };
+    let len = bytes.trim_ascii_end().len();
+    let mut bytes = bytes;
+    // Wipe the trimmed tail too; Token::new wipes the rest.
+    bytes[len..].fill(0);
+    bytes.truncate(len);
+    match Token::new(bytes) {
+        Some(token) => Ok(Some(token)),
+        None => Err(XferError::Usage(format!(
+            "{source} is empty: the token must not be empty (or leave it unset to run without authentication)"
+        ))),
+    }
+}
+
+/// Whether file permission bits let group or others read the file.
+pub fn exposed_to_others(mode: u32) -> bool {
+    mode & 0o044 != 0
 }
 
 /// Logs go to stderr; stdout stays free for data. Default shows warnings,
@@ -101,6 +169,92 @@ mod tests {
         assert!(parse_timeout_arg("0").is_err());
         assert!(parse_timeout_arg("-1").is_err());
         assert!(parse_timeout_arg("x").is_err());
+    }
+
+    fn env(s: &str) -> Option<OsString> {
+        Some(OsString::from(s))
+    }
+
+    fn write_token(dir: &Path, name: &str, content: &[u8], mode: u32) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, content).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    /// Same token iff the MACs agree.
+    fn same(a: &Token, secret: &[u8]) -> bool {
+        let n = [9u8; crate::proto::NONCE_LEN];
+        a.mac(&n) == Token::new(secret.to_vec()).unwrap().mac(&n)
+    }
+
+    #[test]
+    fn token_sources_and_precedence() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load_token(None, None).unwrap().is_none());
+        let t = load_token(None, env("from-env \n")).unwrap().unwrap();
+        assert!(same(&t, b"from-env"));
+        let f = write_token(dir.path(), "t", b"from-file\n\r\t ", 0o600);
+        // The file wins over the environment.
+        let t = load_token(Some(&f), env("from-env")).unwrap().unwrap();
+        assert!(same(&t, b"from-file"));
+        assert!(!same(&t, b"from-file\n"));
+        // Only trailing whitespace goes; leading and inner bytes are the secret.
+        let f = write_token(dir.path(), "u", b" a b\x00\xff\n", 0o600);
+        let t = load_token(Some(&f), None).unwrap().unwrap();
+        assert!(same(&t, b" a b\x00\xff"));
+    }
+
+    #[test]
+    fn empty_or_unreadable_tokens_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        for content in [&b""[..], b"\n", b"  \r\n\t"] {
+            let f = write_token(dir.path(), "e", content, 0o600);
+            let err = load_token(Some(&f), env("ignored")).unwrap_err();
+            assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
+            assert!(err.to_string().contains("is empty"), "{err}");
+            assert!(err.to_string().contains(&f.display().to_string()), "{err}");
+        }
+        let err = load_token(None, env("\n")).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage);
+        assert!(
+            err.to_string().starts_with("RDMA_XFER_TOKEN is empty"),
+            "{err}"
+        );
+        let missing = dir.path().join("missing");
+        let err = load_token(Some(&missing), env("x")).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Io, "{err}");
+        assert!(err.to_string().contains("cannot read token file"), "{err}");
+        let err = load_token(Some(dir.path()), None).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn token_never_in_messages() {
+        let err = load_token(None, env(" ")).unwrap_err();
+        assert!(!format!("{err} {err:?}").contains("secret"));
+        let dir = tempfile::tempdir().unwrap();
+        let f = write_token(dir.path(), "s", b"my-secret", 0o644);
+        let t = load_token(Some(&f), None).unwrap().unwrap();
+        assert!(!format!("{t:?}").contains("my-secret"));
+    }
+
+    #[test]
+    fn group_or_world_readable_is_flagged() {
+        for (mode, flagged) in [
+            (0o600, false),
+            (0o400, false),
+            (0o700, false),
+            (0o620, false),
+            (0o640, true),
+            (0o604, true),
+            (0o644, true),
+            (0o100644, true),
+            (0o100600, false),
+        ] {
+            assert_eq!(exposed_to_others(mode), flagged, "{mode:o}");
+        }
     }
 
     #[test]

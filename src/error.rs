@@ -27,7 +27,7 @@ macro_rules! exit_codes_help {
   1  other error
   2  usage error
   3  no RDMA device, or cannot connect
-  4  rejected by the peer (name, exists, size, version)
+  4  rejected by the peer (name, exists, size, version, authentication)
   5  integrity failure (checksum mismatch)
   6  I/O error (local, or reported by the peer)
   7  timeout or peer lost"
@@ -44,6 +44,10 @@ pub enum XferError {
     Verbs(#[from] VerbsError),
     #[error("rejected by the receiver ({code}): {reason}")]
     Rejected { code: &'static str, reason: String },
+    /// The shared-secret check failed (the message starts with
+    /// "authentication failed").
+    #[error("{0}")]
+    Auth(String),
     #[error("integrity check failed: {0}")]
     Integrity(String),
     #[error("{context}: {source}")]
@@ -81,7 +85,7 @@ impl XferError {
                 } => ExitCode::TimeoutOrPeerLost,
                 _ => ExitCode::Other,
             },
-            XferError::Rejected { .. } => ExitCode::Rejected,
+            XferError::Rejected { .. } | XferError::Auth(_) => ExitCode::Rejected,
             XferError::Integrity(_) => ExitCode::Integrity,
             XferError::Io { .. } | XferError::PeerIo(_) => ExitCode::Io,
             XferError::Protocol(_) => ExitCode::Other,
@@ -114,6 +118,7 @@ mod tests {
                 },
                 4,
             ),
+            (XferError::Auth("authentication failed: x".into()), 4),
             (XferError::Integrity("c".into()), 5),
             (XferError::io("w", std::io::Error::other("x")), 6),
             (XferError::PeerIo("disk full".into()), 6),

@@ -23,21 +23,21 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
-    Ack, AckStatus, Digest, DigestAlg, FileOffer, Fin, Hello, MAX_MESSAGE, Message,
-    PROTOCOL_VERSION, ProtocolError, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
-    RecvError, Reject, RejectCode, RingInfo, SenderEvent, SenderSession, SenderState, decode,
-    encode_to_vec, validate_name,
+    AUTH_REQUIRED, Ack, AckStatus, Challenge, Digest, DigestAlg, FileOffer, Fin, Hello,
+    MAX_MESSAGE, Message, NONCE_LEN, PROTOCOL_VERSION, ProtocolError, ReceiverConfig,
+    ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo,
+    SenderEvent, SenderSession, SenderState, Token, decode, encode_to_vec, validate_name,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// How deep the generated inputs got (printed with the counts, so a weak
 /// generator shows): frames decoded, chunks placed, files verified, ...
-struct Reached([AtomicU64; 4]);
+struct Reached([AtomicU64; 5]);
 
 impl Reached {
     const fn new() -> Self {
-        Reached([const { AtomicU64::new(0) }; 4])
+        Reached([const { AtomicU64::new(0) }; 5])
     }
     fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, Ordering::Relaxed);
@@ -206,6 +206,26 @@ fn message() -> impl Strategy<Value = Message> {
         (ack_status(), text(40))
             .prop_map(|(status, reason)| Message::Ack(Ack::new(status, reason))),
         Just(Message::Bye),
+        challenge().prop_map(Message::Challenge),
+        prop_oneof![Just(Vec::new()), any::<[u8; 32]>().prop_map(|m| m.to_vec()),]
+            .prop_map(|mac| Message::Auth { mac }),
+    ]
+}
+
+fn challenge() -> impl Strategy<Value = Challenge> {
+    (
+        prop_oneof![Just(0u16), Just(AUTH_REQUIRED)],
+        any::<[u8; NONCE_LEN]>(),
+    )
+        .prop_map(|(flags, nonce)| Challenge { flags, nonce })
+}
+
+/// A shared secret and a session nonce, or none (no authentication).
+fn auth_key() -> impl Strategy<Value = Option<(Vec<u8>, [u8; NONCE_LEN])>> {
+    prop_oneof![
+        1 => Just(None),
+        1 => (proptest::collection::vec(any::<u8>(), 1..40), any::<[u8; NONCE_LEN]>())
+            .prop_map(Some),
     ]
 }
 
@@ -483,11 +503,38 @@ struct RxModel {
     files: u64,
 }
 
+/// The receiver's secret, as the harness knows it.
+#[derive(Clone)]
+struct RxAuth {
+    token: Token,
+    nonce: [u8; NONCE_LEN],
+}
+
+impl RxAuth {
+    fn session(auth: &Option<RxAuth>, cfg: ReceiverConfig) -> ReceiverSession {
+        match auth {
+            Some(a) => ReceiverSession::with_auth(cfg, a.token.clone(), a.nonce),
+            None => ReceiverSession::new(cfg),
+        }
+    }
+}
+
 /// The legal next step of a sender / engine pair in state `state`.
-fn legal_rx(state: ReceiverState, m: &RxModel, cfg: &ReceiverConfig, seed: u32) -> RxAction {
+fn legal_rx(
+    state: ReceiverState,
+    m: &RxModel,
+    cfg: &ReceiverConfig,
+    auth: &Option<RxAuth>,
+    seed: u32,
+) -> RxAction {
     use ReceiverState::*;
     let slots = u64::from(cfg.slot_count);
     match state {
+        AwaitAuth => RxAction::Msg(Message::Auth {
+            mac: auth
+                .as_ref()
+                .map_or_else(Vec::new, |a| a.token.mac(&a.nonce).to_vec()),
+        }),
         AwaitHello => RxAction::Msg(Message::Hello(Hello {
             version: PROTOCOL_VERSION,
             caps: 0,
@@ -545,17 +592,36 @@ fn legal_rx(state: ReceiverState, m: &RxModel, cfg: &ReceiverConfig, seed: u32) 
 
 static RX: Reached = Reached::new();
 
-fn check_receiver(cfg: ReceiverConfig, actions: Vec<RxAction>) -> Result<(), TestCaseError> {
+fn check_receiver(
+    cfg: ReceiverConfig,
+    key: Option<(Vec<u8>, [u8; NONCE_LEN])>,
+    actions: Vec<RxAction>,
+) -> Result<(), TestCaseError> {
     use ReceiverState::*;
-    let mut r = ReceiverSession::new(cfg);
+    let auth = key.and_then(|(secret, nonce)| {
+        Some(RxAuth {
+            token: Token::new(secret)?,
+            nonce,
+        })
+    });
+    let mut r = RxAuth::session(&auth, cfg);
     let mut m = RxModel::default();
+    // Authenticated in this session (or no token configured).
+    let mut admitted = auth.is_none();
+    // The greeting: asks for AUTH exactly when a token is configured.
+    let Message::Challenge(c) = r.challenge() else {
+        return Err(TestCaseError::fail("challenge() is not a CHALLENGE"));
+    };
+    prop_assert_eq!(c.auth_required(), auth.is_some());
+    prop_assert_eq!(r.state() == AwaitAuth, auth.is_some());
     for action in actions {
         let action = match action {
-            RxAction::Legal(seed) => match legal_rx(r.state(), &m, &cfg, seed) {
+            RxAction::Legal(seed) => match legal_rx(r.state(), &m, &cfg, &auth, seed) {
                 RxAction::Legal(_) => {
                     // Closed: the next session.
-                    r = ReceiverSession::new(cfg);
+                    r = RxAuth::session(&auth, cfg);
                     m = RxModel::default();
+                    admitted = auth.is_none();
                     continue;
                 }
                 a => a,
@@ -600,6 +666,8 @@ fn check_receiver(cfg: ReceiverConfig, actions: Vec<RxAction>) -> Result<(), Tes
                 match result {
                     Ok(ReceiverEvent::Offer(h)) => {
                         prop_assert_eq!(before, AwaitHello);
+                        // Nothing is considered before authentication.
+                        prop_assert!(admitted, "HELLO considered before AUTH");
                         let files = m.files + 1;
                         prop_assert_eq!(Message::Hello(h.clone()), sent);
                         prop_assert_eq!(h.version, PROTOCOL_VERSION);
@@ -623,7 +691,29 @@ fn check_receiver(cfg: ReceiverConfig, actions: Vec<RxAction>) -> Result<(), Tes
                     }
                     Ok(ReceiverEvent::Closed) => {
                         prop_assert_eq!(kind, "BYE");
-                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert!(matches!(before, AwaitHello | AwaitAuth));
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Ok(ReceiverEvent::Authenticated) => {
+                        prop_assert_eq!(before, AwaitAuth);
+                        let a = auth
+                            .as_ref()
+                            .ok_or_else(|| TestCaseError::fail("no token"))?;
+                        let good = Message::Auth {
+                            mac: a.token.mac(&a.nonce).to_vec(),
+                        };
+                        prop_assert_eq!(&sent, &good, "a wrong MAC authenticated");
+                        prop_assert_eq!(r.state(), AwaitHello);
+                        admitted = true;
+                        RX.hit(4);
+                    }
+                    Ok(ReceiverEvent::AuthIgnored) => {
+                        prop_assert!(auth.is_none());
+                        prop_assert_eq!(kind, "AUTH");
+                        prop_assert_eq!(r.state(), before);
+                    }
+                    Err(RecvError::Auth(_)) => {
+                        prop_assert_eq!(before, AwaitAuth);
                         prop_assert_eq!(r.state(), Closed);
                     }
                     Err(RecvError::Reject(rej)) => {
@@ -683,7 +773,7 @@ fn check_receiver(cfg: ReceiverConfig, actions: Vec<RxAction>) -> Result<(), Tes
                         prop_assert!(r.bytes_received() <= size);
                     }
                     Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
-                    Err(RecvError::Reject(_)) => {
+                    Err(RecvError::Reject(_) | RecvError::Auth(_)) => {
                         return Err(TestCaseError::fail("on_chunk returned a Reject"));
                     }
                 }
@@ -705,8 +795,9 @@ fn check_receiver(cfg: ReceiverConfig, actions: Vec<RxAction>) -> Result<(), Tes
                 };
                 match r.accept(ring) {
                     Ok(mr) => {
-                        // No MR before an accepted HELLO.
+                        // No MR before an accepted HELLO (nor before AUTH).
                         prop_assert_eq!(before, AwaitDecision);
+                        prop_assert!(admitted);
                         prop_assert!(m.offer.is_some());
                         prop_assert_eq!(mr, Message::Mr(ring));
                         RX.hit(0);
@@ -806,15 +897,17 @@ fn machine_receiver() {
                 max_size,
             },
         );
-    let strategy = (cfg, sequence(rx_action(), RxAction::Legal, 300));
+    let strategy = (cfg, auth_key(), sequence(rx_action(), RxAction::Legal, 300));
     fuzz(
         "machine_receiver",
         strategy,
-        |(_, a)| a.len() as u64,
-        |(cfg, actions)| check_receiver(cfg, actions),
+        |(_, _, a)| a.len() as u64,
+        |(cfg, key, actions)| check_receiver(cfg, key, actions),
         || {
             format!(
-                "{} offers accepted, {} chunks placed, {} FINs verified, {} files acknowledged",
+                "{} AUTHs verified, {} offers accepted, {} chunks placed, {} FINs verified, \
+                 {} files acknowledged",
+                RX.get(4),
                 RX.get(0),
                 RX.get(1),
                 RX.get(2),
@@ -878,6 +971,14 @@ static TX: Reached = Reached::new();
 fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
     use SenderState::*;
     match state {
+        AwaitChallenge => TxAction::Msg(Message::Challenge(Challenge {
+            flags: if seed.is_multiple_of(2) {
+                AUTH_REQUIRED
+            } else {
+                0
+            },
+            nonce: [seed as u8; NONCE_LEN],
+        })),
         Idle => TxAction::Start {
             size: u64::from(seed % 300),
             digest: if seed.is_multiple_of(3) {
@@ -907,15 +1008,21 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
     }
 }
 
-fn check_sender(chunk_size: u32, actions: Vec<TxAction>) -> Result<(), TestCaseError> {
+fn check_sender(
+    chunk_size: u32,
+    secret: Option<Vec<u8>>,
+    actions: Vec<TxAction>,
+) -> Result<(), TestCaseError> {
     use SenderState::*;
-    let mut s = SenderSession::new(chunk_size);
+    let token = secret.and_then(Token::new);
+    let new_session = || SenderSession::new(chunk_size, token.clone());
+    let mut s = new_session();
     let mut m = TxModel::default();
     for action in actions {
         let action = match action {
             TxAction::Legal(seed) => match legal_tx(s.state(), &m, seed) {
                 TxAction::Legal(_) => {
-                    s = SenderSession::new(chunk_size);
+                    s = new_session();
                     m = TxModel::default();
                     continue;
                 }
@@ -966,11 +1073,30 @@ fn check_sender(chunk_size: u32, actions: Vec<TxAction>) -> Result<(), TestCaseE
                     _ => unreachable!(),
                 };
                 let kind = msg.kind();
+                let sent = msg.clone();
                 let result = s.on_message(msg);
                 if before == Closed {
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
                 }
                 match result {
+                    Ok(SenderEvent::Greeted(g)) => {
+                        prop_assert_eq!(before, AwaitChallenge);
+                        prop_assert_eq!(s.state(), Idle);
+                        let Message::Challenge(c) = sent else {
+                            return Err(TestCaseError::fail(format!("greeted by {kind}")));
+                        };
+                        if c.auth_required() {
+                            let mac = token
+                                .as_ref()
+                                .map_or_else(Vec::new, |t| t.mac(&c.nonce).to_vec());
+                            prop_assert_eq!(g.auth, Some(Message::Auth { mac }));
+                            prop_assert!(!g.token_unused);
+                        } else {
+                            prop_assert_eq!(g.auth, None);
+                            prop_assert_eq!(g.token_unused, token.is_some());
+                        }
+                        TX.hit(4);
+                    }
                     Ok(SenderEvent::Ring(ring)) => {
                         prop_assert_eq!(before, AwaitRing);
                         prop_assert!(ring.slot_size > 0 && ring.slot_count > 0);
@@ -1091,18 +1217,25 @@ fn check_sender(chunk_size: u32, actions: Vec<TxAction>) -> Result<(), TestCaseE
 
 #[test]
 fn machine_sender() {
+    let secret = prop_oneof![
+        Just(None),
+        proptest::collection::vec(any::<u8>(), 1..40).prop_map(Some),
+    ];
     let strategy = (
         prop_oneof![1 => Just(0u32), 3 => 1u32..80],
+        secret,
         sequence(tx_action(), TxAction::Legal, 300),
     );
     fuzz(
         "machine_sender",
         strategy,
-        |(_, a)| a.len() as u64,
-        |(chunk_size, actions)| check_sender(chunk_size, actions),
+        |(_, _, a)| a.len() as u64,
+        |(chunk_size, secret, actions)| check_sender(chunk_size, secret, actions),
         || {
             format!(
-                "{} rings granted, {} chunks planned, {} FINs, {} files acknowledged",
+                "{} greetings, {} rings granted, {} chunks planned, {} FINs, \
+                 {} files acknowledged",
+                TX.get(4),
                 TX.get(0),
                 TX.get(1),
                 TX.get(2),

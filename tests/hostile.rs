@@ -6,7 +6,7 @@
 //! written in, beside or above the output directory, and that the same
 //! receiver process keeps serving: a normal transfer by the real `sender`
 //! arrives intact afterwards (SHA-256 checked). One receiver serves all
-//! cases of a test in a row.
+//! cases of a test in a row (three receivers in all; ~20 s in the guest).
 
 mod support;
 
@@ -34,11 +34,17 @@ fn passwd_stamp() -> Option<(u64, SystemTime)> {
 }
 
 fn serve(net: &Net) -> Served {
+    serve_with_token(net, None)
+}
+
+/// With `token`, the receiver requires it (RDMA_XFER_TOKEN).
+fn serve_with_token(net: &Net, token: Option<&str>) -> Served {
     let tmp = tempfile::tempdir().expect("tempdir");
     let out = tmp.path().join("out");
     std::fs::create_dir(&out).expect("mkdir out");
     let port = next_port();
-    let receiver = start_receiver(net, port, &out, &["--timeout", "10"]);
+    let env: Vec<(&str, &str)> = token.map(|t| ("RDMA_XFER_TOKEN", t)).into_iter().collect();
+    let receiver = start_receiver_env(net, port, &out, &["--timeout", "10"], &env);
     Served {
         tmp,
         out,
@@ -83,9 +89,19 @@ impl Served {
 
     /// The same receiver serves a normal transfer by the real sender.
     fn assert_still_serves(&mut self, net: &Net) {
+        self.assert_still_serves_with(net, None)
+    }
+
+    /// As `assert_still_serves`, the sender using `token`.
+    fn assert_still_serves_with(&mut self, net: &Net, token: Option<&str>) {
         let input = self.src.path().join("after.bin");
         let sum = make_file(&input, 3 * CHUNK + 17, 0xa11ce);
-        let sent = run_sender(net, self.port, Path_::Wire, &[input], &[]);
+        let mut cmd = sender_cmd(net, self.port, Path_::Wire, &[input], &[]);
+        cmd.env_remove("RDMA_XFER_TOKEN");
+        if let Some(t) = token {
+            cmd.env("RDMA_XFER_TOKEN", t);
+        }
+        let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(300));
         assert_eq!(
             sent.code(),
             0,
@@ -249,12 +265,11 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-#[test]
-fn malformed_control_messages_are_refused_and_receiver_keeps_serving() {
-    let Some(net) = rdma_net() else { return };
-    let mut s = serve(&net);
+/// Runs each case against the serving receiver `s`; returns the transcripts
+/// of the cases not answered as expected.
+fn run_cases(net: &Net, s: &mut Served, cases: Vec<Case>) -> Vec<String> {
     let mut failures = Vec::new();
-    for case in cases() {
+    for case in cases {
         // After the answer the receiver must end the session (or, after a
         // refused offer, end it on our BYE).
         let tail: &[&str] = if case.session_goes_on {
@@ -262,7 +277,7 @@ fn malformed_control_messages_are_refused_and_receiver_keeps_serving() {
         } else {
             &["expect-disconnect"]
         };
-        let run = run_raw_client(&net, s.port, Some(case.scenario), tail, CLIENT_TIMEOUT);
+        let run = run_raw_client(net, s.port, Some(case.scenario), tail, CLIENT_TIMEOUT);
         let transcript = format!(
             "{}: exit {}\nstdout:\n{}\nstderr:\n{}",
             case.scenario,
@@ -291,6 +306,14 @@ fn malformed_control_messages_are_refused_and_receiver_keeps_serving() {
         }
         s.assert_nothing_written(case.scenario);
     }
+    failures
+}
+
+#[test]
+fn malformed_control_messages_are_refused_and_receiver_keeps_serving() {
+    let Some(net) = rdma_net() else { return };
+    let mut s = serve(&net);
+    let failures = run_cases(&net, &mut s, cases());
     assert!(
         failures.is_empty(),
         "{} case(s) not refused as expected:\n\n{}\n\nreceiver:\n{}",
@@ -299,4 +322,87 @@ fn malformed_control_messages_are_refused_and_receiver_keeps_serving() {
         s.receiver.stderr_so_far()
     );
     s.assert_still_serves(&net);
+}
+
+const TOKEN: &str = "hostile-test-token-42";
+
+/// A receiver with a token: nothing but the right AUTH gets past the
+/// greeting (no HELLO is considered, no file or ring is made); after the
+/// right AUTH, hostile input is refused as without a token; the sender with
+/// the token still gets through.
+#[test]
+fn unauthenticated_input_is_refused_before_anything() {
+    let Some(net) = rdma_net() else { return };
+    let mut s = serve_with_token(&net, Some(TOKEN));
+    let auth = |scenario, reason| Case {
+        scenario,
+        answer: Some(&["REJECT code=auth reason="]),
+        reason,
+        session_goes_on: false,
+    };
+    let cases = vec![
+        auth("hello-before-auth", "authentication required"),
+        auth("fin-before-hello", "authentication required"),
+        auth("auth-empty", "no token"),
+        auth("auth-wrong-token", "wrong token"),
+        Case {
+            scenario: "auth-short-mac",
+            answer: Some(PROTOCOL),
+            reason: "5-byte MAC",
+            session_goes_on: false,
+        },
+        Case {
+            scenario: "truncated-header",
+            answer: Some(PROTOCOL),
+            reason: "truncated",
+            session_goes_on: false,
+        },
+    ];
+    let mut failures = run_cases(&net, &mut s, cases);
+
+    // The right token, then hostile names and a FIN out of place: refused
+    // exactly as without a token.
+    let good = format!("auth:{TOKEN}");
+    let run = run_raw_client(
+        &net,
+        s.port,
+        None,
+        &[
+            &good,
+            "hello:..%2fx:1",
+            "expect:REJECT",
+            "hello:a%0ab:1",
+            "expect:REJECT",
+            "fin:0:0",
+            "expect:ACK",
+            "expect-disconnect",
+        ],
+        CLIENT_TIMEOUT,
+    );
+    let rejects = run.of_kind("REJECT");
+    let acks = run.of_kind("ACK");
+    if run.code() != 0
+        || rejects.len() != 2
+        || !rejects
+            .iter()
+            .all(|l| l.starts_with("REJECT code=bad-name"))
+        || acks.len() != 1
+        || !acks[0].starts_with("ACK status=protocol")
+    {
+        failures.push(format!(
+            "authenticated hostile input: exit {}\n{}\n{}",
+            run.code(),
+            run.lines.join("\n"),
+            run.stderr
+        ));
+    }
+    s.assert_nothing_written("authenticated hostile input");
+    assert!(
+        failures.is_empty(),
+        "{} case(s) not refused as expected:\n\n{}\n\nreceiver:\n{}",
+        failures.len(),
+        failures.join("\n\n"),
+        s.receiver.stderr_so_far()
+    );
+    s.assert_still_serves_with(&net, Some(TOKEN));
 }

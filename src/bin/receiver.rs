@@ -2,8 +2,8 @@
 
 use clap::Parser;
 use rdma_xfer::XferError;
-use rdma_xfer::cli::{CommonArgs, finish, init_logging, parse_size_arg};
-use rdma_xfer::engine::receiver::{ReceiverConfig, serve};
+use rdma_xfer::cli::{CommonArgs, TOKEN_ENV, finish, init_logging, parse_size_arg};
+use rdma_xfer::engine::receiver::{DEFAULT_MAX_SESSIONS, ReceiverConfig, serve};
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, check_buffers, print_summary};
 use rdma_xfer::verbs::os::install_shutdown_handlers;
 use std::net::{IpAddr, SocketAddr};
@@ -19,7 +19,8 @@ final name.",
     after_help = concat!(
         "Examples:\n",
         "  receiver --dir /data/incoming\n",
-        "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n\n",
+        "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n",
+        "  receiver --token-file /etc/rdma-xfer/token --dir /data/incoming\n\n",
         rdma_xfer::exit_codes_help!()
     )
 )]
@@ -49,21 +50,34 @@ struct Args {
     /// besides the free space of --dir.
     #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
     max_size: Option<u64>,
+    /// Sessions served at once (each has its own queue pair and ring);
+    /// further senders are refused with a "busy" reason.
+    #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS as u16, value_parser = clap::value_parser!(u16).range(1..))]
+    max_sessions: u16,
     #[command(flatten)]
     common: CommonArgs,
 }
 
 fn run(args: &Args) -> Result<(), XferError> {
     let (chunk_size, slots) = check_buffers(args.chunk_size, args.slots as u64, "--slots")?;
+    let token = args.common.token()?;
+    if token.is_none() {
+        tracing::warn!(
+            "no token configured: this receiver accepts transfers from anyone who can reach it \
+             (use --token-file or {TOKEN_ENV})"
+        );
+    }
     let mut cfg = ReceiverConfig::new(SocketAddr::new(args.bind, args.port), args.dir.clone());
     cfg.once = args.once;
     cfg.overwrite = args.overwrite;
     cfg.max_size = args.max_size.unwrap_or(u64::MAX);
+    cfg.max_sessions = args.max_sessions.into();
     cfg.slots = slots;
     cfg.chunk_size = chunk_size;
     cfg.busy_poll = args.common.busy_poll;
     cfg.timeout = args.common.timeout;
-    serve(&cfg, |report| print_summary(report, args.common.quiet))
+    cfg.token = token;
+    serve(&cfg, &|report| print_summary(report, args.common.quiet))
 }
 
 fn main() -> std::process::ExitCode {

@@ -9,7 +9,8 @@
 //!
 //! Every control message received is printed on stdout as soon as it arrives,
 //! one per line, in a stable greppable form (`REJECT code=bad-name
-//! reason="..."`, `ACK status=protocol reason="..."`, `MR addr=0x...`, ...;
+//! reason="..."`, `ACK status=protocol reason="..."`, `MR addr=0x...`, the
+//! receiver's greeting `CHALLENGE flags=... nonce=...`, ...;
 //! frames this build cannot decode as `UNDECODED ...`; the peer's disconnect
 //! as `DISCONNECTED`; a failed SEND or write of ours as `WR_FAILED`).
 //! Progress and errors go to stderr.
@@ -21,8 +22,8 @@
 use clap::Parser;
 use rdma_xfer::cli::resolve;
 use rdma_xfer::proto::{
-    AckStatus, CAP_NONE, Digest, DigestAlg, Fin, Hello, MAX_MESSAGE, Message, PROTOCOL_VERSION,
-    RejectCode, RingInfo, decode, encode_to_vec,
+    AckStatus, CAP_NONE, Digest, DigestAlg, Fin, Hello, MAX_MESSAGE, Message, NONCE_LEN,
+    PROTOCOL_VERSION, RejectCode, RingInfo, Token, decode, encode_to_vec,
 };
 use rdma_xfer::verbs::{
     Access, CmId, Endpoint, EventChannel, MemoryRegion, QpCaps, VerbsError, WcOpcode,
@@ -69,6 +70,8 @@ const STEPS_HELP: &str = "Steps (one argument each):
                           %3a = ':'); SIZE a number or 'max' (u64::MAX); DIGEST crc32|sha256
   fin:BYTES:CHUNKS[:CRC]  send an encoded FIN with a crc32 digest (hex, default 0)
   credit:N | bye          send an encoded CREDIT / BYE
+  auth:TOKEN              send AUTH with HMAC-SHA256(TOKEN, nonce of the last CHALLENGE
+                          received); TOKEN is %-decoded; 'auth:' sends an empty MAC
   writes:N[:LEN[:IMM]]    N RDMA WRITE_WITH_IMM of LEN bytes (default: the slot size) into
                           the next ring slots of the last MR received; IMM is the CRC32 of
                           the data unless given as hex or 'bad' (a wrong CRC32)
@@ -81,6 +84,7 @@ const STEPS_HELP: &str = "Steps (one argument each):
 Output (stdout, one line per message received):
   REJECT code=bad-name reason=\"...\"     ACK status=protocol reason=\"...\"
   MR addr=0x.. rkey=0x.. slot_size=N slot_count=N     CREDIT count=N
+  CHALLENGE flags=0x0001 auth_required=true nonce=HEX    AUTH mac=HEX
   UNDECODED len=N error=\"...\" hex=...   DISCONNECTED
   WR_FAILED error=\"...\"   (one of our SENDs or writes failed: the QP is broken)
 
@@ -92,6 +96,8 @@ answer; 2 usage; 3 cannot connect; 7 timeout.";
 enum Step {
     Raw(Vec<u8>),
     Msg(Message),
+    /// AUTH answering the last CHALLENGE with this token (empty: no MAC).
+    Auth(Vec<u8>),
     Writes {
         count: u32,
         len: Option<u32>,
@@ -161,6 +167,11 @@ fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
 }
 
 fn percent_decode(s: &str) -> Result<String, String> {
+    String::from_utf8(percent_decode_bytes(s)?)
+        .map_err(|_| format!("{s:?} does not decode to UTF-8 (use raw:)"))
+}
+
+fn percent_decode_bytes(s: &str) -> Result<Vec<u8>, String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -176,7 +187,7 @@ fn percent_decode(s: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8 (use raw:)"))
+    Ok(out)
 }
 
 fn parse_num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
@@ -233,6 +244,7 @@ fn parse_step(arg: &str) -> Result<Step, String> {
             count: parse_num(field(0).unwrap_or("1"), "CREDIT count")?,
         }),
         "bye" => Step::Msg(Message::Bye),
+        "auth" => Step::Auth(percent_decode_bytes(&fields.join(":"))?),
         "writes" => Step::Writes {
             count: parse_num(field(0).unwrap_or("1"), "write count")?,
             len: field(1).map(|l| parse_num(l, "write length")).transpose()?,
@@ -479,6 +491,31 @@ fn scenarios() -> Vec<(&'static str, &'static str, Vec<Step>)> {
             vec![Step::Raw(oversized), Step::ExpectDisconnect],
         ),
         (
+            "hello-before-auth",
+            "for a receiver with a token: a HELLO instead of the AUTH",
+            vec![Step::Msg(hello("x.bin", 1)), expect(ANSWER)],
+        ),
+        (
+            "auth-empty",
+            "for a receiver with a token: an AUTH without a MAC (a sender without a token)",
+            vec![Step::Auth(Vec::new()), expect(ANSWER)],
+        ),
+        (
+            "auth-wrong-token",
+            "for a receiver with a token: the MAC of the nonce under another token",
+            vec![Step::Auth(b"not-the-token".to_vec()), expect(ANSWER)],
+        ),
+        (
+            "auth-short-mac",
+            "an AUTH frame carrying a 5-byte MAC",
+            vec![
+                Step::Raw(vec![
+                    0x52, 0x58, 0x46, 0x52, 1, 9, 0, 0, 0, 0, 0, 7, 0, 5, 1, 2, 3, 4, 5,
+                ]),
+                expect(ANSWER),
+            ],
+        ),
+        (
             "credit-from-sender",
             "a CREDIT (a receiver-only message) as the first message",
             vec![Step::Msg(Message::Credit { count: 1 }), expect(ANSWER)],
@@ -519,6 +556,7 @@ fn step_arg(step: &Step) -> String {
         Step::Msg(Message::Credit { count }) => format!("credit:{count}"),
         Step::Msg(Message::Bye) => "bye".into(),
         Step::Msg(m) => format!("({})", m.kind()),
+        Step::Auth(t) => format!("auth:{}", pct(&String::from_utf8_lossy(t))),
         Step::Writes { count, len, imm } => format!(
             "writes:{count}:{}:{}",
             len.map(|l| l.to_string()).unwrap_or_default(),
@@ -555,6 +593,7 @@ fn reject_slug(c: RejectCode) -> &'static str {
         RejectCode::Busy => "busy",
         RejectCode::Io => "io",
         RejectCode::Protocol => "protocol",
+        RejectCode::Auth => "auth",
     }
 }
 
@@ -593,6 +632,13 @@ fn describe(msg: &Message) -> String {
         ),
         Message::Ack(a) => format!("ACK status={} reason={:?}", ack_slug(a.status), a.reason),
         Message::Bye => "BYE".into(),
+        Message::Challenge(c) => format!(
+            "CHALLENGE flags={:#06x} auth_required={} nonce={}",
+            c.flags,
+            c.auth_required(),
+            hex(&c.nonce)
+        ),
+        Message::Auth { mac } => format!("AUTH mac={}", hex(mac)),
         other => format!("{} {other:?}", other.kind()),
     }
 }
@@ -627,6 +673,8 @@ struct Client {
     send_mr: MemoryRegion,
     data_mr: Option<MemoryRegion>,
     ring: Option<RingInfo>,
+    /// Nonce of the last CHALLENGE received.
+    nonce: Option<[u8; NONCE_LEN]>,
     /// Chunks written into the current ring (slot = seq % slot_count).
     seq: u64,
     inbox: VecDeque<Inbound>,
@@ -667,6 +715,7 @@ impl Client {
             send_mr,
             data_mr: None,
             ring: None,
+            nonce: None,
             seq: 0,
             inbox: VecDeque::new(),
             outstanding: 0,
@@ -684,6 +733,13 @@ impl Client {
                 let bytes = encode_to_vec(msg)
                     .map_err(|e| Failure::Usage(format!("cannot encode {}: {e}", msg.kind())))?;
                 self.send(&bytes, &describe(msg))
+            }
+            Step::Auth(token) => {
+                let mac = match Token::new(token.clone()) {
+                    None => Vec::new(),
+                    Some(t) => t.mac(&self.await_challenge()?).to_vec(),
+                };
+                self.run(&Step::Msg(Message::Auth { mac }))
             }
             Step::Writes { count, len, imm } => self.writes(*count, *len, *imm),
             Step::Expect(kinds) => self.expect(kinds),
@@ -786,6 +842,25 @@ impl Client {
         }
     }
 
+    /// The nonce of the receiver's CHALLENGE, waiting for it if needed
+    /// (the CHALLENGE itself stays in the inbox for a later `expect`).
+    fn await_challenge(&mut self) -> Result<[u8; NONCE_LEN], Failure> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(n) = self.nonce {
+                return Ok(n);
+            }
+            self.usable()?;
+            if Instant::now() >= deadline {
+                return Err(Failure::Timeout(format!(
+                    "no CHALLENGE within {}s",
+                    self.timeout.as_secs()
+                )));
+            }
+            self.pump(Duration::from_millis(200))?;
+        }
+    }
+
     fn expect_disconnect(&mut self) -> Result<(), Failure> {
         let deadline = Instant::now() + self.timeout;
         while !self.disconnected {
@@ -875,9 +950,13 @@ impl Client {
                     Ok(bytes) => match decode(bytes) {
                         Ok(msg) => {
                             say(&describe(&msg));
-                            if let Message::Mr(r) = &msg {
-                                self.ring = Some(*r);
-                                self.seq = 0;
+                            match &msg {
+                                Message::Mr(r) => {
+                                    self.ring = Some(*r);
+                                    self.seq = 0;
+                                }
+                                Message::Challenge(c) => self.nonce = Some(c.nonce),
+                                _ => {}
                             }
                             Inbound {
                                 kind: msg.kind().to_string(),

@@ -23,7 +23,8 @@ enum Verify {
     after_help = concat!(
         "Examples:\n",
         "  sender 10.0.0.1 data.bin\n",
-        "  sender --verify sha256 recv-host a.bin b.bin\n\n",
+        "  sender --verify sha256 recv-host a.bin b.bin\n",
+        "  RDMA_XFER_TOKEN=... sender 10.0.0.1 data.bin   (or --token-file PATH)\n\n",
         rdma_xfer::exit_codes_help!()
     )
 )]
@@ -65,6 +66,7 @@ fn run(args: &Args) -> Result<(), XferError> {
     };
     cfg.busy_poll = args.common.busy_poll;
     cfg.timeout = args.common.timeout;
+    cfg.token = args.common.token()?;
     let outcome = send_files(&cfg, &args.files, |report| {
         print_summary(report, args.common.quiet)
     })?;

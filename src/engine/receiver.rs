@@ -9,20 +9,22 @@ use super::report::FileReport;
 use super::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT, wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
-    Ack, AckStatus, Fin, Hello, Message, PROTOCOL_VERSION, ReceiverConfig as MachineConfig,
-    ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode, RingInfo, WireError,
+    Ack, AckStatus, AuthFailure, Fin, Hello, Message, NONCE_LEN, PROTOCOL_VERSION,
+    ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError,
+    Reject, RejectCode, RingInfo, Token, WireError,
 };
 use crate::verbs::os::{free_space, rename_noreplace, shutdown_requested};
 use crate::verbs::{
-    Access, CmId, ConnectRequest, Endpoint, EventChannel, MemoryRegion, QpCaps, VerbsError,
+    Access, CmId, Endpoint, EventChannel, IncomingConnection, MemoryRegion, QpCaps, VerbsError,
     WcOpcode, WorkCompletion, probe_devices,
 };
 use std::fs::{File, OpenOptions};
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, info_span, warn};
 
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {
@@ -36,6 +38,10 @@ pub struct ReceiverConfig {
     pub timeout: Duration,
     /// Largest file accepted (checked before any memory is registered).
     pub max_size: u64,
+    /// Sessions served at once; more connections are refused with a reason.
+    pub max_sessions: usize,
+    /// Shared secret senders must prove before anything else; None accepts anyone.
+    pub token: Option<Token>,
 }
 
 impl ReceiverConfig {
@@ -50,18 +56,26 @@ impl ReceiverConfig {
             busy_poll: false,
             timeout: DEFAULT_TIMEOUT,
             max_size: u64::MAX,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            token: None,
         }
     }
 }
+
+/// Default of --max-sessions.
+pub const DEFAULT_MAX_SESSIONS: usize = 8;
 
 /// Control messages the receiver may have outstanding at once from the
 /// sender besides the data writes (HELLO/FIN/BYE are request/response).
 const CONTROL_RECVS: u32 = 8;
 const SEND_BUFFERS: usize = 16;
 
-/// Serves sessions one after another until SIGINT/SIGTERM, or exactly one
-/// with `once` (whose status is then returned).
-pub fn serve(cfg: &ReceiverConfig, mut on_file: impl FnMut(&FileReport)) -> Result<(), XferError> {
+/// Serves sessions, each on its own thread, until SIGINT/SIGTERM; with
+/// `once`, exactly one session (whose status is then returned).
+pub fn serve(
+    cfg: &ReceiverConfig,
+    on_file: &(dyn Fn(&FileReport) + Sync),
+) -> Result<(), XferError> {
     let dir_meta = std::fs::metadata(&cfg.dir)
         .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
     if !dir_meta.is_dir() {
@@ -73,40 +87,140 @@ pub fn serve(cfg: &ReceiverConfig, mut on_file: impl FnMut(&FileReport)) -> Resu
     probe_devices()?;
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
-    listener.listen(cfg.bind, 16)?;
-    info!(bind = %cfg.bind, dir = %cfg.dir.display(), "listening");
-    loop {
-        if shutdown_requested() {
-            info!("shutting down");
-            return Ok(());
+    listener.listen(cfg.bind, 64)?;
+    info!(bind = %cfg.bind, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
+    let sessions = AtomicUsize::new(0);
+    let refusals = AtomicUsize::new(0);
+    let next_id = AtomicU64::new(1);
+    std::thread::scope(|scope| {
+        loop {
+            if shutdown_requested() {
+                let running = sessions.load(Ordering::SeqCst);
+                info!(running, "shutting down (running sessions end first)");
+                return Ok(());
+            }
+            let request = match listener.get_request(Duration::from_millis(500)) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(VerbsError::Interrupted) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let conn = match request.detach() {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!("cannot take an incoming connection: {e}");
+                    continue;
+                }
+            };
+            let id = next_id.fetch_add(1, Ordering::Relaxed);
+            let peer = conn
+                .peer_addr()
+                .map_or_else(|| "?".to_string(), |a| a.ip().to_string());
+            let span = info_span!("session", id, peer = %peer);
+            if cfg.once {
+                return span.in_scope(|| run_logged(cfg, conn, on_file));
+            }
+            if sessions.load(Ordering::SeqCst) >= cfg.max_sessions {
+                // Say why, on a thread of its own so the listener goes on;
+                // a flood beyond that is refused at the CM level (on drop).
+                if refusals.fetch_add(1, Ordering::SeqCst) < cfg.max_sessions {
+                    let refusals = &refusals;
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("refuse-{id}"))
+                        .spawn_scoped(scope, move || {
+                            let _enter = span.enter();
+                            refuse_busy(cfg, conn);
+                            refusals.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    if let Err(e) = spawned {
+                        refusals.fetch_sub(1, Ordering::SeqCst);
+                        warn!("cannot start a thread: {e}");
+                    }
+                } else {
+                    refusals.fetch_sub(1, Ordering::SeqCst);
+                    warn!(peer = %peer, "too many connections: refused without a reason");
+                }
+                continue;
+            }
+            sessions.fetch_add(1, Ordering::SeqCst);
+            let sessions = &sessions;
+            let spawned = std::thread::Builder::new()
+                .name(format!("session-{id}"))
+                .spawn_scoped(scope, move || {
+                    let _enter = span.enter();
+                    if let Err(e) = run_logged(cfg, conn, on_file) {
+                        eprintln!("receiver: session {id} from {peer} failed: {e}");
+                    }
+                    sessions.fetch_sub(1, Ordering::SeqCst);
+                });
+            if let Err(e) = spawned {
+                sessions.fetch_sub(1, Ordering::SeqCst);
+                warn!("cannot start a session thread: {e}");
+            }
         }
-        let request = match listener.get_request(Duration::from_millis(500)) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(VerbsError::Interrupted) => continue,
-            Err(e) => return Err(e.into()),
+    })
+}
+
+/// Runs one session and logs how it ended.
+fn run_logged(
+    cfg: &ReceiverConfig,
+    conn: IncomingConnection,
+    on_file: &(dyn Fn(&FileReport) + Sync),
+) -> Result<(), XferError> {
+    let started = Instant::now();
+    let result = run_session(cfg, conn, on_file);
+    match &result {
+        Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
+        Err(e) => error!(elapsed = ?started.elapsed(), "session failed: {e}"),
+    }
+    result
+}
+
+/// Accepts a connection only to tell the sender that all sessions are taken.
+fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
+    let reason = format!(
+        "the receiver is busy: {} sessions are running (its --max-sessions); try again later",
+        cfg.max_sessions
+    );
+    warn!("refused: {reason}");
+    let result = (|| -> Result<(), XferError> {
+        let id = conn.into_id()?;
+        let caps = QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: 1,
         };
-        let started = Instant::now();
-        let result = run_session(cfg, request, &mut on_file);
-        match &result {
-            Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
-            Err(e) => error!("session failed: {e}"),
+        let ep = Endpoint::new(id, caps, false)?;
+        let mut control = Control::new(&ep, 1, 1)?;
+        let timeout = cfg.timeout.min(Duration::from_secs(5));
+        ep.cm_id().accept(timeout)?;
+        let reject = Message::Reject(Reject::new(RejectCode::Busy, reason));
+        control.send(&ep, &reject)?;
+        let deadline = Instant::now() + timeout;
+        let mut wcs = Vec::new();
+        while control.busy() && Instant::now() < deadline {
+            wcs.clear();
+            ep.cq()
+                .wait(&mut wcs, 4, Duration::from_millis(200), "the refusal")?;
+            for wc in &wcs {
+                if wr::kind(wc.wr_id) == wr::SEND {
+                    control.on_send_done(&ep, wc)?;
+                }
+            }
         }
-        if cfg.once {
-            return result;
-        }
-        if let Err(e) = result {
-            eprintln!("receiver: session failed: {e}");
-        }
+        ep.cm_id().disconnect(Duration::from_secs(1));
+        Ok(())
+    })();
+    if let Err(e) = result {
+        debug!("could not deliver the busy refusal: {e}");
     }
 }
 
 fn run_session(
     cfg: &ReceiverConfig,
-    request: ConnectRequest,
-    on_file: &mut impl FnMut(&FileReport),
+    conn: IncomingConnection,
+    on_file: &(dyn Fn(&FileReport) + Sync),
 ) -> Result<(), XferError> {
-    let id = request.into_id()?;
+    let id = conn.into_id()?;
     let recvs = cfg.slots + CONTROL_RECVS;
     let caps = QpCaps {
         max_send_wr: SEND_BUFFERS as u32 + 4,
@@ -116,14 +230,14 @@ fn run_session(
     let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
     ep.cm_id().accept(cfg.timeout)?;
     info!("session established");
-    let machine = ReceiverSession::new(MachineConfig {
-        slot_size: cfg.chunk_size,
-        slot_count: cfg.slots,
-        credit_batch: (cfg.slots / 4).max(1),
-        max_size: cfg.max_size,
-    });
+    let machine = new_machine(cfg)?;
+    let peer = ep
+        .cm_id()
+        .peer_addr()
+        .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
     let mut session = Session {
         cfg,
+        peer,
         ep,
         control,
         ring: None,
@@ -133,6 +247,32 @@ fn run_session(
     };
     let result = session.run(on_file);
     session.finish(result)
+}
+
+/// The session's state machine; with a token, it requires AUTH over a fresh
+/// nonce from the OS RNG before anything else.
+fn new_machine(cfg: &ReceiverConfig) -> Result<ReceiverSession, XferError> {
+    let machine_cfg = MachineConfig {
+        slot_size: cfg.chunk_size,
+        slot_count: cfg.slots,
+        credit_batch: (cfg.slots / 4).max(1),
+        max_size: cfg.max_size,
+    };
+    let Some(token) = &cfg.token else {
+        return Ok(ReceiverSession::new(machine_cfg));
+    };
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).map_err(|e| {
+        XferError::io(
+            "cannot get random bytes for the challenge",
+            std::io::Error::other(e),
+        )
+    })?;
+    Ok(ReceiverSession::with_auth(
+        machine_cfg,
+        token.clone(),
+        nonce,
+    ))
 }
 
 /// The file being received: a temporary file in the output directory that is
@@ -163,7 +303,6 @@ impl Drop for IncomingFile {
 
 /// A temporary name that does not depend on the (up to 255-byte) final name.
 fn temp_path(dir: &Path) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -178,6 +317,8 @@ fn temp_path(dir: &Path) -> PathBuf {
 
 struct Session<'a> {
     cfg: &'a ReceiverConfig,
+    /// The sender's address, for log messages.
+    peer: String,
     ep: Endpoint,
     control: Control,
     /// Registered at the first accepted HELLO, reused for every file.
@@ -196,13 +337,17 @@ enum Flow {
 }
 
 impl Session<'_> {
-    fn run(&mut self, on_file: &mut impl FnMut(&FileReport)) -> Result<(), XferError> {
+    fn run(&mut self, on_file: &(dyn Fn(&FileReport) + Sync)) -> Result<(), XferError> {
+        // Always the first message: the sender waits for it.
+        let challenge = self.machine.challenge();
+        self.control.send(&self.ep, &challenge)?;
         let mut wcs = Vec::with_capacity(16);
         loop {
             wcs.clear();
-            let what = match self.file {
-                Some(_) => "data from the sender",
-                None => "the next HELLO or BYE",
+            let what = match (&self.file, self.machine.state()) {
+                (Some(_), _) => "data from the sender",
+                (None, ReceiverState::AwaitAuth) => "the sender's AUTH",
+                (None, _) => "the next HELLO or BYE",
             };
             wait_completions(&self.ep, &mut wcs, self.cfg.timeout, what)?;
             for wc in &wcs {
@@ -216,7 +361,7 @@ impl Session<'_> {
     fn on_completion(
         &mut self,
         wc: &WorkCompletion,
-        on_file: &mut impl FnMut(&FileReport),
+        on_file: &(dyn Fn(&FileReport) + Sync),
     ) -> Result<Flow, XferError> {
         match (wr::kind(wc.wr_id), wc.opcode) {
             (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
@@ -266,13 +411,18 @@ impl Session<'_> {
     fn on_message(
         &mut self,
         msg: Message,
-        on_file: &mut impl FnMut(&FileReport),
+        on_file: &(dyn Fn(&FileReport) + Sync),
     ) -> Result<Flow, XferError> {
         let kind = msg.kind();
         match self.machine.on_message(msg) {
             Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
             Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin, on_file)?,
             Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
+            Ok(ReceiverEvent::Authenticated) => info!("sender authenticated"),
+            Ok(ReceiverEvent::AuthIgnored) => {
+                debug!("AUTH ignored: this receiver has no token")
+            }
+            Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Reject(reject)) => {
                 warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
                 let err = XferError::Rejected {
@@ -288,6 +438,21 @@ impl Session<'_> {
             }
         }
         Ok(Flow::Continue)
+    }
+
+    /// The sender did not prove the secret: tell it (best effort) and end
+    /// the session before anything is written or exposed.
+    fn auth_failed(&mut self, failure: AuthFailure) -> XferError {
+        warn!(
+            "authentication failed from {}: {}",
+            self.peer,
+            failure.detail()
+        );
+        let _ = self
+            .control
+            .send(&self.ep, &Message::Reject(failure.reject()));
+        self.file = None;
+        XferError::Auth(failure.to_string())
     }
 
     /// Checks that need the file system, then opens the temporary file and
@@ -446,7 +611,11 @@ impl Session<'_> {
         Ok(())
     }
 
-    fn on_fin(&mut self, fin: Fin, on_file: &mut impl FnMut(&FileReport)) -> Result<(), XferError> {
+    fn on_fin(
+        &mut self,
+        fin: Fin,
+        on_file: &(dyn Fn(&FileReport) + Sync),
+    ) -> Result<(), XferError> {
         let Some(mut file) = self.file.take() else {
             return Err(XferError::Protocol("FIN without an open file".into()));
         };

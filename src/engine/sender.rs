@@ -7,7 +7,10 @@ use super::reader::{self, ReadJob, ReaderMsg};
 use super::report::FileReport;
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
-use crate::proto::{AckStatus, DigestAlg, FileOffer, SenderEvent, SenderSession, SenderState};
+use crate::proto::{
+    AckStatus, DigestAlg, FileOffer, ProtocolError, RejectCode, SenderEvent, SenderSession,
+    SenderState, Token,
+};
 use crate::verbs::{
     CmId, Endpoint, EventChannel, QpCaps, SlotPool, SlotToken, VerbsError, WcOpcode,
     WorkCompletion, probe_devices,
@@ -30,6 +33,8 @@ pub struct SenderConfig {
     pub verify: DigestAlg,
     pub busy_poll: bool,
     pub timeout: Duration,
+    /// Shared secret proving this sender to a receiver that requires one.
+    pub token: Option<Token>,
 }
 
 impl SenderConfig {
@@ -42,6 +47,7 @@ impl SenderConfig {
             verify: DigestAlg::Crc32,
             busy_poll: false,
             timeout: DEFAULT_TIMEOUT,
+            token: None,
         }
     }
 }
@@ -128,6 +134,10 @@ pub fn send_files(
             files: Vec::new(),
             first_error: None,
         };
+        if let Err(e) = conn.greet(cfg, &mut pipe) {
+            conn.abort();
+            return Err(e);
+        }
         for source in &sources {
             match conn.send_file(cfg, source, &mut pipe) {
                 Ok(report) => {
@@ -245,9 +255,42 @@ impl Connection {
         Ok(Connection {
             ep,
             control,
-            session: SenderSession::new(cfg.chunk_size),
+            session: SenderSession::new(cfg.chunk_size, cfg.token.clone()),
             wcs: Vec::with_capacity(64),
         })
+    }
+
+    /// Waits for the receiver's greeting: CHALLENGE (answered with AUTH when
+    /// it requires authentication; the first HELLO follows without waiting)
+    /// or a REJECT that refuses the session.
+    fn greet(&mut self, cfg: &SenderConfig, pipe: &mut Pipeline<'_>) -> Result<(), XferError> {
+        while self.session.state() == SenderState::AwaitChallenge {
+            let event = match self.next_event(cfg, pipe, "the receiver's greeting") {
+                Ok(event) => event,
+                Err(FileError::Fatal(e) | FileError::Continue(e)) => return Err(e),
+            };
+            match event {
+                None => {}
+                Some(SenderEvent::Greeted(greeting)) => {
+                    if greeting.token_unused {
+                        warn!(
+                            "the receiver does not require authentication: the token is not used \
+                             (anyone who can reach that receiver may send to it)"
+                        );
+                    }
+                    if let Some(auth) = greeting.auth {
+                        debug!("the receiver requires authentication: AUTH sent");
+                        self.control.send(&self.ep, &auth)?;
+                    }
+                }
+                Some(other) => {
+                    return Err(XferError::Protocol(format!(
+                        "unexpected event {other:?} before the receiver's greeting"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn send_file<'a>(
@@ -278,10 +321,17 @@ impl Connection {
                         );
                     }
                     SenderEvent::Rejected(rej) => {
-                        return Err(FileError::Continue(XferError::Rejected {
+                        let err = XferError::Rejected {
                             code: rej.code.as_str(),
                             reason: rej.reason,
-                        }));
+                        };
+                        // "Busy" refuses the whole session (the receiver
+                        // disconnects); other refusals concern this file.
+                        return Err(if rej.code == RejectCode::Busy {
+                            FileError::Fatal(err)
+                        } else {
+                            FileError::Continue(err)
+                        });
                     }
                     SenderEvent::Acked(ack) => {
                         return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
@@ -526,8 +576,26 @@ struct DataPathTimes {
     wait_cq: Duration,
 }
 
-fn proto_err(e: impl std::fmt::Display) -> FileError {
-    FileError::Fatal(XferError::Protocol(e.to_string()))
+fn proto_err(e: ProtocolError) -> FileError {
+    FileError::Fatal(match e {
+        ProtocolError::AuthFailed { reason } => auth_error(&reason),
+        ProtocolError::Refused { code, reason } => XferError::Rejected {
+            code: code.as_str(),
+            reason,
+        },
+        other => XferError::Protocol(other.to_string()),
+    })
+}
+
+/// The receiver refused our AUTH (REJECT with code Auth and `reason`).
+fn auth_error(reason: &str) -> XferError {
+    let said = reason
+        .strip_prefix("authentication failed: ")
+        .unwrap_or(reason);
+    XferError::Auth(format!(
+        "authentication failed: the receiver says {said:?}; check that --token-file or \
+         RDMA_XFER_TOKEN gives both hosts the same token"
+    ))
 }
 
 fn unexpected(event: &SenderEvent) -> FileError {

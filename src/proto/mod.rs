@@ -1,19 +1,22 @@
 //! rdma-xfer control protocol v1: wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
 
+pub mod auth;
 pub mod names;
 pub mod receiver;
 pub mod sender;
 pub mod wire;
 
+pub use auth::{AUTH_REQUIRED, NONCE_LEN, Token};
 pub use names::{MAX_NAME_BYTES, NameError, validate_name};
 pub use receiver::{
-    ChunkPlacement, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError,
+    AuthFailure, ChunkPlacement, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
+    RecvError,
 };
-pub use sender::{ChunkPlan, FileOffer, SenderEvent, SenderSession, SenderState};
+pub use sender::{ChunkPlan, FileOffer, Greeting, SenderEvent, SenderSession, SenderState};
 pub use wire::{
-    Ack, AckStatus, CAP_NONE, Digest, DigestAlg, Fin, Hello, MAX_MESSAGE, Message, Reject,
-    RejectCode, RingInfo, WireError, decode, encode, encode_to_vec,
+    Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Hello, MAX_MESSAGE, Message,
+    Reject, RejectCode, RingInfo, WireError, decode, encode, encode_to_vec,
 };
 
 use thiserror::Error;
@@ -38,6 +41,12 @@ pub enum ProtocolError {
     },
     #[error("peer aborted the session ({code}): {reason}")]
     PeerRejected { code: RejectCode, reason: String },
+    /// The receiver refused the session in its greeting (e.g. Busy).
+    #[error("the receiver refused the session ({code}): {reason}")]
+    Refused { code: RejectCode, reason: String },
+    /// REJECT(Auth): the receiver did not accept our AUTH (`reason` is its text).
+    #[error("authentication failed (the receiver says: {reason})")]
+    AuthFailed { reason: String },
     #[error("invalid ring: {reason}")]
     BadRing { reason: &'static str },
     #[error("CREDIT of 0 is invalid")]
@@ -229,7 +238,9 @@ mod tests {
                     ReceiverEvent::Fin(f) => {
                         assert_eq!(f.bytes, self.current().len() as u64);
                     }
-                    ReceiverEvent::Closed => {}
+                    ReceiverEvent::Closed
+                    | ReceiverEvent::Authenticated
+                    | ReceiverEvent::AuthIgnored => {}
                 },
             }
         }
@@ -268,6 +279,13 @@ mod tests {
                 return;
             };
             match self.s.on_message(decode(&b).unwrap()).unwrap() {
+                SenderEvent::Greeted(g) => {
+                    // AUTH and the first HELLO go out back to back.
+                    if let Some(auth) = g.auth {
+                        send(&mut self.s2r, &auth);
+                    }
+                    self.sender_next_file();
+                }
                 SenderEvent::Ring(r) => assert_eq!(r, self.ring),
                 SenderEvent::Credit(_) => {}
                 SenderEvent::Rejected(_) => {
@@ -311,15 +329,33 @@ mod tests {
                 slot_size,
                 slot_count,
             };
+            let rcfg = ReceiverConfig {
+                slot_size,
+                slot_count,
+                credit_batch,
+                max_size: u64::MAX,
+            };
+            // A third of the sessions authenticate; a sender token the receiver
+            // does not ask for is merely unused.
+            let token = Token::new(b"sim".to_vec());
+            let (s, r) = match rng.below(3) {
+                0 => (
+                    SenderSession::new(chunk_size, token.clone()),
+                    ReceiverSession::with_auth(rcfg, token.unwrap(), [round as u8; NONCE_LEN]),
+                ),
+                1 => (
+                    SenderSession::new(chunk_size, token),
+                    ReceiverSession::new(rcfg),
+                ),
+                _ => (
+                    SenderSession::new(chunk_size, None),
+                    ReceiverSession::new(rcfg),
+                ),
+            };
             let mut sim = Sim {
                 rng: Rng(rng.next() | 1),
-                s: SenderSession::new(chunk_size),
-                r: ReceiverSession::new(ReceiverConfig {
-                    slot_size,
-                    slot_count,
-                    credit_batch,
-                    max_size: u64::MAX,
-                }),
+                s,
+                r,
                 ring,
                 mem: vec![0; ring.len_bytes() as usize],
                 s2r: VecDeque::new(),
@@ -332,7 +368,8 @@ mod tests {
                 rejected: 0,
                 max_outstanding: 0,
             };
-            sim.sender_next_file();
+            let greeting = sim.r.challenge();
+            send(&mut sim.r2s, &greeting);
             let mut steps = 0u64;
             while sim.step() {
                 steps += 1;

@@ -1,14 +1,22 @@
-//! Receiver side of a session. The engine feeds it decoded messages and
-//! WRITE_WITH_IMM completions; it answers with placements and messages to send.
+//! Receiver side of a session. The engine sends `challenge()` first, then
+//! feeds the machine decoded messages and WRITE_WITH_IMM completions; it
+//! answers with placements and messages to send. With a token, nothing but
+//! a correct AUTH (or BYE) is accepted first, so no HELLO is considered and
+//! no ring is exposed before the sender has proven the secret.
 
 use thiserror::Error;
 
+use super::auth::{AUTH_REQUIRED, NONCE_LEN, Token};
 use super::names::validate_name;
-use super::wire::{Ack, AckStatus, DigestAlg, Fin, Hello, Message, Reject, RejectCode, RingInfo};
+use super::wire::{
+    Ack, AckStatus, Challenge, DigestAlg, Fin, Hello, Message, Reject, RejectCode, RingInfo,
+};
 use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReceiverState {
+    /// CHALLENGE (auth required) sent; only AUTH or BYE may come.
+    AwaitAuth,
     AwaitHello,
     /// HELLO passed the pure checks; the engine must `accept` or `reject`.
     AwaitDecision,
@@ -21,6 +29,7 @@ pub enum ReceiverState {
 impl ReceiverState {
     pub const fn as_str(self) -> &'static str {
         match self {
+            Self::AwaitAuth => "AWAIT_AUTH",
             Self::AwaitHello => "AWAIT_HELLO",
             Self::AwaitDecision => "AWAIT_DECISION",
             Self::Receiving => "RECEIVING",
@@ -62,6 +71,42 @@ pub enum ReceiverEvent {
     Fin(Fin),
     /// The sender said BYE.
     Closed,
+    /// AUTH carried the right MAC: HELLOs are welcome now.
+    Authenticated,
+    /// An AUTH although none was asked for (no token configured): ignored.
+    AuthIgnored,
+}
+
+/// Why a sender was not authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuthFailure {
+    /// AUTH with a MAC that does not match.
+    WrongToken,
+    /// Empty AUTH: the sender has no token.
+    NoToken,
+    /// Something other than AUTH (or BYE) came first.
+    Required,
+}
+
+impl AuthFailure {
+    pub const fn detail(self) -> &'static str {
+        match self {
+            Self::WrongToken => "wrong token",
+            Self::NoToken => "the sender has no token",
+            Self::Required => "authentication required",
+        }
+    }
+
+    /// The REJECT that tells the sender.
+    pub fn reject(self) -> Reject {
+        Reject::new(RejectCode::Auth, self.to_string())
+    }
+}
+
+impl std::fmt::Display for AuthFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "authentication failed: {}", self.detail())
+    }
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -73,11 +118,24 @@ pub enum RecvError {
     /// (or a `Reject` with `RejectCode::Protocol`) directly and disconnect.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
+    /// The sender did not authenticate (state is now Closed): send
+    /// `Message::Reject(failure.reject())` and end the session; nothing may
+    /// be written or exposed.
+    #[error("{0}")]
+    Auth(AuthFailure),
+}
+
+/// The receiver's secret and this session's nonce.
+#[derive(Debug, Clone)]
+struct AuthKey {
+    token: Token,
+    nonce: [u8; NONCE_LEN],
 }
 
 #[derive(Debug, Clone)]
 pub struct ReceiverSession {
     cfg: ReceiverConfig,
+    auth: Option<AuthKey>,
     state: ReceiverState,
     size: u64,
     digest: DigestAlg,
@@ -93,9 +151,11 @@ pub struct ReceiverSession {
 }
 
 impl ReceiverSession {
+    /// A session that accepts any sender (no token configured).
     pub fn new(cfg: ReceiverConfig) -> Self {
         Self {
             cfg,
+            auth: None,
             state: ReceiverState::AwaitHello,
             size: 0,
             digest: DigestAlg::Crc32,
@@ -106,6 +166,29 @@ impl ReceiverSession {
             unconsumed: 0,
             pending: 0,
         }
+    }
+
+    /// A session that first requires an AUTH proving `token` over `nonce`
+    /// (which must be fresh from the OS RNG for every session).
+    pub fn with_auth(cfg: ReceiverConfig, token: Token, nonce: [u8; NONCE_LEN]) -> Self {
+        let mut s = Self::new(cfg);
+        s.auth = Some(AuthKey { token, nonce });
+        s.state = ReceiverState::AwaitAuth;
+        s
+    }
+
+    /// The CHALLENGE the engine sends as the very first message.
+    pub fn challenge(&self) -> Message {
+        Message::Challenge(match &self.auth {
+            Some(a) => Challenge {
+                flags: AUTH_REQUIRED,
+                nonce: a.nonce,
+            },
+            None => Challenge {
+                flags: 0,
+                nonce: [0; NONCE_LEN],
+            },
+        })
     }
 
     pub fn state(&self) -> ReceiverState {
@@ -139,10 +222,11 @@ impl ReceiverSession {
         self.pending = 0;
     }
 
-    /// Applies a message from the sender. A `RecvError::Protocol` closes the session.
+    /// Applies a message from the sender. A `RecvError::Protocol` or
+    /// `RecvError::Auth` closes the session.
     pub fn on_message(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
         let result = self.dispatch(msg);
-        if let Err(RecvError::Protocol(_)) = result {
+        if let Err(RecvError::Protocol(_) | RecvError::Auth(_)) = result {
             self.state = ReceiverState::Closed;
         }
         result
@@ -152,6 +236,28 @@ impl ReceiverSession {
         use ReceiverState::*;
         match (self.state, msg) {
             (Closed, m) => Err(self.unexpected(m.kind()).into()),
+            (AwaitAuth, Message::Auth { mac }) => {
+                let Some(key) = &self.auth else {
+                    return Err(self.unexpected("AUTH").into());
+                };
+                if mac.is_empty() {
+                    Err(RecvError::Auth(AuthFailure::NoToken))
+                } else if key.token.verify(&key.nonce, &mac) {
+                    self.state = AwaitHello;
+                    Ok(ReceiverEvent::Authenticated)
+                } else {
+                    Err(RecvError::Auth(AuthFailure::WrongToken))
+                }
+            }
+            (AwaitAuth, Message::Bye) => {
+                self.state = Closed;
+                Ok(ReceiverEvent::Closed)
+            }
+            (AwaitAuth, _) => Err(RecvError::Auth(AuthFailure::Required)),
+            // No token configured: an AUTH nobody asked for changes nothing.
+            (AwaitHello, Message::Auth { .. }) if self.auth.is_none() => {
+                Ok(ReceiverEvent::AuthIgnored)
+            }
             (AwaitHello, Message::Hello(h)) => {
                 check_hello(&h, self.cfg.max_size).map_err(RecvError::Reject)?;
                 self.size = h.size;
@@ -400,11 +506,40 @@ mod tests {
         }
     }
 
+    const NONCE: [u8; NONCE_LEN] = [0x3c; NONCE_LEN];
+
+    fn token() -> Token {
+        Token::new(b"the shared secret".to_vec()).unwrap()
+    }
+
+    fn good_auth() -> Message {
+        Message::Auth {
+            mac: token().mac(&NONCE).to_vec(),
+        }
+    }
+
     /// Session of a 4x100 ring, batch 2, file of 1000 bytes (100 for Verifying).
     fn session_in(state: ReceiverState) -> ReceiverSession {
+        session_in_auth(state, false)
+    }
+
+    /// As `session_in`; with `auth` the session requires a token and every
+    /// state past AwaitAuth is reached through a correct AUTH.
+    fn session_in_auth(state: ReceiverState, auth: bool) -> ReceiverSession {
         let c = cfg(100, 4, 2);
-        let mut r = ReceiverSession::new(c);
+        let mut r = if auth {
+            ReceiverSession::with_auth(c, token(), NONCE)
+        } else {
+            ReceiverSession::new(c)
+        };
+        if auth && state != ReceiverState::AwaitAuth {
+            assert_eq!(r.on_message(good_auth()), Ok(ReceiverEvent::Authenticated));
+        }
         match state {
+            ReceiverState::AwaitAuth => {
+                assert!(auth, "AwaitAuth exists only with a token");
+                return r;
+            }
             ReceiverState::AwaitHello => return r,
             ReceiverState::Closed => {
                 r.on_message(Message::Bye).unwrap();
@@ -448,25 +583,168 @@ mod tests {
             Message::Ack(Ack::new(AckStatus::Ok, "")),
             Message::Ack(Ack::new(AckStatus::Io, "x")),
             Message::Bye,
+            Message::Challenge(Challenge {
+                flags: AUTH_REQUIRED,
+                nonce: NONCE,
+            }),
+            Message::Auth { mac: Vec::new() },
+            good_auth(),
+            // Right token, wrong nonce; wrong token; a short MAC.
+            Message::Auth {
+                mac: token().mac(&[0; NONCE_LEN]).to_vec(),
+            },
+            Message::Auth {
+                mac: Token::new(b"guess".to_vec()).unwrap().mac(&NONCE).to_vec(),
+            },
+            Message::Auth {
+                mac: token().mac(&NONCE)[..16].to_vec(),
+            },
         ]
+    }
+
+    /// What an AUTH-state session answers to `msg`.
+    fn expected_in_await_auth(msg: &Message) -> Result<ReceiverEvent, RecvError> {
+        match msg {
+            Message::Auth { mac } if mac.is_empty() => Err(RecvError::Auth(AuthFailure::NoToken)),
+            Message::Auth { mac } if *mac == token().mac(&NONCE) => {
+                Ok(ReceiverEvent::Authenticated)
+            }
+            Message::Auth { .. } => Err(RecvError::Auth(AuthFailure::WrongToken)),
+            Message::Bye => Ok(ReceiverEvent::Closed),
+            _ => Err(RecvError::Auth(AuthFailure::Required)),
+        }
+    }
+
+    #[test]
+    fn await_auth_every_message() {
+        for msg in all_messages(100) {
+            let mut r = session_in_auth(ReceiverState::AwaitAuth, true);
+            let want = expected_in_await_auth(&msg);
+            let res = r.on_message(msg.clone());
+            assert_eq!(res, want, "{}", msg.kind());
+            let next = match want {
+                Ok(ReceiverEvent::Authenticated) => ReceiverState::AwaitHello,
+                _ => ReceiverState::Closed,
+            };
+            assert_eq!(r.state(), next, "{}", msg.kind());
+            // Failed or not, nothing may be placed or exposed yet.
+            assert!(r.clone().accept(ring(&cfg(100, 4, 2))).is_err());
+            assert!(r.clone().on_chunk(100, 0).is_err());
+        }
+        // No WRITE_WITH_IMM is legal before AUTH either.
+        let mut r = session_in_auth(ReceiverState::AwaitAuth, true);
+        assert_eq!(
+            r.on_chunk(100, 0),
+            Err(RecvError::Protocol(ProtocolError::Unexpected {
+                msg: "WRITE_WITH_IMM",
+                state: "AWAIT_AUTH"
+            }))
+        );
+        assert_eq!(r.state(), ReceiverState::Closed);
+    }
+
+    #[test]
+    fn auth_failures_say_why() {
+        for (f, reason) in [
+            (
+                AuthFailure::WrongToken,
+                "authentication failed: wrong token",
+            ),
+            (
+                AuthFailure::NoToken,
+                "authentication failed: the sender has no token",
+            ),
+            (
+                AuthFailure::Required,
+                "authentication failed: authentication required",
+            ),
+        ] {
+            assert_eq!(f.to_string(), reason);
+            assert_eq!(RecvError::Auth(f).to_string(), reason);
+            assert_eq!(f.reject(), Reject::new(RejectCode::Auth, reason));
+        }
+    }
+
+    #[test]
+    fn challenge_carries_the_nonce_only_with_a_token() {
+        let c = cfg(100, 4, 2);
+        assert_eq!(
+            ReceiverSession::with_auth(c, token(), NONCE).challenge(),
+            Message::Challenge(Challenge {
+                flags: AUTH_REQUIRED,
+                nonce: NONCE
+            })
+        );
+        let open = ReceiverSession::new(c);
+        assert_eq!(open.state(), ReceiverState::AwaitHello);
+        assert_eq!(
+            open.challenge(),
+            Message::Challenge(Challenge {
+                flags: 0,
+                nonce: [0; NONCE_LEN]
+            })
+        );
+    }
+
+    /// Every sequence of up to three messages from a fresh session that
+    /// requires a token, with the engine accepting every offer it can: an
+    /// MR (or a placed chunk) only ever follows a correct AUTH.
+    #[test]
+    fn no_ring_before_a_good_auth() {
+        let c = cfg(100, 4, 2);
+        let msgs = all_messages(0);
+        let good = good_auth();
+        let mut paths = 0u32;
+        let mut rings = 0u32;
+        let mut stack: Vec<(ReceiverSession, bool, usize)> =
+            vec![(ReceiverSession::with_auth(c, token(), NONCE), false, 0)];
+        while let Some((r, authed, depth)) = stack.pop() {
+            paths += 1;
+            let mut probe = r.clone();
+            let exposed = probe.accept(ring(&c)).is_ok() || probe.clone().on_chunk(1, 0).is_ok();
+            assert!(!exposed || authed, "ring exposed without AUTH: {r:?}");
+            rings += u32::from(exposed);
+            if depth == 3 {
+                continue;
+            }
+            for m in &msgs {
+                let mut next = r.clone();
+                let res = next.on_message(m.clone());
+                let now_authed = authed || (res.is_ok() && *m == good);
+                // Engine: accept an offer when the machine hands one over.
+                if let Ok(ReceiverEvent::Offer(_)) = res {
+                    assert!(now_authed, "offer before AUTH");
+                    assert!(next.accept(ring(&c)).is_ok());
+                    rings += 1;
+                }
+                stack.push((next, now_authed, depth + 1));
+            }
+        }
+        assert_eq!(
+            paths,
+            (0..=3).map(|d| msgs.len().pow(d)).sum::<usize>() as u32
+        );
+        assert!(rings > 0, "the good path must reach a ring");
     }
 
     #[test]
     fn every_state_message_pair() {
         use ReceiverState::*;
-        for state in STATES {
+        for (state, auth) in STATES.into_iter().flat_map(|s| [(s, false), (s, true)]) {
             // A FIN matching what arrived, so only the state decides legality.
             for msg in all_messages(100) {
-                let mut r = session_in(state);
+                let mut r = session_in_auth(state, auth);
                 // Make the Receiving session's FIN consistent: 100 bytes of a 100-byte file.
                 if state == Receiving {
                     r.size = 100;
                 }
                 let res = r.on_message(msg.clone());
-                let ctx = format!("{} in {}", msg.kind(), state.as_str());
+                let ctx = format!("{} in {} (auth {auth})", msg.kind(), state.as_str());
                 let legal = match (state, &msg) {
                     (AwaitHello, Message::Hello(_)) => Some(AwaitDecision),
                     (AwaitHello, Message::Bye) => Some(Closed),
+                    // Ignored when no token is configured.
+                    (AwaitHello, Message::Auth { .. }) if !auth => Some(AwaitHello),
                     (Receiving, Message::Fin(_)) => Some(Verifying),
                     _ => None,
                 };
@@ -474,6 +752,9 @@ mod tests {
                     Some(next) => {
                         assert!(res.is_ok(), "{ctx}: {res:?}");
                         assert_eq!(r.state(), next, "{ctx}");
+                        if let Message::Auth { .. } = msg {
+                            assert_eq!(res, Ok(ReceiverEvent::AuthIgnored), "{ctx}");
+                        }
                     }
                     None => {
                         let want = match (&msg, state) {
@@ -494,7 +775,7 @@ mod tests {
                 }
             }
             // Chunks are only legal while Receiving.
-            let mut r = session_in(state);
+            let mut r = session_in_auth(state, auth);
             let res = r.on_chunk(100, 0);
             if state == Receiving {
                 assert!(res.is_ok());

@@ -1,13 +1,18 @@
-//! Sender side of a session: several files in order, each
+//! Sender side of a session: the receiver's greeting (CHALLENGE, answered
+//! with AUTH when it requires authentication, or a REJECT that refuses the
+//! session), then several files in order, each
 //! HELLO -> (MR | REJECT) -> chunks under credit -> FIN -> ACK, then BYE.
 
+use super::auth::Token;
 use super::wire::{
-    Ack, AckStatus, CAP_NONE, Digest, DigestAlg, Fin, Hello, Message, Reject, RingInfo,
+    Ack, AckStatus, CAP_NONE, Digest, DigestAlg, Fin, Hello, Message, Reject, RejectCode, RingInfo,
 };
 use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SenderState {
+    /// Connected, waiting for the receiver's CHALLENGE (or a REJECT).
+    AwaitChallenge,
     /// Between files: may offer a file or close.
     Idle,
     /// HELLO sent, waiting for MR or REJECT.
@@ -22,6 +27,7 @@ pub enum SenderState {
 impl SenderState {
     pub const fn as_str(self) -> &'static str {
         match self {
+            Self::AwaitChallenge => "AWAIT_CHALLENGE",
             Self::Idle => "IDLE",
             Self::AwaitRing => "AWAIT_RING",
             Self::Sending => "SENDING",
@@ -50,8 +56,24 @@ pub struct ChunkPlan {
     pub len: u32,
 }
 
+/// What the receiver's CHALLENGE asks of the engine before the first HELLO.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Greeting {
+    /// The AUTH to send first (the receiver requires authentication). The
+    /// first HELLO may follow at once: the receiver handles them in order.
+    /// Its MAC is empty when this sender has no token, and the receiver
+    /// will then refuse with REJECT(Auth).
+    pub auth: Option<Message>,
+    /// This sender has a token the receiver did not ask for (worth a warning:
+    /// the receiver accepts anyone).
+    pub token_unused: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SenderEvent {
+    /// The receiver's CHALLENGE arrived: now Idle, ready for `start_file`
+    /// once `Greeting::auth` (if any) is sent.
+    Greeted(Greeting),
     /// MR accepted: start sending (see `next_chunk`).
     Ring(RingInfo),
     /// Offer refused; back to Idle, the session may continue with another file.
@@ -66,6 +88,7 @@ pub enum SenderEvent {
 #[derive(Debug, Clone)]
 pub struct SenderSession {
     state: SenderState,
+    token: Option<Token>,
     chunk_size: u32,
     size: u64,
     digest: DigestAlg,
@@ -77,10 +100,12 @@ pub struct SenderSession {
 }
 
 impl SenderSession {
-    /// `chunk_size` is the sender's staging buffer size; 0 means "use the ring's slot size".
-    pub fn new(chunk_size: u32) -> Self {
+    /// `chunk_size` is the sender's staging buffer size; 0 means "use the
+    /// ring's slot size". `token` answers the receiver's CHALLENGE.
+    pub fn new(chunk_size: u32, token: Option<Token>) -> Self {
         Self {
-            state: SenderState::Idle,
+            state: SenderState::AwaitChallenge,
+            token,
             chunk_size,
             size: 0,
             digest: DigestAlg::Crc32,
@@ -162,6 +187,34 @@ impl SenderSession {
         use SenderState::*;
         match (self.state, msg) {
             (Closed, m) => Err(self.unexpected(&m)),
+            // Authentication refused: whenever it comes, the session is over.
+            (_, Message::Reject(r)) if r.code == RejectCode::Auth => {
+                Err(ProtocolError::AuthFailed { reason: r.reason })
+            }
+            (AwaitChallenge, Message::Challenge(c)) => {
+                let greeting = if c.auth_required() {
+                    let mac = self
+                        .token
+                        .as_ref()
+                        .map_or_else(Vec::new, |t| t.mac(&c.nonce).to_vec());
+                    Greeting {
+                        auth: Some(Message::Auth { mac }),
+                        token_unused: false,
+                    }
+                } else {
+                    Greeting {
+                        auth: None,
+                        token_unused: self.token.is_some(),
+                    }
+                };
+                self.state = Idle;
+                Ok(SenderEvent::Greeted(greeting))
+            }
+            // Greeted with a REJECT (e.g. Busy): refused before anything began.
+            (AwaitChallenge, Message::Reject(r)) => Err(ProtocolError::Refused {
+                code: r.code,
+                reason: r.reason,
+            }),
             (AwaitRing, Message::Mr(ring)) => {
                 check_ring(&ring)?;
                 self.ring = ring;
@@ -293,9 +346,29 @@ impl SenderSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::wire::RejectCode;
+    use crate::proto::auth::{AUTH_REQUIRED, NONCE_LEN};
+    use crate::proto::wire::Challenge;
 
     const ADDR: u64 = 0x1000_0000;
+    const NONCE: [u8; NONCE_LEN] = [0x5a; NONCE_LEN];
+
+    fn challenge(flags: u16) -> Message {
+        Message::Challenge(Challenge {
+            flags,
+            nonce: NONCE,
+        })
+    }
+
+    fn token() -> Token {
+        Token::new(b"s3cret".to_vec()).unwrap()
+    }
+
+    /// A session past the receiver's greeting (no authentication asked).
+    fn greeted(chunk_size: u32) -> SenderSession {
+        let mut s = SenderSession::new(chunk_size, None);
+        s.on_message(challenge(0)).unwrap();
+        s
+    }
 
     fn offer(size: u64) -> FileOffer {
         FileOffer {
@@ -329,7 +402,10 @@ mod tests {
 
     /// A session in `state`, with a 4x100 ring, 1000-byte file, one chunk planned.
     fn session_in(state: SenderState) -> SenderSession {
-        let mut s = SenderSession::new(100);
+        if state == SenderState::AwaitChallenge {
+            return SenderSession::new(100, Some(token()));
+        }
+        let mut s = greeted(100);
         if state == SenderState::Idle {
             return s;
         }
@@ -372,10 +448,22 @@ mod tests {
             ack(AckStatus::Ok),
             ack(AckStatus::Io),
             Message::Bye,
+            challenge(0),
+            challenge(AUTH_REQUIRED),
+            Message::Auth { mac: Vec::new() },
+            Message::Auth {
+                mac: token().mac(&NONCE).to_vec(),
+            },
+            Message::Reject(Reject::new(RejectCode::Busy, "busy")),
+            Message::Reject(Reject::new(
+                RejectCode::Auth,
+                "authentication failed: wrong token",
+            )),
         ]
     }
 
-    const STATES: [SenderState; 5] = [
+    const STATES: [SenderState; 6] = [
+        SenderState::AwaitChallenge,
         SenderState::Idle,
         SenderState::AwaitRing,
         SenderState::Sending,
@@ -391,9 +479,11 @@ mod tests {
                 let mut s = session_in(state);
                 let res = s.on_message(msg.clone());
                 let failed_ack = matches!(&msg, Message::Ack(a) if a.status != AckStatus::Ok);
+                let auth_reject = matches!(&msg, Message::Reject(r) if r.code == RejectCode::Auth);
                 let expect_state = match (state, &msg) {
+                    (AwaitChallenge, Message::Challenge(_)) => Some(Idle),
+                    (AwaitRing, Message::Reject(_)) if !auth_reject => Some(Idle),
                     (AwaitRing, Message::Mr(_)) => Some(Sending),
-                    (AwaitRing, Message::Reject(_)) => Some(Idle),
                     (Sending | AwaitAck, Message::Credit { .. }) => Some(state),
                     (AwaitAck, Message::Ack(_)) => Some(Idle),
                     (AwaitRing | Sending, Message::Ack(_)) if failed_ack => Some(Closed),
@@ -407,6 +497,15 @@ mod tests {
                     }
                     None => {
                         let want = match (&msg, state) {
+                            (Message::Reject(r), st) if st != Closed && auth_reject => {
+                                ProtocolError::AuthFailed {
+                                    reason: r.reason.clone(),
+                                }
+                            }
+                            (Message::Reject(r), AwaitChallenge) => ProtocolError::Refused {
+                                code: r.code,
+                                reason: r.reason.clone(),
+                            },
                             (Message::Reject(r), st) if st != Closed => {
                                 ProtocolError::PeerRejected {
                                     code: r.code,
@@ -424,6 +523,113 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn greeting_answers_the_challenge() {
+        // (auth required, sender has a token) -> AUTH to send, token unused.
+        let mac = token().mac(&NONCE).to_vec();
+        for (flags, tok, want_auth, unused) in [
+            (AUTH_REQUIRED, true, Some(mac.clone()), false),
+            (AUTH_REQUIRED, false, Some(Vec::new()), false),
+            (0, true, None, true),
+            (0, false, None, false),
+        ] {
+            let mut s = SenderSession::new(10, tok.then(token));
+            assert_eq!(s.state(), SenderState::AwaitChallenge);
+            let ev = s.on_message(challenge(flags)).unwrap();
+            assert_eq!(
+                ev,
+                SenderEvent::Greeted(Greeting {
+                    auth: want_auth.map(|mac| Message::Auth { mac }),
+                    token_unused: unused,
+                }),
+                "flags {flags} token {tok}"
+            );
+            assert_eq!(s.state(), SenderState::Idle);
+            // The HELLO may follow at once (pipelined after the AUTH).
+            assert!(matches!(s.start_file(offer(1)), Ok(Message::Hello(_))));
+            // A second CHALLENGE is a protocol error.
+            assert_eq!(
+                s.on_message(challenge(flags)),
+                Err(ProtocolError::Unexpected {
+                    msg: "CHALLENGE",
+                    state: "AWAIT_RING"
+                })
+            );
+        }
+        // The AUTH answers this nonce, and only this one.
+        let mut s = SenderSession::new(10, Some(token()));
+        let other = [1u8; NONCE_LEN];
+        let Ok(SenderEvent::Greeted(Greeting {
+            auth: Some(Message::Auth { mac }),
+            ..
+        })) = s.on_message(Message::Challenge(Challenge {
+            flags: AUTH_REQUIRED,
+            nonce: other,
+        }))
+        else {
+            panic!("no AUTH");
+        };
+        assert!(token().verify(&other, &mac));
+        assert!(!token().verify(&NONCE, &mac));
+    }
+
+    #[test]
+    fn nothing_before_the_greeting() {
+        let mut s = SenderSession::new(10, None);
+        assert_eq!(
+            s.start_file(offer(1)),
+            Err(ProtocolError::WrongState {
+                op: "start_file",
+                state: "AWAIT_CHALLENGE"
+            })
+        );
+        assert_eq!(
+            s.close(),
+            Err(ProtocolError::WrongState {
+                op: "close",
+                state: "AWAIT_CHALLENGE"
+            })
+        );
+        assert_eq!(s.state(), SenderState::AwaitChallenge);
+        // Greeted with REJECT (busy): the session is refused and over.
+        let busy = Reject::new(RejectCode::Busy, "at --max-sessions 4");
+        assert_eq!(
+            s.on_message(Message::Reject(busy)),
+            Err(ProtocolError::Refused {
+                code: RejectCode::Busy,
+                reason: "at --max-sessions 4".into()
+            })
+        );
+        assert_eq!(s.state(), SenderState::Closed);
+    }
+
+    #[test]
+    fn auth_rejection_after_the_pipelined_hello_ends_the_session() {
+        // No token, auth required: empty AUTH, HELLO sent without waiting,
+        // then the receiver's REJECT(Auth) arrives while awaiting the ring.
+        let mut s = SenderSession::new(10, None);
+        s.on_message(challenge(AUTH_REQUIRED)).unwrap();
+        s.start_file(offer(5)).unwrap();
+        let reason = "authentication failed: the sender has no token";
+        let err = s
+            .on_message(Message::Reject(Reject::new(RejectCode::Auth, reason)))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ProtocolError::AuthFailed {
+                reason: reason.into()
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "authentication failed (the receiver says: authentication failed: the sender has no token)"
+        );
+        assert_eq!(s.state(), SenderState::Closed);
+        // Not a per-file refusal: nothing more may be sent.
+        assert!(s.start_file(offer(1)).is_err());
+        assert!(s.close().is_err());
     }
 
     #[test]
@@ -463,7 +669,7 @@ mod tests {
 
     #[test]
     fn hello_contents_and_bad_offer() {
-        let mut s = SenderSession::new(10);
+        let mut s = greeted(10);
         let m = s.start_file(offer(5)).unwrap();
         assert_eq!(
             m,
@@ -477,7 +683,7 @@ mod tests {
             })
         );
         // Hostile names are the receiver's to refuse, so they go out as is.
-        let mut s = SenderSession::new(10);
+        let mut s = greeted(10);
         let mut o = offer(5);
         o.name = "../etc".into();
         assert!(matches!(s.start_file(o), Ok(Message::Hello(h)) if h.name == "../etc"));
@@ -534,7 +740,7 @@ mod tests {
 
     #[test]
     fn placement_math_and_wraparound() {
-        let mut s = SenderSession::new(100);
+        let mut s = greeted(100);
         s.start_file(offer(1050)).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         assert_eq!(s.chunk_len(), 100);
@@ -564,7 +770,7 @@ mod tests {
     #[test]
     fn chunk_len_is_min_of_own_and_slot() {
         for (own, slot, want) in [(64, 100, 64), (100, 64, 64), (0, 64, 64), (64, 64, 64)] {
-            let mut s = SenderSession::new(own);
+            let mut s = greeted(own);
             s.start_file(offer(1000)).unwrap();
             s.on_message(Message::Mr(ring(slot, 2))).unwrap();
             assert_eq!(s.chunk_len(), want);
@@ -586,7 +792,7 @@ mod tests {
             (199, vec![100, 99]),
             (200, vec![100, 100]),
         ] {
-            let mut s = SenderSession::new(100);
+            let mut s = greeted(100);
             s.start_file(offer(size)).unwrap();
             s.on_message(Message::Mr(ring(100, 3))).unwrap();
             let got: Vec<u32> = plan_all(&mut s).iter().map(|p| p.len).collect();
@@ -600,7 +806,7 @@ mod tests {
 
     #[test]
     fn credit_accounting() {
-        let mut s = SenderSession::new(10);
+        let mut s = greeted(10);
         s.start_file(offer(1000)).unwrap();
         s.on_message(Message::Mr(ring(10, 3))).unwrap();
         assert_eq!(s.credits(), 3);
@@ -654,7 +860,7 @@ mod tests {
 
     #[test]
     fn finish_requires_everything_planned_and_matching_digest() {
-        let mut s = SenderSession::new(10);
+        let mut s = greeted(10);
         s.start_file(offer(25)).unwrap();
         s.on_message(Message::Mr(ring(10, 8))).unwrap();
         s.next_chunk().unwrap();
@@ -684,7 +890,7 @@ mod tests {
 
     #[test]
     fn zero_byte_file() {
-        let mut s = SenderSession::new(10);
+        let mut s = greeted(10);
         s.start_file(offer(0)).unwrap();
         s.on_message(Message::Mr(ring(10, 2))).unwrap();
         assert_eq!(s.state(), SenderState::Sending);
@@ -702,7 +908,7 @@ mod tests {
 
     #[test]
     fn multi_file_session_with_reject_and_abort() {
-        let mut s = SenderSession::new(10);
+        let mut s = greeted(10);
         // File 1: rejected.
         s.start_file(offer(5)).unwrap();
         let rej = Reject::new(RejectCode::Exists, "exists");

@@ -9,6 +9,8 @@ use std::fmt;
 
 use thiserror::Error;
 
+use super::auth::{CHALLENGE_FLAGS_KNOWN, MAC_LEN, NONCE_LEN};
+
 /// "RXFR".
 pub const MAGIC: u32 = 0x5258_4652;
 /// Version of the framing (header layout), not the session protocol.
@@ -30,6 +32,8 @@ pub mod msg_type {
     pub const FIN: u8 = 5;
     pub const ACK: u8 = 6;
     pub const BYE: u8 = 7;
+    pub const CHALLENGE: u8 = 8;
+    pub const AUTH: u8 = 9;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -111,10 +115,11 @@ pub enum RejectCode {
     Busy = 6,
     Io = 7,
     Protocol = 8,
+    Auth = 9,
 }
 
 impl RejectCode {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::BadName,
         Self::Exists,
         Self::TooLarge,
@@ -123,6 +128,7 @@ impl RejectCode {
         Self::Busy,
         Self::Io,
         Self::Protocol,
+        Self::Auth,
     ];
 
     pub fn from_u16(v: u16) -> Option<Self> {
@@ -139,6 +145,7 @@ impl RejectCode {
             Self::Busy => "receiver busy",
             Self::Io => "I/O error",
             Self::Protocol => "protocol error",
+            Self::Auth => "authentication failed",
         }
     }
 }
@@ -219,6 +226,21 @@ impl RingInfo {
     }
 }
 
+/// The receiver's greeting, always its first message of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    /// `auth::AUTH_REQUIRED` or 0; other bits are refused by the codec.
+    pub flags: u16,
+    /// Fresh from the OS RNG when authentication is required.
+    pub nonce: [u8; NONCE_LEN],
+}
+
+impl Challenge {
+    pub const fn auth_required(&self) -> bool {
+        self.flags & super::auth::AUTH_REQUIRED != 0
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reject {
     pub code: RejectCode,
@@ -275,10 +297,19 @@ pub enum Message {
     Hello(Hello),
     Mr(RingInfo),
     Reject(Reject),
-    Credit { count: u32 },
+    Credit {
+        count: u32,
+    },
     Fin(Fin),
     Ack(Ack),
     Bye,
+    Challenge(Challenge),
+    /// The sender's answer to a CHALLENGE that requires authentication:
+    /// HMAC-SHA256 of the nonce (`auth::MAC_LEN` bytes), or empty when the
+    /// sender has no token. The codec refuses any other length.
+    Auth {
+        mac: Vec<u8>,
+    },
 }
 
 impl Message {
@@ -291,6 +322,8 @@ impl Message {
             Self::Fin(_) => "FIN",
             Self::Ack(_) => "ACK",
             Self::Bye => "BYE",
+            Self::Challenge(_) => "CHALLENGE",
+            Self::Auth { .. } => "AUTH",
         }
     }
 
@@ -303,6 +336,8 @@ impl Message {
             Self::Fin(_) => msg_type::FIN,
             Self::Ack(_) => msg_type::ACK,
             Self::Bye => msg_type::BYE,
+            Self::Challenge(_) => msg_type::CHALLENGE,
+            Self::Auth { .. } => msg_type::AUTH,
         }
     }
 }
@@ -343,6 +378,10 @@ pub enum WireError {
         len: usize,
         max: usize,
     },
+    #[error("AUTH carries a {len}-byte MAC; it must be empty or {} bytes", MAC_LEN)]
+    BadMacLength { len: usize },
+    #[error("unknown CHALLENGE flags 0x{0:04x}")]
+    UnknownChallengeFlags(u16),
     #[error("output buffer too small: need {need} bytes, have {have}")]
     BufferTooSmall { need: usize, have: usize },
 }
@@ -352,6 +391,25 @@ const HELLO_FIXED: usize = 2 + 4 + 2 + 8 + 4 + 1;
 const MR_BODY: usize = 8 + 4 + 4 + 4;
 const REASON_FIXED: usize = 2 + 2;
 const FIN_FIXED: usize = 8 + 8 + 1 + 2;
+const CHALLENGE_BODY: usize = 2 + NONCE_LEN;
+const AUTH_FIXED: usize = 2;
+
+/// AUTH carries no MAC (the sender has no token) or a whole HMAC-SHA256.
+fn check_mac_len(len: usize) -> Result<(), WireError> {
+    if len == 0 || len == MAC_LEN {
+        Ok(())
+    } else {
+        Err(WireError::BadMacLength { len })
+    }
+}
+
+fn check_challenge_flags(flags: u16) -> Result<(), WireError> {
+    if flags & !CHALLENGE_FLAGS_KNOWN == 0 {
+        Ok(())
+    } else {
+        Err(WireError::UnknownChallengeFlags(flags))
+    }
+}
 
 /// Body length of `msg`, checking the single variable-length field against the frame limit.
 fn body_len(msg: &Message) -> Result<usize, WireError> {
@@ -375,6 +433,14 @@ fn body_len(msg: &Message) -> Result<usize, WireError> {
         Message::Fin(f) => Ok(FIN_FIXED + f.digest.alg().digest_len()),
         Message::Ack(a) => str_field("ACK reason", &a.reason, REASON_FIXED),
         Message::Bye => Ok(0),
+        Message::Challenge(c) => {
+            check_challenge_flags(c.flags)?;
+            Ok(CHALLENGE_BODY)
+        }
+        Message::Auth { mac } => {
+            check_mac_len(mac.len())?;
+            Ok(AUTH_FIXED + mac.len())
+        }
     }
 }
 
@@ -482,6 +548,11 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
             w.bytes16("ACK reason", a.reason.as_bytes())?;
         }
         Message::Bye => {}
+        Message::Challenge(c) => {
+            w.u16(c.flags)?;
+            w.put(&c.nonce)?;
+        }
+        Message::Auth { mac } => w.bytes16("AUTH mac", mac)?,
     }
     Ok(w.pos)
 }
@@ -593,6 +664,8 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         msg_type::FIN => "FIN",
         msg_type::ACK => "ACK",
         msg_type::BYE => "BYE",
+        msg_type::CHALLENGE => "CHALLENGE",
+        msg_type::AUTH => "AUTH",
         other => return Err(WireError::UnknownType(other)),
     };
     let declared = h.u32()?;
@@ -694,6 +767,19 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
             let reason = r.string("ACK reason")?;
             Message::Ack(Ack { status, reason })
         }
+        msg_type::CHALLENGE => {
+            let flags = r.u16()?;
+            check_challenge_flags(flags)?;
+            Message::Challenge(Challenge {
+                flags,
+                nonce: r.array()?,
+            })
+        }
+        msg_type::AUTH => {
+            let mac = r.bytes16()?;
+            check_mac_len(mac.len())?;
+            Message::Auth { mac: mac.to_vec() }
+        }
         // Only BYE is left: `kind` above rejected every other code.
         _ => Message::Bye,
     };
@@ -777,6 +863,25 @@ pub(crate) mod tests {
                 reason: max_reason,
             }),
             Message::Bye,
+            Message::Challenge(Challenge {
+                flags: 0,
+                nonce: [0; NONCE_LEN],
+            }),
+            Message::Challenge(Challenge {
+                flags: crate::proto::auth::AUTH_REQUIRED,
+                nonce: sha(),
+            }),
+            Message::Challenge(Challenge {
+                flags: crate::proto::auth::AUTH_REQUIRED,
+                nonce: [0xff; NONCE_LEN],
+            }),
+            Message::Auth { mac: Vec::new() },
+            Message::Auth {
+                mac: sha().to_vec(),
+            },
+            Message::Auth {
+                mac: vec![0xff; MAC_LEN],
+            },
         ];
         for code in RejectCode::ALL {
             v.push(Message::Reject(Reject::new(code, code.as_str())));
@@ -862,7 +967,7 @@ pub(crate) mod tests {
         b[4] = 2;
         assert_eq!(decode(&b), Err(WireError::UnknownVersion(2)));
 
-        for ty in [0u8, 8, 200, 255] {
+        for ty in [0u8, 10, 200, 255] {
             let mut b = good.clone();
             b[5] = ty;
             assert_eq!(decode(&b), Err(WireError::UnknownType(ty)));
@@ -956,7 +1061,7 @@ pub(crate) mod tests {
     #[test]
     fn unknown_enum_codes() {
         let mut b = encode_to_vec(&Message::Reject(Reject::new(RejectCode::Busy, "x"))).unwrap();
-        for v in [0u16, 9, u16::MAX] {
+        for v in [0u16, 10, u16::MAX] {
             b[12..14].copy_from_slice(&v.to_be_bytes());
             assert_eq!(
                 decode(&b),
@@ -1091,13 +1196,37 @@ pub(crate) mod tests {
             }),
             Message::Ack(Ack::new(AckStatus::Ok, "")),
             Message::Bye,
+            Message::Challenge(Challenge {
+                flags: 0,
+                nonce: [0; NONCE_LEN],
+            }),
+            Message::Auth { mac: Vec::new() },
         ]
         .iter()
         .map(Message::kind)
         .collect();
         assert_eq!(
             kinds,
-            ["HELLO", "MR", "REJECT", "CREDIT", "FIN", "ACK", "BYE"]
+            [
+                "HELLO",
+                "MR",
+                "REJECT",
+                "CREDIT",
+                "FIN",
+                "ACK",
+                "BYE",
+                "CHALLENGE",
+                "AUTH"
+            ]
+        );
+        assert_eq!(RejectCode::Auth.to_string(), "authentication failed");
+        assert_eq!(
+            WireError::BadMacLength { len: 5 }.to_string(),
+            "AUTH carries a 5-byte MAC; it must be empty or 32 bytes"
+        );
+        assert_eq!(
+            WireError::UnknownChallengeFlags(2).to_string(),
+            "unknown CHALLENGE flags 0x0002"
         );
         assert_eq!(RejectCode::Exists.to_string(), "file exists");
         assert_eq!(AckStatus::Integrity.as_str(), "integrity check failed");
@@ -1113,6 +1242,145 @@ pub(crate) mod tests {
         assert_eq!(
             WireError::Oversized { len: 5000 }.to_string(),
             "declared body length 5000 exceeds the maximum of 4084"
+        );
+    }
+
+    #[test]
+    fn challenge_and_auth_layout() {
+        let nonce: [u8; NONCE_LEN] = std::array::from_fn(|i| i as u8);
+        let buf = encode_to_vec(&Message::Challenge(Challenge {
+            flags: crate::proto::auth::AUTH_REQUIRED,
+            nonce,
+        }))
+        .unwrap();
+        assert_eq!(
+            &buf[..12],
+            &[0x52, 0x58, 0x46, 0x52, 1, 8, 0, 0, 0, 0, 0, 34]
+        );
+        assert_eq!(&buf[12..14], &[0, 1]);
+        assert_eq!(&buf[14..], &nonce);
+
+        let empty = encode_to_vec(&Message::Auth { mac: Vec::new() }).unwrap();
+        assert_eq!(
+            empty,
+            [0x52, 0x58, 0x46, 0x52, 1, 9, 0, 0, 0, 0, 0, 2, 0, 0]
+        );
+        let full = encode_to_vec(&Message::Auth {
+            mac: nonce.to_vec(),
+        })
+        .unwrap();
+        assert_eq!(
+            &full[..12],
+            &[0x52, 0x58, 0x46, 0x52, 1, 9, 0, 0, 0, 0, 0, 34]
+        );
+        assert_eq!(&full[12..14], &[0, 32]);
+        assert_eq!(&full[14..], &nonce);
+    }
+
+    /// An AUTH frame carrying `len` MAC bytes, built by hand.
+    fn raw_auth(len: usize) -> Vec<u8> {
+        let mut b = vec![0x52, 0x58, 0x46, 0x52, 1, msg_type::AUTH, 0, 0];
+        b.extend_from_slice(&((2 + len) as u32).to_be_bytes());
+        b.extend_from_slice(&(len as u16).to_be_bytes());
+        b.extend(std::iter::repeat_n(0xab, len));
+        b
+    }
+
+    #[test]
+    fn auth_mac_must_be_empty_or_whole() {
+        for len in [0, MAC_LEN] {
+            assert_eq!(
+                decode(&raw_auth(len)),
+                Ok(Message::Auth {
+                    mac: vec![0xab; len]
+                })
+            );
+        }
+        for len in (1..MAC_LEN).chain([MAC_LEN + 1, 64, MAX_BODY - 2]) {
+            assert_eq!(
+                decode(&raw_auth(len)),
+                Err(WireError::BadMacLength { len }),
+                "decode {len}"
+            );
+            assert_eq!(
+                encode_to_vec(&Message::Auth {
+                    mac: vec![0xab; len]
+                }),
+                Err(WireError::BadMacLength { len }),
+                "encode {len}"
+            );
+        }
+        // A MAC length pointing past the body.
+        let mut b = raw_auth(MAC_LEN);
+        b[12..14].copy_from_slice(&33u16.to_be_bytes());
+        assert_eq!(
+            decode(&b),
+            Err(WireError::ShortBody {
+                kind: "AUTH",
+                need: 33,
+                have: 32
+            })
+        );
+        // Body shorter than the length field.
+        let mut b = raw_auth(0);
+        b.pop();
+        set_body_len(&mut b, 1);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::ShortBody {
+                kind: "AUTH",
+                need: 2,
+                have: 1
+            })
+        );
+    }
+
+    #[test]
+    fn challenge_flags_and_nonce_length() {
+        let c = |flags| {
+            Message::Challenge(Challenge {
+                flags,
+                nonce: [1; NONCE_LEN],
+            })
+        };
+        let good = encode_to_vec(&c(0)).unwrap();
+        for flags in [2u16, 3, 0x8000, u16::MAX] {
+            let mut b = good.clone();
+            b[12..14].copy_from_slice(&flags.to_be_bytes());
+            assert_eq!(
+                decode(&b),
+                Err(WireError::UnknownChallengeFlags(flags)),
+                "{flags:#x}"
+            );
+            assert_eq!(
+                encode_to_vec(&c(flags)),
+                Err(WireError::UnknownChallengeFlags(flags))
+            );
+        }
+        assert!(matches!(decode(&good), Ok(Message::Challenge(ch)) if !ch.auth_required()));
+        let required = encode_to_vec(&c(crate::proto::auth::AUTH_REQUIRED)).unwrap();
+        assert!(matches!(decode(&required), Ok(Message::Challenge(ch)) if ch.auth_required()));
+        // A nonce one byte short, or one byte long.
+        let mut b = good.clone();
+        b.pop();
+        set_body_len(&mut b, (CHALLENGE_BODY - 1) as u32);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::ShortBody {
+                kind: "CHALLENGE",
+                need: NONCE_LEN,
+                have: NONCE_LEN - 1
+            })
+        );
+        let mut b = good;
+        b.push(0);
+        set_body_len(&mut b, (CHALLENGE_BODY + 1) as u32);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BodyTrailing {
+                kind: "CHALLENGE",
+                extra: 1
+            })
         );
     }
 
@@ -1147,7 +1415,7 @@ pub(crate) mod tests {
                     if len >= 6 && rng.below(2) == 0 {
                         b[..4].copy_from_slice(&MAGIC.to_be_bytes());
                         b[4] = WIRE_VERSION;
-                        b[5] = rng.below(9) as u8;
+                        b[5] = rng.below(11) as u8;
                     }
                     b
                 }

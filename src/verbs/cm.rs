@@ -86,6 +86,10 @@ pub struct EventChannel {
 
 impl EventChannel {
     pub fn new() -> Result<Rc<Self>> {
+        Self::create().map(Rc::new)
+    }
+
+    fn create() -> Result<Self> {
         // SAFETY: plain constructor; NULL is checked.
         let raw = unsafe { rdma_create_event_channel() };
         if raw.is_null() {
@@ -97,7 +101,7 @@ impl EventChannel {
         // SAFETY: raw is a valid channel; fd is its descriptor.
         let fd = unsafe { (*raw).fd };
         set_nonblocking(fd, "fcntl(event channel)")?;
-        Ok(Rc::new(ch))
+        Ok(ch)
     }
 
     fn fd(&self) -> i32 {
@@ -173,13 +177,20 @@ pub struct ConnectRequest {
 }
 
 impl ConnectRequest {
-    /// Moves the new connection onto its own event channel and hands it out.
-    pub fn into_id(mut self) -> Result<CmId> {
+    /// Moves the new connection onto its own event channel, so that it can
+    /// be served on another thread while the listener takes the next one.
+    pub fn detach(mut self) -> Result<IncomingConnection> {
         let mut id = self
             .id
             .take()
             .ok_or(VerbsError::Invalid("request already taken".into()))?;
-        let channel = EventChannel::new()?;
+        let channel = match EventChannel::create() {
+            Ok(c) => c,
+            Err(e) => {
+                self.id = Some(id);
+                return Err(e);
+            }
+        };
         // SAFETY: both pointers are valid; migrating a fresh id with no
         // outstanding events is allowed.
         let rc = unsafe { rdma_migrate_id(id.raw, channel.raw) };
@@ -188,8 +199,14 @@ impl ConnectRequest {
             self.id = Some(id);
             return Err(err);
         }
-        id.channel = channel;
-        Ok(id)
+        // The id now belongs to `channel`: take its pointer out of the
+        // CmId (whose drop then skips it) and let go of the listener's channel.
+        let raw = std::mem::replace(&mut id.raw, std::ptr::null_mut());
+        drop(id);
+        Ok(IncomingConnection {
+            raw,
+            channel: Some(channel),
+        })
     }
 
     /// Refuses the connection at the CM level (no QP was created).
@@ -197,6 +214,76 @@ impl ConnectRequest {
         if let Some(id) = self.id.take() {
             // SAFETY: id.raw is a connect-request id not yet accepted.
             unsafe { rdma_reject(id.raw, std::ptr::null(), 0) };
+        }
+    }
+}
+
+/// An incoming connection on its own event channel, not yet accepted. Unlike
+/// `CmId` it may cross threads. Dropping it rejects the connection.
+pub struct IncomingConnection {
+    raw: *mut rdma_cm_id,
+    channel: Option<EventChannel>,
+}
+
+// SAFETY: the id and its private event channel are referenced by nothing
+// else in the process; librdmacm allows using an id from any thread, and the
+// pair moves as a unit.
+unsafe impl Send for IncomingConnection {}
+
+impl IncomingConnection {
+    /// The connecting peer's address, for logs.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        peer_addr_of(self.raw)
+    }
+
+    /// The CM id, to build an endpoint on and accept (on this thread).
+    pub fn into_id(mut self) -> Result<CmId> {
+        let channel = self
+            .channel
+            .take()
+            .ok_or(VerbsError::Invalid("connection already taken".into()))?;
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        Ok(CmId {
+            raw,
+            channel: Rc::new(channel),
+        })
+    }
+}
+
+impl Drop for IncomingConnection {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            // SAFETY: raw is a connect-request id that was never accepted and
+            // is owned by us alone; its channel is dropped after this.
+            unsafe {
+                rdma_reject(self.raw, std::ptr::null(), 0);
+                rdma_destroy_id(self.raw);
+            }
+        }
+    }
+}
+
+/// The peer address of a connected or connecting id.
+fn peer_addr_of(raw: *mut rdma_cm_id) -> Option<SocketAddr> {
+    if raw.is_null() {
+        return None;
+    }
+    // SAFETY: raw is a valid id; rdma_get_peer_addr returns a pointer into
+    // it (route.addr.dst_addr), valid while the id lives; we copy out.
+    unsafe {
+        let sa: *const libc::sockaddr = rdma_get_peer_addr(&*raw);
+        match (*sa).sa_family as i32 {
+            libc::AF_INET => {
+                let sin = &*(sa as *const libc::sockaddr_in);
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*(sa as *const libc::sockaddr_in6);
+                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+            }
+            _ => None,
         }
     }
 }
@@ -233,6 +320,11 @@ impl CmId {
 
     pub(crate) fn raw(&self) -> *mut rdma_cm_id {
         self.raw
+    }
+
+    /// The peer's address once connected (or connecting), for logs.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        peer_addr_of(self.raw)
     }
 
     /// The verbs context of the device this id is bound to (NULL before the
@@ -395,6 +487,9 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
+        if self.raw.is_null() {
+            return; // handed over (see ConnectRequest::detach)
+        }
         // SAFETY: the QP on this id (if any) was destroyed by Endpoint, which
         // holds an Rc of this id; all events were acked when read.
         unsafe { rdma_destroy_id(self.raw) };

@@ -11,7 +11,7 @@ mod memory;
 pub mod os;
 mod queue;
 
-pub use cm::{CmEventKind, CmId, ConnectRequest, EventChannel};
+pub use cm::{CmEventKind, CmId, ConnectRequest, EventChannel, IncomingConnection};
 pub use device::probe_devices;
 pub use memory::{Access, MemoryRegion, SlotFiller, SlotPool, SlotToken};
 pub use queue::{CompletionQueue, Endpoint, ProtectionDomain, QpCaps, WcOpcode, WorkCompletion};

@@ -248,15 +248,31 @@ impl Drop for Running {
     }
 }
 
-/// A receiver started with `--once` (unless `extra` says otherwise),
-/// listening on `net.addr_a`, writing into `dir`.
+/// A serving receiver (pass `--once` in `extra` for one session) listening
+/// on `net.addr_a`, writing into `dir`.
 pub fn start_receiver(net: &Net, port: u16, dir: &Path, extra: &[&str]) -> Running {
+    start_receiver_env(net, port, dir, extra, &[])
+}
+
+/// As `start_receiver`, with RDMA_XFER_TOKEN removed from the environment
+/// unless `env` sets it, and `env` added.
+pub fn start_receiver_env(
+    net: &Net,
+    port: u16,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Running {
     let mut cmd = Command::new(receiver_bin());
     cmd.args(["--bind", &net.addr_a, "--port", &port.to_string()])
         .arg("--dir")
         .arg(dir)
         .arg("-v")
         .args(extra);
+    cmd.env_remove("RDMA_XFER_TOKEN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     let mut r = Running::spawn("receiver", cmd);
     r.wait_for_stderr("listening", Duration::from_secs(60));
     r

@@ -1,0 +1,252 @@
+//! Authentication on real RDMA (run in the SoftRoCE guest by `make test`):
+//! a shared token on both sides lets a transfer through; a wrong or missing
+//! token is refused with exit 4 before the receiver writes anything or
+//! registers its ring, and the receiver keeps serving; a receiver without a
+//! token says at start-up that it accepts anyone.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use support::*;
+
+const TOKEN: &str = "correct horse battery staple";
+const WRONG: &str = "correct horse battery stapler";
+
+/// Writes a token file (mode 0600, with the trailing newline an editor or
+/// `echo` leaves).
+fn token_file(dir: &Path, name: &str, token: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{token}\n")).expect("write token file");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p
+}
+
+/// How the sender gets its token.
+enum SenderToken<'a> {
+    None,
+    Env(&'a str),
+    File(&'a Path),
+}
+
+fn run_sender_with(net: &Net, port: u16, files: &[PathBuf], token: SenderToken) -> Finished {
+    let file_arg;
+    let extra: &[&str] = match &token {
+        SenderToken::File(p) => {
+            file_arg = p.to_str().expect("utf8").to_string();
+            &["--token-file", &file_arg]
+        }
+        _ => &[],
+    };
+    let mut cmd = sender_cmd(net, port, Path_::Wire, files, extra);
+    cmd.env_remove("RDMA_XFER_TOKEN");
+    if let SenderToken::Env(t) = token {
+        cmd.env("RDMA_XFER_TOKEN", t);
+    }
+    Running::spawn("sender", cmd).wait(Duration::from_secs(300))
+}
+
+/// Waits until the receiver's log contains `needle`.
+fn wait_for_log(receiver: &Running, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = receiver.stderr_so_far();
+        if log.contains(needle) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "receiver never logged {needle:?}:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Everything a refused sender must leave: exit 4 with the reason and a
+/// hint, nothing in the output directory.
+fn assert_refused(sent: &Finished, receiver_says: &str, dst: &Path) {
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("authentication failed"),
+        "{}",
+        sent.stderr
+    );
+    assert!(sent.stderr.contains(receiver_says), "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("--token-file") && sent.stderr.contains("RDMA_XFER_TOKEN"),
+        "no hint: {}",
+        sent.stderr
+    );
+    assert!(
+        !sent.stderr.contains(TOKEN),
+        "token leaked: {}",
+        sent.stderr
+    );
+    let entries: Vec<_> = std::fs::read_dir(dst)
+        .expect("read dst")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(
+        entries.is_empty(),
+        "written despite failed auth: {entries:?}"
+    );
+    assert_no_temp_files(dst);
+}
+
+#[test]
+fn same_token_file_on_one_side_env_on_the_other() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = (
+        tempfile::tempdir().expect("src"),
+        tempfile::tempdir().expect("dst"),
+    );
+    let tf = token_file(src.path(), "token", TOKEN);
+    let input = src.path().join("a.bin");
+    let sum = make_file(&input, 3 * MIB + 17, 11);
+    let port = next_port();
+    // Receiver: --token-file; sender: the environment.
+    let receiver = start_receiver_env(
+        &net,
+        port,
+        dst.path(),
+        &["--token-file", tf.to_str().expect("utf8")],
+        &[],
+    );
+    let sent = run_sender_with(
+        &net,
+        port,
+        std::slice::from_ref(&input),
+        SenderToken::Env(TOKEN),
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst.path().join("a.bin")), sum);
+    assert!(!sent.stderr.contains("does not require"), "{}", sent.stderr);
+    let log = wait_for_log(&receiver, "sender authenticated");
+    assert!(!log.contains("no token configured"), "{log}");
+    assert!(!log.contains(TOKEN), "token leaked: {log}");
+    drop(receiver);
+
+    // And the other way round: receiver from the environment, sender from
+    // a file; several files in the session.
+    let dst2 = tempfile::tempdir().expect("dst2");
+    let port = next_port();
+    let receiver = start_receiver_env(&net, port, dst2.path(), &[], &[("RDMA_XFER_TOKEN", TOKEN)]);
+    let second = src.path().join("b.bin");
+    let sum2 = make_file(&second, 5, 12);
+    let sent = run_sender_with(&net, port, &[input.clone(), second], SenderToken::File(&tf));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst2.path().join("a.bin")), sum);
+    assert_eq!(sha256_file(&dst2.path().join("b.bin")), sum2);
+    assert_no_temp_files(dst2.path());
+    drop(receiver);
+}
+
+/// A refused sender, then a good one to the same serving receiver.
+fn refused_then_served(sender_token: SenderToken, receiver_says: &str, logged: &str) {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = (
+        tempfile::tempdir().expect("src"),
+        tempfile::tempdir().expect("dst"),
+    );
+    let tf = token_file(src.path(), "token", TOKEN);
+    let input = src.path().join("secret-data.bin");
+    let sum = make_file(&input, 2 * MIB + 3, 21);
+    let port = next_port();
+    // Debug logs show whether the ring was ever registered.
+    let receiver = start_receiver_env(
+        &net,
+        port,
+        dst.path(),
+        &["--token-file", tf.to_str().expect("utf8")],
+        &[("RUST_LOG", "debug")],
+    );
+    let sent = run_sender_with(&net, port, std::slice::from_ref(&input), sender_token);
+    assert_refused(&sent, receiver_says, dst.path());
+    let log = wait_for_log(&receiver, logged);
+    assert!(
+        log.contains(&format!(
+            "authentication failed from {}",
+            net.addr_b.as_deref().unwrap_or("")
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.contains("ring registered"),
+        "ring registered before authentication:\n{log}"
+    );
+    assert!(!log.contains("offer"), "HELLO considered:\n{log}");
+    assert!(!log.contains(TOKEN), "token leaked: {log}");
+
+    // The same receiver serves a correctly authenticated sender.
+    let sent = run_sender_with(
+        &net,
+        port,
+        std::slice::from_ref(&input),
+        SenderToken::Env(TOKEN),
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst.path().join("secret-data.bin")), sum);
+    assert_no_temp_files(dst.path());
+    let log = wait_for_log(&receiver, "sender authenticated");
+    assert!(log.contains("ring registered"), "{log}");
+    drop(receiver);
+}
+
+#[test]
+fn wrong_token_is_refused_and_the_receiver_keeps_serving() {
+    refused_then_served(SenderToken::Env(WRONG), "wrong token", ": wrong token");
+}
+
+#[test]
+fn sender_without_token_is_refused_and_the_receiver_keeps_serving() {
+    refused_then_served(
+        SenderToken::None,
+        "the sender has no token",
+        ": the sender has no token",
+    );
+}
+
+#[test]
+fn receiver_without_token_warns_that_it_accepts_anyone() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = (
+        tempfile::tempdir().expect("src"),
+        tempfile::tempdir().expect("dst"),
+    );
+    let port = next_port();
+    let receiver = start_receiver_env(&net, port, dst.path(), &[], &[]);
+    let log = receiver.stderr_so_far();
+    let warning = "no token configured: this receiver accepts transfers from anyone who can \
+                   reach it (use --token-file or RDMA_XFER_TOKEN)";
+    assert!(log.contains(warning), "{log}");
+    // Before it starts listening.
+    assert!(
+        log.find(warning) < log.find("listening"),
+        "warning after start-up:\n{log}"
+    );
+    // A sender with a token still gets through, and is told its token is unused.
+    let input = src.path().join("open.bin");
+    let sum = make_file(&input, MIB, 31);
+    let sent = run_sender_with(
+        &net,
+        port,
+        std::slice::from_ref(&input),
+        SenderToken::Env(TOKEN),
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert!(
+        sent.stderr
+            .contains("the receiver does not require authentication"),
+        "{}",
+        sent.stderr
+    );
+    assert_eq!(sha256_file(&dst.path().join("open.bin")), sum);
+    // And so does one without.
+    let second = src.path().join("open2.bin");
+    make_file(&second, 10, 32);
+    let sent = run_sender_with(&net, port, &[second], SenderToken::None);
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert!(!sent.stderr.contains("does not require"), "{}", sent.stderr);
+    drop(receiver);
+}
