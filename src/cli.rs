@@ -10,6 +10,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 /// Environment variable holding the shared secret (`--token-file` wins).
 pub const TOKEN_ENV: &str = "RDMA_XFER_TOKEN";
 
@@ -28,6 +34,10 @@ pub struct CommonArgs {
     /// Only errors on stderr.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Log lines as text, or as one JSON object per line (with the session
+    /// and file spans) for log collectors.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// File holding the shared secret that authenticates the sender to the
     /// receiver (trailing whitespace ignored). Overrides RDMA_XFER_TOKEN.
     #[arg(long, value_name = "PATH")]
@@ -92,11 +102,11 @@ pub fn exposed_to_others(mode: u32) -> bool {
 
 /// Logs go to stderr; stdout stays free for data. Default shows warnings,
 /// `-v` info, `-vv` debug, `-q` only errors. RUST_LOG overrides.
-pub fn init_logging(verbose: u8, quiet: bool) {
-    let level = if quiet {
+pub fn init_logging(args: &CommonArgs) {
+    let level = if args.quiet {
         "error"
     } else {
-        match verbose {
+        match args.verbose {
             0 => "warn",
             1 => "info",
             2 => "debug",
@@ -105,11 +115,18 @@ pub fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match args.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
+    };
 }
 
 /// clap value parser for sizes with K/M/G suffixes.
@@ -141,20 +158,40 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, XferError> {
 }
 
 /// Prints the error (if any) once, clearly, and returns the exit code. With
-/// `-v` it also reports the peak RSS (the memory bound is a promise).
-pub fn finish(tool: &str, verbose: u8, result: Result<(), XferError>) -> std::process::ExitCode {
-    if verbose > 0 {
+/// `-v` it also reports the peak RSS (the memory bound is a promise). With
+/// JSON logs both are JSON objects too.
+pub fn finish(
+    tool: &str,
+    args: &CommonArgs,
+    result: Result<(), XferError>,
+) -> std::process::ExitCode {
+    let json = args.log_format == LogFormat::Json;
+    if args.verbose > 0 {
         let rss = crate::verbs::os::peak_rss_bytes();
-        eprintln!(
-            "{tool}: peak RSS {:.1} MiB (peak_rss_bytes={rss})",
-            rss as f64 / 1048576.0
-        );
+        if json {
+            let line =
+                serde_json::json!({ "event": "peak rss", "tool": tool, "peak_rss_bytes": rss });
+            eprintln!("{line}");
+        } else {
+            eprintln!(
+                "{tool}: peak RSS {:.1} MiB (peak_rss_bytes={rss})",
+                rss as f64 / 1048576.0
+            );
+        }
     }
     match result {
         Ok(()) => std::process::ExitCode::from(ExitCode::Ok as u8),
         Err(e) => {
-            eprintln!("{tool}: error: {e}");
-            std::process::ExitCode::from(e.exit_code() as u8)
+            let code = e.exit_code() as u8;
+            if json {
+                let line = serde_json::json!({
+                    "event": "error", "tool": tool, "exit_code": code, "message": e.to_string(),
+                });
+                eprintln!("{line}");
+            } else {
+                eprintln!("{tool}: error: {e}");
+            }
+            std::process::ExitCode::from(code)
         }
     }
 }

@@ -290,3 +290,94 @@ fn one_gib_keeps_memory_bounded() {
     assert!(s < bound, "sender peak RSS {s} >= {bound}");
     assert!(r < bound, "receiver peak RSS {r} >= {bound}");
 }
+
+/// Every stderr line of a tool run with --log-format json, parsed.
+fn json_lines(who: &str, stderr: &str) -> Vec<serde_json::Value> {
+    stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{who} printed a non-JSON line ({e}): {l}"))
+        })
+        .collect()
+}
+
+/// The tracing event "file done": its phase fields and its spans.
+fn check_file_done_event(who: &str, lines: &[serde_json::Value], name: &str) {
+    let event = lines
+        .iter()
+        .find(|v| v["fields"]["message"] == "file done")
+        .unwrap_or_else(|| panic!("{who}: no \"file done\" log event in {lines:?}"));
+    assert_eq!(event["fields"]["file"], name, "{event}");
+    for field in ["connect_s", "mr_exchange_s", "data_s", "fsync_verify_s"] {
+        assert!(
+            event["fields"][field].as_f64().is_some_and(|s| s >= 0.0),
+            "{who}: {field} in {event}"
+        );
+    }
+    let spans = event["spans"].as_array().expect("span list");
+    assert!(
+        spans
+            .iter()
+            .any(|s| s["name"] == "session" && s["peer"].is_string()),
+        "{who}: no session span with the peer in {event}"
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|s| s["name"] == "file" && s["size"].is_u64()),
+        "{who}: no file span in {event}"
+    );
+}
+
+#[test]
+fn json_logs_carry_spans_and_phase_timings() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("logged.bin");
+    let sum = make_file(&input, 3 * CHUNK + 1, 5);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--log-format", "json"]);
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&input),
+        &["--log-format", "json"],
+    );
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_eq!(sha256_file(&dst.path().join("logged.bin")), sum);
+    for (who, stderr) in [("sender", &sent.stderr), ("receiver", &received.stderr)] {
+        let lines = json_lines(who, stderr);
+        check_file_done_event(who, &lines, "logged.bin");
+        let summary = lines
+            .iter()
+            .find(|v| v["event"] == "file done")
+            .unwrap_or_else(|| panic!("{who}: no JSON summary in {stderr}"));
+        assert_eq!(summary["bytes"], 3 * CHUNK + 1, "{summary}");
+        assert!(
+            summary["phases"]["data_s"]
+                .as_f64()
+                .is_some_and(|s| s > 0.0)
+        );
+        assert!(lines.iter().any(|v| v["event"] == "peak rss"), "{stderr}");
+    }
+}
+
+#[test]
+fn text_summary_shows_phase_timings() {
+    let Some(net) = rdma_net() else { return };
+    let (sent, received) = transfer_and_check(&net, Path_::Wire, &[("phases.bin", CHUNK)], &[]);
+    for out in [&sent.stderr, &received.stderr] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("phases.bin: "))
+            .unwrap_or_else(|| panic!("no summary line in {out}"));
+        for part in ["connect ", "MR ", "data ", "fsync+verify "] {
+            assert!(line.contains(part), "{part:?} missing from {line}");
+        }
+    }
+}

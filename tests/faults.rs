@@ -203,7 +203,7 @@ fn set_wire(state: &str) {
 }
 
 #[test]
-fn wire_cut_mid_transfer_ends_both_sides_within_the_timeout() {
+fn wire_cut_mid_transfer_ends_both_sides_and_the_receiver_serves_again() {
     let Some(net) = rdma_net() else { return };
     // Only where the test owns the wire (the guest's veth pair).
     if std::env::var_os("RXFER_NETDEV_B").is_none() {
@@ -211,37 +211,216 @@ fn wire_cut_mid_transfer_ends_both_sides_within_the_timeout() {
         return;
     }
     let MidTransfer {
-        src: _src,
+        src,
         dst,
-        port: _,
+        port,
         receiver,
         sender,
-    } = start_big_transfer(&net, 4, &["--once", "--timeout", "5"], &["--timeout", "5"]);
+    } = start_big_transfer(&net, 4, &["--timeout", "5"], &["--timeout", "5"]);
     let cut_at = Instant::now();
     set_wire("down");
     let sent = sender.wait(Duration::from_secs(60));
     let sender_took = cut_at.elapsed();
-    let received = receiver.wait(Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !receiver.stderr_so_far().contains("session failed") {
+        assert!(
+            Instant::now() < deadline,
+            "receiver did not notice:\n{}",
+            receiver.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let receiver_took = cut_at.elapsed();
+    // Back only after both timeouts.
     set_wire("up");
     eprintln!("wire cut: sender gave up after {sender_took:?}, receiver after {receiver_took:?}");
     assert_eq!(sent.code(), 7, "{}", sent.stderr);
-    assert_eq!(received.code(), 7, "{}", received.stderr);
-    // Timeout 5 s plus the transport's own retries and a little slack.
-    assert!(
-        sender_took < Duration::from_secs(20),
-        "sender took {sender_took:?}"
-    );
-    assert!(
-        receiver_took < Duration::from_secs(20),
-        "receiver took {receiver_took:?}"
-    );
+    let log = receiver.stderr_so_far();
+    assert!(log.contains("peer lost"), "{log}");
+    // Timeout plus the transport's own retries and a little slack.
+    for (who, took) in [("sender", sender_took), ("receiver", receiver_took)] {
+        assert!(took < Duration::from_secs(20), "{who} took {took:?}");
+    }
     assert!(
         !dst.path().join("big.bin").exists(),
         "partial file under the final name"
     );
     assert_no_temp_files(dst.path());
-    // Known gap (issue 3): right after the link comes back, new rdma_cm
-    // connections to the guest time out for a while, so serving again after
-    // a link flap is not asserted here yet.
+    // The same receiver serves again. The sender runs on the receiver's side
+    // of the wire: after a flap with traffic in flight, the guest kernel's
+    // (6.1) rxe1 silently drops the connection replies that reach veth1
+    // (its rcvd_pkts counter stays still while veth1 counts them), for
+    // minutes and for any process, so a sender on B cannot connect
+    // anywhere. That is SoftRoCE on the sending side, not the receiver.
+    let input = src.path().join("after.bin");
+    let sum = make_file(&input, CHUNK + 1, 77);
+    let again = run_sender(&net, port, Path_::Loopback, &[input], &[]);
+    assert_eq!(again.code(), 0, "{}", again.stderr);
+    assert_eq!(sha256_file(&dst.path().join("after.bin")), sum);
+    assert_no_temp_files(dst.path());
+}
+
+/// True where the test owns the machine's network and mounts (the guest).
+fn own_guest() -> bool {
+    let ours = std::env::var_os("IN_RXFER_GUEST").is_some()
+        && std::env::var_os("RXFER_NETDEV_A").is_some()
+        && std::env::var_os("RXFER_NETDEV_B").is_some();
+    if !ours {
+        eprintln!("SKIPPED: needs the SoftRoCE guest's own wire and mounts");
+    }
+    ours
+}
+
+fn run_checked(cmd: &str, args: &[&str]) {
+    let status = std::process::Command::new(cmd)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(status.success(), "{cmd} {args:?} failed");
+}
+
+#[test]
+fn corrupted_chunk_is_caught_exit_5_nothing_written() {
+    let Some(net) = rdma_net() else { return };
+    let sender = fault_injection_bin("sender");
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let input = src.path().join("bitflip.bin");
+    make_file(&input, 8 * MIB + 5, 21);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    let mut cmd = sender_cmd_with(
+        &sender,
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&input),
+        &[],
+    );
+    cmd.env("RDMA_XFER_FAULT", "corrupt-chunk:3");
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 5, "{}", sent.stderr);
+    assert!(sent.stderr.contains("CRC32"), "{}", sent.stderr);
+    assert!(!dst.path().join("bitflip.bin").exists());
+    assert_no_temp_files(dst.path());
+    let log = receiver.stderr_so_far();
+    assert!(log.contains("chunk 3 of bitflip.bin"), "{log}");
+    assert_still_serves(&net, port, src.path(), dst.path());
+}
+
+/// Unmounts the test's tmpfs, whatever happens.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn output_filesystem_full_mid_file_sender_exits_6_with_the_reason() {
+    let Some(net) = rdma_net() else { return };
+    if !own_guest() {
+        return;
+    }
+    let src = tempfile::tempdir().unwrap();
+    let mnt = tempfile::tempdir().unwrap();
+    run_checked(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=96m",
+            "tmpfs",
+            &mnt.path().to_string_lossy(),
+        ],
+    );
+    let _mount = Mount(mnt.path().to_path_buf());
+    let dst = mnt.path();
+    let input = src.path().join("big.bin");
+    make_file(&input, 80 * MIB, 31);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst, &[]);
+    // The free-space check passes (96 MiB free); another writer then
+    // takes the space while the data flows.
+    let sender = Running::spawn(
+        "sender",
+        sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]),
+    );
+    wait_for_partial_file(dst, 4 * MIB);
+    let filler = dst.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let block = vec![0xa5u8; MIB as usize];
+        while f.write_all(&block).is_ok() {}
+    }
+    let sent = sender.wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 6, "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("No space left on device"),
+        "the sender should print the receiver's reason:\n{}",
+        sent.stderr
+    );
+    assert!(!dst.join("big.bin").exists());
+    assert_no_temp_files(dst);
+    std::fs::remove_file(&filler).expect("remove filler");
+    assert_still_serves(&net, port, src.path(), dst);
+    drop(receiver);
+}
+
+/// Removes the netem qdiscs of the test, whatever happens.
+struct Netem(Vec<String>);
+
+impl Drop for Netem {
+    fn drop(&mut self) {
+        for dev in &self.0 {
+            let _ = std::process::Command::new("tc")
+                .args(["qdisc", "del", "dev", dev, "root"])
+                .status();
+        }
+    }
+}
+
+#[test]
+fn one_percent_packet_loss_transfer_completes_intact() {
+    let Some(net) = rdma_net() else { return };
+    if !own_guest() {
+        return;
+    }
+    let devs: Vec<String> = ["RXFER_NETDEV_A", "RXFER_NETDEV_B"]
+        .iter()
+        .map(|v| std::env::var(v).expect("netdev"))
+        .collect();
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let input = src.path().join("lossy.bin");
+    let sum = make_file(&input, 32 * MIB + 77, 41);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    // Both directions: data one way, acknowledgements and credits the other.
+    let _netem = Netem(devs.clone());
+    for dev in &devs {
+        run_checked(
+            "tc",
+            &["qdisc", "add", "dev", dev, "root", "netem", "loss", "1%"],
+        );
+    }
+    let started = Instant::now();
+    let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+    let took = started.elapsed();
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(
+        sent.code(),
+        0,
+        "{}\nreceiver:\n{}",
+        sent.stderr,
+        received.stderr
+    );
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_eq!(sha256_file(&dst.path().join("lossy.bin")), sum);
+    assert_no_temp_files(dst.path());
+    eprintln!(
+        "32 MiB with 1% loss each way: {took:?} ({:.1} MiB/s)",
+        32.0 / took.as_secs_f64()
+    );
 }

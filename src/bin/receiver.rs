@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use rdma_xfer::XferError;
-use rdma_xfer::cli::{CommonArgs, TOKEN_ENV, finish, init_logging, parse_size_arg};
+use rdma_xfer::cli::{CommonArgs, LogFormat, TOKEN_ENV, finish, init_logging, parse_size_arg};
 use rdma_xfer::engine::receiver::{DEFAULT_MAX_SESSIONS, ReceiverConfig, serve};
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, check_buffers, print_summary};
 use rdma_xfer::verbs::os::install_shutdown_handlers;
@@ -77,14 +77,20 @@ fn run(args: &Args) -> Result<(), XferError> {
     cfg.busy_poll = args.common.busy_poll;
     cfg.timeout = args.common.timeout;
     cfg.token = token;
-    serve(&cfg, &|report| print_summary(report, args.common.quiet))
+    serve(&cfg, &|report| {
+        print_summary(
+            report,
+            args.common.quiet,
+            args.common.log_format == LogFormat::Json,
+        )
+    })
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_logging(args.common.verbose, args.common.quiet);
+    init_logging(&args.common);
     if let Err(e) = install_shutdown_handlers() {
         eprintln!("receiver: warning: {e}");
     }
-    finish("receiver", args.common.verbose, run(&args))
+    finish("receiver", &args.common, run(&args))
 }

@@ -2,7 +2,7 @@
 
 use clap::{Parser, ValueEnum};
 use rdma_xfer::XferError;
-use rdma_xfer::cli::{CommonArgs, finish, init_logging, parse_size_arg, resolve};
+use rdma_xfer::cli::{CommonArgs, LogFormat, finish, init_logging, parse_size_arg, resolve};
 use rdma_xfer::engine::sender::{SenderConfig, send_files};
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, check_buffers, print_summary};
 use rdma_xfer::proto::DigestAlg;
@@ -68,7 +68,11 @@ fn run(args: &Args) -> Result<(), XferError> {
     cfg.timeout = args.common.timeout;
     cfg.token = args.common.token()?;
     let outcome = send_files(&cfg, &args.files, |report| {
-        print_summary(report, args.common.quiet)
+        print_summary(
+            report,
+            args.common.quiet,
+            args.common.log_format == LogFormat::Json,
+        )
     })?;
     match outcome.first_error {
         Some(e) => Err(e),
@@ -78,9 +82,9 @@ fn run(args: &Args) -> Result<(), XferError> {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_logging(args.common.verbose, args.common.quiet);
+    init_logging(&args.common);
     if let Err(e) = install_shutdown_handlers() {
         eprintln!("sender: warning: {e}");
     }
-    finish("sender", args.common.verbose, run(&args))
+    finish("sender", &args.common, run(&args))
 }

@@ -5,13 +5,15 @@
 
 mod control;
 mod digest;
+#[cfg(feature = "fault-injection")]
+mod fault;
 mod reader;
 pub mod receiver;
 mod report;
 pub mod sender;
 
 pub use digest::FileHasher;
-pub use report::{FileReport, print_summary};
+pub use report::{FileReport, Phases, print_summary};
 
 use crate::error::XferError;
 use std::time::Duration;
@@ -24,6 +26,20 @@ pub const DEFAULT_SLOTS: u32 = 16;
 pub const DEFAULT_DEPTH: u32 = 16;
 /// Default for every phase timeout and the no-progress timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Local ACK timeout exponent of every QP (4.096 us * 2^14 = 67 ms): short
+/// enough that a lost packet costs little on a lossy RoCE link, long enough
+/// for any single-switch-hop fabric. With the retry count of 7 a dead peer
+/// is noticed after about half a second of silence.
+pub const ACK_TIMEOUT_EXP: u8 = 14;
+
+/// Applies `ACK_TIMEOUT_EXP` before connect/accept; kernels without the
+/// option keep their default (it is a tuning, not a requirement).
+pub(crate) fn tune_ack_timeout(id: &crate::verbs::CmId) {
+    if let Err(e) = id.set_ack_timeout(ACK_TIMEOUT_EXP) {
+        tracing::debug!("keeping the default ACK timeout: {e}");
+    }
+}
+
 /// Largest accepted chunk size: the receive completion's byte_len and the
 /// wire's u32 fields bound it, and bigger slots bring nothing.
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

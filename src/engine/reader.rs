@@ -70,6 +70,8 @@ fn read_file(
                 job.file.read_exact_at(data, offset)?;
                 let crc = crc32fast::hash(data);
                 hasher.update(data, crc);
+                #[cfg(feature = "fault-injection")]
+                super::fault::after_checksum(seq, data);
                 Ok(crc)
             });
         let msg = match result {

@@ -5,7 +5,7 @@
 
 use super::control::Control;
 use super::digest::{FileHasher, digest_hex};
-use super::report::FileReport;
+use super::report::{FileReport, Phases};
 use super::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT, wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
@@ -24,7 +24,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tracing::{debug, error, info, info_span, warn};
+use tracing::{debug, error, error_span, info, warn};
 
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {
@@ -61,6 +61,10 @@ impl ReceiverConfig {
         }
     }
 }
+
+/// Longest wait for a sender's AUTH (when a token is set), so that peers
+/// without the secret cannot keep all session slots busy for long.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default of --max-sessions.
 pub const DEFAULT_MAX_SESSIONS: usize = 8;
@@ -116,7 +120,7 @@ pub fn serve(
             let peer = conn
                 .peer_addr()
                 .map_or_else(|| "?".to_string(), |a| a.ip().to_string());
-            let span = info_span!("session", id, peer = %peer);
+            let span = error_span!("session", id, peer = %peer);
             if cfg.once {
                 return span.in_scope(|| run_logged(cfg, conn, on_file));
             }
@@ -228,8 +232,14 @@ fn run_session(
     };
     let ep = Endpoint::new(id, caps, cfg.busy_poll)?;
     let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
+    super::tune_ack_timeout(ep.cm_id());
+    let accept_started = Instant::now();
     ep.cm_id().accept(cfg.timeout)?;
-    info!("session established");
+    let connect_time = accept_started.elapsed();
+    info!(
+        connect_s = connect_time.as_secs_f64(),
+        "session established"
+    );
     let machine = new_machine(cfg)?;
     let peer = ep
         .cm_id()
@@ -238,6 +248,7 @@ fn run_session(
     let mut session = Session {
         cfg,
         peer,
+        connect_time,
         ep,
         control,
         ring: None,
@@ -285,6 +296,10 @@ struct IncomingFile {
     mode: u32,
     hasher: FileHasher,
     started: Instant,
+    /// The file's log span (name, size) and its phase timings so far.
+    span: tracing::Span,
+    phases: Phases,
+    data_started: Instant,
     committed: bool,
     /// Time spent checking and writing chunks (logged for tuning).
     check_time: Duration,
@@ -319,6 +334,8 @@ struct Session<'a> {
     cfg: &'a ReceiverConfig,
     /// The sender's address, for log messages.
     peer: String,
+    /// How long accepting the connection took (a phase of every file).
+    connect_time: Duration,
     ep: Endpoint,
     control: Control,
     /// Registered at the first accepted HELLO, reused for every file.
@@ -344,12 +361,15 @@ impl Session<'_> {
         let mut wcs = Vec::with_capacity(16);
         loop {
             wcs.clear();
-            let what = match (&self.file, self.machine.state()) {
-                (Some(_), _) => "data from the sender",
-                (None, ReceiverState::AwaitAuth) => "the sender's AUTH",
-                (None, _) => "the next HELLO or BYE",
+            let (what, timeout) = match (&self.file, self.machine.state()) {
+                (Some(_), _) => ("data from the sender", self.cfg.timeout),
+                // An unauthenticated peer holds a session slot only briefly.
+                (None, ReceiverState::AwaitAuth) => {
+                    ("the sender's AUTH", self.cfg.timeout.min(AUTH_TIMEOUT))
+                }
+                (None, _) => ("the next HELLO or BYE", self.cfg.timeout),
             };
-            wait_completions(&self.ep, &mut wcs, self.cfg.timeout, what)?;
+            wait_completions(&self.ep, &mut wcs, timeout, what)?;
             for wc in &wcs {
                 if let Flow::Done = self.on_completion(wc, on_file)? {
                     return Ok(());
@@ -458,6 +478,7 @@ impl Session<'_> {
     /// Checks that need the file system, then opens the temporary file and
     /// exposes the ring (registered once per session).
     fn on_hello(&mut self, hello: Hello) -> Result<(), XferError> {
+        let hello_at = Instant::now();
         info!(file = %hello.name, size = hello.size, "offer");
         // The ring is registered only for an acceptable offer; if that
         // fails (memlock limit, say) the sender hears why instead of
@@ -475,13 +496,17 @@ impl Session<'_> {
                 }
             });
         match prepared {
-            Ok((file, ring)) => {
-                self.file = Some(file);
+            Ok((mut file, ring)) => {
                 let reply = self
                     .machine
                     .accept(ring)
                     .map_err(|e| XferError::Protocol(e.to_string()))?;
-                self.control.send(&self.ep, &reply)
+                self.control.send(&self.ep, &reply)?;
+                file.phases.connect = self.connect_time;
+                file.phases.mr_exchange = hello_at.elapsed();
+                file.data_started = Instant::now();
+                self.file = Some(file);
+                Ok(())
             }
             Err((code, reason)) => {
                 warn!(file = %hello.name, code = code.as_str(), "refused: {reason}");
@@ -551,6 +576,9 @@ impl Session<'_> {
             mode: hello.mode & 0o777,
             hasher: FileHasher::new(hello.digest),
             started: Instant::now(),
+            span: error_span!("file", name = %hello.name, size = hello.size),
+            phases: Phases::default(),
+            data_started: Instant::now(),
             committed: false,
             check_time: Duration::ZERO,
             write_time: Duration::ZERO,
@@ -619,6 +647,10 @@ impl Session<'_> {
         let Some(mut file) = self.file.take() else {
             return Err(XferError::Protocol("FIN without an open file".into()));
         };
+        let span = file.span.clone();
+        let _enter = span.enter();
+        file.phases.data = file.data_started.elapsed();
+        let fin_at = Instant::now();
         let hasher = std::mem::replace(
             &mut file.hasher,
             FileHasher::new(crate::proto::DigestAlg::Crc32),
@@ -656,11 +688,14 @@ impl Session<'_> {
         self.control.send(&self.ep, &ack)?;
         match err {
             None => {
+                file.phases.commit = fin_at.elapsed();
+                file.phases.log(&file.name, fin.bytes);
                 let report = FileReport {
                     name: file.name.clone(),
                     bytes: fin.bytes,
                     elapsed: file.started.elapsed(),
                     digest,
+                    phases: file.phases,
                 };
                 on_file(&report);
             }

@@ -4,7 +4,7 @@
 
 use super::control::Control;
 use super::reader::{self, ReadJob, ReaderMsg};
-use super::report::FileReport;
+use super::report::{FileReport, Phases};
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
@@ -21,7 +21,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, error_span, info, warn};
 
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
@@ -111,6 +111,8 @@ pub fn send_files(
 ) -> Result<SessionOutcome, XferError> {
     let sources = open_sources(paths)?;
     probe_devices()?;
+    let span = error_span!("session", peer = %cfg.addr);
+    let _enter = span.enter();
     let mut conn = Connection::open(cfg)?;
     let (pool, tokens) = SlotPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)?;
     std::thread::scope(|scope| {
@@ -224,6 +226,7 @@ impl From<VerbsError> for FileError {
 }
 
 struct Connection {
+    connect_time: Duration,
     ep: Endpoint,
     control: Control,
     session: SenderSession,
@@ -240,6 +243,7 @@ impl Connection {
                 source,
             },
         };
+        let connect_started = Instant::now();
         let channel = EventChannel::new().map_err(connect_err)?;
         let id = CmId::new(&channel).map_err(connect_err)?;
         id.resolve(cfg.source, cfg.addr, cfg.timeout)
@@ -250,9 +254,12 @@ impl Connection {
         };
         let ep = Endpoint::new(id, caps, cfg.busy_poll).map_err(connect_err)?;
         let control = Control::new(&ep, RECV_BUFFERS, SEND_BUFFERS)?;
+        super::tune_ack_timeout(ep.cm_id());
         ep.cm_id().connect(cfg.timeout).map_err(connect_err)?;
-        info!(peer = %cfg.addr, "connected");
+        let connect_time = connect_started.elapsed();
+        info!(peer = %cfg.addr, connect_s = connect_time.as_secs_f64(), "connected");
         Ok(Connection {
+            connect_time,
             ep,
             control,
             session: SenderSession::new(cfg.chunk_size, cfg.token.clone()),
@@ -299,7 +306,13 @@ impl Connection {
         src: &'a Source,
         pipe: &mut Pipeline<'a>,
     ) -> Result<FileReport, FileError> {
+        let span = error_span!("file", name = %src.name, size = src.size);
+        let _enter = span.enter();
         let started = Instant::now();
+        let mut phases = Phases {
+            connect: self.connect_time,
+            ..Phases::default()
+        };
         let offer = FileOffer {
             name: src.name.clone(),
             size: src.size,
@@ -340,6 +353,8 @@ impl Connection {
                 }
             }
         }
+        phases.mr_exchange = started.elapsed();
+        let data_started = Instant::now();
         // Phase 2: the reader fills slots; each filled slot is written to
         // the next ring slot as soon as a credit allows.
         let job = ReadJob {
@@ -410,6 +425,8 @@ impl Connection {
         // RC ordering: FIN arrives after every WRITE posted before it.
         let fin = self.session.finish(digest).map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
+        phases.data = data_started.elapsed();
+        let fin_sent = Instant::now();
         debug!(
             file = %src.name,
             wait_reader_s = time.wait_reader.as_secs_f64(),
@@ -435,11 +452,14 @@ impl Connection {
                 }
             }
         }
+        phases.commit = fin_sent.elapsed();
+        phases.log(&src.name, src.size);
         Ok(FileReport {
             name: src.name.clone(),
             bytes: src.size,
             elapsed: started.elapsed(),
             digest,
+            phases,
         })
     }
 

@@ -327,6 +327,31 @@ impl CmId {
         peer_addr_of(self.raw)
     }
 
+    /// Sets the QP's local ACK timeout (4.096 us * 2^exp) used from the next
+    /// connect/accept on. The kernel's RoCE default (2^17: about 0.5 s) makes
+    /// every lost packet that no NAK reports stall the queue for that long.
+    pub fn set_ack_timeout(&self, exp: u8) -> Result<()> {
+        // Values of librdmacm's anonymous enum (rdma_cma.h).
+        const RDMA_OPTION_ID: i32 = 0;
+        const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
+        let mut val = exp;
+        // SAFETY: self.raw is valid; optval points to one u8 as the option
+        // requires and outlives the call.
+        let rc = unsafe {
+            rdma_set_option(
+                self.raw,
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_ACK_TIMEOUT,
+                (&mut val as *mut u8).cast(),
+                1,
+            )
+        };
+        if rc != 0 {
+            return Err(VerbsError::last_os("rdma_set_option(ACK_TIMEOUT)"));
+        }
+        Ok(())
+    }
+
     /// The verbs context of the device this id is bound to (NULL before the
     /// address is bound or resolved).
     pub(crate) fn context(&self) -> Result<*mut ibv_context> {

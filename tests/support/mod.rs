@@ -59,6 +59,20 @@ pub fn sender_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sender")
 }
 
+/// A binary of the test-only build with the `fault-injection` feature, which
+/// `make build` puts into target/fault-injection.
+pub fn fault_injection_bin(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/fault-injection/release")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `make build` (it builds the fault-injection binaries)",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
+}
+
 /// A port no other test of this run uses.
 pub fn next_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
@@ -288,7 +302,20 @@ pub enum Path_ {
 }
 
 pub fn sender_cmd(net: &Net, port: u16, path: Path_, files: &[PathBuf], extra: &[&str]) -> Command {
-    let mut cmd = Command::new(sender_bin());
+    sender_cmd_with(sender_bin(), net, port, path, files, extra)
+}
+
+/// Like `sender_cmd`, with another build of the sender (see
+/// `fault_injection_bin`).
+pub fn sender_cmd_with(
+    bin: &str,
+    net: &Net,
+    port: u16,
+    path: Path_,
+    files: &[PathBuf],
+    extra: &[&str],
+) -> Command {
+    let mut cmd = Command::new(bin);
     cmd.args(["--port", &port.to_string(), "-v"]);
     // Without a second address (a host with one RDMA port) the "wire" cases
     // run over that port's loopback.
@@ -333,15 +360,7 @@ pub fn tx_bytes(netdev: &str) -> u64 {
 /// with `--features fault-injection`, which `make build` builds into
 /// target/fault-injection so that target/release never contains it.
 pub fn raw_client_bin() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target/fault-injection/release/rxfer-raw-client");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make build` (it builds the test-only tools with \
-         `cargo build --release --features fault-injection --target-dir target/fault-injection --bins`)",
-        path.display()
-    );
-    path
+    PathBuf::from(fault_injection_bin("rxfer-raw-client"))
 }
 
 /// A finished raw-client run: exit status, stdout lines (one per message

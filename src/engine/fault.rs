@@ -1,0 +1,55 @@
+//! Test-only fault injection, compiled only with the cargo feature
+//! `fault-injection` (never in release builds). The fault tests set
+//! `RDMA_XFER_FAULT` to make a tool misbehave in one precise way:
+//!
+//! - `corrupt-chunk:N` — the sender flips one byte of chunk N after its CRC
+//!   was computed, as a bit error the transport did not catch would.
+
+use std::sync::OnceLock;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    CorruptChunk(u64),
+}
+
+fn fault() -> Fault {
+    static FAULT: OnceLock<Fault> = OnceLock::new();
+    *FAULT.get_or_init(|| {
+        let spec = std::env::var("RDMA_XFER_FAULT").unwrap_or_default();
+        let fault = parse(&spec);
+        if fault != Fault::None {
+            tracing::warn!("fault injection active: {spec}");
+        }
+        fault
+    })
+}
+
+fn parse(spec: &str) -> Fault {
+    match spec.split_once(':') {
+        Some(("corrupt-chunk", n)) => n.parse().map_or(Fault::None, Fault::CorruptChunk),
+        _ => Fault::None,
+    }
+}
+
+/// Called by the sender's reader with each chunk after its checksums.
+pub fn after_checksum(seq: u64, data: &mut [u8]) {
+    if fault() == Fault::CorruptChunk(seq)
+        && let Some(b) = data.get_mut(data.len() / 2)
+    {
+        *b ^= 0x5a;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_corrupt_chunk_switch() {
+        assert_eq!(parse("corrupt-chunk:3"), Fault::CorruptChunk(3));
+        assert_eq!(parse("corrupt-chunk:x"), Fault::None);
+        assert_eq!(parse(""), Fault::None);
+        assert_eq!(parse("other:1"), Fault::None);
+    }
+}
