@@ -714,6 +714,16 @@ impl Session<'_> {
     fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
         // Best effort: the session is over either way.
         let _ = self.control.drain(&self.ep, Duration::from_secs(2));
+        if let (Err(e), Some(file)) = (&result, &self.file) {
+            // Where the file stood, for whoever reads the logs.
+            file.span.in_scope(|| {
+                error!(
+                    phase = "data",
+                    bytes_done = self.machine.bytes_received(),
+                    "file abandoned: {e}"
+                )
+            });
+        }
         self.file = None;
         self.ep.cm_id().disconnect(Duration::from_secs(1));
         result?;
