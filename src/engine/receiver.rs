@@ -717,7 +717,7 @@ impl Session<'_> {
         if let (Err(e), Some(file)) = (&result, &self.file) {
             // Where the file stood, for whoever reads the logs.
             file.span.in_scope(|| {
-                error!(
+                info!(
                     phase = "data",
                     bytes_done = self.machine.bytes_received(),
                     "file abandoned: {e}"

@@ -153,7 +153,7 @@ pub fn send_files(
                 }
                 Err(FileError::Fatal(e)) => {
                     // Where the file stood, for whoever reads the logs.
-                    tracing::error!(
+                    info!(
                         file = %source.name,
                         bytes_done = conn.session.bytes_planned(),
                         "file abandoned: {e}"
