@@ -238,7 +238,8 @@ enum PendingEntry {
         name: String,
     },
     /// A file whose FIN went out; its report lacks only the verdict. Its
-    /// log span goes with it (the verdict may come during another file).
+    /// log span (the "fsync+verify" phase of its file span) goes with it:
+    /// the verdict may come during another file.
     File {
         report: FileReport,
         fin_sent: Instant,
@@ -375,7 +376,15 @@ impl Connection {
             match self.send_entry(cfg, entry, pipe, tracker) {
                 Ok(()) => {}
                 Err(FileError::Continue(e)) => tracker.fail(&name, e),
-                Err(FileError::Fatal(e)) => return Err(e),
+                Err(FileError::Fatal(e)) => {
+                    // Where the file stood, for whoever reads the logs.
+                    info!(
+                        file = %name,
+                        bytes_done = self.session.bytes_planned(),
+                        "file abandoned: {e}"
+                    );
+                    return Err(e);
+                }
             }
         }
         while self.session.pending() > 0 {
@@ -520,6 +529,7 @@ impl Connection {
             error_span!("file", name = %name, size = offer.size)
         };
         let _enter = span.enter();
+        let mut phase = error_span!("phase", name = "mr exchange").entered();
         let started = Instant::now();
         let mut phases = Phases {
             connect: self.connect_time,
@@ -563,6 +573,8 @@ impl Connection {
             }
         }
         phases.mr_exchange = started.elapsed();
+        phase.exit();
+        phase = error_span!("phase", name = "data").entered();
         let data_started = Instant::now();
         // Phase 2: the reader fills slots; each filled slot is written to
         // the next ring slot as soon as a credit allows.
@@ -622,6 +634,9 @@ impl Connection {
         let fin = self.session.finish(digest).map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
         phases.data = data_started.elapsed();
+        phase.exit();
+        // The verdict is logged in its own phase span when it comes.
+        let verdict_phase = error_span!("phase", name = "fsync+verify");
         debug!(
             file = %name,
             bytes,
@@ -640,7 +655,7 @@ impl Connection {
                 phases,
             },
             fin_sent: Instant::now(),
-            span: span.clone(),
+            span: verdict_phase,
         });
         Ok(())
     }

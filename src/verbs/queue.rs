@@ -53,18 +53,6 @@ pub enum WcOpcode {
     Other(u32),
 }
 
-impl WcOpcode {
-    fn name(self) -> &'static str {
-        match self {
-            WcOpcode::Send => "SEND",
-            WcOpcode::RdmaWrite => "RDMA_WRITE",
-            WcOpcode::Recv => "RECV",
-            WcOpcode::RecvWithImm => "RECV_RDMA_WITH_IMM",
-            WcOpcode::Other(_) => "other",
-        }
-    }
-}
-
 /// A successful completion, copied out of the CQ. Failed completions are
 /// turned into `VerbsError::WorkRequest` by `poll`/`wait`.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +69,10 @@ pub struct CompletionQueue {
     cq: *mut ibv_cq,
     channel: *mut ibv_comp_channel,
     unacked_events: Cell<u32>,
+    /// A failed work request polled together with good completions: those
+    /// are returned first (a peer's last message before it went away, say),
+    /// the failure on the next poll.
+    pending_error: Cell<Option<VerbsError>>,
     busy_poll: bool,
     _id: Rc<CmId>,
 }
@@ -116,6 +108,7 @@ impl CompletionQueue {
             cq,
             channel,
             unacked_events: Cell::new(0),
+            pending_error: Cell::new(None),
             busy_poll,
             _id: id.clone(),
         };
@@ -124,9 +117,13 @@ impl CompletionQueue {
         Ok(out)
     }
 
-    /// Polls up to `out.capacity()` completions without blocking; returns how
-    /// many were appended. A failed work request is returned as an error.
+    /// Polls up to `max` completions without blocking; returns how many were
+    /// appended. A failed work request is returned as an error, after the
+    /// successful completions polled with it.
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        if let Some(e) = self.pending_error.take() {
+            return Err(e);
+        }
         const BATCH: usize = 32;
         // SAFETY: ibv_wc is plain data; zeroed is a valid initial value.
         let mut wcs: [ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
@@ -137,6 +134,7 @@ impl CompletionQueue {
             return Err(VerbsError::from_ret("ibv_poll_cq", n));
         }
         let mut first_error = None;
+        let mut good = 0;
         for wc in wcs.iter().take(n as usize) {
             let opcode = match wc.opcode {
                 ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
@@ -147,7 +145,7 @@ impl CompletionQueue {
             };
             if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
                 if first_error.is_none() {
-                    first_error = Some(wc_error(wc, opcode));
+                    first_error = Some(wc_error(wc));
                 }
                 continue;
             }
@@ -165,10 +163,15 @@ impl CompletionQueue {
                 byte_len: wc.byte_len,
                 imm,
             });
+            good += 1;
         }
         match first_error {
-            Some(e) => Err(e),
-            None => Ok(n as usize),
+            Some(e) if good == 0 => Err(e),
+            Some(e) => {
+                self.pending_error.set(Some(e));
+                Ok(good)
+            }
+            None => Ok(good),
         }
     }
 
@@ -276,7 +279,7 @@ fn timeout_err(what: &str, after: Duration) -> VerbsError {
     }
 }
 
-fn wc_error(wc: &ibv_wc, opcode: WcOpcode) -> VerbsError {
+fn wc_error(wc: &ibv_wc) -> VerbsError {
     // SAFETY: ibv_wc_status_str returns a static string for any value.
     let text = unsafe { CStr::from_ptr(ibv_wc_status_str(wc.status)) }
         .to_string_lossy()
@@ -293,7 +296,6 @@ fn wc_error(wc: &ibv_wc, opcode: WcOpcode) -> VerbsError {
     );
     VerbsError::WorkRequest {
         wr_id: wc.wr_id,
-        opcode: opcode.name(),
         status: format!(
             "{text} (status {}, vendor error {:#x})",
             wc.status, wc.vendor_err
