@@ -151,9 +151,10 @@ pub fn send_files(
             // A receiver that failed an entry may end the session right
             // after saying why (a stream over --max-size, say): the first
             // failure is the one to report, as for any session.
+            // (A chunk that fails its CRC ends the session too, so even
+            // the BYE can find the receiver gone.)
             if let Some(first) = tracker.outcome.first_error.take() {
-                warn!("then the session ended: {e}");
-                eprintln!("sender: then the session ended: {e}");
+                info!("then the session ended: {e}");
                 return Err(first);
             }
             return Err(e);
