@@ -596,6 +596,12 @@ impl Connection {
         while self.control.busy() {
             match self.next_event(cfg, pipe, "delivery of BYE") {
                 Ok(_) => {}
+                // Every file was answered already; a receiver that closes on
+                // BYE may tear the connection down before our send completes.
+                Err(FileError::Fatal(XferError::PeerLost(e))) => {
+                    debug!("the receiver closed while BYE was in flight: {e}");
+                    return Ok(());
+                }
                 Err(FileError::Fatal(e) | FileError::Continue(e)) => return Err(e),
             }
         }
