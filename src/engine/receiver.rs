@@ -80,14 +80,11 @@ const SEND_BUFFERS: usize = 16;
 
 /// Called for every file a sender offered: after it was committed, or when
 /// it failed (refused, failed its check, or cut short by the session's end).
-pub type OnFile = dyn Fn(FileEvent<'_>) + Sync;
+pub type OnFile<'a> = dyn Fn(FileEvent<'_>) + Sync + 'a;
 
 /// Serves sessions, each on its own thread, until SIGINT/SIGTERM; with
 /// `once`, exactly one session (whose status is then returned).
-pub fn serve(
-    cfg: &ReceiverConfig,
-    on_file: &OnFile,
-) -> Result<(), XferError> {
+pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError> {
     let dir_meta = std::fs::metadata(&cfg.dir)
         .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
     if !dir_meta.is_dir() {
@@ -178,7 +175,7 @@ pub fn serve(
 fn run_logged(
     cfg: &ReceiverConfig,
     conn: IncomingConnection,
-    on_file: &OnFile,
+    on_file: &OnFile<'_>,
 ) -> Result<(), XferError> {
     let started = Instant::now();
     let result = run_session(cfg, conn, on_file);
@@ -231,7 +228,7 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
 fn run_session(
     cfg: &ReceiverConfig,
     conn: IncomingConnection,
-    on_file: &OnFile,
+    on_file: &OnFile<'_>,
 ) -> Result<(), XferError> {
     let id = conn.into_id()?;
     let recvs = cfg.slots + CONTROL_RECVS;
@@ -345,7 +342,7 @@ fn temp_path(dir: &Path) -> PathBuf {
 
 struct Session<'a> {
     cfg: &'a ReceiverConfig,
-    on_file: &'a OnFile,
+    on_file: &'a OnFile<'a>,
     /// The sender's address, for log messages.
     peer: String,
     /// How long accepting the connection took (a phase of every file).

@@ -116,10 +116,8 @@ pub fn send_files(
     mut on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, XferError> {
     let sources = open_sources(paths)?;
-    cfg.progress.planned(
-        sources.len() as u64,
-        sources.iter().map(|s| s.size).sum(),
-    );
+    cfg.progress
+        .planned(sources.len() as u64, sources.iter().map(|s| s.size).sum());
     probe_devices()?;
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
