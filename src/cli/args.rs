@@ -49,8 +49,13 @@ pub struct CommonArgs {
 /// What both tools' `--help` says about their output.
 macro_rules! output_help {
     () => {
-        "Output: one line per file on stderr; a progress bar per file and overall while stderr \
-is a terminal (none with -q or --log-format json); --json results on stdout."
+        concat!(
+            "Output:\n",
+            "  one line per file on stderr (none with -q);\n",
+            "  progress bars (per file and overall) while stderr is a terminal, not with -q\n",
+            "  or --log-format json;\n",
+            "  --json: one JSON object per file on stdout, flushed at once (see the README)."
+        )
     };
 }
 
@@ -181,12 +186,61 @@ pub fn commands() -> Vec<clap::Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn definitions_are_consistent() {
         for cmd in commands() {
             cmd.debug_assert();
         }
+    }
+
+    /// The command lines of a `--help`'s "Examples:" block, as argv (from
+    /// the command's name on: leading VAR=value assignments dropped; cut at
+    /// a pipe or redirection).
+    fn examples(cmd: &mut clap::Command) -> Vec<Vec<String>> {
+        let name = cmd.get_name().to_string();
+        let help = cmd.render_help().to_string();
+        let block = help
+            .split("Examples:\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n\n").next())
+            .expect("an Examples: block");
+        block
+            .lines()
+            .map(|line| {
+                let start = line.find(&format!("{name} ")).unwrap_or(0);
+                line[start..]
+                    .split_whitespace()
+                    .take_while(|w| !matches!(*w, "|" | ">"))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn help_examples_parse() {
+        for mut cmd in commands() {
+            let name = cmd.get_name().to_string();
+            let examples = examples(&mut cmd);
+            assert!(examples.len() >= 4, "{name}: {examples:?}");
+            for argv in examples {
+                assert_eq!(argv[0], name, "{argv:?}");
+                if let Err(e) = cmd.clone().try_get_matches_from(&argv) {
+                    panic!("{argv:?} does not parse: {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn json_option_on_both() {
+        let s = SenderArgs::try_parse_from(["sender", "--json", "h", "f"]).unwrap();
+        assert!(s.common.json);
+        assert_eq!(DigestAlg::from(s.verify), DigestAlg::Crc32);
+        let r = ReceiverArgs::try_parse_from(["receiver", "--once", "--json"]).unwrap();
+        assert!(r.common.json && r.once);
     }
 
     #[test]

@@ -15,17 +15,51 @@ pub fn write_man_pages(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     for cmd in commands() {
         let name = cmd.get_name().to_string();
+        let after_help = cmd
+            .get_after_help()
+            .map(|h| h.to_string())
+            .unwrap_or_default();
         let man = clap_mangen::Man::new(cmd)
             .section("1")
             .source(format!("rdma-xfer {}", env!("CARGO_PKG_VERSION")))
             .manual("User Commands");
         let mut page = Vec::new();
-        man.render(&mut page)?;
+        man.render_title(&mut page)?;
+        man.render_name_section(&mut page)?;
+        man.render_synopsis_section(&mut page)?;
+        man.render_description_section(&mut page)?;
+        man.render_options_section(&mut page)?;
+        page.extend_from_slice(help_sections(&after_help).as_bytes());
+        man.render_version_section(&mut page)?;
         let path = dir.join(format!("{name}.1"));
         std::fs::write(&path, page)?;
         written.push(path);
     }
     Ok(written)
+}
+
+/// The `--help` epilogue ("Examples:", "Output:", "Exit codes:" blocks,
+/// separated by blank lines) as man page sections (EXAMPLES, OUTPUT, EXIT
+/// STATUS), each block's lines kept as they are.
+fn help_sections(after_help: &str) -> String {
+    let mut roff = roff::Roff::new();
+    for block in after_help.split("\n\n") {
+        let mut lines = block.lines();
+        let Some(heading) = lines.next() else {
+            continue;
+        };
+        let title = match heading.trim_end_matches(':') {
+            "Exit codes" => "EXIT STATUS".to_string(),
+            other => other.to_uppercase(),
+        };
+        roff.control("SH", [title.as_str()]);
+        roff.control("nf", []);
+        for line in lines {
+            roff.text([roff::roman(line.trim_start())]);
+        }
+        roff.control("fi", []);
+    }
+    roff.to_roff()
 }
 
 /// The file name a completion script is installed under: what each shell
@@ -71,8 +105,10 @@ mod tests {
             assert!(text.starts_with(".ie \\n(.g .ds Aq"), "{text}");
             assert!(text.contains(&format!(".TH {name} 1")), "{text}");
             assert!(text.contains("\\-\\-json"), "{text}");
-            assert!(text.contains("Examples:"), "{text}");
-            assert!(text.contains("Exit codes:"), "{text}");
+            assert!(text.contains(".SH EXAMPLES"), "{text}");
+            assert!(text.contains(".SH \"EXIT STATUS\""), "{text}");
+            // Examples start with the command, dashes escaped.
+            assert!(text.contains(&format!("\n{name} \\-\\-")), "{text}");
         }
     }
 
