@@ -268,3 +268,112 @@ pub fn summary_for_log(report: &FileReport, json: bool) -> String {
         report.summary_line()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(name: &str, bytes: u64, secs: f64) -> FileReport {
+        FileReport {
+            name: name.into(),
+            bytes,
+            elapsed: Duration::from_secs_f64(secs),
+            digest: Digest::Crc32(0x0102_0a0b),
+            phases: Phases {
+                connect: Duration::from_millis(2),
+                mr_exchange: Duration::from_millis(1),
+                data: Duration::from_secs_f64(secs - 0.01),
+                commit: Duration::from_millis(5),
+            },
+        }
+    }
+
+    #[test]
+    fn result_objects() {
+        let r = report("a.bin", 1 << 21, 2.0);
+        let v = r.result_json();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "event",
+                "name",
+                "bytes",
+                "seconds",
+                "mib_per_s",
+                "digest_alg",
+                "digest",
+                "status",
+                "exit_code",
+                "phases"
+            ]
+        );
+        assert_eq!(v["name"], "a.bin");
+        assert_eq!(v["mib_per_s"], 1.0);
+        assert_eq!(v["digest"], "01020a0b");
+        assert_eq!(v["status"], "ok");
+        assert_eq!(v["phases"]["fsync_verify_s"], 0.005);
+        let err = XferError::Rejected {
+            code: "file exists",
+            reason: "b.bin already exists".into(),
+        };
+        let f = FileFailure::new(
+            "b.bin",
+            7,
+            DigestAlg::Sha256,
+            Duration::from_millis(3),
+            Duration::from_millis(2),
+            &err,
+            false,
+        );
+        let v = f.result_json();
+        assert_eq!(v["status"], "rejected");
+        assert_eq!(v["exit_code"], 4);
+        assert_eq!(v["bytes"], 7);
+        assert_eq!(v["digest_alg"], "sha256");
+        assert!(v["digest"].is_null() && v["mib_per_s"].is_null());
+        assert_eq!(
+            v["reason"],
+            "rejected by the receiver (file exists): b.bin already exists"
+        );
+        // One line each: what --json prints.
+        assert!(!v.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn totals_sum_files_and_count_connect_once() {
+        let mut t = Totals::default();
+        let a = report("a", 1 << 20, 0.5);
+        let b = report("b", 1 << 20, 0.5);
+        let err = XferError::PeerLost("gone".into());
+        let c = FileFailure::new(
+            "c",
+            9,
+            DigestAlg::Crc32,
+            Duration::from_millis(1000),
+            Duration::from_millis(2),
+            &err,
+            true,
+        );
+        t.add(FileEvent::Done(&a));
+        t.add(FileEvent::Done(&b));
+        t.add(FileEvent::Failed(&c));
+        let v = t.summary_json(Err(&err));
+        assert_eq!(v["files"], 2);
+        assert_eq!(v["failed"], 1);
+        assert_eq!(v["bytes"], 2 << 20);
+        assert_eq!(v["seconds"], 2.002);
+        assert_eq!(v["phases"]["connect_s"], 0.002);
+        assert_eq!(v["phases"]["mr_exchange_s"], 0.002);
+        assert_eq!(v["status"], "timeout_or_peer_lost");
+        assert_eq!(v["exit_code"], 7);
+        assert_eq!(v["reason"], "peer lost: gone");
+        let ok = Totals::default().summary_json(Ok(()));
+        assert_eq!(
+            (ok["status"].as_str(), ok["exit_code"].as_u64()),
+            (Some("ok"), Some(0))
+        );
+        assert!(ok.get("reason").is_none());
+        assert_eq!(ok["mib_per_s"], 0.0);
+    }
+}
