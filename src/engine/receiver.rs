@@ -513,6 +513,8 @@ impl Session<'_> {
                     .accept(ring)
                     .map_err(|e| XferError::Protocol(e.to_string()))?;
                 self.control.send(&self.ep, &reply)?;
+                // A file's time runs from its HELLO, like the sender's.
+                file.started = hello_at;
                 file.phases.connect = self.connect_time;
                 file.phases.mr_exchange = hello_at.elapsed();
                 file.data_started = Instant::now();
