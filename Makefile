@@ -10,7 +10,7 @@ RELEASE_DIR ?= target/release
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build lint unit e2e test demo bench install clean
+.PHONY: all deps build lint unit fuzz e2e test demo bench install clean
 
 all: build
 
@@ -19,8 +19,9 @@ deps:
 	scripts/install-deps.sh --build
 	scripts/guest/prepare.sh -q
 
-# The fault-injection build (test-only switches) goes to its own target dir
-# so that release binaries never contain it.
+# The fault-injection build (test-only switches, and the rxfer-raw-client
+# binary of tests/hostile.rs) goes to its own target dir so that release
+# binaries never contain it.
 build: deps
 	$(CARGO) build --release --locked --all-targets
 	$(CARGO) build --release --locked --features fault-injection --target-dir target/fault-injection --bins
@@ -32,7 +33,19 @@ lint: deps
 
 # Pure logic and CLI tests on this host (no RDMA needed).
 unit: build
-	$(CARGO) test --release --locked --lib --bins --test cli
+	$(CARGO) test --release --locked --lib --bins --test cli --test fuzz_proto
+
+# Long property-based fuzzing of the codec and both session state machines
+# (tests/fuzz_proto.rs; `make unit` runs the same properties briefly):
+# 3 decoder properties x FUZZ_DECODE_CASES frames + 2 state-machine
+# properties x FUZZ_MACHINE_CASES sessions (each a sequence of up to 300
+# events, ~15 million events per property) = 3.2 million generated cases by
+# default, 4-5 min on 1 core. Each property prints its case/input counts.
+FUZZ_DECODE_CASES ?= 1000000
+FUZZ_MACHINE_CASES ?= 100000
+fuzz: deps
+	PROPTEST_CASES=$(FUZZ_DECODE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 decode_
+	PROPTEST_CASES=$(FUZZ_MACHINE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 machine_
 
 # The end-to-end suite on real RDMA (this host, or the SoftRoCE guest).
 e2e: build

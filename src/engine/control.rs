@@ -6,6 +6,7 @@ use crate::error::XferError;
 use crate::proto::{MAX_MESSAGE, Message, WireError, decode, encode};
 use crate::verbs::{Access, Endpoint, MemoryRegion, WorkCompletion};
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 pub(super) struct Control {
     recv_mr: MemoryRegion,
@@ -81,6 +82,25 @@ impl Control {
     /// True while some message is queued or not yet completed.
     pub fn busy(&self) -> bool {
         !self.queued.is_empty() || self.free_send.len() < self.send_count
+    }
+
+    /// At the end of a session: lets queued and posted messages complete
+    /// (until `within` passes) so that a last reply reaches the peer before
+    /// the disconnect. Other completions are dropped.
+    pub fn drain(&mut self, ep: &Endpoint, within: Duration) -> Result<(), XferError> {
+        let deadline = Instant::now() + within;
+        let mut wcs = Vec::new();
+        while self.busy() && Instant::now() < deadline {
+            wcs.clear();
+            ep.cq()
+                .wait(&mut wcs, 16, Duration::from_millis(200), "the last sends")?;
+            for wc in &wcs {
+                if wr::kind(wc.wr_id) == wr::SEND {
+                    self.on_send_done(ep, wc)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn flush(&mut self, ep: &Endpoint) -> Result<(), XferError> {

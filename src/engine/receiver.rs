@@ -205,18 +205,7 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
         ep.cm_id().accept(timeout)?;
         let reject = Message::Reject(Reject::new(RejectCode::Busy, reason));
         control.send(&ep, &reject)?;
-        let deadline = Instant::now() + timeout;
-        let mut wcs = Vec::new();
-        while control.busy() && Instant::now() < deadline {
-            wcs.clear();
-            ep.cq()
-                .wait(&mut wcs, 4, Duration::from_millis(200), "the refusal")?;
-            for wc in &wcs {
-                if wr::kind(wc.wr_id) == wr::SEND {
-                    control.on_send_done(&ep, wc)?;
-                }
-            }
-        }
+        control.drain(&ep, timeout)?;
         ep.cm_id().disconnect(Duration::from_secs(1));
         Ok(())
     })();
@@ -779,24 +768,8 @@ impl Session<'_> {
 
     /// Lets queued replies reach the sender, then disconnects.
     fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut wcs = Vec::new();
-        while self.control.busy() && Instant::now() < deadline {
-            wcs.clear();
-            if self
-                .ep
-                .cq()
-                .wait(&mut wcs, 16, Duration::from_millis(200), "sends")
-                .is_err()
-            {
-                break;
-            }
-            for wc in &wcs {
-                if wr::kind(wc.wr_id) == wr::SEND {
-                    let _ = self.control.on_send_done(&self.ep, wc);
-                }
-            }
-        }
+        // Best effort: the session is over either way.
+        let _ = self.control.drain(&self.ep, Duration::from_secs(2));
         if let (Err(e), Some(file)) = (&result, self.file.take()) {
             self.report_file_failure(&file, e, true);
         }

@@ -81,6 +81,10 @@ pub struct CompletionQueue {
     cq: *mut ibv_cq,
     channel: *mut ibv_comp_channel,
     unacked_events: Cell<u32>,
+    /// A failed work request polled together with good completions: those
+    /// are returned first (a peer's last message before it went away, say),
+    /// the failure on the next poll.
+    pending_error: Cell<Option<VerbsError>>,
     busy_poll: bool,
     _id: Rc<CmId>,
 }
@@ -116,6 +120,7 @@ impl CompletionQueue {
             cq,
             channel,
             unacked_events: Cell::new(0),
+            pending_error: Cell::new(None),
             busy_poll,
             _id: id.clone(),
         };
@@ -124,9 +129,13 @@ impl CompletionQueue {
         Ok(out)
     }
 
-    /// Polls up to `out.capacity()` completions without blocking; returns how
-    /// many were appended. A failed work request is returned as an error.
+    /// Polls up to `max` completions without blocking; returns how many were
+    /// appended. A failed work request is returned as an error, after the
+    /// successful completions polled with it.
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        if let Some(e) = self.pending_error.take() {
+            return Err(e);
+        }
         const BATCH: usize = 32;
         // SAFETY: ibv_wc is plain data; zeroed is a valid initial value.
         let mut wcs: [ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
@@ -137,6 +146,7 @@ impl CompletionQueue {
             return Err(VerbsError::from_ret("ibv_poll_cq", n));
         }
         let mut first_error = None;
+        let mut good = 0;
         for wc in wcs.iter().take(n as usize) {
             let opcode = match wc.opcode {
                 ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
@@ -165,10 +175,15 @@ impl CompletionQueue {
                 byte_len: wc.byte_len,
                 imm,
             });
+            good += 1;
         }
         match first_error {
-            Some(e) => Err(e),
-            None => Ok(n as usize),
+            Some(e) if good == 0 => Err(e),
+            Some(e) => {
+                self.pending_error.set(Some(e));
+                Ok(good)
+            }
+            None => Ok(good),
         }
     }
 

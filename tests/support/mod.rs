@@ -205,6 +205,11 @@ impl Running {
         self.child.id()
     }
 
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     pub fn stderr_so_far(&self) -> String {
         self.stderr.lock().expect("stderr lock").clone()
     }
@@ -416,4 +421,94 @@ pub fn tx_bytes(netdev: &str) -> u64 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// The test-only raw client (src/bin/rxfer-raw-client.rs). It exists only
+/// with `--features fault-injection`, which `make build` builds into
+/// target/fault-injection so that target/release never contains it.
+pub fn raw_client_bin() -> PathBuf {
+    PathBuf::from(fault_injection_bin("rxfer-raw-client"))
+}
+
+/// A finished raw-client run: exit status, stdout lines (one per message
+/// received), stderr.
+pub struct RawRun {
+    pub status: ExitStatus,
+    pub lines: Vec<String>,
+    pub stderr: String,
+}
+
+impl RawRun {
+    pub fn code(&self) -> i32 {
+        self.status.code().unwrap_or(-1)
+    }
+
+    /// Lines of one kind (`REJECT`, `ACK`, `MR`, ...).
+    pub fn of_kind(&self, kind: &str) -> Vec<&str> {
+        self.lines
+            .iter()
+            .map(String::as_str)
+            .filter(|l| l.split(' ').next() == Some(kind))
+            .collect()
+    }
+}
+
+/// Runs the raw client against `net.addr_a:port` across the wire (from the
+/// B address when there is one): `--scenario scenario` (if given), then
+/// `steps`. Fails the test if it runs for more than `timeout` (it is killed).
+pub fn run_raw_client(
+    net: &Net,
+    port: u16,
+    scenario: Option<&str>,
+    steps: &[&str],
+    timeout: Duration,
+) -> RawRun {
+    let mut cmd = Command::new(raw_client_bin());
+    cmd.args(["--port", &port.to_string(), "--timeout", "20"]);
+    if let Some(b) = &net.addr_b {
+        cmd.args(["--source", b]);
+    }
+    if let Some(s) = scenario {
+        cmd.args(["--scenario", s]);
+    }
+    cmd.arg(&net.addr_a).args(steps);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start rxfer-raw-client");
+    let collect = |pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = BufReader::new(pipe).read_to_string(&mut s);
+            s
+        })
+    };
+    let out = collect(Box::new(child.stdout.take().expect("stdout")));
+    let err = collect(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            // Only our own child.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "rxfer-raw-client did not finish within {timeout:?} (killed):\n{}",
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    RawRun {
+        status,
+        lines: out
+            .join()
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect(),
+        stderr: err.join().unwrap_or_default(),
+    }
 }

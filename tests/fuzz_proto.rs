@@ -1,0 +1,1246 @@
+//! Property-based fuzzing (proptest) of everything a peer's bytes reach
+//! before any I/O happens: the control-message codec and both session state
+//! machines. No RDMA needed.
+//!
+//! - `decode_*`: the decoder on arbitrary bytes and on mutated valid frames
+//!   never panics, and whatever it accepts re-encodes to the same bytes;
+//!   `decode(encode(m)) == m` for generated messages.
+//! - `machine_receiver`: a `ReceiverSession` fed arbitrary sequences of
+//!   decoded messages, chunk completions and engine decisions never panics,
+//!   never places a chunk outside the ring or past the offered size, never
+//!   hands out an MR without an accepted HELLO, and every protocol error
+//!   closes the session for good.
+//! - `machine_sender`: a `SenderSession` fed arbitrary receiver messages and
+//!   engine calls never panics, never plans a write outside the ring or
+//!   beyond its credits, and every error closes the session.
+//!
+//! The number of cases per property is proptest's: `PROPTEST_CASES`
+//! (default 256, a few seconds in all). `make fuzz` runs >= 1 million.
+//! Each property prints its case and input counts (`--nocapture` shows them).
+
+use proptest::prelude::*;
+use proptest::sample::Index;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
+use rdma_xfer::proto::{
+    AUTH_REQUIRED, Ack, AckStatus, Challenge, Digest, DigestAlg, FileOffer, Fin, Hello,
+    MAX_MESSAGE, Message, NONCE_LEN, PROTOCOL_VERSION, ProtocolError, ReceiverConfig,
+    ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo,
+    SenderEvent, SenderSession, SenderState, Token, decode, encode_to_vec, validate_name,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// How deep the generated inputs got (printed with the counts, so a weak
+/// generator shows): frames decoded, chunks placed, files verified, ...
+struct Reached([AtomicU64; 5]);
+
+impl Reached {
+    const fn new() -> Self {
+        Reached([const { AtomicU64::new(0) }; 5])
+    }
+    fn hit(&self, i: usize) {
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+    fn get(&self, i: usize) -> u64 {
+        self.0[i].load(Ordering::Relaxed)
+    }
+}
+
+/// Runs `test` on `PROPTEST_CASES` values of `strategy`; prints the counts.
+/// `inputs` is what one case feeds the code under test (1 for a frame, the
+/// number of events for a session).
+fn fuzz<S: Strategy>(
+    name: &str,
+    strategy: S,
+    inputs: impl Fn(&S::Value) -> u64,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+    reached: impl Fn() -> String,
+) {
+    let config = Config {
+        // Failures print the shrunk input; no regression files in the tree.
+        failure_persistence: None,
+        ..Config::default() // reads PROPTEST_CASES
+    };
+    let cases = config.cases;
+    let mut runner = TestRunner::new(config);
+    let fed = AtomicU64::new(0);
+    let ran = AtomicU64::new(0);
+    let started = Instant::now();
+    let result = runner.run(&strategy, |v| {
+        ran.fetch_add(1, Ordering::Relaxed);
+        fed.fetch_add(inputs(&v), Ordering::Relaxed);
+        test(v)
+    });
+    if let Err(e) = result {
+        panic!("{name}: {e}");
+    }
+    eprintln!(
+        "fuzz {name}: {cases} cases ({} run), {} inputs in {:.1}s; reached: {}",
+        ran.load(Ordering::Relaxed),
+        fed.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64(),
+        reached()
+    );
+}
+
+// ---------------------------------------------------------------- strategies
+
+fn text(max_chars: usize) -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => proptest::collection::vec(any::<char>(), 0..max_chars).prop_map(String::from_iter),
+        1 => (0usize..=MAX_BODY).prop_map(|n| "r".repeat(n / 2)),
+    ]
+}
+
+/// File names: plain ones (mostly valid), hostile ones, arbitrary text.
+fn name() -> impl Strategy<Value = String> {
+    let plain =
+        proptest::collection::vec(proptest::sample::select(b"abcxyz019._-".to_vec()), 1..20)
+            .prop_map(|v| String::from_utf8(v).unwrap_or_default());
+    let hostile = proptest::sample::select(vec![
+        "../x",
+        "/etc/passwd",
+        "a/b",
+        "..",
+        ".",
+        "",
+        "a\0b",
+        "a\nb",
+        "\u{1b}[31m",
+        "\u{7f}",
+        "\u{85}",
+        "back\\slash",
+    ])
+    .prop_map(str::to_owned);
+    prop_oneof![
+        6 => plain,
+        2 => hostile,
+        1 => (250usize..260).prop_map(|n| "n".repeat(n)),
+        2 => proptest::collection::vec(any::<char>(), 0..16).prop_map(String::from_iter),
+    ]
+}
+
+fn size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => 0u64..300,
+        1 => Just(u64::MAX),
+        1 => any::<u64>(),
+    ]
+}
+
+fn digest_alg() -> impl Strategy<Value = DigestAlg> {
+    prop_oneof![Just(DigestAlg::Crc32), Just(DigestAlg::Sha256)]
+}
+
+fn digest() -> impl Strategy<Value = Digest> {
+    prop_oneof![
+        any::<u32>().prop_map(Digest::Crc32),
+        any::<[u8; 32]>().prop_map(Digest::Sha256),
+    ]
+}
+
+fn reject_code() -> impl Strategy<Value = RejectCode> {
+    proptest::sample::select(RejectCode::ALL.to_vec())
+}
+
+fn ack_status() -> impl Strategy<Value = AckStatus> {
+    proptest::sample::select(AckStatus::ALL.to_vec())
+}
+
+fn hello() -> impl Strategy<Value = Hello> {
+    (
+        prop_oneof![4 => Just(PROTOCOL_VERSION), 1 => any::<u16>()],
+        any::<u32>(),
+        name(),
+        size(),
+        any::<u32>(),
+        digest_alg(),
+    )
+        .prop_map(|(version, caps, name, size, mode, digest)| Hello {
+            version,
+            caps,
+            name,
+            size,
+            mode,
+            digest,
+        })
+}
+
+fn ring() -> impl Strategy<Value = RingInfo> {
+    prop_oneof![
+        // Plausible rings, small enough for whole files to go through.
+        4 => (any::<u64>(), any::<u32>(), 1u32..64, 1u32..8).prop_map(|(a, rkey, s, c)| RingInfo {
+            addr: a >> 8,
+            rkey,
+            slot_size: s,
+            slot_count: c,
+        }),
+        1 => any::<(u64, u32, u32, u32)>().prop_map(|(addr, rkey, slot_size, slot_count)| {
+            RingInfo { addr, rkey, slot_size, slot_count }
+        }),
+        1 => (0u32..2, 0u32..2).prop_map(|(slot_size, slot_count)| RingInfo {
+            addr: u64::MAX - 8,
+            rkey: 1,
+            slot_size,
+            slot_count,
+        }),
+    ]
+}
+
+/// Any message of the protocol, edge values included.
+fn message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        hello().prop_map(Message::Hello),
+        ring().prop_map(Message::Mr),
+        (reject_code(), text(40))
+            .prop_map(|(code, reason)| Message::Reject(Reject::new(code, reason))),
+        prop_oneof![Just(0u32), 1u32..20, any::<u32>()].prop_map(|count| Message::Credit { count }),
+        (size(), prop_oneof![0u64..20, any::<u64>()], digest()).prop_map(
+            |(bytes, chunks, digest)| Message::Fin(Fin {
+                bytes,
+                chunks,
+                digest
+            })
+        ),
+        (ack_status(), text(40))
+            .prop_map(|(status, reason)| Message::Ack(Ack::new(status, reason))),
+        Just(Message::Bye),
+        challenge().prop_map(Message::Challenge),
+        prop_oneof![Just(Vec::new()), any::<[u8; 32]>().prop_map(|m| m.to_vec()),]
+            .prop_map(|mac| Message::Auth { mac }),
+    ]
+}
+
+fn challenge() -> impl Strategy<Value = Challenge> {
+    (
+        prop_oneof![Just(0u16), Just(AUTH_REQUIRED)],
+        any::<[u8; NONCE_LEN]>(),
+    )
+        .prop_map(|(flags, nonce)| Challenge { flags, nonce })
+}
+
+/// A shared secret and a session nonce, or none (no authentication).
+fn auth_key() -> impl Strategy<Value = Option<(Vec<u8>, [u8; NONCE_LEN])>> {
+    prop_oneof![
+        1 => Just(None),
+        1 => (proptest::collection::vec(any::<u8>(), 1..40), any::<[u8; NONCE_LEN]>())
+            .prop_map(Some),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Set(Index, u8),
+    Xor(Index, u8),
+    Truncate(Index),
+    Push(u8),
+    Insert(Index, u8),
+    Remove(Index),
+    /// Rewrite the header's body length near the real one (or anything).
+    BodyLen(i32),
+    /// Rewrite the type byte / version byte.
+    Type(u8),
+    Version(u8),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        3 => (any::<Index>(), any::<u8>()).prop_map(|(i, v)| Mutation::Set(i, v)),
+        3 => (any::<Index>(), 1u8..=255).prop_map(|(i, v)| Mutation::Xor(i, v)),
+        2 => any::<Index>().prop_map(Mutation::Truncate),
+        1 => any::<u8>().prop_map(Mutation::Push),
+        1 => (any::<Index>(), any::<u8>()).prop_map(|(i, v)| Mutation::Insert(i, v)),
+        1 => any::<Index>().prop_map(Mutation::Remove),
+        2 => prop_oneof![-4i32..=4, any::<i32>()].prop_map(Mutation::BodyLen),
+        1 => any::<u8>().prop_map(Mutation::Type),
+        1 => any::<u8>().prop_map(Mutation::Version),
+    ]
+}
+
+fn mutate(buf: &mut Vec<u8>, m: &Mutation) {
+    let n = buf.len();
+    match m {
+        Mutation::Set(i, v) if n > 0 => buf[i.index(n)] = *v,
+        Mutation::Xor(i, v) if n > 0 => buf[i.index(n)] ^= *v,
+        Mutation::Truncate(i) => buf.truncate(i.index(n + 1)),
+        Mutation::Push(v) => buf.push(*v),
+        Mutation::Insert(i, v) => buf.insert(i.index(n + 1), *v),
+        Mutation::Remove(i) if n > 0 => {
+            buf.remove(i.index(n));
+        }
+        Mutation::BodyLen(d) if n >= HEADER_LEN => {
+            let real = (n - HEADER_LEN) as i64;
+            let len = if d.unsigned_abs() <= 4 {
+                (real + i64::from(*d)).max(0) as u32
+            } else {
+                *d as u32
+            };
+            buf[8..12].copy_from_slice(&len.to_be_bytes());
+        }
+        Mutation::Type(t) if n > 5 => buf[5] = *t,
+        Mutation::Version(v) if n > 4 => buf[4] = *v,
+        _ => {}
+    }
+}
+
+// ------------------------------------------------------------- (a) decoder
+
+/// What the decoder must guarantee for any input: no panic (the caller runs
+/// it), and an accepted frame is canonical.
+static DECODED: Reached = Reached::new();
+
+/// `counter`: which DECODED slot counts the accepted frames.
+fn check_decoded(bytes: &[u8], counter: usize) -> Result<(), TestCaseError> {
+    if let Ok(msg) = decode(bytes) {
+        DECODED.hit(counter);
+        prop_assert!(bytes.len() <= MAX_MESSAGE, "accepted {} bytes", bytes.len());
+        let again = encode_to_vec(&msg);
+        prop_assert_eq!(again.as_deref(), Ok(bytes), "non-canonical: {:?}", msg);
+    }
+    Ok(())
+}
+
+#[test]
+fn decode_arbitrary_bytes() {
+    let header = (any::<u8>(), any::<u16>(), any::<u32>());
+    let body = prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..80),
+        // The fixed body sizes of CREDIT, BYE and MR.
+        proptest::sample::select(vec![0usize, 4, 20]).prop_map(|n| vec![0xa5; n]),
+    ];
+    let framed = (header, 0u8..10, body).prop_map(|((ver, flags, len), ty, body)| {
+        let mut b = 0x5258_4652u32.to_be_bytes().to_vec();
+        b.push(if ver < 200 { 1 } else { ver });
+        b.push(ty);
+        let flags = if flags < 60000 { 0 } else { flags };
+        b.extend_from_slice(&flags.to_be_bytes());
+        let len = if len.is_multiple_of(4) {
+            len
+        } else {
+            body.len() as u32
+        };
+        b.extend_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(&body);
+        b
+    });
+    let strategy = prop_oneof![
+        // Noise.
+        2 => proptest::collection::vec(any::<u8>(), 0..64),
+        // Noise behind a valid magic + version, so parsing gets further.
+        3 => framed,
+        // Big buffers around the frame limit.
+        1 => (MAX_MESSAGE - 16..MAX_MESSAGE + 16).prop_map(|n| vec![0u8; n]),
+    ];
+    fuzz(
+        "decode_arbitrary_bytes",
+        strategy,
+        |_| 1,
+        |bytes| check_decoded(&bytes, 0),
+        || format!("{} frames decoded", DECODED.get(0)),
+    );
+}
+
+#[test]
+fn decode_mutated_frames() {
+    let strategy = (message(), proptest::collection::vec(mutation(), 1..6));
+    fuzz(
+        "decode_mutated_frames",
+        strategy,
+        |_| 1,
+        |(msg, mutations)| {
+            let mut bytes = encode_to_vec(&msg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for m in &mutations {
+                mutate(&mut bytes, m);
+            }
+            check_decoded(&bytes, 1)
+        },
+        || format!("{} mutated frames still decoded", DECODED.get(1)),
+    );
+}
+
+#[test]
+fn decode_encode_round_trip() {
+    fuzz(
+        "decode_encode_round_trip",
+        message(),
+        |_| 1,
+        |msg| {
+            let bytes = encode_to_vec(&msg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(bytes.len() <= MAX_MESSAGE);
+            prop_assert_eq!(decode(&bytes), Ok(msg));
+            Ok(())
+        },
+        || "every message".into(),
+    );
+}
+
+// ---------------------------------------------------- (b) receiver machine
+
+#[derive(Debug, Clone)]
+enum ChunkLen {
+    /// A whole slot.
+    Slot,
+    /// What is left of the file (at most a slot).
+    Rest,
+    Zero,
+    SlotPlus(u32),
+    Any(u32),
+}
+
+#[derive(Debug, Clone)]
+enum RxAction {
+    /// Whatever a well-behaved sender / engine would do next (resolved from
+    /// the state; the seed picks sizes and choices). In a closed session it
+    /// starts a new one, so a case goes on after an error.
+    Legal(u32),
+    Msg(Message),
+    /// Bytes through the decoder; fed only if they decode.
+    Frame(Vec<u8>),
+    /// A FIN built from what arrived (deltas mostly 0, so Verifying is reached).
+    FinLike {
+        dbytes: i8,
+        dchunks: i8,
+        alg: Option<DigestAlg>,
+    },
+    Chunk(ChunkLen, u32),
+    Accept {
+        same_shape: bool,
+        addr: u64,
+        rkey: u32,
+    },
+    Reject(RejectCode),
+    ChunkDone,
+    Flush,
+    Complete(AckStatus),
+}
+
+fn rx_action() -> impl Strategy<Value = RxAction> {
+    let chunk_len = prop_oneof![
+        4 => Just(ChunkLen::Slot),
+        4 => Just(ChunkLen::Rest),
+        1 => Just(ChunkLen::Zero),
+        1 => (1u32..3).prop_map(ChunkLen::SlotPlus),
+        1 => any::<u32>().prop_map(ChunkLen::Any),
+    ];
+    let small = prop_oneof![8 => Just(0i8), 1 => -2i8..=2];
+    // Mostly acceptable offers, so sessions get deep.
+    let offer = hello().prop_map(|h| {
+        let version = if h.version == PROTOCOL_VERSION || h.caps.is_multiple_of(2) {
+            PROTOCOL_VERSION
+        } else {
+            h.version
+        };
+        let size = if h.caps.is_multiple_of(3) {
+            h.size
+        } else {
+            h.size % 300
+        };
+        RxAction::Msg(Message::Hello(Hello { version, size, ..h }))
+    });
+    let alg = prop_oneof![4 => Just(None), 1 => digest_alg().prop_map(Some)];
+    let fin = (small.clone(), small, alg).prop_map(|(dbytes, dchunks, alg)| RxAction::FinLike {
+        dbytes,
+        dchunks,
+        alg,
+    });
+    let same_shape = prop_oneof![5 => Just(true), 1 => Just(false)];
+    let accept = (same_shape, any::<u64>(), any::<u32>()).prop_map(|(same_shape, addr, rkey)| {
+        RxAction::Accept {
+            same_shape,
+            addr: addr >> 1,
+            rkey,
+        }
+    });
+    prop_oneof![
+        2 => message().prop_map(RxAction::Msg),
+        3 => offer,
+        1 => proptest::collection::vec(any::<u8>(), 0..40).prop_map(RxAction::Frame),
+        2 => fin,
+        8 => (chunk_len, any::<u32>()).prop_map(|(l, imm)| RxAction::Chunk(l, imm)),
+        3 => accept,
+        1 => reject_code().prop_map(RxAction::Reject),
+        6 => Just(RxAction::ChunkDone),
+        1 => Just(RxAction::Flush),
+        2 => prop_oneof![3 => Just(AckStatus::Ok), 1 => ack_status()].prop_map(RxAction::Complete),
+    ]
+}
+
+/// A sequence mixing legal steps with hostile ones at a per-case rate
+/// (0 to 50%), so that sessions both get deep and get attacked there.
+fn sequence<A: Clone + std::fmt::Debug>(
+    hostile: impl Strategy<Value = A>,
+    legal: fn(u32) -> A,
+    max_len: usize,
+) -> impl Strategy<Value = Vec<A>> {
+    (
+        prop_oneof![1 => Just(0u32), 2 => 1u32..10, 2 => 10u32..50],
+        proptest::collection::vec((0u32..100, any::<u32>(), hostile), 1..max_len),
+    )
+        .prop_map(move |(chaos, v)| {
+            v.into_iter()
+                .map(|(roll, seed, h)| if roll < chaos { h } else { legal(seed) })
+                .collect()
+        })
+}
+
+/// What the harness knows about the session, to check the machine against.
+#[derive(Default)]
+struct RxModel {
+    /// The HELLO that passed the checks (AwaitDecision) or was accepted.
+    offer: Option<Hello>,
+    ring: Option<RingInfo>,
+    /// Next file offset / chunk sequence expected.
+    bytes: u64,
+    chunks: u64,
+    /// Received, not yet consumed.
+    unconsumed: u64,
+    /// Consumed, credit not yet returned.
+    pending: u64,
+    /// Length of the file's first chunk (0 before it).
+    chunk_len: u32,
+    /// Files offered so far (for names).
+    files: u64,
+}
+
+/// The receiver's secret, as the harness knows it.
+#[derive(Clone)]
+struct RxAuth {
+    token: Token,
+    nonce: [u8; NONCE_LEN],
+}
+
+impl RxAuth {
+    fn session(auth: &Option<RxAuth>, cfg: ReceiverConfig) -> ReceiverSession {
+        match auth {
+            Some(a) => ReceiverSession::with_auth(cfg, a.token.clone(), a.nonce),
+            None => ReceiverSession::new(cfg),
+        }
+    }
+}
+
+/// The legal next step of a sender / engine pair in state `state`.
+fn legal_rx(
+    state: ReceiverState,
+    m: &RxModel,
+    cfg: &ReceiverConfig,
+    auth: &Option<RxAuth>,
+    seed: u32,
+) -> RxAction {
+    use ReceiverState::*;
+    let slots = u64::from(cfg.slot_count);
+    match state {
+        AwaitAuth => RxAction::Msg(Message::Auth {
+            mac: auth
+                .as_ref()
+                .map_or_else(Vec::new, |a| a.token.mac(&a.nonce).to_vec()),
+        }),
+        AwaitHello => RxAction::Msg(Message::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            caps: 0,
+            name: format!("f{}", m.files),
+            size: match seed % 8 {
+                0 => 0,
+                1 => u64::from(cfg.slot_size) * u64::from(seed % 5),
+                _ => u64::from(seed % 300),
+            }
+            .min(cfg.max_size),
+            mode: 0o644,
+            digest: if seed.is_multiple_of(3) {
+                DigestAlg::Sha256
+            } else {
+                DigestAlg::Crc32
+            },
+        })),
+        AwaitDecision if seed.is_multiple_of(6) => RxAction::Reject(RejectCode::Exists),
+        AwaitDecision => RxAction::Accept {
+            same_shape: true,
+            addr: u64::from(seed) << 12,
+            rkey: seed,
+        },
+        Receiving => {
+            let size = m.offer.as_ref().map_or(0, |h| h.size);
+            let full = m.unconsumed + m.pending >= slots;
+            if m.unconsumed > 0 && (full || seed.is_multiple_of(3)) {
+                RxAction::ChunkDone
+            } else if m.bytes < size && !full {
+                let len = match m.chunk_len {
+                    0 if seed.is_multiple_of(4) => 1 + seed % cfg.slot_size,
+                    0 => cfg.slot_size,
+                    l => l,
+                };
+                RxAction::Chunk(
+                    ChunkLen::Any((size - m.bytes).min(u64::from(len)) as u32),
+                    seed,
+                )
+            } else if m.bytes == size {
+                RxAction::FinLike {
+                    dbytes: 0,
+                    dchunks: 0,
+                    alg: None,
+                }
+            } else {
+                RxAction::Flush
+            }
+        }
+        Verifying if m.unconsumed > 0 => RxAction::ChunkDone,
+        Verifying if seed.is_multiple_of(10) => RxAction::Complete(AckStatus::Integrity),
+        Verifying => RxAction::Complete(AckStatus::Ok),
+        Closed => RxAction::Legal(seed),
+    }
+}
+
+static RX: Reached = Reached::new();
+
+fn check_receiver(
+    cfg: ReceiverConfig,
+    key: Option<(Vec<u8>, [u8; NONCE_LEN])>,
+    actions: Vec<RxAction>,
+) -> Result<(), TestCaseError> {
+    use ReceiverState::*;
+    let auth = key.and_then(|(secret, nonce)| {
+        Some(RxAuth {
+            token: Token::new(secret)?,
+            nonce,
+        })
+    });
+    let mut r = RxAuth::session(&auth, cfg);
+    let mut m = RxModel::default();
+    // Authenticated in this session (or no token configured).
+    let mut admitted = auth.is_none();
+    // The greeting: asks for AUTH exactly when a token is configured.
+    let Message::Challenge(c) = r.challenge() else {
+        return Err(TestCaseError::fail("challenge() is not a CHALLENGE"));
+    };
+    prop_assert_eq!(c.auth_required(), auth.is_some());
+    prop_assert_eq!(r.state() == AwaitAuth, auth.is_some());
+    for action in actions {
+        let action = match action {
+            RxAction::Legal(seed) => match legal_rx(r.state(), &m, &cfg, &auth, seed) {
+                RxAction::Legal(_) => {
+                    // Closed: the next session.
+                    r = RxAuth::session(&auth, cfg);
+                    m = RxModel::default();
+                    admitted = auth.is_none();
+                    continue;
+                }
+                a => a,
+            },
+            a => a,
+        };
+        let before = r.state();
+        match action {
+            RxAction::Legal(_) => unreachable!(),
+            RxAction::Msg(_) | RxAction::Frame(_) | RxAction::FinLike { .. } => {
+                let msg = match action {
+                    RxAction::Msg(msg) => msg,
+                    RxAction::Frame(b) => match decode(&b) {
+                        Ok(msg) => msg,
+                        Err(_) => continue,
+                    },
+                    RxAction::FinLike {
+                        dbytes,
+                        dchunks,
+                        alg,
+                    } => {
+                        let alg = alg
+                            .or(m.offer.as_ref().map(|h| h.digest))
+                            .unwrap_or(DigestAlg::Crc32);
+                        Message::Fin(Fin {
+                            bytes: r.bytes_received().wrapping_add_signed(dbytes.into()),
+                            chunks: r.chunks_received().wrapping_add_signed(dchunks.into()),
+                            digest: match alg {
+                                DigestAlg::Crc32 => Digest::Crc32(0),
+                                DigestAlg::Sha256 => Digest::Sha256([0; 32]),
+                            },
+                        })
+                    }
+                    _ => unreachable!(),
+                };
+                let kind = msg.kind();
+                let sent = msg.clone();
+                let result = r.on_message(msg);
+                if before == Closed {
+                    prop_assert!(result.is_err(), "a closed session accepted {}", kind);
+                }
+                match result {
+                    Ok(ReceiverEvent::Offer(h)) => {
+                        prop_assert_eq!(before, AwaitHello);
+                        // Nothing is considered before authentication.
+                        prop_assert!(admitted, "HELLO considered before AUTH");
+                        let files = m.files + 1;
+                        prop_assert_eq!(Message::Hello(h.clone()), sent);
+                        prop_assert_eq!(h.version, PROTOCOL_VERSION);
+                        prop_assert!(validate_name(&h.name).is_ok(), "accepted name {:?}", h.name);
+                        prop_assert!(h.size <= cfg.max_size);
+                        prop_assert_eq!(r.state(), AwaitDecision);
+                        m = RxModel {
+                            offer: Some(h),
+                            files,
+                            ..RxModel::default()
+                        };
+                    }
+                    Ok(ReceiverEvent::Fin(f)) => {
+                        prop_assert_eq!(before, Receiving);
+                        let size = m.offer.as_ref().map(|h| h.size);
+                        prop_assert_eq!(Some(f.bytes), size);
+                        prop_assert_eq!(f.bytes, m.bytes);
+                        prop_assert_eq!(f.chunks, m.chunks);
+                        prop_assert_eq!(r.state(), Verifying);
+                        RX.hit(2);
+                    }
+                    Ok(ReceiverEvent::Closed) => {
+                        prop_assert_eq!(kind, "BYE");
+                        prop_assert!(matches!(before, AwaitHello | AwaitAuth));
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Ok(ReceiverEvent::Authenticated) => {
+                        prop_assert_eq!(before, AwaitAuth);
+                        let a = auth
+                            .as_ref()
+                            .ok_or_else(|| TestCaseError::fail("no token"))?;
+                        let good = Message::Auth {
+                            mac: a.token.mac(&a.nonce).to_vec(),
+                        };
+                        prop_assert_eq!(&sent, &good, "a wrong MAC authenticated");
+                        prop_assert_eq!(r.state(), AwaitHello);
+                        admitted = true;
+                        RX.hit(4);
+                    }
+                    Ok(ReceiverEvent::AuthIgnored) => {
+                        prop_assert!(auth.is_none());
+                        prop_assert_eq!(kind, "AUTH");
+                        prop_assert_eq!(r.state(), before);
+                    }
+                    Err(RecvError::Auth(_)) => {
+                        prop_assert_eq!(before, AwaitAuth);
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Err(RecvError::Reject(rej)) => {
+                        // A refused offer: the session goes on.
+                        prop_assert_eq!(kind, "HELLO");
+                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert_eq!(r.state(), AwaitHello);
+                        prop_assert!(!rej.reason.is_empty());
+                    }
+                    Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
+                }
+            }
+            RxAction::Chunk(len, imm) => {
+                let slot = u64::from(cfg.slot_size);
+                let rest = m
+                    .offer
+                    .as_ref()
+                    .map_or(0, |h| h.size.saturating_sub(m.bytes));
+                let len = match len {
+                    ChunkLen::Slot => cfg.slot_size,
+                    ChunkLen::Rest => rest.min(slot) as u32,
+                    ChunkLen::Zero => 0,
+                    ChunkLen::SlotPlus(d) => cfg.slot_size.saturating_add(d),
+                    ChunkLen::Any(v) => v,
+                };
+                match r.on_chunk(len, imm) {
+                    Ok(p) => {
+                        prop_assert_eq!(before, Receiving);
+                        let ring = m
+                            .ring
+                            .ok_or_else(|| TestCaseError::fail("chunk without MR"))?;
+                        let size = m.offer.as_ref().map_or(0, |h| h.size);
+                        // Inside the ring, inside its slot.
+                        prop_assert!(p.len > 0 && p.len <= ring.slot_size);
+                        prop_assert!(p.slot < ring.slot_count);
+                        prop_assert_eq!(
+                            p.slot_offset,
+                            u64::from(p.slot) * u64::from(ring.slot_size)
+                        );
+                        prop_assert!(p.slot_offset + u64::from(p.len) <= ring.len_bytes());
+                        prop_assert_eq!(u64::from(p.slot), p.seq % u64::from(ring.slot_count));
+                        // Contiguous, and never past the offered size.
+                        prop_assert_eq!(p.seq, m.chunks);
+                        prop_assert_eq!(p.file_offset, m.bytes);
+                        prop_assert!(p.file_offset + u64::from(p.len) <= size);
+                        prop_assert_eq!(p.expected_crc, imm);
+                        // Never more slots in use than the ring has.
+                        prop_assert!(m.unconsumed + m.pending < u64::from(ring.slot_count));
+                        m.bytes += u64::from(p.len);
+                        m.chunks += 1;
+                        m.unconsumed += 1;
+                        if m.chunk_len == 0 {
+                            m.chunk_len = p.len;
+                        }
+                        RX.hit(1);
+                        prop_assert_eq!(r.bytes_received(), m.bytes);
+                        prop_assert!(r.bytes_received() <= size);
+                    }
+                    Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
+                    Err(RecvError::Reject(_) | RecvError::Auth(_)) => {
+                        return Err(TestCaseError::fail("on_chunk returned a Reject"));
+                    }
+                }
+            }
+            RxAction::Accept {
+                same_shape,
+                addr,
+                rkey,
+            } => {
+                let ring = RingInfo {
+                    addr,
+                    rkey,
+                    slot_size: if same_shape {
+                        cfg.slot_size
+                    } else {
+                        cfg.slot_size ^ 1
+                    },
+                    slot_count: cfg.slot_count,
+                };
+                match r.accept(ring) {
+                    Ok(mr) => {
+                        // No MR before an accepted HELLO (nor before AUTH).
+                        prop_assert_eq!(before, AwaitDecision);
+                        prop_assert!(admitted);
+                        prop_assert!(m.offer.is_some());
+                        prop_assert_eq!(mr, Message::Mr(ring));
+                        RX.hit(0);
+                        prop_assert_eq!(r.state(), Receiving);
+                        m.ring = Some(ring);
+                        m.bytes = 0;
+                        m.chunks = 0;
+                        m.unconsumed = 0;
+                        m.pending = 0;
+                        m.chunk_len = 0;
+                    }
+                    Err(_) => prop_assert_eq!(r.state(), before),
+                }
+            }
+            RxAction::Reject(code) => match r.reject(code, "no".into()) {
+                Ok(msg) => {
+                    prop_assert_eq!(before, AwaitDecision);
+                    prop_assert!(matches!(msg, Message::Reject(_)));
+                    prop_assert_eq!(r.state(), AwaitHello);
+                    m = RxModel {
+                        files: m.files,
+                        ..RxModel::default()
+                    };
+                }
+                Err(_) => prop_assert_eq!(r.state(), before),
+            },
+            RxAction::ChunkDone => {
+                let credit = r.chunk_done();
+                if m.unconsumed > 0 {
+                    m.unconsumed -= 1;
+                    m.pending += 1;
+                }
+                if let Some(msg) = credit {
+                    let Message::Credit { count } = msg else {
+                        return Err(TestCaseError::fail("chunk_done returned a non-CREDIT"));
+                    };
+                    prop_assert_eq!(before, Receiving);
+                    prop_assert!(count > 0 && u64::from(count) <= m.pending);
+                    m.pending -= u64::from(count);
+                }
+            }
+            RxAction::Flush => {
+                if let Some(msg) = r.flush_credits() {
+                    let Message::Credit { count } = msg else {
+                        return Err(TestCaseError::fail("flush_credits returned a non-CREDIT"));
+                    };
+                    prop_assert_eq!(before, Receiving);
+                    prop_assert!(count > 0 && u64::from(count) <= m.pending);
+                    m.pending -= u64::from(count);
+                }
+            }
+            RxAction::Complete(status) => match r.complete(status, "why".into()) {
+                Ok(msg) => {
+                    prop_assert!(matches!(msg, Message::Ack(_)));
+                    match before {
+                        Verifying => {
+                            prop_assert_eq!(r.state(), AwaitHello);
+                            RX.hit(3);
+                        }
+                        Receiving | AwaitDecision => {
+                            prop_assert!(status != AckStatus::Ok);
+                            prop_assert_eq!(r.state(), Closed);
+                        }
+                        other => {
+                            return Err(TestCaseError::fail(format!("complete() in {other:?}")));
+                        }
+                    }
+                    m = RxModel {
+                        files: m.files,
+                        ..RxModel::default()
+                    };
+                }
+                Err(_) => prop_assert_eq!(r.state(), before),
+            },
+        }
+        // Closed is final.
+        if before == Closed {
+            prop_assert_eq!(r.state(), Closed);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn machine_receiver() {
+    let cfg = (
+        1u32..64,
+        1u32..8,
+        0u32..10,
+        prop_oneof![3 => Just(u64::MAX), 1 => 0u64..300],
+    )
+        .prop_map(
+            |(slot_size, slot_count, credit_batch, max_size)| ReceiverConfig {
+                slot_size,
+                slot_count,
+                credit_batch,
+                max_size,
+            },
+        );
+    let strategy = (cfg, auth_key(), sequence(rx_action(), RxAction::Legal, 300));
+    fuzz(
+        "machine_receiver",
+        strategy,
+        |(_, _, a)| a.len() as u64,
+        |(cfg, key, actions)| check_receiver(cfg, key, actions),
+        || {
+            format!(
+                "{} AUTHs verified, {} offers accepted, {} chunks placed, {} FINs verified, \
+                 {} files acknowledged",
+                RX.get(4),
+                RX.get(0),
+                RX.get(1),
+                RX.get(2),
+                RX.get(3)
+            )
+        },
+    );
+}
+
+// ------------------------------------------------------ (c) sender machine
+
+#[derive(Debug, Clone)]
+enum TxAction {
+    /// What a well-behaved engine / receiver pair would do next; in a
+    /// closed session, start a new one.
+    Legal(u32),
+    Start {
+        size: u64,
+        digest: DigestAlg,
+    },
+    Msg(Message),
+    /// A credit returning some of the slots in use (mostly legal).
+    CreditLike(u32),
+    /// The ACK the receiver would send now.
+    AckLike(AckStatus),
+    NextChunk(u8),
+    Finish(Option<DigestAlg>),
+    Close,
+}
+
+fn tx_action() -> impl Strategy<Value = TxAction> {
+    let start = (prop_oneof![4 => 0u64..300, 1 => size()], digest_alg())
+        .prop_map(|(size, digest)| TxAction::Start { size, digest });
+    let ack = prop_oneof![3 => Just(AckStatus::Ok), 1 => ack_status()];
+    let finish = prop_oneof![4 => Just(None), 1 => digest_alg().prop_map(Some)];
+    prop_oneof![
+        2 => start,
+        3 => message().prop_map(TxAction::Msg),
+        2 => ring().prop_map(|r| TxAction::Msg(Message::Mr(r))),
+        3 => (0u32..10).prop_map(TxAction::CreditLike),
+        2 => ack.prop_map(TxAction::AckLike),
+        6 => (1u8..20).prop_map(TxAction::NextChunk),
+        2 => finish.prop_map(TxAction::Finish),
+        1 => Just(TxAction::Close),
+    ]
+}
+
+#[derive(Default)]
+struct TxModel {
+    size: u64,
+    digest: DigestAlg,
+    ring: Option<RingInfo>,
+    credits: u64,
+    planned: u64,
+    chunks: u64,
+}
+
+static TX: Reached = Reached::new();
+
+/// The legal next step in state `state`.
+fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
+    use SenderState::*;
+    match state {
+        AwaitChallenge => TxAction::Msg(Message::Challenge(Challenge {
+            flags: if seed.is_multiple_of(2) {
+                AUTH_REQUIRED
+            } else {
+                0
+            },
+            nonce: [seed as u8; NONCE_LEN],
+        })),
+        Idle => TxAction::Start {
+            size: u64::from(seed % 300),
+            digest: if seed.is_multiple_of(3) {
+                DigestAlg::Sha256
+            } else {
+                DigestAlg::Crc32
+            },
+        },
+        AwaitRing if seed.is_multiple_of(6) => {
+            TxAction::Msg(Message::Reject(Reject::new(RejectCode::Exists, "exists")))
+        }
+        AwaitRing => TxAction::Msg(Message::Mr(RingInfo {
+            addr: u64::from(seed) << 12,
+            rkey: seed,
+            slot_size: 1 + seed % 64,
+            slot_count: 1 + (seed / 64) % 8,
+        })),
+        Sending if m.credits > 0 && m.planned < m.size => TxAction::NextChunk(1 + (seed % 4) as u8),
+        Sending if m.planned == m.size && seed.is_multiple_of(2) => TxAction::Finish(None),
+        Sending | AwaitAck if m.ring.is_some_and(|r| u64::from(r.slot_count) > m.credits) => {
+            TxAction::CreditLike(seed)
+        }
+        Sending => TxAction::Finish(None),
+        AwaitAck if seed.is_multiple_of(10) => TxAction::AckLike(AckStatus::Io),
+        AwaitAck => TxAction::AckLike(AckStatus::Ok),
+        Closed => TxAction::Legal(seed),
+    }
+}
+
+fn check_sender(
+    chunk_size: u32,
+    secret: Option<Vec<u8>>,
+    actions: Vec<TxAction>,
+) -> Result<(), TestCaseError> {
+    use SenderState::*;
+    let token = secret.and_then(Token::new);
+    let new_session = || SenderSession::new(chunk_size, token.clone());
+    let mut s = new_session();
+    let mut m = TxModel::default();
+    for action in actions {
+        let action = match action {
+            TxAction::Legal(seed) => match legal_tx(s.state(), &m, seed) {
+                TxAction::Legal(_) => {
+                    s = new_session();
+                    m = TxModel::default();
+                    continue;
+                }
+                a => a,
+            },
+            a => a,
+        };
+        let before = s.state();
+        match action {
+            TxAction::Legal(_) => unreachable!(),
+            TxAction::Start { size, digest } => {
+                let offer = FileOffer {
+                    name: "f".into(),
+                    size,
+                    mode: 0o644,
+                    digest,
+                };
+                match s.start_file(offer) {
+                    Ok(msg) => {
+                        prop_assert_eq!(before, Idle);
+                        prop_assert!(matches!(msg, Message::Hello(ref h) if h.size == size));
+                        prop_assert_eq!(s.state(), AwaitRing);
+                        m = TxModel {
+                            size,
+                            digest,
+                            ..TxModel::default()
+                        };
+                    }
+                    Err(_) => prop_assert_eq!(s.state(), before),
+                }
+            }
+            TxAction::Msg(_) | TxAction::CreditLike(_) | TxAction::AckLike(_) => {
+                let msg = match action {
+                    TxAction::Msg(msg) => msg,
+                    TxAction::CreditLike(k) => {
+                        let in_use = m
+                            .ring
+                            .map_or(0, |r| u64::from(r.slot_count).saturating_sub(m.credits));
+                        Message::Credit {
+                            count: if in_use == 0 {
+                                k
+                            } else {
+                                (u64::from(k) % in_use + 1) as u32
+                            },
+                        }
+                    }
+                    TxAction::AckLike(status) => Message::Ack(Ack::new(status, "r")),
+                    _ => unreachable!(),
+                };
+                let kind = msg.kind();
+                let sent = msg.clone();
+                let result = s.on_message(msg);
+                if before == Closed {
+                    prop_assert!(result.is_err(), "a closed session accepted {}", kind);
+                }
+                match result {
+                    Ok(SenderEvent::Greeted(g)) => {
+                        prop_assert_eq!(before, AwaitChallenge);
+                        prop_assert_eq!(s.state(), Idle);
+                        let Message::Challenge(c) = sent else {
+                            return Err(TestCaseError::fail(format!("greeted by {kind}")));
+                        };
+                        if c.auth_required() {
+                            let mac = token
+                                .as_ref()
+                                .map_or_else(Vec::new, |t| t.mac(&c.nonce).to_vec());
+                            prop_assert_eq!(g.auth, Some(Message::Auth { mac }));
+                            prop_assert!(!g.token_unused);
+                        } else {
+                            prop_assert_eq!(g.auth, None);
+                            prop_assert_eq!(g.token_unused, token.is_some());
+                        }
+                        TX.hit(4);
+                    }
+                    Ok(SenderEvent::Ring(ring)) => {
+                        prop_assert_eq!(before, AwaitRing);
+                        prop_assert!(ring.slot_size > 0 && ring.slot_count > 0);
+                        prop_assert!(ring.addr.checked_add(ring.len_bytes()).is_some());
+                        prop_assert_eq!(s.state(), Sending);
+                        prop_assert_eq!(s.credits(), ring.slot_count);
+                        m.ring = Some(ring);
+                        m.credits = u64::from(ring.slot_count);
+                        TX.hit(0);
+                    }
+                    Ok(SenderEvent::Rejected(_)) => {
+                        prop_assert_eq!(before, AwaitRing);
+                        prop_assert_eq!(s.state(), Idle);
+                    }
+                    Ok(SenderEvent::Credit(c)) => {
+                        prop_assert!(matches!(before, Sending | AwaitAck));
+                        prop_assert!(c > 0);
+                        m.credits += u64::from(c);
+                        let ring = m
+                            .ring
+                            .ok_or_else(|| TestCaseError::fail("credit without ring"))?;
+                        prop_assert!(m.credits <= u64::from(ring.slot_count));
+                    }
+                    Ok(SenderEvent::Acked(a)) => match before {
+                        AwaitAck => {
+                            prop_assert_eq!(s.state(), Idle);
+                            TX.hit(3);
+                        }
+                        AwaitRing | Sending => {
+                            prop_assert!(a.status != AckStatus::Ok);
+                            prop_assert_eq!(s.state(), Closed);
+                        }
+                        other => return Err(TestCaseError::fail(format!("ACK in {other:?}"))),
+                    },
+                    Err(_) => prop_assert_eq!(s.state(), Closed),
+                }
+            }
+            TxAction::NextChunk(n) => {
+                for _ in 0..n {
+                    let plan = s.next_chunk();
+                    let can = s.state() == Sending && m.credits > 0 && m.planned < m.size;
+                    let Some(p) = plan else {
+                        // Progress whenever a credit and data are there.
+                        prop_assert!(!can, "no chunk planned with credit and data left");
+                        break;
+                    };
+                    prop_assert!(can, "chunk planned without credit / data / ring");
+                    let ring = m
+                        .ring
+                        .ok_or_else(|| TestCaseError::fail("chunk without ring"))?;
+                    prop_assert!(p.len > 0 && p.len <= ring.slot_size);
+                    if chunk_size > 0 {
+                        prop_assert!(p.len <= chunk_size);
+                    }
+                    prop_assert!(p.slot < ring.slot_count);
+                    prop_assert_eq!(u64::from(p.slot), p.seq % u64::from(ring.slot_count));
+                    // Inside the ring, at the start of its slot.
+                    prop_assert_eq!(
+                        p.remote_addr,
+                        ring.addr + u64::from(p.slot) * u64::from(ring.slot_size)
+                    );
+                    prop_assert!(p.remote_addr + u64::from(p.len) <= ring.addr + ring.len_bytes());
+                    prop_assert_eq!(p.rkey, ring.rkey);
+                    prop_assert_eq!(p.seq, m.chunks);
+                    prop_assert_eq!(p.file_offset, m.planned);
+                    prop_assert!(p.file_offset + u64::from(p.len) <= m.size);
+                    m.credits -= 1;
+                    m.planned += u64::from(p.len);
+                    m.chunks += 1;
+                    TX.hit(1);
+                    prop_assert_eq!(u64::from(s.credits()), m.credits);
+                }
+            }
+            TxAction::Finish(alg) => {
+                let alg = alg.unwrap_or(m.digest);
+                let digest = match alg {
+                    DigestAlg::Crc32 => Digest::Crc32(7),
+                    DigestAlg::Sha256 => Digest::Sha256([7; 32]),
+                };
+                match s.finish(digest) {
+                    Ok(Message::Fin(f)) => {
+                        prop_assert_eq!(before, Sending);
+                        prop_assert_eq!(f.bytes, m.size);
+                        prop_assert_eq!(m.planned, m.size);
+                        prop_assert_eq!(f.chunks, m.chunks);
+                        prop_assert_eq!(f.digest.alg(), m.digest);
+                        prop_assert_eq!(s.state(), AwaitAck);
+                        TX.hit(2);
+                    }
+                    Ok(other) => {
+                        return Err(TestCaseError::fail(format!("finish() gave {other:?}")));
+                    }
+                    Err(e) => {
+                        prop_assert_eq!(s.state(), before);
+                        if before == Sending && m.planned == m.size && alg == m.digest {
+                            return Err(TestCaseError::fail(format!("finish refused: {e}")));
+                        }
+                        let _: ProtocolError = e;
+                    }
+                }
+            }
+            TxAction::Close => match s.close() {
+                Ok(msg) => {
+                    prop_assert_eq!(before, Idle);
+                    prop_assert_eq!(msg, Message::Bye);
+                    prop_assert_eq!(s.state(), Closed);
+                }
+                Err(_) => prop_assert_eq!(s.state(), before),
+            },
+        }
+        if before == Closed {
+            prop_assert_eq!(s.state(), Closed);
+        }
+        prop_assert!(s.bytes_planned() <= m.size || s.state() == Closed);
+    }
+    Ok(())
+}
+
+#[test]
+fn machine_sender() {
+    let secret = prop_oneof![
+        Just(None),
+        proptest::collection::vec(any::<u8>(), 1..40).prop_map(Some),
+    ];
+    let strategy = (
+        prop_oneof![1 => Just(0u32), 3 => 1u32..80],
+        secret,
+        sequence(tx_action(), TxAction::Legal, 300),
+    );
+    fuzz(
+        "machine_sender",
+        strategy,
+        |(_, _, a)| a.len() as u64,
+        |(chunk_size, secret, actions)| check_sender(chunk_size, secret, actions),
+        || {
+            format!(
+                "{} greetings, {} rings granted, {} chunks planned, {} FINs, \
+                 {} files acknowledged",
+                TX.get(4),
+                TX.get(0),
+                TX.get(1),
+                TX.get(2),
+                TX.get(3)
+            )
+        },
+    );
+}
