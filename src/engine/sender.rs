@@ -179,7 +179,15 @@ pub fn send_files(
                 }
             }
         }
-        conn.close(cfg, &mut pipe)?;
+        if let Err(e) = conn.close(cfg, &mut pipe) {
+            // A receiver may end the session after a failed file (a chunk
+            // that fails its CRC does), so BYE can find it gone: the first
+            // failure is then what the session ended with.
+            match &outcome.first_error {
+                Some(first) => debug!("closing the session after \"{first}\": {e}"),
+                None => return Err(e),
+            }
+        }
         // Dropping `pipe` closes the channels, which ends the reader thread.
         Ok(outcome)
     })
