@@ -371,7 +371,7 @@ fn one_percent_packet_loss_transfer_completes_intact() {
         .collect();
     let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let input = src.path().join("lossy.bin");
-    let sum = make_file(&input, 32 * MIB + 77, 41);
+    let sum = make_file(&input, 16 * MIB + 77, 41);
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
     // Both directions: data one way, acknowledgements and credits the other.
@@ -397,7 +397,7 @@ fn one_percent_packet_loss_transfer_completes_intact() {
     assert_eq!(sha256_file(&dst.path().join("lossy.bin")), sum);
     assert_no_temp_files(dst.path());
     eprintln!(
-        "32 MiB with 1% loss each way: {took:?} ({:.1} MiB/s)",
-        32.0 / took.as_secs_f64()
+        "16 MiB with 1% loss each way: {took:?} ({:.1} MiB/s)",
+        16.0 / took.as_secs_f64()
     );
 }

@@ -1,12 +1,14 @@
 //! Hostile input on real RDMA (run in the SoftRoCE guest by `make test`):
 //! the test-only `rxfer-raw-client` (built by `make build` with
 //! `--features fault-injection`) connects to a serving receiver and sends
-//! hostile file names and malformed or out-of-order control messages. Each
-//! case asserts the receiver's answer (code and reason), that nothing was
-//! written in, beside or above the output directory, and that the same
-//! receiver process keeps serving: a normal transfer by the real `sender`
-//! arrives intact afterwards (SHA-256 checked). One receiver serves all
-//! cases of a test in a row (three receivers in all; ~20 s in the guest).
+//! hostile file names, malformed or out-of-order control messages, and RDMA
+//! writes into another session's ring or with a stale rkey. Each case
+//! asserts the receiver's answer (code and reason) or the write's failure,
+//! that nothing was written in, beside or above the output directory, and
+//! that the same receiver process keeps serving: a normal transfer by the
+//! real `sender` arrives intact afterwards (SHA-256 checked). One receiver
+//! serves all cases of a test in a row (five receivers in all; ~50 s in the
+//! guest).
 
 mod support;
 
@@ -39,12 +41,17 @@ fn serve(net: &Net) -> Served {
 
 /// With `token`, the receiver requires it (RDMA_XFER_TOKEN).
 fn serve_with_token(net: &Net, token: Option<&str>) -> Served {
+    serve_with(net, token, "10")
+}
+
+/// A serving receiver with `--timeout timeout` (seconds without progress).
+fn serve_with(net: &Net, token: Option<&str>, timeout: &str) -> Served {
     let tmp = tempfile::tempdir().expect("tempdir");
     let out = tmp.path().join("out");
     std::fs::create_dir(&out).expect("mkdir out");
     let port = next_port();
     let env: Vec<(&str, &str)> = token.map(|t| ("RDMA_XFER_TOKEN", t)).into_iter().collect();
-    let receiver = start_receiver_env(net, port, &out, &["--timeout", "10"], &env);
+    let receiver = start_receiver_env(net, port, &out, &["--timeout", timeout], &env);
     Served {
         tmp,
         out,
@@ -405,4 +412,431 @@ fn unauthenticated_input_is_refused_before_anything() {
         s.receiver.stderr_so_far()
     );
     s.assert_still_serves_with(&net, Some(TOKEN));
+}
+
+// ---------------------------------------------------------------------------
+// Session isolation: each session has its own protection domain, CQ, QP and
+// ring, so one session's queue pair can never reach another session's
+// memory, and each ring is deregistered when its session ends, so a stale
+// rkey is useless. The raw client's `writes-to` step aims real RDMA writes at
+// an address and rkey learnt from another session's MR message; on SoftRoCE
+// (and on RDMA NICs) the target QP's responder finds no region for that
+// rkey in its own PD and answers with a remote access error NAK, which fails
+// the write on the writer (IBV_WC_REM_ACCESS_ERR) before a byte lands.
+
+/// A file announced as 3 slots of the default 1 MiB ring slot.
+const ISOLATION_SIZE: u64 = 3 * CHUNK;
+
+/// The address and rkey of an `MR addr=0x.. rkey=0x.. ...` line.
+fn mr_of(line: &str) -> (u64, u32) {
+    let field = |key: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(key))
+            .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+            .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+    };
+    let rkey = field("rkey=");
+    (
+        field("addr="),
+        u32::try_from(rkey).unwrap_or_else(|_| panic!("rkey {rkey:#x} in {line:?}")),
+    )
+}
+
+/// A `wait-file` step and the path that lets it go on.
+fn go_ahead(dir: &Path, name: &str) -> (PathBuf, String) {
+    let path = dir.join(name);
+    let step = format!("wait-file:{}", path.display());
+    (path, step)
+}
+
+/// The control write into the client's own ring, then the hostile one.
+const OWN_WRITE: &str = "writes-to:own:own:1";
+
+/// Asserts that the client's control write into its own ring (OWN_WRITE,
+/// at `own_addr`) completed, so its connection and the tool work, and that
+/// the hostile write after it failed on the writer with a remote access
+/// error; then the receiver ended that session.
+fn assert_write_refused(run: &RawRun, own_addr: u64, case: &str, receiver_log: &str) {
+    let transcript = format!(
+        "{case}: exit {}\nstdout:\n{}\nstderr:\n{}\nreceiver:\n{receiver_log}",
+        run.code(),
+        run.lines.join("\n"),
+        run.stderr
+    );
+    eprintln!("{case}: {}", run.lines.join(" | "));
+    let ok = run.of_kind("WRITE_OK");
+    assert!(
+        ok.len() <= 1,
+        "{case}: an RDMA write reached memory of another (or an ended) session:\n{transcript}"
+    );
+    assert!(
+        ok.len() == 1 && ok[0].starts_with(&format!("WRITE_OK addr={own_addr:#x} ")),
+        "{case}: the control write into the client's own ring did not complete:\n{transcript}"
+    );
+    let failed = run.of_kind("WR_FAILED");
+    assert!(
+        failed.len() == 1 && failed[0].contains("remote access error"),
+        "{case}: the write did not fail with a remote access error:\n{transcript}"
+    );
+    // The receiver ends the session whose QP failed (the peer sees it).
+    assert_eq!(
+        run.lines.last().map(String::as_str),
+        Some("DISCONNECTED"),
+        "{case}: the receiver kept the failed session:\n{transcript}"
+    );
+    assert_eq!(run.code(), 0, "{case}:\n{transcript}");
+}
+
+/// The bytes the raw client writes as chunk `seq` of `len` bytes.
+fn raw_chunk(seq: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| i.wrapping_mul(31).wrapping_add(seq) as u8)
+        .collect()
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A memory region as the kernel's resource tracking lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct KernelMr {
+    dev: String,
+    rkey: u32,
+    pdn: u32,
+    /// The registering task: a thread id (the receiver's session thread).
+    pid: Option<u32>,
+}
+
+/// Every memory region registered on this machine, from the kernel's own
+/// bookkeeping (`rdma resource show mr`, which shows rkeys to root only).
+/// None where that is unavailable (no `rdma` tool, not root); in the test
+/// guest (root, iproute2) it must work.
+fn kernel_mrs() -> Option<Vec<KernelMr>> {
+    let required = std::env::var_os("IN_RXFER_GUEST").is_some();
+    let unavailable = |why: String| {
+        assert!(
+            !required,
+            "`rdma resource show mr` is needed in the guest: {why}"
+        );
+        eprintln!("not checking the kernel's MR list: {why}");
+        None
+    };
+    let listing = match std::process::Command::new("rdma")
+        .args(["resource", "show", "mr"])
+        .output()
+    {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(o) => {
+            return unavailable(format!(
+                "rdma: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Err(e) => return unavailable(format!("cannot run rdma: {e}")),
+    };
+    // dev rxe0 mrn 2 rkey 0x4cb lkey 0x4cb mrlen 16777216 pdn 2 pid 142 comm session-1
+    let mut mrs = Vec::new();
+    for line in listing.lines().filter(|l| !l.trim().is_empty()) {
+        let tokens: Vec<&str> = line.split_whitespace().collect();
+        let value = |key: &str| tokens.windows(2).find(|w| w[0] == key).map(|w| w[1]);
+        let rkey =
+            value("rkey").and_then(|v| u32::from_str_radix(v.trim_start_matches("0x"), 16).ok());
+        let (Some(dev), Some(rkey), Some(pdn)) = (
+            value("dev"),
+            rkey,
+            value("pdn").and_then(|v| v.parse().ok()),
+        ) else {
+            return unavailable(format!("no dev/rkey/pdn in {line:?}"));
+        };
+        mrs.push(KernelMr {
+            dev: dev.to_string(),
+            rkey,
+            pdn,
+            pid: value("pid").and_then(|v| v.parse().ok()),
+        });
+    }
+    Some(mrs)
+}
+
+/// The MR with `rkey` that a thread of process `pid` registered (None if
+/// the kernel's list is unavailable); fails the test if there is none.
+fn mr_of_process(pid: u32, rkey: u32, case: &str) -> Option<KernelMr> {
+    let mrs = kernel_mrs()?;
+    let ours = |m: &&KernelMr| {
+        m.rkey == rkey
+            && m.pid
+                .is_some_and(|t| Path::new(&format!("/proc/{pid}/task/{t}")).exists())
+    };
+    Some(mrs.iter().find(ours).cloned().unwrap_or_else(|| {
+        panic!("{case}: no MR with rkey {rkey:#x} registered by the receiver: {mrs:?}")
+    }))
+}
+
+impl Served {
+    /// Waits until `n` sessions of the receiver have ended: it logs "session
+    /// finished" or "session failed" after the session's QP, ring and PD are
+    /// gone and its temporary file removed.
+    fn wait_sessions_ended(&self, n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = self.receiver.stderr_so_far();
+            let ended =
+                log.matches("session finished").count() + log.matches("session failed").count();
+            if ended >= n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{ended} of {n} sessions ended within 60 s:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// (a) A stale rkey: client 1 gets a ring (HELLO, MR) and ends its session,
+/// in turn cleanly (a whole file written, ACK ok, BYE), with a BYE in the
+/// middle of a file (a protocol error) and by disconnecting in the middle of
+/// a file; the kernel's list shows that ring's MR registered while the
+/// session lives and gone once it ended. Client 2 then
+/// opens its own session and ring (HELLO, MR; on SoftRoCE the new ring gets
+/// the old one's address, only the rkey differs), writes one chunk into its
+/// own ring (a control: it completes) and then RDMA-writes to client 1's old
+/// address and rkey: that write fails on client 2 with a remote access
+/// error, the receiver writes nothing of it (no file under either name, no
+/// temporary file) and ends that session, and keeps serving.
+#[test]
+fn a_stale_rkey_of_an_ended_session_is_useless() {
+    let Some(net) = rdma_net() else { return };
+    let mut s = serve_with(&net, None, "60");
+    let mut ended = 0;
+    // One whole chunk, for the session that ends cleanly.
+    let chunk = raw_chunk(0, CHUNK as usize);
+    let fin = format!("fin:{CHUNK}:1:{:x}", crc32fast::hash(&chunk));
+    // How session 1 ends, the size it announces, and whether its file lands.
+    let endings: [(&str, &[&str], u64, bool); 3] = [
+        (
+            "a completed file and BYE",
+            &["writes:1", &fin, "expect:ACK", "bye", "expect-disconnect"],
+            CHUNK,
+            true,
+        ),
+        (
+            "BYE in the middle of a file (a protocol error)",
+            &["bye", "expect-disconnect"],
+            ISOLATION_SIZE,
+            false,
+        ),
+        (
+            "a disconnect in the middle of a file",
+            &[],
+            ISOLATION_SIZE,
+            false,
+        ),
+    ];
+    for (i, (how, ending, size, lands)) in endings.into_iter().enumerate() {
+        let case = format!("stale rkey after {how}");
+        let (go, wait) = go_ahead(s.src.path(), &format!("go-{i}"));
+        let hello = format!("hello:one.bin:{size}");
+        let mut steps = vec![hello.as_str(), "expect:MR", wait.as_str()];
+        steps.extend(ending);
+        let mut one = RawClient::spawn(&net, s.port, None, &steps, 60);
+        let (addr1, rkey1) = mr_of(&one.wait_line("MR ", CLIENT_TIMEOUT));
+        // The kernel lists the ring as registered by the receiver.
+        let ring1 = mr_of_process(s.receiver.pid(), rkey1, &case);
+        std::fs::write(&go, b"go").expect("go-ahead");
+        let run1 = one.finish(CLIENT_TIMEOUT);
+        assert_eq!(
+            run1.code(),
+            0,
+            "{case}: client 1:\n{}\n{}",
+            run1.lines.join("\n"),
+            run1.stderr
+        );
+        ended += 1;
+        s.wait_sessions_ended(ended);
+        // ... and not at all (by no task) once the session ended.
+        if let (Some(ring1), Some(mrs)) = (&ring1, kernel_mrs()) {
+            assert!(
+                !mrs.iter().any(|m| m.dev == ring1.dev && m.rkey == rkey1),
+                "{case}: the ended session's ring (rkey {rkey1:#x}) is still registered: {mrs:?}"
+            );
+        }
+        if lands {
+            let acks = run1.of_kind("ACK");
+            assert!(
+                acks.len() == 1 && acks[0].starts_with("ACK status=ok"),
+                "{case}: {:?}",
+                run1.lines
+            );
+            let path = s.out.join("one.bin");
+            assert_eq!(
+                sha256_file(&path),
+                sha256_hex(&chunk),
+                "{case}: client 1's file"
+            );
+            std::fs::remove_file(path).expect("remove one.bin");
+        }
+        s.assert_nothing_written(&case);
+
+        let stale = format!("writes-to:{addr1:#x}:{rkey1:#x}:1");
+        let hello = format!("hello:two.bin:{ISOLATION_SIZE}");
+        let run2 = run_raw_client(
+            &net,
+            s.port,
+            None,
+            &[&hello, "expect:MR", OWN_WRITE, &stale, "expect-disconnect"],
+            CLIENT_TIMEOUT,
+        );
+        let mr2 = run2.of_kind("MR");
+        assert_eq!(
+            mr2.len(),
+            1,
+            "{case}: client 2 got no ring:\n{:?}",
+            run2.lines
+        );
+        let (addr2, rkey2) = mr_of(mr2[0]);
+        // Were the rkey the same, the write would be a legitimate one.
+        assert_ne!(rkey2, rkey1, "{case}: the new ring reuses the old rkey");
+        eprintln!(
+            "{case}: old ring {addr1:#x}/{rkey1:#x}, new ring {addr2:#x}/{rkey2:#x}{}",
+            if addr1 == addr2 {
+                " (same address: only the rkey is stale)"
+            } else {
+                ""
+            }
+        );
+        assert_write_refused(&run2, addr2, &case, &s.receiver.stderr_so_far());
+        ended += 1;
+        s.wait_sessions_ended(ended);
+        s.assert_nothing_written(&case);
+    }
+    s.assert_still_serves(&net);
+}
+
+/// (b) Across live sessions: raw client A holds a session with an open
+/// HELLO and its ring; while it waits, raw clients B1 and B2 (sessions of
+/// their own, each with its own HELLO and ring) each write one chunk into
+/// their own ring (a control: it completes) and then RDMA-write into A's
+/// ring, B1 with A's address and rkey, B2 with A's address and its own
+/// rkey. The kernel's list shows A's ring in another protection domain than
+/// B1's and B2's; both hostile writes fail on the writer with a remote
+/// access error (none completes), the receiver
+/// ends those sessions without writing anything of them, and A then writes
+/// its 3 chunks, FIN, and gets ACK ok: its file arrives with the SHA-256 of
+/// exactly what A wrote. Then a normal sender still gets through.
+///
+/// A raw client, not the real sender, plays A: it prints its MR (the real
+/// sender does not) and waits at a go-ahead file, so the attacks happen
+/// while A's ring is live, every time, instead of racing a transfer.
+#[test]
+fn a_session_cannot_write_into_another_sessions_ring() {
+    let Some(net) = rdma_net() else { return };
+    let mut s = serve_with(&net, None, "60");
+    let chunks = (ISOLATION_SIZE / CHUNK) as usize;
+    let mut content = Vec::with_capacity(ISOLATION_SIZE as usize);
+    for seq in 0..chunks {
+        content.extend(raw_chunk(seq as u64, CHUNK as usize));
+    }
+    let crc = crc32fast::hash(&content);
+    let sum = sha256_hex(&content);
+
+    let (go_a, wait_a) = go_ahead(s.src.path(), "go-a");
+    let hello_a = format!("hello:a.bin:{ISOLATION_SIZE}");
+    let writes_a = format!("writes:{chunks}");
+    let fin_a = format!("fin:{ISOLATION_SIZE}:{chunks}:{crc:x}");
+    let mut a = RawClient::spawn(
+        &net,
+        s.port,
+        None,
+        &[
+            &hello_a,
+            "expect:MR",
+            &wait_a,
+            &writes_a,
+            &fin_a,
+            "expect:ACK",
+            "bye",
+            "expect-disconnect",
+        ],
+        60,
+    );
+    let (addr_a, rkey_a) = mr_of(&a.wait_line("MR ", CLIENT_TIMEOUT));
+    eprintln!("A's ring: {addr_a:#x}/{rkey_a:#x}");
+
+    let attacks = [
+        (
+            "B1",
+            "A's rkey",
+            format!("writes-to:{addr_a:#x}:{rkey_a:#x}:1"),
+        ),
+        ("B2", "its own rkey", format!("writes-to:{addr_a:#x}:own:1")),
+    ];
+    let mut ended = 0;
+    for (who, key, write) in &attacks {
+        let case = format!("{who} writing into A's ring with {key}");
+        let (go, wait) = go_ahead(s.src.path(), &format!("go-{who}"));
+        let hello = format!("hello:{who}.bin:{ISOLATION_SIZE}");
+        let mut b = RawClient::spawn(
+            &net,
+            s.port,
+            None,
+            &[
+                &hello,
+                "expect:MR",
+                &wait,
+                OWN_WRITE,
+                write,
+                "expect-disconnect",
+            ],
+            60,
+        );
+        let (addr_b, rkey_b) = mr_of(&b.wait_line("MR ", CLIENT_TIMEOUT));
+        assert_ne!(rkey_b, rkey_a, "{case}: two live rings with one rkey");
+        if let (Some(ring_a), Some(ring_b)) = (
+            mr_of_process(s.receiver.pid(), rkey_a, &case),
+            mr_of_process(s.receiver.pid(), rkey_b, &case),
+        ) {
+            assert!(
+                ring_a.dev != ring_b.dev || ring_a.pdn != ring_b.pdn,
+                "{case}: A's and {who}'s rings share a protection domain: {ring_a:?} {ring_b:?}"
+            );
+            eprintln!("{case}: A's ring {ring_a:?}, {who}'s ring {ring_b:?}");
+        }
+        std::fs::write(&go, b"go").expect("go-ahead");
+        let run = b.finish(CLIENT_TIMEOUT);
+        assert_write_refused(&run, addr_b, &case, &s.receiver.stderr_so_far());
+        ended += 1;
+        s.wait_sessions_ended(ended);
+        // Nothing of B: only A's temporary file (its file is still open).
+        let names = names_in(&s.out);
+        assert!(
+            names.len() == 1 && names[0].starts_with(".rdma-xfer-"),
+            "{case}: the output directory holds {names:?}, want only A's temporary file"
+        );
+        assert!(a.still_running(), "{case}: A's session ended");
+    }
+
+    std::fs::write(&go_a, b"go").expect("go-ahead");
+    let run_a = a.finish(CLIENT_TIMEOUT);
+    let acks = run_a.of_kind("ACK");
+    assert!(
+        run_a.code() == 0 && acks.len() == 1 && acks[0].starts_with("ACK status=ok"),
+        "A's transfer did not complete after the attacks: exit {}\n{}\n{}\nreceiver:\n{}",
+        run_a.code(),
+        run_a.lines.join("\n"),
+        run_a.stderr,
+        s.receiver.stderr_so_far()
+    );
+    s.wait_sessions_ended(ended + 1);
+    assert_eq!(names_in(&s.out), vec!["a.bin".to_string()]);
+    assert_eq!(sha256_file(&s.out.join("a.bin")), sum, "A's file");
+    std::fs::remove_file(s.out.join("a.bin")).expect("remove a.bin");
+    s.assert_nothing_written("after the cross-session writes");
+    s.assert_still_serves(&net);
 }

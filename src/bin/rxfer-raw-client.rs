@@ -12,7 +12,8 @@
 //! reason="..."`, `ACK status=protocol reason="..."`, `MR addr=0x...`, the
 //! receiver's greeting `CHALLENGE flags=... nonce=...`, ...;
 //! frames this build cannot decode as `UNDECODED ...`; the peer's disconnect
-//! as `DISCONNECTED`; a failed SEND or write of ours as `WR_FAILED`).
+//! as `DISCONNECTED`; a failed SEND or write of ours as `WR_FAILED`; a
+//! `writes-to` write that completed as `WRITE_OK`).
 //! Progress and errors go to stderr.
 //!
 //! Exit codes: 0 every step done (every `expect` answered); 1 the receiver
@@ -32,6 +33,7 @@ use rdma_xfer::verbs::{
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -75,6 +77,13 @@ const STEPS_HELP: &str = "Steps (one argument each):
   writes:N[:LEN[:IMM]]    N RDMA WRITE_WITH_IMM of LEN bytes (default: the slot size) into
                           the next ring slots of the last MR received; IMM is the CRC32 of
                           the data unless given as hex or 'bad' (a wrong CRC32)
+  writes-to:ADDR:RKEY:N[:LEN[:IMM]]
+                          N RDMA WRITE_WITH_IMM of LEN bytes (default: the last MR's slot
+                          size, else 4096) to ADDR, ADDR+LEN, ... with RKEY (hex, e.g. taken
+                          from an earlier MR line: another session's ring or a stale one;
+                          'own' = the last MR's address / rkey); each completed write prints
+                          WRITE_OK
+  wait-file:PATH          pause (up to --timeout) until PATH exists: a test's go-ahead
   expect:KIND[|KIND...]   wait until a message of one of these kinds arrives (REJECT, ACK,
                           MR, CREDIT, ..., UNDECODED or ANY); messages of other kinds are
                           printed and skipped (e.g. a greeting)
@@ -87,6 +96,7 @@ Output (stdout, one line per message received):
   CHALLENGE flags=0x0001 auth_required=true nonce=HEX    AUTH mac=HEX
   UNDECODED len=N error=\"...\" hex=...   DISCONNECTED
   WR_FAILED error=\"...\"   (one of our SENDs or writes failed: the QP is broken)
+  WRITE_OK addr=0x.. rkey=0x.. len=N   (a writes-to write completed)
 
 Exit codes: 0 all steps done; 1 the connection ended before an expected
 answer; 2 usage; 3 cannot connect; 7 timeout.";
@@ -103,9 +113,18 @@ enum Step {
         len: Option<u32>,
         imm: Imm,
     },
+    /// Writes to an explicit remote address and rkey (None: the last MR's).
+    WritesTo {
+        addr: Option<u64>,
+        rkey: Option<u32>,
+        count: u32,
+        len: Option<u32>,
+        imm: Imm,
+    },
     Expect(Vec<String>),
     ExpectDisconnect,
     Sleep(Duration),
+    WaitFile(PathBuf),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -195,6 +214,22 @@ fn parse_num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
         .map_err(|_| format!("{what}: expected a number, got {s:?}"))
 }
 
+fn parse_hex_u64(s: &str, what: &str) -> Result<u64, String> {
+    let digits = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u64::from_str_radix(digits, 16).map_err(|_| format!("{what}: expected hex, got {s:?}"))
+}
+
+fn parse_imm(field: Option<&str>) -> Result<Imm, String> {
+    Ok(match field {
+        None | Some("crc") => Imm::Crc,
+        Some("bad") => Imm::Bad,
+        Some(h) => Imm::Value(u32::from_str_radix(h, 16).map_err(|_| format!("bad IMM {h:?}"))?),
+    })
+}
+
 fn parse_step(arg: &str) -> Result<Step, String> {
     let mut parts = arg.split(':');
     let kind = parts.next().unwrap_or_default();
@@ -248,13 +283,26 @@ fn parse_step(arg: &str) -> Result<Step, String> {
         "writes" => Step::Writes {
             count: parse_num(field(0).unwrap_or("1"), "write count")?,
             len: field(1).map(|l| parse_num(l, "write length")).transpose()?,
-            imm: match field(2) {
-                None | Some("crc") => Imm::Crc,
-                Some("bad") => Imm::Bad,
-                Some(h) => {
-                    Imm::Value(u32::from_str_radix(h, 16).map_err(|_| format!("bad IMM {h:?}"))?)
-                }
+            imm: parse_imm(field(2))?,
+        },
+        "writes-to" => Step::WritesTo {
+            addr: match field(0).ok_or("writes-to: needs ADDR:RKEY:N")? {
+                "own" => None,
+                a => Some(parse_hex_u64(a, "writes-to address")?),
             },
+            rkey: match field(1).ok_or("writes-to: needs ADDR:RKEY:N")? {
+                "own" => None,
+                k => Some(
+                    u32::try_from(parse_hex_u64(k, "writes-to rkey")?)
+                        .map_err(|_| format!("writes-to: rkey {k:?} exceeds 32 bits"))?,
+                ),
+            },
+            count: parse_num(
+                field(2).ok_or("writes-to: needs ADDR:RKEY:N")?,
+                "write count",
+            )?,
+            len: field(3).map(|l| parse_num(l, "write length")).transpose()?,
+            imm: parse_imm(field(4))?,
         },
         "expect" => {
             let kinds: Vec<String> = fields
@@ -273,6 +321,13 @@ fn parse_step(arg: &str) -> Result<Step, String> {
             field(0).unwrap_or("0"),
             "sleep",
         )?)),
+        "wait-file" => {
+            let path = fields.join(":");
+            if path.is_empty() {
+                return Err("wait-file: needs a path".into());
+            }
+            Step::WaitFile(PathBuf::from(path))
+        }
         other => return Err(format!("unknown step {other:?} in {arg:?} (see --help)")),
     };
     Ok(step)
@@ -560,15 +615,33 @@ fn step_arg(step: &Step) -> String {
         Step::Writes { count, len, imm } => format!(
             "writes:{count}:{}:{}",
             len.map(|l| l.to_string()).unwrap_or_default(),
-            match imm {
-                Imm::Crc => "crc".to_string(),
-                Imm::Bad => "bad".to_string(),
-                Imm::Value(v) => format!("{v:x}"),
-            }
+            imm_arg(*imm)
+        ),
+        Step::WritesTo {
+            addr,
+            rkey,
+            count,
+            len,
+            imm,
+        } => format!(
+            "writes-to:{}:{}:{count}:{}:{}",
+            addr.map_or_else(|| "own".to_string(), |a| format!("{a:#x}")),
+            rkey.map_or_else(|| "own".to_string(), |k| format!("{k:#x}")),
+            len.map(|l| l.to_string()).unwrap_or_default(),
+            imm_arg(*imm)
         ),
         Step::Expect(k) => format!("expect:{}", k.join("|")),
         Step::ExpectDisconnect => "expect-disconnect".into(),
         Step::Sleep(d) => format!("sleep:{}", d.as_millis()),
+        Step::WaitFile(p) => format!("wait-file:{}", p.display()),
+    }
+}
+
+fn imm_arg(imm: Imm) -> String {
+    match imm {
+        Imm::Crc => "crc".to_string(),
+        Imm::Bad => "bad".to_string(),
+        Imm::Value(v) => format!("{v:x}"),
     }
 }
 
@@ -742,12 +815,20 @@ impl Client {
                 self.run(&Step::Msg(Message::Auth { mac }))
             }
             Step::Writes { count, len, imm } => self.writes(*count, *len, *imm),
+            Step::WritesTo {
+                addr,
+                rkey,
+                count,
+                len,
+                imm,
+            } => self.writes_to(*addr, *rkey, *count, *len, *imm),
             Step::Expect(kinds) => self.expect(kinds),
             Step::ExpectDisconnect => self.expect_disconnect(),
             Step::Sleep(d) => {
                 std::thread::sleep(*d);
                 self.pump(Duration::ZERO)
             }
+            Step::WaitFile(path) => self.wait_file(path),
         }
     }
 
@@ -772,41 +853,116 @@ impl Client {
             .ring
             .ok_or_else(|| Failure::Usage("writes: no MR received yet".into()))?;
         let len = len.unwrap_or(ring.slot_size) as usize;
+        for _ in 0..count {
+            let seq = self.seq;
+            let slot = seq % u64::from(ring.slot_count.max(1));
+            let remote = ring
+                .addr
+                .wrapping_add(slot.wrapping_mul(u64::from(ring.slot_size)));
+            let imm = self.write(len, seq, remote, ring.rkey, imm)?;
+            self.seq += 1;
+            eprintln!("raw-client: wrote chunk {seq} ({len} bytes, imm {imm:08x}) to slot {slot}");
+            if self.broken.is_some() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes to wherever we are told, not where the protocol says: the
+    /// data of write `i` is the pattern of chunk `i`.
+    fn writes_to(
+        &mut self,
+        addr: Option<u64>,
+        rkey: Option<u32>,
+        count: u32,
+        len: Option<u32>,
+        imm: Imm,
+    ) -> Result<(), Failure> {
+        self.usable()?;
+        let own = || {
+            self.ring
+                .ok_or_else(|| Failure::Usage("writes-to: 'own' but no MR received yet".into()))
+        };
+        let addr = match addr {
+            Some(a) => a,
+            None => own()?.addr,
+        };
+        let rkey = match rkey {
+            Some(k) => k,
+            None => own()?.rkey,
+        };
+        let len = len.or(self.ring.map(|r| r.slot_size)).unwrap_or(4096) as usize;
+        for i in 0..u64::from(count) {
+            let remote = addr.wrapping_add(i.wrapping_mul(len as u64));
+            eprintln!("raw-client: writing {len} bytes to {remote:#x} with rkey {rkey:#x}");
+            self.write(len, i, remote, rkey, imm)?;
+            if self.broken.is_some() {
+                break;
+            }
+            say(&format!(
+                "WRITE_OK addr={remote:#x} rkey={rkey:#x} len={len}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// One RDMA WRITE_WITH_IMM of `len` bytes of the pattern of chunk `seq`,
+    /// waited for (a failure sets `broken` and prints WR_FAILED); returns
+    /// the immediate sent.
+    fn write(
+        &mut self,
+        len: usize,
+        seq: u64,
+        remote: u64,
+        rkey: u32,
+        imm: Imm,
+    ) -> Result<u32, Failure> {
         if self.data_mr.as_ref().is_none_or(|m| m.len() < len.max(1)) {
             let mr = MemoryRegion::new(self.ep.pd(), len.max(1), Access::Local)
                 .map_err(|e| Failure::Usage(format!("cannot register {len} bytes: {e}")))?;
             self.data_mr = Some(mr);
         }
-        for _ in 0..count {
-            let seq = self.seq;
-            let Some(mr) = self.data_mr.as_mut() else {
-                return Err(Failure::Usage("no data buffer".into()));
-            };
-            let data = mr
-                .slice_mut(0, len)
-                .map_err(|e| Failure::Usage(e.to_string()))?;
-            for (i, b) in data.iter_mut().enumerate() {
-                *b = (i as u64).wrapping_mul(31).wrapping_add(seq) as u8;
+        let Some(mr) = self.data_mr.as_mut() else {
+            return Err(Failure::Usage("no data buffer".into()));
+        };
+        let data = mr
+            .slice_mut(0, len)
+            .map_err(|e| Failure::Usage(e.to_string()))?;
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i as u64).wrapping_mul(31).wrapping_add(seq) as u8;
+        }
+        let crc = crc32fast::hash(data);
+        let imm = match imm {
+            Imm::Crc => crc,
+            Imm::Bad => !crc,
+            Imm::Value(v) => v,
+        };
+        self.ep
+            .post_write_imm(mr, 0, len, remote, rkey, imm, WRITE | seq, true)
+            .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")))?;
+        self.outstanding += 1;
+        self.drain_outstanding("the RDMA write to complete")?;
+        Ok(imm)
+    }
+
+    /// Waits for a file to appear (the test's go-ahead), handling whatever
+    /// arrives meanwhile.
+    fn wait_file(&mut self, path: &std::path::Path) -> Result<(), Failure> {
+        eprintln!("raw-client: waiting for {}", path.display());
+        let deadline = Instant::now() + self.timeout;
+        while !path.exists() {
+            if Instant::now() >= deadline {
+                return Err(Failure::Timeout(format!(
+                    "{} did not appear within {}s",
+                    path.display(),
+                    self.timeout.as_secs()
+                )));
             }
-            let crc = crc32fast::hash(data);
-            let imm = match imm {
-                Imm::Crc => crc,
-                Imm::Bad => !crc,
-                Imm::Value(v) => v,
-            };
-            let slot = seq % u64::from(ring.slot_count.max(1));
-            let remote = ring
-                .addr
-                .wrapping_add(slot.wrapping_mul(u64::from(ring.slot_size)));
-            self.ep
-                .post_write_imm(mr, 0, len, remote, ring.rkey, imm, WRITE | seq, true)
-                .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")))?;
-            self.outstanding += 1;
-            self.seq += 1;
-            eprintln!("raw-client: wrote chunk {seq} ({len} bytes, imm {imm:08x}) to slot {slot}");
-            self.drain_outstanding("the RDMA write to complete")?;
-            if self.broken.is_some() {
-                break;
+            if self.broken.is_some() || self.disconnected {
+                std::thread::sleep(Duration::from_millis(100));
+            } else {
+                self.pump(Duration::from_millis(100))?;
             }
         }
         Ok(())

@@ -771,6 +771,14 @@ impl Session<'_> {
         // Best effort: the session is over either way.
         let _ = self.control.drain(&self.ep, Duration::from_secs(2));
         if let (Err(e), Some(file)) = (&result, self.file.take()) {
+            // Where the file stood, for whoever reads the logs.
+            file.span.in_scope(|| {
+                info!(
+                    phase = "data",
+                    bytes_done = self.machine.bytes_received(),
+                    "file abandoned: {e}"
+                )
+            });
             self.report_file_failure(&file, e, true);
         }
         self.file = None;

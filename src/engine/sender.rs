@@ -173,6 +173,12 @@ pub fn send_files(
                     outcome.first_error.get_or_insert(e);
                 }
                 Err(FileError::Fatal(e)) => {
+                    // Where the file stood, for whoever reads the logs.
+                    info!(
+                        file = %source.name,
+                        bytes_done = conn.session.bytes_planned(),
+                        "file abandoned: {e}"
+                    );
                     on_file(FileEvent::Failed(&failed(&e, true)));
                     conn.abort();
                     return Err(e);
@@ -338,6 +344,7 @@ impl Connection {
     ) -> Result<FileReport, FileError> {
         let span = error_span!("file", name = %src.name, size = src.size);
         let _enter = span.enter();
+        let mut phase = error_span!("phase", name = "mr exchange").entered();
         let started = Instant::now();
         let mut phases = Phases {
             connect: self.connect_time,
@@ -385,6 +392,8 @@ impl Connection {
             }
         }
         phases.mr_exchange = started.elapsed();
+        phase.exit();
+        phase = error_span!("phase", name = "data").entered();
         let data_started = Instant::now();
         // Phase 2: the reader fills slots; each filled slot is written to
         // the next ring slot as soon as a credit allows.
@@ -458,6 +467,8 @@ impl Connection {
         let fin = self.session.finish(digest).map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
         phases.data = data_started.elapsed();
+        phase.exit();
+        let _phase = error_span!("phase", name = "fsync+verify").entered();
         let fin_sent = Instant::now();
         debug!(
             file = %src.name,

@@ -40,10 +40,10 @@ pub enum VerbsError {
     },
     #[error("peer disconnected")]
     Disconnected,
-    #[error("work request {wr_id:#x} ({opcode}) failed: {status}")]
+    // No opcode: verbs leaves it undefined in a failed completion.
+    #[error("work request {wr_id:#x} failed: {status}")]
     WorkRequest {
         wr_id: u64,
-        opcode: &'static str,
         status: String,
         /// Retry-exceeded style statuses mean the peer is gone.
         peer_lost: bool,

@@ -53,18 +53,6 @@ pub enum WcOpcode {
     Other(u32),
 }
 
-impl WcOpcode {
-    fn name(self) -> &'static str {
-        match self {
-            WcOpcode::Send => "SEND",
-            WcOpcode::RdmaWrite => "RDMA_WRITE",
-            WcOpcode::Recv => "RECV",
-            WcOpcode::RecvWithImm => "RECV_RDMA_WITH_IMM",
-            WcOpcode::Other(_) => "other",
-        }
-    }
-}
-
 /// A successful completion, copied out of the CQ. Failed completions are
 /// turned into `VerbsError::WorkRequest` by `poll`/`wait`.
 #[derive(Debug, Clone, Copy)]
@@ -157,7 +145,7 @@ impl CompletionQueue {
             };
             if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
                 if first_error.is_none() {
-                    first_error = Some(wc_error(wc, opcode));
+                    first_error = Some(wc_error(wc));
                 }
                 continue;
             }
@@ -291,7 +279,7 @@ fn timeout_err(what: &str, after: Duration) -> VerbsError {
     }
 }
 
-fn wc_error(wc: &ibv_wc, opcode: WcOpcode) -> VerbsError {
+fn wc_error(wc: &ibv_wc) -> VerbsError {
     // SAFETY: ibv_wc_status_str returns a static string for any value.
     let text = unsafe { CStr::from_ptr(ibv_wc_status_str(wc.status)) }
         .to_string_lossy()
@@ -308,7 +296,6 @@ fn wc_error(wc: &ibv_wc, opcode: WcOpcode) -> VerbsError {
     );
     VerbsError::WorkRequest {
         wr_id: wc.wr_id,
-        opcode: opcode.name(),
         status: format!(
             "{text} (status {}, vendor error {:#x})",
             wc.status, wc.vendor_err

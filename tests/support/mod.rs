@@ -463,52 +463,153 @@ pub fn run_raw_client(
     steps: &[&str],
     timeout: Duration,
 ) -> RawRun {
-    let mut cmd = Command::new(raw_client_bin());
-    cmd.args(["--port", &port.to_string(), "--timeout", "20"]);
-    if let Some(b) = &net.addr_b {
-        cmd.args(["--source", b]);
-    }
-    if let Some(s) = scenario {
-        cmd.args(["--scenario", s]);
-    }
-    cmd.arg(&net.addr_a).args(steps);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("start rxfer-raw-client");
-    let collect = |pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = BufReader::new(pipe).read_to_string(&mut s);
-            s
-        })
-    };
-    let out = collect(Box::new(child.stdout.take().expect("stdout")));
-    let err = collect(Box::new(child.stderr.take().expect("stderr")));
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
+    RawClient::spawn(net, port, scenario, steps, 20).finish(timeout)
+}
+
+/// A running raw client whose stdout lines can be read while it runs (to
+/// learn an MR's address and rkey, say, while the client holds its session).
+pub struct RawClient {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl RawClient {
+    /// Starts the raw client as `run_raw_client` does, with `--timeout
+    /// timeout_s` (its wait for each answer and for a `wait-file`).
+    pub fn spawn(
+        net: &Net,
+        port: u16,
+        scenario: Option<&str>,
+        steps: &[&str],
+        timeout_s: u64,
+    ) -> RawClient {
+        let mut cmd = Command::new(raw_client_bin());
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--timeout",
+            &timeout_s.to_string(),
+        ]);
+        if let Some(b) = &net.addr_b {
+            cmd.args(["--source", b]);
         }
-        if Instant::now() >= deadline {
-            // Only our own child.
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "rxfer-raw-client did not finish within {timeout:?} (killed):\n{}",
-                err.join().unwrap_or_default()
-            );
+        if let Some(s) = scenario {
+            cmd.args(["--scenario", s]);
         }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    RawRun {
-        status,
-        lines: out
-            .join()
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect(),
-        stderr: err.join().unwrap_or_default(),
+        cmd.arg(&net.addr_a).args(steps);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start rxfer-raw-client");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let out = child.stdout.take().expect("stdout");
+        let err = child.stderr.take().expect("stderr");
+        let sink = lines.clone();
+        let out_reader = std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().expect("lines lock").push(line);
+            }
+        });
+        let sink = stderr.clone();
+        let err_reader = std::thread::spawn(move || {
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().expect("stderr lock");
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        RawClient {
+            child,
+            lines,
+            stderr,
+            readers: vec![out_reader, err_reader],
+        }
+    }
+
+    /// True while the client has not exited.
+    pub fn still_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits for the first stdout line starting with `prefix` and returns
+    /// it; fails the test if the client exits or `timeout` passes first.
+    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .expect("lines lock")
+                .iter()
+                .find(|l| l.starts_with(prefix))
+            {
+                return l.clone();
+            }
+            let exited = matches!(self.child.try_wait(), Ok(Some(_)));
+            if exited || Instant::now() >= deadline {
+                // A last look: the line may have come with the exit.
+                std::thread::sleep(Duration::from_millis(100));
+                if let Some(l) = self
+                    .lines
+                    .lock()
+                    .expect("lines lock")
+                    .iter()
+                    .find(|l| l.starts_with(prefix))
+                {
+                    return l.clone();
+                }
+                panic!(
+                    "rxfer-raw-client {} without a {prefix:?} line:\nstdout:\n{}\nstderr:\n{}",
+                    if exited { "exited" } else { "timed out" },
+                    self.lines.lock().expect("lines lock").join("\n"),
+                    self.stderr.lock().expect("stderr lock")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the client to exit; fails the test (killing the client)
+    /// after `timeout`.
+    pub fn finish(mut self, timeout: Duration) -> RawRun {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                // Only our own child.
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "rxfer-raw-client did not finish within {timeout:?} (killed):\n{}",
+                    self.stderr.lock().expect("stderr lock")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        RawRun {
+            status,
+            lines: std::mem::take(&mut *self.lines.lock().expect("lines lock")),
+            stderr: std::mem::take(&mut *self.stderr.lock().expect("stderr lock")),
+        }
+    }
+}
+
+impl Drop for RawClient {
+    fn drop(&mut self) {
+        // Only our own child: never leave it running after a failure.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
