@@ -93,7 +93,7 @@ impl Ui {
             _ => {}
         }
         if self.json {
-            print_json(&event.result_json());
+            self.print_json(&event.result_json());
         }
     }
 
@@ -113,16 +113,25 @@ impl Ui {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
-            print_json(&totals.summary_json(outcome));
+            self.print_json(&totals.summary_json(outcome));
         }
     }
 }
 
-/// One JSON object per line on stdout, flushed at once so that a script can
-/// follow it. A closed stdout (`| head -1`) is not an error of the transfer.
-fn print_json(value: &serde_json::Value) {
-    let mut out = io::stdout().lock();
-    let _ = writeln!(out, "{value}").and_then(|()| out.flush());
+impl Ui {
+    /// One JSON object per line on stdout, flushed at once so that a script
+    /// can follow it (around the bars, in case stdout is the same terminal).
+    /// A closed stdout (`| head -1`) is not an error of the transfer.
+    fn print_json(&self, value: &serde_json::Value) {
+        let print = || {
+            let mut out = io::stdout().lock();
+            let _ = writeln!(out, "{value}").and_then(|()| out.flush());
+        };
+        match &self.bars {
+            Some(b) => b.multi.suspend(print),
+            None => print(),
+        }
+    }
 }
 
 impl Progress for Ui {
