@@ -255,8 +255,15 @@ fn progress_bars_only_on_a_terminal() {
             Some(b) => format!("--source {b}"),
             None => String::new(),
         };
+        // With bars, --json too: stdout is the same terminal, and its lines
+        // must not tear either.
+        let json = if sender_extra.is_empty() {
+            "--json"
+        } else {
+            ""
+        };
         let sender_line = format!(
-            "{} --port {port} {source} {sender_extra} {} {}",
+            "{} --port {port} {source} {sender_extra} {json} {} {}",
             sender_bin(),
             net.addr_a,
             input.display()
@@ -289,6 +296,18 @@ fn progress_bars_only_on_a_terminal() {
                         && !line.contains('\x1b'),
                     "{tool}: torn summary line {line:?}"
                 );
+                if tool == "sender" {
+                    for event in ["{\"event\":\"file\"", "{\"event\":\"summary\""] {
+                        let line = screen
+                            .split(event)
+                            .nth(1)
+                            .and_then(|rest| rest.lines().next())
+                            .unwrap_or_else(|| panic!("no {event} line: {screen:?}"));
+                        let v: Value = serde_json::from_str(&format!("{event}{line}"))
+                            .unwrap_or_else(|e| panic!("torn JSON line ({e}): {line:?}"));
+                        assert_eq!(v["status"], "ok", "{v}");
+                    }
+                }
             } else {
                 assert!(
                     !screen.contains("ETA") && !screen.contains("total: "),
