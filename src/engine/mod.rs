@@ -7,13 +7,15 @@ mod control;
 mod digest;
 #[cfg(feature = "fault-injection")]
 mod fault;
+pub mod progress;
 mod reader;
 pub mod receiver;
 mod report;
 pub mod sender;
 
 pub use digest::FileHasher;
-pub use report::{FileReport, Phases, print_summary};
+pub use progress::{FileProgress, NoProgress, Progress, ProgressSink};
+pub use report::{FileEvent, FileFailure, FileReport, Phases, Totals, summary_for_log};
 
 use crate::error::XferError;
 use std::time::Duration;

@@ -3,8 +3,9 @@
 //! FIN -> ACK; finally BYE.
 
 use super::control::Control;
+use super::progress::{FileProgress, ProgressSink};
 use super::reader::{self, ReadJob, ReaderMsg};
-use super::report::{FileReport, Phases};
+use super::report::{FileEvent, FileFailure, FileReport, Phases};
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
@@ -35,6 +36,8 @@ pub struct SenderConfig {
     pub timeout: Duration,
     /// Shared secret proving this sender to a receiver that requires one.
     pub token: Option<Token>,
+    /// Told about each file's progress (the tool draws bars with it).
+    pub progress: ProgressSink,
 }
 
 impl SenderConfig {
@@ -48,6 +51,7 @@ impl SenderConfig {
             busy_poll: false,
             timeout: DEFAULT_TIMEOUT,
             token: None,
+            progress: ProgressSink::default(),
         }
     }
 }
@@ -103,13 +107,17 @@ fn open_sources(paths: &[PathBuf]) -> Result<Vec<Source>, XferError> {
     Ok(out)
 }
 
-/// Sends `paths` in one session. `on_file` is called after each ACK(ok).
+/// Sends `paths` in one session. `on_file` is called for every file that
+/// was offered: after its ACK(ok), or when it failed (refused, failed its
+/// check, or cut short by an error that ends the session).
 pub fn send_files(
     cfg: &SenderConfig,
     paths: &[PathBuf],
-    mut on_file: impl FnMut(&FileReport),
+    mut on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, XferError> {
     let sources = open_sources(paths)?;
+    cfg.progress
+        .planned(sources.len() as u64, sources.iter().map(|s| s.size).sum());
     probe_devices()?;
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
@@ -140,15 +148,28 @@ pub fn send_files(
             conn.abort();
             return Err(e);
         }
+        let connect_time = conn.connect_time;
         for source in &sources {
+            let started = Instant::now();
+            let failed = |e: &XferError, session_ended| {
+                FileFailure::new(
+                    &source.name,
+                    source.size,
+                    cfg.verify,
+                    started.elapsed(),
+                    connect_time,
+                    e,
+                    session_ended,
+                )
+            };
             match conn.send_file(cfg, source, &mut pipe) {
                 Ok(report) => {
-                    on_file(&report);
+                    on_file(FileEvent::Done(&report));
                     outcome.files.push(report);
                 }
                 Err(FileError::Continue(e)) => {
                     warn!(file = %source.name, "{e}");
-                    eprintln!("{}: {e}", source.name);
+                    on_file(FileEvent::Failed(&failed(&e, false)));
                     outcome.first_error.get_or_insert(e);
                 }
                 Err(FileError::Fatal(e)) => {
@@ -158,6 +179,7 @@ pub fn send_files(
                         bytes_done = conn.session.bytes_planned(),
                         "file abandoned: {e}"
                     );
+                    on_file(FileEvent::Failed(&failed(&e, true)));
                     conn.abort();
                     return Err(e);
                 }
@@ -336,6 +358,7 @@ impl Connection {
         };
         let hello = self.session.start_file(offer).map_err(proto_err)?;
         self.control.send(&self.ep, &hello)?;
+        let mut progress: Box<dyn FileProgress> = cfg.progress.file_started(&src.name, src.size);
         // Phase 1: wait for the ring (or a rejection).
         while self.session.state() == SenderState::AwaitRing {
             if let Some(event) = self.next_event(cfg, pipe, "the receiver's MR reply")? {
@@ -412,6 +435,7 @@ impl Connection {
                 && let Some((token, seq, len, crc)) = pipe.held.take()
             {
                 self.post_chunk(pipe, token, seq, len, crc)?;
+                progress.advance(len.into());
                 // Hand finished slots back early so the reader keeps going.
                 self.poll_events(pipe)?;
                 continue;
@@ -472,6 +496,7 @@ impl Connection {
             }
         }
         phases.commit = fin_sent.elapsed();
+        progress.finished();
         phases.log(&src.name, src.size);
         Ok(FileReport {
             name: src.name.clone(),
