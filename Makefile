@@ -4,6 +4,8 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 PREFIX ?= /usr/local
+# Where `make build` puts the release binaries (what `make install` installs).
+RELEASE_DIR ?= target/release
 # rdma-sys 0.3 uses bindgen 0.59, which needs libclang 14 (breaks with >= 16).
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
@@ -57,9 +59,10 @@ demo: build
 bench: build
 	scripts/guest/run.sh -t 3600 'scripts/bench.sh'
 
+# Binaries, man pages (share/man/man1) and bash/zsh/fish completions, all
+# under $(DESTDIR)$(PREFIX); see scripts/install.sh.
 install: build
-	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 0755 target/release/sender target/release/receiver $(DESTDIR)$(PREFIX)/bin/
+	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' scripts/install.sh '$(RELEASE_DIR)'
 
 clean:
 	$(CARGO) clean

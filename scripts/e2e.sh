@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the RDMA test binaries (tests/e2e.rs, faults.rs, sessions.rs, auth.rs,
-# hostile.rs, pipes.rs) on a real RDMA stack: on this host if it has one, else in the
-# SoftRoCE guest (one boot for all). They must be built already (make build). Tests run one at a time:
+# hostile.rs, json.rs, pipes.rs) on a real RDMA stack: on this host if it has
+# one, else in the SoftRoCE guest (one boot for all). They must be built
+# already (make build). Tests run one at a time:
 # the guest has 2 vCPUs and parallel transfers would only measure contention.
 # Extra arguments go to each test binary (e.g. a name filter, --nocapture).
 set -euo pipefail
@@ -10,7 +11,7 @@ cd "$root"
 cmd=""
 # faults runs last, and its wire-cut case last within it: a link flap is the
 # most disruptive thing the suite does to the guest (see scripts/guest/wire.sh).
-for t in e2e sessions auth hostile pipes faults; do
+for t in e2e sessions auth hostile json pipes faults; do
   exe=$(cargo test --release --locked --test "$t" --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep "/$t-" | tail -1)
   [[ -x $exe ]] || { echo "e2e: test binary $t not found; run make build first" >&2; exit 1; }

@@ -17,6 +17,22 @@ pub enum ExitCode {
     TimeoutOrPeerLost = 7,
 }
 
+impl ExitCode {
+    /// A short name of the class, for `--json` results ("ok", "rejected"...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitCode::Ok => "ok",
+            ExitCode::Other => "error",
+            ExitCode::Usage => "usage",
+            ExitCode::NoDeviceOrConnect => "no_device_or_connect",
+            ExitCode::Rejected => "rejected",
+            ExitCode::Integrity => "integrity",
+            ExitCode::Io => "io",
+            ExitCode::TimeoutOrPeerLost => "timeout_or_peer_lost",
+        }
+    }
+}
+
 /// Exit-code table for `--help` of both binaries (a macro so that it can be
 /// `concat!`ed with each tool's examples).
 #[macro_export]

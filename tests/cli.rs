@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::path::Path;
 use std::process::Command;
 use support::{receiver_bin, sender_bin};
 
@@ -23,15 +24,287 @@ fn has_rdma_device() -> bool {
 
 #[test]
 fn help_lists_exit_codes_and_examples() {
-    for bin in [sender_bin(), receiver_bin()] {
-        let (code, out, _) = run(bin, &["--help"]);
-        assert_eq!(code, 0);
-        assert!(out.contains("Exit codes:"), "{out}");
-        assert!(out.contains("7  timeout or peer lost"), "{out}");
-        assert!(out.contains("Examples:"), "{out}");
-        let (code, out, _) = run(bin, &["--version"]);
-        assert_eq!(code, 0);
-        assert!(out.contains(env!("CARGO_PKG_VERSION")), "{out}");
+    for (bin, name) in [(sender_bin(), "sender"), (receiver_bin(), "receiver")] {
+        for flag in ["--help", "-h"] {
+            let (code, out, _) = run(bin, &[flag]);
+            assert_eq!(code, 0);
+            assert!(out.contains("Exit codes:"), "{out}");
+            assert!(out.contains("7  timeout or peer lost"), "{out}");
+            assert!(out.contains("Examples:"), "{out}");
+            assert!(out.contains(&format!("\n  {name} --")), "{out}");
+            assert!(out.contains("--json"), "{out}");
+            assert!(out.contains("progress bars"), "{out}");
+        }
+    }
+}
+
+#[test]
+fn version_of_each_tool() {
+    for (bin, name) in [
+        (sender_bin(), "sender"),
+        (receiver_bin(), "receiver"),
+        (gen_bin(), "rdma-xfer-gen"),
+    ] {
+        for flag in ["--version", "-V"] {
+            let (code, out, err) = run(bin, &[flag]);
+            assert_eq!(code, 0, "{err}");
+            assert_eq!(out, format!("{name} {}\n", env!("CARGO_PKG_VERSION")));
+        }
+    }
+}
+
+fn gen_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rdma-xfer-gen")
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Checks a man page with groff (warnings on, all of them fatal here) and
+/// renders it with `man -l`.
+fn check_man_page(page: &Path, name: &str) {
+    assert!(have("groff"), "groff is needed to check the man pages");
+    let out = Command::new("groff")
+        .args(["-man", "-Tutf8", "-ww", "-z"])
+        .arg(page)
+        .output()
+        .expect("run groff");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.is_empty(),
+        "{}: {err}",
+        page.display()
+    );
+    if !have("man") {
+        eprintln!("no man command here: checked with groff only");
+        return;
+    }
+    let out = Command::new("man")
+        .arg("-l")
+        .arg(page)
+        .env("MANWIDTH", "100")
+        .env("MANPAGER", "cat")
+        .env("PAGER", "cat")
+        .output()
+        .expect("run man -l");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "man -l {}: {}",
+        page.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "NAME",
+        "SYNOPSIS",
+        "OPTIONS",
+        "EXAMPLES",
+        "EXIT STATUS",
+        "--json",
+        "--token-file",
+        "7  timeout or peer lost",
+    ] {
+        assert!(text.contains(needle), "{name}.1 lacks {needle:?}:\n{text}");
+    }
+    assert!(text.contains(&format!("{name} - ")), "{text}");
+}
+
+/// Checks the completion scripts of one directory per shell.
+fn check_completions(bash: &Path, zsh: &Path, fish: &Path) {
+    for name in ["sender", "receiver"] {
+        let script = bash.join(name);
+        let out = Command::new("bash")
+            .arg("-n")
+            .arg(&script)
+            .output()
+            .expect("bash -n");
+        assert!(
+            out.status.success(),
+            "bash -n {}: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Sourced, it registers a completion function for the command.
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "source '{}' && complete -p {name}",
+                script.display()
+            ))
+            .output()
+            .expect("bash");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && said.contains(name), "{said}");
+        let checks = [
+            ("zsh", zsh.join(format!("_{name}"))),
+            ("fish", fish.join(format!("{name}.fish"))),
+        ];
+        for (shell, script) in checks {
+            let text = std::fs::read_to_string(&script).expect("completion script");
+            assert!(text.contains("token-file"), "{}", script.display());
+            if have(shell) {
+                let out = Command::new(shell)
+                    .arg("-n")
+                    .arg(&script)
+                    .output()
+                    .expect("shell -n");
+                assert!(out.status.success(), "{shell} -n {}", script.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn generator_writes_man_pages_and_completions() {
+    let dir = tempfile::tempdir().expect("dir");
+    let man = dir.path().join("man1");
+    std::fs::create_dir(&man).expect("mkdir");
+    let (code, out, err) = run(gen_bin(), &["man", man.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 2, "{out}");
+    for name in ["sender", "receiver"] {
+        check_man_page(&man.join(format!("{name}.1")), name);
+    }
+    let mut dirs = Vec::new();
+    for shell in ["bash", "zsh", "fish"] {
+        let d = dir.path().join(shell);
+        std::fs::create_dir(&d).expect("mkdir");
+        let (code, _, err) = run(
+            gen_bin(),
+            &["completions", shell, d.to_str().expect("utf8")],
+        );
+        assert_eq!(code, 0, "{shell}: {err}");
+        dirs.push(d);
+    }
+    check_completions(&dirs[0], &dirs[1], &dirs[2]);
+    // A directory that cannot be written is an I/O error, with its name.
+    let (code, _, err) = run(gen_bin(), &["man", "/nonexistent/man1"]);
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("/nonexistent/man1"), "{err}");
+}
+
+/// `make install DESTDIR=... PREFIX=/usr` with the binaries this test run
+/// built (`-o build`: the Makefile's build step, which installs packages,
+/// is not run again here).
+#[test]
+fn make_install_respects_destdir_and_prefix() {
+    assert!(have("make"), "make is needed");
+    let dest = tempfile::tempdir().expect("dir");
+    let built = Path::new(sender_bin()).parent().expect("bin dir");
+    let out = Command::new("make")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["-s", "-o", "build", "install", "PREFIX=/usr"])
+        .arg(format!("DESTDIR={}", dest.path().display()))
+        .arg(format!("RELEASE_DIR={}", built.display()))
+        .output()
+        .expect("run make");
+    assert!(
+        out.status.success(),
+        "make install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let usr = dest.path().join("usr");
+    let mut found: Vec<String> = Vec::new();
+    let mut stack = vec![usr.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                found.push(p.strip_prefix(&usr).expect("prefix").display().to_string());
+            }
+        }
+    }
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "bin/receiver",
+            "bin/sender",
+            "share/bash-completion/completions/receiver",
+            "share/bash-completion/completions/sender",
+            "share/fish/vendor_completions.d/receiver.fish",
+            "share/fish/vendor_completions.d/sender.fish",
+            "share/man/man1/receiver.1",
+            "share/man/man1/sender.1",
+            "share/zsh/site-functions/_receiver",
+            "share/zsh/site-functions/_sender",
+        ]
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &str| {
+        std::fs::metadata(usr.join(p))
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("bin/sender"), 0o755);
+    assert_eq!(mode("share/man/man1/sender.1"), 0o644);
+    let (code, out, _) = run(usr.join("bin/receiver").to_str().expect("utf8"), &["-V"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, concat!("receiver ", env!("CARGO_PKG_VERSION")))
+    );
+    for name in ["sender", "receiver"] {
+        check_man_page(&usr.join(format!("share/man/man1/{name}.1")), name);
+    }
+    check_completions(
+        &usr.join("share/bash-completion/completions"),
+        &usr.join("share/zsh/site-functions"),
+        &usr.join("share/fish/vendor_completions.d"),
+    );
+}
+
+/// Without --json nothing goes to stdout; with it, even a run that fails
+/// before connecting ends with a summary object carrying the exit code.
+#[test]
+fn json_summary_on_early_failure() {
+    let (code, out, err) = run(sender_bin(), &["127.0.0.1", "/nonexistent/in.bin"]);
+    assert_eq!((code, out.as_str()), (6, ""), "{err}");
+    let (code, out, err) = run(
+        sender_bin(),
+        &["--json", "127.0.0.1", "/nonexistent/in.bin"],
+    );
+    assert_eq!(code, 6, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(v["event"], "summary");
+    assert_eq!(v["files"], 0);
+    assert_eq!(v["status"], "io");
+    assert_eq!(v["exit_code"], 6);
+    assert!(
+        v["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("cannot open /nonexistent/in.bin"),
+        "{v}"
+    );
+    // The error is still said once on stderr, without colours on a pipe.
+    assert!(err.contains("sender: error: cannot open"), "{err}");
+    assert!(!err.contains('\x1b') && !err.contains('\r'), "{err:?}");
+    if !has_rdma_device() {
+        let dir = tempfile::tempdir().expect("dir");
+        let out_dir = dir.path().to_str().expect("utf8");
+        let (code, out, err) = run(receiver_bin(), &["--once", "--json", "--dir", out_dir]);
+        assert_eq!(code, 3, "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+        assert_eq!(
+            (v["status"].as_str(), v["exit_code"].as_u64()),
+            (Some("no_device_or_connect"), Some(3))
+        );
+        // The warning is a log line: no ANSI colours when stderr is a pipe.
+        assert!(err.contains("WARN no token configured"), "{err:?}");
+        // A serving receiver prints no summary (it reports per file only).
+        let (code, out, _) = run(receiver_bin(), &["--json", "--dir", out_dir]);
+        assert_eq!((code, out.as_str()), (3, ""));
     }
 }
 

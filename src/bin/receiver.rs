@@ -2,68 +2,15 @@
 
 use clap::Parser;
 use rdma_xfer::XferError;
-use rdma_xfer::cli::{CommonArgs, LogFormat, TOKEN_ENV, finish, init_logging, parse_size_arg};
-use rdma_xfer::engine::receiver::{DEFAULT_MAX_SESSIONS, ReceiverConfig, serve};
-use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, check_buffers, print_summary};
+use rdma_xfer::cli::ui::Ui;
+use rdma_xfer::cli::{ReceiverArgs, TOKEN_ENV, finish, init_logging};
+use rdma_xfer::engine::receiver::{ReceiverConfig, serve};
+use rdma_xfer::engine::{ProgressSink, check_buffers};
 use rdma_xfer::verbs::os::install_shutdown_handlers;
-use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
-#[derive(Parser, Debug)]
-#[command(
-    version,
-    about = "Receive files over RDMA from `sender`.",
-    long_about = "Receive files over RDMA from `sender`. Each file is written to a temporary \
-file in --dir, fsynced, checked against the sender's digest and only then renamed to its \
-final name.",
-    after_help = concat!(
-        "Examples:\n",
-        "  receiver --dir /data/incoming\n",
-        "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n",
-        "  receiver --token-file /etc/rdma-xfer/token --dir /data/incoming\n",
-        "  receiver --once --stdout | tar -C dst -xf -   (one stream to standard output)\n\n",
-        rdma_xfer::exit_codes_help!()
-    )
-)]
-struct Args {
-    /// Local address to listen on (IPv4 or IPv6).
-    #[arg(long, default_value = "0.0.0.0")]
-    bind: IpAddr,
-    /// Port to listen on.
-    #[arg(long, default_value_t = 7471)]
-    port: u16,
-    /// Output directory.
-    #[arg(long, default_value = ".")]
-    dir: PathBuf,
-    /// Serve one session, then exit with its status.
-    #[arg(long)]
-    once: bool,
-    /// Write the one file or stream of the session to standard output
-    /// (logs stay on stderr); needs --once.
-    #[arg(long, requires = "once")]
-    stdout: bool,
-    /// Replace existing files (default: refuse them).
-    #[arg(long)]
-    overwrite: bool,
-    /// Number of ring slots registered per session.
-    #[arg(long, default_value_t = DEFAULT_SLOTS)]
-    slots: u32,
-    /// Ring slot size (K, M, G suffixes).
-    #[arg(long, value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
-    chunk_size: u64,
-    /// Refuse files larger than this (K, M, G suffixes); default: no limit
-    /// besides the free space of --dir.
-    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
-    max_size: Option<u64>,
-    /// Sessions served at once (each has its own queue pair and ring);
-    /// further senders are refused with a "busy" reason.
-    #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS as u16, value_parser = clap::value_parser!(u16).range(1..))]
-    max_sessions: u16,
-    #[command(flatten)]
-    common: CommonArgs,
-}
-
-fn run(args: &Args) -> Result<(), XferError> {
+fn run(args: &ReceiverArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
     let (chunk_size, slots) = check_buffers(args.chunk_size, args.slots as u64, "--slots")?;
     let token = args.common.token()?;
     if token.is_none() {
@@ -83,20 +30,22 @@ fn run(args: &Args) -> Result<(), XferError> {
     cfg.busy_poll = args.common.busy_poll;
     cfg.timeout = args.common.timeout;
     cfg.token = token;
-    serve(&cfg, &|report| {
-        print_summary(
-            report,
-            args.common.quiet,
-            args.common.log_format == LogFormat::Json,
-        )
-    })
+    cfg.progress = ProgressSink::new(ui.clone());
+    serve(&cfg, &|event| ui.file_event(event))
 }
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    init_logging(&args.common);
+    let args = ReceiverArgs::parse();
+    let ui = Arc::new(Ui::new(&args.common, false));
+    init_logging(&args.common, &ui);
     if let Err(e) = install_shutdown_handlers() {
-        eprintln!("receiver: warning: {e}");
+        ui.eprintln(&format!("receiver: warning: {e}"));
     }
-    finish("receiver", &args.common, run(&args))
+    let result = run(&args, &ui);
+    ui.finish();
+    // A serving receiver reports per file only; --once sums up its session.
+    if args.once {
+        ui.print_json_summary(result.as_ref().map(|_| ()));
+    }
+    finish("receiver", &args.common, result)
 }

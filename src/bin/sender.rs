@@ -1,91 +1,26 @@
 //! `sender`: sends files to a `receiver` over RDMA.
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use rdma_xfer::XferError;
-use rdma_xfer::cli::{CommonArgs, LogFormat, finish, init_logging, parse_size_arg, resolve};
+use rdma_xfer::cli::LogFormat;
+use rdma_xfer::cli::ui::Ui;
+use rdma_xfer::cli::{SenderArgs, finish, init_logging, resolve};
 use rdma_xfer::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig, send_files};
-use rdma_xfer::engine::{
-    DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, check_buffers, print_session_summary, print_summary,
-};
-use rdma_xfer::proto::DigestAlg;
+use rdma_xfer::engine::{ProgressSink, check_buffers, session_summary};
 use rdma_xfer::verbs::os::install_shutdown_handlers;
-use std::net::IpAddr;
-use std::path::PathBuf;
+use std::sync::Arc;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Verify {
-    Crc32,
-    Sha256,
-}
-
-#[derive(Parser, Debug)]
-#[command(
-    version,
-    about = "Send files over RDMA to a running `receiver`.",
-    after_help = concat!(
-        "Examples:\n",
-        "  sender 10.0.0.1 data.bin\n",
-        "  sender --verify sha256 recv-host a.bin b.bin\n",
-        "  sender -r 10.0.0.1 results/ notes.txt   (trees arrive under their own name)\n",
-        "  tar -C src -cf - . | sender 10.0.0.1 - --name src.tar   (standard input)\n",
-        "  RDMA_XFER_TOKEN=... sender 10.0.0.1 data.bin   (or --token-file PATH)\n\n",
-        rdma_xfer::exit_codes_help!()
-    )
-)]
-struct Args {
-    /// Receiver's address: IPv4, IPv6 or host name.
-    addr: String,
-    /// Files to send, in order, in one session; `-` is standard input (of
-    /// any length), directories need -r.
-    #[arg(required = true)]
-    files: Vec<PathBuf>,
-    /// Send directories as trees: every file and directory below them
-    /// (symbolic links inside are skipped unless --follow-links).
-    #[arg(short, long)]
-    recursive: bool,
-    /// Follow symbolic links inside trees (links named on the command line
-    /// are always followed).
-    #[arg(long)]
-    follow_links: bool,
-    /// Keep modification times (files and directories).
-    #[arg(long)]
-    preserve_times: bool,
-    /// Name standard input (`-`) arrives under on the receiver.
-    #[arg(long, value_name = "NAME")]
-    name: Option<String>,
-    /// Local address to connect from (picks the RDMA device and port).
-    #[arg(long, value_name = "ADDR")]
-    source: Option<IpAddr>,
-    /// Receiver's port.
-    #[arg(long, default_value_t = 7471)]
-    port: u16,
-    /// Whole-file digest checked by the receiver before it acknowledges.
-    #[arg(long, value_enum, default_value_t = Verify::Crc32)]
-    verify: Verify,
-    /// RDMA writes kept in flight (each uses one staging buffer).
-    #[arg(long, default_value_t = DEFAULT_DEPTH)]
-    depth: u32,
-    /// Size of each staging buffer / write (K, M, G suffixes); the
-    /// receiver's slot size caps it.
-    #[arg(long, value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
-    chunk_size: u64,
-    #[command(flatten)]
-    common: CommonArgs,
-}
-
-fn run(args: &Args) -> Result<(), XferError> {
+fn run(args: &SenderArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
     let (chunk_size, depth) = check_buffers(args.chunk_size, args.depth as u64, "--depth")?;
     let mut cfg = SenderConfig::new(resolve(&args.addr, args.port)?);
     cfg.source = args.source;
     cfg.chunk_size = chunk_size;
     cfg.depth = depth;
-    cfg.verify = match args.verify {
-        Verify::Crc32 => DigestAlg::Crc32,
-        Verify::Sha256 => DigestAlg::Sha256,
-    };
+    cfg.verify = args.verify.into();
     cfg.busy_poll = args.common.busy_poll;
     cfg.timeout = args.common.timeout;
     cfg.token = args.common.token()?;
+    cfg.progress = ProgressSink::new(ui.clone());
     if args.name.is_some() && !args.files.iter().any(|f| f.as_os_str() == "-") {
         return Err(XferError::Usage(
             "--name names standard input, which is sent only when `-` is among the files".into(),
@@ -98,12 +33,10 @@ fn run(args: &Args) -> Result<(), XferError> {
         .name
         .clone()
         .unwrap_or_else(|| DEFAULT_STDIN_NAME.into());
-    let json = args.common.log_format == LogFormat::Json;
-    let outcome = send_files(&cfg, &args.files, |report| {
-        print_summary(report, args.common.quiet, json)
-    })?;
-    if args.recursive {
-        print_session_summary(&outcome, args.common.quiet, json);
+    let outcome = send_files(&cfg, &args.files, |event| ui.file_event(event))?;
+    if args.recursive && !args.common.quiet {
+        let json = args.common.log_format == LogFormat::Json;
+        ui.eprintln(&session_summary(&outcome, json));
     }
     match outcome.first_error {
         Some(e) => Err(e),
@@ -112,10 +45,14 @@ fn run(args: &Args) -> Result<(), XferError> {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    init_logging(&args.common);
+    let args = SenderArgs::parse();
+    let ui = Arc::new(Ui::new(&args.common, true));
+    init_logging(&args.common, &ui);
     if let Err(e) = install_shutdown_handlers() {
-        eprintln!("sender: warning: {e}");
+        ui.eprintln(&format!("sender: warning: {e}"));
     }
-    finish("sender", &args.common, run(&args))
+    let result = run(&args, &ui);
+    ui.finish();
+    ui.print_json_summary(result.as_ref().map(|_| ()));
+    finish("sender", &args.common, result)
 }

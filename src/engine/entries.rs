@@ -33,6 +33,8 @@ pub enum Entry {
     File {
         path: PathBuf,
         name: String,
+        /// As seen when planning (the file is measured again when sent).
+        size: u64,
         opened: Option<File>,
         mtime: Option<Mtime>,
     },
@@ -51,6 +53,14 @@ impl Entry {
             Entry::File { name, .. } | Entry::Dir { name, .. } | Entry::Stdin { name } => name,
         }
     }
+
+    /// Bytes to send, as far as known (0 for directories and streams).
+    pub fn size(&self) -> u64 {
+        match self {
+            Entry::File { size, .. } => *size,
+            Entry::Dir { .. } | Entry::Stdin { .. } => 0,
+        }
+    }
 }
 
 /// The entries to send, and problems met on the way (an unreadable
@@ -62,6 +72,19 @@ pub struct Plan {
     pub problems: Vec<XferError>,
     /// Symbolic links and special files skipped (with a warning).
     pub skipped: usize,
+}
+
+impl Plan {
+    /// Files (streams included) and their bytes as far as known, for
+    /// progress reports.
+    pub fn files_and_bytes(&self) -> (u64, u64) {
+        let files = self
+            .entries
+            .iter()
+            .filter(|e| !matches!(e, Entry::Dir { .. }))
+            .count();
+        (files as u64, self.entries.iter().map(Entry::size).sum())
+    }
 }
 
 /// The modification time of `meta` for the wire.
@@ -128,6 +151,7 @@ pub fn plan(paths: &[PathBuf], opts: &WalkOptions) -> Result<Plan, XferError> {
         plan.entries.push(Entry::File {
             path: path.clone(),
             name,
+            size: meta.len(),
             opened: Some(file),
             mtime: opts.preserve_times.then(|| mtime_of(&meta)).flatten(),
         });
@@ -239,6 +263,7 @@ fn walk(
             plan.entries.push(Entry::File {
                 path,
                 name: rel,
+                size: meta.len(),
                 opened: None,
                 mtime: opts.preserve_times.then(|| mtime_of(&meta)).flatten(),
             });

@@ -8,13 +8,18 @@ mod digest;
 pub mod entries;
 #[cfg(feature = "fault-injection")]
 mod fault;
+pub mod progress;
 mod reader;
 pub mod receiver;
 mod report;
 pub mod sender;
 
 pub use digest::FileHasher;
-pub use report::{FileReport, Phases, print_session_summary, print_summary, session_summary_line};
+pub use progress::{FileProgress, NoProgress, Progress, ProgressSink};
+pub use report::{
+    FileEvent, FileFailure, FileReport, Phases, Totals, session_summary, session_summary_line,
+    summary_for_log,
+};
 
 use crate::error::XferError;
 use std::time::Duration;

@@ -8,13 +8,14 @@
 
 use super::control::Control;
 use super::digest::{FileHasher, digest_hex};
-use super::report::{FileReport, Phases};
+use super::progress::{FileProgress, Progress, ProgressSink};
+use super::report::{FileEvent, FileFailure, FileReport, Phases};
 use super::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT, wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
-    Ack, AckStatus, AuthFailure, Fin, Hello, Message, Mtime, NONCE_LEN, PROTOCOL_VERSION,
-    ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError,
-    Reject, RejectCode, RingInfo, Token, WireError,
+    Ack, AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, NONCE_LEN,
+    PROTOCOL_VERSION, ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession,
+    ReceiverState, RecvError, Reject, RejectCode, RingInfo, Token, WireError,
 };
 use crate::verbs::dirfd::{DirFd, EntryKind};
 use crate::verbs::os::{free_space, shutdown_requested};
@@ -50,6 +51,8 @@ pub struct ReceiverConfig {
     /// Write the one received file or stream to standard output instead of
     /// --dir (requires `once`).
     pub stdout: bool,
+    /// Told about each file's progress (the tool draws bars with it).
+    pub progress: ProgressSink,
 }
 
 impl ReceiverConfig {
@@ -67,6 +70,7 @@ impl ReceiverConfig {
             max_sessions: DEFAULT_MAX_SESSIONS,
             token: None,
             stdout: false,
+            progress: ProgressSink::default(),
         }
     }
 }
@@ -84,12 +88,13 @@ pub const DEFAULT_MAX_SESSIONS: usize = 8;
 const CONTROL_RECVS: u32 = crate::proto::MAX_PENDING as u32 + 8;
 const SEND_BUFFERS: usize = 16;
 
+/// Called for every file a sender offered: after it was committed, or when
+/// it failed (refused, failed its check, or cut short by the session's end).
+pub type OnFile<'a> = dyn Fn(FileEvent<'_>) + Sync + 'a;
+
 /// Serves sessions, each on its own thread, until SIGINT/SIGTERM; with
 /// `once`, exactly one session (whose status is then returned).
-pub fn serve(
-    cfg: &ReceiverConfig,
-    on_file: &(dyn Fn(&FileReport) + Sync),
-) -> Result<(), XferError> {
+pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError> {
     if cfg.stdout {
         if !cfg.once {
             return Err(XferError::Usage(
@@ -171,7 +176,8 @@ pub fn serve(
                 .spawn_scoped(scope, move || {
                     let _enter = span.enter();
                     if let Err(e) = run_logged(cfg, conn, on_file) {
-                        eprintln!("receiver: session {id} from {peer} failed: {e}");
+                        cfg.progress
+                            .notice(&format!("receiver: session {id} from {peer} failed: {e}"));
                     }
                     sessions.fetch_sub(1, Ordering::SeqCst);
                 });
@@ -187,7 +193,7 @@ pub fn serve(
 fn run_logged(
     cfg: &ReceiverConfig,
     conn: IncomingConnection,
-    on_file: &(dyn Fn(&FileReport) + Sync),
+    on_file: &OnFile<'_>,
 ) -> Result<(), XferError> {
     let started = Instant::now();
     let result = run_session(cfg, conn, on_file);
@@ -229,7 +235,7 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
 fn run_session(
     cfg: &ReceiverConfig,
     conn: IncomingConnection,
-    on_file: &(dyn Fn(&FileReport) + Sync),
+    on_file: &OnFile<'_>,
 ) -> Result<(), XferError> {
     let output = Output::open(cfg)?;
     let id = conn.into_id()?;
@@ -255,6 +261,7 @@ fn run_session(
         .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
     let mut session = Session {
         cfg,
+        on_file,
         peer,
         connect_time,
         ep,
@@ -266,7 +273,7 @@ fn run_session(
         first_error: None,
         output_closed: None,
     };
-    let result = session.run(on_file);
+    let result = session.run();
     session.finish(result)
 }
 
@@ -484,6 +491,9 @@ enum Sink {
 /// The file or stream being received.
 struct IncomingFile {
     name: String,
+    /// The offered size (0 for a stream: unknown).
+    size: u64,
+    digest_alg: DigestAlg,
     sink: Sink,
     mode: u32,
     mtime: Option<Mtime>,
@@ -498,6 +508,7 @@ struct IncomingFile {
     /// Time spent checking and writing chunks (logged for tuning).
     check_time: Duration,
     write_time: Duration,
+    progress: Box<dyn FileProgress>,
 }
 
 /// A temporary name that does not depend on the (up to 255-byte) final name.
@@ -516,6 +527,7 @@ fn temp_name() -> String {
 
 struct Session<'a> {
     cfg: &'a ReceiverConfig,
+    on_file: &'a OnFile<'a>,
     /// The sender's address, for log messages.
     peer: String,
     /// How long accepting the connection took (a phase of every file).
@@ -542,7 +554,7 @@ enum Flow {
 }
 
 impl Session<'_> {
-    fn run(&mut self, on_file: &(dyn Fn(&FileReport) + Sync)) -> Result<(), XferError> {
+    fn run(&mut self) -> Result<(), XferError> {
         // Always the first message: the sender waits for it.
         let challenge = self.machine.challenge();
         self.control.send(&self.ep, &challenge)?;
@@ -559,18 +571,14 @@ impl Session<'_> {
             };
             wait_completions(&self.ep, &mut wcs, timeout, what)?;
             for wc in &wcs {
-                if let Flow::Done = self.on_completion(wc, on_file)? {
+                if let Flow::Done = self.on_completion(wc)? {
                     return Ok(());
                 }
             }
         }
     }
 
-    fn on_completion(
-        &mut self,
-        wc: &WorkCompletion,
-        on_file: &(dyn Fn(&FileReport) + Sync),
-    ) -> Result<Flow, XferError> {
+    fn on_completion(&mut self, wc: &WorkCompletion) -> Result<Flow, XferError> {
         match (wr::kind(wc.wr_id), wc.opcode) {
             (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
             (wr::RECV, WcOpcode::RecvWithImm) => {
@@ -605,7 +613,7 @@ impl Session<'_> {
                         return Err(self.abort(AckStatus::Protocol, err));
                     }
                 };
-                return self.on_message(msg, on_file);
+                return self.on_message(msg);
             }
             (kind, opcode) => {
                 return Err(XferError::Protocol(format!(
@@ -616,15 +624,16 @@ impl Session<'_> {
         Ok(Flow::Continue)
     }
 
-    fn on_message(
-        &mut self,
-        msg: Message,
-        on_file: &(dyn Fn(&FileReport) + Sync),
-    ) -> Result<Flow, XferError> {
+    fn on_message(&mut self, msg: Message) -> Result<Flow, XferError> {
         let kind = msg.kind();
+        // What a refused offer is reported as (the machine takes the HELLO).
+        let offer = match &msg {
+            Message::Hello(h) => Some((h.name.clone(), h.size, h.digest)),
+            _ => None,
+        };
         match self.machine.on_message(msg) {
             Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
-            Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin, on_file)?,
+            Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin)?,
             Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
             Ok(ReceiverEvent::Authenticated) => info!("sender authenticated"),
             Ok(ReceiverEvent::AuthIgnored) => {
@@ -638,6 +647,9 @@ impl Session<'_> {
                     code: reject.code.as_str(),
                     reason: reject.reason.clone(),
                 };
+                if let Some((name, size, alg)) = offer {
+                    self.report_failure(&name, size, alg, Duration::ZERO, &err, false);
+                }
                 self.first_error.get_or_insert(err);
                 self.control.send(&self.ep, &Message::Reject(reject))?;
             }
@@ -679,10 +691,13 @@ impl Session<'_> {
                 Ok(()) => self.machine.accept_directory(),
                 Err((code, reason)) => {
                     warn!(dir = %hello.name, code = code.as_str(), "refused: {reason}");
-                    self.first_error.get_or_insert(XferError::Rejected {
+                    let err = XferError::Rejected {
                         code: code.as_str(),
                         reason: reason.clone(),
-                    });
+                    };
+                    let elapsed = hello_at.elapsed();
+                    self.report_failure(&hello.name, 0, hello.digest, elapsed, &err, false);
+                    self.first_error.get_or_insert(err);
                     self.machine.reject(code, reason)
                 }
             }
@@ -716,18 +731,24 @@ impl Session<'_> {
                     .accept(ring)
                     .map_err(|e| XferError::Protocol(e.to_string()))?;
                 self.control.send(&self.ep, &reply)?;
+                // A file's time runs from its HELLO, like the sender's.
+                file.started = hello_at;
                 file.phases.connect = self.connect_time;
                 file.phases.mr_exchange = hello_at.elapsed();
                 file.data_started = Instant::now();
+                file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
                 self.file = Some(file);
                 Ok(())
             }
             Err((code, reason)) => {
                 warn!(file = %hello.name, code = code.as_str(), "refused: {reason}");
-                self.first_error.get_or_insert(XferError::Rejected {
+                let err = XferError::Rejected {
                     code: code.as_str(),
                     reason: reason.clone(),
-                });
+                };
+                let elapsed = hello_at.elapsed();
+                self.report_failure(&hello.name, hello.size, hello.digest, elapsed, &err, false);
+                self.first_error.get_or_insert(err);
                 let reply = self
                     .machine
                     .reject(code, reason)
@@ -890,6 +911,8 @@ impl Session<'_> {
         };
         Ok(IncomingFile {
             name: hello.name.clone(),
+            size: hello.size,
+            digest_alg: hello.digest,
             sink,
             mode: hello.mode & 0o777,
             mtime: hello.mtime,
@@ -901,6 +924,8 @@ impl Session<'_> {
             data_started: Instant::now(),
             check_time: Duration::ZERO,
             write_time: Duration::ZERO,
+            // Replaced by the observer's once the offer is accepted.
+            progress: super::progress::NoProgress.file_started("", 0),
         })
     }
 
@@ -999,17 +1024,14 @@ impl Session<'_> {
         file.hasher.update(data, crc);
         file.check_time += t1 - t0;
         file.write_time += t1.elapsed();
+        file.progress.advance(placement.len.into());
         if let Some(credit) = self.machine.chunk_done() {
             self.control.send(&self.ep, &credit)?;
         }
         Ok(())
     }
 
-    fn on_fin(
-        &mut self,
-        fin: Fin,
-        on_file: &(dyn Fn(&FileReport) + Sync),
-    ) -> Result<(), XferError> {
+    fn on_fin(&mut self, fin: Fin) -> Result<(), XferError> {
         let Some(mut file) = self.file.take() else {
             return Err(XferError::Protocol("FIN without an open file".into()));
         };
@@ -1070,10 +1092,12 @@ impl Session<'_> {
                     digest,
                     phases: file.phases,
                 };
-                on_file(&report);
+                file.progress.finished();
+                (self.on_file)(FileEvent::Done(&report));
             }
             Some(e) => {
                 error!(file = %file.name, "{e}");
+                self.report_file_failure(&file, &e, false);
                 self.first_error.get_or_insert(e);
             }
         }
@@ -1096,15 +1120,51 @@ impl Session<'_> {
             .complete(status, reason.clone())
             .unwrap_or_else(|_| Message::Ack(Ack::new(status, reason)));
         let _ = self.control.send(&self.ep, &ack);
-        self.file = None;
+        if let Some(file) = self.file.take() {
+            self.report_file_failure(&file, &err, true);
+        }
         err
+    }
+
+    /// Reports a file that was not received (`on_file`).
+    fn report_failure(
+        &self,
+        name: &str,
+        size: u64,
+        alg: DigestAlg,
+        elapsed: Duration,
+        err: &XferError,
+        session_ended: bool,
+    ) {
+        let failure = FileFailure::new(
+            name,
+            size,
+            alg,
+            elapsed,
+            self.connect_time,
+            err,
+            session_ended,
+        );
+        (self.on_file)(FileEvent::Failed(&failure));
+    }
+
+    fn report_file_failure(&self, file: &IncomingFile, err: &XferError, session_ended: bool) {
+        let elapsed = file.started.elapsed();
+        self.report_failure(
+            &file.name,
+            file.size,
+            file.digest_alg,
+            elapsed,
+            err,
+            session_ended,
+        );
     }
 
     /// Lets queued replies reach the sender, then disconnects.
     fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
         // Best effort: the session is over either way.
         let _ = self.control.drain(&self.ep, Duration::from_secs(2));
-        if let (Err(e), Some(file)) = (&result, &self.file) {
+        if let (Err(e), Some(file)) = (&result, self.file.take()) {
             // Where the file stood, for whoever reads the logs.
             file.span.in_scope(|| {
                 info!(
@@ -1113,6 +1173,7 @@ impl Session<'_> {
                     "file abandoned: {e}"
                 )
             });
+            self.report_file_failure(&file, e, true);
         }
         self.file = None;
         self.output.finish_dirs();

@@ -7,8 +7,9 @@
 
 use super::control::Control;
 use super::entries::{self, Entry, WalkOptions};
+use super::progress::{FileProgress, ProgressSink};
 use super::reader::{Input, ReadJob, Reader, ReaderMsg};
-use super::report::{FileReport, Phases};
+use super::report::{FileEvent, FileFailure, FileReport, Phases};
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
@@ -43,6 +44,8 @@ pub struct SenderConfig {
     pub token: Option<Token>,
     /// Trees (`-r`), links, times, the name of standard input.
     pub walk: WalkOptions,
+    /// Told about each file's progress (the tool draws bars with it).
+    pub progress: ProgressSink,
 }
 
 impl SenderConfig {
@@ -60,6 +63,7 @@ impl SenderConfig {
                 stdin_name: DEFAULT_STDIN_NAME.into(),
                 ..WalkOptions::default()
             },
+            progress: ProgressSink::default(),
         }
     }
 }
@@ -95,13 +99,18 @@ fn keepalive_interval(timeout: Duration) -> Duration {
 }
 
 /// Sends `paths` in one session ("-" is standard input; directories need
-/// `cfg.walk.recursive`). `on_file` is called after each ACK(ok).
+/// `cfg.walk.recursive`). `on_file` is called for every file that was
+/// offered: after its ACK(ok), or when it failed (refused, failed its
+/// check, or cut short by an error that ends the session); also for a
+/// directory that could not be created.
 pub fn send_files(
     cfg: &SenderConfig,
     paths: &[PathBuf],
-    mut on_file: impl FnMut(&FileReport),
+    mut on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, XferError> {
     let plan = entries::plan(paths, &cfg.walk)?;
+    let (files, bytes) = plan.files_and_bytes();
+    cfg.progress.planned(files, bytes);
     probe_devices()?;
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
@@ -144,6 +153,8 @@ pub fn send_files(
                 first_error: plan.problems.into_iter().next(),
             },
             on_file: &mut on_file,
+            connect: conn.connect_time,
+            digest_alg: cfg.verify,
         };
         let result = conn.run(cfg, plan.entries, &mut pipe, &mut tracker);
         if let Err(e) = result {
@@ -237,6 +248,7 @@ fn fatal(r: Result<(), FileError>) -> Result<(), XferError> {
 enum PendingEntry {
     Dir {
         name: String,
+        started: Instant,
     },
     /// A file whose FIN went out; its report lacks only the verdict. Its
     /// log span (the "fsync+verify" phase of its file span) goes with it:
@@ -245,6 +257,8 @@ enum PendingEntry {
         report: FileReport,
         fin_sent: Instant,
         span: tracing::Span,
+        /// Finished on ACK(ok); dropped unfinished on a failure.
+        progress: Box<dyn FileProgress>,
     },
 }
 
@@ -252,14 +266,40 @@ enum PendingEntry {
 struct Tracker<'f> {
     pending: VecDeque<PendingEntry>,
     outcome: SessionOutcome,
-    on_file: &'f mut dyn FnMut(&FileReport),
+    on_file: &'f mut dyn FnMut(FileEvent<'_>),
+    /// For failure reports: the session's connection set-up, the digest.
+    connect: Duration,
+    digest_alg: DigestAlg,
 }
 
 impl Tracker<'_> {
-    fn fail(&mut self, name: &str, e: XferError) {
+    /// An entry failed and the session goes on (`started`: when its HELLO
+    /// went out); the first such failure is the session's exit status.
+    fn fail(&mut self, name: &str, bytes: u64, started: Option<Instant>, e: XferError) {
         warn!(file = %name, "{e}");
-        eprintln!("{name}: {e}");
+        self.report(name, bytes, started, &e, false);
         self.outcome.first_error.get_or_insert(e);
+    }
+
+    /// Tells `on_file` about a failed entry.
+    fn report(
+        &mut self,
+        name: &str,
+        bytes: u64,
+        started: Option<Instant>,
+        e: &XferError,
+        session_ended: bool,
+    ) {
+        let failure = FileFailure::new(
+            name,
+            bytes,
+            self.digest_alg,
+            started.map_or(Duration::ZERO, |t| t.elapsed()),
+            self.connect,
+            e,
+            session_ended,
+        );
+        (self.on_file)(FileEvent::Failed(&failure));
     }
 
     /// The receiver's verdict on the oldest pending entry.
@@ -278,35 +318,42 @@ impl Tracker<'_> {
                     mut report,
                     fin_sent,
                     span,
+                    mut progress,
                 },
                 Pending::File,
                 Verdict::Ack(ack),
             ) => {
                 let _enter = span.enter();
+                report.phases.commit = fin_sent.elapsed();
+                report.elapsed += report.phases.commit;
                 if ack.status == AckStatus::Ok {
-                    report.phases.commit = fin_sent.elapsed();
-                    report.elapsed += report.phases.commit;
+                    progress.finished();
+                    drop(progress);
                     report.phases.log(&report.name, report.bytes);
-                    (self.on_file)(&report);
+                    (self.on_file)(FileEvent::Done(&report));
                     self.outcome.files.push(report);
                 } else {
-                    self.fail(&report.name, ack_error(ack.status, ack.reason));
+                    drop(progress);
+                    let err = ack_error(ack.status, ack.reason);
+                    let started = Instant::now().checked_sub(report.elapsed);
+                    self.fail(&report.name, report.bytes, started, err);
                 }
             }
-            (PendingEntry::Dir { name }, Pending::Directory, verdict) => match verdict {
-                Verdict::Ack(ack) if ack.status == AckStatus::Ok => {
-                    debug!(dir = %name, "directory done");
-                    self.outcome.directories += 1;
-                }
-                Verdict::Ack(ack) => self.fail(&name, ack_error(ack.status, ack.reason)),
-                Verdict::Reject(rej) => self.fail(
-                    &name,
-                    XferError::Rejected {
+            (PendingEntry::Dir { name, started }, Pending::Directory, verdict) => {
+                let err = match verdict {
+                    Verdict::Ack(ack) if ack.status == AckStatus::Ok => {
+                        debug!(dir = %name, "directory done");
+                        self.outcome.directories += 1;
+                        return Ok(());
+                    }
+                    Verdict::Ack(ack) => ack_error(ack.status, ack.reason),
+                    Verdict::Reject(rej) => XferError::Rejected {
                         code: rej.code.as_str(),
                         reason: rej.reason,
                     },
-                ),
-            },
+                };
+                self.fail(&name, 0, Some(started), err);
+            }
             _ => return Err(mismatch()),
         }
         Ok(())
@@ -360,11 +407,34 @@ impl Connection {
 
     /// The whole session: greeting, every entry (pipelined), the last
     /// verdicts, BYE.
-    fn run<'a>(
+    fn run(
         &mut self,
         cfg: &SenderConfig,
         entries: Vec<Entry>,
-        pipe: &mut Pipeline<'a>,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), XferError> {
+        let result = self.run_entries(cfg, entries, pipe, tracker);
+        if let Err(e) = &result {
+            // Entries sent but never answered: the session ended under them.
+            for entry in std::mem::take(&mut tracker.pending) {
+                let (name, bytes, started) = match &entry {
+                    PendingEntry::Dir { name, started } => (name.clone(), 0, *started),
+                    PendingEntry::File {
+                        report, fin_sent, ..
+                    } => (report.name.clone(), report.bytes, *fin_sent),
+                };
+                tracker.report(&name, bytes, Some(started), e, true);
+            }
+        }
+        result
+    }
+
+    fn run_entries(
+        &mut self,
+        cfg: &SenderConfig,
+        entries: Vec<Entry>,
+        pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
         fatal(self.greet(cfg, pipe, tracker))?;
@@ -374,9 +444,11 @@ impl Connection {
                 fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's verdicts"))?;
             }
             let name = entry.name().to_string();
+            let size = entry.size();
+            let started = Instant::now();
             match self.send_entry(cfg, entry, pipe, tracker) {
                 Ok(()) => {}
-                Err(FileError::Continue(e)) => tracker.fail(&name, e),
+                Err(FileError::Continue(e)) => tracker.fail(&name, size, Some(started), e),
                 Err(FileError::Fatal(e)) => {
                     // Where the file stood, for whoever reads the logs.
                     info!(
@@ -384,6 +456,7 @@ impl Connection {
                         bytes_done = self.session.bytes_planned(),
                         "file abandoned: {e}"
                     );
+                    tracker.report(&name, size, Some(started), &e, true);
                     return Err(e);
                 }
             }
@@ -457,7 +530,10 @@ impl Connection {
                 };
                 let hello = self.session.start_file(offer).map_err(proto_err)?;
                 self.control.send(&self.ep, &hello)?;
-                tracker.pending.push_back(PendingEntry::Dir { name });
+                tracker.pending.push_back(PendingEntry::Dir {
+                    name,
+                    started: Instant::now(),
+                });
                 return Ok(());
             }
             Entry::Stdin { name } => {
@@ -481,6 +557,7 @@ impl Connection {
                 name,
                 opened,
                 mtime,
+                ..
             } => {
                 let opened = match opened {
                     Some(f) => Ok(f),
@@ -524,6 +601,8 @@ impl Connection {
     ) -> Result<(), FileError> {
         let stream = offer.kind == OfferKind::Stream;
         let name = offer.name.clone();
+        // A stream's size is unknown (0 here: its bar grows as it goes).
+        let size = offer.size;
         let span = if stream {
             error_span!("file", name = %name, size = "unknown")
         } else {
@@ -538,6 +617,7 @@ impl Connection {
         };
         let hello = self.session.start_file(offer).map_err(proto_err)?;
         self.control.send(&self.ep, &hello)?;
+        let mut progress: Box<dyn FileProgress> = cfg.progress.file_started(&name, size);
         // Phase 1: wait for the ring (or a rejection); verdicts on earlier
         // entries come first.
         while self.session.state() == SenderState::AwaitRing {
@@ -594,6 +674,7 @@ impl Connection {
                 && let Some((token, seq, len, crc)) = pipe.held.take()
             {
                 self.post_chunk(pipe, token, seq, len, crc, stream)?;
+                progress.advance(len.into());
                 // Hand finished slots back early so the reader keeps going.
                 self.poll_events(pipe, tracker)?;
                 continue;
@@ -657,6 +738,7 @@ impl Connection {
             },
             fin_sent: Instant::now(),
             span: verdict_phase,
+            progress,
         });
         Ok(())
     }
@@ -858,7 +940,17 @@ impl Connection {
             .map_err(|e| XferError::Protocol(e.to_string()))?;
         self.control.send(&self.ep, &bye)?;
         while self.control.busy() {
-            fatal(self.expect_nothing(cfg, pipe, tracker, "delivery of BYE"))?;
+            match self.expect_nothing(cfg, pipe, tracker, "delivery of BYE") {
+                Ok(()) => {}
+                // Every entry was answered already; a receiver that closes
+                // on BYE may tear the connection down before our send
+                // completes.
+                Err(FileError::Fatal(XferError::PeerLost(e))) => {
+                    debug!("the receiver closed while BYE was in flight: {e}");
+                    return Ok(());
+                }
+                Err(FileError::Fatal(e) | FileError::Continue(e)) => return Err(e),
+            }
         }
         self.ep.cm_id().disconnect(Duration::from_secs(2));
         Ok(())

@@ -144,6 +144,8 @@ pub fn assert_no_temp_files(dir: &Path) {
 pub struct Finished {
     pub status: ExitStatus,
     pub stderr: String,
+    /// Empty unless the tool ran with --json.
+    pub stdout: String,
 }
 
 impl Finished {
@@ -152,37 +154,49 @@ impl Finished {
     }
 }
 
-/// A running child whose stderr is collected by a thread.
+/// A running child whose stderr and stdout are collected by threads.
 pub struct Running {
     child: Child,
     stderr: Arc<Mutex<String>>,
-    reader: Option<std::thread::JoinHandle<()>>,
+    stdout: Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
     name: &'static str,
+}
+
+/// Collects a pipe's lines into a shared string on a thread of its own.
+fn collect_lines(
+    pipe: impl Read + Send + 'static,
+    sink: Arc<Mutex<String>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            let mut s = sink.lock().expect("output lock");
+            s.push_str(&line);
+            s.push('\n');
+        }
+    })
 }
 
 impl Running {
     pub fn spawn(name: &'static str, mut cmd: Command) -> Running {
         cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let pipe = child.stderr.take().expect("stderr pipe");
         let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = stderr.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                let mut s = sink.lock().expect("stderr lock");
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let readers = vec![
+            collect_lines(child.stderr.take().expect("stderr pipe"), stderr.clone()),
+            collect_lines(child.stdout.take().expect("stdout pipe"), stdout.clone()),
+        ];
         Running {
             child,
             stderr,
-            reader: Some(reader),
+            stdout,
+            readers,
             name,
         }
     }
@@ -198,6 +212,58 @@ impl Running {
 
     pub fn stderr_so_far(&self) -> String {
         self.stderr.lock().expect("stderr lock").clone()
+    }
+
+    pub fn stdout_so_far(&self) -> String {
+        self.stdout.lock().expect("stdout lock").clone()
+    }
+
+    /// Waits until stdout contains `needle` (or the process exits): for a
+    /// tool run under `script`, whose terminal output arrives on stdout.
+    pub fn wait_for_stdout(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.stdout_so_far().contains(needle) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "{} exited ({status}) before printing {needle:?}:\n{}",
+                    self.name,
+                    self.stdout_so_far()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "{} did not print {needle:?} within {timeout:?}:\n{}",
+            self.name,
+            self.stdout_so_far()
+        );
+    }
+
+    /// Waits until stdout has `n` complete lines (the process still running).
+    pub fn wait_for_stdout_lines(&mut self, n: usize, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let out = self.stdout_so_far();
+            if out.lines().count() >= n {
+                return out;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "{} exited ({status}) before printing {n} lines on stdout:\n{out}\n{}",
+                    self.name,
+                    self.stderr_so_far()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "{} did not print {n} lines on stdout within {timeout:?}:\n{}",
+            self.name,
+            self.stdout_so_far()
+        );
     }
 
     /// Waits until stderr contains `needle` (or the process exits).
@@ -242,12 +308,13 @@ impl Running {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        if let Some(r) = self.reader.take() {
+        for r in self.readers.drain(..) {
             let _ = r.join();
         }
         Finished {
             status,
             stderr: self.stderr_so_far(),
+            stdout: self.stdout_so_far(),
         }
     }
 }

@@ -1,5 +1,13 @@
-//! What both binaries share: logging set-up, argument parsers and turning a
-//! result into an exit code with one clear message.
+//! What the binaries share: their command-line definitions (`args`, also
+//! used to generate man pages and completions), logging set-up, progress
+//! bars and `--json` results (`ui`), argument parsers and turning a result
+//! into an exit code with one clear message.
+
+pub mod args;
+pub mod generate;
+pub mod ui;
+
+pub use args::{CommonArgs, LogFormat, ReceiverArgs, SenderArgs, Verify};
 
 use crate::error::{ExitCode, XferError};
 use crate::proto::Token;
@@ -7,42 +15,11 @@ use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
 
 /// Environment variable holding the shared secret (`--token-file` wins).
 pub const TOKEN_ENV: &str = "RDMA_XFER_TOKEN";
-
-/// Options both tools share (flattened into each tool's arguments).
-#[derive(clap::Args, Debug)]
-pub struct CommonArgs {
-    /// Spin on the completion queue instead of sleeping on events.
-    #[arg(long)]
-    pub busy_poll: bool,
-    /// Seconds without progress (or to connect/accept) before giving up.
-    #[arg(long, value_parser = parse_timeout_arg, default_value = "30")]
-    pub timeout: Duration,
-    /// More log output (-v info, -vv debug; -v also prints peak RSS).
-    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet")]
-    pub verbose: u8,
-    /// Only errors on stderr.
-    #[arg(short, long)]
-    pub quiet: bool,
-    /// Log lines as text, or as one JSON object per line (with the session
-    /// and file spans) for log collectors.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    /// File holding the shared secret that authenticates the sender to the
-    /// receiver (trailing whitespace ignored). Overrides RDMA_XFER_TOKEN.
-    #[arg(long, value_name = "PATH")]
-    pub token_file: Option<PathBuf>,
-}
 
 impl CommonArgs {
     /// The shared secret from `--token-file` or RDMA_XFER_TOKEN, if any.
@@ -100,9 +77,11 @@ pub fn exposed_to_others(mode: u32) -> bool {
     mode & 0o044 != 0
 }
 
-/// Logs go to stderr; stdout stays free for data. Default shows warnings,
-/// `-v` info, `-vv` debug, `-q` only errors. RUST_LOG overrides.
-pub fn init_logging(args: &CommonArgs) {
+/// Logs go to stderr (around the progress bars, if any); stdout stays free
+/// for data. Default shows warnings, `-v` info, `-vv` debug, `-q` only
+/// errors. RUST_LOG overrides. Colours only on a terminal (and without
+/// NO_COLOR).
+pub fn init_logging(args: &CommonArgs, ui: &ui::Ui) {
     let level = if args.quiet {
         "error"
     } else {
@@ -115,9 +94,12 @@ pub fn init_logging(args: &CommonArgs) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(ui.log_writer())
+        .with_ansi(ansi)
         .with_target(false);
     let _ = match args.log_format {
         LogFormat::Text => builder.try_init(),
@@ -199,6 +181,7 @@ pub fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn timeout_parser() {

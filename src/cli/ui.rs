@@ -1,0 +1,320 @@
+//! What the tools show while and after they work: progress bars on stderr
+//! when it is a terminal (indicatif; the engine only calls the
+//! [`Progress`] observer), the per-file lines on stderr, and the `--json`
+//! results on stdout. Everything written to stderr (log lines included, see
+//! [`Ui::log_writer`]) goes around the bars so that they never tear.
+
+use super::{CommonArgs, LogFormat};
+use crate::engine::{FileEvent, FileProgress, Progress, Totals, summary_for_log};
+use crate::error::XferError;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::{self, IsTerminal, Write};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// The tools' output, shared by all session threads.
+pub struct Ui {
+    bars: Option<Arc<Bars>>,
+    /// `--json`: results on stdout.
+    json: bool,
+    /// `-q`: no per-file lines on stderr.
+    quiet: bool,
+    /// `--log-format json`: the per-file lines are JSON objects too.
+    log_json: bool,
+    /// Print a line on stderr for each file that failed (the sender; the
+    /// receiver logs its refusals anyway).
+    print_failures: bool,
+    totals: Mutex<Totals>,
+}
+
+impl Ui {
+    /// Bars only when stderr is a terminal, and neither `-q` nor JSON logs.
+    pub fn new(common: &CommonArgs, print_failures: bool) -> Self {
+        let bars =
+            (io::stderr().is_terminal() && !common.quiet && common.log_format == LogFormat::Text)
+                .then(|| Arc::new(Bars::new()));
+        Ui {
+            bars,
+            json: common.json,
+            quiet: common.quiet,
+            log_json: common.log_format == LogFormat::Json,
+            print_failures,
+            totals: Mutex::new(Totals::default()),
+        }
+    }
+
+    /// Whether progress bars are drawn.
+    pub fn has_bars(&self) -> bool {
+        self.bars.is_some()
+    }
+
+    /// Prints a line on stderr (above the bars, if any).
+    pub fn eprintln(&self, line: &str) {
+        let print = || {
+            let _ = writeln!(io::stderr().lock(), "{line}");
+        };
+        match &self.bars {
+            Some(b) => b.multi.suspend(print),
+            None => print(),
+        }
+    }
+
+    /// A `MakeWriter` for tracing: log lines go to stderr around the bars.
+    pub fn log_writer(&self) -> impl Fn() -> LogWriter + Send + Sync + 'static {
+        let multi = self.bars.as_ref().map(|b| b.multi.clone());
+        move || LogWriter {
+            multi: multi.clone(),
+        }
+    }
+
+    /// Handles one file's result: its line on stderr, its `--json` object
+    /// on stdout, and the totals.
+    pub fn file_event(&self, event: FileEvent<'_>) {
+        self.totals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(event);
+        match event {
+            FileEvent::Done(report) if !self.quiet => {
+                self.eprintln(&summary_for_log(report, self.log_json));
+            }
+            FileEvent::Failed(f) if self.print_failures && !f.session_ended => {
+                // An error: shown even with -q. One that ends the session is
+                // the tool's final error, printed once at exit.
+                if self.log_json {
+                    let line = serde_json::json!({
+                        "event": "file failed", "file": f.name,
+                        "exit_code": f.exit_code as u8, "message": f.reason,
+                    });
+                    self.eprintln(&line.to_string());
+                } else {
+                    self.eprintln(&format!("{}: {}", f.name, f.reason));
+                }
+            }
+            _ => {}
+        }
+        if self.json {
+            self.print_json(&event.result_json());
+        }
+    }
+
+    /// Clears the bars (call before the final error is printed).
+    pub fn finish(&self) {
+        if let Some(b) = &self.bars {
+            b.clear();
+        }
+    }
+
+    /// With `--json`, the summary object of everything reported so far and
+    /// the tool's `outcome`, on stdout.
+    pub fn print_json_summary(&self, outcome: Result<(), &XferError>) {
+        if self.json {
+            let totals = self
+                .totals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            self.print_json(&totals.summary_json(outcome));
+        }
+    }
+}
+
+impl Ui {
+    /// One JSON object per line on stdout, flushed at once so that a script
+    /// can follow it (around the bars, in case stdout is the same terminal).
+    /// A closed stdout (`| head -1`) is not an error of the transfer.
+    fn print_json(&self, value: &serde_json::Value) {
+        let print = || {
+            let mut out = io::stdout().lock();
+            let _ = writeln!(out, "{value}").and_then(|()| out.flush());
+        };
+        match &self.bars {
+            Some(b) => b.multi.suspend(print),
+            None => print(),
+        }
+    }
+}
+
+impl Progress for Ui {
+    fn planned(&self, files: u64, bytes: u64) {
+        if let Some(b) = &self.bars {
+            b.plan(files, bytes);
+        }
+    }
+
+    fn file_started(&self, name: &str, size: u64) -> Box<dyn FileProgress> {
+        match &self.bars {
+            Some(b) => Box::new(b.start(name, size)),
+            None => crate::engine::NoProgress.file_started(name, size),
+        }
+    }
+
+    fn notice(&self, line: &str) {
+        self.eprintln(line);
+    }
+}
+
+/// Writes one formatted log event to stderr, suspending the bars meanwhile.
+pub struct LogWriter {
+    multi: Option<MultiProgress>,
+}
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let write = || io::stderr().lock().write_all(buf);
+        match &self.multi {
+            Some(m) => m.suspend(write)?,
+            None => write()?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        io::stderr().flush()
+    }
+}
+
+/// The bars: one per file being transferred, and an overall bar below them
+/// (the sender's covers the planned files; the receiver's every file
+/// started so far, across its sessions).
+struct Bars {
+    multi: MultiProgress,
+    overall: Mutex<Overall>,
+}
+
+struct Overall {
+    bar: Option<ProgressBar>,
+    /// Files planned (sender) or started (receiver), and finished so far.
+    files: u64,
+    done: u64,
+    planned: bool,
+}
+
+const FILE_TEMPLATE: &str = "{prefix:24!} [{wide_bar}] {bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} ETA {eta:>3}";
+const OVERALL_TEMPLATE: &str = "{prefix:24!} [{wide_bar}] {bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} ETA {eta:>3}";
+
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
+}
+
+impl Bars {
+    fn new() -> Self {
+        Bars {
+            multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()),
+            overall: Mutex::new(Overall {
+                bar: None,
+                files: 0,
+                done: 0,
+                planned: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Overall> {
+        self.overall.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn overall_bar(&self, o: &mut Overall) -> ProgressBar {
+        o.bar
+            .get_or_insert_with(|| {
+                self.multi
+                    .add(ProgressBar::new(0).with_style(style(OVERALL_TEMPLATE)))
+            })
+            .clone()
+    }
+
+    fn plan(&self, files: u64, bytes: u64) {
+        let mut o = self.lock();
+        let bar = self.overall_bar(&mut o);
+        bar.set_length(bytes);
+        o.files = files;
+        o.planned = true;
+        bar.set_prefix(overall_prefix(&o));
+    }
+
+    fn start(self: &Arc<Self>, name: &str, size: u64) -> FileBar {
+        let mut o = self.lock();
+        let overall = self.overall_bar(&mut o);
+        if !o.planned {
+            o.files += 1;
+            overall.inc_length(size);
+        }
+        overall.set_prefix(overall_prefix(&o));
+        let bar = ProgressBar::new(size)
+            .with_style(style(FILE_TEMPLATE))
+            .with_prefix(name.to_string());
+        let bar = self.multi.insert_before(&overall, bar);
+        FileBar {
+            bars: Arc::clone(self),
+            overall,
+            bar,
+            size,
+            done: 0,
+            ok: false,
+        }
+    }
+
+    fn file_ended(&self, overall: &ProgressBar, unsent: u64) {
+        let mut o = self.lock();
+        o.done += 1;
+        overall.dec_length(unsent);
+        overall.set_prefix(overall_prefix(&o));
+    }
+
+    fn clear(&self) {
+        let mut o = self.lock();
+        if let Some(bar) = o.bar.take() {
+            bar.finish_and_clear();
+            self.multi.remove(&bar);
+        }
+        let _ = self.multi.clear();
+    }
+}
+
+fn overall_prefix(o: &Overall) -> String {
+    format!("total: {}/{} files", o.done, o.files)
+}
+
+/// One file's bar; gone from the screen when dropped. A file that failed
+/// takes its unsent bytes out of the overall bar.
+struct FileBar {
+    bars: Arc<Bars>,
+    overall: ProgressBar,
+    bar: ProgressBar,
+    size: u64,
+    done: u64,
+    ok: bool,
+}
+
+impl FileProgress for FileBar {
+    fn advance(&mut self, bytes: u64) {
+        self.done += bytes;
+        // A stream's size is unknown (0) until its end; a file may grow.
+        if self.done > self.size {
+            let more = self.done - self.size;
+            self.size = self.done;
+            self.bar.set_length(self.size);
+            self.overall.inc_length(more);
+        }
+        self.bar.inc(bytes);
+        self.overall.inc(bytes);
+    }
+
+    fn finished(&mut self) {
+        self.ok = true;
+    }
+}
+
+impl Drop for FileBar {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+        self.bars.multi.remove(&self.bar);
+        let unsent = if self.ok {
+            0
+        } else {
+            self.size.saturating_sub(self.done)
+        };
+        self.bars.file_ended(&self.overall, unsent);
+    }
+}

@@ -1,0 +1,81 @@
+//! How the engine tells its user how far a transfer got, without knowing
+//! anything about terminals: the binaries implement [`Progress`] (progress
+//! bars on a terminal, nothing otherwise). The engine calls it at most once
+//! per chunk, so an implementation must only be cheap, not clever.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Observer of a tool's transfers. Every method may be called from several
+/// session threads at once (receiver).
+pub trait Progress: Send + Sync {
+    /// The sender is about to send `files` files of `bytes` bytes in total.
+    fn planned(&self, _files: u64, _bytes: u64) {}
+
+    /// A file of `size` bytes starts (sender: HELLO sent; receiver: offer
+    /// accepted). Its bytes are reported to the returned handle; dropping
+    /// the handle without [`FileProgress::finished`] means the file failed.
+    fn file_started(&self, name: &str, size: u64) -> Box<dyn FileProgress>;
+
+    /// A line for the user on stderr (e.g. a receiver's failed session),
+    /// printed so that it does not tear whatever the observer draws.
+    fn notice(&self, line: &str) {
+        eprintln!("{line}");
+    }
+}
+
+/// Progress of one file.
+pub trait FileProgress: Send {
+    /// `bytes` more bytes were sent (sender: posted as RDMA writes) or
+    /// received (receiver: checked and written).
+    fn advance(&mut self, bytes: u64);
+
+    /// The file was acknowledged (sender) or committed (receiver).
+    fn finished(&mut self) {}
+}
+
+/// Reports nothing (the default; what the tools use without a terminal).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoProgress;
+
+struct NoFileProgress;
+
+impl FileProgress for NoFileProgress {
+    fn advance(&mut self, _bytes: u64) {}
+}
+
+impl Progress for NoProgress {
+    fn file_started(&self, _name: &str, _size: u64) -> Box<dyn FileProgress> {
+        Box::new(NoFileProgress)
+    }
+}
+
+/// The observer a configuration carries (shared by its session threads).
+#[derive(Clone)]
+pub struct ProgressSink(Arc<dyn Progress>);
+
+impl ProgressSink {
+    pub fn new(progress: Arc<dyn Progress>) -> Self {
+        ProgressSink(progress)
+    }
+}
+
+impl Default for ProgressSink {
+    fn default() -> Self {
+        ProgressSink(Arc::new(NoProgress))
+    }
+}
+
+impl fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProgressSink")
+    }
+}
+
+impl std::ops::Deref for ProgressSink {
+    type Target = dyn Progress;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
