@@ -4,7 +4,8 @@
 #   1. ib_write_bw RC, 1 MiB messages, B -> A across the veth wire, IPv4
 #      RoCEv2 GID (scripts/guest/ib-write-bw.sh), before the tool runs;
 #   2. scripts/transfer.sh: a 256 MiB random file tmpfs -> tmpfs, RUNS times;
-#   3. ib_write_bw again, after.
+#   3. ib_write_bw again, after;
+#   4. scripts/small-files.sh: 1000 x 4 KiB files as a tree vs one file.
 # Software RDMA under emulation drifts by 10-20% within one boot, so the
 # baseline is the mean of the measurements before and after, and the tool's
 # figure is the median of its runs.
@@ -39,3 +40,6 @@ tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
 ibw=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", (a + b) / 2 }')
 ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
 echo "RESULT ib_write_bw=$ibw MiB/s (mean of before/after) rdma-xfer=$tool MiB/s (median of $RUNS, ${SIZE_MIB} MiB) ratio=$ratio"
+
+# Many small files against one file of the same size (files per second).
+"$here/small-files.sh"
