@@ -1,7 +1,7 @@
 //! Errors of a transfer and the exit codes they map to (documented in
 //! README and `--help`).
 
-use crate::verbs::VerbsError;
+use crate::sys::SysError;
 
 /// Process exit codes shared by both tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -55,9 +55,9 @@ pub enum XferError {
     #[error("{0}")]
     Usage(String),
     #[error("cannot connect to {addr}: {source}")]
-    Connect { addr: String, source: VerbsError },
+    Connect { addr: String, source: SysError },
     #[error("{0}")]
-    Verbs(#[from] VerbsError),
+    Sys(#[from] SysError),
     #[error("rejected by the receiver ({code}): {reason}")]
     Rejected { code: &'static str, reason: String },
     /// The shared-secret check failed (the message starts with
@@ -91,12 +91,10 @@ impl XferError {
         match self {
             XferError::Usage(_) => ExitCode::Usage,
             XferError::Connect { .. } => ExitCode::NoDeviceOrConnect,
-            XferError::Verbs(v) => match v {
-                VerbsError::NoDevice => ExitCode::NoDeviceOrConnect,
-                VerbsError::Timeout { .. } | VerbsError::Disconnected => {
-                    ExitCode::TimeoutOrPeerLost
-                }
-                VerbsError::WorkRequest {
+            XferError::Sys(v) => match v {
+                SysError::NoDevice => ExitCode::NoDeviceOrConnect,
+                SysError::Timeout { .. } | SysError::Disconnected => ExitCode::TimeoutOrPeerLost,
+                SysError::WorkRequest {
                     peer_lost: true, ..
                 } => ExitCode::TimeoutOrPeerLost,
                 _ => ExitCode::Other,
@@ -119,11 +117,11 @@ mod tests {
     fn exit_codes_are_distinct_per_class() {
         let cases: Vec<(XferError, u8)> = vec![
             (XferError::Usage("x".into()), 2),
-            (XferError::Verbs(VerbsError::NoDevice), 3),
+            (XferError::Sys(SysError::NoDevice), 3),
             (
                 XferError::Connect {
                     addr: "a".into(),
-                    source: VerbsError::Disconnected,
+                    source: SysError::Disconnected,
                 },
                 3,
             ),
@@ -139,7 +137,7 @@ mod tests {
             (XferError::io("w", std::io::Error::other("x")), 6),
             (XferError::PeerIo("disk full".into()), 6),
             (
-                XferError::Verbs(VerbsError::Timeout {
+                XferError::Sys(SysError::Timeout {
                     what: "ACK".into(),
                     after: Duration::from_secs(1),
                 }),

@@ -1,5 +1,6 @@
 //! `rdma-xfer-gen`: writes the man pages and shell completions of `sender`
 //! and `receiver` from their clap definitions (`make install` runs it).
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 use clap_complete::Shell;

@@ -1,4 +1,5 @@
 //! `receiver`: accepts files from `sender`s over RDMA.
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 use rdma_xfer::XferError;
@@ -6,7 +7,7 @@ use rdma_xfer::cli::ui::Ui;
 use rdma_xfer::cli::{ReceiverArgs, TOKEN_ENV, finish, init_logging};
 use rdma_xfer::engine::receiver::{ReceiverConfig, serve};
 use rdma_xfer::engine::{ProgressSink, check_buffers};
-use rdma_xfer::verbs::os::install_shutdown_handlers;
+use rdma_xfer::sys::os::install_shutdown_handlers;
 use std::net::SocketAddr;
 use std::sync::Arc;
 

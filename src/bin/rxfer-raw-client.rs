@@ -19,6 +19,7 @@
 //! Exit codes: 0 every step done (every `expect` answered); 1 the receiver
 //! disconnected (or the connection broke) before an expected answer; 2 usage
 //! error; 3 cannot connect; 7 timeout waiting for an answer.
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 use rdma_xfer::cli::resolve;
@@ -26,9 +27,9 @@ use rdma_xfer::proto::{
     AckStatus, CAP_NONE, Digest, DigestAlg, Fin, Hello, MAX_MESSAGE, Message, NONCE_LEN,
     RejectCode, RingInfo, Token, decode, encode_to_vec,
 };
-use rdma_xfer::verbs::{
-    Access, CmId, Endpoint, EventChannel, MemoryRegion, QpCaps, VerbsError, WcOpcode,
-    WorkCompletion,
+use rdma_xfer::sys::SysError;
+use rdma_xfer::sys::rdma::{
+    Buffer, BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, RemoteTarget, WcOpcode,
 };
 use std::collections::VecDeque;
 use std::io::Write;
@@ -750,9 +751,13 @@ struct Inbound {
 
 struct Client {
     ep: Endpoint,
-    recv_mr: MemoryRegion,
-    send_mr: MemoryRegion,
-    data_mr: Option<MemoryRegion>,
+    recv_pool: BufferPool,
+    send_pool: BufferPool,
+    /// The one send buffer, when not posted.
+    send_buf: Option<Buffer>,
+    /// The data buffer for writes (a pool of one slot) and its buffer when
+    /// not posted.
+    data: Option<(BufferPool, Option<Buffer>)>,
     ring: Option<RingInfo>,
     /// Nonce of the last CHALLENGE received.
     nonce: Option<[u8; NONCE_LEN]>,
@@ -765,7 +770,7 @@ struct Client {
     /// Set once a work request failed: the QP is in the error state.
     broken: Option<String>,
     timeout: Duration,
-    wcs: Vec<WorkCompletion>,
+    wcs: Vec<Completion>,
 }
 
 impl Client {
@@ -773,7 +778,7 @@ impl Client {
         let timeout = Duration::from_secs(args.timeout.max(1));
         let host = args.addr.as_deref().unwrap_or_default();
         let addr = resolve(host, args.port).map_err(|e| Failure::Connect(e.to_string()))?;
-        let c = |e: VerbsError| Failure::Connect(format!("{addr}: {e}"));
+        let c = |e: SysError| Failure::Connect(format!("{addr}: {e}"));
         let channel = EventChannel::new().map_err(c)?;
         let id = CmId::new(&channel).map_err(c)?;
         id.resolve(args.source, addr, timeout).map_err(c)?;
@@ -782,19 +787,20 @@ impl Client {
             max_recv_wr: RECV_BUFS as u32,
         };
         let ep = Endpoint::new(id, caps, false).map_err(c)?;
-        let recv_mr = MemoryRegion::new(ep.pd(), RECV_BUFS * RECV_BUF, Access::Local).map_err(c)?;
-        let send_mr = MemoryRegion::new(ep.pd(), SEND_BUF, Access::Local).map_err(c)?;
-        for i in 0..RECV_BUFS {
-            ep.post_recv(&recv_mr, i * RECV_BUF, RECV_BUF, RECV | i as u64)
-                .map_err(c)?;
+        let (recv_pool, recv_bufs) = BufferPool::new(ep.pd(), RECV_BUF, RECV_BUFS).map_err(c)?;
+        let (send_pool, mut send_bufs) = BufferPool::new(ep.pd(), SEND_BUF, 1).map_err(c)?;
+        for buf in recv_bufs {
+            let wr_id = RECV | buf.index() as u64;
+            ep.post_recv(&recv_pool, buf, wr_id).map_err(c)?;
         }
         ep.cm_id().connect(timeout).map_err(c)?;
         eprintln!("raw-client: connected to {addr}");
         Ok(Client {
             ep,
-            recv_mr,
-            send_mr,
-            data_mr: None,
+            recv_pool,
+            send_pool,
+            send_buf: send_bufs.pop(),
+            data: None,
             ring: None,
             nonce: None,
             seq: 0,
@@ -842,12 +848,22 @@ impl Client {
 
     fn send(&mut self, bytes: &[u8], what: &str) -> Result<(), Failure> {
         self.usable()?;
-        self.send_mr
-            .slice_mut(0, bytes.len())
-            .map_err(|e| Failure::Usage(format!("frame of {} bytes: {e}", bytes.len())))?
-            .copy_from_slice(bytes);
+        let mut buf = self
+            .send_buf
+            .take()
+            .ok_or_else(|| Failure::Ended("the send buffer was lost with a failed SEND".into()))?;
+        match self.send_pool.bytes_mut(&mut buf, bytes.len()) {
+            Ok(slot) => slot.copy_from_slice(bytes),
+            Err(e) => {
+                self.send_buf = Some(buf);
+                return Err(Failure::Usage(format!(
+                    "frame of {} bytes: {e}",
+                    bytes.len()
+                )));
+            }
+        }
         self.ep
-            .post_send(&self.send_mr, 0, bytes.len(), SEND, true)
+            .post_send(&self.send_pool, buf, bytes.len(), SEND)
             .map_err(|e| Failure::Ended(format!("cannot post a SEND: {e}")))?;
         self.outstanding += 1;
         eprintln!("raw-client: sent {what} ({} bytes)", bytes.len());
@@ -926,16 +942,20 @@ impl Client {
         rkey: u32,
         imm: Imm,
     ) -> Result<u32, Failure> {
-        if self.data_mr.as_ref().is_none_or(|m| m.len() < len.max(1)) {
-            let mr = MemoryRegion::new(self.ep.pd(), len.max(1), Access::Local)
+        if self
+            .data
+            .as_ref()
+            .is_none_or(|(pool, buf)| pool.slot_size() < len.max(1) || buf.is_none())
+        {
+            let (pool, mut bufs) = BufferPool::new(self.ep.pd(), len.max(1), 1)
                 .map_err(|e| Failure::Usage(format!("cannot register {len} bytes: {e}")))?;
-            self.data_mr = Some(mr);
+            self.data = Some((pool, bufs.pop()));
         }
-        let Some(mr) = self.data_mr.as_mut() else {
+        let Some((pool, Some(mut buf))) = self.data.take() else {
             return Err(Failure::Usage("no data buffer".into()));
         };
-        let data = mr
-            .slice_mut(0, len)
+        let data = pool
+            .bytes_mut(&mut buf, len)
             .map_err(|e| Failure::Usage(e.to_string()))?;
         for (i, b) in data.iter_mut().enumerate() {
             *b = (i as u64).wrapping_mul(31).wrapping_add(seq) as u8;
@@ -946,9 +966,14 @@ impl Client {
             Imm::Bad => !crc,
             Imm::Value(v) => v,
         };
-        self.ep
-            .post_write_imm(mr, 0, len, remote, rkey, imm, WRITE | seq, true)
-            .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")))?;
+        let target = RemoteTarget { addr: remote, rkey };
+        let posted = self
+            .ep
+            .post_write_imm(&pool, buf, len, target, imm, WRITE | seq)
+            .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")));
+        // The buffer comes back with the completion (see on_completion).
+        self.data = Some((pool, None));
+        posted?;
         self.outstanding += 1;
         self.drain_outstanding("the RDMA write to complete")?;
         Ok(imm)
@@ -1065,17 +1090,17 @@ impl Client {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         let got = if wait.is_zero() {
-            self.ep.cq().poll(&mut wcs, 32)
+            self.ep.poll(&mut wcs, 32)
         } else {
-            self.ep.cq().wait(&mut wcs, 32, wait, "completions")
+            self.ep.wait(&mut wcs, 32, wait, "completions")
         };
         // Successful completions are in `wcs` even when another one failed.
-        for wc in &wcs {
+        for wc in wcs.drain(..) {
             self.on_completion(wc)?;
         }
         self.wcs = wcs;
         match got {
-            Ok(_) | Err(VerbsError::Timeout { .. }) => {}
+            Ok(_) | Err(SysError::Timeout { .. }) => {}
             Err(e) => {
                 if self.broken.is_none() {
                     // Reported, not fatal: an `expect` after it fails unless
@@ -1091,8 +1116,8 @@ impl Client {
             // the CQ: take it first, so DISCONNECTED prints after it.
             let mut wcs = std::mem::take(&mut self.wcs);
             wcs.clear();
-            let _ = self.ep.cq().poll(&mut wcs, 32);
-            for wc in &wcs {
+            let _ = self.ep.poll(&mut wcs, 32);
+            for wc in wcs.drain(..) {
                 self.on_completion(wc)?;
             }
             self.wcs = wcs;
@@ -1102,15 +1127,26 @@ impl Client {
         Ok(())
     }
 
-    fn on_completion(&mut self, wc: &WorkCompletion) -> Result<(), Failure> {
+    fn on_completion(&mut self, wc: Completion) -> Result<(), Failure> {
         match (wc.wr_id & KIND, wc.opcode) {
-            (SEND, WcOpcode::Send) | (WRITE, WcOpcode::RdmaWrite) => {
+            (SEND, WcOpcode::Send) => {
                 self.outstanding = self.outstanding.saturating_sub(1);
+                self.send_buf = wc.buffer;
+            }
+            (WRITE, WcOpcode::RdmaWrite) => {
+                self.outstanding = self.outstanding.saturating_sub(1);
+                if let Some((_, slot)) = self.data.as_mut() {
+                    *slot = wc.buffer;
+                }
             }
             (RECV, WcOpcode::Recv) => {
-                let index = (wc.wr_id & !KIND) as usize;
+                let Some(buf) = wc.buffer else {
+                    return Err(Failure::Ended(
+                        "a receive came back without its buffer".into(),
+                    ));
+                };
                 let len = wc.byte_len as usize;
-                let inbound = match self.recv_mr.slice(index * RECV_BUF, len.min(RECV_BUF)) {
+                let inbound = match self.recv_pool.bytes(&buf, len.min(RECV_BUF)) {
                     Ok(bytes) => match decode(bytes) {
                         Ok(msg) => {
                             say(&describe(&msg));
@@ -1142,7 +1178,7 @@ impl Client {
                 self.inbox.push_back(inbound);
                 if self.broken.is_none() && !self.disconnected {
                     self.ep
-                        .post_recv(&self.recv_mr, index * RECV_BUF, RECV_BUF, wc.wr_id)
+                        .post_recv(&self.recv_pool, buf, wc.wr_id)
                         .map_err(|e| Failure::Ended(format!("cannot repost a receive: {e}")))?;
                 }
             }

@@ -1,4 +1,5 @@
 //! `sender`: sends files to a `receiver` over RDMA.
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 use rdma_xfer::XferError;
@@ -7,7 +8,7 @@ use rdma_xfer::cli::ui::Ui;
 use rdma_xfer::cli::{SenderArgs, finish, init_logging, resolve};
 use rdma_xfer::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig, send_files};
 use rdma_xfer::engine::{ProgressSink, check_buffers, session_summary};
-use rdma_xfer::verbs::os::install_shutdown_handlers;
+use rdma_xfer::sys::os::install_shutdown_handlers;
 use std::sync::Arc;
 
 fn run(args: &SenderArgs, ui: &Arc<Ui>) -> Result<(), XferError> {

@@ -131,11 +131,11 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, XferError> {
         .to_socket_addrs()
         .map_err(|e| XferError::Connect {
             addr: format!("{host}:{port}"),
-            source: crate::verbs::VerbsError::Invalid(format!("cannot resolve host name: {e}")),
+            source: crate::sys::SysError::Invalid(format!("cannot resolve host name: {e}")),
         })?;
     addrs.next().ok_or_else(|| XferError::Connect {
         addr: format!("{host}:{port}"),
-        source: crate::verbs::VerbsError::Invalid("host name has no address".into()),
+        source: crate::sys::SysError::Invalid("host name has no address".into()),
     })
 }
 
@@ -149,7 +149,7 @@ pub fn finish(
 ) -> std::process::ExitCode {
     let json = args.log_format == LogFormat::Json;
     if args.verbose > 0 {
-        let rss = crate::verbs::os::peak_rss_bytes();
+        let rss = crate::sys::os::peak_rss_bytes();
         if json {
             let line =
                 serde_json::json!({ "event": "peak rss", "tool": tool, "peak_rss_bytes": rss });

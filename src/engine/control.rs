@@ -4,16 +4,15 @@
 use super::wr;
 use crate::error::XferError;
 use crate::proto::{MAX_MESSAGE, Message, WireError, decode, encode};
-use crate::verbs::{Access, Endpoint, MemoryRegion, WorkCompletion};
+use crate::sys::rdma::{Buffer, BufferPool, Completion, Endpoint};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 pub(super) struct Control {
-    recv_mr: MemoryRegion,
-    send_mr: MemoryRegion,
-    recv_count: usize,
-    send_count: usize,
-    free_send: Vec<usize>,
+    recv_pool: BufferPool,
+    send_pool: BufferPool,
+    /// Send buffers not posted; the others come back with their completion.
+    free_send: Vec<Buffer>,
     /// Encoded messages waiting for a free send buffer, in order.
     queued: VecDeque<Vec<u8>>,
 }
@@ -21,46 +20,50 @@ pub(super) struct Control {
 impl Control {
     /// Registers the buffers and posts every receive.
     pub fn new(ep: &Endpoint, recv_count: usize, send_count: usize) -> Result<Self, XferError> {
-        let recv_mr = MemoryRegion::new(ep.pd(), recv_count * MAX_MESSAGE, Access::Local)?;
-        let send_mr = MemoryRegion::new(ep.pd(), send_count * MAX_MESSAGE, Access::Local)?;
+        let (recv_pool, recv_bufs) = BufferPool::new(ep.pd(), MAX_MESSAGE, recv_count)?;
+        let (send_pool, mut free_send) = BufferPool::new(ep.pd(), MAX_MESSAGE, send_count)?;
+        free_send.reverse();
         let control = Control {
-            recv_mr,
-            send_mr,
-            recv_count,
-            send_count,
-            free_send: (0..send_count).rev().collect(),
+            recv_pool,
+            send_pool,
+            free_send,
             queued: VecDeque::new(),
         };
-        for i in 0..recv_count {
-            control.repost(ep, i)?;
+        for buf in recv_bufs {
+            control.repost(ep, buf)?;
         }
         Ok(control)
     }
 
-    /// Hands receive buffer `index` back to the QP.
-    pub fn repost(&self, ep: &Endpoint, index: usize) -> Result<(), XferError> {
-        if index >= self.recv_count {
-            return Err(XferError::Protocol(format!(
-                "receive completion for unknown buffer {index}"
-            )));
-        }
-        ep.post_recv(
-            &self.recv_mr,
-            index * MAX_MESSAGE,
-            MAX_MESSAGE,
-            wr::RECV | index as u64,
-        )?;
+    /// Hands a receive buffer back to the QP.
+    fn repost(&self, ep: &Endpoint, buf: Buffer) -> Result<(), XferError> {
+        let wr_id = wr::RECV | buf.index() as u64;
+        ep.post_recv(&self.recv_pool, buf, wr_id)?;
         Ok(())
     }
 
-    /// Decodes the control message a RECV completion delivered.
-    pub fn decode(&self, wc: &WorkCompletion) -> Result<Message, WireError> {
-        let index = wr::index(wc.wr_id);
+    /// A receive completed: decodes the control message it delivered (a
+    /// receive consumed by an RDMA WRITE WITH IMM delivers none: use
+    /// `recycle`) and posts the buffer again.
+    pub fn take_message(
+        &self,
+        ep: &Endpoint,
+        wc: Completion,
+    ) -> Result<Result<Message, WireError>, XferError> {
+        let buf = returned(wc.buffer)?;
         let len = wc.byte_len as usize;
-        match self.recv_mr.slice(index * MAX_MESSAGE, len) {
-            Ok(bytes) if len <= MAX_MESSAGE => decode(bytes),
-            _ => Err(WireError::Oversized { len }),
-        }
+        let decoded = match self.recv_pool.bytes(&buf, len) {
+            Ok(bytes) => decode(bytes),
+            Err(_) => Err(WireError::Oversized { len }),
+        };
+        self.repost(ep, buf)?;
+        Ok(decoded)
+    }
+
+    /// A receive that carried no message (consumed by a data write): posts
+    /// its buffer again.
+    pub fn recycle(&self, ep: &Endpoint, wc: Completion) -> Result<(), XferError> {
+        self.repost(ep, returned(wc.buffer)?)
     }
 
     /// Sends `msg` now, or as soon as a send buffer is free (order kept).
@@ -74,14 +77,14 @@ impl Control {
     }
 
     /// A SEND completed: its buffer is free again.
-    pub fn on_send_done(&mut self, ep: &Endpoint, wc: &WorkCompletion) -> Result<(), XferError> {
-        self.free_send.push(wr::index(wc.wr_id));
+    pub fn on_send_done(&mut self, ep: &Endpoint, wc: Completion) -> Result<(), XferError> {
+        self.free_send.push(returned(wc.buffer)?);
         self.flush(ep)
     }
 
     /// True while some message is queued or not yet completed.
     pub fn busy(&self) -> bool {
-        !self.queued.is_empty() || self.free_send.len() < self.send_count
+        !self.queued.is_empty() || self.free_send.len() < self.send_pool.count()
     }
 
     /// At the end of a session: lets queued and posted messages complete
@@ -92,9 +95,8 @@ impl Control {
         let mut wcs = Vec::new();
         while self.busy() && Instant::now() < deadline {
             wcs.clear();
-            ep.cq()
-                .wait(&mut wcs, 16, Duration::from_millis(200), "the last sends")?;
-            for wc in &wcs {
+            ep.wait(&mut wcs, 16, Duration::from_millis(200), "the last sends")?;
+            for wc in wcs.drain(..) {
                 if wr::kind(wc.wr_id) == wr::SEND {
                     self.on_send_done(ep, wc)?;
                 }
@@ -105,23 +107,24 @@ impl Control {
 
     fn flush(&mut self, ep: &Endpoint) -> Result<(), XferError> {
         while !self.queued.is_empty() {
-            let Some(slot) = self.free_send.pop() else {
+            let Some(mut buf) = self.free_send.pop() else {
                 return Ok(());
             };
             let Some(bytes) = self.queued.pop_front() else {
+                self.free_send.push(buf);
                 return Ok(());
             };
-            self.send_mr
-                .slice_mut(slot * MAX_MESSAGE, bytes.len())?
+            self.send_pool
+                .bytes_mut(&mut buf, bytes.len())?
                 .copy_from_slice(&bytes);
-            ep.post_send(
-                &self.send_mr,
-                slot * MAX_MESSAGE,
-                bytes.len(),
-                wr::SEND | slot as u64,
-                true,
-            )?;
+            let wr_id = wr::SEND | buf.index() as u64;
+            ep.post_send(&self.send_pool, buf, bytes.len(), wr_id)?;
         }
         Ok(())
     }
+}
+
+/// The buffer a completion gave back (every request of ours has one).
+fn returned(buffer: Option<Buffer>) -> Result<Buffer, XferError> {
+    buffer.ok_or_else(|| XferError::Protocol("a completion without its buffer".into()))
 }

@@ -42,7 +42,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const ACK_TIMEOUT_ENV: &str = "RDMA_XFER_ACK_TIMEOUT";
 
 /// Applies `ACK_TIMEOUT_ENV` before connect/accept.
-pub(crate) fn tune_ack_timeout(id: &crate::verbs::CmId) {
+pub(crate) fn tune_ack_timeout(id: &crate::sys::rdma::CmId) {
     let Some(exp) = std::env::var(ACK_TIMEOUT_ENV)
         .ok()
         .and_then(|v| v.trim().parse::<u8>().ok())
@@ -84,20 +84,20 @@ const DISCONNECT_CHECK: Duration = Duration::from_millis(500);
 /// Waits (at most `timeout` without progress) for completions on the
 /// endpoint's CQ, watching for the peer's disconnect meanwhile.
 fn wait_completions(
-    ep: &crate::verbs::Endpoint,
-    wcs: &mut Vec<crate::verbs::WorkCompletion>,
+    ep: &crate::sys::rdma::Endpoint,
+    wcs: &mut Vec<crate::sys::rdma::Completion>,
     timeout: Duration,
     what: &str,
 ) -> Result<(), XferError> {
-    use crate::verbs::VerbsError;
+    use crate::sys::SysError;
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let slice = deadline
             .saturating_duration_since(std::time::Instant::now())
             .min(DISCONNECT_CHECK);
-        match ep.cq().wait(wcs, 16, slice, what) {
+        match ep.wait(wcs, 16, slice, what) {
             Ok(_) => return Ok(()),
-            Err(VerbsError::Timeout { .. }) => {
+            Err(SysError::Timeout { .. }) => {
                 if ep.cm_id().peer_disconnected() {
                     return Err(XferError::PeerLost(format!(
                         "the peer disconnected while we waited for {what}"
@@ -116,14 +116,14 @@ fn wait_completions(
 }
 
 /// Maps verbs errors that mean "the peer went away" to PeerLost.
-fn peer_lost_or(e: crate::verbs::VerbsError) -> XferError {
-    use crate::verbs::VerbsError;
+fn peer_lost_or(e: crate::sys::SysError) -> XferError {
+    use crate::sys::SysError;
     match e {
-        VerbsError::Disconnected => XferError::PeerLost("the peer disconnected".into()),
-        VerbsError::WorkRequest {
+        SysError::Disconnected => XferError::PeerLost("the peer disconnected".into()),
+        SysError::WorkRequest {
             peer_lost: true, ..
         } => XferError::PeerLost(format!("the peer stopped responding ({e})")),
-        other => XferError::Verbs(other),
+        other => XferError::Sys(other),
     }
 }
 
@@ -131,10 +131,10 @@ fn peer_lost_or(e: crate::verbs::VerbsError) -> XferError {
 /// failed work request counts as PeerLost when a disconnect follows promptly
 /// (a dying peer tears down its memory first, so our writes fail with a
 /// remote access error just before its disconnect arrives).
-fn completion_error(ep: &crate::verbs::Endpoint, e: crate::verbs::VerbsError) -> XferError {
-    use crate::verbs::VerbsError;
+fn completion_error(ep: &crate::sys::rdma::Endpoint, e: crate::sys::SysError) -> XferError {
+    use crate::sys::SysError;
     match e {
-        VerbsError::WorkRequest {
+        SysError::WorkRequest {
             peer_lost: false, ..
         } if ep.cm_id().disconnected_within(Duration::from_secs(2)) => {
             XferError::PeerLost(format!("the peer went away ({e})"))
@@ -152,9 +152,5 @@ mod wr {
 
     pub fn kind(wr_id: u64) -> u64 {
         wr_id & KIND_MASK
-    }
-
-    pub fn index(wr_id: u64) -> usize {
-        (wr_id & !KIND_MASK) as usize
     }
 }

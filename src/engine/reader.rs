@@ -5,11 +5,11 @@
 
 use super::digest::FileHasher;
 use crate::proto::{Digest, DigestAlg};
-use crate::verbs::os::wait_readable;
-use crate::verbs::{SlotFiller, SlotToken, VerbsError};
+use crate::sys::SysError;
+use crate::sys::os::wait_readable;
+use crate::sys::rdma::{Buffer, BufferFiller};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -36,7 +36,7 @@ pub enum ReaderMsg {
     /// Chunk `seq` (at `seq * chunk_len`) is in the token's slot. Every
     /// chunk but the last is `chunk_len` long.
     Chunk {
-        token: SlotToken,
+        token: Buffer,
         seq: u64,
         len: u32,
         crc: u32,
@@ -52,15 +52,15 @@ const STOP_CHECK: Duration = Duration::from_millis(200);
 
 /// The reader's channels and state across jobs.
 pub struct Reader<'a> {
-    pub filler: SlotFiller<'a>,
+    pub filler: BufferFiller<'a>,
     pub jobs: Receiver<ReadJob>,
-    pub free: Receiver<SlotToken>,
+    pub free: Receiver<Buffer>,
     pub out: Sender<ReaderMsg>,
     /// Set when the session goes away: a read waiting for input gives up.
     pub stop: &'a AtomicBool,
     /// A slot taken from `free` but not filled (a stream ended on a slot
     /// boundary): used for the next chunk.
-    pub spare: Option<SlotToken>,
+    pub spare: Option<Buffer>,
 }
 
 impl Reader<'_> {
@@ -77,7 +77,7 @@ impl Reader<'_> {
         }
     }
 
-    fn next_slot(&mut self) -> Option<SlotToken> {
+    fn next_slot(&mut self) -> Option<Buffer> {
         self.spare.take().or_else(|| self.free.recv().ok())
     }
 
@@ -154,7 +154,7 @@ impl Reader<'_> {
                 // Wait for input without blocking in read(), so that a
                 // session that ends meanwhile is not held up by a silent
                 // producer.
-                match wait_readable(file.as_raw_fd(), Instant::now() + STOP_CHECK) {
+                match wait_readable(file, Instant::now() + STOP_CHECK) {
                     Ok(true) => {}
                     Ok(false) => {
                         if self.stop.load(Ordering::SeqCst) {
@@ -162,7 +162,7 @@ impl Reader<'_> {
                         }
                         continue;
                     }
-                    Err(VerbsError::Interrupted) => {
+                    Err(SysError::Interrupted) => {
                         self.spare = Some(token);
                         let _ = self.out.send(ReaderMsg::Failed(
                             format!("reading {}", job.name),

@@ -17,11 +17,12 @@ use crate::proto::{
     PROTOCOL_VERSION, ReceiverConfig as MachineConfig, ReceiverEvent, ReceiverSession,
     ReceiverState, RecvError, Reject, RejectCode, RingInfo, Token, WireError,
 };
-use crate::verbs::dirfd::{DirFd, EntryKind};
-use crate::verbs::os::{free_space, shutdown_requested};
-use crate::verbs::{
-    Access, CmId, Endpoint, EventChannel, IncomingConnection, MemoryRegion, QpCaps, VerbsError,
-    WcOpcode, WorkCompletion, probe_devices,
+use crate::sys::SysError;
+use crate::sys::dirfd::{DirFd, EntryKind};
+use crate::sys::os::{free_space, shutdown_requested};
+use crate::sys::rdma::{
+    CmId, Completion, Endpoint, EventChannel, IncomingConnection, QpCaps, RemoteRing, WcOpcode,
+    probe_devices,
 };
 use std::fs::File;
 use std::io::Write;
@@ -129,7 +130,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             let request = match listener.get_request(Duration::from_millis(500)) {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
-                Err(VerbsError::Interrupted) => continue,
+                Err(SysError::Interrupted) => continue,
                 Err(e) => return Err(e.into()),
             };
             let conn = match request.detach() {
@@ -267,6 +268,7 @@ fn run_session(
         ep,
         control,
         ring: None,
+        chunk: Vec::new(),
         machine,
         output,
         file: None,
@@ -383,7 +385,7 @@ pub(crate) fn grow_pipe(fd: &impl std::os::fd::AsFd, chunk: usize) {
     .map(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()))
     .unwrap_or(false);
     if is_fifo {
-        match crate::verbs::os::set_pipe_size(fd, chunk.min(1 << 20)) {
+        match crate::sys::os::set_pipe_size(fd, chunk.min(1 << 20)) {
             Ok(n) => debug!(bytes = n, "pipe buffer"),
             Err(e) => debug!("pipe buffer left as it is: {e}"),
         }
@@ -535,7 +537,10 @@ struct Session<'a> {
     ep: Endpoint,
     control: Control,
     /// Registered at the first accepted HELLO, reused for every file.
-    ring: Option<MemoryRegion>,
+    ring: Option<RemoteRing>,
+    /// Private copy of the chunk being handled: what is checked is what is
+    /// written, whatever the peer does to the ring meanwhile.
+    chunk: Vec<u8>,
     machine: ReceiverSession,
     output: Output,
     file: Option<IncomingFile>,
@@ -570,7 +575,7 @@ impl Session<'_> {
                 (None, _) => ("the next HELLO or BYE", self.cfg.timeout),
             };
             wait_completions(&self.ep, &mut wcs, timeout, what)?;
-            for wc in &wcs {
+            for wc in wcs.drain(..) {
                 if let Flow::Done = self.on_completion(wc)? {
                     return Ok(());
                 }
@@ -578,20 +583,20 @@ impl Session<'_> {
         }
     }
 
-    fn on_completion(&mut self, wc: &WorkCompletion) -> Result<Flow, XferError> {
+    fn on_completion(&mut self, wc: Completion) -> Result<Flow, XferError> {
         match (wr::kind(wc.wr_id), wc.opcode) {
             (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
             (wr::RECV, WcOpcode::RecvWithImm) => {
+                let (byte_len, imm) = (wc.byte_len, wc.imm);
                 // The receive buffer carried no data: hand it back at once.
-                self.control.repost(&self.ep, wr::index(wc.wr_id))?;
-                let imm = wc.imm.ok_or_else(|| {
+                self.control.recycle(&self.ep, wc)?;
+                let imm = imm.ok_or_else(|| {
                     XferError::Protocol("RDMA write completion without immediate data".into())
                 })?;
-                self.on_chunk(wc.byte_len, imm)?;
+                self.on_chunk(byte_len, imm)?;
             }
             (wr::RECV, WcOpcode::Recv) => {
-                let decoded = self.control.decode(wc);
-                self.control.repost(&self.ep, wr::index(wc.wr_id))?;
+                let decoded = self.control.take_message(&self.ep, wc)?;
                 let msg = match decoded {
                     Ok(m) => m,
                     Err(WireError::UnknownVersion(v)) => {
@@ -932,16 +937,17 @@ impl Session<'_> {
     fn ring_info(&mut self) -> Result<RingInfo, XferError> {
         if self.ring.is_none() {
             let len = self.cfg.slots as usize * self.cfg.chunk_size as usize;
-            let mr = MemoryRegion::new(self.ep.pd(), len, Access::RemoteWrite)?;
-            debug!(len, rkey = mr.rkey(), "ring registered");
-            self.ring = Some(mr);
+            let ring = RemoteRing::new(self.ep.pd(), len)?;
+            debug!(len, rkey = ring.rkey(), "ring registered");
+            self.ring = Some(ring);
+            self.chunk = vec![0; self.cfg.chunk_size as usize];
         }
         let ring = self
             .ring
             .as_ref()
             .ok_or_else(|| XferError::Protocol("ring missing".into()))?;
         Ok(RingInfo {
-            addr: ring.addr(),
+            addr: ring.remote_addr(),
             rkey: ring.rkey(),
             slot_size: self.cfg.chunk_size,
             slot_count: self.cfg.slots,
@@ -968,8 +974,13 @@ impl Session<'_> {
         let (Some(ring), Some(file)) = (self.ring.as_ref(), self.file.as_mut()) else {
             return Err(XferError::Protocol("data without an open file".into()));
         };
-        let data = ring.slice(placement.slot_offset as usize, placement.len as usize)?;
         let t0 = Instant::now();
+        let data = self
+            .chunk
+            .get_mut(..placement.len as usize)
+            .ok_or_else(|| XferError::Protocol("chunk longer than a slot".into()))?;
+        ring.copy_out(placement.slot_offset as usize, data)?;
+        let data = &*data;
         let crc = crc32fast::hash(data);
         let t1 = Instant::now();
         if crc != placement.expected_crc {

@@ -16,9 +16,10 @@ use crate::proto::{
     AckStatus, DigestAlg, FileOffer, OfferKind, Pending, ProtocolError, RejectCode, SenderEvent,
     SenderSession, SenderState, Token, Verdict,
 };
-use crate::verbs::{
-    CmId, Endpoint, EventChannel, QpCaps, SlotPool, SlotToken, VerbsError, WcOpcode,
-    WorkCompletion, probe_devices,
+use crate::sys::SysError;
+use crate::sys::rdma::{
+    Buffer, BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, RemoteTarget, WcOpcode,
+    probe_devices,
 };
 use std::collections::VecDeque;
 use std::fs::File;
@@ -116,7 +117,10 @@ pub fn send_files(
     let _enter = span.enter();
     let started = Instant::now();
     let mut conn = Connection::open(cfg)?;
-    let (pool, tokens) = SlotPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)?;
+    // Dropped before `conn`, but a slot still posted keeps its memory
+    // registered and allocated until the endpoint's QP is destroyed.
+    let (pool, tokens) =
+        BufferPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)?;
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (job_tx, job_rx) = mpsc::channel();
@@ -139,7 +143,8 @@ pub fn send_files(
             jobs: job_tx,
             free: free_tx,
             filled: out_rx,
-            in_flight: (0..cfg.depth).map(|_| None).collect(),
+            depth: cfg.depth as usize,
+            posted: 0,
             held: None,
             stop: &stop,
         };
@@ -180,13 +185,16 @@ pub fn send_files(
 /// The sender's side of the reader thread: channels plus the slots that are
 /// posted (held until their write completes).
 struct Pipeline<'a> {
-    pool: &'a SlotPool,
+    pool: &'a BufferPool,
     jobs: Sender<ReadJob>,
-    free: Sender<SlotToken>,
+    free: Sender<Buffer>,
     filled: Receiver<ReaderMsg>,
-    in_flight: Vec<Option<SlotToken>>,
+    /// Staging slots in all (each has one buffer).
+    depth: usize,
+    /// Slots posted and not yet completed (the endpoint holds them).
+    posted: usize,
     /// A filled chunk waiting for a credit.
-    held: Option<(SlotToken, u64, u32, u32)>,
+    held: Option<(Buffer, u64, u32, u32)>,
     stop: &'a AtomicBool,
 }
 
@@ -200,19 +208,15 @@ impl Pipeline<'_> {
     /// Slots the reader holds or has filled but not yet handed over: when
     /// nonzero, a message from the reader is on its way.
     fn with_reader(&self) -> usize {
-        let posted = self.in_flight.iter().filter(|t| t.is_some()).count();
-        self.in_flight.len() - posted - usize::from(self.held.is_some())
+        self.depth - self.posted - usize::from(self.held.is_some())
     }
 
     /// A write completed: its slot goes back to the reader.
-    fn write_done(&mut self, index: usize) -> Result<(), XferError> {
-        let token = self
-            .in_flight
-            .get_mut(index)
-            .and_then(Option::take)
-            .ok_or_else(|| {
-                XferError::Protocol(format!("completion for idle staging slot {index}"))
-            })?;
+    fn write_done(&mut self, wc: Completion) -> Result<(), XferError> {
+        let token = wc.buffer.ok_or_else(|| {
+            XferError::Protocol(format!("write completion {:#x} without its slot", wc.wr_id))
+        })?;
+        self.posted = self.posted.saturating_sub(1);
         // The reader may already be gone (session ending): nothing to do then.
         let _ = self.free.send(token);
         Ok(())
@@ -231,8 +235,8 @@ impl From<XferError> for FileError {
     }
 }
 
-impl From<VerbsError> for FileError {
-    fn from(e: VerbsError) -> Self {
+impl From<SysError> for FileError {
+    fn from(e: SysError) -> Self {
         FileError::Fatal(super::peer_lost_or(e))
     }
 }
@@ -365,16 +369,16 @@ struct Connection {
     ep: Endpoint,
     control: Control,
     session: SenderSession,
-    wcs: Vec<WorkCompletion>,
+    wcs: Vec<Completion>,
     /// State machine events not yet acted upon, in order.
     events: VecDeque<SenderEvent>,
 }
 
 impl Connection {
     fn open(cfg: &SenderConfig) -> Result<Self, XferError> {
-        let connect_err = |source: VerbsError| match source {
-            VerbsError::NoDevice => XferError::Verbs(VerbsError::NoDevice),
-            VerbsError::Memlock { .. } => XferError::Verbs(source),
+        let connect_err = |source: SysError| match source {
+            SysError::NoDevice => XferError::Sys(SysError::NoDevice),
+            SysError::Memlock { .. } => XferError::Sys(source),
             source => XferError::Connect {
                 addr: cfg.addr.to_string(),
                 source,
@@ -787,7 +791,7 @@ impl Connection {
     fn post_chunk(
         &mut self,
         pipe: &mut Pipeline<'_>,
-        token: SlotToken,
+        token: Buffer,
         seq: u64,
         len: u32,
         crc: u32,
@@ -805,20 +809,14 @@ impl Connection {
                 plan.seq, plan.len
             ))));
         }
-        let index = token.index();
-        self.ep.post_write_imm(
-            pipe.pool.mr(),
-            pipe.pool.offset(&token),
-            len as usize,
-            plan.remote_addr,
-            plan.rkey,
-            crc,
-            wr::WRITE | index as u64,
-            true,
-        )?;
-        if let Some(slot) = pipe.in_flight.get_mut(index) {
-            *slot = Some(token);
-        }
+        let wr_id = wr::WRITE | token.index() as u64;
+        let target = RemoteTarget {
+            addr: plan.remote_addr,
+            rkey: plan.rkey,
+        };
+        self.ep
+            .post_write_imm(pipe.pool, token, len as usize, target, crc, wr_id)?;
+        pipe.posted += 1;
         Ok(())
     }
 
@@ -831,8 +829,8 @@ impl Connection {
     ) -> Result<(), FileError> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
-        let polled = self.ep.cq().poll(&mut wcs, 16);
-        let handled = self.handle_completions(&wcs, pipe);
+        let polled = self.ep.poll(&mut wcs, 16);
+        let handled = self.handle_completions(&mut wcs, pipe);
         self.wcs = wcs;
         handled?;
         if let Err(e) = polled {
@@ -875,7 +873,7 @@ impl Connection {
             wcs.clear();
             let waited = super::wait_completions(&self.ep, &mut wcs, cfg.timeout, what);
             // Completions polled before a failure still count.
-            let handled = self.handle_completions(&wcs, pipe);
+            let handled = self.handle_completions(&mut wcs, pipe);
             self.wcs = wcs;
             handled?;
             if let Err(e) = waited {
@@ -899,18 +897,17 @@ impl Connection {
     /// the state machine (its events queue up in `events`, credits apart).
     fn handle_completions(
         &mut self,
-        wcs: &[WorkCompletion],
+        wcs: &mut Vec<Completion>,
         pipe: &mut Pipeline<'_>,
     ) -> Result<(), FileError> {
-        for wc in wcs {
+        for wc in wcs.drain(..) {
             match (wr::kind(wc.wr_id), wc.opcode) {
-                (wr::WRITE, WcOpcode::RdmaWrite) => pipe.write_done(wr::index(wc.wr_id))?,
+                (wr::WRITE, WcOpcode::RdmaWrite) => pipe.write_done(wc)?,
                 (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
                 (wr::RECV, WcOpcode::Recv) => {
-                    let msg = self.control.decode(wc).map_err(|e| {
+                    let msg = self.control.take_message(&self.ep, wc)?.map_err(|e| {
                         XferError::Protocol(format!("malformed message from the receiver: {e}"))
                     })?;
-                    self.control.repost(&self.ep, wr::index(wc.wr_id))?;
                     match self.session.on_message(msg).map_err(proto_err)? {
                         // Already applied by the state machine.
                         SenderEvent::Credit(_) => {}

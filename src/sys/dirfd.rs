@@ -3,21 +3,25 @@
 //! and every leaf is created, inspected, renamed or removed relative to its
 //! parent's descriptor without following a link, so a received path can
 //! never reach outside the output directory — not even through a symbolic
-//! link that already exists inside it. They live here because they are
-//! plain libc calls, and all `unsafe` of the crate stays inside `verbs`.
+//! link that already exists inside it. The calls are rustix's safe
+//! wrappers; no `unsafe` here.
 
-use std::ffi::CString;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 /// What a directory entry is (`lstat` semantics: a link is a link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link (never followed).
     Symlink,
+    /// Anything else (device, socket, FIFO).
     Other,
 }
 
@@ -27,151 +31,111 @@ pub struct DirFd {
     fd: OwnedFd,
 }
 
-fn cname(name: &str) -> io::Result<CString> {
-    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
-}
-
 /// A single component: no separator, not empty, not `.` or `..` (the
-/// protocol layer already refuses such names; this is the last line).
-fn component(name: &str) -> io::Result<CString> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+/// protocol layer already refuses such names; this is the last line). A
+/// NUL inside is refused by rustix when it builds the C string.
+fn component(name: &str) -> io::Result<&str> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{name:?} is not a single path component"),
         ));
     }
-    cname(name)
-}
-
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    Ok(name)
 }
 
 impl DirFd {
     /// Opens the root directory itself (a link here is the user's choice
     /// of root, so it is followed).
     pub fn open(path: &Path) -> io::Result<DirFd> {
-        use std::os::unix::ffi::OsStrExt;
-        let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-        // SAFETY: c is a valid NUL-terminated path; the returned descriptor
-        // (if any) is new and owned by nobody else.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        check(fd)?;
-        // SAFETY: fd is a freshly opened descriptor we own.
-        Ok(DirFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(DirFd { fd })
     }
 
     /// Opens the subdirectory `name`; a symbolic link or a non-directory
     /// fails (ENOTDIR or ELOOP: see `kind` for which).
     pub fn open_dir(&self, name: &str) -> io::Result<DirFd> {
-        let c = component(name)?;
-        // SAFETY: self.fd is a live directory descriptor, c a valid
-        // NUL-terminated single component; O_NOFOLLOW refuses links.
-        let fd = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        check(fd)?;
-        // SAFETY: fd is a freshly opened descriptor we own.
-        Ok(DirFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = rustix::fs::openat(
+            &self.fd,
+            component(name)?,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(DirFd { fd })
     }
 
     /// What `name` is, without following a link; None if it does not exist.
     pub fn kind(&self, name: &str) -> io::Result<Option<EntryKind>> {
-        let c = component(name)?;
-        // SAFETY: a zeroed stat is a valid out-buffer; self.fd is live and c
-        // a valid NUL-terminated component.
-        let (rc, st) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            let rc = libc::fstatat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            );
-            (rc, st)
+        let st = match rustix::fs::statat(&self.fd, component(name)?, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
         };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::NotFound {
-                Ok(None)
-            } else {
-                Err(e)
-            };
-        }
-        Ok(Some(match st.st_mode & libc::S_IFMT {
-            libc::S_IFREG => EntryKind::File,
-            libc::S_IFDIR => EntryKind::Dir,
-            libc::S_IFLNK => EntryKind::Symlink,
+        Ok(Some(match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => EntryKind::File,
+            FileType::Directory => EntryKind::Dir,
+            FileType::Symlink => EntryKind::Symlink,
             _ => EntryKind::Other,
         }))
     }
 
     /// Creates the directory `name` (fails if anything exists there).
     pub fn mkdir(&self, name: &str, mode: u32) -> io::Result<()> {
-        let c = component(name)?;
-        // SAFETY: self.fd is live, c a valid component; mkdirat never
-        // follows a link in its last component.
-        check(unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) })
+        // mkdirat never follows a link in its last component.
+        Ok(rustix::fs::mkdirat(
+            &self.fd,
+            component(name)?,
+            Mode::from_raw_mode(mode as _),
+        )?)
     }
 
     /// Creates the regular file `name` for writing; fails if anything
     /// (including a dangling link) exists there.
     pub fn create_new(&self, name: &str, mode: u32) -> io::Result<File> {
-        let c = component(name)?;
-        // SAFETY: self.fd is live, c a valid component; O_EXCL with
-        // O_CREAT never follows a link.
-        let fd = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                mode as libc::c_uint,
-            )
-        };
-        check(fd)?;
-        // SAFETY: fd is a freshly opened descriptor we own.
-        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+        // O_EXCL with O_CREAT never follows a link.
+        let fd = rustix::fs::openat(
+            &self.fd,
+            component(name)?,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode as _),
+        )?;
+        Ok(File::from(fd))
     }
 
     /// Renames `from` to `to`, both in this directory. Neither is followed
     /// if it is a link (a link at `to` is replaced, never written through).
     /// With `noreplace`, an existing `to` fails with AlreadyExists.
     pub fn rename(&self, from: &str, to: &str, noreplace: bool) -> io::Result<()> {
-        let (f, t) = (component(from)?, component(to)?);
-        let flags = if noreplace { libc::RENAME_NOREPLACE } else { 0 };
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: fd is live; f and t are valid components.
-        check(unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), flags) })
+        let flags = if noreplace {
+            RenameFlags::NOREPLACE
+        } else {
+            RenameFlags::empty()
+        };
+        Ok(rustix::fs::renameat_with(
+            &self.fd,
+            component(from)?,
+            &self.fd,
+            component(to)?,
+            flags,
+        )?)
     }
 
     /// Removes the file `name` (not a directory).
     pub fn unlink(&self, name: &str) -> io::Result<()> {
-        let c = component(name)?;
-        // SAFETY: self.fd is live, c a valid component.
-        check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) })
+        Ok(rustix::fs::unlinkat(
+            &self.fd,
+            component(name)?,
+            AtFlags::empty(),
+        )?)
     }
 
     /// fsync of the directory itself (makes created/renamed entries durable).
     pub fn sync(&self) -> io::Result<()> {
-        self.as_file()?.sync_all()
+        Ok(rustix::fs::fsync(&self.fd)?)
     }
 
     /// Another descriptor of the same directory.

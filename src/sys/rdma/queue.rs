@@ -2,77 +2,68 @@
 //! connected RC queue pair with its posting operations.
 
 use super::cm::CmId;
-use super::memory::MemoryRegion;
-use super::os::{set_nonblocking, shutdown_requested, wait_readable};
-use super::{Result, VerbsError};
+use super::memory::{Buffer, BufferPool, Registration};
+use super::pd::ProtectionDomain;
+use super::{Result, SysError};
+use crate::sys::os::{set_nonblocking, shutdown_requested, wait_readable};
 use rdma_sys::*;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-/// A protection domain on the device of a CM id.
-pub struct ProtectionDomain {
-    raw: *mut ibv_pd,
-    _id: Rc<CmId>,
-}
-
-impl ProtectionDomain {
-    pub fn new(id: &Rc<CmId>) -> Result<Rc<Self>> {
-        let ctx = id.context()?;
-        // SAFETY: ctx is the live verbs context of a bound id.
-        let raw = unsafe { ibv_alloc_pd(ctx) };
-        if raw.is_null() {
-            return Err(VerbsError::last_os("ibv_alloc_pd"));
-        }
-        Ok(Rc::new(ProtectionDomain {
-            raw,
-            _id: id.clone(),
-        }))
-    }
-
-    pub(crate) fn raw(&self) -> *mut ibv_pd {
-        self.raw
-    }
-}
-
-impl Drop for ProtectionDomain {
-    fn drop(&mut self) {
-        // SAFETY: every MR and the QP hold an Rc of this PD, so they are gone.
-        unsafe { ibv_dealloc_pd(self.raw) };
-    }
-}
-
 /// Kind of a finished work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WcOpcode {
+    /// A two-sided SEND of ours.
     Send,
+    /// An RDMA WRITE of ours.
     RdmaWrite,
+    /// A receive that got a SEND.
     Recv,
+    /// A receive consumed by the peer's RDMA WRITE WITH IMMEDIATE.
     RecvWithImm,
+    /// Anything else (never posted by this crate).
     Other(u32),
 }
 
-/// A successful completion, copied out of the CQ. Failed completions are
-/// turned into `VerbsError::WorkRequest` by `poll`/`wait`.
-#[derive(Debug, Clone, Copy)]
-pub struct WorkCompletion {
+/// A successful completion, copied out of the CQ, with the buffer its
+/// request was posted on (the only way to get a posted buffer back).
+/// Failed completions are turned into `SysError::WorkRequest` by
+/// `poll`/`wait`.
+#[derive(Debug)]
+pub struct Completion {
+    /// The id the request was posted with.
     pub wr_id: u64,
+    /// What kind of request finished.
     pub opcode: WcOpcode,
+    /// Bytes received (receives only).
     pub byte_len: u32,
     /// Immediate data in host order, when the completion carries one.
     pub imm: Option<u32>,
+    /// The buffer the request was posted on; the NIC is done with it.
+    pub buffer: Option<Buffer>,
+}
+
+/// A successful completion as the CQ reports it.
+#[derive(Debug, Clone, Copy)]
+struct RawCompletion {
+    wr_id: u64,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm: Option<u32>,
 }
 
 /// A CQ with its own completion channel, shared by send and receive queues.
-pub struct CompletionQueue {
+struct CompletionQueue {
     cq: *mut ibv_cq,
     channel: *mut ibv_comp_channel,
     unacked_events: Cell<u32>,
     /// A failed work request polled together with good completions: those
     /// are returned first (a peer's last message before it went away, say),
     /// the failure on the next poll.
-    pending_error: Cell<Option<VerbsError>>,
+    pending_error: Cell<Option<SysError>>,
     busy_poll: bool,
     _id: Rc<CmId>,
 }
@@ -81,25 +72,19 @@ pub struct CompletionQueue {
 const EVENT_ACK_BATCH: u32 = 64;
 
 impl CompletionQueue {
-    pub fn new(id: &Rc<CmId>, entries: u32, busy_poll: bool) -> Result<Self> {
+    fn new(id: &Rc<CmId>, entries: u32, busy_poll: bool) -> Result<Self> {
+        let entries = libc::c_int::try_from(entries)
+            .map_err(|_| SysError::Invalid(format!("{entries} CQ entries are too many")))?;
         let ctx = id.context()?;
         // SAFETY: ctx is a live verbs context.
         let channel = unsafe { ibv_create_comp_channel(ctx) };
         if channel.is_null() {
-            return Err(VerbsError::last_os("ibv_create_comp_channel"));
+            return Err(SysError::last_os("ibv_create_comp_channel"));
         }
         // SAFETY: ctx and channel are live; entries is a positive count.
-        let cq = unsafe {
-            ibv_create_cq(
-                ctx,
-                entries as libc::c_int,
-                std::ptr::null_mut(),
-                channel,
-                0,
-            )
-        };
+        let cq = unsafe { ibv_create_cq(ctx, entries, std::ptr::null_mut(), channel, 0) };
         if cq.is_null() {
-            let err = VerbsError::last_os("ibv_create_cq");
+            let err = SysError::last_os("ibv_create_cq");
             // SAFETY: channel is unused by any CQ.
             unsafe { ibv_destroy_comp_channel(channel) };
             return Err(err);
@@ -112,15 +97,14 @@ impl CompletionQueue {
             busy_poll,
             _id: id.clone(),
         };
-        // SAFETY: channel is valid; fd is its descriptor.
-        set_nonblocking(unsafe { (*channel).fd }, "fcntl(completion channel)")?;
+        set_nonblocking(out.channel_fd(), "fcntl(completion channel)")?;
         Ok(out)
     }
 
     /// Polls up to `max` completions without blocking; returns how many were
     /// appended. A failed work request is returned as an error, after the
     /// successful completions polled with it.
-    pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+    fn poll(&self, out: &mut Vec<RawCompletion>, max: usize) -> Result<usize> {
         if let Some(e) = self.pending_error.take() {
             return Err(e);
         }
@@ -131,7 +115,8 @@ impl CompletionQueue {
         // SAFETY: cq is live; wcs has room for `want` entries.
         let n = unsafe { ibv_poll_cq(self.cq, want, wcs.as_mut_ptr()) };
         if n < 0 {
-            return Err(VerbsError::from_ret("ibv_poll_cq", n));
+            // Not an errno: the CQ is broken (overrun, device error).
+            return Err(SysError::PollCq { ret: n });
         }
         let mut first_error = None;
         let mut good = 0;
@@ -157,7 +142,7 @@ impl CompletionQueue {
             } else {
                 None
             };
-            out.push(WorkCompletion {
+            out.push(RawCompletion {
                 wr_id: wc.wr_id,
                 opcode,
                 byte_len: wc.byte_len,
@@ -176,10 +161,10 @@ impl CompletionQueue {
     }
 
     /// Waits until at least one completion is available (or `timeout` passes
-    /// with none: `VerbsError::Timeout`), then polls them into `out`.
-    pub fn wait(
+    /// with none: `SysError::Timeout`), then polls them into `out`.
+    fn wait(
         &self,
-        out: &mut Vec<WorkCompletion>,
+        out: &mut Vec<RawCompletion>,
         max: usize,
         timeout: Duration,
         what: &str,
@@ -195,7 +180,7 @@ impl CompletionQueue {
                 spins = spins.wrapping_add(1);
                 if spins.is_multiple_of(1024) {
                     if shutdown_requested() {
-                        return Err(VerbsError::Interrupted);
+                        return Err(SysError::Interrupted);
                     }
                     if Instant::now() >= deadline {
                         return Err(timeout_err(what, timeout));
@@ -214,19 +199,25 @@ impl CompletionQueue {
             // SAFETY: cq is live.
             let rc = unsafe { ibv_req_notify_cq(self.cq, 0) };
             if rc != 0 {
-                return Err(VerbsError::from_ret("ibv_req_notify_cq", rc));
+                return Err(SysError::from_ret("ibv_req_notify_cq", rc));
             }
             let n = self.poll(out, max)?;
             if n > 0 {
                 return Ok(n);
             }
-            // SAFETY: channel is live.
-            let fd = unsafe { (*self.channel).fd };
-            if !wait_readable(fd, deadline)? {
+            if !wait_readable(self.channel_fd(), deadline)? {
                 return Err(timeout_err(what, timeout));
             }
             self.consume_event()?;
         }
+    }
+
+    /// The completion channel's descriptor, borrowed from the CQ.
+    fn channel_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the channel is live for the lifetime of self and its fd
+        // stays open until ibv_destroy_comp_channel in Drop, which cannot
+        // run while the returned borrow of self lives.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw((*self.channel).fd) }
     }
 
     fn consume_event(&self) -> Result<()> {
@@ -239,7 +230,7 @@ impl CompletionQueue {
             if err.kind() == std::io::ErrorKind::WouldBlock {
                 return Ok(());
             }
-            return Err(VerbsError::Call {
+            return Err(SysError::Call {
                 call: "ibv_get_cq_event",
                 source: err,
             });
@@ -272,14 +263,14 @@ impl Drop for CompletionQueue {
     }
 }
 
-fn timeout_err(what: &str, after: Duration) -> VerbsError {
-    VerbsError::Timeout {
+fn timeout_err(what: &str, after: Duration) -> SysError {
+    SysError::Timeout {
         what: what.to_string(),
         after,
     }
 }
 
-fn wc_error(wc: &ibv_wc) -> VerbsError {
+fn wc_error(wc: &ibv_wc) -> SysError {
     // SAFETY: ibv_wc_status_str returns a static string for any value.
     let text = unsafe { CStr::from_ptr(ibv_wc_status_str(wc.status)) }
         .to_string_lossy()
@@ -294,7 +285,7 @@ fn wc_error(wc: &ibv_wc) -> VerbsError {
             | ibv_wc_status::IBV_WC_WR_FLUSH_ERR
             | ibv_wc_status::IBV_WC_REM_ABORT_ERR
     );
-    VerbsError::WorkRequest {
+    SysError::WorkRequest {
         wr_id: wc.wr_id,
         status: format!(
             "{text} (status {}, vendor error {:#x})",
@@ -304,32 +295,42 @@ fn wc_error(wc: &ibv_wc) -> VerbsError {
     }
 }
 
-/// The scatter/gather entry for `[offset, offset+len)` of a region.
-fn scatter_entry(mr: &MemoryRegion, offset: usize, len: usize) -> Result<ibv_sge> {
-    mr.check(offset, len)?;
-    let length = u32::try_from(len)
-        .map_err(|_| VerbsError::Invalid(format!("{len} bytes exceed one work request")))?;
-    Ok(ibv_sge {
-        addr: mr.addr() + offset as u64,
-        length,
-        lkey: mr.lkey(),
-    })
-}
-
 /// Queue sizes of an RC endpoint.
 #[derive(Debug, Clone, Copy)]
 pub struct QpCaps {
+    /// Sends and writes in flight at most.
     pub max_send_wr: u32,
+    /// Receives posted at most.
     pub max_recv_wr: u32,
 }
 
+/// Where an RDMA WRITE goes: an address and key the peer granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteTarget {
+    /// The peer's address for the first byte (often an offset).
+    pub addr: u64,
+    /// The peer's remote key.
+    pub rkey: u32,
+}
+
+/// A buffer the NIC owns until its completion, with the memory it lies in
+/// (kept registered and allocated until then, even if its pool is gone).
+struct Posted {
+    buffer: Buffer,
+    _memory: Rc<Registration>,
+}
+
 /// One connected (or about to be connected) RC queue pair with its CQ and
-/// PD. Field order is drop order: QP, then CQ, then PD, then the CM id.
+/// PD. Field order is drop order: the QP first (after which the NIC touches
+/// no posted buffer), then the posted buffers' memory, the CQ, the PD and
+/// the CM id.
 pub struct Endpoint {
     qp: QpGuard,
+    posted: RefCell<HashMap<u64, Posted>>,
     cq: CompletionQueue,
     pd: Rc<ProtectionDomain>,
     id: Rc<CmId>,
+    raw_wcs: RefCell<Vec<RawCompletion>>,
 }
 
 /// Destroys the QP of a CM id on drop.
@@ -346,18 +347,34 @@ impl Drop for QpGuard {
     }
 }
 
+/// CQ entries for both queues plus room for a few unexpected completions.
+fn cq_entries(caps: QpCaps) -> Result<u32> {
+    caps.max_send_wr
+        .checked_add(caps.max_recv_wr)
+        .and_then(|n| n.checked_add(16))
+        .filter(|&n| n <= i32::MAX as u32)
+        .ok_or_else(|| {
+            SysError::Invalid(format!(
+                "queue sizes {} + {} are too large",
+                caps.max_send_wr, caps.max_recv_wr
+            ))
+        })
+}
+
 impl Endpoint {
     /// Creates PD, CQ (one for both directions) and an RC QP on `id`.
     pub fn new(id: CmId, caps: QpCaps, busy_poll: bool) -> Result<Self> {
+        let entries = cq_entries(caps)?;
         let id = Rc::new(id);
         let pd = ProtectionDomain::new(&id)?;
-        let cq = CompletionQueue::new(&id, caps.max_send_wr + caps.max_recv_wr + 16, busy_poll)?;
+        let cq = CompletionQueue::new(&id, entries, busy_poll)?;
         // SAFETY: ibv_qp_init_attr is plain data; zeroed is valid.
         let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         attr.send_cq = cq.cq;
         attr.recv_cq = cq.cq;
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
-        attr.sq_sig_all = 0;
+        // Every request is signaled: its completion returns its buffer.
+        attr.sq_sig_all = 1;
         attr.cap.max_send_wr = caps.max_send_wr;
         attr.cap.max_recv_wr = caps.max_recv_wr;
         attr.cap.max_send_sge = 1;
@@ -365,131 +382,215 @@ impl Endpoint {
         // SAFETY: id, pd and cq are live and belong to the same device.
         let rc = unsafe { rdma_create_qp(id.raw(), pd.raw(), &mut attr) };
         if rc != 0 {
-            return Err(VerbsError::last_os("rdma_create_qp"));
+            return Err(SysError::last_os("rdma_create_qp"));
         }
         // SAFETY: rdma_create_qp succeeded, so id->qp is set.
         let qp = unsafe { (*id.raw()).qp };
         Ok(Endpoint {
             qp: QpGuard { id: id.clone(), qp },
+            posted: RefCell::new(HashMap::new()),
             cq,
             pd,
             id,
+            raw_wcs: RefCell::new(Vec::new()),
         })
     }
 
+    /// The protection domain every buffer posted here must belong to.
     pub fn pd(&self) -> &Rc<ProtectionDomain> {
         &self.pd
     }
 
+    /// The CM id (connect, accept, disconnect, peer address).
     pub fn cm_id(&self) -> &CmId {
         &self.id
     }
 
-    pub fn cq(&self) -> &CompletionQueue {
-        &self.cq
-    }
-
-    /// Posts a receive of `[offset, offset+len)` of `mr`.
-    pub fn post_recv(
-        &self,
-        mr: &MemoryRegion,
-        offset: usize,
-        len: usize,
-        wr_id: u64,
-    ) -> Result<()> {
-        let mut sge = scatter_entry(mr, offset, len)?;
+    /// Posts a receive into the whole of `buf`'s slot. The buffer comes back
+    /// with the receive's completion.
+    pub fn post_recv(&self, pool: &BufferPool, buf: Buffer, wr_id: u64) -> Result<()> {
+        let mut sge = self.check_post(pool, &buf, pool.slot_size(), wr_id)?;
         // SAFETY: ibv_recv_wr is plain data; zeroed is valid.
         let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: qp is live; wr and sge are valid for the call; the range is
-        // inside a registered region that outlives the QP's use of it (the MR
-        // deregisters before freeing, so a late NIC write cannot hit freed
-        // memory).
-        let rc = unsafe { ibv_post_recv(self.qp.qp, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(VerbsError::from_ret("ibv_post_recv", rc));
-        }
-        Ok(())
+        self.track(pool, buf, wr_id, || {
+            // SAFETY: qp is live; wr and sge are valid for the call (the
+            // provider copies them); the slot lies inside a registration of
+            // this QP's PD that `track` keeps alive, and its only token is
+            // held by the endpoint until the completion, so safe code cannot
+            // touch the bytes while the NIC may write them.
+            unsafe { ibv_post_recv(self.qp.qp, &mut wr, &mut bad) }
+        })
+        .map_err(|rc| SysError::from_ret("ibv_post_recv", rc))
     }
 
-    /// Posts a two-sided SEND of `[offset, offset+len)` of `mr`.
-    pub fn post_send(
-        &self,
-        mr: &MemoryRegion,
-        offset: usize,
-        len: usize,
-        wr_id: u64,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(mr, offset, len, wr_id, signaled, None)
+    /// Posts a two-sided SEND of the first `len` bytes of `buf`'s slot. The
+    /// buffer comes back with the send's completion.
+    pub fn post_send(&self, pool: &BufferPool, buf: Buffer, len: usize, wr_id: u64) -> Result<()> {
+        self.post(pool, buf, len, wr_id, None)
     }
 
-    /// Posts an RDMA WRITE WITH IMMEDIATE of `[offset, offset+len)` of `mr`
-    /// to `remote_addr`/`rkey`; `imm` is delivered (in host order) with the
-    /// peer's receive completion.
-    #[allow(clippy::too_many_arguments)]
+    /// Posts an RDMA WRITE WITH IMMEDIATE of the first `len` bytes of
+    /// `buf`'s slot to `target`; `imm` is delivered (in host order) with the
+    /// peer's receive completion. The buffer comes back with the write's
+    /// completion.
     pub fn post_write_imm(
         &self,
-        mr: &MemoryRegion,
-        offset: usize,
+        pool: &BufferPool,
+        buf: Buffer,
         len: usize,
-        remote_addr: u64,
-        rkey: u32,
+        target: RemoteTarget,
         imm: u32,
         wr_id: u64,
-        signaled: bool,
     ) -> Result<()> {
-        self.post(
-            mr,
-            offset,
-            len,
-            wr_id,
-            signaled,
-            Some((remote_addr, rkey, imm)),
-        )
+        self.post(pool, buf, len, wr_id, Some((target, imm)))
     }
 
     fn post(
         &self,
-        mr: &MemoryRegion,
-        offset: usize,
+        pool: &BufferPool,
+        buf: Buffer,
         len: usize,
         wr_id: u64,
-        signaled: bool,
-        write: Option<(u64, u32, u32)>,
+        write: Option<(RemoteTarget, u32)>,
     ) -> Result<()> {
-        let mut sge = scatter_entry(mr, offset, len)?;
+        let mut sge = self.check_post(pool, &buf, len, wr_id)?;
         // SAFETY: ibv_send_wr is plain data; zeroed is valid.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
-        // A zero-length write needs no scatter entry.
+        // A zero-length request needs no scatter entry.
         if len > 0 {
             wr.sg_list = &mut sge;
             wr.num_sge = 1;
         }
-        wr.send_flags = if signaled {
-            ibv_send_flags::IBV_SEND_SIGNALED.0
-        } else {
-            0
-        };
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
         match write {
             None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
-            Some((remote_addr, rkey, imm)) => {
+            Some((target, imm)) => {
                 wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
                 wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-                wr.wr.rdma = rdma_t { remote_addr, rkey };
+                wr.wr.rdma = rdma_t {
+                    remote_addr: target.addr,
+                    rkey: target.rkey,
+                };
             }
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: as in post_recv; the WR is copied by the provider during
-        // the call.
-        let rc = unsafe { ibv_post_send(self.qp.qp, &mut wr, &mut bad) };
+        self.track(pool, buf, wr_id, || {
+            // SAFETY: as in post_recv: the provider copies wr and sge during
+            // the call; the slot stays registered, allocated and out of
+            // reach of safe code until its completion.
+            unsafe { ibv_post_send(self.qp.qp, &mut wr, &mut bad) }
+        })
+        .map_err(|rc| SysError::from_ret("ibv_post_send", rc))
+    }
+
+    /// The checks before any post: the buffer belongs to `pool`, `len` fits
+    /// its slot, the pool's memory is registered with this QP's PD, and
+    /// `wr_id` is not already in flight (its completion could not say which
+    /// buffer to give back).
+    fn check_post(
+        &self,
+        pool: &BufferPool,
+        buf: &Buffer,
+        len: usize,
+        wr_id: u64,
+    ) -> Result<ibv_sge> {
+        let sge = pool.scatter_entry(buf, len)?;
+        if !Rc::ptr_eq(pool.registration().pd(), &self.pd) {
+            return Err(SysError::Invalid(
+                "the buffer is registered with another protection domain than this queue pair's"
+                    .into(),
+            ));
+        }
+        if self.posted.borrow().contains_key(&wr_id) {
+            return Err(SysError::Invalid(format!(
+                "work request {wr_id:#x} is already in flight"
+            )));
+        }
+        Ok(sge)
+    }
+
+    /// Records `buf` as posted under `wr_id`, then runs the post call; if
+    /// that fails, forgets it again (the NIC never saw it) and drops it.
+    fn track(
+        &self,
+        pool: &BufferPool,
+        buf: Buffer,
+        wr_id: u64,
+        post: impl FnOnce() -> libc::c_int,
+    ) -> std::result::Result<(), i32> {
+        self.posted.borrow_mut().insert(
+            wr_id,
+            Posted {
+                buffer: buf,
+                _memory: pool.registration().clone(),
+            },
+        );
+        let rc = post();
         if rc != 0 {
-            return Err(VerbsError::from_ret("ibv_post_send", rc));
+            self.posted.borrow_mut().remove(&wr_id);
+            return Err(rc);
         }
         Ok(())
+    }
+
+    /// Polls up to `max` completions without blocking; returns how many were
+    /// appended to `out`. A failed work request is returned as an error,
+    /// after the successful completions polled with it.
+    pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        let mut raw = self.raw_wcs.borrow_mut();
+        raw.clear();
+        let n = self.cq.poll(&mut raw, max)?;
+        self.give_back(&raw, out);
+        Ok(n)
+    }
+
+    /// Waits until at least one completion is available (or `timeout` passes
+    /// with none: `SysError::Timeout`), then polls them into `out`.
+    pub fn wait(
+        &self,
+        out: &mut Vec<Completion>,
+        max: usize,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<usize> {
+        let mut raw = self.raw_wcs.borrow_mut();
+        raw.clear();
+        let n = self.cq.wait(&mut raw, max, timeout, what)?;
+        self.give_back(&raw, out);
+        Ok(n)
+    }
+
+    /// Attaches to each completion the buffer its request was posted on.
+    fn give_back(&self, raw: &[RawCompletion], out: &mut Vec<Completion>) {
+        let mut posted = self.posted.borrow_mut();
+        out.extend(raw.iter().map(|wc| Completion {
+            wr_id: wc.wr_id,
+            opcode: wc.opcode,
+            byte_len: wc.byte_len,
+            imm: wc.imm,
+            buffer: posted.remove(&wc.wr_id).map(|p| p.buffer),
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_sizes_never_overflow() {
+        let caps = |s, r| QpCaps {
+            max_send_wr: s,
+            max_recv_wr: r,
+        };
+        assert_eq!(cq_entries(caps(24, 64)).unwrap(), 104);
+        assert!(cq_entries(caps(u32::MAX, 1)).is_err());
+        assert!(cq_entries(caps(u32::MAX - 16, 0)).is_err());
+        assert!(cq_entries(caps(i32::MAX as u32, 1)).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! Connection management (librdmacm): event channels and CM ids.
 
-use super::os::{set_nonblocking, wait_readable};
-use super::{Result, VerbsError};
+use super::{Result, SysError};
+use crate::sys::os::{set_nonblocking, wait_readable};
 use rdma_sys::*;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -93,20 +93,21 @@ impl EventChannel {
         // SAFETY: plain constructor; NULL is checked.
         let raw = unsafe { rdma_create_event_channel() };
         if raw.is_null() {
-            return Err(map_no_device(VerbsError::last_os(
+            return Err(map_no_device(SysError::last_os(
                 "rdma_create_event_channel",
             )));
         }
         let ch = EventChannel { raw };
-        // SAFETY: raw is a valid channel; fd is its descriptor.
-        let fd = unsafe { (*raw).fd };
-        set_nonblocking(fd, "fcntl(event channel)")?;
+        set_nonblocking(ch.fd(), "fcntl(event channel)")?;
         Ok(ch)
     }
 
-    fn fd(&self) -> i32 {
-        // SAFETY: self.raw is valid for the lifetime of self.
-        unsafe { (*self.raw).fd }
+    /// The channel's descriptor, borrowed from the channel.
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: self.raw is valid for the lifetime of self, and its fd
+        // stays open until rdma_destroy_event_channel in Drop, which cannot
+        // run while the returned borrow of self lives.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw((*self.raw).fd) }
     }
 
     /// Next event within `timeout`, acknowledged immediately (all data we
@@ -141,13 +142,13 @@ impl EventChannel {
             if err.kind() != std::io::ErrorKind::WouldBlock
                 && err.kind() != std::io::ErrorKind::Interrupted
             {
-                return Err(VerbsError::Call {
+                return Err(SysError::Call {
                     call: "rdma_get_cm_event",
                     source: err,
                 });
             }
             if !wait_readable(self.fd(), deadline)? {
-                return Err(VerbsError::Timeout {
+                return Err(SysError::Timeout {
                     what: what.to_string(),
                     after: timeout,
                 });
@@ -183,7 +184,7 @@ impl ConnectRequest {
         let mut id = self
             .id
             .take()
-            .ok_or(VerbsError::Invalid("request already taken".into()))?;
+            .ok_or(SysError::Invalid("request already taken".into()))?;
         let channel = match EventChannel::create() {
             Ok(c) => c,
             Err(e) => {
@@ -195,7 +196,7 @@ impl ConnectRequest {
         // outstanding events is allowed.
         let rc = unsafe { rdma_migrate_id(id.raw, channel.raw) };
         if rc != 0 {
-            let err = VerbsError::last_os("rdma_migrate_id");
+            let err = SysError::last_os("rdma_migrate_id");
             self.id = Some(id);
             return Err(err);
         }
@@ -241,7 +242,7 @@ impl IncomingConnection {
         let channel = self
             .channel
             .take()
-            .ok_or(VerbsError::Invalid("connection already taken".into()))?;
+            .ok_or(SysError::Invalid("connection already taken".into()))?;
         let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
         Ok(CmId {
             raw,
@@ -268,23 +269,42 @@ fn peer_addr_of(raw: *mut rdma_cm_id) -> Option<SocketAddr> {
     if raw.is_null() {
         return None;
     }
-    // SAFETY: raw is a valid id; rdma_get_peer_addr returns a pointer into
-    // it (route.addr.dst_addr), valid while the id lives; we copy out.
-    unsafe {
-        let sa: *const libc::sockaddr = rdma_get_peer_addr(&*raw);
-        match (*sa).sa_family as i32 {
-            libc::AF_INET => {
-                let sin = &*(sa as *const libc::sockaddr_in);
-                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
-            }
-            libc::AF_INET6 => {
-                let sin6 = &*(sa as *const libc::sockaddr_in6);
-                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
-            }
-            _ => None,
+    // The destination is a union of every sockaddr type, as large as a
+    // sockaddr_storage: copy all of it (never read an IPv6 address through
+    // a reference to the 16-byte `sockaddr` member).
+    // SAFETY: raw is a valid id while its owner lives; the union field is
+    // plain data of 128 bytes, read through a raw pointer into a
+    // sockaddr_storage of the same size (read_unaligned: no alignment
+    // assumption).
+    let storage: libc::sockaddr_storage = unsafe {
+        let union = std::ptr::addr_of!((*raw).route.addr.dst_addr_union);
+        const _: () = assert!(
+            std::mem::size_of::<rdma_addr__bindgen_ty_2>()
+                >= std::mem::size_of::<libc::sockaddr_storage>()
+        );
+        std::ptr::read_unaligned(union.cast::<libc::sockaddr_storage>())
+    };
+    sockaddr_to_std(&storage)
+}
+
+/// Decodes an IPv4 or IPv6 socket address.
+fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    let base = (storage as *const libc::sockaddr_storage).cast::<u8>();
+    match storage.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in,
+            // which is smaller than sockaddr_storage; read_unaligned copies.
+            let sin: libc::sockaddr_in = unsafe { std::ptr::read_unaligned(base.cast()) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
         }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6 (28 bytes < 128).
+            let sin6: libc::sockaddr_in6 = unsafe { std::ptr::read_unaligned(base.cast()) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+        }
+        _ => None,
     }
 }
 
@@ -310,7 +330,7 @@ impl CmId {
             )
         };
         if rc != 0 || raw.is_null() {
-            return Err(map_no_device(VerbsError::last_os("rdma_create_id")));
+            return Err(map_no_device(SysError::last_os("rdma_create_id")));
         }
         Ok(CmId {
             raw,
@@ -347,7 +367,7 @@ impl CmId {
             )
         };
         if rc != 0 {
-            return Err(VerbsError::last_os("rdma_set_option(ACK_TIMEOUT)"));
+            return Err(SysError::last_os("rdma_set_option(ACK_TIMEOUT)"));
         }
         Ok(())
     }
@@ -358,7 +378,7 @@ impl CmId {
         // SAFETY: self.raw is valid for the lifetime of self.
         let ctx = unsafe { (*self.raw).verbs };
         if ctx.is_null() {
-            return Err(VerbsError::Invalid(
+            return Err(SysError::Invalid(
                 "CM id is not bound to an RDMA device".into(),
             ));
         }
@@ -371,13 +391,13 @@ impl CmId {
         // SAFETY: storage holds a valid sockaddr of the right family.
         let rc = unsafe { rdma_bind_addr(self.raw, storage.as_mut_ptr()) };
         if rc != 0 {
-            let err = VerbsError::last_os("rdma_bind_addr");
+            let err = SysError::last_os("rdma_bind_addr");
             return Err(map_bind_error(err, addr));
         }
         // SAFETY: self.raw is a bound id.
         let rc = unsafe { rdma_listen(self.raw, backlog) };
         if rc != 0 {
-            return Err(VerbsError::last_os("rdma_listen"));
+            return Err(SysError::last_os("rdma_listen"));
         }
         Ok(())
     }
@@ -387,7 +407,7 @@ impl CmId {
     pub fn get_request(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
         let ev = match self.channel.next_event(timeout, "a connection") {
             Ok(ev) => ev,
-            Err(VerbsError::Timeout { .. }) => return Ok(None),
+            Err(SysError::Timeout { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
         if ev.kind == CmEventKind::ConnectRequest && !ev.new_id.is_null() {
@@ -400,7 +420,7 @@ impl CmId {
         }
         // Stray events on a listener (e.g. device removal) are not connections.
         if ev.kind == CmEventKind::DeviceRemoval {
-            return Err(VerbsError::UnexpectedEvent {
+            return Err(SysError::UnexpectedEvent {
                 want: "CONNECT_REQUEST",
                 got: ev.kind,
                 status: ev.status,
@@ -423,7 +443,7 @@ impl CmId {
         // outlive the call; a NULL source means "any".
         let rc = unsafe { rdma_resolve_addr(self.raw, src_ptr, storage.as_mut_ptr(), ms) };
         if rc != 0 {
-            return Err(map_no_device(VerbsError::last_os("rdma_resolve_addr")));
+            return Err(map_no_device(SysError::last_os("rdma_resolve_addr")));
         }
         self.expect(
             CmEventKind::AddrResolved,
@@ -433,7 +453,7 @@ impl CmId {
         // SAFETY: address is resolved, so route resolution may start.
         let rc = unsafe { rdma_resolve_route(self.raw, ms) };
         if rc != 0 {
-            return Err(VerbsError::last_os("rdma_resolve_route"));
+            return Err(SysError::last_os("rdma_resolve_route"));
         }
         self.expect(
             CmEventKind::RouteResolved,
@@ -449,7 +469,7 @@ impl CmId {
         // SAFETY: param is a valid, fully initialised struct.
         let rc = unsafe { rdma_connect(self.raw, &mut param) };
         if rc != 0 {
-            return Err(VerbsError::last_os("rdma_connect"));
+            return Err(SysError::last_os("rdma_connect"));
         }
         self.expect(CmEventKind::Established, "ESTABLISHED", timeout)
     }
@@ -461,7 +481,7 @@ impl CmId {
         // SAFETY: param is valid; self.raw is a connect-request id with a QP.
         let rc = unsafe { rdma_accept(self.raw, &mut param) };
         if rc != 0 {
-            return Err(VerbsError::last_os("rdma_accept"));
+            return Err(SysError::last_os("rdma_accept"));
         }
         self.expect(CmEventKind::Established, "ESTABLISHED", timeout)
     }
@@ -500,9 +520,9 @@ impl CmId {
             return Ok(());
         }
         if ev.kind == CmEventKind::Disconnected {
-            return Err(VerbsError::Disconnected);
+            return Err(SysError::Disconnected);
         }
-        Err(VerbsError::UnexpectedEvent {
+        Err(SysError::UnexpectedEvent {
             want: name,
             got: ev.kind,
             status: ev.status,
@@ -597,23 +617,23 @@ impl SockAddr {
 
 /// librdmacm reports "no RDMA stack" as ENODEV/ENOSYS/ENOENT in several
 /// calls; turn those into the one clear NoDevice error.
-fn map_no_device(err: VerbsError) -> VerbsError {
-    if let VerbsError::Call { source, .. } = &err
+fn map_no_device(err: SysError) -> SysError {
+    if let SysError::Call { source, .. } = &err
         && matches!(source.raw_os_error(), Some(libc::ENODEV | libc::ENOSYS))
     {
-        return VerbsError::NoDevice;
+        return SysError::NoDevice;
     }
     err
 }
 
-fn map_bind_error(err: VerbsError, addr: SocketAddr) -> VerbsError {
-    if let VerbsError::Call { source, .. } = &err {
+fn map_bind_error(err: SysError, addr: SocketAddr) -> SysError {
+    if let SysError::Call { source, .. } = &err {
         match source.raw_os_error() {
             Some(libc::EADDRINUSE) => {
-                return VerbsError::Invalid(format!("address {addr} is already in use"));
+                return SysError::Invalid(format!("address {addr} is already in use"));
             }
             Some(libc::EADDRNOTAVAIL) | Some(libc::ENODEV) => {
-                return VerbsError::Invalid(format!(
+                return SysError::Invalid(format!(
                     "cannot bind {addr}: no RDMA device has this address"
                 ));
             }

@@ -1,6 +1,6 @@
 //! Is there any RDMA device at all?
 
-use super::{Result, VerbsError};
+use super::{Result, SysError};
 use rdma_sys::{ibv_free_device_list, ibv_get_device_list};
 
 /// Returns the number of RDMA devices, or `NoDevice` when there is none.
@@ -13,12 +13,12 @@ pub fn probe_devices() -> Result<usize> {
     // SAFETY: count is a valid out-pointer; the returned list is freed below.
     let list = unsafe { ibv_get_device_list(&mut count) };
     if list.is_null() {
-        return Err(VerbsError::NoDevice);
+        return Err(SysError::NoDevice);
     }
     // SAFETY: list came from ibv_get_device_list and is freed exactly once.
     unsafe { ibv_free_device_list(list) };
     if count <= 0 {
-        return Err(VerbsError::NoDevice);
+        return Err(SysError::NoDevice);
     }
     Ok(count as usize)
 }

@@ -1,0 +1,100 @@
+//! The one error type of the `sys` layer; the engine maps it to exit codes.
+
+use std::time::Duration;
+
+/// Errors of a system or verbs call.
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    /// No RDMA device (or no RDMA stack at all).
+    #[error(
+        "no RDMA device found (is rdma_rxe or an RDMA NIC driver loaded? see scripts/rxe-setup.sh)"
+    )]
+    NoDevice,
+    /// A call failed with an errno.
+    #[error("{call} failed: {source}")]
+    Call {
+        /// The library or system call.
+        call: &'static str,
+        /// What errno said.
+        source: std::io::Error,
+    },
+    /// `ibv_poll_cq` returned a negative value: not an errno, the CQ itself
+    /// is broken (overrun or a device error).
+    #[error("ibv_poll_cq failed (returned {ret}): the completion queue is unusable")]
+    PollCq {
+        /// The value returned.
+        ret: i32,
+    },
+    /// A wait passed its deadline.
+    #[error("timed out after {:.1}s waiting for {what}", .after.as_secs_f64())]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// How long the wait lasted.
+        after: Duration,
+    },
+    /// A connection manager event other than the one awaited.
+    #[error("connection failed while waiting for {want}: got {got} (status {status})")]
+    UnexpectedEvent {
+        /// The event awaited.
+        want: &'static str,
+        /// The event that came.
+        got: crate::sys::rdma::CmEventKind,
+        /// Its status field.
+        status: i32,
+    },
+    /// The peer disconnected.
+    #[error("peer disconnected")]
+    Disconnected,
+    /// A work request completed with an error status. No opcode: verbs
+    /// leaves it undefined in a failed completion.
+    #[error("work request {wr_id:#x} failed: {status}")]
+    WorkRequest {
+        /// The request's id.
+        wr_id: u64,
+        /// The status, as text.
+        status: String,
+        /// Retry-exceeded style statuses mean the peer is gone.
+        peer_lost: bool,
+    },
+    /// RLIMIT_MEMLOCK is too low for the memory to register.
+    #[error(
+        "cannot lock {needed} bytes of memory for RDMA: RLIMIT_MEMLOCK is {limit} (hard limit {hard}); raise it with `ulimit -l unlimited` (or a memlock entry in /etc/security/limits.conf, or LimitMEMLOCK= for a systemd unit), or use fewer/smaller buffers"
+    )]
+    Memlock {
+        /// Bytes wanted.
+        needed: u64,
+        /// The soft limit.
+        limit: u64,
+        /// The hard limit.
+        hard: u64,
+    },
+    /// SIGINT or SIGTERM arrived during a wait.
+    #[error("interrupted by signal")]
+    Interrupted,
+    /// The caller asked for something impossible (a misuse the types could
+    /// not rule out: a buffer of another pool, a range out of bounds...).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+impl SysError {
+    /// Builds a `Call` error from the current `errno`.
+    pub(crate) fn last_os(call: &'static str) -> Self {
+        SysError::Call {
+            call,
+            source: std::io::Error::last_os_error(),
+        }
+    }
+
+    /// Builds a `Call` error from a returned (positive or negative) errno value.
+    pub(crate) fn from_ret(call: &'static str, ret: i32) -> Self {
+        SysError::Call {
+            call,
+            source: std::io::Error::from_raw_os_error(ret.saturating_abs()),
+        }
+    }
+}
+
+/// Result of a `sys` call.
+pub type Result<T> = std::result::Result<T, SysError>;

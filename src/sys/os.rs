@@ -1,0 +1,180 @@
+//! The plain system calls the tools need besides verbs: waiting on a file
+//! descriptor, shutdown signals, the memlock limit, free space, pipe sizes
+//! and peak RSS. Safe wrappers from `rustix` where they exist; only the
+//! signal handler needs `unsafe` here.
+
+use super::{Result, SysError};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Resource, Rlimit};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+
+/// Longest single sleep in `wait_readable`, so that a shutdown signal is
+/// noticed promptly even if it raced with the start of `poll()`.
+const SLICE: Duration = Duration::from_millis(200);
+
+extern "C" fn on_shutdown_signal(_sig: libc::c_int) {
+    SHUTDOWN.store(true, Ordering::SeqCst);
+}
+
+/// Installs SIGINT/SIGTERM handlers that request a clean shutdown. Blocking
+/// waits in this module then return `SysError::Interrupted`.
+pub fn install_shutdown_handlers() -> Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler
+        // only stores to an atomic, which is async-signal-safe. No SA_RESTART,
+        // so a blocked poll() returns EINTR.
+        let rc = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_shutdown_signal as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(SysError::last_os("sigaction"));
+        }
+    }
+    Ok(())
+}
+
+/// True once SIGINT or SIGTERM arrived.
+pub fn shutdown_requested() -> bool {
+    SHUTDOWN.load(Ordering::SeqCst)
+}
+
+/// Puts a file descriptor into non-blocking mode.
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, call: &'static str) -> Result<()> {
+    let flags = rustix::fs::fcntl_getfl(fd).map_err(|e| errno(call, e))?;
+    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK).map_err(|e| errno(call, e))
+}
+
+fn errno(call: &'static str, e: rustix::io::Errno) -> SysError {
+    SysError::Call {
+        call,
+        source: e.into(),
+    }
+}
+
+/// Waits until `fd` is readable or `deadline` passes. Returns Ok(true) when
+/// readable, Ok(false) on timeout, Err(Interrupted) on a shutdown request.
+pub fn wait_readable(fd: impl AsFd, deadline: Instant) -> Result<bool> {
+    loop {
+        if shutdown_requested() {
+            return Err(SysError::Interrupted);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        let slice = (deadline - now).min(SLICE);
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let slice = slice.max(Duration::from_millis(1));
+        let timeout = Timespec {
+            tv_sec: slice.as_secs() as _,
+            tv_nsec: slice.subsec_nanos() as _,
+        };
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(n) if n > 0 => return Ok(true),
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(errno("poll", e)),
+        }
+    }
+}
+
+/// Makes sure `needed` bytes can be locked (registered). Raises the soft
+/// RLIMIT_MEMLOCK up to the hard limit if that suffices; otherwise fails with
+/// a message naming the limit and how to raise it.
+pub fn ensure_memlock(needed: u64) -> Result<()> {
+    let lim = rustix::process::getrlimit(Resource::Memlock);
+    // Other locked memory (libraries, CQ/QP rings) also counts: keep headroom.
+    let want = needed.saturating_add(8 << 20);
+    // None means unlimited.
+    let fits = |limit: Option<u64>| limit.is_none_or(|l| l >= want);
+    if fits(lim.current) {
+        return Ok(());
+    }
+    if fits(lim.maximum) {
+        let raised = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if rustix::process::setrlimit(Resource::Memlock, raised).is_ok() {
+            return Ok(());
+        }
+    }
+    Err(SysError::Memlock {
+        needed,
+        limit: lim.current.unwrap_or(u64::MAX),
+        hard: lim.maximum.unwrap_or(u64::MAX),
+    })
+}
+
+/// Peak resident set size of this process in bytes (0 if unknown).
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| vm_hwm_bytes(&status))
+        .unwrap_or(0)
+}
+
+/// The `VmHWM:` line of /proc/self/status, in bytes.
+fn vm_hwm_bytes(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Bytes available to an unprivileged writer on the filesystem holding `path`.
+pub fn free_space(path: &std::path::Path) -> std::io::Result<u64> {
+    let st = rustix::fs::statvfs(path)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Asks for a pipe buffer of `bytes` on `fd` (Linux F_SETPIPE_SZ), so that
+/// whole 1 MiB chunks pass a pipe with one wake-up of its other end rather
+/// than sixteen. Best effort: returns the size granted, or an error for
+/// descriptors that are not pipes or a size above the system's limit
+/// (/proc/sys/fs/pipe-max-size).
+pub fn set_pipe_size(fd: &impl AsFd, bytes: usize) -> std::io::Result<usize> {
+    Ok(rustix::pipe::fcntl_setpipe_size(fd, bytes)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_rss_is_read_from_proc() {
+        assert_eq!(
+            vm_hwm_bytes("Name:\tx\nVmHWM:\t    1234 kB\nVmRSS:\t 1 kB\n"),
+            Some(1234 * 1024)
+        );
+        assert_eq!(vm_hwm_bytes("Name:\tx\n"), None);
+        assert!(peak_rss_bytes() > 0);
+    }
+
+    #[test]
+    fn waits_on_a_pipe_until_it_is_readable_or_the_deadline() {
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        let t0 = Instant::now();
+        assert!(!wait_readable(&r, t0 + Duration::from_millis(50)).unwrap());
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        rustix::io::write(&w, b"x").unwrap();
+        assert!(wait_readable(&r, Instant::now() + Duration::from_secs(5)).unwrap());
+        set_nonblocking(r.as_fd(), "fcntl").unwrap();
+        assert!(
+            rustix::fs::fcntl_getfl(&r)
+                .unwrap()
+                .contains(rustix::fs::OFlags::NONBLOCK)
+        );
+    }
+
+    #[test]
+    fn memlock_within_the_limit_is_fine() {
+        ensure_memlock(0).unwrap();
+        assert!(free_space(std::path::Path::new("/")).is_ok());
+    }
+}

@@ -1,0 +1,426 @@
+//! Registered memory: local buffer pools (slots owned by tokens) and the
+//! remotely writable ring (no Rust references to it at all).
+
+use super::pd::ProtectionDomain;
+use super::{Result, SysError};
+use crate::sys::os::ensure_memlock;
+use rdma_sys::*;
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const PAGE: usize = 4096;
+
+/// The I/O virtual address the ring is registered at: the peer addresses
+/// the ring by offset and never learns where our heap is.
+const RING_IOVA: u64 = 0;
+
+/// What the NIC (and the peer) may do with a registration. Remote read is
+/// deliberately not offered: no region of ours is ever readable remotely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Local,
+    RemoteWrite,
+}
+
+/// A page-aligned, zeroed heap allocation registered with a protection
+/// domain. Deregistered before the memory is freed, and never freed when
+/// deregistration fails (the NIC or the peer might still reach it). Holds
+/// its PD alive.
+pub(super) struct Registration {
+    mr: *mut ibv_mr,
+    ptr: *mut u8,
+    len: usize,
+    layout: Layout,
+    pd: Rc<ProtectionDomain>,
+}
+
+impl Registration {
+    fn new(pd: &Rc<ProtectionDomain>, len: usize, access: Access) -> Result<Self> {
+        if len == 0 {
+            return Err(SysError::Invalid("cannot register an empty buffer".into()));
+        }
+        ensure_memlock(len as u64)?;
+        let size = len
+            .checked_next_multiple_of(PAGE)
+            .ok_or_else(|| SysError::Invalid(format!("buffer of {len} bytes is too large")))?;
+        let layout = Layout::from_size_align(size, PAGE)
+            .map_err(|e| SysError::Invalid(format!("buffer of {len} bytes: {e}")))?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(SysError::Invalid(format!(
+                "out of memory allocating {len} bytes"
+            )));
+        }
+        // REMOTE_WRITE requires LOCAL_WRITE; REMOTE_READ is never granted.
+        let mr = match access {
+            // SAFETY: pd is a live PD; ptr..ptr+len is our own allocation,
+            // kept alive until after a successful ibv_dereg_mr in Drop.
+            Access::Local => unsafe {
+                ibv_reg_mr(
+                    pd.raw(),
+                    ptr.cast(),
+                    len,
+                    ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as libc::c_int,
+                )
+            },
+            // SAFETY: as above; the iova only changes how the peer names
+            // the memory, not which memory is registered.
+            Access::RemoteWrite => unsafe {
+                ibv_reg_mr_iova(
+                    pd.raw(),
+                    ptr.cast(),
+                    len,
+                    RING_IOVA,
+                    (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+                        | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+                        .0 as libc::c_int,
+                )
+            },
+        };
+        if mr.is_null() {
+            let err = std::io::Error::last_os_error();
+            // SAFETY: ptr was allocated above with this layout and was never
+            // registered.
+            unsafe { dealloc(ptr, layout) };
+            if err.raw_os_error() == Some(libc::ENOMEM) {
+                // Re-check to name the limit instead of a bare ENOMEM.
+                ensure_memlock(u64::MAX / 2)?;
+            }
+            return Err(SysError::Call {
+                call: "ibv_reg_mr",
+                source: err,
+            });
+        }
+        Ok(Registration {
+            mr,
+            ptr,
+            len,
+            layout,
+            pd: pd.clone(),
+        })
+    }
+
+    pub(super) fn pd(&self) -> &Rc<ProtectionDomain> {
+        &self.pd
+    }
+
+    fn lkey(&self) -> u32 {
+        // SAFETY: self.mr is valid while self lives.
+        unsafe { (*self.mr).lkey }
+    }
+
+    fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.mr).rkey }
+    }
+
+    /// Checks that `[offset, offset+len)` lies inside the registration.
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(SysError::Invalid(format!(
+                "range {offset}+{len} outside a {}-byte region",
+                self.len
+            ))),
+        }
+    }
+}
+
+/// What to do with the memory once `ibv_dereg_mr` returned `rc`.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterDereg {
+    Free,
+    /// Deregistration failed: the memory may still be registered (and, for
+    /// the ring, remotely writable), so it must never be reused.
+    Leak,
+}
+
+fn after_dereg(rc: libc::c_int) -> AfterDereg {
+    if rc == 0 {
+        AfterDereg::Free
+    } else {
+        AfterDereg::Leak
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: mr is valid and deregistered exactly once.
+        let rc = unsafe { ibv_dereg_mr(self.mr) };
+        match after_dereg(rc) {
+            AfterDereg::Free => {
+                // SAFETY: deregistration succeeded, so neither the NIC nor
+                // the peer can reach the memory any more; ptr/layout are
+                // those of the allocation in `new`.
+                unsafe { dealloc(self.ptr, self.layout) }
+            }
+            AfterDereg::Leak => tracing::error!(
+                bytes = self.len,
+                "ibv_dereg_mr failed ({}): the memory stays allocated (leaked) because the \
+                 device may still access it",
+                std::io::Error::from_raw_os_error(rc.saturating_abs())
+            ),
+        }
+    }
+}
+
+/// Registered memory for local use (send, receive and staging buffers),
+/// cut into `count` slots of `slot_size` bytes. Each slot is owned by one
+/// [`Buffer`]; the pool hands out a slot's bytes only against its buffer.
+pub struct BufferPool {
+    mem: Rc<Registration>,
+    slot_size: usize,
+    count: usize,
+    id: u64,
+}
+
+/// The exclusive right to one slot of one [`BufferPool`]. Not `Clone`:
+/// whoever holds it may read and write the slot, and posting a work request
+/// on the slot moves it into the endpoint until the completion.
+#[derive(Debug)]
+pub struct Buffer {
+    index: usize,
+    pool: u64,
+}
+
+impl Buffer {
+    /// The slot's index in its pool.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl BufferPool {
+    /// Registers `count` slots of `slot_size` bytes (local access only) and
+    /// returns the pool with the one buffer of each slot, in index order.
+    pub fn new(
+        pd: &Rc<ProtectionDomain>,
+        slot_size: usize,
+        count: usize,
+    ) -> Result<(Self, Vec<Buffer>)> {
+        static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+        if slot_size == 0 || count == 0 {
+            return Err(SysError::Invalid("a buffer pool needs slots".into()));
+        }
+        let len = slot_size
+            .checked_mul(count)
+            .ok_or_else(|| SysError::Invalid("buffer pool too large".into()))?;
+        let mem = Rc::new(Registration::new(pd, len, Access::Local)?);
+        let id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
+        let buffers = (0..count).map(|index| Buffer { index, pool: id }).collect();
+        Ok((
+            BufferPool {
+                mem,
+                slot_size,
+                count,
+                id,
+            },
+            buffers,
+        ))
+    }
+
+    /// Size of each slot in bytes.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// Number of slots.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The first `len` bytes of `buf`'s slot, readable while both the pool
+    /// and the buffer are borrowed (so not while the buffer is posted).
+    pub fn bytes<'a>(&'a self, buf: &'a Buffer, len: usize) -> Result<&'a [u8]> {
+        let ptr = self.slot_ptr(buf, len)?;
+        // SAFETY: the range lies inside the live allocation (slot_ptr
+        // checked it) and is initialised (zeroed, then written by us or by
+        // a receive that completed); `buf` is the slot's only token and is
+        // borrowed for 'a, so nobody can write the slot meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+    }
+
+    /// The first `len` bytes of `buf`'s slot, writable while both the pool
+    /// and the buffer are borrowed.
+    pub fn bytes_mut<'a>(&'a self, buf: &'a mut Buffer, len: usize) -> Result<&'a mut [u8]> {
+        let ptr = self.slot_ptr(buf, len)?;
+        // SAFETY: as in `bytes`; `buf` is mutably borrowed for 'a, so this
+        // is the only reference to the slot.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+    }
+
+    /// Write access to the slots for one other thread (`std::thread::scope`),
+    /// bounded by a borrow of the pool.
+    pub fn filler(&self) -> BufferFiller<'_> {
+        BufferFiller {
+            base: self.mem.ptr,
+            slot_size: self.slot_size,
+            count: self.count,
+            id: self.id,
+            _pool: PhantomData,
+        }
+    }
+
+    /// Start of the first `len` bytes of `buf`'s slot, after checking that
+    /// `buf` belongs to this pool and `len` fits the slot.
+    fn slot_ptr(&self, buf: &Buffer, len: usize) -> Result<*mut u8> {
+        let offset = self.offset(buf, len)?;
+        // SAFETY: offset + len <= slot_size * count, the allocation's size.
+        Ok(unsafe { self.mem.ptr.add(offset) })
+    }
+
+    /// Byte offset of `buf`'s slot, after the same checks.
+    fn offset(&self, buf: &Buffer, len: usize) -> Result<usize> {
+        slot_offset(self.id, self.slot_size, self.count, buf, len)
+    }
+
+    /// The scatter entry for the first `len` bytes of `buf`'s slot.
+    pub(super) fn scatter_entry(&self, buf: &Buffer, len: usize) -> Result<ibv_sge> {
+        let offset = self.offset(buf, len)?;
+        self.mem.check(offset, len)?;
+        let length = u32::try_from(len)
+            .map_err(|_| SysError::Invalid(format!("{len} bytes exceed one work request")))?;
+        Ok(ibv_sge {
+            addr: self.mem.ptr as u64 + offset as u64,
+            length,
+            lkey: self.mem.lkey(),
+        })
+    }
+
+    /// The registration, kept alive by a posted request until it completes.
+    pub(super) fn registration(&self) -> &Rc<Registration> {
+        &self.mem
+    }
+}
+
+fn slot_offset(id: u64, slot_size: usize, count: usize, buf: &Buffer, len: usize) -> Result<usize> {
+    if buf.pool != id || buf.index >= count {
+        return Err(SysError::Invalid(format!(
+            "buffer {} of pool {} used with pool {id}",
+            buf.index, buf.pool
+        )));
+    }
+    if len > slot_size {
+        return Err(SysError::Invalid(format!(
+            "{len} bytes do not fit a {slot_size}-byte slot"
+        )));
+    }
+    Ok(buf.index * slot_size)
+}
+
+/// Write access to a pool's slots from one other thread, bounded by a
+/// borrow of the pool. A slot is reached only through its buffer, so two
+/// threads never get the same bytes.
+pub struct BufferFiller<'p> {
+    base: *mut u8,
+    slot_size: usize,
+    count: usize,
+    id: u64,
+    _pool: PhantomData<&'p BufferPool>,
+}
+
+// SAFETY: the filler hands out a slot only against a `&mut Buffer` of the
+// same pool, and each buffer exists once, so no two threads get the same
+// bytes; the pool borrow keeps the memory allocated and registered for as
+// long as the filler lives. It is not `Sync` (raw pointer field).
+unsafe impl Send for BufferFiller<'_> {}
+
+impl BufferFiller<'_> {
+    /// The first `len` bytes of `buf`'s slot, writable while both the
+    /// filler (hence the pool) and the buffer are borrowed.
+    pub fn slot_mut<'t>(&'t self, buf: &'t mut Buffer, len: usize) -> Result<&'t mut [u8]> {
+        let offset = slot_offset(self.id, self.slot_size, self.count, buf, len)?;
+        // SAFETY: the slot lies inside the pool's allocation (checked
+        // above), which outlives 't (the filler borrows the pool); `buf` is
+        // the slot's only token and is mutably borrowed for 't, so no other
+        // reference to these bytes exists meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.base.add(offset), len) })
+    }
+}
+
+/// Memory the peer may RDMA WRITE into (the receiver's ring). There is no
+/// `&[u8]` view of it: the peer and the NIC may change it at any moment,
+/// and a Rust reference to memory that changes under it is undefined
+/// behaviour. Its bytes are copied out with raw-pointer operations.
+pub struct RemoteRing {
+    mem: Registration,
+}
+
+impl RemoteRing {
+    /// Registers `len` bytes for remote write (never remote read).
+    pub fn new(pd: &Rc<ProtectionDomain>, len: usize) -> Result<Self> {
+        Ok(RemoteRing {
+            mem: Registration::new(pd, len, Access::RemoteWrite)?,
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    /// Always false: an empty ring cannot be registered.
+    pub fn is_empty(&self) -> bool {
+        self.mem.len == 0
+    }
+
+    /// The key the peer writes with.
+    pub fn rkey(&self) -> u32 {
+        self.mem.rkey()
+    }
+
+    /// The address the peer uses for byte 0 of the ring (an I/O virtual
+    /// address, not where the ring lives in our memory).
+    pub fn remote_addr(&self) -> u64 {
+        RING_IOVA
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` into `dst`. The caller
+    /// chooses a range the peer has finished writing (its completion came
+    /// and no credit for it went back); if a misbehaving peer writes it
+    /// anyway, `dst` gets some mix of old and new bytes, but everything
+    /// done afterwards (checksum, write to disk) sees one private copy.
+    pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.mem.check(offset, dst.len())?;
+        // SAFETY: the source range lies inside the live allocation (checked
+        // above) and the destination is a distinct, exclusively borrowed
+        // Rust buffer. The source is read as raw memory, never through a
+        // reference, so a concurrent device write cannot invalidate a Rust
+        // reference; the bytes copied are plain data (any value is valid).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.mem.ptr.add(offset), dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_freed_only_after_a_successful_deregistration() {
+        assert_eq!(after_dereg(0), AfterDereg::Free);
+        for rc in [libc::EBUSY, libc::EINVAL, -1, -libc::EBUSY] {
+            assert_eq!(after_dereg(rc), AfterDereg::Leak, "rc {rc}");
+        }
+    }
+
+    #[test]
+    fn a_buffer_only_opens_its_own_pool_and_slot() {
+        let own = Buffer { index: 2, pool: 7 };
+        assert_eq!(slot_offset(7, 4096, 4, &own, 4096).unwrap(), 2 * 4096);
+        assert_eq!(slot_offset(7, 4096, 4, &own, 0).unwrap(), 2 * 4096);
+        // Too long for the slot.
+        assert!(slot_offset(7, 4096, 4, &own, 4097).is_err());
+        // Another pool's buffer, even with a valid index.
+        assert!(slot_offset(8, 4096, 4, &own, 16).is_err());
+        // An index past the pool (cannot be built outside this module, but
+        // the check does not rely on that).
+        let past = Buffer { index: 4, pool: 7 };
+        assert!(slot_offset(7, 4096, 4, &past, 1).is_err());
+    }
+}
