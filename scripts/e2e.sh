@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the RDMA test binaries (tests/e2e.rs, faults.rs, sessions.rs, auth.rs,
+# Runs the RDMA test binaries (tests/verbs.rs, e2e.rs, faults.rs, sessions.rs, auth.rs,
 # hostile.rs, json.rs, pipes.rs) on a real RDMA stack: on this host if it has
 # one, else in the SoftRoCE guest (one boot for all). They must be built
 # already (make build). Tests run one at a time:
@@ -11,7 +11,7 @@ cd "$root"
 cmd=""
 # faults runs last, and its wire-cut case last within it: a link flap is the
 # most disruptive thing the suite does to the guest (see scripts/guest/wire.sh).
-for t in e2e sessions auth hostile json pipes faults; do
+for t in verbs e2e sessions auth hostile json pipes faults; do
   exe=$(cargo test --release --locked --test "$t" --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep "/$t-" | tail -1)
   [[ -x $exe ]] || { echo "e2e: test binary $t not found; run make build first" >&2; exit 1; }

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const PAGE: usize = 4096;
 
-/// The I/O virtual address the ring is registered at: the peer addresses
-/// the ring by offset and never learns where our heap is.
-const RING_IOVA: u64 = 0;
+/// Where a ring's I/O virtual address may start: page-aligned, below 2^47
+/// so that base + length never overflows.
+const RING_IOVA_MASK: u64 = 0x0000_7fff_ffff_f000;
 
 /// What the NIC (and the peer) may do with a registration. Remote read is
 /// deliberately not offered: no region of ours is ever readable remotely.
@@ -33,11 +33,24 @@ pub(super) struct Registration {
     ptr: *mut u8,
     len: usize,
     layout: Layout,
+    /// The address the NIC knows byte 0 by.
+    iova: u64,
     pd: Rc<ProtectionDomain>,
 }
 
 impl Registration {
     fn new(pd: &Rc<ProtectionDomain>, len: usize, access: Access) -> Result<Self> {
+        Self::with_iova(pd, len, access, None)
+    }
+
+    /// Registers a new allocation; with `iova`, the NIC (and the peer)
+    /// address it from that I/O virtual address instead of its real one.
+    fn with_iova(
+        pd: &Rc<ProtectionDomain>,
+        len: usize,
+        access: Access,
+        iova: Option<u64>,
+    ) -> Result<Self> {
         if len == 0 {
             return Err(SysError::Invalid("cannot register an empty buffer".into()));
         }
@@ -55,30 +68,20 @@ impl Registration {
             )));
         }
         // REMOTE_WRITE requires LOCAL_WRITE; REMOTE_READ is never granted.
-        let mr = match access {
+        let flags = match access {
+            Access::Local => ibv_access_flags::IBV_ACCESS_LOCAL_WRITE,
+            Access::RemoteWrite => {
+                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            }
+        };
+        let flags = flags.0 as libc::c_int;
+        let mr = match iova {
             // SAFETY: pd is a live PD; ptr..ptr+len is our own allocation,
             // kept alive until after a successful ibv_dereg_mr in Drop.
-            Access::Local => unsafe {
-                ibv_reg_mr(
-                    pd.raw(),
-                    ptr.cast(),
-                    len,
-                    ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as libc::c_int,
-                )
-            },
-            // SAFETY: as above; the iova only changes how the peer names
-            // the memory, not which memory is registered.
-            Access::RemoteWrite => unsafe {
-                ibv_reg_mr_iova(
-                    pd.raw(),
-                    ptr.cast(),
-                    len,
-                    RING_IOVA,
-                    (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-                        | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
-                        .0 as libc::c_int,
-                )
-            },
+            None => unsafe { ibv_reg_mr(pd.raw(), ptr.cast(), len, flags) },
+            // SAFETY: as above; the iova only changes how the NIC and the
+            // peer name the memory, not which memory is registered.
+            Some(iova) => unsafe { ibv_reg_mr_iova(pd.raw(), ptr.cast(), len, iova, flags) },
         };
         if mr.is_null() {
             let err = std::io::Error::last_os_error();
@@ -99,6 +102,7 @@ impl Registration {
             ptr,
             len,
             layout,
+            iova: iova.unwrap_or(ptr as u64),
             pd: pd.clone(),
         })
     }
@@ -350,10 +354,17 @@ pub struct RemoteRing {
 }
 
 impl RemoteRing {
-    /// Registers `len` bytes for remote write (never remote read).
+    /// Registers `len` bytes for remote write (never remote read), at a
+    /// random page-aligned I/O virtual address: the peer never learns where
+    /// the ring lives in our memory, and an address learnt from another
+    /// session's ring means nothing in this one.
     pub fn new(pd: &Rc<ProtectionDomain>, len: usize) -> Result<Self> {
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random)
+            .map_err(|e| SysError::Invalid(format!("no random bytes for the ring: {e}")))?;
+        let iova = u64::from_ne_bytes(random) & RING_IOVA_MASK;
         Ok(RemoteRing {
-            mem: Registration::new(pd, len, Access::RemoteWrite)?,
+            mem: Registration::with_iova(pd, len, Access::RemoteWrite, Some(iova))?,
         })
     }
 
@@ -375,7 +386,7 @@ impl RemoteRing {
     /// The address the peer uses for byte 0 of the ring (an I/O virtual
     /// address, not where the ring lives in our memory).
     pub fn remote_addr(&self) -> u64 {
-        RING_IOVA
+        self.mem.iova
     }
 
     /// Copies `dst.len()` bytes starting at `offset` into `dst`. The caller

@@ -15,7 +15,7 @@
 //! - Memory the peer may write ([`RemoteRing`]) has no `&[u8]` view at all:
 //!   the NIC may change it at any moment. It is copied out with raw-pointer
 //!   operations, and its real address is never sent to the peer (it is
-//!   registered at I/O virtual address 0, so the peer addresses offsets).
+//!   registered at a random I/O virtual address).
 
 mod cm;
 mod device;
