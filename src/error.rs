@@ -1,6 +1,7 @@
 //! Errors of a transfer and the exit codes they map to (documented in
 //! README and `--help`).
 
+use crate::proto::{ProtocolError, WireError};
 use crate::sys::SysError;
 
 /// Process exit codes shared by both tools.
@@ -73,10 +74,45 @@ pub enum XferError {
     },
     #[error("the receiver reported an I/O error: {0}")]
     PeerIo(String),
-    #[error("protocol error: {0}")]
-    Protocol(String),
+    /// The peer broke the session protocol, as the state machine found;
+    /// `context` says what was being handled.
+    #[error("protocol error: {}{source}", context.as_ref().map(|c| format!("{c}: ")).unwrap_or_default())]
+    Protocol {
+        /// What was being handled ("HELLO not allowed here"), if worth saying.
+        context: Option<String>,
+        /// What the state machine found.
+        source: ProtocolError,
+    },
+    /// The peer sent a control message that does not decode.
+    #[error("protocol error: malformed message from the {from}: {source}")]
+    Malformed {
+        /// "sender" or "receiver".
+        from: &'static str,
+        /// What the decoder found.
+        source: WireError,
+    },
+    /// The peer ended the session reporting a protocol error of ours.
+    #[error("protocol error: the {from} reports: {reason}")]
+    PeerReported {
+        /// "sender" or "receiver".
+        from: &'static str,
+        /// The reason it gave.
+        reason: String,
+    },
+    /// An invariant of this program failed (a bug, never the peer's doing).
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error("peer lost: {0}")]
     PeerLost(String),
+}
+
+impl From<ProtocolError> for XferError {
+    fn from(source: ProtocolError) -> Self {
+        XferError::Protocol {
+            context: None,
+            source,
+        }
+    }
 }
 
 impl XferError {
@@ -102,7 +138,10 @@ impl XferError {
             XferError::Rejected { .. } | XferError::Auth(_) => ExitCode::Rejected,
             XferError::Integrity(_) => ExitCode::Integrity,
             XferError::Io { .. } | XferError::PeerIo(_) => ExitCode::Io,
-            XferError::Protocol(_) => ExitCode::Other,
+            XferError::Protocol { .. }
+            | XferError::Malformed { .. }
+            | XferError::PeerReported { .. }
+            | XferError::Internal(_) => ExitCode::Other,
             XferError::PeerLost(_) => ExitCode::TimeoutOrPeerLost,
         }
     }
@@ -144,10 +183,37 @@ mod tests {
                 7,
             ),
             (XferError::PeerLost("gone".into()), 7),
-            (XferError::Protocol("bad".into()), 1),
+            (XferError::from(ProtocolError::ZeroCredit), 1),
+            (
+                XferError::Malformed {
+                    from: "sender",
+                    source: WireError::BadMagic(1),
+                },
+                1,
+            ),
+            (
+                XferError::PeerReported {
+                    from: "receiver",
+                    reason: "x".into(),
+                },
+                1,
+            ),
+            (XferError::Internal("bug".into()), 1),
         ];
         for (err, code) in cases {
             assert_eq!(err.exit_code() as u8, code, "{err}");
         }
+        let in_context = XferError::Protocol {
+            context: Some("HELLO not allowed here".into()),
+            source: ProtocolError::ZeroCredit,
+        };
+        assert_eq!(
+            in_context.to_string(),
+            "protocol error: HELLO not allowed here: CREDIT of 0 is invalid"
+        );
+        assert_eq!(
+            XferError::from(ProtocolError::ZeroCredit).to_string(),
+            "protocol error: CREDIT of 0 is invalid"
+        );
     }
 }

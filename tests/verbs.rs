@@ -31,7 +31,8 @@ fn completions(ep: &Endpoint, n: usize) -> Vec<Completion> {
     while out.len() < n {
         let left = deadline.saturating_duration_since(Instant::now());
         assert!(!left.is_zero(), "timed out waiting for {n} completions");
-        ep.wait(&mut out, n, left, "completions").expect("completion");
+        ep.wait(&mut out, n, left, "completions")
+            .expect("completion");
     }
     out
 }

@@ -70,7 +70,7 @@ impl Control {
     pub fn send(&mut self, ep: &Endpoint, msg: &Message) -> Result<(), XferError> {
         let mut buf = vec![0u8; MAX_MESSAGE];
         let len = encode(msg, &mut buf)
-            .map_err(|e| XferError::Protocol(format!("cannot encode {}: {e}", msg.kind())))?;
+            .map_err(|e| XferError::Internal(format!("cannot encode {}: {e}", msg.kind())))?;
         buf.truncate(len);
         self.queued.push_back(buf);
         self.flush(ep)
@@ -126,5 +126,5 @@ impl Control {
 
 /// The buffer a completion gave back (every request of ours has one).
 fn returned(buffer: Option<Buffer>) -> Result<Buffer, XferError> {
-    buffer.ok_or_else(|| XferError::Protocol("a completion without its buffer".into()))
+    buffer.ok_or_else(|| XferError::Internal("a completion without its buffer".into()))
 }

@@ -591,7 +591,7 @@ impl Session<'_> {
                 // The receive buffer carried no data: hand it back at once.
                 self.control.recycle(&self.ep, wc)?;
                 let imm = imm.ok_or_else(|| {
-                    XferError::Protocol("RDMA write completion without immediate data".into())
+                    XferError::Internal("RDMA write completion without immediate data".into())
                 })?;
                 self.on_chunk(byte_len, imm)?;
             }
@@ -612,16 +612,18 @@ impl Session<'_> {
                             reason,
                         });
                     }
-                    Err(e) => {
-                        let err =
-                            XferError::Protocol(format!("malformed message from the sender: {e}"));
+                    Err(source) => {
+                        let err = XferError::Malformed {
+                            from: "sender",
+                            source,
+                        };
                         return Err(self.abort(AckStatus::Protocol, err));
                     }
                 };
                 return self.on_message(msg);
             }
             (kind, opcode) => {
-                return Err(XferError::Protocol(format!(
+                return Err(XferError::Internal(format!(
                     "unexpected completion {opcode:?} for work request kind {kind:#x}"
                 )));
             }
@@ -659,12 +661,19 @@ impl Session<'_> {
                 self.control.send(&self.ep, &Message::Reject(reject))?;
             }
             Err(RecvError::Protocol(e)) => {
-                let err = XferError::Protocol(format!("{kind} not allowed here: {e}"));
+                let err = XferError::Protocol {
+                    context: Some(format!("{kind} not allowed here")),
+                    source: e,
+                };
                 return Err(self.abort(AckStatus::Protocol, err));
             }
             Err(e @ RecvError::TooLarge { .. }) => {
-                let err = XferError::Protocol(format!("{kind}: {e}"));
-                return Err(self.abort(AckStatus::Protocol, err));
+                let reason = format!("{kind}: {e}");
+                let err = XferError::Rejected {
+                    code: RejectCode::TooLarge.as_str(),
+                    reason: reason.clone(),
+                };
+                return Err(self.abort_with(AckStatus::Rejected, reason, err));
             }
         }
         Ok(Flow::Continue)
@@ -706,7 +715,7 @@ impl Session<'_> {
                     self.machine.reject(code, reason)
                 }
             }
-            .map_err(|e| XferError::Protocol(e.to_string()))?;
+            .map_err(XferError::from)?;
             return self.control.send(&self.ep, &reply);
         }
         if hello.is_stream() {
@@ -731,10 +740,7 @@ impl Session<'_> {
             });
         match prepared {
             Ok((mut file, ring)) => {
-                let reply = self
-                    .machine
-                    .accept(ring)
-                    .map_err(|e| XferError::Protocol(e.to_string()))?;
+                let reply = self.machine.accept(ring).map_err(XferError::from)?;
                 self.control.send(&self.ep, &reply)?;
                 // A file's time runs from its HELLO, like the sender's.
                 file.started = hello_at;
@@ -754,10 +760,7 @@ impl Session<'_> {
                 let elapsed = hello_at.elapsed();
                 self.report_failure(&hello.name, hello.size, hello.digest, elapsed, &err, false);
                 self.first_error.get_or_insert(err);
-                let reply = self
-                    .machine
-                    .reject(code, reason)
-                    .map_err(|e| XferError::Protocol(e.to_string()))?;
+                let reply = self.machine.reject(code, reason).map_err(XferError::from)?;
                 self.control.send(&self.ep, &reply)
             }
         }
@@ -945,7 +948,7 @@ impl Session<'_> {
         let ring = self
             .ring
             .as_ref()
-            .ok_or_else(|| XferError::Protocol("ring missing".into()))?;
+            .ok_or_else(|| XferError::Internal("ring missing".into()))?;
         Ok(RingInfo {
             addr: ring.remote_addr(),
             rkey: ring.rkey(),
@@ -966,19 +969,26 @@ impl Session<'_> {
                 };
                 return Err(self.abort_with(AckStatus::Rejected, reason, err));
             }
+            Err(RecvError::Protocol(source)) => {
+                let err = XferError::Protocol {
+                    context: Some("bad data write".into()),
+                    source,
+                };
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
             Err(e) => {
-                let err = XferError::Protocol(format!("bad data write: {e}"));
+                let err = XferError::Internal(format!("a data write gave {e}"));
                 return Err(self.abort(AckStatus::Protocol, err));
             }
         };
         let (Some(ring), Some(file)) = (self.ring.as_ref(), self.file.as_mut()) else {
-            return Err(XferError::Protocol("data without an open file".into()));
+            return Err(XferError::Internal("data without an open file".into()));
         };
         let t0 = Instant::now();
         let data = self
             .chunk
             .get_mut(..placement.len as usize)
-            .ok_or_else(|| XferError::Protocol("chunk longer than a slot".into()))?;
+            .ok_or_else(|| XferError::Internal("chunk longer than a slot".into()))?;
         ring.copy_out(placement.slot_offset as usize, data)?;
         let data = &*data;
         let crc = crc32fast::hash(data);
@@ -1001,7 +1011,7 @@ impl Session<'_> {
             Sink::Temp(t) => t.file.write_all_at(data, placement.file_offset),
             Sink::Stdout(out) if placement.file_offset == file.written => out.write_all(data),
             Sink::Stdout(_) => {
-                let err = XferError::Protocol(format!(
+                let err = XferError::Internal(format!(
                     "chunk {} of {} at offset {} is out of order ({} bytes written)",
                     placement.seq, file.name, placement.file_offset, file.written
                 ));
@@ -1044,7 +1054,7 @@ impl Session<'_> {
 
     fn on_fin(&mut self, fin: Fin) -> Result<(), XferError> {
         let Some(mut file) = self.file.take() else {
-            return Err(XferError::Protocol("FIN without an open file".into()));
+            return Err(XferError::Internal("FIN without an open file".into()));
         };
         let span = file.span.clone();
         let _enter = span.enter();
@@ -1090,7 +1100,7 @@ impl Session<'_> {
         let ack = self
             .machine
             .complete(status, reason)
-            .map_err(|e| XferError::Protocol(e.to_string()))?;
+            .map_err(XferError::from)?;
         self.control.send(&self.ep, &ack)?;
         match err {
             None => {

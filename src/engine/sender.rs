@@ -214,7 +214,7 @@ impl Pipeline<'_> {
     /// A write completed: its slot goes back to the reader.
     fn write_done(&mut self, wc: Completion) -> Result<(), XferError> {
         let token = wc.buffer.ok_or_else(|| {
-            XferError::Protocol(format!("write completion {:#x} without its slot", wc.wr_id))
+            XferError::Internal(format!("write completion {:#x} without its slot", wc.wr_id))
         })?;
         self.posted = self.posted.saturating_sub(1);
         // The reader may already be gone (session ending): nothing to do then.
@@ -309,7 +309,7 @@ impl Tracker<'_> {
     /// The receiver's verdict on the oldest pending entry.
     fn answer(&mut self, entry: Pending, verdict: Verdict) -> Result<(), FileError> {
         let mismatch = || {
-            FileError::Fatal(XferError::Protocol(format!(
+            FileError::Fatal(XferError::Internal(format!(
                 "a verdict for a {entry:?} does not match the entries sent"
             )))
         };
@@ -671,7 +671,7 @@ impl Connection {
         };
         pipe.jobs
             .send(job)
-            .map_err(|_| XferError::Protocol("the reader thread is gone".into()))?;
+            .map_err(|_| XferError::Internal("the reader thread is gone".into()))?;
         let mut time = DataPathTimes::default();
         let digest = loop {
             if self.session.credits() > 0
@@ -764,7 +764,7 @@ impl Connection {
             match pipe.filled.recv_timeout(READER_SLICE) {
                 Ok(msg) => return Ok(msg),
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(FileError::Fatal(XferError::Protocol(
+                    return Err(FileError::Fatal(XferError::Internal(
                         "the reader thread is gone".into(),
                     )));
                 }
@@ -802,9 +802,9 @@ impl Connection {
         } else {
             self.session.next_chunk()
         }
-        .ok_or_else(|| XferError::Protocol("no chunk to plan despite credit".into()))?;
+        .ok_or_else(|| XferError::Internal("no chunk to plan despite credit".into()))?;
         if plan.seq != seq || plan.len != len {
-            return Err(FileError::Fatal(XferError::Protocol(format!(
+            return Err(FileError::Fatal(XferError::Internal(format!(
                 "reader chunk {seq} ({len} bytes) does not match plan {} ({} bytes)",
                 plan.seq, plan.len
             ))));
@@ -905,8 +905,11 @@ impl Connection {
                 (wr::WRITE, WcOpcode::RdmaWrite) => pipe.write_done(wc)?,
                 (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
                 (wr::RECV, WcOpcode::Recv) => {
-                    let msg = self.control.take_message(&self.ep, wc)?.map_err(|e| {
-                        XferError::Protocol(format!("malformed message from the receiver: {e}"))
+                    let msg = self.control.take_message(&self.ep, wc)?.map_err(|source| {
+                        XferError::Malformed {
+                            from: "receiver",
+                            source,
+                        }
                     })?;
                     match self.session.on_message(msg).map_err(proto_err)? {
                         // Already applied by the state machine.
@@ -915,7 +918,7 @@ impl Connection {
                     }
                 }
                 (kind, opcode) => {
-                    return Err(FileError::Fatal(XferError::Protocol(format!(
+                    return Err(FileError::Fatal(XferError::Internal(format!(
                         "unexpected completion {opcode:?} for work request kind {kind:#x}"
                     ))));
                 }
@@ -931,10 +934,7 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
-        let bye = self
-            .session
-            .close()
-            .map_err(|e| XferError::Protocol(e.to_string()))?;
+        let bye = self.session.close().map_err(XferError::from)?;
         self.control.send(&self.ep, &bye)?;
         while self.control.busy() {
             match self.expect_nothing(cfg, pipe, tracker, "delivery of BYE") {
@@ -972,7 +972,7 @@ fn proto_err(e: ProtocolError) -> FileError {
             code: code.as_str(),
             reason,
         },
-        other => XferError::Protocol(other.to_string()),
+        other => XferError::from(other),
     })
 }
 
@@ -988,19 +988,22 @@ fn auth_error(reason: &str) -> XferError {
 }
 
 fn unexpected(event: &SenderEvent) -> FileError {
-    FileError::Fatal(XferError::Protocol(format!("unexpected event {event:?}")))
+    FileError::Fatal(XferError::Internal(format!("unexpected event {event:?}")))
 }
 
 fn ack_error(status: AckStatus, reason: String) -> XferError {
     match status {
-        AckStatus::Ok => XferError::Protocol("unexpected ACK(ok)".into()),
+        AckStatus::Ok => XferError::Internal("an abort with status ok".into()),
         AckStatus::Integrity => XferError::Integrity(format!("the receiver reports: {reason}")),
         AckStatus::Io => XferError::PeerIo(reason),
         AckStatus::Rejected => XferError::Rejected {
             code: "rejected",
             reason,
         },
-        AckStatus::Protocol => XferError::Protocol(format!("the receiver reports: {reason}")),
+        AckStatus::Protocol => XferError::PeerReported {
+            from: "receiver",
+            reason,
+        },
     }
 }
 
