@@ -13,6 +13,7 @@ mod reader;
 pub mod receiver;
 mod report;
 pub mod sender;
+mod stdio;
 
 pub use digest::FileHasher;
 pub use progress::{FileProgress, NoProgress, Progress, ProgressSink};

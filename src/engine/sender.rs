@@ -545,7 +545,7 @@ impl Connection {
                 let stdin = std::io::stdin().as_fd().try_clone_to_owned().map_err(|e| {
                     FileError::Fatal(XferError::io("cannot read standard input", e))
                 })?;
-                super::receiver::grow_pipe(&stdin, cfg.chunk_size as usize);
+                super::stdio::grow_pipe(&stdin, cfg.chunk_size as usize);
                 let offer = FileOffer {
                     name,
                     size: 0,

@@ -1,0 +1,296 @@
+//! Receiver: listens, and per session answers each HELLO with the ring (or a
+//! REJECT), checks and writes every chunk the sender RDMA-writes into the
+//! ring, returns credits, and on FIN verifies, fsyncs and renames before the
+//! ACK. A directory HELLO is answered by creating the directory (ACK) or a
+//! REJECT. Paths inside --dir are resolved component by component without
+//! following links; with --stdout the one file or stream goes to standard
+//! output instead.
+
+mod session;
+mod store;
+
+use crate::engine::control::Control;
+use crate::engine::progress::ProgressSink;
+use crate::engine::report::FileEvent;
+use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
+use crate::error::XferError;
+use crate::proto::{
+    Message, NONCE_LEN, ReceiverConfig as MachineConfig, ReceiverSession, Reject, RejectCode, Token,
+};
+use crate::sys::SysError;
+use crate::sys::os::shutdown_requested;
+use crate::sys::rdma::{CmId, Endpoint, EventChannel, IncomingConnection, QpCaps, probe_devices};
+use session::Session;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use store::FileStore;
+use tracing::{debug, error, error_span, info, warn};
+
+#[derive(Debug, Clone)]
+pub struct ReceiverConfig {
+    pub bind: SocketAddr,
+    pub dir: PathBuf,
+    pub once: bool,
+    pub overwrite: bool,
+    pub slots: u32,
+    pub chunk_size: u32,
+    pub busy_poll: bool,
+    pub timeout: Duration,
+    /// Largest file accepted (checked before any memory is registered).
+    pub max_size: u64,
+    /// Sessions served at once; more connections are refused with a reason.
+    pub max_sessions: usize,
+    /// Shared secret senders must prove before anything else; None accepts anyone.
+    pub token: Option<Token>,
+    /// Write the one received file or stream to standard output instead of
+    /// --dir (requires `once`).
+    pub stdout: bool,
+    /// Told about each file's progress (the tool draws bars with it).
+    pub progress: ProgressSink,
+}
+
+impl ReceiverConfig {
+    pub fn new(bind: SocketAddr, dir: PathBuf) -> Self {
+        ReceiverConfig {
+            bind,
+            dir,
+            once: false,
+            overwrite: false,
+            slots: DEFAULT_SLOTS,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            busy_poll: false,
+            timeout: DEFAULT_TIMEOUT,
+            max_size: u64::MAX,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            token: None,
+            stdout: false,
+            progress: ProgressSink::default(),
+        }
+    }
+}
+
+/// Longest wait for a sender's AUTH (when a token is set), so that peers
+/// without the secret cannot keep all session slots busy for long.
+pub(super) const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default of --max-sessions.
+pub const DEFAULT_MAX_SESSIONS: usize = 8;
+
+/// Control messages the receiver may have outstanding at once from the
+/// sender besides the data writes: a pipelining sender has up to
+/// `proto::MAX_PENDING` entries unanswered, plus a HELLO, a BYE, a KEEPALIVE.
+const CONTROL_RECVS: u32 = crate::proto::MAX_PENDING as u32 + 8;
+const SEND_BUFFERS: usize = 16;
+
+/// Called for every file a sender offered: after it was committed, or when
+/// it failed (refused, failed its check, or cut short by the session's end).
+pub type OnFile<'a> = dyn Fn(FileEvent<'_>) + Sync + 'a;
+
+/// Serves sessions, each on its own thread, until SIGINT/SIGTERM; with
+/// `once`, exactly one session (whose status is then returned).
+pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError> {
+    if cfg.stdout {
+        if !cfg.once {
+            return Err(XferError::Usage(
+                "--stdout needs --once: standard output takes one file or stream".into(),
+            ));
+        }
+    } else {
+        let dir_meta = std::fs::metadata(&cfg.dir)
+            .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
+        if !dir_meta.is_dir() {
+            return Err(XferError::Usage(format!(
+                "{} is not a directory",
+                cfg.dir.display()
+            )));
+        }
+    }
+    probe_devices()?;
+    let channel = EventChannel::new()?;
+    let listener = CmId::new(&channel)?;
+    listener.listen(cfg.bind, 64)?;
+    info!(bind = %cfg.bind, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
+    let sessions = AtomicUsize::new(0);
+    let refusals = AtomicUsize::new(0);
+    let next_id = AtomicU64::new(1);
+    std::thread::scope(|scope| {
+        loop {
+            if shutdown_requested() {
+                let running = sessions.load(Ordering::SeqCst);
+                info!(running, "shutting down (running sessions end first)");
+                return Ok(());
+            }
+            let request = match listener.get_request(Duration::from_millis(500)) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(SysError::Interrupted) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let conn = match request.detach() {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!("cannot take an incoming connection: {e}");
+                    continue;
+                }
+            };
+            let id = next_id.fetch_add(1, Ordering::Relaxed);
+            let peer = conn
+                .peer_addr()
+                .map_or_else(|| "?".to_string(), |a| a.ip().to_string());
+            let span = error_span!("session", id, peer = %peer);
+            if cfg.once {
+                return span.in_scope(|| run_logged(cfg, conn, on_file));
+            }
+            if sessions.load(Ordering::SeqCst) >= cfg.max_sessions {
+                // Say why, on a thread of its own so the listener goes on;
+                // a flood beyond that is refused at the CM level (on drop).
+                if refusals.fetch_add(1, Ordering::SeqCst) < cfg.max_sessions {
+                    let refusals = &refusals;
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("refuse-{id}"))
+                        .spawn_scoped(scope, move || {
+                            let _enter = span.enter();
+                            refuse_busy(cfg, conn);
+                            refusals.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    if let Err(e) = spawned {
+                        refusals.fetch_sub(1, Ordering::SeqCst);
+                        warn!("cannot start a thread: {e}");
+                    }
+                } else {
+                    refusals.fetch_sub(1, Ordering::SeqCst);
+                    warn!(peer = %peer, "too many connections: refused without a reason");
+                }
+                continue;
+            }
+            sessions.fetch_add(1, Ordering::SeqCst);
+            let sessions = &sessions;
+            let spawned = std::thread::Builder::new()
+                .name(format!("session-{id}"))
+                .spawn_scoped(scope, move || {
+                    let _enter = span.enter();
+                    if let Err(e) = run_logged(cfg, conn, on_file) {
+                        cfg.progress
+                            .notice(&format!("receiver: session {id} from {peer} failed: {e}"));
+                    }
+                    sessions.fetch_sub(1, Ordering::SeqCst);
+                });
+            if let Err(e) = spawned {
+                sessions.fetch_sub(1, Ordering::SeqCst);
+                warn!("cannot start a session thread: {e}");
+            }
+        }
+    })
+}
+
+/// Runs one session and logs how it ended.
+fn run_logged(
+    cfg: &ReceiverConfig,
+    conn: IncomingConnection,
+    on_file: &OnFile<'_>,
+) -> Result<(), XferError> {
+    let started = Instant::now();
+    let result = run_session(cfg, conn, on_file);
+    match &result {
+        Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
+        Err(e) => error!(elapsed = ?started.elapsed(), "session failed: {e}"),
+    }
+    result
+}
+
+/// Accepts a connection only to tell the sender that all sessions are taken.
+fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
+    let reason = format!(
+        "the receiver is busy: {} sessions are running (its --max-sessions); try again later",
+        cfg.max_sessions
+    );
+    warn!("refused: {reason}");
+    let result = (|| -> Result<(), XferError> {
+        let id = conn.into_id()?;
+        let caps = QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: 1,
+        };
+        let ep = Endpoint::new(id, caps, false)?;
+        let mut control = Control::new(&ep, 1, 1)?;
+        let timeout = cfg.timeout.min(Duration::from_secs(5));
+        ep.cm_id().accept(timeout)?;
+        let reject = Message::Reject(Reject::new(RejectCode::Busy, reason));
+        control.send(&ep, &reject)?;
+        control.drain(&ep, timeout)?;
+        ep.cm_id().disconnect(Duration::from_secs(1));
+        Ok(())
+    })();
+    if let Err(e) = result {
+        debug!("could not deliver the busy refusal: {e}");
+    }
+}
+
+fn run_session(
+    cfg: &ReceiverConfig,
+    conn: IncomingConnection,
+    on_file: &OnFile<'_>,
+) -> Result<(), XferError> {
+    let store = FileStore::open(cfg)?;
+    let id = conn.into_id()?;
+    let recvs = cfg.slots + CONTROL_RECVS;
+    let caps = QpCaps {
+        max_send_wr: SEND_BUFFERS as u32 + 4,
+        max_recv_wr: recvs,
+    };
+    let ep = Endpoint::new(id, caps, cfg.busy_poll)?;
+    let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
+    super::tune_ack_timeout(ep.cm_id());
+    let accept_started = Instant::now();
+    ep.cm_id().accept(cfg.timeout)?;
+    let connect_time = accept_started.elapsed();
+    info!(
+        connect_s = connect_time.as_secs_f64(),
+        "session established"
+    );
+    let machine = new_machine(cfg)?;
+    let peer = ep
+        .cm_id()
+        .peer_addr()
+        .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+    let mut session = Session::new(
+        cfg,
+        on_file,
+        peer,
+        connect_time,
+        ep,
+        control,
+        machine,
+        store,
+    );
+    let result = session.run();
+    session.finish(result)
+}
+
+/// The session's state machine; with a token, it requires AUTH over a fresh
+/// nonce from the OS RNG before anything else.
+fn new_machine(cfg: &ReceiverConfig) -> Result<ReceiverSession, XferError> {
+    let machine_cfg = MachineConfig {
+        slot_size: cfg.chunk_size,
+        slot_count: cfg.slots,
+        credit_batch: (cfg.slots / 4).max(1),
+        max_size: cfg.max_size,
+    };
+    let Some(token) = &cfg.token else {
+        return Ok(ReceiverSession::new(machine_cfg));
+    };
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).map_err(|e| {
+        XferError::io(
+            "cannot get random bytes for the challenge",
+            std::io::Error::other(e),
+        )
+    })?;
+    Ok(ReceiverSession::with_auth(
+        machine_cfg,
+        token.clone(),
+        nonce,
+    ))
+}

@@ -1,0 +1,626 @@
+//! One receiver session: the loop that drives the receiver's state machine
+//! over the connection (control messages, data completions, credits) and
+//! the file store, from the greeting to BYE or the first fatal error.
+
+use super::store::{FileStore, Refusal, Sink, commit};
+use super::{OnFile, ReceiverConfig};
+use crate::engine::control::Control;
+use crate::engine::digest::{FileHasher, digest_hex};
+use crate::engine::progress::{FileProgress, Progress};
+use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
+use crate::engine::{wait_completions, wr};
+use crate::error::XferError;
+use crate::proto::{
+    Ack, AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, PROTOCOL_VERSION,
+    ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo,
+    WireError,
+};
+use crate::sys::rdma::{Completion, Endpoint, RemoteRing, WcOpcode};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, error_span, info, warn};
+
+/// The file or stream being received.
+struct IncomingFile {
+    name: String,
+    /// The offered size (0 for a stream: unknown).
+    size: u64,
+    digest_alg: DigestAlg,
+    sink: Sink,
+    mode: u32,
+    mtime: Option<Mtime>,
+    hasher: FileHasher,
+    /// Bytes written so far (standard output is written strictly in order).
+    written: u64,
+    started: Instant,
+    /// The file's log span (name, size) and its phase timings so far.
+    span: tracing::Span,
+    phases: Phases,
+    data_started: Instant,
+    /// Time spent checking and writing chunks (logged for tuning).
+    check_time: Duration,
+    write_time: Duration,
+    progress: Box<dyn FileProgress>,
+}
+
+pub(super) struct Session<'a> {
+    cfg: &'a ReceiverConfig,
+    on_file: &'a OnFile<'a>,
+    /// The sender's address, for log messages.
+    peer: String,
+    /// How long accepting the connection took (a phase of every file).
+    connect_time: Duration,
+    ep: Endpoint,
+    control: Control,
+    /// Registered at the first accepted HELLO, reused for every file.
+    ring: Option<RemoteRing>,
+    /// Private copy of the chunk being handled: what is checked is what is
+    /// written, whatever the peer does to the ring meanwhile.
+    chunk: Vec<u8>,
+    machine: ReceiverSession,
+    store: FileStore,
+    file: Option<IncomingFile>,
+    /// A per-file failure that did not end the session (--once reports it).
+    first_error: Option<XferError>,
+    /// Standard output was closed by its reader (EPIPE): the session ended
+    /// on purpose, quietly; what to log.
+    output_closed: Option<String>,
+}
+
+/// What handling one completion decided.
+enum Flow {
+    Continue,
+    /// BYE: the sender is done.
+    Done,
+}
+
+impl<'a> Session<'a> {
+    /// A session on an accepted connection whose greeting is not sent yet.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        cfg: &'a ReceiverConfig,
+        on_file: &'a OnFile<'a>,
+        peer: String,
+        connect_time: Duration,
+        ep: Endpoint,
+        control: Control,
+        machine: ReceiverSession,
+        store: FileStore,
+    ) -> Self {
+        Session {
+            cfg,
+            on_file,
+            peer,
+            connect_time,
+            ep,
+            control,
+            ring: None,
+            chunk: Vec::new(),
+            machine,
+            store,
+            file: None,
+            first_error: None,
+            output_closed: None,
+        }
+    }
+
+    /// Greets the sender and handles completions until BYE or an error.
+    pub(super) fn run(&mut self) -> Result<(), XferError> {
+        // Always the first message: the sender waits for it.
+        let challenge = self.machine.challenge();
+        self.control.send(&self.ep, &challenge)?;
+        let mut wcs = Vec::with_capacity(16);
+        loop {
+            wcs.clear();
+            let (what, timeout) = match (&self.file, self.machine.state()) {
+                (Some(_), _) => ("data from the sender", self.cfg.timeout),
+                // An unauthenticated peer holds a session slot only briefly.
+                (None, ReceiverState::AwaitAuth) => (
+                    "the sender's AUTH",
+                    self.cfg.timeout.min(super::AUTH_TIMEOUT),
+                ),
+                (None, _) => ("the next HELLO or BYE", self.cfg.timeout),
+            };
+            wait_completions(&self.ep, &mut wcs, timeout, what)?;
+            for wc in wcs.drain(..) {
+                if let Flow::Done = self.on_completion(wc)? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn on_completion(&mut self, wc: Completion) -> Result<Flow, XferError> {
+        match (wr::kind(wc.wr_id), wc.opcode) {
+            (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
+            (wr::RECV, WcOpcode::RecvWithImm) => {
+                let (byte_len, imm) = (wc.byte_len, wc.imm);
+                // The receive buffer carried no data: hand it back at once.
+                self.control.recycle(&self.ep, wc)?;
+                let imm = imm.ok_or_else(|| {
+                    XferError::Internal("RDMA write completion without immediate data".into())
+                })?;
+                self.on_chunk(byte_len, imm)?;
+            }
+            (wr::RECV, WcOpcode::Recv) => {
+                let decoded = self.control.take_message(&self.ep, wc)?;
+                let msg = match decoded {
+                    Ok(m) => m,
+                    Err(WireError::UnknownVersion(v)) => {
+                        let reason = format!(
+                            "protocol version {v} is not supported (this receiver speaks {PROTOCOL_VERSION})"
+                        );
+                        let _ = self.control.send(
+                            &self.ep,
+                            &Message::Reject(Reject::new(RejectCode::Version, reason.clone())),
+                        );
+                        return Err(XferError::Rejected {
+                            code: RejectCode::Version.as_str(),
+                            reason,
+                        });
+                    }
+                    Err(source) => {
+                        let err = XferError::Malformed {
+                            from: "sender",
+                            source,
+                        };
+                        return Err(self.abort(AckStatus::Protocol, err));
+                    }
+                };
+                return self.on_message(msg);
+            }
+            (kind, opcode) => {
+                return Err(XferError::Internal(format!(
+                    "unexpected completion {opcode:?} for work request kind {kind:#x}"
+                )));
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn on_message(&mut self, msg: Message) -> Result<Flow, XferError> {
+        let kind = msg.kind();
+        // What a refused offer is reported as (the machine takes the HELLO).
+        let offer = match &msg {
+            Message::Hello(h) => Some((h.name.clone(), h.size, h.digest)),
+            _ => None,
+        };
+        match self.machine.on_message(msg) {
+            Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
+            Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin)?,
+            Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
+            Ok(ReceiverEvent::Authenticated) => info!("sender authenticated"),
+            Ok(ReceiverEvent::AuthIgnored) => {
+                debug!("AUTH ignored: this receiver has no token")
+            }
+            Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
+            Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
+            Err(RecvError::Reject(reject)) => {
+                warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
+                let err = XferError::Rejected {
+                    code: reject.code.as_str(),
+                    reason: reject.reason.clone(),
+                };
+                if let Some((name, size, alg)) = offer {
+                    self.report_failure(&name, size, alg, Duration::ZERO, &err, false);
+                }
+                self.first_error.get_or_insert(err);
+                self.control.send(&self.ep, &Message::Reject(reject))?;
+            }
+            Err(RecvError::Protocol(e)) => {
+                let err = XferError::Protocol {
+                    context: Some(format!("{kind} not allowed here")),
+                    source: e,
+                };
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+            Err(e @ RecvError::TooLarge { .. }) => {
+                let reason = format!("{kind}: {e}");
+                let err = XferError::Rejected {
+                    code: RejectCode::TooLarge.as_str(),
+                    reason: reason.clone(),
+                };
+                return Err(self.abort_with(AckStatus::Rejected, reason, err));
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// The sender did not prove the secret: tell it (best effort) and end
+    /// the session before anything is written or exposed.
+    fn auth_failed(&mut self, failure: AuthFailure) -> XferError {
+        warn!(
+            "authentication failed from {}: {}",
+            self.peer,
+            failure.detail()
+        );
+        let _ = self
+            .control
+            .send(&self.ep, &Message::Reject(failure.reject()));
+        self.file = None;
+        XferError::Auth(failure.to_string())
+    }
+
+    /// Checks that need the file system, then opens the temporary file and
+    /// exposes the ring (registered once per session). A directory is
+    /// created (or found) and answered at once.
+    fn on_hello(&mut self, hello: Hello) -> Result<(), XferError> {
+        let hello_at = Instant::now();
+        if hello.is_directory() {
+            info!(dir = %hello.name, "directory");
+            let reply = match self.store.make_dir(&hello) {
+                Ok(()) => self.machine.accept_directory(),
+                Err((code, reason)) => {
+                    warn!(dir = %hello.name, code = code.as_str(), "refused: {reason}");
+                    let err = XferError::Rejected {
+                        code: code.as_str(),
+                        reason: reason.clone(),
+                    };
+                    let elapsed = hello_at.elapsed();
+                    self.report_failure(&hello.name, 0, hello.digest, elapsed, &err, false);
+                    self.first_error.get_or_insert(err);
+                    self.machine.reject(code, reason)
+                }
+            }
+            .map_err(XferError::from)?;
+            return self.control.send(&self.ep, &reply);
+        }
+        if hello.is_stream() {
+            info!(file = %hello.name, "offer of a stream (size unknown)");
+        } else {
+            info!(file = %hello.name, size = hello.size, "offer");
+        }
+        // The ring is registered only for an acceptable offer; if that
+        // fails (memlock limit, say) the sender hears why instead of
+        // waiting for an MR that never comes.
+        let prepared = self
+            .prepare_file(&hello)
+            .and_then(|file| match self.ring_info() {
+                Ok(ring) => Ok((file, ring)),
+                Err(e) => {
+                    error!("cannot register the receive ring: {e}");
+                    Err((
+                        RejectCode::Io,
+                        format!("the receiver cannot register its ring: {e}"),
+                    ))
+                }
+            });
+        match prepared {
+            Ok((mut file, ring)) => {
+                let reply = self.machine.accept(ring).map_err(XferError::from)?;
+                self.control.send(&self.ep, &reply)?;
+                // A file's time runs from its HELLO, like the sender's.
+                file.started = hello_at;
+                file.phases.connect = self.connect_time;
+                file.phases.mr_exchange = hello_at.elapsed();
+                file.data_started = Instant::now();
+                file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
+                self.file = Some(file);
+                Ok(())
+            }
+            Err((code, reason)) => {
+                warn!(file = %hello.name, code = code.as_str(), "refused: {reason}");
+                let err = XferError::Rejected {
+                    code: code.as_str(),
+                    reason: reason.clone(),
+                };
+                let elapsed = hello_at.elapsed();
+                self.report_failure(&hello.name, hello.size, hello.digest, elapsed, &err, false);
+                self.first_error.get_or_insert(err);
+                let reply = self.machine.reject(code, reason).map_err(XferError::from)?;
+                self.control.send(&self.ep, &reply)
+            }
+        }
+    }
+
+    /// Opens where the offered file goes (see `FileStore::create`) and
+    /// starts its bookkeeping.
+    fn prepare_file(&mut self, hello: &Hello) -> Result<IncomingFile, Refusal> {
+        let sink = self
+            .store
+            .create(hello, self.cfg.overwrite, &self.cfg.dir)?;
+        let span = if hello.is_stream() {
+            error_span!("file", name = %hello.name, size = "unknown")
+        } else {
+            error_span!("file", name = %hello.name, size = hello.size)
+        };
+        Ok(IncomingFile {
+            name: hello.name.clone(),
+            size: hello.size,
+            digest_alg: hello.digest,
+            sink,
+            mode: hello.mode & 0o777,
+            mtime: hello.mtime,
+            hasher: FileHasher::new(hello.digest),
+            written: 0,
+            started: Instant::now(),
+            span,
+            phases: Phases::default(),
+            data_started: Instant::now(),
+            check_time: Duration::ZERO,
+            write_time: Duration::ZERO,
+            // Replaced by the observer's once the offer is accepted.
+            progress: crate::engine::progress::NoProgress.file_started("", 0),
+        })
+    }
+
+    fn ring_info(&mut self) -> Result<RingInfo, XferError> {
+        if self.ring.is_none() {
+            let len = self.cfg.slots as usize * self.cfg.chunk_size as usize;
+            let ring = RemoteRing::new(self.ep.pd(), len)?;
+            debug!(len, rkey = ring.rkey(), "ring registered");
+            self.ring = Some(ring);
+            self.chunk = vec![0; self.cfg.chunk_size as usize];
+        }
+        let ring = self
+            .ring
+            .as_ref()
+            .ok_or_else(|| XferError::Internal("ring missing".into()))?;
+        Ok(RingInfo {
+            addr: ring.remote_addr(),
+            rkey: ring.rkey(),
+            slot_size: self.cfg.chunk_size,
+            slot_count: self.cfg.slots,
+        })
+    }
+
+    fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), XferError> {
+        let placement = match self.machine.on_chunk(byte_len, imm) {
+            Ok(p) => p,
+            Err(e @ RecvError::TooLarge { .. }) => {
+                let name = self.file.as_ref().map_or("?", |f| f.name.as_str());
+                let reason = format!("{name}: {e}");
+                let err = XferError::Rejected {
+                    code: RejectCode::TooLarge.as_str(),
+                    reason: reason.clone(),
+                };
+                return Err(self.abort_with(AckStatus::Rejected, reason, err));
+            }
+            Err(RecvError::Protocol(source)) => {
+                let err = XferError::Protocol {
+                    context: Some("bad data write".into()),
+                    source,
+                };
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+            Err(e) => {
+                let err = XferError::Internal(format!("a data write gave {e}"));
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+        };
+        let (Some(ring), Some(file)) = (self.ring.as_ref(), self.file.as_mut()) else {
+            return Err(XferError::Internal("data without an open file".into()));
+        };
+        let t0 = Instant::now();
+        let data = self
+            .chunk
+            .get_mut(..placement.len as usize)
+            .ok_or_else(|| XferError::Internal("chunk longer than a slot".into()))?;
+        ring.copy_out(placement.slot_offset as usize, data)?;
+        let data = &*data;
+        let crc = crc32fast::hash(data);
+        let t1 = Instant::now();
+        if crc != placement.expected_crc {
+            let mut msg = format!(
+                "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
+                placement.seq, file.name, placement.file_offset, placement.expected_crc
+            );
+            if let Sink::Stdout(_) = file.sink {
+                msg.push_str(&format!(
+                    "; standard output got only the {} bytes before it",
+                    file.written
+                ));
+            }
+            let err = XferError::Integrity(msg);
+            return Err(self.abort(AckStatus::Integrity, err));
+        }
+        let written = match &mut file.sink {
+            Sink::Temp(t) => t.file.write_all_at(data, placement.file_offset),
+            Sink::Stdout(out) if placement.file_offset == file.written => out.write_all(data),
+            Sink::Stdout(_) => {
+                let err = XferError::Internal(format!(
+                    "chunk {} of {} at offset {} is out of order ({} bytes written)",
+                    placement.seq, file.name, placement.file_offset, file.written
+                ));
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+        };
+        if let Err(e) = written {
+            let stdout = matches!(file.sink, Sink::Stdout(_));
+            if stdout && e.kind() == std::io::ErrorKind::BrokenPipe {
+                // The reader of our output is gone (`| head`, say): not an
+                // error of ours. Tell the sender why, and end quietly.
+                let msg = format!(
+                    "standard output was closed after {} bytes of {} (broken pipe): stopped receiving",
+                    file.written, file.name
+                );
+                let context = format!(
+                    "the receiver's standard output was closed by its reader after {} bytes",
+                    file.written
+                );
+                self.output_closed = Some(msg);
+                return Err(self.abort(AckStatus::Io, XferError::io(context, e)));
+            }
+            let what = if stdout {
+                format!("cannot write {} to standard output", file.name)
+            } else {
+                format!("cannot write {}", file.name)
+            };
+            return Err(self.abort(AckStatus::Io, XferError::io(what, e)));
+        }
+        file.written += u64::from(placement.len);
+        file.hasher.update(data, crc);
+        file.check_time += t1 - t0;
+        file.write_time += t1.elapsed();
+        file.progress.advance(placement.len.into());
+        if let Some(credit) = self.machine.chunk_done() {
+            self.control.send(&self.ep, &credit)?;
+        }
+        Ok(())
+    }
+
+    fn on_fin(&mut self, fin: Fin) -> Result<(), XferError> {
+        let Some(mut file) = self.file.take() else {
+            return Err(XferError::Internal("FIN without an open file".into()));
+        };
+        let span = file.span.clone();
+        let _enter = span.enter();
+        file.phases.data = file.data_started.elapsed();
+        let fin_at = Instant::now();
+        let hasher = std::mem::replace(
+            &mut file.hasher,
+            FileHasher::new(crate::proto::DigestAlg::Crc32),
+        );
+        let digest = hasher.finish();
+        debug!(
+            file = %file.name,
+            elapsed_s = file.started.elapsed().as_secs_f64(),
+            crc_s = file.check_time.as_secs_f64(),
+            write_s = file.write_time.as_secs_f64(),
+            "all data received"
+        );
+        let stdout = matches!(file.sink, Sink::Stdout(_));
+        let (status, reason, err) = if digest != fin.digest {
+            let mut reason = format!(
+                "whole-file digest mismatch for {}: received data hashes to {}, the sender's is {}",
+                file.name,
+                digest_hex(&digest),
+                digest_hex(&fin.digest)
+            );
+            if stdout {
+                // Written bytes cannot be taken back: say so, loudly.
+                reason.push_str(
+                    "; the data already written to the receiver's standard output is corrupt",
+                );
+            }
+            (
+                AckStatus::Integrity,
+                reason.clone(),
+                Some(XferError::Integrity(reason)),
+            )
+        } else {
+            match commit(
+                &mut file.sink,
+                &file.name,
+                file.mode,
+                file.mtime,
+                self.cfg.overwrite,
+            ) {
+                Ok(()) => (AckStatus::Ok, String::new(), None),
+                Err(e) => (AckStatus::Io, e.to_string(), Some(e)),
+            }
+        };
+        let ack = self
+            .machine
+            .complete(status, reason)
+            .map_err(XferError::from)?;
+        self.control.send(&self.ep, &ack)?;
+        match err {
+            None => {
+                file.phases.commit = fin_at.elapsed();
+                file.phases.log(&file.name, fin.bytes);
+                let report = FileReport {
+                    name: file.name.clone(),
+                    bytes: fin.bytes,
+                    elapsed: file.started.elapsed(),
+                    digest,
+                    phases: file.phases,
+                };
+                file.progress.finished();
+                (self.on_file)(FileEvent::Done(&report));
+            }
+            Some(e) => {
+                error!(file = %file.name, "{e}");
+                self.report_file_failure(&file, &e, false);
+                self.first_error.get_or_insert(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A fatal error mid-session: tell the sender why (best effort), and
+    /// return the error. The temporary file is removed when `file` drops.
+    fn abort(&mut self, status: AckStatus, err: XferError) -> XferError {
+        let reason = err.to_string();
+        self.abort_with(status, reason, err)
+    }
+
+    /// As `abort`, with the reason the sender hears given apart.
+    fn abort_with(&mut self, status: AckStatus, reason: String, err: XferError) -> XferError {
+        // After a peer-caused error the machine is already Closed and
+        // refuses complete(); the ACK is then built directly.
+        let ack = self
+            .machine
+            .complete(status, reason.clone())
+            .unwrap_or_else(|_| Message::Ack(Ack::new(status, reason)));
+        let _ = self.control.send(&self.ep, &ack);
+        if let Some(file) = self.file.take() {
+            self.report_file_failure(&file, &err, true);
+        }
+        err
+    }
+
+    /// Reports a file that was not received (`on_file`).
+    fn report_failure(
+        &self,
+        name: &str,
+        size: u64,
+        alg: DigestAlg,
+        elapsed: Duration,
+        err: &XferError,
+        session_ended: bool,
+    ) {
+        let failure = FileFailure::new(
+            name,
+            size,
+            alg,
+            elapsed,
+            self.connect_time,
+            err,
+            session_ended,
+        );
+        (self.on_file)(FileEvent::Failed(&failure));
+    }
+
+    fn report_file_failure(&self, file: &IncomingFile, err: &XferError, session_ended: bool) {
+        let elapsed = file.started.elapsed();
+        self.report_failure(
+            &file.name,
+            file.size,
+            file.digest_alg,
+            elapsed,
+            err,
+            session_ended,
+        );
+    }
+
+    /// Lets queued replies reach the sender, then disconnects.
+    pub(super) fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
+        // Best effort: the session is over either way.
+        let _ = self.control.drain(&self.ep, Duration::from_secs(2));
+        if let (Err(e), Some(file)) = (&result, self.file.take()) {
+            // Where the file stood, for whoever reads the logs.
+            file.span.in_scope(|| {
+                info!(
+                    phase = "data",
+                    bytes_done = self.machine.bytes_received(),
+                    "file abandoned: {e}"
+                )
+            });
+            self.report_file_failure(&file, e, true);
+        }
+        self.file = None;
+        self.store.finish_dirs();
+        self.ep.cm_id().disconnect(Duration::from_secs(1));
+        if let Some(msg) = self.output_closed.take() {
+            warn!("{msg}");
+            return Ok(());
+        }
+        result?;
+        match self.first_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,574 @@
+//! The receiver's file store: where received entries go (a tree under
+//! `--dir`, or standard output), checked against what is on disk, written
+//! to a temporary file next to the final name and committed (fsync, rename,
+//! fsync of the directory) only once verified. Paths are resolved component
+//! by component from the output directory's descriptor, never through a
+//! link. No RDMA here: unit-tested with a temporary directory.
+
+use super::ReceiverConfig;
+use crate::error::XferError;
+use crate::proto::{Hello, Mtime, RejectCode};
+use crate::sys::dirfd::{DirFd, EntryKind};
+use crate::sys::os::free_space;
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// Where received entries go.
+pub(super) enum FileStore {
+    /// Under --dir: every path resolved from this descriptor, component by
+    /// component, never through a link.
+    Tree {
+        root: DirFd,
+        /// Attributes of directories created in this session that are
+        /// applied when it ends (deepest last created first): an mtime
+        /// would be changed by the entries created inside, and a mode
+        /// without owner write/search would forbid creating them.
+        deferred: Vec<DirAttrs>,
+    },
+    /// --stdout: the one file or stream of the session; None once taken.
+    Stdout(Option<File>),
+}
+
+pub(super) struct DirAttrs {
+    path: String,
+    mode: Option<u32>,
+    mtime: Option<Mtime>,
+}
+
+/// A refusal of an offer: the code and reason the sender hears.
+pub(super) type Refusal = (RejectCode, String);
+
+impl FileStore {
+    pub(super) fn open(cfg: &ReceiverConfig) -> Result<FileStore, XferError> {
+        if cfg.stdout {
+            // A duplicate of descriptor 1: unbuffered writes of whole
+            // chunks, and a write error (EPIPE) is ours to handle.
+            use std::os::fd::AsFd;
+            let fd = std::io::stdout()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| XferError::io("cannot use standard output", e))?;
+            crate::engine::stdio::grow_pipe(&fd, cfg.chunk_size as usize);
+            return Ok(FileStore::Stdout(Some(File::from(fd))));
+        }
+        let root = DirFd::open(&cfg.dir)
+            .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
+        Ok(FileStore::Tree {
+            root,
+            deferred: Vec::new(),
+        })
+    }
+
+    /// Applies the deferred directory attributes (best effort: a failure
+    /// is logged, the data is already safe).
+    pub(super) fn finish_dirs(&mut self) {
+        let FileStore::Tree { root, deferred } = self else {
+            return;
+        };
+        for attrs in deferred.drain(..).rev() {
+            let applied = open_path(root, &attrs.path).and_then(|dir| {
+                let f = dir.as_file()?;
+                if let Some(mode) = attrs.mode {
+                    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                }
+                if let Some(t) = attrs.mtime.and_then(system_time) {
+                    f.set_modified(t)?;
+                }
+                Ok(())
+            });
+            if let Err(e) = applied {
+                warn!(dir = %attrs.path, "cannot set the mode or time of a received directory: {e}");
+            }
+        }
+    }
+
+    /// Creates the directory `hello.name` (mode 0700 while its entries
+    /// arrive, see `FileStore::Tree::deferred`), or accepts an existing one
+    /// as it is.
+    pub(super) fn make_dir(&mut self, hello: &Hello) -> Result<(), Refusal> {
+        let FileStore::Tree { root, deferred } = self else {
+            return Err((
+                RejectCode::Protocol,
+                format!(
+                    "the receiver writes to its standard output (--stdout) and cannot create                      directory {}; send a tar stream instead (tar -cf - DIR | sender HOST -)",
+                    hello.name
+                ),
+            ));
+        };
+        let (parent, leaf) = open_parent(root, &hello.name)?;
+        let io =
+            |what: &str, e: std::io::Error| (RejectCode::Io, format!("{what} {}: {e}", hello.name));
+        match parent.kind(&leaf).map_err(|e| io("cannot inspect", e))? {
+            Some(EntryKind::Dir) => {
+                debug!(dir = %hello.name, "exists already: kept as it is");
+                return Ok(());
+            }
+            Some(EntryKind::Symlink) => {
+                return Err((
+                    RejectCode::Exists,
+                    format!(
+                        "{} is a symbolic link on the receiver: not followed",
+                        hello.name
+                    ),
+                ));
+            }
+            Some(_) => {
+                return Err((
+                    RejectCode::Exists,
+                    format!(
+                        "{} exists on the receiver and is not a directory",
+                        hello.name
+                    ),
+                ));
+            }
+            None => {}
+        }
+        parent
+            .mkdir(&leaf, 0o700)
+            .map_err(|e| io("cannot create directory", e))?;
+        let mode = hello.mode & 0o777;
+        // Owner write and search are needed while entries are created inside.
+        let now = if mode & 0o300 == 0o300 {
+            mode
+        } else {
+            mode | 0o700
+        };
+        let dir = parent
+            .open_dir(&leaf)
+            .map_err(|e| io("cannot open the new directory", e))?;
+        dir.as_file()
+            .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(now)))
+            .map_err(|e| io("cannot set the mode of", e))?;
+        // The new entry must survive a crash like every acknowledged file.
+        parent
+            .sync()
+            .map_err(|e| io("cannot fsync the parent of", e))?;
+        if now != mode || hello.mtime.is_some() {
+            deferred.push(DirAttrs {
+                path: hello.name.clone(),
+                mode: (now != mode).then_some(mode),
+                mtime: hello.mtime,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks an offer against what is on disk (exists, free space, links
+    /// on the way) and opens where its bytes go: a new temporary file next
+    /// to the final name, or standard output.
+    pub(super) fn create(
+        &mut self,
+        hello: &Hello,
+        overwrite: bool,
+        dir: &Path,
+    ) -> Result<Sink, Refusal> {
+        let sink = match self {
+            FileStore::Stdout(out) => {
+                let Some(out) = out.take() else {
+                    return Err((
+                        RejectCode::Protocol,
+                        format!(
+                            "the receiver writes to its standard output (--stdout) and takes one                              file or stream per session; {} is one too many",
+                            hello.name
+                        ),
+                    ));
+                };
+                Sink::Stdout(out)
+            }
+            FileStore::Tree { root, .. } => {
+                let (parent, leaf) = open_parent(root, &hello.name)?;
+                match parent.kind(&leaf) {
+                    Ok(Some(EntryKind::Dir)) => {
+                        return Err((
+                            RejectCode::Exists,
+                            format!("{} exists and is a directory", hello.name),
+                        ));
+                    }
+                    Ok(Some(_)) if !overwrite => {
+                        return Err((
+                            RejectCode::Exists,
+                            format!(
+                                "{} already exists on the receiver (it runs without --overwrite)",
+                                hello.name
+                            ),
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err((
+                            RejectCode::Io,
+                            format!("cannot inspect {}: {e}", hello.name),
+                        ));
+                    }
+                }
+                // A stream's size is unknown: it is checked as it arrives
+                // (--max-size by the state machine, space by the writes).
+                if !hello.is_stream() {
+                    match free_space(dir) {
+                        Ok(free) if free < hello.size => {
+                            return Err((
+                                RejectCode::NoSpace,
+                                format!(
+                                    "{} needs {} bytes but only {free} are free",
+                                    hello.name, hello.size
+                                ),
+                            ));
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            warn!("cannot check free space of {}: {e}", dir.display())
+                        }
+                    }
+                }
+                let temp = temp_name();
+                let file = parent.create_new(&temp, 0o600).map_err(|e| {
+                    (
+                        RejectCode::Io,
+                        format!("cannot create a file in the output directory: {e}"),
+                    )
+                })?;
+                Sink::Temp(TempFile {
+                    parent,
+                    temp,
+                    leaf,
+                    file,
+                    committed: false,
+                })
+            }
+        };
+        Ok(sink)
+    }
+}
+
+/// Opens `path` (relative, already validated) below `root`, every component
+/// with O_NOFOLLOW.
+fn open_path(root: &DirFd, path: &str) -> std::io::Result<DirFd> {
+    let mut dir = root.try_clone()?;
+    for c in path.split('/') {
+        dir = dir.open_dir(c)?;
+    }
+    Ok(dir)
+}
+
+/// Opens the directory that holds `path`'s last component; returns it and
+/// that component. Refuses symbolic links and non-directories on the way.
+fn open_parent(root: &DirFd, path: &str) -> Result<(DirFd, String), Refusal> {
+    let (parents, leaf) = match path.rsplit_once('/') {
+        Some((p, l)) => (Some(p), l),
+        None => (None, path),
+    };
+    let mut dir = root.try_clone().map_err(|e| {
+        (
+            RejectCode::Io,
+            format!("cannot open the output directory: {e}"),
+        )
+    })?;
+    if let Some(parents) = parents {
+        let mut walked = String::new();
+        for c in parents.split('/') {
+            if !walked.is_empty() {
+                walked.push('/');
+            }
+            walked.push_str(c);
+            dir = dir.open_dir(c).map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT) => (
+                    RejectCode::Io,
+                    format!("directory {walked} does not exist on the receiver"),
+                ),
+                Some(libc::ELOOP | libc::ENOTDIR) => {
+                    if dir.kind(c).ok().flatten() == Some(EntryKind::Symlink) {
+                        (
+                            RejectCode::Exists,
+                            format!("{walked} is a symbolic link on the receiver: not followed"),
+                        )
+                    } else {
+                        (
+                            RejectCode::Exists,
+                            format!("{walked} exists on the receiver and is not a directory"),
+                        )
+                    }
+                }
+                _ => (
+                    RejectCode::Io,
+                    format!("cannot open directory {walked}: {e}"),
+                ),
+            })?;
+        }
+    }
+    Ok((dir, leaf.to_string()))
+}
+
+fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
+    let epoch = std::time::UNIX_EPOCH;
+    let nanos = Duration::from_nanos(m.nanos.into());
+    if m.secs >= 0 {
+        epoch
+            .checked_add(Duration::from_secs(m.secs as u64))?
+            .checked_add(nanos)
+    } else {
+        epoch
+            .checked_sub(Duration::from_secs(m.secs.unsigned_abs()))?
+            .checked_add(nanos)
+    }
+}
+
+/// A temporary file next to the final name, removed on drop unless it was
+/// renamed into place.
+pub(super) struct TempFile {
+    parent: DirFd,
+    temp: String,
+    leaf: String,
+    pub(super) file: File,
+    committed: bool,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.committed
+            && let Err(e) = self.parent.unlink(&self.temp)
+        {
+            warn!(path = %self.temp, "cannot remove temporary file: {e}");
+        }
+    }
+}
+
+pub(super) enum Sink {
+    Temp(TempFile),
+    /// Standard output (chunks arrive in order and are written as they come).
+    Stdout(File),
+}
+
+/// A temporary name that does not depend on the (up to 255-byte) final name.
+fn temp_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        ".rdma-xfer-{}-{}-{nanos:08x}.part",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Makes a verified file durable: for a temporary file, apply the mode (and
+/// mtime), fsync, rename into place, fsync the directory; for standard
+/// output, fsync when it is a file.
+pub(super) fn commit(
+    sink: &mut Sink,
+    name: &str,
+    mode: u32,
+    mtime: Option<Mtime>,
+    overwrite: bool,
+) -> Result<(), XferError> {
+    let ctx = |what: &str| format!("{what} {name}");
+    let t = match sink {
+        Sink::Stdout(out) => {
+            // A pipe or terminal cannot be fsynced (EINVAL); a file can.
+            return match out.sync_all() {
+                Err(e) if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EROFS)) => {
+                    Err(XferError::io("cannot fsync standard output", e))
+                }
+                _ => Ok(()),
+            };
+        }
+        Sink::Temp(t) => t,
+    };
+    t.file
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(|e| XferError::io(ctx("cannot set the mode of"), e))?;
+    if let Some(m) = mtime.and_then(system_time) {
+        t.file
+            .set_modified(m)
+            .map_err(|e| XferError::io(ctx("cannot set the modification time of"), e))?;
+    }
+    t.file
+        .sync_all()
+        .map_err(|e| XferError::io(ctx("cannot fsync"), e))?;
+    t.parent
+        .rename(&t.temp, &t.leaf, !overwrite)
+        .map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
+    t.committed = true;
+    t.parent
+        .sync()
+        .map_err(|e| XferError::io(ctx("cannot fsync the directory of"), e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtimes_convert_both_sides_of_the_epoch() {
+        let t = |secs, nanos| system_time(Mtime { secs, nanos });
+        let epoch = std::time::UNIX_EPOCH;
+        assert_eq!(t(0, 0), Some(epoch));
+        assert_eq!(t(10, 5), Some(epoch + Duration::new(10, 5)));
+        assert_eq!(
+            t(-10, 5),
+            Some(epoch - Duration::from_secs(10) + Duration::from_nanos(5))
+        );
+        // Out of the platform's range: no time rather than a panic.
+        let _ = t(i64::MAX, 999_999_999);
+        let _ = t(i64::MIN, 999_999_999);
+    }
+
+    #[test]
+    fn parents_are_opened_without_following_links() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("a/b")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("a/link")).unwrap();
+        std::fs::write(root.path().join("a/file"), b"").unwrap();
+        let r = DirFd::open(root.path()).unwrap();
+        let (_, leaf) = open_parent(&r, "a/b/c").unwrap();
+        assert_eq!(leaf, "c");
+        let (_, leaf) = open_parent(&r, "top").unwrap();
+        assert_eq!(leaf, "top");
+        let err = |p| open_parent(&r, p).map(|_| ()).unwrap_err();
+        assert_eq!(err("a/link/x").0, RejectCode::Exists);
+        assert!(
+            err("a/link/x").1.contains("symbolic link"),
+            "{:?}",
+            err("a/link/x")
+        );
+        assert_eq!(err("a/file/x").0, RejectCode::Exists);
+        assert_eq!(err("a/missing/x").0, RejectCode::Io);
+        assert!(err("a/missing/x").1.contains("a/missing does not exist"));
+        assert!(open_path(&r, "a/b").is_ok());
+        assert!(open_path(&r, "a/link").is_err());
+    }
+
+    fn hello(name: &str, size: u64) -> Hello {
+        Hello {
+            version: crate::proto::PROTOCOL_VERSION,
+            caps: crate::proto::hello_flags::MTIME,
+            name: name.into(),
+            size,
+            mode: 0o640,
+            digest: crate::proto::DigestAlg::Crc32,
+            mtime: Some(Mtime {
+                secs: 1_000_000_000,
+                nanos: 5,
+            }),
+        }
+    }
+
+    fn store(dir: &Path) -> FileStore {
+        let cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), dir.into());
+        FileStore::open(&cfg).unwrap()
+    }
+
+    fn write(sink: &mut Sink, bytes: &[u8]) {
+        let Sink::Temp(t) = sink else {
+            panic!("a tree store writes temporary files")
+        };
+        std::io::Write::write_all(&mut t.file, bytes).unwrap();
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_file_appears_under_its_name_only_when_committed() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let h = hello("f.bin", 3);
+        let mut sink = s.create(&h, false, root.path()).unwrap();
+        write(&mut sink, b"abc");
+        let names = entries(root.path());
+        assert_eq!(names.len(), 1);
+        assert!(names[0].starts_with(".rdma-xfer-"), "{names:?}");
+        commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap();
+        drop(sink);
+        assert_eq!(entries(root.path()), ["f.bin"]);
+        let path = root.path().join("f.bin");
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"abc");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+        assert_eq!(
+            meta.modified().unwrap(),
+            system_time(h.mtime.unwrap()).unwrap()
+        );
+    }
+
+    #[test]
+    fn an_uncommitted_file_leaves_nothing_behind() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let mut sink = s.create(&hello("gone", 3), false, root.path()).unwrap();
+        write(&mut sink, b"abc");
+        drop(sink);
+        assert!(entries(root.path()).is_empty());
+    }
+
+    #[test]
+    fn existing_entries_are_refused_or_replaced_as_configured() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("old"), b"old").unwrap();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        let mut s = store(root.path());
+        let mut refusal = |name: &str, size: u64, overwrite: bool| {
+            s.create(&hello(name, size), overwrite, root.path())
+                .map(|_| ())
+                .unwrap_err()
+                .0
+        };
+        assert_eq!(refusal("old", 1, false), RejectCode::Exists);
+        assert_eq!(refusal("d", 1, true), RejectCode::Exists);
+        assert_eq!(refusal("huge", u64::MAX, false), RejectCode::NoSpace);
+        assert_eq!(refusal("missing/x", 1, false), RejectCode::Io);
+        let mut sink = s.create(&hello("old", 3), true, root.path()).unwrap();
+        write(&mut sink, b"new");
+        // Without --overwrite, a file that appeared meanwhile is kept.
+        assert!(commit(&mut sink, "old", 0o600, None, false).is_err());
+        commit(&mut sink, "old", 0o600, None, true).unwrap();
+        drop(sink);
+        assert_eq!(std::fs::read(root.path().join("old")).unwrap(), b"new");
+        assert_eq!(entries(root.path()), ["d", "old"]);
+    }
+
+    #[test]
+    fn directories_are_created_once_and_never_through_links() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("link")).unwrap();
+        let mut s = store(root.path());
+        let mut d = hello("sub", 0);
+        d.mode = 0o500;
+        s.make_dir(&d).unwrap();
+        // Kept writable while entries arrive; the mode comes at the end.
+        let mode = |p: &str| {
+            std::fs::metadata(root.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(mode("sub"), 0o700);
+        s.make_dir(&d).unwrap();
+        assert_eq!(
+            s.make_dir(&hello("link", 0)).unwrap_err().0,
+            RejectCode::Exists
+        );
+        assert_eq!(
+            s.make_dir(&hello("link/x", 0)).unwrap_err().0,
+            RejectCode::Exists
+        );
+        s.finish_dirs();
+        assert_eq!(mode("sub"), 0o500);
+        assert!(entries(outside.path()).is_empty());
+    }
+}
