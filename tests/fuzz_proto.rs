@@ -572,6 +572,39 @@ impl RxAuth {
     }
 }
 
+/// Every reply the receiver queued.
+fn replies(r: &mut ReceiverSession) -> Vec<Message> {
+    std::iter::from_fn(|| r.poll_transmit()).collect()
+}
+
+/// The machine answers every error of the sender's with exactly one reply
+/// of its own making (the engine builds none), and nothing else: a REJECT
+/// for a refused offer, REJECT(auth) for a failed authentication, an ACK
+/// saying why for a broken session; nothing once the session is closed.
+fn replies_fit(
+    before: ReceiverState,
+    err: Option<&RecvError>,
+    replies: &[Message],
+) -> Result<(), TestCaseError> {
+    let Some(err) = err.filter(|_| before != ReceiverState::Closed) else {
+        prop_assert!(replies.is_empty(), "unasked replies {:?}", replies);
+        return Ok(());
+    };
+    prop_assert_eq!(replies.len(), 1, "{} answered with {:?}", err, replies);
+    match (err, &replies[0]) {
+        (RecvError::Reject(r), Message::Reject(m)) => prop_assert_eq!(r, m),
+        (RecvError::Auth(_), Message::Reject(m)) => prop_assert_eq!(m.code, RejectCode::Auth),
+        (RecvError::Protocol(_), Message::Ack(a)) => {
+            prop_assert_eq!(a.status, AckStatus::Protocol)
+        }
+        (RecvError::TooLarge { .. }, Message::Ack(a)) => {
+            prop_assert_eq!(a.status, AckStatus::Rejected)
+        }
+        (e, m) => return Err(TestCaseError::fail(format!("{e} answered with {m:?}"))),
+    }
+    Ok(())
+}
+
 /// The legal next step of a sender / engine pair in state `state`.
 fn legal_rx(
     state: ReceiverState,
@@ -675,17 +708,19 @@ fn check_receiver(
     // Authenticated in this session (or no token configured).
     let mut admitted = auth.is_none();
     // The greeting: asks for AUTH exactly when a token is configured.
-    let Message::Challenge(c) = r.challenge() else {
-        return Err(TestCaseError::fail("challenge() is not a CHALLENGE"));
+    let Some(Message::Challenge(c)) = r.poll_transmit() else {
+        return Err(TestCaseError::fail("the first message is not a CHALLENGE"));
     };
+    prop_assert!(replies(&mut r).is_empty());
     prop_assert_eq!(c.auth_required(), auth.is_some());
     prop_assert_eq!(r.state() == AwaitAuth, auth.is_some());
     for action in actions {
         let action = match action {
             RxAction::Legal(seed) => match legal_rx(r.state(), &m, &cfg, &auth, seed) {
                 RxAction::Legal(_) => {
-                    // Closed: the next session.
+                    // Closed: the next session (its CHALLENGE goes first).
                     r = RxAuth::session(&auth, cfg);
+                    prop_assert!(matches!(r.poll_transmit(), Some(Message::Challenge(_))));
                     m = RxModel::default();
                     admitted = auth.is_none();
                     continue;
@@ -702,7 +737,18 @@ fn check_receiver(
                     RxAction::Msg(msg) => msg,
                     RxAction::Frame(b) => match decode(&b) {
                         Ok(msg) => msg,
-                        Err(_) => continue,
+                        Err(e) => {
+                            // An undecodable frame ends the session with
+                            // the machine's own reply.
+                            let version =
+                                matches!(e, rdma_xfer::proto::WireError::UnknownVersion(_));
+                            let err = r.on_undecodable(e);
+                            let sent = replies(&mut r);
+                            replies_fit(before, Some(&err), &sent)?;
+                            prop_assert_eq!(version, matches!(err, RecvError::Reject(_)));
+                            prop_assert_eq!(r.state(), Closed);
+                            continue;
+                        }
                     },
                     RxAction::FinLike {
                         dbytes,
@@ -726,6 +772,7 @@ fn check_receiver(
                 let kind = msg.kind();
                 let sent = msg.clone();
                 let result = r.on_message(msg);
+                replies_fit(before, result.as_ref().err(), &replies(&mut r))?;
                 if before == Closed {
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
                 }
@@ -838,7 +885,9 @@ fn check_receiver(
                     ChunkLen::SlotPlus(d) => cfg.slot_size.saturating_add(d),
                     ChunkLen::Any(v) => v,
                 };
-                match r.on_chunk(len, imm) {
+                let result = r.on_chunk(len, imm);
+                replies_fit(before, result.as_ref().err(), &replies(&mut r))?;
+                match result {
                     Ok(p) => {
                         prop_assert_eq!(before, Receiving);
                         let ring = m
@@ -1111,8 +1160,12 @@ struct TxModel {
     credits: u64,
     planned: u64,
     chunks: u64,
-    /// Entries awaiting their verdict, oldest first.
+    /// Entries awaiting their verdict, oldest first, and their tags.
     pending: VecDeque<Pending>,
+    tags: VecDeque<u64>,
+    /// The tag of the next entry, and of the file being sent.
+    next_tag: u64,
+    tag: u64,
 }
 
 static TX: Reached = Reached::new();
@@ -1222,7 +1275,9 @@ fn check_sender(
                     kind,
                     mtime: None,
                 };
-                match s.start_file(offer) {
+                let tag = m.next_tag;
+                m.next_tag += 1;
+                match s.start_file(offer, tag) {
                     Ok(msg) => {
                         prop_assert_eq!(before, Idle);
                         prop_assert!(m.pending.len() < MAX_PENDING);
@@ -1247,7 +1302,9 @@ fn check_sender(
                             // No ring for a directory: its answer is pending.
                             prop_assert_eq!(s.state(), Idle);
                             m.pending.push_back(Pending::Directory);
+                            m.tags.push_back(tag);
                         } else {
+                            m.tag = tag;
                             prop_assert_eq!(s.state(), AwaitRing);
                             m.size = if kind == OfferKind::File { size } else { 0 };
                             m.stream = kind == OfferKind::Stream;
@@ -1335,10 +1392,15 @@ fn check_sender(
                         prop_assert!(m.credits <= u64::from(ring.slot_count));
                         prop_assert_eq!(s.state(), before);
                     }
-                    Ok(SenderEvent::Answered { entry, verdict }) => {
-                        // In order: the oldest pending entry.
+                    Ok(SenderEvent::Answered {
+                        tag,
+                        entry,
+                        verdict,
+                    }) => {
+                        // In order: the oldest pending entry, named by its tag.
                         prop_assert!(matches!(before, Idle | AwaitRing));
                         prop_assert_eq!(Some(entry), m.pending.pop_front());
+                        prop_assert_eq!(Some(tag), m.tags.pop_front());
                         if let Verdict::Reject(_) = verdict {
                             prop_assert_eq!(entry, Pending::Directory);
                         }
@@ -1355,56 +1417,71 @@ fn check_sender(
                     Err(_) => prop_assert_eq!(s.state(), Closed),
                 }
             }
-            TxAction::NextChunk(n) => {
-                for _ in 0..n {
-                    let plan = s.next_chunk();
-                    let can =
-                        s.state() == Sending && !m.stream && m.credits > 0 && m.planned < m.size;
-                    let Some(p) = plan else {
-                        // Progress whenever a credit and data are there.
-                        prop_assert!(!can, "no chunk planned with credit and data left");
-                        break;
-                    };
-                    prop_assert!(can, "chunk planned without credit / data / ring");
-                    check_plan(&p, &m, chunk_size)?;
-                    prop_assert!(p.file_offset + u64::from(p.len) <= m.size);
-                    m.credits -= 1;
-                    m.planned += u64::from(p.len);
-                    m.chunks += 1;
-                    TX.hit(1);
-                    prop_assert_eq!(u64::from(s.credits()), m.credits);
-                }
-            }
-            TxAction::StreamChunk(len) => {
+            // One next_chunk(len) for files and streams: NextChunk offers
+            // what a reader would have read, StreamChunk any length.
+            TxAction::NextChunk(_) | TxAction::StreamChunk(_) => {
                 let full = m.ring.map_or(0, |r| match chunk_size {
                     0 => r.slot_size,
                     c => c.min(r.slot_size),
                 });
-                let len = if len == 0 { full } else { len };
-                match s.next_stream_chunk(len) {
-                    Ok(Some(p)) => {
-                        prop_assert!(before == Sending && m.stream && m.credits > 0 && !m.short);
-                        prop_assert!(len > 0 && len <= full);
-                        check_plan(&p, &m, chunk_size)?;
-                        prop_assert_eq!(p.len, len);
-                        m.credits -= 1;
-                        m.planned += u64::from(len);
-                        m.chunks += 1;
-                        m.short = len < full;
-                        TX.hit(1);
+                // A file's next chunk must be exactly what is left of it,
+                // up to a full chunk; a stream's at most a full chunk, and
+                // nothing after a short one.
+                let expected =
+                    (!m.stream).then(|| m.size.saturating_sub(m.planned).min(u64::from(full)));
+                let reader_len = expected.map_or(full, |e| e as u32);
+                let (count, len) = match action {
+                    TxAction::NextChunk(n) => (n, reader_len),
+                    TxAction::StreamChunk(0) => (1, reader_len),
+                    TxAction::StreamChunk(len) => (1, len),
+                    _ => unreachable!(),
+                };
+                for _ in 0..count {
+                    let expected =
+                        (!m.stream).then(|| m.size.saturating_sub(m.planned).min(u64::from(full)));
+                    let len = if matches!(action, TxAction::NextChunk(_)) {
+                        expected.map_or(full, |e| e as u32)
+                    } else {
+                        len
+                    };
+                    let fits = before == Sending
+                        && len > 0
+                        && len <= full
+                        && match expected {
+                            None => !m.short,
+                            Some(e) => e > 0 && u64::from(len) == e,
+                        };
+                    match s.next_chunk(len) {
+                        Ok(Some(p)) => {
+                            prop_assert!(
+                                fits && m.credits > 0,
+                                "chunk planned without credit / data / ring"
+                            );
+                            check_plan(&p, &m, chunk_size)?;
+                            prop_assert_eq!(p.len, len);
+                            if !m.stream {
+                                prop_assert!(p.file_offset + u64::from(p.len) <= m.size);
+                            }
+                            m.credits -= 1;
+                            m.planned += u64::from(len);
+                            m.chunks += 1;
+                            m.short = m.stream && len < full;
+                            TX.hit(1);
+                        }
+                        Ok(None) => {
+                            // Only credit may be missing.
+                            prop_assert!(fits && m.credits == 0);
+                            break;
+                        }
+                        Err(_) => {
+                            // A chunk that does not fit changes nothing.
+                            prop_assert_eq!(s.state(), before);
+                            prop_assert!(!fits, "a fitting chunk of {} refused", len);
+                            break;
+                        }
                     }
-                    Ok(None) => {
-                        prop_assert!(before == Sending && m.stream && m.credits == 0);
-                    }
-                    Err(_) => {
-                        // Local misuse changes nothing.
-                        prop_assert_eq!(s.state(), before);
-                        prop_assert!(
-                            before != Sending || !m.stream || m.short || len == 0 || len > full
-                        );
-                    }
+                    prop_assert_eq!(u64::from(s.credits()), m.credits);
                 }
-                prop_assert_eq!(u64::from(s.credits()), m.credits);
             }
             TxAction::Finish(alg) => {
                 let alg = alg.unwrap_or(m.digest);
@@ -1424,6 +1501,7 @@ fn check_sender(
                         // Idle at once: the next entry may go out before the ACK.
                         prop_assert_eq!(s.state(), Idle);
                         m.pending.push_back(Pending::File);
+                        m.tags.push_back(m.tag);
                         prop_assert_eq!(s.pending(), m.pending.len());
                         TX.hit(2);
                     }

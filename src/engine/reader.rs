@@ -33,14 +33,9 @@ pub struct ReadJob {
 
 /// What the reader reports, in file order.
 pub enum ReaderMsg {
-    /// Chunk `seq` (at `seq * chunk_len`) is in the token's slot. Every
-    /// chunk but the last is `chunk_len` long.
-    Chunk {
-        token: Buffer,
-        seq: u64,
-        len: u32,
-        crc: u32,
-    },
+    /// The next chunk of the job (in order) is in the token's
+    /// slot. Every chunk but the last is `chunk_len` long.
+    Chunk { token: Buffer, len: u32, crc: u32 },
     /// Every chunk of the job was reported; the whole-file digest.
     Done(Digest),
     /// Reading failed; the job is abandoned.
@@ -85,7 +80,6 @@ impl Reader<'_> {
     fn read_file(&mut self, job: &ReadJob, file: &File, size: u64) -> bool {
         let mut hasher = FileHasher::new(job.digest);
         let mut offset = 0u64;
-        let mut seq = 0u64;
         while offset < size {
             let Some(mut token) = self.next_slot() else {
                 return false;
@@ -100,16 +94,11 @@ impl Reader<'_> {
                     let crc = crc32fast::hash(data);
                     hasher.update(data, crc);
                     #[cfg(feature = "fault-injection")]
-                    super::fault::after_checksum(seq, data);
+                    super::fault::after_checksum(offset / u64::from(job.chunk_len), data);
                     Ok(crc)
                 });
             let msg = match result {
-                Ok(crc) => ReaderMsg::Chunk {
-                    token,
-                    seq,
-                    len,
-                    crc,
-                },
+                Ok(crc) => ReaderMsg::Chunk { token, len, crc },
                 Err(e) => {
                     self.spare = Some(token);
                     let context = format!("cannot read {} at offset {offset}", job.name);
@@ -121,7 +110,6 @@ impl Reader<'_> {
                 return false;
             }
             offset += len as u64;
-            seq += 1;
         }
         self.out.send(ReaderMsg::Done(hasher.finish())).is_ok()
     }
@@ -131,7 +119,6 @@ impl Reader<'_> {
     /// the session is going away.
     fn read_stream(&mut self, job: &ReadJob, mut file: &File) -> bool {
         let mut hasher = FileHasher::new(job.digest);
-        let mut seq = 0u64;
         let mut total = 0u64;
         loop {
             let Some(mut token) = self.next_slot() else {
@@ -197,17 +184,15 @@ impl Reader<'_> {
                 let crc = crc32fast::hash(chunk);
                 hasher.update(chunk, crc);
                 #[cfg(feature = "fault-injection")]
-                super::fault::after_checksum(seq, chunk);
+                super::fault::after_checksum(total / u64::from(job.chunk_len), chunk);
                 let msg = ReaderMsg::Chunk {
                     token,
-                    seq,
                     len: filled as u32,
                     crc,
                 };
                 if self.out.send(msg).is_err() {
                     return false;
                 }
-                seq += 1;
                 total += filled as u64;
             } else {
                 self.spare = Some(token);

@@ -13,15 +13,15 @@ use super::report::{FileEvent, FileFailure, FileReport, Phases};
 use super::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AckStatus, DigestAlg, FileOffer, OfferKind, Pending, ProtocolError, RejectCode, SenderEvent,
-    SenderSession, SenderState, Token, Verdict,
+    AckStatus, DigestAlg, FileOffer, OfferKind, Pending, ProtocolError, SenderEvent, SenderSession,
+    SenderState, Token, Verdict,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{
     Buffer, BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, RemoteTarget, WcOpcode,
     probe_devices,
 };
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
@@ -92,13 +92,6 @@ const SEND_BUFFERS: usize = 8;
 /// How often a wait for the reader also listens to the receiver.
 const READER_SLICE: Duration = Duration::from_millis(200);
 
-/// How long a stream may wait for its input before the sender tells the
-/// receiver it is still there: often enough for any receiver's --timeout
-/// (1 s at least), a few tiny messages a second at most.
-fn keepalive_interval(timeout: Duration) -> Duration {
-    (timeout / 3).clamp(Duration::from_millis(200), Duration::from_millis(500))
-}
-
 /// Sends `paths` in one session ("-" is standard input; directories need
 /// `cfg.walk.recursive`). `on_file` is called for every file that was
 /// offered: after its ACK(ok), or when it failed (refused, failed its
@@ -149,7 +142,8 @@ pub fn send_files(
             stop: &stop,
         };
         let mut tracker = Tracker {
-            pending: VecDeque::new(),
+            pending: BTreeMap::new(),
+            next_tag: 0,
             outcome: SessionOutcome {
                 files: Vec::new(),
                 directories: 0,
@@ -194,7 +188,7 @@ struct Pipeline<'a> {
     /// Slots posted and not yet completed (the endpoint holds them).
     posted: usize,
     /// A filled chunk waiting for a credit.
-    held: Option<(Buffer, u64, u32, u32)>,
+    held: Option<(Buffer, u32, u32)>,
     stop: &'a AtomicBool,
 }
 
@@ -268,7 +262,9 @@ enum PendingEntry {
 
 /// Entries awaiting their verdict, and the session's results so far.
 struct Tracker<'f> {
-    pending: VecDeque<PendingEntry>,
+    /// Keyed by the tag each entry's HELLO went out with.
+    pending: BTreeMap<u64, PendingEntry>,
+    next_tag: u64,
     outcome: SessionOutcome,
     on_file: &'f mut dyn FnMut(FileEvent<'_>),
     /// For failure reports: the session's connection set-up, the digest.
@@ -306,17 +302,23 @@ impl Tracker<'_> {
         (self.on_file)(FileEvent::Failed(&failure));
     }
 
-    /// The receiver's verdict on the oldest pending entry.
-    fn answer(&mut self, entry: Pending, verdict: Verdict) -> Result<(), FileError> {
+    /// A tag for the next entry offered.
+    fn tag(&mut self) -> u64 {
+        self.next_tag += 1;
+        self.next_tag
+    }
+
+    /// The receiver's verdict on the entry offered with `tag`.
+    fn answer(&mut self, tag: u64, entry: Pending, verdict: Verdict) -> Result<(), FileError> {
         let mismatch = || {
             FileError::Fatal(XferError::Internal(format!(
-                "a verdict for a {entry:?} does not match the entries sent"
+                "a verdict for {entry:?} {tag} does not match the entries sent"
             )))
         };
-        let Some(front) = self.pending.pop_front() else {
+        let Some(sent) = self.pending.remove(&tag) else {
             return Err(mismatch());
         };
-        match (front, entry, verdict) {
+        match (sent, entry, verdict) {
             (
                 PendingEntry::File {
                     mut report,
@@ -421,7 +423,7 @@ impl Connection {
         let result = self.run_entries(cfg, entries, pipe, tracker);
         if let Err(e) = &result {
             // Entries sent but never answered: the session ended under them.
-            for entry in std::mem::take(&mut tracker.pending) {
+            for entry in std::mem::take(&mut tracker.pending).into_values() {
                 let (name, bytes, started) = match &entry {
                     PendingEntry::Dir { name, started } => (name.clone(), 0, *started),
                     PendingEntry::File {
@@ -532,12 +534,16 @@ impl Connection {
                     kind: OfferKind::Directory,
                     mtime,
                 };
-                let hello = self.session.start_file(offer).map_err(proto_err)?;
+                let tag = tracker.tag();
+                let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
                 self.control.send(&self.ep, &hello)?;
-                tracker.pending.push_back(PendingEntry::Dir {
-                    name,
-                    started: Instant::now(),
-                });
+                tracker.pending.insert(
+                    tag,
+                    PendingEntry::Dir {
+                        name,
+                        started: Instant::now(),
+                    },
+                );
                 return Ok(());
             }
             Entry::Stdin { name } => {
@@ -619,7 +625,8 @@ impl Connection {
             connect: self.connect_time,
             ..Phases::default()
         };
-        let hello = self.session.start_file(offer).map_err(proto_err)?;
+        let tag = tracker.tag();
+        let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
         self.control.send(&self.ep, &hello)?;
         let mut progress: Box<dyn FileProgress> = cfg.progress.file_started(&name, size);
         // Phase 1: wait for the ring (or a rejection); verdicts on earlier
@@ -638,18 +645,13 @@ impl Connection {
                         "ring granted"
                     );
                 }
+                // This entry is refused; the session goes on (a refusal of
+                // the whole session comes in the greeting).
                 SenderEvent::Rejected(rej) => {
-                    let err = XferError::Rejected {
+                    return Err(FileError::Continue(XferError::Rejected {
                         code: rej.code.as_str(),
                         reason: rej.reason,
-                    };
-                    // "Busy" refuses the whole session (the receiver
-                    // disconnects); other refusals concern this file.
-                    return Err(if rej.code == RejectCode::Busy {
-                        FileError::Fatal(err)
-                    } else {
-                        FileError::Continue(err)
-                    });
+                    }));
                 }
                 SenderEvent::Aborted(ack) => {
                     return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
@@ -675,9 +677,9 @@ impl Connection {
         let mut time = DataPathTimes::default();
         let digest = loop {
             if self.session.credits() > 0
-                && let Some((token, seq, len, crc)) = pipe.held.take()
+                && let Some((token, len, crc)) = pipe.held.take()
             {
-                self.post_chunk(pipe, token, seq, len, crc, stream)?;
+                self.post_chunk(pipe, token, len, crc)?;
                 progress.advance(len.into());
                 // Hand finished slots back early so the reader keeps going.
                 self.poll_events(pipe, tracker)?;
@@ -690,12 +692,7 @@ impl Connection {
                 let msg = self.wait_reader(cfg, pipe, tracker, stream)?;
                 time.wait_reader += t0.elapsed();
                 match msg {
-                    ReaderMsg::Chunk {
-                        token,
-                        seq,
-                        len,
-                        crc,
-                    } => pipe.held = Some((token, seq, len, crc)),
+                    ReaderMsg::Chunk { token, len, crc } => pipe.held = Some((token, len, crc)),
                     ReaderMsg::Done(digest) => break digest,
                     ReaderMsg::Failed(context, e) => {
                         return Err(FileError::Fatal(XferError::io(context, e)));
@@ -732,18 +729,21 @@ impl Connection {
         );
         // Phase 3: the ACK comes only after verify + fsync + rename; the
         // next entry goes out meanwhile.
-        tracker.pending.push_back(PendingEntry::File {
-            report: FileReport {
-                name,
-                bytes,
-                elapsed: started.elapsed(),
-                digest,
-                phases,
+        tracker.pending.insert(
+            tag,
+            PendingEntry::File {
+                report: FileReport {
+                    name,
+                    bytes,
+                    elapsed: started.elapsed(),
+                    digest,
+                    phases,
+                },
+                fin_sent: Instant::now(),
+                span: verdict_phase,
+                progress,
             },
-            fin_sent: Instant::now(),
-            span: verdict_phase,
-            progress,
-        });
+        );
         Ok(())
     }
 
@@ -772,7 +772,7 @@ impl Connection {
             }
             self.poll_events(pipe, tracker)?;
             if stream {
-                if last_sign.elapsed() >= keepalive_interval(cfg.timeout) {
+                if last_sign.elapsed() >= crate::proto::keepalive_interval(cfg.timeout) {
                     debug!("waiting for input: KEEPALIVE sent");
                     let keepalive = self.session.keepalive().map_err(proto_err)?;
                     self.control.send(&self.ep, &keepalive)?;
@@ -792,23 +792,16 @@ impl Connection {
         &mut self,
         pipe: &mut Pipeline<'_>,
         token: Buffer,
-        seq: u64,
         len: u32,
         crc: u32,
-        stream: bool,
     ) -> Result<(), FileError> {
-        let plan = if stream {
-            self.session.next_stream_chunk(len).map_err(proto_err)?
-        } else {
-            self.session.next_chunk()
-        }
-        .ok_or_else(|| XferError::Internal("no chunk to plan despite credit".into()))?;
-        if plan.seq != seq || plan.len != len {
-            return Err(FileError::Fatal(XferError::Internal(format!(
-                "reader chunk {seq} ({len} bytes) does not match plan {} ({} bytes)",
-                plan.seq, plan.len
-            ))));
-        }
+        // The machine checks the reader's chunk against the file (or
+        // stream) and says where it goes.
+        let plan = self
+            .session
+            .next_chunk(len)
+            .map_err(proto_err)?
+            .ok_or_else(|| XferError::Internal("no chunk to plan despite credit".into()))?;
         let wr_id = wr::WRITE | token.index() as u64;
         let target = RemoteTarget {
             addr: plan.remote_addr,
@@ -886,7 +879,11 @@ impl Connection {
     fn pop_event(&mut self, tracker: &mut Tracker<'_>) -> Result<Option<SenderEvent>, FileError> {
         while let Some(event) = self.events.pop_front() {
             match event {
-                SenderEvent::Answered { entry, verdict } => tracker.answer(entry, verdict)?,
+                SenderEvent::Answered {
+                    tag,
+                    entry,
+                    verdict,
+                } => tracker.answer(tag, entry, verdict)?,
                 other => return Ok(Some(other)),
             }
         }
@@ -1004,24 +1001,5 @@ fn ack_error(status: AckStatus, reason: String) -> XferError {
             from: "receiver",
             reason,
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keepalives_come_often_enough_for_any_receiver() {
-        for (secs, ms) in [(1, 333), (2, 500), (30, 500), (3600, 500)] {
-            assert_eq!(
-                keepalive_interval(Duration::from_secs(secs)),
-                Duration::from_millis(ms)
-                    + Duration::from_nanos(if secs == 1 { 333_333 } else { 0 }),
-                "--timeout {secs}"
-            );
-        }
-        // Below every possible receiver timeout (at least 1 s).
-        assert!(keepalive_interval(Duration::from_secs(1)) < Duration::from_secs(1) / 2);
     }
 }

@@ -12,12 +12,12 @@ pub use names::{
     MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, PathError, validate_name, validate_path,
 };
 pub use receiver::{
-    AuthFailure, ChunkPlacement, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
-    RecvError,
+    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, ReceiverConfig, ReceiverEvent, ReceiverSession,
+    ReceiverState, RecvError, busy_refusal,
 };
 pub use sender::{
     ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderEvent, SenderSession,
-    SenderState, Verdict,
+    SenderState, Verdict, keepalive_interval,
 };
 pub use wire::{
     Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Hello, MAX_MESSAGE, Message,
@@ -103,6 +103,9 @@ pub enum ProtocolError {
         op: &'static str,
         kind: &'static str,
     },
+    /// A frame that does not decode.
+    #[error("malformed message: {0}")]
+    Malformed(WireError),
     #[error("{pending} entries still await the receiver's answer (at most {max})")]
     TooManyPending { pending: usize, max: usize },
     #[error("close with {pending} entries still awaiting the receiver's answer")]
@@ -217,7 +220,8 @@ mod tests {
                 kind,
                 mtime: None,
             };
-            let m = self.s.start_file(offer).unwrap();
+            // The tag is the entry's index (offset so that 0 means nothing).
+            let m = self.s.start_file(offer, 1000 + i as u64).unwrap();
             send(&mut self.s2r, &m);
             self.offered.push_back(i);
             if kind == OfferKind::Directory {
@@ -276,12 +280,12 @@ mod tests {
             let entry = self.entries[i].clone();
             let data = entry.data();
             let done = self.s.bytes_planned() as usize;
+            // One next_chunk for files and streams: the reader's length.
             let plan = match entry {
-                SimEntry::Stream(_) if done < data.len() => {
+                SimEntry::Stream(_) | SimEntry::File(_) if done < data.len() => {
                     let len = (data.len() - done).min(self.s.chunk_len() as usize) as u32;
-                    self.s.next_stream_chunk(len).unwrap()
+                    self.s.next_chunk(len).unwrap()
                 }
-                SimEntry::File(_) => self.s.next_chunk(),
                 _ => None,
             };
             if let Some(p) = plan {
@@ -413,8 +417,13 @@ mod tests {
                     self.sending.take().expect("a rejected offer");
                     self.rejected += 1;
                 }
-                SenderEvent::Answered { entry, verdict } => {
+                SenderEvent::Answered {
+                    tag,
+                    entry,
+                    verdict,
+                } => {
                     let i = self.awaiting.pop_front().expect("a pending entry");
+                    assert_eq!(tag, 1000 + i as u64, "the verdict names its entry");
                     let dir = matches!(self.entries[i], SimEntry::Dir);
                     assert_eq!(entry == Pending::Directory, dir, "verdict order");
                     match verdict {
@@ -521,7 +530,9 @@ mod tests {
                 max_outstanding: 0,
                 max_pending: 0,
             };
-            let greeting = sim.r.challenge();
+            let greeting = sim.r.poll_transmit().expect("the CHALLENGE comes first");
+            assert!(matches!(greeting, Message::Challenge(_)));
+            assert_eq!(sim.r.poll_transmit(), None);
             send(&mut sim.r2s, &greeting);
             let mut steps = 0u64;
             while sim.step() {

@@ -1,8 +1,16 @@
-//! Receiver side of a session. The engine sends `challenge()` first, then
-//! feeds the machine decoded messages and WRITE_WITH_IMM completions; it
-//! answers with placements and messages to send. With a token, nothing but
-//! a correct AUTH (or BYE) is accepted first, so no HELLO is considered and
-//! no ring is exposed before the sender has proven the secret.
+//! Receiver side of a session. The engine feeds the machine decoded
+//! messages, undecodable frames and WRITE_WITH_IMM completions, and sends
+//! whatever the machine queues in reply (`poll_transmit`: the CHALLENGE
+//! first, then a REJECT for a refused offer, an ACK ending a session the
+//! peer broke); the messages that carry the engine's own decisions (MR,
+//! REJECT, ACK, CREDIT) are the return values of `accept`, `reject`,
+//! `complete`, `abort` and `chunk_done`. The engine builds no message. With
+//! a token, nothing but a correct AUTH (or BYE) is accepted first, so no
+//! HELLO is considered and no ring is exposed before the sender has proven
+//! the secret.
+
+use std::collections::VecDeque;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -10,7 +18,7 @@ use super::auth::{AUTH_REQUIRED, NONCE_LEN, Token};
 use super::names::{validate_name, validate_path};
 use super::wire::{
     Ack, AckStatus, Challenge, DigestAlg, Fin, Hello, Message, Reject, RejectCode, RingInfo,
-    hello_flags,
+    WireError, hello_flags,
 };
 use super::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -146,6 +154,10 @@ pub struct ReceiverSession {
     cfg: ReceiverConfig,
     auth: Option<AuthKey>,
     state: ReceiverState,
+    /// Replies the machine decided on, oldest first (`poll_transmit`).
+    outbox: VecDeque<Message>,
+    /// Name of the current offer (for the reasons the sender hears).
+    name: String,
     /// Announced size (0 for streams and directories).
     size: u64,
     /// The current offer is a stream (size unknown until FIN).
@@ -169,10 +181,18 @@ pub struct ReceiverSession {
 impl ReceiverSession {
     /// A session that accepts any sender (no token configured).
     pub fn new(cfg: ReceiverConfig) -> Self {
+        let mut s = Self::unannounced(cfg);
+        s.outbox.push_back(s.challenge());
+        s
+    }
+
+    fn unannounced(cfg: ReceiverConfig) -> Self {
         Self {
             cfg,
             auth: None,
             state: ReceiverState::AwaitHello,
+            outbox: VecDeque::new(),
+            name: String::new(),
             size: 0,
             stream: false,
             directory: false,
@@ -190,14 +210,34 @@ impl ReceiverSession {
     /// A session that first requires an AUTH proving `token` over `nonce`
     /// (which must be fresh from the OS RNG for every session).
     pub fn with_auth(cfg: ReceiverConfig, token: Token, nonce: [u8; NONCE_LEN]) -> Self {
-        let mut s = Self::new(cfg);
+        let mut s = Self::unannounced(cfg);
         s.auth = Some(AuthKey { token, nonce });
         s.state = ReceiverState::AwaitAuth;
+        s.outbox.push_back(s.challenge());
         s
     }
 
-    /// The CHALLENGE the engine sends as the very first message.
-    pub fn challenge(&self) -> Message {
+    /// The next message the machine queued for the sender (the CHALLENGE
+    /// first of all), if any. The engine sends them in this order.
+    pub fn poll_transmit(&mut self) -> Option<Message> {
+        self.outbox.pop_front()
+    }
+
+    /// How long the engine may wait for the sender in the current state,
+    /// and what it waits for (for the timeout's message): an
+    /// unauthenticated peer holds a session only `AUTH_TIMEOUT` at most.
+    pub fn wait_limit(&self, timeout: Duration) -> (&'static str, Duration) {
+        match self.state {
+            ReceiverState::AwaitAuth => ("the sender's AUTH", timeout.min(AUTH_TIMEOUT)),
+            ReceiverState::Receiving | ReceiverState::Verifying => {
+                ("data from the sender", timeout)
+            }
+            _ => ("the next HELLO or BYE", timeout),
+        }
+    }
+
+    /// The CHALLENGE, the very first message of a session.
+    fn challenge(&self) -> Message {
         Message::Challenge(match &self.auth {
             Some(a) => Challenge {
                 flags: AUTH_REQUIRED,
@@ -244,14 +284,82 @@ impl ReceiverSession {
 
     /// Applies a message from the sender. A `RecvError::Protocol` or
     /// `RecvError::Auth` closes the session.
+    /// Applies a message from the sender. Every error queues the reply the
+    /// sender gets (`poll_transmit`): a REJECT for a refused offer (the
+    /// session goes on), a REJECT(auth) or an ACK saying why for the others,
+    /// which close the session.
     pub fn on_message(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
+        let kind = msg.kind();
+        let was_closed = self.state == ReceiverState::Closed;
         let result = self.dispatch(msg);
-        if let Err(RecvError::Protocol(_) | RecvError::Auth(_) | RecvError::TooLarge { .. }) =
-            result
+        if let Err(e) = &result
+            && !was_closed
         {
-            self.state = ReceiverState::Closed;
+            let reply = match e {
+                RecvError::Reject(r) => Message::Reject(r.clone()),
+                RecvError::Auth(f) => Message::Reject(f.reject()),
+                RecvError::Protocol(p) => Message::Ack(Ack::new(
+                    AckStatus::Protocol,
+                    format!("protocol error: {kind} not allowed here: {p}"),
+                )),
+                RecvError::TooLarge { .. } => {
+                    Message::Ack(Ack::new(AckStatus::Rejected, format!("{kind}: {e}")))
+                }
+            };
+            self.close_with(reply, !matches!(e, RecvError::Reject(_)));
         }
         result
+    }
+
+    /// A frame from the sender that does not decode. A HELLO of a wire
+    /// version this build does not speak is refused with REJECT(version)
+    /// naming both versions; anything else is a protocol error (ACK). Either
+    /// way the session is over (nothing more is sent once it is).
+    pub fn on_undecodable(&mut self, err: WireError) -> RecvError {
+        let (error, reply) = match err {
+            WireError::UnknownVersion(v) => {
+                let reject = Reject::new(
+                    RejectCode::Version,
+                    format!(
+                        "protocol version {v} is not supported (this receiver speaks {PROTOCOL_VERSION})"
+                    ),
+                );
+                (RecvError::Reject(reject.clone()), Message::Reject(reject))
+            }
+            other => {
+                let reason = format!("protocol error: malformed message from the sender: {other}");
+                (
+                    RecvError::Protocol(ProtocolError::Malformed(other)),
+                    Message::Ack(Ack::new(AckStatus::Protocol, reason)),
+                )
+            }
+        };
+        if self.state != ReceiverState::Closed {
+            self.close_with(reply, true);
+        }
+        error
+    }
+
+    /// Queues `reply`; with `close`, the session is over.
+    fn close_with(&mut self, reply: Message, close: bool) {
+        self.outbox.push_back(reply);
+        if close {
+            self.state = ReceiverState::Closed;
+            self.reset_file();
+        }
+    }
+
+    /// The engine cannot go on with the current entry (a chunk failed its
+    /// check, a write failed...): the session ends, and unless it had ended
+    /// already (the machine then replied itself), this is the ACK that tells
+    /// the sender why.
+    pub fn abort(&mut self, status: AckStatus, reason: String) -> Option<Message> {
+        if self.state == ReceiverState::Closed {
+            return None;
+        }
+        self.state = ReceiverState::Closed;
+        self.reset_file();
+        Some(Message::Ack(Ack::new(status, reason)))
     }
 
     fn dispatch(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
@@ -282,6 +390,7 @@ impl ReceiverSession {
             }
             (AwaitHello, Message::Hello(h)) => {
                 check_hello(&h, self.cfg.max_size).map_err(RecvError::Reject)?;
+                self.name.clone_from(&h.name);
                 self.size = h.size;
                 self.stream = h.is_stream();
                 self.directory = h.is_directory();
@@ -407,10 +516,24 @@ impl ReceiverSession {
 
     /// A WRITE_WITH_IMM completion (`imm` = CRC32 of the chunk). Returns where the
     /// data is in the ring and where it belongs in the file. Errors close the session.
+    /// Every error queues the ACK that tells the sender why
+    /// (`poll_transmit`).
     pub fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
+        let was_closed = self.state == ReceiverState::Closed;
         let result = self.place_chunk(byte_len, imm);
-        if result.is_err() {
-            self.state = ReceiverState::Closed;
+        if let Err(e) = &result
+            && !was_closed
+        {
+            let reply = match e {
+                RecvError::TooLarge { .. } => {
+                    Ack::new(AckStatus::Rejected, format!("{}: {e}", self.name))
+                }
+                other => Ack::new(
+                    AckStatus::Protocol,
+                    format!("protocol error: bad data write: {other}"),
+                ),
+            };
+            self.close_with(Message::Ack(reply), true);
         }
         result
     }
@@ -527,6 +650,21 @@ impl ReceiverSession {
         self.reset_file();
         Ok(Message::Ack(Ack::new(status, reason)))
     }
+}
+
+/// Longest wait for a sender's AUTH (when a token is set), so that peers
+/// without the secret cannot keep all session slots busy for long.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The REJECT(busy) a receiver at its session limit sends before it
+/// disconnects (no session machine exists for such a connection).
+pub fn busy_refusal(max_sessions: usize) -> Message {
+    Message::Reject(Reject::new(
+        RejectCode::Busy,
+        format!(
+            "the receiver is busy: {max_sessions} sessions are running (its --max-sessions); try again later"
+        ),
+    ))
 }
 
 /// The checks that need no file system: version, flags, name or path, size.
@@ -807,16 +945,18 @@ mod tests {
     fn challenge_carries_the_nonce_only_with_a_token() {
         let c = cfg(100, 4, 2);
         assert_eq!(
-            ReceiverSession::with_auth(c, token(), NONCE).challenge(),
+            ReceiverSession::with_auth(c, token(), NONCE)
+                .poll_transmit()
+                .unwrap(),
             Message::Challenge(Challenge {
                 flags: AUTH_REQUIRED,
                 nonce: NONCE
             })
         );
-        let open = ReceiverSession::new(c);
+        let mut open = ReceiverSession::new(c);
         assert_eq!(open.state(), ReceiverState::AwaitHello);
         assert_eq!(
-            open.challenge(),
+            open.poll_transmit().unwrap(),
             Message::Challenge(Challenge {
                 flags: 0,
                 nonce: [0; NONCE_LEN]
@@ -1553,5 +1693,146 @@ mod tests {
             state: "RECEIVING",
         });
         assert_eq!(e.to_string(), "unexpected HELLO in state RECEIVING");
+    }
+
+    /// Everything queued for the sender.
+    fn sent(r: &mut ReceiverSession) -> Vec<Message> {
+        std::iter::from_fn(|| r.poll_transmit()).collect()
+    }
+
+    #[test]
+    fn the_machine_builds_every_reply_to_the_sender() {
+        // The CHALLENGE first, then nothing until something happens.
+        let mut r = ReceiverSession::new(cfg(100, 4, 2));
+        assert!(matches!(sent(&mut r)[..], [Message::Challenge(_)]));
+        // A refused offer: its REJECT, and the session goes on.
+        let bad = r.on_message(Message::Hello(hello("../x", 1))).unwrap_err();
+        let RecvError::Reject(rej) = &bad else {
+            panic!("{bad:?}")
+        };
+        assert_eq!(sent(&mut r), [Message::Reject(rej.clone())]);
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        // A broken session: one ACK saying why, then silence.
+        assert!(r.on_message(Message::Keepalive).is_err());
+        let acks = sent(&mut r);
+        assert!(
+            matches!(&acks[..], [Message::Ack(a)] if a.status == AckStatus::Protocol
+                && a.reason.contains("KEEPALIVE not allowed here")),
+            "{acks:?}"
+        );
+        assert_eq!(r.state(), ReceiverState::Closed);
+        assert!(r.on_message(Message::Keepalive).is_err());
+        assert!(r.on_chunk(1, 0).is_err());
+        assert_eq!(
+            r.on_undecodable(WireError::BadMagic(1)),
+            RecvError::Protocol(ProtocolError::Malformed(WireError::BadMagic(1)))
+        );
+        assert_eq!(r.abort(AckStatus::Io, "late".into()), None);
+        assert!(sent(&mut r).is_empty());
+    }
+
+    #[test]
+    fn a_failed_authentication_is_answered_with_reject_auth() {
+        let mut r = ReceiverSession::with_auth(cfg(100, 4, 2), token(), NONCE);
+        assert!(matches!(sent(&mut r)[..], [Message::Challenge(c)] if c.auth_required()));
+        let wrong = Message::Auth { mac: vec![0; 32] };
+        assert_eq!(
+            r.on_message(wrong),
+            Err(RecvError::Auth(AuthFailure::WrongToken))
+        );
+        assert_eq!(
+            sent(&mut r),
+            [Message::Reject(AuthFailure::WrongToken.reject())]
+        );
+        assert_eq!(r.state(), ReceiverState::Closed);
+    }
+
+    #[test]
+    fn undecodable_frames_end_the_session_with_the_machines_reply() {
+        let mut r = ReceiverSession::new(cfg(100, 4, 2));
+        sent(&mut r);
+        let err = r.on_undecodable(WireError::UnknownVersion(9));
+        let RecvError::Reject(rej) = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(rej.code, RejectCode::Version);
+        assert!(
+            rej.reason.contains("version 9") && rej.reason.contains(&PROTOCOL_VERSION.to_string())
+        );
+        assert_eq!(sent(&mut r), [Message::Reject(rej.clone())]);
+        assert_eq!(r.state(), ReceiverState::Closed);
+
+        let mut r = ReceiverSession::new(cfg(100, 4, 2));
+        sent(&mut r);
+        let err = r.on_undecodable(WireError::BadFlags(3));
+        assert_eq!(
+            err,
+            RecvError::Protocol(ProtocolError::Malformed(WireError::BadFlags(3)))
+        );
+        assert!(
+            matches!(&sent(&mut r)[..], [Message::Ack(a)] if a.status == AckStatus::Protocol
+            && a.reason.contains("malformed message from the sender"))
+        );
+    }
+
+    #[test]
+    fn a_bad_write_and_an_engine_abort_each_send_one_ack() {
+        // A stream past --max-size: ACK(rejected) naming the stream.
+        let mut r = ReceiverSession::new(ReceiverConfig {
+            max_size: 150,
+            ..cfg(100, 4, 2)
+        });
+        sent(&mut r);
+        let mut h = hello("s", 0);
+        h.caps = hello_flags::STREAM;
+        r.on_message(Message::Hello(h)).unwrap();
+        r.accept(RingInfo {
+            addr: 0,
+            rkey: 1,
+            slot_size: 100,
+            slot_count: 4,
+        })
+        .unwrap();
+        r.on_chunk(100, 0).unwrap();
+        assert_eq!(r.on_chunk(100, 0), Err(RecvError::TooLarge { limit: 150 }));
+        assert!(
+            matches!(&sent(&mut r)[..], [Message::Ack(a)] if a.status == AckStatus::Rejected
+            && a.reason.starts_with("s: "))
+        );
+
+        // The engine's own failure (a CRC mismatch, say): one ACK from abort.
+        let mut r = session_in_auth(ReceiverState::Receiving, false);
+        sent(&mut r);
+        let ack = r.abort(AckStatus::Integrity, "bad CRC".into());
+        assert_eq!(
+            ack,
+            Some(Message::Ack(Ack::new(
+                AckStatus::Integrity,
+                "bad CRC".to_string()
+            )))
+        );
+        assert_eq!(r.state(), ReceiverState::Closed);
+        assert_eq!(r.abort(AckStatus::Io, "again".into()), None);
+        assert!(sent(&mut r).is_empty());
+    }
+
+    #[test]
+    fn deadlines_follow_the_state_and_busy_is_refused_by_the_protocol() {
+        let t = Duration::from_secs(30);
+        let r = ReceiverSession::with_auth(cfg(100, 4, 2), token(), NONCE);
+        assert_eq!(r.wait_limit(t), ("the sender's AUTH", AUTH_TIMEOUT));
+        assert_eq!(
+            r.wait_limit(Duration::from_secs(1)).1,
+            Duration::from_secs(1)
+        );
+        let r = ReceiverSession::new(cfg(100, 4, 2));
+        assert_eq!(r.wait_limit(t), ("the next HELLO or BYE", t));
+        let r = session_in_auth(ReceiverState::Receiving, false);
+        assert_eq!(r.wait_limit(t), ("data from the sender", t));
+        let Message::Reject(busy) = busy_refusal(3) else {
+            panic!("busy refusal is a REJECT")
+        };
+        assert_eq!(busy.code, RejectCode::Busy);
+        assert!(busy.reason.contains("3 sessions"));
     }
 }

@@ -13,6 +13,7 @@
 //! answered, and at most one finished file is pending (at the front).
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use super::auth::Token;
 use super::wire::{
@@ -125,15 +126,20 @@ pub enum SenderEvent {
     /// The receiver's CHALLENGE arrived: now Idle, ready for `start_file`
     /// once `Greeting::auth` (if any) is sent.
     Greeted(Greeting),
-    /// MR accepted: start sending (see `next_chunk`, `next_stream_chunk`).
+    /// MR accepted: start sending (see `next_chunk`).
     Ring(RingInfo),
     /// The current file's or stream's offer was refused; back to Idle, the
     /// session may continue with another entry.
     Rejected(Reject),
     /// Credits added (or, after a FIN, late credits of that file noted).
     Credit(u32),
-    /// The verdict on the oldest pending entry.
-    Answered { entry: Pending, verdict: Verdict },
+    /// The verdict on the oldest pending entry, with the tag the engine
+    /// gave it in `start_file`.
+    Answered {
+        tag: u64,
+        entry: Pending,
+        verdict: Verdict,
+    },
     /// The receiver gave up on the current file before its FIN (an ACK
     /// with a failure status): the session is Closed.
     Aborted(Ack),
@@ -155,7 +161,10 @@ pub struct SenderSession {
     credits: u32,
     seq: u64,
     planned: u64,
-    pending: VecDeque<Pending>,
+    /// The current file's or stream's tag (see `start_file`).
+    tag: u64,
+    /// Entries awaiting a verdict, oldest first, with their tags.
+    pending: VecDeque<(u64, Pending)>,
 }
 
 impl SenderSession {
@@ -175,6 +184,7 @@ impl SenderSession {
             credits: 0,
             seq: 0,
             planned: 0,
+            tag: 0,
             pending: VecDeque::new(),
         }
     }
@@ -226,8 +236,10 @@ impl SenderSession {
     /// entry (a directory); returns the HELLO to send. The name is not
     /// checked here: the receiver is the authority and answers a bad one
     /// with REJECT. A plain file goes out as a version-1 HELLO, which every
-    /// receiver takes; anything else needs version 2.
-    pub fn start_file(&mut self, offer: FileOffer) -> Result<Message, ProtocolError> {
+    /// receiver takes; anything else needs version 2. `tag` comes back with
+    /// the entry's verdict (`SenderEvent::Answered`), for the engine's
+    /// report.
+    pub fn start_file(&mut self, offer: FileOffer, tag: u64) -> Result<Message, ProtocolError> {
         if self.state != SenderState::Idle {
             return Err(self.wrong_state("start_file"));
         }
@@ -255,8 +267,9 @@ impl SenderSession {
             OfferKind::Stream | OfferKind::Directory => 0,
         };
         if offer.kind == OfferKind::Directory {
-            self.pending.push_back(Pending::Directory);
+            self.pending.push_back((tag, Pending::Directory));
         } else {
+            self.tag = tag;
             self.size = size;
             self.stream = offer.kind == OfferKind::Stream;
             self.short_planned = false;
@@ -308,7 +321,7 @@ impl SenderSession {
 
     fn dispatch(&mut self, msg: Message) -> Result<SenderEvent, ProtocolError> {
         use SenderState::*;
-        let front = self.pending.front().copied();
+        let front = self.pending.front().map(|&(_, entry)| entry);
         match (self.state, msg) {
             (Closed, m) => Err(self.unexpected(&m)),
             // Authentication refused: whenever it comes, the session is over.
@@ -342,15 +355,17 @@ impl SenderSession {
             // Verdicts on pending entries come before anything about the
             // current HELLO.
             (Idle | AwaitRing, Message::Ack(a)) if front.is_some() => {
-                let entry = self.pending.pop_front().unwrap_or(Pending::File);
+                let (tag, entry) = self.pending.pop_front().unwrap_or((0, Pending::File));
                 Ok(SenderEvent::Answered {
+                    tag,
                     entry,
                     verdict: Verdict::Ack(a),
                 })
             }
             (Idle | AwaitRing, Message::Reject(r)) if front == Some(Pending::Directory) => {
-                self.pending.pop_front();
+                let tag = self.pending.pop_front().map_or(0, |(tag, _)| tag);
                 Ok(SenderEvent::Answered {
+                    tag,
                     entry: Pending::Directory,
                     verdict: Verdict::Reject(r),
                 })
@@ -420,32 +435,15 @@ impl SenderSession {
         Some(plan)
     }
 
-    /// Plans the next chunk of a file of known size, consuming one credit.
-    /// None when not Sending such a file, out of credit, or every byte is
-    /// planned.
-    pub fn next_chunk(&mut self) -> Option<ChunkPlan> {
-        if self.state != SenderState::Sending
-            || self.stream
-            || self.credits == 0
-            || self.planned >= self.size
-        {
-            return None;
-        }
-        let remaining = self.size - self.planned;
-        let len = u32::try_from(remaining.min(u64::from(self.chunk_len))).ok()?;
-        if len == 0 {
-            return None;
-        }
-        self.plan(len)
-    }
-
-    /// Plans the next chunk of a stream: `len` bytes the engine has read,
-    /// a full `chunk_len` except for the last chunk. Ok(None) when out of
-    /// credit. Local misuse (not streaming, a bad length, a chunk after a
-    /// short one) is an error that changes nothing.
-    pub fn next_stream_chunk(&mut self, len: u32) -> Result<Option<ChunkPlan>, ProtocolError> {
-        if self.state != SenderState::Sending || !self.stream {
-            return Err(self.wrong_state("next_stream_chunk"));
+    /// Plans the next chunk, of `len` bytes the engine has read, consuming
+    /// one credit. Every chunk is `chunk_len()` long but the last: for a
+    /// file of known size the one that ends it, for a stream the one before
+    /// its end. Ok(None) when out of credit. A chunk that does not fit (not
+    /// Sending, a bad length, past the end of the file, after a stream's
+    /// short chunk) is an error that changes nothing.
+    pub fn next_chunk(&mut self, len: u32) -> Result<Option<ChunkPlan>, ProtocolError> {
+        if self.state != SenderState::Sending {
+            return Err(self.wrong_state("next_chunk"));
         }
         let seq = self.seq;
         let bad = |reason| ProtocolError::BadChunk { seq, len, reason };
@@ -455,16 +453,26 @@ impl SenderSession {
         if len > self.chunk_len {
             return Err(bad("longer than the chunk length"));
         }
-        if self.short_planned {
-            return Err(bad("a stream's chunk after its short (last) chunk"));
+        if self.stream {
+            if self.short_planned {
+                return Err(bad("a stream's chunk after its short (last) chunk"));
+            }
+        } else {
+            let remaining = self.size - self.planned;
+            if remaining == 0 {
+                return Err(bad("past the end of the file"));
+            }
+            if u64::from(len) != remaining.min(u64::from(self.chunk_len)) {
+                return Err(bad("not the length of the file's next chunk"));
+            }
         }
         if self.credits == 0 {
             return Ok(None);
         }
         let Some(plan) = self.plan(len) else {
-            return Err(bad("stream longer than 2^64 bytes"));
+            return Err(bad("longer than 2^64 bytes"));
         };
-        self.short_planned = len < self.chunk_len;
+        self.short_planned = self.stream && len < self.chunk_len;
         Ok(Some(plan))
     }
 
@@ -494,7 +502,7 @@ impl SenderSession {
             });
         }
         self.state = SenderState::Idle;
-        self.pending.push_back(Pending::File);
+        self.pending.push_back((self.tag, Pending::File));
         Ok(Message::Fin(Fin {
             bytes: self.planned,
             chunks: self.seq,
@@ -503,7 +511,8 @@ impl SenderSession {
     }
 
     /// While a stream waits for its input: a KEEPALIVE so that the
-    /// receiver's no-progress timeout does not fire.
+    /// receiver's no-progress timeout does not fire (due every
+    /// `keepalive_interval` of silence).
     pub fn keepalive(&self) -> Result<Message, ProtocolError> {
         if self.state != SenderState::Sending {
             return Err(self.wrong_state("keepalive"));
@@ -526,6 +535,14 @@ impl SenderSession {
     }
 }
 
+/// How long a stream may wait for its input before the sender tells the
+/// receiver it is still there (`SenderSession::keepalive`): often enough for
+/// any receiver's --timeout (1 s at least), a few tiny messages a second at
+/// most.
+pub fn keepalive_interval(timeout: Duration) -> Duration {
+    (timeout / 3).clamp(Duration::from_millis(200), Duration::from_millis(500))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -540,6 +557,19 @@ mod tests {
             flags,
             nonce: NONCE,
         })
+    }
+
+    /// The next chunk of a file as its reader would fill it; None when the
+    /// machine plans none (not sending a file, out of credit, all planned).
+    fn next_file(s: &mut SenderSession) -> Option<ChunkPlan> {
+        if s.state != SenderState::Sending || s.stream {
+            return None;
+        }
+        let len = (s.size - s.planned).min(u64::from(s.chunk_len)) as u32;
+        if len == 0 {
+            return None;
+        }
+        s.next_chunk(len).unwrap()
     }
 
     fn token() -> Token {
@@ -659,9 +689,9 @@ mod tests {
     /// left), then FIN: the file is pending.
     fn file_pending() -> SenderSession {
         let mut s = greeted(100);
-        s.start_file(offer(100)).unwrap();
+        s.start_file(offer(100), 0).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
-        s.next_chunk().unwrap();
+        next_file(&mut s).unwrap();
         s.finish(Digest::Crc32(1)).unwrap();
         s
     }
@@ -679,28 +709,28 @@ mod tests {
                 s.close().unwrap();
             }
             IdleDirPending | AwaitRingDirPending => {
-                s.start_file(dir_offer("d")).unwrap();
+                s.start_file(dir_offer("d"), 0).unwrap();
             }
             _ => {}
         }
         match sit {
             AwaitRing | AwaitRingFilePending | AwaitRingDirPending => {
-                s.start_file(offer(1000)).unwrap();
+                s.start_file(offer(1000), 0).unwrap();
             }
             Sending => {
-                s.start_file(offer(1000)).unwrap();
+                s.start_file(offer(1000), 0).unwrap();
                 s.on_message(Message::Mr(ring(100, 4))).unwrap();
-                s.next_chunk().unwrap();
+                next_file(&mut s).unwrap();
             }
             SendingStream => {
-                s.start_file(stream_offer()).unwrap();
+                s.start_file(stream_offer(), 0).unwrap();
                 s.on_message(Message::Mr(ring(100, 4))).unwrap();
-                s.next_stream_chunk(100).unwrap().unwrap();
+                s.next_chunk(100).unwrap().unwrap();
             }
             _ => {}
         }
         assert_eq!(s.state(), sit.state(), "{sit:?}");
-        assert_eq!(s.pending.front().copied(), sit.front(), "{sit:?}");
+        assert_eq!(s.pending.front().map(|&(_, e)| e), sit.front(), "{sit:?}");
         s
     }
 
@@ -766,6 +796,7 @@ mod tests {
                         Message::Ack(a),
                     ) => Some((
                         SenderEvent::Answered {
+                            tag: 0,
                             entry: sit.front().unwrap(),
                             verdict: Verdict::Ack(a.clone()),
                         },
@@ -773,6 +804,7 @@ mod tests {
                     )),
                     (IdleDirPending | AwaitRingDirPending, Message::Reject(r)) => Some((
                         SenderEvent::Answered {
+                            tag: 0,
                             entry: Pending::Directory,
                             verdict: Verdict::Reject(r.clone()),
                         },
@@ -797,7 +829,7 @@ mod tests {
                     Some((event, state)) => {
                         assert_eq!(res, Ok(event), "{ctx}");
                         assert_eq!(s.state(), state, "{ctx}");
-                        let answered = matches!(res, Ok(SenderEvent::Answered { .. }));
+                        let answered = matches!(res, Ok(SenderEvent::Answered { tag: 0, .. }));
                         assert_eq!(
                             s.pending(),
                             pending_before - usize::from(answered),
@@ -861,7 +893,7 @@ mod tests {
             );
             assert_eq!(s.state(), SenderState::Idle);
             // The HELLO may follow at once (pipelined after the AUTH).
-            assert!(matches!(s.start_file(offer(1)), Ok(Message::Hello(_))));
+            assert!(matches!(s.start_file(offer(1), 0), Ok(Message::Hello(_))));
             // A second CHALLENGE is a protocol error.
             assert_eq!(
                 s.on_message(challenge(flags)),
@@ -892,7 +924,7 @@ mod tests {
     fn nothing_before_the_greeting() {
         let mut s = SenderSession::new(10, None);
         assert_eq!(
-            s.start_file(offer(1)),
+            s.start_file(offer(1), 0),
             Err(ProtocolError::WrongState {
                 op: "start_file",
                 state: "AWAIT_CHALLENGE"
@@ -924,7 +956,7 @@ mod tests {
         // then the receiver's REJECT(Auth) arrives while awaiting the ring.
         let mut s = SenderSession::new(10, None);
         s.on_message(challenge(AUTH_REQUIRED)).unwrap();
-        s.start_file(offer(5)).unwrap();
+        s.start_file(offer(5), 0).unwrap();
         let reason = "authentication failed: the sender has no token";
         let err = s
             .on_message(Message::Reject(Reject::new(RejectCode::Auth, reason)))
@@ -941,12 +973,12 @@ mod tests {
         );
         assert_eq!(s.state(), SenderState::Closed);
         // Not a per-file refusal: nothing more may be sent.
-        assert!(s.start_file(offer(1)).is_err());
+        assert!(s.start_file(offer(1), 0).is_err());
         assert!(s.close().is_err());
         // Also when it answers a pipelined directory.
         let mut s = SenderSession::new(10, None);
         s.on_message(challenge(AUTH_REQUIRED)).unwrap();
-        s.start_file(dir_offer("d")).unwrap();
+        s.start_file(dir_offer("d"), 0).unwrap();
         assert!(matches!(
             s.on_message(Message::Reject(Reject::new(RejectCode::Auth, reason))),
             Err(ProtocolError::AuthFailed { .. })
@@ -968,27 +1000,33 @@ mod tests {
                         s.clone().close(),
                         Err(ProtocolError::Unanswered { pending: 1 })
                     );
-                    assert!(s.clone().start_file(offer(1)).is_ok());
+                    assert!(s.clone().start_file(offer(1), 0).is_ok());
                 }
             } else {
                 assert!(!s.can_start(), "{sit:?}");
-                assert_eq!(s.start_file(offer(1)), Err(wrong("start_file")), "{sit:?}");
+                assert_eq!(
+                    s.start_file(offer(1), 0),
+                    Err(wrong("start_file")),
+                    "{sit:?}"
+                );
                 assert_eq!(s.close(), Err(wrong("close")), "{sit:?}");
             }
             if sit.state() != SenderState::Sending {
-                assert_eq!(s.next_chunk(), None);
+                assert_eq!(next_file(&mut s), None);
                 assert_eq!(s.finish(Digest::Crc32(0)), Err(wrong("finish")));
                 assert_eq!(s.keepalive(), Err(wrong("keepalive")));
             }
-            if sit != SendingStream {
-                assert_eq!(
-                    s.next_stream_chunk(1),
-                    Err(wrong("next_stream_chunk")),
+            if sit == Sending {
+                // A file's chunk must be exactly its next chunk.
+                assert!(
+                    matches!(s.next_chunk(1), Err(ProtocolError::BadChunk { .. })),
                     "{sit:?}"
                 );
+            } else if sit != SendingStream {
+                assert_eq!(s.next_chunk(1), Err(wrong("next_chunk")), "{sit:?}");
             } else {
                 // A stream plans only what the engine read.
-                assert_eq!(s.next_chunk(), None);
+                assert_eq!(next_file(&mut s), None);
                 assert!(!s.all_chunks_planned());
             }
             if matches!(sit, Sending | SendingStream) {
@@ -996,7 +1034,7 @@ mod tests {
             }
             // Local misuse does not change the state.
             assert_eq!(s.state(), sit.state());
-            assert_eq!(s.pending.front().copied(), sit.front());
+            assert_eq!(s.pending.front().map(|&(_, e)| e), sit.front());
         }
     }
 
@@ -1004,7 +1042,7 @@ mod tests {
     fn hello_contents_and_versions() {
         let hello = |o: FileOffer| {
             let mut s = greeted(10);
-            match s.start_file(o).unwrap() {
+            match s.start_file(o, 0).unwrap() {
                 Message::Hello(h) => h,
                 other => panic!("{other:?}"),
             }
@@ -1072,7 +1110,7 @@ mod tests {
         let mut s = greeted(10);
         let mut o = offer(5);
         o.name = "../etc".into();
-        assert!(matches!(s.start_file(o), Ok(Message::Hello(h)) if h.name == "../etc"));
+        assert!(matches!(s.start_file(o, 0), Ok(Message::Hello(h)) if h.name == "../etc"));
         assert_eq!(s.state(), SenderState::AwaitRing);
     }
 
@@ -1109,7 +1147,7 @@ mod tests {
     fn plan_all(s: &mut SenderSession) -> Vec<ChunkPlan> {
         let mut out = Vec::new();
         while !s.all_chunks_planned() {
-            match s.next_chunk() {
+            match next_file(s) {
                 Some(p) => out.push(p),
                 None => {
                     assert_eq!(s.credits(), 0);
@@ -1120,14 +1158,14 @@ mod tests {
                 }
             }
         }
-        assert_eq!(s.next_chunk(), None);
+        assert_eq!(next_file(s), None);
         out
     }
 
     #[test]
     fn placement_math_and_wraparound() {
         let mut s = greeted(100);
-        s.start_file(offer(1050)).unwrap();
+        s.start_file(offer(1050), 0).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         assert_eq!(s.chunk_len(), 100);
         let plans = plan_all(&mut s);
@@ -1158,13 +1196,16 @@ mod tests {
     fn chunk_len_is_min_of_own_and_slot() {
         for (own, slot, want) in [(64, 100, 64), (100, 64, 64), (0, 64, 64), (64, 64, 64)] {
             let mut s = greeted(own);
-            s.start_file(offer(1000)).unwrap();
+            s.start_file(offer(1000), 0).unwrap();
             s.on_message(Message::Mr(ring(slot, 2))).unwrap();
             assert_eq!(s.chunk_len(), want);
-            let p = s.next_chunk().unwrap();
+            let p = next_file(&mut s).unwrap();
             assert_eq!(p.len, want);
             // Slots are spaced by the ring's slot size, not the chunk length.
-            assert_eq!(s.next_chunk().unwrap().remote_addr, ADDR + u64::from(slot));
+            assert_eq!(
+                next_file(&mut s).unwrap().remote_addr,
+                ADDR + u64::from(slot)
+            );
         }
     }
 
@@ -1180,7 +1221,7 @@ mod tests {
             (200, vec![100, 100]),
         ] {
             let mut s = greeted(100);
-            s.start_file(offer(size)).unwrap();
+            s.start_file(offer(size), 0).unwrap();
             s.on_message(Message::Mr(ring(100, 3))).unwrap();
             let got: Vec<u32> = plan_all(&mut s).iter().map(|p| p.len).collect();
             assert_eq!(got, lens, "size {size}");
@@ -1194,7 +1235,7 @@ mod tests {
     #[test]
     fn credit_accounting() {
         let mut s = greeted(10);
-        s.start_file(offer(1000)).unwrap();
+        s.start_file(offer(1000), 0).unwrap();
         s.on_message(Message::Mr(ring(10, 3))).unwrap();
         assert_eq!(s.credits(), 3);
         // Full credit already: any more overflows.
@@ -1207,10 +1248,10 @@ mod tests {
             })
         );
         for _ in 0..3 {
-            assert!(s.next_chunk().is_some());
+            assert!(next_file(&mut s).is_some());
         }
         assert_eq!(s.credits(), 0);
-        assert_eq!(s.next_chunk(), None, "no chunk without credit");
+        assert_eq!(next_file(&mut s), None, "no chunk without credit");
         assert_eq!(
             s.on_message(Message::Credit { count: 2 }),
             Ok(SenderEvent::Credit(2))
@@ -1267,11 +1308,12 @@ mod tests {
             Ok(SenderEvent::Credit(1))
         );
         // Also after the next HELLO went out.
-        s.start_file(offer(10)).unwrap();
+        s.start_file(offer(10), 0).unwrap();
         assert!(s.clone().on_message(Message::Credit { count: 1 }).is_err());
         assert!(matches!(
             s.on_message(ack(AckStatus::Ok)),
             Ok(SenderEvent::Answered {
+                tag: 0,
                 entry: Pending::File,
                 ..
             })
@@ -1292,9 +1334,9 @@ mod tests {
     #[test]
     fn finish_requires_everything_planned_and_matching_digest() {
         let mut s = greeted(10);
-        s.start_file(offer(25)).unwrap();
+        s.start_file(offer(25), 0).unwrap();
         s.on_message(Message::Mr(ring(10, 8))).unwrap();
-        s.next_chunk().unwrap();
+        next_file(&mut s).unwrap();
         assert_eq!(
             s.finish(Digest::Crc32(0)),
             Err(ProtocolError::Incomplete {
@@ -1303,8 +1345,8 @@ mod tests {
             })
         );
         assert!(!s.all_chunks_planned());
-        s.next_chunk().unwrap();
-        s.next_chunk().unwrap();
+        next_file(&mut s).unwrap();
+        next_file(&mut s).unwrap();
         assert!(s.all_chunks_planned());
         assert_eq!(
             s.finish(Digest::Sha256([0; 32])),
@@ -1322,11 +1364,11 @@ mod tests {
     #[test]
     fn zero_byte_file() {
         let mut s = greeted(10);
-        s.start_file(offer(0)).unwrap();
+        s.start_file(offer(0), 0).unwrap();
         s.on_message(Message::Mr(ring(10, 2))).unwrap();
         assert_eq!(s.state(), SenderState::Sending);
         assert!(s.all_chunks_planned());
-        assert_eq!(s.next_chunk(), None);
+        assert_eq!(next_file(&mut s), None);
         assert_eq!(
             s.finish(Digest::Crc32(0)).unwrap(),
             Message::Fin(Fin {
@@ -1339,7 +1381,7 @@ mod tests {
 
     fn streaming(chunk: u32, slots: u32) -> SenderSession {
         let mut s = greeted(chunk);
-        s.start_file(stream_offer()).unwrap();
+        s.start_file(stream_offer(), 0).unwrap();
         s.on_message(Message::Mr(ring(chunk, slots))).unwrap();
         s
     }
@@ -1347,21 +1389,21 @@ mod tests {
     #[test]
     fn streams_plan_what_was_read_and_fin_carries_the_size() {
         let mut s = streaming(100, 2);
-        let p = s.next_stream_chunk(100).unwrap().unwrap();
+        let p = s.next_chunk(100).unwrap().unwrap();
         assert_eq!((p.seq, p.slot, p.file_offset, p.len), (0, 0, 0, 100));
-        let p = s.next_stream_chunk(100).unwrap().unwrap();
+        let p = s.next_chunk(100).unwrap().unwrap();
         assert_eq!((p.seq, p.slot, p.file_offset), (1, 1, 100));
         // Out of credit: nothing planned, nothing changed.
-        assert_eq!(s.next_stream_chunk(100), Ok(None));
+        assert_eq!(s.next_chunk(100), Ok(None));
         assert_eq!(s.bytes_planned(), 200);
         s.on_message(Message::Credit { count: 2 }).unwrap();
-        let p = s.next_stream_chunk(100).unwrap().unwrap();
+        let p = s.next_chunk(100).unwrap().unwrap();
         assert_eq!((p.seq, p.slot, p.file_offset), (2, 0, 200));
         // The last chunk may be short; nothing may follow it.
-        let p = s.next_stream_chunk(7).unwrap().unwrap();
+        let p = s.next_chunk(7).unwrap().unwrap();
         assert_eq!((p.seq, p.file_offset, p.len), (3, 300, 7));
         assert_eq!(
-            s.next_stream_chunk(100),
+            s.next_chunk(100),
             Err(ProtocolError::BadChunk {
                 seq: 4,
                 len: 100,
@@ -1388,7 +1430,7 @@ mod tests {
         let mut s = streaming(100, 4);
         for (len, reason) in [(0, "empty chunk"), (101, "longer than the chunk length")] {
             assert_eq!(
-                s.next_stream_chunk(len),
+                s.next_chunk(len),
                 Err(ProtocolError::BadChunk {
                     seq: 0,
                     len,
@@ -1402,8 +1444,8 @@ mod tests {
             "local misuse changes nothing"
         );
         // A stream of exactly one chunk, and one ending on a chunk boundary.
-        assert!(s.next_stream_chunk(100).unwrap().is_some());
-        assert!(s.next_stream_chunk(100).unwrap().is_some());
+        assert!(s.next_chunk(100).unwrap().is_some());
+        assert!(s.next_chunk(100).unwrap().is_some());
         assert!(matches!(
             s.finish(Digest::Crc32(0)),
             Ok(Message::Fin(Fin {
@@ -1431,24 +1473,91 @@ mod tests {
                 got: DigestAlg::Sha256
             })
         );
-        // A file is not a stream: its chunks come from next_chunk.
+        // The same next_chunk serves a file: only its exact next chunk
+        // fits (a full one, then the rest; nothing past its end).
         let mut s = session_in(Situation::Sending);
+        let bad = |r: Result<Option<ChunkPlan>, ProtocolError>| {
+            matches!(r, Err(ProtocolError::BadChunk { .. }))
+        };
+        assert!(bad(s.next_chunk(99)));
+        assert!(bad(s.next_chunk(101)));
+        let planned = s.bytes_planned();
+        let first = s.next_chunk(100).unwrap().unwrap();
+        assert_eq!((first.file_offset, first.len), (planned, 100));
+        while s.size - s.planned > 100 {
+            s.next_chunk(100).unwrap().unwrap();
+            if s.credits() == 0 {
+                s.on_message(Message::Credit { count: 1 }).unwrap();
+            }
+        }
+        let rest = (s.size - s.planned) as u32;
+        if rest > 0 {
+            if s.credits() == 0 {
+                s.on_message(Message::Credit { count: 1 }).unwrap();
+            }
+            assert!(rest == 100 || bad(s.next_chunk(100)));
+            s.next_chunk(rest).unwrap().unwrap();
+        }
+        assert!(s.all_chunks_planned());
+        assert!(bad(s.next_chunk(1)));
+    }
+
+    #[test]
+    fn verdicts_name_their_entries_by_tag() {
+        let mut s = greeted(100);
+        let mut dir = offer(0);
+        dir.kind = OfferKind::Directory;
+        s.start_file(dir, 7).unwrap();
+        s.start_file(offer(10), 8).unwrap();
+        // No ring before the earlier entry's verdict.
+        s.on_message(Message::Mr(RingInfo {
+            addr: ADDR,
+            rkey: 1,
+            slot_size: 100,
+            slot_count: 2,
+        }))
+        .unwrap_err();
+        let ok = || Message::Ack(Ack::new(AckStatus::Ok, String::new()));
+        let mut s = greeted(100);
+        let mut dir = offer(0);
+        dir.kind = OfferKind::Directory;
+        s.start_file(dir, 7).unwrap();
+        s.start_file(offer(10), 8).unwrap();
+        // The directory's verdict comes first, then the ring.
         assert_eq!(
-            s.next_stream_chunk(100),
-            Err(ProtocolError::WrongState {
-                op: "next_stream_chunk",
-                state: "SENDING"
+            s.on_message(ok()),
+            Ok(SenderEvent::Answered {
+                tag: 7,
+                entry: Pending::Directory,
+                verdict: Verdict::Ack(Ack::new(AckStatus::Ok, String::new()))
             })
         );
+        s.on_message(Message::Mr(RingInfo {
+            addr: ADDR,
+            rkey: 1,
+            slot_size: 100,
+            slot_count: 2,
+        }))
+        .unwrap();
+        s.next_chunk(10).unwrap().unwrap();
+        s.finish(Digest::Crc32(0)).unwrap();
+        assert!(matches!(
+            s.on_message(ok()),
+            Ok(SenderEvent::Answered {
+                tag: 8,
+                entry: Pending::File,
+                ..
+            })
+        ));
     }
 
     #[test]
     fn pipelined_entries_are_answered_in_order() {
         let mut s = greeted(10);
         // A directory, a file and another directory before any answer.
-        s.start_file(dir_offer("top")).unwrap();
+        s.start_file(dir_offer("top"), 0).unwrap();
         assert_eq!(s.state(), SenderState::Idle);
-        s.start_file(offer(5)).unwrap();
+        s.start_file(offer(5), 0).unwrap();
         // The ring cannot come before the directory's verdict.
         assert_eq!(
             s.clone().on_message(Message::Mr(ring(10, 2))),
@@ -1460,15 +1569,16 @@ mod tests {
         assert_eq!(
             s.on_message(ack(AckStatus::Ok)),
             Ok(SenderEvent::Answered {
+                tag: 0,
                 entry: Pending::Directory,
                 verdict: Verdict::Ack(Ack::new(AckStatus::Ok, "r"))
             })
         );
         s.on_message(Message::Mr(ring(10, 2))).unwrap();
-        s.next_chunk().unwrap();
+        next_file(&mut s).unwrap();
         s.finish(Digest::Crc32(0)).unwrap();
-        s.start_file(dir_offer("top/sub")).unwrap();
-        s.start_file(stream_offer()).unwrap();
+        s.start_file(dir_offer("top/sub"), 0).unwrap();
+        s.start_file(stream_offer(), 0).unwrap();
         assert_eq!(s.pending(), 2);
         // A failed verify of the file, then the directory refused: both
         // are verdicts, the session goes on.
@@ -1476,6 +1586,7 @@ mod tests {
         assert_eq!(
             s.on_message(Message::Ack(bad.clone())),
             Ok(SenderEvent::Answered {
+                tag: 0,
                 entry: Pending::File,
                 verdict: Verdict::Ack(bad)
             })
@@ -1484,6 +1595,7 @@ mod tests {
         assert_eq!(
             s.on_message(Message::Reject(rej.clone())),
             Ok(SenderEvent::Answered {
+                tag: 0,
                 entry: Pending::Directory,
                 verdict: Verdict::Reject(rej)
             })
@@ -1517,11 +1629,11 @@ mod tests {
         let mut s = greeted(10);
         for i in 0..MAX_PENDING {
             assert!(s.can_start());
-            s.start_file(dir_offer(&format!("d{i}"))).unwrap();
+            s.start_file(dir_offer(&format!("d{i}")), 0).unwrap();
         }
         assert!(!s.can_start());
         assert_eq!(
-            s.start_file(offer(1)),
+            s.start_file(offer(1), 0),
             Err(ProtocolError::TooManyPending {
                 pending: MAX_PENDING,
                 max: MAX_PENDING
@@ -1530,7 +1642,7 @@ mod tests {
         assert_eq!(s.state(), SenderState::Idle);
         s.on_message(ack(AckStatus::Ok)).unwrap();
         assert!(s.can_start());
-        assert!(s.start_file(offer(1)).is_ok());
+        assert!(s.start_file(offer(1), 0).is_ok());
         assert_eq!(s.pending(), MAX_PENDING - 1);
     }
 
@@ -1549,7 +1661,7 @@ mod tests {
                 "{sit:?}"
             );
             assert_eq!(s.state(), SenderState::Closed);
-            assert_eq!(s.next_chunk(), None);
+            assert_eq!(next_file(&mut s), None);
         }
         // ACK(ok) before FIN makes no sense.
         let mut s = session_in(Situation::Sending);
@@ -1560,7 +1672,7 @@ mod tests {
     fn multi_file_session_with_reject() {
         let mut s = greeted(10);
         // File 1: rejected.
-        s.start_file(offer(5)).unwrap();
+        s.start_file(offer(5), 0).unwrap();
         let rej = Reject::new(RejectCode::Exists, "exists");
         assert_eq!(
             s.on_message(Message::Reject(rej.clone())),
@@ -1570,7 +1682,7 @@ mod tests {
         // File 2 and 3: sent one after the other, each ACK awaited; credits
         // reset per file.
         for size in [25u64, 7] {
-            s.start_file(offer(size)).unwrap();
+            s.start_file(offer(size), 0).unwrap();
             s.on_message(Message::Mr(ring(10, 2))).unwrap();
             assert_eq!(s.credits(), 2);
             let plans = plan_all(&mut s);
@@ -1581,6 +1693,7 @@ mod tests {
             assert_eq!(
                 s.on_message(Message::Ack(a.clone())),
                 Ok(SenderEvent::Answered {
+                    tag: 0,
                     entry: Pending::File,
                     verdict: Verdict::Ack(a)
                 })
@@ -1589,5 +1702,19 @@ mod tests {
         }
         assert_eq!(s.close(), Ok(Message::Bye));
         assert_eq!(s.state(), SenderState::Closed);
+    }
+
+    #[test]
+    fn keepalives_come_often_enough_for_any_receiver() {
+        for (secs, ms) in [(1, 333), (2, 500), (30, 500), (3600, 500)] {
+            assert_eq!(
+                keepalive_interval(Duration::from_secs(secs)),
+                Duration::from_millis(ms)
+                    + Duration::from_nanos(if secs == 1 { 333_333 } else { 0 }),
+                "--timeout {secs}"
+            );
+        }
+        // Below every possible receiver timeout (at least 1 s).
+        assert!(keepalive_interval(Duration::from_secs(1)) < Duration::from_secs(1) / 2);
     }
 }

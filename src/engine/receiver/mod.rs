@@ -15,7 +15,7 @@ use crate::engine::report::FileEvent;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
 use crate::error::XferError;
 use crate::proto::{
-    Message, NONCE_LEN, ReceiverConfig as MachineConfig, ReceiverSession, Reject, RejectCode, Token,
+    Message, NONCE_LEN, ReceiverConfig as MachineConfig, ReceiverSession, Token, busy_refusal,
 };
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
@@ -70,10 +70,6 @@ impl ReceiverConfig {
         }
     }
 }
-
-/// Longest wait for a sender's AUTH (when a token is set), so that peers
-/// without the secret cannot keep all session slots busy for long.
-pub(super) const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default of --max-sessions.
 pub const DEFAULT_MAX_SESSIONS: usize = 8;
@@ -202,11 +198,10 @@ fn run_logged(
 
 /// Accepts a connection only to tell the sender that all sessions are taken.
 fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
-    let reason = format!(
-        "the receiver is busy: {} sessions are running (its --max-sessions); try again later",
-        cfg.max_sessions
-    );
-    warn!("refused: {reason}");
+    let refusal = busy_refusal(cfg.max_sessions);
+    if let Message::Reject(r) = &refusal {
+        warn!("refused: {}", r.reason);
+    }
     let result = (|| -> Result<(), XferError> {
         let id = conn.into_id()?;
         let caps = QpCaps {
@@ -217,8 +212,7 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
         let mut control = Control::new(&ep, 1, 1)?;
         let timeout = cfg.timeout.min(Duration::from_secs(5));
         ep.cm_id().accept(timeout)?;
-        let reject = Message::Reject(Reject::new(RejectCode::Busy, reason));
-        control.send(&ep, &reject)?;
+        control.send(&ep, &refusal)?;
         control.drain(&ep, timeout)?;
         ep.cm_id().disconnect(Duration::from_secs(1));
         Ok(())

@@ -11,9 +11,8 @@ use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
 use crate::engine::{wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
-    Ack, AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, PROTOCOL_VERSION,
-    ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo,
-    WireError,
+    AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, ProtocolError, ReceiverEvent,
+    ReceiverSession, RecvError, RejectCode, RingInfo,
 };
 use crate::sys::rdma::{Completion, Endpoint, RemoteRing, WcOpcode};
 use std::io::Write;
@@ -107,28 +106,32 @@ impl<'a> Session<'a> {
 
     /// Greets the sender and handles completions until BYE or an error.
     pub(super) fn run(&mut self) -> Result<(), XferError> {
-        // Always the first message: the sender waits for it.
-        let challenge = self.machine.challenge();
-        self.control.send(&self.ep, &challenge)?;
+        // The CHALLENGE: always the first message, the sender waits for it.
+        self.transmit()?;
         let mut wcs = Vec::with_capacity(16);
         loop {
             wcs.clear();
-            let (what, timeout) = match (&self.file, self.machine.state()) {
-                (Some(_), _) => ("data from the sender", self.cfg.timeout),
-                // An unauthenticated peer holds a session slot only briefly.
-                (None, ReceiverState::AwaitAuth) => (
-                    "the sender's AUTH",
-                    self.cfg.timeout.min(super::AUTH_TIMEOUT),
-                ),
-                (None, _) => ("the next HELLO or BYE", self.cfg.timeout),
-            };
+            let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
             wait_completions(&self.ep, &mut wcs, timeout, what)?;
             for wc in wcs.drain(..) {
-                if let Flow::Done = self.on_completion(wc)? {
+                let flow = self.on_completion(wc);
+                // Whatever the machine replied goes out, even when the
+                // completion ended the session (it says why).
+                let sent = self.transmit();
+                if let Flow::Done = flow? {
                     return Ok(());
                 }
+                sent?;
             }
         }
+    }
+
+    /// Sends what the state machine queued for the sender.
+    fn transmit(&mut self) -> Result<(), XferError> {
+        while let Some(msg) = self.machine.poll_transmit() {
+            self.control.send(&self.ep, &msg)?;
+        }
+        Ok(())
     }
 
     fn on_completion(&mut self, wc: Completion) -> Result<Flow, XferError> {
@@ -147,25 +150,22 @@ impl<'a> Session<'a> {
                 let decoded = self.control.take_message(&self.ep, wc)?;
                 let msg = match decoded {
                     Ok(m) => m,
-                    Err(WireError::UnknownVersion(v)) => {
-                        let reason = format!(
-                            "protocol version {v} is not supported (this receiver speaks {PROTOCOL_VERSION})"
-                        );
-                        let _ = self.control.send(
-                            &self.ep,
-                            &Message::Reject(Reject::new(RejectCode::Version, reason.clone())),
-                        );
-                        return Err(XferError::Rejected {
-                            code: RejectCode::Version.as_str(),
-                            reason,
+                    Err(e) => {
+                        return Err(match self.machine.on_undecodable(e) {
+                            RecvError::Reject(r) => XferError::Rejected {
+                                code: r.code.as_str(),
+                                reason: r.reason,
+                            },
+                            RecvError::Protocol(ProtocolError::Malformed(source)) => {
+                                self.abandon(XferError::Malformed {
+                                    from: "sender",
+                                    source,
+                                })
+                            }
+                            other => self.abandon(XferError::Internal(format!(
+                                "an undecodable message gave {other}"
+                            ))),
                         });
-                    }
-                    Err(source) => {
-                        let err = XferError::Malformed {
-                            from: "sender",
-                            source,
-                        };
-                        return Err(self.abort(AckStatus::Protocol, err));
                     }
                 };
                 return self.on_message(msg);
@@ -195,6 +195,7 @@ impl<'a> Session<'a> {
                 debug!("AUTH ignored: this receiver has no token")
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
+            // The machine queued the sender's reply to each error.
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Reject(reject)) => {
                 warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
@@ -206,22 +207,18 @@ impl<'a> Session<'a> {
                     self.report_failure(&name, size, alg, Duration::ZERO, &err, false);
                 }
                 self.first_error.get_or_insert(err);
-                self.control.send(&self.ep, &Message::Reject(reject))?;
             }
             Err(RecvError::Protocol(e)) => {
-                let err = XferError::Protocol {
+                return Err(self.abandon(XferError::Protocol {
                     context: Some(format!("{kind} not allowed here")),
                     source: e,
-                };
-                return Err(self.abort(AckStatus::Protocol, err));
+                }));
             }
             Err(e @ RecvError::TooLarge { .. }) => {
-                let reason = format!("{kind}: {e}");
-                let err = XferError::Rejected {
+                return Err(self.abandon(XferError::Rejected {
                     code: RejectCode::TooLarge.as_str(),
-                    reason: reason.clone(),
-                };
-                return Err(self.abort_with(AckStatus::Rejected, reason, err));
+                    reason: format!("{kind}: {e}"),
+                }));
             }
         }
         Ok(Flow::Continue)
@@ -235,9 +232,6 @@ impl<'a> Session<'a> {
             self.peer,
             failure.detail()
         );
-        let _ = self
-            .control
-            .send(&self.ep, &Message::Reject(failure.reject()));
         self.file = None;
         XferError::Auth(failure.to_string())
     }
@@ -368,21 +362,19 @@ impl<'a> Session<'a> {
     fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), XferError> {
         let placement = match self.machine.on_chunk(byte_len, imm) {
             Ok(p) => p,
+            // The machine queued the ACK that tells the sender why.
             Err(e @ RecvError::TooLarge { .. }) => {
                 let name = self.file.as_ref().map_or("?", |f| f.name.as_str());
-                let reason = format!("{name}: {e}");
-                let err = XferError::Rejected {
+                return Err(self.abandon(XferError::Rejected {
                     code: RejectCode::TooLarge.as_str(),
-                    reason: reason.clone(),
-                };
-                return Err(self.abort_with(AckStatus::Rejected, reason, err));
+                    reason: format!("{name}: {e}"),
+                }));
             }
             Err(RecvError::Protocol(source)) => {
-                let err = XferError::Protocol {
+                return Err(self.abandon(XferError::Protocol {
                     context: Some("bad data write".into()),
                     source,
-                };
-                return Err(self.abort(AckStatus::Protocol, err));
+                }));
             }
             Err(e) => {
                 let err = XferError::Internal(format!("a data write gave {e}"));
@@ -548,13 +540,15 @@ impl<'a> Session<'a> {
 
     /// As `abort`, with the reason the sender hears given apart.
     fn abort_with(&mut self, status: AckStatus, reason: String, err: XferError) -> XferError {
-        // After a peer-caused error the machine is already Closed and
-        // refuses complete(); the ACK is then built directly.
-        let ack = self
-            .machine
-            .complete(status, reason.clone())
-            .unwrap_or_else(|_| Message::Ack(Ack::new(status, reason)));
-        let _ = self.control.send(&self.ep, &ack);
+        if let Some(ack) = self.machine.abort(status, reason) {
+            let _ = self.control.send(&self.ep, &ack);
+        }
+        self.abandon(err)
+    }
+
+    /// The session ends with `err` under the open file (if any), whose
+    /// failure is reported; the temporary file goes when it drops.
+    fn abandon(&mut self, err: XferError) -> XferError {
         if let Some(file) = self.file.take() {
             self.report_file_failure(&file, &err, true);
         }
