@@ -20,12 +20,10 @@ use crate::proto::{
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
 use crate::sys::rdma::{CmId, Endpoint, EventChannel, IncomingConnection, QpCaps, probe_devices};
-use session::Session;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use store::FileStore;
 use tracing::{debug, error, error_span, info, warn};
 
 #[derive(Debug, Clone)]
@@ -188,7 +186,7 @@ fn run_logged(
     on_file: &OnFile<'_>,
 ) -> Result<(), XferError> {
     let started = Instant::now();
-    let result = run_session(cfg, conn, on_file);
+    let result = session::run(cfg, conn, on_file);
     match &result {
         Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
         Err(e) => error!(elapsed = ?started.elapsed(), "session failed: {e}"),
@@ -220,47 +218,6 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
     if let Err(e) = result {
         debug!("could not deliver the busy refusal: {e}");
     }
-}
-
-fn run_session(
-    cfg: &ReceiverConfig,
-    conn: IncomingConnection,
-    on_file: &OnFile<'_>,
-) -> Result<(), XferError> {
-    let store = FileStore::open(cfg)?;
-    let id = conn.into_id()?;
-    let recvs = cfg.slots + CONTROL_RECVS;
-    let caps = QpCaps {
-        max_send_wr: SEND_BUFFERS as u32 + 4,
-        max_recv_wr: recvs,
-    };
-    let ep = Endpoint::new(id, caps, cfg.busy_poll)?;
-    let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
-    super::tune_ack_timeout(ep.cm_id());
-    let accept_started = Instant::now();
-    ep.cm_id().accept(cfg.timeout)?;
-    let connect_time = accept_started.elapsed();
-    info!(
-        connect_s = connect_time.as_secs_f64(),
-        "session established"
-    );
-    let machine = new_machine(cfg)?;
-    let peer = ep
-        .cm_id()
-        .peer_addr()
-        .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
-    let mut session = Session::new(
-        cfg,
-        on_file,
-        peer,
-        connect_time,
-        ep,
-        control,
-        machine,
-        store,
-    );
-    let result = session.run();
-    session.finish(result)
 }
 
 /// The session's state machine; with a token, it requires AUTH over a fresh

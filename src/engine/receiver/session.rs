@@ -3,7 +3,7 @@
 //! the file store, from the greeting to BYE or the first fatal error.
 
 use super::store::{FileStore, Refusal, Sink, commit};
-use super::{OnFile, ReceiverConfig};
+use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::Control;
 use crate::engine::digest::{FileHasher, digest_hex};
 use crate::engine::progress::{FileProgress, Progress};
@@ -14,7 +14,7 @@ use crate::proto::{
     AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, ProtocolError, ReceiverEvent,
     ReceiverSession, RecvError, RejectCode, RingInfo,
 };
-use crate::sys::rdma::{Completion, Endpoint, RemoteRing, WcOpcode};
+use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ struct IncomingFile {
     progress: Box<dyn FileProgress>,
 }
 
-pub(super) struct Session<'a> {
+struct Session<'a> {
     cfg: &'a ReceiverConfig,
     on_file: &'a OnFile<'a>,
     /// The sender's address, for log messages.
@@ -74,38 +74,56 @@ enum Flow {
     Done,
 }
 
-impl<'a> Session<'a> {
-    /// A session on an accepted connection whose greeting is not sent yet.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        cfg: &'a ReceiverConfig,
-        on_file: &'a OnFile<'a>,
-        peer: String,
-        connect_time: Duration,
-        ep: Endpoint,
-        control: Control,
-        machine: ReceiverSession,
-        store: FileStore,
-    ) -> Self {
-        Session {
-            cfg,
-            on_file,
-            peer,
-            connect_time,
-            ep,
-            control,
-            ring: None,
-            chunk: Vec::new(),
-            machine,
-            store,
-            file: None,
-            first_error: None,
-            output_closed: None,
-        }
-    }
+/// Accepts the connection and runs its session to the end.
+pub(super) fn run(
+    cfg: &ReceiverConfig,
+    conn: IncomingConnection,
+    on_file: &OnFile<'_>,
+) -> Result<(), XferError> {
+    let store = FileStore::open(cfg)?;
+    let id = conn.into_id()?;
+    let recvs = cfg.slots + CONTROL_RECVS;
+    let caps = QpCaps {
+        max_send_wr: SEND_BUFFERS as u32 + 4,
+        max_recv_wr: recvs,
+    };
+    let ep = Endpoint::new(id, caps, cfg.busy_poll)?;
+    let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
+    crate::engine::tune_ack_timeout(ep.cm_id());
+    let accept_started = Instant::now();
+    ep.cm_id().accept(cfg.timeout)?;
+    let connect_time = accept_started.elapsed();
+    info!(
+        connect_s = connect_time.as_secs_f64(),
+        "session established"
+    );
+    let machine = super::new_machine(cfg)?;
+    let peer = ep
+        .cm_id()
+        .peer_addr()
+        .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+    let mut session = Session {
+        cfg,
+        on_file,
+        peer,
+        connect_time,
+        ep,
+        control,
+        ring: None,
+        chunk: Vec::new(),
+        machine,
+        store,
+        file: None,
+        first_error: None,
+        output_closed: None,
+    };
+    let result = session.run();
+    session.finish(result)
+}
 
+impl Session<'_> {
     /// Greets the sender and handles completions until BYE or an error.
-    pub(super) fn run(&mut self) -> Result<(), XferError> {
+    fn run(&mut self) -> Result<(), XferError> {
         // The CHALLENGE: always the first message, the sender waits for it.
         self.transmit()?;
         let mut wcs = Vec::with_capacity(16);
@@ -534,13 +552,7 @@ impl<'a> Session<'a> {
     /// A fatal error mid-session: tell the sender why (best effort), and
     /// return the error. The temporary file is removed when `file` drops.
     fn abort(&mut self, status: AckStatus, err: XferError) -> XferError {
-        let reason = err.to_string();
-        self.abort_with(status, reason, err)
-    }
-
-    /// As `abort`, with the reason the sender hears given apart.
-    fn abort_with(&mut self, status: AckStatus, reason: String, err: XferError) -> XferError {
-        if let Some(ack) = self.machine.abort(status, reason) {
+        if let Some(ack) = self.machine.abort(status, err.to_string()) {
             let _ = self.control.send(&self.ep, &ack);
         }
         self.abandon(err)
@@ -590,7 +602,7 @@ impl<'a> Session<'a> {
     }
 
     /// Lets queued replies reach the sender, then disconnects.
-    pub(super) fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
+    fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
         // Best effort: the session is over either way.
         let _ = self.control.drain(&self.ep, Duration::from_secs(2));
         if let (Err(e), Some(file)) = (&result, self.file.take()) {

@@ -5,31 +5,35 @@
 //! receiver's verdicts (ACK, or REJECT for a directory) are collected as
 //! they arrive, up to `proto::MAX_PENDING` of them outstanding.
 
-use super::control::Control;
-use super::entries::{self, Entry, WalkOptions};
-use super::progress::{FileProgress, ProgressSink};
-use super::reader::{Input, ReadJob, Reader, ReaderMsg};
-use super::report::{FileEvent, FileFailure, FileReport, Phases};
-use super::{DEFAULT_TIMEOUT, wr};
+mod pump;
+mod verdicts;
+
+use crate::engine::control::Control;
+use crate::engine::entries::{self, Entry, WalkOptions};
+use crate::engine::progress::ProgressSink;
+use crate::engine::reader::{Input, Reader};
+use crate::engine::report::{FileEvent, FileReport};
+use crate::engine::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AckStatus, DigestAlg, FileOffer, OfferKind, Pending, ProtocolError, SenderEvent, SenderSession,
-    SenderState, Token, Verdict,
+    AckStatus, DigestAlg, FileOffer, OfferKind, ProtocolError, SenderEvent, SenderSession,
+    SenderState, Token,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{
-    Buffer, BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, RemoteTarget, WcOpcode,
-    probe_devices,
+    BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, WcOpcode, probe_devices,
 };
+use pump::Pipeline;
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error_span, info, warn};
+use verdicts::{PendingEntry, Tracker};
 
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
@@ -88,9 +92,6 @@ pub struct SessionOutcome {
 /// Receive buffers the sender keeps posted (MR, CREDIT, ACK, REJECT).
 const RECV_BUFFERS: usize = 64;
 const SEND_BUFFERS: usize = 8;
-
-/// How often a wait for the reader also listens to the receiver.
-const READER_SLICE: Duration = Duration::from_millis(200);
 
 /// Sends `paths` in one session ("-" is standard input; directories need
 /// `cfg.walk.recursive`). `on_file` is called for every file that was
@@ -176,47 +177,6 @@ pub fn send_files(
     })
 }
 
-/// The sender's side of the reader thread: channels plus the slots that are
-/// posted (held until their write completes).
-struct Pipeline<'a> {
-    pool: &'a BufferPool,
-    jobs: Sender<ReadJob>,
-    free: Sender<Buffer>,
-    filled: Receiver<ReaderMsg>,
-    /// Staging slots in all (each has one buffer).
-    depth: usize,
-    /// Slots posted and not yet completed (the endpoint holds them).
-    posted: usize,
-    /// A filled chunk waiting for a credit.
-    held: Option<(Buffer, u32, u32)>,
-    stop: &'a AtomicBool,
-}
-
-impl Drop for Pipeline<'_> {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
-}
-
-impl Pipeline<'_> {
-    /// Slots the reader holds or has filled but not yet handed over: when
-    /// nonzero, a message from the reader is on its way.
-    fn with_reader(&self) -> usize {
-        self.depth - self.posted - usize::from(self.held.is_some())
-    }
-
-    /// A write completed: its slot goes back to the reader.
-    fn write_done(&mut self, wc: Completion) -> Result<(), XferError> {
-        let token = wc.buffer.ok_or_else(|| {
-            XferError::Internal(format!("write completion {:#x} without its slot", wc.wr_id))
-        })?;
-        self.posted = self.posted.saturating_sub(1);
-        // The reader may already be gone (session ending): nothing to do then.
-        let _ = self.free.send(token);
-        Ok(())
-    }
-}
-
 /// A per-file failure either leaves the session usable or ends it.
 enum FileError {
     Continue(XferError),
@@ -239,130 +199,6 @@ fn fatal(r: Result<(), FileError>) -> Result<(), XferError> {
     match r {
         Ok(()) => Ok(()),
         Err(FileError::Fatal(e) | FileError::Continue(e)) => Err(e),
-    }
-}
-
-/// An entry sent but not yet answered by the receiver.
-enum PendingEntry {
-    Dir {
-        name: String,
-        started: Instant,
-    },
-    /// A file whose FIN went out; its report lacks only the verdict. Its
-    /// log span (the "fsync+verify" phase of its file span) goes with it:
-    /// the verdict may come during another file.
-    File {
-        report: FileReport,
-        fin_sent: Instant,
-        span: tracing::Span,
-        /// Finished on ACK(ok); dropped unfinished on a failure.
-        progress: Box<dyn FileProgress>,
-    },
-}
-
-/// Entries awaiting their verdict, and the session's results so far.
-struct Tracker<'f> {
-    /// Keyed by the tag each entry's HELLO went out with.
-    pending: BTreeMap<u64, PendingEntry>,
-    next_tag: u64,
-    outcome: SessionOutcome,
-    on_file: &'f mut dyn FnMut(FileEvent<'_>),
-    /// For failure reports: the session's connection set-up, the digest.
-    connect: Duration,
-    digest_alg: DigestAlg,
-}
-
-impl Tracker<'_> {
-    /// An entry failed and the session goes on (`started`: when its HELLO
-    /// went out); the first such failure is the session's exit status.
-    fn fail(&mut self, name: &str, bytes: u64, started: Option<Instant>, e: XferError) {
-        warn!(file = %name, "{e}");
-        self.report(name, bytes, started, &e, false);
-        self.outcome.first_error.get_or_insert(e);
-    }
-
-    /// Tells `on_file` about a failed entry.
-    fn report(
-        &mut self,
-        name: &str,
-        bytes: u64,
-        started: Option<Instant>,
-        e: &XferError,
-        session_ended: bool,
-    ) {
-        let failure = FileFailure::new(
-            name,
-            bytes,
-            self.digest_alg,
-            started.map_or(Duration::ZERO, |t| t.elapsed()),
-            self.connect,
-            e,
-            session_ended,
-        );
-        (self.on_file)(FileEvent::Failed(&failure));
-    }
-
-    /// A tag for the next entry offered.
-    fn tag(&mut self) -> u64 {
-        self.next_tag += 1;
-        self.next_tag
-    }
-
-    /// The receiver's verdict on the entry offered with `tag`.
-    fn answer(&mut self, tag: u64, entry: Pending, verdict: Verdict) -> Result<(), FileError> {
-        let mismatch = || {
-            FileError::Fatal(XferError::Internal(format!(
-                "a verdict for {entry:?} {tag} does not match the entries sent"
-            )))
-        };
-        let Some(sent) = self.pending.remove(&tag) else {
-            return Err(mismatch());
-        };
-        match (sent, entry, verdict) {
-            (
-                PendingEntry::File {
-                    mut report,
-                    fin_sent,
-                    span,
-                    mut progress,
-                },
-                Pending::File,
-                Verdict::Ack(ack),
-            ) => {
-                let _enter = span.enter();
-                report.phases.commit = fin_sent.elapsed();
-                report.elapsed += report.phases.commit;
-                if ack.status == AckStatus::Ok {
-                    progress.finished();
-                    drop(progress);
-                    report.phases.log(&report.name, report.bytes);
-                    (self.on_file)(FileEvent::Done(&report));
-                    self.outcome.files.push(report);
-                } else {
-                    drop(progress);
-                    let err = ack_error(ack.status, ack.reason);
-                    let started = Instant::now().checked_sub(report.elapsed);
-                    self.fail(&report.name, report.bytes, started, err);
-                }
-            }
-            (PendingEntry::Dir { name, started }, Pending::Directory, verdict) => {
-                let err = match verdict {
-                    Verdict::Ack(ack) if ack.status == AckStatus::Ok => {
-                        debug!(dir = %name, "directory done");
-                        self.outcome.directories += 1;
-                        return Ok(());
-                    }
-                    Verdict::Ack(ack) => ack_error(ack.status, ack.reason),
-                    Verdict::Reject(rej) => XferError::Rejected {
-                        code: rej.code.as_str(),
-                        reason: rej.reason,
-                    },
-                };
-                self.fail(&name, 0, Some(started), err);
-            }
-            _ => return Err(mismatch()),
-        }
-        Ok(())
     }
 }
 
@@ -599,220 +435,6 @@ impl Connection {
         self.send_data(cfg, offer, input, pipe, tracker)
     }
 
-    /// HELLO, wait for the ring, write every chunk, FIN. The verdict is
-    /// collected later (see `Tracker::answer`).
-    fn send_data(
-        &mut self,
-        cfg: &SenderConfig,
-        offer: FileOffer,
-        input: Input,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
-        let stream = offer.kind == OfferKind::Stream;
-        let name = offer.name.clone();
-        // A stream's size is unknown (0 here: its bar grows as it goes).
-        let size = offer.size;
-        let span = if stream {
-            error_span!("file", name = %name, size = "unknown")
-        } else {
-            error_span!("file", name = %name, size = offer.size)
-        };
-        let _enter = span.enter();
-        let mut phase = error_span!("phase", name = "mr exchange").entered();
-        let started = Instant::now();
-        let mut phases = Phases {
-            connect: self.connect_time,
-            ..Phases::default()
-        };
-        let tag = tracker.tag();
-        let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
-        self.control.send(&self.ep, &hello)?;
-        let mut progress: Box<dyn FileProgress> = cfg.progress.file_started(&name, size);
-        // Phase 1: wait for the ring (or a rejection); verdicts on earlier
-        // entries come first.
-        while self.session.state() == SenderState::AwaitRing {
-            let Some(event) = self.next_event(cfg, pipe, tracker, "the receiver's MR reply")?
-            else {
-                continue;
-            };
-            match event {
-                SenderEvent::Ring(ring) => {
-                    debug!(
-                        addr = ring.addr,
-                        slots = ring.slot_count,
-                        slot_size = ring.slot_size,
-                        "ring granted"
-                    );
-                }
-                // This entry is refused; the session goes on (a refusal of
-                // the whole session comes in the greeting).
-                SenderEvent::Rejected(rej) => {
-                    return Err(FileError::Continue(XferError::Rejected {
-                        code: rej.code.as_str(),
-                        reason: rej.reason,
-                    }));
-                }
-                SenderEvent::Aborted(ack) => {
-                    return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
-                }
-                other => return Err(unexpected(&other)),
-            }
-        }
-        phases.mr_exchange = started.elapsed();
-        phase.exit();
-        phase = error_span!("phase", name = "data").entered();
-        let data_started = Instant::now();
-        // Phase 2: the reader fills slots; each filled slot is written to
-        // the next ring slot as soon as a credit allows.
-        let job = ReadJob {
-            input,
-            name: name.clone(),
-            chunk_len: self.session.chunk_len(),
-            digest: cfg.verify,
-        };
-        pipe.jobs
-            .send(job)
-            .map_err(|_| XferError::Internal("the reader thread is gone".into()))?;
-        let mut time = DataPathTimes::default();
-        let digest = loop {
-            if self.session.credits() > 0
-                && let Some((token, len, crc)) = pipe.held.take()
-            {
-                self.post_chunk(pipe, token, len, crc)?;
-                progress.advance(len.into());
-                // Hand finished slots back early so the reader keeps going.
-                self.poll_events(pipe, tracker)?;
-                continue;
-            }
-            if pipe.held.is_none() && pipe.with_reader() > 0 {
-                // The reader is working (or waiting for input): wait for
-                // its next chunk.
-                let t0 = Instant::now();
-                let msg = self.wait_reader(cfg, pipe, tracker, stream)?;
-                time.wait_reader += t0.elapsed();
-                match msg {
-                    ReaderMsg::Chunk { token, len, crc } => pipe.held = Some((token, len, crc)),
-                    ReaderMsg::Done(digest) => break digest,
-                    ReaderMsg::Failed(context, e) => {
-                        return Err(FileError::Fatal(XferError::io(context, e)));
-                    }
-                }
-                continue;
-            }
-            // Out of credits, or every slot is in flight: wait for the CQ.
-            let t0 = Instant::now();
-            let event = self.next_event(cfg, pipe, tracker, "credit from the receiver")?;
-            time.wait_cq += t0.elapsed();
-            match event {
-                None => {}
-                Some(SenderEvent::Aborted(ack)) => {
-                    return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
-                }
-                Some(other) => return Err(unexpected(&other)),
-            }
-        };
-        // RC ordering: FIN arrives after every WRITE posted before it.
-        let bytes = self.session.bytes_planned();
-        let fin = self.session.finish(digest).map_err(proto_err)?;
-        self.control.send(&self.ep, &fin)?;
-        phases.data = data_started.elapsed();
-        phase.exit();
-        // The verdict is logged in its own phase span when it comes.
-        let verdict_phase = error_span!("phase", name = "fsync+verify");
-        debug!(
-            file = %name,
-            bytes,
-            wait_reader_s = time.wait_reader.as_secs_f64(),
-            wait_cq_s = time.wait_cq.as_secs_f64(),
-            "FIN sent"
-        );
-        // Phase 3: the ACK comes only after verify + fsync + rename; the
-        // next entry goes out meanwhile.
-        tracker.pending.insert(
-            tag,
-            PendingEntry::File {
-                report: FileReport {
-                    name,
-                    bytes,
-                    elapsed: started.elapsed(),
-                    digest,
-                    phases,
-                },
-                fin_sent: Instant::now(),
-                span: verdict_phase,
-                progress,
-            },
-        );
-        Ok(())
-    }
-
-    /// Waits for the reader's next message, listening to the receiver
-    /// meanwhile (an abort ends the wait). A stream may wait for its input
-    /// indefinitely, keeping the receiver informed; a file read that makes
-    /// no progress for the timeout fails.
-    fn wait_reader(
-        &mut self,
-        cfg: &SenderConfig,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-        stream: bool,
-    ) -> Result<ReaderMsg, FileError> {
-        let started = Instant::now();
-        let mut last_sign = Instant::now();
-        loop {
-            match pipe.filled.recv_timeout(READER_SLICE) {
-                Ok(msg) => return Ok(msg),
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(FileError::Fatal(XferError::Internal(
-                        "the reader thread is gone".into(),
-                    )));
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            self.poll_events(pipe, tracker)?;
-            if stream {
-                if last_sign.elapsed() >= crate::proto::keepalive_interval(cfg.timeout) {
-                    debug!("waiting for input: KEEPALIVE sent");
-                    let keepalive = self.session.keepalive().map_err(proto_err)?;
-                    self.control.send(&self.ep, &keepalive)?;
-                    last_sign = Instant::now();
-                }
-            } else if started.elapsed() >= cfg.timeout {
-                return Err(FileError::Fatal(XferError::io(
-                    "reading the input",
-                    std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),
-                )));
-            }
-        }
-    }
-
-    /// Writes a filled slot to the ring slot the state machine assigns.
-    fn post_chunk(
-        &mut self,
-        pipe: &mut Pipeline<'_>,
-        token: Buffer,
-        len: u32,
-        crc: u32,
-    ) -> Result<(), FileError> {
-        // The machine checks the reader's chunk against the file (or
-        // stream) and says where it goes.
-        let plan = self
-            .session
-            .next_chunk(len)
-            .map_err(proto_err)?
-            .ok_or_else(|| XferError::Internal("no chunk to plan despite credit".into()))?;
-        let wr_id = wr::WRITE | token.index() as u64;
-        let target = RemoteTarget {
-            addr: plan.remote_addr,
-            rkey: plan.rkey,
-        };
-        self.ep
-            .post_write_imm(pipe.pool, token, len as usize, target, crc, wr_id)?;
-        pipe.posted += 1;
-        Ok(())
-    }
-
     /// Handles whatever completions are ready, without blocking. In the
     /// data phase only credits and an abort may arrive.
     fn poll_events(
@@ -953,13 +575,6 @@ impl Connection {
     fn abort(&mut self) {
         self.ep.cm_id().disconnect(Duration::from_secs(1));
     }
-}
-
-/// Where the data phase spent its time (logged at debug level for tuning).
-#[derive(Default)]
-struct DataPathTimes {
-    wait_reader: Duration,
-    wait_cq: Duration,
 }
 
 fn proto_err(e: ProtocolError) -> FileError {

@@ -1,0 +1,140 @@
+//! The receiver's verdicts: entries sent but not yet answered (keyed by
+//! the tag each went out with) and the session's results so far.
+
+use super::{FileError, SessionOutcome, ack_error};
+use crate::engine::progress::FileProgress;
+use crate::engine::report::{FileEvent, FileFailure, FileReport};
+use crate::error::XferError;
+use crate::proto::{AckStatus, DigestAlg, Pending, Verdict};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// An entry sent but not yet answered by the receiver.
+pub(super) enum PendingEntry {
+    Dir {
+        name: String,
+        started: Instant,
+    },
+    /// A file whose FIN went out; its report lacks only the verdict. Its
+    /// log span (the "fsync+verify" phase of its file span) goes with it:
+    /// the verdict may come during another file.
+    File {
+        report: FileReport,
+        fin_sent: Instant,
+        span: tracing::Span,
+        /// Finished on ACK(ok); dropped unfinished on a failure.
+        progress: Box<dyn FileProgress>,
+    },
+}
+
+/// Entries awaiting their verdict, and the session's results so far.
+pub(super) struct Tracker<'f> {
+    /// Keyed by the tag each entry's HELLO went out with.
+    pub(super) pending: BTreeMap<u64, PendingEntry>,
+    pub(super) next_tag: u64,
+    pub(super) outcome: SessionOutcome,
+    pub(super) on_file: &'f mut dyn FnMut(FileEvent<'_>),
+    /// For failure reports: the session's connection set-up, the digest.
+    pub(super) connect: Duration,
+    pub(super) digest_alg: DigestAlg,
+}
+
+impl Tracker<'_> {
+    /// An entry failed and the session goes on (`started`: when its HELLO
+    /// went out); the first such failure is the session's exit status.
+    pub(super) fn fail(&mut self, name: &str, bytes: u64, started: Option<Instant>, e: XferError) {
+        warn!(file = %name, "{e}");
+        self.report(name, bytes, started, &e, false);
+        self.outcome.first_error.get_or_insert(e);
+    }
+
+    /// Tells `on_file` about a failed entry.
+    pub(super) fn report(
+        &mut self,
+        name: &str,
+        bytes: u64,
+        started: Option<Instant>,
+        e: &XferError,
+        session_ended: bool,
+    ) {
+        let failure = FileFailure::new(
+            name,
+            bytes,
+            self.digest_alg,
+            started.map_or(Duration::ZERO, |t| t.elapsed()),
+            self.connect,
+            e,
+            session_ended,
+        );
+        (self.on_file)(FileEvent::Failed(&failure));
+    }
+
+    /// A tag for the next entry offered.
+    pub(super) fn tag(&mut self) -> u64 {
+        self.next_tag += 1;
+        self.next_tag
+    }
+
+    /// The receiver's verdict on the entry offered with `tag`.
+    pub(super) fn answer(
+        &mut self,
+        tag: u64,
+        entry: Pending,
+        verdict: Verdict,
+    ) -> Result<(), FileError> {
+        let mismatch = || {
+            FileError::Fatal(XferError::Internal(format!(
+                "a verdict for {entry:?} {tag} does not match the entries sent"
+            )))
+        };
+        let Some(sent) = self.pending.remove(&tag) else {
+            return Err(mismatch());
+        };
+        match (sent, entry, verdict) {
+            (
+                PendingEntry::File {
+                    mut report,
+                    fin_sent,
+                    span,
+                    mut progress,
+                },
+                Pending::File,
+                Verdict::Ack(ack),
+            ) => {
+                let _enter = span.enter();
+                report.phases.commit = fin_sent.elapsed();
+                report.elapsed += report.phases.commit;
+                if ack.status == AckStatus::Ok {
+                    progress.finished();
+                    drop(progress);
+                    report.phases.log(&report.name, report.bytes);
+                    (self.on_file)(FileEvent::Done(&report));
+                    self.outcome.files.push(report);
+                } else {
+                    drop(progress);
+                    let err = ack_error(ack.status, ack.reason);
+                    let started = Instant::now().checked_sub(report.elapsed);
+                    self.fail(&report.name, report.bytes, started, err);
+                }
+            }
+            (PendingEntry::Dir { name, started }, Pending::Directory, verdict) => {
+                let err = match verdict {
+                    Verdict::Ack(ack) if ack.status == AckStatus::Ok => {
+                        debug!(dir = %name, "directory done");
+                        self.outcome.directories += 1;
+                        return Ok(());
+                    }
+                    Verdict::Ack(ack) => ack_error(ack.status, ack.reason),
+                    Verdict::Reject(rej) => XferError::Rejected {
+                        code: rej.code.as_str(),
+                        reason: rej.reason,
+                    },
+                };
+                self.fail(&name, 0, Some(started), err);
+            }
+            _ => return Err(mismatch()),
+        }
+        Ok(())
+    }
+}
