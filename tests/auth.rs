@@ -7,7 +7,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::*;
 
 const TOKEN: &str = "correct horse battery staple";
@@ -21,6 +21,18 @@ fn token_file(dir: &Path, name: &str, token: &str) -> PathBuf {
     std::fs::write(&p, format!("{token}\n")).expect("write token file");
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     p
+}
+
+/// A serving receiver that reads its token from `token_file`.
+fn receiver_with_token_file(
+    net: &Net,
+    port: u16,
+    dst: &Path,
+    token_file: &Path,
+    env: &[(&str, &str)],
+) -> Running {
+    let tf = token_file.to_str().expect("utf8");
+    start_receiver_env(net, port, dst, &["--token-file", tf], env)
 }
 
 /// How the sender gets its token.
@@ -39,29 +51,17 @@ fn run_sender_with(net: &Net, port: u16, files: &[PathBuf], token: SenderToken) 
         }
         _ => &[],
     };
+    let env = match token {
+        SenderToken::Env(t) => Some(t),
+        _ => None,
+    };
     let mut cmd = sender_cmd(net, port, Path_::Wire, files, extra);
-    cmd.env_remove("RDMA_XFER_TOKEN");
-    if let SenderToken::Env(t) = token {
-        cmd.env("RDMA_XFER_TOKEN", t);
-    }
+    token_env(&mut cmd, env);
     Running::spawn("sender", cmd).wait(Duration::from_secs(300))
 }
 
-/// Waits until the receiver's log contains `needle`.
-fn wait_for_log(receiver: &Running, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let log = receiver.stderr_so_far();
-        if log.contains(needle) {
-            return log;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "receiver never logged {needle:?}:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+/// How long the receiver may take to log a session's outcome.
+const LOG_WAIT: Duration = Duration::from_secs(20);
 
 /// Everything a refused sender must leave: exit 4 with the reason and a
 /// hint, nothing in the output directory.
@@ -97,22 +97,13 @@ fn assert_refused(sent: &Finished, receiver_says: &str, dst: &Path) {
 #[test]
 fn same_token_file_on_one_side_env_on_the_other() {
     let Some(net) = rdma_net() else { return };
-    let (src, dst) = (
-        tempfile::tempdir().expect("src"),
-        tempfile::tempdir().expect("dst"),
-    );
+    let (src, dst) = dirs();
     let tf = token_file(src.path(), "token", TOKEN);
     let input = src.path().join("a.bin");
     let sum = make_file(&input, 3 * MIB + 17, 11);
     let port = next_port();
     // Receiver: --token-file; sender: the environment.
-    let receiver = start_receiver_env(
-        &net,
-        port,
-        dst.path(),
-        &["--token-file", tf.to_str().expect("utf8")],
-        &[],
-    );
+    let mut receiver = receiver_with_token_file(&net, port, dst.path(), &tf, &[]);
     let sent = run_sender_with(
         &net,
         port,
@@ -122,7 +113,7 @@ fn same_token_file_on_one_side_env_on_the_other() {
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
     assert_eq!(sha256_file(&dst.path().join("a.bin")), sum);
     assert!(!sent.stderr.contains("does not require"), "{}", sent.stderr);
-    let log = wait_for_log(&receiver, "sender authenticated");
+    let log = receiver.wait_for_stderr("sender authenticated", LOG_WAIT);
     assert!(!log.contains("no token configured"), "{log}");
     assert!(!log.contains(TOKEN), "token leaked: {log}");
     drop(receiver);
@@ -145,25 +136,17 @@ fn same_token_file_on_one_side_env_on_the_other() {
 /// A refused sender, then a good one to the same serving receiver.
 fn refused_then_served(sender_token: SenderToken, receiver_says: &str, logged: &str) {
     let Some(net) = rdma_net() else { return };
-    let (src, dst) = (
-        tempfile::tempdir().expect("src"),
-        tempfile::tempdir().expect("dst"),
-    );
+    let (src, dst) = dirs();
     let tf = token_file(src.path(), "token", TOKEN);
     let input = src.path().join("secret-data.bin");
     let sum = make_file(&input, 2 * MIB + 3, 21);
     let port = next_port();
     // Debug logs show whether the ring was ever registered.
-    let receiver = start_receiver_env(
-        &net,
-        port,
-        dst.path(),
-        &["--token-file", tf.to_str().expect("utf8")],
-        &[("RUST_LOG", "debug")],
-    );
+    let mut receiver =
+        receiver_with_token_file(&net, port, dst.path(), &tf, &[("RUST_LOG", "debug")]);
     let sent = run_sender_with(&net, port, std::slice::from_ref(&input), sender_token);
     assert_refused(&sent, receiver_says, dst.path());
-    let log = wait_for_log(&receiver, logged);
+    let log = receiver.wait_for_stderr(logged, LOG_WAIT);
     assert!(
         log.contains(&format!(
             "authentication failed from {}",
@@ -188,7 +171,7 @@ fn refused_then_served(sender_token: SenderToken, receiver_says: &str, logged: &
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
     assert_eq!(sha256_file(&dst.path().join("secret-data.bin")), sum);
     assert_no_temp_files(dst.path());
-    let log = wait_for_log(&receiver, "sender authenticated");
+    let log = receiver.wait_for_stderr("sender authenticated", LOG_WAIT);
     assert!(log.contains("ring registered"), "{log}");
     drop(receiver);
 }
@@ -210,10 +193,7 @@ fn sender_without_token_is_refused_and_the_receiver_keeps_serving() {
 #[test]
 fn receiver_without_token_warns_that_it_accepts_anyone() {
     let Some(net) = rdma_net() else { return };
-    let (src, dst) = (
-        tempfile::tempdir().expect("src"),
-        tempfile::tempdir().expect("dst"),
-    );
+    let (src, dst) = dirs();
     let port = next_port();
     let receiver = start_receiver_env(&net, port, dst.path(), &[], &[]);
     let log = receiver.stderr_so_far();

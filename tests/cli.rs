@@ -5,7 +5,7 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use support::{receiver_bin, sender_bin};
+use support::{has_rdma_device, have, receiver_bin, sender_bin, skip, test_name, token_env};
 
 fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(bin).args(args).output().expect("run binary");
@@ -14,12 +14,6 @@ fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn has_rdma_device() -> bool {
-    std::fs::read_dir("/sys/class/infiniband")
-        .map(|mut d| d.next().is_some())
-        .unwrap_or(false)
 }
 
 #[test]
@@ -57,14 +51,6 @@ fn gen_bin() -> &'static str {
     env!("CARGO_BIN_EXE_rdma-xfer-gen")
 }
 
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 /// Checks a man page with groff (warnings on, all of them fatal here) and
 /// renders it with `man -l`.
 fn check_man_page(page: &Path, name: &str) {
@@ -81,7 +67,10 @@ fn check_man_page(page: &Path, name: &str) {
         page.display()
     );
     if !have("man") {
-        eprintln!("no man command here: checked with groff only");
+        eprintln!(
+            "{}: no man command here: checked with groff only",
+            test_name()
+        );
         return;
     }
     let out = Command::new("man")
@@ -154,6 +143,12 @@ fn check_completions(bash: &Path, zsh: &Path, fish: &Path) {
                     .output()
                     .expect("shell -n");
                 assert!(out.status.success(), "{shell} -n {}", script.display());
+            } else {
+                eprintln!(
+                    "{}: no {shell} here: {} not parsed",
+                    test_name(),
+                    script.display()
+                );
             }
         }
     }
@@ -290,22 +285,29 @@ fn json_summary_on_early_failure() {
     // The error is still said once on stderr, without colours on a pipe.
     assert!(err.contains("sender: error: cannot open"), "{err}");
     assert!(!err.contains('\x1b') && !err.contains('\r'), "{err:?}");
-    if !has_rdma_device() {
-        let dir = tempfile::tempdir().expect("dir");
-        let out_dir = dir.path().to_str().expect("utf8");
-        let (code, out, err) = run(receiver_bin(), &["--once", "--json", "--dir", out_dir]);
-        assert_eq!(code, 3, "{err}");
-        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
-        assert_eq!(
-            (v["status"].as_str(), v["exit_code"].as_u64()),
-            (Some("no_device_or_connect"), Some(3))
-        );
-        // The warning is a log line: no ANSI colours when stderr is a pipe.
-        assert!(err.contains("WARN no token configured"), "{err:?}");
-        // A serving receiver prints no summary (it reports per file only).
-        let (code, out, _) = run(receiver_bin(), &["--json", "--dir", out_dir]);
-        assert_eq!((code, out.as_str()), (3, ""));
+}
+
+/// The receiver's summary when it fails before serving (no RDMA device).
+#[test]
+fn json_summary_of_a_receiver_without_a_device() {
+    if has_rdma_device() {
+        skip("this machine has an RDMA device", false);
+        return;
     }
+    let dir = tempfile::tempdir().expect("dir");
+    let out_dir = dir.path().to_str().expect("utf8");
+    let (code, out, err) = run(receiver_bin(), &["--once", "--json", "--dir", out_dir]);
+    assert_eq!(code, 3, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(
+        (v["status"].as_str(), v["exit_code"].as_u64()),
+        (Some("no_device_or_connect"), Some(3))
+    );
+    // The warning is a log line: no ANSI colours when stderr is a pipe.
+    assert!(err.contains("WARN no token configured"), "{err:?}");
+    // A serving receiver prints no summary (it reports per file only).
+    let (code, out, _) = run(receiver_bin(), &["--json", "--dir", out_dir]);
+    assert_eq!((code, out.as_str()), (3, ""));
 }
 
 #[test]
@@ -387,8 +389,8 @@ fn missing_output_directory_is_an_io_error() {
 #[test]
 fn no_rdma_device_exits_3_with_a_clear_message() {
     if has_rdma_device() {
-        // Covered by the e2e suite's connect-error case on RDMA machines.
-        eprintln!("this machine has an RDMA device; the no-device path cannot be shown here");
+        // On RDMA machines the e2e suite covers the connect errors.
+        skip("this machine has an RDMA device", false);
         return;
     }
     let dir = tempfile::tempdir().expect("dir");
@@ -406,12 +408,10 @@ fn no_rdma_device_exits_3_with_a_clear_message() {
 }
 
 /// Runs with RDMA_XFER_TOKEN unset or set to `token_env`.
-fn run_env(bin: &str, args: &[&str], token_env: Option<&str>) -> (i32, String) {
+fn run_env(bin: &str, args: &[&str], token: Option<&str>) -> (i32, String) {
     let mut cmd = Command::new(bin);
-    cmd.args(args).env_remove("RDMA_XFER_TOKEN");
-    if let Some(v) = token_env {
-        cmd.env("RDMA_XFER_TOKEN", v);
-    }
+    cmd.args(args);
+    token_env(&mut cmd, token);
     let out = cmd.output().expect("run binary");
     (
         out.status.code().unwrap_or(-1),
@@ -496,9 +496,9 @@ fn token_file_readable_by_others_warns_but_is_used() {
 #[test]
 fn receiver_without_token_warns_at_start_up() {
     if has_rdma_device() {
-        // On an RDMA machine the receiver would start serving; tests/auth.rs
-        // checks the warning there.
-        eprintln!("this machine has an RDMA device; see tests/auth.rs");
+        // The receiver would start serving; tests/auth.rs checks the
+        // warning there.
+        skip("this machine has an RDMA device (see tests/auth.rs)", false);
         return;
     }
     let dir = tempfile::tempdir().expect("dir");

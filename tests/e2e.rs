@@ -8,14 +8,6 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 use support::*;
-use tempfile::TempDir;
-
-fn dirs() -> (TempDir, TempDir) {
-    (
-        tempfile::tempdir().expect("src dir"),
-        tempfile::tempdir().expect("dst dir"),
-    )
-}
 
 /// Sends `files` (name, size) in one session and checks every byte.
 fn transfer_and_check(
@@ -31,24 +23,9 @@ fn transfer_and_check(
         let sum = make_file(&p, *size, 0x5eed + i as u64 * 7919 + size);
         inputs.push((p, sum));
     }
-    let port = next_port();
-    let receiver = start_receiver(net, port, dst.path(), &["--once"]);
     let paths: Vec<PathBuf> = inputs.iter().map(|(p, _)| p.clone()).collect();
-    let sent = run_sender(net, port, path, &paths, extra);
-    let received = receiver.wait(Duration::from_secs(120));
-    assert_eq!(
-        sent.code(),
-        0,
-        "sender failed:\n{}\nreceiver:\n{}",
-        sent.stderr,
-        received.stderr
-    );
-    assert_eq!(
-        received.code(),
-        0,
-        "receiver --once failed:\n{}",
-        received.stderr
-    );
+    let (sent, received) = one_session(net, path, dst.path(), &[], &paths, extra);
+    assert_both_ok(&sent, &received);
     for (p, sum) in &inputs {
         let out = dst.path().join(p.file_name().expect("name"));
         assert_eq!(&sha256_file(&out), sum, "content of {}", out.display());
@@ -141,24 +118,16 @@ fn small_ring_and_odd_chunk_sizes() {
     let (src, dst) = dirs();
     let input = src.path().join("odd.bin");
     let sum = make_file(&input, 3 * MIB + 4321, 99);
-    let port = next_port();
-    let receiver = start_receiver(
-        &net,
-        port,
-        dst.path(),
-        &["--once", "--slots", "3", "--chunk-size", "256K"],
-    );
     // The sender's bigger chunk is capped by the receiver's slot size.
-    let sent = run_sender(
+    let (sent, received) = one_session(
         &net,
-        port,
         Path_::Wire,
+        dst.path(),
+        &["--slots", "3", "--chunk-size", "256K"],
         &[input],
         &["--depth", "2", "--chunk-size", "1M"],
     );
-    let received = receiver.wait(Duration::from_secs(120));
-    assert_eq!(sent.code(), 0, "{}\n{}", sent.stderr, received.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_both_ok(&sent, &received);
     assert_eq!(sha256_file(&dst.path().join("odd.bin")), sum);
     assert_no_temp_files(dst.path());
 }
@@ -172,10 +141,8 @@ fn existing_file_is_refused_without_overwrite_and_replaced_with_it() {
     let existing = dst.path().join("report.txt");
     std::fs::write(&existing, b"old content").expect("write existing");
 
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
-    let received = receiver.wait(Duration::from_secs(120));
+    let files = std::slice::from_ref(&input);
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], files, &[]);
     assert_eq!(sent.code(), 4, "sender:\n{}", sent.stderr);
     assert!(sent.stderr.contains("already exists"), "{}", sent.stderr);
     assert_eq!(
@@ -187,12 +154,8 @@ fn existing_file_is_refused_without_overwrite_and_replaced_with_it() {
     assert_eq!(std::fs::read(&existing).expect("read"), b"old content");
     assert_no_temp_files(dst.path());
 
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--overwrite"]);
-    let sent = run_sender(&net, port, Path_::Wire, &[input], &[]);
-    let received = receiver.wait(Duration::from_secs(120));
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &["--overwrite"], files, &[]);
+    assert_both_ok(&sent, &received);
     assert_eq!(sha256_file(&existing), sum);
     assert_no_temp_files(dst.path());
 }
@@ -205,10 +168,7 @@ fn hostile_name_is_refused_and_later_files_still_arrive() {
     make_file(&bad, 1000, 5);
     let good = src.path().join("good.bin");
     let sum = make_file(&good, 1000, 6);
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sent = run_sender(&net, port, Path_::Wire, &[bad, good], &[]);
-    let received = receiver.wait(Duration::from_secs(120));
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], &[bad, good], &[]);
     assert_eq!(sent.code(), 4, "{}", sent.stderr);
     assert!(sent.stderr.contains("control character"), "{}", sent.stderr);
     assert_eq!(received.code(), 4, "{}", received.stderr);
@@ -240,12 +200,7 @@ fn receiver_without_once_serves_sessions_until_sigterm() {
         assert_eq!(sha256_file(&dst.path().join(format!("s{i}.bin"))), sum);
     }
     // SIGTERM to the receiver this test started: a clean exit 0.
-    let pid = receiver.pid().to_string();
-    let kill = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(kill.success());
+    receiver.signal("TERM");
     let done = receiver.wait(Duration::from_secs(30));
     assert_eq!(done.code(), 0, "{}", done.stderr);
     assert_no_temp_files(dst.path());
@@ -269,12 +224,9 @@ fn one_gib_keeps_memory_bounded() {
     let (src, dst) = dirs();
     let input = src.path().join("one-gib.bin");
     let sum = make_file(&input, 1024 * MIB, 11);
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
-    let received = receiver.wait(Duration::from_secs(120));
-    assert_eq!(sent.code(), 0, "{}\n{}", sent.stderr, received.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    let files = std::slice::from_ref(&input);
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], files, &[]);
+    assert_both_ok(&sent, &received);
     // Remove the input before hashing the output: the guest's tmpfs is RAM.
     std::fs::remove_file(&input).expect("rm input");
     assert_eq!(sha256_file(&dst.path().join("one-gib.bin")), sum);
@@ -289,18 +241,6 @@ fn one_gib_keeps_memory_bounded() {
     );
     assert!(s < bound, "sender peak RSS {s} >= {bound}");
     assert!(r < bound, "receiver peak RSS {r} >= {bound}");
-}
-
-/// Every stderr line of a tool run with --log-format json, parsed.
-fn json_lines(who: &str, stderr: &str) -> Vec<serde_json::Value> {
-    stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str(l)
-                .unwrap_or_else(|e| panic!("{who} printed a non-JSON line ({e}): {l}"))
-        })
-        .collect()
 }
 
 /// The tracing event "file done": its phase fields and its spans.
@@ -337,18 +277,10 @@ fn json_logs_carry_spans_and_phase_timings() {
     let (src, dst) = dirs();
     let input = src.path().join("logged.bin");
     let sum = make_file(&input, 3 * CHUNK + 1, 5);
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--log-format", "json"]);
-    let sent = run_sender(
-        &net,
-        port,
-        Path_::Wire,
-        std::slice::from_ref(&input),
-        &["--log-format", "json"],
-    );
-    let received = receiver.wait(Duration::from_secs(60));
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    let json = &["--log-format", "json"];
+    let files = std::slice::from_ref(&input);
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), json, files, json);
+    assert_both_ok(&sent, &received);
     assert_eq!(sha256_file(&dst.path().join("logged.bin")), sum);
     for (who, stderr) in [("sender", &sent.stderr), ("receiver", &received.stderr)] {
         let lines = json_lines(who, stderr);

@@ -94,6 +94,17 @@ impl Served {
         );
     }
 
+    /// Fails the test if any case's transcript is in `failures`.
+    fn assert_no_failures(&self, failures: &[String]) {
+        assert!(
+            failures.is_empty(),
+            "{} case(s) not refused as expected:\n\n{}\n\nreceiver:\n{}",
+            failures.len(),
+            failures.join("\n\n"),
+            self.receiver.stderr_so_far()
+        );
+    }
+
     /// The same receiver serves a normal transfer by the real sender.
     fn assert_still_serves(&mut self, net: &Net) {
         self.assert_still_serves_with(net, None)
@@ -104,10 +115,7 @@ impl Served {
         let input = self.src.path().join("after.bin");
         let sum = make_file(&input, 3 * CHUNK + 17, 0xa11ce);
         let mut cmd = sender_cmd(net, self.port, Path_::Wire, &[input], &[]);
-        cmd.env_remove("RDMA_XFER_TOKEN");
-        if let Some(t) = token {
-            cmd.env("RDMA_XFER_TOKEN", t);
-        }
+        token_env(&mut cmd, token);
         let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(300));
         assert_eq!(
             sent.code(),
@@ -134,9 +142,8 @@ fn hostile_names_are_refused_and_nothing_is_written() {
     assert_eq!(
         run.code(),
         0,
-        "raw client:\n{}\n{}\nreceiver:\n{}",
-        run.lines.join("\n"),
-        run.stderr,
+        "raw client: {}\nreceiver:\n{}",
+        run.transcript(),
         s.receiver.stderr_so_far()
     );
     let why = [
@@ -160,7 +167,7 @@ fn hostile_names_are_refused_and_nothing_is_written() {
         rejects.len(),
         why.len(),
         "one REJECT per name:\n{}",
-        run.lines.join("\n")
+        run.stdout
     );
     for (line, (name, reason)) in rejects.iter().zip(why) {
         assert!(
@@ -171,34 +178,14 @@ fn hostile_names_are_refused_and_nothing_is_written() {
     assert!(
         run.of_kind("MR").is_empty(),
         "a ring was exposed:\n{}",
-        run.lines.join("\n")
+        run.stdout
     );
     s.assert_nothing_written("hostile names");
 
     // The same names as separate sessions that just vanish after the
     // REJECT (no BYE): each refused the same way.
     for name in ["..%2f..%2fescape", "%2fetc%2fpasswd", "a%0a", "%00"] {
-        let run = run_raw_client(
-            &net,
-            s.port,
-            None,
-            &[&format!("hello:{name}:5"), "expect:REJECT"],
-            CLIENT_TIMEOUT,
-        );
-        assert_eq!(
-            run.code(),
-            0,
-            "{name}: {}\n{}",
-            run.lines.join("\n"),
-            run.stderr
-        );
-        let rejects = run.of_kind("REJECT");
-        assert!(
-            rejects.len() == 1 && rejects[0].starts_with("REJECT code=bad-name reason="),
-            "{name}: {:?}",
-            run.lines
-        );
-        s.assert_nothing_written(name);
+        assert_name_refused(&net, &mut s, &format!("hello:{name}:5"), "bad-name", "");
     }
 
     // Version 2 (trees): a HELLO may carry a relative path, each component
@@ -216,31 +203,26 @@ fn hostile_names_are_refused_and_nothing_is_written() {
         ("a%2fnew%0aline", "bad-name", "U+000A"),
         ("missing%2fx", "io", "does not exist"),
     ] {
-        let run = run_raw_client(
-            &net,
-            s.port,
-            None,
-            &[&format!("hello:{name}:5::2"), "expect:REJECT"],
-            CLIENT_TIMEOUT,
-        );
-        assert_eq!(
-            run.code(),
-            0,
-            "{name}: {}\n{}",
-            run.lines.join("\n"),
-            run.stderr
-        );
-        let rejects = run.of_kind("REJECT");
-        assert!(
-            rejects.len() == 1
-                && rejects[0].starts_with(&format!("REJECT code={code} reason="))
-                && rejects[0].contains(reason),
-            "{name}: {:?}",
-            run.lines
-        );
-        s.assert_nothing_written(name);
+        assert_name_refused(&net, &mut s, &format!("hello:{name}:5::2"), code, reason);
     }
     s.assert_still_serves(&net);
+}
+
+/// A session of the raw client that offers `hello` and vanishes after the
+/// REJECT (no BYE): refused with `code` and a reason containing `reason`,
+/// and nothing written.
+fn assert_name_refused(net: &Net, s: &mut Served, hello: &str, code: &str, reason: &str) {
+    let run = run_raw_client(net, s.port, None, &[hello, "expect:REJECT"], CLIENT_TIMEOUT);
+    let rejects = run.of_kind("REJECT");
+    assert!(
+        run.code() == 0
+            && rejects.len() == 1
+            && rejects[0].starts_with(&format!("REJECT code={code} reason="))
+            && rejects[0].contains(reason),
+        "{hello}: want REJECT code={code} with {reason:?}; {}",
+        run.transcript()
+    );
+    s.assert_nothing_written(hello);
 }
 
 /// A malformed or out-of-order input and the answer it must get.
@@ -325,30 +307,20 @@ fn run_cases(net: &Net, s: &mut Served, cases: Vec<Case>) -> Vec<String> {
             &["expect-disconnect"]
         };
         let run = run_raw_client(net, s.port, Some(case.scenario), tail, CLIENT_TIMEOUT);
-        let transcript = format!(
-            "{}: exit {}\nstdout:\n{}\nstderr:\n{}",
-            case.scenario,
-            run.code(),
-            run.lines.join("\n"),
-            run.stderr
-        );
+        let transcript = format!("{}: {}", case.scenario, run.transcript());
         eprintln!("{transcript}");
-        let answers: Vec<&String> = run
-            .lines
+        let lines = run.lines();
+        let answers: Vec<&str> = lines
             .iter()
+            .copied()
             .filter(|l| l.starts_with("REJECT ") || l.starts_with("ACK "))
             .collect();
         // The session ends: DISCONNECTED, possibly followed by the flushed
         // work requests of the dead QP (their order is not defined).
-        let ended = run
-            .lines
+        let ended = lines
             .iter()
-            .position(|l| l == "DISCONNECTED")
-            .is_some_and(|i| {
-                run.lines[i + 1..]
-                    .iter()
-                    .all(|l| l.starts_with("WR_FAILED"))
-            });
+            .position(|&l| l == "DISCONNECTED")
+            .is_some_and(|i| lines[i + 1..].iter().all(|l| l.starts_with("WR_FAILED")));
         let ok = run.code() == 0
             && ended
             && match case.answer {
@@ -372,13 +344,7 @@ fn malformed_control_messages_are_refused_and_receiver_keeps_serving() {
     let Some(net) = rdma_net() else { return };
     let mut s = serve(&net);
     let failures = run_cases(&net, &mut s, cases());
-    assert!(
-        failures.is_empty(),
-        "{} case(s) not refused as expected:\n\n{}\n\nreceiver:\n{}",
-        failures.len(),
-        failures.join("\n\n"),
-        s.receiver.stderr_so_far()
-    );
+    s.assert_no_failures(&failures);
     s.assert_still_serves(&net);
 }
 
@@ -447,21 +413,10 @@ fn unauthenticated_input_is_refused_before_anything() {
         || acks.len() != 1
         || !acks[0].starts_with("ACK status=protocol")
     {
-        failures.push(format!(
-            "authenticated hostile input: exit {}\n{}\n{}",
-            run.code(),
-            run.lines.join("\n"),
-            run.stderr
-        ));
+        failures.push(format!("authenticated hostile input: {}", run.transcript()));
     }
     s.assert_nothing_written("authenticated hostile input");
-    assert!(
-        failures.is_empty(),
-        "{} case(s) not refused as expected:\n\n{}\n\nreceiver:\n{}",
-        failures.len(),
-        failures.join("\n\n"),
-        s.receiver.stderr_so_far()
-    );
+    s.assert_no_failures(&failures);
     s.assert_still_serves_with(&net, Some(TOKEN));
 }
 
@@ -500,6 +455,15 @@ fn go_ahead(dir: &Path, name: &str) -> (PathBuf, String) {
     (path, step)
 }
 
+/// Starts a raw client (`--timeout 60`) whose `steps` open a session with a
+/// HELLO and get a ring; returns it, running, with the ring's address and
+/// rkey from its MR line.
+fn spawn_with_ring(net: &Net, port: u16, steps: &[&str]) -> (Running, u64, u32) {
+    let mut client = spawn_raw_client(net, port, None, steps, 60);
+    let (addr, rkey) = mr_of(&client.wait_for_line("MR ", CLIENT_TIMEOUT));
+    (client, addr, rkey)
+}
+
 /// The control write into the client's own ring, then the hostile one.
 const OWN_WRITE: &str = "writes-to:own:own:1";
 
@@ -507,14 +471,9 @@ const OWN_WRITE: &str = "writes-to:own:own:1";
 /// at `own_addr`) completed, so its connection and the tool work, and that
 /// the hostile write after it failed on the writer with a remote access
 /// error; then the receiver ended that session.
-fn assert_write_refused(run: &RawRun, own_addr: u64, case: &str, receiver_log: &str) {
-    let transcript = format!(
-        "{case}: exit {}\nstdout:\n{}\nstderr:\n{}\nreceiver:\n{receiver_log}",
-        run.code(),
-        run.lines.join("\n"),
-        run.stderr
-    );
-    eprintln!("{case}: {}", run.lines.join(" | "));
+fn assert_write_refused(run: &Finished, own_addr: u64, case: &str, receiver_log: &str) {
+    let transcript = format!("{case}: {}\nreceiver:\n{receiver_log}", run.transcript());
+    eprintln!("{case}: {}", run.lines().join(" | "));
     let ok = run.of_kind("WRITE_OK");
     assert!(
         ok.len() <= 1,
@@ -531,7 +490,7 @@ fn assert_write_refused(run: &RawRun, own_addr: u64, case: &str, receiver_log: &
     );
     // The receiver ends the session whose QP failed (the peer sees it).
     assert_eq!(
-        run.lines.last().map(String::as_str),
+        run.lines().last().copied(),
         Some("DISCONNECTED"),
         "{case}: the receiver kept the failed session:\n{transcript}"
     );
@@ -542,14 +501,6 @@ fn assert_write_refused(run: &RawRun, own_addr: u64, case: &str, receiver_log: &
 fn raw_chunk(seq: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|i| i.wrapping_mul(31).wrapping_add(seq) as u8)
-        .collect()
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
         .collect()
 }
 
@@ -568,13 +519,12 @@ struct KernelMr {
 /// None where that is unavailable (no `rdma` tool, not root); in the test
 /// guest (root, iproute2) it must work.
 fn kernel_mrs() -> Option<Vec<KernelMr>> {
-    let required = std::env::var_os("IN_RXFER_GUEST").is_some();
     let unavailable = |why: String| {
         assert!(
-            !required,
+            !in_guest(),
             "`rdma resource show mr` is needed in the guest: {why}"
         );
-        eprintln!("not checking the kernel's MR list: {why}");
+        eprintln!("{}: not checking the kernel's MR list: {why}", test_name());
         None
     };
     let listing = match std::process::Command::new("rdma")
@@ -632,21 +582,17 @@ impl Served {
     /// Waits until `n` sessions of the receiver have ended: it logs "session
     /// finished" or "session failed" after the session's QP, ring and PD are
     /// gone and its temporary file removed.
-    fn wait_sessions_ended(&self, n: usize) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let log = self.receiver.stderr_so_far();
-            let ended =
-                log.matches("session finished").count() + log.matches("session failed").count();
-            if ended >= n {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{ended} of {n} sessions ended within 60 s:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    fn wait_sessions_ended(&mut self, n: usize) {
+        self.receiver.wait_for(
+            Stream::Stderr,
+            &format!("the end of {n} sessions"),
+            Duration::from_secs(60),
+            |log| {
+                let ended =
+                    log.matches("session finished").count() + log.matches("session failed").count();
+                (ended >= n).then_some(())
+            },
+        );
     }
 }
 
@@ -696,19 +642,12 @@ fn a_stale_rkey_of_an_ended_session_is_useless() {
         let hello = format!("hello:one.bin:{size}");
         let mut steps = vec![hello.as_str(), "expect:MR", wait.as_str()];
         steps.extend(ending);
-        let mut one = RawClient::spawn(&net, s.port, None, &steps, 60);
-        let (addr1, rkey1) = mr_of(&one.wait_line("MR ", CLIENT_TIMEOUT));
+        let (one, addr1, rkey1) = spawn_with_ring(&net, s.port, &steps);
         // The kernel lists the ring as registered by the receiver.
         let ring1 = mr_of_process(s.receiver.pid(), rkey1, &case);
         std::fs::write(&go, b"go").expect("go-ahead");
-        let run1 = one.finish(CLIENT_TIMEOUT);
-        assert_eq!(
-            run1.code(),
-            0,
-            "{case}: client 1:\n{}\n{}",
-            run1.lines.join("\n"),
-            run1.stderr
-        );
+        let run1 = one.wait(CLIENT_TIMEOUT);
+        assert_eq!(run1.code(), 0, "{case}: client 1: {}", run1.transcript());
         ended += 1;
         s.wait_sessions_ended(ended);
         // ... and not at all (by no task) once the session ended.
@@ -722,8 +661,8 @@ fn a_stale_rkey_of_an_ended_session_is_useless() {
             let acks = run1.of_kind("ACK");
             assert!(
                 acks.len() == 1 && acks[0].starts_with("ACK status=ok"),
-                "{case}: {:?}",
-                run1.lines
+                "{case}: {}",
+                run1.stdout
             );
             let path = s.out.join("one.bin");
             assert_eq!(
@@ -748,8 +687,8 @@ fn a_stale_rkey_of_an_ended_session_is_useless() {
         assert_eq!(
             mr2.len(),
             1,
-            "{case}: client 2 got no ring:\n{:?}",
-            run2.lines
+            "{case}: client 2 got no ring:\n{}",
+            run2.stdout
         );
         let (addr2, rkey2) = mr_of(mr2[0]);
         // Were the rkey the same, the write would be a legitimate one.
@@ -801,10 +740,9 @@ fn a_session_cannot_write_into_another_sessions_ring() {
     let hello_a = format!("hello:a.bin:{ISOLATION_SIZE}");
     let writes_a = format!("writes:{chunks}");
     let fin_a = format!("fin:{ISOLATION_SIZE}:{chunks}:{crc:x}");
-    let mut a = RawClient::spawn(
+    let (mut a, addr_a, rkey_a) = spawn_with_ring(
         &net,
         s.port,
-        None,
         &[
             &hello_a,
             "expect:MR",
@@ -815,9 +753,7 @@ fn a_session_cannot_write_into_another_sessions_ring() {
             "bye",
             "expect-disconnect",
         ],
-        60,
     );
-    let (addr_a, rkey_a) = mr_of(&a.wait_line("MR ", CLIENT_TIMEOUT));
     eprintln!("A's ring: {addr_a:#x}/{rkey_a:#x}");
 
     let attacks = [
@@ -833,10 +769,9 @@ fn a_session_cannot_write_into_another_sessions_ring() {
         let case = format!("{who} writing into A's ring with {key}");
         let (go, wait) = go_ahead(s.src.path(), &format!("go-{who}"));
         let hello = format!("hello:{who}.bin:{ISOLATION_SIZE}");
-        let mut b = RawClient::spawn(
+        let (b, addr_b, rkey_b) = spawn_with_ring(
             &net,
             s.port,
-            None,
             &[
                 &hello,
                 "expect:MR",
@@ -845,9 +780,7 @@ fn a_session_cannot_write_into_another_sessions_ring() {
                 write,
                 "expect-disconnect",
             ],
-            60,
         );
-        let (addr_b, rkey_b) = mr_of(&b.wait_line("MR ", CLIENT_TIMEOUT));
         assert_ne!(rkey_b, rkey_a, "{case}: two live rings with one rkey");
         if let (Some(ring_a), Some(ring_b)) = (
             mr_of_process(s.receiver.pid(), rkey_a, &case),
@@ -860,7 +793,7 @@ fn a_session_cannot_write_into_another_sessions_ring() {
             eprintln!("{case}: A's ring {ring_a:?}, {who}'s ring {ring_b:?}");
         }
         std::fs::write(&go, b"go").expect("go-ahead");
-        let run = b.finish(CLIENT_TIMEOUT);
+        let run = b.wait(CLIENT_TIMEOUT);
         assert_write_refused(&run, addr_b, &case, &s.receiver.stderr_so_far());
         ended += 1;
         s.wait_sessions_ended(ended);
@@ -870,18 +803,16 @@ fn a_session_cannot_write_into_another_sessions_ring() {
             names.len() == 1 && names[0].starts_with(".rdma-xfer-"),
             "{case}: the output directory holds {names:?}, want only A's temporary file"
         );
-        assert!(a.still_running(), "{case}: A's session ended");
+        assert!(a.is_running(), "{case}: A's session ended");
     }
 
     std::fs::write(&go_a, b"go").expect("go-ahead");
-    let run_a = a.finish(CLIENT_TIMEOUT);
+    let run_a = a.wait(CLIENT_TIMEOUT);
     let acks = run_a.of_kind("ACK");
     assert!(
         run_a.code() == 0 && acks.len() == 1 && acks[0].starts_with("ACK status=ok"),
-        "A's transfer did not complete after the attacks: exit {}\n{}\n{}\nreceiver:\n{}",
-        run_a.code(),
-        run_a.lines.join("\n"),
-        run_a.stderr,
+        "A's transfer did not complete after the attacks: {}\nreceiver:\n{}",
+        run_a.transcript(),
         s.receiver.stderr_so_far()
     );
     s.wait_sessions_ended(ended + 1);

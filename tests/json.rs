@@ -12,14 +12,6 @@ use std::process::Command;
 use std::time::Duration;
 use support::*;
 
-/// Parses every line of a tool's stdout as a JSON object.
-fn json_lines(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
-        .collect()
-}
-
 /// A progress bar redraws its line with \r or moves the cursor with ESC
 /// sequences; a log or summary line does neither.
 fn assert_no_progress_output(tool: &str, stderr: &str) {
@@ -64,8 +56,7 @@ fn check_ok(v: &Value, path: &Path, alg: &str, digest: &str) {
 #[test]
 fn json_results_match_the_files_including_a_refused_one() {
     let Some(net) = rdma_net() else { return };
-    let src = tempfile::tempdir().expect("src");
-    let dst = tempfile::tempdir().expect("dst");
+    let (src, dst) = dirs();
     let files = [
         ("a.bin", 3 * CHUNK + 17),
         ("exists.bin", 4096),
@@ -80,25 +71,19 @@ fn json_results_match_the_files_including_a_refused_one() {
         paths.push(p);
     }
     std::fs::write(dst.path().join("exists.bin"), b"old").expect("existing file");
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--json"]);
-    let sent = Running::spawn(
-        "sender",
-        sender_cmd(
-            &net,
-            port,
-            Path_::Wire,
-            &paths,
-            &["--json", "--verify", "sha256"],
-        ),
-    )
-    .wait(Duration::from_secs(300));
-    let received = receiver.wait(Duration::from_secs(60));
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &["--json"],
+        &paths,
+        &["--json", "--verify", "sha256"],
+    );
     // The refusal is the first failure of both sides: exit 4.
     assert_eq!(sent.code(), 4, "{}\n{}", sent.stderr, received.stderr);
     assert_eq!(received.code(), 4, "{}", received.stderr);
     for (tool, run) in [("sender", &sent), ("receiver", &received)] {
-        let lines = json_lines(&run.stdout);
+        let lines = json_lines(tool, &run.stdout);
         assert_eq!(lines.len(), 5, "{tool}: {}", run.stdout);
         for (i, (p, sum)) in paths.iter().zip(&sums).enumerate() {
             if i == 1 {
@@ -161,27 +146,22 @@ fn json_results_match_the_files_including_a_refused_one() {
 #[test]
 fn serving_receiver_prints_each_line_at_once() {
     let Some(net) = rdma_net() else { return };
-    let src = tempfile::tempdir().expect("src");
-    let dst = tempfile::tempdir().expect("dst");
+    let (src, dst) = dirs();
     let port = next_port();
     let mut receiver = start_receiver(&net, port, dst.path(), &["--json"]);
     for i in 0..2u64 {
         let p = src.path().join(format!("f{i}.bin"));
         make_file(&p, i * CHUNK + 5, 77 + i);
-        let sent = Running::spawn(
-            "sender",
-            sender_cmd(
-                &net,
-                port,
-                Path_::Wire,
-                std::slice::from_ref(&p),
-                &["--json"],
-            ),
-        )
-        .wait(Duration::from_secs(120));
+        let sent = run_sender(
+            &net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&p),
+            &["--json"],
+        );
         assert_eq!(sent.code(), 0, "{}", sent.stderr);
         let crc = crc32_file(&p);
-        let lines = json_lines(&sent.stdout);
+        let lines = json_lines("sender", &sent.stdout);
         assert_eq!(lines.len(), 2, "{}", sent.stdout);
         check_ok(&lines[0], &p, "crc32", &crc);
         assert_eq!(lines[1]["event"], "summary");
@@ -192,7 +172,7 @@ fn serving_receiver_prints_each_line_at_once() {
         assert_eq!(lines[1]["status"], "ok");
         // The receiver, still running, has printed this file's line.
         let out = receiver.wait_for_stdout_lines(i as usize + 1, Duration::from_secs(10));
-        let lines = json_lines(&out);
+        let lines = json_lines("receiver", &out);
         check_ok(
             &lines[i as usize],
             &dst.path().join(format!("f{i}.bin")),
@@ -200,15 +180,11 @@ fn serving_receiver_prints_each_line_at_once() {
             &crc,
         );
     }
-    let kill = Command::new("kill")
-        .args(["-TERM", &receiver.pid().to_string()])
-        .status()
-        .expect("kill");
-    assert!(kill.success());
+    receiver.signal("TERM");
     let done = receiver.wait(Duration::from_secs(30));
     assert_eq!(done.code(), 0, "{}", done.stderr);
     assert_eq!(
-        json_lines(&done.stdout).len(),
+        json_lines("receiver", &done.stdout).len(),
         2,
         "no summary: {}",
         done.stdout
@@ -221,13 +197,11 @@ fn serving_receiver_prints_each_line_at_once() {
 #[test]
 fn progress_bars_only_on_a_terminal() {
     let Some(net) = rdma_net() else { return };
-    let have_script = Command::new("sh")
-        .args(["-c", "command -v script"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !have_script {
-        eprintln!("SKIPPED: no `script` command to give the tools a terminal");
+    if !have("script") {
+        skip(
+            "no `script` command to give the tools a terminal",
+            everything_required(),
+        );
         return;
     }
     let src = tempfile::tempdir().expect("src");

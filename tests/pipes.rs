@@ -10,7 +10,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::*;
@@ -26,10 +26,10 @@ fn qp(p: &Path) -> String {
 
 /// A bash pipeline run like a tool (stdin null, stderr collected). It
 /// prints each stage's status as `pipe-status A B` and exits with the
-/// first stage's status.
-fn pipeline(name: &'static str, script: &str) -> Running {
+/// status of stage `tool` (0: the first), the tool's.
+fn pipeline(name: &'static str, script: &str, tool: usize) -> Running {
     let wrapped = format!(
-        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[0]}}"
+        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[{tool}]}}"
     );
     let mut cmd = Command::new("bash");
     cmd.arg("-c").arg(wrapped).env_remove("RDMA_XFER_TOKEN");
@@ -57,7 +57,7 @@ fn receiver_to(net: &Net, port: u16, tail: &str, extra: &[&str]) -> Running {
         q(&net.addr_a),
         extra.join(" ")
     );
-    let mut r = pipeline("receiver pipeline", &script);
+    let mut r = pipeline("receiver pipeline", &script, 0);
     r.wait_for_stderr("listening", Duration::from_secs(60));
     r
 }
@@ -81,18 +81,7 @@ fn sender_from(net: &Net, port: u16, head: &str, extra: &[&str]) -> Running {
         "{head} | {}",
         sender_line(sender_bin(), net, port, extra, &["-"])
     );
-    // The sender is the last stage: report its status first.
-    let wrapped = format!(
-        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[1]}}"
-    );
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(wrapped).env_remove("RDMA_XFER_TOKEN");
-    Running::spawn("sender pipeline", cmd)
-}
-
-fn run_sender_args(net: &Net, port: u16, extra: &[&str], args: &[PathBuf]) -> Finished {
-    Running::spawn("sender", sender_cmd(net, port, Path_::Wire, args, extra))
-        .wait(Duration::from_secs(600))
+    pipeline("sender pipeline", &script, 1)
 }
 
 /// What a tree holds: relative path -> (kind and content hash, mode).
@@ -207,8 +196,7 @@ fn mib_per_s(bytes: u64, d: Duration) -> f64 {
 #[test]
 fn tar_pipe_round_trip_of_a_tree() {
     let Some(net) = rdma_net() else { return };
-    let src = tempfile::tempdir().expect("src");
-    let dst = tempfile::tempdir().expect("dst");
+    let (src, dst) = dirs();
     make_tree(src.path(), 64 * MIB);
     let port = next_port();
     let receiver = receiver_to(
@@ -252,27 +240,19 @@ fn tar_pipe_round_trip_of_a_tree() {
 #[test]
 fn send_r_of_the_same_tree_keeps_modes_and_times() {
     let Some(net) = rdma_net() else { return };
-    let src = tempfile::tempdir().expect("src");
-    let dst = tempfile::tempdir().expect("dst");
+    let (src, dst) = dirs();
     let tree = src.path().join("tree");
     make_tree(&tree, 5 * MIB);
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sent = run_sender_args(
+    let tree_arg = std::slice::from_ref(&tree);
+    let (sent, received) = one_session(
         &net,
-        port,
+        Path_::Wire,
+        dst.path(),
+        &[],
+        tree_arg,
         &["-r", "--preserve-times"],
-        std::slice::from_ref(&tree),
     );
-    let received = receiver.wait(Duration::from_secs(120));
-    assert_eq!(
-        sent.code(),
-        0,
-        "sender:\n{}\nreceiver:\n{}",
-        sent.stderr,
-        received.stderr
-    );
-    assert_eq!(received.code(), 0, "receiver:\n{}", received.stderr);
+    assert_both_ok(&sent, &received);
     assert!(
         sent.stderr.contains("total: 10 files and 8 directories"),
         "{}",
@@ -296,10 +276,8 @@ fn send_r_of_the_same_tree_keeps_modes_and_times() {
     // Again into the same directory: the directories merge, every file is
     // refused as existing (exit 4) and nothing changes.
     let before = snapshot(dst.path());
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sent = run_sender_args(&net, port, &["-r"], std::slice::from_ref(&tree));
-    let received = receiver.wait(Duration::from_secs(120));
+    let tree_arg = std::slice::from_ref(&tree);
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], tree_arg, &["-r"]);
     assert_eq!(sent.code(), 4, "sender:\n{}", sent.stderr);
     assert_eq!(received.code(), 4, "receiver:\n{}", received.stderr);
     assert!(sent.stderr.contains("already exists"), "{}", sent.stderr);
@@ -384,10 +362,9 @@ fn stdin_larger_than_four_rings_through_pipes() {
         sender_line(sender_bin(), &net, port, &["--name", "big.iso"], &["-"]),
         qp(&input)
     );
-    let sent = pipeline("sender", &script).wait(Duration::from_secs(600));
+    let sent = pipeline("sender", &script, 0).wait(Duration::from_secs(600));
     let received = receiver.wait(Duration::from_secs(120));
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_both_ok(&sent, &received);
     assert_eq!(sha256_file(&dst.path().join("big.iso")), sum);
     assert_no_temp_files(dst.path());
 }
@@ -419,21 +396,25 @@ fn thousand_small_files_per_second_versus_one_file() {
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
     let started = Instant::now();
-    let sent = run_sender_args(&net, port, &["-r"], std::slice::from_ref(&tree));
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&tree),
+        &["-r"],
+    );
     let tree_time = started.elapsed();
     let received = receiver.wait(Duration::from_secs(120));
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_both_ok(&sent, &received);
     assert_same_tree(&tree, &dst.path().join("small"));
 
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
     let started = Instant::now();
-    let sent = run_sender_args(&net, port, &[], std::slice::from_ref(&one));
+    let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&one), &[]);
     let one_time = started.elapsed();
     let received = receiver.wait(Duration::from_secs(120));
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_both_ok(&sent, &received);
     eprintln!(
         "MEASURE 1000 small files ({total} bytes in 10 directories): {:.2} s = {:.0} files/s, {:.2} MiB/s; \
          one file of the same size: {:.2} s, {:.2} MiB/s (sender start to exit)",
@@ -488,12 +469,9 @@ fn symlinks_in_a_tree_are_skipped_or_followed() {
     symlink("real dir", tree.join("dir link")).expect("symlink");
 
     let dst = tempfile::tempdir().expect("dst");
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sent = run_sender_args(&net, port, &["-r"], std::slice::from_ref(&tree));
-    let received = receiver.wait(Duration::from_secs(60));
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    let tree_arg = std::slice::from_ref(&tree);
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], tree_arg, &["-r"]);
+    assert_both_ok(&sent, &received);
     assert!(
         sent.stderr.contains("skipping symbolic link") && sent.stderr.contains("file link"),
         "{}",
@@ -510,17 +488,16 @@ fn symlinks_in_a_tree_are_skipped_or_followed() {
     assert!(std::fs::symlink_metadata(got.join("dir link")).is_err());
 
     let dst = tempfile::tempdir().expect("dst");
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sent = run_sender_args(
+    let tree_arg = std::slice::from_ref(&tree);
+    let (sent, received) = one_session(
         &net,
-        port,
+        Path_::Wire,
+        dst.path(),
+        &[],
+        tree_arg,
         &["-r", "--follow-links"],
-        std::slice::from_ref(&tree),
     );
-    let received = receiver.wait(Duration::from_secs(60));
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_both_ok(&sent, &received);
     let got = dst.path().join("linked");
     // Followed links arrive as what they point to.
     assert_eq!(sha256_file(&got.join("file link")), sum);
@@ -544,10 +521,8 @@ fn a_link_on_the_receiver_is_never_written_through() {
     let outside = tempfile::tempdir().expect("outside");
     // Someone left `tree` in --dir pointing elsewhere.
     symlink(outside.path(), dst.path().join("tree")).expect("symlink");
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    let sent = run_sender_args(&net, port, &["-r"], std::slice::from_ref(&tree));
-    let received = receiver.wait(Duration::from_secs(60));
+    let tree_arg = std::slice::from_ref(&tree);
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], tree_arg, &["-r"]);
     assert_eq!(sent.code(), 4, "{}", sent.stderr);
     assert_eq!(received.code(), 4, "{}", received.stderr);
     assert!(sent.stderr.contains("symbolic link"), "{}", sent.stderr);
@@ -618,12 +593,7 @@ fn corruption_seen_on_stdout_exits_5() {
         qp(&input),
         sender_line(&fault_injection_bin("sender"), &net, port, &[], &["-"])
     );
-    let wrapped = format!(
-        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[1]}}"
-    );
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(wrapped).env_remove("RDMA_XFER_TOKEN");
-    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
+    let sent = pipeline("sender", &script, 1).wait(Duration::from_secs(120));
     let received = receiver.wait(Duration::from_secs(60));
     assert_eq!(stages(&sent.stderr)[1], 5, "{}", sent.stderr);
     assert_eq!(stages(&received.stderr)[0], 5, "{}", received.stderr);

@@ -40,8 +40,7 @@ fn max_overlap(log: &str) -> i32 {
 #[test]
 fn eight_senders_at_once_all_arrive_intact() {
     let Some(net) = rdma_net() else { return };
-    let src = tempfile::tempdir().expect("src");
-    let dst = tempfile::tempdir().expect("dst");
+    let (src, dst) = dirs();
     let inputs: Vec<(PathBuf, String)> = (0..8)
         .map(|i| {
             let p = src.path().join(format!("part-{i}.bin"));
@@ -95,8 +94,7 @@ fn eight_senders_at_once_all_arrive_intact() {
 #[test]
 fn beyond_max_sessions_a_sender_is_refused_with_a_reason() {
     let Some(net) = rdma_net() else { return };
-    let src = tempfile::tempdir().expect("src");
-    let dst = tempfile::tempdir().expect("dst");
+    let (src, dst) = dirs();
     let big = src.path().join("big.bin");
     let big_sum = make_file(&big, 200 * MIB, 11);
     let small = src.path().join("small.bin");
@@ -137,8 +135,7 @@ fn send_one(net: &Net, port: u16, input: &Path, dst: &Path, name: &str) {
 #[test]
 fn soak_100_transfers_leave_fds_and_memory_flat() {
     let Some(net) = rdma_net() else { return };
-    let src = tempfile::tempdir().expect("src");
-    let dst = tempfile::tempdir().expect("dst");
+    let (src, dst) = dirs();
     let input = src.path().join("input.bin");
     let sum = make_file(&input, 3 * CHUNK + 12345, 99);
     let port = next_port();

@@ -1,20 +1,74 @@
-//! Shared helpers of the end-to-end tests: they drive the built `receiver`
-//! and `sender` binaries exactly as a user would, on a real RDMA stack
-//! (SoftRoCE in the QEMU guest of scripts/guest/run.sh, or a host that has an
-//! RDMA device).
+//! The one helper module of the integration tests (tests/*.rs): skipping by
+//! name, the one wait loop (`wait_until`), the one process helper
+//! (`Running`, for every binary a test starts: receiver, sender, shell
+//! pipelines and the raw client), test data, and the command lines of the
+//! tools. The end-to-end tests drive the built binaries exactly as a user
+//! would, on a real RDMA stack (SoftRoCE in the QEMU guest of
+//! scripts/guest/run.sh, or a host that has an RDMA device).
 #![allow(dead_code)]
 
 use sha2::{Digest, Sha256};
+use std::fmt::Display;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tempfile::TempDir;
 
 pub const MIB: u64 = 1 << 20;
 /// Default chunk (slot) size of the tools.
 pub const CHUNK: u64 = MIB;
+
+// ---------------------------------------------------------------------------
+// Skipping: a test that cannot run here says so by name, and fails instead
+// where the run demands it.
+
+/// The running test's name (libtest runs each test on a thread named after
+/// it, with --test-threads=1 too).
+pub fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string()
+}
+
+fn env_set(var: &str) -> bool {
+    std::env::var(var)
+        .map(|v| !v.is_empty() && v != "0" && v != "false")
+        .unwrap_or(false)
+}
+
+/// True where every test must run (the guest sets RDMA_XFER_REQUIRE_RDMA=1;
+/// CI sets CI=true): there a test that cannot run fails.
+pub fn everything_required() -> bool {
+    env_set("RDMA_XFER_REQUIRE_RDMA") || env_set("CI")
+}
+
+/// True inside the SoftRoCE guest of scripts/guest/run.sh, whose network and
+/// mounts the tests own.
+pub fn in_guest() -> bool {
+    env_set("IN_RXFER_GUEST")
+}
+
+/// Reports the running test as skipped, by name: `SKIPPED: <test>:
+/// <reason>` on stderr (shown with --nocapture, and by e2e.sh). Where
+/// `required`, the test fails instead: it never passes without running.
+pub fn skip(reason: &str, required: bool) {
+    let name = test_name();
+    assert!(
+        !required,
+        "{name} cannot run here, and this run requires it: {reason}"
+    );
+    eprintln!("SKIPPED: {name}: {reason}");
+}
+
+pub fn has_rdma_device() -> bool {
+    std::fs::read_dir("/sys/class/infiniband")
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+}
 
 /// Where the tests talk: the receiver's address and the sender's source.
 pub struct Net {
@@ -25,24 +79,15 @@ pub struct Net {
     pub addr_b: Option<String>,
 }
 
-/// Returns the network to use, or None (test skipped) when this machine has
-/// no RDMA device and nobody demanded one. In CI, or inside the guest
-/// (RDMA_XFER_REQUIRE_RDMA=1), a missing device fails the test.
+/// Returns the network to use, or None when this machine has no RDMA device
+/// (the test is skipped, by name); where one is required (the guest, CI) a
+/// missing device fails the test.
 pub fn rdma_net() -> Option<Net> {
-    let has_device = std::fs::read_dir("/sys/class/infiniband")
-        .map(|mut d| d.next().is_some())
-        .unwrap_or(false);
-    if !has_device {
-        let required = std::env::var_os("RDMA_XFER_REQUIRE_RDMA").is_some()
-            || std::env::var("CI")
-                .map(|v| !v.is_empty() && v != "false")
-                .unwrap_or(false);
-        assert!(
-            !required,
-            "no RDMA device on this machine: the end-to-end tests must run where there is one \
-             (`make test` boots a SoftRoCE guest for them)"
+    if !has_rdma_device() {
+        skip(
+            "no RDMA device (`make test` runs the end-to-end tests in a SoftRoCE guest)",
+            everything_required(),
         );
-        eprintln!("SKIPPED: no RDMA device (run `make test` to use the SoftRoCE guest)");
         return None;
     }
     Some(Net {
@@ -50,6 +95,44 @@ pub fn rdma_net() -> Option<Net> {
         addr_b: std::env::var("RXFER_ADDR_B").ok(),
     })
 }
+
+/// True if `tool` is on the PATH.
+pub fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+// ---------------------------------------------------------------------------
+// The one wait loop.
+
+/// Reads `source` every 20 ms until `done` holds for what it read, and
+/// returns that reading; fails the test after `timeout`, naming `what` it
+/// waited for and showing the last reading.
+pub fn wait_until<T: Display>(
+    what: &str,
+    mut source: impl FnMut() -> T,
+    mut done: impl FnMut(&T) -> bool,
+    timeout: Duration,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = source();
+        if done(&now) {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited {timeout:?} for {what}; last seen:\n{now}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Binaries.
 
 pub fn receiver_bin() -> &'static str {
     env!("CARGO_BIN_EXE_receiver")
@@ -78,6 +161,17 @@ pub fn next_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let base = 20000 + (std::process::id() % 200) as u16 * 100;
     base + NEXT.fetch_add(1, Ordering::SeqCst)
+}
+
+// ---------------------------------------------------------------------------
+// Test data.
+
+/// A source and a destination directory.
+pub fn dirs() -> (TempDir, TempDir) {
+    (
+        tempfile::tempdir().expect("src dir"),
+        tempfile::tempdir().expect("dst dir"),
+    )
 }
 
 /// Deterministic pseudo-random bytes (xorshift64*), fast even in the guest.
@@ -123,6 +217,10 @@ pub fn sha256_file(path: &Path) -> String {
     hex(&hasher.finalize())
 }
 
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex(&Sha256::digest(data))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -140,11 +238,27 @@ pub fn assert_no_temp_files(dir: &Path) {
     }
 }
 
-/// Output of a finished tool run.
+/// Every non-empty line of a tool's --json stdout or --log-format json
+/// stderr, parsed; `who` names the tool in a failure.
+pub fn json_lines(who: &str, text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{who} printed a non-JSON line ({e}): {l:?}"))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// The one process helper.
+
+/// Output of a finished process.
 pub struct Finished {
     pub status: ExitStatus,
     pub stderr: String,
-    /// Empty unless the tool ran with --json.
+    /// Empty unless the process printed there (--json, `script`, the raw
+    /// client's one line per message).
     pub stdout: String,
 }
 
@@ -152,9 +266,60 @@ impl Finished {
     pub fn code(&self) -> i32 {
         self.status.code().unwrap_or(-1)
     }
+
+    /// Exit, stdout and stderr, for a failure message.
+    pub fn transcript(&self) -> String {
+        format!(
+            "exit {}\nstdout:\n{}stderr:\n{}",
+            self.code(),
+            self.stdout,
+            self.stderr
+        )
+    }
+
+    /// The lines of stdout.
+    pub fn lines(&self) -> Vec<&str> {
+        self.stdout.lines().collect()
+    }
+
+    /// Stdout lines of one kind, by first word (the raw client's `REJECT`,
+    /// `ACK`, `MR`, ...).
+    pub fn of_kind(&self, kind: &str) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter(|l| l.split(' ').next() == Some(kind))
+            .collect()
+    }
 }
 
-/// A running child whose stderr and stdout are collected by threads.
+/// Which output of a process.
+#[derive(Clone, Copy, Debug)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// What a wait on a running process saw last: its output so far, and its
+/// exit if it exited.
+struct Seen {
+    name: &'static str,
+    text: String,
+    exited: Option<ExitStatus>,
+}
+
+impl Display for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.exited {
+            Some(status) => writeln!(f, "({} exited: {status})", self.name)?,
+            None => writeln!(f, "({} still running)", self.name)?,
+        }
+        f.write_str(&self.text)
+    }
+}
+
+/// A child process this test started, its stdin null, its stdout and
+/// stderr collected by threads. Dropping it kills the process if it still
+/// runs, so a failed test never leaves one behind.
 pub struct Running {
     child: Child,
     stderr: Arc<Mutex<String>>,
@@ -210,6 +375,16 @@ impl Running {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Sends `signal` (`TERM`, `KILL`, ...) to the process, which this test
+    /// started.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {}", self.name);
+    }
+
     pub fn stderr_so_far(&self) -> String {
         self.stderr.lock().expect("stderr lock").clone()
     }
@@ -218,96 +393,94 @@ impl Running {
         self.stdout.lock().expect("stdout lock").clone()
     }
 
-    /// Waits until stdout contains `needle` (or the process exits): for a
-    /// tool run under `script`, whose terminal output arrives on stdout.
+    /// Waits until `found` finds something in the process's `stream` so far
+    /// and returns it; fails the test if the process exits first, or after
+    /// `timeout`. `what` names what is awaited.
+    pub fn wait_for<T>(
+        &mut self,
+        stream: Stream,
+        what: &str,
+        timeout: Duration,
+        mut found: impl FnMut(&str) -> Option<T>,
+    ) -> T {
+        let name = self.name;
+        let seen = wait_until(
+            &format!("{name} to print {what} on {stream:?}"),
+            || {
+                let exited = self.child.try_wait().ok().flatten();
+                if exited.is_some() {
+                    // A last look: the readers may still hold its last lines.
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let text = match stream {
+                    Stream::Stdout => self.stdout_so_far(),
+                    Stream::Stderr => self.stderr_so_far(),
+                };
+                Seen { name, text, exited }
+            },
+            |seen| seen.exited.is_some() || found(&seen.text).is_some(),
+            timeout,
+        );
+        found(&seen.text).unwrap_or_else(|| {
+            panic!(
+                "{name} exited before printing {what} on {stream:?}:\n{seen}\nstderr:\n{}",
+                self.stderr_so_far()
+            )
+        })
+    }
+
+    /// Waits until stderr contains `needle`; returns stderr so far.
+    pub fn wait_for_stderr(&mut self, needle: &str, timeout: Duration) -> String {
+        self.wait_for(Stream::Stderr, &format!("{needle:?}"), timeout, |t| {
+            t.contains(needle).then(|| t.to_string())
+        })
+    }
+
+    /// Waits until stdout contains `needle` (for a tool run under `script`,
+    /// whose terminal output arrives on stdout).
     pub fn wait_for_stdout(&mut self, needle: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.stdout_so_far().contains(needle) {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{} exited ({status}) before printing {needle:?}:\n{}",
-                    self.name,
-                    self.stdout_so_far()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!(
-            "{} did not print {needle:?} within {timeout:?}:\n{}",
-            self.name,
-            self.stdout_so_far()
-        );
+        self.wait_for(Stream::Stdout, &format!("{needle:?}"), timeout, |t| {
+            t.contains(needle).then_some(())
+        })
     }
 
-    /// Waits until stdout has `n` complete lines (the process still running).
+    /// Waits until stdout has `n` complete lines; returns stdout so far.
     pub fn wait_for_stdout_lines(&mut self, n: usize, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            let out = self.stdout_so_far();
-            if out.lines().count() >= n {
-                return out;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{} exited ({status}) before printing {n} lines on stdout:\n{out}\n{}",
-                    self.name,
-                    self.stderr_so_far()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!(
-            "{} did not print {n} lines on stdout within {timeout:?}:\n{}",
-            self.name,
-            self.stdout_so_far()
-        );
+        self.wait_for(Stream::Stdout, &format!("{n} lines"), timeout, |t| {
+            (t.lines().count() >= n).then(|| t.to_string())
+        })
     }
 
-    /// Waits until stderr contains `needle` (or the process exits).
-    pub fn wait_for_stderr(&mut self, needle: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.stderr_so_far().contains(needle) {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{} exited ({status}) before printing {needle:?}:\n{}",
-                    self.name,
-                    self.stderr_so_far()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!(
-            "{} did not print {needle:?} within {timeout:?}:\n{}",
-            self.name,
-            self.stderr_so_far()
-        );
+    /// Waits for the first stdout line starting with `prefix` and returns it.
+    pub fn wait_for_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        self.wait_for(
+            Stream::Stdout,
+            &format!("a line {prefix:?}..."),
+            timeout,
+            |t| {
+                t.lines()
+                    .find(|l| l.starts_with(prefix))
+                    .map(str::to_string)
+            },
+        )
     }
 
-    /// Waits for exit; kills the process (which this test started) after
-    /// `timeout` and fails, so a hang never hangs the suite.
+    /// Waits for exit; kills the process after `timeout` and fails, so a
+    /// hang never hangs the suite.
     pub fn wait(mut self, timeout: Duration) -> Finished {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "{} did not finish within {timeout:?} (killed):\n{}",
-                    self.name,
-                    self.stderr_so_far()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let name = self.name;
+        let exited = wait_until(
+            &format!("{name} to exit"),
+            || Seen {
+                name,
+                exited: self.child.try_wait().expect("try_wait"),
+                text: self.stderr_so_far(),
+            },
+            |seen| seen.exited.is_some(),
+            timeout,
+        );
+        // Not reached on a timeout: Drop kills the process.
+        let status = exited.exited.expect("exited");
         for r in self.readers.drain(..) {
             let _ = r.join();
         }
@@ -328,6 +501,9 @@ impl Drop for Running {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// The tools' command lines.
 
 /// A serving receiver (pass `--once` in `extra` for one session) listening
 /// on `net.addr_a`, writing into `dir`.
@@ -350,7 +526,7 @@ pub fn start_receiver_env(
         .arg(dir)
         .arg("-v")
         .args(extra);
-    cmd.env_remove("RDMA_XFER_TOKEN");
+    token_env(&mut cmd, None);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -405,6 +581,47 @@ pub fn run_sender(
         .wait(Duration::from_secs(600))
 }
 
+/// One session across the wire: a receiver with `--once` and
+/// `receiver_extra` writing into `dst`, a sender of `files` with
+/// `sender_extra`; returns both runs (sender, receiver), whatever their
+/// exit.
+pub fn one_session(
+    net: &Net,
+    path: Path_,
+    dst: &Path,
+    receiver_extra: &[&str],
+    files: &[PathBuf],
+    sender_extra: &[&str],
+) -> (Finished, Finished) {
+    let port = next_port();
+    let mut extra = vec!["--once"];
+    extra.extend(receiver_extra);
+    let receiver = start_receiver(net, port, dst, &extra);
+    let sent = run_sender(net, port, path, files, sender_extra);
+    (sent, receiver.wait(Duration::from_secs(120)))
+}
+
+/// Asserts that both ends of a session exited 0 (the sender's and the
+/// receiver's logs in the failure).
+pub fn assert_both_ok(sent: &Finished, received: &Finished) {
+    assert_eq!(
+        sent.code(),
+        0,
+        "sender:\n{}\nreceiver:\n{}",
+        sent.stderr,
+        received.stderr
+    );
+    assert_eq!(received.code(), 0, "receiver:\n{}", received.stderr);
+}
+
+/// Sets RDMA_XFER_TOKEN to `token` for `cmd`, or removes it.
+pub fn token_env(cmd: &mut Command, token: Option<&str>) {
+    match token {
+        Some(t) => cmd.env("RDMA_XFER_TOKEN", t),
+        None => cmd.env_remove("RDMA_XFER_TOKEN"),
+    };
+}
+
 /// Parses `peak_rss_bytes=N` printed by a tool run with -v.
 pub fn peak_rss(stderr: &str) -> u64 {
     stderr
@@ -423,193 +640,55 @@ pub fn tx_bytes(netdev: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The test-only raw client (src/bin/rxfer-raw-client.rs). It exists only
-/// with `--features fault-injection`, which `make build` builds into
-/// target/fault-injection so that target/release never contains it.
-pub fn raw_client_bin() -> PathBuf {
-    PathBuf::from(fault_injection_bin("rxfer-raw-client"))
+// ---------------------------------------------------------------------------
+// The raw client (the test side of src/bin/rxfer-raw-client.rs).
+
+/// The test-only raw client. It exists only with `--features
+/// fault-injection`, which `make build` builds into target/fault-injection
+/// so that target/release never contains it.
+pub fn raw_client_bin() -> String {
+    fault_injection_bin("rxfer-raw-client")
 }
 
-/// A finished raw-client run: exit status, stdout lines (one per message
-/// received), stderr.
-pub struct RawRun {
-    pub status: ExitStatus,
-    pub lines: Vec<String>,
-    pub stderr: String,
-}
-
-impl RawRun {
-    pub fn code(&self) -> i32 {
-        self.status.code().unwrap_or(-1)
+/// Starts the raw client against `net.addr_a:port` across the wire (from
+/// the B address when there is one): `--scenario scenario` (if given), then
+/// `steps`, with `--timeout timeout_s` (its wait for each answer and for a
+/// `wait-file`). It prints one stdout line per message received; read them
+/// while it runs with `Running::wait_for_line`, or at the end from
+/// `Finished::lines` and `Finished::of_kind`.
+pub fn spawn_raw_client(
+    net: &Net,
+    port: u16,
+    scenario: Option<&str>,
+    steps: &[&str],
+    timeout_s: u64,
+) -> Running {
+    let mut cmd = Command::new(raw_client_bin());
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--timeout",
+        &timeout_s.to_string(),
+    ]);
+    if let Some(b) = &net.addr_b {
+        cmd.args(["--source", b]);
     }
-
-    /// Lines of one kind (`REJECT`, `ACK`, `MR`, ...).
-    pub fn of_kind(&self, kind: &str) -> Vec<&str> {
-        self.lines
-            .iter()
-            .map(String::as_str)
-            .filter(|l| l.split(' ').next() == Some(kind))
-            .collect()
+    if let Some(s) = scenario {
+        cmd.args(["--scenario", s]);
     }
+    cmd.arg(&net.addr_a).args(steps);
+    Running::spawn("rxfer-raw-client", cmd)
 }
 
-/// Runs the raw client against `net.addr_a:port` across the wire (from the
-/// B address when there is one): `--scenario scenario` (if given), then
-/// `steps`. Fails the test if it runs for more than `timeout` (it is killed).
+/// Runs the raw client (as `spawn_raw_client`, each answer awaited for at
+/// most 20 s) to its end; fails the test if it runs for more than
+/// `timeout` (it is killed).
 pub fn run_raw_client(
     net: &Net,
     port: u16,
     scenario: Option<&str>,
     steps: &[&str],
     timeout: Duration,
-) -> RawRun {
-    RawClient::spawn(net, port, scenario, steps, 20).finish(timeout)
-}
-
-/// A running raw client whose stdout lines can be read while it runs (to
-/// learn an MR's address and rkey, say, while the client holds its session).
-pub struct RawClient {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<String>>,
-    readers: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl RawClient {
-    /// Starts the raw client as `run_raw_client` does, with `--timeout
-    /// timeout_s` (its wait for each answer and for a `wait-file`).
-    pub fn spawn(
-        net: &Net,
-        port: u16,
-        scenario: Option<&str>,
-        steps: &[&str],
-        timeout_s: u64,
-    ) -> RawClient {
-        let mut cmd = Command::new(raw_client_bin());
-        cmd.args([
-            "--port",
-            &port.to_string(),
-            "--timeout",
-            &timeout_s.to_string(),
-        ]);
-        if let Some(b) = &net.addr_b {
-            cmd.args(["--source", b]);
-        }
-        if let Some(s) = scenario {
-            cmd.args(["--scenario", s]);
-        }
-        cmd.arg(&net.addr_a).args(steps);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("start rxfer-raw-client");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let out = child.stdout.take().expect("stdout");
-        let err = child.stderr.take().expect("stderr");
-        let sink = lines.clone();
-        let out_reader = std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().expect("lines lock").push(line);
-            }
-        });
-        let sink = stderr.clone();
-        let err_reader = std::thread::spawn(move || {
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                let mut s = sink.lock().expect("stderr lock");
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        RawClient {
-            child,
-            lines,
-            stderr,
-            readers: vec![out_reader, err_reader],
-        }
-    }
-
-    /// True while the client has not exited.
-    pub fn still_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Waits for the first stdout line starting with `prefix` and returns
-    /// it; fails the test if the client exits or `timeout` passes first.
-    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .expect("lines lock")
-                .iter()
-                .find(|l| l.starts_with(prefix))
-            {
-                return l.clone();
-            }
-            let exited = matches!(self.child.try_wait(), Ok(Some(_)));
-            if exited || Instant::now() >= deadline {
-                // A last look: the line may have come with the exit.
-                std::thread::sleep(Duration::from_millis(100));
-                if let Some(l) = self
-                    .lines
-                    .lock()
-                    .expect("lines lock")
-                    .iter()
-                    .find(|l| l.starts_with(prefix))
-                {
-                    return l.clone();
-                }
-                panic!(
-                    "rxfer-raw-client {} without a {prefix:?} line:\nstdout:\n{}\nstderr:\n{}",
-                    if exited { "exited" } else { "timed out" },
-                    self.lines.lock().expect("lines lock").join("\n"),
-                    self.stderr.lock().expect("stderr lock")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for the client to exit; fails the test (killing the client)
-    /// after `timeout`.
-    pub fn finish(mut self, timeout: Duration) -> RawRun {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                // Only our own child.
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "rxfer-raw-client did not finish within {timeout:?} (killed):\n{}",
-                    self.stderr.lock().expect("stderr lock")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        for r in self.readers.drain(..) {
-            let _ = r.join();
-        }
-        RawRun {
-            status,
-            lines: std::mem::take(&mut *self.lines.lock().expect("lines lock")),
-            stderr: std::mem::take(&mut *self.stderr.lock().expect("stderr lock")),
-        }
-    }
-}
-
-impl Drop for RawClient {
-    fn drop(&mut self) {
-        // Only our own child: never leave it running after a failure.
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+) -> Finished {
+    spawn_raw_client(net, port, scenario, steps, 20).wait(timeout)
 }
