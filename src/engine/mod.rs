@@ -16,10 +16,7 @@ pub mod sender;
 
 pub use digest::FileHasher;
 pub use progress::{FileProgress, NoProgress, Progress, ProgressSink};
-pub use report::{
-    FileEvent, FileFailure, FileReport, Phases, Totals, session_summary, session_summary_line,
-    summary_for_log,
-};
+pub use report::{FileEvent, FileFailure, FileReport, Phases, Totals};
 
 use crate::error::XferError;
 use std::time::Duration;

@@ -11,19 +11,33 @@ use std::time::{Duration, Instant};
 /// The CM events the tools care about; everything else is `Other`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmEventKind {
+    /// `rdma_resolve_addr` found the local device for the peer's address.
     AddrResolved,
+    /// Address resolution failed.
     AddrError,
+    /// `rdma_resolve_route` found a path to the peer.
     RouteResolved,
+    /// Route resolution failed.
     RouteError,
+    /// A peer asks to connect (listening ids only).
     ConnectRequest,
+    /// The peer answered our connect (ids without a QP only).
     ConnectResponse,
+    /// Establishing the connection failed.
     ConnectError,
+    /// The peer did not answer.
     Unreachable,
+    /// The peer refused the connection (nothing listening, or it said no).
     Rejected,
+    /// The connection is up.
     Established,
+    /// The peer (or the local side) disconnected.
     Disconnected,
+    /// The RDMA device went away.
     DeviceRemoval,
+    /// The QP left its time-wait state after a disconnect.
     TimewaitExit,
+    /// Any other event, by its raw number.
     Other(u32),
 }
 
@@ -85,6 +99,8 @@ pub struct EventChannel {
 }
 
 impl EventChannel {
+    /// Creates a channel (its fd made non-blocking), shared by the ids
+    /// created on it.
     pub fn new() -> Result<Rc<Self>> {
         Self::create().map(Rc::new)
     }
@@ -318,6 +334,7 @@ impl Drop for ConnectRequest {
 }
 
 impl CmId {
+    /// Creates a TCP-port-space id whose events arrive on `channel`.
     pub fn new(channel: &Rc<EventChannel>) -> Result<Self> {
         let mut raw: *mut rdma_cm_id = std::ptr::null_mut();
         // SAFETY: channel is valid; raw is a valid out-pointer.
