@@ -5,32 +5,19 @@ use clap::Parser;
 use rdma_xfer::XferError;
 use rdma_xfer::cli::ui::Ui;
 use rdma_xfer::cli::{ReceiverArgs, TOKEN_ENV, finish, init_logging};
-use rdma_xfer::engine::receiver::{ReceiverConfig, serve};
-use rdma_xfer::engine::{ProgressSink, check_buffers};
+use rdma_xfer::engine::ProgressSink;
+use rdma_xfer::engine::receiver::serve;
 use rdma_xfer::sys::os::install_shutdown_handlers;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 fn run(args: &ReceiverArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
-    let (chunk_size, slots) = check_buffers(args.chunk_size, args.slots as u64, "--slots")?;
-    let token = args.common.token()?;
-    if token.is_none() {
+    let mut cfg = args.to_config()?;
+    if cfg.token.is_none() {
         tracing::warn!(
             "no token configured: this receiver accepts transfers from anyone who can reach it \
              (use --token-file or {TOKEN_ENV})"
         );
     }
-    let mut cfg = ReceiverConfig::new(SocketAddr::new(args.bind, args.port), args.dir.clone());
-    cfg.once = args.once;
-    cfg.stdout = args.stdout;
-    cfg.overwrite = args.overwrite;
-    cfg.max_size = args.max_size.unwrap_or(u64::MAX);
-    cfg.max_sessions = args.max_sessions.into();
-    cfg.slots = slots;
-    cfg.chunk_size = chunk_size;
-    cfg.busy_poll = args.common.busy_poll;
-    cfg.timeout = args.common.timeout;
-    cfg.token = token;
     cfg.progress = ProgressSink::new(ui.clone());
     serve(&cfg, &|event| ui.file_event(event))
 }

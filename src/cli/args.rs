@@ -2,15 +2,18 @@
 //! binaries to parse and by `rdma-xfer-gen` to write man pages and shell
 //! completions.
 
-use super::{parse_size_arg, parse_timeout_arg};
-use crate::engine::receiver::DEFAULT_MAX_SESSIONS;
-use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS};
-use crate::proto::DigestAlg;
+use super::{parse_size_arg, parse_timeout_arg, resolve};
+use crate::engine::receiver::{DEFAULT_MAX_SESSIONS, ReceiverConfig};
+use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
+use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers};
+use crate::error::XferError;
+use crate::proto::{DigestAlg, validate_path};
 use clap::{CommandFactory, ValueHint};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// How log lines (and the per-file lines) on stderr look.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -125,6 +128,7 @@ pub struct SenderArgs {
     pub common: CommonArgs,
 }
 
+/// `--verify`: the whole-file digest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Verify {
     Crc32,
@@ -197,6 +201,115 @@ pub struct ReceiverArgs {
     pub max_sessions: u16,
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// Longest `--timeout` accepted: deadlines are computed as "now + timeout",
+/// which must not overflow, and a week without progress is already no
+/// timeout at all.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl CommonArgs {
+    /// Checks the options both tools share (the token is loaded separately,
+    /// see [`CommonArgs::token`]).
+    fn check(&self) -> Result<(), XferError> {
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return Err(XferError::Usage(format!(
+                "--timeout must be between 1 and {} seconds, got {}",
+                MAX_TIMEOUT.as_secs(),
+                self.timeout.as_secs()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A port to connect to or listen on: 0 would mean "any port", which no
+/// sender could find.
+fn check_port(port: u16) -> Result<(), XferError> {
+    if port == 0 {
+        return Err(XferError::Usage(
+            "--port must be between 1 and 65535".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl SenderArgs {
+    /// The engine's configuration for these arguments, every option checked:
+    /// chunk size and depth, timeout, port, `--name` (a relative path the
+    /// receiver will accept, and only with `-` among the files), the token
+    /// (`--token-file` or RDMA_XFER_TOKEN) and the receiver's address
+    /// (resolved here; a name that does not resolve is a connect error).
+    /// The progress observer is left at its default; the tool sets its own.
+    pub fn to_config(&self) -> Result<SenderConfig, XferError> {
+        let (chunk_size, depth) = check_buffers(self.chunk_size, self.depth as u64, "--depth")?;
+        self.common.check()?;
+        check_port(self.port)?;
+        if let Some(name) = &self.name {
+            if !self.files.iter().any(|f| f.as_os_str() == "-") {
+                return Err(XferError::Usage(
+                    "--name names standard input, which is sent only when `-` is among the files"
+                        .into(),
+                ));
+            }
+            validate_path(name)
+                .map_err(|e| XferError::Usage(format!("invalid --name {name:?}: {e}")))?;
+        }
+        if self.addr.trim().is_empty() {
+            return Err(XferError::Usage("the receiver's address is empty".into()));
+        }
+        let token = self.common.token()?;
+        let mut cfg = SenderConfig::new(resolve(&self.addr, self.port)?);
+        cfg.source = self.source;
+        cfg.chunk_size = chunk_size;
+        cfg.depth = depth;
+        cfg.verify = self.verify.into();
+        cfg.busy_poll = self.common.busy_poll;
+        cfg.timeout = self.common.timeout;
+        cfg.token = token;
+        cfg.walk.recursive = self.recursive;
+        cfg.walk.follow_links = self.follow_links;
+        cfg.walk.preserve_times = self.preserve_times;
+        cfg.walk.stdin_name = self
+            .name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_STDIN_NAME.into());
+        Ok(cfg)
+    }
+}
+
+impl ReceiverArgs {
+    /// The engine's configuration for these arguments, every option checked:
+    /// slot size and count, timeout, port, `--stdout` only with `--once`,
+    /// `--max-sessions` at least 1, and the token (`--token-file` or
+    /// RDMA_XFER_TOKEN). The output directory is opened (and checked) by the
+    /// engine. The progress observer is left at its default.
+    pub fn to_config(&self) -> Result<ReceiverConfig, XferError> {
+        let (chunk_size, slots) = check_buffers(self.chunk_size, self.slots as u64, "--slots")?;
+        self.common.check()?;
+        check_port(self.port)?;
+        if self.stdout && !self.once {
+            return Err(XferError::Usage(
+                "--stdout needs --once (standard output takes one session's stream)".into(),
+            ));
+        }
+        if self.max_sessions == 0 {
+            return Err(XferError::Usage("--max-sessions must be at least 1".into()));
+        }
+        let token = self.common.token()?;
+        let mut cfg = ReceiverConfig::new(SocketAddr::new(self.bind, self.port), self.dir.clone());
+        cfg.once = self.once;
+        cfg.stdout = self.stdout;
+        cfg.overwrite = self.overwrite;
+        cfg.max_size = self.max_size.unwrap_or(u64::MAX);
+        cfg.max_sessions = self.max_sessions.into();
+        cfg.slots = slots;
+        cfg.chunk_size = chunk_size;
+        cfg.busy_poll = self.common.busy_poll;
+        cfg.timeout = self.common.timeout;
+        cfg.token = token;
+        Ok(cfg)
+    }
 }
 
 /// The tools whose man pages and completions `rdma-xfer-gen` writes, by
@@ -272,5 +385,187 @@ mod tests {
             .map(|c| c.get_name().to_string())
             .collect();
         assert_eq!(names, ["sender", "receiver"]);
+    }
+    fn sender(args: &[&str]) -> Result<SenderConfig, XferError> {
+        let argv = std::iter::once("sender").chain(args.iter().copied());
+        SenderArgs::try_parse_from(argv)
+            .expect("parses")
+            .to_config()
+    }
+
+    fn receiver(args: &[&str]) -> Result<ReceiverConfig, XferError> {
+        let argv = std::iter::once("receiver").chain(args.iter().copied());
+        ReceiverArgs::try_parse_from(argv)
+            .expect("parses")
+            .to_config()
+    }
+
+    /// A usage error whose message contains `what`.
+    fn usage<T>(result: Result<T, XferError>, what: &str) {
+        match result {
+            Err(e @ XferError::Usage(_)) => assert!(e.to_string().contains(what), "{e}"),
+            Err(e) => panic!("expected a usage error about {what:?}, got {e:?}"),
+            Ok(_) => panic!("expected a usage error about {what:?}, got a configuration"),
+        }
+    }
+
+    fn token_file(dir: &std::path::Path, content: &[u8]) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("token");
+        std::fs::write(&p, content).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p.to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn sender_config_carries_every_option() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = token_file(dir.path(), b"secret\n");
+        let cfg = sender(&[
+            "--source",
+            "127.0.0.2",
+            "--port",
+            "9000",
+            "--verify",
+            "sha256",
+            "--depth",
+            "4",
+            "--chunk-size",
+            "64K",
+            "--busy-poll",
+            "--timeout",
+            "7",
+            "--token-file",
+            &token,
+            "-r",
+            "--follow-links",
+            "--preserve-times",
+            "--name",
+            "dir/in.tar",
+            "127.0.0.1",
+            "a",
+            "-",
+        ])
+        .unwrap();
+        assert_eq!(cfg.addr, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(cfg.source, Some("127.0.0.2".parse().unwrap()));
+        assert_eq!((cfg.chunk_size, cfg.depth), (64 << 10, 4));
+        assert_eq!(cfg.verify, DigestAlg::Sha256);
+        assert!(cfg.busy_poll);
+        assert_eq!(cfg.timeout, Duration::from_secs(7));
+        assert!(cfg.token.is_some());
+        assert!(cfg.walk.recursive && cfg.walk.follow_links && cfg.walk.preserve_times);
+        assert_eq!(cfg.walk.stdin_name, "dir/in.tar");
+        // Defaults.
+        let cfg = sender(&["::1", "-"]).unwrap();
+        assert_eq!(cfg.addr, "[::1]:7471".parse().unwrap());
+        assert_eq!(
+            (cfg.chunk_size, cfg.depth),
+            (DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH)
+        );
+        assert_eq!(cfg.walk.stdin_name, DEFAULT_STDIN_NAME);
+        assert!(!cfg.walk.recursive && cfg.source.is_none());
+    }
+
+    #[test]
+    fn sender_config_refuses_bad_options() {
+        usage(sender(&["--chunk-size", "1K", "h", "f"]), "chunk size");
+        usage(sender(&["--chunk-size", "65M", "h", "f"]), "chunk size");
+        usage(sender(&["--depth", "0", "h", "f"]), "--depth");
+        usage(sender(&["--depth", "1025", "h", "f"]), "--depth");
+        usage(sender(&["--timeout", "604801", "h", "f"]), "--timeout");
+        usage(sender(&["--port", "0", "h", "f"]), "--port");
+        usage(sender(&["--name", "x", "h", "f"]), "`-` is among the files");
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../up",
+            "a/../b",
+            "a//b",
+            "dir/",
+            ".",
+            "x\u{1}y",
+        ] {
+            usage(sender(&["--name", bad, "h", "-"]), "invalid --name");
+        }
+        usage(sender(&["", "f"]), "address is empty");
+        let dir = tempfile::tempdir().unwrap();
+        let empty = token_file(dir.path(), b"\n");
+        usage(sender(&["--token-file", &empty, "h", "f"]), "is empty");
+        let missing = dir.path().join("missing");
+        let err = sender(&["--token-file", missing.to_str().unwrap(), "h", "f"]).unwrap_err();
+        assert_eq!(err.exit_code(), crate::ExitCode::Io, "{err}");
+        // An address that does not resolve cannot be connected to.
+        let err = sender(&["no.such.host.invalid", "f"]).unwrap_err();
+        assert_eq!(err.exit_code(), crate::ExitCode::NoDeviceOrConnect, "{err}");
+    }
+
+    #[test]
+    fn receiver_config_carries_every_option() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = token_file(dir.path(), b"s");
+        let cfg = receiver(&[
+            "--bind",
+            "::1",
+            "--port",
+            "9001",
+            "--dir",
+            "/data",
+            "--once",
+            "--stdout",
+            "--overwrite",
+            "--slots",
+            "3",
+            "--chunk-size",
+            "8K",
+            "--max-size",
+            "1G",
+            "--max-sessions",
+            "2",
+            "--busy-poll",
+            "--timeout",
+            "9",
+            "--token-file",
+            &token,
+        ])
+        .unwrap();
+        assert_eq!(cfg.bind, "[::1]:9001".parse().unwrap());
+        assert_eq!(cfg.dir, PathBuf::from("/data"));
+        assert!(cfg.once && cfg.stdout && cfg.overwrite && cfg.busy_poll);
+        assert_eq!((cfg.slots, cfg.chunk_size), (3, 8 << 10));
+        assert_eq!((cfg.max_size, cfg.max_sessions), (1 << 30, 2));
+        assert_eq!(cfg.timeout, Duration::from_secs(9));
+        assert!(cfg.token.is_some());
+        let cfg = receiver(&[]).unwrap();
+        assert_eq!(cfg.bind, "0.0.0.0:7471".parse().unwrap());
+        assert_eq!(
+            (cfg.slots, cfg.chunk_size),
+            (DEFAULT_SLOTS, DEFAULT_CHUNK_SIZE)
+        );
+        assert_eq!(cfg.max_size, u64::MAX);
+        assert_eq!(cfg.max_sessions, DEFAULT_MAX_SESSIONS);
+        assert!(!cfg.once && !cfg.stdout && !cfg.overwrite);
+    }
+
+    #[test]
+    fn receiver_config_refuses_bad_options() {
+        usage(receiver(&["--chunk-size", "100"]), "chunk size");
+        usage(receiver(&["--slots", "0"]), "--slots");
+        usage(receiver(&["--slots", "5000"]), "--slots");
+        usage(receiver(&["--timeout", "99999999"]), "--timeout");
+        usage(receiver(&["--port", "0"]), "--port");
+        let dir = tempfile::tempdir().unwrap();
+        let err = receiver(&["--token-file", dir.path().to_str().unwrap()]).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        // Built directly (not through clap), the cross-option checks hold too.
+        let mut args = ReceiverArgs::try_parse_from(["receiver"]).unwrap();
+        args.stdout = true;
+        usage(args.to_config(), "--once");
+        args.stdout = false;
+        args.max_sessions = 0;
+        usage(args.to_config(), "--max-sessions");
+        args.max_sessions = 1;
+        args.common.timeout = Duration::ZERO;
+        usage(args.to_config(), "--timeout");
     }
 }

@@ -1,10 +1,11 @@
 //! What the binaries share: their command-line definitions (`args`, also
 //! used to generate man pages and completions), logging set-up, progress
-//! bars and `--json` results (`ui`), argument parsers and turning a result
-//! into an exit code with one clear message.
+//! bars (`ui`), how results look as text and JSON (`render`), argument
+//! parsers, and turning a result into an exit code with one clear message.
 
 pub mod args;
 pub mod generate;
+pub mod render;
 pub mod ui;
 
 pub use args::{CommonArgs, LogFormat, ReceiverArgs, SenderArgs, Verify};

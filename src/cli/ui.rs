@@ -4,8 +4,9 @@
 //! results on stdout. Everything written to stderr (log lines included, see
 //! [`Ui::log_writer`]) goes around the bars so that they never tear.
 
+use super::render::{event_json, failure_for_log, summary_for_log, totals_json};
 use super::{CommonArgs, LogFormat};
-use crate::engine::{FileEvent, FileProgress, Progress, Totals, summary_for_log};
+use crate::engine::{FileEvent, FileProgress, Progress, Totals};
 use crate::error::XferError;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{self, IsTerminal, Write};
@@ -80,20 +81,12 @@ impl Ui {
             FileEvent::Failed(f) if self.print_failures && !f.session_ended => {
                 // An error: shown even with -q. One that ends the session is
                 // the tool's final error, printed once at exit.
-                if self.log_json {
-                    let line = serde_json::json!({
-                        "event": "file failed", "file": f.name,
-                        "exit_code": f.exit_code as u8, "message": f.reason,
-                    });
-                    self.eprintln(&line.to_string());
-                } else {
-                    self.eprintln(&format!("{}: {}", f.name, f.reason));
-                }
+                self.eprintln(&failure_for_log(f, self.log_json));
             }
             _ => {}
         }
         if self.json {
-            self.print_json(&event.result_json());
+            self.print_json(&event_json(event));
         }
     }
 
@@ -113,7 +106,7 @@ impl Ui {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
-            self.print_json(&totals.summary_json(outcome));
+            self.print_json(&totals_json(&totals, outcome));
         }
     }
 }

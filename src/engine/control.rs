@@ -91,7 +91,7 @@ impl Control {
     /// (until `within` passes) so that a last reply reaches the peer before
     /// the disconnect. Other completions are dropped.
     pub fn drain(&mut self, ep: &Endpoint, within: Duration) -> Result<(), XferError> {
-        let deadline = Instant::now() + within;
+        let deadline = crate::sys::os::deadline_after(within);
         let mut wcs = Vec::new();
         while self.busy() && Instant::now() < deadline {
             wcs.clear();

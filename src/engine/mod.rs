@@ -17,10 +17,7 @@ mod stdio;
 
 pub use digest::FileHasher;
 pub use progress::{FileProgress, NoProgress, Progress, ProgressSink};
-pub use report::{
-    FileEvent, FileFailure, FileReport, Phases, Totals, session_summary, session_summary_line,
-    summary_for_log,
-};
+pub use report::{FileEvent, FileFailure, FileReport, Phases, Totals};
 
 use crate::error::XferError;
 use std::time::Duration;
@@ -91,7 +88,7 @@ fn wait_completions(
     what: &str,
 ) -> Result<(), XferError> {
     use crate::sys::SysError;
-    let deadline = std::time::Instant::now() + timeout;
+    let deadline = crate::sys::os::deadline_after(timeout);
     loop {
         let slice = deadline
             .saturating_duration_since(std::time::Instant::now())

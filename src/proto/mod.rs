@@ -1,5 +1,6 @@
 //! rdma-xfer control protocol v1: wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
+#![deny(missing_docs)]
 
 pub mod auth;
 pub mod names;
@@ -39,77 +40,159 @@ pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// machine moves to `Closed`.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum ProtocolError {
+    /// The peer sent a message (or a chunk) the current state does not allow.
     #[error("unexpected {msg} in state {state}")]
     Unexpected {
+        /// The message's kind.
         msg: &'static str,
+        /// The state it arrived in.
         state: &'static str,
     },
+    /// The local caller asked for an operation the current state does not
+    /// allow (a bug in the engine; the state is unchanged).
     #[error("{op} is not allowed in state {state}")]
     WrongState {
+        /// The operation (method name).
         op: &'static str,
+        /// The state it was called in.
         state: &'static str,
     },
+    /// The peer ended the session with a REJECT where no answer to an
+    /// offer was due.
     #[error("peer aborted the session ({code}): {reason}")]
-    PeerRejected { code: RejectCode, reason: String },
+    PeerRejected {
+        /// The REJECT's code.
+        code: RejectCode,
+        /// The REJECT's text.
+        reason: String,
+    },
     /// The receiver refused the session in its greeting (e.g. Busy).
     #[error("the receiver refused the session ({code}): {reason}")]
-    Refused { code: RejectCode, reason: String },
+    Refused {
+        /// The REJECT's code.
+        code: RejectCode,
+        /// The REJECT's text.
+        reason: String,
+    },
     /// REJECT(Auth): the receiver did not accept our AUTH (`reason` is its text).
     #[error("authentication failed (the receiver says: {reason})")]
-    AuthFailed { reason: String },
+    AuthFailed {
+        /// The receiver's explanation.
+        reason: String,
+    },
+    /// The MR's ring is unusable (empty, overflowing the address space, or
+    /// not the configured shape).
     #[error("invalid ring: {reason}")]
-    BadRing { reason: &'static str },
+    BadRing {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A CREDIT granting nothing.
     #[error("CREDIT of 0 is invalid")]
     ZeroCredit,
     #[error("CREDIT of {added} with {credits} credits held exceeds the ring's {slot_count} slots")]
+    /// A CREDIT that would give the sender more credits than the ring has
+    /// slots.
     CreditOverflow {
+        /// Credits in the CREDIT.
         added: u32,
+        /// Credits the sender already held.
         credits: u32,
+        /// The ring's slots.
         slot_count: u32,
     },
+    /// The sender wrote into a slot it held no credit for.
     #[error("sender wrote more than {slot_count} chunks without credit")]
-    CreditOverrun { slot_count: u32 },
+    CreditOverrun {
+        /// The ring's slots.
+        slot_count: u32,
+    },
+    /// A chunk that cannot be placed: empty, larger than a slot or than
+    /// the file's rest, after a stream's short last chunk, and the like.
     #[error("chunk {seq} ({len} bytes): {reason}")]
     BadChunk {
+        /// The chunk's sequence number in its file.
         seq: u64,
+        /// Its length.
         len: u32,
+        /// What is wrong with it.
         reason: &'static str,
     },
     #[error(
         "FIN claims {fin_bytes} bytes in {fin_chunks} chunks, but {got_bytes} bytes in {got_chunks} chunks arrived (announced size {size})"
     )]
+    /// A file's FIN disagrees with what arrived or with its HELLO's size.
     FinMismatch {
+        /// Bytes the FIN claims.
         fin_bytes: u64,
+        /// Chunks the FIN claims.
         fin_chunks: u64,
+        /// Bytes that arrived.
         got_bytes: u64,
+        /// Chunks that arrived.
         got_chunks: u64,
+        /// The size the HELLO announced.
         size: u64,
     },
+    /// A digest (in FIN, or given to `finish`) of another algorithm than
+    /// the HELLO announced.
     #[error("digest algorithm {got} does not match the announced {expected}")]
-    DigestAlgMismatch { expected: DigestAlg, got: DigestAlg },
+    DigestAlgMismatch {
+        /// The announced algorithm.
+        expected: DigestAlg,
+        /// The digest's algorithm.
+        got: DigestAlg,
+    },
+    /// The sender's engine finished a file of known size before planning
+    /// all its bytes.
     #[error("finish with {planned} of {size} bytes planned")]
-    Incomplete { planned: u64, size: u64 },
+    Incomplete {
+        /// Bytes planned so far.
+        planned: u64,
+        /// The file's size.
+        size: u64,
+    },
     #[error(
         "FIN of a stream claims {fin_bytes} bytes in {fin_chunks} chunks, but {got_bytes} bytes in {got_chunks} chunks arrived"
     )]
+    /// A stream's FIN disagrees with what arrived.
     StreamFinMismatch {
+        /// Bytes the FIN claims.
         fin_bytes: u64,
+        /// Chunks the FIN claims.
         fin_chunks: u64,
+        /// Bytes that arrived.
         got_bytes: u64,
+        /// Chunks that arrived.
         got_chunks: u64,
     },
+    /// The receiver's engine answered an offer with the wrong kind of
+    /// decision (accepting a directory as a file, or the reverse).
     #[error("{op} does not fit the current offer ({kind})")]
     OfferKind {
+        /// The operation called.
         op: &'static str,
+        /// What the offer is.
         kind: &'static str,
     },
     /// A frame that does not decode.
     #[error("malformed message: {0}")]
     Malformed(WireError),
+    /// The sender's engine offered more entries than may await an answer.
     #[error("{pending} entries still await the receiver's answer (at most {max})")]
-    TooManyPending { pending: usize, max: usize },
+    TooManyPending {
+        /// Entries awaiting an answer.
+        pending: usize,
+        /// The limit ([`MAX_PENDING`]).
+        max: usize,
+    },
+    /// The sender's engine closed the session while entries still awaited
+    /// the receiver's answer.
     #[error("close with {pending} entries still awaiting the receiver's answer")]
-    Unanswered { pending: usize },
+    Unanswered {
+        /// Entries awaiting an answer.
+        pending: usize,
+    },
 }
 
 /// Ring sanity shared by both sides: non-empty and addressable without u64 overflow.

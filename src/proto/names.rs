@@ -11,37 +11,59 @@ pub const MAX_PATH_BYTES: usize = 4095;
 /// Deepest relative path accepted, in components.
 pub const MAX_PATH_DEPTH: usize = 256;
 
+/// Why a single file name (one path component) was refused.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum NameError {
+    /// The name is empty.
     #[error("file name is empty")]
     Empty,
+    /// `.` or `..`, which name a directory, not a new file.
     #[error("file name may not be \".\" or \"..\"")]
     DotName,
+    /// A `/` or `\\` (the latter is a separator elsewhere).
     #[error("file name contains a path separator")]
     PathSeparator,
+    /// A NUL byte, which no Unix file name can hold.
     #[error("file name contains a NUL byte")]
     Nul,
+    /// A control character, which would corrupt logs and terminals.
     #[error("file name contains control character U+{code:04X}")]
-    Control { code: u32 },
+    Control {
+        /// The character's code point.
+        code: u32,
+    },
+    /// Longer than [`MAX_NAME_BYTES`].
     #[error("file name is {len} bytes long; the limit is {max} bytes", max = MAX_NAME_BYTES)]
-    TooLong { len: usize },
+    TooLong {
+        /// The name's length in bytes.
+        len: usize,
+    },
 }
 
 /// Why a relative path was refused.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum PathError {
+    /// Longer than [`MAX_PATH_BYTES`].
     #[error("path is {len} bytes long; the limit is {max} bytes", max = MAX_PATH_BYTES)]
-    TooLong { len: usize },
+    TooLong {
+        /// The path's length in bytes.
+        len: usize,
+    },
+    /// More than [`MAX_PATH_DEPTH`] components.
     #[error("path has more than {max} components", max = MAX_PATH_DEPTH)]
     TooDeep,
+    /// Starts with `/`.
     #[error("path must be relative (it starts with \"/\")")]
     Absolute,
     /// Component `index` (0-based) is not a valid name; `a//b` and a
     /// trailing `/` show up as an empty component.
     #[error("path component {} {component:?}: {error}", .index + 1)]
     Component {
+        /// The component's index (0-based).
         index: usize,
+        /// The component (at most its first 64 characters).
         component: String,
+        /// Why it is not a valid name.
         error: NameError,
     },
 }

@@ -22,21 +22,26 @@ use super::wire::{
 };
 use super::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtocolError, check_ring};
 
+/// Where a receiver's session is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReceiverState {
     /// CHALLENGE (auth required) sent; only AUTH or BYE may come.
     AwaitAuth,
+    /// Between files: the next HELLO (or BYE) may come.
     AwaitHello,
     /// HELLO passed the pure checks; the engine must `accept` (a file or
     /// stream), `accept_directory` (a directory) or `reject`.
     AwaitDecision,
+    /// MR sent: the file's chunks arrive, until its FIN.
     Receiving,
     /// FIN arrived; the engine verifies and calls `complete`.
     Verifying,
+    /// BYE arrived, or an error ended the session; nothing more is accepted.
     Closed,
 }
 
 impl ReceiverState {
+    /// The state's name, for error messages.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::AwaitAuth => "AWAIT_AUTH",
@@ -49,9 +54,12 @@ impl ReceiverState {
     }
 }
 
+/// The receiver's limits, fixed for a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReceiverConfig {
+    /// Size of each ring slot: the longest chunk accepted.
     pub slot_size: u32,
+    /// Number of ring slots: the most chunks in flight (credits) at once.
     pub slot_count: u32,
     /// Return credits once this many slots are free (clamped to 1..=slot_count,
     /// since a larger batch would starve the sender forever).
@@ -61,17 +69,25 @@ pub struct ReceiverConfig {
     pub max_size: u64,
 }
 
+/// Where an arrived chunk is in the ring and where it belongs in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkPlacement {
+    /// The chunk's sequence number in its file (0-based).
     pub seq: u64,
+    /// The ring slot holding it (`seq % slot_count`).
     pub slot: u32,
     /// Byte offset inside the ring (= slot * slot_size).
     pub slot_offset: u64,
+    /// Byte offset in the file.
     pub file_offset: u64,
+    /// Length in bytes.
     pub len: u32,
+    /// The CRC32 the sender sent as the immediate data; the engine checks
+    /// the slot's bytes against it.
     pub expected_crc: u32,
 }
 
+/// What a received message means for the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReceiverEvent {
     /// Version, name and size passed; the engine does its I/O checks and calls
@@ -102,6 +118,7 @@ pub enum AuthFailure {
 }
 
 impl AuthFailure {
+    /// The reason in a few words (without "authentication failed").
     pub const fn detail(self) -> &'static str {
         match self {
             Self::WrongToken => "wrong token",
@@ -122,6 +139,8 @@ impl std::fmt::Display for AuthFailure {
     }
 }
 
+/// What went wrong with a message or chunk the sender sent, and what the
+/// engine must answer.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RecvError {
     /// Answer with this REJECT; the session continues (state stays AwaitHello).
@@ -139,7 +158,10 @@ pub enum RecvError {
     /// A stream grew past `max_size` (state is now Closed): abort the file
     /// with `Ack::new(AckStatus::Rejected, err)`.
     #[error("the stream is larger than the receiver accepts: more than {limit} bytes (--max-size)")]
-    TooLarge { limit: u64 },
+    TooLarge {
+        /// The receiver's `max_size`.
+        limit: u64,
+    },
 }
 
 /// The receiver's secret and this session's nonce.
@@ -149,6 +171,8 @@ struct AuthKey {
     nonce: [u8; NONCE_LEN],
 }
 
+/// The receiver's side of one session: checks every message and chunk
+/// against the protocol and decides what to answer (pure; no I/O).
 #[derive(Debug, Clone)]
 pub struct ReceiverSession {
     cfg: ReceiverConfig,
@@ -250,14 +274,17 @@ impl ReceiverSession {
         })
     }
 
+    /// The current state.
     pub fn state(&self) -> ReceiverState {
         self.state
     }
 
+    /// Bytes of the current file (or stream) received so far.
     pub fn bytes_received(&self) -> u64 {
         self.bytes
     }
 
+    /// Chunks of the current file (or stream) received so far.
     pub fn chunks_received(&self) -> u64 {
         self.chunks
     }
@@ -462,6 +489,7 @@ impl ReceiverSession {
         self.directory
     }
 
+    /// Whether the current offer is a stream (of unknown size).
     pub fn offer_is_stream(&self) -> bool {
         self.stream
     }

@@ -27,6 +27,7 @@ use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 /// and BYE that may follow), so a pipelined sender never runs it dry.
 pub const MAX_PENDING: usize = 8;
 
+/// Where a sender's session is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SenderState {
     /// Connected, waiting for the receiver's CHALLENGE (or a REJECT).
@@ -38,10 +39,12 @@ pub enum SenderState {
     AwaitRing,
     /// Writing chunks under credit.
     Sending,
+    /// BYE sent, or an error ended the session; nothing more may be sent.
     Closed,
 }
 
 impl SenderState {
+    /// The state's name, for error messages.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::AwaitChallenge => "AWAIT_CHALLENGE",
@@ -65,14 +68,18 @@ pub enum OfferKind {
     Directory,
 }
 
+/// An entry the engine offers the receiver (becomes a HELLO).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileOffer {
     /// A name, or a relative path (`dir/sub/file`) inside a tree.
     pub name: String,
     /// The file's size; ignored (sent as 0) for streams and directories.
     pub size: u64,
+    /// Unix permission bits for the received file or directory.
     pub mode: u32,
+    /// The whole-file digest the FIN will carry.
     pub digest: DigestAlg,
+    /// File, stream or directory.
     pub kind: OfferKind,
     /// Modification time to keep (`--preserve-times`).
     pub mtime: Option<Mtime>,
@@ -81,11 +88,17 @@ pub struct FileOffer {
 /// Where the engine must RDMA-WRITE (with imm = CRC32 of the chunk) the next chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkPlan {
+    /// The chunk's sequence number in its file (0-based).
     pub seq: u64,
+    /// The ring slot it goes to (`seq % slot_count`).
     pub slot: u32,
+    /// The slot's address in the receiver's ring (as the MR gave it).
     pub remote_addr: u64,
+    /// The ring's remote key.
     pub rkey: u32,
+    /// Byte offset in the file.
     pub file_offset: u64,
+    /// Length in bytes.
     pub len: u32,
 }
 
@@ -121,6 +134,7 @@ pub enum Verdict {
     Reject(Reject),
 }
 
+/// What a received message means for the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SenderEvent {
     /// The receiver's CHALLENGE arrived: now Idle, ready for `start_file`
@@ -136,8 +150,11 @@ pub enum SenderEvent {
     /// The verdict on the oldest pending entry, with the tag the engine
     /// gave it in `start_file`.
     Answered {
+        /// The tag given to `start_file` for this entry.
         tag: u64,
+        /// The entry answered (the oldest pending one).
         entry: Pending,
+        /// The receiver's answer.
         verdict: Verdict,
     },
     /// The receiver gave up on the current file before its FIN (an ACK
@@ -145,6 +162,8 @@ pub enum SenderEvent {
     Aborted(Ack),
 }
 
+/// The sender's side of one session: decides what to send and checks
+/// every message from the receiver against the protocol (pure; no I/O).
 #[derive(Debug, Clone)]
 pub struct SenderSession {
     state: SenderState,
@@ -189,10 +208,12 @@ impl SenderSession {
         }
     }
 
+    /// The current state.
     pub fn state(&self) -> SenderState {
         self.state
     }
 
+    /// Chunks that may be written now (free ring slots granted by CREDIT).
     pub fn credits(&self) -> u32 {
         self.credits
     }
@@ -207,10 +228,12 @@ impl SenderSession {
         self.chunk_len
     }
 
+    /// Bytes of the current file planned (handed out as chunks) so far.
     pub fn bytes_planned(&self) -> u64 {
         self.planned
     }
 
+    /// Chunks of the current file planned so far.
     pub fn chunks_planned(&self) -> u64 {
         self.seq
     }

@@ -15,10 +15,14 @@ use super::auth::{CHALLENGE_FLAGS_KNOWN, MAC_LEN, NONCE_LEN};
 pub const MAGIC: u32 = 0x5258_4652;
 /// Version of the framing (header layout), not the session protocol.
 pub const WIRE_VERSION: u8 = 1;
+/// Bytes of the frame header that precedes every body.
 pub const HEADER_LEN: usize = 12;
 /// Largest whole frame (header + body).
 pub const MAX_MESSAGE: usize = 4096;
+/// Largest body (what is left of [`MAX_MESSAGE`] after the header).
 pub const MAX_BODY: usize = MAX_MESSAGE - HEADER_LEN;
+/// HELLO `caps` with no flag set: a plain file (the only value version 1
+/// allows).
 pub const CAP_NONE: u32 = 0;
 
 /// Bits of HELLO's `caps` field (protocol version 2; a version-1 HELLO
@@ -40,27 +44,42 @@ pub const MAX_REASON: usize = 1024;
 
 /// Wire type codes.
 pub mod msg_type {
+    /// [`Message::Hello`](super::Message::Hello).
     pub const HELLO: u8 = 1;
+    /// [`Message::Mr`](super::Message::Mr).
     pub const MR: u8 = 2;
+    /// [`Message::Reject`](super::Message::Reject).
     pub const REJECT: u8 = 3;
+    /// [`Message::Credit`](super::Message::Credit).
     pub const CREDIT: u8 = 4;
+    /// [`Message::Fin`](super::Message::Fin).
     pub const FIN: u8 = 5;
+    /// [`Message::Ack`](super::Message::Ack).
     pub const ACK: u8 = 6;
+    /// [`Message::Bye`](super::Message::Bye).
     pub const BYE: u8 = 7;
+    /// [`Message::Challenge`](super::Message::Challenge).
     pub const CHALLENGE: u8 = 8;
+    /// [`Message::Auth`](super::Message::Auth).
     pub const AUTH: u8 = 9;
+    /// [`Message::Keepalive`](super::Message::Keepalive).
     pub const KEEPALIVE: u8 = 10;
 }
 
+/// The whole-file digest a HELLO announces and its FIN carries (its wire
+/// code is the discriminant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]
 pub enum DigestAlg {
+    /// CRC32 (IEEE), 4 bytes.
     #[default]
     Crc32 = 1,
+    /// SHA-256, 32 bytes.
     Sha256 = 2,
 }
 
 impl DigestAlg {
+    /// The algorithm of a wire code, if known.
     pub fn from_u8(v: u8) -> Option<Self> {
         match v {
             1 => Some(Self::Crc32),
@@ -77,6 +96,7 @@ impl DigestAlg {
         }
     }
 
+    /// Lowercase name, as on the command line (`--verify`) and in JSON.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Crc32 => "crc32",
@@ -91,14 +111,17 @@ impl fmt::Display for DigestAlg {
     }
 }
 
+/// A whole-file digest, as FIN carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Digest {
     /// Travels as 4 big-endian bytes.
     Crc32(u32),
+    /// The 32 bytes of the hash.
     Sha256([u8; 32]),
 }
 
 impl Digest {
+    /// The digest's algorithm.
     pub const fn alg(&self) -> DigestAlg {
         match self {
             Self::Crc32(_) => DigestAlg::Crc32,
@@ -120,21 +143,34 @@ impl fmt::Display for Digest {
     }
 }
 
+/// Why a REJECT refuses an offer or a session (its wire code is the
+/// discriminant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum RejectCode {
+    /// The name or path is not acceptable (see `names`), or resolves to
+    /// something that may not be replaced.
     BadName = 1,
+    /// The file exists and the receiver does not overwrite.
     Exists = 2,
+    /// Larger than the receiver's `--max-size`.
     TooLarge = 3,
+    /// A protocol version (or HELLO flag) the receiver does not speak.
     Version = 4,
+    /// Not enough free space for the file.
     NoSpace = 5,
+    /// The receiver serves its maximum of sessions already.
     Busy = 6,
+    /// The receiver could not create or open the file.
     Io = 7,
+    /// A protocol violation ended the session.
     Protocol = 8,
+    /// The sender did not authenticate.
     Auth = 9,
 }
 
 impl RejectCode {
+    /// Every code, in wire order.
     pub const ALL: [Self; 9] = [
         Self::BadName,
         Self::Exists,
@@ -147,10 +183,12 @@ impl RejectCode {
         Self::Auth,
     ];
 
+    /// The code of a wire value, if known.
     pub fn from_u16(v: u16) -> Option<Self> {
         Self::ALL.into_iter().find(|c| *c as u16 == v)
     }
 
+    /// A short description, for messages.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::BadName => "bad file name",
@@ -172,17 +210,24 @@ impl fmt::Display for RejectCode {
     }
 }
 
+/// The receiver's verdict in an ACK (its wire code is the discriminant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum AckStatus {
+    /// Verified, fsynced and renamed (or the directory exists).
     Ok = 0,
+    /// A chunk's CRC or the whole-file digest did not match.
     Integrity = 1,
+    /// The receiver failed to write, sync or rename the file.
     Io = 2,
+    /// The sender broke the protocol; the session ends.
     Protocol = 3,
+    /// Refused while it arrived (a stream over `--max-size`).
     Rejected = 4,
 }
 
 impl AckStatus {
+    /// Every status, in wire order.
     pub const ALL: [Self; 5] = [
         Self::Ok,
         Self::Integrity,
@@ -191,10 +236,12 @@ impl AckStatus {
         Self::Rejected,
     ];
 
+    /// The status of a wire value, if known.
     pub fn from_u16(v: u16) -> Option<Self> {
         Self::ALL.into_iter().find(|s| *s as u16 == v)
     }
 
+    /// A short description, for messages.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",
@@ -215,11 +262,13 @@ impl fmt::Display for AckStatus {
 /// A modification time: seconds and nanoseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Mtime {
+    /// Whole seconds (negative before 1970).
     pub secs: i64,
     /// Below 1_000_000_000 (the codec refuses anything else).
     pub nanos: u32,
 }
 
+/// The sender's offer of one entry: a file, a stream or a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     /// Sender's session protocol version (`PROTOCOL_VERSION`, or 1 for a
@@ -240,10 +289,12 @@ pub struct Hello {
 }
 
 impl Hello {
+    /// Whether the offer is a stream of unknown size.
     pub const fn is_stream(&self) -> bool {
         self.caps & hello_flags::STREAM != 0
     }
 
+    /// Whether the offer is a directory.
     pub const fn is_directory(&self) -> bool {
         self.caps & hello_flags::DIRECTORY != 0
     }
@@ -252,9 +303,14 @@ impl Hello {
 /// The receiver's ring; length is always `slot_size * slot_count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RingInfo {
+    /// The ring's first byte as the sender addresses it in RDMA WRITEs (an
+    /// I/O virtual address, not the receiver's heap address).
     pub addr: u64,
+    /// The remote key that lets the sender write the ring.
     pub rkey: u32,
+    /// Bytes per slot (the longest chunk).
     pub slot_size: u32,
+    /// Number of slots.
     pub slot_count: u32,
 }
 
@@ -275,14 +331,18 @@ pub struct Challenge {
 }
 
 impl Challenge {
+    /// Whether the receiver requires an AUTH before anything else.
     pub const fn auth_required(&self) -> bool {
         self.flags & super::auth::AUTH_REQUIRED != 0
     }
 }
 
+/// The receiver refuses an offer (or the session), or either side aborts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reject {
+    /// Why, as a code.
     pub code: RejectCode,
+    /// Why, in words (at most [`MAX_REASON`] bytes).
     pub reason: String,
 }
 
@@ -296,16 +356,23 @@ impl Reject {
     }
 }
 
+/// The sender's end of a file's data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fin {
+    /// Bytes written (a stream's final size).
     pub bytes: u64,
+    /// Chunks written.
     pub chunks: u64,
+    /// The whole-file digest, of the algorithm the HELLO announced.
     pub digest: Digest,
 }
 
+/// The receiver's verdict on a file (after its FIN) or a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack {
+    /// The verdict.
     pub status: AckStatus,
+    /// Details of a failure (empty for Ok; at most [`MAX_REASON`] bytes).
     pub reason: String,
 }
 
@@ -331,22 +398,33 @@ pub fn clamp_string(mut s: String, max: usize) -> String {
     s
 }
 
+/// A control message, decoded (see docs/protocol.md for each layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
+    /// Sender -> receiver: offers an entry.
     Hello(Hello),
+    /// Receiver -> sender: accepts a file or stream; the ring to write into.
     Mr(RingInfo),
+    /// Refuses an offer or the session.
     Reject(Reject),
+    /// Receiver -> sender: ring slots freed.
     Credit {
+        /// Slots freed since the last CREDIT.
         count: u32,
     },
+    /// Sender -> receiver: a file's data is complete.
     Fin(Fin),
+    /// Receiver -> sender: the verdict on a file or directory.
     Ack(Ack),
+    /// Sender -> receiver: the session ends (nothing pending).
     Bye,
+    /// Receiver -> sender: the first message of every session.
     Challenge(Challenge),
     /// The sender's answer to a CHALLENGE that requires authentication:
     /// HMAC-SHA256 of the nonce (`auth::MAC_LEN` bytes), or empty when the
     /// sender has no token. The codec refuses any other length.
     Auth {
+        /// The MAC (empty or `auth::MAC_LEN` bytes).
         mac: Vec<u8>,
     },
     /// The sender is alive but waiting for its input (a slow stream): it
@@ -355,6 +433,7 @@ pub enum Message {
 }
 
 impl Message {
+    /// The message's name in upper case ("HELLO"), for messages and logs.
     pub const fn kind(&self) -> &'static str {
         match self {
             Self::Hello(_) => "HELLO",
@@ -370,6 +449,7 @@ impl Message {
         }
     }
 
+    /// The type code in the frame header ([`msg_type`]).
     pub const fn type_code(&self) -> u8 {
         match self {
             Self::Hello(_) => msg_type::HELLO,
@@ -386,52 +466,118 @@ impl Message {
     }
 }
 
+/// Why a buffer is not exactly one valid control message (decoding), or a
+/// message cannot be encoded.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum WireError {
+    /// Shorter than its header, or than the header's body length says.
     #[error("control message truncated: need {need} bytes, have {have}")]
-    Truncated { need: usize, have: usize },
-    #[error("declared body length {len} exceeds the maximum of {max}", max = MAX_BODY)]
-    Oversized { len: usize },
-    #[error("bad magic 0x{0:08x}: not an rdma-xfer control message")]
-    BadMagic(u32),
-    #[error("unsupported wire version {0} (this build speaks {v})", v = WIRE_VERSION)]
-    UnknownVersion(u8),
-    #[error("unknown message type {0}")]
-    UnknownType(u8),
-    #[error("reserved header flags must be 0, got 0x{0:04x}")]
-    BadFlags(u16),
-    #[error("{extra} stray bytes after the end of the frame")]
-    TrailingBytes { extra: usize },
-    #[error("{kind} body ends early: a field needs {need} bytes but only {have} remain")]
-    ShortBody {
-        kind: &'static str,
+    Truncated {
+        /// Bytes the frame needs.
         need: usize,
+        /// Bytes there are.
         have: usize,
     },
+    /// The header declares a body longer than [`MAX_BODY`].
+    #[error("declared body length {len} exceeds the maximum of {max}", max = MAX_BODY)]
+    Oversized {
+        /// The declared length.
+        len: usize,
+    },
+    /// Not [`MAGIC`]: not one of our frames.
+    #[error("bad magic 0x{0:08x}: not an rdma-xfer control message")]
+    BadMagic(u32),
+    /// A framing version other than [`WIRE_VERSION`].
+    #[error("unsupported wire version {0} (this build speaks {v})", v = WIRE_VERSION)]
+    UnknownVersion(u8),
+    /// A type code not in [`msg_type`].
+    #[error("unknown message type {0}")]
+    UnknownType(u8),
+    /// The header's reserved flags are not 0.
+    #[error("reserved header flags must be 0, got 0x{0:04x}")]
+    BadFlags(u16),
+    /// Bytes after the frame (a buffer must hold exactly one).
+    #[error("{extra} stray bytes after the end of the frame")]
+    TrailingBytes {
+        /// How many.
+        extra: usize,
+    },
+    /// The body ends inside a field.
+    #[error("{kind} body ends early: a field needs {need} bytes but only {have} remain")]
+    ShortBody {
+        /// The message's kind.
+        kind: &'static str,
+        /// Bytes the field needs.
+        need: usize,
+        /// Bytes left in the body.
+        have: usize,
+    },
+    /// The body has bytes after its last field.
     #[error("{kind} body has {extra} unused bytes at the end")]
-    BodyTrailing { kind: &'static str, extra: usize },
+    BodyTrailing {
+        /// The message's kind.
+        kind: &'static str,
+        /// How many bytes.
+        extra: usize,
+    },
+    /// A string field is not UTF-8.
     #[error("{field} is not valid UTF-8")]
-    BadUtf8 { field: &'static str },
+    BadUtf8 {
+        /// The field.
+        field: &'static str,
+    },
+    /// A code (digest algorithm, reject code, ACK status) that is not known.
     #[error("unknown {field} value {value}")]
-    BadEnum { field: &'static str, value: u64 },
+    BadEnum {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// A digest whose length does not fit its algorithm.
     #[error("{alg} digest must be {} bytes, got {len}", .alg.digest_len())]
-    BadDigestLength { alg: DigestAlg, len: usize },
+    BadDigestLength {
+        /// The algorithm.
+        alg: DigestAlg,
+        /// The digest's length.
+        len: usize,
+    },
+    /// A variable-length field over its limit.
     #[error("{field} is {len} bytes, over the {max}-byte limit")]
     TooLong {
+        /// The field.
         field: &'static str,
+        /// Its length.
         len: usize,
+        /// The limit.
         max: usize,
     },
+    /// An AUTH MAC that is neither empty nor `auth::MAC_LEN` bytes.
     #[error("AUTH carries a {len}-byte MAC; it must be empty or {} bytes", MAC_LEN)]
-    BadMacLength { len: usize },
+    BadMacLength {
+        /// The MAC's length.
+        len: usize,
+    },
+    /// CHALLENGE flags this build does not know.
     #[error("unknown CHALLENGE flags 0x{0:04x}")]
     UnknownChallengeFlags(u16),
+    /// HELLO's MTIME flag is set without an mtime, or the reverse.
     #[error("HELLO mtime flag and mtime field disagree")]
     MtimeFlag,
+    /// An mtime with a billion nanoseconds or more.
     #[error("HELLO mtime has {nanos} nanoseconds (must be below 1000000000)")]
-    BadMtime { nanos: u32 },
+    BadMtime {
+        /// The nanoseconds.
+        nanos: u32,
+    },
+    /// `encode` was given a buffer shorter than the message.
     #[error("output buffer too small: need {need} bytes, have {have}")]
-    BufferTooSmall { need: usize, have: usize },
+    BufferTooSmall {
+        /// Bytes the message needs.
+        need: usize,
+        /// Bytes in the buffer.
+        have: usize,
+    },
 }
 
 // Fixed body bytes per message (excluding the variable string/digest payload).
@@ -622,6 +768,7 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
     Ok(w.pos)
 }
 
+/// Encodes one message into a new buffer of exactly its length.
 pub fn encode_to_vec(msg: &Message) -> Result<Vec<u8>, WireError> {
     let mut out = vec![0u8; encoded_len(msg)?];
     let n = encode(msg, &mut out)?;

@@ -7,6 +7,7 @@
 //!   registered memory, posting that takes ownership of the buffer).
 //! - [`os`]: waiting on descriptors, shutdown signals, resource limits.
 //! - [`dirfd`]: directory-relative file operations that never follow links.
+#![deny(missing_docs)]
 
 pub mod dirfd;
 mod error;

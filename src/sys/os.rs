@@ -40,6 +40,15 @@ pub fn install_shutdown_handlers() -> Result<()> {
     Ok(())
 }
 
+/// `timeout` from now, saturating (a century) instead of panicking when a
+/// configuration asks for an absurd timeout.
+pub fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
+}
+
 /// True once SIGINT or SIGTERM arrived.
 pub fn shutdown_requested() -> bool {
     SHUTDOWN.load(Ordering::SeqCst)
@@ -170,6 +179,13 @@ mod tests {
                 .unwrap()
                 .contains(rustix::fs::OFlags::NONBLOCK)
         );
+    }
+
+    #[test]
+    fn deadlines_saturate() {
+        let far = deadline_after(Duration::MAX);
+        assert!(far > Instant::now() + Duration::from_secs(86_400 * 365));
+        assert!(deadline_after(Duration::ZERO) <= Instant::now());
     }
 
     #[test]

@@ -6,24 +6,38 @@ use rdma_sys::*;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The CM events the tools care about; everything else is `Other`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmEventKind {
+    /// `rdma_resolve_addr` found the local device for the peer's address.
     AddrResolved,
+    /// Address resolution failed.
     AddrError,
+    /// `rdma_resolve_route` found a path to the peer.
     RouteResolved,
+    /// Route resolution failed.
     RouteError,
+    /// A peer asks to connect (listening ids only).
     ConnectRequest,
+    /// The peer answered our connect (ids without a QP only).
     ConnectResponse,
+    /// Establishing the connection failed.
     ConnectError,
+    /// The peer did not answer.
     Unreachable,
+    /// The peer refused the connection (nothing listening, or it said no).
     Rejected,
+    /// The connection is up.
     Established,
+    /// The peer (or the local side) disconnected.
     Disconnected,
+    /// The RDMA device went away.
     DeviceRemoval,
+    /// The QP left its time-wait state after a disconnect.
     TimewaitExit,
+    /// Any other event, by its raw number.
     Other(u32),
 }
 
@@ -85,6 +99,8 @@ pub struct EventChannel {
 }
 
 impl EventChannel {
+    /// Creates a channel (its fd made non-blocking), shared by the ids
+    /// created on it.
     pub fn new() -> Result<Rc<Self>> {
         Self::create().map(Rc::new)
     }
@@ -113,7 +129,7 @@ impl EventChannel {
     /// Next event within `timeout`, acknowledged immediately (all data we
     /// need is copied out first).
     fn next_event(&self, timeout: Duration, what: &str) -> Result<CmEvent> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::sys::os::deadline_after(timeout);
         loop {
             let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
             // SAFETY: self.raw is valid; ev is a valid out-pointer. The fd is
@@ -318,6 +334,7 @@ impl Drop for ConnectRequest {
 }
 
 impl CmId {
+    /// Creates a TCP-port-space id whose events arrive on `channel`.
     pub fn new(channel: &Rc<EventChannel>) -> Result<Self> {
         let mut raw: *mut rdma_cm_id = std::ptr::null_mut();
         // SAFETY: channel is valid; raw is a valid out-pointer.

@@ -169,7 +169,7 @@ impl CompletionQueue {
         timeout: Duration,
         what: &str,
     ) -> Result<usize> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::sys::os::deadline_after(timeout);
         if self.busy_poll {
             let mut spins: u32 = 0;
             loop {

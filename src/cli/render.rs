@@ -1,0 +1,390 @@
+//! How the tools show results: the per-file line on stderr (text, or a JSON
+//! object with `--log-format json`), the `--json` objects on stdout (one per
+//! file and a final summary) and a tree session's totals. The engine only
+//! produces the data ([`FileReport`], [`FileFailure`], [`Totals`],
+//! [`SessionOutcome`]); every byte of its presentation is decided here.
+
+use crate::engine::sender::SessionOutcome;
+use crate::engine::{FileEvent, FileFailure, FileReport, Phases, Totals};
+use crate::error::{ExitCode, XferError};
+use crate::proto::Digest;
+use crate::units::mib_per_sec;
+use serde_json::json;
+use std::time::Duration;
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// A digest as lowercase hex, without its algorithm.
+fn digest_hex(d: &Digest) -> String {
+    match d {
+        Digest::Crc32(v) => format!("{v:08x}"),
+        Digest::Sha256(b) => b.iter().map(|x| format!("{x:02x}")).collect(),
+    }
+}
+
+/// The phases as a JSON object (seconds).
+fn phases_json(p: &Phases) -> serde_json::Value {
+    json!({
+        "connect_s": p.connect.as_secs_f64(),
+        "mr_exchange_s": p.mr_exchange.as_secs_f64(),
+        "data_s": p.data.as_secs_f64(),
+        "fsync_verify_s": p.commit.as_secs_f64(),
+    })
+}
+
+/// An acknowledged file's line of text on stderr.
+pub fn file_line(r: &FileReport) -> String {
+    let secs = r.elapsed.as_secs_f64();
+    format!(
+        "{}: {} bytes in {:.3} s, {:.1} MiB/s ({} {}); connect {}, MR {}, data {}, fsync+verify {}",
+        r.name,
+        r.bytes,
+        secs,
+        mib_per_sec(r.bytes, secs),
+        r.digest.alg().as_str(),
+        digest_hex(&r.digest),
+        ms(r.phases.connect),
+        ms(r.phases.mr_exchange),
+        ms(r.phases.data),
+        ms(r.phases.commit),
+    )
+}
+
+/// An acknowledged file's line on stderr as one JSON object (for
+/// `--log-format json`).
+pub fn file_log_json(r: &FileReport) -> serde_json::Value {
+    let secs = r.elapsed.as_secs_f64();
+    json!({
+        "event": "file done",
+        "file": r.name,
+        "bytes": r.bytes,
+        "seconds": secs,
+        "mib_per_s": mib_per_sec(r.bytes, secs),
+        "digest_alg": r.digest.alg().as_str(),
+        "digest": digest_hex(&r.digest),
+        "phases": phases_json(&r.phases),
+    })
+}
+
+/// The summary for stderr: a line of text, or a JSON object when the logs
+/// are JSON.
+pub fn summary_for_log(report: &FileReport, json: bool) -> String {
+    if json {
+        file_log_json(report).to_string()
+    } else {
+        file_line(report)
+    }
+}
+
+/// A failed file's line on stderr: text, or a JSON object when the logs
+/// are JSON.
+pub fn failure_for_log(f: &FileFailure, json: bool) -> String {
+    if json {
+        json!({
+            "event": "file failed", "file": f.name,
+            "exit_code": f.exit_code as u8, "message": f.reason,
+        })
+        .to_string()
+    } else {
+        format!("{}: {}", f.name, f.reason)
+    }
+}
+
+/// An acknowledged file's result for `--json` (one line on stdout).
+pub fn report_json(r: &FileReport) -> serde_json::Value {
+    let secs = r.elapsed.as_secs_f64();
+    json!({
+        "event": "file",
+        "name": r.name,
+        "bytes": r.bytes,
+        "seconds": secs,
+        "mib_per_s": mib_per_sec(r.bytes, secs),
+        "digest_alg": r.digest.alg().as_str(),
+        "digest": digest_hex(&r.digest),
+        "status": ExitCode::Ok.as_str(),
+        "exit_code": ExitCode::Ok as u8,
+        "phases": phases_json(&r.phases),
+    })
+}
+
+/// A failed file's result for `--json` (one line on stdout).
+pub fn failure_json(f: &FileFailure) -> serde_json::Value {
+    json!({
+        "event": "file",
+        "name": f.name,
+        "bytes": f.bytes,
+        "seconds": f.elapsed.as_secs_f64(),
+        "mib_per_s": null,
+        "digest_alg": f.digest_alg.as_str(),
+        "digest": null,
+        "status": f.exit_code.as_str(),
+        "exit_code": f.exit_code as u8,
+        "reason": f.reason,
+    })
+}
+
+/// A file's result for `--json`, acknowledged or failed.
+pub fn event_json(event: FileEvent<'_>) -> serde_json::Value {
+    match event {
+        FileEvent::Done(r) => report_json(r),
+        FileEvent::Failed(f) => failure_json(f),
+    }
+}
+
+/// The final `--json` summary object: `seconds` is the connection set-up
+/// plus every file's HELLO-to-ACK time; `outcome` is the tool's final
+/// result.
+pub fn totals_json(t: &Totals, outcome: Result<(), &XferError>) -> serde_json::Value {
+    let secs = (t.connect + t.file_time).as_secs_f64();
+    let mut v = json!({
+        "event": "summary",
+        "files": t.files,
+        "failed": t.failed,
+        "bytes": t.bytes,
+        "seconds": secs,
+        "mib_per_s": mib_per_sec(t.bytes, secs),
+        "phases": {
+            "connect_s": t.connect.as_secs_f64(),
+            "mr_exchange_s": t.mr_exchange.as_secs_f64(),
+            "data_s": t.data.as_secs_f64(),
+            "fsync_verify_s": t.commit.as_secs_f64(),
+        },
+    });
+    let code = outcome.map_or_else(|e| e.exit_code(), |()| ExitCode::Ok);
+    v["status"] = code.as_str().into();
+    v["exit_code"] = (code as u8).into();
+    if let Err(e) = outcome {
+        v["reason"] = e.to_string().into();
+    }
+    v
+}
+
+/// Totals of a session (printed for trees): how many files and
+/// directories, how fast in files per second and MiB/s.
+pub fn session_summary_line(outcome: &SessionOutcome) -> String {
+    let secs = outcome.elapsed.as_secs_f64();
+    let bytes: u64 = outcome.files.iter().map(|f| f.bytes).sum();
+    let files = outcome.files.len();
+    let per_sec = if secs > 0.0 { files as f64 / secs } else { 0.0 };
+    let mut line = format!(
+        "total: {files} files and {} directories, {bytes} bytes in {secs:.3} s: {per_sec:.1} files/s, {:.1} MiB/s",
+        outcome.directories,
+        mib_per_sec(bytes, secs),
+    );
+    if outcome.skipped > 0 {
+        line.push_str(&format!(
+            "; {} links or special files skipped",
+            outcome.skipped
+        ));
+    }
+    line
+}
+
+/// The session totals for stderr: a line of text, or one JSON object.
+pub fn session_summary(outcome: &SessionOutcome, json: bool) -> String {
+    if json {
+        let secs = outcome.elapsed.as_secs_f64();
+        let bytes: u64 = outcome.files.iter().map(|f| f.bytes).sum();
+        let files = outcome.files.len();
+        let line = json!({
+            "event": "session done",
+            "files": files,
+            "directories": outcome.directories,
+            "skipped": outcome.skipped,
+            "bytes": bytes,
+            "seconds": secs,
+            "files_per_s": if secs > 0.0 { files as f64 / secs } else { 0.0 },
+            "mib_per_s": mib_per_sec(bytes, secs),
+        });
+        line.to_string()
+    } else {
+        session_summary_line(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::DigestAlg;
+
+    fn report(name: &str, bytes: u64, secs: f64) -> FileReport {
+        FileReport {
+            name: name.into(),
+            bytes,
+            elapsed: Duration::from_secs_f64(secs),
+            digest: Digest::Crc32(0x0102_0a0b),
+            phases: Phases {
+                connect: Duration::from_millis(2),
+                mr_exchange: Duration::from_millis(1),
+                data: Duration::from_secs_f64(secs - 0.01),
+                commit: Duration::from_millis(5),
+            },
+        }
+    }
+
+    #[test]
+    fn result_objects() {
+        let r = report("a.bin", 1 << 21, 2.0);
+        let v = report_json(&r);
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "event",
+                "name",
+                "bytes",
+                "seconds",
+                "mib_per_s",
+                "digest_alg",
+                "digest",
+                "status",
+                "exit_code",
+                "phases"
+            ]
+        );
+        assert_eq!(v["name"], "a.bin");
+        assert_eq!(v["mib_per_s"], 1.0);
+        assert_eq!(v["digest"], "01020a0b");
+        assert_eq!(v["status"], "ok");
+        assert_eq!(v["phases"]["fsync_verify_s"], 0.005);
+        let err = XferError::Rejected {
+            code: "file exists",
+            reason: "b.bin already exists".into(),
+        };
+        let f = FileFailure::new(
+            "b.bin",
+            7,
+            DigestAlg::Sha256,
+            Duration::from_millis(3),
+            Duration::from_millis(2),
+            &err,
+            false,
+        );
+        let v = failure_json(&f);
+        assert_eq!(v["status"], "rejected");
+        assert_eq!(v["exit_code"], 4);
+        assert_eq!(v["bytes"], 7);
+        assert_eq!(v["digest_alg"], "sha256");
+        assert!(v["digest"].is_null() && v["mib_per_s"].is_null());
+        assert_eq!(
+            v["reason"],
+            "rejected by the receiver (file exists): b.bin already exists"
+        );
+        // One line each: what --json prints.
+        assert!(!v.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn totals_sum_files_and_count_connect_once() {
+        let mut t = Totals::default();
+        let a = report("a", 1 << 20, 0.5);
+        let b = report("b", 1 << 20, 0.5);
+        let err = XferError::PeerLost("gone".into());
+        let c = FileFailure::new(
+            "c",
+            9,
+            DigestAlg::Crc32,
+            Duration::from_millis(1000),
+            Duration::from_millis(2),
+            &err,
+            true,
+        );
+        t.add(FileEvent::Done(&a));
+        t.add(FileEvent::Done(&b));
+        t.add(FileEvent::Failed(&c));
+        let v = totals_json(&t, Err(&err));
+        assert_eq!(v["files"], 2);
+        assert_eq!(v["failed"], 1);
+        assert_eq!(v["bytes"], 2 << 20);
+        assert_eq!(v["seconds"], 2.002);
+        assert_eq!(v["phases"]["connect_s"], 0.002);
+        assert_eq!(v["phases"]["mr_exchange_s"], 0.002);
+        assert_eq!(v["status"], "timeout_or_peer_lost");
+        assert_eq!(v["exit_code"], 7);
+        assert_eq!(v["reason"], "peer lost: gone");
+        let ok = totals_json(&Totals::default(), Ok(()));
+        assert_eq!(
+            (ok["status"].as_str(), ok["exit_code"].as_u64()),
+            (Some("ok"), Some(0))
+        );
+        assert!(ok.get("reason").is_none());
+        assert_eq!(ok["mib_per_s"], 0.0);
+    }
+
+    #[test]
+    fn tree_session_summary() {
+        let report = |bytes| FileReport {
+            name: "t/f".into(),
+            bytes,
+            elapsed: Duration::from_millis(5),
+            digest: Digest::Crc32(0),
+            phases: Phases::default(),
+        };
+        let outcome = SessionOutcome {
+            files: vec![report(1000), report(48_576)],
+            directories: 3,
+            skipped: 2,
+            elapsed: Duration::from_millis(500),
+            first_error: None,
+        };
+        assert_eq!(
+            session_summary(&outcome, false),
+            "total: 2 files and 3 directories, 49576 bytes in 0.500 s: 4.0 files/s, 0.1 MiB/s; \
+             2 links or special files skipped"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&session_summary(&outcome, true)).expect("JSON");
+        assert_eq!(v["event"], "session done");
+        assert_eq!(v["files"], 2);
+        assert_eq!(v["directories"], 3);
+        assert_eq!(v["files_per_s"], 4.0);
+    }
+    #[test]
+    fn stderr_lines() {
+        let r = report("a.bin", 1 << 21, 2.0);
+        assert_eq!(
+            summary_for_log(&r, false),
+            "a.bin: 2097152 bytes in 2.000 s, 1.0 MiB/s (crc32 01020a0b); \
+             connect 2.0 ms, MR 1.0 ms, data 1990.0 ms, fsync+verify 5.0 ms"
+        );
+        let v: serde_json::Value = serde_json::from_str(&summary_for_log(&r, true)).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "event",
+                "file",
+                "bytes",
+                "seconds",
+                "mib_per_s",
+                "digest_alg",
+                "digest",
+                "phases"
+            ]
+        );
+        assert_eq!(v["event"], "file done");
+        let mut sha = r.clone();
+        sha.digest = Digest::Sha256([0xab; 32]);
+        assert!(file_line(&sha).contains(&format!("(sha256 {})", "ab".repeat(32))));
+        let err = XferError::Integrity("crc mismatch".into());
+        let f = FileFailure::new(
+            "c.bin",
+            1,
+            DigestAlg::Crc32,
+            Duration::ZERO,
+            Duration::ZERO,
+            &err,
+            false,
+        );
+        assert_eq!(
+            failure_for_log(&f, false),
+            "c.bin: integrity check failed: crc mismatch"
+        );
+        assert_eq!(
+            failure_for_log(&f, true),
+            r#"{"event":"file failed","file":"c.bin","exit_code":5,"message":"integrity check failed: crc mismatch"}"#
+        );
+    }
+}
