@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the RDMA test binaries (tests/e2e.rs, faults.rs, sessions.rs, auth.rs,
 # hostile.rs, json.rs, pipes.rs) on a real RDMA stack: on this host if it has
-# one, else in the SoftRoCE guest (one boot for all). They must be built
+# one, else in the SoftRoCE guest, once on each tested guest kernel: Debian
+# 12's 6.1 and Debian 13's 6.12 (one boot per kernel, all test binaries in
+# it; RXFER_GUEST_KERNELS="6.1" or "6.12" picks one). They must be built
 # already (make build). Tests run one at a time:
 # the guest has 2 vCPUs and parallel transfers would only measure contention.
 # Extra arguments go to each test binary (e.g. a name filter, --nocapture).
@@ -17,4 +19,4 @@ for t in e2e sessions auth hostile json pipes faults; do
   [[ -x $exe ]] || { echo "e2e: test binary $t not found; run make build first" >&2; exit 1; }
   cmd+="${cmd:+ && }$exe --test-threads=1 $*"
 done
-exec scripts/with-rdma.sh -t 3000 "$cmd"
+RXFER_GUEST_KERNELS=${RXFER_GUEST_KERNELS:-6.1 6.12} exec scripts/with-rdma.sh -t 1800 "$cmd"
