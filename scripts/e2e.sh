@@ -11,8 +11,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmd=""
-# faults runs last, and its wire-cut case last within it: a link flap is the
-# most disruptive thing the suite does to the guest (see scripts/guest/wire.sh).
+# faults runs last, and its wire-cut case last within it: cutting the wire
+# (every packet dropped both ways, scripts/guest/wire.sh) is the most
+# disruptive thing the suite does to the guest.
 for t in e2e sessions auth hostile json pipes faults; do
   exe=$(cargo test --release --locked --test "$t" --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep "/$t-" | tail -1)
