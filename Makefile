@@ -10,14 +10,20 @@ RELEASE_DIR ?= target/release
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build lint unit fuzz e2e test demo bench install clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench install clean
 
 all: build
 
+# The Rust toolchain and the build packages only (apt is not touched when
+# they are installed). The SoftRoCE guest (its host packages and kernels) is
+# prepared by scripts/guest/run.sh, only by the targets that boot it (e2e,
+# demo, bench) and only on a host without RDMA of its own.
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
 	scripts/install-deps.sh --build
-	scripts/guest/prepare.sh -q
+
+lint-deps: deps
+	scripts/install-deps.sh --lint
 
 # The fault-injection build (test-only switches, and the rxfer-raw-client
 # binary of tests/hostile.rs) goes to its own target dir so that release
@@ -26,7 +32,10 @@ build: deps
 	$(CARGO) build --release --locked --all-targets
 	$(CARGO) build --release --locked --features fault-injection --target-dir target/fault-injection --bins
 
-lint: deps
+# shellcheck over every shell script under scripts/ (recursively), including
+# the sourced scripts/lib.sh; -x follows the `source` directives.
+lint: lint-deps
+	find scripts .ci -type f \( -name '*.sh' -o -name run \) -print0 | sort -z | xargs -0 shellcheck -x
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
 	$(CARGO) clippy --release --locked --features fault-injection --target-dir target/fault-injection --all-targets -- -D warnings
@@ -47,7 +56,9 @@ fuzz: deps
 	PROPTEST_CASES=$(FUZZ_DECODE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 decode_
 	PROPTEST_CASES=$(FUZZ_MACHINE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 machine_
 
-# The end-to-end suite on real RDMA (this host, or the SoftRoCE guest).
+# The end-to-end suite on real RDMA: this host if it has RDMA, else the
+# SoftRoCE guest, once per kernel in RXFER_GUEST_KERNELS (default "6.1 6.12",
+# one boot each; see scripts/e2e.sh).
 e2e: build
 	scripts/e2e.sh
 

@@ -7,30 +7,20 @@
 # Usage: scripts/small-files.sh [-n FILES] [-s SIZE_BYTES]
 # Env:   RXFER_ADDR_A (receiver), RXFER_ADDR_B (sender's source), RXFER_BIN_DIR.
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 FILES=1000 SIZE=4096
 while getopts 'n:s:h' o; do
   case $o in
     n) FILES=$OPTARG ;;
     s) SIZE=$OPTARG ;;
-    *) sed -n '2,9p' "$0" >&2; exit 2 ;;
+    *) rx_usage 2 ;;
   esac
 done
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${RXFER_BIN_DIR:-$root/target/release}
-A=${RXFER_ADDR_A:?set RXFER_ADDR_A (receiver address) or run inside the guest}
-source_opt=()
-[[ -n ${RXFER_ADDR_B:-} ]] && source_opt=(--source "$RXFER_ADDR_B")
-port=${RXFER_PORT:-7472}
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/rxfer-small.XXXXXX")
-cleanup() {
-  rm -rf "$work"
-  return 0
-}
-trap cleanup EXIT
-
+rx_xfer_init 7472 rxfer-small
+work=$RX_WORK
 mkdir -p "$work/tree" "$work/one"
 head -c "$((FILES * SIZE))" /dev/urandom >"$work/one/all.bin"
 # Few processes: each one is slow to start under emulation.
@@ -46,31 +36,18 @@ done
 # One receiver --once into $1, then the sender with the remaining arguments;
 # sets `took` to the sender's wall time in seconds.
 timed_transfer() {
-  local out=$1 rpid t0 t1
+  local out=$1
   shift
   mkdir -p "$out"
-  "$bin/receiver" --once --bind "$A" --port "$port" --dir "$out" -v \
-    </dev/null >/dev/null 2>"$work/receiver.log" &
-  rpid=$!
-  for ((w = 0; w < 600; w++)); do
-    grep -q listening "$work/receiver.log" && break
-    sleep 0.05
-  done
-  t0=$(date +%s%N)
-  if ! "$bin/sender" "${source_opt[@]}" --port "$port" -q "$@" </dev/null >/dev/null 2>"$work/sender.log"; then
-    cat "$work/sender.log" "$work/receiver.log" >&2
-    kill "$rpid" 2>/dev/null
-    exit 1
-  fi
-  t1=$(date +%s%N)
-  wait "$rpid" || { cat "$work/receiver.log" >&2; exit 1; }
-  took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+  rx_start_receiver --dir "$out" -v
+  rx_send_timed -q "$@"
+  took=$(awk -v us="$RX_TOOK_US" 'BEGIN { printf "%.3f", us / 1e6 }')
 }
 
-timed_transfer "$work/out-tree" -r "$A" "$work/tree"
+timed_transfer "$work/out-tree" -r "$RX_A" "$work/tree"
 tree_s=$took
 diff -r "$work/tree" "$work/out-tree/tree" >/dev/null || { echo "small-files: tree differs" >&2; exit 1; }
-timed_transfer "$work/out-one" "$A" "$work/one/all.bin"
+timed_transfer "$work/out-one" "$RX_A" "$work/one/all.bin"
 one_s=$took
 cmp -s "$work/one/all.bin" "$work/out-one/all.bin" || { echo "small-files: file differs" >&2; exit 1; }
 

@@ -1,87 +1,108 @@
 #!/usr/bin/env bash
 # Prepare everything needed to boot the SoftRoCE test guest (see run.sh):
-#   - host packages (QEMU, rdma-core tools, busybox, ...),
-#   - a stock Debian 12 generic kernel unpacked into a private cache dir,
+#   - host packages (QEMU, rdma-core tools, busybox, ...: install-deps.sh --guest),
+#   - a stock Debian generic kernel unpacked into a private cache dir, one
+#     dir per kernel: 6.1 (Debian 12, from the machine's own apt sources) or
+#     6.12 (Debian 13, fetched through a private apt configuration that only
+#     knows `trixie main`; the machine's apt sources are never changed),
 #   - an uncompressed vmlinux (QEMU PVH boot skips in-guest decompression),
 #   - a tiny initramfs that mounts the host's / over 9p and switch_roots.
 # Idempotent; a re-run with everything in place takes well under a second.
 #
-# Usage: scripts/guest/prepare.sh [-q]
-# Env:   RXFER_GUEST_DIR   cache dir (default <repo>/target/guest)
+# Usage: scripts/guest/prepare.sh [-q] [-k 6.1|6.12]
+#   -k       the kernel (default: $RXFER_GUEST_KERNEL, else 6.1)
+# Env:   RXFER_GUEST_DIR   cache dir (default <repo>/target/guest); kernel K
+#                          goes to $RXFER_GUEST_DIR/K, with K/current.env
+#        RXFER_GUEST_KERNEL  6.1 or 6.12 (see -k)
 #        RXFER_GUEST_KPKG  kernel package to use instead of the newest
-#                          linux-image-6.1.0-N-amd64[-unsigned]
+#                          linux-image-6.1.0-N-amd64[-unsigned] (or 6.12's)
+#        RXFER_GUEST_MIRROR  Debian mirror for 6.12 (default
+#                          http://deb.debian.org/debian)
 set -euo pipefail
 
-QUIET=0
-[[ "${1:-}" == "-q" ]] && QUIET=1
+QUIET=0 KSEL=${RXFER_GUEST_KERNEL:-6.1}
+while getopts 'qk:h' o; do
+  case $o in
+    q) QUIET=1 ;;
+    k) KSEL=$OPTARG ;;
+    *) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit 2 ;;
+  esac
+done
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$SCRIPT_DIR/../.." && pwd)
-GDIR=${RXFER_GUEST_DIR:-$REPO/target/guest}
+# shellcheck source=scripts/lib.sh
+. "$REPO/scripts/lib.sh"
+RX_APT_WHO=prepare
+GROOT=${RXFER_GUEST_DIR:-$REPO/target/guest}
+GDIR=$GROOT/$KSEL
 # Bump when the layout of the cache or the initramfs changes.
-LAYOUT=4
-
-HOST_PKGS=(qemu-system-x86 kmod xz-utils busybox-static rdma-core ibverbs-utils
-  ibverbs-providers rdmacm-utils perftest iproute2 cpio util-linux coreutils)
+LAYOUT=5
 
 log() { [[ $QUIET == 1 ]] || echo "prepare: $*" >&2; }
 die() { echo "prepare: ERROR: $*" >&2; exit 1; }
 
-SUDO=()
-if [[ $(id -u) != 0 ]]; then
-  command -v sudo >/dev/null && SUDO=(sudo -n)
+case $KSEL in
+  6.1 | 6.12) ;;
+  *) die "unknown guest kernel '$KSEL' (RXFER_GUEST_KERNEL / -k): 6.1 or 6.12" ;;
+esac
+
+# apt for the kernel package: the machine's own configuration for 6.1;
+# for 6.12 a private one (sources, lists and cache under $GDIR/apt) that only
+# adds Debian 13's `trixie main` for this one download.
+APT_OPTS=(-o APT::Sandbox::User=root)
+if [[ $KSEL == 6.12 ]]; then
+  APT_DIR=$GDIR/apt
+  APT_OPTS+=(-o "Dir::Etc::sourcelist=$APT_DIR/sources.list" -o Dir::Etc::sourceparts=/dev/null
+    -o "Dir::State::Lists=$APT_DIR/lists" -o "Dir::Cache=$APT_DIR/cache"
+    -o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
+    -o Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false
+    -o Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false
+    -o Acquire::IndexTargets::deb::CNF::DefaultEnabled=false)
 fi
-
-missing_pkgs() {
-  # One dpkg-query call (fast path); packages dpkg doesn't know print nothing.
-  dpkg-query -W -f='${Package} ${Status}\n' "${HOST_PKGS[@]}" 2>/dev/null |
-    awk -v want="${HOST_PKGS[*]}" '
-      $2 == "install" && $3 == "ok" && $4 == "installed" { ok[$1] = 1 }
-      END { n = split(want, w, " "); for (i = 1; i <= n; i++) if (!(w[i] in ok)) print w[i] }'
-}
-
-APT_UPDATED=0
-apt_update_once() {
-  [[ $APT_UPDATED == 1 ]] && return 0
-  log "apt-get update"
-  "${SUDO[@]}" apt-get update -qq </dev/null >&2 || die "apt-get update failed"
-  APT_UPDATED=1
-}
-
-install_pkgs() {
-  local missing
-  mapfile -t missing < <(missing_pkgs)
-  [[ ${#missing[@]} == 0 ]] && return 0
-  [[ $(id -u) == 0 || ${#SUDO[@]} -gt 0 ]] || die "missing packages (${missing[*]}) and not root"
-  apt_update_once
-  log "installing: ${missing[*]}"
-  local i
-  # One retry: a dpkg hiccup on a fresh machine's first install was seen once.
-  for i in 1 2; do
-    if "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-        --no-install-recommends "${missing[@]}" </dev/null >&2; then
-      return 0
-    fi
-    log "apt-get install failed (attempt $i)"
-    [[ $i == 1 ]] && { "${SUDO[@]}" dpkg --configure -a </dev/null >&2 || true; sleep 2; }
-  done
-  die "apt-get install failed: ${missing[*]}"
-}
-
-# Newest generic 6.1.0-N-amd64 image package (never -cloud, -rt or -dbg).
-pick_kernel_pkg() {
-  local names
-  names=$(apt-cache pkgnames linux-image-6.1.0- 2>/dev/null |
-    grep -E '^linux-image-6\.1\.0-[0-9]+-amd64(-unsigned)?$' | sort -V || true)
-  if [[ -z $names ]]; then
-    apt_update_once
-    names=$(apt-cache pkgnames linux-image-6.1.0- |
-      grep -E '^linux-image-6\.1\.0-[0-9]+-amd64(-unsigned)?$' | sort -V || true)
+KDEB_UPDATED=0
+kernel_apt_update() {
+  [[ $KDEB_UPDATED == 1 ]] && return 0
+  KDEB_UPDATED=1
+  if [[ $KSEL == 6.1 ]]; then
+    rx_apt_update_once || die "apt-get update failed"
+    return 0
   fi
-  [[ -n $names ]] || die "no linux-image-6.1.0-N-amd64 package in the apt lists"
-  # sort -V puts "...-56-amd64" before "...-56-amd64-unsigned": the last
-  # line is the newest ABI, preferring -unsigned (same kernel, no signature).
-  tail -n1 <<<"$names"
+  mkdir -p "$APT_DIR/lists/partial" "$APT_DIR/cache/archives/partial"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${RXFER_GUEST_MIRROR:-http://deb.debian.org/debian} trixie main" \
+    >"$APT_DIR/sources.list"
+  log "apt-get update (private: trixie main)"
+  apt-get -q "${APT_OPTS[@]}" update </dev/null >"$APT_DIR/update.log" 2>&1 ||
+    { cat "$APT_DIR/update.log" >&2; die "apt-get update (trixie) failed"; }
+}
+
+# Newest generic image package of the chosen kernel (never -cloud, -rt or
+# -dbg); -unsigned preferred (same kernel, no signature).
+pick_kernel_pkg() {
+  local names re
+  if [[ $KSEL == 6.1 ]]; then
+    re='^linux-image-6\.1\.0-[0-9]+-amd64(-unsigned)?$'
+    names=$(apt-cache pkgnames linux-image-6.1.0- 2>/dev/null | grep -E "$re" | sort -V || true)
+    if [[ -z $names ]]; then
+      kernel_apt_update
+      names=$(apt-cache pkgnames linux-image-6.1.0- | grep -E "$re" | sort -V || true)
+    fi
+    [[ -n $names ]] || die "no linux-image-6.1.0-N-amd64 package in the apt lists"
+    # sort -V puts "...-56-amd64" before "...-56-amd64-unsigned": the last
+    # line is the newest ABI, preferring -unsigned.
+    tail -n1 <<<"$names"
+    return 0
+  fi
+  # 6.12: the suite's metapackage names the current image package.
+  kernel_apt_update
+  names=$(apt-cache "${APT_OPTS[@]}" depends linux-image-amd64 2>/dev/null |
+    sed -n 's/^ *Depends: \(linux-image-6\.12\.[0-9]*+deb13-amd64\)$/\1/p' | head -n1)
+  [[ -n $names ]] || die "trixie's linux-image-amd64 does not depend on a linux-image-6.12.N+deb13-amd64"
+  if apt-cache "${APT_OPTS[@]}" show "$names-unsigned" >/dev/null 2>&1; then
+    echo "$names-unsigned"
+  else
+    echo "$names"
+  fi
 }
 
 # Little-endian unsigned integer of $3 bytes at offset $2 of file $1.
@@ -127,9 +148,17 @@ build_initramfs() {
     awk '$1 == "insmod" && !seen[$2]++ { print $2 }' >"$d/mods.list"
   [[ -s $d/mods.list ]] || die "could not resolve initramfs modules"
   : >"$d/mod/order"
+  # busybox insmod takes plain .ko only: decompress 6.12's .ko.xz (.ko.zst).
+  local b
   while read -r m; do
-    cp "$m" "$d/mod/"
-    echo "${m##*/}" >>"$d/mod/order"
+    b=${m##*/}
+    case $m in
+      *.ko.xz) b=${b%.xz}; xz -dc "$m" >"$d/mod/$b" ;;
+      *.ko.zst) b=${b%.zst}; zstd -dcq "$m" >"$d/mod/$b" ;;
+      *.ko) cp "$m" "$d/mod/" ;;
+      *) die "unexpected module file $m" ;;
+    esac
+    echo "$b" >>"$d/mod/order"
   done <"$d/mods.list"
   rm "$d/mods.list"
   write_init "$d/init"
@@ -194,11 +223,9 @@ fast_ok() {
   [[ $layout == "$LAYOUT" && -f $kernel && -f $initrd && \
     $initrd -nt $SCRIPT_DIR/prepare.sh ]]
 }
-if fast_ok && [[ -z $(missing_pkgs) ]]; then
-  exit 0
-fi
+"$REPO/scripts/install-deps.sh" --guest || die "could not install the guest's host packages"
+fast_ok && exit 0
 
-install_pkgs
 mkdir -p "$GDIR"
 # Serialise concurrent first runs; re-check under the lock.
 exec 9>"$GDIR/.lock"
@@ -208,8 +235,7 @@ if fast_ok; then exit 0; fi
 KPKG=${RXFER_GUEST_KPKG:-}
 if [[ -z $KPKG ]]; then
   # Reuse an already-unpacked kernel rather than fetching a newer one.
-  KPKG=
-  for d in "$GDIR"/linux-image-6.1.0-*-amd64*/.unpacked; do
+  for d in "$GDIR"/linux-image-*-amd64*/.unpacked; do
     [[ -f $d ]] && KPKG=$(basename "$(dirname "$d")")
   done
   [[ -n $KPKG ]] || KPKG=$(pick_kernel_pkg)
@@ -219,9 +245,9 @@ if [[ ! -f $KDIR/.unpacked ]]; then
   log "downloading $KPKG"
   dl=$(mktemp -d "$GDIR/dl.XXXXXX")
   # Sandbox user root: the _apt user may not be able to write the cache dir.
-  if ! (cd "$dl" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" </dev/null >"$dl/log" 2>&1); then
-    apt_update_once
-    (cd "$dl" && apt-get download -q -o APT::Sandbox::User=root "$KPKG" </dev/null >"$dl/log" 2>&1) ||
+  if ! (cd "$dl" && apt-get download -q "${APT_OPTS[@]}" "$KPKG" </dev/null >"$dl/log" 2>&1); then
+    kernel_apt_update
+    (cd "$dl" && apt-get download -q "${APT_OPTS[@]}" "$KPKG" </dev/null >"$dl/log" 2>&1) ||
       { cat "$dl/log" >&2; rm -rf "$dl"; die "apt-get download $KPKG failed"; }
   fi
   log "unpacking $KPKG"
@@ -229,6 +255,12 @@ if [[ ! -f $KDIR/.unpacked ]]; then
   mkdir -p "$KDIR.tmp/root"
   dpkg -x "$dl"/*.deb "$KDIR.tmp/root"
   rm -rf "$dl"
+  # Merged /usr (6.12): modules under usr/lib/modules; depmod -b and
+  # modprobe -d look under lib/modules.
+  if [[ ! -e $KDIR.tmp/root/lib/modules && -d $KDIR.tmp/root/usr/lib/modules ]]; then
+    mkdir -p "$KDIR.tmp/root/lib"
+    ln -s ../usr/lib/modules "$KDIR.tmp/root/lib/modules"
+  fi
   rm -rf "$KDIR"
   mv "$KDIR.tmp" "$KDIR"
   touch "$KDIR/.unpacked"
@@ -239,7 +271,9 @@ for d in "$KDIR"/root/lib/modules/*/modules.order; do
   [[ -f $d ]] && KVER=$(basename "$(dirname "$d")")
 done
 [[ -n $KVER ]] || die "no modules in $KDIR"
-MODDIR=$KDIR/root/lib/modules/$KVER
+# The real directory (not through the lib/modules link): the guest links
+# /lib/modules/KVER to it.
+MODDIR=$(cd "$KDIR/root/lib/modules/$KVER" && pwd -P)
 if [[ ! -f $MODDIR/modules.dep.bin || $MODDIR/modules.dep.bin -ot $KDIR/.unpacked ]]; then
   log "depmod $KVER"
   depmod -b "$KDIR/root" "$KVER"
@@ -261,6 +295,7 @@ build_initramfs "$KDIR/root" "$KVER" "$INITRD"
 sq() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 {
   echo "LAYOUT=$LAYOUT"
+  echo "KSEL=$(sq "$KSEL")"
   echo "KVER=$(sq "$KVER")"
   echo "KERNEL=$(sq "$KERNEL")"
   echo "INITRD=$(sq "$INITRD")"

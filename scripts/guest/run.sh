@@ -3,7 +3,9 @@
 # stack: two rxe devices on the two ends of a veth pair (see
 # /work/shared/SOFTROCE-VM.md for why this is needed and how it works).
 #
-# Usage: scripts/guest/run.sh [-m MEM_MiB] [-c CPUS] [-t TIMEOUT_S] [--] 'COMMAND STRING'
+# Usage: scripts/guest/run.sh [-k 6.1|6.12] [-m MEM_MiB] [-c CPUS] [-t TIMEOUT_S] [--] 'COMMAND STRING'
+#   -k  the guest kernel: Debian 12's 6.1 (default) or Debian 13's 6.12
+#       (default: $RXFER_GUEST_KERNEL, else 6.1; see prepare.sh)
 #
 # The guest's / is the host's / (read-only 9p) with a tmpfs overlay, so host
 # binaries and target/ work at the same paths; guest writes vanish with it.
@@ -14,9 +16,11 @@
 #
 # Inside the guest: RXFER_ADDR_A=10.77.0.1 RXFER_DEV_A=rxe0 RXFER_NETDEV_A=veth0
 #   RXFER_ADDR_B=10.77.0.2 RXFER_DEV_B=rxe1 RXFER_NETDEV_B=veth1
-#   RDMA_XFER_REQUIRE_RDMA=1 IN_RXFER_GUEST=1, plus PATH, HOME, CI (if set)
+#   RDMA_XFER_REQUIRE_RDMA=1 IN_RXFER_GUEST=1 RXFER_GUEST_KERNEL=6.1|6.12,
+#   plus PATH, HOME, CI (if set)
 #   and any RXFER_*/RDMA_XFER_* variables of the host.
-# Host env: RXFER_GUEST_DIR (cache dir), RXFER_GUEST_CPU (QEMU -cpu model),
+# Host env: RXFER_GUEST_KERNEL (see -k), RXFER_GUEST_DIR (cache dir),
+#   RXFER_GUEST_CPU (QEMU -cpu model),
 #   RXFER_GUEST_KEEP=1 (keep the per-run dir), RXFER_GUEST_ROOT_CACHE
 #   (9p cache mode of the root share: loose (default) or none).
 set -euo pipefail
@@ -120,12 +124,13 @@ fi
 
 # ================================================================ host side
 usage() {
-  sed -n '6p' "${BASH_SOURCE[0]}" | sed 's/^# //' >&2
+  sed -n '6,8p' "${BASH_SOURCE[0]}" | sed 's/^# //' >&2
   exit 2
 }
-MEM=4096 CPUS=2 TIMEOUT=3600
+MEM=4096 CPUS=2 TIMEOUT=3600 KSEL=${RXFER_GUEST_KERNEL:-6.1}
 while [[ $# -gt 0 ]]; do
   case $1 in
+    -k) KSEL=$2; shift 2 ;;
     -m) MEM=$2; shift 2 ;;
     -c) CPUS=$2; shift 2 ;;
     -t) TIMEOUT=$2; shift 2 ;;
@@ -155,11 +160,11 @@ case $PWD/ in
     exit 125 ;;
 esac
 GDIR=${RXFER_GUEST_DIR:-$REPO/target/guest}
-export RXFER_GUEST_DIR=$GDIR
+export RXFER_GUEST_DIR=$GDIR RXFER_GUEST_KERNEL=$KSEL
 
-"$SCRIPT_DIR/prepare.sh" -q || { echo "run.sh: prepare.sh failed" >&2; exit 125; }
+"$SCRIPT_DIR/prepare.sh" -q -k "$KSEL" || { echo "run.sh: prepare.sh -k $KSEL failed" >&2; exit 125; }
 # shellcheck source=/dev/null
-. "$GDIR/current.env"
+. "$GDIR/$KSEL/current.env"
 
 # Per-run dir: console log, QEMU log and the writable 9p share "io".
 mkdir -p "$GDIR/runs"
