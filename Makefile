@@ -42,7 +42,7 @@ lint: lint-deps
 
 # Pure logic and CLI tests on this host (no RDMA needed).
 unit: build
-	$(CARGO) test --release --locked --lib --bins --test cli --test fuzz_proto
+	$(CARGO) test --release --locked --lib --bins --test cli --test fuzz_proto --test compile_fail
 
 # Long property-based fuzzing of the codec and both session state machines
 # (tests/fuzz_proto.rs; `make unit` runs the same properties briefly):
