@@ -141,13 +141,20 @@ fn completion_error(ep: &crate::sys::rdma::Endpoint, e: crate::sys::SysError) ->
     }
 }
 
-/// Kinds of work requests, kept in the top byte of wr_id.
-mod wr {
+/// Kinds of work requests, kept in the top byte of wr_id (the low bits
+/// name the buffer or the chunk). Public for the test tools that speak
+/// to a receiver the way the sender does.
+pub mod wr {
+    /// A posted receive.
     pub const RECV: u64 = 1 << 56;
+    /// A control-message SEND.
     pub const SEND: u64 = 2 << 56;
+    /// A data RDMA WRITE (WITH IMM).
     pub const WRITE: u64 = 3 << 56;
+    /// The bits that hold the kind.
     pub const KIND_MASK: u64 = 0xff << 56;
 
+    /// The kind of a work-request id.
     pub fn kind(wr_id: u64) -> u64 {
         wr_id & KIND_MASK
     }

@@ -202,6 +202,21 @@ impl RejectCode {
             Self::Auth => "authentication failed",
         }
     }
+
+    /// A stable one-word name, for scripts (JSON, test tools).
+    pub const fn slug(self) -> &'static str {
+        match self {
+            Self::BadName => "bad-name",
+            Self::Exists => "exists",
+            Self::TooLarge => "too-large",
+            Self::Version => "version",
+            Self::NoSpace => "no-space",
+            Self::Busy => "busy",
+            Self::Io => "io",
+            Self::Protocol => "protocol",
+            Self::Auth => "auth",
+        }
+    }
 }
 
 impl fmt::Display for RejectCode {
@@ -248,6 +263,17 @@ impl AckStatus {
             Self::Integrity => "integrity check failed",
             Self::Io => "I/O error",
             Self::Protocol => "protocol error",
+            Self::Rejected => "rejected",
+        }
+    }
+
+    /// A stable one-word name, for scripts (JSON, test tools).
+    pub const fn slug(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Integrity => "integrity",
+            Self::Io => "io",
+            Self::Protocol => "protocol",
             Self::Rejected => "rejected",
         }
     }
@@ -1508,6 +1534,18 @@ pub(crate) mod tests {
             "unknown CHALLENGE flags 0x0002"
         );
         assert_eq!(RejectCode::Exists.to_string(), "file exists");
+        // Slugs are what scripts match on: distinct, lowercase, no spaces.
+        let slugs: std::collections::HashSet<_> = RejectCode::ALL.map(RejectCode::slug).into();
+        assert_eq!(slugs.len(), RejectCode::ALL.len());
+        let statuses: std::collections::HashSet<_> = AckStatus::ALL.map(AckStatus::slug).into();
+        assert_eq!(statuses.len(), AckStatus::ALL.len());
+        for s in slugs.iter().chain(&statuses) {
+            assert!(
+                s.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+                "{s}"
+            );
+        }
+        assert_eq!(RejectCode::BadName.slug(), "bad-name");
         assert_eq!(AckStatus::Integrity.as_str(), "integrity check failed");
         assert_eq!(Digest::Crc32(0xab).to_string(), "crc32:000000ab");
         assert_eq!(

@@ -261,22 +261,13 @@ impl Session<'_> {
         let hello_at = Instant::now();
         if hello.is_directory() {
             info!(dir = %hello.name, "directory");
-            let reply = match self.store.make_dir(&hello) {
-                Ok(()) => self.machine.accept_directory(),
-                Err((code, reason)) => {
-                    warn!(dir = %hello.name, code = code.as_str(), "refused: {reason}");
-                    let err = XferError::Rejected {
-                        code: code.as_str(),
-                        reason: reason.clone(),
-                    };
-                    let elapsed = hello_at.elapsed();
-                    self.report_failure(&hello.name, 0, hello.digest, elapsed, &err, false);
-                    self.first_error.get_or_insert(err);
-                    self.machine.reject(code, reason)
+            return match self.store.make_dir(&hello) {
+                Ok(()) => {
+                    let reply = self.machine.accept_directory()?;
+                    self.control.send(&self.ep, &reply)
                 }
-            }
-            .map_err(XferError::from)?;
-            return self.control.send(&self.ep, &reply);
+                Err(refusal) => self.refuse(&hello, hello_at, refusal),
+            };
         }
         if hello.is_stream() {
             info!(file = %hello.name, "offer of a stream (size unknown)");
@@ -311,19 +302,29 @@ impl Session<'_> {
                 self.file = Some(file);
                 Ok(())
             }
-            Err((code, reason)) => {
-                warn!(file = %hello.name, code = code.as_str(), "refused: {reason}");
-                let err = XferError::Rejected {
-                    code: code.as_str(),
-                    reason: reason.clone(),
-                };
-                let elapsed = hello_at.elapsed();
-                self.report_failure(&hello.name, hello.size, hello.digest, elapsed, &err, false);
-                self.first_error.get_or_insert(err);
-                let reply = self.machine.reject(code, reason).map_err(XferError::from)?;
-                self.control.send(&self.ep, &reply)
-            }
+            Err(refusal) => self.refuse(&hello, hello_at, refusal),
         }
+    }
+
+    /// Refuses an offer: logs and reports it, and sends the machine's REJECT.
+    fn refuse(
+        &mut self,
+        hello: &Hello,
+        hello_at: Instant,
+        (code, reason): Refusal,
+    ) -> Result<(), XferError> {
+        warn!(name = %hello.name, code = code.as_str(), "refused: {reason}");
+        let err = XferError::Rejected {
+            code: code.as_str(),
+            reason: reason.clone(),
+        };
+        // A directory has no size to report.
+        let size = if hello.is_directory() { 0 } else { hello.size };
+        let elapsed = hello_at.elapsed();
+        self.report_failure(&hello.name, size, hello.digest, elapsed, &err, false);
+        self.first_error.get_or_insert(err);
+        let reply = self.machine.reject(code, reason)?;
+        self.control.send(&self.ep, &reply)
     }
 
     /// Opens where the offered file goes (see `FileStore::create`) and

@@ -1,0 +1,490 @@
+//! The connection: rdma_cm, the client's buffers, and the steps run on it.
+
+use crate::output::{describe, hex, say};
+use crate::steps::{Imm, Step};
+use crate::{Args, Failure};
+use rdma_xfer::cli::resolve;
+use rdma_xfer::engine::wr;
+use rdma_xfer::proto::{MAX_MESSAGE, Message, NONCE_LEN, RingInfo, Token, decode, encode_to_vec};
+use rdma_xfer::sys::SysError;
+use rdma_xfer::sys::rdma::{
+    Buffer, BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, RemoteTarget, WcOpcode,
+};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+const RECV_BUFS: usize = 32;
+/// Receive buffers are larger than any frame the receiver may send.
+const RECV_BUF: usize = 2 * MAX_MESSAGE;
+/// Room for oversized raw frames.
+const SEND_BUF: usize = 64 << 10;
+
+/// A received message (or undecodable frame), kept until an `expect` takes it.
+struct Inbound {
+    kind: String,
+}
+
+pub(crate) struct Client {
+    ep: Endpoint,
+    recv_pool: BufferPool,
+    send_pool: BufferPool,
+    /// The one send buffer, when not posted.
+    send_buf: Option<Buffer>,
+    /// The data buffer for writes (a pool of one slot) and its buffer when
+    /// not posted.
+    data: Option<(BufferPool, Option<Buffer>)>,
+    ring: Option<RingInfo>,
+    /// Nonce of the last CHALLENGE received.
+    nonce: Option<[u8; NONCE_LEN]>,
+    /// Chunks written into the current ring (slot = seq % slot_count).
+    seq: u64,
+    inbox: VecDeque<Inbound>,
+    /// Work requests of ours not completed yet (sends and writes).
+    outstanding: u32,
+    disconnected: bool,
+    /// Set once a work request failed: the QP is in the error state.
+    broken: Option<String>,
+    timeout: Duration,
+    wcs: Vec<Completion>,
+}
+
+impl Client {
+    pub(crate) fn connect(args: &Args) -> Result<Self, Failure> {
+        let timeout = Duration::from_secs(args.timeout.max(1));
+        let host = args.addr.as_deref().unwrap_or_default();
+        let addr = resolve(host, args.port).map_err(|e| Failure::Connect(e.to_string()))?;
+        let c = |e: SysError| Failure::Connect(format!("{addr}: {e}"));
+        let channel = EventChannel::new().map_err(c)?;
+        let id = CmId::new(&channel).map_err(c)?;
+        id.resolve(args.source, addr, timeout).map_err(c)?;
+        let caps = QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: RECV_BUFS as u32,
+        };
+        let ep = Endpoint::new(id, caps, false).map_err(c)?;
+        let (recv_pool, recv_bufs) = BufferPool::new(ep.pd(), RECV_BUF, RECV_BUFS).map_err(c)?;
+        let (send_pool, mut send_bufs) = BufferPool::new(ep.pd(), SEND_BUF, 1).map_err(c)?;
+        for buf in recv_bufs {
+            let wr_id = wr::RECV | buf.index() as u64;
+            ep.post_recv(&recv_pool, buf, wr_id).map_err(c)?;
+        }
+        ep.cm_id().connect(timeout).map_err(c)?;
+        eprintln!("raw-client: connected to {addr}");
+        Ok(Client {
+            ep,
+            recv_pool,
+            send_pool,
+            send_buf: send_bufs.pop(),
+            data: None,
+            ring: None,
+            nonce: None,
+            seq: 0,
+            inbox: VecDeque::new(),
+            outstanding: 0,
+            disconnected: false,
+            broken: None,
+            timeout,
+            wcs: Vec::with_capacity(32),
+        })
+    }
+
+    pub(crate) fn run(&mut self, step: &Step) -> Result<(), Failure> {
+        match step {
+            Step::Raw(bytes) => self.send(bytes, "raw frame"),
+            Step::Msg(msg) => {
+                let bytes = encode_to_vec(msg)
+                    .map_err(|e| Failure::Usage(format!("cannot encode {}: {e}", msg.kind())))?;
+                self.send(&bytes, &describe(msg))
+            }
+            Step::Auth(token) => {
+                let mac = match Token::new(token.clone()) {
+                    None => Vec::new(),
+                    Some(t) => t.mac(&self.await_challenge()?).to_vec(),
+                };
+                self.run(&Step::Msg(Message::Auth { mac }))
+            }
+            Step::Writes { count, len, imm } => self.writes(*count, *len, *imm),
+            Step::WritesTo {
+                addr,
+                rkey,
+                count,
+                len,
+                imm,
+            } => self.writes_to(*addr, *rkey, *count, *len, *imm),
+            Step::Expect(kinds) => self.expect(kinds),
+            Step::ExpectDisconnect => self.expect_disconnect(),
+            Step::Sleep(d) => {
+                std::thread::sleep(*d);
+                self.pump(Duration::ZERO)
+            }
+            Step::WaitFile(path) => self.wait_file(path),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8], what: &str) -> Result<(), Failure> {
+        self.usable()?;
+        let mut buf = self
+            .send_buf
+            .take()
+            .ok_or_else(|| Failure::Ended("the send buffer was lost with a failed SEND".into()))?;
+        match self.send_pool.bytes_mut(&mut buf, bytes.len()) {
+            Ok(slot) => slot.copy_from_slice(bytes),
+            Err(e) => {
+                self.send_buf = Some(buf);
+                return Err(Failure::Usage(format!(
+                    "frame of {} bytes: {e}",
+                    bytes.len()
+                )));
+            }
+        }
+        self.ep
+            .post_send(&self.send_pool, buf, bytes.len(), wr::SEND)
+            .map_err(|e| Failure::Ended(format!("cannot post a SEND: {e}")))?;
+        self.outstanding += 1;
+        eprintln!("raw-client: sent {what} ({} bytes)", bytes.len());
+        // One send buffer: wait until the NIC is done with it.
+        self.drain_outstanding("the SEND to complete")
+    }
+
+    fn writes(&mut self, count: u32, len: Option<u32>, imm: Imm) -> Result<(), Failure> {
+        self.usable()?;
+        let ring = self
+            .ring
+            .ok_or_else(|| Failure::Usage("writes: no MR received yet".into()))?;
+        let len = len.unwrap_or(ring.slot_size) as usize;
+        for _ in 0..count {
+            let seq = self.seq;
+            let slot = seq % u64::from(ring.slot_count.max(1));
+            let remote = ring
+                .addr
+                .wrapping_add(slot.wrapping_mul(u64::from(ring.slot_size)));
+            let imm = self.write(len, seq, remote, ring.rkey, imm)?;
+            self.seq += 1;
+            eprintln!("raw-client: wrote chunk {seq} ({len} bytes, imm {imm:08x}) to slot {slot}");
+            if self.broken.is_some() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes to wherever we are told, not where the protocol says: the
+    /// data of write `i` is the pattern of chunk `i`.
+    fn writes_to(
+        &mut self,
+        addr: Option<u64>,
+        rkey: Option<u32>,
+        count: u32,
+        len: Option<u32>,
+        imm: Imm,
+    ) -> Result<(), Failure> {
+        self.usable()?;
+        let own = || {
+            self.ring
+                .ok_or_else(|| Failure::Usage("writes-to: 'own' but no MR received yet".into()))
+        };
+        let addr = match addr {
+            Some(a) => a,
+            None => own()?.addr,
+        };
+        let rkey = match rkey {
+            Some(k) => k,
+            None => own()?.rkey,
+        };
+        let len = len.or(self.ring.map(|r| r.slot_size)).unwrap_or(4096) as usize;
+        for i in 0..u64::from(count) {
+            let remote = addr.wrapping_add(i.wrapping_mul(len as u64));
+            eprintln!("raw-client: writing {len} bytes to {remote:#x} with rkey {rkey:#x}");
+            self.write(len, i, remote, rkey, imm)?;
+            if self.broken.is_some() {
+                break;
+            }
+            say(&format!(
+                "WRITE_OK addr={remote:#x} rkey={rkey:#x} len={len}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// One RDMA WRITE_WITH_IMM of `len` bytes of the pattern of chunk `seq`,
+    /// waited for (a failure sets `broken` and prints WR_FAILED); returns
+    /// the immediate sent.
+    fn write(
+        &mut self,
+        len: usize,
+        seq: u64,
+        remote: u64,
+        rkey: u32,
+        imm: Imm,
+    ) -> Result<u32, Failure> {
+        if self
+            .data
+            .as_ref()
+            .is_none_or(|(pool, buf)| pool.slot_size() < len.max(1) || buf.is_none())
+        {
+            let (pool, mut bufs) = BufferPool::new(self.ep.pd(), len.max(1), 1)
+                .map_err(|e| Failure::Usage(format!("cannot register {len} bytes: {e}")))?;
+            self.data = Some((pool, bufs.pop()));
+        }
+        let Some((pool, Some(mut buf))) = self.data.take() else {
+            return Err(Failure::Usage("no data buffer".into()));
+        };
+        let data = pool
+            .bytes_mut(&mut buf, len)
+            .map_err(|e| Failure::Usage(e.to_string()))?;
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i as u64).wrapping_mul(31).wrapping_add(seq) as u8;
+        }
+        let crc = crc32fast::hash(data);
+        let imm = match imm {
+            Imm::Crc => crc,
+            Imm::Bad => !crc,
+            Imm::Value(v) => v,
+        };
+        let target = RemoteTarget { addr: remote, rkey };
+        let posted = self
+            .ep
+            .post_write_imm(&pool, buf, len, target, imm, wr::WRITE | seq)
+            .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")));
+        // The buffer comes back with the completion (see on_completion).
+        self.data = Some((pool, None));
+        posted?;
+        self.outstanding += 1;
+        self.drain_outstanding("the RDMA write to complete")?;
+        Ok(imm)
+    }
+
+    /// Waits for a file to appear (the test's go-ahead), handling whatever
+    /// arrives meanwhile.
+    fn wait_file(&mut self, path: &std::path::Path) -> Result<(), Failure> {
+        eprintln!("raw-client: waiting for {}", path.display());
+        let deadline = Instant::now() + self.timeout;
+        while !path.exists() {
+            if Instant::now() >= deadline {
+                return Err(Failure::Timeout(format!(
+                    "{} did not appear within {}s",
+                    path.display(),
+                    self.timeout.as_secs()
+                )));
+            }
+            if self.broken.is_some() || self.disconnected {
+                std::thread::sleep(Duration::from_millis(100));
+            } else {
+                self.pump(Duration::from_millis(100))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn expect(&mut self, kinds: &[String]) -> Result<(), Failure> {
+        let want = kinds.join("|");
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            while let Some(m) = self.inbox.pop_front() {
+                if kinds.iter().any(|k| k == "ANY" || *k == m.kind) {
+                    return Ok(());
+                }
+                eprintln!("raw-client: skipped {} while waiting for {want}", m.kind);
+            }
+            if self.disconnected || self.broken.is_some() {
+                return Err(Failure::Ended(format!(
+                    "no {want} before the connection ended{}",
+                    self.broken
+                        .as_ref()
+                        .map(|b| format!(" ({b})"))
+                        .unwrap_or_default()
+                )));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Failure::Timeout(format!(
+                    "no {want} within {}s",
+                    self.timeout.as_secs()
+                )));
+            }
+            self.pump(left.min(Duration::from_millis(200)))?;
+        }
+    }
+
+    /// The nonce of the receiver's CHALLENGE, waiting for it if needed
+    /// (the CHALLENGE itself stays in the inbox for a later `expect`).
+    fn await_challenge(&mut self) -> Result<[u8; NONCE_LEN], Failure> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(n) = self.nonce {
+                return Ok(n);
+            }
+            self.usable()?;
+            if Instant::now() >= deadline {
+                return Err(Failure::Timeout(format!(
+                    "no CHALLENGE within {}s",
+                    self.timeout.as_secs()
+                )));
+            }
+            self.pump(Duration::from_millis(200))?;
+        }
+    }
+
+    fn expect_disconnect(&mut self) -> Result<(), Failure> {
+        let deadline = Instant::now() + self.timeout;
+        while !self.disconnected {
+            if Instant::now() >= deadline {
+                return Err(Failure::Timeout(format!(
+                    "the receiver kept the connection open for {}s",
+                    self.timeout.as_secs()
+                )));
+            }
+            self.pump(Duration::from_millis(200))?;
+        }
+        Ok(())
+    }
+
+    fn usable(&self) -> Result<(), Failure> {
+        if let Some(b) = &self.broken {
+            return Err(Failure::Ended(format!("the connection is broken: {b}")));
+        }
+        if self.disconnected {
+            return Err(Failure::Ended("the receiver disconnected".into()));
+        }
+        Ok(())
+    }
+
+    fn drain_outstanding(&mut self, what: &str) -> Result<(), Failure> {
+        let deadline = Instant::now() + self.timeout;
+        while self.outstanding > 0 {
+            // A peer that disconnected will never acknowledge them; some
+            // kernels (6.12's rxe) complete them only after the whole
+            // retry budget, so stop waiting.
+            if self.disconnected {
+                eprintln!(
+                    "raw-client: the peer disconnected while waiting for {what}: {} request(s) left",
+                    self.outstanding
+                );
+                self.outstanding = 0;
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(Failure::Timeout(format!("waiting for {what}")));
+            }
+            self.pump(Duration::from_millis(200))?;
+        }
+        Ok(())
+    }
+
+    /// Waits up to `wait` for completions (or a disconnect) and handles them.
+    fn pump(&mut self, wait: Duration) -> Result<(), Failure> {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        let got = if wait.is_zero() {
+            self.ep.poll(&mut wcs, 32)
+        } else {
+            self.ep.wait(&mut wcs, 32, wait, "completions")
+        };
+        // Successful completions are in `wcs` even when another one failed.
+        for wc in wcs.drain(..) {
+            self.on_completion(wc)?;
+        }
+        self.wcs = wcs;
+        match got {
+            Ok(_) | Err(SysError::Timeout { .. }) => {}
+            Err(e) => {
+                if self.broken.is_none() {
+                    // Reported, not fatal: an `expect` after it fails unless
+                    // the answer came anyway, `expect-disconnect` still works.
+                    say(&format!("WR_FAILED error={:?}", e.to_string()));
+                    self.broken = Some(e.to_string());
+                    self.outstanding = 0;
+                }
+            }
+        }
+        if !self.disconnected && self.ep.cm_id().peer_disconnected() {
+            // Whatever the receiver sent before disconnecting is already in
+            // the CQ: take it first, so DISCONNECTED prints after it.
+            let mut wcs = std::mem::take(&mut self.wcs);
+            wcs.clear();
+            let _ = self.ep.poll(&mut wcs, 32);
+            for wc in wcs.drain(..) {
+                self.on_completion(wc)?;
+            }
+            self.wcs = wcs;
+            self.disconnected = true;
+            say("DISCONNECTED");
+        }
+        Ok(())
+    }
+
+    fn on_completion(&mut self, wc: Completion) -> Result<(), Failure> {
+        match (wr::kind(wc.wr_id), wc.opcode) {
+            (wr::SEND, WcOpcode::Send) => {
+                self.outstanding = self.outstanding.saturating_sub(1);
+                self.send_buf = wc.buffer;
+            }
+            (wr::WRITE, WcOpcode::RdmaWrite) => {
+                self.outstanding = self.outstanding.saturating_sub(1);
+                if let Some((_, slot)) = self.data.as_mut() {
+                    *slot = wc.buffer;
+                }
+            }
+            (wr::RECV, WcOpcode::Recv) => {
+                let Some(buf) = wc.buffer else {
+                    return Err(Failure::Ended(
+                        "a receive came back without its buffer".into(),
+                    ));
+                };
+                let len = wc.byte_len as usize;
+                let inbound = match self.recv_pool.bytes(&buf, len.min(RECV_BUF)) {
+                    Ok(bytes) => match decode(bytes) {
+                        Ok(msg) => {
+                            say(&describe(&msg));
+                            match &msg {
+                                Message::Mr(r) => {
+                                    self.ring = Some(*r);
+                                    self.seq = 0;
+                                }
+                                Message::Challenge(c) => self.nonce = Some(c.nonce),
+                                _ => {}
+                            }
+                            Inbound {
+                                kind: msg.kind().to_string(),
+                            }
+                        }
+                        Err(e) => {
+                            say(&format!(
+                                "UNDECODED len={len} error={:?} hex={}",
+                                e.to_string(),
+                                hex(&bytes[..bytes.len().min(64)])
+                            ));
+                            Inbound {
+                                kind: "UNDECODED".into(),
+                            }
+                        }
+                    },
+                    Err(e) => return Err(Failure::Ended(format!("receive buffer: {e}"))),
+                };
+                self.inbox.push_back(inbound);
+                if self.broken.is_none() && !self.disconnected {
+                    self.ep
+                        .post_recv(&self.recv_pool, buf, wc.wr_id)
+                        .map_err(|e| Failure::Ended(format!("cannot repost a receive: {e}")))?;
+                }
+            }
+            (_, WcOpcode::RecvWithImm) => {
+                say(&format!(
+                    "WRITE_IMM len={} imm={:#x}",
+                    wc.byte_len,
+                    wc.imm.unwrap_or(0)
+                ));
+            }
+            (kind, opcode) => {
+                eprintln!("raw-client: unexpected completion {opcode:?} for kind {kind:#x}");
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn close(self) {
+        if !self.disconnected {
+            self.ep.cm_id().disconnect(Duration::from_secs(1));
+        }
+    }
+}
