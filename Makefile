@@ -46,7 +46,7 @@ unit: build
 
 # Long property-based fuzzing of the codec and both session state machines
 # (tests/fuzz_proto.rs; `make unit` runs the same properties briefly):
-# 3 decoder properties x FUZZ_DECODE_CASES frames + 2 state-machine
+# 4 decoder properties (sealed messages included) x FUZZ_DECODE_CASES + 2 state-machine
 # properties x FUZZ_MACHINE_CASES sessions (each a sequence of up to 300
 # events, ~15 million events per property) = 3.2 million generated cases by
 # default, 4-5 min on 1 core. Each property prints its case/input counts.

@@ -1,7 +1,7 @@
 //! Errors of a transfer and the exit codes they map to (documented in
 //! README and `--help`).
 
-use crate::proto::{ProtocolError, WireError};
+use crate::proto::{ChannelError, ProtocolError, WireError};
 use crate::sys::SysError;
 
 /// Process exit codes shared by both tools.
@@ -83,6 +83,16 @@ pub enum XferError {
         /// What the state machine found.
         source: ProtocolError,
     },
+    /// A sealed control message from the peer failed its check (forged,
+    /// replayed, reordered, truncated): the control channel was tampered
+    /// with, so the session ends as an authentication failure (exit 4).
+    #[error("authentication failed: a control message from the {from} was rejected: {source}")]
+    Forged {
+        /// "sender" or "receiver".
+        from: &'static str,
+        /// What the check found.
+        source: ChannelError,
+    },
     /// The peer sent a control message that does not decode.
     #[error("protocol error: malformed message from the {from}: {source}")]
     Malformed {
@@ -135,7 +145,9 @@ impl XferError {
                 } => ExitCode::TimeoutOrPeerLost,
                 _ => ExitCode::Other,
             },
-            XferError::Rejected { .. } | XferError::Auth(_) => ExitCode::Rejected,
+            XferError::Rejected { .. } | XferError::Auth(_) | XferError::Forged { .. } => {
+                ExitCode::Rejected
+            }
             XferError::Integrity(_) => ExitCode::Integrity,
             XferError::Io { .. } | XferError::PeerIo(_) => ExitCode::Io,
             XferError::Protocol { .. }
@@ -172,6 +184,16 @@ mod tests {
                 4,
             ),
             (XferError::Auth("authentication failed: x".into()), 4),
+            (
+                XferError::Forged {
+                    from: "receiver",
+                    source: ChannelError::Replayed {
+                        got: 1,
+                        expected: 2,
+                    },
+                },
+                4,
+            ),
             (XferError::Integrity("c".into()), 5),
             (XferError::io("w", std::io::Error::other("x")), 6),
             (XferError::PeerIo("disk full".into()), 6),

@@ -434,7 +434,7 @@ fn empty_token_is_a_usage_error() {
     ];
     for (bin, args) in &cases {
         // Even with a good token in the environment: the file wins.
-        let (code, err) = run_env(bin, args, Some("good"));
+        let (code, err) = run_env(bin, args, Some("a-good-token-of-32-bytes-or-more"));
         assert_eq!(code, 2, "{bin}: {err}");
         assert!(
             err.contains(&format!("token file {token} is empty")),
@@ -478,7 +478,7 @@ fn token_file_readable_by_others_warns_but_is_used() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("dir");
     let token = dir.path().join("token");
-    std::fs::write(&token, b"secret-value\n").expect("write");
+    std::fs::write(&token, b"secret-value-of-32-bytes-or-so\n").expect("write");
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let token = token.to_str().expect("utf8");
     // A missing input file stops the sender right after the token loaded.

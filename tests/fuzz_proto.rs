@@ -15,7 +15,16 @@
 //!   engine calls (files, streams, directories, pipelined) never panics,
 //!   never plans a write outside the ring or beyond its credits, hands out
 //!   verdicts in the order the entries were sent, and every error closes
-//!   the session.
+//!   the session. With a token it never offers an entry before a correct
+//!   AUTH_OK, and refuses a receiver that does not ask for authentication.
+//! - `decode_sealed`: sealed control messages (protocol 3) through a
+//!   sender/receiver channel pair, delivered in order, replayed, reordered,
+//!   dropped, bit-flipped, truncated, extended or reflected: exactly the
+//!   genuine next message opens, to its exact frame; nothing else does, and
+//!   a refused one never advances the sequence.
+//! - The receiver property drives the v3 handshake (PROVE with right,
+//!   wrong, relayed and other-version proofs; AUTH_OK checked against the
+//!   sender's key) and checks that the channel both sides get interoperates.
 //!
 //! The number of cases per property is proptest's: `PROPTEST_CASES`
 //! (default 256, a few seconds in all). `make fuzz` runs >= 1 million.
@@ -26,11 +35,12 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
-    AUTH_REQUIRED, Ack, AckStatus, Challenge, Digest, DigestAlg, FileOffer, Fin, Hello,
-    MAX_MESSAGE, MAX_PENDING, Message, Mtime, NONCE_LEN, OfferKind, PROTOCOL_VERSION, Pending,
-    ProtocolError, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError,
-    Reject, RejectCode, RingInfo, SenderEvent, SenderSession, SenderState, Token, Verdict, decode,
-    encode_to_vec, hello_flags, validate_name, validate_path,
+    AUTH_REQUIRED, Ack, AckStatus, Challenge, Channel, ChannelError, ConnectionId, Digest,
+    DigestAlg, FileOffer, Fin, Hello, MAX_MESSAGE, MAX_PENDING, Message, Mtime, NONCE_LEN,
+    OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent,
+    ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role, SEAL_LEN,
+    SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict, decode,
+    encode_to_vec, hello_flags, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -240,8 +250,32 @@ fn message() -> impl Strategy<Value = Message> {
         prop_oneof![Just(Vec::new()), any::<[u8; 32]>().prop_map(|m| m.to_vec()),]
             .prop_map(|mac| Message::Auth { mac }),
         Just(Message::Keepalive),
+        (
+            prop_oneof![Just(PROTOCOL_VERSION), any::<u16>()],
+            any::<[u8; NONCE_LEN]>(),
+            prop_oneof![Just(Vec::new()), any::<[u8; 32]>().prop_map(|m| m.to_vec()),]
+        )
+            .prop_map(|(version, nonce, proof)| Message::Prove(Prove {
+                version,
+                nonce,
+                proof
+            })),
+        any::<[u8; 32]>().prop_map(|proof| Message::AuthOk { proof }),
     ]
 }
+
+/// The connection both harnesses authenticate on.
+fn test_conn() -> ConnectionId {
+    ConnectionId {
+        receiver_addr: "10.77.0.1".parse().unwrap(),
+        receiver_qpn: 0x11,
+        sender_addr: "10.77.0.2".parse().unwrap(),
+        sender_qpn: 0x12,
+    }
+}
+
+/// The sender's nonce in the harnesses.
+const S_NONCE: [u8; NONCE_LEN] = [0x5e; NONCE_LEN];
 
 fn challenge() -> impl Strategy<Value = Challenge> {
     (
@@ -398,11 +432,201 @@ fn decode_encode_round_trip() {
         |_| 1,
         |msg| {
             let bytes = encode_to_vec(&msg).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert!(bytes.len() <= MAX_MESSAGE);
+            // Room for the seal: a sealed frame still fits a receive buffer.
+            prop_assert!(bytes.len() + SEAL_LEN <= MAX_MESSAGE);
             prop_assert_eq!(decode(&bytes), Ok(msg));
             Ok(())
         },
         || "every message".into(),
+    );
+}
+
+/// What happens to one sealed message on its way.
+#[derive(Debug, Clone)]
+enum SealOp {
+    /// The sender seals it and it arrives.
+    Deliver(Message),
+    /// A genuine earlier message arrives again.
+    Replay(Index),
+    /// Sealed, held back (arrives later with `Release`, or never).
+    Hold(Message),
+    /// The oldest held-back message arrives now.
+    Release,
+    /// Sealed, and one bit of it flipped on the way.
+    Flip(Message, Index, u8),
+    /// Sealed, and cut short.
+    Truncate(Message, Index),
+    /// Sealed, with bytes appended.
+    Extend(Message, Vec<u8>),
+    /// The receiver's own sealed message reflected back to it.
+    Reflect(Message),
+    /// Bytes from nowhere.
+    Garbage(Vec<u8>),
+}
+
+fn seal_op() -> impl Strategy<Value = SealOp> {
+    prop_oneof![
+        6 => message().prop_map(SealOp::Deliver),
+        2 => any::<Index>().prop_map(SealOp::Replay),
+        2 => message().prop_map(SealOp::Hold),
+        2 => Just(SealOp::Release),
+        2 => (message(), any::<Index>(), 0u8..8).prop_map(|(m, i, b)| SealOp::Flip(m, i, b)),
+        1 => (message(), any::<Index>()).prop_map(|(m, i)| SealOp::Truncate(m, i)),
+        1 => (message(), proptest::collection::vec(any::<u8>(), 1..50))
+            .prop_map(|(m, v)| SealOp::Extend(m, v)),
+        1 => message().prop_map(SealOp::Reflect),
+        1 => proptest::collection::vec(any::<u8>(), 0..120).prop_map(SealOp::Garbage),
+    ]
+}
+
+static SEALED: Reached = Reached::new();
+
+/// Seals `msg` on the sender's channel: (its sequence number, the sealed
+/// bytes, the frame).
+fn seal_next(s: &mut Channel, msg: &Message) -> Result<(u64, Vec<u8>, Vec<u8>), TestCaseError> {
+    let frame = encode_to_vec(msg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let seq = s.sent();
+    let sealed = s
+        .seal(&frame)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert!(sealed.len() <= MAX_MESSAGE);
+    prop_assert_eq!(sealed.len(), frame.len() + SEAL_LEN);
+    Ok((seq, sealed, frame))
+}
+
+/// A genuine message arriving: it opens exactly when it is the next one.
+fn arrive(r: &mut Channel, seq: u64, sealed: &[u8], frame: &[u8]) -> Result<(), TestCaseError> {
+    let expected = r.received();
+    let got = r.open(sealed);
+    if seq == expected {
+        prop_assert_eq!(got, Ok(frame));
+        prop_assert!(decode(frame).is_ok());
+        prop_assert_eq!(r.received(), expected + 1);
+        SEALED.hit(0);
+    } else {
+        let want = if seq < expected {
+            SEALED.hit(1);
+            ChannelError::Replayed { got: seq, expected }
+        } else {
+            SEALED.hit(2);
+            ChannelError::OutOfOrder { got: seq, expected }
+        };
+        prop_assert_eq!(got, Err(want));
+        prop_assert_eq!(r.received(), expected);
+    }
+    Ok(())
+}
+
+/// A message that is not genuine: refused, and the sequence stays.
+fn refused(r: &mut Channel, bytes: &[u8]) -> Result<(), TestCaseError> {
+    let expected = r.received();
+    let got = r.open(bytes);
+    prop_assert!(got.is_err(), "forged bytes opened: {:?}", bytes);
+    if bytes.len() < SEAL_LEN {
+        prop_assert_eq!(got, Err(ChannelError::Truncated { len: bytes.len() }));
+    }
+    prop_assert_eq!(r.received(), expected);
+    SEALED.hit(3);
+    Ok(())
+}
+
+fn check_sealed(
+    secret: Vec<u8>,
+    nonces: ([u8; 32], [u8; 32]),
+    ops: Vec<SealOp>,
+) -> Result<(), TestCaseError> {
+    let Some(token) = Token::new(secret) else {
+        return Ok(());
+    };
+    let key = SessionKey::derive(&token, &nonces.0, &nonces.1, &test_conn());
+    let (mut s, mut r) = (key.channel(Role::Sender), key.channel(Role::Receiver));
+    let mut genuine: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut held: VecDeque<usize> = VecDeque::new();
+    for op in ops {
+        match op {
+            SealOp::Deliver(m) => {
+                let (seq, sealed, frame) = seal_next(&mut s, &m)?;
+                arrive(&mut r, seq, &sealed, &frame)?;
+                genuine.push((seq, sealed, frame));
+            }
+            SealOp::Replay(i) if !genuine.is_empty() => {
+                let (seq, sealed, frame) = genuine[i.index(genuine.len())].clone();
+                arrive(&mut r, seq, &sealed, &frame)?;
+            }
+            SealOp::Replay(_) | SealOp::Release => {
+                if let Some(i) = held.pop_front() {
+                    let (seq, sealed, frame) = genuine[i].clone();
+                    arrive(&mut r, seq, &sealed, &frame)?;
+                }
+            }
+            SealOp::Hold(m) => {
+                genuine.push(seal_next(&mut s, &m)?);
+                held.push_back(genuine.len() - 1);
+            }
+            SealOp::Flip(m, i, bit) => {
+                let (seq, sealed, frame) = seal_next(&mut s, &m)?;
+                let mut bad = sealed.clone();
+                let at = i.index(bad.len());
+                bad[at] ^= 1 << bit;
+                refused(&mut r, &bad)?;
+                genuine.push((seq, sealed, frame));
+                held.push_back(genuine.len() - 1);
+            }
+            SealOp::Truncate(m, i) => {
+                let (seq, sealed, frame) = seal_next(&mut s, &m)?;
+                refused(&mut r, &sealed[..i.index(sealed.len())])?;
+                genuine.push((seq, sealed, frame));
+                held.push_back(genuine.len() - 1);
+            }
+            SealOp::Extend(m, extra) => {
+                let (seq, sealed, frame) = seal_next(&mut s, &m)?;
+                let mut long = sealed.clone();
+                long.extend_from_slice(&extra);
+                refused(&mut r, &long)?;
+                genuine.push((seq, sealed, frame));
+                held.push_back(genuine.len() - 1);
+            }
+            SealOp::Reflect(m) => {
+                // Sealed by the receiver for the sender: useless to itself.
+                let frame = encode_to_vec(&m).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let mut back = r.clone();
+                let sealed = back
+                    .seal(&frame)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                refused(&mut r, &sealed)?;
+                // And the sender's own message reflected to the sender.
+                let mut own = s.clone();
+                let mine = own
+                    .seal(&frame)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert!(s.clone().open(&mine).is_err());
+            }
+            SealOp::Garbage(b) => refused(&mut r, &b)?,
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn decode_sealed_messages() {
+    fuzz(
+        "decode_sealed_messages",
+        (
+            proptest::collection::vec(any::<u8>(), 1..40),
+            any::<([u8; 32], [u8; 32])>(),
+            proptest::collection::vec(seal_op(), 1..30),
+        ),
+        |(_, _, ops)| ops.len() as u64,
+        |(secret, nonces, ops)| check_sealed(secret, nonces, ops),
+        || {
+            format!(
+                "{} opened in order, {} replays and {} reorders refused, {} forgeries refused",
+                SEALED.get(0),
+                SEALED.get(1),
+                SEALED.get(2),
+                SEALED.get(3)
+            )
+        },
     );
 }
 
@@ -566,9 +790,48 @@ struct RxAuth {
 impl RxAuth {
     fn session(auth: &Option<RxAuth>, cfg: ReceiverConfig) -> ReceiverSession {
         match auth {
-            Some(a) => ReceiverSession::with_auth(cfg, a.token.clone(), a.nonce),
+            Some(a) => ReceiverSession::with_auth(cfg, a.token.clone(), a.nonce, test_conn()),
             None => ReceiverSession::new(cfg),
         }
+    }
+
+    /// The key an honest sender derives on the test connection.
+    fn key(&self) -> SessionKey {
+        SessionKey::derive(&self.token, &self.nonce, &S_NONCE, &test_conn())
+    }
+
+    /// An honest sender's PROVE.
+    fn good_prove(&self) -> Message {
+        Message::Prove(Prove {
+            version: PROTOCOL_VERSION,
+            nonce: S_NONCE,
+            proof: self.key().sender_proof().to_vec(),
+        })
+    }
+
+    /// PROVEs an attacker can make: the right token over another
+    /// connection (a relay), another nonce, another version.
+    fn bad_proves(&self, seed: u32) -> Message {
+        let other = ConnectionId {
+            sender_qpn: seed | 0x100,
+            ..test_conn()
+        };
+        let proof = match seed % 3 {
+            0 => SessionKey::derive(&self.token, &self.nonce, &S_NONCE, &other).sender_proof(),
+            1 => SessionKey::derive(
+                &self.token,
+                &[seed as u8; NONCE_LEN],
+                &S_NONCE,
+                &test_conn(),
+            )
+            .sender_proof(),
+            _ => self.key().receiver_proof(),
+        };
+        Message::Prove(Prove {
+            version: PROTOCOL_VERSION,
+            nonce: S_NONCE,
+            proof: proof.to_vec(),
+        })
     }
 }
 
@@ -593,6 +856,13 @@ fn replies_fit(
     prop_assert_eq!(replies.len(), 1, "{} answered with {:?}", err, replies);
     match (err, &replies[0]) {
         (RecvError::Reject(r), Message::Reject(m)) => prop_assert_eq!(r, m),
+        (RecvError::Version(r), Message::Reject(m)) => {
+            prop_assert_eq!(r, m);
+            prop_assert_eq!(m.code, RejectCode::Version);
+        }
+        (RecvError::Forged(_), Message::Ack(a)) => {
+            prop_assert_eq!(a.status, AckStatus::Protocol)
+        }
         (RecvError::Auth(_), Message::Reject(m)) => prop_assert_eq!(m.code, RejectCode::Auth),
         (RecvError::Protocol(_), Message::Ack(a)) => {
             prop_assert_eq!(a.status, AckStatus::Protocol)
@@ -616,18 +886,21 @@ fn legal_rx(
     use ReceiverState::*;
     let slots = u64::from(cfg.slot_count);
     match state {
-        AwaitAuth => RxAction::Msg(Message::Auth {
-            mac: auth
-                .as_ref()
-                .map_or_else(Vec::new, |a| a.token.mac(&a.nonce).to_vec()),
-        }),
+        AwaitAuth => match auth {
+            Some(a) if seed.is_multiple_of(8) => RxAction::Msg(a.bad_proves(seed / 8)),
+            Some(a) => RxAction::Msg(a.good_prove()),
+            None => RxAction::Msg(Message::Bye),
+        },
         AwaitHello => {
-            // Files (version 1 or 2, names or paths), streams, directories.
-            let (version, caps, name) = match seed % 7 {
-                0 => (2, hello_flags::STREAM, format!("s{}", m.files)),
-                1 => (2, hello_flags::DIRECTORY, format!("d/{}", m.files)),
-                2 => (2, 0, format!("d/f{}", m.files)),
-                _ => (1, 0, format!("f{}", m.files)),
+            // Files (names or paths), streams, directories; now and then an
+            // older sender's HELLO.
+            let v = PROTOCOL_VERSION;
+            let (version, caps, name) = match seed % 9 {
+                0 => (v, hello_flags::STREAM, format!("s{}", m.files)),
+                1 => (v, hello_flags::DIRECTORY, format!("d/{}", m.files)),
+                2 => (v, 0, format!("d/f{}", m.files)),
+                3 if seed.is_multiple_of(5) => (2, 0, format!("old{}", m.files)),
+                _ => (v, 0, format!("f{}", m.files)),
             };
             RxAction::Msg(Message::Hello(Hello {
                 version,
@@ -772,7 +1045,22 @@ fn check_receiver(
                 let kind = msg.kind();
                 let sent = msg.clone();
                 let result = r.on_message(msg);
-                replies_fit(before, result.as_ref().err(), &replies(&mut r))?;
+                let answered = replies(&mut r);
+                if let Ok(ReceiverEvent::Authenticated) = result {
+                    // The receiver's proof, and nothing else.
+                    let a = auth
+                        .as_ref()
+                        .ok_or_else(|| TestCaseError::fail("no token"))?;
+                    prop_assert_eq!(
+                        answered,
+                        vec![Message::AuthOk {
+                            proof: a.key().receiver_proof()
+                        }]
+                    );
+                } else {
+                    replies_fit(before, result.as_ref().err(), &answered)?;
+                    prop_assert!(r.take_channel().is_none(), "a channel without AUTH_OK");
+                }
                 if before == Closed {
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
                 }
@@ -783,24 +1071,11 @@ fn check_receiver(
                         prop_assert!(admitted, "HELLO considered before AUTH");
                         let files = m.files + 1;
                         prop_assert_eq!(Message::Hello(h.clone()), sent);
-                        if h.version == 1 {
-                            // Version 1: a plain name, no flags.
-                            prop_assert_eq!(h.caps, 0);
-                            prop_assert!(
-                                validate_name(&h.name).is_ok(),
-                                "accepted name {:?}",
-                                h.name
-                            );
-                        } else {
-                            prop_assert_eq!(h.version, PROTOCOL_VERSION);
-                            prop_assert_eq!(h.caps & !hello_flags::KNOWN, 0);
-                            prop_assert!(!(h.is_stream() && h.is_directory()));
-                            prop_assert!(
-                                validate_path(&h.name).is_ok(),
-                                "accepted path {:?}",
-                                h.name
-                            );
-                        }
+                        // Exactly this protocol version.
+                        prop_assert_eq!(h.version, PROTOCOL_VERSION);
+                        prop_assert_eq!(h.caps & !hello_flags::KNOWN, 0);
+                        prop_assert!(!(h.is_stream() && h.is_directory()));
+                        prop_assert!(validate_path(&h.name).is_ok(), "accepted path {:?}", h.name);
                         // Nothing that could climb out of the directory.
                         prop_assert!(
                             !h.name.starts_with('/')
@@ -841,11 +1116,24 @@ fn check_receiver(
                         let a = auth
                             .as_ref()
                             .ok_or_else(|| TestCaseError::fail("no token"))?;
-                        let good = Message::Auth {
-                            mac: a.token.mac(&a.nonce).to_vec(),
+                        let Message::Prove(p) = &sent else {
+                            return Err(TestCaseError::fail(format!("{kind} authenticated")));
                         };
-                        prop_assert_eq!(&sent, &good, "a wrong MAC authenticated");
+                        // Only a proof under this connection's key.
+                        let key = SessionKey::derive(&a.token, &a.nonce, &p.nonce, &test_conn());
+                        prop_assert!(key.verify_sender(&p.proof), "a wrong proof authenticated");
+                        prop_assert_eq!(p.version, PROTOCOL_VERSION);
                         prop_assert_eq!(r.state(), AwaitHello);
+                        // Both ends' channels talk to each other, one way only.
+                        let mut theirs = r
+                            .take_channel()
+                            .ok_or_else(|| TestCaseError::fail("no channel"))?;
+                        let mut mine = key.channel(Role::Sender);
+                        let sealed = mine
+                            .seal(b"HELLO")
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        prop_assert_eq!(theirs.open(&sealed).ok(), Some(&b"HELLO"[..]));
+                        prop_assert!(theirs.clone().open(&sealed).is_err(), "replay opened");
                         admitted = true;
                         RX.hit(4);
                     }
@@ -853,14 +1141,22 @@ fn check_receiver(
                         prop_assert_eq!(before, Receiving);
                         prop_assert_eq!(r.state(), Receiving);
                     }
-                    Ok(ReceiverEvent::AuthIgnored) => {
-                        prop_assert!(auth.is_none());
-                        prop_assert_eq!(kind, "AUTH");
-                        prop_assert_eq!(r.state(), before);
-                    }
                     Err(RecvError::Auth(_)) => {
                         prop_assert_eq!(before, AwaitAuth);
                         prop_assert_eq!(r.state(), Closed);
+                    }
+                    Err(RecvError::Version(j)) => {
+                        // Another version: refused by name, session over.
+                        prop_assert!(matches!(kind, "HELLO" | "PROVE" | "AUTH"), "{}", kind);
+                        prop_assert!(
+                            j.reason.contains("protocol version") || j.reason.contains("flags"),
+                            "{}",
+                            j.reason
+                        );
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Err(RecvError::Forged(_)) => {
+                        return Err(TestCaseError::fail("on_message reported a forgery"));
                     }
                     Err(RecvError::Reject(rej)) => {
                         // A refused offer: the session goes on.
@@ -933,7 +1229,12 @@ fn check_receiver(
                         prop_assert!(m.bytes + u64::from(len) > cfg.max_size);
                         prop_assert_eq!(r.state(), Closed);
                     }
-                    Err(RecvError::Reject(_) | RecvError::Auth(_)) => {
+                    Err(
+                        RecvError::Reject(_)
+                        | RecvError::Auth(_)
+                        | RecvError::Version(_)
+                        | RecvError::Forged(_),
+                    ) => {
                         return Err(TestCaseError::fail("on_chunk returned a Reject"));
                     }
                 }
@@ -1166,6 +1467,8 @@ struct TxModel {
     /// The tag of the next entry, and of the file being sent.
     next_tag: u64,
     tag: u64,
+    /// What the real receiver answers to our PROVE (with a token).
+    auth_ok: Option<Message>,
 }
 
 static TX: Reached = Reached::new();
@@ -1176,13 +1479,18 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
     let front = m.pending.front().copied();
     match state {
         AwaitChallenge => TxAction::Msg(Message::Challenge(Challenge {
-            flags: if seed.is_multiple_of(2) {
-                AUTH_REQUIRED
-            } else {
+            flags: if seed.is_multiple_of(8) {
                 0
+            } else {
+                AUTH_REQUIRED
             },
             nonce: [seed as u8; NONCE_LEN],
         })),
+        AwaitAuthOk => TxAction::Msg(
+            m.auth_ok
+                .clone()
+                .unwrap_or(Message::AuthOk { proof: [0; 32] }),
+        ),
         // Verdicts on pending entries come first, whenever the receiver sends them.
         Idle | AwaitRing if front.is_some() && (seed.is_multiple_of(2) || state == AwaitRing) => {
             match front {
@@ -1247,7 +1555,18 @@ fn check_sender(
 ) -> Result<(), TestCaseError> {
     use SenderState::*;
     let token = secret.and_then(Token::new);
-    let new_session = || SenderSession::new(chunk_size, token.clone());
+    let new_session = || {
+        SenderSession::new(
+            chunk_size,
+            token.clone().map(|token| SenderAuth {
+                token,
+                nonce: S_NONCE,
+                conn: test_conn(),
+            }),
+        )
+    };
+    // Whether the receiver proved itself in this session.
+    let mut proven = false;
     let mut s = new_session();
     let mut m = TxModel::default();
     for action in actions {
@@ -1256,6 +1575,7 @@ fn check_sender(
                 TxAction::Legal(_) => {
                     s = new_session();
                     m = TxModel::default();
+                    proven = false;
                     continue;
                 }
                 a => a,
@@ -1280,6 +1600,8 @@ fn check_sender(
                 match s.start_file(offer, tag) {
                     Ok(msg) => {
                         prop_assert_eq!(before, Idle);
+                        // With a token: no name, no size before AUTH_OK.
+                        prop_assert!(token.is_none() || proven, "HELLO before AUTH_OK");
                         prop_assert!(m.pending.len() < MAX_PENDING);
                         let Message::Hello(h) = msg else {
                             return Err(TestCaseError::fail("start_file gave no HELLO"));
@@ -1287,7 +1609,10 @@ fn check_sender(
                         prop_assert!(encode_to_vec(&Message::Hello(h.clone())).is_ok());
                         match kind {
                             OfferKind::File => {
-                                prop_assert_eq!((h.size, h.caps, h.version), (size, 0, 1));
+                                prop_assert_eq!(
+                                    (h.size, h.caps, h.version),
+                                    (size, 0, PROTOCOL_VERSION)
+                                );
                             }
                             OfferKind::Stream => {
                                 prop_assert_eq!(h.size, 0);
@@ -1344,21 +1669,41 @@ fn check_sender(
                 match result {
                     Ok(SenderEvent::Greeted(g)) => {
                         prop_assert_eq!(before, AwaitChallenge);
-                        prop_assert_eq!(s.state(), Idle);
                         let Message::Challenge(c) = sent else {
                             return Err(TestCaseError::fail(format!("greeted by {kind}")));
                         };
                         if c.auth_required() {
-                            let mac = token
-                                .as_ref()
-                                .map_or_else(Vec::new, |t| t.mac(&c.nonce).to_vec());
-                            prop_assert_eq!(g.auth, Some(Message::Auth { mac }));
-                            prop_assert!(!g.token_unused);
+                            prop_assert_eq!(s.state(), AwaitAuthOk);
+                            let Some(Message::Prove(p)) = g.prove else {
+                                return Err(TestCaseError::fail("no PROVE"));
+                            };
+                            prop_assert_eq!(p.version, PROTOCOL_VERSION);
+                            match &token {
+                                Some(t) => {
+                                    let key =
+                                        SessionKey::derive(t, &c.nonce, &S_NONCE, &test_conn());
+                                    prop_assert_eq!(p.proof, key.sender_proof().to_vec());
+                                    m.auth_ok = Some(Message::AuthOk {
+                                        proof: key.receiver_proof(),
+                                    });
+                                }
+                                None => prop_assert!(p.proof.is_empty()),
+                            }
                         } else {
-                            prop_assert_eq!(g.auth, None);
-                            prop_assert_eq!(g.token_unused, token.is_some());
+                            // A token and no authentication asked: refused.
+                            prop_assert!(token.is_none(), "downgrade accepted");
+                            prop_assert_eq!(g.prove, None);
+                            prop_assert_eq!(s.state(), Idle);
                         }
                         TX.hit(4);
+                    }
+                    Ok(SenderEvent::Authenticated) => {
+                        prop_assert_eq!(before, AwaitAuthOk);
+                        prop_assert!(token.is_some());
+                        prop_assert_eq!(Some(&sent), m.auth_ok.as_ref(), "a wrong AUTH_OK passed");
+                        prop_assert_eq!(s.state(), Idle);
+                        prop_assert!(s.take_channel().is_some());
+                        proven = true;
                     }
                     Ok(SenderEvent::Ring(ring)) => {
                         prop_assert_eq!(before, AwaitRing);
@@ -1414,7 +1759,13 @@ fn check_sender(
                         prop_assert!(a.status != AckStatus::Ok);
                         prop_assert_eq!(s.state(), Closed);
                     }
-                    Err(_) => prop_assert_eq!(s.state(), Closed),
+                    Err(e) => {
+                        prop_assert_eq!(s.state(), Closed);
+                        if let (Message::Challenge(c), AwaitChallenge) = (&sent, before) {
+                            prop_assert!(!c.auth_required() && token.is_some(), "{}", e);
+                            prop_assert_eq!(e, ProtocolError::NoAuthRequested);
+                        }
+                    }
                 }
             }
             // One next_chunk(len) for files and streams: NextChunk offers

@@ -420,7 +420,7 @@ mod tests {
     #[test]
     fn sender_config_carries_every_option() {
         let dir = tempfile::tempdir().unwrap();
-        let token = token_file(dir.path(), b"secret\n");
+        let token = token_file(dir.path(), b"a-secret-of-some-length\n");
         let cfg = sender(&[
             "--source",
             "127.0.0.2",
@@ -503,7 +503,7 @@ mod tests {
     #[test]
     fn receiver_config_carries_every_option() {
         let dir = tempfile::tempdir().unwrap();
-        let token = token_file(dir.path(), b"s");
+        let token = token_file(dir.path(), b"sixteen-bytes-ok");
         let cfg = receiver(&[
             "--bind",
             "::1",

@@ -11,7 +11,7 @@ pub mod ui;
 pub use args::{CommonArgs, LogFormat, ReceiverArgs, SenderArgs, Verify};
 
 use crate::error::{ExitCode, XferError};
-use crate::proto::Token;
+use crate::proto::{MIN_TOKEN_LEN, Token};
 use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::ffi::OsStringExt;
@@ -31,8 +31,9 @@ impl CommonArgs {
 
 /// Loads the token: the file wins over the environment value. Trailing
 /// whitespace (the newline of `echo secret > file`) is dropped; an empty
-/// token is a usage error, an unreadable file an I/O error. The token's
-/// bytes never appear in a message.
+/// token, or one shorter than `MIN_TOKEN_LEN` bytes (guessable offline
+/// from a recorded handshake), is a usage error, an unreadable file an I/O
+/// error. The token's bytes never appear in a message.
 pub fn load_token(file: Option<&Path>, env: Option<OsString>) -> Result<Option<Token>, XferError> {
     let (bytes, source) = match (file, env) {
         (Some(path), _) => {
@@ -65,6 +66,13 @@ pub fn load_token(file: Option<&Path>, env: Option<OsString>) -> Result<Option<T
     // Wipe the trimmed tail too; Token::new wipes the rest.
     bytes[len..].fill(0);
     bytes.truncate(len);
+    if (1..MIN_TOKEN_LEN).contains(&len) {
+        bytes.fill(0);
+        return Err(XferError::Usage(format!(
+            "{source} holds a token of {len} bytes: a token must be at least {MIN_TOKEN_LEN} \
+             bytes; make a good one with `head -c 32 /dev/urandom | base64`"
+        )));
+    }
     match Token::new(bytes) {
         Some(token) => Ok(Some(token)),
         None => Err(XferError::Usage(format!(
@@ -203,6 +211,29 @@ mod tests {
         p
     }
 
+    #[test]
+    fn short_tokens_are_usage_errors_with_a_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        for content in [&b"x"[..], b"fifteen-bytes!!", b"fifteen-bytes!!\n  "] {
+            let f = write_token(dir.path(), "short", content, 0o600);
+            let err = load_token(Some(&f), None).unwrap_err();
+            assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
+            let msg = err.to_string();
+            assert!(msg.contains("at least 16 bytes"), "{msg}");
+            assert!(msg.contains("head -c 32 /dev/urandom | base64"), "{msg}");
+            assert!(!msg.contains("fifteen"), "token leaked: {msg}");
+        }
+        let err = load_token(None, env("short-secret")).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("RDMA_XFER_TOKEN holds a token of 12 bytes"),
+            "{err}"
+        );
+        // 16 bytes is enough.
+        assert!(load_token(None, env("sixteen-bytes!!!")).unwrap().is_some());
+    }
+
     /// Same token iff the MACs agree.
     fn same(a: &Token, secret: &[u8]) -> bool {
         let n = [9u8; crate::proto::NONCE_LEN];
@@ -213,17 +244,21 @@ mod tests {
     fn token_sources_and_precedence() {
         let dir = tempfile::tempdir().unwrap();
         assert!(load_token(None, None).unwrap().is_none());
-        let t = load_token(None, env("from-env \n")).unwrap().unwrap();
-        assert!(same(&t, b"from-env"));
-        let f = write_token(dir.path(), "t", b"from-file\n\r\t ", 0o600);
+        let t = load_token(None, env("from-the-environment \n"))
+            .unwrap()
+            .unwrap();
+        assert!(same(&t, b"from-the-environment"));
+        let f = write_token(dir.path(), "t", b"from-the-token-file\n\r\t ", 0o600);
         // The file wins over the environment.
-        let t = load_token(Some(&f), env("from-env")).unwrap().unwrap();
-        assert!(same(&t, b"from-file"));
-        assert!(!same(&t, b"from-file\n"));
+        let t = load_token(Some(&f), env("from-the-environment"))
+            .unwrap()
+            .unwrap();
+        assert!(same(&t, b"from-the-token-file"));
+        assert!(!same(&t, b"from-the-token-file\n"));
         // Only trailing whitespace goes; leading and inner bytes are the secret.
-        let f = write_token(dir.path(), "u", b" a b\x00\xff\n", 0o600);
+        let f = write_token(dir.path(), "u", b" a b\x00\xff sixteen bytes\n", 0o600);
         let t = load_token(Some(&f), None).unwrap().unwrap();
-        assert!(same(&t, b" a b\x00\xff"));
+        assert!(same(&t, b" a b\x00\xff sixteen bytes"));
     }
 
     #[test]
@@ -256,7 +291,7 @@ mod tests {
         let err = load_token(None, env(" ")).unwrap_err();
         assert!(!format!("{err} {err:?}").contains("secret"));
         let dir = tempfile::tempdir().unwrap();
-        let f = write_token(dir.path(), "s", b"my-secret", 0o644);
+        let f = write_token(dir.path(), "s", b"my-secret-of-many-bytes", 0o644);
         let t = load_token(Some(&f), None).unwrap().unwrap();
         assert!(!format!("{t:?}").contains("my-secret"));
     }

@@ -1,9 +1,11 @@
 //! Two-sided control messages: a pool of posted receive buffers and a pool of
-//! send buffers, both registered for local access only.
+//! send buffers, both registered for local access only. Once the handshake
+//! installed a channel (with a token), every message is sealed on its way
+//! out and opened on its way in (see `proto::Channel`).
 
 use super::wr;
 use crate::error::XferError;
-use crate::proto::{MAX_MESSAGE, Message, WireError, decode, encode};
+use crate::proto::{Channel, ChannelError, MAX_MESSAGE, Message, WireError, decode, encode};
 use crate::sys::rdma::{Buffer, BufferPool, Completion, Endpoint};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -13,8 +15,19 @@ pub(super) struct Control {
     send_pool: BufferPool,
     /// Send buffers not posted; the others come back with their completion.
     free_send: Vec<Buffer>,
-    /// Encoded messages waiting for a free send buffer, in order.
+    /// Encoded (and sealed) messages waiting for a free send buffer, in order.
     queued: VecDeque<Vec<u8>>,
+    /// Seals and opens every message once authenticated.
+    channel: Option<Channel>,
+}
+
+/// Why a received control message was not delivered.
+#[derive(Debug)]
+pub(super) enum Undelivered {
+    /// It failed its seal (forged, replayed, reordered, truncated).
+    Seal(ChannelError),
+    /// It does not decode.
+    Wire(WireError),
 }
 
 impl Control {
@@ -28,6 +41,7 @@ impl Control {
             send_pool,
             free_send,
             queued: VecDeque::new(),
+            channel: None,
         };
         for buf in recv_bufs {
             control.repost(ep, buf)?;
@@ -42,19 +56,32 @@ impl Control {
         Ok(())
     }
 
-    /// A receive completed: decodes the control message it delivered (a
-    /// receive consumed by an RDMA WRITE WITH IMM delivers none: use
-    /// `recycle`) and posts the buffer again.
+    /// From now on, seal what is sent and open what is received (messages
+    /// queued before keep the form they had).
+    pub fn install(&mut self, channel: Channel) {
+        self.channel = Some(channel);
+    }
+
+    /// A receive completed: opens (once a channel is installed) and decodes
+    /// the control message it delivered (a receive consumed by an RDMA
+    /// WRITE WITH IMM delivers none: use `recycle`) and posts the buffer
+    /// again.
     pub fn take_message(
-        &self,
+        &mut self,
         ep: &Endpoint,
         wc: Completion,
-    ) -> Result<Result<Message, WireError>, XferError> {
+    ) -> Result<Result<Message, Undelivered>, XferError> {
         let buf = returned(wc.buffer)?;
         let len = wc.byte_len as usize;
         let decoded = match self.recv_pool.bytes(&buf, len) {
-            Ok(bytes) => decode(bytes),
-            Err(_) => Err(WireError::Oversized { len }),
+            Ok(bytes) => match self.channel.as_mut() {
+                Some(channel) => match channel.open(bytes) {
+                    Ok(frame) => decode(frame).map_err(Undelivered::Wire),
+                    Err(e) => Err(Undelivered::Seal(e)),
+                },
+                None => decode(bytes).map_err(Undelivered::Wire),
+            },
+            Err(_) => Err(Undelivered::Wire(WireError::Oversized { len })),
         };
         self.repost(ep, buf)?;
         Ok(decoded)
@@ -72,6 +99,11 @@ impl Control {
         let len = encode(msg, &mut buf)
             .map_err(|e| XferError::Internal(format!("cannot encode {}: {e}", msg.kind())))?;
         buf.truncate(len);
+        if let Some(channel) = self.channel.as_mut() {
+            buf = channel
+                .seal(&buf)
+                .map_err(|e| XferError::Internal(format!("cannot seal {}: {e}", msg.kind())))?;
+        }
         self.queued.push_back(buf);
         self.flush(ep)
     }

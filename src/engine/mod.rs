@@ -141,6 +141,36 @@ fn completion_error(ep: &crate::sys::rdma::Endpoint, e: crate::sys::SysError) ->
     }
 }
 
+/// This connection's identity for the authentication transcript: both
+/// addresses (from rdma_cm) and both QP numbers (from the QP), each put in
+/// its role's place.
+pub fn connection_id(
+    ep: &crate::sys::rdma::Endpoint,
+    side: crate::proto::Role,
+) -> Result<crate::proto::ConnectionId, crate::error::XferError> {
+    let id = ep.cm_id();
+    let missing = |what: &str| {
+        crate::error::XferError::Internal(format!("the connection has no {what} address"))
+    };
+    let local = id.local_addr().ok_or_else(|| missing("local"))?.ip();
+    let peer = id.peer_addr().ok_or_else(|| missing("peer"))?.ip();
+    let (local_qpn, peer_qpn) = ep.qp_numbers()?;
+    Ok(match side {
+        crate::proto::Role::Receiver => crate::proto::ConnectionId {
+            receiver_addr: local,
+            receiver_qpn: local_qpn,
+            sender_addr: peer,
+            sender_qpn: peer_qpn,
+        },
+        crate::proto::Role::Sender => crate::proto::ConnectionId {
+            receiver_addr: peer,
+            receiver_qpn: peer_qpn,
+            sender_addr: local,
+            sender_qpn: local_qpn,
+        },
+    })
+}
+
 /// Kinds of work requests, kept in the top byte of wr_id (the low bits
 /// name the buffer or the chunk). Public for the test tools that speak
 /// to a receiver the way the sender does.

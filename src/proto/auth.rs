@@ -1,81 +1,400 @@
-//! Challenge-response authentication with a shared secret: the receiver sends a
-//! fresh random nonce in CHALLENGE, the sender answers with
-//! HMAC-SHA256(key = token, data = `AUTH_CONTEXT || nonce`) in AUTH, and the
-//! receiver checks it in constant time. Pure computation; the engine supplies
-//! the nonce (from the OS RNG) and the token (from `--token-file` or the
-//! environment).
+//! Authentication with a shared token (protocol 3).
+//!
+//! Handshake: the receiver's CHALLENGE carries a fresh nonce (`nonce_r`);
+//! the sender answers with PROVE(`nonce_s`, `proof_s`); the receiver checks
+//! it and answers AUTH_OK(`proof_r`), which the sender checks before it
+//! sends any HELLO. Both proofs are MACs under a session key `K` derived
+//! (HKDF-SHA256) from the token, both nonces and what identifies this
+//! connection (both addresses and QP numbers, in fixed receiver / sender
+//! order), so a proof made on one connection is useless on another.
+//! Afterwards every control message travels sealed ([`Channel`]): a MAC under
+//! a per-direction key derived from `K`, over a sequence number and the
+//! frame. Pure computation; the engine supplies the nonces (OS RNG), the
+//! token and the connection's identity.
+//!
+//! The protocol-2 AUTH MAC ([`Token::mac`]) is kept only so that tests can
+//! play an old sender.
 
 use std::fmt;
+use std::net::IpAddr;
 
+use hkdf::Hkdf;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+use thiserror::Error;
 
-/// Domain separation: a MAC made for this protocol version cannot be replayed
-/// as anything else.
+/// Domain separation of the protocol-2 AUTH MAC (see [`Token::mac`]).
 pub const AUTH_CONTEXT: &[u8] = b"rdma-xfer auth v1\0";
-/// Length of the receiver's nonce.
+/// HKDF info prefix of the session key (the transcript follows).
+pub const SESSION_INFO: &[u8] = b"rdma-xfer v3 session key\0";
+/// What the sender's proof is a MAC of (under the session key).
+pub const SENDER_PROOF_LABEL: &[u8] = b"rdma-xfer v3 sender proof\0";
+/// What the receiver's proof is a MAC of (under the session key).
+pub const RECEIVER_PROOF_LABEL: &[u8] = b"rdma-xfer v3 receiver proof\0";
+/// HKDF info of the key sealing sender -> receiver messages.
+pub const SENDER_TO_RECEIVER_LABEL: &[u8] = b"rdma-xfer v3 sender to receiver\0";
+/// HKDF info of the key sealing receiver -> sender messages.
+pub const RECEIVER_TO_SENDER_LABEL: &[u8] = b"rdma-xfer v3 receiver to sender\0";
+/// Length of each side's nonce.
 pub const NONCE_LEN: usize = 32;
-/// Length of an HMAC-SHA256 tag.
+/// Length of an HMAC-SHA256 tag (proofs and seals).
 pub const MAC_LEN: usize = 32;
-/// CHALLENGE flag: the sender must answer with AUTH before anything else.
+/// Bytes a sealed frame carries after the frame: sequence number and tag.
+pub const SEAL_LEN: usize = 8 + MAC_LEN;
+/// Shortest token the tools accept (the CLI refuses shorter ones): with
+/// fewer bytes a recorded proof could be brute-forced offline.
+pub const MIN_TOKEN_LEN: usize = 16;
+/// CHALLENGE flag: the sender must prove the token before anything else.
 pub const AUTH_REQUIRED: u16 = 1;
 /// Every CHALLENGE flag this build understands.
 pub const CHALLENGE_FLAGS_KNOWN: u16 = AUTH_REQUIRED;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// The shared secret, kept only as a keyed HMAC state: the raw bytes are
-/// wiped once it is built and never appear in `Debug` output.
+/// The shared secret. Its bytes are wiped when it drops and never appear
+/// in `Debug` output.
 #[derive(Clone)]
 pub struct Token {
-    keyed: HmacSha256,
+    secret: Vec<u8>,
 }
 
 impl Token {
-    /// None for an empty secret (which would authenticate nothing). Wipes
-    /// `secret` (best effort).
-    pub fn new(mut secret: Vec<u8>) -> Option<Self> {
-        let keyed = if secret.is_empty() {
+    /// None for an empty secret (which would authenticate nothing). The
+    /// minimum length is the CLI's to enforce ([`MIN_TOKEN_LEN`]).
+    pub fn new(secret: Vec<u8>) -> Option<Self> {
+        if secret.is_empty() {
             None
         } else {
-            // HMAC accepts keys of any length, so this never fails.
-            <HmacSha256 as KeyInit>::new_from_slice(&secret).ok()
-        };
-        // Zero the bytes; black_box keeps the stores from being elided.
-        secret.fill(0);
-        std::hint::black_box(&secret);
-        keyed.map(|keyed| Token { keyed })
+            Some(Token { secret })
+        }
+    }
+
+    /// The secret's length in bytes.
+    pub fn len(&self) -> usize {
+        self.secret.len()
+    }
+
+    /// Never true (an empty token cannot be built); for clippy's taste.
+    pub fn is_empty(&self) -> bool {
+        self.secret.is_empty()
+    }
+
+    fn keyed(&self) -> HmacSha256 {
+        // HMAC accepts keys of any length, so this never fails; an empty
+        // key (impossible here) would still give a valid state.
+        <HmacSha256 as KeyInit>::new_from_slice(&self.secret)
+            .unwrap_or_else(|_| <HmacSha256 as KeyInit>::new(&Default::default()))
     }
 
     /// HMAC state over `parts`, concatenated.
     fn over(&self, parts: &[&[u8]]) -> HmacSha256 {
-        let mut mac = self.keyed.clone();
+        let mut mac = self.keyed();
         for p in parts {
             mac.update(p);
         }
         mac
     }
 
-    fn start(&self, nonce: &[u8; NONCE_LEN]) -> HmacSha256 {
-        self.over(&[AUTH_CONTEXT, nonce])
-    }
-
-    /// HMAC-SHA256(key = token, data = `AUTH_CONTEXT || nonce`): the AUTH
-    /// answer to a CHALLENGE.
+    /// The protocol-2 AUTH answer, HMAC-SHA256(key = token, data =
+    /// `AUTH_CONTEXT || nonce`). Protocol 3 does not use it; the hostile
+    /// tests do, to play an old sender.
     pub fn mac(&self, nonce: &[u8; NONCE_LEN]) -> [u8; MAC_LEN] {
-        self.start(nonce).finalize().into_bytes().into()
+        self.over(&[AUTH_CONTEXT, nonce])
+            .finalize()
+            .into_bytes()
+            .into()
     }
+}
 
-    /// Constant-time check of an AUTH answer; any length other than
-    /// `MAC_LEN` fails.
-    pub fn verify(&self, nonce: &[u8; NONCE_LEN], mac: &[u8]) -> bool {
-        self.start(nonce).verify_slice(mac).is_ok()
+impl Drop for Token {
+    fn drop(&mut self) {
+        // Best effort; black_box keeps the stores from being elided.
+        self.secret.fill(0);
+        std::hint::black_box(&self.secret);
     }
 }
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Token(<redacted>)")
+    }
+}
+
+/// What identifies one connection, as both ends see it: the receiver's and
+/// the sender's IP address and QP number. Each side fills in its local and
+/// its peer's values, so both compute the same transcript.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectionId {
+    /// The receiver's address.
+    pub receiver_addr: IpAddr,
+    /// The receiver's QP number.
+    pub receiver_qpn: u32,
+    /// The sender's address.
+    pub sender_addr: IpAddr,
+    /// The sender's QP number.
+    pub sender_qpn: u32,
+}
+
+/// An address as the transcript carries it: an IPv4-mapped IPv6 address
+/// counts as the IPv4 address (one side may see either form), then a
+/// family byte (4 or 6) and the address bytes.
+fn put_addr(out: &mut Vec<u8>, addr: IpAddr) {
+    match addr.to_canonical() {
+        IpAddr::V4(a) => {
+            out.push(4);
+            out.extend_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            out.push(6);
+            out.extend_from_slice(&a.octets());
+        }
+    }
+}
+
+/// The transcript both sides derive the session key from: protocol
+/// version (u16), nonce_r, nonce_s, receiver address, receiver QPN (u32),
+/// sender address, sender QPN (u32); integers big-endian.
+pub fn transcript(
+    nonce_r: &[u8; NONCE_LEN],
+    nonce_s: &[u8; NONCE_LEN],
+    conn: &ConnectionId,
+) -> Vec<u8> {
+    let mut t = Vec::with_capacity(2 + 2 * NONCE_LEN + 2 * (17 + 4));
+    t.extend_from_slice(&super::PROTOCOL_VERSION.to_be_bytes());
+    t.extend_from_slice(nonce_r);
+    t.extend_from_slice(nonce_s);
+    put_addr(&mut t, conn.receiver_addr);
+    t.extend_from_slice(&conn.receiver_qpn.to_be_bytes());
+    put_addr(&mut t, conn.sender_addr);
+    t.extend_from_slice(&conn.sender_qpn.to_be_bytes());
+    t
+}
+
+/// The session key K of one connection and what is derived from it.
+#[derive(Clone)]
+pub struct SessionKey {
+    key: [u8; MAC_LEN],
+}
+
+impl SessionKey {
+    /// K = HKDF-SHA256(salt = nonce_r || nonce_s, IKM = token, info =
+    /// `SESSION_INFO || transcript`, 32 bytes).
+    pub fn derive(
+        token: &Token,
+        nonce_r: &[u8; NONCE_LEN],
+        nonce_s: &[u8; NONCE_LEN],
+        conn: &ConnectionId,
+    ) -> Self {
+        let mut salt = [0u8; 2 * NONCE_LEN];
+        salt[..NONCE_LEN].copy_from_slice(nonce_r);
+        salt[NONCE_LEN..].copy_from_slice(nonce_s);
+        let hk = Hkdf::<Sha256>::new(Some(&salt), &token.secret);
+        let t = transcript(nonce_r, nonce_s, conn);
+        let mut key = [0u8; MAC_LEN];
+        // 32 bytes is far below HKDF's limit (255 * 32), so this never fails.
+        let _ = hk.expand_multi_info(&[SESSION_INFO, &t], &mut key);
+        SessionKey { key }
+    }
+
+    fn mac(&self, label: &[u8]) -> HmacSha256 {
+        let mut m = <HmacSha256 as KeyInit>::new_from_slice(&self.key)
+            .unwrap_or_else(|_| <HmacSha256 as KeyInit>::new(&Default::default()));
+        m.update(label);
+        m
+    }
+
+    /// The sender's proof: HMAC-SHA256(K, `SENDER_PROOF_LABEL`).
+    pub fn sender_proof(&self) -> [u8; MAC_LEN] {
+        self.mac(SENDER_PROOF_LABEL).finalize().into_bytes().into()
+    }
+
+    /// The receiver's proof: HMAC-SHA256(K, `RECEIVER_PROOF_LABEL`).
+    pub fn receiver_proof(&self) -> [u8; MAC_LEN] {
+        self.mac(RECEIVER_PROOF_LABEL)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Constant-time check of a sender's proof (any other length fails).
+    pub fn verify_sender(&self, proof: &[u8]) -> bool {
+        self.mac(SENDER_PROOF_LABEL).verify_slice(proof).is_ok()
+    }
+
+    /// Constant-time check of a receiver's proof (any other length fails).
+    pub fn verify_receiver(&self, proof: &[u8]) -> bool {
+        self.mac(RECEIVER_PROOF_LABEL).verify_slice(proof).is_ok()
+    }
+
+    /// HKDF-Expand(PRK = K, info = `label`, 32 bytes).
+    fn direction_key(&self, label: &[u8]) -> [u8; MAC_LEN] {
+        let mut out = [0u8; MAC_LEN];
+        if let Ok(hk) = Hkdf::<Sha256>::from_prk(&self.key) {
+            // 32 bytes: never fails.
+            let _ = hk.expand(label, &mut out);
+        }
+        out
+    }
+
+    /// The sealing channel of one side: it seals with its own direction's
+    /// key and opens with the other's.
+    pub fn channel(&self, role: Role) -> Channel {
+        let s2r = self.direction_key(SENDER_TO_RECEIVER_LABEL);
+        let r2s = self.direction_key(RECEIVER_TO_SENDER_LABEL);
+        let (send, recv) = match role {
+            Role::Sender => (s2r, r2s),
+            Role::Receiver => (r2s, s2r),
+        };
+        Channel {
+            send_key: send,
+            recv_key: recv,
+            send_seq: 0,
+            recv_seq: 0,
+        }
+    }
+}
+
+impl Drop for SessionKey {
+    fn drop(&mut self) {
+        self.key.fill(0);
+        std::hint::black_box(&self.key);
+    }
+}
+
+impl fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SessionKey(<redacted>)")
+    }
+}
+
+/// Which end of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The side that sends files.
+    Sender,
+    /// The side that receives them.
+    Receiver,
+}
+
+/// Why a sealed control message was refused. Every one ends the session.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ChannelError {
+    /// Too short to hold a frame, a sequence number and a tag.
+    #[error("sealed control message of {len} bytes is too short to carry its MAC")]
+    Truncated {
+        /// The message's length.
+        len: usize,
+    },
+    /// The tag does not match: forged or altered (or sealed with another key).
+    #[error("control message {seq} failed its MAC check: forged or altered")]
+    BadTag {
+        /// The sequence number it claims.
+        seq: u64,
+    },
+    /// A genuine message seen before.
+    #[error("control message {got} was replayed (expected {expected})")]
+    Replayed {
+        /// Its sequence number.
+        got: u64,
+        /// The one expected next.
+        expected: u64,
+    },
+    /// A genuine message out of order (an earlier one is missing).
+    #[error("control message {got} arrived out of order (expected {expected})")]
+    OutOfOrder {
+        /// Its sequence number.
+        got: u64,
+        /// The one expected next.
+        expected: u64,
+    },
+    /// 2^64 messages in one direction (cannot happen in practice).
+    #[error("control message sequence numbers exhausted")]
+    Exhausted,
+}
+
+/// One side's sealing state after the handshake: frame -> frame || seq ||
+/// HMAC-SHA256(direction key, seq || frame). Sequence numbers start at 0
+/// in each direction and increase by one per message; RC delivers in
+/// order, so exactly the next one is expected.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Channel {
+    send_key: [u8; MAC_LEN],
+    recv_key: [u8; MAC_LEN],
+    send_seq: u64,
+    recv_seq: u64,
+}
+
+fn tag(key: &[u8; MAC_LEN], seq: u64, frame: &[u8]) -> HmacSha256 {
+    let mut m = <HmacSha256 as KeyInit>::new_from_slice(key)
+        .unwrap_or_else(|_| <HmacSha256 as KeyInit>::new(&Default::default()));
+    m.update(&seq.to_be_bytes());
+    m.update(frame);
+    m
+}
+
+impl Channel {
+    /// Seals `frame` with the next sequence number of this direction.
+    pub fn seal(&mut self, frame: &[u8]) -> Result<Vec<u8>, ChannelError> {
+        let seq = self.send_seq;
+        self.send_seq = seq.checked_add(1).ok_or(ChannelError::Exhausted)?;
+        let mut out = Vec::with_capacity(frame.len() + SEAL_LEN);
+        out.extend_from_slice(frame);
+        out.extend_from_slice(&seq.to_be_bytes());
+        out.extend_from_slice(&tag(&self.send_key, seq, frame).finalize().into_bytes());
+        Ok(out)
+    }
+
+    /// Checks a sealed message from the peer (tag first, in constant time,
+    /// then the sequence number) and returns its frame.
+    pub fn open<'a>(&mut self, sealed: &'a [u8]) -> Result<&'a [u8], ChannelError> {
+        let len = sealed.len();
+        let frame_len = len
+            .checked_sub(SEAL_LEN)
+            .ok_or(ChannelError::Truncated { len })?;
+        let (frame, trailer) = sealed.split_at(frame_len);
+        let (seq_bytes, mac) = trailer.split_at(8);
+        let mut seq_be = [0u8; 8];
+        seq_be.copy_from_slice(seq_bytes);
+        let seq = u64::from_be_bytes(seq_be);
+        if tag(&self.recv_key, seq, frame).verify_slice(mac).is_err() {
+            return Err(ChannelError::BadTag { seq });
+        }
+        let expected = self.recv_seq;
+        if seq < expected {
+            return Err(ChannelError::Replayed { got: seq, expected });
+        }
+        if seq > expected {
+            return Err(ChannelError::OutOfOrder { got: seq, expected });
+        }
+        self.recv_seq = expected.checked_add(1).ok_or(ChannelError::Exhausted)?;
+        Ok(frame)
+    }
+
+    /// Messages sealed so far (the next sequence number to send).
+    pub fn sent(&self) -> u64 {
+        self.send_seq
+    }
+
+    /// Messages opened so far (the next sequence number expected).
+    pub fn received(&self) -> u64 {
+        self.recv_seq
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.send_key.fill(0);
+        self.recv_key.fill(0);
+        std::hint::black_box((&self.send_key, &self.recv_key));
+    }
+}
+
+impl fmt::Debug for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Channel")
+            .field("send_seq", &self.send_seq)
+            .field("recv_seq", &self.recv_seq)
+            .finish_non_exhaustive()
     }
 }
 
@@ -130,34 +449,263 @@ mod tests {
         );
     }
 
+    fn conn(receiver: &str, rq: u32, sender: &str, sq: u32) -> ConnectionId {
+        ConnectionId {
+            receiver_addr: receiver.parse().unwrap(),
+            receiver_qpn: rq,
+            sender_addr: sender.parse().unwrap(),
+            sender_qpn: sq,
+        }
+    }
+
+    const TOK: &[u8] = b"correct horse battery staple";
+
+    fn nonces() -> ([u8; NONCE_LEN], [u8; NONCE_LEN]) {
+        (nonce(0), nonce(0x80))
+    }
+
     #[test]
-    fn verify_accepts_only_the_right_mac() {
-        let t = token(b"secret");
-        let n = nonce(7);
-        let good = t.mac(&n);
-        assert!(t.verify(&n, &good));
-        // Another token, another nonce.
-        assert!(!token(b"secret2").verify(&n, &good));
-        assert!(!token(b"secre").verify(&n, &good));
-        assert!(!t.verify(&nonce(8), &good));
-        // Every single-bit flip.
+    fn key_schedule_known_answers() {
+        // Computed independently with Python's hmac/hashlib (HKDF written
+        // out per RFC 5869): nonce_r = 00 01 .. 1f, nonce_s = 80 81 .. 9f.
+        let (nr, ns) = nonces();
+        let t = token(TOK);
+        let cases = [
+            (
+                conn("10.77.0.1", 0x11, "10.77.0.2", 0x12),
+                "424eea7d4aa480319802160ca182229a277377443e0a27ec9045166396c37238",
+                "aa33479461909da8b6f5eef590d68d4b153b6fef45e92b8e026bb3d5bcecfacc",
+                "e12c4041e72b52c3a1187d6b6ae7df09b99ea56bf6331fec034b97f3123640b7",
+                "4aa384179c20367dab9e6258ed9db247efeaef5343d0eb479eab3d33beee852b",
+                "17ae7e6a5f0645bac8858a877e018592a5d28417360ec37fc2df871d1a6364f7",
+            ),
+            // The IPv4-mapped form of the same address: the same key.
+            (
+                conn("::ffff:10.77.0.1", 0x11, "10.77.0.2", 0x12),
+                "424eea7d4aa480319802160ca182229a277377443e0a27ec9045166396c37238",
+                "aa33479461909da8b6f5eef590d68d4b153b6fef45e92b8e026bb3d5bcecfacc",
+                "e12c4041e72b52c3a1187d6b6ae7df09b99ea56bf6331fec034b97f3123640b7",
+                "4aa384179c20367dab9e6258ed9db247efeaef5343d0eb479eab3d33beee852b",
+                "17ae7e6a5f0645bac8858a877e018592a5d28417360ec37fc2df871d1a6364f7",
+            ),
+            (
+                conn("fe80::1", 0x11, "fe80::2", 0x12),
+                "68970ade0b8b006955ad1ae3937b1bd4240da881bfaaab2bcf17d0e2df5c7b12",
+                "11b69613ff8424d0c8f6aa5ea0a8c7d78a3b8dbe578c9d692cbe9a5a6f4ce6f0",
+                "4bd0374b902e7108e4c025e90bffa80b514f0927cdbebcd98fb2a5d00773b680",
+                "db9c8a8840835901fafc5a1316c869da747ae26278329f89b1a6d159133138e4",
+                "6d4c43476c8464bc6a0ca927fd2132fd34d05938b146e1478082b8b0734c29f3",
+            ),
+            // Another receiver QPN: another key.
+            (
+                conn("10.77.0.1", 0x13, "10.77.0.2", 0x12),
+                "1a5a80e09819e79630723eb7bdb588648772f7952023a2db4a9bb91adce4a75d",
+                "9352e2af9448de56d8eae02c12af974c16d8ecc5219889ae4d44a88803b13f70",
+                "86b357ec4555e163e62a26176add5f448214e430f212ecf5349d3977c7fe94b0",
+                "09639a5641f93d21a015d51c39262def6d9455960ae47c9ee0208e9948615e2d",
+                "8aa8ed0a7a16e210acf92fb70e8ceeb01c4bf3ffb783976a749d8c42c24eed61",
+            ),
+        ];
+        let bye = unhex("525846520107000000000000");
+        for (c, k, ps, pr, seal0, seal5) in cases {
+            let key = SessionKey::derive(&t, &nr, &ns, &c);
+            assert_eq!(key.key.to_vec(), unhex(k), "{c:?}");
+            assert_eq!(key.sender_proof().to_vec(), unhex(ps), "{c:?}");
+            assert_eq!(key.receiver_proof().to_vec(), unhex(pr), "{c:?}");
+            let mut ch = key.channel(Role::Sender);
+            let sealed = ch.seal(&bye).unwrap();
+            assert_eq!(&sealed[..12], &bye[..]);
+            assert_eq!(&sealed[12..20], &0u64.to_be_bytes());
+            assert_eq!(sealed[20..].to_vec(), unhex(seal0));
+            for _ in 1..5 {
+                ch.seal(&bye).unwrap();
+            }
+            let sealed = ch.seal(&bye).unwrap();
+            assert_eq!(&sealed[12..20], &5u64.to_be_bytes());
+            assert_eq!(sealed[20..].to_vec(), unhex(seal5));
+        }
+    }
+
+    #[test]
+    fn mutual_proofs_succeed_only_with_the_same_token_and_connection() {
+        let (nr, ns) = nonces();
+        let c = conn("10.0.0.1", 7, "10.0.0.2", 9);
+        let s_key = SessionKey::derive(&token(TOK), &nr, &ns, &c);
+        let r_key = SessionKey::derive(&token(TOK), &nr, &ns, &c);
+        assert!(r_key.verify_sender(&s_key.sender_proof()));
+        assert!(s_key.verify_receiver(&r_key.receiver_proof()));
+        // Role labels differ: a proof cannot be reflected back.
+        assert_ne!(s_key.sender_proof(), s_key.receiver_proof());
+        assert!(!s_key.verify_receiver(&r_key.sender_proof()));
+        assert!(!r_key.verify_sender(&s_key.receiver_proof()));
+        // Another token, nonce, address or QPN: the proof fails.
+        let others = [
+            SessionKey::derive(&token(b"correct horse battery stapler"), &nr, &ns, &c),
+            SessionKey::derive(&token(TOK), &nonce(1), &ns, &c),
+            SessionKey::derive(&token(TOK), &nr, &nonce(0x81), &c),
+            SessionKey::derive(&token(TOK), &ns, &nr, &c),
+            SessionKey::derive(&token(TOK), &nr, &ns, &conn("10.0.0.3", 7, "10.0.0.2", 9)),
+            SessionKey::derive(&token(TOK), &nr, &ns, &conn("10.0.0.1", 7, "10.0.0.4", 9)),
+            SessionKey::derive(&token(TOK), &nr, &ns, &conn("10.0.0.1", 8, "10.0.0.2", 9)),
+            SessionKey::derive(&token(TOK), &nr, &ns, &conn("10.0.0.1", 7, "10.0.0.2", 10)),
+            // Roles swapped: receiver and sender fields trade places.
+            SessionKey::derive(&token(TOK), &nr, &ns, &conn("10.0.0.2", 9, "10.0.0.1", 7)),
+        ];
+        for (i, other) in others.iter().enumerate() {
+            assert!(!other.verify_sender(&s_key.sender_proof()), "case {i}");
+            assert!(!s_key.verify_receiver(&other.receiver_proof()), "case {i}");
+        }
+        // Every single-bit flip, and wrong lengths.
+        let good = s_key.sender_proof();
         for i in 0..MAC_LEN {
             for bit in 0..8 {
                 let mut bad = good;
                 bad[i] ^= 1 << bit;
-                assert!(!t.verify(&n, &bad), "byte {i} bit {bit}");
+                assert!(!r_key.verify_sender(&bad), "byte {i} bit {bit}");
             }
         }
-        // Empty, short, truncated-correct and over-long tags.
-        assert!(!t.verify(&n, &[]));
-        for len in 1..MAC_LEN {
-            assert!(!t.verify(&n, &good[..len]), "prefix of {len}");
-            assert!(!t.verify(&n, &good[MAC_LEN - len..]), "suffix of {len}");
-        }
+        assert!(!r_key.verify_sender(&[]));
+        assert!(!r_key.verify_sender(&good[..MAC_LEN - 1]));
         let mut long = good.to_vec();
         long.push(0);
-        assert!(!t.verify(&n, &long));
-        assert!(!t.verify(&n, &[0; MAC_LEN]));
+        assert!(!r_key.verify_sender(&long));
+    }
+
+    #[test]
+    fn transcript_layout() {
+        let (nr, ns) = nonces();
+        let t = transcript(&nr, &ns, &conn("10.0.0.1", 0x0102_0304, "::1", 5));
+        assert_eq!(t.len(), 2 + 64 + 5 + 4 + 17 + 4);
+        assert_eq!(&t[..2], &super::super::PROTOCOL_VERSION.to_be_bytes());
+        assert_eq!(&t[2..34], &nr);
+        assert_eq!(&t[34..66], &ns);
+        assert_eq!(&t[66..71], &[4, 10, 0, 0, 1]);
+        assert_eq!(&t[71..75], &[1, 2, 3, 4]);
+        assert_eq!(t[75], 6);
+        assert_eq!(&t[92..], &[0, 0, 0, 5]);
+    }
+
+    fn channels() -> (Channel, Channel) {
+        let (nr, ns) = nonces();
+        let key = SessionKey::derive(&token(TOK), &nr, &ns, &conn("10.0.0.1", 1, "10.0.0.2", 2));
+        (key.channel(Role::Sender), key.channel(Role::Receiver))
+    }
+
+    #[test]
+    fn sealed_messages_open_in_order_in_both_directions() {
+        let (mut s, mut r) = channels();
+        for i in 0..5u8 {
+            let sealed = s.seal(&[i; 20]).unwrap();
+            assert_eq!(sealed.len(), 20 + SEAL_LEN);
+            assert_eq!(r.open(&sealed).unwrap(), &[i; 20]);
+            let back = r.seal(&[i, i]).unwrap();
+            assert_eq!(s.open(&back).unwrap(), &[i, i]);
+        }
+        assert_eq!(
+            (s.sent(), s.received(), r.sent(), r.received()),
+            (5, 5, 5, 5)
+        );
+        // An empty frame seals too.
+        let sealed = s.seal(&[]).unwrap();
+        assert_eq!(r.open(&sealed).unwrap(), &[] as &[u8]);
+    }
+
+    #[test]
+    fn forged_replayed_reordered_truncated_and_misdirected_are_refused() {
+        let (mut s, mut r) = channels();
+        let first = s.seal(b"HELLO frame").unwrap();
+        let second = s.seal(b"FIN frame").unwrap();
+        let third = s.seal(b"BYE frame").unwrap();
+        // Reordered: the second before the first.
+        let mut r2 = r.clone();
+        assert_eq!(
+            r2.open(&second),
+            Err(ChannelError::OutOfOrder {
+                got: 1,
+                expected: 0
+            })
+        );
+        // Forged: any bit flipped anywhere (frame, seq or tag).
+        for i in 0..first.len() {
+            let mut bad = first.clone();
+            bad[i] ^= 0x01;
+            let mut rr = r.clone();
+            assert!(
+                matches!(rr.open(&bad), Err(ChannelError::BadTag { .. })),
+                "byte {i}"
+            );
+            // A refused message does not advance the sequence.
+            assert_eq!(rr.received(), 0);
+        }
+        // A forged sequence number with the old tag fails the MAC.
+        let mut bumped = second.clone();
+        let at = bumped.len() - SEAL_LEN;
+        bumped[at..at + 8].copy_from_slice(&0u64.to_be_bytes());
+        assert!(matches!(
+            r.clone().open(&bumped),
+            Err(ChannelError::BadTag { seq: 0 })
+        ));
+        // Truncated: shorter than the trailer, or cut anywhere.
+        for len in 0..SEAL_LEN {
+            assert_eq!(
+                r.clone().open(&first[..len]),
+                Err(ChannelError::Truncated { len })
+            );
+        }
+        for len in SEAL_LEN..first.len() {
+            assert!(r.clone().open(&first[..len]).is_err(), "cut at {len}");
+        }
+        // In order: fine; then replayed.
+        assert_eq!(r.open(&first).unwrap(), b"HELLO frame");
+        assert_eq!(
+            r.open(&first),
+            Err(ChannelError::Replayed {
+                got: 0,
+                expected: 1
+            })
+        );
+        assert_eq!(r.open(&second).unwrap(), b"FIN frame");
+        assert_eq!(
+            r.open(&first),
+            Err(ChannelError::Replayed {
+                got: 0,
+                expected: 2
+            })
+        );
+        assert_eq!(r.open(&third).unwrap(), b"BYE frame");
+        // Wrong direction: the sender's own message reflected back to it,
+        // or the receiver opening what it sealed itself.
+        let mut s_copy = s.clone();
+        assert!(matches!(
+            s_copy.open(&first),
+            Err(ChannelError::BadTag { .. })
+        ));
+        let from_r = r.seal(b"ACK frame").unwrap();
+        assert!(matches!(
+            r.clone().open(&from_r),
+            Err(ChannelError::BadTag { .. })
+        ));
+        // Another connection's channel cannot open it.
+        let (nr, ns) = nonces();
+        let other = SessionKey::derive(&token(TOK), &nr, &ns, &conn("10.0.0.1", 1, "10.0.0.2", 3));
+        let mut other_r = other.channel(Role::Receiver);
+        let mut fresh_s = channels().0;
+        let sealed = fresh_s.seal(b"x").unwrap();
+        assert!(matches!(
+            other_r.open(&sealed),
+            Err(ChannelError::BadTag { .. })
+        ));
+        assert_eq!(s.open(&from_r).unwrap(), b"ACK frame");
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        let (nr, ns) = nonces();
+        let key = SessionKey::derive(&token(TOK), &nr, &ns, &conn("10.0.0.1", 1, "10.0.0.2", 2));
+        assert_eq!(format!("{key:?}"), "SessionKey(<redacted>)");
+        let shown = format!("{:?}", key.channel(Role::Sender));
+        assert!(shown.starts_with("Channel {"), "{shown}");
+        assert!(!shown.contains("key"), "{shown}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! rdma-xfer control protocol v1: wire codec, name checks and the pure sender /
+//! rdma-xfer control protocol (session protocol 3): wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
 #![deny(missing_docs)]
 
@@ -8,7 +8,10 @@ pub mod receiver;
 pub mod sender;
 pub mod wire;
 
-pub use auth::{AUTH_REQUIRED, NONCE_LEN, Token};
+pub use auth::{
+    AUTH_REQUIRED, Channel, ChannelError, ConnectionId, MAC_LEN, MIN_TOKEN_LEN, NONCE_LEN, Role,
+    SEAL_LEN, SessionKey, Token,
+};
 pub use names::{
     MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, PathError, validate_name, validate_path,
 };
@@ -17,23 +20,23 @@ pub use receiver::{
     ReceiverState, RecvError, busy_refusal,
 };
 pub use sender::{
-    ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderEvent, SenderSession,
-    SenderState, Verdict, keepalive_interval,
+    ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderAuth, SenderEvent,
+    SenderSession, SenderState, Verdict, keepalive_interval,
 };
 pub use wire::{
-    Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Hello, MAX_MESSAGE, Message,
-    Mtime, Reject, RejectCode, RingInfo, WireError, decode, encode, encode_to_vec, hello_flags,
+    Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Hello, MAX_FRAME, MAX_MESSAGE,
+    Message, Mtime, Prove, Reject, RejectCode, RingInfo, WireError, decode, encode, encode_to_vec,
+    hello_flags,
 };
 
 use thiserror::Error;
 
-/// Session protocol version carried in HELLO. Version 2 added HELLO flags
-/// (streams of unknown size, directories, mtimes), relative paths and
-/// KEEPALIVE; a receiver still takes version-1 HELLOs, and a sender offers a
-/// plain file as version 1 so that version-1 receivers still take it.
-pub const PROTOCOL_VERSION: u16 = 2;
-/// Oldest HELLO version a receiver accepts.
-pub const MIN_PROTOCOL_VERSION: u16 = 1;
+/// Session protocol version carried in HELLO and PROVE. Version 2 added
+/// HELLO flags (streams, directories, mtimes), relative paths and
+/// KEEPALIVE; version 3 the mutual, connection-bound authentication (PROVE,
+/// AUTH_OK) and sealed control messages. Both sides speak exactly one
+/// version: a peer of another one is refused, naming both.
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// A violation of the session protocol (by the peer, or by the local caller for
 /// `WrongState`). Errors caused by a peer message end the session: the state
@@ -79,6 +82,27 @@ pub enum ProtocolError {
     AuthFailed {
         /// The receiver's explanation.
         reason: String,
+    },
+    /// This sender has a token but the receiver's CHALLENGE does not ask
+    /// for authentication: a receiver without a token, or someone posing
+    /// as the receiver. Nothing is sent to it.
+    #[error(
+        "the receiver does not ask for authentication, but this sender has a token: refusing to \
+         send anything to it (a receiver without a token, or someone posing as the receiver)"
+    )]
+    NoAuthRequested,
+    /// AUTH_OK whose proof is wrong: the peer does not know the token (or
+    /// relays another connection's handshake). Nothing is sent to it.
+    #[error(
+        "the receiver failed to prove that it knows the token: refusing to send anything to it \
+         (a receiver with another token, or someone posing as the receiver)"
+    )]
+    ReceiverProofFailed,
+    /// The peer speaks another session protocol version.
+    #[error("protocol version mismatch: {detail}")]
+    VersionMismatch {
+        /// Both versions, as far as known.
+        detail: String,
     },
     /// The MR's ring is unusable (empty, overflowing the address space, or
     /// not the configured shape).
@@ -234,8 +258,12 @@ mod tests {
         Chunk(ChunkPlan, u32),
     }
 
-    fn send(q: &mut VecDeque<Wire>, m: &Message) {
-        q.push_back(Wire::Msg(encode_to_vec(m).unwrap()));
+    /// Opens (once a channel is installed) and decodes.
+    fn open(channel: &mut Option<Channel>, b: &[u8]) -> Message {
+        match channel.as_mut() {
+            Some(c) => decode(c.open(b).unwrap()).unwrap(),
+            None => decode(b).unwrap(),
+        }
     }
 
     fn crc(b: &[u8]) -> u32 {
@@ -285,9 +313,31 @@ mod tests {
         dirs_done: usize,
         max_outstanding: u64,
         max_pending: usize,
+        /// Each side's sealing channel once authenticated.
+        s_channel: Option<Channel>,
+        r_channel: Option<Channel>,
+        sealed: usize,
     }
 
     impl Sim {
+        fn send_s(&mut self, m: &Message) {
+            let mut b = encode_to_vec(m).unwrap();
+            if let Some(c) = self.s_channel.as_mut() {
+                b = c.seal(&b).unwrap();
+                self.sealed += 1;
+            }
+            self.s2r.push_back(Wire::Msg(b));
+        }
+
+        fn send_r(&mut self, m: &Message) {
+            let mut b = encode_to_vec(m).unwrap();
+            if let Some(c) = self.r_channel.as_mut() {
+                b = c.seal(&b).unwrap();
+                self.sealed += 1;
+            }
+            self.r2s.push_back(Wire::Msg(b));
+        }
+
         fn sender_start_next(&mut self) {
             let i = self.next_entry;
             let (kind, size) = match &self.entries[i] {
@@ -305,7 +355,7 @@ mod tests {
             };
             // The tag is the entry's index (offset so that 0 means nothing).
             let m = self.s.start_file(offer, 1000 + i as u64).unwrap();
-            send(&mut self.s2r, &m);
+            self.send_s(&m);
             self.offered.push_back(i);
             if kind == OfferKind::Directory {
                 self.awaiting.push_back(i);
@@ -324,7 +374,7 @@ mod tests {
                 2 => self.consume(),
                 3 if self.rng.below(8) == 0 => {
                     if let Some(m) = self.r.flush_credits() {
-                        send(&mut self.r2s, &m);
+                        self.send_r(&m);
                     }
                 }
                 3 => {}
@@ -350,7 +400,7 @@ mod tests {
                         self.sender_start_next();
                     } else if !more && self.s.pending() == 0 {
                         let m = self.s.close().unwrap();
-                        send(&mut self.s2r, &m);
+                        self.send_s(&m);
                     }
                 }
                 SenderState::Sending => self.sender_data(),
@@ -386,7 +436,7 @@ mod tests {
                 && (self.s.all_chunks_planned() || matches!(entry, SimEntry::Stream(_)))
             {
                 let m = self.s.finish(Digest::Crc32(crc(data))).unwrap();
-                send(&mut self.s2r, &m);
+                self.send_s(&m);
                 self.awaiting.push_back(i);
                 self.sending = None;
                 self.max_pending = self.max_pending.max(self.s.pending());
@@ -413,7 +463,7 @@ mod tests {
                     let in_flight = self.landed.len() as u64;
                     self.max_outstanding = self.max_outstanding.max(in_flight);
                 }
-                Wire::Msg(b) => match self.r.on_message(decode(&b).unwrap()).unwrap() {
+                Wire::Msg(b) => match self.r.on_message(open(&mut self.r_channel, &b)).unwrap() {
                     ReceiverEvent::Offer(h) => {
                         let i = self.offered.pop_front().expect("an offered entry");
                         assert_eq!(h.name, format!("e/{i}"));
@@ -431,16 +481,21 @@ mod tests {
                                 self.r.accept(self.ring).unwrap()
                             }
                         };
-                        send(&mut self.r2s, &m);
+                        self.send_r(&m);
                     }
                     ReceiverEvent::Fin(f) => {
                         let i = self.receiving.expect("receiving");
                         assert_eq!(f.bytes, self.entries[i].data().len() as u64);
                     }
-                    ReceiverEvent::Closed
-                    | ReceiverEvent::Authenticated
-                    | ReceiverEvent::AuthIgnored
-                    | ReceiverEvent::Keepalive => {}
+                    ReceiverEvent::Authenticated => {
+                        // AUTH_OK as it is, everything after it sealed.
+                        while let Some(m) = self.r.poll_transmit() {
+                            assert!(matches!(m, Message::AuthOk { .. }));
+                            self.send_r(&m);
+                        }
+                        self.r_channel = Some(self.r.take_channel().unwrap());
+                    }
+                    ReceiverEvent::Closed | ReceiverEvent::Keepalive => {}
                 },
             }
         }
@@ -460,7 +515,7 @@ mod tests {
             );
             self.out.extend_from_slice(bytes);
             if let Some(m) = self.r.chunk_done() {
-                send(&mut self.r2s, &m);
+                self.send_r(&m);
             }
         }
 
@@ -476,19 +531,21 @@ mod tests {
             );
             self.delivered.push(i);
             let m = self.r.complete(AckStatus::Ok, String::new()).unwrap();
-            send(&mut self.r2s, &m);
+            self.send_r(&m);
         }
 
         fn deliver_to_sender(&mut self) {
             let Some(Wire::Msg(b)) = self.r2s.pop_front() else {
                 return;
             };
-            match self.s.on_message(decode(&b).unwrap()).unwrap() {
+            match self.s.on_message(open(&mut self.s_channel, &b)).unwrap() {
                 SenderEvent::Greeted(g) => {
-                    // AUTH and the first HELLO go out back to back.
-                    if let Some(auth) = g.auth {
-                        send(&mut self.s2r, &auth);
+                    if let Some(prove) = g.prove {
+                        self.send_s(&prove);
                     }
+                }
+                SenderEvent::Authenticated => {
+                    self.s_channel = Some(self.s.take_channel().unwrap());
                 }
                 SenderEvent::Ring(r) => {
                     assert_eq!(r, self.ring);
@@ -573,17 +630,25 @@ mod tests {
                 credit_batch,
                 max_size: u64::MAX,
             };
-            // A third of the sessions authenticate; a sender token the receiver
-            // does not ask for is merely unused.
-            let token = Token::new(b"sim".to_vec());
-            let (s, r) = match rng.below(3) {
+            // Half of the sessions authenticate (and seal everything after).
+            let token = Token::new(b"sim".to_vec()).unwrap();
+            let conn = ConnectionId {
+                receiver_addr: "10.0.0.1".parse().unwrap(),
+                receiver_qpn: round,
+                sender_addr: "10.0.0.2".parse().unwrap(),
+                sender_qpn: round + 1,
+            };
+            let (s, r) = match rng.below(2) {
                 0 => (
-                    SenderSession::new(chunk_size, token.clone()),
-                    ReceiverSession::with_auth(rcfg, token.unwrap(), [round as u8; NONCE_LEN]),
-                ),
-                1 => (
-                    SenderSession::new(chunk_size, token),
-                    ReceiverSession::new(rcfg),
+                    SenderSession::new(
+                        chunk_size,
+                        Some(SenderAuth {
+                            token: token.clone(),
+                            nonce: [!(round as u8); NONCE_LEN],
+                            conn,
+                        }),
+                    ),
+                    ReceiverSession::with_auth(rcfg, token, [round as u8; NONCE_LEN], conn),
                 ),
                 _ => (
                     SenderSession::new(chunk_size, None),
@@ -612,11 +677,14 @@ mod tests {
                 dirs_done: 0,
                 max_outstanding: 0,
                 max_pending: 0,
+                s_channel: None,
+                r_channel: None,
+                sealed: 0,
             };
             let greeting = sim.r.poll_transmit().expect("the CHALLENGE comes first");
             assert!(matches!(greeting, Message::Challenge(_)));
             assert_eq!(sim.r.poll_transmit(), None);
-            send(&mut sim.r2s, &greeting);
+            sim.send_r(&greeting);
             let mut steps = 0u64;
             while sim.step() {
                 steps += 1;

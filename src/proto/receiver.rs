@@ -5,27 +5,31 @@
 //! peer broke); the messages that carry the engine's own decisions (MR,
 //! REJECT, ACK, CREDIT) are the return values of `accept`, `reject`,
 //! `complete`, `abort` and `chunk_done`. The engine builds no message. With
-//! a token, nothing but a correct AUTH (or BYE) is accepted first, so no
+//! a token, nothing but a correct PROVE (or BYE) is accepted first, so no
 //! HELLO is considered and no ring is exposed before the sender has proven
-//! the secret.
+//! the secret; the AUTH_OK that proves the receiver follows, and from then
+//! on the engine seals and opens every control message with the channel
+//! the machine hands out (`take_channel`).
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use thiserror::Error;
 
-use super::auth::{AUTH_REQUIRED, NONCE_LEN, Token};
-use super::names::{validate_name, validate_path};
+use super::auth::{
+    AUTH_REQUIRED, Channel, ChannelError, ConnectionId, NONCE_LEN, Role, SessionKey, Token,
+};
+use super::names::validate_path;
 use super::wire::{
-    Ack, AckStatus, Challenge, DigestAlg, Fin, Hello, Message, Reject, RejectCode, RingInfo,
+    Ack, AckStatus, Challenge, DigestAlg, Fin, Hello, Message, Prove, Reject, RejectCode, RingInfo,
     WireError, hello_flags,
 };
-use super::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtocolError, check_ring};
+use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 
 /// Where a receiver's session is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReceiverState {
-    /// CHALLENGE (auth required) sent; only AUTH or BYE may come.
+    /// CHALLENGE (auth required) sent; only PROVE or BYE may come.
     AwaitAuth,
     /// Between files: the next HELLO (or BYE) may come.
     AwaitHello,
@@ -98,10 +102,9 @@ pub enum ReceiverEvent {
     Fin(Fin),
     /// The sender said BYE.
     Closed,
-    /// AUTH carried the right MAC: HELLOs are welcome now.
+    /// PROVE carried the right proof: AUTH_OK is queued (send it before
+    /// installing the channel, `take_channel`); HELLOs are welcome now.
     Authenticated,
-    /// An AUTH although none was asked for (no token configured): ignored.
-    AuthIgnored,
     /// KEEPALIVE: the sender waits for its input; progress for the timeout.
     Keepalive,
 }
@@ -109,11 +112,12 @@ pub enum ReceiverEvent {
 /// Why a sender was not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AuthFailure {
-    /// AUTH with a MAC that does not match.
+    /// PROVE with a proof that does not match (another token, or a proof
+    /// made for another connection).
     WrongToken,
-    /// Empty AUTH: the sender has no token.
+    /// PROVE without a proof: the sender has no token.
     NoToken,
-    /// Something other than AUTH (or BYE) came first.
+    /// Something other than PROVE (or BYE) came first.
     Required,
 }
 
@@ -155,6 +159,14 @@ pub enum RecvError {
     /// be written or exposed.
     #[error("{0}")]
     Auth(AuthFailure),
+    /// The sender speaks another protocol version (state is now Closed):
+    /// the REJECT(version) naming both versions is queued.
+    #[error("{}", .0.reason)]
+    Version(Reject),
+    /// A sealed message failed its check (state is now Closed): forged,
+    /// replayed, reordered or truncated. An ACK(protocol) is queued.
+    #[error("{0}")]
+    Forged(ChannelError),
     /// A stream grew past `max_size` (state is now Closed): abort the file
     /// with `Ack::new(AckStatus::Rejected, err)`.
     #[error("the stream is larger than the receiver accepts: more than {limit} bytes (--max-size)")]
@@ -164,11 +176,12 @@ pub enum RecvError {
     },
 }
 
-/// The receiver's secret and this session's nonce.
+/// The receiver's secret, this session's nonce and the connection.
 #[derive(Debug, Clone)]
 struct AuthKey {
     token: Token,
     nonce: [u8; NONCE_LEN],
+    conn: ConnectionId,
 }
 
 /// The receiver's side of one session: checks every message and chunk
@@ -177,6 +190,9 @@ struct AuthKey {
 pub struct ReceiverSession {
     cfg: ReceiverConfig,
     auth: Option<AuthKey>,
+    /// The sealing channel once the sender has proven the token, until
+    /// the engine takes it.
+    channel: Option<Channel>,
     state: ReceiverState,
     /// Replies the machine decided on, oldest first (`poll_transmit`).
     outbox: VecDeque<Message>,
@@ -214,6 +230,7 @@ impl ReceiverSession {
         Self {
             cfg,
             auth: None,
+            channel: None,
             state: ReceiverState::AwaitHello,
             outbox: VecDeque::new(),
             name: String::new(),
@@ -231,14 +248,27 @@ impl ReceiverSession {
         }
     }
 
-    /// A session that first requires an AUTH proving `token` over `nonce`
-    /// (which must be fresh from the OS RNG for every session).
-    pub fn with_auth(cfg: ReceiverConfig, token: Token, nonce: [u8; NONCE_LEN]) -> Self {
+    /// A session that first requires a PROVE of `token`, bound to `nonce`
+    /// (which must be fresh from the OS RNG for every session) and to
+    /// `conn`, this connection's identity.
+    pub fn with_auth(
+        cfg: ReceiverConfig,
+        token: Token,
+        nonce: [u8; NONCE_LEN],
+        conn: ConnectionId,
+    ) -> Self {
         let mut s = Self::unannounced(cfg);
-        s.auth = Some(AuthKey { token, nonce });
+        s.auth = Some(AuthKey { token, nonce, conn });
         s.state = ReceiverState::AwaitAuth;
         s.outbox.push_back(s.challenge());
         s
+    }
+
+    /// The sealing channel, once the sender is authenticated (taken once):
+    /// the engine seals every later message with it, starting right after
+    /// the AUTH_OK the machine queued.
+    pub fn take_channel(&mut self) -> Option<Channel> {
+        self.channel.take()
     }
 
     /// The next message the machine queued for the sender (the CHALLENGE
@@ -252,7 +282,7 @@ impl ReceiverSession {
     /// unauthenticated peer holds a session only `AUTH_TIMEOUT` at most.
     pub fn wait_limit(&self, timeout: Duration) -> (&'static str, Duration) {
         match self.state {
-            ReceiverState::AwaitAuth => ("the sender's AUTH", timeout.min(AUTH_TIMEOUT)),
+            ReceiverState::AwaitAuth => ("the sender's PROVE", timeout.min(AUTH_TIMEOUT)),
             ReceiverState::Receiving | ReceiverState::Verifying => {
                 ("data from the sender", timeout)
             }
@@ -325,6 +355,11 @@ impl ReceiverSession {
             let reply = match e {
                 RecvError::Reject(r) => Message::Reject(r.clone()),
                 RecvError::Auth(f) => Message::Reject(f.reject()),
+                RecvError::Version(r) => Message::Reject(r.clone()),
+                RecvError::Forged(c) => Message::Ack(Ack::new(
+                    AckStatus::Protocol,
+                    format!("protocol error: {c}"),
+                )),
                 RecvError::Protocol(p) => Message::Ack(Ack::new(
                     AckStatus::Protocol,
                     format!("protocol error: {kind} not allowed here: {p}"),
@@ -367,6 +402,20 @@ impl ReceiverSession {
         error
     }
 
+    /// A sealed message from the sender that failed its check: the session
+    /// is over; the ACK(protocol) saying why is queued (sealed by the
+    /// engine, so the real sender can trust it).
+    pub fn on_forged(&mut self, err: ChannelError) -> RecvError {
+        if self.state != ReceiverState::Closed {
+            let reply = Message::Ack(Ack::new(
+                AckStatus::Protocol,
+                format!("protocol error: {err}"),
+            ));
+            self.close_with(reply, true);
+        }
+        RecvError::Forged(err)
+    }
+
     /// Queues `reply`; with `close`, the session is over.
     fn close_with(&mut self, reply: Message, close: bool) {
         self.outbox.push_back(reply);
@@ -393,30 +442,30 @@ impl ReceiverSession {
         use ReceiverState::*;
         match (self.state, msg) {
             (Closed, m) => Err(self.unexpected(m.kind()).into()),
-            (AwaitAuth, Message::Auth { mac }) => {
-                let Some(key) = &self.auth else {
-                    return Err(self.unexpected("AUTH").into());
-                };
-                if mac.is_empty() {
-                    Err(RecvError::Auth(AuthFailure::NoToken))
-                } else if key.token.verify(&key.nonce, &mac) {
-                    self.state = AwaitHello;
-                    Ok(ReceiverEvent::Authenticated)
-                } else {
-                    Err(RecvError::Auth(AuthFailure::WrongToken))
-                }
-            }
+            (AwaitAuth, Message::Prove(p)) => self.on_prove(p),
+            // Protocol 2's answer: an older sender.
+            (AwaitAuth, Message::Auth { .. }) => Err(RecvError::Version(Reject::new(
+                RejectCode::Version,
+                format!(
+                    "the sender speaks protocol version 2 or older (its AUTH is protocol 2's); \
+                     this receiver speaks protocol version {PROTOCOL_VERSION}: upgrade the sender"
+                ),
+            ))),
             (AwaitAuth, Message::Bye) => {
                 self.state = Closed;
                 Ok(ReceiverEvent::Closed)
             }
             (AwaitAuth, _) => Err(RecvError::Auth(AuthFailure::Required)),
-            // No token configured: an AUTH nobody asked for changes nothing.
-            (AwaitHello, Message::Auth { .. }) if self.auth.is_none() => {
-                Ok(ReceiverEvent::AuthIgnored)
-            }
             (AwaitHello, Message::Hello(h)) => {
-                check_hello(&h, self.cfg.max_size).map_err(RecvError::Reject)?;
+                check_hello(&h, self.cfg.max_size).map_err(|r| {
+                    // Another version (or flags this version does not know)
+                    // is no single entry's problem: the session ends.
+                    if r.code == RejectCode::Version {
+                        RecvError::Version(r)
+                    } else {
+                        RecvError::Reject(r)
+                    }
+                })?;
                 self.name.clone_from(&h.name);
                 self.size = h.size;
                 self.stream = h.is_stream();
@@ -474,6 +523,37 @@ impl ReceiverSession {
             .into()),
             (_, m) => Err(self.unexpected(m.kind()).into()),
         }
+    }
+
+    /// PROVE: the sender's version, then its proof over this connection's
+    /// transcript; a right one queues AUTH_OK and makes the channel.
+    fn on_prove(&mut self, p: Prove) -> Result<ReceiverEvent, RecvError> {
+        let Some(auth) = &self.auth else {
+            return Err(self.unexpected("PROVE").into());
+        };
+        if p.version != PROTOCOL_VERSION {
+            return Err(RecvError::Version(Reject::new(
+                RejectCode::Version,
+                format!(
+                    "the sender speaks protocol version {}; this receiver speaks protocol \
+                     version {PROTOCOL_VERSION}",
+                    p.version
+                ),
+            )));
+        }
+        if p.proof.is_empty() {
+            return Err(RecvError::Auth(AuthFailure::NoToken));
+        }
+        let key = SessionKey::derive(&auth.token, &auth.nonce, &p.nonce, &auth.conn);
+        if !key.verify_sender(&p.proof) {
+            return Err(RecvError::Auth(AuthFailure::WrongToken));
+        }
+        self.outbox.push_back(Message::AuthOk {
+            proof: key.receiver_proof(),
+        });
+        self.channel = Some(key.channel(Role::Receiver));
+        self.state = ReceiverState::AwaitHello;
+        Ok(ReceiverEvent::Authenticated)
     }
 
     fn unexpected(&self, msg: &'static str) -> ProtocolError {
@@ -697,27 +777,22 @@ pub fn busy_refusal(max_sessions: usize) -> Message {
 
 /// The checks that need no file system: version, flags, name or path, size.
 fn check_hello(h: &Hello, max_size: u64) -> Result<(), Reject> {
-    if h.version < MIN_PROTOCOL_VERSION || h.version > PROTOCOL_VERSION {
+    if h.version != PROTOCOL_VERSION {
+        let which = if h.version < PROTOCOL_VERSION {
+            "an older sender: upgrade it"
+        } else {
+            "a newer sender: upgrade this receiver"
+        };
         return Err(Reject::new(
             RejectCode::Version,
             format!(
-                "protocol version {} is not supported (receiver speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})",
+                "the sender offers protocol version {}; this receiver speaks protocol version \
+                 {PROTOCOL_VERSION} ({which})",
                 h.version
             ),
         ));
     }
-    if h.version == 1 {
-        // Version 1: one plain file, nothing else.
-        if h.caps != 0 {
-            return Err(Reject::new(
-                RejectCode::Version,
-                format!("a version-1 HELLO carries no flags, got 0x{:x}", h.caps),
-            ));
-        }
-        if let Err(e) = validate_name(&h.name) {
-            return Err(Reject::new(RejectCode::BadName, e.to_string()));
-        }
-    } else {
+    {
         let unknown = h.caps & !hello_flags::KNOWN;
         if unknown != 0 {
             return Err(Reject::new(
@@ -795,7 +870,7 @@ mod tests {
 
     fn hello_v2(name: &str, caps: u32, size: u64) -> Hello {
         Hello {
-            version: 2,
+            version: PROTOCOL_VERSION,
             caps,
             ..hello(name, size)
         }
@@ -815,10 +890,33 @@ mod tests {
         Token::new(b"the shared secret".to_vec()).unwrap()
     }
 
-    fn good_auth() -> Message {
-        Message::Auth {
-            mac: token().mac(&NONCE).to_vec(),
+    const SENDER_NONCE: [u8; NONCE_LEN] = [0xa5; NONCE_LEN];
+
+    fn conn() -> ConnectionId {
+        ConnectionId {
+            receiver_addr: "10.0.0.1".parse().unwrap(),
+            receiver_qpn: 17,
+            sender_addr: "10.0.0.2".parse().unwrap(),
+            sender_qpn: 18,
         }
+    }
+
+    /// What a sender computes: its proof over `conn`'s transcript.
+    fn prove_for(token: &Token, nonce_r: &[u8; NONCE_LEN], conn: &ConnectionId) -> Message {
+        let key = SessionKey::derive(token, nonce_r, &SENDER_NONCE, conn);
+        Message::Prove(Prove {
+            version: PROTOCOL_VERSION,
+            nonce: SENDER_NONCE,
+            proof: key.sender_proof().to_vec(),
+        })
+    }
+
+    fn good_auth() -> Message {
+        prove_for(&token(), &NONCE, &conn())
+    }
+
+    fn with_auth(c: ReceiverConfig) -> ReceiverSession {
+        ReceiverSession::with_auth(c, token(), NONCE, conn())
     }
 
     /// Session of a 4x100 ring, batch 2, file of 1000 bytes (100 for Verifying).
@@ -831,7 +929,7 @@ mod tests {
     fn session_in_auth(state: ReceiverState, auth: bool) -> ReceiverSession {
         let c = cfg(100, 4, 2);
         let mut r = if auth {
-            ReceiverSession::with_auth(c, token(), NONCE)
+            with_auth(c)
         } else {
             ReceiverSession::new(c)
         };
@@ -890,18 +988,55 @@ mod tests {
                 flags: AUTH_REQUIRED,
                 nonce: NONCE,
             }),
+            // Protocol 2's AUTH (an old sender), empty and with a MAC.
             Message::Auth { mac: Vec::new() },
+            Message::Auth {
+                mac: token().mac(&NONCE).to_vec(),
+            },
+            Message::Prove(Prove {
+                version: PROTOCOL_VERSION,
+                nonce: SENDER_NONCE,
+                proof: Vec::new(),
+            }),
             good_auth(),
-            // Right token, wrong nonce; wrong token; a short MAC.
-            Message::Auth {
-                mac: token().mac(&[0; NONCE_LEN]).to_vec(),
-            },
-            Message::Auth {
-                mac: Token::new(b"guess".to_vec()).unwrap().mac(&NONCE).to_vec(),
-            },
-            Message::Auth {
-                mac: token().mac(&NONCE)[..16].to_vec(),
-            },
+            // Right token, another nonce (a relayed challenge); another
+            // connection (a relayed proof); wrong token; a short proof.
+            prove_for(&token(), &[0; NONCE_LEN], &conn()),
+            prove_for(
+                &token(),
+                &NONCE,
+                &ConnectionId {
+                    sender_qpn: 19,
+                    ..conn()
+                },
+            ),
+            prove_for(
+                &token(),
+                &NONCE,
+                &ConnectionId {
+                    sender_addr: "10.0.0.3".parse().unwrap(),
+                    ..conn()
+                },
+            ),
+            prove_for(
+                &Token::new(b"a guess of a token".to_vec()).unwrap(),
+                &NONCE,
+                &conn(),
+            ),
+            Message::Prove(Prove {
+                version: PROTOCOL_VERSION,
+                nonce: SENDER_NONCE,
+                proof: vec![0; 32],
+            }),
+            // A good proof from another protocol version.
+            Message::Prove(Prove {
+                version: PROTOCOL_VERSION - 1,
+                ..match good_auth() {
+                    Message::Prove(p) => p,
+                    _ => unreachable!(),
+                }
+            }),
+            Message::AuthOk { proof: [7; 32] },
             Message::Keepalive,
         ]
     }
@@ -909,11 +1044,20 @@ mod tests {
     /// What an AUTH-state session answers to `msg`.
     fn expected_in_await_auth(msg: &Message) -> Result<ReceiverEvent, RecvError> {
         match msg {
-            Message::Auth { mac } if mac.is_empty() => Err(RecvError::Auth(AuthFailure::NoToken)),
-            Message::Auth { mac } if *mac == token().mac(&NONCE) => {
-                Ok(ReceiverEvent::Authenticated)
+            Message::Auth { .. } => Err(RecvError::Version(Reject::new(
+                RejectCode::Version,
+                "the sender speaks protocol version 2 or older (its AUTH is protocol 2's); \
+                 this receiver speaks protocol version 3: upgrade the sender",
+            ))),
+            Message::Prove(p) if p.version != PROTOCOL_VERSION => {
+                Err(RecvError::Version(Reject::new(
+                    RejectCode::Version,
+                    "the sender speaks protocol version 2; this receiver speaks protocol version 3",
+                )))
             }
-            Message::Auth { .. } => Err(RecvError::Auth(AuthFailure::WrongToken)),
+            Message::Prove(p) if p.proof.is_empty() => Err(RecvError::Auth(AuthFailure::NoToken)),
+            m if *m == good_auth() => Ok(ReceiverEvent::Authenticated),
+            Message::Prove(_) => Err(RecvError::Auth(AuthFailure::WrongToken)),
             Message::Bye => Ok(ReceiverEvent::Closed),
             _ => Err(RecvError::Auth(AuthFailure::Required)),
         }
@@ -923,9 +1067,38 @@ mod tests {
     fn await_auth_every_message() {
         for msg in all_messages(100) {
             let mut r = session_in_auth(ReceiverState::AwaitAuth, true);
+            sent(&mut r);
             let want = expected_in_await_auth(&msg);
             let res = r.on_message(msg.clone());
             assert_eq!(res, want, "{}", msg.kind());
+            // A good PROVE is answered with the receiver's proof, and only
+            // then is there a channel; anything else gets one refusal.
+            let replies = sent(&mut r);
+            if res.is_ok() && msg != Message::Bye {
+                let key = SessionKey::derive(&token(), &NONCE, &SENDER_NONCE, &conn());
+                assert_eq!(
+                    replies,
+                    [Message::AuthOk {
+                        proof: key.receiver_proof()
+                    }]
+                );
+                let mut mine = key.channel(Role::Sender);
+                let mut theirs = r.take_channel().expect("a channel");
+                let sealed = mine.seal(b"frame").unwrap();
+                assert_eq!(theirs.open(&sealed).unwrap(), b"frame");
+                assert!(r.take_channel().is_none(), "taken once");
+            } else {
+                assert!(r.take_channel().is_none(), "{}", msg.kind());
+                if res.is_err() {
+                    assert_eq!(replies.len(), 1, "{}: {replies:?}", msg.kind());
+                    assert!(
+                        matches!(&replies[0], Message::Reject(j)
+                            if j.code == RejectCode::Auth || j.code == RejectCode::Version),
+                        "{}: {replies:?}",
+                        msg.kind()
+                    );
+                }
+            }
             let next = match want {
                 Ok(ReceiverEvent::Authenticated) => ReceiverState::AwaitHello,
                 _ => ReceiverState::Closed,
@@ -973,9 +1146,7 @@ mod tests {
     fn challenge_carries_the_nonce_only_with_a_token() {
         let c = cfg(100, 4, 2);
         assert_eq!(
-            ReceiverSession::with_auth(c, token(), NONCE)
-                .poll_transmit()
-                .unwrap(),
+            with_auth(c).poll_transmit().unwrap(),
             Message::Challenge(Challenge {
                 flags: AUTH_REQUIRED,
                 nonce: NONCE
@@ -1002,8 +1173,7 @@ mod tests {
         let good = good_auth();
         let mut paths = 0u32;
         let mut rings = 0u32;
-        let mut stack: Vec<(ReceiverSession, bool, usize)> =
-            vec![(ReceiverSession::with_auth(c, token(), NONCE), false, 0)];
+        let mut stack: Vec<(ReceiverSession, bool, usize)> = vec![(with_auth(c), false, 0)];
         while let Some((r, authed, depth)) = stack.pop() {
             paths += 1;
             let mut probe = r.clone();
@@ -1049,8 +1219,6 @@ mod tests {
                 let legal = match (state, &msg) {
                     (AwaitHello, Message::Hello(_)) => Some(AwaitDecision),
                     (AwaitHello, Message::Bye) => Some(Closed),
-                    // Ignored when no token is configured.
-                    (AwaitHello, Message::Auth { .. }) if !auth => Some(AwaitHello),
                     (Receiving, Message::Fin(_)) => Some(Verifying),
                     (Receiving, Message::Keepalive) => Some(Receiving),
                     _ => None,
@@ -1059,9 +1227,6 @@ mod tests {
                     Some(next) => {
                         assert!(res.is_ok(), "{ctx}: {res:?}");
                         assert_eq!(r.state(), next, "{ctx}");
-                        if let Message::Auth { .. } = msg {
-                            assert_eq!(res, Ok(ReceiverEvent::AuthIgnored), "{ctx}");
-                        }
                     }
                     None => {
                         let want = match (&msg, state) {
@@ -1141,13 +1306,6 @@ mod tests {
         let mut c = cfg(100, 4, 1);
         c.max_size = 1000;
         let mut r = ReceiverSession::new(c);
-        let mut h = hello("ok", 1);
-        h.version = 3;
-        let Err(RecvError::Reject(j)) = r.on_message(Message::Hello(h)) else {
-            panic!("version not rejected");
-        };
-        assert_eq!(j.code, RejectCode::Version);
-        assert_eq!(r.state(), ReceiverState::AwaitHello);
         for bad in ["", ".", "..", "../x", "/etc/passwd", "a\nb"] {
             let Err(RecvError::Reject(j)) = r.on_message(Message::Hello(hello(bad, 1))) else {
                 panic!("{bad:?} not rejected");
@@ -1433,6 +1591,12 @@ mod tests {
                     assert_eq!(r.state(), ReceiverState::AwaitHello);
                     Some(j.code)
                 }
+                // Another version ends the session, naming both.
+                Err(RecvError::Version(j)) => {
+                    assert_eq!(r.state(), ReceiverState::Closed);
+                    assert_eq!(sent(&mut r).last(), Some(&Message::Reject(j.clone())));
+                    Some(j.code)
+                }
                 other => panic!("{other:?}"),
             }
         };
@@ -1442,45 +1606,47 @@ mod tests {
         };
         let t = Some(crate::proto::Mtime { secs: 1, nanos: 2 });
         for (h, want) in [
-            // Version 1: a plain name, no flags.
-            (v(1, 0, "f", 1), None),
-            (v(1, 0, "a/b", 1), Some(RejectCode::BadName)),
-            (v(1, STREAM, "f", 0), Some(RejectCode::Version)),
-            (v(1, DIRECTORY, "f", 0), Some(RejectCode::Version)),
+            // Older senders (a protocol-2 sender offers plain files as 1).
+            (v(1, 0, "f", 1), Some(RejectCode::Version)),
+            (v(2, 0, "f", 1), Some(RejectCode::Version)),
+            (v(2, STREAM, "f", 0), Some(RejectCode::Version)),
+            // Version 3: flags and relative paths.
+            (v(3, 0, "f", 1000), None),
+            (v(3, 0, "a/b/c", 1), None),
+            (v(3, STREAM, "stdin", 0), None),
+            (v(3, DIRECTORY, "top/sub", 0), None),
             (
                 Hello {
                     mtime: t,
-                    ..v(1, MTIME, "f", 1)
-                },
-                Some(RejectCode::Version),
-            ),
-            // Version 2: flags and relative paths.
-            (v(2, 0, "f", 1000), None),
-            (v(2, 0, "a/b/c", 1), None),
-            (v(2, STREAM, "stdin", 0), None),
-            (v(2, DIRECTORY, "top/sub", 0), None),
-            (
-                Hello {
-                    mtime: t,
-                    ..v(2, DIRECTORY | MTIME, "top", 0)
+                    ..v(3, DIRECTORY | MTIME, "top", 0)
                 },
                 None,
             ),
-            (v(2, 0, "f", 1001), Some(RejectCode::TooLarge)),
-            (v(2, 1 << 3, "f", 1), Some(RejectCode::Version)),
-            (v(2, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
-            (v(2, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
-            (v(2, STREAM, "f", 5), Some(RejectCode::Protocol)),
-            (v(2, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
+            (v(3, 0, "f", 1001), Some(RejectCode::TooLarge)),
+            (v(3, 1 << 3, "f", 1), Some(RejectCode::Version)),
+            (v(3, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
+            (v(3, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
+            (v(3, STREAM, "f", 5), Some(RejectCode::Protocol)),
+            (v(3, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
             // Other versions.
             (v(0, 0, "f", 1), Some(RejectCode::Version)),
-            (v(3, 0, "f", 1), Some(RejectCode::Version)),
+            (v(4, 0, "f", 1), Some(RejectCode::Version)),
             (v(u16::MAX, 0, "f", 1), Some(RejectCode::Version)),
         ] {
             assert_eq!(code(h.clone()), want, "{h:?}");
         }
         // A stream is not held to --max-size up front (its size is unknown).
-        assert_eq!(code(v(2, STREAM, "s", 0)), None);
+        assert_eq!(code(v(3, STREAM, "s", 0)), None);
+        // The refusal names both versions.
+        let mut r = ReceiverSession::new(c);
+        let Err(RecvError::Version(j)) = r.on_message(Message::Hello(v(2, 0, "f", 1))) else {
+            panic!("version 2 accepted");
+        };
+        assert!(
+            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 3"),
+            "{}",
+            j.reason
+        );
     }
 
     #[test]
@@ -1761,9 +1927,13 @@ mod tests {
 
     #[test]
     fn a_failed_authentication_is_answered_with_reject_auth() {
-        let mut r = ReceiverSession::with_auth(cfg(100, 4, 2), token(), NONCE);
+        let mut r = with_auth(cfg(100, 4, 2));
         assert!(matches!(sent(&mut r)[..], [Message::Challenge(c)] if c.auth_required()));
-        let wrong = Message::Auth { mac: vec![0; 32] };
+        let wrong = Message::Prove(Prove {
+            version: PROTOCOL_VERSION,
+            nonce: SENDER_NONCE,
+            proof: vec![0; 32],
+        });
         assert_eq!(
             r.on_message(wrong),
             Err(RecvError::Auth(AuthFailure::WrongToken))
@@ -1847,8 +2017,8 @@ mod tests {
     #[test]
     fn deadlines_follow_the_state_and_busy_is_refused_by_the_protocol() {
         let t = Duration::from_secs(30);
-        let r = ReceiverSession::with_auth(cfg(100, 4, 2), token(), NONCE);
-        assert_eq!(r.wait_limit(t), ("the sender's AUTH", AUTH_TIMEOUT));
+        let r = with_auth(cfg(100, 4, 2));
+        assert_eq!(r.wait_limit(t), ("the sender's PROVE", AUTH_TIMEOUT));
         assert_eq!(
             r.wait_limit(Duration::from_secs(1)).1,
             Duration::from_secs(1)
@@ -1862,5 +2032,38 @@ mod tests {
         };
         assert_eq!(busy.code, RejectCode::Busy);
         assert!(busy.reason.contains("3 sessions"));
+    }
+
+    #[test]
+    fn a_forged_message_ends_the_session_with_one_ack() {
+        for state in [
+            ReceiverState::AwaitHello,
+            ReceiverState::Receiving,
+            ReceiverState::Verifying,
+        ] {
+            let mut r = session_in_auth(state, true);
+            sent(&mut r);
+            let err = r.on_forged(ChannelError::Replayed {
+                got: 1,
+                expected: 2,
+            });
+            assert_eq!(
+                err,
+                RecvError::Forged(ChannelError::Replayed {
+                    got: 1,
+                    expected: 2
+                })
+            );
+            assert_eq!(r.state(), ReceiverState::Closed);
+            assert!(
+                matches!(&sent(&mut r)[..], [Message::Ack(a)] if a.status == AckStatus::Protocol
+                    && a.reason.contains("replayed")),
+                "{state:?}"
+            );
+            // Once closed, nothing more.
+            r.on_forged(ChannelError::BadTag { seq: 3 });
+            assert!(sent(&mut r).is_empty());
+            assert!(r.clone().accept(ring(&cfg(100, 4, 2))).is_err());
+        }
     }
 }

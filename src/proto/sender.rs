@@ -1,6 +1,9 @@
-//! Sender side of a session: the receiver's greeting (CHALLENGE, answered
-//! with AUTH when it requires authentication, or a REJECT that refuses the
-//! session), then entries in order, then BYE. An entry is
+//! Sender side of a session: the receiver's greeting (CHALLENGE, or a
+//! REJECT that refuses the session); with a token, PROVE and the receiver's
+//! AUTH_OK, checked before anything else is sent (a receiver that does not
+//! ask for authentication is refused); then entries in order, then BYE.
+//! After AUTH_OK the engine seals and opens every control message with the
+//! channel the machine hands out (`take_channel`). An entry is
 //! - a file: HELLO -> (MR | REJECT) -> chunks under credit -> FIN -> ACK;
 //! - a stream (size unknown): the same, the FIN carrying the final size;
 //! - a directory: HELLO -> (ACK | REJECT), no data.
@@ -15,10 +18,10 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::auth::Token;
+use super::auth::{Channel, ConnectionId, NONCE_LEN, Role, SessionKey, Token};
 use super::wire::{
-    Ack, AckStatus, Digest, DigestAlg, Fin, Hello, Message, Mtime, Reject, RejectCode, RingInfo,
-    hello_flags,
+    Ack, AckStatus, Digest, DigestAlg, Fin, Hello, Message, Mtime, Prove, Reject, RejectCode,
+    RingInfo, hello_flags,
 };
 use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -32,6 +35,8 @@ pub const MAX_PENDING: usize = 8;
 pub enum SenderState {
     /// Connected, waiting for the receiver's CHALLENGE (or a REJECT).
     AwaitChallenge,
+    /// PROVE sent, waiting for the receiver's AUTH_OK (or a REJECT).
+    AwaitAuthOk,
     /// Between files: may offer an entry, or close once nothing is pending.
     Idle,
     /// A file's or stream's HELLO sent, waiting for MR or REJECT (verdicts
@@ -48,6 +53,7 @@ impl SenderState {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::AwaitChallenge => "AWAIT_CHALLENGE",
+            Self::AwaitAuthOk => "AWAIT_AUTH_OK",
             Self::Idle => "IDLE",
             Self::AwaitRing => "AWAIT_RING",
             Self::Sending => "SENDING",
@@ -105,14 +111,22 @@ pub struct ChunkPlan {
 /// What the receiver's CHALLENGE asks of the engine before the first HELLO.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Greeting {
-    /// The AUTH to send first (the receiver requires authentication). The
-    /// first HELLO may follow at once: the receiver handles them in order.
-    /// Its MAC is empty when this sender has no token, and the receiver
-    /// will then refuse with REJECT(Auth).
-    pub auth: Option<Message>,
-    /// This sender has a token the receiver did not ask for (worth a warning:
-    /// the receiver accepts anyone).
-    pub token_unused: bool,
+    /// The PROVE to send (the receiver requires authentication); the
+    /// machine then waits for AUTH_OK before any HELLO. Its proof is empty
+    /// when this sender has no token, and the receiver will then refuse
+    /// with REJECT(Auth).
+    pub prove: Option<Message>,
+}
+
+/// What a sender with a token needs to prove it on one connection.
+#[derive(Debug, Clone)]
+pub struct SenderAuth {
+    /// The shared secret.
+    pub token: Token,
+    /// This session's nonce, fresh from the OS RNG.
+    pub nonce: [u8; NONCE_LEN],
+    /// This connection's identity (see `ConnectionId`).
+    pub conn: ConnectionId,
 }
 
 /// An entry that awaits the receiver's verdict.
@@ -137,9 +151,12 @@ pub enum Verdict {
 /// What a received message means for the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SenderEvent {
-    /// The receiver's CHALLENGE arrived: now Idle, ready for `start_file`
-    /// once `Greeting::auth` (if any) is sent.
+    /// The receiver's CHALLENGE arrived: send `Greeting::prove` (if any;
+    /// then wait for `Authenticated`), else now Idle.
     Greeted(Greeting),
+    /// The receiver proved the token (AUTH_OK): now Idle; install the
+    /// channel (`take_channel`) before sending anything else.
+    Authenticated,
     /// MR accepted: start sending (see `next_chunk`).
     Ring(RingInfo),
     /// The current file's or stream's offer was refused; back to Idle, the
@@ -167,7 +184,12 @@ pub enum SenderEvent {
 #[derive(Debug, Clone)]
 pub struct SenderSession {
     state: SenderState,
-    token: Option<Token>,
+    auth: Option<SenderAuth>,
+    /// Derived when the CHALLENGE arrives (with a token).
+    key: Option<SessionKey>,
+    /// The sealing channel once the receiver proved the token, until the
+    /// engine takes it.
+    channel: Option<Channel>,
     chunk_size: u32,
     size: u64,
     /// The current entry is a stream (size unknown until the engine finishes it).
@@ -188,11 +210,14 @@ pub struct SenderSession {
 
 impl SenderSession {
     /// `chunk_size` is the sender's staging buffer size; 0 means "use the
-    /// ring's slot size". `token` answers the receiver's CHALLENGE.
-    pub fn new(chunk_size: u32, token: Option<Token>) -> Self {
+    /// ring's slot size". With `auth`, the session proves the token and
+    /// requires the receiver to prove it too.
+    pub fn new(chunk_size: u32, auth: Option<SenderAuth>) -> Self {
         Self {
             state: SenderState::AwaitChallenge,
-            token,
+            auth,
+            key: None,
+            channel: None,
             chunk_size,
             size: 0,
             stream: false,
@@ -211,6 +236,12 @@ impl SenderSession {
     /// The current state.
     pub fn state(&self) -> SenderState {
         self.state
+    }
+
+    /// The sealing channel, once the receiver proved the token (taken
+    /// once): the engine seals every later message with it.
+    pub fn take_channel(&mut self) -> Option<Channel> {
+        self.channel.take()
     }
 
     /// Chunks that may be written now (free ring slots granted by CREDIT).
@@ -258,8 +289,7 @@ impl SenderSession {
     /// Idle -> AwaitRing (a file or stream) or Idle with one more pending
     /// entry (a directory); returns the HELLO to send. The name is not
     /// checked here: the receiver is the authority and answers a bad one
-    /// with REJECT. A plain file goes out as a version-1 HELLO, which every
-    /// receiver takes; anything else needs version 2. `tag` comes back with
+    /// with REJECT. `tag` comes back with
     /// the entry's verdict (`SenderEvent::Answered`), for the engine's
     /// report.
     pub fn start_file(&mut self, offer: FileOffer, tag: u64) -> Result<Message, ProtocolError> {
@@ -280,11 +310,7 @@ impl SenderSession {
         if offer.mtime.is_some() {
             caps |= hello_flags::MTIME;
         }
-        let version = if caps == 0 && !offer.name.contains('/') {
-            1
-        } else {
-            PROTOCOL_VERSION
-        };
+        let version = PROTOCOL_VERSION;
         let size = match offer.kind {
             OfferKind::File => offer.size,
             OfferKind::Stream | OfferKind::Directory => 0,
@@ -351,24 +377,71 @@ impl SenderSession {
             (_, Message::Reject(r)) if r.code == RejectCode::Auth => {
                 Err(ProtocolError::AuthFailed { reason: r.reason })
             }
+            // Another version, wherever it is said: the session is over.
+            (_, Message::Reject(r)) if r.code == RejectCode::Version => {
+                Err(ProtocolError::VersionMismatch {
+                    detail: format!(
+                        "this sender speaks protocol version {PROTOCOL_VERSION}; the receiver says: {}",
+                        r.reason
+                    ),
+                })
+            }
             (AwaitChallenge, Message::Challenge(c)) => {
-                let greeting = if c.auth_required() {
-                    let mac = self
-                        .token
-                        .as_ref()
-                        .map_or_else(Vec::new, |t| t.mac(&c.nonce).to_vec());
-                    Greeting {
-                        auth: Some(Message::Auth { mac }),
-                        token_unused: false,
+                if !c.auth_required() {
+                    // A token and a receiver that does not ask for it: a
+                    // downgrade, maybe by someone posing as the receiver.
+                    if self.auth.is_some() {
+                        return Err(ProtocolError::NoAuthRequested);
                     }
-                } else {
-                    Greeting {
-                        auth: None,
-                        token_unused: self.token.is_some(),
+                    self.state = Idle;
+                    return Ok(SenderEvent::Greeted(Greeting { prove: None }));
+                }
+                let prove = match &self.auth {
+                    Some(a) => {
+                        let key = SessionKey::derive(&a.token, &c.nonce, &a.nonce, &a.conn);
+                        let proof = key.sender_proof().to_vec();
+                        self.key = Some(key);
+                        Prove {
+                            version: PROTOCOL_VERSION,
+                            nonce: a.nonce,
+                            proof,
+                        }
                     }
+                    // No token: the receiver will say so (REJECT(auth)).
+                    None => Prove {
+                        version: PROTOCOL_VERSION,
+                        nonce: [0; NONCE_LEN],
+                        proof: Vec::new(),
+                    },
                 };
+                self.state = AwaitAuthOk;
+                Ok(SenderEvent::Greeted(Greeting {
+                    prove: Some(Message::Prove(prove)),
+                }))
+            }
+            (AwaitAuthOk, Message::AuthOk { proof }) => {
+                let Some(key) = &self.key else {
+                    return Err(ProtocolError::ReceiverProofFailed);
+                };
+                if !key.verify_receiver(&proof) {
+                    return Err(ProtocolError::ReceiverProofFailed);
+                }
+                self.channel = Some(key.channel(Role::Sender));
+                self.key = None;
                 self.state = Idle;
-                Ok(SenderEvent::Greeted(greeting))
+                Ok(SenderEvent::Authenticated)
+            }
+            // A receiver of protocol 2 or older cannot decode PROVE and
+            // says so with ACK(protocol).
+            (AwaitAuthOk, Message::Ack(a)) if a.status == AckStatus::Protocol => {
+                Err(ProtocolError::VersionMismatch {
+                    detail: format!(
+                        "the receiver does not understand this sender's protocol version \
+                         {PROTOCOL_VERSION} authentication (it runs an older version, 2 or \
+                         earlier; it says: {})",
+                        a.reason
+                    ),
+                })
             }
             // Greeted with a REJECT (e.g. Busy): refused before anything began.
             (AwaitChallenge, Message::Reject(r)) => Err(ProtocolError::Refused {
@@ -599,6 +672,49 @@ mod tests {
         Token::new(b"s3cret".to_vec()).unwrap()
     }
 
+    const S_NONCE: [u8; NONCE_LEN] = [0xc3; NONCE_LEN];
+
+    fn conn() -> ConnectionId {
+        ConnectionId {
+            receiver_addr: "10.0.0.1".parse().unwrap(),
+            receiver_qpn: 17,
+            sender_addr: "::ffff:10.0.0.2".parse().unwrap(),
+            sender_qpn: 18,
+        }
+    }
+
+    fn auth() -> SenderAuth {
+        SenderAuth {
+            token: token(),
+            nonce: S_NONCE,
+            conn: conn(),
+        }
+    }
+
+    /// The key the real receiver derives on this connection.
+    fn receiver_key() -> SessionKey {
+        let receivers_view = ConnectionId {
+            // The receiver may see the sender's address in its IPv4 form.
+            sender_addr: "10.0.0.2".parse().unwrap(),
+            ..conn()
+        };
+        SessionKey::derive(&token(), &NONCE, &S_NONCE, &receivers_view)
+    }
+
+    fn good_auth_ok() -> Message {
+        Message::AuthOk {
+            proof: receiver_key().receiver_proof(),
+        }
+    }
+
+    fn expected_prove() -> Message {
+        Message::Prove(Prove {
+            version: PROTOCOL_VERSION,
+            nonce: S_NONCE,
+            proof: receiver_key().sender_proof().to_vec(),
+        })
+    }
+
     /// A session past the receiver's greeting (no authentication asked).
     fn greeted(chunk_size: u32) -> SenderSession {
         let mut s = SenderSession::new(chunk_size, None);
@@ -659,6 +775,8 @@ mod tests {
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum Situation {
         AwaitChallenge,
+        /// PROVE sent (with a token).
+        AwaitAuthOk,
         Idle,
         /// Idle after a FIN whose ACK has not come.
         IdleFilePending,
@@ -673,8 +791,9 @@ mod tests {
         Closed,
     }
 
-    const SITUATIONS: [Situation; 10] = [
+    const SITUATIONS: [Situation; 11] = [
         Situation::AwaitChallenge,
+        Situation::AwaitAuthOk,
         Situation::Idle,
         Situation::IdleFilePending,
         Situation::IdleDirPending,
@@ -691,6 +810,7 @@ mod tests {
             use Situation::*;
             match self {
                 AwaitChallenge => SenderState::AwaitChallenge,
+                AwaitAuthOk => SenderState::AwaitAuthOk,
                 Idle | IdleFilePending | IdleDirPending => SenderState::Idle,
                 AwaitRing | AwaitRingFilePending | AwaitRingDirPending => SenderState::AwaitRing,
                 Sending | SendingStream => SenderState::Sending,
@@ -723,7 +843,12 @@ mod tests {
     fn session_in(sit: Situation) -> SenderSession {
         use Situation::*;
         let mut s = match sit {
-            AwaitChallenge => return SenderSession::new(100, Some(token())),
+            AwaitChallenge => return SenderSession::new(100, Some(auth())),
+            AwaitAuthOk => {
+                let mut s = SenderSession::new(100, Some(auth()));
+                s.on_message(challenge(AUTH_REQUIRED)).unwrap();
+                return s;
+            }
             IdleFilePending | AwaitRingFilePending => file_pending(),
             _ => greeted(100),
         };
@@ -760,7 +885,7 @@ mod tests {
     fn all_messages() -> Vec<Message> {
         vec![
             Message::Hello(Hello {
-                version: 1,
+                version: PROTOCOL_VERSION,
                 caps: 0,
                 name: "x".into(),
                 size: 1,
@@ -786,6 +911,28 @@ mod tests {
                 RejectCode::Auth,
                 "authentication failed: wrong token",
             )),
+            Message::Reject(Reject::new(RejectCode::Version, "speaks 2")),
+            ack(AckStatus::Protocol),
+            expected_prove(),
+            good_auth_ok(),
+            // Another connection's proof (relayed), the sender's own proof
+            // reflected, garbage.
+            Message::AuthOk {
+                proof: SessionKey::derive(
+                    &token(),
+                    &NONCE,
+                    &S_NONCE,
+                    &ConnectionId {
+                        receiver_qpn: 99,
+                        ..conn()
+                    },
+                )
+                .receiver_proof(),
+            },
+            Message::AuthOk {
+                proof: receiver_key().sender_proof(),
+            },
+            Message::AuthOk { proof: [0; 32] },
             Message::Keepalive,
         ]
     }
@@ -799,20 +946,22 @@ mod tests {
                 let pending_before = s.pending();
                 let res = s.on_message(msg.clone());
                 let auth_reject = matches!(&msg, Message::Reject(r) if r.code == RejectCode::Auth);
+                let version_reject =
+                    matches!(&msg, Message::Reject(r) if r.code == RejectCode::Version);
                 let failed_ack = matches!(&msg, Message::Ack(a) if a.status != AckStatus::Ok);
                 let ctx = format!("{} in {sit:?}", msg.kind());
                 // The expected event and state, or None for an error.
                 let expect: Option<(SenderEvent, SenderState)> = match (sit, &msg) {
-                    _ if auth_reject || sit == Closed => None,
-                    (AwaitChallenge, Message::Challenge(c)) => Some((
+                    _ if auth_reject || version_reject || sit == Closed => None,
+                    (AwaitChallenge, Message::Challenge(c)) if c.auth_required() => Some((
                         SenderEvent::Greeted(Greeting {
-                            auth: c.auth_required().then(|| Message::Auth {
-                                mac: token().mac(&NONCE).to_vec(),
-                            }),
-                            token_unused: !c.auth_required(),
+                            prove: Some(expected_prove()),
                         }),
-                        SenderState::Idle,
+                        SenderState::AwaitAuthOk,
                     )),
+                    (AwaitAuthOk, m) if *m == good_auth_ok() => {
+                        Some((SenderEvent::Authenticated, SenderState::Idle))
+                    }
                     (
                         IdleFilePending | IdleDirPending | AwaitRingFilePending
                         | AwaitRingDirPending,
@@ -866,6 +1015,30 @@ mod tests {
                                     reason: r.reason.clone(),
                                 }
                             }
+                            (Message::Reject(r), st) if st != Closed && version_reject => {
+                                ProtocolError::VersionMismatch {
+                                    detail: format!(
+                                        "this sender speaks protocol version 3; the receiver says: {}",
+                                        r.reason
+                                    ),
+                                }
+                            }
+                            // A token, and a receiver that does not ask for it.
+                            (Message::Challenge(_), AwaitChallenge) => {
+                                ProtocolError::NoAuthRequested
+                            }
+                            (Message::AuthOk { .. }, AwaitAuthOk) => {
+                                ProtocolError::ReceiverProofFailed
+                            }
+                            (Message::Ack(a), AwaitAuthOk) if a.status == AckStatus::Protocol => {
+                                let Err(ProtocolError::VersionMismatch { detail }) = &res else {
+                                    panic!("{ctx}: {res:?}")
+                                };
+                                assert!(detail.contains("older version"), "{detail}");
+                                ProtocolError::VersionMismatch {
+                                    detail: detail.clone(),
+                                }
+                            }
                             (Message::Reject(r), AwaitChallenge) => ProtocolError::Refused {
                                 code: r.code,
                                 reason: r.reason.clone(),
@@ -895,52 +1068,171 @@ mod tests {
 
     #[test]
     fn greeting_answers_the_challenge() {
-        // (auth required, sender has a token) -> AUTH to send, token unused.
-        let mac = token().mac(&NONCE).to_vec();
-        for (flags, tok, want_auth, unused) in [
-            (AUTH_REQUIRED, true, Some(mac.clone()), false),
-            (AUTH_REQUIRED, false, Some(Vec::new()), false),
-            (0, true, None, true),
-            (0, false, None, false),
-        ] {
-            let mut s = SenderSession::new(10, tok.then(token));
-            assert_eq!(s.state(), SenderState::AwaitChallenge);
-            let ev = s.on_message(challenge(flags)).unwrap();
-            assert_eq!(
-                ev,
-                SenderEvent::Greeted(Greeting {
-                    auth: want_auth.map(|mac| Message::Auth { mac }),
-                    token_unused: unused,
-                }),
-                "flags {flags} token {tok}"
-            );
-            assert_eq!(s.state(), SenderState::Idle);
-            // The HELLO may follow at once (pipelined after the AUTH).
-            assert!(matches!(s.start_file(offer(1), 0), Ok(Message::Hello(_))));
-            // A second CHALLENGE is a protocol error.
-            assert_eq!(
-                s.on_message(challenge(flags)),
-                Err(ProtocolError::Unexpected {
-                    msg: "CHALLENGE",
-                    state: "AWAIT_RING"
-                })
-            );
-        }
-        // The AUTH answers this nonce, and only this one.
-        let mut s = SenderSession::new(10, Some(token()));
-        let other = [1u8; NONCE_LEN];
+        // Token and auth required: PROVE, then nothing until AUTH_OK.
+        let mut s = SenderSession::new(10, Some(auth()));
+        assert_eq!(s.state(), SenderState::AwaitChallenge);
+        assert_eq!(
+            s.on_message(challenge(AUTH_REQUIRED)),
+            Ok(SenderEvent::Greeted(Greeting {
+                prove: Some(expected_prove())
+            }))
+        );
+        assert_eq!(s.state(), SenderState::AwaitAuthOk);
+        // No HELLO (no name, no size) before the receiver has proven itself.
+        assert!(s.start_file(offer(1), 0).is_err());
+        assert!(s.take_channel().is_none());
+        assert_eq!(s.state(), SenderState::AwaitAuthOk);
+        assert_eq!(s.on_message(good_auth_ok()), Ok(SenderEvent::Authenticated));
+        assert_eq!(s.state(), SenderState::Idle);
+        // The channel talks to the receiver's.
+        let mut mine = s.take_channel().expect("a channel");
+        assert!(s.take_channel().is_none(), "taken once");
+        let mut theirs = receiver_key().channel(Role::Receiver);
+        assert_eq!(
+            theirs.open(&mine.seal(b"HELLO").unwrap()).unwrap(),
+            b"HELLO"
+        );
+        assert_eq!(mine.open(&theirs.seal(b"MR").unwrap()).unwrap(), b"MR");
+        assert!(matches!(s.start_file(offer(1), 0), Ok(Message::Hello(_))));
+        // A second CHALLENGE is a protocol error.
+        assert_eq!(
+            s.on_message(challenge(AUTH_REQUIRED)),
+            Err(ProtocolError::Unexpected {
+                msg: "CHALLENGE",
+                state: "AWAIT_RING"
+            })
+        );
+
+        // No token, auth required: an empty PROVE (the receiver says why).
+        let mut s = SenderSession::new(10, None);
         let Ok(SenderEvent::Greeted(Greeting {
-            auth: Some(Message::Auth { mac }),
-            ..
+            prove: Some(Message::Prove(p)),
+        })) = s.on_message(challenge(AUTH_REQUIRED))
+        else {
+            panic!("no PROVE");
+        };
+        assert!(p.proof.is_empty());
+        assert_eq!(p.version, PROTOCOL_VERSION);
+        // An AUTH_OK cannot prove anything to a sender without a token.
+        assert_eq!(
+            s.on_message(good_auth_ok()),
+            Err(ProtocolError::ReceiverProofFailed)
+        );
+
+        // No token on either side: straight to Idle, nothing to send first.
+        let mut s = SenderSession::new(10, None);
+        assert_eq!(
+            s.on_message(challenge(0)),
+            Ok(SenderEvent::Greeted(Greeting { prove: None }))
+        );
+        assert_eq!(s.state(), SenderState::Idle);
+        assert!(s.take_channel().is_none());
+    }
+
+    #[test]
+    fn a_sender_with_a_token_refuses_a_receiver_that_does_not_ask() {
+        // The downgrade: nothing to send (no PROVE, no HELLO), session over.
+        let mut s = SenderSession::new(10, Some(auth()));
+        let err = s.on_message(challenge(0)).unwrap_err();
+        assert_eq!(err, ProtocolError::NoAuthRequested);
+        assert!(
+            err.to_string().contains("refusing to send anything"),
+            "{err}"
+        );
+        assert_eq!(s.state(), SenderState::Closed);
+        assert!(s.start_file(offer(1), 0).is_err());
+        assert!(s.close().is_err());
+        assert!(s.take_channel().is_none());
+    }
+
+    #[test]
+    fn the_receivers_proof_is_bound_to_this_connection() {
+        // A proof for the same nonces on another connection (a relay), for
+        // another nonce, under another token: each refused, nothing sent.
+        let others = [
+            ConnectionId {
+                receiver_qpn: 1,
+                ..conn()
+            },
+            ConnectionId {
+                sender_qpn: 1,
+                ..conn()
+            },
+            ConnectionId {
+                receiver_addr: "10.0.0.9".parse().unwrap(),
+                ..conn()
+            },
+        ];
+        let mut proofs: Vec<[u8; 32]> = others
+            .iter()
+            .map(|c| SessionKey::derive(&token(), &NONCE, &S_NONCE, c).receiver_proof())
+            .collect();
+        proofs.push(
+            SessionKey::derive(&token(), &[0; NONCE_LEN], &S_NONCE, &conn()).receiver_proof(),
+        );
+        proofs.push(
+            SessionKey::derive(
+                &Token::new(b"other".to_vec()).unwrap(),
+                &NONCE,
+                &S_NONCE,
+                &conn(),
+            )
+            .receiver_proof(),
+        );
+        for proof in proofs {
+            let mut s = session_in(Situation::AwaitAuthOk);
+            assert_eq!(
+                s.on_message(Message::AuthOk { proof }),
+                Err(ProtocolError::ReceiverProofFailed)
+            );
+            assert_eq!(s.state(), SenderState::Closed);
+            assert!(s.start_file(offer(1), 0).is_err());
+        }
+        // The PROVE answers this nonce only.
+        let mut s = SenderSession::new(10, Some(auth()));
+        let Ok(SenderEvent::Greeted(Greeting {
+            prove: Some(Message::Prove(p)),
         })) = s.on_message(Message::Challenge(Challenge {
             flags: AUTH_REQUIRED,
-            nonce: other,
+            nonce: [1; NONCE_LEN],
         }))
         else {
-            panic!("no AUTH");
+            panic!("no PROVE");
         };
-        assert!(token().verify(&other, &mac));
-        assert!(!token().verify(&NONCE, &mac));
+        assert!(!receiver_key().verify_sender(&p.proof));
+        assert!(
+            SessionKey::derive(&token(), &[1; NONCE_LEN], &S_NONCE, &conn())
+                .verify_sender(&p.proof)
+        );
+    }
+
+    #[test]
+    fn older_receivers_are_refused_naming_both_versions() {
+        // A protocol-2 receiver cannot decode PROVE: ACK(protocol).
+        let mut s = session_in(Situation::AwaitAuthOk);
+        let err = s.on_message(ack(AckStatus::Protocol)).unwrap_err();
+        assert!(
+            err.to_string().contains("protocol version 3")
+                && err.to_string().contains("2 or earlier"),
+            "{err}"
+        );
+        // Without a token: it refuses our version-3 HELLO with REJECT(version).
+        let mut s = greeted(10);
+        s.start_file(offer(1), 0).unwrap();
+        let err = s
+            .on_message(Message::Reject(Reject::new(
+                RejectCode::Version,
+                "protocol version 3 is not supported (receiver speaks 1 to 2)",
+            )))
+            .unwrap_err();
+        assert!(matches!(err, ProtocolError::VersionMismatch { .. }));
+        assert!(
+            err.to_string()
+                .contains("this sender speaks protocol version 3")
+                && err.to_string().contains("1 to 2"),
+            "{err}"
+        );
+        assert_eq!(s.state(), SenderState::Closed);
     }
 
     #[test]
@@ -974,12 +1266,11 @@ mod tests {
     }
 
     #[test]
-    fn auth_rejection_after_the_pipelined_hello_ends_the_session() {
-        // No token, auth required: empty AUTH, HELLO sent without waiting,
-        // then the receiver's REJECT(Auth) arrives while awaiting the ring.
+    fn auth_rejection_ends_the_session() {
+        // No token, auth required: empty PROVE, then the receiver's
+        // REJECT(Auth).
         let mut s = SenderSession::new(10, None);
         s.on_message(challenge(AUTH_REQUIRED)).unwrap();
-        s.start_file(offer(5), 0).unwrap();
         let reason = "authentication failed: the sender has no token";
         let err = s
             .on_message(Message::Reject(Reject::new(RejectCode::Auth, reason)))
@@ -998,9 +1289,8 @@ mod tests {
         // Not a per-file refusal: nothing more may be sent.
         assert!(s.start_file(offer(1), 0).is_err());
         assert!(s.close().is_err());
-        // Also when it answers a pipelined directory.
-        let mut s = SenderSession::new(10, None);
-        s.on_message(challenge(AUTH_REQUIRED)).unwrap();
+        // Also later in the session.
+        let mut s = greeted(10);
         s.start_file(dir_offer("d"), 0).unwrap();
         assert!(matches!(
             s.on_message(Message::Reject(Reject::new(RejectCode::Auth, reason))),
@@ -1070,11 +1360,11 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        // A plain file: version 1, which every receiver takes.
+        // Every HELLO carries this protocol version.
         assert_eq!(
             hello(offer(5)),
             Hello {
-                version: 1,
+                version: PROTOCOL_VERSION,
                 caps: 0,
                 name: "f.bin".into(),
                 size: 5,
@@ -1083,7 +1373,7 @@ mod tests {
                 mtime: None,
             }
         );
-        // Anything else is version 2: a path, a stream, a directory, an mtime.
+        // A path, a stream, a directory, an mtime.
         let t = Mtime {
             secs: 1_600_000_000,
             nanos: 7,
@@ -1092,14 +1382,14 @@ mod tests {
             name: "a/b".into(),
             ..offer(5)
         });
-        assert_eq!((path.version, path.caps), (2, 0));
+        assert_eq!((path.version, path.caps), (PROTOCOL_VERSION, 0));
         let stream = hello(FileOffer {
             size: 99,
             ..stream_offer()
         });
         assert_eq!(
             (stream.version, stream.caps, stream.size),
-            (2, hello_flags::STREAM, 0),
+            (PROTOCOL_VERSION, hello_flags::STREAM, 0),
             "a stream announces no size"
         );
         let dir = hello(FileOffer {
@@ -1110,7 +1400,7 @@ mod tests {
         assert_eq!(
             (dir.version, dir.caps, dir.size, dir.mode, dir.mtime),
             (
-                2,
+                PROTOCOL_VERSION,
                 hello_flags::DIRECTORY | hello_flags::MTIME,
                 0,
                 0o755,
@@ -1123,7 +1413,7 @@ mod tests {
         });
         assert_eq!(
             (timed.version, timed.caps, timed.size),
-            (2, hello_flags::MTIME, 5)
+            (PROTOCOL_VERSION, hello_flags::MTIME, 5)
         );
         // Every HELLO encodes (the mtime flag matches the field).
         for h in [path, stream, dir, timed] {

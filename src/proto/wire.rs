@@ -9,7 +9,7 @@ use std::fmt;
 
 use thiserror::Error;
 
-use super::auth::{CHALLENGE_FLAGS_KNOWN, MAC_LEN, NONCE_LEN};
+use super::auth::{CHALLENGE_FLAGS_KNOWN, MAC_LEN, NONCE_LEN, SEAL_LEN};
 
 /// "RXFR".
 pub const MAGIC: u32 = 0x5258_4652;
@@ -17,10 +17,14 @@ pub const MAGIC: u32 = 0x5258_4652;
 pub const WIRE_VERSION: u8 = 1;
 /// Bytes of the frame header that precedes every body.
 pub const HEADER_LEN: usize = 12;
-/// Largest whole frame (header + body).
+/// Largest control message on the wire (a sealed frame with its
+/// sequence number and tag): the size of every receive buffer.
 pub const MAX_MESSAGE: usize = 4096;
-/// Largest body (what is left of [`MAX_MESSAGE`] after the header).
-pub const MAX_BODY: usize = MAX_MESSAGE - HEADER_LEN;
+/// Largest frame (header + body): room is left for the seal, so that a
+/// sealed frame still fits [`MAX_MESSAGE`].
+pub const MAX_FRAME: usize = MAX_MESSAGE - SEAL_LEN;
+/// Largest body (what is left of [`MAX_FRAME`] after the header).
+pub const MAX_BODY: usize = MAX_FRAME - HEADER_LEN;
 /// HELLO `caps` with no flag set: a plain file (the only value version 1
 /// allows).
 pub const CAP_NONE: u32 = 0;
@@ -64,6 +68,10 @@ pub mod msg_type {
     pub const AUTH: u8 = 9;
     /// [`Message::Keepalive`](super::Message::Keepalive).
     pub const KEEPALIVE: u8 = 10;
+    /// [`Message::Prove`](super::Message::Prove).
+    pub const PROVE: u8 = 11;
+    /// [`Message::AuthOk`](super::Message::AuthOk).
+    pub const AUTH_OK: u8 = 12;
 }
 
 /// The whole-file digest a HELLO announces and its FIN carries (its wire
@@ -363,6 +371,20 @@ impl Challenge {
     }
 }
 
+/// The sender's answer to a CHALLENGE that requires authentication
+/// (protocol 3): its protocol version, its own fresh nonce, and its proof
+/// of the token bound to this connection (empty when it has no token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prove {
+    /// The sender's session protocol version (`PROTOCOL_VERSION`).
+    pub version: u16,
+    /// Fresh from the sender's OS RNG.
+    pub nonce: [u8; NONCE_LEN],
+    /// `SessionKey::sender_proof`, or empty (no token). The codec refuses
+    /// any other length.
+    pub proof: Vec<u8>,
+}
+
 /// The receiver refuses an offer (or the session), or either side aborts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reject {
@@ -446,9 +468,10 @@ pub enum Message {
     Bye,
     /// Receiver -> sender: the first message of every session.
     Challenge(Challenge),
-    /// The sender's answer to a CHALLENGE that requires authentication:
-    /// HMAC-SHA256 of the nonce (`auth::MAC_LEN` bytes), or empty when the
-    /// sender has no token. The codec refuses any other length.
+    /// Protocol 2's answer to a CHALLENGE (HMAC-SHA256 of the nonce, or
+    /// empty). Only decoded, so that a protocol-3 receiver can tell an old
+    /// sender clearly which versions differ. The codec refuses any length
+    /// but 0 and `auth::MAC_LEN`.
     Auth {
         /// The MAC (empty or `auth::MAC_LEN` bytes).
         mac: Vec<u8>,
@@ -456,6 +479,16 @@ pub enum Message {
     /// The sender is alive but waiting for its input (a slow stream): it
     /// resets the receiver's no-progress timeout. Empty body.
     Keepalive,
+    /// Sender -> receiver: the answer to a CHALLENGE requiring
+    /// authentication (protocol 3).
+    Prove(Prove),
+    /// Receiver -> sender: the sender's proof was right; here is the
+    /// receiver's (protocol 3). Only after checking it does the sender
+    /// send a HELLO.
+    AuthOk {
+        /// `SessionKey::receiver_proof`.
+        proof: [u8; MAC_LEN],
+    },
 }
 
 impl Message {
@@ -472,6 +505,8 @@ impl Message {
             Self::Challenge(_) => "CHALLENGE",
             Self::Auth { .. } => "AUTH",
             Self::Keepalive => "KEEPALIVE",
+            Self::Prove(_) => "PROVE",
+            Self::AuthOk { .. } => "AUTH_OK",
         }
     }
 
@@ -488,6 +523,8 @@ impl Message {
             Self::Challenge(_) => msg_type::CHALLENGE,
             Self::Auth { .. } => msg_type::AUTH,
             Self::Keepalive => msg_type::KEEPALIVE,
+            Self::Prove(_) => msg_type::PROVE,
+            Self::AuthOk { .. } => msg_type::AUTH_OK,
         }
     }
 }
@@ -578,8 +615,11 @@ pub enum WireError {
         /// The limit.
         max: usize,
     },
-    /// An AUTH MAC that is neither empty nor `auth::MAC_LEN` bytes.
-    #[error("AUTH carries a {len}-byte MAC; it must be empty or {} bytes", MAC_LEN)]
+    /// An AUTH MAC or PROVE proof that is neither empty nor `auth::MAC_LEN` bytes.
+    #[error(
+        "AUTH or PROVE carries a {len}-byte MAC; it must be empty or {} bytes",
+        MAC_LEN
+    )]
     BadMacLength {
         /// The MAC's length.
         len: usize,
@@ -613,6 +653,7 @@ const REASON_FIXED: usize = 2 + 2;
 const FIN_FIXED: usize = 8 + 8 + 1 + 2;
 const CHALLENGE_BODY: usize = 2 + NONCE_LEN;
 const AUTH_FIXED: usize = 2;
+const PROVE_FIXED: usize = 2 + NONCE_LEN + 2;
 const MTIME_LEN: usize = 8 + 4;
 
 fn check_mtime(h: &Hello) -> Result<usize, WireError> {
@@ -674,6 +715,11 @@ fn body_len(msg: &Message) -> Result<usize, WireError> {
             check_mac_len(mac.len())?;
             Ok(AUTH_FIXED + mac.len())
         }
+        Message::Prove(p) => {
+            check_mac_len(p.proof.len())?;
+            Ok(PROVE_FIXED + p.proof.len())
+        }
+        Message::AuthOk { .. } => Ok(MAC_LEN),
     }
 }
 
@@ -790,6 +836,12 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
             w.put(&c.nonce)?;
         }
         Message::Auth { mac } => w.bytes16("AUTH mac", mac)?,
+        Message::Prove(p) => {
+            w.u16(p.version)?;
+            w.put(&p.nonce)?;
+            w.bytes16("PROVE proof", &p.proof)?;
+        }
+        Message::AuthOk { proof } => w.put(proof)?,
     }
     Ok(w.pos)
 }
@@ -905,6 +957,8 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         msg_type::CHALLENGE => "CHALLENGE",
         msg_type::AUTH => "AUTH",
         msg_type::KEEPALIVE => "KEEPALIVE",
+        msg_type::PROVE => "PROVE",
+        msg_type::AUTH_OK => "AUTH_OK",
         other => return Err(WireError::UnknownType(other)),
     };
     let declared = h.u32()?;
@@ -1031,6 +1085,18 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
             Message::Auth { mac: mac.to_vec() }
         }
         msg_type::KEEPALIVE => Message::Keepalive,
+        msg_type::PROVE => {
+            let version = r.u16()?;
+            let nonce = r.array()?;
+            let proof = r.bytes16()?;
+            check_mac_len(proof.len())?;
+            Message::Prove(Prove {
+                version,
+                nonce,
+                proof: proof.to_vec(),
+            })
+        }
+        msg_type::AUTH_OK => Message::AuthOk { proof: r.array()? },
         // Only BYE is left: `kind` above rejected every other code.
         _ => Message::Bye,
     };
@@ -1185,6 +1251,20 @@ pub(crate) mod tests {
             Message::Auth {
                 mac: vec![0xff; MAC_LEN],
             },
+            Message::Prove(Prove {
+                version: 3,
+                nonce: sha(),
+                proof: Vec::new(),
+            }),
+            Message::Prove(Prove {
+                version: u16::MAX,
+                nonce: [0xff; NONCE_LEN],
+                proof: sha().to_vec(),
+            }),
+            Message::AuthOk { proof: sha() },
+            Message::AuthOk {
+                proof: [0; MAC_LEN],
+            },
         ];
         for code in RejectCode::ALL {
             v.push(Message::Reject(Reject::new(code, code.as_str())));
@@ -1270,7 +1350,7 @@ pub(crate) mod tests {
         b[4] = 2;
         assert_eq!(decode(&b), Err(WireError::UnknownVersion(2)));
 
-        for ty in [0u8, 11, 200, 255] {
+        for ty in [0u8, 13, 200, 255] {
             let mut b = good.clone();
             b[5] = ty;
             assert_eq!(decode(&b), Err(WireError::UnknownType(ty)));
@@ -1527,7 +1607,7 @@ pub(crate) mod tests {
         assert_eq!(RejectCode::Auth.to_string(), "authentication failed");
         assert_eq!(
             WireError::BadMacLength { len: 5 }.to_string(),
-            "AUTH carries a 5-byte MAC; it must be empty or 32 bytes"
+            "AUTH or PROVE carries a 5-byte MAC; it must be empty or 32 bytes"
         );
         assert_eq!(
             WireError::UnknownChallengeFlags(2).to_string(),
@@ -1558,7 +1638,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             WireError::Oversized { len: 5000 }.to_string(),
-            "declared body length 5000 exceeds the maximum of 4084"
+            "declared body length 5000 exceeds the maximum of 4044"
         );
     }
 
@@ -1592,6 +1672,74 @@ pub(crate) mod tests {
         );
         assert_eq!(&full[12..14], &[0, 32]);
         assert_eq!(&full[14..], &nonce);
+    }
+
+    #[test]
+    fn prove_and_auth_ok_layout() {
+        let nonce: [u8; NONCE_LEN] = std::array::from_fn(|i| i as u8);
+        let proof: [u8; MAC_LEN] = std::array::from_fn(|i| 0x80 | i as u8);
+        let buf = encode_to_vec(&Message::Prove(Prove {
+            version: 3,
+            nonce,
+            proof: proof.to_vec(),
+        }))
+        .unwrap();
+        assert_eq!(
+            &buf[..12],
+            &[0x52, 0x58, 0x46, 0x52, 1, 11, 0, 0, 0, 0, 0, 68]
+        );
+        assert_eq!(&buf[12..14], &[0, 3]);
+        assert_eq!(&buf[14..46], &nonce);
+        assert_eq!(&buf[46..48], &[0, 32]);
+        assert_eq!(&buf[48..], &proof);
+        let empty = encode_to_vec(&Message::Prove(Prove {
+            version: 3,
+            nonce,
+            proof: Vec::new(),
+        }))
+        .unwrap();
+        assert_eq!(empty.len(), 12 + 36);
+        assert_eq!(&empty[46..], &[0, 0]);
+        for len in [1, 31, 33, 64] {
+            let mut b = empty.clone();
+            b[46..48].copy_from_slice(&(len as u16).to_be_bytes());
+            b.extend(std::iter::repeat_n(0xab, len));
+            set_body_len(&mut b, (36 + len) as u32);
+            assert_eq!(decode(&b), Err(WireError::BadMacLength { len }), "{len}");
+        }
+        let ok = encode_to_vec(&Message::AuthOk { proof }).unwrap();
+        assert_eq!(
+            &ok[..12],
+            &[0x52, 0x58, 0x46, 0x52, 1, 12, 0, 0, 0, 0, 0, 32]
+        );
+        assert_eq!(&ok[12..], &proof);
+        // AUTH_OK's proof is exactly 32 bytes.
+        let mut short = ok.clone();
+        short.pop();
+        set_body_len(&mut short, 31);
+        assert!(matches!(decode(&short), Err(WireError::ShortBody { .. })));
+        let mut long = ok.clone();
+        long.push(0);
+        set_body_len(&mut long, 33);
+        assert!(matches!(decode(&long), Err(WireError::BodyTrailing { .. })));
+    }
+
+    #[test]
+    fn a_sealed_frame_of_the_largest_size_fits_a_receive_buffer() {
+        assert_eq!(MAX_FRAME + crate::proto::auth::SEAL_LEN, MAX_MESSAGE);
+        let longest = Message::Reject(Reject {
+            code: RejectCode::Protocol,
+            reason: "r".repeat(MAX_BODY - REASON_FIXED),
+        });
+        assert_eq!(encoded_len(&longest).unwrap(), MAX_FRAME);
+        let too_long = Message::Reject(Reject {
+            code: RejectCode::Protocol,
+            reason: "r".repeat(MAX_BODY - REASON_FIXED + 1),
+        });
+        assert!(matches!(
+            encode_to_vec(&too_long),
+            Err(WireError::TooLong { .. })
+        ));
     }
 
     /// An AUTH frame carrying `len` MAC bytes, built by hand.

@@ -15,7 +15,7 @@ use crate::engine::report::FileEvent;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
 use crate::error::XferError;
 use crate::proto::{
-    Message, NONCE_LEN, ReceiverConfig as MachineConfig, ReceiverSession, Token, busy_refusal,
+    Message, NONCE_LEN, ReceiverConfig as MachineConfig, ReceiverSession, Role, Token, busy_refusal,
 };
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
@@ -220,9 +220,10 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
     }
 }
 
-/// The session's state machine; with a token, it requires AUTH over a fresh
-/// nonce from the OS RNG before anything else.
-fn new_machine(cfg: &ReceiverConfig) -> Result<ReceiverSession, XferError> {
+/// The session's state machine; with a token, it requires a PROVE bound to
+/// a fresh nonce from the OS RNG and to this connection before anything
+/// else.
+fn new_machine(cfg: &ReceiverConfig, ep: &Endpoint) -> Result<ReceiverSession, XferError> {
     let machine_cfg = MachineConfig {
         slot_size: cfg.chunk_size,
         slot_count: cfg.slots,
@@ -239,9 +240,11 @@ fn new_machine(cfg: &ReceiverConfig) -> Result<ReceiverSession, XferError> {
             std::io::Error::other(e),
         )
     })?;
+    let conn = crate::engine::connection_id(ep, Role::Receiver)?;
     Ok(ReceiverSession::with_auth(
         machine_cfg,
         token.clone(),
         nonce,
+        conn,
     ))
 }

@@ -4,7 +4,7 @@
 
 use super::store::{FileStore, Refusal, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
-use crate::engine::control::Control;
+use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
 use crate::engine::progress::{FileProgress, Progress};
 use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
@@ -97,7 +97,7 @@ pub(super) fn run(
         connect_s = connect_time.as_secs_f64(),
         "session established"
     );
-    let machine = super::new_machine(cfg)?;
+    let machine = super::new_machine(cfg, &ep)?;
     let peer = ep
         .cm_id()
         .peer_addr()
@@ -168,7 +168,18 @@ impl Session<'_> {
                 let decoded = self.control.take_message(&self.ep, wc)?;
                 let msg = match decoded {
                     Ok(m) => m,
-                    Err(e) => {
+                    Err(Undelivered::Seal(e)) => {
+                        warn!("control message from {} refused: {e}", self.peer);
+                        let err = match self.machine.on_forged(e) {
+                            RecvError::Forged(source) => XferError::Forged {
+                                from: "sender",
+                                source,
+                            },
+                            other => XferError::Internal(format!("a forged message gave {other}")),
+                        };
+                        return Err(self.abandon(err));
+                    }
+                    Err(Undelivered::Wire(e)) => {
                         return Err(match self.machine.on_undecodable(e) {
                             RecvError::Reject(r) => XferError::Rejected {
                                 code: r.code.as_str(),
@@ -208,13 +219,32 @@ impl Session<'_> {
             Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
             Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin)?,
             Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
-            Ok(ReceiverEvent::Authenticated) => info!("sender authenticated"),
-            Ok(ReceiverEvent::AuthIgnored) => {
-                debug!("AUTH ignored: this receiver has no token")
+            Ok(ReceiverEvent::Authenticated) => {
+                info!("sender authenticated");
+                // AUTH_OK goes out as it is; everything after it is sealed.
+                self.transmit()?;
+                let channel = self
+                    .machine
+                    .take_channel()
+                    .ok_or_else(|| XferError::Internal("authenticated without a channel".into()))?;
+                self.control.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
             // The machine queued the sender's reply to each error.
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
+            Err(RecvError::Version(reject)) => {
+                warn!("refused {}: {}", self.peer, reject.reason);
+                return Err(self.abandon(XferError::Rejected {
+                    code: reject.code.as_str(),
+                    reason: reject.reason,
+                }));
+            }
+            Err(RecvError::Forged(source)) => {
+                return Err(self.abandon(XferError::Forged {
+                    from: "sender",
+                    source,
+                }));
+            }
             Err(RecvError::Reject(reject)) => {
                 warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
                 let err = XferError::Rejected {

@@ -8,7 +8,7 @@
 mod pump;
 mod verdicts;
 
-use crate::engine::control::Control;
+use crate::engine::control::{Control, Undelivered};
 use crate::engine::entries::{self, Entry, WalkOptions};
 use crate::engine::progress::ProgressSink;
 use crate::engine::reader::{Input, Reader};
@@ -16,8 +16,8 @@ use crate::engine::report::{FileEvent, FileReport};
 use crate::engine::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AckStatus, DigestAlg, FileOffer, OfferKind, ProtocolError, SenderEvent, SenderSession,
-    SenderState, Token,
+    AckStatus, DigestAlg, FileOffer, NONCE_LEN, OfferKind, ProtocolError, Role, SenderAuth,
+    SenderEvent, SenderSession, SenderState, Token,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{
@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tracing::{debug, error_span, info, warn};
+use tracing::{debug, error_span, info};
 use verdicts::{PendingEntry, Tracker};
 
 #[derive(Debug, Clone)]
@@ -237,11 +237,28 @@ impl Connection {
         ep.cm_id().connect(cfg.timeout).map_err(connect_err)?;
         let connect_time = connect_started.elapsed();
         info!(peer = %cfg.addr, connect_s = connect_time.as_secs_f64(), "connected");
+        let auth = match &cfg.token {
+            None => None,
+            Some(token) => {
+                let mut nonce = [0u8; NONCE_LEN];
+                getrandom::fill(&mut nonce).map_err(|e| {
+                    XferError::io(
+                        "cannot get random bytes for the authentication",
+                        std::io::Error::other(e),
+                    )
+                })?;
+                Some(SenderAuth {
+                    token: token.clone(),
+                    nonce,
+                    conn: super::connection_id(&ep, Role::Sender)?,
+                })
+            }
+        };
         Ok(Connection {
             connect_time,
             ep,
             control,
-            session: SenderSession::new(cfg.chunk_size, cfg.token.clone()),
+            session: SenderSession::new(cfg.chunk_size, auth),
             wcs: Vec::with_capacity(64),
             events: VecDeque::new(),
         })
@@ -318,21 +335,24 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), FileError> {
-        while self.session.state() == SenderState::AwaitChallenge {
-            match self.next_event(cfg, pipe, tracker, "the receiver's greeting")? {
+        while matches!(
+            self.session.state(),
+            SenderState::AwaitChallenge | SenderState::AwaitAuthOk
+        ) {
+            let what = match self.session.state() {
+                SenderState::AwaitAuthOk => "the receiver's proof (AUTH_OK)",
+                _ => "the receiver's greeting",
+            };
+            match self.next_event(cfg, pipe, tracker, what)? {
                 None => {}
                 Some(SenderEvent::Greeted(greeting)) => {
-                    if greeting.token_unused {
-                        warn!(
-                            "the receiver does not require authentication: the token is not used \
-                             (anyone who can reach that receiver may send to it)"
-                        );
-                    }
-                    if let Some(auth) = greeting.auth {
-                        debug!("the receiver requires authentication: AUTH sent");
-                        self.control.send(&self.ep, &auth)?;
+                    if let Some(prove) = greeting.prove {
+                        debug!("the receiver requires authentication: PROVE sent");
+                        self.control.send(&self.ep, &prove)?;
                     }
                 }
+                // The channel is installed already (handle_completions).
+                Some(SenderEvent::Authenticated) => info!("receiver authenticated"),
                 Some(other) => return Err(unexpected(&other)),
             }
         }
@@ -524,15 +544,31 @@ impl Connection {
                 (wr::WRITE, WcOpcode::RdmaWrite) => pipe.write_done(wc)?,
                 (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
                 (wr::RECV, WcOpcode::Recv) => {
-                    let msg = self.control.take_message(&self.ep, wc)?.map_err(|source| {
-                        XferError::Malformed {
-                            from: "receiver",
-                            source,
-                        }
-                    })?;
+                    let msg = self
+                        .control
+                        .take_message(&self.ep, wc)?
+                        .map_err(|undelivered| match undelivered {
+                            Undelivered::Wire(source) => XferError::Malformed {
+                                from: "receiver",
+                                source,
+                            },
+                            Undelivered::Seal(source) => XferError::Forged {
+                                from: "receiver",
+                                source,
+                            },
+                        })?;
                     match self.session.on_message(msg).map_err(proto_err)? {
                         // Already applied by the state machine.
                         SenderEvent::Credit(_) => {}
+                        event @ SenderEvent::Authenticated => {
+                            // Sealed from the very next message on, in
+                            // both directions.
+                            let channel = self.session.take_channel().ok_or_else(|| {
+                                XferError::Internal("authenticated without a channel".into())
+                            })?;
+                            self.control.install(channel);
+                            self.events.push_back(event);
+                        }
                         event => self.events.push_back(event),
                     }
                 }
@@ -580,6 +616,16 @@ impl Connection {
 fn proto_err(e: ProtocolError) -> FileError {
     FileError::Fatal(match e {
         ProtocolError::AuthFailed { reason } => auth_error(&reason),
+        e @ (ProtocolError::NoAuthRequested | ProtocolError::ReceiverProofFailed) => {
+            XferError::Auth(format!(
+                "authentication failed: {e}; check that --token-file or RDMA_XFER_TOKEN gives \
+                 both hosts the same token"
+            ))
+        }
+        ProtocolError::VersionMismatch { detail } => XferError::Rejected {
+            code: crate::proto::RejectCode::Version.as_str(),
+            reason: detail,
+        },
         ProtocolError::Refused { code, reason } => XferError::Rejected {
             code: code.as_str(),
             reason,

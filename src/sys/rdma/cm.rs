@@ -364,6 +364,24 @@ impl CmId {
         peer_addr_of(self.raw)
     }
 
+    /// This side's address of a bound, resolved or connected id.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        if self.raw.is_null() {
+            return None;
+        }
+        // SAFETY: as in peer_addr_of, for the source half of the route's
+        // address (a union as large as a sockaddr_storage).
+        let storage: libc::sockaddr_storage = unsafe {
+            let union = std::ptr::addr_of!((*self.raw).route.addr.src_addr_union);
+            const _: () = assert!(
+                std::mem::size_of::<rdma_addr__bindgen_ty_1>()
+                    >= std::mem::size_of::<libc::sockaddr_storage>()
+            );
+            std::ptr::read_unaligned(union.cast::<libc::sockaddr_storage>())
+        };
+        sockaddr_to_std(&storage)
+    }
+
     /// Sets the QP's local ACK timeout (4.096 us * 2^exp) used from the next
     /// connect/accept on. The kernel's RoCE default (2^17: about 0.5 s) makes
     /// every lost packet that no NAK reports stall the queue for that long.

@@ -406,6 +406,29 @@ impl Endpoint {
         &self.id
     }
 
+    /// This QP's number and the peer's (the destination QP number set
+    /// when the connection was established), as the QP reports them.
+    pub fn qp_numbers(&self) -> Result<(u32, u32)> {
+        // SAFETY: ibv_qp_attr and ibv_qp_init_attr are plain data; zeroed
+        // is a valid value for both.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 as i32;
+        // SAFETY: self.qp.qp is the live QP this endpoint owns; attr and
+        // init are valid out-pointers for the duration of the call.
+        let rc = unsafe { ibv_query_qp(self.qp.qp, &mut attr, mask, &mut init) };
+        if rc != 0 {
+            return Err(SysError::Call {
+                call: "ibv_query_qp",
+                source: std::io::Error::from_raw_os_error(rc),
+            });
+        }
+        // SAFETY: self.qp.qp is live; qp_num is set when the QP is created.
+        let local = unsafe { (*self.qp.qp).qp_num };
+        Ok((local, attr.dest_qp_num))
+    }
+
     /// Posts a receive into the whole of `buf`'s slot. The buffer comes back
     /// with the receive's completion.
     pub fn post_recv(&self, pool: &BufferPool, buf: Buffer, wr_id: u64) -> Result<()> {
