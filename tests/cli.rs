@@ -509,7 +509,39 @@ fn receiver_without_token_warns_at_start_up() {
         err.contains("no token configured: this receiver accepts transfers from anyone"),
         "{err}"
     );
-    let (code, err) = run_env(receiver_bin(), &["--once", "--dir", out], Some("t"));
+    let (code, err) = run_env(
+        receiver_bin(),
+        &["--once", "--dir", out],
+        Some("a-token-of-at-least-16-bytes"),
+    );
     assert_eq!(code, 3, "{err}");
     assert!(!err.contains("no token configured"), "{err}");
+}
+
+#[test]
+fn short_token_is_a_usage_error_before_connecting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let f = dir.path().join("f");
+    std::fs::write(&f, b"x").expect("write");
+    let f = f.to_str().expect("utf8");
+    let out = dir.path().to_str().expect("utf8");
+    // 15 bytes: one short. Nothing listens on the address: a sender that
+    // tried to connect would fail with 3, not 2.
+    for (bin, args) in [
+        (sender_bin(), vec!["127.0.0.1", f]),
+        (receiver_bin(), vec!["--once", "--dir", out]),
+    ] {
+        let (code, err) = run_env(bin, &args, Some("fifteen-bytes!!"));
+        assert_eq!(code, 2, "{bin}: {err}");
+        assert!(err.contains("at least 16 bytes"), "{bin}: {err}");
+        assert!(
+            err.contains("head -c 32 /dev/urandom | base64"),
+            "{bin}: {err}"
+        );
+        assert!(!err.contains("fifteen"), "{bin}: token leaked: {err}");
+        assert!(
+            !err.contains("connected") && !err.contains("listening"),
+            "{bin}: {err}"
+        );
+    }
 }
