@@ -205,28 +205,97 @@ fn receiver_without_token_warns_that_it_accepts_anyone() {
         log.find(warning) < log.find("listening"),
         "warning after start-up:\n{log}"
     );
-    // A sender with a token still gets through, and is told its token is unused.
-    let input = src.path().join("open.bin");
-    let sum = make_file(&input, MIB, 31);
+    // A sender without a token gets through.
+    let second = src.path().join("open2.bin");
+    let sum = make_file(&second, 10, 32);
+    let sent = run_sender_with(&net, port, std::slice::from_ref(&second), SenderToken::None);
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst.path().join("open2.bin")), sum);
+    drop(receiver);
+}
+
+/// The downgrade: a sender with a token refuses a receiver that does not
+/// ask for it (no token there, or someone posing as it): exit 4, and it
+/// sends nothing, so the receiver writes nothing.
+#[test]
+fn auth_downgrade_sender_with_token_refuses_receiver_without() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let port = next_port();
+    let mut receiver = start_receiver_env(&net, port, dst.path(), &[], &[("RUST_LOG", "debug")]);
+    let input = src.path().join("never-sent.bin");
+    make_file(&input, MIB, 33);
     let sent = run_sender_with(
         &net,
         port,
         std::slice::from_ref(&input),
         SenderToken::Env(TOKEN),
     );
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
     assert!(
-        sent.stderr
-            .contains("the receiver does not require authentication"),
+        sent.stderr.contains("does not ask for authentication")
+            && sent.stderr.contains("refusing to send anything"),
         "{}",
         sent.stderr
     );
-    assert_eq!(sha256_file(&dst.path().join("open.bin")), sum);
-    // And so does one without.
-    let second = src.path().join("open2.bin");
-    make_file(&second, 10, 32);
-    let sent = run_sender_with(&net, port, &[second], SenderToken::None);
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert!(!sent.stderr.contains("does not require"), "{}", sent.stderr);
+    let entries: Vec<_> = std::fs::read_dir(dst.path())
+        .expect("read dst")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(
+        entries.is_empty(),
+        "written despite the downgrade: {entries:?}"
+    );
+    assert_no_temp_files(dst.path());
+    // The receiver saw no offer at all (no name, no size reached it).
+    let log = receiver.wait_for_stderr("session", LOG_WAIT);
+    std::thread::sleep(Duration::from_secs(1));
+    let log = format!("{log}{}", receiver.stderr_so_far());
+    assert!(
+        !log.contains("never-sent"),
+        "the name reached the receiver:\n{log}"
+    );
+    assert!(
+        !log.contains("offer"),
+        "an offer reached the receiver:\n{log}"
+    );
+    drop(receiver);
+}
+
+/// A token shorter than 16 bytes is refused before connecting (exit 2),
+/// with a hint how to make a good one; nothing reaches the receiver.
+#[test]
+fn auth_short_token_is_refused_before_connecting() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let port = next_port();
+    let receiver = start_receiver_env(&net, port, dst.path(), &[], &[("RDMA_XFER_TOKEN", TOKEN)]);
+    let input = src.path().join("short.bin");
+    make_file(&input, 100, 34);
+    let sent = run_sender_with(
+        &net,
+        port,
+        std::slice::from_ref(&input),
+        SenderToken::Env("only-15-bytes!!"),
+    );
+    assert_eq!(sent.code(), 2, "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("at least 16 bytes")
+            && sent.stderr.contains("head -c 32 /dev/urandom | base64"),
+        "{}",
+        sent.stderr
+    );
+    assert!(
+        !sent.stderr.contains("only-15"),
+        "token leaked: {}",
+        sent.stderr
+    );
+    let entries: Vec<_> = std::fs::read_dir(dst.path())
+        .expect("read dst")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(entries.is_empty(), "{entries:?}");
+    let log = receiver.stderr_so_far();
+    assert!(!log.contains("session established"), "it connected:\n{log}");
     drop(receiver);
 }

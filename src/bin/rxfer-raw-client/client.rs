@@ -5,7 +5,10 @@ use crate::steps::{Imm, Step};
 use crate::{Args, Failure};
 use rdma_xfer::cli::resolve;
 use rdma_xfer::engine::wr;
-use rdma_xfer::proto::{MAX_MESSAGE, Message, NONCE_LEN, RingInfo, Token, decode, encode_to_vec};
+use rdma_xfer::proto::{
+    Channel, ConnectionId, MAX_MESSAGE, Message, NONCE_LEN, PROTOCOL_VERSION, Prove, RingInfo,
+    Role, SessionKey, Token, decode, encode_to_vec,
+};
 use rdma_xfer::sys::SysError;
 use rdma_xfer::sys::rdma::{
     Buffer, BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, RemoteTarget, WcOpcode,
@@ -36,6 +39,16 @@ pub(crate) struct Client {
     ring: Option<RingInfo>,
     /// Nonce of the last CHALLENGE received.
     nonce: Option<[u8; NONCE_LEN]>,
+    /// This connection's identity (as a sender computes it).
+    identity: ConnectionId,
+    /// The key of an honest PROVE, until its AUTH_OK arrives.
+    key: Option<SessionKey>,
+    /// Seals and opens every message once the receiver proved itself.
+    channel: Option<Channel>,
+    /// The last sealed message sent (for `replay`).
+    last_sealed: Option<Vec<u8>>,
+    /// `bad-mac`: alter the next sealed message's tag.
+    bad_mac: bool,
     /// Chunks written into the current ring (slot = seq % slot_count).
     seq: u64,
     inbox: VecDeque<Inbound>,
@@ -69,8 +82,18 @@ impl Client {
             ep.post_recv(&recv_pool, buf, wr_id).map_err(c)?;
         }
         ep.cm_id().connect(timeout).map_err(c)?;
-        eprintln!("raw-client: connected to {addr}");
+        let identity = rdma_xfer::engine::connection_id(&ep, Role::Sender)
+            .map_err(|e| Failure::Connect(format!("{addr}: {e}")))?;
+        eprintln!(
+            "raw-client: connected to {addr} (QPN {} -> {})",
+            identity.sender_qpn, identity.receiver_qpn
+        );
         Ok(Client {
+            identity,
+            key: None,
+            channel: None,
+            last_sealed: None,
+            bad_mac: false,
             ep,
             recv_pool,
             send_pool,
@@ -92,10 +115,38 @@ impl Client {
         match step {
             Step::Raw(bytes) => self.send(bytes, "raw frame"),
             Step::Msg(msg) => {
-                let bytes = encode_to_vec(msg)
+                let mut bytes = encode_to_vec(msg)
                     .map_err(|e| Failure::Usage(format!("cannot encode {}: {e}", msg.kind())))?;
-                self.send(&bytes, &describe(msg))
+                let mut what = describe(msg);
+                if let Some(channel) = self.channel.as_mut() {
+                    bytes = channel
+                        .seal(&bytes)
+                        .map_err(|e| Failure::Usage(format!("cannot seal: {e}")))?;
+                    what.push_str(" (sealed)");
+                    if std::mem::take(&mut self.bad_mac) {
+                        if let Some(last) = bytes.last_mut() {
+                            *last ^= 0x01;
+                        }
+                        what.push_str(" with a forged tag");
+                    }
+                    self.last_sealed = Some(bytes.clone());
+                }
+                self.send(&bytes, &what)
             }
+            Step::BadMac => {
+                self.bad_mac = true;
+                Ok(())
+            }
+            Step::Replay => {
+                let bytes = self
+                    .last_sealed
+                    .clone()
+                    .ok_or_else(|| Failure::Usage("replay: nothing sealed sent yet".into()))?;
+                self.send(&bytes, "the last sealed message again (replayed)")
+            }
+            Step::Prove { .. } | Step::Conn(_) => Err(Failure::Usage(
+                "prove and conn steps are run by main".into(),
+            )),
             Step::Auth(token) => {
                 let mac = match Token::new(token.clone()) {
                     None => Vec::new(),
@@ -306,9 +357,43 @@ impl Client {
         }
     }
 
+    /// This connection's identity (addresses and QP numbers).
+    pub(crate) fn identity(&self) -> ConnectionId {
+        self.identity
+    }
+
+    /// Sends a PROVE of `token` over `nonce` and `conn`; when `honest`
+    /// (both this connection's), its AUTH_OK will be checked.
+    pub(crate) fn send_prove(
+        &mut self,
+        token: &[u8],
+        nonce: [u8; NONCE_LEN],
+        conn: ConnectionId,
+        honest: bool,
+    ) -> Result<(), Failure> {
+        let nonce_s = [0x5a; NONCE_LEN];
+        let proof = match Token::new(token.to_vec()) {
+            None => Vec::new(),
+            Some(t) => {
+                let key = SessionKey::derive(&t, &nonce, &nonce_s, &conn);
+                let proof = key.sender_proof().to_vec();
+                if honest {
+                    self.key = Some(key);
+                }
+                proof
+            }
+        };
+        let msg = Message::Prove(Prove {
+            version: PROTOCOL_VERSION,
+            nonce: nonce_s,
+            proof,
+        });
+        self.run(&Step::Msg(msg))
+    }
+
     /// The nonce of the receiver's CHALLENGE, waiting for it if needed
     /// (the CHALLENGE itself stays in the inbox for a later `expect`).
-    fn await_challenge(&mut self) -> Result<[u8; NONCE_LEN], Failure> {
+    pub(crate) fn await_challenge(&mut self) -> Result<[u8; NONCE_LEN], Failure> {
         let deadline = Instant::now() + self.timeout;
         loop {
             if let Some(n) = self.nonce {
@@ -433,8 +518,23 @@ impl Client {
                 };
                 let len = wc.byte_len as usize;
                 let inbound = match self.recv_pool.bytes(&buf, len.min(RECV_BUF)) {
-                    Ok(bytes) => match decode(bytes) {
-                        Ok(msg) => {
+                    Ok(sealed) => match self
+                        .channel
+                        .as_mut()
+                        .map_or(Ok(sealed), |c| c.open(sealed).map_err(|e| e.to_string()))
+                        .map_err(|e| {
+                            say(&format!("UNSEALED len={len} error={e:?}"));
+                        })
+                        .and_then(|bytes| {
+                            decode(bytes).map(|m| (m, bytes)).map_err(|e| {
+                                say(&format!(
+                                    "UNDECODED len={len} error={:?} hex={}",
+                                    e.to_string(),
+                                    hex(&bytes[..bytes.len().min(64)])
+                                ));
+                            })
+                        }) {
+                        Ok((msg, _)) => {
                             say(&describe(&msg));
                             match &msg {
                                 Message::Mr(r) => {
@@ -442,22 +542,24 @@ impl Client {
                                     self.seq = 0;
                                 }
                                 Message::Challenge(c) => self.nonce = Some(c.nonce),
+                                Message::AuthOk { proof } => {
+                                    if let Some(key) = self.key.take() {
+                                        let verified = key.verify_receiver(proof);
+                                        say(&format!("AUTH_OK verified={verified}"));
+                                        if verified {
+                                            self.channel = Some(key.channel(Role::Sender));
+                                        }
+                                    }
+                                }
                                 _ => {}
                             }
                             Inbound {
                                 kind: msg.kind().to_string(),
                             }
                         }
-                        Err(e) => {
-                            say(&format!(
-                                "UNDECODED len={len} error={:?} hex={}",
-                                e.to_string(),
-                                hex(&bytes[..bytes.len().min(64)])
-                            ));
-                            Inbound {
-                                kind: "UNDECODED".into(),
-                            }
-                        }
+                        Err(()) => Inbound {
+                            kind: "UNDECODED".into(),
+                        },
                     },
                     Err(e) => return Err(Failure::Ended(format!("receive buffer: {e}"))),
                 };

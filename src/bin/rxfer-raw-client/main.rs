@@ -36,7 +36,7 @@ use output::say;
 use scenarios::{scenario_steps, scenarios};
 use std::net::IpAddr;
 use std::process::ExitCode;
-use steps::{parse_step, step_arg};
+use steps::{Step, parse_step, step_arg};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -71,11 +71,20 @@ const STEPS_HELP: &str = "Steps (one argument each):
   hello:NAME[:SIZE[:DIGEST[:VERSION]]]
                           send an encoded HELLO; NAME is %-decoded (%2f = '/', %00 = NUL,
                           %3a = ':'); SIZE a number or 'max' (u64::MAX); DIGEST crc32|sha256;
-                          VERSION 1 by default (a plain name), 2 for relative paths
+                          VERSION 3 (this build's) by default
   fin:BYTES:CHUNKS[:CRC]  send an encoded FIN with a crc32 digest (hex, default 0)
   credit:N | bye          send an encoded CREDIT / BYE
-  auth:TOKEN              send AUTH with HMAC-SHA256(TOKEN, nonce of the last CHALLENGE
-                          received); TOKEN is %-decoded; 'auth:' sends an empty MAC
+  auth:TOKEN              send protocol 2's AUTH with HMAC-SHA256(TOKEN, nonce of the last
+                          CHALLENGE received); TOKEN is %-decoded; 'auth:' sends an empty MAC
+  prove:TOKEN[:NONCE_FROM[:CONN_FROM]]
+                          send a protocol-3 PROVE with TOKEN's proof over the CHALLENGE nonce
+                          of connection NONCE_FROM and the identity (addresses, QPNs) of
+                          connection CONN_FROM (default: the current one; a relay uses
+                          another). Honest: the AUTH_OK is checked (AUTH_OK verified=...) and
+                          every later message sealed / opened
+  conn:N                  switch to connection N (1-based), connecting it if new
+  bad-mac                 the next sealed message goes out with a wrong tag
+  replay                  send the last sealed message again, byte for byte
   writes:N[:LEN[:IMM]]    N RDMA WRITE_WITH_IMM of LEN bytes (default: the slot size) into
                           the next ring slots of the last MR received; IMM is the CRC32 of
                           the data unless given as hex or 'bad' (a wrong CRC32)
@@ -156,18 +165,74 @@ fn main() -> ExitCode {
             Err(e) => return fail(Failure::Usage(e)),
         }
     }
-    let mut client = match Client::connect(&args) {
-        Ok(c) => c,
+    let mut clients = match Client::connect(&args) {
+        Ok(c) => vec![c],
         Err(e) => return fail(e),
     };
+    let mut current = 0;
     for step in &steps {
-        if let Err(e) = client.run(step) {
-            client.close();
+        let result = match step {
+            Step::Conn(n) if *n == 0 || *n > clients.len() + 1 => Err(Failure::Usage(format!(
+                "conn:{n}: connections are numbered 1.."
+            ))),
+            Step::Conn(n) => {
+                if *n > clients.len() {
+                    match Client::connect(&args) {
+                        Ok(c) => clients.push(c),
+                        Err(e) => {
+                            close_all(clients);
+                            return fail(e);
+                        }
+                    }
+                }
+                current = n - 1;
+                say(&format!("CONN {n}"));
+                Ok(())
+            }
+            Step::Prove {
+                token,
+                nonce_from,
+                conn_from,
+            } => prove(&mut clients, current, token, *nonce_from, *conn_from),
+            step => clients[current].run(step),
+        };
+        if let Err(e) = result {
+            close_all(clients);
             return fail(e);
         }
     }
-    client.close();
+    close_all(clients);
     ExitCode::SUCCESS
+}
+
+/// A PROVE on the current connection, made from what another one saw.
+fn prove(
+    clients: &mut [Client],
+    current: usize,
+    token: &[u8],
+    nonce_from: Option<usize>,
+    conn_from: Option<usize>,
+) -> Result<(), Failure> {
+    let pick = |n: Option<usize>| match n {
+        None => Ok(current),
+        Some(n) if (1..=clients.len()).contains(&n) => Ok(n - 1),
+        Some(n) => Err(Failure::Usage(format!("prove: no connection {n}"))),
+    };
+    let (nonce_at, conn_at) = (pick(nonce_from)?, pick(conn_from)?);
+    let nonce = clients[nonce_at].await_challenge()?;
+    let conn = clients[conn_at].identity();
+    clients[current].send_prove(
+        token,
+        nonce,
+        conn,
+        nonce_at == current && conn_at == current,
+    )
+}
+
+fn close_all(clients: Vec<Client>) {
+    for c in clients {
+        c.close();
+    }
 }
 
 fn fail(e: Failure) -> ExitCode {

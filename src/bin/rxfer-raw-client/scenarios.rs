@@ -8,7 +8,7 @@ fn hostile_names() -> Vec<String> {
     vec![
         "../x".into(),
         "/etc/passwd".into(),
-        "a/b".into(),
+        "a//b".into(),
         "..".into(),
         ".".into(),
         String::new(),
@@ -221,13 +221,32 @@ pub(crate) fn scenarios() -> Vec<(&'static str, &'static str, Vec<Step>)> {
         ),
         (
             "auth-empty",
-            "for a receiver with a token: an AUTH without a MAC (a sender without a token)",
-            vec![Step::Auth(Vec::new()), expect(ANSWER)],
+            "for a receiver with a token: a PROVE without a proof (a sender without a token)",
+            vec![
+                Step::Prove {
+                    token: Vec::new(),
+                    nonce_from: None,
+                    conn_from: None,
+                },
+                expect(ANSWER),
+            ],
         ),
         (
             "auth-wrong-token",
-            "for a receiver with a token: the MAC of the nonce under another token",
-            vec![Step::Auth(b"not-the-token".to_vec()), expect(ANSWER)],
+            "for a receiver with a token: a PROVE under another token",
+            vec![
+                Step::Prove {
+                    token: b"not-the-token-at-all".to_vec(),
+                    nonce_from: None,
+                    conn_from: None,
+                },
+                expect(ANSWER),
+            ],
+        ),
+        (
+            "auth-v2",
+            "for a receiver with a token: protocol 2's AUTH (an older sender)",
+            vec![Step::Auth(b"not-the-token-at-all".to_vec()), expect(ANSWER)],
         ),
         (
             "auth-short-mac",

@@ -5,17 +5,33 @@ use rdma_xfer::proto::{CAP_NONE, Digest, DigestAlg, Fin, Hello, Message};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The HELLO version a sender uses for a plain file (a single name, no
-/// flags); relative paths and flags need `PROTOCOL_VERSION`.
-pub(crate) const PLAIN_HELLO_VERSION: u16 = 1;
+/// The HELLO version the client offers unless told otherwise: the one
+/// this build speaks (any other is refused by the receiver).
+pub(crate) const PLAIN_HELLO_VERSION: u16 = rdma_xfer::proto::PROTOCOL_VERSION;
 
 /// One step of a scenario.
 #[derive(Debug, Clone)]
 pub(crate) enum Step {
     Raw(Vec<u8>),
     Msg(Message),
-    /// AUTH answering the last CHALLENGE with this token (empty: no MAC).
+    /// AUTH answering the last CHALLENGE with this token (empty: no MAC):
+    /// what a protocol-2 sender sends.
     Auth(Vec<u8>),
+    /// PROVE (protocol 3) with this token, over the CHALLENGE nonce of
+    /// connection `nonce_from` and the identity of connection `conn_from`
+    /// (1-based; None: the current one). Honest when both are the current
+    /// connection: its AUTH_OK is then checked and the channel installed.
+    Prove {
+        token: Vec<u8>,
+        nonce_from: Option<usize>,
+        conn_from: Option<usize>,
+    },
+    /// Switch to connection N (1-based), connecting it first if new.
+    Conn(usize),
+    /// The next sealed message goes out with its tag altered.
+    BadMac,
+    /// The last sealed message, sent again as it was.
+    Replay,
     Writes {
         count: u32,
         len: Option<u32>,
@@ -155,6 +171,18 @@ pub(crate) fn parse_step(arg: &str) -> Result<Step, String> {
         }),
         "bye" => Step::Msg(Message::Bye),
         "auth" => Step::Auth(percent_decode_bytes(&fields.join(":"))?),
+        "prove" => Step::Prove {
+            token: percent_decode_bytes(fields.first().copied().unwrap_or_default())?,
+            nonce_from: field(1)
+                .map(|n| parse_num(n, "prove NONCE_FROM"))
+                .transpose()?,
+            conn_from: field(2)
+                .map(|n| parse_num(n, "prove CONN_FROM"))
+                .transpose()?,
+        },
+        "conn" => Step::Conn(parse_num(field(0).unwrap_or("1"), "conn")?),
+        "bad-mac" => Step::BadMac,
+        "replay" => Step::Replay,
         "writes" => Step::Writes {
             count: parse_num(field(0).unwrap_or("1"), "write count")?,
             len: field(1).map(|l| parse_num(l, "write length")).transpose()?,
@@ -241,6 +269,19 @@ pub(crate) fn step_arg(step: &Step) -> String {
         Step::Msg(Message::Bye) => "bye".into(),
         Step::Msg(m) => format!("({})", m.kind()),
         Step::Auth(t) => format!("auth:{}", pct(&String::from_utf8_lossy(t))),
+        Step::Prove {
+            token,
+            nonce_from,
+            conn_from,
+        } => format!(
+            "prove:{}:{}:{}",
+            pct(&String::from_utf8_lossy(token)),
+            nonce_from.map(|n| n.to_string()).unwrap_or_default(),
+            conn_from.map(|n| n.to_string()).unwrap_or_default()
+        ),
+        Step::Conn(n) => format!("conn:{n}"),
+        Step::BadMac => "bad-mac".into(),
+        Step::Replay => "replay".into(),
         Step::Writes { count, len, imm } => format!(
             "writes:{count}:{}:{}",
             len.map(|l| l.to_string()).unwrap_or_default(),
