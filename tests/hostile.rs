@@ -264,11 +264,13 @@ fn cases() -> Vec<Case> {
         c("unknown-type", PROTOCOL, "unknown message type 99"),
         c("bad-flags", PROTOCOL, "flags"),
         c("trailing-bytes", PROTOCOL, "stray bytes"),
+        // Another protocol version is no single entry's problem: refused
+        // naming both versions, and the session ends.
         Case {
             scenario: "bad-protocol-version",
             answer: Some(&["REJECT code=version reason="]),
             reason: "version 999",
-            session_goes_on: true,
+            session_goes_on: false,
         },
         Case {
             scenario: "huge-size",
