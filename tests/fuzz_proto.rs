@@ -1274,6 +1274,7 @@ fn check_sender(
                     digest,
                     kind,
                     mtime: None,
+                    keep_mode: size % 2 == 1,
                 };
                 let tag = m.next_tag;
                 m.next_tag += 1;

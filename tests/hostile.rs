@@ -181,6 +181,12 @@ fn hostile_names_are_refused_and_nothing_is_written() {
         run.stdout
     );
     s.assert_nothing_written("hostile names");
+    // Whatever the peer sent, the receiver's log shows it escaped.
+    let log = s.receiver.stderr_so_far();
+    assert!(
+        !log.chars().any(|c| c.is_control() && c != '\n'),
+        "a raw control character in the receiver's log:\n{log:?}"
+    );
 
     // The same names as separate sessions that just vanish after the
     // REJECT (no BYE): each refused the same way.

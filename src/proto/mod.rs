@@ -10,7 +10,8 @@ pub mod wire;
 
 pub use auth::{AUTH_REQUIRED, NONCE_LEN, Token};
 pub use names::{
-    MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, PathError, validate_name, validate_path,
+    Escaped, MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, PathError, escaped, validate_name,
+    validate_path,
 };
 pub use receiver::{
     AUTH_TIMEOUT, AuthFailure, ChunkPlacement, ReceiverConfig, ReceiverEvent, ReceiverSession,
@@ -59,7 +60,7 @@ pub enum ProtocolError {
     },
     /// The peer ended the session with a REJECT where no answer to an
     /// offer was due.
-    #[error("peer aborted the session ({code}): {reason}")]
+    #[error("peer aborted the session ({code}): {}", escaped(reason))]
     PeerRejected {
         /// The REJECT's code.
         code: RejectCode,
@@ -67,7 +68,7 @@ pub enum ProtocolError {
         reason: String,
     },
     /// The receiver refused the session in its greeting (e.g. Busy).
-    #[error("the receiver refused the session ({code}): {reason}")]
+    #[error("the receiver refused the session ({code}): {}", escaped(reason))]
     Refused {
         /// The REJECT's code.
         code: RejectCode,
@@ -75,7 +76,7 @@ pub enum ProtocolError {
         reason: String,
     },
     /// REJECT(Auth): the receiver did not accept our AUTH (`reason` is its text).
-    #[error("authentication failed (the receiver says: {reason})")]
+    #[error("authentication failed (the receiver says: {})", escaped(reason))]
     AuthFailed {
         /// The receiver's explanation.
         reason: String,
@@ -302,6 +303,7 @@ mod tests {
                 digest: DigestAlg::Crc32,
                 kind,
                 mtime: None,
+                keep_mode: i % 2 == 1,
             };
             // The tag is the entry's index (offset so that 0 means nothing).
             let m = self.s.start_file(offer, 1000 + i as u64).unwrap();

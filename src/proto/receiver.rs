@@ -1467,7 +1467,12 @@ mod tests {
                 None,
             ),
             (v(2, 0, "f", 1001), Some(RejectCode::TooLarge)),
-            (v(2, 1 << 3, "f", 1), Some(RejectCode::Version)),
+            (v(2, hello_flags::KEEP_MODE, "f", 1), None),
+            (
+                v(1, hello_flags::KEEP_MODE, "f", 1),
+                Some(RejectCode::Version),
+            ),
+            (v(2, 1 << 4, "f", 1), Some(RejectCode::Version)),
             (v(2, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
             (v(2, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
             (v(2, STREAM, "f", 5), Some(RejectCode::Protocol)),

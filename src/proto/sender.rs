@@ -81,8 +81,10 @@ pub struct FileOffer {
     pub digest: DigestAlg,
     /// File, stream or directory.
     pub kind: OfferKind,
-    /// Modification time to keep (`--preserve-times`).
+    /// Modification time to keep (`-p`).
     pub mtime: Option<Mtime>,
+    /// Keep `mode` as it is (`-p`) instead of the receiver's umask applying.
+    pub keep_mode: bool,
 }
 
 /// Where the engine must RDMA-WRITE (with imm = CRC32 of the chunk) the next chunk.
@@ -279,6 +281,9 @@ impl SenderSession {
         };
         if offer.mtime.is_some() {
             caps |= hello_flags::MTIME;
+        }
+        if offer.keep_mode {
+            caps |= hello_flags::KEEP_MODE;
         }
         let version = if caps == 0 && !offer.name.contains('/') {
             1
@@ -614,6 +619,7 @@ mod tests {
             digest: DigestAlg::Crc32,
             kind: OfferKind::File,
             mtime: None,
+            keep_mode: false,
         }
     }
 
@@ -1125,8 +1131,19 @@ mod tests {
             (timed.version, timed.caps, timed.size),
             (2, hello_flags::MTIME, 5)
         );
+        // -p: modes kept as they are, which a version-2 receiver honours.
+        let kept = hello(FileOffer {
+            keep_mode: true,
+            mode: 0o4777,
+            ..offer(5)
+        });
+        assert_eq!(
+            (kept.version, kept.caps, kept.mode),
+            (2, hello_flags::KEEP_MODE, 0o4777)
+        );
+        assert_eq!(kept.received_mode(0o022), 0o777, "never setuid");
         // Every HELLO encodes (the mtime flag matches the field).
-        for h in [path, stream, dir, timed] {
+        for h in [path, stream, dir, timed, kept] {
             assert!(crate::proto::encode_to_vec(&Message::Hello(h)).is_ok());
         }
         // Hostile names are the receiver's to refuse, so they go out as is.

@@ -121,6 +121,26 @@ pub fn ensure_memlock(needed: u64) -> Result<()> {
     })
 }
 
+/// The receiver's umask, which received modes are masked with (as scp
+/// does without -p).
+pub fn process_umask() -> u32 {
+    // /proc shows it without changing it (Linux 4.7+).
+    let from_proc = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        });
+    from_proc.unwrap_or_else(|| {
+        // Older kernels: set and restore. Racy only against threads that
+        // create files meanwhile; it is called once, at start-up.
+        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+        rustix::process::umask(old);
+        old.as_raw_mode()
+    }) & 0o777
+}
+
 /// Peak resident set size of this process in bytes (0 if unknown).
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")

@@ -6,8 +6,11 @@
 //! following links; with --stdout the one file or stream goes to standard
 //! output instead.
 
+mod allow;
 mod session;
 mod store;
+
+pub use allow::AllowedNet;
 
 use crate::engine::control::Control;
 use crate::engine::progress::ProgressSink;
@@ -47,6 +50,11 @@ pub struct ReceiverConfig {
     pub stdout: bool,
     /// Told about each file's progress (the tool draws bars with it).
     pub progress: ProgressSink,
+    /// Networks peers may connect from (`--allow`); empty: everyone.
+    pub allow: Vec<AllowedNet>,
+    /// Masks received modes unless the sender keeps them (`sender -p`);
+    /// the process's umask by default.
+    pub umask: u32,
 }
 
 impl ReceiverConfig {
@@ -65,6 +73,8 @@ impl ReceiverConfig {
             token: None,
             stdout: false,
             progress: ProgressSink::default(),
+            allow: Vec::new(),
+            umask: crate::sys::os::process_umask(),
         }
     }
 }
@@ -106,6 +116,23 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     let listener = CmId::new(&channel)?;
     listener.listen(cfg.bind, 64)?;
     info!(bind = %cfg.bind, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
+    if cfg.token.is_none() {
+        let who = if cfg.allow.is_empty() {
+            "anyone who can reach this port".to_string()
+        } else {
+            let nets: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
+            format!("anyone from {}", nets.join(", "))
+        };
+        let what = if cfg.stdout {
+            "standard output".to_string()
+        } else {
+            cfg.dir.display().to_string()
+        };
+        warn!(
+            "no token: {who} may write into {what} (set one with --token-file or \
+             RDMA_XFER_TOKEN; limit who may connect with --allow)"
+        );
+    }
     let sessions = AtomicUsize::new(0);
     let refusals = AtomicUsize::new(0);
     let next_id = AtomicU64::new(1);
@@ -122,6 +149,14 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 Err(SysError::Interrupted) => continue,
                 Err(e) => return Err(e.into()),
             };
+            let from = request.peer_addr().map(|a| a.ip());
+            if !allow::is_allowed(&cfg.allow, from) {
+                // Refused by the CM: not a byte of ours reaches the peer.
+                let peer = from.map_or_else(|| "an unknown address".into(), |a| a.to_string());
+                warn!("refused a connection from {peer}: not in --allow");
+                request.reject();
+                continue;
+            }
             let conn = match request.detach() {
                 Ok(c) => c,
                 Err(e) => {

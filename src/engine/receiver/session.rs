@@ -12,7 +12,7 @@ use crate::engine::{wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
     AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, ProtocolError, ReceiverEvent,
-    ReceiverSession, RecvError, RejectCode, RingInfo,
+    ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::io::Write;
@@ -216,7 +216,11 @@ impl Session<'_> {
             // The machine queued the sender's reply to each error.
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Reject(reject)) => {
-                warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
+                warn!(
+                    code = reject.code.as_str(),
+                    "refused: {}",
+                    escaped(&reject.reason)
+                );
                 let err = XferError::Rejected {
                     code: reject.code.as_str(),
                     reason: reject.reason.clone(),
@@ -343,7 +347,7 @@ impl Session<'_> {
             size: hello.size,
             digest_alg: hello.digest,
             sink,
-            mode: hello.mode & 0o777,
+            mode: hello.received_mode(self.cfg.umask),
             mtime: hello.mtime,
             hasher: FileHasher::new(hello.digest),
             written: 0,
@@ -578,8 +582,10 @@ impl Session<'_> {
         err: &XferError,
         session_ended: bool,
     ) {
+        // A refused offer's name may hold anything the peer sent.
+        let name = escaped(name).to_string();
         let failure = FileFailure::new(
-            name,
+            &name,
             size,
             alg,
             elapsed,

@@ -28,6 +28,8 @@ pub(super) enum FileStore {
         /// would be changed by the entries created inside, and a mode
         /// without owner write/search would forbid creating them.
         deferred: Vec<DirAttrs>,
+        /// The receiver's umask (see `Hello::received_mode`).
+        umask: u32,
     },
     /// --stdout: the one file or stream of the session; None once taken.
     Stdout(Option<File>),
@@ -60,13 +62,14 @@ impl FileStore {
         Ok(FileStore::Tree {
             root,
             deferred: Vec::new(),
+            umask: cfg.umask,
         })
     }
 
     /// Applies the deferred directory attributes (best effort: a failure
     /// is logged, the data is already safe).
     pub(super) fn finish_dirs(&mut self) {
-        let FileStore::Tree { root, deferred } = self else {
+        let FileStore::Tree { root, deferred, .. } = self else {
             return;
         };
         for attrs in deferred.drain(..).rev() {
@@ -90,11 +93,16 @@ impl FileStore {
     /// arrive, see `FileStore::Tree::deferred`), or accepts an existing one
     /// as it is.
     pub(super) fn make_dir(&mut self, hello: &Hello) -> Result<(), Refusal> {
-        let FileStore::Tree { root, deferred } = self else {
+        let FileStore::Tree {
+            root,
+            deferred,
+            umask,
+        } = self
+        else {
             return Err((
                 RejectCode::Protocol,
                 format!(
-                    "the receiver writes to its standard output (--stdout) and cannot create                      directory {}; send a tar stream instead (tar -cf - DIR | sender HOST -)",
+                    "the receiver writes to its standard output (--stdout) and cannot create directory {}; send a tar stream instead (tar -cf - DIR | sender HOST -)",
                     hello.name
                 ),
             ));
@@ -130,7 +138,7 @@ impl FileStore {
         parent
             .mkdir(&leaf, 0o700)
             .map_err(|e| io("cannot create directory", e))?;
-        let mode = hello.mode & 0o777;
+        let mode = hello.received_mode(*umask);
         // Owner write and search are needed while entries are created inside.
         let now = if mode & 0o300 == 0o300 {
             mode
