@@ -156,10 +156,45 @@ fn vm_hwm_bytes(status: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// Bytes available to an unprivileged writer on the filesystem holding `path`.
-pub fn free_space(path: &std::path::Path) -> std::io::Result<u64> {
+/// What an unprivileged writer may still use on a file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeSpace {
+    /// Bytes.
+    pub bytes: u64,
+    /// Inodes (new files and directories).
+    pub inodes: u64,
+}
+
+/// Free bytes and inodes on the filesystem holding `path`.
+pub fn free_space(path: &std::path::Path) -> std::io::Result<FreeSpace> {
     let st = rustix::fs::statvfs(path)?;
-    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    Ok(FreeSpace {
+        bytes: st.f_bavail.saturating_mul(st.f_frsize),
+        inodes: st.f_favail,
+    })
+}
+
+/// Reserves the blocks of `file`'s first `len` bytes without changing its
+/// size (fallocate with KEEP_SIZE), where that costs only metadata: on
+/// tmpfs and ramfs it would clear every page up front (measured: 0.14 s
+/// per 256 MiB on the host, far more in an emulated guest), so there it
+/// returns Ok(false), as where the file system cannot (EOPNOTSUPP). An
+/// error means the space is not there (ENOSPC, EDQUOT, EFBIG).
+pub fn reserve_blocks(file: &std::fs::File, len: u64) -> std::io::Result<bool> {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    if len == 0 {
+        return Ok(false);
+    }
+    let fs_type = rustix::fs::fstatfs(file)?.f_type as u64;
+    if fs_type == TMPFS_MAGIC || fs_type == RAMFS_MAGIC {
+        return Ok(false);
+    }
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::KEEP_SIZE, 0, len) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Asks for a pipe buffer of `bytes` on `fd` (Linux F_SETPIPE_SZ), so that

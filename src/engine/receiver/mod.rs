@@ -8,6 +8,7 @@
 
 mod allow;
 mod session;
+mod space;
 mod store;
 
 pub use allow::AllowedNet;
@@ -23,8 +24,10 @@ use crate::proto::{
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
 use crate::sys::rdma::{CmId, Endpoint, EventChannel, IncomingConnection, QpCaps, probe_devices};
+use space::SpaceLedger;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
@@ -136,6 +139,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     let sessions = AtomicUsize::new(0);
     let refusals = AtomicUsize::new(0);
     let next_id = AtomicU64::new(1);
+    let ledger = Arc::new(SpaceLedger::default());
     std::thread::scope(|scope| {
         loop {
             if shutdown_requested() {
@@ -170,7 +174,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 .map_or_else(|| "?".to_string(), |a| a.ip().to_string());
             let span = error_span!("session", id, peer = %peer);
             if cfg.once {
-                return span.in_scope(|| run_logged(cfg, conn, on_file));
+                return span.in_scope(|| run_logged(cfg, conn, on_file, &ledger));
             }
             if sessions.load(Ordering::SeqCst) >= cfg.max_sessions {
                 // Say why, on a thread of its own so the listener goes on;
@@ -196,11 +200,12 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             }
             sessions.fetch_add(1, Ordering::SeqCst);
             let sessions = &sessions;
+            let ledger = &ledger;
             let spawned = std::thread::Builder::new()
                 .name(format!("session-{id}"))
                 .spawn_scoped(scope, move || {
                     let _enter = span.enter();
-                    if let Err(e) = run_logged(cfg, conn, on_file) {
+                    if let Err(e) = run_logged(cfg, conn, on_file, ledger) {
                         cfg.progress
                             .notice(&format!("receiver: session {id} from {peer} failed: {e}"));
                     }
@@ -219,9 +224,10 @@ fn run_logged(
     cfg: &ReceiverConfig,
     conn: IncomingConnection,
     on_file: &OnFile<'_>,
+    ledger: &Arc<SpaceLedger>,
 ) -> Result<(), XferError> {
     let started = Instant::now();
-    let result = session::run(cfg, conn, on_file);
+    let result = session::run(cfg, conn, on_file, ledger);
     match &result {
         Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
         Err(e) => error!(elapsed = ?started.elapsed(), "session failed: {e}"),

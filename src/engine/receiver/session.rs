@@ -2,6 +2,7 @@
 //! over the connection (control messages, data completions, credits) and
 //! the file store, from the greeting to BYE or the first fatal error.
 
+use super::space::SpaceLedger;
 use super::store::{FileStore, Refusal, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::Control;
@@ -16,7 +17,7 @@ use crate::proto::{
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
 
@@ -79,8 +80,9 @@ pub(super) fn run(
     cfg: &ReceiverConfig,
     conn: IncomingConnection,
     on_file: &OnFile<'_>,
+    ledger: &Arc<SpaceLedger>,
 ) -> Result<(), XferError> {
-    let store = FileStore::open(cfg)?;
+    let store = FileStore::open(cfg, ledger)?;
     let id = conn.into_id()?;
     let recvs = cfg.slots + CONTROL_RECVS;
     let caps = QpCaps {
@@ -431,7 +433,7 @@ impl Session<'_> {
             return Err(self.abort(AckStatus::Integrity, err));
         }
         let written = match &mut file.sink {
-            Sink::Temp(t) => t.file.write_all_at(data, placement.file_offset),
+            Sink::Temp(t) => t.write_at(data, placement.file_offset),
             Sink::Stdout(out) if placement.file_offset == file.written => out.write_all(data),
             Sink::Stdout(_) => {
                 let err = XferError::Internal(format!(
