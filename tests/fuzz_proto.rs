@@ -656,7 +656,10 @@ fn legal_rx(
             addr: u64::from(seed) << 12,
             rkey: seed,
         },
-        Receiving if seed.is_multiple_of(50) => RxAction::Msg(Message::Keepalive),
+        // Only a stream waits for its input.
+        Receiving if seed.is_multiple_of(50) && m.offer.as_ref().is_some_and(Hello::is_stream) => {
+            RxAction::Msg(Message::Keepalive)
+        }
         Receiving => {
             let size = m.data_len();
             let full = m.unconsumed + m.pending >= slots;
@@ -851,6 +854,7 @@ fn check_receiver(
                     }
                     Ok(ReceiverEvent::Keepalive) => {
                         prop_assert_eq!(before, Receiving);
+                        prop_assert!(m.offer.as_ref().is_some_and(Hello::is_stream));
                         prop_assert_eq!(r.state(), Receiving);
                     }
                     Ok(ReceiverEvent::AuthIgnored) => {
@@ -1287,6 +1291,11 @@ fn check_sender(
                         };
                         prop_assert!(encode_to_vec(&Message::Hello(h.clone())).is_ok());
                         match kind {
+                            // -p (keep_mode) needs version 2; a plain file is version 1.
+                            OfferKind::File if size % 2 == 1 => {
+                                let want = (size, hello_flags::KEEP_MODE, PROTOCOL_VERSION);
+                                prop_assert_eq!((h.size, h.caps, h.version), want);
+                            }
                             OfferKind::File => {
                                 prop_assert_eq!((h.size, h.caps, h.version), (size, 0, 1));
                             }

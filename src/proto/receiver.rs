@@ -465,7 +465,8 @@ impl ReceiverSession {
                 self.state = Verifying;
                 Ok(ReceiverEvent::Fin(f))
             }
-            (Receiving, Message::Keepalive) => Ok(ReceiverEvent::Keepalive),
+            // Only a stream may wait for its input; a file's data is there.
+            (Receiving, Message::Keepalive) if self.stream => Ok(ReceiverEvent::Keepalive),
             // The sender aborting (e.g. a local read error) ends the session.
             (_, Message::Reject(r)) => Err(ProtocolError::PeerRejected {
                 code: r.code,
@@ -1052,7 +1053,7 @@ mod tests {
                     // Ignored when no token is configured.
                     (AwaitHello, Message::Auth { .. }) if !auth => Some(AwaitHello),
                     (Receiving, Message::Fin(_)) => Some(Verifying),
-                    (Receiving, Message::Keepalive) => Some(Receiving),
+                    // (A file is receiving here: KEEPALIVE is for streams.)
                     _ => None,
                 };
                 match legal {
@@ -1598,6 +1599,27 @@ mod tests {
         assert!(r.offer_is_stream());
         r.accept(ring(&c)).unwrap();
         r
+    }
+
+    #[test]
+    fn keepalive_only_while_a_stream_waits_for_input() {
+        let c = cfg(100, 3, 1);
+        let mut stream = receiving_stream(c);
+        for _ in 0..3 {
+            assert_eq!(
+                stream.on_message(Message::Keepalive),
+                Ok(ReceiverEvent::Keepalive)
+            );
+        }
+        let mut file = ReceiverSession::new(c);
+        file.on_message(Message::Hello(hello_v2("f", 0, 250)))
+            .unwrap();
+        file.accept(ring(&c)).unwrap();
+        assert!(matches!(
+            file.on_message(Message::Keepalive),
+            Err(RecvError::Protocol(ProtocolError::Unexpected { .. }))
+        ));
+        assert_eq!(file.state(), ReceiverState::Closed);
     }
 
     #[test]

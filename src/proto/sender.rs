@@ -540,9 +540,9 @@ impl SenderSession {
 
     /// While a stream waits for its input: a KEEPALIVE so that the
     /// receiver's no-progress timeout does not fire (due every
-    /// `keepalive_interval` of silence).
+    /// `keepalive_interval` of silence); only a stream may wait for input.
     pub fn keepalive(&self) -> Result<Message, ProtocolError> {
-        if self.state != SenderState::Sending {
+        if self.state != SenderState::Sending || !self.stream {
             return Err(self.wrong_state("keepalive"));
         }
         Ok(Message::Keepalive)
@@ -1058,8 +1058,11 @@ mod tests {
                 assert_eq!(next_file(&mut s), None);
                 assert!(!s.all_chunks_planned());
             }
-            if matches!(sit, Sending | SendingStream) {
+            // Only a stream waits for its input.
+            if sit == SendingStream {
                 assert_eq!(s.keepalive(), Ok(Message::Keepalive));
+            } else {
+                assert_eq!(s.keepalive(), Err(wrong("keepalive")), "{sit:?}");
             }
             // Local misuse does not change the state.
             assert_eq!(s.state(), sit.state());
