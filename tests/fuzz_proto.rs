@@ -26,11 +26,11 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
-    AUTH_REQUIRED, Ack, AckStatus, Challenge, Digest, DigestAlg, FileOffer, Fin, Hello,
-    MAX_MESSAGE, MAX_PENDING, Message, Mtime, NONCE_LEN, OfferKind, PROTOCOL_VERSION, Pending,
-    ProtocolError, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError,
-    Reject, RejectCode, RingInfo, SenderEvent, SenderSession, SenderState, Token, Verdict, decode,
-    encode_to_vec, hello_flags, validate_name, validate_path,
+    AUTH_REQUIRED, Ack, AckStatus, Challenge, DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin,
+    Hello, MAX_MESSAGE, MAX_PENDING, Message, Mtime, NONCE_LEN, OfferKind, PROTOCOL_VERSION,
+    Pending, ProtocolError, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
+    RecvError, Reject, RejectCode, RingInfo, SenderEvent, SenderSession, SenderState, Token,
+    Verdict, decode, encode_to_vec, hello_flags, validate_name, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -600,6 +600,7 @@ fn replies_fit(
         (RecvError::TooLarge { .. }, Message::Ack(a)) => {
             prop_assert_eq!(a.status, AckStatus::Rejected)
         }
+        (RecvError::SessionLimit(r), Message::Reject(m)) => prop_assert_eq!(r, m),
         (e, m) => return Err(TestCaseError::fail(format!("{e} answered with {m:?}"))),
     }
     Ok(())
@@ -710,6 +711,8 @@ fn check_receiver(
     let mut m = RxModel::default();
     // Authenticated in this session (or no token configured).
     let mut admitted = auth.is_none();
+    // HELLOs the machine considered (AwaitHello, authenticated).
+    let mut hellos = 0u64;
     // The greeting: asks for AUTH exactly when a token is configured.
     let Some(Message::Challenge(c)) = r.poll_transmit() else {
         return Err(TestCaseError::fail("the first message is not a CHALLENGE"));
@@ -726,6 +729,7 @@ fn check_receiver(
                     prop_assert!(matches!(r.poll_transmit(), Some(Message::Challenge(_))));
                     m = RxModel::default();
                     admitted = auth.is_none();
+                    hellos = 0;
                     continue;
                 }
                 a => a,
@@ -774,6 +778,9 @@ fn check_receiver(
                 };
                 let kind = msg.kind();
                 let sent = msg.clone();
+                if kind == "HELLO" && before == AwaitHello {
+                    hellos += 1;
+                }
                 let result = r.on_message(msg);
                 replies_fit(before, result.as_ref().err(), &replies(&mut r))?;
                 if before == Closed {
@@ -782,6 +789,12 @@ fn check_receiver(
                 match result {
                     Ok(ReceiverEvent::Offer(h)) => {
                         prop_assert_eq!(before, AwaitHello);
+                        prop_assert!(
+                            hellos <= cfg.max_files,
+                            "offer {} of {}",
+                            hellos,
+                            cfg.max_files
+                        );
                         // Nothing is considered before authentication.
                         prop_assert!(admitted, "HELLO considered before AUTH");
                         let files = m.files + 1;
@@ -874,6 +887,14 @@ fn check_receiver(
                         prop_assert!(!rej.reason.is_empty());
                     }
                     Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
+                    Err(RecvError::SessionLimit(rej)) => {
+                        // Only the HELLO past --max-files ends a session so.
+                        prop_assert_eq!(kind, "HELLO");
+                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert_eq!(hellos, cfg.max_files + 1);
+                        prop_assert_eq!(rej.code, RejectCode::TooLarge);
+                        prop_assert_eq!(r.state(), Closed);
+                    }
                     Err(RecvError::TooLarge { .. }) => {
                         return Err(TestCaseError::fail("a message was too large"));
                     }
@@ -930,14 +951,15 @@ fn check_receiver(
                         prop_assert!(r.bytes_received() <= size);
                     }
                     Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
-                    Err(RecvError::TooLarge { limit }) => {
+                    Err(RecvError::TooLarge { limit, option }) => {
                         // Only a stream, only past --max-size.
+                        prop_assert_eq!(option, "--max-size");
                         prop_assert!(m.is_stream());
                         prop_assert_eq!(limit, cfg.max_size);
                         prop_assert!(m.bytes + u64::from(len) > cfg.max_size);
                         prop_assert_eq!(r.state(), Closed);
                     }
-                    Err(RecvError::Reject(_) | RecvError::Auth(_)) => {
+                    Err(RecvError::Reject(_) | RecvError::Auth(_) | RecvError::SessionLimit(_)) => {
                         return Err(TestCaseError::fail("on_chunk returned a Reject"));
                     }
                 }
@@ -1068,13 +1090,16 @@ fn machine_receiver() {
         1u32..8,
         0u32..10,
         prop_oneof![3 => Just(u64::MAX), 1 => 0u64..300],
+        prop_oneof![3 => Just(DEFAULT_MAX_FILES), 1 => 1u64..4],
     )
         .prop_map(
-            |(slot_size, slot_count, credit_batch, max_size)| ReceiverConfig {
+            |(slot_size, slot_count, credit_batch, max_size, max_files)| ReceiverConfig {
                 slot_size,
                 slot_count,
                 credit_batch,
                 max_size,
+                max_files,
+                max_session_bytes: u64::MAX,
             },
         );
     let strategy = (cfg, auth_key(), sequence(rx_action(), RxAction::Legal, 300));

@@ -7,6 +7,7 @@ use crate::engine::receiver::{AllowedNet, DEFAULT_MAX_SESSIONS, ReceiverConfig};
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers};
 use crate::error::XferError;
+use crate::proto::DEFAULT_MAX_FILES;
 use crate::proto::{DigestAlg, validate_path};
 use clap::{CommandFactory, ValueHint};
 use std::net::{IpAddr, SocketAddr};
@@ -202,6 +203,14 @@ pub struct ReceiverArgs {
     /// further senders are refused with a "busy" reason.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS as u16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_sessions: u16,
+    /// Most entries (files and directories, refused ones included) one
+    /// session may offer; the one past it ends the session.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_FILES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_files: u64,
+    /// Most bytes one session may bring over all its files and streams (K,
+    /// M, G suffixes); default: no limit.
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
+    pub max_session_size: Option<u64>,
     /// Accept connections only from this address or network (repeatable,
     /// e.g. --allow 10.0.0.0/24 --allow 10.0.1.7); others are refused
     /// before anything is sent to them. Default: from anywhere.
@@ -311,6 +320,8 @@ impl ReceiverArgs {
         cfg.overwrite = self.overwrite;
         cfg.max_size = self.max_size.unwrap_or(u64::MAX);
         cfg.max_sessions = self.max_sessions.into();
+        cfg.max_files = self.max_files;
+        cfg.max_session_bytes = self.max_session_size.unwrap_or(u64::MAX);
         cfg.slots = slots;
         cfg.chunk_size = chunk_size;
         cfg.busy_poll = self.common.busy_poll;
@@ -540,6 +551,10 @@ mod tests {
             "10.0.0.0/24",
             "--allow",
             "[fe80::1]",
+            "--max-files",
+            "10",
+            "--max-session-size",
+            "2G",
         ])
         .unwrap();
         assert_eq!(cfg.bind, "[::1]:9001".parse().unwrap());
@@ -549,6 +564,7 @@ mod tests {
         assert!(cfg.once && cfg.stdout && cfg.overwrite && cfg.busy_poll);
         assert_eq!((cfg.slots, cfg.chunk_size), (3, 8 << 10));
         assert_eq!((cfg.max_size, cfg.max_sessions), (1 << 30, 2));
+        assert_eq!((cfg.max_files, cfg.max_session_bytes), (10, 2 << 30));
         assert_eq!(cfg.timeout, Duration::from_secs(9));
         assert!(cfg.token.is_some());
         let cfg = receiver(&[]).unwrap();
@@ -561,6 +577,10 @@ mod tests {
         assert_eq!(cfg.max_sessions, DEFAULT_MAX_SESSIONS);
         assert!(!cfg.once && !cfg.stdout && !cfg.overwrite);
         assert!(cfg.allow.is_empty(), "everyone by default");
+        assert_eq!(
+            (cfg.max_files, cfg.max_session_bytes),
+            (1_000_000, u64::MAX)
+        );
     }
 
     #[test]

@@ -14,8 +14,8 @@ pub use names::{
     validate_path,
 };
 pub use receiver::{
-    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, ReceiverConfig, ReceiverEvent, ReceiverSession,
-    ReceiverState, RecvError, busy_refusal,
+    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, DEFAULT_MAX_FILES, ReceiverConfig, ReceiverEvent,
+    ReceiverSession, ReceiverState, RecvError, busy_refusal,
 };
 pub use sender::{
     ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderEvent, SenderSession,
@@ -574,6 +574,8 @@ mod tests {
                 slot_count,
                 credit_batch,
                 max_size: u64::MAX,
+                max_files: DEFAULT_MAX_FILES,
+                max_session_bytes: u64::MAX,
             };
             // A third of the sessions authenticate; a sender token the receiver
             // does not ask for is merely unused.

@@ -46,6 +46,10 @@ pub struct ReceiverConfig {
     pub max_size: u64,
     /// Sessions served at once; more connections are refused with a reason.
     pub max_sessions: usize,
+    /// Entries one session may offer (see `proto::ReceiverConfig`).
+    pub max_files: u64,
+    /// Bytes one session may bring; `u64::MAX` = no limit.
+    pub max_session_bytes: u64,
     /// Shared secret senders must prove before anything else; None accepts anyone.
     pub token: Option<Token>,
     /// Write the one received file or stream to standard output instead of
@@ -73,6 +77,8 @@ impl ReceiverConfig {
             timeout: DEFAULT_TIMEOUT,
             max_size: u64::MAX,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_files: crate::proto::DEFAULT_MAX_FILES,
+            max_session_bytes: u64::MAX,
             token: None,
             stdout: false,
             progress: ProgressSink::default(),
@@ -269,6 +275,8 @@ fn new_machine(cfg: &ReceiverConfig) -> Result<ReceiverSession, XferError> {
         slot_count: cfg.slots,
         credit_batch: (cfg.slots / 4).max(1),
         max_size: cfg.max_size,
+        max_files: cfg.max_files,
+        max_session_bytes: cfg.max_session_bytes,
     };
     let Some(token) = &cfg.token else {
         return Ok(ReceiverSession::new(machine_cfg));

@@ -244,6 +244,17 @@ impl Session<'_> {
                     reason: format!("{kind}: {e}"),
                 }));
             }
+            Err(RecvError::SessionLimit(reject)) => {
+                warn!("session ended: {}", reject.reason);
+                let err = XferError::Rejected {
+                    code: reject.code.as_str(),
+                    reason: reject.reason,
+                };
+                if let Some((name, size, alg)) = offer {
+                    self.report_failure(&name, size, alg, Duration::ZERO, &err, true);
+                }
+                return Err(err);
+            }
         }
         Ok(Flow::Continue)
     }
