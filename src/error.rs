@@ -1,7 +1,7 @@
 //! Errors of a transfer and the exit codes they map to (documented in
 //! README and `--help`).
 
-use crate::proto::{ChannelError, ProtocolError, WireError};
+use crate::proto::{ChannelError, ProtocolError, WireError, escaped};
 use crate::sys::SysError;
 
 /// Process exit codes shared by both tools.
@@ -59,20 +59,20 @@ pub enum XferError {
     Connect { addr: String, source: SysError },
     #[error("{0}")]
     Sys(#[from] SysError),
-    #[error("rejected by the receiver ({code}): {reason}")]
+    #[error("rejected by the receiver ({code}): {}", escaped(reason))]
     Rejected { code: &'static str, reason: String },
     /// The shared-secret check failed (the message starts with
     /// "authentication failed").
-    #[error("{0}")]
+    #[error("{}", escaped(.0))]
     Auth(String),
-    #[error("integrity check failed: {0}")]
+    #[error("integrity check failed: {}", escaped(.0))]
     Integrity(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
         source: std::io::Error,
     },
-    #[error("the receiver reported an I/O error: {0}")]
+    #[error("the receiver reported an I/O error: {}", escaped(.0))]
     PeerIo(String),
     /// The peer broke the session protocol, as the state machine found;
     /// `context` says what was being handled.
@@ -102,7 +102,7 @@ pub enum XferError {
         source: WireError,
     },
     /// The peer ended the session reporting a protocol error of ours.
-    #[error("protocol error: the {from} reports: {reason}")]
+    #[error("protocol error: the {from} reports: {}", escaped(reason))]
     PeerReported {
         /// "sender" or "receiver".
         from: &'static str,
@@ -163,6 +163,32 @@ impl XferError {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn what_the_peer_said_is_shown_escaped() {
+        let evil = "ok\x1b[2J\nreceiver: fake line";
+        let shown = [
+            XferError::Rejected {
+                code: "bad file name",
+                reason: evil.into(),
+            },
+            XferError::Auth(evil.into()),
+            XferError::Integrity(evil.into()),
+            XferError::PeerIo(evil.into()),
+            XferError::PeerReported {
+                from: "receiver",
+                reason: evil.into(),
+            },
+            XferError::from(ProtocolError::AuthFailed {
+                reason: evil.into(),
+            }),
+        ]
+        .map(|e| e.to_string());
+        for s in shown {
+            assert!(!s.chars().any(char::is_control), "{s:?}");
+            assert!(s.contains("ok\\u{1b}[2J\\nreceiver: fake line"), "{s:?}");
+        }
+    }
 
     #[test]
     fn exit_codes_are_distinct_per_class() {

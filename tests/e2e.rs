@@ -313,3 +313,59 @@ fn text_summary_shows_phase_timings() {
         }
     }
 }
+
+/// As scp: without -p received modes are the sender's masked with the
+/// receiver's umask; with -p they are kept; setuid, setgid and sticky
+/// never are. Files and directories alike.
+#[test]
+fn modes_follow_the_receivers_umask_unless_kept() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(net) = rdma_net() else { return };
+    let (src, _) = dirs();
+    let tree = src.path().join("modes");
+    std::fs::create_dir(&tree).expect("mkdir");
+    let files = [
+        ("rw-all", 0o666),
+        ("rwx-all", 0o777),
+        ("setuid", 0o4755),
+        ("private", 0o600),
+    ];
+    for (name, mode) in files {
+        let p = tree.join(name);
+        make_file(&p, 1000, mode as u64);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let open_dir = tree.join("open");
+    std::fs::create_dir(&open_dir).expect("mkdir");
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    std::fs::set_permissions(&tree, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mode_of = |p: PathBuf| std::fs::metadata(&p).expect("meta").permissions().mode() & 0o7777;
+    for (flag, want) in [
+        (None, [0o644, 0o755, 0o755, 0o600, 0o755, 0o755]),
+        (Some("-p"), [0o666, 0o777, 0o755, 0o600, 0o777, 0o777]),
+    ] {
+        let dst = tempfile::tempdir().expect("tempdir");
+        let port = next_port();
+        let receiver = start_receiver_umask(&net, port, dst.path(), &["--once"], "022");
+        let mut extra = vec!["-r"];
+        extra.extend(flag);
+        let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&tree), &extra);
+        let received = receiver.wait(Duration::from_secs(120));
+        assert_both_ok(&sent, &received);
+        let got = dst.path().join("modes");
+        let seen = [
+            mode_of(got.join("rw-all")),
+            mode_of(got.join("rwx-all")),
+            mode_of(got.join("setuid")),
+            mode_of(got.join("private")),
+            mode_of(got.join("open")),
+            mode_of(got.clone()),
+        ];
+        assert_eq!(
+            seen.map(|m| format!("{m:o}")),
+            want.map(|m| format!("{m:o}")),
+            "modes with {flag:?} (rw-all rwx-all setuid private open/ modes/)"
+        );
+        assert_no_temp_files(&got);
+    }
+}

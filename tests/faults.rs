@@ -375,6 +375,91 @@ fn output_filesystem_full_mid_file_sender_exits_6_with_the_reason() {
     drop(receiver);
 }
 
+/// A tmpfs of the test's own with mount options `opts`, unmounted on drop.
+fn small_filesystem(opts: &str) -> (tempfile::TempDir, Mount) {
+    let mnt = tempfile::tempdir().unwrap();
+    let path = mnt.path().to_string_lossy().into_owned();
+    run_checked("mount", &["-t", "tmpfs", "-o", opts, "tmpfs", &path]);
+    let mount = Mount(mnt.path().to_path_buf());
+    (mnt, mount)
+}
+
+/// Space accepted for one file is promised to it: a second session cannot
+/// be accepted for the same free bytes (and then fail mid-file); it is
+/// refused up front (exit 4), and the first file arrives intact. A file
+/// system without free inodes refuses files up front too.
+#[test]
+fn concurrent_sessions_cannot_both_take_the_same_free_space() {
+    let Some(net) = rdma_net() else { return };
+    if own_guest().is_none() {
+        return;
+    }
+    let src = tempfile::tempdir().unwrap();
+    let (mnt, _mount) = small_filesystem("size=96m,nr_inodes=5");
+    let dst = mnt.path();
+    let first = src.path().join("first.bin");
+    let second = src.path().join("second.bin");
+    let first_sum = make_file(&first, 60 * MIB, 51);
+    make_file(&second, 60 * MIB, 52);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst, &[]);
+    let sender = Running::spawn(
+        "sender",
+        sender_cmd(
+            &net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&first),
+            &["--depth", "2"],
+        ),
+    );
+    // The first file is being written; freeze its sender so that most of
+    // its 60 MiB are still to come (free: ~90 MiB, promised: ~56 MiB).
+    wait_for_partial_file(dst, 2 * MIB);
+    sender.signal("STOP");
+    let refused = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&second), &[]);
+    sender.signal("CONT");
+    assert_eq!(refused.code(), 4, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("second.bin needs 62914560 bytes")
+            && refused
+                .stderr
+                .contains("more are promised to files being received"),
+        "{}",
+        refused.stderr
+    );
+    let sent = sender.wait(Duration::from_secs(120));
+    assert_eq!(
+        sent.code(),
+        0,
+        "{}\nreceiver:\n{}",
+        sent.stderr,
+        receiver.stderr_so_far()
+    );
+    assert_eq!(sha256_file(&dst.join("first.bin")), first_sum);
+    assert!(!dst.join("second.bin").exists());
+    assert_no_temp_files(dst);
+
+    // Inodes: the root and first.bin use 2 of 5; of five small files three
+    // arrive, the fourth is refused for want of an inode.
+    let smalls: Vec<_> = (0..5)
+        .map(|i| {
+            let p = src.path().join(format!("small-{i}"));
+            make_file(&p, 1000, 60 + i);
+            p
+        })
+        .collect();
+    let sent = run_sender(&net, port, Path_::Wire, &smalls, &[]);
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
+    assert!(sent.stderr.contains("no free inodes"), "{}", sent.stderr);
+    let arrived = (0..5)
+        .filter(|i| dst.join(format!("small-{i}")).exists())
+        .count();
+    assert_eq!(arrived, 3, "{}", sent.stderr);
+    assert_no_temp_files(dst);
+    drop(receiver);
+}
+
 /// Removes the netem qdiscs of the test, whatever happens.
 struct Netem(Vec<String>);
 

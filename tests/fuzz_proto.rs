@@ -35,12 +35,12 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
-    AUTH_REQUIRED, Ack, AckStatus, Challenge, Channel, ChannelError, ConnectionId, Digest,
-    DigestAlg, FileOffer, Fin, Hello, MAX_MESSAGE, MAX_PENDING, Message, Mtime, NONCE_LEN,
-    OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent,
-    ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role, SEAL_LEN,
-    SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict, decode,
-    encode_to_vec, hello_flags, validate_path,
+    AUTH_REQUIRED, Ack, AckStatus, Challenge, Channel, ChannelError, ConnectionId,
+    DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin, Hello, MAX_MESSAGE, MAX_PENDING, Message,
+    Mtime, NONCE_LEN, OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig,
+    ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role,
+    SEAL_LEN, SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict,
+    decode, encode_to_vec, hello_flags, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -870,6 +870,7 @@ fn replies_fit(
         (RecvError::TooLarge { .. }, Message::Ack(a)) => {
             prop_assert_eq!(a.status, AckStatus::Rejected)
         }
+        (RecvError::SessionLimit(r), Message::Reject(m)) => prop_assert_eq!(r, m),
         (e, m) => return Err(TestCaseError::fail(format!("{e} answered with {m:?}"))),
     }
     Ok(())
@@ -929,7 +930,10 @@ fn legal_rx(
             addr: u64::from(seed) << 12,
             rkey: seed,
         },
-        Receiving if seed.is_multiple_of(50) => RxAction::Msg(Message::Keepalive),
+        // Only a stream waits for its input.
+        Receiving if seed.is_multiple_of(50) && m.offer.as_ref().is_some_and(Hello::is_stream) => {
+            RxAction::Msg(Message::Keepalive)
+        }
         Receiving => {
             let size = m.data_len();
             let full = m.unconsumed + m.pending >= slots;
@@ -980,6 +984,8 @@ fn check_receiver(
     let mut m = RxModel::default();
     // Authenticated in this session (or no token configured).
     let mut admitted = auth.is_none();
+    // HELLOs the machine considered (AwaitHello, authenticated).
+    let mut hellos = 0u64;
     // The greeting: asks for AUTH exactly when a token is configured.
     let Some(Message::Challenge(c)) = r.poll_transmit() else {
         return Err(TestCaseError::fail("the first message is not a CHALLENGE"));
@@ -996,6 +1002,7 @@ fn check_receiver(
                     prop_assert!(matches!(r.poll_transmit(), Some(Message::Challenge(_))));
                     m = RxModel::default();
                     admitted = auth.is_none();
+                    hellos = 0;
                     continue;
                 }
                 a => a,
@@ -1044,6 +1051,9 @@ fn check_receiver(
                 };
                 let kind = msg.kind();
                 let sent = msg.clone();
+                if kind == "HELLO" && before == AwaitHello {
+                    hellos += 1;
+                }
                 let result = r.on_message(msg);
                 let answered = replies(&mut r);
                 if let Ok(ReceiverEvent::Authenticated) = result {
@@ -1067,6 +1077,12 @@ fn check_receiver(
                 match result {
                     Ok(ReceiverEvent::Offer(h)) => {
                         prop_assert_eq!(before, AwaitHello);
+                        prop_assert!(
+                            hellos <= cfg.max_files,
+                            "offer {} of {}",
+                            hellos,
+                            cfg.max_files
+                        );
                         // Nothing is considered before authentication.
                         prop_assert!(admitted, "HELLO considered before AUTH");
                         let files = m.files + 1;
@@ -1139,6 +1155,7 @@ fn check_receiver(
                     }
                     Ok(ReceiverEvent::Keepalive) => {
                         prop_assert_eq!(before, Receiving);
+                        prop_assert!(m.offer.as_ref().is_some_and(Hello::is_stream));
                         prop_assert_eq!(r.state(), Receiving);
                     }
                     Err(RecvError::Auth(_)) => {
@@ -1166,6 +1183,14 @@ fn check_receiver(
                         prop_assert!(!rej.reason.is_empty());
                     }
                     Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
+                    Err(RecvError::SessionLimit(rej)) => {
+                        // Only the HELLO past --max-files ends a session so.
+                        prop_assert_eq!(kind, "HELLO");
+                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert_eq!(hellos, cfg.max_files + 1);
+                        prop_assert_eq!(rej.code, RejectCode::TooLarge);
+                        prop_assert_eq!(r.state(), Closed);
+                    }
                     Err(RecvError::TooLarge { .. }) => {
                         return Err(TestCaseError::fail("a message was too large"));
                     }
@@ -1222,8 +1247,9 @@ fn check_receiver(
                         prop_assert!(r.bytes_received() <= size);
                     }
                     Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
-                    Err(RecvError::TooLarge { limit }) => {
+                    Err(RecvError::TooLarge { limit, option }) => {
                         // Only a stream, only past --max-size.
+                        prop_assert_eq!(option, "--max-size");
                         prop_assert!(m.is_stream());
                         prop_assert_eq!(limit, cfg.max_size);
                         prop_assert!(m.bytes + u64::from(len) > cfg.max_size);
@@ -1233,7 +1259,8 @@ fn check_receiver(
                         RecvError::Reject(_)
                         | RecvError::Auth(_)
                         | RecvError::Version(_)
-                        | RecvError::Forged(_),
+                        | RecvError::Forged(_)
+                        | RecvError::SessionLimit(_),
                     ) => {
                         return Err(TestCaseError::fail("on_chunk returned a Reject"));
                     }
@@ -1365,13 +1392,16 @@ fn machine_receiver() {
         1u32..8,
         0u32..10,
         prop_oneof![3 => Just(u64::MAX), 1 => 0u64..300],
+        prop_oneof![3 => Just(DEFAULT_MAX_FILES), 1 => 1u64..4],
     )
         .prop_map(
-            |(slot_size, slot_count, credit_batch, max_size)| ReceiverConfig {
+            |(slot_size, slot_count, credit_batch, max_size, max_files)| ReceiverConfig {
                 slot_size,
                 slot_count,
                 credit_batch,
                 max_size,
+                max_files,
+                max_session_bytes: u64::MAX,
             },
         );
     let strategy = (cfg, auth_key(), sequence(rx_action(), RxAction::Legal, 300));
@@ -1594,6 +1624,7 @@ fn check_sender(
                     digest,
                     kind,
                     mtime: None,
+                    keep_mode: size % 2 == 1,
                 };
                 let tag = m.next_tag;
                 m.next_tag += 1;
@@ -1608,6 +1639,11 @@ fn check_sender(
                         };
                         prop_assert!(encode_to_vec(&Message::Hello(h.clone())).is_ok());
                         match kind {
+                            // -p (keep_mode) sets its flag.
+                            OfferKind::File if size % 2 == 1 => {
+                                let want = (size, hello_flags::KEEP_MODE, PROTOCOL_VERSION);
+                                prop_assert_eq!((h.size, h.caps, h.version), want);
+                            }
                             OfferKind::File => {
                                 prop_assert_eq!(
                                     (h.size, h.caps, h.version),

@@ -181,6 +181,12 @@ fn hostile_names_are_refused_and_nothing_is_written() {
         run.stdout
     );
     s.assert_nothing_written("hostile names");
+    // Whatever the peer sent, the receiver's log shows it escaped.
+    let log = s.receiver.stderr_so_far();
+    assert!(
+        !log.chars().any(|c| c.is_control() && c != '\n'),
+        "a raw control character in the receiver's log:\n{log:?}"
+    );
 
     // The same names as separate sessions that just vanish after the
     // REJECT (no BYE): each refused the same way.
@@ -942,5 +948,45 @@ fn a_session_cannot_write_into_another_sessions_ring() {
     assert_eq!(sha256_file(&s.out.join("a.bin")), sum, "A's file");
     std::fs::remove_file(s.out.join("a.bin")).expect("remove a.bin");
     s.assert_nothing_written("after the cross-session writes");
+    s.assert_still_serves(&net);
+}
+
+/// A peer that floods refused HELLOs and takes none of the answers (it
+/// posts no receives, so the receiver's SENDs can never complete): the
+/// receiver ends the session instead of queueing replies without bound,
+/// its memory stays flat, and it goes on serving.
+#[test]
+fn a_peer_that_takes_no_answers_cannot_make_the_receiver_queue_them() {
+    let Some(net) = rdma_net() else { return };
+    let mut s = serve(&net);
+    let rss = |pid: u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .expect("VmRSS")
+            * 1024
+    };
+    let before = rss(s.receiver.pid());
+    let run = spawn_raw_client(&net, s.port, Some("hello-flood"), &["--no-receives"], 30)
+        .wait(Duration::from_secs(180));
+    // The receiver hangs up: the client sees it (0) or its next SEND fails (1).
+    assert!(
+        matches!(run.code(), 0 | 1),
+        "raw client: {}\nreceiver:\n{}",
+        run.transcript(),
+        s.receiver.stderr_so_far()
+    );
+    let log = s
+        .receiver
+        .wait_for_stderr("takes none of our messages", Duration::from_secs(60));
+    let after = rss(s.receiver.pid());
+    assert!(
+        after < before + 16 * (1 << 20),
+        "receiver RSS grew from {before} to {after} bytes:\n{log}"
+    );
+    s.assert_nothing_written("HELLO flood without receives");
     s.assert_still_serves(&net);
 }

@@ -166,3 +166,74 @@ fn soak_100_transfers_leave_fds_and_memory_flat() {
     }
     assert_no_temp_files(dst.path());
 }
+
+/// `--allow`: a peer outside the list is refused by the connection manager
+/// (nothing of ours is sent to it, nothing is written, `--once` goes on
+/// waiting); a peer inside it gets through.
+#[test]
+fn allow_refuses_peers_outside_the_list() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let file = src.path().join("allowed.bin");
+    let sum = make_file(&file, 300_000, 11);
+    let files = std::slice::from_ref(&file);
+    let peer = net.addr_b.clone().unwrap_or_else(|| net.addr_a.clone());
+
+    // 192.0.2.0/24 is TEST-NET-1: never this test's sender.
+    let port = next_port();
+    let mut receiver = start_receiver(
+        &net,
+        port,
+        dst.path(),
+        &["--once", "--allow", "192.0.2.0/24"],
+    );
+    let started = Instant::now();
+    let sent = run_sender(&net, port, Path_::Wire, files, &["--timeout", "10"]);
+    assert_eq!(sent.code(), 3, "sender:\n{}", sent.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refused at once"
+    );
+    let log = receiver.wait_for_stderr(
+        &format!("refused a connection from {peer}: not in --allow"),
+        Duration::from_secs(10),
+    );
+    assert!(!log.contains("session established"), "{log}");
+    assert!(
+        receiver.is_running(),
+        "--once ends only after a session it served"
+    );
+    assert_eq!(
+        std::fs::read_dir(dst.path()).expect("ls").count(),
+        0,
+        "nothing written"
+    );
+    receiver.signal("TERM");
+    drop(receiver);
+
+    // The same sender, allowed by address or by network.
+    for rule in [format!("{peer}/32"), format!("{peer}/8")] {
+        let port = next_port();
+        let receiver = start_receiver(
+            &net,
+            port,
+            dst.path(),
+            &[
+                "--once",
+                "--overwrite",
+                "--allow",
+                "192.0.2.1",
+                "--allow",
+                &rule,
+            ],
+        );
+        let sent = run_sender(&net, port, Path_::Wire, files, &[]);
+        let received = receiver.wait(Duration::from_secs(60));
+        assert_both_ok(&sent, &received);
+        assert_eq!(
+            sha256_file(&dst.path().join("allowed.bin")),
+            sum,
+            "with --allow {rule}"
+        );
+    }
+}

@@ -4,7 +4,7 @@
 use clap::Parser;
 use rdma_xfer::XferError;
 use rdma_xfer::cli::ui::Ui;
-use rdma_xfer::cli::{ReceiverArgs, TOKEN_ENV, finish, init_logging};
+use rdma_xfer::cli::{ReceiverArgs, finish, init_logging};
 use rdma_xfer::engine::ProgressSink;
 use rdma_xfer::engine::receiver::serve;
 use rdma_xfer::sys::os::install_shutdown_handlers;
@@ -12,12 +12,6 @@ use std::sync::Arc;
 
 fn run(args: &ReceiverArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
     let mut cfg = args.to_config()?;
-    if cfg.token.is_none() {
-        tracing::warn!(
-            "no token configured: this receiver accepts transfers from anyone who can reach it \
-             (use --token-file or {TOKEN_ENV})"
-        );
-    }
     cfg.progress = ProgressSink::new(ui.clone());
     serve(&cfg, &|event| ui.file_event(event))
 }

@@ -3,10 +3,11 @@
 //! completions.
 
 use super::{parse_size_arg, parse_timeout_arg, resolve};
-use crate::engine::receiver::{DEFAULT_MAX_SESSIONS, ReceiverConfig};
+use crate::engine::receiver::{AllowedNet, DEFAULT_MAX_SESSIONS, ReceiverConfig};
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers};
 use crate::error::XferError;
+use crate::proto::DEFAULT_MAX_FILES;
 use crate::proto::{DigestAlg, validate_path};
 use clap::{CommandFactory, ValueHint};
 use std::net::{IpAddr, SocketAddr};
@@ -102,9 +103,11 @@ pub struct SenderArgs {
     /// are always followed).
     #[arg(long)]
     pub follow_links: bool,
-    /// Keep modification times (files and directories).
-    #[arg(long)]
-    pub preserve_times: bool,
+    /// Keep modes and modification times of files and directories (without
+    /// it the receiver's umask applies, as with scp; setuid, setgid and
+    /// sticky bits are never kept).
+    #[arg(short, long, visible_alias = "preserve-times")]
+    pub preserve: bool,
     /// Name standard input (`-`) arrives under on the receiver [default: stdin].
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
@@ -158,6 +161,7 @@ final name. Without --once it serves senders (several at once) until SIGINT/SIGT
         "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n",
         "  receiver --token-file /etc/rdma-xfer/token --dir /data/incoming\n",
         "  receiver --max-size 100G --max-sessions 4 --dir /data/incoming\n",
+        "  receiver --allow 10.0.0.0/24 --dir /data/incoming\n",
         "  receiver --once --json --dir /data/incoming > results.jsonl\n",
         "  receiver --once --stdout | tar -C dst -xpf -\n\n",
         output_help!(),
@@ -199,6 +203,19 @@ pub struct ReceiverArgs {
     /// further senders are refused with a "busy" reason.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS as u16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_sessions: u16,
+    /// Most entries (files and directories, refused ones included) one
+    /// session may offer; the one past it ends the session.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_FILES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_files: u64,
+    /// Most bytes one session may bring over all its files and streams (K,
+    /// M, G suffixes); default: no limit.
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
+    pub max_session_size: Option<u64>,
+    /// Accept connections only from this address or network (repeatable,
+    /// e.g. --allow 10.0.0.0/24 --allow 10.0.1.7); others are refused
+    /// before anything is sent to them. Default: from anywhere.
+    #[arg(long, value_name = "ADDR[/PREFIX]")]
+    pub allow: Vec<AllowedNet>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -269,7 +286,7 @@ impl SenderArgs {
         cfg.token = token;
         cfg.walk.recursive = self.recursive;
         cfg.walk.follow_links = self.follow_links;
-        cfg.walk.preserve_times = self.preserve_times;
+        cfg.walk.preserve = self.preserve;
         cfg.walk.stdin_name = self
             .name
             .clone()
@@ -303,11 +320,14 @@ impl ReceiverArgs {
         cfg.overwrite = self.overwrite;
         cfg.max_size = self.max_size.unwrap_or(u64::MAX);
         cfg.max_sessions = self.max_sessions.into();
+        cfg.max_files = self.max_files;
+        cfg.max_session_bytes = self.max_session_size.unwrap_or(u64::MAX);
         cfg.slots = slots;
         cfg.chunk_size = chunk_size;
         cfg.busy_poll = self.common.busy_poll;
         cfg.timeout = self.common.timeout;
         cfg.token = token;
+        cfg.allow = self.allow.clone();
         Ok(cfg)
     }
 }
@@ -454,7 +474,7 @@ mod tests {
         assert!(cfg.busy_poll);
         assert_eq!(cfg.timeout, Duration::from_secs(7));
         assert!(cfg.token.is_some());
-        assert!(cfg.walk.recursive && cfg.walk.follow_links && cfg.walk.preserve_times);
+        assert!(cfg.walk.recursive && cfg.walk.follow_links && cfg.walk.preserve);
         assert_eq!(cfg.walk.stdin_name, "dir/in.tar");
         // Defaults.
         let cfg = sender(&["::1", "-"]).unwrap();
@@ -527,13 +547,24 @@ mod tests {
             "9",
             "--token-file",
             &token,
+            "--allow",
+            "10.0.0.0/24",
+            "--allow",
+            "[fe80::1]",
+            "--max-files",
+            "10",
+            "--max-session-size",
+            "2G",
         ])
         .unwrap();
         assert_eq!(cfg.bind, "[::1]:9001".parse().unwrap());
+        let allowed: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
+        assert_eq!(allowed, ["10.0.0.0/24", "fe80::1/128"]);
         assert_eq!(cfg.dir, PathBuf::from("/data"));
         assert!(cfg.once && cfg.stdout && cfg.overwrite && cfg.busy_poll);
         assert_eq!((cfg.slots, cfg.chunk_size), (3, 8 << 10));
         assert_eq!((cfg.max_size, cfg.max_sessions), (1 << 30, 2));
+        assert_eq!((cfg.max_files, cfg.max_session_bytes), (10, 2 << 30));
         assert_eq!(cfg.timeout, Duration::from_secs(9));
         assert!(cfg.token.is_some());
         let cfg = receiver(&[]).unwrap();
@@ -545,6 +576,11 @@ mod tests {
         assert_eq!(cfg.max_size, u64::MAX);
         assert_eq!(cfg.max_sessions, DEFAULT_MAX_SESSIONS);
         assert!(!cfg.once && !cfg.stdout && !cfg.overwrite);
+        assert!(cfg.allow.is_empty(), "everyone by default");
+        assert_eq!(
+            (cfg.max_files, cfg.max_session_bytes),
+            (1_000_000, u64::MAX)
+        );
     }
 
     #[test]
@@ -554,6 +590,10 @@ mod tests {
         usage(receiver(&["--slots", "5000"]), "--slots");
         usage(receiver(&["--timeout", "99999999"]), "--timeout");
         usage(receiver(&["--port", "0"]), "--port");
+        for bad in ["10.0.0.0/33", "example.org", ""] {
+            let err = ReceiverArgs::try_parse_from(["receiver", "--allow", bad]).unwrap_err();
+            assert!(err.to_string().contains("--allow"), "{bad:?}: {err}");
+        }
         let dir = tempfile::tempdir().unwrap();
         let err = receiver(&["--token-file", dir.path().to_str().unwrap()]).unwrap_err();
         assert!(err.to_string().contains("not a regular file"), "{err}");

@@ -10,6 +10,12 @@ use crate::sys::rdma::{Buffer, BufferPool, Completion, Endpoint};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+/// Most encoded messages waiting for a send buffer. Each peer message gets
+/// at most a reply or two, so a longer queue means the peer sends but does
+/// not take our messages (it posts no receives): end the session rather than
+/// buffer without bound.
+const MAX_QUEUED: usize = 256;
+
 pub(super) struct Control {
     recv_pool: BufferPool,
     send_pool: BufferPool,
@@ -95,6 +101,12 @@ impl Control {
 
     /// Sends `msg` now, or as soon as a send buffer is free (order kept).
     pub fn send(&mut self, ep: &Endpoint, msg: &Message) -> Result<(), XferError> {
+        if self.queued.len() >= MAX_QUEUED {
+            return Err(XferError::PeerLost(format!(
+                "the peer takes none of our messages ({} waiting to be sent)",
+                self.queued.len()
+            )));
+        }
         let mut buf = vec![0u8; MAX_MESSAGE];
         let len = encode(msg, &mut buf)
             .map_err(|e| XferError::Internal(format!("cannot encode {}: {e}", msg.kind())))?;

@@ -17,8 +17,9 @@ pub struct WalkOptions {
     /// `--follow-links`: follow symbolic links found inside trees (links
     /// named on the command line are always followed).
     pub follow_links: bool,
-    /// `--preserve-times`: carry modification times.
-    pub preserve_times: bool,
+    /// `-p`: carry modification times and ask the receiver to keep modes
+    /// as they are (without it the receiver's umask applies).
+    pub preserve: bool,
     /// Name of standard input on the receiver (`--name`, default "stdin").
     pub stdin_name: String,
 }
@@ -153,7 +154,7 @@ pub fn plan(paths: &[PathBuf], opts: &WalkOptions) -> Result<Plan, XferError> {
             name,
             size: meta.len(),
             opened: Some(file),
-            mtime: opts.preserve_times.then(|| mtime_of(&meta)).flatten(),
+            mtime: opts.preserve.then(|| mtime_of(&meta)).flatten(),
         });
     }
     Ok(plan)
@@ -194,7 +195,7 @@ fn walk(
     plan.entries.push(Entry::Dir {
         name: name.clone(),
         mode: meta.permissions().mode() & 0o7777,
-        mtime: opts.preserve_times.then(|| mtime_of(meta)).flatten(),
+        mtime: opts.preserve.then(|| mtime_of(meta)).flatten(),
     });
     let read = std::fs::read_dir(dir).and_then(|it| it.collect::<Result<Vec<_>, _>>());
     let mut children = match read {
@@ -265,7 +266,7 @@ fn walk(
                 name: rel,
                 size: meta.len(),
                 opened: None,
-                mtime: opts.preserve_times.then(|| mtime_of(&meta)).flatten(),
+                mtime: opts.preserve.then(|| mtime_of(&meta)).flatten(),
             });
         } else {
             warn!(
@@ -287,7 +288,7 @@ mod tests {
         WalkOptions {
             recursive,
             follow_links: follow,
-            preserve_times: false,
+            preserve: false,
             stdin_name: "stdin".into(),
         }
     }
@@ -382,7 +383,7 @@ mod tests {
         let top = t.path().join("top");
         std::fs::set_permissions(top.join("b"), std::fs::Permissions::from_mode(0o750)).unwrap();
         let mut o = opts(true, false);
-        o.preserve_times = true;
+        o.preserve = true;
         let p = plan(std::slice::from_ref(&top), &o).unwrap();
         for e in &p.entries {
             match e {

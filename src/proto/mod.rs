@@ -13,11 +13,12 @@ pub use auth::{
     SEAL_LEN, SessionKey, Token,
 };
 pub use names::{
-    MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, PathError, validate_name, validate_path,
+    Escaped, MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, PathError, escaped, validate_name,
+    validate_path,
 };
 pub use receiver::{
-    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, ReceiverConfig, ReceiverEvent, ReceiverSession,
-    ReceiverState, RecvError, busy_refusal,
+    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, DEFAULT_MAX_FILES, ReceiverConfig, ReceiverEvent,
+    ReceiverSession, ReceiverState, RecvError, busy_refusal,
 };
 pub use sender::{
     ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderAuth, SenderEvent,
@@ -62,7 +63,7 @@ pub enum ProtocolError {
     },
     /// The peer ended the session with a REJECT where no answer to an
     /// offer was due.
-    #[error("peer aborted the session ({code}): {reason}")]
+    #[error("peer aborted the session ({code}): {}", escaped(reason))]
     PeerRejected {
         /// The REJECT's code.
         code: RejectCode,
@@ -70,7 +71,7 @@ pub enum ProtocolError {
         reason: String,
     },
     /// The receiver refused the session in its greeting (e.g. Busy).
-    #[error("the receiver refused the session ({code}): {reason}")]
+    #[error("the receiver refused the session ({code}): {}", escaped(reason))]
     Refused {
         /// The REJECT's code.
         code: RejectCode,
@@ -78,7 +79,7 @@ pub enum ProtocolError {
         reason: String,
     },
     /// REJECT(Auth): the receiver did not accept our AUTH (`reason` is its text).
-    #[error("authentication failed (the receiver says: {reason})")]
+    #[error("authentication failed (the receiver says: {})", escaped(reason))]
     AuthFailed {
         /// The receiver's explanation.
         reason: String,
@@ -352,6 +353,7 @@ mod tests {
                 digest: DigestAlg::Crc32,
                 kind,
                 mtime: None,
+                keep_mode: i % 2 == 1,
             };
             // The tag is the entry's index (offset so that 0 means nothing).
             let m = self.s.start_file(offer, 1000 + i as u64).unwrap();
@@ -629,6 +631,8 @@ mod tests {
                 slot_count,
                 credit_batch,
                 max_size: u64::MAX,
+                max_files: DEFAULT_MAX_FILES,
+                max_session_bytes: u64::MAX,
             };
             // Half of the sessions authenticate (and seal everything after).
             let token = Token::new(b"sim".to_vec()).unwrap();

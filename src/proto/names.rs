@@ -2,7 +2,42 @@
 //! target directory, so a name must never be able to address anything else.
 //! A relative path (for trees) is a sequence of such names joined by `/`.
 
+use std::fmt;
 use thiserror::Error;
+
+/// Shows a string that came from the peer (a name, a reason) with control
+/// characters and bidirectional-text overrides escaped (`\u{1b}`, `\n`),
+/// so that it cannot move the cursor, recolour a terminal, forge a log
+/// line or reorder what is shown. Everything else, backslashes included,
+/// is shown as it is.
+pub fn escaped(s: &str) -> Escaped<'_> {
+    Escaped(s)
+}
+
+/// See [`escaped`].
+#[derive(Debug, Clone, Copy)]
+pub struct Escaped<'a>(&'a str);
+
+/// Invisible characters that change how the text around them is shown.
+fn reorders_text(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write;
+        for c in self.0.chars() {
+            if c.is_control() || reorders_text(c) {
+                for e in c.escape_default() {
+                    f.write_char(e)?;
+                }
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Common filesystem limit (NAME_MAX) for one path component, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;
@@ -122,6 +157,29 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_text_is_shown_with_controls_escaped() {
+        let show = |s: &str| escaped(s).to_string();
+        assert_eq!(show("plain name.txt"), "plain name.txt");
+        assert_eq!(show("ünïcødé 文件"), "ünïcødé 文件");
+        assert_eq!(show("back\\slash"), "back\\slash");
+        assert_eq!(show("esc\x1b[31mred"), "esc\\u{1b}[31mred");
+        assert_eq!(show("line\nforged: ok"), "line\\nforged: ok");
+        assert_eq!(
+            show("cr\rtab\tnul\0del\x7f"),
+            "cr\\rtab\\tnul\\u{0}del\\u{7f}"
+        );
+        assert_eq!(show("c1\u{85}\u{9b}"), "c1\\u{85}\\u{9b}");
+        assert_eq!(show("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
+        // Whatever the input, nothing invisible or controlling is left.
+        let all: String = (0u32..0x3000).filter_map(char::from_u32).collect();
+        assert!(
+            !show(&all)
+                .chars()
+                .any(|c| c.is_control() || reorders_text(c))
+        );
+    }
 
     #[test]
     fn accepts_plain_names() {

@@ -71,7 +71,16 @@ pub struct ReceiverConfig {
     /// Largest accepted file or stream; `u64::MAX` = no limit. A stream is
     /// checked as its chunks arrive.
     pub max_size: u64,
+    /// Most entries (HELLOs, refused ones included) one session may offer;
+    /// the one past it ends the session, so a peer cannot offer forever.
+    pub max_files: u64,
+    /// Most bytes one session may bring, over all its files and streams;
+    /// `u64::MAX` = no limit.
+    pub max_session_bytes: u64,
 }
+
+/// Default of `ReceiverConfig::max_files` (`receiver --max-files`).
+pub const DEFAULT_MAX_FILES: u64 = 1_000_000;
 
 /// Where an arrived chunk is in the ring and where it belongs in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,13 +176,20 @@ pub enum RecvError {
     /// replayed, reordered or truncated. An ACK(protocol) is queued.
     #[error("{0}")]
     Forged(ChannelError),
-    /// A stream grew past `max_size` (state is now Closed): abort the file
-    /// with `Ack::new(AckStatus::Rejected, err)`.
-    #[error("the stream is larger than the receiver accepts: more than {limit} bytes (--max-size)")]
+    /// A stream grew past `max_size` or the session past
+    /// `max_session_bytes` (state is now Closed): abort the file with
+    /// `Ack::new(AckStatus::Rejected, err)`.
+    #[error("the stream is larger than the receiver accepts: more than {limit} bytes ({option})")]
     TooLarge {
-        /// The receiver's `max_size`.
+        /// The limit passed.
         limit: u64,
+        /// The receiver's option that sets it.
+        option: &'static str,
     },
+    /// The session reached one of the receiver's limits per session (state
+    /// is now Closed): send this REJECT and end the session.
+    #[error("session limit ({}): {}", .0.code, .0.reason)]
+    SessionLimit(Reject),
 }
 
 /// The receiver's secret, this session's nonce and the connection.
@@ -216,6 +232,11 @@ pub struct ReceiverSession {
     unconsumed: u32,
     /// Slots consumed whose credit has not been returned yet.
     pending: u32,
+    /// HELLOs this session offered so far.
+    entries: u64,
+    /// Bytes this session brought so far: accepted files' sizes and the
+    /// streams' bytes as they arrive.
+    session_bytes: u64,
 }
 
 impl ReceiverSession {
@@ -245,6 +266,8 @@ impl ReceiverSession {
             chunk_len: 0,
             unconsumed: 0,
             pending: 0,
+            entries: 0,
+            session_bytes: 0,
         }
     }
 
@@ -367,6 +390,7 @@ impl ReceiverSession {
                 RecvError::TooLarge { .. } => {
                     Message::Ack(Ack::new(AckStatus::Rejected, format!("{kind}: {e}")))
                 }
+                RecvError::SessionLimit(r) => Message::Reject(r.clone()),
             };
             self.close_with(reply, !matches!(e, RecvError::Reject(_)));
         }
@@ -457,6 +481,17 @@ impl ReceiverSession {
             }
             (AwaitAuth, _) => Err(RecvError::Auth(AuthFailure::Required)),
             (AwaitHello, Message::Hello(h)) => {
+                self.entries += 1;
+                if self.entries > self.cfg.max_files {
+                    return Err(RecvError::SessionLimit(Reject::new(
+                        RejectCode::TooLarge,
+                        format!(
+                            "the session offered more than {} entries, the receiver's limit \
+                             per session (--max-files)",
+                            self.cfg.max_files
+                        ),
+                    )));
+                }
                 check_hello(&h, self.cfg.max_size).map_err(|r| {
                     // Another version (or flags this version does not know)
                     // is no single entry's problem: the session ends.
@@ -466,6 +501,16 @@ impl ReceiverSession {
                         RecvError::Reject(r)
                     }
                 })?;
+                if self.session_bytes.saturating_add(h.size) > self.cfg.max_session_bytes {
+                    return Err(RecvError::Reject(Reject::new(
+                        RejectCode::TooLarge,
+                        format!(
+                            "file is {} bytes; after the {} bytes of this session that exceeds \
+                             the receiver's limit of {} bytes per session (--max-session-size)",
+                            h.size, self.session_bytes, self.cfg.max_session_bytes
+                        ),
+                    )));
+                }
                 self.name.clone_from(&h.name);
                 self.size = h.size;
                 self.stream = h.is_stream();
@@ -514,7 +559,8 @@ impl ReceiverSession {
                 self.state = Verifying;
                 Ok(ReceiverEvent::Fin(f))
             }
-            (Receiving, Message::Keepalive) => Ok(ReceiverEvent::Keepalive),
+            // Only a stream may wait for its input; a file's data is there.
+            (Receiving, Message::Keepalive) if self.stream => Ok(ReceiverEvent::Keepalive),
             // The sender aborting (e.g. a local read error) ends the session.
             (_, Message::Reject(r)) => Err(ProtocolError::PeerRejected {
                 code: r.code,
@@ -593,6 +639,8 @@ impl ReceiverSession {
         }
         self.ring = ring;
         self.reset_file();
+        // A stream's bytes are counted as they arrive.
+        self.session_bytes = self.session_bytes.saturating_add(self.size);
         self.state = ReceiverState::Receiving;
         Ok(Message::Mr(ring))
     }
@@ -676,8 +724,17 @@ impl ReceiverSession {
             if end > self.cfg.max_size {
                 return Err(RecvError::TooLarge {
                     limit: self.cfg.max_size,
+                    option: "--max-size",
                 });
             }
+            let session = self.session_bytes.saturating_add(u64::from(len));
+            if session > self.cfg.max_session_bytes {
+                return Err(RecvError::TooLarge {
+                    limit: self.cfg.max_session_bytes,
+                    option: "--max-session-size",
+                });
+            }
+            self.session_bytes = session;
             end
         } else {
             self.bytes
@@ -844,6 +901,8 @@ mod tests {
             slot_count,
             credit_batch,
             max_size: u64::MAX,
+            max_files: DEFAULT_MAX_FILES,
+            max_session_bytes: u64::MAX,
         }
     }
 
@@ -1220,7 +1279,7 @@ mod tests {
                     (AwaitHello, Message::Hello(_)) => Some(AwaitDecision),
                     (AwaitHello, Message::Bye) => Some(Closed),
                     (Receiving, Message::Fin(_)) => Some(Verifying),
-                    (Receiving, Message::Keepalive) => Some(Receiving),
+                    // (A file is receiving here: KEEPALIVE is for streams.)
                     _ => None,
                 };
                 match legal {
@@ -1623,7 +1682,8 @@ mod tests {
                 None,
             ),
             (v(3, 0, "f", 1001), Some(RejectCode::TooLarge)),
-            (v(3, 1 << 3, "f", 1), Some(RejectCode::Version)),
+            (v(3, hello_flags::KEEP_MODE, "f", 1), None),
+            (v(3, 1 << 4, "f", 1), Some(RejectCode::Version)),
             (v(3, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
             (v(3, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
             (v(3, STREAM, "f", 5), Some(RejectCode::Protocol)),
@@ -1762,6 +1822,27 @@ mod tests {
     }
 
     #[test]
+    fn keepalive_only_while_a_stream_waits_for_input() {
+        let c = cfg(100, 3, 1);
+        let mut stream = receiving_stream(c);
+        for _ in 0..3 {
+            assert_eq!(
+                stream.on_message(Message::Keepalive),
+                Ok(ReceiverEvent::Keepalive)
+            );
+        }
+        let mut file = ReceiverSession::new(c);
+        file.on_message(Message::Hello(hello_v2("f", 0, 250)))
+            .unwrap();
+        file.accept(ring(&c)).unwrap();
+        assert!(matches!(
+            file.on_message(Message::Keepalive),
+            Err(RecvError::Protocol(ProtocolError::Unexpected { .. }))
+        ));
+        assert_eq!(file.state(), ReceiverState::Closed);
+    }
+
+    #[test]
     fn streams_take_chunks_until_fin_announces_the_size() {
         let c = cfg(100, 3, 1);
         let mut r = receiving_stream(c);
@@ -1858,11 +1939,18 @@ mod tests {
         let mut over = r.clone();
         assert_eq!(
             over.on_chunk(100, 0),
-            Err(RecvError::TooLarge { limit: 250 })
+            Err(RecvError::TooLarge {
+                limit: 250,
+                option: "--max-size"
+            })
         );
         assert_eq!(over.state(), ReceiverState::Closed);
         assert_eq!(
-            RecvError::TooLarge { limit: 250 }.to_string(),
+            RecvError::TooLarge {
+                limit: 250,
+                option: "--max-size"
+            }
+            .to_string(),
             "the stream is larger than the receiver accepts: more than 250 bytes (--max-size)"
         );
         // Exactly the limit is fine.
@@ -1892,6 +1980,77 @@ mod tests {
     /// Everything queued for the sender.
     fn sent(r: &mut ReceiverSession) -> Vec<Message> {
         std::iter::from_fn(|| r.poll_transmit()).collect()
+    }
+
+    #[test]
+    fn a_session_offers_at_most_max_files_entries() {
+        let mut c = cfg(100, 4, 1);
+        c.max_files = 3;
+        let mut r = ReceiverSession::new(c);
+        sent(&mut r);
+        // Refused offers count too: a peer cannot offer forever.
+        for name in ["../a", "../b"] {
+            let got = r.on_message(Message::Hello(hello_v2(name, 0, 1)));
+            assert!(matches!(got, Err(RecvError::Reject(_))), "{got:?}");
+        }
+        r.on_message(Message::Hello(hello_v2("d", hello_flags::DIRECTORY, 0)))
+            .unwrap();
+        r.accept_directory().unwrap();
+        sent(&mut r);
+        let got = r.on_message(Message::Hello(hello_v2("f", 0, 1)));
+        let Err(RecvError::SessionLimit(rej)) = got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(rej.code, RejectCode::TooLarge);
+        assert!(rej.reason.contains("more than 3 entries") && rej.reason.contains("--max-files"));
+        assert_eq!(r.state(), ReceiverState::Closed);
+        assert_eq!(sent(&mut r), [Message::Reject(rej)]);
+    }
+
+    #[test]
+    fn a_session_brings_at_most_max_session_bytes() {
+        let mut c = cfg(100, 4, 1);
+        c.max_session_bytes = 250;
+        let mut r = ReceiverSession::new(c);
+        // 200 of 250: accepted and received.
+        r.on_message(Message::Hello(hello_v2("a", 0, 200))).unwrap();
+        r.accept(ring(&c)).unwrap();
+        for _ in 0..2 {
+            r.on_chunk(100, 0).unwrap();
+            r.chunk_done();
+        }
+        // A refused offer brings nothing; 60 more would exceed 250.
+        let fin = Fin {
+            bytes: 200,
+            chunks: 2,
+            digest: crate::proto::Digest::Crc32(0),
+        };
+        r.on_message(Message::Fin(fin)).unwrap();
+        r.complete(AckStatus::Ok, String::new()).unwrap();
+        let got = r.on_message(Message::Hello(hello_v2("b", 0, 60)));
+        let Err(RecvError::Reject(rej)) = got else {
+            panic!("{got:?}")
+        };
+        assert!(rej.reason.contains("--max-session-size"), "{}", rej.reason);
+        assert_eq!(r.state(), ReceiverState::AwaitHello, "the session goes on");
+        // 50 fit exactly.
+        r.on_message(Message::Hello(hello_v2("c", 0, 50))).unwrap();
+        r.accept(ring(&c)).unwrap();
+        r.on_chunk(50, 0).unwrap();
+        r.chunk_done();
+        // A stream is stopped once it passes what is left of the limit
+        // (as if 240 bytes had come before it).
+        let mut s = receiving_stream(c);
+        s.session_bytes = 240;
+        s.on_chunk(10, 0).unwrap();
+        assert_eq!(
+            s.on_chunk(1, 0),
+            Err(RecvError::TooLarge {
+                limit: 250,
+                option: "--max-session-size"
+            })
+        );
+        assert_eq!(s.state(), ReceiverState::Closed);
     }
 
     #[test]
@@ -1992,7 +2151,13 @@ mod tests {
         })
         .unwrap();
         r.on_chunk(100, 0).unwrap();
-        assert_eq!(r.on_chunk(100, 0), Err(RecvError::TooLarge { limit: 150 }));
+        assert_eq!(
+            r.on_chunk(100, 0),
+            Err(RecvError::TooLarge {
+                limit: 150,
+                option: "--max-size"
+            })
+        );
         assert!(
             matches!(&sent(&mut r)[..], [Message::Ack(a)] if a.status == AckStatus::Rejected
             && a.reason.starts_with("s: "))

@@ -87,8 +87,10 @@ pub struct FileOffer {
     pub digest: DigestAlg,
     /// File, stream or directory.
     pub kind: OfferKind,
-    /// Modification time to keep (`--preserve-times`).
+    /// Modification time to keep (`-p`).
     pub mtime: Option<Mtime>,
+    /// Keep `mode` as it is (`-p`) instead of the receiver's umask applying.
+    pub keep_mode: bool,
 }
 
 /// Where the engine must RDMA-WRITE (with imm = CRC32 of the chunk) the next chunk.
@@ -309,6 +311,9 @@ impl SenderSession {
         };
         if offer.mtime.is_some() {
             caps |= hello_flags::MTIME;
+        }
+        if offer.keep_mode {
+            caps |= hello_flags::KEEP_MODE;
         }
         let version = PROTOCOL_VERSION;
         let size = match offer.kind {
@@ -608,9 +613,9 @@ impl SenderSession {
 
     /// While a stream waits for its input: a KEEPALIVE so that the
     /// receiver's no-progress timeout does not fire (due every
-    /// `keepalive_interval` of silence).
+    /// `keepalive_interval` of silence); only a stream may wait for input.
     pub fn keepalive(&self) -> Result<Message, ProtocolError> {
-        if self.state != SenderState::Sending {
+        if self.state != SenderState::Sending || !self.stream {
             return Err(self.wrong_state("keepalive"));
         }
         Ok(Message::Keepalive)
@@ -730,6 +735,7 @@ mod tests {
             digest: DigestAlg::Crc32,
             kind: OfferKind::File,
             mtime: None,
+            keep_mode: false,
         }
     }
 
@@ -1342,8 +1348,11 @@ mod tests {
                 assert_eq!(next_file(&mut s), None);
                 assert!(!s.all_chunks_planned());
             }
-            if matches!(sit, Sending | SendingStream) {
+            // Only a stream waits for its input.
+            if sit == SendingStream {
                 assert_eq!(s.keepalive(), Ok(Message::Keepalive));
+            } else {
+                assert_eq!(s.keepalive(), Err(wrong("keepalive")), "{sit:?}");
             }
             // Local misuse does not change the state.
             assert_eq!(s.state(), sit.state());
@@ -1415,8 +1424,19 @@ mod tests {
             (timed.version, timed.caps, timed.size),
             (PROTOCOL_VERSION, hello_flags::MTIME, 5)
         );
+        // -p: modes kept as they are (the receiver still drops setuid).
+        let kept = hello(FileOffer {
+            keep_mode: true,
+            mode: 0o4777,
+            ..offer(5)
+        });
+        assert_eq!(
+            (kept.version, kept.caps, kept.mode),
+            (PROTOCOL_VERSION, hello_flags::KEEP_MODE, 0o4777)
+        );
+        assert_eq!(kept.received_mode(0o022), 0o777, "never setuid");
         // Every HELLO encodes (the mtime flag matches the field).
-        for h in [path, stream, dir, timed] {
+        for h in [path, stream, dir, timed, kept] {
             assert!(crate::proto::encode_to_vec(&Message::Hello(h)).is_ok());
         }
         // Hostile names are the receiver's to refuse, so they go out as is.

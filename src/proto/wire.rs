@@ -40,8 +40,11 @@ pub mod hello_flags {
     /// The body carries the modification time (`Hello::mtime`) after the
     /// digest byte. The only flag that changes the layout.
     pub const MTIME: u32 = 1 << 2;
+    /// Keep `mode` as sent (`sender -p`); without it the receiver masks it
+    /// with its umask, as scp does.
+    pub const KEEP_MODE: u32 = 1 << 3;
     /// Every flag this build knows.
-    pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME;
+    pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME | KEEP_MODE;
 }
 /// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
 pub const MAX_REASON: usize = 1024;
@@ -308,7 +311,7 @@ pub struct Hello {
     /// Sender's session protocol version (`PROTOCOL_VERSION`, or 1 for a
     /// plain file so that older receivers still take it).
     pub version: u16,
-    /// Flags (`hello_flags`): stream, directory, mtime present.
+    /// Flags (`hello_flags`): stream, directory, mtime present, keep mode.
     pub caps: u32,
     /// Not validated here; see `names::validate_path`.
     pub name: String,
@@ -331,6 +334,18 @@ impl Hello {
     /// Whether the offer is a directory.
     pub const fn is_directory(&self) -> bool {
         self.caps & hello_flags::DIRECTORY != 0
+    }
+
+    /// The permission bits the received entry gets: the sender's, never
+    /// setuid, setgid or sticky, masked with the receiver's `umask` unless
+    /// the sender asked to keep them (`sender -p`), as scp does.
+    pub const fn received_mode(&self, umask: u32) -> u32 {
+        let mode = self.mode & 0o777;
+        if self.caps & hello_flags::KEEP_MODE != 0 {
+            mode
+        } else {
+            mode & !umask
+        }
     }
 }
 
@@ -1172,6 +1187,7 @@ pub(crate) mod tests {
             }),
             flagged("stdin", hello_flags::STREAM, None),
             flagged("a/b/c", hello_flags::DIRECTORY, None),
+            flagged("kept", hello_flags::KEEP_MODE, None),
             flagged(
                 "dir/sub",
                 hello_flags::DIRECTORY | hello_flags::MTIME,
@@ -1563,6 +1579,30 @@ pub(crate) mod tests {
         let r = Reject::new(RejectCode::Io, format!("x{}", "é".repeat(MAX_REASON)));
         assert_eq!(r.reason.len(), MAX_REASON - 1);
         assert!(encode_to_vec(&Message::Reject(r)).is_ok());
+    }
+
+    #[test]
+    fn received_modes_follow_the_umask_unless_kept() {
+        let with = |mode: u32, caps: u32| Hello {
+            mode,
+            caps,
+            ..match hello("f", 1) {
+                Message::Hello(h) => h,
+                _ => unreachable!(),
+            }
+        };
+        // As scp without -p: the receiver's umask applies.
+        assert_eq!(with(0o666, 0).received_mode(0o022), 0o644);
+        assert_eq!(with(0o777, 0).received_mode(0o022), 0o755);
+        assert_eq!(with(0o777, 0).received_mode(0o077), 0o700);
+        assert_eq!(with(0o600, 0).received_mode(0), 0o600);
+        // -p keeps them; setuid, setgid and sticky are never kept.
+        let keep = hello_flags::KEEP_MODE;
+        assert_eq!(with(0o666, keep).received_mode(0o022), 0o666);
+        assert_eq!(with(0o7777, keep).received_mode(0o022), 0o777);
+        assert_eq!(with(0o7777, 0).received_mode(0o022), 0o755);
+        assert_eq!(with(u32::MAX, keep).received_mode(0o777), 0o777);
+        assert_eq!(with(u32::MAX, 0).received_mode(0o777), 0);
     }
 
     #[test]

@@ -121,6 +121,26 @@ pub fn ensure_memlock(needed: u64) -> Result<()> {
     })
 }
 
+/// The receiver's umask, which received modes are masked with (as scp
+/// does without -p).
+pub fn process_umask() -> u32 {
+    // /proc shows it without changing it (Linux 4.7+).
+    let from_proc = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        });
+    from_proc.unwrap_or_else(|| {
+        // Older kernels: set and restore. Racy only against threads that
+        // create files meanwhile; it is called once, at start-up.
+        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+        rustix::process::umask(old);
+        old.as_raw_mode()
+    }) & 0o777
+}
+
 /// Peak resident set size of this process in bytes (0 if unknown).
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -136,10 +156,45 @@ fn vm_hwm_bytes(status: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// Bytes available to an unprivileged writer on the filesystem holding `path`.
-pub fn free_space(path: &std::path::Path) -> std::io::Result<u64> {
+/// What an unprivileged writer may still use on a file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeSpace {
+    /// Bytes.
+    pub bytes: u64,
+    /// Inodes (new files and directories).
+    pub inodes: u64,
+}
+
+/// Free bytes and inodes on the filesystem holding `path`.
+pub fn free_space(path: &std::path::Path) -> std::io::Result<FreeSpace> {
     let st = rustix::fs::statvfs(path)?;
-    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    Ok(FreeSpace {
+        bytes: st.f_bavail.saturating_mul(st.f_frsize),
+        inodes: st.f_favail,
+    })
+}
+
+/// Reserves the blocks of `file`'s first `len` bytes without changing its
+/// size (fallocate with KEEP_SIZE), where that costs only metadata: on
+/// tmpfs and ramfs it would clear every page up front (measured: 0.14 s
+/// per 256 MiB on the host, far more in an emulated guest), so there it
+/// returns Ok(false), as where the file system cannot (EOPNOTSUPP). An
+/// error means the space is not there (ENOSPC, EDQUOT, EFBIG).
+pub fn reserve_blocks(file: &std::fs::File, len: u64) -> std::io::Result<bool> {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    if len == 0 {
+        return Ok(false);
+    }
+    let fs_type = rustix::fs::fstatfs(file)?.f_type as u64;
+    if fs_type == TMPFS_MAGIC || fs_type == RAMFS_MAGIC {
+        return Ok(false);
+    }
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::KEEP_SIZE, 0, len) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Asks for a pipe buffer of `bytes` on `fd` (Linux F_SETPIPE_SZ), so that

@@ -535,6 +535,29 @@ pub fn start_receiver_env(
     r
 }
 
+/// As `start_receiver`, run with the given umask (through `sh -c`, so
+/// the test controls what received modes are masked with).
+pub fn start_receiver_umask(
+    net: &Net,
+    port: u16,
+    dir: &Path,
+    extra: &[&str],
+    umask: &str,
+) -> Running {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
+        .arg(receiver_bin())
+        .args(["--bind", &net.addr_a, "--port", &port.to_string()])
+        .arg("--dir")
+        .arg(dir)
+        .arg("-v")
+        .args(extra);
+    token_env(&mut cmd, None);
+    let mut r = Running::spawn("receiver", cmd);
+    r.wait_for_stderr("listening", Duration::from_secs(60));
+    r
+}
+
 /// How the sender reaches the receiver.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Path_ {

@@ -77,7 +77,9 @@ impl Client {
         let ep = Endpoint::new(id, caps, false).map_err(c)?;
         let (recv_pool, recv_bufs) = BufferPool::new(ep.pd(), RECV_BUF, RECV_BUFS).map_err(c)?;
         let (send_pool, mut send_bufs) = BufferPool::new(ep.pd(), SEND_BUF, 1).map_err(c)?;
-        for buf in recv_bufs {
+        // --no-receives: the receiver's messages can never be delivered
+        // (its SENDs wait for receiver-not-ready retries forever).
+        for buf in recv_bufs.into_iter().filter(|_| !args.no_receives) {
             let wr_id = wr::RECV | buf.index() as u64;
             ep.post_recv(&recv_pool, buf, wr_id).map_err(c)?;
         }

@@ -64,6 +64,9 @@ pub(crate) struct Args {
     /// Print the named scenarios and their steps, then exit.
     #[arg(long)]
     pub(crate) list_scenarios: bool,
+    /// Post no receive buffers: take none of the receiver's messages.
+    #[arg(long)]
+    pub(crate) no_receives: bool,
 }
 
 const STEPS_HELP: &str = "Steps (one argument each):

@@ -66,7 +66,15 @@ pub(crate) fn scenarios() -> Vec<(&'static str, &'static str, Vec<Step>)> {
     }
     names.push(Step::Msg(Message::Bye));
     let mib = 1u64 << 20;
+    let mut flood: Vec<Step> = std::iter::repeat_n(Step::Msg(hello("../flood", 1)), 2000).collect();
+    flood.push(Step::ExpectDisconnect);
     vec![
+        (
+            "hello-flood",
+            "2000 refused HELLOs without waiting for answers (with --no-receives: \
+             answers that can never be delivered), then the disconnect",
+            flood,
+        ),
         (
             "bad-names",
             "a HELLO for every hostile name, each answered by REJECT, then BYE",

@@ -6,8 +6,12 @@
 //! following links; with --stdout the one file or stream goes to standard
 //! output instead.
 
+mod allow;
 mod session;
+mod space;
 mod store;
+
+pub use allow::AllowedNet;
 
 use crate::engine::control::Control;
 use crate::engine::progress::ProgressSink;
@@ -20,8 +24,10 @@ use crate::proto::{
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
 use crate::sys::rdma::{CmId, Endpoint, EventChannel, IncomingConnection, QpCaps, probe_devices};
+use space::SpaceLedger;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
@@ -40,6 +46,10 @@ pub struct ReceiverConfig {
     pub max_size: u64,
     /// Sessions served at once; more connections are refused with a reason.
     pub max_sessions: usize,
+    /// Entries one session may offer (see `proto::ReceiverConfig`).
+    pub max_files: u64,
+    /// Bytes one session may bring; `u64::MAX` = no limit.
+    pub max_session_bytes: u64,
     /// Shared secret senders must prove before anything else; None accepts anyone.
     pub token: Option<Token>,
     /// Write the one received file or stream to standard output instead of
@@ -47,6 +57,11 @@ pub struct ReceiverConfig {
     pub stdout: bool,
     /// Told about each file's progress (the tool draws bars with it).
     pub progress: ProgressSink,
+    /// Networks peers may connect from (`--allow`); empty: everyone.
+    pub allow: Vec<AllowedNet>,
+    /// Masks received modes unless the sender keeps them (`sender -p`);
+    /// the process's umask by default.
+    pub umask: u32,
 }
 
 impl ReceiverConfig {
@@ -62,9 +77,13 @@ impl ReceiverConfig {
             timeout: DEFAULT_TIMEOUT,
             max_size: u64::MAX,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_files: crate::proto::DEFAULT_MAX_FILES,
+            max_session_bytes: u64::MAX,
             token: None,
             stdout: false,
             progress: ProgressSink::default(),
+            allow: Vec::new(),
+            umask: crate::sys::os::process_umask(),
         }
     }
 }
@@ -106,9 +125,27 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     let listener = CmId::new(&channel)?;
     listener.listen(cfg.bind, 64)?;
     info!(bind = %cfg.bind, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
+    if cfg.token.is_none() {
+        let who = if cfg.allow.is_empty() {
+            "anyone who can reach this port".to_string()
+        } else {
+            let nets: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
+            format!("anyone from {}", nets.join(", "))
+        };
+        let what = if cfg.stdout {
+            "standard output".to_string()
+        } else {
+            cfg.dir.display().to_string()
+        };
+        warn!(
+            "no token: {who} may write into {what} (set one with --token-file or \
+             RDMA_XFER_TOKEN; limit who may connect with --allow)"
+        );
+    }
     let sessions = AtomicUsize::new(0);
     let refusals = AtomicUsize::new(0);
     let next_id = AtomicU64::new(1);
+    let ledger = Arc::new(SpaceLedger::default());
     std::thread::scope(|scope| {
         loop {
             if shutdown_requested() {
@@ -122,6 +159,14 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 Err(SysError::Interrupted) => continue,
                 Err(e) => return Err(e.into()),
             };
+            let from = request.peer_addr().map(|a| a.ip());
+            if !allow::is_allowed(&cfg.allow, from) {
+                // Refused by the CM: not a byte of ours reaches the peer.
+                let peer = from.map_or_else(|| "an unknown address".into(), |a| a.to_string());
+                warn!("refused a connection from {peer}: not in --allow");
+                request.reject();
+                continue;
+            }
             let conn = match request.detach() {
                 Ok(c) => c,
                 Err(e) => {
@@ -135,7 +180,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 .map_or_else(|| "?".to_string(), |a| a.ip().to_string());
             let span = error_span!("session", id, peer = %peer);
             if cfg.once {
-                return span.in_scope(|| run_logged(cfg, conn, on_file));
+                return span.in_scope(|| run_logged(cfg, conn, on_file, &ledger));
             }
             if sessions.load(Ordering::SeqCst) >= cfg.max_sessions {
                 // Say why, on a thread of its own so the listener goes on;
@@ -161,11 +206,12 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             }
             sessions.fetch_add(1, Ordering::SeqCst);
             let sessions = &sessions;
+            let ledger = &ledger;
             let spawned = std::thread::Builder::new()
                 .name(format!("session-{id}"))
                 .spawn_scoped(scope, move || {
                     let _enter = span.enter();
-                    if let Err(e) = run_logged(cfg, conn, on_file) {
+                    if let Err(e) = run_logged(cfg, conn, on_file, ledger) {
                         cfg.progress
                             .notice(&format!("receiver: session {id} from {peer} failed: {e}"));
                     }
@@ -184,9 +230,10 @@ fn run_logged(
     cfg: &ReceiverConfig,
     conn: IncomingConnection,
     on_file: &OnFile<'_>,
+    ledger: &Arc<SpaceLedger>,
 ) -> Result<(), XferError> {
     let started = Instant::now();
-    let result = session::run(cfg, conn, on_file);
+    let result = session::run(cfg, conn, on_file, ledger);
     match &result {
         Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
         Err(e) => error!(elapsed = ?started.elapsed(), "session failed: {e}"),
@@ -229,6 +276,8 @@ fn new_machine(cfg: &ReceiverConfig, ep: &Endpoint) -> Result<ReceiverSession, X
         slot_count: cfg.slots,
         credit_batch: (cfg.slots / 4).max(1),
         max_size: cfg.max_size,
+        max_files: cfg.max_files,
+        max_session_bytes: cfg.max_session_bytes,
     };
     let Some(token) = &cfg.token else {
         return Ok(ReceiverSession::new(machine_cfg));

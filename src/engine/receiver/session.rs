@@ -2,6 +2,7 @@
 //! over the connection (control messages, data completions, credits) and
 //! the file store, from the greeting to BYE or the first fatal error.
 
+use super::space::SpaceLedger;
 use super::store::{FileStore, Refusal, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
@@ -12,11 +13,11 @@ use crate::engine::{wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
     AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, ProtocolError, ReceiverEvent,
-    ReceiverSession, RecvError, RejectCode, RingInfo,
+    ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
 
@@ -79,8 +80,9 @@ pub(super) fn run(
     cfg: &ReceiverConfig,
     conn: IncomingConnection,
     on_file: &OnFile<'_>,
+    ledger: &Arc<SpaceLedger>,
 ) -> Result<(), XferError> {
-    let store = FileStore::open(cfg)?;
+    let store = FileStore::open(cfg, ledger)?;
     let id = conn.into_id()?;
     let recvs = cfg.slots + CONTROL_RECVS;
     let caps = QpCaps {
@@ -246,7 +248,11 @@ impl Session<'_> {
                 }));
             }
             Err(RecvError::Reject(reject)) => {
-                warn!(code = reject.code.as_str(), "refused: {}", reject.reason);
+                warn!(
+                    code = reject.code.as_str(),
+                    "refused: {}",
+                    escaped(&reject.reason)
+                );
                 let err = XferError::Rejected {
                     code: reject.code.as_str(),
                     reason: reject.reason.clone(),
@@ -267,6 +273,17 @@ impl Session<'_> {
                     code: RejectCode::TooLarge.as_str(),
                     reason: format!("{kind}: {e}"),
                 }));
+            }
+            Err(RecvError::SessionLimit(reject)) => {
+                warn!("session ended: {}", reject.reason);
+                let err = XferError::Rejected {
+                    code: reject.code.as_str(),
+                    reason: reject.reason,
+                };
+                if let Some((name, size, alg)) = offer {
+                    self.report_failure(&name, size, alg, Duration::ZERO, &err, true);
+                }
+                return Err(err);
             }
         }
         Ok(Flow::Continue)
@@ -373,7 +390,7 @@ impl Session<'_> {
             size: hello.size,
             digest_alg: hello.digest,
             sink,
-            mode: hello.mode & 0o777,
+            mode: hello.received_mode(self.cfg.umask),
             mtime: hello.mtime,
             hasher: FileHasher::new(hello.digest),
             written: 0,
@@ -457,7 +474,7 @@ impl Session<'_> {
             return Err(self.abort(AckStatus::Integrity, err));
         }
         let written = match &mut file.sink {
-            Sink::Temp(t) => t.file.write_all_at(data, placement.file_offset),
+            Sink::Temp(t) => t.write_at(data, placement.file_offset),
             Sink::Stdout(out) if placement.file_offset == file.written => out.write_all(data),
             Sink::Stdout(_) => {
                 let err = XferError::Internal(format!(
@@ -608,8 +625,10 @@ impl Session<'_> {
         err: &XferError,
         session_ended: bool,
     ) {
+        // A refused offer's name may hold anything the peer sent.
+        let name = escaped(name).to_string();
         let failure = FileFailure::new(
-            name,
+            &name,
             size,
             alg,
             elapsed,

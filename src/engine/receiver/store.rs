@@ -6,13 +6,16 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 use super::ReceiverConfig;
+use super::space::{Promise, SpaceLedger};
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
 use crate::sys::dirfd::{DirFd, EntryKind};
-use crate::sys::os::free_space;
+use crate::sys::os::{free_space, reserve_blocks};
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tracing::{debug, warn};
@@ -28,6 +31,10 @@ pub(super) enum FileStore {
         /// would be changed by the entries created inside, and a mode
         /// without owner write/search would forbid creating them.
         deferred: Vec<DirAttrs>,
+        /// The receiver's umask (see `Hello::received_mode`).
+        umask: u32,
+        /// Space promised to the files all sessions are receiving.
+        ledger: Arc<SpaceLedger>,
     },
     /// --stdout: the one file or stream of the session; None once taken.
     Stdout(Option<File>),
@@ -43,7 +50,10 @@ pub(super) struct DirAttrs {
 pub(super) type Refusal = (RejectCode, String);
 
 impl FileStore {
-    pub(super) fn open(cfg: &ReceiverConfig) -> Result<FileStore, XferError> {
+    pub(super) fn open(
+        cfg: &ReceiverConfig,
+        ledger: &Arc<SpaceLedger>,
+    ) -> Result<FileStore, XferError> {
         if cfg.stdout {
             // A duplicate of descriptor 1: unbuffered writes of whole
             // chunks, and a write error (EPIPE) is ours to handle.
@@ -60,13 +70,15 @@ impl FileStore {
         Ok(FileStore::Tree {
             root,
             deferred: Vec::new(),
+            umask: cfg.umask,
+            ledger: Arc::clone(ledger),
         })
     }
 
     /// Applies the deferred directory attributes (best effort: a failure
     /// is logged, the data is already safe).
     pub(super) fn finish_dirs(&mut self) {
-        let FileStore::Tree { root, deferred } = self else {
+        let FileStore::Tree { root, deferred, .. } = self else {
             return;
         };
         for attrs in deferred.drain(..).rev() {
@@ -90,18 +102,29 @@ impl FileStore {
     /// arrive, see `FileStore::Tree::deferred`), or accepts an existing one
     /// as it is.
     pub(super) fn make_dir(&mut self, hello: &Hello) -> Result<(), Refusal> {
-        let FileStore::Tree { root, deferred } = self else {
+        let FileStore::Tree {
+            root,
+            deferred,
+            umask,
+            ..
+        } = self
+        else {
             return Err((
                 RejectCode::Protocol,
                 format!(
-                    "the receiver writes to its standard output (--stdout) and cannot create                      directory {}; send a tar stream instead (tar -cf - DIR | sender HOST -)",
+                    "the receiver writes to its standard output (--stdout) and cannot create directory {}; send a tar stream instead (tar -cf - DIR | sender HOST -)",
                     hello.name
                 ),
             ));
         };
         let (parent, leaf) = open_parent(root, &hello.name)?;
-        let io =
-            |what: &str, e: std::io::Error| (RejectCode::Io, format!("{what} {}: {e}", hello.name));
+        let io = |what: &str, e: std::io::Error| {
+            let code = match e.raw_os_error() {
+                Some(libc::ENOSPC | libc::EDQUOT) => RejectCode::NoSpace,
+                _ => RejectCode::Io,
+            };
+            (code, format!("{what} {}: {e}", hello.name))
+        };
         match parent.kind(&leaf).map_err(|e| io("cannot inspect", e))? {
             Some(EntryKind::Dir) => {
                 debug!(dir = %hello.name, "exists already: kept as it is");
@@ -130,7 +153,7 @@ impl FileStore {
         parent
             .mkdir(&leaf, 0o700)
             .map_err(|e| io("cannot create directory", e))?;
-        let mode = hello.mode & 0o777;
+        let mode = hello.received_mode(*umask);
         // Owner write and search are needed while entries are created inside.
         let now = if mode & 0o300 == 0o300 {
             mode
@@ -179,7 +202,7 @@ impl FileStore {
                 };
                 Sink::Stdout(out)
             }
-            FileStore::Tree { root, .. } => {
+            FileStore::Tree { root, ledger, .. } => {
                 let (parent, leaf) = open_parent(root, &hello.name)?;
                 match parent.kind(&leaf) {
                     Ok(Some(EntryKind::Dir)) => {
@@ -207,37 +230,40 @@ impl FileStore {
                 }
                 // A stream's size is unknown: it is checked as it arrives
                 // (--max-size by the state machine, space by the writes).
-                if !hello.is_stream() {
-                    match free_space(dir) {
-                        Ok(free) if free < hello.size => {
-                            return Err((
-                                RejectCode::NoSpace,
-                                format!(
-                                    "{} needs {} bytes but only {free} are free",
-                                    hello.name, hello.size
-                                ),
-                            ));
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            warn!("cannot check free space of {}: {e}", dir.display())
-                        }
-                    }
-                }
+                let size = if hello.is_stream() { 0 } else { hello.size };
+                let promise = ledger.promise(&hello.name, size, || free_space(dir))?;
                 let temp = temp_name();
                 let file = parent.create_new(&temp, 0o600).map_err(|e| {
+                    let code = match e.raw_os_error() {
+                        Some(libc::ENOSPC | libc::EDQUOT) => RejectCode::NoSpace,
+                        _ => RejectCode::Io,
+                    };
                     (
-                        RejectCode::Io,
+                        code,
                         format!("cannot create a file in the output directory: {e}"),
                     )
                 })?;
-                Sink::Temp(TempFile {
+                let mut temp = TempFile {
                     parent,
                     temp,
                     leaf,
                     file,
                     committed: false,
-                })
+                    promise,
+                };
+                // Dropping `temp` removes the file if the space is not there.
+                match reserve_blocks(&temp.file, size) {
+                    Ok(true) => temp.promise.settle(),
+                    Ok(false) => {}
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+                        return Err((
+                            RejectCode::NoSpace,
+                            format!("cannot reserve {size} bytes for {}: {e}", hello.name),
+                        ));
+                    }
+                    Err(e) => warn!("cannot reserve the space of {}: {e}", hello.name),
+                }
+                Sink::Temp(temp)
             }
         };
         Ok(sink)
@@ -324,6 +350,17 @@ pub(super) struct TempFile {
     leaf: String,
     pub(super) file: File,
     committed: bool,
+    /// What is left of the space promised to this file.
+    promise: Promise,
+}
+
+impl TempFile {
+    /// Writes a chunk at its offset.
+    pub(super) fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        self.file.write_all_at(data, offset)?;
+        self.promise.wrote(data.len() as u64);
+        Ok(())
+    }
 }
 
 impl Drop for TempFile {
@@ -462,7 +499,7 @@ mod tests {
 
     fn store(dir: &Path) -> FileStore {
         let cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), dir.into());
-        FileStore::open(&cfg).unwrap()
+        FileStore::open(&cfg, &Arc::default()).unwrap()
     }
 
     fn write(sink: &mut Sink, bytes: &[u8]) {

@@ -389,6 +389,7 @@ impl Connection {
                     digest: cfg.verify,
                     kind: OfferKind::Directory,
                     mtime,
+                    keep_mode: cfg.walk.preserve,
                 };
                 let tag = tracker.tag();
                 let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
@@ -415,6 +416,7 @@ impl Connection {
                     digest: cfg.verify,
                     kind: OfferKind::Stream,
                     mtime: None,
+                    keep_mode: false,
                 };
                 (offer, Input::Stream(File::from(stdin)))
             }
@@ -447,6 +449,7 @@ impl Connection {
                     digest: cfg.verify,
                     kind: OfferKind::File,
                     mtime,
+                    keep_mode: cfg.walk.preserve,
                 };
                 let size = offer.size;
                 (offer, Input::File { file, size })

@@ -194,6 +194,11 @@ pub struct ConnectRequest {
 }
 
 impl ConnectRequest {
+    /// The connecting peer's address (None if rdma_cm does not say).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.id.as_ref().and_then(CmId::peer_addr)
+    }
+
     /// Moves the new connection onto its own event channel, so that it can
     /// be served on another thread while the listener takes the next one.
     pub fn detach(mut self) -> Result<IncomingConnection> {
