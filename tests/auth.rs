@@ -302,3 +302,158 @@ fn auth_short_token_is_refused_before_connecting() {
     assert!(!log.contains("session established"), "it connected:\n{log}");
     drop(receiver);
 }
+
+/// Connections that never prove the token wait in a pool of their own (at
+/// most 4 from one address), not in a session slot. With --max-sessions 2,
+/// eight of them from one address (the wire's B side) do not keep an
+/// authenticated sender from another address (A itself) out: it gets
+/// through in under 10 s while they still hold their places. Beyond
+/// --max-sessions, authenticated senders are told the receiver is busy
+/// (after their proof, before AUTH_OK), with nothing written.
+#[test]
+fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
+    let Some(net) = rdma_net() else { return };
+    if net.addr_b.is_none() {
+        skip(
+            "needs a second address to connect from (RXFER_ADDR_B)",
+            false,
+        );
+        return;
+    }
+    let (src, dst) = dirs();
+    let port = next_port();
+    let env = [("RDMA_XFER_TOKEN", TOKEN)];
+    let mut receiver = start_receiver_env(&net, port, dst.path(), &["--max-sessions", "2"], &env);
+    // Each takes its CHALLENGE and proves nothing.
+    let idle: Vec<Running> = (0..8)
+        .map(|_| spawn_raw_client(&net, port, None, &["expect:CHALLENGE", "sleep:30000"], 60))
+        .collect();
+    let log = receiver.wait_for(
+        Stream::Stderr,
+        "the pool's share of one address taken, the rest refused",
+        Duration::from_secs(60),
+        |log| (log.matches("already authenticating").count() >= 4).then(|| log.to_string()),
+    );
+    assert!(
+        log.contains("connections from this address are already authenticating"),
+        "{log}"
+    );
+    // The authenticated sender, from A, while the idle ones wait.
+    let input = src.path().join("through.bin");
+    let sum = make_file(&input, 3 * MIB, 41);
+    let started = std::time::Instant::now();
+    let mut cmd = sender_cmd(
+        &net,
+        port,
+        Path_::Loopback,
+        std::slice::from_ref(&input),
+        &[],
+    );
+    token_env(&mut cmd, Some(TOKEN));
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
+    let took = started.elapsed();
+    assert_eq!(
+        sent.code(),
+        0,
+        "{}\nreceiver:\n{}",
+        sent.stderr,
+        receiver.stderr_so_far()
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_eq!(sha256_file(&dst.path().join("through.bin")), sum);
+    // It got in while the idle ones held their places: before any of them
+    // timed out (AUTH_TIMEOUT, 5 s).
+    let log = receiver.stderr_so_far();
+    let authenticated = log.find("sender authenticated").expect("authenticated");
+    if let Some(timed_out) = log.find("timed out") {
+        assert!(
+            authenticated < timed_out,
+            "the idle connections were gone:\n{log}"
+        );
+    }
+    drop(idle);
+
+    // Two authenticated sessions run (big files, slowly drained); a third
+    // proves the token and is refused as busy.
+    let mut running = Vec::new();
+    for i in 0..2 {
+        let big = src.path().join(format!("big{i}.bin"));
+        make_file(&big, 200 * MIB, 50 + i);
+        let mut cmd = sender_cmd(&net, port, Path_::Wire, &[big], &[]);
+        token_env(&mut cmd, Some(TOKEN));
+        running.push(Running::spawn("sender", cmd));
+    }
+    receiver.wait_for(
+        Stream::Stderr,
+        "two sessions receiving",
+        Duration::from_secs(60),
+        |log| (log.contains("big0.bin") && log.contains("big1.bin")).then_some(()),
+    );
+    let third = src.path().join("third.bin");
+    make_file(&third, MIB, 60);
+    let mut cmd = sender_cmd(
+        &net,
+        port,
+        Path_::Loopback,
+        std::slice::from_ref(&third),
+        &[],
+    );
+    token_env(&mut cmd, Some(TOKEN));
+    let refused = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
+    assert_eq!(refused.code(), 4, "{}", refused.stderr);
+    assert!(refused.stderr.contains("busy"), "{}", refused.stderr);
+    assert!(!dst.path().join("third.bin").exists());
+    for r in running {
+        let done = r.wait(Duration::from_secs(600));
+        assert_eq!(done.code(), 0, "{}", done.stderr);
+    }
+    assert_no_temp_files(dst.path());
+}
+
+/// `receiver --once` with a token ends after its first authenticated
+/// session, not after a connection that never proved it.
+#[test]
+fn once_waits_for_an_authenticated_session() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let port = next_port();
+    let env = [("RDMA_XFER_TOKEN", TOKEN)];
+    let receiver = start_receiver_env(&net, port, dst.path(), &["--once"], &env);
+    // First a peer without the token, then one that proves nothing.
+    let wrong = src.path().join("wrong.bin");
+    make_file(&wrong, MIB, 70);
+    let refused = run_sender_with(
+        &net,
+        port,
+        std::slice::from_ref(&wrong),
+        SenderToken::Env(WRONG),
+    );
+    assert_eq!(refused.code(), 4, "{}", refused.stderr);
+    let idle = run_raw_client(
+        &net,
+        port,
+        None,
+        &["expect:CHALLENGE"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(idle.code(), 0, "{}", idle.transcript());
+    let input = src.path().join("once.bin");
+    let sum = make_file(&input, 3 * MIB, 71);
+    let sent = run_sender_with(
+        &net,
+        port,
+        std::slice::from_ref(&input),
+        SenderToken::Env(TOKEN),
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    let done = receiver.wait(Duration::from_secs(60));
+    assert_eq!(done.code(), 0, "{}", done.stderr);
+    assert!(
+        done.stderr.contains("waiting for the next connection"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(sha256_file(&dst.path().join("once.bin")), sum);
+    assert!(!dst.path().join("wrong.bin").exists());
+    assert_no_temp_files(dst.path());
+}

@@ -48,11 +48,11 @@ use std::time::Instant;
 
 /// How deep the generated inputs got (printed with the counts, so a weak
 /// generator shows): frames decoded, chunks placed, files verified, ...
-struct Reached([AtomicU64; 5]);
+struct Reached([AtomicU64; 6]);
 
 impl Reached {
     const fn new() -> Self {
-        Reached([const { AtomicU64::new(0) }; 5])
+        Reached([const { AtomicU64::new(0) }; 6])
     }
     fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, Ordering::Relaxed);
@@ -963,6 +963,8 @@ fn legal_rx(
         Verifying if seed.is_multiple_of(10) => RxAction::Complete(AckStatus::Integrity),
         Verifying => RxAction::Complete(AckStatus::Ok),
         Closed => RxAction::Legal(seed),
+        // Never seen here: the engine decides as soon as the proof passed.
+        AwaitAdmission => RxAction::Msg(Message::Bye),
     }
 }
 
@@ -1055,8 +1057,34 @@ fn check_receiver(
                     hellos += 1;
                 }
                 let result = r.on_message(msg);
+                // The engine's admission after a right proof: nothing is
+                // answered before it; a session is free unless the case's
+                // receiver nonce says otherwise (1 in 8: busy).
+                let refused_busy = match (&result, &auth) {
+                    (Ok(ReceiverEvent::Authenticated), Some(a)) => {
+                        prop_assert!(replies(&mut r).is_empty(), "an answer before admission");
+                        prop_assert_eq!(r.state(), AwaitAdmission);
+                        if a.nonce[0] % 8 == 0 {
+                            RX.hit(5);
+                            Some(
+                                r.refuse_busy(2)
+                                    .ok_or_else(|| TestCaseError::fail("not refused"))?,
+                            )
+                        } else {
+                            r.admit()
+                                .map_err(|e| TestCaseError::fail(format!("not admitted: {e}")))?;
+                            None
+                        }
+                    }
+                    _ => None,
+                };
                 let answered = replies(&mut r);
-                if let Ok(ReceiverEvent::Authenticated) = result {
+                if let Some(busy) = &refused_busy {
+                    // REJECT(busy) instead of the proof, and nothing else.
+                    prop_assert_eq!(&answered, &vec![Message::Reject(busy.clone())]);
+                    prop_assert_eq!(busy.code, RejectCode::Busy);
+                    prop_assert!(r.take_channel().is_none(), "a channel for a refused sender");
+                } else if let Ok(ReceiverEvent::Authenticated) = result {
                     // The receiver's proof, and nothing else.
                     let a = auth
                         .as_ref()
@@ -1139,6 +1167,10 @@ fn check_receiver(
                         let key = SessionKey::derive(&a.token, &a.nonce, &p.nonce, &test_conn());
                         prop_assert!(key.verify_sender(&p.proof), "a wrong proof authenticated");
                         prop_assert_eq!(p.version, PROTOCOL_VERSION);
+                        if refused_busy.is_some() {
+                            prop_assert_eq!(r.state(), Closed);
+                            continue;
+                        }
                         prop_assert_eq!(r.state(), AwaitHello);
                         // Both ends' channels talk to each other, one way only.
                         let mut theirs = r
@@ -1412,9 +1444,10 @@ fn machine_receiver() {
         |(cfg, key, actions)| check_receiver(cfg, key, actions),
         || {
             format!(
-                "{} AUTHs verified, {} offers accepted, {} chunks placed, {} FINs verified, \
-                 {} files acknowledged",
-                RX.get(4),
+                "{} AUTHs verified ({} of them refused as busy), {} offers accepted, {} chunks \
+                 placed, {} FINs verified, {} files acknowledged",
+                RX.get(4) + RX.get(5),
+                RX.get(5),
                 RX.get(0),
                 RX.get(1),
                 RX.get(2),

@@ -990,3 +990,67 @@ fn a_peer_that_takes_no_answers_cannot_make_the_receiver_queue_them() {
     s.assert_nothing_written("HELLO flood without receives");
     s.assert_still_serves(&net);
 }
+
+/// A plain RDMA WRITE (no immediate, so the receiver gets no completion for
+/// it) over a chunk's slot right after the chunk's WRITE_WITH_IMM completed
+/// races the receiver's handling of that chunk. Whichever wins, what the
+/// receiver stores is what it checked: it checks and stores one private
+/// copy of the slot. So either the file lands with exactly the bytes whose
+/// CRC and digest were sent (the copy came first), or the check fails and
+/// nothing is left (the rewrite came first); never the rewritten bytes
+/// under a good ACK.
+#[test]
+fn a_plain_write_after_a_chunk_cannot_change_what_is_stored() {
+    let Some(net) = rdma_net() else { return };
+    let mut s = serve_with(&net, None, "30");
+    let chunk = raw_chunk(0, CHUNK as usize);
+    let fin = format!("fin:{CHUNK}:1:{:x}", crc32fast::hash(&chunk));
+    let hello = format!("hello:one.bin:{CHUNK}");
+    let steps = [
+        hello.as_str(),
+        "expect:MR",
+        "writes:1",
+        "rewrite:32",
+        &fin,
+        "expect:ACK",
+        "bye",
+    ];
+    let path = s.out.join("one.bin");
+    let (mut landed, mut failed) = (0, 0);
+    for round in 0..6 {
+        // Sessions are numbered from 1.
+        let case = format!("session {}", round + 1);
+        let run = run_raw_client(&net, s.port, None, &steps, CLIENT_TIMEOUT);
+        let transcript = run.transcript();
+        assert!(
+            run.lines().iter().any(|l| l.starts_with("REWRITE_OK ")),
+            "{case}: the plain writes were not tried:\n{transcript}"
+        );
+        let acked = run
+            .of_kind("ACK")
+            .iter()
+            .any(|l| l.starts_with("ACK status=ok"));
+        if acked {
+            assert_eq!(
+                sha256_file(&path),
+                sha256_hex(&chunk),
+                "{case}: a good ACK for bytes other than those checked:\n{transcript}"
+            );
+            landed += 1;
+            std::fs::remove_file(&path).expect("remove the landed file");
+        } else {
+            assert!(
+                !path.exists(),
+                "{case}: a file without a good ACK:\n{transcript}"
+            );
+            failed += 1;
+        }
+        s.wait_sessions_ended(round + 1);
+        assert_no_temp_files(&s.out);
+    }
+    eprintln!(
+        "plain rewrites: {landed} rounds stored the checked bytes, {failed} failed the check"
+    );
+    s.assert_nothing_written("after the plain rewrites");
+    s.assert_still_serves(&net);
+}

@@ -490,7 +490,9 @@ mod tests {
                         assert_eq!(f.bytes, self.entries[i].data().len() as u64);
                     }
                     ReceiverEvent::Authenticated => {
-                        // AUTH_OK as it is, everything after it sealed.
+                        // A session is free; AUTH_OK as it is, everything
+                        // after it sealed.
+                        self.r.admit().unwrap();
                         while let Some(m) = self.r.poll_transmit() {
                             assert!(matches!(m, Message::AuthOk { .. }));
                             self.send_r(&m);

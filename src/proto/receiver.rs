@@ -31,6 +31,10 @@ use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 pub enum ReceiverState {
     /// CHALLENGE (auth required) sent; only PROVE or BYE may come.
     AwaitAuth,
+    /// The sender proved the token; the engine decides whether a session
+    /// is free: `admit` (AUTH_OK) or `refuse_busy` (REJECT(busy)). Nothing
+    /// from the sender is accepted meanwhile.
+    AwaitAdmission,
     /// Between files: the next HELLO (or BYE) may come.
     AwaitHello,
     /// HELLO passed the pure checks; the engine must `accept` (a file or
@@ -49,6 +53,7 @@ impl ReceiverState {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::AwaitAuth => "AWAIT_AUTH",
+            Self::AwaitAdmission => "AWAIT_ADMISSION",
             Self::AwaitHello => "AWAIT_HELLO",
             Self::AwaitDecision => "AWAIT_DECISION",
             Self::Receiving => "RECEIVING",
@@ -111,8 +116,10 @@ pub enum ReceiverEvent {
     Fin(Fin),
     /// The sender said BYE.
     Closed,
-    /// PROVE carried the right proof: AUTH_OK is queued (send it before
-    /// installing the channel, `take_channel`); HELLOs are welcome now.
+    /// PROVE carried the right proof. The engine decides at once whether
+    /// the sender gets a session: `admit` queues AUTH_OK (send it before
+    /// installing the channel, `take_channel`; HELLOs are welcome then),
+    /// `refuse_busy` queues REJECT(busy) and ends the session.
     Authenticated,
     /// KEEPALIVE: the sender waits for its input; progress for the timeout.
     Keepalive,
@@ -206,6 +213,8 @@ struct AuthKey {
 pub struct ReceiverSession {
     cfg: ReceiverConfig,
     auth: Option<AuthKey>,
+    /// The session key between a right PROVE and the engine's admission.
+    admitting: Option<SessionKey>,
     /// The sealing channel once the sender has proven the token, until
     /// the engine takes it.
     channel: Option<Channel>,
@@ -251,6 +260,7 @@ impl ReceiverSession {
         Self {
             cfg,
             auth: None,
+            admitting: None,
             channel: None,
             state: ReceiverState::AwaitHello,
             outbox: VecDeque::new(),
@@ -287,6 +297,39 @@ impl ReceiverSession {
         s
     }
 
+    /// Admits the authenticated sender (state AwaitAdmission): AUTH_OK,
+    /// the receiver's proof, is queued and the channel made; HELLOs are
+    /// welcome from now on.
+    pub fn admit(&mut self) -> Result<(), ProtocolError> {
+        let (ReceiverState::AwaitAdmission, Some(key)) = (self.state, self.admitting.take()) else {
+            return Err(self.unexpected("admission"));
+        };
+        self.outbox.push_back(Message::AuthOk {
+            proof: key.receiver_proof(),
+        });
+        self.channel = Some(key.channel(Role::Receiver));
+        self.state = ReceiverState::AwaitHello;
+        Ok(())
+    }
+
+    /// Refuses the authenticated sender (state AwaitAdmission) because
+    /// `max_sessions` sessions run: REJECT(busy) is queued instead of
+    /// AUTH_OK and the session is over. Returns that refusal; None in any
+    /// other state (nothing changes).
+    pub fn refuse_busy(&mut self, max_sessions: usize) -> Option<Reject> {
+        if self.state != ReceiverState::AwaitAdmission {
+            return None;
+        }
+        self.admitting = None;
+        let refusal = busy_refusal(max_sessions);
+        let Message::Reject(reject) = &refusal else {
+            return None;
+        };
+        let reject = reject.clone();
+        self.close_with(refusal, true);
+        Some(reject)
+    }
+
     /// The sealing channel, once the sender is authenticated (taken once):
     /// the engine seals every later message with it, starting right after
     /// the AUTH_OK the machine queued.
@@ -305,7 +348,9 @@ impl ReceiverSession {
     /// unauthenticated peer holds a session only `AUTH_TIMEOUT` at most.
     pub fn wait_limit(&self, timeout: Duration) -> (&'static str, Duration) {
         match self.state {
-            ReceiverState::AwaitAuth => ("the sender's PROVE", timeout.min(AUTH_TIMEOUT)),
+            ReceiverState::AwaitAuth | ReceiverState::AwaitAdmission => {
+                ("the sender's PROVE", timeout.min(AUTH_TIMEOUT))
+            }
             ReceiverState::Receiving | ReceiverState::Verifying => {
                 ("data from the sender", timeout)
             }
@@ -594,11 +639,8 @@ impl ReceiverSession {
         if !key.verify_sender(&p.proof) {
             return Err(RecvError::Auth(AuthFailure::WrongToken));
         }
-        self.outbox.push_back(Message::AuthOk {
-            proof: key.receiver_proof(),
-        });
-        self.channel = Some(key.channel(Role::Receiver));
-        self.state = ReceiverState::AwaitHello;
+        self.admitting = Some(key);
+        self.state = ReceiverState::AwaitAdmission;
         Ok(ReceiverEvent::Authenticated)
     }
 
@@ -994,6 +1036,11 @@ mod tests {
         };
         if auth && state != ReceiverState::AwaitAuth {
             assert_eq!(r.on_message(good_auth()), Ok(ReceiverEvent::Authenticated));
+            assert_eq!(r.state(), ReceiverState::AwaitAdmission);
+            if state == ReceiverState::AwaitAdmission {
+                return r;
+            }
+            r.admit().unwrap();
         }
         match state {
             ReceiverState::AwaitAuth => {
@@ -1130,7 +1177,14 @@ mod tests {
             let want = expected_in_await_auth(&msg);
             let res = r.on_message(msg.clone());
             assert_eq!(res, want, "{}", msg.kind());
-            // A good PROVE is answered with the receiver's proof, and only
+            // A good PROVE waits for the engine's admission: nothing is
+            // answered and there is no channel before it.
+            if res == Ok(ReceiverEvent::Authenticated) {
+                assert_eq!(sent(&mut r), [], "before admission");
+                assert!(r.take_channel().is_none(), "a channel before admission");
+                r.admit().unwrap();
+            }
+            // Admitted, it is answered with the receiver's proof, and only
             // then is there a channel; anything else gets one refusal.
             let replies = sent(&mut r);
             if res.is_ok() && msg != Message::Bye {
@@ -1177,6 +1231,54 @@ mod tests {
             }))
         );
         assert_eq!(r.state(), ReceiverState::Closed);
+    }
+
+    /// After a right PROVE the engine admits the sender or refuses it as
+    /// busy; nothing from the sender is taken in between, and neither
+    /// decision is possible anywhere else.
+    #[test]
+    fn admission_follows_a_right_proof_only() {
+        // Refused: REJECT(busy) instead of AUTH_OK, no channel, closed.
+        let mut r = session_in_auth(ReceiverState::AwaitAdmission, true);
+        sent(&mut r);
+        let busy = r.refuse_busy(2).expect("refused");
+        assert_eq!(busy.code, RejectCode::Busy);
+        assert!(busy.reason.contains("2 sessions"), "{}", busy.reason);
+        assert_eq!(sent(&mut r), [Message::Reject(busy)]);
+        assert!(r.take_channel().is_none());
+        assert_eq!(r.state(), ReceiverState::Closed);
+        assert!(r.admit().is_err(), "admitted after the refusal");
+        // Nothing from the sender is taken while the engine decides.
+        for msg in all_messages(100) {
+            let mut r = session_in_auth(ReceiverState::AwaitAdmission, true);
+            sent(&mut r);
+            assert!(r.on_message(msg.clone()).is_err(), "{}", msg.kind());
+            assert_eq!(r.state(), ReceiverState::Closed, "{}", msg.kind());
+            assert!(r.admit().is_err(), "{}", msg.kind());
+            assert!(
+                !sent(&mut r)
+                    .iter()
+                    .any(|m| matches!(m, Message::AuthOk { .. }))
+            );
+        }
+        let mut r = session_in_auth(ReceiverState::AwaitAdmission, true);
+        assert!(r.on_chunk(100, 0).is_err());
+        // Admitted once only; neither decision exists in another state.
+        let mut r = session_in_auth(ReceiverState::AwaitAdmission, true);
+        r.admit().unwrap();
+        assert!(r.admit().is_err());
+        assert_eq!(r.refuse_busy(2), None);
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        for state in STATES {
+            for auth in [false, true] {
+                let mut r = session_in_auth(state, auth);
+                assert!(r.admit().is_err(), "{state:?}");
+                assert_eq!(r.refuse_busy(2), None, "{state:?}");
+            }
+        }
+        let mut r = session_in_auth(ReceiverState::AwaitAuth, true);
+        assert!(r.admit().is_err());
+        assert_eq!(r.refuse_busy(2), None);
     }
 
     #[test]
@@ -1246,6 +1348,10 @@ mod tests {
                 let mut next = r.clone();
                 let res = next.on_message(m.clone());
                 let now_authed = authed || (res.is_ok() && *m == good);
+                // Engine: a session is free.
+                if res == Ok(ReceiverEvent::Authenticated) {
+                    next.admit().unwrap();
+                }
                 // Engine: accept an offer when the machine hands one over.
                 if let Ok(ReceiverEvent::Offer(_)) = res {
                     assert!(now_authed, "offer before AUTH");

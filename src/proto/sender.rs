@@ -448,8 +448,10 @@ impl SenderSession {
                     ),
                 })
             }
-            // Greeted with a REJECT (e.g. Busy): refused before anything began.
-            (AwaitChallenge, Message::Reject(r)) => Err(ProtocolError::Refused {
+            // Greeted with a REJECT (busy: instead of the CHALLENGE without
+            // a token, instead of AUTH_OK with one): refused before anything
+            // began.
+            (AwaitChallenge | AwaitAuthOk, Message::Reject(r)) => Err(ProtocolError::Refused {
                 code: r.code,
                 reason: r.reason,
             }),
@@ -1045,10 +1047,12 @@ mod tests {
                                     detail: detail.clone(),
                                 }
                             }
-                            (Message::Reject(r), AwaitChallenge) => ProtocolError::Refused {
-                                code: r.code,
-                                reason: r.reason.clone(),
-                            },
+                            (Message::Reject(r), AwaitChallenge | AwaitAuthOk) => {
+                                ProtocolError::Refused {
+                                    code: r.code,
+                                    reason: r.reason.clone(),
+                                }
+                            }
                             (Message::Reject(r), st) if st != Closed => {
                                 ProtocolError::PeerRejected {
                                     code: r.code,

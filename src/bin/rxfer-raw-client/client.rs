@@ -164,6 +164,7 @@ impl Client {
                 len,
                 imm,
             } => self.writes_to(*addr, *rkey, *count, *len, *imm),
+            Step::Rewrite { count, len } => self.rewrite(*count, *len),
             Step::Expect(kinds) => self.expect(kinds),
             Step::ExpectDisconnect => self.expect_disconnect(),
             Step::Sleep(d) => {
@@ -218,6 +219,36 @@ impl Client {
                 break;
             }
         }
+        Ok(())
+    }
+
+    /// Plain writes of other bytes (the pattern of the next chunk) over the
+    /// slot the last data write went to: after its completion, so the
+    /// receiver may or may not have taken its copy yet.
+    fn rewrite(&mut self, count: u32, len: Option<u32>) -> Result<(), Failure> {
+        self.usable()?;
+        let ring = self
+            .ring
+            .ok_or_else(|| Failure::Usage("rewrite: no MR received yet".into()))?;
+        let last = self
+            .seq
+            .checked_sub(1)
+            .ok_or_else(|| Failure::Usage("rewrite: no data written yet".into()))?;
+        let slot = last % u64::from(ring.slot_count.max(1));
+        let remote = ring
+            .addr
+            .wrapping_add(slot.wrapping_mul(u64::from(ring.slot_size)));
+        let len = len.unwrap_or(ring.slot_size) as usize;
+        let mut done = 0;
+        for _ in 0..count {
+            self.write(len, last.wrapping_add(1), remote, ring.rkey, Imm::None)?;
+            if self.broken.is_some() {
+                break;
+            }
+            done += 1;
+        }
+        eprintln!("raw-client: rewrote slot {slot} {done} times ({len} bytes)");
+        say(&format!("REWRITE_OK {done}"));
         Ok(())
     }
 
@@ -289,16 +320,21 @@ impl Client {
             *b = (i as u64).wrapping_mul(31).wrapping_add(seq) as u8;
         }
         let crc = crc32fast::hash(data);
+        let imm_kind = imm;
         let imm = match imm {
             Imm::Crc => crc,
             Imm::Bad => !crc,
             Imm::Value(v) => v,
+            Imm::None => 0,
         };
         let target = RemoteTarget { addr: remote, rkey };
-        let posted = self
-            .ep
-            .post_write_imm(&pool, buf, len, target, imm, wr::WRITE | seq)
-            .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")));
+        let posted = match imm_kind {
+            Imm::None => self.ep.post_write(&pool, buf, len, target, wr::WRITE | seq),
+            _ => self
+                .ep
+                .post_write_imm(&pool, buf, len, target, imm, wr::WRITE | seq),
+        }
+        .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")));
         // The buffer comes back with the completion (see on_completion).
         self.data = Some((pool, None));
         posted?;

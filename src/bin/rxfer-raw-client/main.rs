@@ -97,6 +97,9 @@ const STEPS_HELP: &str = "Steps (one argument each):
                           from an earlier MR line: another session's ring or a stale one;
                           'own' = the last MR's address / rkey); each completed write prints
                           WRITE_OK
+  rewrite:N[:LEN]         N plain RDMA WRITEs (no immediate: the receiver gets no completion)
+                          of LEN bytes (default: the slot size) of other data over the slot
+                          of the last data write, each waited for; prints REWRITE_OK N
   wait-file:PATH          pause (up to --timeout) until PATH exists: a test's go-ahead
   expect:KIND[|KIND...]   wait until a message of one of these kinds arrives (REJECT, ACK,
                           MR, CREDIT, ..., UNDECODED or ANY); messages of other kinds are

@@ -45,18 +45,26 @@ pub(crate) enum Step {
         len: Option<u32>,
         imm: Imm,
     },
+    /// Plain RDMA WRITEs of other data over the slot of the last data
+    /// write.
+    Rewrite {
+        count: u32,
+        len: Option<u32>,
+    },
     Expect(Vec<String>),
     ExpectDisconnect,
     Sleep(Duration),
     WaitFile(PathBuf),
 }
 
-/// The immediate of a data write: the data's CRC32, a wrong one, or a value.
+/// The immediate of a data write: the data's CRC32, a wrong one, or a
+/// value; or none at all (a plain RDMA WRITE).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Imm {
     Crc,
     Bad,
     Value(u32),
+    None,
 }
 
 pub(crate) fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
@@ -116,6 +124,7 @@ pub(crate) fn parse_imm(field: Option<&str>) -> Result<Imm, String> {
     Ok(match field {
         None | Some("crc") => Imm::Crc,
         Some("bad") => Imm::Bad,
+        Some("none") => Imm::None,
         Some(h) => Imm::Value(u32::from_str_radix(h, 16).map_err(|_| format!("bad IMM {h:?}"))?),
     })
 }
@@ -206,6 +215,12 @@ pub(crate) fn parse_step(arg: &str) -> Result<Step, String> {
             )?,
             len: field(3).map(|l| parse_num(l, "write length")).transpose()?,
             imm: parse_imm(field(4))?,
+        },
+        "rewrite" => Step::Rewrite {
+            count: parse_num(field(0).unwrap_or("1"), "rewrite count")?,
+            len: field(1)
+                .map(|l| parse_num(l, "rewrite length"))
+                .transpose()?,
         },
         "expect" => {
             let kinds: Vec<String> = fields
@@ -300,6 +315,10 @@ pub(crate) fn step_arg(step: &Step) -> String {
             len.map(|l| l.to_string()).unwrap_or_default(),
             imm_arg(*imm)
         ),
+        Step::Rewrite { count, len } => format!(
+            "rewrite:{count}:{}",
+            len.map(|l| l.to_string()).unwrap_or_default()
+        ),
         Step::Expect(k) => format!("expect:{}", k.join("|")),
         Step::ExpectDisconnect => "expect-disconnect".into(),
         Step::Sleep(d) => format!("sleep:{}", d.as_millis()),
@@ -312,5 +331,6 @@ pub(crate) fn imm_arg(imm: Imm) -> String {
         Imm::Crc => "crc".to_string(),
         Imm::Bad => "bad".to_string(),
         Imm::Value(v) => format!("{v:x}"),
+        Imm::None => "none".to_string(),
     }
 }

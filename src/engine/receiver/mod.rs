@@ -6,6 +6,7 @@
 //! following links; with --stdout the one file or stream goes to standard
 //! output instead.
 
+mod admission;
 mod allow;
 mod session;
 mod space;
@@ -24,6 +25,7 @@ use crate::proto::{
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
 use crate::sys::rdma::{CmId, Endpoint, EventChannel, IncomingConnection, QpCaps, probe_devices};
+use admission::{Admission, HANDSHAKE_PER_ADDRESS, HANDSHAKE_POOL, HandshakePool, SessionSlots};
 use space::SpaceLedger;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,7 +46,8 @@ pub struct ReceiverConfig {
     pub timeout: Duration,
     /// Largest file accepted (checked before any memory is registered).
     pub max_size: u64,
-    /// Sessions served at once; more connections are refused with a reason.
+    /// Sessions served at once; more are refused with a reason. With a
+    /// token only authenticated sessions count (see `admission`).
     pub max_sessions: usize,
     /// Entries one session may offer (see `proto::ReceiverConfig`).
     pub max_files: u64,
@@ -142,15 +145,21 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
              RDMA_XFER_TOKEN; limit who may connect with --allow)"
         );
     }
-    let sessions = AtomicUsize::new(0);
+    // --once serves one session: no other waits for a slot meanwhile.
+    let slots = SessionSlots::new(if cfg.once { 1 } else { cfg.max_sessions });
+    let handshakes = HandshakePool::new(HANDSHAKE_POOL, HANDSHAKE_PER_ADDRESS);
     let refusals = AtomicUsize::new(0);
     let next_id = AtomicU64::new(1);
     let ledger = Arc::new(SpaceLedger::default());
     std::thread::scope(|scope| {
         loop {
             if shutdown_requested() {
-                let running = sessions.load(Ordering::SeqCst);
-                info!(running, "shutting down (running sessions end first)");
+                let running = slots.running();
+                let authenticating = handshakes.len();
+                info!(
+                    running,
+                    authenticating, "shutting down (running sessions end first)"
+                );
                 return Ok(());
             }
             let request = match listener.get_request(Duration::from_millis(500)) {
@@ -160,13 +169,24 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 Err(e) => return Err(e.into()),
             };
             let from = request.peer_addr().map(|a| a.ip());
+            let peer = from.map_or_else(|| "an unknown address".into(), |a| a.to_string());
             if !allow::is_allowed(&cfg.allow, from) {
                 // Refused by the CM: not a byte of ours reaches the peer.
-                let peer = from.map_or_else(|| "an unknown address".into(), |a| a.to_string());
                 warn!("refused a connection from {peer}: not in --allow");
                 request.reject();
                 continue;
             }
+            // With a token, a connection waits for its proof in the
+            // handshake pool, not in a session slot.
+            let ticket = match cfg.token.is_some().then(|| handshakes.enter(from)) {
+                None => None,
+                Some(Ok(ticket)) => Some(ticket),
+                Some(Err(full)) => {
+                    warn!("refused a connection from {peer}: {full}");
+                    request.reject();
+                    continue;
+                }
+            };
             let conn = match request.detach() {
                 Ok(c) => c,
                 Err(e) => {
@@ -175,54 +195,76 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 }
             };
             let id = next_id.fetch_add(1, Ordering::Relaxed);
-            let peer = conn
-                .peer_addr()
-                .map_or_else(|| "?".to_string(), |a| a.ip().to_string());
             let span = error_span!("session", id, peer = %peer);
-            if cfg.once {
-                return span.in_scope(|| run_logged(cfg, conn, on_file, &ledger));
-            }
-            if sessions.load(Ordering::SeqCst) >= cfg.max_sessions {
-                // Say why, on a thread of its own so the listener goes on;
-                // a flood beyond that is refused at the CM level (on drop).
-                if refusals.fetch_add(1, Ordering::SeqCst) < cfg.max_sessions {
-                    let refusals = &refusals;
-                    let spawned = std::thread::Builder::new()
-                        .name(format!("refuse-{id}"))
-                        .spawn_scoped(scope, move || {
-                            let _enter = span.enter();
-                            refuse_busy(cfg, conn);
-                            refusals.fetch_sub(1, Ordering::SeqCst);
-                        });
-                    if let Err(e) = spawned {
-                        refusals.fetch_sub(1, Ordering::SeqCst);
-                        warn!("cannot start a thread: {e}");
+            let mut admission = match ticket {
+                Some(ticket) => Admission::Pending {
+                    _ticket: ticket,
+                    slots: &slots,
+                },
+                None => match slots.take() {
+                    Some(slot) => Admission::Admitted { _slot: slot },
+                    None => {
+                        refuse_busy_unauthenticated(scope, cfg, conn, span, &refusals, id);
+                        continue;
                     }
-                } else {
-                    refusals.fetch_sub(1, Ordering::SeqCst);
-                    warn!(peer = %peer, "too many connections: refused without a reason");
+                },
+            };
+            if cfg.once {
+                // One connection at a time; one that never proves the token
+                // does not end the receiver (AUTH_TIMEOUT bounds its wait).
+                let result =
+                    span.in_scope(|| run_logged(cfg, conn, on_file, &ledger, &mut admission));
+                if admission.is_admitted() {
+                    return result;
                 }
+                info!("no authenticated session yet: waiting for the next connection");
                 continue;
             }
-            sessions.fetch_add(1, Ordering::SeqCst);
-            let sessions = &sessions;
             let ledger = &ledger;
             let spawned = std::thread::Builder::new()
                 .name(format!("session-{id}"))
                 .spawn_scoped(scope, move || {
                     let _enter = span.enter();
-                    if let Err(e) = run_logged(cfg, conn, on_file, ledger) {
+                    if let Err(e) = run_logged(cfg, conn, on_file, ledger, &mut admission) {
                         cfg.progress
                             .notice(&format!("receiver: session {id} from {peer} failed: {e}"));
                     }
-                    sessions.fetch_sub(1, Ordering::SeqCst);
                 });
             if let Err(e) = spawned {
-                sessions.fetch_sub(1, Ordering::SeqCst);
                 warn!("cannot start a session thread: {e}");
             }
         }
     })
+}
+
+/// All session slots are taken and this connection has nothing to prove
+/// (no token): say why, on a thread of its own so the listener goes on; a
+/// flood beyond that is refused at the CM level (on drop).
+fn refuse_busy_unauthenticated<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    cfg: &'scope ReceiverConfig,
+    conn: IncomingConnection,
+    span: tracing::Span,
+    refusals: &'scope AtomicUsize,
+    id: u64,
+) {
+    if refusals.fetch_add(1, Ordering::SeqCst) >= cfg.max_sessions {
+        refusals.fetch_sub(1, Ordering::SeqCst);
+        let _enter = span.enter();
+        warn!("too many connections: refused without a reason");
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name(format!("refuse-{id}"))
+        .spawn_scoped(scope, move || {
+            let _enter = span.enter();
+            refuse_busy(cfg, conn);
+            refusals.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        refusals.fetch_sub(1, Ordering::SeqCst);
+        warn!("cannot start a thread: {e}");
+    }
 }
 
 /// Runs one session and logs how it ended.
@@ -231,9 +273,10 @@ fn run_logged(
     conn: IncomingConnection,
     on_file: &OnFile<'_>,
     ledger: &Arc<SpaceLedger>,
+    admission: &mut Admission<'_>,
 ) -> Result<(), XferError> {
     let started = Instant::now();
-    let result = session::run(cfg, conn, on_file, ledger);
+    let result = session::run(cfg, conn, on_file, ledger, admission);
     match &result {
         Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
         Err(e) => error!(elapsed = ?started.elapsed(), "session failed: {e}"),
@@ -241,7 +284,8 @@ fn run_logged(
     result
 }
 
-/// Accepts a connection only to tell the sender that all sessions are taken.
+/// Accepts a connection only to tell the sender that all sessions are
+/// taken (no token: the refusal takes the CHALLENGE's place).
 fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
     let refusal = busy_refusal(cfg.max_sessions);
     if let Message::Reject(r) = &refusal {

@@ -2,6 +2,7 @@
 //! over the connection (control messages, data completions, credits) and
 //! the file store, from the greeting to BYE or the first fatal error.
 
+use super::admission::Admission;
 use super::space::SpaceLedger;
 use super::store::{FileStore, Refusal, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
@@ -12,8 +13,8 @@ use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
 use crate::engine::{wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, ProtocolError, ReceiverEvent,
-    ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
+    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, ProtocolError,
+    ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::io::Write;
@@ -44,8 +45,10 @@ struct IncomingFile {
     progress: Box<dyn FileProgress>,
 }
 
-struct Session<'a> {
+struct Session<'a, 's> {
     cfg: &'a ReceiverConfig,
+    /// Whether the sender got a session slot, or must prove the token first.
+    admission: &'a mut Admission<'s>,
     on_file: &'a OnFile<'a>,
     /// The sender's address, for log messages.
     peer: String,
@@ -81,6 +84,7 @@ pub(super) fn run(
     conn: IncomingConnection,
     on_file: &OnFile<'_>,
     ledger: &Arc<SpaceLedger>,
+    admission: &mut Admission<'_>,
 ) -> Result<(), XferError> {
     let store = FileStore::open(cfg, ledger)?;
     let id = conn.into_id()?;
@@ -93,7 +97,13 @@ pub(super) fn run(
     let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
     crate::engine::tune_ack_timeout(ep.cm_id());
     let accept_started = Instant::now();
-    ep.cm_id().accept(cfg.timeout)?;
+    // A peer that has proven nothing yet holds a place only briefly.
+    let accept_timeout = if admission.is_admitted() {
+        cfg.timeout
+    } else {
+        cfg.timeout.min(AUTH_TIMEOUT)
+    };
+    ep.cm_id().accept(accept_timeout)?;
     let connect_time = accept_started.elapsed();
     info!(
         connect_s = connect_time.as_secs_f64(),
@@ -106,6 +116,7 @@ pub(super) fn run(
         .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
     let mut session = Session {
         cfg,
+        admission,
         on_file,
         peer,
         connect_time,
@@ -123,7 +134,7 @@ pub(super) fn run(
     session.finish(result)
 }
 
-impl Session<'_> {
+impl Session<'_, '_> {
     /// Greets the sender and handles completions until BYE or an error.
     fn run(&mut self) -> Result<(), XferError> {
         // The CHALLENGE: always the first message, the sender waits for it.
@@ -222,6 +233,18 @@ impl Session<'_> {
             Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin)?,
             Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
             Ok(ReceiverEvent::Authenticated) => {
+                if let Err(max_sessions) = self.admission.admit() {
+                    // REJECT(busy) instead of AUTH_OK; the run loop sends it.
+                    let busy = self.machine.refuse_busy(max_sessions).ok_or_else(|| {
+                        XferError::Internal("a proof passed outside the handshake".into())
+                    })?;
+                    warn!("refused {}: {}", self.peer, busy.reason);
+                    return Err(XferError::Rejected {
+                        code: busy.code.as_str(),
+                        reason: busy.reason,
+                    });
+                }
+                self.machine.admit()?;
                 info!("sender authenticated");
                 // AUTH_OK goes out as it is; everything after it is sealed.
                 self.transmit()?;

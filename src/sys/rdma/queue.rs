@@ -469,7 +469,23 @@ impl Endpoint {
         imm: u32,
         wr_id: u64,
     ) -> Result<()> {
-        self.post(pool, buf, len, wr_id, Some((target, imm)))
+        self.post(pool, buf, len, wr_id, Some((target, Some(imm))))
+    }
+
+    /// Posts a plain RDMA WRITE (no immediate: the peer gets no completion
+    /// and cannot tell it happened) of the first `len` bytes of `buf`'s slot
+    /// to `target`. The tools never send one; the hostile tests' client
+    /// does, to show that it cannot change what the receiver stores. The
+    /// buffer comes back with the write's completion.
+    pub fn post_write(
+        &self,
+        pool: &BufferPool,
+        buf: Buffer,
+        len: usize,
+        target: RemoteTarget,
+        wr_id: u64,
+    ) -> Result<()> {
+        self.post(pool, buf, len, wr_id, Some((target, None)))
     }
 
     fn post(
@@ -478,7 +494,7 @@ impl Endpoint {
         buf: Buffer,
         len: usize,
         wr_id: u64,
-        write: Option<(RemoteTarget, u32)>,
+        write: Option<(RemoteTarget, Option<u32>)>,
     ) -> Result<()> {
         let mut sge = self.check_post(pool, &buf, len, wr_id)?;
         // SAFETY: ibv_send_wr is plain data; zeroed is valid.
@@ -493,8 +509,13 @@ impl Endpoint {
         match write {
             None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
             Some((target, imm)) => {
-                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                match imm {
+                    Some(imm) => {
+                        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                    }
+                    None => wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                }
                 wr.wr.rdma = rdma_t {
                     remote_addr: target.addr,
                     rkey: target.rkey,
