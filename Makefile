@@ -36,6 +36,8 @@ build: deps
 # the sourced scripts/lib.sh; -x follows the `source` directives.
 lint: lint-deps
 	find scripts .ci -type f \( -name '*.sh' -o -name run \) -print0 | sort -z | xargs -0 shellcheck -x
+	@! grep -rn 'allow(unsafe_code)' src --include='*.rs' | grep -v '^src/sys/mod.rs:' || \
+		{ echo "lint: unsafe_code may be allowed only in src/sys/mod.rs (for sys::rdma and sys::os)" >&2; exit 1; }
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
 	$(CARGO) clippy --release --locked --features fault-injection --target-dir target/fault-injection --all-targets -- -D warnings
@@ -46,14 +48,17 @@ unit: build
 
 # Long property-based fuzzing of the codec and both session state machines
 # (tests/fuzz_proto.rs; `make unit` runs the same properties briefly):
-# 4 decoder properties (sealed messages included) x FUZZ_DECODE_CASES + 2 state-machine
-# properties x FUZZ_MACHINE_CASES sessions (each a sequence of up to 300
-# events, ~15 million events per property) = 3.2 million generated cases by
-# default, 4-5 min on 1 core. Each property prints its case/input counts.
+# 4 decoder properties (sealed messages included) and the protocol 3
+# handshake (relays, other tokens, downgrades, mangled or foreign proofs)
+# x FUZZ_DECODE_CASES + 2 state-machine properties x FUZZ_MACHINE_CASES
+# sessions (each a sequence of up to 300 events, ~15 million events per
+# property) = 5.2 million generated cases by default, 5-6 min on 1 core.
+# Each property prints its case/input counts.
 FUZZ_DECODE_CASES ?= 1000000
 FUZZ_MACHINE_CASES ?= 100000
 fuzz: deps
 	PROPTEST_CASES=$(FUZZ_DECODE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 decode_
+	PROPTEST_CASES=$(FUZZ_DECODE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 handshake_
 	PROPTEST_CASES=$(FUZZ_MACHINE_CASES) $(CARGO) test --release --locked --test fuzz_proto -- --nocapture --test-threads=1 machine_
 
 # The end-to-end suite on real RDMA: this host if it has RDMA, else the

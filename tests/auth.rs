@@ -375,10 +375,19 @@ fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
 
     // Two authenticated sessions run (big files, slowly drained); a third
     // proves the token and is refused as busy.
+    // (Both files exist before either sender starts: writing one takes
+    // about as long as sending one.)
+    let bigs: Vec<PathBuf> = (0..2)
+        .map(|i| {
+            let big = src.path().join(format!("big{i}.bin"));
+            make_file(&big, 200 * MIB, 50 + i);
+            big
+        })
+        .collect();
+    let third = src.path().join("third.bin");
+    make_file(&third, MIB, 60);
     let mut running = Vec::new();
-    for i in 0..2 {
-        let big = src.path().join(format!("big{i}.bin"));
-        make_file(&big, 200 * MIB, 50 + i);
+    for big in bigs {
         let mut cmd = sender_cmd(&net, port, Path_::Wire, &[big], &[]);
         token_env(&mut cmd, Some(TOKEN));
         running.push(Running::spawn("sender", cmd));
@@ -389,8 +398,6 @@ fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
         Duration::from_secs(60),
         |log| (log.contains("big0.bin") && log.contains("big1.bin")).then_some(()),
     );
-    let third = src.path().join("third.bin");
-    make_file(&third, MIB, 60);
     let mut cmd = sender_cmd(
         &net,
         port,

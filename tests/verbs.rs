@@ -85,6 +85,18 @@ fn serve(addr: SocketAddr, ready: mpsc::Sender<RemoteTarget>, done: mpsc::Sender
     let other = RemoteRing::new(ep.pd(), RING).expect("ring");
     assert_ne!(ring.remote_addr(), other.remote_addr());
     assert_eq!(ring.remote_addr() % 4096, 0);
+    // Nothing of this process lives at either address: they are not where
+    // the rings' memory is (a heap address would lie in a mapping).
+    for r in [&ring, &other] {
+        let (start, end) = (r.remote_addr(), r.remote_addr() + RING as u64);
+        let hit = mappings()
+            .into_iter()
+            .find(|(lo, hi, _)| start < *hi && *lo < end);
+        assert_eq!(
+            hit, None,
+            "the ring's address {start:#x} is memory of this process"
+        );
+    }
     drop(other);
     let mut got = Vec::new();
     for wc in completions(&ep, 2) {
@@ -206,4 +218,20 @@ fn posting_moves_the_buffer_until_its_completion_and_checks_what_it_cannot_prove
     assert_eq!(got, want);
     ep.cm_id().disconnect(Duration::from_secs(2));
     server.join().expect("server thread");
+}
+
+/// This process's memory mappings: (start, end, line) from /proc/self/maps.
+fn mappings() -> Vec<(u64, u64, String)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    maps.lines()
+        .filter_map(|line| {
+            let range = line.split_whitespace().next()?;
+            let (lo, hi) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+                line.to_string(),
+            ))
+        })
+        .collect()
 }

@@ -101,7 +101,19 @@ impl Reader<'_> {
                 Ok(crc) => ReaderMsg::Chunk { token, len, crc },
                 Err(e) => {
                     self.spare = Some(token);
-                    let context = format!("cannot read {} at offset {offset}", job.name);
+                    let (context, e) = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        let why = format!(
+                            "it had {size} bytes when the transfer started and now ends before \
+                             byte {}",
+                            offset + u64::from(len)
+                        );
+                        (
+                            format!("{} shrank while being sent", job.name),
+                            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, why),
+                        )
+                    } else {
+                        (format!("cannot read {} at offset {offset}", job.name), e)
+                    };
                     let _ = self.out.send(ReaderMsg::Failed(context, e));
                     return true;
                 }

@@ -6,6 +6,8 @@
 //! link that already exists inside it. The calls are rustix's safe
 //! wrappers; no `unsafe` here.
 
+#![forbid(unsafe_code)]
+
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 use std::fs::File;
 use std::io;

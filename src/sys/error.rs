@@ -7,7 +7,9 @@ use std::time::Duration;
 pub enum SysError {
     /// No RDMA device (or no RDMA stack at all).
     #[error(
-        "no RDMA device found (is rdma_rxe or an RDMA NIC driver loaded? see scripts/rxe-setup.sh)"
+        "no RDMA device found: `ibv_devices` lists none. Load the NIC's driver, or for \
+         SoftRoCE on an Ethernet interface IF: `modprobe rdma_rxe && rdma link add rxe0 \
+         type rxe netdev IF`"
     )]
     NoDevice,
     /// A call failed with an errno.

@@ -11,7 +11,9 @@
 
 pub mod dirfd;
 mod error;
+#[allow(unsafe_code)]
 pub mod os;
+#[allow(unsafe_code)]
 pub mod rdma;
 
 pub use error::{Result, SysError};

@@ -45,7 +45,11 @@ impl Pipeline<'_> {
     /// Slots the reader holds or has filled but not yet handed over: when
     /// nonzero, a message from the reader is on its way.
     fn with_reader(&self) -> usize {
-        self.depth - self.posted - usize::from(self.held.is_some())
+        // Never negative while the tokens are counted right; saturating so
+        // that a miscount cannot wrap into "the reader has them all".
+        self.depth
+            .saturating_sub(self.posted)
+            .saturating_sub(usize::from(self.held.is_some()))
     }
 
     /// A write completed: its slot goes back to the reader.

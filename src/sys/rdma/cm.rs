@@ -682,3 +682,56 @@ fn map_bind_error(err: SysError, addr: SocketAddr) -> SysError {
     }
     map_no_device(err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `what` stored at the start of a zeroed sockaddr_storage, as the
+    /// kernel fills it.
+    fn storage_with<T>(what: T) -> libc::sockaddr_storage {
+        assert!(std::mem::size_of::<T>() <= std::mem::size_of::<libc::sockaddr_storage>());
+        // SAFETY: sockaddr_storage is plain data; zeroed is valid.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: T fits in the storage (asserted above); write_unaligned
+        // needs no alignment.
+        unsafe {
+            std::ptr::write_unaligned(
+                (&mut storage as *mut libc::sockaddr_storage).cast::<T>(),
+                what,
+            )
+        };
+        storage
+    }
+
+    /// The 28-byte sockaddr_in6 is read whole (port, address), not through
+    /// a 16-byte sockaddr.
+    #[test]
+    fn peer_addresses_decode_in_both_families() {
+        // SAFETY: plain data; zeroed is valid.
+        let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        sin6.sin6_port = 7471u16.to_be();
+        let v6: std::net::Ipv6Addr = "fd00::1:2:3:4".parse().unwrap();
+        sin6.sin6_addr.s6_addr = v6.octets();
+        sin6.sin6_scope_id = 3;
+        assert_eq!(
+            sockaddr_to_std(&storage_with(sin6)),
+            Some(SocketAddr::new(v6.into(), 7471))
+        );
+        // SAFETY: as above.
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sin.sin_family = libc::AF_INET as libc::sa_family_t;
+        sin.sin_port = 18515u16.to_be();
+        sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 2)).to_be();
+        assert_eq!(
+            sockaddr_to_std(&storage_with(sin)),
+            Some("10.0.0.2:18515".parse().unwrap())
+        );
+        // Another family: no address.
+        // SAFETY: as above.
+        let mut other: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        other.ss_family = libc::AF_UNIX as libc::sa_family_t;
+        assert_eq!(sockaddr_to_std(&other), None);
+    }
+}

@@ -252,13 +252,24 @@ impl Drop for CompletionQueue {
         // SAFETY: the QP using this CQ is destroyed first (Endpoint field
         // order); all events are acked before destroying the CQ, and the CQ
         // before its channel.
-        unsafe {
+        let (cq_rc, channel_rc) = unsafe {
             let pending = self.unacked_events.get();
             if pending > 0 {
                 ibv_ack_cq_events(self.cq, pending);
             }
-            ibv_destroy_cq(self.cq);
-            ibv_destroy_comp_channel(self.channel);
+            let cq_rc = ibv_destroy_cq(self.cq);
+            (cq_rc, ibv_destroy_comp_channel(self.channel))
+        };
+        for (call, rc) in [
+            ("ibv_destroy_cq", cq_rc),
+            ("ibv_destroy_comp_channel", channel_rc),
+        ] {
+            if rc != 0 {
+                tracing::warn!(
+                    "{call} failed: {} (leaked)",
+                    std::io::Error::from_raw_os_error(rc.abs())
+                );
+            }
         }
     }
 }
