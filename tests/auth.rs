@@ -380,7 +380,7 @@ fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
     let bigs: Vec<PathBuf> = (0..2)
         .map(|i| {
             let big = src.path().join(format!("big{i}.bin"));
-            make_file(&big, 200 * MIB, 50 + i);
+            make_file(&big, 128 * MIB, 50 + i);
             big
         })
         .collect();

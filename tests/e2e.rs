@@ -215,7 +215,12 @@ fn nothing_listening_is_a_connect_error() {
     let port = next_port();
     let sent = run_sender(&net, port, Path_::Wire, &[input], &["--timeout", "5"]);
     assert_eq!(sent.code(), 3, "{}", sent.stderr);
-    assert!(sent.stderr.contains("cannot connect"), "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("cannot connect")
+            && sent.stderr.contains("nothing listens on that port"),
+        "{}",
+        sent.stderr
+    );
 }
 
 #[test]
@@ -368,4 +373,46 @@ fn modes_follow_the_receivers_umask_unless_kept() {
         );
         assert_no_temp_files(&got);
     }
+}
+
+/// A source file cut short while it is being sent (a log rotated, a file
+/// rewritten in place): the sender says so in words and fails (exit 6),
+/// and the receiver keeps nothing of it.
+#[test]
+fn a_file_that_shrinks_while_sent_fails_clearly_and_leaves_nothing() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("shrinking.bin");
+    make_file(&input, 300 * MIB, 81);
+    let port = next_port();
+    let mut receiver = start_receiver(&net, port, dst.path(), &[]);
+    let sender = Running::spawn(
+        "sender",
+        sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]),
+    );
+    receiver.wait_for_stderr("offer", Duration::from_secs(60));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&input)
+        .and_then(|f| f.set_len(MIB))
+        .expect("truncate the source");
+    let sent = sender.wait(Duration::from_secs(300));
+    assert_eq!(sent.code(), 6, "{}", sent.stderr);
+    assert!(
+        sent.stderr
+            .contains("shrinking.bin shrank while being sent")
+            && sent
+                .stderr
+                .contains("it had 314572800 bytes when the transfer started"),
+        "{}",
+        sent.stderr
+    );
+    assert!(
+        !sent.stderr.contains("failed to fill whole buffer"),
+        "{}",
+        sent.stderr
+    );
+    receiver.wait_for_stderr("session failed", Duration::from_secs(60));
+    assert!(!dst.path().join("shrinking.bin").exists());
+    assert_no_temp_files(dst.path());
 }

@@ -36,11 +36,11 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
     AUTH_REQUIRED, Ack, AckStatus, Challenge, Channel, ChannelError, ConnectionId,
-    DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin, Hello, MAX_MESSAGE, MAX_PENDING, Message,
-    Mtime, NONCE_LEN, OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig,
-    ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role,
-    SEAL_LEN, SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict,
-    decode, encode_to_vec, hello_flags, validate_path,
+    DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin, Hello, MAX_MESSAGE, MAX_PENDING,
+    MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN, OfferKind, PROTOCOL_VERSION, Pending,
+    ProtocolError, Prove, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError,
+    Reject, RejectCode, RingInfo, Role, SEAL_LEN, SenderAuth, SenderEvent, SenderSession,
+    SenderState, SessionKey, Token, Verdict, decode, encode_to_vec, hello_flags, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1192,7 +1192,8 @@ fn legal_rx(
                 }
                 .min(cfg.max_size),
                 mode: 0o644,
-                digest: if seed.is_multiple_of(3) {
+                // With a token SHA-256 (CRC32 now and then, to be refused).
+                digest: if seed.is_multiple_of(3) || (auth.is_some() && !seed.is_multiple_of(11)) {
                     DigestAlg::Sha256
                 } else {
                     DigestAlg::Crc32
@@ -1265,6 +1266,8 @@ fn check_receiver(
     let mut admitted = auth.is_none();
     // HELLOs the machine considered (AwaitHello, authenticated).
     let mut hellos = 0u64;
+    // Offers refused since the last accepted one (machine or engine).
+    let mut refused = 0u32;
     // The greeting: asks for AUTH exactly when a token is configured.
     let Some(Message::Challenge(c)) = r.poll_transmit() else {
         return Err(TestCaseError::fail("the first message is not a CHALLENGE"));
@@ -1282,6 +1285,7 @@ fn check_receiver(
                     m = RxModel::default();
                     admitted = auth.is_none();
                     hellos = 0;
+                    refused = 0;
                     continue;
                 }
                 a => a,
@@ -1405,6 +1409,10 @@ fn check_receiver(
                             h.name
                         );
                         prop_assert!(h.size <= cfg.max_size);
+                        // With a token the digest resists deliberate changes.
+                        if auth.is_some() && !h.is_directory() {
+                            prop_assert_eq!(h.digest, DigestAlg::Sha256);
+                        }
                         if h.is_stream() || h.is_directory() {
                             prop_assert_eq!(h.size, 0);
                         }
@@ -1486,6 +1494,8 @@ fn check_receiver(
                     }
                     Err(RecvError::Reject(rej)) => {
                         // A refused offer: the session goes on.
+                        refused += 1;
+                        prop_assert!(refused <= MAX_REFUSALS_IN_A_ROW);
                         prop_assert_eq!(kind, "HELLO");
                         prop_assert_eq!(before, AwaitHello);
                         prop_assert_eq!(r.state(), AwaitHello);
@@ -1493,11 +1503,16 @@ fn check_receiver(
                     }
                     Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
                     Err(RecvError::SessionLimit(rej)) => {
-                        // Only the HELLO past --max-files ends a session so.
+                        // Only the HELLO past --max-files, or after too many
+                        // refusals in a row, ends a session so.
                         prop_assert_eq!(kind, "HELLO");
                         prop_assert_eq!(before, AwaitHello);
-                        prop_assert_eq!(hellos, cfg.max_files + 1);
-                        prop_assert_eq!(rej.code, RejectCode::TooLarge);
+                        if rej.code == RejectCode::TooLarge {
+                            prop_assert_eq!(hellos, cfg.max_files + 1);
+                        } else {
+                            prop_assert_eq!(rej.code, RejectCode::Protocol);
+                            prop_assert_eq!(refused, MAX_REFUSALS_IN_A_ROW);
+                        }
                         prop_assert_eq!(r.state(), Closed);
                     }
                     Err(RecvError::TooLarge { .. }) => {
@@ -1599,6 +1614,7 @@ fn check_receiver(
                         // Never a ring for a directory.
                         prop_assert!(!m.offer.as_ref().is_some_and(Hello::is_directory));
                         prop_assert_eq!(mr, Message::Mr(ring));
+                        refused = 0;
                         RX.hit(0);
                         prop_assert_eq!(r.state(), Receiving);
                         m.ring = Some(ring);
@@ -1617,6 +1633,7 @@ fn check_receiver(
                     prop_assert!(m.offer.as_ref().is_some_and(Hello::is_directory));
                     prop_assert_eq!(msg, Message::Ack(Ack::new(AckStatus::Ok, "")));
                     prop_assert_eq!(r.state(), AwaitHello);
+                    refused = 0;
                     RX.hit(3);
                     m = RxModel {
                         files: m.files,
@@ -1627,6 +1644,7 @@ fn check_receiver(
             },
             RxAction::Reject(code) => match r.reject(code, "no".into()) {
                 Ok(msg) => {
+                    refused += 1;
                     prop_assert_eq!(before, AwaitDecision);
                     prop_assert!(matches!(msg, Message::Reject(_)));
                     prop_assert_eq!(r.state(), AwaitHello);

@@ -400,7 +400,8 @@ fn unauthenticated_input_is_refused_before_anything() {
     let mut failures = run_cases(&net, &mut s, cases);
 
     // The right token, then hostile names and a FIN out of place: refused
-    // exactly as without a token.
+    // exactly as without a token; and a CRC32 digest, which a sealed FIN
+    // must not carry (it would not detect deliberate changes).
     let good = format!("prove:{TOKEN}");
     let run = run_raw_client(
         &net,
@@ -409,9 +410,11 @@ fn unauthenticated_input_is_refused_before_anything() {
         &[
             &good,
             "expect:AUTH_OK",
-            "hello:..%2fx:1:crc32:3",
+            "hello:..%2fx:1:sha256:3",
             "expect:REJECT",
-            "hello:a%0ab:1:crc32:3",
+            "hello:a%0ab:1:sha256:3",
+            "expect:REJECT",
+            "hello:weak.bin:1:crc32:3",
             "expect:REJECT",
             "fin:0:0",
             "expect:ACK",
@@ -422,10 +425,11 @@ fn unauthenticated_input_is_refused_before_anything() {
     let rejects = run.of_kind("REJECT");
     let acks = run.of_kind("ACK");
     if run.code() != 0
-        || rejects.len() != 2
-        || !rejects
+        || rejects.len() != 3
+        || !rejects[..2]
             .iter()
             .all(|l| l.starts_with("REJECT code=bad-name"))
+        || !(rejects[2].starts_with("REJECT code=protocol") && rejects[2].contains("sha256"))
         || acks.len() != 1
         || !acks[0].starts_with("ACK status=protocol")
     {
@@ -508,7 +512,7 @@ fn auth_forged_or_replayed_control_messages_end_the_session() {
         (
             "forged FIN",
             vec![
-                "hello:forged.bin:10",
+                "hello:forged.bin:10:sha256",
                 "expect:MR",
                 "writes:1:10",
                 "bad-mac",
@@ -521,7 +525,7 @@ fn auth_forged_or_replayed_control_messages_end_the_session() {
         (
             "replayed HELLO",
             vec![
-                "hello:replayed.bin:10",
+                "hello:replayed.bin:10:sha256",
                 "expect:MR",
                 "replay",
                 "expect:ACK",

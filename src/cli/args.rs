@@ -117,9 +117,10 @@ pub struct SenderArgs {
     /// Receiver's port.
     #[arg(long, default_value_t = 7471)]
     pub port: u16,
-    /// Whole-file digest checked by the receiver before it acknowledges.
-    #[arg(long, value_enum, default_value_t = Verify::Crc32)]
-    pub verify: Verify,
+    /// Whole-file digest checked by the receiver before it acknowledges
+    /// [default: crc32; sha256 with a token, which requires it]
+    #[arg(long, value_enum)]
+    pub verify: Option<Verify>,
     /// RDMA writes kept in flight (each uses one staging buffer).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DEPTH)]
     pub depth: u32,
@@ -280,7 +281,22 @@ impl SenderArgs {
         cfg.source = self.source;
         cfg.chunk_size = chunk_size;
         cfg.depth = depth;
-        cfg.verify = self.verify.into();
+        // With a token the digest is authenticated (sealed FIN), so it must
+        // resist deliberate changes: CRC32 does not (it can be kept while
+        // the data is altered).
+        cfg.verify = match (self.verify, token.is_some()) {
+            (None, false) => DigestAlg::Crc32,
+            (None, true) | (Some(Verify::Sha256), _) => DigestAlg::Sha256,
+            (Some(Verify::Crc32), false) => DigestAlg::Crc32,
+            (Some(Verify::Crc32), true) => {
+                return Err(XferError::Usage(
+                    "--verify crc32 with a token: CRC32 does not detect deliberate changes to \
+                     the data, so an authenticated transfer uses sha256 (the default with a \
+                     token)"
+                        .into(),
+                ));
+            }
+        };
         cfg.busy_poll = self.common.busy_poll;
         cfg.timeout = self.common.timeout;
         cfg.token = token;
@@ -393,7 +409,7 @@ mod tests {
     fn json_option_on_both() {
         let s = SenderArgs::try_parse_from(["sender", "--json", "h", "f"]).unwrap();
         assert!(s.common.json);
-        assert_eq!(DigestAlg::from(s.verify), DigestAlg::Crc32);
+        assert_eq!(s.verify, None);
         let r = ReceiverArgs::try_parse_from(["receiver", "--once", "--json"]).unwrap();
         assert!(r.common.json && r.once);
     }
@@ -435,6 +451,30 @@ mod tests {
         std::fs::write(&p, content).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         p.to_str().unwrap().to_string()
+    }
+
+    /// CRC32 by default; SHA-256 with a token, which refuses CRC32 (a
+    /// sealed FIN must carry a digest that resists deliberate changes).
+    #[test]
+    fn the_digest_follows_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = token_file(dir.path(), b"a-secret-of-some-length\n");
+        let t = ["--token-file", token.as_str()];
+        let with = |extra: &[&str]| {
+            let mut args: Vec<&str> = extra.to_vec();
+            args.extend(["10.0.0.1", "f"]);
+            sender(&args)
+        };
+        assert_eq!(with(&[]).unwrap().verify, DigestAlg::Crc32);
+        assert_eq!(
+            with(&["--verify", "sha256"]).unwrap().verify,
+            DigestAlg::Sha256
+        );
+        assert_eq!(with(&t).unwrap().verify, DigestAlg::Sha256);
+        let both = [t[0], t[1], "--verify", "sha256"];
+        assert_eq!(with(&both).unwrap().verify, DigestAlg::Sha256);
+        let crc = [t[0], t[1], "--verify", "crc32"];
+        usage(with(&crc), "--verify crc32 with a token");
     }
 
     #[test]

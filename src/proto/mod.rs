@@ -17,8 +17,8 @@ pub use names::{
     validate_path,
 };
 pub use receiver::{
-    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, DEFAULT_MAX_FILES, ReceiverConfig, ReceiverEvent,
-    ReceiverSession, ReceiverState, RecvError, busy_refusal,
+    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, DEFAULT_MAX_FILES, MAX_REFUSALS_IN_A_ROW,
+    ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError, busy_refusal,
 };
 pub use sender::{
     ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderAuth, SenderEvent,
@@ -350,7 +350,9 @@ mod tests {
                 name: format!("e/{i}"),
                 size,
                 mode: 0o640,
-                digest: DigestAlg::Crc32,
+                // What a sender with a token must use (these sessions may
+                // have one).
+                digest: DigestAlg::Sha256,
                 kind,
                 mtime: None,
                 keep_mode: i % 2 == 1,
@@ -437,7 +439,10 @@ mod tests {
             } else if done == data.len()
                 && (self.s.all_chunks_planned() || matches!(entry, SimEntry::Stream(_)))
             {
-                let m = self.s.finish(Digest::Crc32(crc(data))).unwrap();
+                let sum: [u8; 32] =
+                    sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(data))
+                        .into();
+                let m = self.s.finish(Digest::Sha256(sum)).unwrap();
                 self.send_s(&m);
                 self.awaiting.push_back(i);
                 self.sending = None;

@@ -19,7 +19,7 @@ use thiserror::Error;
 use super::auth::{
     AUTH_REQUIRED, Channel, ChannelError, ConnectionId, NONCE_LEN, Role, SessionKey, Token,
 };
-use super::names::validate_path;
+use super::names::{escaped, validate_path};
 use super::wire::{
     Ack, AckStatus, Challenge, DigestAlg, Fin, Hello, Message, Prove, Reject, RejectCode, RingInfo,
     WireError, hello_flags,
@@ -86,6 +86,11 @@ pub struct ReceiverConfig {
 
 /// Default of `ReceiverConfig::max_files` (`receiver --max-files`).
 pub const DEFAULT_MAX_FILES: u64 = 1_000_000;
+
+/// Offers refused in a row (nothing accepted in between) after which the
+/// session ends: a session that only produces refusals costs the receiver
+/// work and log lines for nothing.
+pub const MAX_REFUSALS_IN_A_ROW: u32 = 100;
 
 /// Where an arrived chunk is in the ring and where it belongs in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,6 +248,8 @@ pub struct ReceiverSession {
     pending: u32,
     /// HELLOs this session offered so far.
     entries: u64,
+    /// Offers refused since the last accepted one.
+    refused_in_a_row: u32,
     /// Bytes this session brought so far: accepted files' sizes and the
     /// streams' bytes as they arrive.
     session_bytes: u64,
@@ -277,6 +284,7 @@ impl ReceiverSession {
             unconsumed: 0,
             pending: 0,
             entries: 0,
+            refused_in_a_row: 0,
             session_bytes: 0,
         }
     }
@@ -537,16 +545,42 @@ impl ReceiverSession {
                         ),
                     )));
                 }
+                if self.refused_in_a_row >= MAX_REFUSALS_IN_A_ROW {
+                    return Err(RecvError::SessionLimit(Reject::new(
+                        RejectCode::Protocol,
+                        format!(
+                            "the receiver refused the session's last {MAX_REFUSALS_IN_A_ROW} \
+                             offers in a row and ends it"
+                        ),
+                    )));
+                }
+                // With a token the FIN's digest must resist deliberate
+                // changes: CRC32 can be kept while the data is altered.
+                if self.auth.is_some() && !h.is_directory() && h.digest != DigestAlg::Sha256 {
+                    self.refused_in_a_row += 1;
+                    return Err(RecvError::Reject(Reject::new(
+                        RejectCode::Protocol,
+                        format!(
+                            "{}: with a token this receiver takes only SHA-256 whole-file \
+                             digests (a {} digest does not detect deliberate changes): use \
+                             sender --verify sha256",
+                            escaped(&h.name),
+                            h.digest
+                        ),
+                    )));
+                }
                 check_hello(&h, self.cfg.max_size).map_err(|r| {
                     // Another version (or flags this version does not know)
                     // is no single entry's problem: the session ends.
                     if r.code == RejectCode::Version {
                         RecvError::Version(r)
                     } else {
+                        self.refused_in_a_row += 1;
                         RecvError::Reject(r)
                     }
                 })?;
                 if self.session_bytes.saturating_add(h.size) > self.cfg.max_session_bytes {
+                    self.refused_in_a_row += 1;
                     return Err(RecvError::Reject(Reject::new(
                         RejectCode::TooLarge,
                         format!(
@@ -681,6 +715,7 @@ impl ReceiverSession {
         }
         self.ring = ring;
         self.reset_file();
+        self.refused_in_a_row = 0;
         // A stream's bytes are counted as they arrive.
         self.session_bytes = self.session_bytes.saturating_add(self.size);
         self.state = ReceiverState::Receiving;
@@ -699,6 +734,7 @@ impl ReceiverSession {
                 kind: "not a directory",
             });
         }
+        self.refused_in_a_row = 0;
         self.state = ReceiverState::AwaitHello;
         Ok(Message::Ack(Ack::new(AckStatus::Ok, String::new())))
     }
@@ -708,6 +744,7 @@ impl ReceiverSession {
         if self.state != ReceiverState::AwaitDecision {
             return Err(self.wrong_state("reject"));
         }
+        self.refused_in_a_row = self.refused_in_a_row.saturating_add(1);
         self.state = ReceiverState::AwaitHello;
         Ok(Message::Reject(Reject::new(code, reason)))
     }
@@ -964,7 +1001,8 @@ mod tests {
             name: name.into(),
             size,
             mode: 0o644,
-            digest: DigestAlg::Crc32,
+            // Taken with and without a token.
+            digest: DigestAlg::Sha256,
             mtime: None,
         }
     }
@@ -981,7 +1019,7 @@ mod tests {
         Fin {
             bytes,
             chunks,
-            digest: Digest::Crc32(0),
+            digest: Digest::Sha256([0; 32]),
         }
     }
 
@@ -1231,6 +1269,77 @@ mod tests {
             }))
         );
         assert_eq!(r.state(), ReceiverState::Closed);
+    }
+
+    /// With a token the FIN's digest must be SHA-256: a CRC32 can be kept
+    /// by whoever alters the data, so an authenticated session refuses it
+    /// (the entry only; directories carry no data).
+    #[test]
+    fn with_a_token_only_sha256_digests_are_taken() {
+        let mut r = session_in_auth(ReceiverState::AwaitHello, true);
+        sent(&mut r);
+        let crc = Hello {
+            digest: DigestAlg::Crc32,
+            ..hello("f", 10)
+        };
+        let Err(RecvError::Reject(rej)) = r.on_message(Message::Hello(crc.clone())) else {
+            panic!("a CRC32 offer was taken with a token")
+        };
+        assert_eq!(rej.code, RejectCode::Protocol);
+        assert!(rej.reason.contains("--verify sha256"), "{}", rej.reason);
+        assert_eq!(r.state(), ReceiverState::AwaitHello, "the session goes on");
+        let dir = Hello {
+            digest: DigestAlg::Crc32,
+            ..hello_v2("d", hello_flags::DIRECTORY, 0)
+        };
+        assert!(matches!(
+            r.on_message(Message::Hello(dir)),
+            Ok(ReceiverEvent::Offer(_))
+        ));
+        r.accept_directory().unwrap();
+        assert!(matches!(
+            r.on_message(Message::Hello(hello("f", 10))),
+            Ok(ReceiverEvent::Offer(_))
+        ));
+        // Without a token CRC32 is the default and taken.
+        let mut open = session_in(ReceiverState::AwaitHello);
+        assert!(matches!(
+            open.on_message(Message::Hello(crc)),
+            Ok(ReceiverEvent::Offer(_))
+        ));
+    }
+
+    /// A session whose offers are all refused ends after
+    /// MAX_REFUSALS_IN_A_ROW of them; an accepted entry starts the count
+    /// again.
+    #[test]
+    fn a_session_of_refusals_only_ends() {
+        let c = cfg(100, 4, 2);
+        let mut r = ReceiverSession::new(c);
+        let bad = || Message::Hello(hello("../x", 1));
+        for _ in 0..MAX_REFUSALS_IN_A_ROW - 2 {
+            assert!(matches!(r.on_message(bad()), Err(RecvError::Reject(_))));
+        }
+        // The engine's refusals count too (one short of the limit); an
+        // accepted directory resets.
+        r.on_message(Message::Hello(hello("f", 1))).unwrap();
+        r.reject(RejectCode::Exists, "f exists".into()).unwrap();
+        r.on_message(Message::Hello(hello_v2("d", hello_flags::DIRECTORY, 0)))
+            .unwrap();
+        r.accept_directory().unwrap();
+        for _ in 0..MAX_REFUSALS_IN_A_ROW {
+            assert!(matches!(r.on_message(bad()), Err(RecvError::Reject(_))));
+        }
+        let Err(RecvError::SessionLimit(end)) = r.on_message(Message::Hello(hello("g", 1))) else {
+            panic!("the session went on")
+        };
+        assert!(end.reason.contains("in a row"), "{}", end.reason);
+        assert_eq!(r.state(), ReceiverState::Closed);
+        assert_eq!(
+            sent(&mut r).last(),
+            Some(&Message::Reject(end)),
+            "the sender is told why"
+        );
     }
 
     /// After a right PROVE the engine admits the sender or refuses it as
@@ -1632,15 +1741,15 @@ mod tests {
             }))
         );
         r.on_chunk(50, 0).unwrap();
-        let sha = Fin {
-            digest: Digest::Sha256([0; 32]),
+        let crc = Fin {
+            digest: Digest::Crc32(0),
             ..fin(150, 2)
         };
         assert_eq!(
-            r.on_message(Message::Fin(sha)),
+            r.on_message(Message::Fin(crc)),
             Err(RecvError::Protocol(ProtocolError::DigestAlgMismatch {
-                expected: DigestAlg::Crc32,
-                got: DigestAlg::Sha256
+                expected: DigestAlg::Sha256,
+                got: DigestAlg::Crc32
             }))
         );
     }
@@ -2129,7 +2238,7 @@ mod tests {
         let fin = Fin {
             bytes: 200,
             chunks: 2,
-            digest: crate::proto::Digest::Crc32(0),
+            digest: crate::proto::Digest::Sha256([0; 32]),
         };
         r.on_message(Message::Fin(fin)).unwrap();
         r.complete(AckStatus::Ok, String::new()).unwrap();

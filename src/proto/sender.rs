@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::auth::{Channel, ConnectionId, NONCE_LEN, Role, SessionKey, Token};
+use super::names::escaped;
 use super::wire::{
     Ack, AckStatus, Digest, DigestAlg, Fin, Hello, Message, Mtime, Prove, Reject, RejectCode,
     RingInfo, hello_flags,
@@ -387,7 +388,7 @@ impl SenderSession {
                 Err(ProtocolError::VersionMismatch {
                     detail: format!(
                         "this sender speaks protocol version {PROTOCOL_VERSION}; the receiver says: {}",
-                        r.reason
+                        escaped(&r.reason)
                     ),
                 })
             }
@@ -444,7 +445,7 @@ impl SenderSession {
                         "the receiver does not understand this sender's protocol version \
                          {PROTOCOL_VERSION} authentication (it runs an older version, 2 or \
                          earlier; it says: {})",
-                        a.reason
+                        escaped(&a.reason)
                     ),
                 })
             }
@@ -2053,5 +2054,21 @@ mod tests {
         }
         // Below every possible receiver timeout (at least 1 s).
         assert!(keepalive_interval(Duration::from_secs(1)) < Duration::from_secs(1) / 2);
+    }
+
+    /// A refusal's reason comes from whoever answers (before AUTH_OK,
+    /// anyone): shown with control characters escaped.
+    #[test]
+    fn version_refusals_show_the_peer_text_escaped() {
+        let evil = "v9\x1b[2J\nsender: fake success";
+        for msg in [
+            Message::Reject(Reject::new(RejectCode::Version, evil)),
+            Message::Ack(Ack::new(AckStatus::Protocol, evil)),
+        ] {
+            let mut s = session_in(Situation::AwaitAuthOk);
+            let err = s.on_message(msg).unwrap_err().to_string();
+            assert!(!err.chars().any(char::is_control), "{err:?}");
+            assert!(err.contains("v9\\u{1b}[2J\\nsender: fake success"), "{err:?}");
+        }
     }
 }

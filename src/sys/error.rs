@@ -36,7 +36,10 @@ pub enum SysError {
         after: Duration,
     },
     /// A connection manager event other than the one awaited.
-    #[error("connection failed while waiting for {want}: got {got} (status {status})")]
+    #[error(
+        "{} (rdma_cm: {got} while waiting for {want}, status {status})",
+        cm_failure_hint(*.got)
+    )]
     UnexpectedEvent {
         /// The event awaited.
         want: &'static str,
@@ -100,3 +103,24 @@ impl SysError {
 
 /// Result of a `sys` call.
 pub type Result<T> = std::result::Result<T, SysError>;
+
+/// What an rdma_cm failure event most likely means, in words.
+fn cm_failure_hint(got: crate::sys::rdma::CmEventKind) -> &'static str {
+    use crate::sys::rdma::CmEventKind::*;
+    match got {
+        Rejected => {
+            "the connection was refused: nothing listens on that port (is the receiver \
+             running there, with the same --port?), or the receiver refused this address \
+             (--allow) or has too many connections authenticating"
+        }
+        AddrError => {
+            "no RDMA device here can reach that address (is an RDMA or rxe device on the \
+             interface that routes to it? --source picks the local address)"
+        }
+        RouteError => "no route to that address over RDMA",
+        Unreachable => "the peer did not answer (unreachable, or its RDMA device is down)",
+        ConnectError => "the connection could not be established",
+        DeviceRemoval => "the RDMA device went away",
+        _ => "the connection failed",
+    }
+}
