@@ -464,3 +464,58 @@ fn once_waits_for_an_authenticated_session() {
     assert!(!dst.path().join("wrong.bin").exists());
     assert_no_temp_files(dst.path());
 }
+
+/// A full handshake pool drops its oldest handshake for a newcomer instead
+/// of refusing it, so connections that idle from many addresses cannot
+/// keep an authenticated sender out. The pool is made 4 places small (the
+/// fault-injection receiver's `handshake-pool:4`; 32 by default) and filled
+/// by 4 idle connections from the wire's B side; the real sender, from A,
+/// gets in at once, and one idle connection is dropped for it.
+#[test]
+fn a_full_handshake_pool_makes_room_for_a_newcomer() {
+    let Some(net) = rdma_net() else { return };
+    if net.addr_b.is_none() {
+        skip(
+            "needs a second address to connect from (RXFER_ADDR_B)",
+            false,
+        );
+        return;
+    }
+    let (src, dst) = dirs();
+    let port = next_port();
+    let env = [
+        ("RDMA_XFER_TOKEN", TOKEN),
+        ("RDMA_XFER_FAULT", "handshake-pool:4"),
+    ];
+    let bin = fault_injection_bin("receiver");
+    let mut receiver = start_receiver_bin(&bin, &net, port, dst.path(), &[], &env);
+    let idle: Vec<Running> = (0..4)
+        .map(|_| spawn_raw_client(&net, port, None, &["expect:CHALLENGE", "sleep:30000"], 60))
+        .collect();
+    receiver.wait_for(
+        Stream::Stderr,
+        "4 idle handshakes in the pool",
+        Duration::from_secs(60),
+        |log| (log.matches("session established").count() >= 4).then_some(()),
+    );
+    let input = src.path().join("newcomer.bin");
+    let sum = make_file(&input, MIB, 91);
+    let started = std::time::Instant::now();
+    let mut cmd = sender_cmd(
+        &net,
+        port,
+        Path_::Loopback,
+        std::slice::from_ref(&input),
+        &[],
+    );
+    token_env(&mut cmd, Some(TOKEN));
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
+    let took = started.elapsed();
+    let log = receiver.stderr_so_far();
+    assert_eq!(sent.code(), 0, "{}\nreceiver:\n{log}", sent.stderr);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_eq!(sha256_file(&dst.path().join("newcomer.bin")), sum);
+    let log = receiver.wait_for_stderr("dropped from the full handshake pool", LOG_WAIT);
+    assert!(!log.contains("already authenticating"), "{log}");
+    drop(idle);
+}

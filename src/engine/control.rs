@@ -16,8 +16,15 @@ use std::time::{Duration, Instant};
 /// buffer without bound.
 const MAX_QUEUED: usize = 256;
 
+/// Where a receive's work-request id keeps the index of its pool (the
+/// buffer's index in the pool takes the low 32 bits).
+const RECV_POOL_SHIFT: u32 = 32;
+const RECV_POOL_MASK: u64 = 0xff;
+
 pub(super) struct Control {
-    recv_pool: BufferPool,
+    /// Receive buffers: a few at first, more once the peer may use them
+    /// (`add_receives`). A receive's work-request id names its pool.
+    recv_pools: Vec<BufferPool>,
     send_pool: BufferPool,
     /// Send buffers not posted; the others come back with their completion.
     free_send: Vec<Buffer>,
@@ -25,6 +32,9 @@ pub(super) struct Control {
     queued: VecDeque<Vec<u8>>,
     /// Seals and opens every message once authenticated.
     channel: Option<Channel>,
+    /// When each posted SEND went out, oldest first (an RC queue pair
+    /// completes them in that order).
+    posted_at: VecDeque<Instant>,
 }
 
 /// Why a received control message was not delivered.
@@ -39,27 +49,55 @@ pub(super) enum Undelivered {
 impl Control {
     /// Registers the buffers and posts every receive.
     pub fn new(ep: &Endpoint, recv_count: usize, send_count: usize) -> Result<Self, XferError> {
-        let (recv_pool, recv_bufs) = BufferPool::new(ep.pd(), MAX_MESSAGE, recv_count)?;
         let (send_pool, mut free_send) = BufferPool::new(ep.pd(), MAX_MESSAGE, send_count)?;
         free_send.reverse();
-        let control = Control {
-            recv_pool,
+        let mut control = Control {
+            recv_pools: Vec::new(),
             send_pool,
             free_send,
             queued: VecDeque::new(),
             channel: None,
+            posted_at: VecDeque::new(),
         };
-        for buf in recv_bufs {
-            control.repost(ep, buf)?;
-        }
+        control.add_receives(ep, recv_count)?;
         Ok(control)
     }
 
-    /// Hands a receive buffer back to the QP.
-    fn repost(&self, ep: &Endpoint, buf: Buffer) -> Result<(), XferError> {
-        let wr_id = wr::RECV | buf.index() as u64;
-        ep.post_recv(&self.recv_pool, buf, wr_id)?;
+    /// Registers `count` more receive buffers and posts them (the QP must
+    /// have room for them).
+    pub fn add_receives(&mut self, ep: &Endpoint, count: usize) -> Result<(), XferError> {
+        if count == 0 {
+            return Ok(());
+        }
+        let pool_index = self.recv_pools.len();
+        if pool_index > RECV_POOL_MASK as usize {
+            return Err(XferError::Internal("too many receive pools".into()));
+        }
+        let (pool, bufs) = BufferPool::new(ep.pd(), MAX_MESSAGE, count)?;
+        self.recv_pools.push(pool);
+        for buf in bufs {
+            self.repost(ep, pool_index, buf)?;
+        }
         Ok(())
+    }
+
+    /// Hands a receive buffer of pool `pool_index` back to the QP.
+    fn repost(&self, ep: &Endpoint, pool_index: usize, buf: Buffer) -> Result<(), XferError> {
+        let wr_id = wr::RECV | (pool_index as u64) << RECV_POOL_SHIFT | buf.index() as u64;
+        ep.post_recv(&self.recv_pools[pool_index], buf, wr_id)?;
+        Ok(())
+    }
+
+    /// The index of the pool a receive's work-request id names.
+    fn recv_pool_of(&self, wr_id: u64) -> Result<usize, XferError> {
+        let index = ((wr_id >> RECV_POOL_SHIFT) & RECV_POOL_MASK) as usize;
+        if index < self.recv_pools.len() {
+            Ok(index)
+        } else {
+            Err(XferError::Internal(format!(
+                "receive {wr_id:#x} of no pool"
+            )))
+        }
     }
 
     /// From now on, seal what is sent and open what is received (messages
@@ -77,9 +115,10 @@ impl Control {
         ep: &Endpoint,
         wc: Completion,
     ) -> Result<Result<Message, Undelivered>, XferError> {
+        let pool_index = self.recv_pool_of(wc.wr_id)?;
         let buf = returned(wc.buffer)?;
         let len = wc.byte_len as usize;
-        let decoded = match self.recv_pool.bytes(&buf, len) {
+        let decoded = match self.recv_pools[pool_index].bytes(&buf, len) {
             Ok(bytes) => match self.channel.as_mut() {
                 Some(channel) => match channel.open(bytes) {
                     Ok(frame) => decode(frame).map_err(Undelivered::Wire),
@@ -89,14 +128,15 @@ impl Control {
             },
             Err(_) => Err(Undelivered::Wire(WireError::Oversized { len })),
         };
-        self.repost(ep, buf)?;
+        self.repost(ep, pool_index, buf)?;
         Ok(decoded)
     }
 
     /// A receive that carried no message (consumed by a data write): posts
     /// its buffer again.
     pub fn recycle(&self, ep: &Endpoint, wc: Completion) -> Result<(), XferError> {
-        self.repost(ep, returned(wc.buffer)?)
+        let pool_index = self.recv_pool_of(wc.wr_id)?;
+        self.repost(ep, pool_index, returned(wc.buffer)?)
     }
 
     /// Sends `msg` now, or as soon as a send buffer is free (order kept).
@@ -123,6 +163,7 @@ impl Control {
     /// A SEND completed: its buffer is free again.
     pub fn on_send_done(&mut self, ep: &Endpoint, wc: Completion) -> Result<(), XferError> {
         self.free_send.push(returned(wc.buffer)?);
+        self.posted_at.pop_front();
         self.flush(ep)
     }
 
@@ -163,8 +204,23 @@ impl Control {
                 .copy_from_slice(&bytes);
             let wr_id = wr::SEND | buf.index() as u64;
             ep.post_send(&self.send_pool, buf, bytes.len(), wr_id)?;
+            self.posted_at.push_back(Instant::now());
         }
         Ok(())
+    }
+
+    /// Ends the session when the oldest SEND has waited longer than
+    /// `limit` for its completion: the peer takes none of our messages (it
+    /// posts no receives, and the queue pair retries on; the peer chose
+    /// how often in its connection request).
+    pub fn check_sends(&self, limit: Duration) -> Result<(), XferError> {
+        match self.posted_at.front() {
+            Some(t) if t.elapsed() > limit => Err(XferError::PeerLost(format!(
+                "the peer has taken none of our messages for {}s (it posts no receives)",
+                limit.as_secs()
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 

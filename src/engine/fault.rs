@@ -4,6 +4,8 @@
 //!
 //! - `corrupt-chunk:N` — the sender flips one byte of chunk N after its CRC
 //!   was computed, as a bit error the transport did not catch would.
+//! - `handshake-pool:N` — the receiver's pool of handshakes holds N places
+//!   (instead of 32), so that a test fills it with a few connections.
 
 use std::sync::OnceLock;
 
@@ -11,6 +13,7 @@ use std::sync::OnceLock;
 enum Fault {
     None,
     CorruptChunk(u64),
+    HandshakePool(usize),
 }
 
 fn fault() -> Fault {
@@ -28,6 +31,7 @@ fn fault() -> Fault {
 fn parse(spec: &str) -> Fault {
     match spec.split_once(':') {
         Some(("corrupt-chunk", n)) => n.parse().map_or(Fault::None, Fault::CorruptChunk),
+        Some(("handshake-pool", n)) => n.parse().map_or(Fault::None, Fault::HandshakePool),
         _ => Fault::None,
     }
 }
@@ -41,6 +45,14 @@ pub fn after_checksum(seq: u64, data: &mut [u8]) {
     }
 }
 
+/// The receiver's handshake pool size: `default` unless a test says.
+pub fn handshake_pool(default: usize) -> usize {
+    match fault() {
+        Fault::HandshakePool(n) => n,
+        _ => default,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +63,6 @@ mod tests {
         assert_eq!(parse("corrupt-chunk:x"), Fault::None);
         assert_eq!(parse(""), Fault::None);
         assert_eq!(parse("other:1"), Fault::None);
+        assert_eq!(parse("handshake-pool:4"), Fault::HandshakePool(4));
     }
 }

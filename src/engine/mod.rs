@@ -129,7 +129,10 @@ fn peer_lost_or(e: crate::sys::SysError) -> XferError {
 /// failed work request counts as PeerLost when a disconnect follows promptly
 /// (a dying peer tears down its memory first, so our writes fail with a
 /// remote access error just before its disconnect arrives).
-fn completion_error(ep: &crate::sys::rdma::Endpoint, e: crate::sys::SysError) -> XferError {
+pub(crate) fn completion_error(
+    ep: &crate::sys::rdma::Endpoint,
+    e: crate::sys::SysError,
+) -> XferError {
     use crate::sys::SysError;
     match e {
         SysError::WorkRequest {

@@ -2068,7 +2068,10 @@ mod tests {
             let mut s = session_in(Situation::AwaitAuthOk);
             let err = s.on_message(msg).unwrap_err().to_string();
             assert!(!err.chars().any(char::is_control), "{err:?}");
-            assert!(err.contains("v9\\u{1b}[2J\\nsender: fake success"), "{err:?}");
+            assert!(
+                err.contains("v9\\u{1b}[2J\\nsender: fake success"),
+                "{err:?}"
+            );
         }
     }
 }

@@ -520,7 +520,20 @@ pub fn start_receiver_env(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Running {
-    let mut cmd = Command::new(receiver_bin());
+    start_receiver_bin(receiver_bin(), net, port, dir, extra, env)
+}
+
+/// As `start_receiver_env`, with another build of the receiver (see
+/// `fault_injection_bin`).
+pub fn start_receiver_bin(
+    bin: &str,
+    net: &Net,
+    port: u16,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Running {
+    let mut cmd = Command::new(bin);
     cmd.args(["--bind", &net.addr_a, "--port", &port.to_string()])
         .arg("--dir")
         .arg(dir)

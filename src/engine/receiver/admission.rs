@@ -1,15 +1,17 @@
 //! Who gets a session. With a token, a connection first waits in a small
-//! pool of handshakes (at most `HANDSHAKE_POOL`, `HANDSHAKE_PER_ADDRESS` from
-//! any one address, each for `AUTH_TIMEOUT` at most); only a sender that
-//! proved the token takes one of the `--max-sessions` session slots. So
-//! connections that never authenticate cannot lock out one that does.
+//! pool of handshakes (`HANDSHAKE_POOL` places, `HANDSHAKE_PER_ADDRESS` from
+//! any one address, `AUTH_TIMEOUT` at most from the connection request to
+//! the proof; a full pool drops its oldest handshake for a newcomer); only
+//! a sender that proved the token takes one of the `--max-sessions` session
+//! slots. So connections that never authenticate cannot lock out one that
+//! does.
 //! Without a token there is nothing to prove: a connection takes a slot as
 //! it arrives.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Connections in their handshake at once, from all addresses.
 pub(super) const HANDSHAKE_POOL: usize = 32;
@@ -62,26 +64,46 @@ impl Drop for SessionSlot<'_> {
     }
 }
 
-/// Connections that have not authenticated yet, counted per address.
+/// Connections that have not authenticated yet. When the pool is full a
+/// newcomer takes the place of the oldest (which is told to stop): a real
+/// sender authenticates within one round trip, so connections that idle
+/// cannot keep it out unless they arrive faster than that. Each address
+/// (an IPv6 address counts by its /64) holds at most `per_address` places.
 #[derive(Debug)]
 pub(super) struct HandshakePool {
-    /// Handshakes per peer address (None: the address is unknown).
-    by_address: Mutex<HashMap<Option<IpAddr>, usize>>,
+    state: Mutex<PoolState>,
     total: usize,
     per_address: usize,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    /// Places in the pool, oldest first.
+    entries: Vec<Entry>,
+    /// Evicted connections whose thread has not ended yet.
+    leaving: usize,
+    next_id: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    key: Option<IpAddr>,
+    evicted: Arc<AtomicBool>,
 }
 
 /// A place in the handshake pool, given back on drop.
 #[derive(Debug)]
 pub(super) struct HandshakeTicket<'a> {
     pool: &'a HandshakePool,
-    from: Option<IpAddr>,
+    id: u64,
+    evicted: Arc<AtomicBool>,
 }
 
 /// Why a connection found no place in the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum PoolFull {
-    /// `total` handshakes run.
+    /// So many evicted connections are still ending that a flood is on.
     Total(usize),
     /// `per_address` handshakes run from this address.
     Address(usize),
@@ -90,7 +112,10 @@ pub(super) enum PoolFull {
 impl std::fmt::Display for PoolFull {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Total(n) => write!(f, "{n} connections are already authenticating"),
+            Self::Total(n) => write!(
+                f,
+                "{n} connections are authenticating and {n} more are being dropped"
+            ),
             Self::Address(n) => write!(
                 f,
                 "{n} connections from this address are already authenticating"
@@ -99,53 +124,99 @@ impl std::fmt::Display for PoolFull {
     }
 }
 
+/// What counts as one address for the per-address cap: an IPv4 address,
+/// or the /64 of an IPv6 address (one host owns a whole /64).
+fn address_key(from: Option<IpAddr>) -> Option<IpAddr> {
+    match from? {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => Some(IpAddr::V4(v4)),
+            None => {
+                let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                Some(IpAddr::V6(std::net::Ipv6Addr::from(bits)))
+            }
+        },
+        v4 => Some(v4),
+    }
+}
+
 impl HandshakePool {
     pub(super) fn new(total: usize, per_address: usize) -> Self {
         Self {
-            by_address: Mutex::new(HashMap::new()),
+            state: Mutex::new(PoolState::default()),
             total,
             per_address,
         }
     }
 
-    /// A place for a connection from `from`, unless the pool or this
-    /// address's share of it is full.
+    /// A place for a connection from `from`, unless this address holds its
+    /// share already. A full pool drops its oldest handshake for it.
     pub(super) fn enter(&self, from: Option<IpAddr>) -> Result<HandshakeTicket<'_>, PoolFull> {
-        let mut map = self.lock();
-        let total: usize = map.values().sum();
-        if total >= self.total {
-            return Err(PoolFull::Total(self.total));
-        }
-        let mine = map.entry(from).or_insert(0);
-        if *mine >= self.per_address {
+        let key = address_key(from);
+        let mut state = self.lock();
+        if state.entries.iter().filter(|e| e.key == key).count() >= self.per_address {
             return Err(PoolFull::Address(self.per_address));
         }
-        *mine += 1;
-        Ok(HandshakeTicket { pool: self, from })
+        if state.entries.len() >= self.total {
+            if state.leaving >= self.total {
+                return Err(PoolFull::Total(self.total));
+            }
+            let oldest = state.entries.remove(0);
+            oldest.evicted.store(true, Ordering::SeqCst);
+            state.leaving += 1;
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        let evicted = Arc::new(AtomicBool::new(false));
+        state.entries.push(Entry {
+            id,
+            key,
+            evicted: Arc::clone(&evicted),
+        });
+        Ok(HandshakeTicket {
+            pool: self,
+            id,
+            evicted,
+        })
     }
 
-    /// Handshakes running now.
+    /// Tells every handshake to stop (the receiver is done taking
+    /// sessions).
+    pub(super) fn evict_all(&self) {
+        let mut state = self.lock();
+        for e in std::mem::take(&mut state.entries) {
+            e.evicted.store(true, Ordering::SeqCst);
+            state.leaving += 1;
+        }
+    }
+
+    /// Handshakes running now (evicted ones not counted).
     pub(super) fn len(&self) -> usize {
-        self.lock().values().sum()
+        self.lock().entries.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Option<IpAddr>, usize>> {
-        // A panic while holding the lock cannot leave the counts half
-        // updated (each update is one statement): keep using them.
-        self.by_address
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        // A panic while holding the lock cannot leave the state half
+        // updated in a way that matters (counts only): keep using it.
+        self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
+impl HandshakeTicket<'_> {
+    /// Whether the pool dropped this handshake for a newer one.
+    pub(super) fn evicted(&self) -> bool {
+        self.evicted.load(Ordering::SeqCst)
+    }
+}
+
 impl Drop for HandshakeTicket<'_> {
     fn drop(&mut self) {
-        let mut map = self.pool.lock();
-        if let Some(n) = map.get_mut(&self.from) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                map.remove(&self.from);
-            }
+        let mut state = self.pool.lock();
+        if self.evicted() {
+            state.leaving = state.leaving.saturating_sub(1);
+        } else {
+            state.entries.retain(|e| e.id != self.id);
         }
     }
 }
@@ -158,8 +229,10 @@ pub(super) enum Admission<'a> {
     /// In the handshake pool (its place held until it ends or is
     /// admitted); takes a slot once the sender proved the token.
     Pending {
-        _ticket: HandshakeTicket<'a>,
+        ticket: HandshakeTicket<'a>,
         slots: &'a SessionSlots,
+        /// When the handshake must be over (from the connection request).
+        deadline: Instant,
     },
 }
 
@@ -178,9 +251,15 @@ impl Admission<'_> {
         Ok(())
     }
 
-    /// Whether the session got past its handshake.
-    pub(super) fn is_admitted(&self) -> bool {
-        matches!(self, Self::Admitted { .. })
+    /// While in the handshake: its deadline, and whether the pool dropped
+    /// it for a newer connection.
+    pub(super) fn handshake(&self) -> Option<(Instant, bool)> {
+        match self {
+            Self::Pending {
+                ticket, deadline, ..
+            } => Some((*deadline, ticket.evicted())),
+            Self::Admitted { .. } => None,
+        }
     }
 }
 
@@ -206,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn the_pool_caps_each_address_and_the_total() {
+    fn the_pool_caps_each_address_and_drops_its_oldest_when_full() {
         let pool = HandshakePool::new(5, 2);
         let x1 = pool.enter(addr("10.0.0.1")).unwrap();
         let _x2 = pool.enter(addr("10.0.0.1")).unwrap();
@@ -214,20 +293,35 @@ mod tests {
             pool.enter(addr("10.0.0.1")).unwrap_err(),
             PoolFull::Address(2)
         );
+        // An IPv4-mapped IPv6 address is that IPv4 address.
+        assert!(pool.enter(addr("::ffff:10.0.0.1")).is_err());
         // Another address still gets in, also while one is full.
         let _y1 = pool.enter(addr("10.0.0.2")).unwrap();
         let _y2 = pool.enter(addr("10.0.0.2")).unwrap();
-        let _z1 = pool.enter(None).unwrap();
+        let z1 = pool.enter(None).unwrap();
         assert_eq!(pool.len(), 5);
-        assert_eq!(
-            pool.enter(addr("10.0.0.3")).unwrap_err(),
-            PoolFull::Total(5)
-        );
-        // A place given back is free again, for its address too.
-        drop(x1);
+        // Full: a newcomer takes the oldest one's place.
+        let w1 = pool.enter(addr("10.0.0.3")).unwrap();
+        assert!(x1.evicted() && !z1.evicted() && !w1.evicted());
+        assert_eq!(pool.len(), 5);
+        // A place given back is free again.
+        drop(w1);
         assert_eq!(pool.len(), 4);
-        let _x3 = pool.enter(addr("10.0.0.1")).unwrap();
-        assert!(pool.enter(addr("10.0.0.1")).is_err());
+        // Evicting goes on while evicted handshakes end, but not when as
+        // many as the pool holds are still ending (a flood).
+        let small = HandshakePool::new(2, 2);
+        let a = small.enter(addr("10.1.0.1")).unwrap();
+        let b = small.enter(addr("10.1.0.2")).unwrap();
+        let c = small.enter(addr("10.1.0.3")).unwrap();
+        let d = small.enter(addr("10.1.0.4")).unwrap();
+        assert!(a.evicted() && b.evicted() && !c.evicted() && !d.evicted());
+        assert_eq!(
+            small.enter(addr("10.1.0.5")).unwrap_err(),
+            PoolFull::Total(2)
+        );
+        drop(a);
+        let e = small.enter(addr("10.1.0.5")).unwrap();
+        assert!(c.evicted() && !e.evicted());
         assert!(
             PoolFull::Address(2)
                 .to_string()
@@ -236,24 +330,48 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_host_counts_as_its_slash_64() {
+        let pool = HandshakePool::new(8, 2);
+        let _a = pool.enter(addr("2001:db8:1:2::1")).unwrap();
+        let _b = pool.enter(addr("2001:db8:1:2:ffff::9")).unwrap();
+        assert!(pool.enter(addr("2001:db8:1:2::3")).is_err());
+        assert!(pool.enter(addr("2001:db8:1:3::1")).is_ok());
+    }
+
+    #[test]
+    fn evict_all_stops_every_handshake() {
+        let pool = HandshakePool::new(4, 4);
+        let a = pool.enter(addr("10.0.0.1")).unwrap();
+        let b = pool.enter(addr("10.0.0.2")).unwrap();
+        pool.evict_all();
+        assert!(a.evicted() && b.evicted());
+        assert_eq!(pool.len(), 0);
+    }
+
+    #[test]
     fn admission_trades_the_ticket_for_a_slot() {
         let pool = HandshakePool::new(8, 4);
         let slots = SessionSlots::new(1);
+        let deadline = Instant::now();
         let mut first = Admission::Pending {
-            _ticket: pool.enter(addr("10.0.0.1")).unwrap(),
+            ticket: pool.enter(addr("10.0.0.1")).unwrap(),
             slots: &slots,
+            deadline,
         };
         let mut second = Admission::Pending {
-            _ticket: pool.enter(addr("10.0.0.1")).unwrap(),
+            ticket: pool.enter(addr("10.0.0.1")).unwrap(),
             slots: &slots,
+            deadline,
         };
-        assert!(!first.is_admitted());
+        assert_eq!(first.handshake(), Some((deadline, false)));
+        assert!(first.handshake().is_some());
         assert_eq!(first.admit(), Ok(()));
-        assert!(first.is_admitted());
+        assert!(first.handshake().is_none());
+        assert_eq!(first.handshake(), None);
         assert_eq!((pool.len(), slots.running()), (1, 1));
         // All slots taken: busy, and still in the pool until it ends.
         assert_eq!(second.admit(), Err(1));
-        assert!(!second.is_admitted());
+        assert!(second.handshake().is_some());
         assert_eq!(first.admit(), Ok(()), "admitted once is admitted");
         drop(first);
         assert_eq!(second.admit(), Ok(()));

@@ -20,7 +20,8 @@ use crate::engine::report::FileEvent;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
 use crate::error::XferError;
 use crate::proto::{
-    Message, NONCE_LEN, ReceiverConfig as MachineConfig, ReceiverSession, Role, Token, busy_refusal,
+    AUTH_TIMEOUT, Message, NONCE_LEN, ReceiverConfig as MachineConfig, ReceiverSession, Role,
+    Token, busy_refusal,
 };
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
@@ -29,8 +30,8 @@ use admission::{Admission, HANDSHAKE_PER_ADDRESS, HANDSHAKE_POOL, HandshakePool,
 use space::SpaceLedger;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
 
@@ -147,12 +148,47 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     }
     // --once serves one session: no other waits for a slot meanwhile.
     let slots = SessionSlots::new(if cfg.once { 1 } else { cfg.max_sessions });
-    let handshakes = HandshakePool::new(HANDSHAKE_POOL, HANDSHAKE_PER_ADDRESS);
+    #[cfg(feature = "fault-injection")]
+    let pool_size = crate::engine::fault::handshake_pool(HANDSHAKE_POOL);
+    #[cfg(not(feature = "fault-injection"))]
+    let pool_size = HANDSHAKE_POOL;
+    let handshakes = HandshakePool::new(pool_size, HANDSHAKE_PER_ADDRESS);
     let refusals = AtomicUsize::new(0);
     let next_id = AtomicU64::new(1);
     let ledger = Arc::new(SpaceLedger::default());
+    // --once: the sessions tell the listener when one is admitted and when
+    // they end; the first admitted session's end is the receiver's.
+    let (report_tx, reports) = mpsc::channel::<SessionReport>();
+    let report_tx = cfg.once.then_some(report_tx);
+    // How long the listener waits for a request before it looks again at
+    // the shutdown flag and (--once) at the sessions' reports.
+    let poll = if cfg.once {
+        Duration::from_millis(50)
+    } else {
+        Duration::from_millis(500)
+    };
     std::thread::scope(|scope| {
+        let mut admitted: Option<u64> = None;
         loop {
+            if cfg.once {
+                while let Ok(report) = reports.try_recv() {
+                    match report {
+                        SessionReport::Admitted(id) => admitted = admitted.or(Some(id)),
+                        SessionReport::Ended { id, result } if Some(id) == admitted => {
+                            return result;
+                        }
+                        SessionReport::Ended { .. } => {
+                            info!("no authenticated session yet: waiting for the next connection")
+                        }
+                    }
+                }
+                if let Some(id) = admitted {
+                    // Take no more connections; stop the handshakes; the
+                    // admitted session's end is the receiver's.
+                    handshakes.evict_all();
+                    return wait_for_end(&reports, id);
+                }
+            }
             if shutdown_requested() {
                 let running = slots.running();
                 let authenticating = handshakes.len();
@@ -160,9 +196,10 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                     running,
                     authenticating, "shutting down (running sessions end first)"
                 );
+                handshakes.evict_all();
                 return Ok(());
             }
-            let request = match listener.get_request(Duration::from_millis(500)) {
+            let request = match listener.get_request(poll) {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
                 Err(SysError::Interrupted) => continue,
@@ -177,7 +214,9 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 continue;
             }
             // With a token, a connection waits for its proof in the
-            // handshake pool, not in a session slot.
+            // handshake pool, not in a session slot; the handshake's clock
+            // starts with the request.
+            let deadline = Instant::now() + AUTH_TIMEOUT;
             let ticket = match cfg.token.is_some().then(|| handshakes.enter(from)) {
                 None => None,
                 Some(Ok(ticket)) => Some(ticket),
@@ -198,43 +237,81 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             let span = error_span!("session", id, peer = %peer);
             let mut admission = match ticket {
                 Some(ticket) => Admission::Pending {
-                    _ticket: ticket,
+                    ticket,
                     slots: &slots,
+                    deadline,
                 },
                 None => match slots.take() {
-                    Some(slot) => Admission::Admitted { _slot: slot },
+                    Some(slot) => {
+                        admitted = admitted.or(cfg.once.then_some(id));
+                        Admission::Admitted { _slot: slot }
+                    }
                     None => {
                         refuse_busy_unauthenticated(scope, cfg, conn, span, &refusals, id);
                         continue;
                     }
                 },
             };
-            if cfg.once {
-                // One connection at a time; one that never proves the token
-                // does not end the receiver (AUTH_TIMEOUT bounds its wait).
-                let result =
-                    span.in_scope(|| run_logged(cfg, conn, on_file, &ledger, &mut admission));
-                if admission.is_admitted() {
-                    return result;
-                }
-                info!("no authenticated session yet: waiting for the next connection");
-                continue;
-            }
             let ledger = &ledger;
+            let report = report_tx.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("session-{id}"))
                 .spawn_scoped(scope, move || {
                     let _enter = span.enter();
-                    if let Err(e) = run_logged(cfg, conn, on_file, ledger, &mut admission) {
-                        cfg.progress
-                            .notice(&format!("receiver: session {id} from {peer} failed: {e}"));
+                    let on_admitted = || {
+                        if let Some(r) = &report {
+                            let _ = r.send(SessionReport::Admitted(id));
+                        }
+                    };
+                    let result =
+                        run_logged(cfg, conn, on_file, ledger, &mut admission, &on_admitted);
+                    match &report {
+                        // --once: the listener returns (or reports) it.
+                        Some(r) => {
+                            let _ = r.send(SessionReport::Ended { id, result });
+                        }
+                        None => {
+                            if let Err(e) = result {
+                                cfg.progress.notice(&format!(
+                                    "receiver: session {id} from {peer} failed: {e}"
+                                ));
+                            }
+                        }
                     }
                 });
             if let Err(e) = spawned {
                 warn!("cannot start a session thread: {e}");
+                if admitted == Some(id) {
+                    admitted = None;
+                }
             }
         }
     })
+}
+
+/// What a session thread tells the listener under --once.
+enum SessionReport {
+    /// The sender proved the token (or needed not): this is the session.
+    Admitted(u64),
+    /// The session ended so.
+    Ended {
+        id: u64,
+        result: Result<(), XferError>,
+    },
+}
+
+/// --once: waits for session `id` to end and returns its result.
+fn wait_for_end(reports: &mpsc::Receiver<SessionReport>, id: u64) -> Result<(), XferError> {
+    for report in reports.iter() {
+        if let SessionReport::Ended { id: ended, result } = report
+            && ended == id
+        {
+            return result;
+        }
+    }
+    Err(XferError::Internal(format!(
+        "session {id} ended without a report"
+    )))
 }
 
 /// All session slots are taken and this connection has nothing to prove
@@ -274,9 +351,10 @@ fn run_logged(
     on_file: &OnFile<'_>,
     ledger: &Arc<SpaceLedger>,
     admission: &mut Admission<'_>,
+    on_admitted: &dyn Fn(),
 ) -> Result<(), XferError> {
     let started = Instant::now();
-    let result = session::run(cfg, conn, on_file, ledger, admission);
+    let result = session::run(cfg, conn, on_file, ledger, admission, on_admitted);
     match &result {
         Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
         Err(e) => error!(elapsed = ?started.elapsed(), "session failed: {e}"),

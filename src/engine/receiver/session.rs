@@ -16,6 +16,7 @@ use crate::proto::{
     AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, ProtocolError,
     ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
 };
+use crate::sys::SysError;
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::io::Write;
 use std::sync::Arc;
@@ -49,6 +50,10 @@ struct Session<'a, 's> {
     cfg: &'a ReceiverConfig,
     /// Whether the sender got a session slot, or must prove the token first.
     admission: &'a mut Admission<'s>,
+    /// Told when the sender is admitted (--once's listener listens).
+    on_admitted: &'a dyn Fn(),
+    /// Receives to post once the sender is admitted.
+    unposted_recvs: usize,
     on_file: &'a OnFile<'a>,
     /// The sender's address, for log messages.
     peer: String,
@@ -71,6 +76,13 @@ struct Session<'a, 's> {
     output_closed: Option<String>,
 }
 
+/// Receives posted before the sender is admitted: PROVE or BYE is all it
+/// may send, and a few more cost little.
+const HANDSHAKE_RECVS: usize = 4;
+
+/// How often a handshake's wait looks whether the pool dropped it.
+const HANDSHAKE_CHECK: Duration = Duration::from_millis(100);
+
 /// What handling one completion decided.
 enum Flow {
     Continue,
@@ -85,6 +97,7 @@ pub(super) fn run(
     on_file: &OnFile<'_>,
     ledger: &Arc<SpaceLedger>,
     admission: &mut Admission<'_>,
+    on_admitted: &dyn Fn(),
 ) -> Result<(), XferError> {
     let store = FileStore::open(cfg, ledger)?;
     let id = conn.into_id()?;
@@ -94,16 +107,24 @@ pub(super) fn run(
         max_recv_wr: recvs,
     };
     let ep = Endpoint::new(id, caps, cfg.busy_poll)?;
-    let control = Control::new(&ep, recvs as usize, SEND_BUFFERS)?;
+    // Before its proof a peer may send only PROVE or BYE: a few receives
+    // (and so little registered memory) until it is admitted.
+    let first_recvs = match admission.handshake() {
+        Some(_) => HANDSHAKE_RECVS,
+        None => recvs as usize,
+    };
+    let control = Control::new(&ep, first_recvs, SEND_BUFFERS)?;
     crate::engine::tune_ack_timeout(ep.cm_id());
     let accept_started = Instant::now();
-    // A peer that has proven nothing yet holds a place only briefly.
-    let accept_timeout = if admission.is_admitted() {
-        cfg.timeout
-    } else {
-        cfg.timeout.min(AUTH_TIMEOUT)
-    };
-    ep.cm_id().accept(accept_timeout)?;
+    match admission.handshake() {
+        // A peer that has proven nothing yet holds a place only until the
+        // handshake's deadline, or until the pool needs it.
+        Some((deadline, _)) => {
+            let evicted = || admission.handshake().is_some_and(|(_, evicted)| evicted);
+            ep.cm_id().accept_until(deadline, &evicted)?;
+        }
+        None => ep.cm_id().accept(cfg.timeout)?,
+    }
     let connect_time = accept_started.elapsed();
     info!(
         connect_s = connect_time.as_secs_f64(),
@@ -117,6 +138,8 @@ pub(super) fn run(
     let mut session = Session {
         cfg,
         admission,
+        on_admitted,
+        unposted_recvs: recvs as usize - first_recvs,
         on_file,
         peer,
         connect_time,
@@ -143,7 +166,13 @@ impl Session<'_, '_> {
         loop {
             wcs.clear();
             let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
-            wait_completions(&self.ep, &mut wcs, timeout, what)?;
+            match self.admission.handshake() {
+                Some((deadline, _)) => self.wait_handshake(&mut wcs, deadline, what)?,
+                None => wait_completions(&self.ep, &mut wcs, timeout, what)?,
+            }
+            // A peer that takes none of our messages is not waited for
+            // forever, whatever it sends meanwhile.
+            self.control.check_sends(self.cfg.timeout)?;
             for wc in wcs.drain(..) {
                 let flow = self.on_completion(wc);
                 // Whatever the machine replied goes out, even when the
@@ -153,6 +182,46 @@ impl Session<'_, '_> {
                     return Ok(());
                 }
                 sent?;
+            }
+        }
+    }
+
+    /// Waits for completions while the sender has proven nothing: until
+    /// the handshake's deadline at most, and no longer once the pool
+    /// dropped this connection for a newer one (checked every 100 ms).
+    fn wait_handshake(
+        &mut self,
+        wcs: &mut Vec<Completion>,
+        deadline: Instant,
+        what: &str,
+    ) -> Result<(), XferError> {
+        loop {
+            if self
+                .admission
+                .handshake()
+                .is_some_and(|(_, evicted)| evicted)
+            {
+                return Err(XferError::PeerLost(
+                    "dropped from the full handshake pool for a newer connection".into(),
+                ));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(XferError::PeerLost(format!(
+                    "the sender did not authenticate within {}s of connecting",
+                    AUTH_TIMEOUT.as_secs()
+                )));
+            }
+            match self.ep.wait(wcs, 16, left.min(HANDSHAKE_CHECK), what) {
+                Ok(_) => return Ok(()),
+                Err(SysError::Timeout { .. }) => {
+                    if self.ep.cm_id().peer_disconnected() {
+                        return Err(XferError::PeerLost(format!(
+                            "the peer disconnected while we waited for {what}"
+                        )));
+                    }
+                }
+                Err(e) => return Err(crate::engine::completion_error(&self.ep, e)),
             }
         }
     }
@@ -245,6 +314,11 @@ impl Session<'_, '_> {
                     });
                 }
                 self.machine.admit()?;
+                // The rest of the receives: the ring's writes and the
+                // messages of a pipelining sender may come now.
+                let more = std::mem::take(&mut self.unposted_recvs);
+                self.control.add_receives(&self.ep, more)?;
+                (self.on_admitted)();
                 info!("sender authenticated");
                 // AUTH_OK goes out as it is; everything after it is sealed.
                 self.transmit()?;

@@ -6,7 +6,7 @@ use rdma_sys::*;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The CM events the tools care about; everything else is `Other`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -524,6 +524,32 @@ impl CmId {
             return Err(SysError::last_os("rdma_accept"));
         }
         self.expect(CmEventKind::Established, "ESTABLISHED", timeout)
+    }
+
+    /// As `accept`, but waits at most until `deadline`, and gives up early
+    /// (a timeout) as soon as `stop()` says so, checked every 100 ms.
+    pub fn accept_until(&self, deadline: Instant, stop: &dyn Fn() -> bool) -> Result<()> {
+        let mut param = conn_param();
+        // SAFETY: param is valid; self.raw is a connect-request id with a QP.
+        let rc = unsafe { rdma_accept(self.raw, &mut param) };
+        if rc != 0 {
+            return Err(SysError::last_os("rdma_accept"));
+        }
+        let started = Instant::now();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let slice = left.min(Duration::from_millis(100));
+            match self.expect(CmEventKind::Established, "ESTABLISHED", slice) {
+                Err(SysError::Timeout { .. }) if !left.is_zero() && !stop() => {}
+                Err(SysError::Timeout { what, .. }) => {
+                    return Err(SysError::Timeout {
+                        what,
+                        after: started.elapsed(),
+                    });
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Starts an orderly disconnect and waits (bounded) for DISCONNECTED, so
