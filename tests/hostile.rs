@@ -955,8 +955,10 @@ fn a_session_cannot_write_into_another_sessions_ring() {
     s.assert_still_serves(&net);
 }
 
-/// A peer that floods refused HELLOs and takes none of the answers (it
-/// posts no receives, so the receiver's SENDs can never complete): the
+/// A peer that floods HELLOs of one directory (each answered, none
+/// refused: refusals alone would end the session after 100) and takes none
+/// of the answers (it posts no receives, so the receiver's SENDs can never
+/// complete): the
 /// receiver ends the session instead of queueing replies without bound,
 /// its memory stays flat, and it goes on serving.
 #[test]
@@ -991,6 +993,9 @@ fn a_peer_that_takes_no_answers_cannot_make_the_receiver_queue_them() {
         after < before + 16 * (1 << 20),
         "receiver RSS grew from {before} to {after} bytes:\n{log}"
     );
+    // The one directory the flood named, and nothing else.
+    assert_eq!(names_in(&s.out), vec!["flood".to_string()]);
+    std::fs::remove_dir(s.out.join("flood")).expect("remove the flood's directory");
     s.assert_nothing_written("HELLO flood without receives");
     s.assert_still_serves(&net);
 }

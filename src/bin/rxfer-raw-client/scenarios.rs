@@ -33,7 +33,11 @@ fn patched(msg: &Message, index: usize, value: u8) -> Vec<u8> {
 }
 
 fn hello(name: &str, size: u64) -> Message {
-    Message::Hello(Hello {
+    Message::Hello(plain_hello(name, size))
+}
+
+fn plain_hello(name: &str, size: u64) -> Hello {
+    Hello {
         version: PLAIN_HELLO_VERSION,
         caps: CAP_NONE,
         name: name.into(),
@@ -41,7 +45,7 @@ fn hello(name: &str, size: u64) -> Message {
         mode: 0o644,
         digest: DigestAlg::Crc32,
         mtime: None,
-    })
+    }
 }
 
 fn expect(kinds: &str) -> Step {
@@ -66,13 +70,20 @@ pub(crate) fn scenarios() -> Vec<(&'static str, &'static str, Vec<Step>)> {
     }
     names.push(Step::Msg(Message::Bye));
     let mib = 1u64 << 20;
-    let mut flood: Vec<Step> = std::iter::repeat_n(Step::Msg(hello("../flood", 1)), 2000).collect();
+    // A directory that exists is answered ACK(ok) every time: answers
+    // without end, and no refusal (which would end the session sooner).
+    let flood_dir = Message::Hello(Hello {
+        caps: rdma_xfer::proto::hello_flags::DIRECTORY,
+        ..plain_hello("flood", 0)
+    });
+    let mut flood: Vec<Step> = std::iter::repeat_n(Step::Msg(flood_dir), 2000).collect();
     flood.push(Step::ExpectDisconnect);
     vec![
         (
             "hello-flood",
-            "2000 refused HELLOs without waiting for answers (with --no-receives: \
-             answers that can never be delivered), then the disconnect",
+            "2000 HELLOs of the directory 'flood' (each answered ACK ok) without waiting \
+             for answers (with --no-receives: answers that can never be delivered), then \
+             the disconnect",
             flood,
         ),
         (
