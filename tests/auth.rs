@@ -303,47 +303,43 @@ fn auth_short_token_is_refused_before_connecting() {
     drop(receiver);
 }
 
-/// Connections that never prove the token wait in a pool of their own (at
-/// most 4 from one address), not in a session slot. With --max-sessions 2,
-/// eight of them from one address (the wire's B side) do not keep an
-/// authenticated sender from another address (A itself) out: it gets
-/// through in under 10 s while they still hold their places. Beyond
-/// --max-sessions, authenticated senders are told the receiver is busy
-/// (after their proof, before AUTH_OK), with nothing written.
-#[test]
-fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
-    let Some(net) = rdma_net() else { return };
+/// The network, when it has a second address (B) to connect from; else
+/// the test says it is skipped.
+fn net_with_two_addresses() -> Option<Net> {
+    let net = rdma_net()?;
     if net.addr_b.is_none() {
         skip(
             "needs a second address to connect from (RXFER_ADDR_B)",
             false,
         );
-        return;
+        return None;
     }
-    let (src, dst) = dirs();
-    let port = next_port();
-    let env = [("RDMA_XFER_TOKEN", TOKEN)];
-    let mut receiver = start_receiver_env(&net, port, dst.path(), &["--max-sessions", "2"], &env);
-    // Each takes its CHALLENGE and proves nothing.
-    let idle: Vec<Running> = (0..8)
-        .map(|_| spawn_raw_client(&net, port, None, &["expect:CHALLENGE", "sleep:30000"], 60))
-        .collect();
-    let log = receiver.wait_for(
-        Stream::Stderr,
-        "the pool's share of one address taken, the rest refused",
-        Duration::from_secs(60),
-        |log| (log.matches("already authenticating").count() >= 4).then(|| log.to_string()),
-    );
-    assert!(
-        log.contains("connections from this address are already authenticating"),
-        "{log}"
-    );
-    // The authenticated sender, from A, while the idle ones wait.
-    let input = src.path().join("through.bin");
-    let sum = make_file(&input, 3 * MIB, 41);
+    Some(net)
+}
+
+/// `n` raw clients from B that take their CHALLENGE and prove nothing.
+fn idle_connections(net: &Net, port: u16, n: usize) -> Vec<Running> {
+    (0..n)
+        .map(|_| spawn_raw_client(net, port, None, &["expect:CHALLENGE", "sleep:30000"], 60))
+        .collect()
+}
+
+/// Sends a new `size`-byte file `name` from A itself with the token, and
+/// checks that it arrived within 10 s of the sender's start.
+fn send_from_a_in_time(
+    net: &Net,
+    port: u16,
+    receiver: &Running,
+    src: &Path,
+    dst: &Path,
+    name: &str,
+    size: u64,
+) {
+    let input = src.join(name);
+    let sum = make_file(&input, size, 41);
     let started = std::time::Instant::now();
     let mut cmd = sender_cmd(
-        &net,
+        net,
         port,
         Path_::Loopback,
         std::slice::from_ref(&input),
@@ -360,7 +356,46 @@ fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
         receiver.stderr_so_far()
     );
     assert!(took < Duration::from_secs(10), "took {took:?}");
-    assert_eq!(sha256_file(&dst.path().join("through.bin")), sum);
+    assert_eq!(sha256_file(&dst.join(name)), sum);
+}
+
+/// Connections that never prove the token wait in a pool of their own (at
+/// most 4 from one address), not in a session slot. With --max-sessions 2,
+/// eight of them from one address (the wire's B side) do not keep an
+/// authenticated sender from another address (A itself) out: it gets
+/// through in under 10 s while they still hold their places. Beyond
+/// --max-sessions, authenticated senders are told the receiver is busy
+/// (after their proof, before AUTH_OK), with nothing written.
+#[test]
+fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
+    let Some(net) = net_with_two_addresses() else {
+        return;
+    };
+    let (src, dst) = dirs();
+    let port = next_port();
+    let env = [("RDMA_XFER_TOKEN", TOKEN)];
+    let mut receiver = start_receiver_env(&net, port, dst.path(), &["--max-sessions", "2"], &env);
+    let idle = idle_connections(&net, port, 8);
+    let log = receiver.wait_for(
+        Stream::Stderr,
+        "the pool's share of one address taken, the rest refused",
+        Duration::from_secs(60),
+        |log| (log.matches("already authenticating").count() >= 4).then(|| log.to_string()),
+    );
+    assert!(
+        log.contains("connections from this address are already authenticating"),
+        "{log}"
+    );
+    // The authenticated sender, from A, while the idle ones wait.
+    send_from_a_in_time(
+        &net,
+        port,
+        &receiver,
+        src.path(),
+        dst.path(),
+        "through.bin",
+        3 * MIB,
+    );
     // It got in while the idle ones held their places: before any of them
     // timed out (AUTH_TIMEOUT, 5 s).
     let log = receiver.stderr_so_far();
@@ -473,14 +508,9 @@ fn once_waits_for_an_authenticated_session() {
 /// gets in at once, and one idle connection is dropped for it.
 #[test]
 fn a_full_handshake_pool_makes_room_for_a_newcomer() {
-    let Some(net) = rdma_net() else { return };
-    if net.addr_b.is_none() {
-        skip(
-            "needs a second address to connect from (RXFER_ADDR_B)",
-            false,
-        );
+    let Some(net) = net_with_two_addresses() else {
         return;
-    }
+    };
     let (src, dst) = dirs();
     let port = next_port();
     let env = [
@@ -489,32 +519,22 @@ fn a_full_handshake_pool_makes_room_for_a_newcomer() {
     ];
     let bin = fault_injection_bin("receiver");
     let mut receiver = start_receiver_bin(&bin, &net, port, dst.path(), &[], &env);
-    let idle: Vec<Running> = (0..4)
-        .map(|_| spawn_raw_client(&net, port, None, &["expect:CHALLENGE", "sleep:30000"], 60))
-        .collect();
+    let idle = idle_connections(&net, port, 4);
     receiver.wait_for(
         Stream::Stderr,
         "4 idle handshakes in the pool",
         Duration::from_secs(60),
         |log| (log.matches("session established").count() >= 4).then_some(()),
     );
-    let input = src.path().join("newcomer.bin");
-    let sum = make_file(&input, MIB, 91);
-    let started = std::time::Instant::now();
-    let mut cmd = sender_cmd(
+    send_from_a_in_time(
         &net,
         port,
-        Path_::Loopback,
-        std::slice::from_ref(&input),
-        &[],
+        &receiver,
+        src.path(),
+        dst.path(),
+        "newcomer.bin",
+        MIB,
     );
-    token_env(&mut cmd, Some(TOKEN));
-    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
-    let took = started.elapsed();
-    let log = receiver.stderr_so_far();
-    assert_eq!(sent.code(), 0, "{}\nreceiver:\n{log}", sent.stderr);
-    assert!(took < Duration::from_secs(10), "took {took:?}");
-    assert_eq!(sha256_file(&dst.path().join("newcomer.bin")), sum);
     let log = receiver.wait_for_stderr("dropped from the full handshake pool", LOG_WAIT);
     assert!(!log.contains("already authenticating"), "{log}");
     drop(idle);

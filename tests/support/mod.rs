@@ -533,7 +533,19 @@ pub fn start_receiver_bin(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Running {
-    let mut cmd = Command::new(bin);
+    spawn_receiver(Command::new(bin), net, port, dir, extra, env)
+}
+
+/// Adds the receiver's arguments to `cmd` (the receiver itself or a shell
+/// that runs it), starts it and waits until it listens.
+fn spawn_receiver(
+    mut cmd: Command,
+    net: &Net,
+    port: u16,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Running {
     cmd.args(["--bind", &net.addr_a, "--port", &port.to_string()])
         .arg("--dir")
         .arg(dir)
@@ -559,16 +571,8 @@ pub fn start_receiver_umask(
 ) -> Running {
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
-        .arg(receiver_bin())
-        .args(["--bind", &net.addr_a, "--port", &port.to_string()])
-        .arg("--dir")
-        .arg(dir)
-        .arg("-v")
-        .args(extra);
-    token_env(&mut cmd, None);
-    let mut r = Running::spawn("receiver", cmd);
-    r.wait_for_stderr("listening", Duration::from_secs(60));
-    r
+        .arg(receiver_bin());
+    spawn_receiver(cmd, net, port, dir, extra, &[])
 }
 
 /// How the sender reaches the receiver.
