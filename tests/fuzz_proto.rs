@@ -261,6 +261,17 @@ fn message() -> impl Strategy<Value = Message> {
                 proof
             })),
         any::<[u8; 32]>().prop_map(|proof| Message::AuthOk { proof }),
+        (0u8..3, size(), any::<u32>(), digest(), text(40)).prop_map(
+            |(kind, bytes, chunk_len, digest, note)| Message::Have(Have {
+                kind: HaveKind::from_u8(kind).unwrap_or(HaveKind::Nothing),
+                bytes,
+                chunk_len,
+                digest,
+                note,
+            })
+        ),
+        prop_oneof![Just(0u64), Just(SKIP), any::<u64>()]
+            .prop_map(|offset| Message::From { offset }),
     ]
 }
 

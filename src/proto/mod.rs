@@ -25,9 +25,9 @@ pub use sender::{
     SenderSession, SenderState, Verdict, keepalive_interval,
 };
 pub use wire::{
-    Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Hello, MAX_FRAME, MAX_MESSAGE,
-    Message, Mtime, Prove, Reject, RejectCode, RingInfo, WireError, decode, encode, encode_to_vec,
-    hello_flags,
+    Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello, MAX_FRAME,
+    MAX_MESSAGE, Message, Mtime, Prove, Reject, RejectCode, RingInfo, SKIP, WireError, decode,
+    encode, encode_to_vec, hello_flags,
 };
 
 use thiserror::Error;
@@ -111,6 +111,20 @@ pub enum ProtocolError {
     BadRing {
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// A HAVE that does not fit the offer it answers.
+    #[error("invalid HAVE: {reason}")]
+    BadHave {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A FROM at an offset HAVE did not offer.
+    #[error("FROM at byte {offset}: the receiver offered to continue at {have} (or 0)")]
+    BadFrom {
+        /// FROM's offset.
+        offset: u64,
+        /// HAVE's bytes.
+        have: u64,
     },
     /// A CREDIT granting nothing.
     #[error("CREDIT of 0 is invalid")]
@@ -356,6 +370,8 @@ mod tests {
                 kind,
                 mtime: None,
                 keep_mode: i % 2 == 1,
+                // (Resuming is simulated in the machines' own tests.)
+                resume: false,
             };
             // The tag is the entry's index (offset so that 0 means nothing).
             let m = self.s.start_file(offer, 1000 + i as u64).unwrap();
@@ -471,6 +487,7 @@ mod tests {
                     self.max_outstanding = self.max_outstanding.max(in_flight);
                 }
                 Wire::Msg(b) => match self.r.on_message(open(&mut self.r_channel, &b)).unwrap() {
+                    ReceiverEvent::From { offset } => panic!("FROM without HAVE: {offset}"),
                     ReceiverEvent::Offer(h) => {
                         let i = self.offered.pop_front().expect("an offered entry");
                         assert_eq!(h.name, format!("e/{i}"));
@@ -561,6 +578,7 @@ mod tests {
                     assert!(self.awaiting.is_empty(), "MR before earlier verdicts");
                 }
                 SenderEvent::Credit(_) => {}
+                SenderEvent::Have(h) => panic!("HAVE without RESUME: {h:?}"),
                 SenderEvent::Rejected(_) => {
                     assert!(self.awaiting.is_empty(), "REJECT before earlier verdicts");
                     self.sending.take().expect("a rejected offer");

@@ -21,8 +21,8 @@ use super::auth::{
 };
 use super::names::{escaped, validate_path};
 use super::wire::{
-    Ack, AckStatus, Challenge, DigestAlg, Fin, Hello, Message, Prove, Reject, RejectCode, RingInfo,
-    WireError, hello_flags,
+    Ack, AckStatus, Challenge, DigestAlg, Fin, Have, HaveKind, Hello, Message, Prove, Reject,
+    RejectCode, RingInfo, SKIP, WireError, hello_flags,
 };
 use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -40,6 +40,9 @@ pub enum ReceiverState {
     /// HELLO passed the pure checks; the engine must `accept` (a file or
     /// stream), `accept_directory` (a directory) or `reject`.
     AwaitDecision,
+    /// HAVE sent for an offer with RESUME: the sender's FROM says where
+    /// its data starts (then AwaitDecision, or Verifying for SKIP).
+    AwaitFrom,
     /// MR sent: the file's chunks arrive, until its FIN.
     Receiving,
     /// FIN arrived; the engine verifies and calls `complete`.
@@ -58,6 +61,7 @@ impl ReceiverState {
             Self::AwaitDecision => "AWAIT_DECISION",
             Self::Receiving => "RECEIVING",
             Self::Verifying => "VERIFYING",
+            Self::AwaitFrom => "AWAIT_FROM",
             Self::Closed => "CLOSED",
         }
     }
@@ -128,6 +132,14 @@ pub enum ReceiverEvent {
     Authenticated,
     /// KEEPALIVE: the sender waits for its input; progress for the timeout.
     Keepalive,
+    /// FROM answered the HAVE: where the sender's data starts. 0 or the
+    /// prefix: the engine calls `accept` (or `reject`), and the data
+    /// continues the prefix. `SKIP`: the receiver's complete copy is the
+    /// sender's file; the engine calls `complete` (ACK).
+    From {
+        /// The first byte the sender will write, or `SKIP`.
+        offset: u64,
+    },
 }
 
 /// Why a sender was not authenticated.
@@ -250,6 +262,13 @@ pub struct ReceiverSession {
     entries: u64,
     /// Offers refused since the last accepted one.
     refused_in_a_row: u32,
+    /// The current offer asked to resume (`hello_flags::RESUME`).
+    resume: bool,
+    /// What HAVE told the sender about the current offer.
+    have: Option<Have>,
+    /// Where the current file's data starts (a resumed prefix): bytes,
+    /// whole chunks, and their length.
+    base: (u64, u64, u32),
     /// Bytes this session brought so far: accepted files' sizes and the
     /// streams' bytes as they arrive.
     session_bytes: u64,
@@ -285,6 +304,9 @@ impl ReceiverSession {
             pending: 0,
             entries: 0,
             refused_in_a_row: 0,
+            resume: false,
+            have: None,
+            base: (0, 0, 0),
             session_bytes: 0,
         }
     }
@@ -318,6 +340,67 @@ impl ReceiverSession {
         self.channel = Some(key.channel(Role::Receiver));
         self.state = ReceiverState::AwaitHello;
         Ok(())
+    }
+
+    /// Answers an offer with RESUME (state AwaitDecision, after the
+    /// engine's checks): what the receiver holds of it. Returns the HAVE to
+    /// send; the sender's FROM comes next.
+    pub fn have(&mut self, have: Have) -> Result<Message, ProtocolError> {
+        if self.state != ReceiverState::AwaitDecision || !self.resume {
+            return Err(self.wrong_state("have"));
+        }
+        let consistent = match have.kind {
+            HaveKind::Nothing => have.bytes == 0,
+            HaveKind::Prefix => {
+                have.chunk_len > 0
+                    && have.bytes > 0
+                    && have.bytes < self.size
+                    && have.bytes % u64::from(have.chunk_len) == 0
+                    && have.chunk_len <= self.cfg.slot_size
+                    && have.digest.alg() == DigestAlg::Sha256
+            }
+            HaveKind::Complete => have.bytes == self.size && have.digest.alg() == self.digest,
+        };
+        if !consistent {
+            return Err(ProtocolError::BadHave {
+                reason: "inconsistent with the offer",
+            });
+        }
+        self.have = Some(have.clone());
+        self.state = ReceiverState::AwaitFrom;
+        Ok(Message::Have(have))
+    }
+
+    /// FROM: the sender starts at 0, continues the prefix HAVE offered, or
+    /// skips a complete copy; anything else is a protocol error.
+    fn on_from(&mut self, offset: u64) -> Result<ReceiverEvent, RecvError> {
+        let have = self.have.clone().ok_or_else(|| self.unexpected("FROM"))?;
+        match (have.kind, offset) {
+            (_, 0) => self.state = ReceiverState::AwaitDecision,
+            (HaveKind::Prefix, o) if o == have.bytes => {
+                self.base = (o, o / u64::from(have.chunk_len), have.chunk_len);
+                self.state = ReceiverState::AwaitDecision;
+            }
+            (HaveKind::Complete, SKIP) => {
+                // Nothing is sent: the copy is the file; ACK it.
+                self.bytes = self.size;
+                self.state = ReceiverState::Verifying;
+            }
+            _ => {
+                return Err(ProtocolError::BadFrom {
+                    offset,
+                    have: have.bytes,
+                }
+                .into());
+            }
+        }
+        Ok(ReceiverEvent::From { offset })
+    }
+
+    /// Where the current file's data starts: its resumed prefix in bytes
+    /// (0 unless FROM continued one).
+    pub fn resumed_from(&self) -> u64 {
+        self.base.0
     }
 
     /// Refuses the authenticated sender (state AwaitAdmission) because
@@ -594,6 +677,9 @@ impl ReceiverSession {
                 self.size = h.size;
                 self.stream = h.is_stream();
                 self.directory = h.is_directory();
+                self.resume = h.caps & hello_flags::RESUME != 0;
+                self.have = None;
+                self.base = (0, 0, 0);
                 self.digest = h.digest;
                 self.reset_file();
                 self.state = AwaitDecision;
@@ -638,6 +724,7 @@ impl ReceiverSession {
                 self.state = Verifying;
                 Ok(ReceiverEvent::Fin(f))
             }
+            (AwaitFrom, Message::From { offset }) => self.on_from(offset),
             // Only a stream may wait for its input; a file's data is there.
             (Receiving, Message::Keepalive) if self.stream => Ok(ReceiverEvent::Keepalive),
             // The sender aborting (e.g. a local read error) ends the session.
@@ -716,8 +803,16 @@ impl ReceiverSession {
         self.ring = ring;
         self.reset_file();
         self.refused_in_a_row = 0;
+        // A resumed file continues its prefix: its chunks keep their
+        // numbers (and so their slots) and their length.
+        let (base_bytes, base_chunks, base_len) = self.base;
+        self.bytes = base_bytes;
+        self.chunks = base_chunks;
+        self.chunk_len = base_len;
         // A stream's bytes are counted as they arrive.
-        self.session_bytes = self.session_bytes.saturating_add(self.size);
+        self.session_bytes = self
+            .session_bytes
+            .saturating_add(self.size.saturating_sub(base_bytes));
         self.state = ReceiverState::Receiving;
         Ok(Message::Mr(ring))
     }
@@ -949,6 +1044,14 @@ fn check_hello(h: &Hello, max_size: u64) -> Result<(), Reject> {
                     "a stream or directory announces size 0, not {} (a stream's FIN carries its size)",
                     h.size
                 ),
+            ));
+        }
+        if h.caps & hello_flags::RESUME != 0
+            && (h.is_stream() || h.is_directory() || h.mtime.is_none())
+        {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                "only a file offered with its mtime can be resumed",
             ));
         }
         if let Err(e) = validate_path(&h.name) {
@@ -1898,7 +2001,11 @@ mod tests {
             ),
             (v(3, 0, "f", 1001), Some(RejectCode::TooLarge)),
             (v(3, hello_flags::KEEP_MODE, "f", 1), None),
-            (v(3, 1 << 4, "f", 1), Some(RejectCode::Version)),
+            (v(3, 1 << 5, "f", 1), Some(RejectCode::Version)),
+            (
+                v(3, hello_flags::RESUME, "f", 1),
+                Some(RejectCode::Protocol),
+            ),
             (v(3, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
             (v(3, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
             (v(3, STREAM, "f", 5), Some(RejectCode::Protocol)),
@@ -2445,5 +2552,176 @@ mod tests {
             assert!(sent(&mut r).is_empty());
             assert!(r.clone().accept(ring(&cfg(100, 4, 2))).is_err());
         }
+    }
+
+    fn resumable(size: u64) -> Hello {
+        Hello {
+            caps: hello_flags::RESUME | hello_flags::MTIME,
+            mtime: Some(crate::proto::Mtime {
+                secs: 1_700_000_000,
+                nanos: 5,
+            }),
+            ..hello("r.bin", size)
+        }
+    }
+
+    fn prefix(bytes: u64, chunk_len: u32) -> Have {
+        Have {
+            kind: HaveKind::Prefix,
+            bytes,
+            chunk_len,
+            digest: Digest::Sha256([7; 32]),
+            note: String::new(),
+        }
+    }
+
+    /// A resumed file continues its prefix: its chunks keep their numbers,
+    /// slots, length and file offsets, and FIN counts the whole file.
+    #[test]
+    fn a_resumed_file_continues_its_prefix() {
+        let c = cfg(100, 4, 1);
+        let mut r = ReceiverSession::new(c);
+        sent(&mut r);
+        assert!(matches!(
+            r.on_message(Message::Hello(resumable(1000))),
+            Ok(ReceiverEvent::Offer(_))
+        ));
+        assert_eq!(
+            r.have(prefix(300, 100)).unwrap(),
+            Message::Have(prefix(300, 100))
+        );
+        assert_eq!(r.state(), ReceiverState::AwaitFrom);
+        assert_eq!(
+            r.on_message(Message::From { offset: 300 }),
+            Ok(ReceiverEvent::From { offset: 300 })
+        );
+        assert_eq!(r.resumed_from(), 300);
+        r.accept(ring(&c)).unwrap();
+        for k in 3..10u64 {
+            let p = r.on_chunk(100, 0).unwrap();
+            assert_eq!((p.seq, p.file_offset), (k, k * 100));
+            assert_eq!(u64::from(p.slot), k % 4);
+            r.chunk_done();
+        }
+        assert!(matches!(
+            r.on_message(Message::Fin(fin(1000, 10))),
+            Ok(ReceiverEvent::Fin(_))
+        ));
+        // A chunk of another length than the prefix's is refused.
+        let mut r2 = ReceiverSession::new(c);
+        r2.on_message(Message::Hello(resumable(1000))).unwrap();
+        r2.have(prefix(300, 50)).unwrap();
+        r2.on_message(Message::From { offset: 300 }).unwrap();
+        r2.accept(ring(&c)).unwrap();
+        assert!(
+            r2.on_chunk(100, 0).is_err(),
+            "longer than the prefix's chunks"
+        );
+    }
+
+    /// FROM 0 starts over; SKIP on a complete copy goes straight to the
+    /// verdict; any other offset ends the session.
+    #[test]
+    fn from_starts_over_skips_or_is_refused() {
+        let c = cfg(100, 4, 1);
+        let start = |have: Have| {
+            let mut r = ReceiverSession::new(c);
+            sent(&mut r);
+            r.on_message(Message::Hello(resumable(1000))).unwrap();
+            r.have(have).unwrap();
+            r
+        };
+        let mut r = start(prefix(300, 100));
+        r.on_message(Message::From { offset: 0 }).unwrap();
+        assert_eq!(r.resumed_from(), 0);
+        r.accept(ring(&c)).unwrap();
+        assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
+        let complete = Have {
+            kind: HaveKind::Complete,
+            bytes: 1000,
+            chunk_len: 0,
+            digest: Digest::Sha256([1; 32]),
+            note: String::new(),
+        };
+        let mut r = start(complete.clone());
+        assert_eq!(
+            r.on_message(Message::From { offset: SKIP }),
+            Ok(ReceiverEvent::From { offset: SKIP })
+        );
+        assert_eq!(r.state(), ReceiverState::Verifying);
+        r.complete(AckStatus::Ok, "already complete".into())
+            .unwrap();
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        for (have, offset) in [
+            (prefix(300, 100), 200),
+            (prefix(300, 100), SKIP),
+            (complete.clone(), 300),
+            (Have::nothing("none"), 300),
+            (Have::nothing("none"), SKIP),
+        ] {
+            let mut r = start(have.clone());
+            sent(&mut r);
+            assert!(
+                matches!(
+                    r.on_message(Message::From { offset }),
+                    Err(RecvError::Protocol(ProtocolError::BadFrom { .. }))
+                ),
+                "{have:?} {offset}"
+            );
+            assert_eq!(r.state(), ReceiverState::Closed);
+            assert_eq!(sent(&mut r).len(), 1, "the sender is told why");
+        }
+        // FROM anywhere else is out of place.
+        let mut r = ReceiverSession::new(c);
+        assert!(r.on_message(Message::From { offset: 0 }).is_err());
+    }
+
+    /// Only a file with its mtime may ask to resume, and HAVE must fit the
+    /// offer.
+    #[test]
+    fn resume_offers_and_haves_are_checked() {
+        let c = cfg(100, 4, 1);
+        let refused = |h: Hello| {
+            let mut r = ReceiverSession::new(c);
+            matches!(r.on_message(Message::Hello(h)), Err(RecvError::Reject(j)) if j.code == RejectCode::Protocol)
+        };
+        assert!(refused(Hello {
+            mtime: None,
+            caps: hello_flags::RESUME,
+            ..resumable(10)
+        }));
+        assert!(refused(Hello {
+            caps: hello_flags::RESUME | hello_flags::MTIME | hello_flags::STREAM,
+            size: 0,
+            ..resumable(0)
+        }));
+        for bad in [
+            prefix(1000, 100),
+            prefix(250, 100),
+            prefix(0, 100),
+            prefix(300, 0),
+            prefix(300, 300),
+            Have {
+                digest: Digest::Crc32(0),
+                ..prefix(300, 100)
+            },
+            Have {
+                kind: HaveKind::Complete,
+                bytes: 999,
+                ..Have::nothing("")
+            },
+            Have {
+                bytes: 1,
+                ..Have::nothing("")
+            },
+        ] {
+            let mut r = ReceiverSession::new(c);
+            r.on_message(Message::Hello(resumable(1000))).unwrap();
+            assert!(r.have(bad.clone()).is_err(), "{bad:?}");
+        }
+        // Not without RESUME.
+        let mut r = ReceiverSession::new(c);
+        r.on_message(Message::Hello(hello("f", 1000))).unwrap();
+        assert!(r.have(Have::nothing("")).is_err());
     }
 }

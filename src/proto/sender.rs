@@ -21,8 +21,8 @@ use std::time::Duration;
 use super::auth::{Channel, ConnectionId, NONCE_LEN, Role, SessionKey, Token};
 use super::names::escaped;
 use super::wire::{
-    Ack, AckStatus, Digest, DigestAlg, Fin, Hello, Message, Mtime, Prove, Reject, RejectCode,
-    RingInfo, hello_flags,
+    Ack, AckStatus, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime, Prove, Reject,
+    RejectCode, RingInfo, SKIP, hello_flags,
 };
 use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -43,6 +43,12 @@ pub enum SenderState {
     /// A file's or stream's HELLO sent, waiting for MR or REJECT (verdicts
     /// on pending entries come first).
     AwaitRing,
+    /// A file offered with RESUME: waiting for the receiver's HAVE
+    /// (verdicts on pending entries come first).
+    AwaitHave,
+    /// HAVE arrived: the engine checks its file against it and calls
+    /// `start_from` (FROM).
+    AwaitFromDecision,
     /// Writing chunks under credit.
     Sending,
     /// BYE sent, or an error ended the session; nothing more may be sent.
@@ -57,6 +63,8 @@ impl SenderState {
             Self::AwaitAuthOk => "AWAIT_AUTH_OK",
             Self::Idle => "IDLE",
             Self::AwaitRing => "AWAIT_RING",
+            Self::AwaitHave => "AWAIT_HAVE",
+            Self::AwaitFromDecision => "AWAIT_FROM_DECISION",
             Self::Sending => "SENDING",
             Self::Closed => "CLOSED",
         }
@@ -92,6 +100,9 @@ pub struct FileOffer {
     pub mtime: Option<Mtime>,
     /// Keep `mode` as it is (`-p`) instead of the receiver's umask applying.
     pub keep_mode: bool,
+    /// `--resume`: ask the receiver to keep what it verified and to say
+    /// what it holds (HAVE). Files with an mtime only.
+    pub resume: bool,
 }
 
 /// Where the engine must RDMA-WRITE (with imm = CRC32 of the chunk) the next chunk.
@@ -167,6 +178,9 @@ pub enum SenderEvent {
     Rejected(Reject),
     /// Credits added (or, after a FIN, late credits of that file noted).
     Credit(u32),
+    /// The receiver's HAVE for a file offered with RESUME: the engine
+    /// checks its file against it and calls `start_from`.
+    Have(Have),
     /// The verdict on the oldest pending entry, with the tag the engine
     /// gave it in `start_file`.
     Answered {
@@ -207,6 +221,10 @@ pub struct SenderSession {
     planned: u64,
     /// The current file's or stream's tag (see `start_file`).
     tag: u64,
+    /// The receiver's HAVE for the current file.
+    have: Option<Have>,
+    /// A resumed prefix's chunk length (0: not resuming).
+    base_chunk_len: u32,
     /// Entries awaiting a verdict, oldest first, with their tags.
     pending: VecDeque<(u64, Pending)>,
 }
@@ -232,6 +250,8 @@ impl SenderSession {
             seq: 0,
             planned: 0,
             tag: 0,
+            have: None,
+            base_chunk_len: 0,
             pending: VecDeque::new(),
         }
     }
@@ -316,6 +336,10 @@ impl SenderSession {
         if offer.keep_mode {
             caps |= hello_flags::KEEP_MODE;
         }
+        let resume = offer.resume && offer.kind == OfferKind::File && offer.mtime.is_some();
+        if resume {
+            caps |= hello_flags::RESUME;
+        }
         let version = PROTOCOL_VERSION;
         let size = match offer.kind {
             OfferKind::File => offer.size,
@@ -334,7 +358,13 @@ impl SenderSession {
             self.chunk_len = 0;
             self.seq = 0;
             self.planned = 0;
-            self.state = SenderState::AwaitRing;
+            self.have = None;
+            self.base_chunk_len = 0;
+            self.state = if resume {
+                SenderState::AwaitHave
+            } else {
+                SenderState::AwaitRing
+            };
         }
         Ok(Message::Hello(Hello {
             version,
@@ -458,7 +488,7 @@ impl SenderSession {
             }),
             // Verdicts on pending entries come before anything about the
             // current HELLO.
-            (Idle | AwaitRing, Message::Ack(a)) if front.is_some() => {
+            (Idle | AwaitRing | AwaitHave, Message::Ack(a)) if front.is_some() => {
                 let (tag, entry) = self.pending.pop_front().unwrap_or((0, Pending::File));
                 Ok(SenderEvent::Answered {
                     tag,
@@ -466,7 +496,9 @@ impl SenderSession {
                     verdict: Verdict::Ack(a),
                 })
             }
-            (Idle | AwaitRing, Message::Reject(r)) if front == Some(Pending::Directory) => {
+            (Idle | AwaitRing | AwaitHave, Message::Reject(r))
+                if front == Some(Pending::Directory) =>
+            {
                 let tag = self.pending.pop_front().map_or(0, |(tag, _)| tag);
                 Ok(SenderEvent::Answered {
                     tag,
@@ -476,22 +508,37 @@ impl SenderSession {
             }
             // A finished file's late credits (sent before the receiver saw
             // its FIN): noted, bounded by the ring, never used.
-            (Idle | AwaitRing, Message::Credit { count }) if front == Some(Pending::File) => {
+            (Idle | AwaitRing | AwaitHave, Message::Credit { count })
+                if front == Some(Pending::File) =>
+            {
                 self.add_credits(count)
+            }
+            (AwaitHave, Message::Have(have)) if front.is_none() => {
+                self.check_have(&have)?;
+                self.have = Some(have.clone());
+                self.state = AwaitFromDecision;
+                Ok(SenderEvent::Have(have))
             }
             (AwaitRing, Message::Mr(ring)) if front.is_none() => {
                 check_ring(&ring)?;
                 self.ring = ring;
-                self.chunk_len = match self.chunk_size {
-                    0 => ring.slot_size,
-                    c => c.min(ring.slot_size),
+                self.chunk_len = match (self.base_chunk_len, self.chunk_size) {
+                    // A resumed file keeps its prefix's chunk length.
+                    (b, _) if b > ring.slot_size => {
+                        return Err(ProtocolError::BadRing {
+                            reason: "slots smaller than the resumed prefix's chunks",
+                        });
+                    }
+                    (b, _) if b > 0 => b,
+                    (_, 0) => ring.slot_size,
+                    (_, c) => c.min(ring.slot_size),
                 };
                 // The ring is empty at a file boundary, so every slot is available.
                 self.credits = ring.slot_count;
                 self.state = Sending;
                 Ok(SenderEvent::Ring(ring))
             }
-            (AwaitRing, Message::Reject(r)) if front.is_none() => {
+            (AwaitRing | AwaitHave, Message::Reject(r)) if front.is_none() => {
                 self.state = Idle;
                 Ok(SenderEvent::Rejected(r))
             }
@@ -501,7 +548,7 @@ impl SenderSession {
                 reason: r.reason,
             }),
             (Sending, Message::Credit { count }) => self.add_credits(count),
-            (AwaitRing | Sending, Message::Ack(a)) if a.status != AckStatus::Ok => {
+            (AwaitRing | AwaitHave | Sending, Message::Ack(a)) if a.status != AckStatus::Ok => {
                 self.state = Closed;
                 Ok(SenderEvent::Aborted(a))
             }
@@ -537,6 +584,72 @@ impl SenderSession {
         self.planned = planned;
         self.credits -= 1;
         Some(plan)
+    }
+
+    /// Answers the HAVE (state AwaitFromDecision) after the engine checked
+    /// its file against it: 0 sends everything, HAVE's prefix continues
+    /// it (the engine verified the prefix's chunk CRCs), `SKIP` sends
+    /// nothing (the receiver's complete copy has this file's digest; its
+    /// ACK is the verdict). Returns the FROM to send.
+    pub fn start_from(&mut self, offset: u64) -> Result<Message, ProtocolError> {
+        if self.state != SenderState::AwaitFromDecision {
+            return Err(self.wrong_state("start_from"));
+        }
+        let Some(have) = self.have.clone() else {
+            return Err(self.wrong_state("start_from"));
+        };
+        match (have.kind, offset) {
+            (_, 0) => self.state = SenderState::AwaitRing,
+            (HaveKind::Prefix, o) if o == have.bytes => {
+                self.base_chunk_len = have.chunk_len;
+                self.seq = o / u64::from(have.chunk_len);
+                self.planned = o;
+                self.state = SenderState::AwaitRing;
+            }
+            (HaveKind::Complete, SKIP) => {
+                self.planned = self.size;
+                self.state = SenderState::Idle;
+                self.pending.push_back((self.tag, Pending::File));
+            }
+            _ => {
+                return Err(ProtocolError::BadFrom {
+                    offset,
+                    have: have.bytes,
+                });
+            }
+        }
+        Ok(Message::From { offset })
+    }
+
+    /// Where the current file's data starts (its resumed prefix, in bytes).
+    pub fn resumed_from(&self) -> u64 {
+        match &self.have {
+            Some(h) if self.base_chunk_len > 0 => h.bytes,
+            _ => 0,
+        }
+    }
+
+    /// A HAVE must fit the file offered: a prefix shorter than the file in
+    /// whole chunks, or the whole file with its digest.
+    fn check_have(&self, have: &Have) -> Result<(), ProtocolError> {
+        let ok = match have.kind {
+            HaveKind::Nothing => have.bytes == 0,
+            HaveKind::Prefix => {
+                have.chunk_len > 0
+                    && have.bytes > 0
+                    && have.bytes < self.size
+                    && have.bytes % u64::from(have.chunk_len) == 0
+                    && have.digest.alg() == DigestAlg::Sha256
+            }
+            HaveKind::Complete => have.bytes == self.size && have.digest.alg() == self.digest,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(ProtocolError::BadHave {
+                reason: "inconsistent with the offer",
+            })
+        }
     }
 
     /// Plans the next chunk, of `len` bytes the engine has read, consuming
@@ -739,6 +852,7 @@ mod tests {
             kind: OfferKind::File,
             mtime: None,
             keep_mode: false,
+            resume: false,
         }
     }
 
@@ -2073,5 +2187,132 @@ mod tests {
                 "{err:?}"
             );
         }
+    }
+
+    fn resumable(size: u64) -> FileOffer {
+        FileOffer {
+            mtime: Some(Mtime { secs: 7, nanos: 0 }),
+            resume: true,
+            ..offer(size)
+        }
+    }
+
+    /// With RESUME the offer waits for HAVE; FROM at the prefix continues
+    /// it (chunk numbers, offsets, length and FIN count the whole file).
+    #[test]
+    fn a_resumed_file_continues_its_prefix() {
+        let mut s = greeted(100);
+        let Message::Hello(h) = s.start_file(resumable(1000), 1).unwrap() else {
+            panic!("no HELLO")
+        };
+        assert_eq!(h.caps, hello_flags::RESUME | hello_flags::MTIME);
+        assert_eq!(s.state(), SenderState::AwaitHave);
+        // No MR before the HAVE is answered.
+        assert!(s.clone().on_message(Message::Mr(ring(100, 4))).is_err());
+        let have = Have {
+            kind: HaveKind::Prefix,
+            bytes: 300,
+            chunk_len: 50,
+            digest: Digest::Sha256([3; 32]),
+            note: String::new(),
+        };
+        assert_eq!(
+            s.on_message(Message::Have(have.clone())),
+            Ok(SenderEvent::Have(have))
+        );
+        assert_eq!(s.state(), SenderState::AwaitFromDecision);
+        assert!(s.clone().start_from(200).is_err());
+        assert_eq!(s.start_from(300).unwrap(), Message::From { offset: 300 });
+        assert_eq!(s.resumed_from(), 300);
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        // The prefix's chunk length, not the ring's slot size.
+        assert_eq!(s.chunk_len(), 50);
+        let p = s.next_chunk(50).unwrap().unwrap();
+        assert_eq!((p.seq, p.file_offset, p.slot), (6, 300, 2));
+        let mut planned = 350;
+        while planned < 1000 {
+            if s.next_chunk(50).unwrap().is_none() {
+                s.on_message(Message::Credit { count: 4 }).unwrap();
+                continue;
+            }
+            planned += 50;
+        }
+        let Message::Fin(fin) = s.finish(Digest::Crc32(0)).unwrap() else {
+            panic!("no FIN")
+        };
+        assert_eq!((fin.bytes, fin.chunks), (1000, 20));
+    }
+
+    /// FROM 0 starts over; SKIP leaves the entry waiting for its verdict;
+    /// a HAVE that does not fit the offer ends the session.
+    #[test]
+    fn from_starts_over_or_skips_and_bad_haves_are_refused() {
+        let start = || {
+            let mut s = greeted(100);
+            s.start_file(resumable(1000), 9).unwrap();
+            s
+        };
+        let mut s = start();
+        s.on_message(Message::Have(Have::nothing("no partial")))
+            .unwrap();
+        assert!(s.clone().start_from(SKIP).is_err());
+        s.start_from(0).unwrap();
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        assert_eq!(s.next_chunk(100).unwrap().unwrap().file_offset, 0);
+        let complete = Have {
+            kind: HaveKind::Complete,
+            bytes: 1000,
+            chunk_len: 0,
+            digest: Digest::Crc32(5),
+            note: String::new(),
+        };
+        let mut s = start();
+        s.on_message(Message::Have(complete)).unwrap();
+        assert_eq!(s.start_from(SKIP).unwrap(), Message::From { offset: SKIP });
+        assert_eq!(s.state(), SenderState::Idle);
+        assert_eq!(
+            s.on_message(Message::Ack(Ack::new(AckStatus::Ok, "already complete"))),
+            Ok(SenderEvent::Answered {
+                tag: 9,
+                entry: Pending::File,
+                verdict: Verdict::Ack(Ack::new(AckStatus::Ok, "already complete")),
+            })
+        );
+        for bad in [
+            Have {
+                kind: HaveKind::Prefix,
+                bytes: 1000,
+                chunk_len: 100,
+                digest: Digest::Sha256([0; 32]),
+                note: String::new(),
+            },
+            Have {
+                kind: HaveKind::Complete,
+                bytes: 1000,
+                chunk_len: 0,
+                digest: Digest::Sha256([0; 32]),
+                note: String::new(),
+            },
+        ] {
+            let mut s = start();
+            assert!(s.on_message(Message::Have(bad.clone())).is_err(), "{bad:?}");
+            assert_eq!(s.state(), SenderState::Closed);
+        }
+        // A stream or a file without mtime never asks to resume.
+        let mut s = greeted(100);
+        let Message::Hello(h) = s
+            .start_file(
+                FileOffer {
+                    mtime: None,
+                    ..resumable(10)
+                },
+                1,
+            )
+            .unwrap()
+        else {
+            panic!("no HELLO")
+        };
+        assert_eq!(h.caps & hello_flags::RESUME, 0);
+        assert_eq!(s.state(), SenderState::AwaitRing);
     }
 }

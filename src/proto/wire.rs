@@ -43,8 +43,13 @@ pub mod hello_flags {
     /// Keep `mode` as sent (`sender -p`); without it the receiver masks it
     /// with its umask, as scp does.
     pub const KEEP_MODE: u32 = 1 << 3;
+    /// `sender --resume`: the receiver keeps what it verified if the
+    /// session fails and answers the offer with HAVE (what it holds)
+    /// before its MR. Files only, and only with MTIME (the source's
+    /// identity).
+    pub const RESUME: u32 = 1 << 4;
     /// Every flag this build knows.
-    pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME | KEEP_MODE;
+    pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME | KEEP_MODE | RESUME;
 }
 /// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
 pub const MAX_REASON: usize = 1024;
@@ -75,6 +80,10 @@ pub mod msg_type {
     pub const PROVE: u8 = 11;
     /// [`Message::AuthOk`](super::Message::AuthOk).
     pub const AUTH_OK: u8 = 12;
+    /// [`Message::Have`](super::Message::Have).
+    pub const HAVE: u8 = 13;
+    /// [`Message::From`](super::Message::From).
+    pub const FROM: u8 = 14;
 }
 
 /// The whole-file digest a HELLO announces and its FIN carries (its wire
@@ -504,6 +513,72 @@ pub enum Message {
         /// `SessionKey::receiver_proof`.
         proof: [u8; MAC_LEN],
     },
+    /// Receiver -> sender: what the receiver already holds of a file
+    /// offered with `hello_flags::RESUME` (before its MR).
+    Have(Have),
+    /// Sender -> receiver: where the data of the file just answered by
+    /// HAVE starts: 0, HAVE's prefix, or [`SKIP`] (already complete).
+    From {
+        /// The first byte the sender will write, or [`SKIP`].
+        offset: u64,
+    },
+}
+
+/// FROM's offset when the receiver's complete copy is the sender's file:
+/// nothing is sent.
+pub const SKIP: u64 = u64::MAX;
+
+/// What a receiver holds of a file offered for resuming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum HaveKind {
+    /// Nothing usable (the note says why).
+    Nothing = 0,
+    /// A verified prefix kept from an earlier attempt.
+    Prefix = 1,
+    /// The whole file, under its final name, with the offered size.
+    Complete = 2,
+}
+
+impl HaveKind {
+    /// The kind of a wire value, if known.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        [Self::Nothing, Self::Prefix, Self::Complete]
+            .into_iter()
+            .find(|k| *k as u8 == v)
+    }
+}
+
+/// HAVE: the receiver's answer to an offer with `hello_flags::RESUME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Have {
+    /// What it holds.
+    pub kind: HaveKind,
+    /// Prefix: the verified bytes (whole chunks of `chunk_len`); Complete:
+    /// the file's size; Nothing: 0.
+    pub bytes: u64,
+    /// Prefix: the chunk length the prefix arrived in; else 0.
+    pub chunk_len: u32,
+    /// Prefix: SHA-256 of the prefix's chunk CRC32s (4 bytes each,
+    /// big-endian, in order); Complete: the copy's whole-file digest in the
+    /// offered algorithm; Nothing: `Digest::Crc32(0)`.
+    pub digest: Digest,
+    /// Why nothing (or not more) can be reused, in words, for the user
+    /// (at most [`MAX_REASON`] bytes).
+    pub note: String,
+}
+
+impl Have {
+    /// Nothing to reuse, and why.
+    pub fn nothing(note: impl Into<String>) -> Self {
+        Self {
+            kind: HaveKind::Nothing,
+            bytes: 0,
+            chunk_len: 0,
+            digest: Digest::Crc32(0),
+            note: clamp_string(note.into(), MAX_REASON),
+        }
+    }
 }
 
 impl Message {
@@ -522,6 +597,8 @@ impl Message {
             Self::Keepalive => "KEEPALIVE",
             Self::Prove(_) => "PROVE",
             Self::AuthOk { .. } => "AUTH_OK",
+            Self::Have(_) => "HAVE",
+            Self::From { .. } => "FROM",
         }
     }
 
@@ -540,6 +617,8 @@ impl Message {
             Self::Keepalive => msg_type::KEEPALIVE,
             Self::Prove(_) => msg_type::PROVE,
             Self::AuthOk { .. } => msg_type::AUTH_OK,
+            Self::Have(_) => msg_type::HAVE,
+            Self::From { .. } => msg_type::FROM,
         }
     }
 }
@@ -669,6 +748,9 @@ const FIN_FIXED: usize = 8 + 8 + 1 + 2;
 const CHALLENGE_BODY: usize = 2 + NONCE_LEN;
 const AUTH_FIXED: usize = 2;
 const PROVE_FIXED: usize = 2 + NONCE_LEN + 2;
+/// HAVE without its digest and note: kind, bytes, chunk_len, digest
+/// algorithm, digest length, note length.
+const HAVE_FIXED: usize = 1 + 8 + 4 + 1 + 2 + 2;
 const MTIME_LEN: usize = 8 + 4;
 
 fn check_mtime(h: &Hello) -> Result<usize, WireError> {
@@ -735,6 +817,12 @@ fn body_len(msg: &Message) -> Result<usize, WireError> {
             Ok(PROVE_FIXED + p.proof.len())
         }
         Message::AuthOk { .. } => Ok(MAC_LEN),
+        Message::Have(h) => str_field(
+            "HAVE note",
+            &h.note,
+            HAVE_FIXED + h.digest.alg().digest_len(),
+        ),
+        Message::From { .. } => Ok(8),
     }
 }
 
@@ -778,6 +866,15 @@ impl Writer<'_> {
     }
     fn u64(&mut self, v: u64) -> Result<(), WireError> {
         self.put(&v.to_be_bytes())
+    }
+
+    /// A digest: its algorithm's code, then its bytes with a u16 length.
+    fn digest(&mut self, field: &'static str, d: &Digest) -> Result<(), WireError> {
+        self.u8(d.alg() as u8)?;
+        match d {
+            Digest::Crc32(v) => self.bytes16(field, &v.to_be_bytes()),
+            Digest::Sha256(b) => self.bytes16(field, b),
+        }
     }
 
     fn bytes16(&mut self, field: &'static str, b: &[u8]) -> Result<(), WireError> {
@@ -835,11 +932,7 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
         Message::Fin(f) => {
             w.u64(f.bytes)?;
             w.u64(f.chunks)?;
-            w.u8(f.digest.alg() as u8)?;
-            match &f.digest {
-                Digest::Crc32(v) => w.bytes16("FIN digest", &v.to_be_bytes())?,
-                Digest::Sha256(b) => w.bytes16("FIN digest", b)?,
-            }
+            w.digest("FIN digest", &f.digest)?;
         }
         Message::Ack(a) => {
             w.u16(a.status as u16)?;
@@ -857,6 +950,14 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
             w.bytes16("PROVE proof", &p.proof)?;
         }
         Message::AuthOk { proof } => w.put(proof)?,
+        Message::Have(h) => {
+            w.u8(h.kind as u8)?;
+            w.u64(h.bytes)?;
+            w.u32(h.chunk_len)?;
+            w.digest("HAVE digest", &h.digest)?;
+            w.bytes16("HAVE note", h.note.as_bytes())?;
+        }
+        Message::From { offset } => w.u64(*offset)?,
     }
     Ok(w.pos)
 }
@@ -910,6 +1011,26 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_be_bytes(self.array()?))
+    }
+
+    /// A digest as `Writer::digest` writes it.
+    fn digest(&mut self) -> Result<Digest, WireError> {
+        let a = self.u8()?;
+        let alg = DigestAlg::from_u8(a).ok_or(WireError::BadEnum {
+            field: "digest algorithm",
+            value: a.into(),
+        })?;
+        let raw = self.bytes16()?;
+        let bad_len = WireError::BadDigestLength {
+            alg,
+            len: raw.len(),
+        };
+        Ok(match alg {
+            DigestAlg::Crc32 => {
+                Digest::Crc32(u32::from_be_bytes(raw.try_into().map_err(|_| bad_len)?))
+            }
+            DigestAlg::Sha256 => Digest::Sha256(raw.try_into().map_err(|_| bad_len)?),
+        })
     }
 
     fn bytes16(&mut self) -> Result<&'a [u8], WireError> {
@@ -974,6 +1095,8 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         msg_type::KEEPALIVE => "KEEPALIVE",
         msg_type::PROVE => "PROVE",
         msg_type::AUTH_OK => "AUTH_OK",
+        msg_type::HAVE => "HAVE",
+        msg_type::FROM => "FROM",
         other => return Err(WireError::UnknownType(other)),
     };
     let declared = h.u32()?;
@@ -1055,22 +1178,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         msg_type::FIN => {
             let bytes = r.u64()?;
             let chunks = r.u64()?;
-            let a = r.u8()?;
-            let alg = DigestAlg::from_u8(a).ok_or(WireError::BadEnum {
-                field: "digest algorithm",
-                value: a.into(),
-            })?;
-            let raw = r.bytes16()?;
-            let bad_len = WireError::BadDigestLength {
-                alg,
-                len: raw.len(),
-            };
-            let digest = match alg {
-                DigestAlg::Crc32 => {
-                    Digest::Crc32(u32::from_be_bytes(raw.try_into().map_err(|_| bad_len)?))
-                }
-                DigestAlg::Sha256 => Digest::Sha256(raw.try_into().map_err(|_| bad_len)?),
-            };
+            let digest = r.digest()?;
             Message::Fin(Fin {
                 bytes,
                 chunks,
@@ -1112,6 +1220,21 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
             })
         }
         msg_type::AUTH_OK => Message::AuthOk { proof: r.array()? },
+        msg_type::HAVE => {
+            let v = r.u8()?;
+            let kind = HaveKind::from_u8(v).ok_or(WireError::BadEnum {
+                field: "HAVE kind",
+                value: v.into(),
+            })?;
+            Message::Have(Have {
+                kind,
+                bytes: r.u64()?,
+                chunk_len: r.u32()?,
+                digest: r.digest()?,
+                note: r.string("HAVE note")?,
+            })
+        }
+        msg_type::FROM => Message::From { offset: r.u64()? },
         // Only BYE is left: `kind` above rejected every other code.
         _ => Message::Bye,
     };
@@ -1278,6 +1401,23 @@ pub(crate) mod tests {
                 proof: sha().to_vec(),
             }),
             Message::AuthOk { proof: sha() },
+            Message::Have(Have::nothing("no partial file")),
+            Message::Have(Have {
+                kind: HaveKind::Prefix,
+                bytes: 3 << 20,
+                chunk_len: 1 << 20,
+                digest: Digest::Sha256(sha()),
+                note: String::new(),
+            }),
+            Message::Have(Have {
+                kind: HaveKind::Complete,
+                bytes: 10,
+                chunk_len: 0,
+                digest: Digest::Crc32(0xdead_beef),
+                note: "é".into(),
+            }),
+            Message::From { offset: 0 },
+            Message::From { offset: SKIP },
             Message::AuthOk {
                 proof: [0; MAC_LEN],
             },
@@ -1366,7 +1506,7 @@ pub(crate) mod tests {
         b[4] = 2;
         assert_eq!(decode(&b), Err(WireError::UnknownVersion(2)));
 
-        for ty in [0u8, 13, 200, 255] {
+        for ty in [0u8, 15, 200, 255] {
             let mut b = good.clone();
             b[5] = ty;
             assert_eq!(decode(&b), Err(WireError::UnknownType(ty)));

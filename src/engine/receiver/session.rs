@@ -329,6 +329,11 @@ impl Session<'_, '_> {
                 self.control.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
+            // WIP (resume branch): the engine answers no RESUME offer with
+            // HAVE yet, so no FROM can come.
+            Ok(ReceiverEvent::From { .. }) => {
+                return Err(XferError::Internal("FROM without a HAVE".into()));
+            }
             // The machine queued the sender's reply to each error.
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Version(reject)) => {

@@ -383,6 +383,7 @@ impl Connection {
         let (offer, input) = match entry {
             Entry::Dir { name, mode, mtime } => {
                 let offer = FileOffer {
+                    resume: false,
                     name: name.clone(),
                     size: 0,
                     mode,
@@ -410,6 +411,7 @@ impl Connection {
                 })?;
                 super::stdio::grow_pipe(&stdin, cfg.chunk_size as usize);
                 let offer = FileOffer {
+                    resume: false,
                     name,
                     size: 0,
                     mode: 0o644,
@@ -443,6 +445,7 @@ impl Connection {
                     ))));
                 }
                 let offer = FileOffer {
+                    resume: false,
                     name,
                     size: meta.len(),
                     mode: meta.permissions().mode() & 0o7777,
