@@ -349,18 +349,7 @@ impl ReceiverSession {
         if self.state != ReceiverState::AwaitDecision || !self.resume {
             return Err(self.wrong_state("have"));
         }
-        let consistent = match have.kind {
-            HaveKind::Nothing => have.bytes == 0,
-            HaveKind::Prefix => {
-                have.chunk_len > 0
-                    && have.bytes > 0
-                    && have.bytes < self.size
-                    && have.bytes % u64::from(have.chunk_len) == 0
-                    && have.chunk_len <= self.cfg.slot_size
-                    && have.digest.alg() == DigestAlg::Sha256
-            }
-            HaveKind::Complete => have.bytes == self.size && have.digest.alg() == self.digest,
-        };
+        let consistent = have.fits(self.size, self.digest) && have.chunk_len <= self.cfg.slot_size;
         if !consistent {
             return Err(ProtocolError::BadHave {
                 reason: "inconsistent with the offer",

@@ -632,17 +632,7 @@ impl SenderSession {
     /// A HAVE must fit the file offered: a prefix shorter than the file in
     /// whole chunks, or the whole file with its digest.
     fn check_have(&self, have: &Have) -> Result<(), ProtocolError> {
-        let ok = match have.kind {
-            HaveKind::Nothing => have.bytes == 0,
-            HaveKind::Prefix => {
-                have.chunk_len > 0
-                    && have.bytes > 0
-                    && have.bytes < self.size
-                    && have.bytes % u64::from(have.chunk_len) == 0
-                    && have.digest.alg() == DigestAlg::Sha256
-            }
-            HaveKind::Complete => have.bytes == self.size && have.digest.alg() == self.digest,
-        };
+        let ok = have.fits(self.size, self.digest);
         if ok {
             Ok(())
         } else {

@@ -569,6 +569,24 @@ pub struct Have {
 }
 
 impl Have {
+    /// Whether this HAVE fits an offer of a `size`-byte file with whole-file
+    /// digest `alg`: a prefix of whole chunks shorter than the file (its
+    /// digest SHA-256 over the chunk CRCs), or the whole file with a digest
+    /// of that algorithm, or nothing.
+    pub fn fits(&self, size: u64, alg: DigestAlg) -> bool {
+        match self.kind {
+            HaveKind::Nothing => self.bytes == 0,
+            HaveKind::Prefix => {
+                self.chunk_len > 0
+                    && self.bytes > 0
+                    && self.bytes < size
+                    && self.bytes.is_multiple_of(u64::from(self.chunk_len))
+                    && self.digest.alg() == DigestAlg::Sha256
+            }
+            HaveKind::Complete => self.bytes == size && self.digest.alg() == alg,
+        }
+    }
+
     /// Nothing to reuse, and why.
     pub fn nothing(note: impl Into<String>) -> Self {
         Self {
