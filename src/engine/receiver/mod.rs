@@ -8,6 +8,7 @@
 
 mod admission;
 mod allow;
+mod partial;
 mod session;
 mod space;
 mod store;

@@ -1,0 +1,356 @@
+//! What the receiver keeps of a file offered with `--resume` when its
+//! session fails: the partial file under a hidden name beside the final
+//! one, and a sidecar that says which source it came from and which prefix
+//! of it was verified (one CRC32 per chunk, in order).
+//!
+//! The sidecar is a header, then one 8-byte record per verified chunk
+//! (its CRC32 and a check value over its number and CRC), appended as the
+//! chunks are made durable: the partial file is fsynced before the records
+//! that cover it are appended (and the sidecar fsynced), so a record never
+//! promises bytes the disk may not have. A torn or damaged record ends the
+//! prefix there; a damaged header makes the whole sidecar unusable.
+
+use crate::proto::{DigestAlg, Hello, Mtime};
+use sha2::{Digest as _, Sha256};
+
+/// The sidecar's first bytes (and its format version).
+const MAGIC: &[u8; 8] = b"RXFRPT1\n";
+
+/// Header after the magic: name length (u16), size (u64), mtime seconds
+/// (i64) and nanoseconds (u32), digest algorithm (u8), chunk length (u32),
+/// then the name, then a CRC32 of everything before it.
+const HEADER_FIXED: usize = MAGIC.len() + 2 + 8 + 8 + 4 + 1 + 4;
+
+/// The identity of a source file and the chunking of its transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Identity {
+    /// The validated relative path it arrives under.
+    pub name: String,
+    pub size: u64,
+    pub mtime: Mtime,
+    pub digest: DigestAlg,
+    pub chunk_len: u32,
+}
+
+/// A sidecar as read back: the identity and the verified chunks' CRCs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Sidecar {
+    pub identity: Identity,
+    pub crcs: Vec<u32>,
+}
+
+/// Why a sidecar cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum SidecarError {
+    #[error("the partial file's record is damaged ({0})")]
+    Damaged(&'static str),
+}
+
+impl Identity {
+    /// The identity a RESUME offer announces with chunks of `chunk_len`;
+    /// None without an mtime (such an offer cannot be resumed).
+    pub fn of_offer(hello: &Hello, chunk_len: u32) -> Option<Self> {
+        Some(Self {
+            name: hello.name.clone(),
+            size: hello.size,
+            mtime: hello.mtime?,
+            digest: hello.digest,
+            chunk_len,
+        })
+    }
+
+    /// The sidecar's header for this identity.
+    pub fn header(&self) -> Vec<u8> {
+        let mut h = Vec::with_capacity(HEADER_FIXED + self.name.len() + 4);
+        h.extend_from_slice(MAGIC);
+        // Names are at most 4096 bytes (validated paths).
+        h.extend_from_slice(&(self.name.len().min(u16::MAX.into()) as u16).to_be_bytes());
+        h.extend_from_slice(&self.size.to_be_bytes());
+        h.extend_from_slice(&self.mtime.secs.to_be_bytes());
+        h.extend_from_slice(&self.mtime.nanos.to_be_bytes());
+        h.push(self.digest as u8);
+        h.extend_from_slice(&self.chunk_len.to_be_bytes());
+        h.extend_from_slice(self.name.as_bytes());
+        let check = crc32fast::hash(&h);
+        h.extend_from_slice(&check.to_be_bytes());
+        h
+    }
+
+    /// Why a partial kept for `self` cannot continue a transfer of `now`
+    /// (the same name is assumed): the source changed, or the chunks did.
+    pub fn mismatch(&self, now: &Identity) -> Option<String> {
+        if self.size != now.size {
+            Some(format!(
+                "the source's size changed ({} bytes, now {})",
+                self.size, now.size
+            ))
+        } else if self.mtime != now.mtime {
+            Some("the source's modification time changed".into())
+        } else if self.digest != now.digest {
+            Some(format!(
+                "the digest changed ({}, now {})",
+                self.digest, now.digest
+            ))
+        } else if self.chunk_len != now.chunk_len {
+            Some(format!(
+                "the chunk size changed ({} bytes, now {})",
+                self.chunk_len, now.chunk_len
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+/// The record of verified chunk `index` with CRC32 `crc`.
+pub(super) fn record(index: u64, crc: u32) -> [u8; 8] {
+    let mut r = [0u8; 8];
+    r[..4].copy_from_slice(&crc.to_be_bytes());
+    let mut check = crc32fast::Hasher::new();
+    check.update(&index.to_be_bytes());
+    check.update(&crc.to_be_bytes());
+    r[4..].copy_from_slice(&check.finalize().to_be_bytes());
+    r
+}
+
+impl Sidecar {
+    /// Reads a sidecar: its header must be intact; its records count up to
+    /// the first torn or damaged one.
+    pub fn decode(bytes: &[u8]) -> Result<Self, SidecarError> {
+        let damaged = SidecarError::Damaged;
+        if bytes.len() < HEADER_FIXED + 4 || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(damaged("not a partial-file record"));
+        }
+        let mut at = MAGIC.len();
+        let mut take = |n: usize| {
+            let s = bytes.get(at..at + n);
+            at += n;
+            s
+        };
+        let be = |s: Option<&[u8]>| -> Option<u64> {
+            s.map(|s| s.iter().fold(0u64, |v, &b| v << 8 | u64::from(b)))
+        };
+        let name_len = be(take(2)).ok_or(damaged("short header"))? as usize;
+        let size = be(take(8)).ok_or(damaged("short header"))?;
+        let secs = be(take(8)).ok_or(damaged("short header"))? as i64;
+        let nanos = be(take(4)).ok_or(damaged("short header"))? as u32;
+        let alg = be(take(1)).ok_or(damaged("short header"))? as u8;
+        let chunk_len = be(take(4)).ok_or(damaged("short header"))? as u32;
+        let name = take(name_len).ok_or(damaged("short header"))?;
+        let check = be(take(4)).ok_or(damaged("short header"))? as u32;
+        let header_end = at;
+        if crc32fast::hash(&bytes[..header_end - 4]) != check {
+            return Err(damaged("header checksum"));
+        }
+        let name = std::str::from_utf8(name).map_err(|_| damaged("name not UTF-8"))?;
+        let digest = DigestAlg::from_u8(alg).ok_or(damaged("unknown digest"))?;
+        if chunk_len == 0 || nanos >= 1_000_000_000 {
+            return Err(damaged("impossible header values"));
+        }
+        let mut crcs = Vec::new();
+        for (index, r) in bytes[header_end..].chunks_exact(8).enumerate() {
+            let crc = u32::from_be_bytes([r[0], r[1], r[2], r[3]]);
+            if record(index as u64, crc) != r {
+                break;
+            }
+            crcs.push(crc);
+        }
+        // Never more verified chunks than the file has.
+        let max_chunks = size.div_ceil(u64::from(chunk_len));
+        crcs.truncate(usize::try_from(max_chunks).unwrap_or(usize::MAX));
+        Ok(Self {
+            identity: Identity {
+                name: name.to_string(),
+                size,
+                mtime: Mtime { secs, nanos },
+                digest,
+                chunk_len,
+            },
+            crcs,
+        })
+    }
+
+    /// Bytes of the verified prefix that a transfer may continue: whole
+    /// chunks only, and never the whole file (a complete file is
+    /// committed, not resumed).
+    pub fn prefix_chunks(&self) -> u64 {
+        let chunks = self.crcs.len() as u64;
+        let whole = self.identity.size / u64::from(self.identity.chunk_len);
+        let last_is_short = self.identity.size % u64::from(self.identity.chunk_len) != 0;
+        // The chunks before the file's last one.
+        let before_last = if last_is_short {
+            whole
+        } else {
+            whole.saturating_sub(1)
+        };
+        chunks.min(before_last)
+    }
+
+    /// The verified prefix in bytes (see `prefix_chunks`).
+    pub fn prefix_bytes(&self) -> u64 {
+        self.prefix_chunks() * u64::from(self.identity.chunk_len)
+    }
+
+    /// What HAVE carries for the prefix: SHA-256 of its chunks' CRC32s,
+    /// 4 bytes each, big-endian, in order.
+    pub fn prefix_digest(&self) -> [u8; 32] {
+        prefix_digest(&self.crcs[..self.prefix_chunks() as usize])
+    }
+}
+
+/// SHA-256 of chunk CRC32s as HAVE carries it (the sender computes the
+/// same over its own file's chunks).
+pub fn prefix_digest(crcs: &[u32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for crc in crcs {
+        h.update(crc.to_be_bytes());
+    }
+    h.finalize().into()
+}
+
+/// The hidden names of the partial file and its sidecar for final name
+/// `leaf` (in the same directory): derived from a hash of the name, so
+/// that they fit in 255 bytes whatever the name.
+pub(super) fn partial_names(leaf: &str) -> (String, String) {
+    let h = Sha256::digest(leaf.as_bytes());
+    let id: String = h[..12].iter().map(|b| format!("{b:02x}")).collect();
+    (
+        format!(".rdma-xfer-partial-{id}"),
+        format!(".rdma-xfer-partial-{id}.meta"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> Identity {
+        Identity {
+            name: "dir/big.bin".into(),
+            size: 10 * 100 + 37,
+            mtime: Mtime {
+                secs: -5,
+                nanos: 999_999_999,
+            },
+            digest: DigestAlg::Sha256,
+            chunk_len: 100,
+        }
+    }
+
+    fn sidecar_bytes(id: &Identity, crcs: &[u32]) -> Vec<u8> {
+        let mut b = id.header();
+        for (i, c) in crcs.iter().enumerate() {
+            b.extend_from_slice(&record(i as u64, *c));
+        }
+        b
+    }
+
+    #[test]
+    fn a_sidecar_reads_back_what_was_written() {
+        let id = identity();
+        let crcs: Vec<u32> = (0..7).map(|i| 0xabc0_0000 + i).collect();
+        let s = Sidecar::decode(&sidecar_bytes(&id, &crcs)).unwrap();
+        assert_eq!(s.identity, id);
+        assert_eq!(s.crcs, crcs);
+        assert_eq!((s.prefix_chunks(), s.prefix_bytes()), (7, 700));
+        assert_eq!(s.prefix_digest(), prefix_digest(&crcs));
+        assert_ne!(prefix_digest(&crcs), prefix_digest(&crcs[..6]));
+    }
+
+    #[test]
+    fn a_torn_or_damaged_record_ends_the_prefix_there() {
+        let id = identity();
+        let crcs = [1u32, 2, 3, 4];
+        let mut b = sidecar_bytes(&id, &crcs);
+        // A torn last record (half written).
+        b.extend_from_slice(&record(4, 5)[..5]);
+        assert_eq!(Sidecar::decode(&b).unwrap().crcs, crcs);
+        // A flipped bit in record 2: the prefix is records 0 and 1.
+        let at = b.len() - 5 - 2 * 8 + 1;
+        b[at] ^= 0x10;
+        assert_eq!(Sidecar::decode(&b).unwrap().crcs, [1, 2]);
+        // Records in the wrong order do not check.
+        let mut swapped = id.header();
+        swapped.extend_from_slice(&record(1, 2));
+        swapped.extend_from_slice(&record(0, 1));
+        assert_eq!(Sidecar::decode(&swapped).unwrap().crcs, Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_damaged_header_makes_the_sidecar_unusable() {
+        let b = sidecar_bytes(&identity(), &[1, 2]);
+        for at in 0..identity().header().len() {
+            let mut d = b.clone();
+            d[at] ^= 0x01;
+            assert!(Sidecar::decode(&d).is_err(), "byte {at}");
+        }
+        for cut in 0..identity().header().len() {
+            assert!(Sidecar::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(Sidecar::decode(b"").is_err());
+    }
+
+    #[test]
+    fn the_prefix_never_covers_the_last_chunk() {
+        // 1037 bytes in chunks of 100: 10 whole chunks and a short one.
+        let id = identity();
+        let all: Vec<u32> = (0..11).collect();
+        let s = Sidecar::decode(&sidecar_bytes(&id, &all)).unwrap();
+        assert_eq!(s.prefix_chunks(), 10);
+        // 1000 bytes: 10 whole chunks, the last of them is the file's end.
+        let even = Identity {
+            size: 1000,
+            ..identity()
+        };
+        let s = Sidecar::decode(&sidecar_bytes(&even, &all)).unwrap();
+        assert_eq!(s.crcs.len(), 10, "no more records than chunks");
+        assert_eq!(s.prefix_chunks(), 9);
+    }
+
+    #[test]
+    fn an_identity_change_says_what_changed() {
+        let id = identity();
+        assert_eq!(id.mismatch(&id), None);
+        let cases = [
+            (
+                Identity {
+                    size: 1,
+                    ..identity()
+                },
+                "size",
+            ),
+            (
+                Identity {
+                    mtime: Mtime { secs: 0, nanos: 0 },
+                    ..identity()
+                },
+                "modification time",
+            ),
+            (
+                Identity {
+                    digest: DigestAlg::Crc32,
+                    ..identity()
+                },
+                "digest",
+            ),
+            (
+                Identity {
+                    chunk_len: 50,
+                    ..identity()
+                },
+                "chunk size",
+            ),
+        ];
+        for (now, what) in cases {
+            let why = id.mismatch(&now).expect("a mismatch");
+            assert!(why.contains(what), "{why}");
+        }
+    }
+
+    #[test]
+    fn partial_names_are_hidden_short_and_distinct() {
+        let (p, m) = partial_names(&"n".repeat(255));
+        assert!(p.starts_with('.') && p.len() < 64 && m == format!("{p}.meta"));
+        assert_ne!(partial_names("a").0, partial_names("b").0);
+    }
+}
