@@ -714,6 +714,9 @@ impl ReceiverSession {
                 Ok(ReceiverEvent::Fin(f))
             }
             (AwaitFrom, Message::From { offset }) => self.on_from(offset),
+            // The sender reads its copy of the prefix (or of the whole file)
+            // to compare it with HAVE: it says it is alive meanwhile.
+            (AwaitFrom, Message::Keepalive) => Ok(ReceiverEvent::Keepalive),
             // Only a stream may wait for its input; a file's data is there.
             (Receiving, Message::Keepalive) if self.stream => Ok(ReceiverEvent::Keepalive),
             // The sender aborting (e.g. a local read error) ends the session.
@@ -2663,6 +2666,13 @@ mod tests {
         // FROM anywhere else is out of place.
         let mut r = ReceiverSession::new(c);
         assert!(r.on_message(Message::From { offset: 0 }).is_err());
+        // While the sender checks its file against HAVE it keeps alive.
+        let mut r = start(prefix(300, 100));
+        assert_eq!(
+            r.on_message(Message::Keepalive),
+            Ok(ReceiverEvent::Keepalive)
+        );
+        assert_eq!(r.state(), ReceiverState::AwaitFrom);
     }
 
     /// Only a file with its mtime may ask to resume, and HAVE must fit the

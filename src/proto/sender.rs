@@ -717,11 +717,17 @@ impl SenderSession {
         }))
     }
 
-    /// While a stream waits for its input: a KEEPALIVE so that the
-    /// receiver's no-progress timeout does not fire (due every
-    /// `keepalive_interval` of silence); only a stream may wait for input.
+    /// While a stream waits for its input, or while the engine reads its
+    /// file to compare it with a HAVE: a KEEPALIVE so that the receiver's
+    /// no-progress timeout does not fire (due every `keepalive_interval`
+    /// of silence). Nothing else may keep the receiver waiting.
     pub fn keepalive(&self) -> Result<Message, ProtocolError> {
-        if self.state != SenderState::Sending || !self.stream {
+        let waiting = match self.state {
+            SenderState::Sending => self.stream,
+            SenderState::AwaitFromDecision => true,
+            _ => false,
+        };
+        if !waiting {
             return Err(self.wrong_state("keepalive"));
         }
         Ok(Message::Keepalive)
@@ -2212,7 +2218,10 @@ mod tests {
         );
         assert_eq!(s.state(), SenderState::AwaitFromDecision);
         assert!(s.clone().start_from(200).is_err());
+        // Checking the prefix takes a while: the receiver is kept waiting.
+        assert_eq!(s.keepalive(), Ok(Message::Keepalive));
         assert_eq!(s.start_from(300).unwrap(), Message::From { offset: 300 });
+        assert!(s.keepalive().is_err(), "a file does not wait for input");
         assert_eq!(s.resumed_from(), 300);
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         // The prefix's chunk length, not the ring's slot size.
