@@ -39,6 +39,51 @@ impl FileHasher {
     }
 }
 
+/// A file's first bytes read back in the chunks the transfer used.
+pub struct PrefixRead {
+    /// SHA-256 of the chunks' CRC32s (4 bytes each, big-endian, in
+    /// order): what HAVE carries for a prefix.
+    pub crc_digest: [u8; 32],
+    /// The whole-file digest so far, to continue with the bytes after.
+    pub hasher: FileHasher,
+}
+
+/// Reads `file` from byte 0 up to `upto` (at most its end) in chunks of
+/// `chunk_len`, computing each chunk's CRC32 and feeding the whole-file
+/// hasher: what a sender compares with a HAVE, and what a receiver
+/// continues a resumed file's digest with. `each_chunk` sees every chunk's
+/// CRC32 in order (the receiver checks them against its records) and may
+/// stop the read with an error. One chunk of memory, whatever the size.
+pub fn read_prefix(
+    file: &std::fs::File,
+    upto: u64,
+    chunk_len: u32,
+    alg: DigestAlg,
+    mut each_chunk: impl FnMut(u64, u32) -> std::io::Result<()>,
+) -> std::io::Result<PrefixRead> {
+    use std::os::unix::fs::FileExt;
+    let mut hasher = FileHasher::new(alg);
+    let mut crcs = Sha256::new();
+    let mut buf = vec![0u8; chunk_len.max(1) as usize];
+    let mut offset = 0u64;
+    let mut index = 0u64;
+    while offset < upto {
+        let len = (upto - offset).min(u64::from(chunk_len.max(1))) as usize;
+        let data = &mut buf[..len];
+        file.read_exact_at(data, offset)?;
+        let crc = crc32fast::hash(data);
+        each_chunk(index, crc)?;
+        hasher.update(data, crc);
+        crcs.update(crc.to_be_bytes());
+        offset += len as u64;
+        index += 1;
+    }
+    Ok(PrefixRead {
+        crc_digest: crcs.finalize().into(),
+        hasher,
+    })
+}
+
 /// Human-readable form for logs and JSON.
 pub fn digest_hex(d: &Digest) -> String {
     match d {
@@ -76,6 +121,48 @@ mod tests {
         }
         let want: [u8; 32] = Sha256::digest(&data).into();
         assert_eq!(h.finish(), Digest::Sha256(want));
+    }
+
+    #[test]
+    fn a_prefix_reads_back_as_the_transfer_chunked_it() {
+        use std::io::Write;
+        let data: Vec<u8> = (0..1037u32).map(|i| (i * 13) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data).unwrap();
+        let mut seen = Vec::new();
+        let p = read_prefix(&f, 300, 100, DigestAlg::Sha256, |i, crc| {
+            seen.push((i, crc));
+            Ok(())
+        })
+        .unwrap();
+        let crcs: Vec<u32> = data[..300].chunks(100).map(crc32fast::hash).collect();
+        assert_eq!(seen, vec![(0, crcs[0]), (1, crcs[1]), (2, crcs[2])]);
+        let mut want = Sha256::new();
+        for c in &crcs {
+            want.update(c.to_be_bytes());
+        }
+        assert_eq!(p.crc_digest, <[u8; 32]>::from(want.finalize()));
+        // The hasher continues with the rest: the whole file's digest.
+        let mut h = p.hasher;
+        for c in data[300..].chunks(100) {
+            h.update(c, crc32fast::hash(c));
+        }
+        let whole: [u8; 32] = Sha256::digest(&data).into();
+        assert_eq!(h.finish(), Digest::Sha256(whole));
+        // The whole file, its last chunk short, with CRC32.
+        let all = read_prefix(&f, 1037, 100, DigestAlg::Crc32, |_, _| Ok(())).unwrap();
+        assert_eq!(all.hasher.finish(), Digest::Crc32(crc32fast::hash(&data)));
+        // Past the end: an error, not a shorter digest.
+        assert!(read_prefix(&f, 2000, 100, DigestAlg::Crc32, |_, _| Ok(())).is_err());
+        // The callback can stop the read.
+        let stop = read_prefix(&f, 300, 100, DigestAlg::Crc32, |i, _| {
+            if i == 1 {
+                Err(std::io::Error::other("record mismatch"))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(stop.is_err());
     }
 
     #[test]
