@@ -49,11 +49,11 @@ use std::time::Instant;
 
 /// How deep the generated inputs got (printed with the counts, so a weak
 /// generator shows): frames decoded, chunks placed, files verified, ...
-struct Reached([AtomicU64; 6]);
+struct Reached([AtomicU64; 7]);
 
 impl Reached {
     const fn new() -> Self {
-        Reached([const { AtomicU64::new(0) }; 6])
+        Reached([const { AtomicU64::new(0) }; 7])
     }
     fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, Ordering::Relaxed);
@@ -956,6 +956,10 @@ enum RxAction {
     Reject(RejectCode),
     /// The engine created the offered directory.
     AcceptDir,
+    /// The engine's HAVE for an offer with RESUME: 0 nothing, 1 a prefix of
+    /// `n` slots (bounded by the size), 2 the complete file; then, for a
+    /// bad one, some bytes off.
+    Have(u8, u32, bool),
     ChunkDone,
     Flush,
     Complete(AckStatus),
@@ -1009,6 +1013,8 @@ fn rx_action() -> impl Strategy<Value = RxAction> {
         3 => accept,
         1 => reject_code().prop_map(RxAction::Reject),
         1 => Just(RxAction::AcceptDir),
+        1 => (0u8..3, any::<u32>(), prop_oneof![9 => Just(false), 1 => Just(true)])
+            .prop_map(|(k, n, off)| RxAction::Have(k, n, off)),
         6 => Just(RxAction::ChunkDone),
         1 => Just(RxAction::Flush),
         2 => prop_oneof![3 => Just(AckStatus::Ok), 1 => ack_status()].prop_map(RxAction::Complete),
@@ -1052,6 +1058,17 @@ struct RxModel {
     files: u64,
     /// How long a legal sender makes the offered stream.
     stream_len: u64,
+    /// The HAVE answering the current offer (with RESUME).
+    have: Option<Have>,
+    /// Where the current file's data starts: bytes, chunks, chunk length.
+    base: (u64, u64, u32),
+}
+
+/// The current offer asked to resume.
+fn resumable(m: &RxModel) -> bool {
+    m.offer
+        .as_ref()
+        .is_some_and(|h| h.caps & hello_flags::RESUME != 0)
 }
 
 impl RxModel {
@@ -1186,6 +1203,11 @@ fn legal_rx(
             // older sender's HELLO.
             let v = PROTOCOL_VERSION;
             let (version, caps, name) = match seed % 9 {
+                4 if seed.is_multiple_of(4) => (
+                    v,
+                    hello_flags::RESUME | hello_flags::MTIME,
+                    format!("r{}", m.files),
+                ),
                 0 => (v, hello_flags::STREAM, format!("s{}", m.files)),
                 1 => (v, hello_flags::DIRECTORY, format!("d/{}", m.files)),
                 2 => (v, 0, format!("d/f{}", m.files)),
@@ -1197,7 +1219,11 @@ fn legal_rx(
                 caps,
                 name,
                 size: match seed % 8 {
-                    _ if caps != 0 => 0,
+                    _ if caps & (hello_flags::STREAM | hello_flags::DIRECTORY) != 0 => 0,
+                    // A file to resume spans a few chunks.
+                    _ if caps & hello_flags::RESUME != 0 => {
+                        u64::from(cfg.slot_size) * u64::from(2 + seed % 5) + u64::from(seed % 7)
+                    }
                     0 => 0,
                     1 => u64::from(cfg.slot_size) * u64::from(seed % 5),
                     _ => u64::from(seed % 300),
@@ -1210,10 +1236,18 @@ fn legal_rx(
                 } else {
                     DigestAlg::Crc32
                 },
-                mtime: None,
+                // RESUME needs the source's mtime.
+                mtime: (caps & hello_flags::MTIME != 0).then_some(Mtime {
+                    secs: i64::from(seed),
+                    nanos: 0,
+                }),
             }))
         }
         AwaitDecision if seed.is_multiple_of(6) => RxAction::Reject(RejectCode::Exists),
+        // An offer with RESUME gets its HAVE first.
+        AwaitDecision if resumable(m) && m.have.is_none() => {
+            RxAction::Have((seed % 3) as u8, seed / 3, false)
+        }
         AwaitDecision if m.offer.as_ref().is_some_and(Hello::is_directory) => RxAction::AcceptDir,
         AwaitDecision => RxAction::Accept {
             same_shape: true,
@@ -1253,7 +1287,14 @@ fn legal_rx(
         Verifying if seed.is_multiple_of(10) => RxAction::Complete(AckStatus::Integrity),
         Verifying => RxAction::Complete(AckStatus::Ok),
         Closed => RxAction::Legal(seed),
-        AwaitFrom => RxAction::Msg(Message::From { offset: 0 }),
+        AwaitFrom => RxAction::Msg(Message::From {
+            offset: match m.have.as_ref().map(|h| h.kind) {
+                _ if seed.is_multiple_of(4) => 0,
+                Some(HaveKind::Prefix) => m.have.as_ref().map_or(0, |h| h.bytes),
+                Some(HaveKind::Complete) => SKIP,
+                _ => 0,
+            },
+        }),
         // Never seen here: the engine decides as soon as the proof passed.
         AwaitAdmission => RxAction::Msg(Message::Bye),
     }
@@ -1359,7 +1400,7 @@ fn check_receiver(
                         prop_assert!(replies(&mut r).is_empty(), "an answer before admission");
                         prop_assert_eq!(r.state(), AwaitAdmission);
                         if a.nonce[0] % 8 == 0 {
-                            RX.hit(5);
+                            RX.hit(6);
                             Some(
                                 r.refuse_busy(2)
                                     .ok_or_else(|| TestCaseError::fail("not refused"))?,
@@ -1400,7 +1441,24 @@ fn check_receiver(
                     // WIP (resume): the model offers no HAVE yet, so no
                     // FROM is ever taken.
                     Ok(ReceiverEvent::From { offset }) => {
-                        return Err(TestCaseError::fail(format!("FROM {offset} without HAVE")));
+                        // Only where a HAVE offered it: 0, its prefix, or
+                        // SKIP of a complete copy.
+                        prop_assert_eq!(before, AwaitFrom);
+                        let have = m
+                            .have
+                            .clone()
+                            .ok_or_else(|| TestCaseError::fail("FROM without HAVE"))?;
+                        match (have.kind, offset) {
+                            (_, 0) => prop_assert_eq!(r.state(), AwaitDecision),
+                            (HaveKind::Prefix, o) if o == have.bytes => {
+                                prop_assert_eq!(r.state(), AwaitDecision);
+                                m.base = (o, o / u64::from(have.chunk_len), have.chunk_len);
+                                RX.hit(5);
+                            }
+                            (HaveKind::Complete, SKIP) => prop_assert_eq!(r.state(), Verifying),
+                            _ => return Err(TestCaseError::fail(format!("FROM {offset} taken"))),
+                        }
+                        prop_assert_eq!(r.resumed_from(), m.base.0);
                     }
                     Ok(ReceiverEvent::Offer(h)) => {
                         prop_assert_eq!(before, AwaitHello);
@@ -1636,13 +1694,55 @@ fn check_receiver(
                         RX.hit(0);
                         prop_assert_eq!(r.state(), Receiving);
                         m.ring = Some(ring);
-                        m.bytes = 0;
-                        m.chunks = 0;
+                        // A resumed file continues its prefix.
+                        (m.bytes, m.chunks, m.chunk_len) = m.base;
                         m.unconsumed = 0;
                         m.pending = 0;
-                        m.chunk_len = 0;
                     }
                     Err(_) => prop_assert_eq!(r.state(), before),
+                }
+            }
+            RxAction::Have(kind, n, off) => {
+                let size = m.offer.as_ref().map_or(0, |h| h.size);
+                let alg = m.offer.as_ref().map_or(DigestAlg::Crc32, |h| h.digest);
+                let chunk = u64::from(cfg.slot_size);
+                let mut have = match kind {
+                    0 => Have::nothing("fuzz"),
+                    1 => Have {
+                        kind: HaveKind::Prefix,
+                        bytes: (u64::from(n) % size.div_ceil(chunk).max(1)) * chunk,
+                        chunk_len: cfg.slot_size,
+                        digest: Digest::Sha256([n as u8; 32]),
+                        note: String::new(),
+                    },
+                    _ => Have {
+                        kind: HaveKind::Complete,
+                        bytes: size,
+                        chunk_len: 0,
+                        digest: match alg {
+                            DigestAlg::Crc32 => Digest::Crc32(n),
+                            DigestAlg::Sha256 => Digest::Sha256([0; 32]),
+                        },
+                        note: String::new(),
+                    },
+                };
+                if off {
+                    have.bytes = have.bytes.wrapping_add(u64::from(n % 7) + 1);
+                }
+                let fits = have.fits(size, alg) && have.chunk_len <= cfg.slot_size;
+                match r.have(have.clone()) {
+                    Ok(msg) => {
+                        prop_assert_eq!(before, AwaitDecision);
+                        prop_assert!(resumable(&m), "HAVE without RESUME");
+                        prop_assert!(fits, "an unfit HAVE: {:?}", have);
+                        prop_assert_eq!(msg, Message::Have(have.clone()));
+                        prop_assert_eq!(r.state(), AwaitFrom);
+                        m.have = Some(have);
+                    }
+                    Err(_) => {
+                        prop_assert!(before != AwaitDecision || !resumable(&m) || !fits);
+                        prop_assert_eq!(r.state(), before);
+                    }
                 }
             }
             RxAction::AcceptDir => match r.accept_directory() {
@@ -1757,11 +1857,12 @@ fn machine_receiver() {
         |(cfg, key, actions)| check_receiver(cfg, key, actions),
         || {
             format!(
-                "{} AUTHs verified ({} of them refused as busy), {} offers accepted, {} chunks \
-                 placed, {} FINs verified, {} files acknowledged",
-                RX.get(4) + RX.get(5),
-                RX.get(5),
+                "{} AUTHs verified ({} of them refused as busy), {} offers accepted ({} resuming \
+                 a prefix), {} chunks placed, {} FINs verified, {} files acknowledged",
+                RX.get(4) + RX.get(6),
+                RX.get(6),
                 RX.get(0),
+                RX.get(5),
                 RX.get(1),
                 RX.get(2),
                 RX.get(3)
