@@ -1893,6 +1893,9 @@ enum TxAction {
     StreamChunk(u32),
     Finish(Option<DigestAlg>),
     Close,
+    /// The engine's FROM after a HAVE: 0, the prefix or SKIP as the seed
+    /// picks (now and then one that does not fit).
+    From(u32),
 }
 
 fn offer_kind() -> impl Strategy<Value = OfferKind> {
@@ -1922,6 +1925,7 @@ fn tx_action() -> impl Strategy<Value = TxAction> {
         3 => prop_oneof![3 => Just(0u32), 1 => 0u32..100].prop_map(TxAction::StreamChunk),
         2 => finish.prop_map(TxAction::Finish),
         1 => Just(TxAction::Close),
+        1 => any::<u32>().prop_map(TxAction::From),
     ]
 }
 
@@ -1946,6 +1950,10 @@ struct TxModel {
     tag: u64,
     /// What the real receiver answers to our PROVE (with a token).
     auth_ok: Option<Message>,
+    /// The HAVE answering the current offer (with RESUME), and the
+    /// resumed prefix's chunk length (0: not resuming).
+    have: Option<Have>,
+    base_len: u32,
 }
 
 static TX: Reached = Reached::new();
@@ -1969,7 +1977,9 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
                 .unwrap_or(Message::AuthOk { proof: [0; 32] }),
         ),
         // Verdicts on pending entries come first, whenever the receiver sends them.
-        Idle | AwaitRing if front.is_some() && (seed.is_multiple_of(2) || state == AwaitRing) => {
+        Idle | AwaitRing | AwaitHave
+            if front.is_some() && (seed.is_multiple_of(2) || state != Idle) =>
+        {
             match front {
                 Some(Pending::Directory) if seed.is_multiple_of(5) => {
                     TxAction::Msg(Message::Reject(Reject::new(RejectCode::Exists, "a file")))
@@ -2001,8 +2011,32 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         AwaitRing if seed.is_multiple_of(6) => {
             TxAction::Msg(Message::Reject(Reject::new(RejectCode::Exists, "exists")))
         }
-        // WIP (resume): the model never offers with RESUME yet.
-        AwaitHave | AwaitFromDecision => TxAction::Msg(Message::Bye),
+        AwaitHave => {
+            let chunk_len = 1 + seed % 64;
+            let chunks = m.size / u64::from(chunk_len);
+            TxAction::Msg(Message::Have(match seed % 3 {
+                1 if chunks > 1 => Have {
+                    kind: HaveKind::Prefix,
+                    bytes: u64::from(seed % chunks as u32 + 1).min(chunks - 1)
+                        * u64::from(chunk_len),
+                    chunk_len,
+                    digest: Digest::Sha256([seed as u8; 32]),
+                    note: String::new(),
+                },
+                2 => Have {
+                    kind: HaveKind::Complete,
+                    bytes: m.size,
+                    chunk_len: 0,
+                    digest: match m.digest {
+                        DigestAlg::Crc32 => Digest::Crc32(seed),
+                        DigestAlg::Sha256 => Digest::Sha256([0; 32]),
+                    },
+                    note: String::new(),
+                },
+                _ => Have::nothing("fuzz"),
+            }))
+        }
+        AwaitFromDecision => TxAction::From(seed),
         AwaitRing => TxAction::Msg(Message::Mr(RingInfo {
             addr: u64::from(seed) << 12,
             rkey: seed,
@@ -2066,16 +2100,22 @@ fn check_sender(
         match action {
             TxAction::Legal(_) => unreachable!(),
             TxAction::Start { size, digest, kind } => {
+                // Now and then a file offered for resuming (with its mtime).
+                let resume = kind == OfferKind::File && size % 5 == 2;
                 let offer = FileOffer {
                     name: "f".into(),
                     size,
                     mode: 0o644,
                     digest,
                     kind,
-                    mtime: None,
+                    mtime: resume.then_some(Mtime { secs: 1, nanos: 2 }),
                     keep_mode: size % 2 == 1,
-                    // WIP (resume): the model does not resume yet.
-                    resume: false,
+                    resume,
+                };
+                let resume_caps = if resume {
+                    hello_flags::RESUME | hello_flags::MTIME
+                } else {
+                    0
                 };
                 let tag = m.next_tag;
                 m.next_tag += 1;
@@ -2092,13 +2132,14 @@ fn check_sender(
                         match kind {
                             // -p (keep_mode) sets its flag.
                             OfferKind::File if size % 2 == 1 => {
-                                let want = (size, hello_flags::KEEP_MODE, PROTOCOL_VERSION);
+                                let caps = hello_flags::KEEP_MODE | resume_caps;
+                                let want = (size, caps, PROTOCOL_VERSION);
                                 prop_assert_eq!((h.size, h.caps, h.version), want);
                             }
                             OfferKind::File => {
                                 prop_assert_eq!(
                                     (h.size, h.caps, h.version),
-                                    (size, 0, PROTOCOL_VERSION)
+                                    (size, resume_caps, PROTOCOL_VERSION)
                                 );
                             }
                             OfferKind::Stream => {
@@ -2117,7 +2158,10 @@ fn check_sender(
                             m.tags.push_back(tag);
                         } else {
                             m.tag = tag;
-                            prop_assert_eq!(s.state(), AwaitRing);
+                            let next = if resume { AwaitHave } else { AwaitRing };
+                            prop_assert_eq!(s.state(), next);
+                            m.have = None;
+                            m.base_len = 0;
                             m.size = if kind == OfferKind::File { size } else { 0 };
                             m.stream = kind == OfferKind::Stream;
                             m.short = false;
@@ -2154,9 +2198,6 @@ fn check_sender(
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
                 }
                 match result {
-                    Ok(SenderEvent::Have(h)) => {
-                        return Err(TestCaseError::fail(format!("HAVE without RESUME: {h:?}")));
-                    }
                     Ok(SenderEvent::Greeted(g)) => {
                         prop_assert_eq!(before, AwaitChallenge);
                         let Message::Challenge(c) = sent else {
@@ -2195,6 +2236,15 @@ fn check_sender(
                         prop_assert!(s.take_channel().is_some());
                         proven = true;
                     }
+                    Ok(SenderEvent::Have(h)) => {
+                        // Only for an offer with RESUME, only once every
+                        // earlier entry is answered, only one that fits.
+                        prop_assert_eq!(before, AwaitHave);
+                        prop_assert!(m.pending.is_empty());
+                        prop_assert!(h.fits(m.size, m.digest), "an unfit HAVE: {:?}", h);
+                        prop_assert_eq!(s.state(), AwaitFromDecision);
+                        m.have = Some(h);
+                    }
                     Ok(SenderEvent::Ring(ring)) => {
                         prop_assert_eq!(before, AwaitRing);
                         // Only once every earlier entry is answered.
@@ -2208,7 +2258,7 @@ fn check_sender(
                         TX.hit(0);
                     }
                     Ok(SenderEvent::Rejected(_)) => {
-                        prop_assert_eq!(before, AwaitRing);
+                        prop_assert!(matches!(before, AwaitRing | AwaitHave));
                         prop_assert!(m.pending.is_empty());
                         prop_assert_eq!(s.state(), Idle);
                     }
@@ -2216,7 +2266,7 @@ fn check_sender(
                         // While sending, or a finished file's late credit.
                         prop_assert!(
                             before == Sending
-                                || (matches!(before, Idle | AwaitRing)
+                                || (matches!(before, Idle | AwaitRing | AwaitHave)
                                     && front == Some(Pending::File))
                         );
                         prop_assert!(c > 0);
@@ -2233,7 +2283,7 @@ fn check_sender(
                         verdict,
                     }) => {
                         // In order: the oldest pending entry, named by its tag.
-                        prop_assert!(matches!(before, Idle | AwaitRing));
+                        prop_assert!(matches!(before, Idle | AwaitRing | AwaitHave));
                         prop_assert_eq!(Some(entry), m.pending.pop_front());
                         prop_assert_eq!(Some(tag), m.tags.pop_front());
                         if let Verdict::Reject(_) = verdict {
@@ -2244,7 +2294,7 @@ fn check_sender(
                         TX.hit(3);
                     }
                     Ok(SenderEvent::Aborted(a)) => {
-                        prop_assert!(matches!(before, AwaitRing | Sending));
+                        prop_assert!(matches!(before, AwaitRing | AwaitHave | Sending));
                         prop_assert!(m.pending.is_empty());
                         prop_assert!(a.status != AckStatus::Ok);
                         prop_assert_eq!(s.state(), Closed);
@@ -2262,6 +2312,8 @@ fn check_sender(
             // what a reader would have read, StreamChunk any length.
             TxAction::NextChunk(_) | TxAction::StreamChunk(_) => {
                 let full = m.ring.map_or(0, |r| match chunk_size {
+                    // A resumed file keeps its prefix's chunk length.
+                    _ if m.base_len > 0 => m.base_len,
                     0 => r.slot_size,
                     c => c.min(r.slot_size),
                 });
@@ -2368,6 +2420,57 @@ fn check_sender(
                 }
                 Err(_) => prop_assert_eq!(s.state(), before),
             },
+            TxAction::From(seed) => {
+                let have = m.have.clone();
+                let offset = match (&have, seed % 5) {
+                    (_, 0) => 0,
+                    (Some(h), 1) => h.bytes.wrapping_add(1),
+                    (Some(h), _) if h.kind == HaveKind::Complete => SKIP,
+                    (Some(h), _) => h.bytes,
+                    (None, _) => u64::from(seed),
+                };
+                let ok_prefix = |h: &Have| {
+                    h.kind == HaveKind::Prefix
+                        && offset == h.bytes
+                        && (chunk_size == 0 || h.chunk_len <= chunk_size)
+                };
+                match s.start_from(offset) {
+                    Ok(msg) => {
+                        prop_assert_eq!(before, AwaitFromDecision);
+                        prop_assert_eq!(msg, Message::From { offset });
+                        let h = have.ok_or_else(|| TestCaseError::fail("FROM without HAVE"))?;
+                        if offset == 0 {
+                            prop_assert_eq!(s.state(), AwaitRing);
+                        } else if ok_prefix(&h) {
+                            prop_assert_eq!(s.state(), AwaitRing);
+                            prop_assert_eq!(s.resumed_from(), offset);
+                            m.planned = offset;
+                            m.chunks = offset / u64::from(h.chunk_len);
+                            m.base_len = h.chunk_len;
+                            TX.hit(5);
+                        } else {
+                            // SKIP of a complete copy: its ACK is the verdict.
+                            prop_assert!(h.kind == HaveKind::Complete && offset == SKIP);
+                            prop_assert_eq!(s.state(), Idle);
+                            m.pending.push_back(Pending::File);
+                            m.tags.push_back(m.tag);
+                        }
+                    }
+                    Err(_) => {
+                        let taken = have.as_ref().is_some_and(|h| {
+                            offset == 0
+                                || ok_prefix(h)
+                                || (h.kind == HaveKind::Complete && offset == SKIP)
+                        });
+                        prop_assert!(
+                            before != AwaitFromDecision || !taken,
+                            "FROM {} refused",
+                            offset
+                        );
+                        prop_assert_eq!(s.state(), before);
+                    }
+                }
+            }
         }
         if before == Closed {
             prop_assert_eq!(s.state(), Closed);
@@ -2425,10 +2528,11 @@ fn machine_sender() {
         |(chunk_size, secret, actions)| check_sender(chunk_size, secret, actions),
         || {
             format!(
-                "{} greetings, {} rings granted, {} chunks planned, {} FINs, \
-                 {} verdicts in order",
+                "{} greetings, {} rings granted ({} after a resumed prefix), {} chunks \
+                 planned, {} FINs, {} verdicts in order",
                 TX.get(4),
                 TX.get(0),
+                TX.get(5),
                 TX.get(1),
                 TX.get(2),
                 TX.get(3)

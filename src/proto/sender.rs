@@ -600,7 +600,12 @@ impl SenderSession {
         };
         match (have.kind, offset) {
             (_, 0) => self.state = SenderState::AwaitRing,
-            (HaveKind::Prefix, o) if o == have.bytes => {
+            // Chunks longer than this sender's staging buffers cannot be
+            // continued: the engine must start over.
+            (HaveKind::Prefix, o)
+                if o == have.bytes
+                    && (self.chunk_size == 0 || have.chunk_len <= self.chunk_size) =>
+            {
                 self.base_chunk_len = have.chunk_len;
                 self.seq = o / u64::from(have.chunk_len);
                 self.planned = o;
