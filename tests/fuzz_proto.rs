@@ -2011,6 +2011,8 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         AwaitRing if seed.is_multiple_of(6) => {
             TxAction::Msg(Message::Reject(Reject::new(RejectCode::Exists, "exists")))
         }
+        // The receiver reading a resumed prefix back says it is alive.
+        AwaitRing if m.base_len > 0 && seed.is_multiple_of(5) => TxAction::Msg(Message::Keepalive),
         AwaitHave => {
             let chunk_len = 1 + seed % 64;
             let chunks = m.size / u64::from(chunk_len);
@@ -2235,6 +2237,12 @@ fn check_sender(
                         prop_assert_eq!(s.state(), Idle);
                         prop_assert!(s.take_channel().is_some());
                         proven = true;
+                    }
+                    Ok(SenderEvent::Keepalive) => {
+                        // Only after FROM continued a prefix, before the MR.
+                        prop_assert_eq!(before, AwaitRing);
+                        prop_assert!(m.base_len > 0 && m.pending.is_empty());
+                        prop_assert_eq!(s.state(), AwaitRing);
                     }
                     Ok(SenderEvent::Have(h)) => {
                         // Only for an offer with RESUME, only once every

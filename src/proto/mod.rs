@@ -579,6 +579,7 @@ mod tests {
                 }
                 SenderEvent::Credit(_) => {}
                 SenderEvent::Have(h) => panic!("HAVE without RESUME: {h:?}"),
+                SenderEvent::Keepalive => panic!("KEEPALIVE without a resumed prefix"),
                 SenderEvent::Rejected(_) => {
                     assert!(self.awaiting.is_empty(), "REJECT before earlier verdicts");
                     self.sending.take().expect("a rejected offer");

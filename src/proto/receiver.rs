@@ -386,6 +386,16 @@ impl ReceiverSession {
         Ok(ReceiverEvent::From { offset })
     }
 
+    /// While the engine reads a resumed file's prefix back from disk (to
+    /// continue its whole-file digest) after FROM continued it: a
+    /// KEEPALIVE so that the sender, waiting for the MR, does not time out.
+    pub fn keepalive(&self) -> Result<Message, ProtocolError> {
+        if self.state != ReceiverState::AwaitDecision || self.base.0 == 0 {
+            return Err(self.wrong_state("keepalive"));
+        }
+        Ok(Message::Keepalive)
+    }
+
     /// Where the current file's data starts: its resumed prefix in bytes
     /// (0 unless FROM continued one).
     pub fn resumed_from(&self) -> u64 {
@@ -2588,7 +2598,10 @@ mod tests {
             Ok(ReceiverEvent::From { offset: 300 })
         );
         assert_eq!(r.resumed_from(), 300);
+        // Reading the prefix back takes a while: the sender is kept waiting.
+        assert_eq!(r.keepalive(), Ok(Message::Keepalive));
         r.accept(ring(&c)).unwrap();
+        assert!(r.keepalive().is_err(), "only while the prefix is read");
         for k in 3..10u64 {
             let p = r.on_chunk(100, 0).unwrap();
             assert_eq!((p.seq, p.file_offset), (k, k * 100));

@@ -181,6 +181,9 @@ pub enum SenderEvent {
     /// The receiver's HAVE for a file offered with RESUME: the engine
     /// checks its file against it and calls `start_from`.
     Have(Have),
+    /// The receiver reads a resumed file's prefix back before its MR: it
+    /// is alive (progress for the timeout).
+    Keepalive,
     /// The verdict on the oldest pending entry, with the tag the engine
     /// gave it in `start_file`.
     Answered {
@@ -518,6 +521,11 @@ impl SenderSession {
                 self.have = Some(have.clone());
                 self.state = AwaitFromDecision;
                 Ok(SenderEvent::Have(have))
+            }
+            // Only after FROM continued a prefix does the receiver have
+            // something to read before its MR.
+            (AwaitRing, Message::Keepalive) if front.is_none() && self.base_chunk_len > 0 => {
+                Ok(SenderEvent::Keepalive)
             }
             (AwaitRing, Message::Mr(ring)) if front.is_none() => {
                 check_ring(&ring)?;
@@ -2227,6 +2235,9 @@ mod tests {
         assert_eq!(s.keepalive(), Ok(Message::Keepalive));
         assert_eq!(s.start_from(300).unwrap(), Message::From { offset: 300 });
         assert!(s.keepalive().is_err(), "a file does not wait for input");
+        // The receiver reads its prefix back: KEEPALIVE until its MR.
+        assert_eq!(s.on_message(Message::Keepalive), Ok(SenderEvent::Keepalive));
+        assert_eq!(s.state(), SenderState::AwaitRing);
         assert_eq!(s.resumed_from(), 300);
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         // The prefix's chunk length, not the ring's slot size.
