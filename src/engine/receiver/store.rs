@@ -195,7 +195,7 @@ impl FileStore {
                     return Err((
                         RejectCode::Protocol,
                         format!(
-                            "the receiver writes to its standard output (--stdout) and takes one                              file or stream per session; {} is one too many",
+                            "the receiver writes to its standard output (--stdout) and takes one file or stream per session; {} is one too many",
                             hello.name
                         ),
                     ));
