@@ -108,6 +108,27 @@ impl DirFd {
         Ok(File::from(fd))
     }
 
+    /// Opens the existing regular file `name` (for reading, or also for
+    /// writing), never through a link; anything but a regular file (a
+    /// FIFO, a device, a directory) is refused without blocking on it.
+    pub fn open_file(&self, name: &str, write: bool) -> io::Result<File> {
+        let access = if write { OFlags::RDWR } else { OFlags::RDONLY };
+        let fd = rustix::fs::openat(
+            &self.fd,
+            component(name)?,
+            access | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name} is not a regular file"),
+            ));
+        }
+        Ok(file)
+    }
+
     /// Renames `from` to `to`, both in this directory. Neither is followed
     /// if it is a link (a link at `to` is replaced, never written through).
     /// With `noreplace`, an existing `to` fails with AlreadyExists.
@@ -158,6 +179,23 @@ impl DirFd {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn open_file_takes_regular_files_only_and_never_a_link() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("f"), b"abc").unwrap();
+        std::os::unix::fs::symlink(root.path().join("f"), root.path().join("l")).unwrap();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        let d = DirFd::open(root.path()).unwrap();
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut d.open_file("f", false).unwrap(), &mut s).unwrap();
+        assert_eq!(s, "abc");
+        assert!(d.open_file("f", true).is_ok());
+        assert!(d.open_file("l", false).is_err(), "through a link");
+        assert!(d.open_file("d", false).is_err(), "a directory");
+        assert!(d.open_file("missing", false).is_err());
+        assert!(d.open_file("../f", false).is_err(), "not one component");
+    }
 
     #[test]
     fn never_follows_links_below_the_root() {
