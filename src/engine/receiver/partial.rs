@@ -354,3 +354,173 @@ mod tests {
         assert_ne!(partial_names("a").0, partial_names("b").0);
     }
 }
+
+/// A sidecar larger than this is not read (a 2 TB file in 1 MiB chunks
+/// needs 16 MiB of records).
+const MAX_SIDECAR: u64 = 256 << 20;
+
+/// What the receiver holds of `hello`'s file, offered with RESUME, under
+/// `parent` with final name `leaf`: the complete file (same size; its
+/// digest is computed in chunks of `chunk_len`), a verified prefix of a
+/// partial file kept from an earlier attempt, or nothing, with the reason.
+pub(super) fn find(
+    parent: &crate::sys::dirfd::DirFd,
+    leaf: &str,
+    hello: &Hello,
+    chunk_len: u32,
+) -> crate::proto::Have {
+    use crate::engine::digest::read_prefix;
+    use crate::proto::{Digest, Have, HaveKind};
+    use crate::sys::dirfd::EntryKind;
+    if let Ok(Some(EntryKind::File)) = parent.kind(leaf) {
+        let name = &hello.name;
+        return match parent.open_file(leaf, false) {
+            Ok(f) if f.metadata().is_ok_and(|m| m.len() == hello.size) => {
+                match read_prefix(&f, hello.size, chunk_len, hello.digest, |_, _| Ok(())) {
+                    Ok(read) => Have {
+                        kind: HaveKind::Complete,
+                        bytes: hello.size,
+                        chunk_len: 0,
+                        digest: read.hasher.finish(),
+                        note: String::new(),
+                    },
+                    Err(e) => Have::nothing(format!("cannot read the receiver's {name}: {e}")),
+                }
+            }
+            Ok(_) => Have::nothing(format!("{name} exists on the receiver with another size")),
+            Err(e) => Have::nothing(format!("cannot open the receiver's {name}: {e}")),
+        };
+    }
+    let (partial, meta) = partial_names(leaf);
+    let sidecar = match parent.open_file(&meta, false) {
+        Ok(f) => {
+            let mut bytes = Vec::new();
+            match std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_SIDECAR), &mut bytes) {
+                Ok(_) => Sidecar::decode(&bytes),
+                Err(e) => {
+                    return Have::nothing(format!("cannot read the partial file's record: {e}"));
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Have::nothing("no partial file from an earlier attempt");
+        }
+        Err(e) => return Have::nothing(format!("cannot open the partial file's record: {e}")),
+    };
+    let sidecar = match sidecar {
+        Ok(s) => s,
+        Err(e) => return Have::nothing(e.to_string()),
+    };
+    if sidecar.identity.name != hello.name {
+        return Have::nothing("the partial file belongs to another name");
+    }
+    let Some(now) = Identity::of_offer(hello, sidecar.identity.chunk_len) else {
+        return Have::nothing("the offer carries no modification time");
+    };
+    if let Some(why) = sidecar.identity.mismatch(&now) {
+        return Have::nothing(why);
+    }
+    let prefix = sidecar.prefix_bytes();
+    if prefix == 0 {
+        return Have::nothing("nothing of the partial file was verified yet");
+    }
+    match parent.open_file(&partial, false).and_then(|f| f.metadata()) {
+        Ok(m) if m.len() >= prefix => Have {
+            kind: HaveKind::Prefix,
+            bytes: prefix,
+            chunk_len: sidecar.identity.chunk_len,
+            digest: Digest::Sha256(sidecar.prefix_digest()),
+            note: String::new(),
+        },
+        Ok(_) => Have::nothing("the partial file is shorter than its record says"),
+        Err(e) => Have::nothing(format!("cannot open the partial file: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod find_tests {
+    use super::*;
+    use crate::proto::{Digest, HaveKind};
+    use crate::sys::dirfd::DirFd;
+
+    fn offer(size: u64) -> Hello {
+        Hello {
+            version: crate::proto::PROTOCOL_VERSION,
+            caps: crate::proto::hello_flags::RESUME | crate::proto::hello_flags::MTIME,
+            name: "d/f.bin".into(),
+            size,
+            mode: 0o644,
+            digest: DigestAlg::Sha256,
+            mtime: Some(Mtime { secs: 9, nanos: 1 }),
+        }
+    }
+
+    /// A partial file of `have` bytes and a sidecar of its chunk CRCs.
+    fn keep_partial(dir: &Path, data: &[u8], have: usize, chunk: u32, hello: &Hello) {
+        let (partial, meta) = partial_names("f.bin");
+        std::fs::write(dir.join(&partial), &data[..have]).unwrap();
+        let id = Identity::of_offer(hello, chunk).unwrap();
+        let mut side = id.header();
+        for (i, c) in data[..have].chunks_exact(chunk as usize).enumerate() {
+            side.extend_from_slice(&record(i as u64, crc32fast::hash(c)));
+        }
+        std::fs::write(dir.join(meta), side).unwrap();
+    }
+
+    use std::path::Path;
+
+    #[test]
+    fn what_the_receiver_holds_and_why_not_more() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let parent = DirFd::open(dir).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let hello = offer(1000);
+        // Nothing yet.
+        let h = find(&parent, "f.bin", &hello, 100);
+        assert_eq!(h.kind, HaveKind::Nothing);
+        assert!(h.note.contains("no partial file"), "{}", h.note);
+        // A partial of 450 bytes: 4 whole chunks verified.
+        keep_partial(dir, &data, 450, 100, &hello);
+        let h = find(&parent, "f.bin", &hello, 100);
+        assert_eq!((h.kind, h.bytes, h.chunk_len), (HaveKind::Prefix, 400, 100));
+        let crcs: Vec<u32> = data[..400].chunks(100).map(crc32fast::hash).collect();
+        assert_eq!(h.digest, Digest::Sha256(prefix_digest(&crcs)));
+        // The source changed: nothing, and why.
+        let changed = Hello {
+            mtime: Some(Mtime { secs: 10, nanos: 1 }),
+            ..offer(1000)
+        };
+        let h = find(&parent, "f.bin", &changed, 100);
+        assert!(h.kind == HaveKind::Nothing && h.note.contains("modification time"));
+        // The partial cut short by hand: nothing.
+        let (partial, meta) = partial_names("f.bin");
+        std::fs::write(dir.join(&partial), &data[..150]).unwrap();
+        let h = find(&parent, "f.bin", &hello, 100);
+        assert!(
+            h.kind == HaveKind::Nothing && h.note.contains("shorter"),
+            "{}",
+            h.note
+        );
+        // A damaged record: nothing.
+        keep_partial(dir, &data, 450, 100, &hello);
+        let mut side = std::fs::read(dir.join(&meta)).unwrap();
+        side[3] ^= 1;
+        std::fs::write(dir.join(&meta), side).unwrap();
+        let h = find(&parent, "f.bin", &hello, 100);
+        assert!(
+            h.kind == HaveKind::Nothing && h.note.contains("damaged"),
+            "{}",
+            h.note
+        );
+        // The complete file: its digest.
+        std::fs::write(dir.join("f.bin"), &data).unwrap();
+        let h = find(&parent, "f.bin", &hello, 100);
+        assert_eq!((h.kind, h.bytes), (HaveKind::Complete, 1000));
+        let want: [u8; 32] = Sha256::digest(&data).into();
+        assert_eq!(h.digest, Digest::Sha256(want));
+        // Another size: nothing.
+        let h = find(&parent, "f.bin", &offer(999), 100);
+        assert!(h.kind == HaveKind::Nothing && h.note.contains("another size"));
+    }
+}
