@@ -524,3 +524,181 @@ mod find_tests {
         assert!(h.kind == HaveKind::Nothing && h.note.contains("another size"));
     }
 }
+
+/// Chunks written between two syncs of a resumable file (and so the most
+/// that a crash of the receiver can cost a resumed transfer, besides the
+/// chunks in flight).
+pub(super) const SYNC_EVERY: usize = 64;
+
+/// A file being received with RESUME: its partial file (at the hidden
+/// name) and its sidecar, which gets a record for each chunk only after
+/// the partial file was made durable up to it.
+pub(super) struct Resumable {
+    parent: crate::sys::dirfd::DirFd,
+    partial: String,
+    meta: String,
+    /// The partial file (written at the chunks' offsets).
+    pub file: std::fs::File,
+    sidecar: std::fs::File,
+    /// Chunks that have their record.
+    recorded: u64,
+    /// CRCs of chunks written since the last sync, in order.
+    unsynced: Vec<u32>,
+}
+
+impl Resumable {
+    /// Starts over: a new partial file and sidecar for `id` (old ones
+    /// removed).
+    pub fn start(
+        parent: &crate::sys::dirfd::DirFd,
+        leaf: &str,
+        id: &Identity,
+    ) -> std::io::Result<Self> {
+        let (partial, meta) = partial_names(leaf);
+        for name in [&partial, &meta] {
+            match parent.unlink(name) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        let file = parent.create_new(&partial, 0o600)?;
+        let mut sidecar = parent.create_new(&meta, 0o600)?;
+        std::io::Write::write_all(&mut sidecar, &id.header())?;
+        sidecar.sync_data()?;
+        Ok(Self {
+            parent: parent.try_clone()?,
+            partial,
+            meta,
+            file,
+            sidecar,
+            recorded: 0,
+            unsynced: Vec::new(),
+        })
+    }
+
+    /// Continues the kept partial file of `sidecar` after its verified
+    /// prefix (`Sidecar::prefix_chunks`): records past it are dropped.
+    pub fn resume(
+        parent: &crate::sys::dirfd::DirFd,
+        leaf: &str,
+        sidecar: &Sidecar,
+    ) -> std::io::Result<Self> {
+        let (partial, meta) = partial_names(leaf);
+        let file = parent.open_file(&partial, true)?;
+        let mut side = parent.open_file(&meta, true)?;
+        let prefix = sidecar.prefix_chunks();
+        let keep = sidecar.identity.header().len() as u64 + prefix * 8;
+        side.set_len(keep)?;
+        side.sync_data()?;
+        // Records are appended after the kept ones.
+        std::io::Seek::seek(&mut side, std::io::SeekFrom::Start(keep))?;
+        Ok(Self {
+            parent: parent.try_clone()?,
+            partial,
+            meta,
+            file,
+            sidecar: side,
+            recorded: prefix,
+            unsynced: Vec::new(),
+        })
+    }
+
+    /// The next chunk (in order) was written and checked: its record
+    /// follows at the next sync (every `SYNC_EVERY` chunks).
+    pub fn chunk_written(&mut self, crc: u32) -> std::io::Result<()> {
+        self.unsynced.push(crc);
+        if self.unsynced.len() >= SYNC_EVERY {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every written chunk durable: the partial file first, then
+    /// their records.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        self.file.sync_data()?;
+        let mut records = Vec::with_capacity(self.unsynced.len() * 8);
+        for (k, crc) in self.unsynced.iter().enumerate() {
+            records.extend_from_slice(&record(self.recorded + k as u64, *crc));
+        }
+        std::io::Write::write_all(&mut self.sidecar, &records)?;
+        self.sidecar.sync_data()?;
+        self.recorded += self.unsynced.len() as u64;
+        self.unsynced.clear();
+        Ok(())
+    }
+
+    /// The names of the partial file and its sidecar in the parent.
+    pub fn names(&self) -> (&str, &str) {
+        (&self.partial, &self.meta)
+    }
+
+    /// After the partial file was renamed into place: the sidecar goes.
+    pub fn forget(self) -> std::io::Result<()> {
+        self.parent.unlink(&self.meta)
+    }
+}
+
+#[cfg(test)]
+mod resumable_tests {
+    use super::*;
+    use crate::sys::dirfd::DirFd;
+    use std::os::unix::fs::FileExt;
+
+    fn id() -> Identity {
+        Identity {
+            name: "f.bin".into(),
+            size: 1000,
+            mtime: Mtime { secs: 1, nanos: 0 },
+            digest: DigestAlg::Crc32,
+            chunk_len: 10,
+        }
+    }
+
+    #[test]
+    fn records_follow_the_data_and_a_resume_drops_what_is_past_the_prefix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let mut r = Resumable::start(&parent, "f.bin", &id()).unwrap();
+        let (partial, meta) = (r.names().0.to_string(), r.names().1.to_string());
+        let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        for (k, c) in data.chunks(10).take(SYNC_EVERY + 3).enumerate() {
+            r.file.write_all_at(c, (k * 10) as u64).unwrap();
+            r.chunk_written(crc32fast::hash(c)).unwrap();
+        }
+        // One sync so far: SYNC_EVERY records; 3 chunks wait for the next.
+        let side = Sidecar::decode(&std::fs::read(tmp.path().join(&meta)).unwrap()).unwrap();
+        assert_eq!(side.crcs.len(), SYNC_EVERY);
+        r.sync().unwrap();
+        let side = Sidecar::decode(&std::fs::read(tmp.path().join(&meta)).unwrap()).unwrap();
+        assert_eq!(side.crcs.len(), SYNC_EVERY + 3);
+        assert_eq!(side.identity, id());
+        drop(r);
+        // Resume after 20 chunks (as if only they were trusted): records
+        // past them are dropped, the next one is number 20.
+        let short = Sidecar {
+            crcs: side.crcs[..20].to_vec(),
+            ..side.clone()
+        };
+        let mut r = Resumable::resume(&parent, "f.bin", &short).unwrap();
+        let c = &data[200..210];
+        r.chunk_written(crc32fast::hash(c)).unwrap();
+        r.sync().unwrap();
+        let again = Sidecar::decode(&std::fs::read(tmp.path().join(&meta)).unwrap()).unwrap();
+        assert_eq!(again.crcs.len(), 21);
+        assert_eq!(again.crcs[20], crc32fast::hash(c));
+        // Done: the partial is renamed by the commit, the sidecar goes.
+        assert!(tmp.path().join(&partial).exists());
+        r.forget().unwrap();
+        assert!(!tmp.path().join(&meta).exists());
+        // Starting over replaces whatever was kept.
+        std::fs::write(tmp.path().join(&meta), b"junk").unwrap();
+        let r = Resumable::start(&parent, "f.bin", &id()).unwrap();
+        let fresh = Sidecar::decode(&std::fs::read(tmp.path().join(&meta)).unwrap()).unwrap();
+        assert!(fresh.crcs.is_empty());
+        drop(r);
+    }
+}
