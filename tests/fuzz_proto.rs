@@ -2013,6 +2013,7 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         }
         // The receiver reading a resumed prefix back says it is alive.
         AwaitRing if m.base_len > 0 && seed.is_multiple_of(5) => TxAction::Msg(Message::Keepalive),
+        AwaitHave if front.is_none() && seed.is_multiple_of(7) => TxAction::Msg(Message::Keepalive),
         AwaitHave => {
             let chunk_len = 1 + seed % 64;
             let chunks = m.size / u64::from(chunk_len);
@@ -2239,10 +2240,13 @@ fn check_sender(
                         proven = true;
                     }
                     Ok(SenderEvent::Keepalive) => {
-                        // Only after FROM continued a prefix, before the MR.
-                        prop_assert_eq!(before, AwaitRing);
-                        prop_assert!(m.base_len > 0 && m.pending.is_empty());
-                        prop_assert_eq!(s.state(), AwaitRing);
+                        // Only while the receiver reads its copy: before
+                        // the HAVE, or after FROM continued a prefix.
+                        prop_assert!(
+                            before == AwaitHave || (before == AwaitRing && m.base_len > 0)
+                        );
+                        prop_assert!(m.pending.is_empty());
+                        prop_assert_eq!(s.state(), before);
                     }
                     Ok(SenderEvent::Have(h)) => {
                         // Only for an offer with RESUME, only once every

@@ -386,11 +386,14 @@ impl ReceiverSession {
         Ok(ReceiverEvent::From { offset })
     }
 
-    /// While the engine reads a resumed file's prefix back from disk (to
-    /// continue its whole-file digest) after FROM continued it: a
-    /// KEEPALIVE so that the sender, waiting for the MR, does not time out.
+    /// While the engine reads its copy of an offer with RESUME from disk:
+    /// the complete file (for its digest) before the HAVE, or a resumed
+    /// prefix (to continue the whole-file digest) before the MR. A
+    /// KEEPALIVE so that the sender, waiting, does not time out.
     pub fn keepalive(&self) -> Result<Message, ProtocolError> {
-        if self.state != ReceiverState::AwaitDecision || self.base.0 == 0 {
+        let reading = self.state == ReceiverState::AwaitDecision
+            && (self.base.0 > 0 || (self.resume && self.have.is_none()));
+        if !reading {
             return Err(self.wrong_state("keepalive"));
         }
         Ok(Message::Keepalive)
@@ -2588,6 +2591,8 @@ mod tests {
             r.on_message(Message::Hello(resumable(1000))),
             Ok(ReceiverEvent::Offer(_))
         ));
+        // Reading its copy for the HAVE may take a while.
+        assert_eq!(r.keepalive(), Ok(Message::Keepalive));
         assert_eq!(
             r.have(prefix(300, 100)).unwrap(),
             Message::Have(prefix(300, 100))

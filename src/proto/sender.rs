@@ -527,6 +527,8 @@ impl SenderSession {
             (AwaitRing, Message::Keepalive) if front.is_none() && self.base_chunk_len > 0 => {
                 Ok(SenderEvent::Keepalive)
             }
+            // ... or its copy of the file before the HAVE.
+            (AwaitHave, Message::Keepalive) if front.is_none() => Ok(SenderEvent::Keepalive),
             (AwaitRing, Message::Mr(ring)) if front.is_none() => {
                 check_ring(&ring)?;
                 self.ring = ring;
@@ -2216,6 +2218,7 @@ mod tests {
         };
         assert_eq!(h.caps, hello_flags::RESUME | hello_flags::MTIME);
         assert_eq!(s.state(), SenderState::AwaitHave);
+        assert_eq!(s.on_message(Message::Keepalive), Ok(SenderEvent::Keepalive));
         // No MR before the HAVE is answered.
         assert!(s.clone().on_message(Message::Mr(ring(100, 4))).is_err());
         let have = Have {
