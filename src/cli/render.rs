@@ -37,12 +37,30 @@ fn phases_json(p: &Phases) -> serde_json::Value {
 /// An acknowledged file's line of text on stderr.
 pub fn file_line(r: &FileReport) -> String {
     let secs = r.elapsed.as_secs_f64();
+    if r.skipped {
+        return format!(
+            "{}: {} bytes, skipped: the receiver has it complete ({} {})",
+            r.name,
+            r.bytes,
+            r.digest.alg().as_str(),
+            digest_hex(&r.digest),
+        );
+    }
+    let resumed = if r.resumed_from > 0 {
+        format!(
+            " ({} sent, resumed from byte {})",
+            r.moved(),
+            r.resumed_from
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{}: {} bytes in {:.3} s, {:.1} MiB/s ({} {}); connect {}, MR {}, data {}, fsync+verify {}",
+        "{}: {} bytes{resumed} in {:.3} s, {:.1} MiB/s ({} {}); connect {}, MR {}, data {}, fsync+verify {}",
         r.name,
         r.bytes,
         secs,
-        mib_per_sec(r.bytes, secs),
+        mib_per_sec(r.moved(), secs),
         r.digest.alg().as_str(),
         digest_hex(&r.digest),
         ms(r.phases.connect),
@@ -60,8 +78,10 @@ pub fn file_log_json(r: &FileReport) -> serde_json::Value {
         "event": "file done",
         "file": r.name,
         "bytes": r.bytes,
+        "resumed_from": r.resumed_from,
+        "skipped": r.skipped,
         "seconds": secs,
-        "mib_per_s": mib_per_sec(r.bytes, secs),
+        "mib_per_s": mib_per_sec(r.moved(), secs),
         "digest_alg": r.digest.alg().as_str(),
         "digest": digest_hex(&r.digest),
         "phases": phases_json(&r.phases),
@@ -99,8 +119,10 @@ pub fn report_json(r: &FileReport) -> serde_json::Value {
         "event": "file",
         "name": r.name,
         "bytes": r.bytes,
+        "resumed_from": r.resumed_from,
+        "skipped": r.skipped,
         "seconds": secs,
-        "mib_per_s": mib_per_sec(r.bytes, secs),
+        "mib_per_s": mib_per_sec(r.moved(), secs),
         "digest_alg": r.digest.alg().as_str(),
         "digest": digest_hex(&r.digest),
         "status": ExitCode::Ok.as_str(),
@@ -115,6 +137,8 @@ pub fn failure_json(f: &FileFailure) -> serde_json::Value {
         "event": "file",
         "name": f.name,
         "bytes": f.bytes,
+        "resumed_from": null,
+        "skipped": false,
         "seconds": f.elapsed.as_secs_f64(),
         "mib_per_s": null,
         "digest_alg": f.digest_alg.as_str(),
@@ -142,9 +166,11 @@ pub fn totals_json(t: &Totals, outcome: Result<(), &XferError>) -> serde_json::V
         "event": "summary",
         "files": t.files,
         "failed": t.failed,
+        "skipped": t.skipped,
         "bytes": t.bytes,
+        "sent": t.sent,
         "seconds": secs,
-        "mib_per_s": mib_per_sec(t.bytes, secs),
+        "mib_per_s": mib_per_sec(t.sent, secs),
         "phases": {
             "connect_s": t.connect.as_secs_f64(),
             "mr_exchange_s": t.mr_exchange.as_secs_f64(),
@@ -173,6 +199,24 @@ pub fn session_summary_line(outcome: &SessionOutcome) -> String {
         outcome.directories,
         mib_per_sec(bytes, secs),
     );
+    let complete = outcome.files.iter().filter(|f| f.skipped).count();
+    if complete > 0 {
+        line.push_str(&format!(
+            "; {complete} skipped (complete at the receiver already)"
+        ));
+    }
+    let resumed: Vec<&FileReport> = outcome
+        .files
+        .iter()
+        .filter(|f| f.resumed_from > 0)
+        .collect();
+    if !resumed.is_empty() {
+        let kept: u64 = resumed.iter().map(|f| f.resumed_from).sum();
+        line.push_str(&format!(
+            "; {} resumed ({kept} bytes not sent again)",
+            resumed.len()
+        ));
+    }
     if outcome.skipped > 0 {
         line.push_str(&format!(
             "; {} links or special files skipped",
@@ -192,7 +236,9 @@ pub fn session_summary(outcome: &SessionOutcome, json: bool) -> String {
             "event": "session done",
             "files": files,
             "directories": outcome.directories,
-            "skipped": outcome.skipped,
+            "skipped": outcome.files.iter().filter(|f| f.skipped).count(),
+            "links_skipped": outcome.skipped,
+            "resumed_bytes": outcome.files.iter().map(|f| f.resumed_from).sum::<u64>(),
             "bytes": bytes,
             "seconds": secs,
             "files_per_s": if secs > 0.0 { files as f64 / secs } else { 0.0 },
@@ -221,6 +267,8 @@ mod tests {
                 data: Duration::from_secs_f64(secs - 0.01),
                 commit: Duration::from_millis(5),
             },
+            resumed_from: 0,
+            skipped: false,
         }
     }
 
@@ -235,6 +283,8 @@ mod tests {
                 "event",
                 "name",
                 "bytes",
+                "resumed_from",
+                "skipped",
                 "seconds",
                 "mib_per_s",
                 "digest_alg",
@@ -321,6 +371,8 @@ mod tests {
             elapsed: Duration::from_millis(5),
             digest: Digest::Crc32(0),
             phases: Phases::default(),
+            resumed_from: 0,
+            skipped: false,
         };
         let outcome = SessionOutcome {
             files: vec![report(1000), report(48_576)],
@@ -357,6 +409,8 @@ mod tests {
                 "event",
                 "file",
                 "bytes",
+                "resumed_from",
+                "skipped",
                 "seconds",
                 "mib_per_s",
                 "digest_alg",
@@ -365,6 +419,24 @@ mod tests {
             ]
         );
         assert_eq!(v["event"], "file done");
+        // A resumed file: its rate counts only what was sent.
+        let mut resumed = r.clone();
+        resumed.resumed_from = 1 << 20;
+        assert_eq!(
+            file_line(&resumed),
+            "a.bin: 2097152 bytes (1048576 sent, resumed from byte 1048576) in 2.000 s, 0.5 MiB/s \
+             (crc32 01020a0b); connect 2.0 ms, MR 1.0 ms, data 1990.0 ms, fsync+verify 5.0 ms"
+        );
+        assert_eq!(report_json(&resumed)["resumed_from"], 1 << 20);
+        assert_eq!(report_json(&resumed)["mib_per_s"], 0.5);
+        let mut skipped = r.clone();
+        skipped.skipped = true;
+        assert_eq!(
+            file_line(&skipped),
+            "a.bin: 2097152 bytes, skipped: the receiver has it complete (crc32 01020a0b)"
+        );
+        assert_eq!(report_json(&skipped)["skipped"], true);
+        assert_eq!(report_json(&skipped)["mib_per_s"], 0.0);
         let mut sha = r.clone();
         sha.digest = Digest::Sha256([0xab; 32]);
         assert!(file_line(&sha).contains(&format!("(sha256 {})", "ab".repeat(32))));

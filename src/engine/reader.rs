@@ -29,6 +29,9 @@ pub struct ReadJob {
     pub name: String,
     pub chunk_len: u32,
     pub digest: DigestAlg,
+    /// A file resumed after a prefix the receiver kept: where to start,
+    /// and the whole-file digest over the bytes before it.
+    pub resume: Option<(u64, FileHasher)>,
 }
 
 /// What the reader reports, in file order.
@@ -61,9 +64,10 @@ pub struct Reader<'a> {
 impl Reader<'_> {
     /// Runs until `jobs` closes (or `free` closes mid-job, or `stop`).
     pub fn run(mut self) {
-        while let Ok(job) = self.jobs.recv() {
+        while let Ok(mut job) = self.jobs.recv() {
+            let resume = job.resume.take();
             let going_on = match &job.input {
-                Input::File { file, size } => self.read_file(&job, file, *size),
+                Input::File { file, size } => self.read_file(&job, file, *size, resume),
                 Input::Stream(file) => self.read_stream(&job, file),
             };
             if !going_on {
@@ -77,9 +81,14 @@ impl Reader<'_> {
     }
 
     /// Returns false when the session is going away (a channel closed).
-    fn read_file(&mut self, job: &ReadJob, file: &File, size: u64) -> bool {
-        let mut hasher = FileHasher::new(job.digest);
-        let mut offset = 0u64;
+    fn read_file(
+        &mut self,
+        job: &ReadJob,
+        file: &File,
+        size: u64,
+        resume: Option<(u64, FileHasher)>,
+    ) -> bool {
+        let (mut offset, mut hasher) = resume.unwrap_or_else(|| (0, FileHasher::new(job.digest)));
         while offset < size {
             let Some(mut token) = self.next_slot() else {
                 return false;

@@ -20,6 +20,22 @@ pub struct FileReport {
     pub digest: Digest,
     /// Where the time went.
     pub phases: Phases,
+    /// Bytes at its start that an earlier attempt had delivered and that
+    /// were not sent again (`--resume`).
+    pub resumed_from: u64,
+    /// The receiver had it complete already: nothing was sent.
+    pub skipped: bool,
+}
+
+impl FileReport {
+    /// Bytes this transfer moved (the file less what was reused).
+    pub fn moved(&self) -> u64 {
+        if self.skipped {
+            0
+        } else {
+            self.bytes.saturating_sub(self.resumed_from)
+        }
+    }
 }
 
 /// Where a file's time went, as each side sees it.
@@ -115,6 +131,11 @@ pub struct Totals {
     pub bytes: u64,
     /// Files that failed.
     pub failed: u64,
+    /// Acknowledged files the receiver had complete already (nothing sent).
+    pub skipped: u64,
+    /// Bytes the acknowledged files moved (less what was resumed or
+    /// skipped).
+    pub sent: u64,
     /// Every file's HELLO-to-end time (acknowledged or not).
     pub file_time: Duration,
     /// The session's connection set-up (counted once).
@@ -134,6 +155,8 @@ impl Totals {
             FileEvent::Done(r) => {
                 self.files += 1;
                 self.bytes += r.bytes;
+                self.skipped += u64::from(r.skipped);
+                self.sent += r.moved();
                 self.file_time += r.elapsed;
                 self.connect = self.connect.max(r.phases.connect);
                 self.mr_exchange += r.phases.mr_exchange;

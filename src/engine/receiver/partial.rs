@@ -359,81 +359,149 @@ mod tests {
 /// needs 16 MiB of records).
 const MAX_SIDECAR: u64 = 256 << 20;
 
+/// What the receiver holds of a file offered with RESUME: the HAVE to
+/// answer, and for a verified prefix what continuing it needs.
+pub(super) struct Holding {
+    pub have: crate::proto::Have,
+    pub kept: Option<KeptPrefix>,
+}
+
+/// A kept partial file's verified prefix, read back: its records, and the
+/// whole-file digest over it, to continue with the bytes that follow.
+pub(super) struct KeptPrefix {
+    pub sidecar: Sidecar,
+    pub hasher: crate::engine::digest::FileHasher,
+}
+
+impl Holding {
+    pub fn nothing(note: impl Into<String>) -> Self {
+        Self {
+            have: crate::proto::Have::nothing(note),
+            kept: None,
+        }
+    }
+}
+
 /// What the receiver holds of `hello`'s file, offered with RESUME, under
 /// `parent` with final name `leaf`: the complete file (same size; its
-/// digest is computed in chunks of `chunk_len`), a verified prefix of a
-/// partial file kept from an earlier attempt, or nothing, with the reason.
+/// digest is computed here, in chunks of `chunk_len`), the prefix of a
+/// partial file kept from an earlier attempt, read back and checked
+/// against its record, or nothing, with the reason. `tick` is called
+/// once per chunk read (the engine keeps the sender informed while a
+/// large file is read) and may stop the read with an error.
 pub(super) fn find(
     parent: &crate::sys::dirfd::DirFd,
     leaf: &str,
     hello: &Hello,
     chunk_len: u32,
-) -> crate::proto::Have {
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
+) -> Holding {
     use crate::engine::digest::read_prefix;
     use crate::proto::{Digest, Have, HaveKind};
     use crate::sys::dirfd::EntryKind;
+    let name = &hello.name;
     if let Ok(Some(EntryKind::File)) = parent.kind(leaf) {
-        let name = &hello.name;
         return match parent.open_file(leaf, false) {
             Ok(f) if f.metadata().is_ok_and(|m| m.len() == hello.size) => {
-                match read_prefix(&f, hello.size, chunk_len, hello.digest, |_, _| Ok(())) {
-                    Ok(read) => Have {
-                        kind: HaveKind::Complete,
-                        bytes: hello.size,
-                        chunk_len: 0,
-                        digest: read.hasher.finish(),
-                        note: String::new(),
+                match read_prefix(&f, hello.size, chunk_len, hello.digest, |_, _| tick()) {
+                    Ok(read) => Holding {
+                        have: Have {
+                            kind: HaveKind::Complete,
+                            bytes: hello.size,
+                            chunk_len: 0,
+                            digest: read.hasher.finish(),
+                            note: String::new(),
+                        },
+                        kept: None,
                     },
-                    Err(e) => Have::nothing(format!("cannot read the receiver's {name}: {e}")),
+                    Err(e) => Holding::nothing(format!("cannot read the receiver's {name}: {e}")),
                 }
             }
-            Ok(_) => Have::nothing(format!("{name} exists on the receiver with another size")),
-            Err(e) => Have::nothing(format!("cannot open the receiver's {name}: {e}")),
+            Ok(_) => Holding::nothing(format!("{name} exists on the receiver with another size")),
+            Err(e) => Holding::nothing(format!("cannot open the receiver's {name}: {e}")),
         };
     }
     let (partial, meta) = partial_names(leaf);
-    let sidecar = match parent.open_file(&meta, false) {
+    let bytes = match parent.open_file(&meta, false) {
         Ok(f) => {
             let mut bytes = Vec::new();
             match std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_SIDECAR), &mut bytes) {
-                Ok(_) => Sidecar::decode(&bytes),
+                Ok(_) => bytes,
                 Err(e) => {
-                    return Have::nothing(format!("cannot read the partial file's record: {e}"));
+                    return Holding::nothing(format!("cannot read the partial file's record: {e}"));
                 }
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Have::nothing("no partial file from an earlier attempt");
+            return Holding::nothing("no partial file from an earlier attempt");
         }
-        Err(e) => return Have::nothing(format!("cannot open the partial file's record: {e}")),
+        Err(e) => {
+            return Holding::nothing(format!("cannot open the partial file's record: {e}"));
+        }
     };
-    let sidecar = match sidecar {
+    if bytes.is_empty() {
+        // Created, but the attempt ended before its first chunks were
+        // made durable.
+        return Holding::nothing("nothing of the partial file was verified yet");
+    }
+    let sidecar = match Sidecar::decode(&bytes) {
         Ok(s) => s,
-        Err(e) => return Have::nothing(e.to_string()),
+        Err(e) => return Holding::nothing(e.to_string()),
     };
     if sidecar.identity.name != hello.name {
-        return Have::nothing("the partial file belongs to another name");
+        return Holding::nothing("the partial file belongs to another name");
     }
     let Some(now) = Identity::of_offer(hello, sidecar.identity.chunk_len) else {
-        return Have::nothing("the offer carries no modification time");
+        return Holding::nothing("the offer carries no modification time");
     };
     if let Some(why) = sidecar.identity.mismatch(&now) {
-        return Have::nothing(why);
+        return Holding::nothing(why);
     }
     let prefix = sidecar.prefix_bytes();
     if prefix == 0 {
-        return Have::nothing("nothing of the partial file was verified yet");
+        return Holding::nothing("nothing of the partial file was verified yet");
     }
-    match parent.open_file(&partial, false).and_then(|f| f.metadata()) {
-        Ok(m) if m.len() >= prefix => Have {
-            kind: HaveKind::Prefix,
-            bytes: prefix,
-            chunk_len: sidecar.identity.chunk_len,
-            digest: Digest::Sha256(sidecar.prefix_digest()),
-            note: String::new(),
+    let file = match parent.open_file(&partial, false) {
+        Ok(f) => f,
+        Err(e) => return Holding::nothing(format!("cannot open the partial file: {e}")),
+    };
+    match file.metadata() {
+        Ok(m) if m.len() >= prefix => {}
+        Ok(_) => return Holding::nothing("the partial file is shorter than its record says"),
+        Err(e) => return Holding::nothing(format!("cannot inspect the partial file: {e}")),
+    }
+    // The bytes on disk must still be the ones recorded: a partial file
+    // changed since (by hand, by a disk) is never continued.
+    let crcs = &sidecar.crcs;
+    let checked = read_prefix(
+        &file,
+        prefix,
+        sidecar.identity.chunk_len,
+        hello.digest,
+        |index, crc| {
+            if crcs.get(index as usize) != Some(&crc) {
+                return Err(std::io::Error::other(format!(
+                    "chunk {index} of the partial file no longer matches its record"
+                )));
+            }
+            tick()
         },
-        Ok(_) => Have::nothing("the partial file is shorter than its record says"),
-        Err(e) => Have::nothing(format!("cannot open the partial file: {e}")),
+    );
+    match checked {
+        Ok(read) => Holding {
+            have: Have {
+                kind: HaveKind::Prefix,
+                bytes: prefix,
+                chunk_len: sidecar.identity.chunk_len,
+                digest: Digest::Sha256(sidecar.prefix_digest()),
+                note: String::new(),
+            },
+            kept: Some(KeptPrefix {
+                sidecar,
+                hasher: read.hasher,
+            }),
+        },
+        Err(e) => Holding::nothing(format!("the partial file cannot be continued: {e}")),
     }
 }
 
@@ -469,6 +537,10 @@ mod find_tests {
 
     use std::path::Path;
 
+    fn holds(parent: &DirFd, hello: &Hello) -> crate::proto::Have {
+        find(parent, "f.bin", hello, 100, &mut || Ok(())).have
+    }
+
     #[test]
     fn what_the_receiver_holds_and_why_not_more() {
         let tmp = tempfile::tempdir().unwrap();
@@ -477,26 +549,60 @@ mod find_tests {
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
         let hello = offer(1000);
         // Nothing yet.
-        let h = find(&parent, "f.bin", &hello, 100);
+        let h = holds(&parent, &hello);
         assert_eq!(h.kind, HaveKind::Nothing);
         assert!(h.note.contains("no partial file"), "{}", h.note);
         // A partial of 450 bytes: 4 whole chunks verified.
         keep_partial(dir, &data, 450, 100, &hello);
-        let h = find(&parent, "f.bin", &hello, 100);
+        let h = holds(&parent, &hello);
         assert_eq!((h.kind, h.bytes, h.chunk_len), (HaveKind::Prefix, 400, 100));
         let crcs: Vec<u32> = data[..400].chunks(100).map(crc32fast::hash).collect();
         assert_eq!(h.digest, Digest::Sha256(prefix_digest(&crcs)));
+        // What continuing it needs: the whole-file digest over the prefix.
+        let kept = find(&parent, "f.bin", &hello, 100, &mut || Ok(()))
+            .kept
+            .expect("a kept prefix");
+        assert_eq!(kept.sidecar.prefix_bytes(), 400);
+        let mut h = kept.hasher;
+        for c in data[400..].chunks(100) {
+            h.update(c, crc32fast::hash(c));
+        }
+        let want: [u8; 32] = Sha256::digest(&data).into();
+        assert_eq!(h.finish(), Digest::Sha256(want));
+        // The reader of a large file can be stopped (the session ended).
+        let stopped = find(&parent, "f.bin", &hello, 100, &mut || {
+            Err(std::io::Error::other("session over"))
+        });
+        assert!(stopped.kept.is_none() && stopped.have.note.contains("session over"));
+        // A byte of the partial changed in place: its record no longer
+        // matches, nothing is continued.
+        let (partial, _) = partial_names("f.bin");
+        let mut bytes = std::fs::read(dir.join(&partial)).unwrap();
+        bytes[250] ^= 1;
+        std::fs::write(dir.join(&partial), &bytes).unwrap();
+        let h = holds(&parent, &hello);
+        assert!(
+            h.kind == HaveKind::Nothing && h.note.contains("chunk 2"),
+            "{}",
+            h.note
+        );
+        keep_partial(dir, &data, 450, 100, &hello);
+        // An empty record (the attempt ended before its first sync).
+        let (_, meta) = partial_names("f.bin");
+        std::fs::write(dir.join(&meta), b"").unwrap();
+        let h = holds(&parent, &hello);
+        assert!(h.kind == HaveKind::Nothing && h.note.contains("verified yet"));
+        keep_partial(dir, &data, 450, 100, &hello);
         // The source changed: nothing, and why.
         let changed = Hello {
             mtime: Some(Mtime { secs: 10, nanos: 1 }),
             ..offer(1000)
         };
-        let h = find(&parent, "f.bin", &changed, 100);
+        let h = holds(&parent, &changed);
         assert!(h.kind == HaveKind::Nothing && h.note.contains("modification time"));
         // The partial cut short by hand: nothing.
-        let (partial, meta) = partial_names("f.bin");
         std::fs::write(dir.join(&partial), &data[..150]).unwrap();
-        let h = find(&parent, "f.bin", &hello, 100);
+        let h = holds(&parent, &hello);
         assert!(
             h.kind == HaveKind::Nothing && h.note.contains("shorter"),
             "{}",
@@ -507,7 +613,7 @@ mod find_tests {
         let mut side = std::fs::read(dir.join(&meta)).unwrap();
         side[3] ^= 1;
         std::fs::write(dir.join(&meta), side).unwrap();
-        let h = find(&parent, "f.bin", &hello, 100);
+        let h = holds(&parent, &hello);
         assert!(
             h.kind == HaveKind::Nothing && h.note.contains("damaged"),
             "{}",
@@ -515,12 +621,12 @@ mod find_tests {
         );
         // The complete file: its digest.
         std::fs::write(dir.join("f.bin"), &data).unwrap();
-        let h = find(&parent, "f.bin", &hello, 100);
+        let h = holds(&parent, &hello);
         assert_eq!((h.kind, h.bytes), (HaveKind::Complete, 1000));
         let want: [u8; 32] = Sha256::digest(&data).into();
         assert_eq!(h.digest, Digest::Sha256(want));
         // Another size: nothing.
-        let h = find(&parent, "f.bin", &offer(999), 100);
+        let h = holds(&parent, &offer(999));
         assert!(h.kind == HaveKind::Nothing && h.note.contains("another size"));
     }
 }
@@ -532,14 +638,19 @@ pub(super) const SYNC_EVERY: usize = 64;
 
 /// A file being received with RESUME: its partial file (at the hidden
 /// name) and its sidecar, which gets a record for each chunk only after
-/// the partial file was made durable up to it.
+/// the partial file was made durable up to it. The store writes the
+/// chunks through its own descriptor of the partial file.
 pub(super) struct Resumable {
     parent: crate::sys::dirfd::DirFd,
     partial: String,
     meta: String,
-    /// The partial file (written at the chunks' offsets).
-    pub file: std::fs::File,
+    /// The partial file, to make it durable before records promise it.
+    file: std::fs::File,
     sidecar: std::fs::File,
+    /// The source and chunking; a fresh partial learns its chunk length
+    /// from the first chunk (the header is written at the first sync).
+    identity: Identity,
+    header_written: bool,
     /// Chunks that have their record.
     recorded: u64,
     /// CRCs of chunks written since the last sync, in order.
@@ -547,13 +658,14 @@ pub(super) struct Resumable {
 }
 
 impl Resumable {
-    /// Starts over: a new partial file and sidecar for `id` (old ones
-    /// removed).
+    /// Starts over: a new, empty partial file and sidecar for `identity`
+    /// (whose chunk length may be 0: the first chunk's), old ones removed.
+    /// Returns the partial file for the chunks' writes.
     pub fn start(
         parent: &crate::sys::dirfd::DirFd,
         leaf: &str,
-        id: &Identity,
-    ) -> std::io::Result<Self> {
+        identity: Identity,
+    ) -> std::io::Result<(Self, std::fs::File)> {
         let (partial, meta) = partial_names(leaf);
         for name in [&partial, &meta] {
             match parent.unlink(name) {
@@ -562,50 +674,72 @@ impl Resumable {
             }
         }
         let file = parent.create_new(&partial, 0o600)?;
-        let mut sidecar = parent.create_new(&meta, 0o600)?;
-        std::io::Write::write_all(&mut sidecar, &id.header())?;
-        sidecar.sync_data()?;
-        Ok(Self {
-            parent: parent.try_clone()?,
-            partial,
-            meta,
-            file,
-            sidecar,
-            recorded: 0,
-            unsynced: Vec::new(),
-        })
+        let sidecar = match parent.create_new(&meta, 0o600) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = parent.unlink(&partial);
+                return Err(e);
+            }
+        };
+        let writes = file.try_clone()?;
+        Ok((
+            Self {
+                parent: parent.try_clone()?,
+                partial,
+                meta,
+                file,
+                sidecar,
+                identity,
+                header_written: false,
+                recorded: 0,
+                unsynced: Vec::new(),
+            },
+            writes,
+        ))
     }
 
     /// Continues the kept partial file of `sidecar` after its verified
-    /// prefix (`Sidecar::prefix_chunks`): records past it are dropped.
+    /// prefix (`Sidecar::prefix_chunks`): bytes and records past it are
+    /// dropped. Returns the partial file for the chunks' writes.
     pub fn resume(
         parent: &crate::sys::dirfd::DirFd,
         leaf: &str,
         sidecar: &Sidecar,
-    ) -> std::io::Result<Self> {
+    ) -> std::io::Result<(Self, std::fs::File)> {
         let (partial, meta) = partial_names(leaf);
         let file = parent.open_file(&partial, true)?;
         let mut side = parent.open_file(&meta, true)?;
         let prefix = sidecar.prefix_chunks();
+        file.set_len(sidecar.prefix_bytes())?;
         let keep = sidecar.identity.header().len() as u64 + prefix * 8;
         side.set_len(keep)?;
         side.sync_data()?;
         // Records are appended after the kept ones.
         std::io::Seek::seek(&mut side, std::io::SeekFrom::Start(keep))?;
-        Ok(Self {
-            parent: parent.try_clone()?,
-            partial,
-            meta,
-            file,
-            sidecar: side,
-            recorded: prefix,
-            unsynced: Vec::new(),
-        })
+        let writes = file.try_clone()?;
+        Ok((
+            Self {
+                parent: parent.try_clone()?,
+                partial,
+                meta,
+                file,
+                sidecar: side,
+                identity: sidecar.identity.clone(),
+                header_written: true,
+                recorded: prefix,
+                unsynced: Vec::new(),
+            },
+            writes,
+        ))
     }
 
-    /// The next chunk (in order) was written and checked: its record
-    /// follows at the next sync (every `SYNC_EVERY` chunks).
-    pub fn chunk_written(&mut self, crc: u32) -> std::io::Result<()> {
+    /// The next chunk (in order), `len` bytes with CRC32 `crc`, was
+    /// written and checked: its record follows at the next sync (every
+    /// `SYNC_EVERY` chunks).
+    pub fn chunk_written(&mut self, crc: u32, len: u32) -> std::io::Result<()> {
+        if self.identity.chunk_len == 0 {
+            self.identity.chunk_len = len;
+        }
         self.unsynced.push(crc);
         if self.unsynced.len() >= SYNC_EVERY {
             self.sync()?;
@@ -614,18 +748,28 @@ impl Resumable {
     }
 
     /// Makes every written chunk durable: the partial file first, then
-    /// their records.
+    /// their records (and, the first time, the header and both names).
     pub fn sync(&mut self) -> std::io::Result<()> {
         if self.unsynced.is_empty() {
             return Ok(());
         }
         self.file.sync_data()?;
-        let mut records = Vec::with_capacity(self.unsynced.len() * 8);
+        let first = !self.header_written;
+        let mut records = if first {
+            self.identity.header()
+        } else {
+            Vec::with_capacity(self.unsynced.len() * 8)
+        };
         for (k, crc) in self.unsynced.iter().enumerate() {
             records.extend_from_slice(&record(self.recorded + k as u64, *crc));
         }
         std::io::Write::write_all(&mut self.sidecar, &records)?;
         self.sidecar.sync_data()?;
+        self.header_written = true;
+        if first {
+            // The two names must survive a crash of the host too.
+            self.parent.sync()?;
+        }
         self.recorded += self.unsynced.len() as u64;
         self.unsynced.clear();
         Ok(())
@@ -639,6 +783,17 @@ impl Resumable {
     /// After the partial file was renamed into place: the sidecar goes.
     pub fn forget(self) -> std::io::Result<()> {
         self.parent.unlink(&self.meta)
+    }
+
+    /// Nothing of it may be kept (its whole-file digest failed): both go.
+    pub fn discard(self) {
+        for name in [&self.partial, &self.meta] {
+            if let Err(e) = self.parent.unlink(name)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %name, "cannot remove a partial file: {e}");
+            }
+        }
     }
 }
 
@@ -654,7 +809,7 @@ mod resumable_tests {
             size: 1000,
             mtime: Mtime { secs: 1, nanos: 0 },
             digest: DigestAlg::Crc32,
-            chunk_len: 10,
+            chunk_len: 0,
         }
     }
 
@@ -662,43 +817,56 @@ mod resumable_tests {
     fn records_follow_the_data_and_a_resume_drops_what_is_past_the_prefix() {
         let tmp = tempfile::tempdir().unwrap();
         let parent = DirFd::open(tmp.path()).unwrap();
-        let mut r = Resumable::start(&parent, "f.bin", &id()).unwrap();
+        let (mut r, file) = Resumable::start(&parent, "f.bin", id()).unwrap();
         let (partial, meta) = (r.names().0.to_string(), r.names().1.to_string());
+        let read_side = || std::fs::read(tmp.path().join(&meta)).unwrap();
         let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        // Nothing durable yet: an empty record.
+        assert!(read_side().is_empty());
         for (k, c) in data.chunks(10).take(SYNC_EVERY + 3).enumerate() {
-            r.file.write_all_at(c, (k * 10) as u64).unwrap();
-            r.chunk_written(crc32fast::hash(c)).unwrap();
+            file.write_all_at(c, (k * 10) as u64).unwrap();
+            r.chunk_written(crc32fast::hash(c), 10).unwrap();
         }
         // One sync so far: SYNC_EVERY records; 3 chunks wait for the next.
-        let side = Sidecar::decode(&std::fs::read(tmp.path().join(&meta)).unwrap()).unwrap();
+        let side = Sidecar::decode(&read_side()).unwrap();
         assert_eq!(side.crcs.len(), SYNC_EVERY);
+        // The chunk length came from the first chunk.
+        assert_eq!(side.identity.chunk_len, 10);
         r.sync().unwrap();
-        let side = Sidecar::decode(&std::fs::read(tmp.path().join(&meta)).unwrap()).unwrap();
+        let side = Sidecar::decode(&read_side()).unwrap();
         assert_eq!(side.crcs.len(), SYNC_EVERY + 3);
-        assert_eq!(side.identity, id());
+        assert_eq!(
+            side.identity,
+            Identity {
+                chunk_len: 10,
+                ..id()
+            }
+        );
         drop(r);
         // Resume after 20 chunks (as if only they were trusted): records
-        // past them are dropped, the next one is number 20.
+        // and bytes past them are dropped, the next one is number 20.
         let short = Sidecar {
             crcs: side.crcs[..20].to_vec(),
             ..side.clone()
         };
-        let mut r = Resumable::resume(&parent, "f.bin", &short).unwrap();
+        let (mut r, file) = Resumable::resume(&parent, "f.bin", &short).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 200);
         let c = &data[200..210];
-        r.chunk_written(crc32fast::hash(c)).unwrap();
+        file.write_all_at(c, 200).unwrap();
+        r.chunk_written(crc32fast::hash(c), 10).unwrap();
         r.sync().unwrap();
-        let again = Sidecar::decode(&std::fs::read(tmp.path().join(&meta)).unwrap()).unwrap();
+        let again = Sidecar::decode(&read_side()).unwrap();
         assert_eq!(again.crcs.len(), 21);
         assert_eq!(again.crcs[20], crc32fast::hash(c));
         // Done: the partial is renamed by the commit, the sidecar goes.
         assert!(tmp.path().join(&partial).exists());
         r.forget().unwrap();
         assert!(!tmp.path().join(&meta).exists());
-        // Starting over replaces whatever was kept.
+        // Starting over replaces whatever was kept; discarding removes both.
         std::fs::write(tmp.path().join(&meta), b"junk").unwrap();
-        let r = Resumable::start(&parent, "f.bin", &id()).unwrap();
-        let fresh = Sidecar::decode(&std::fs::read(tmp.path().join(&meta)).unwrap()).unwrap();
-        assert!(fresh.crcs.is_empty());
-        drop(r);
+        let (r, _) = Resumable::start(&parent, "f.bin", id()).unwrap();
+        assert!(read_side().is_empty());
+        r.discard();
+        assert!(!tmp.path().join(&meta).exists() && !tmp.path().join(&partial).exists());
     }
 }

@@ -3,8 +3,9 @@
 //! the file store, from the greeting to BYE or the first fatal error.
 
 use super::admission::Admission;
+use super::partial::{Holding, KeptPrefix};
 use super::space::SpaceLedger;
-use super::store::{FileStore, Refusal, Sink, commit};
+use super::store::{FileStore, Refusal, Resume, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
@@ -13,8 +14,9 @@ use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
 use crate::engine::{wait_completions, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, Hello, Message, Mtime, ProtocolError,
-    ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
+    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, HaveKind, Hello, Message, Mtime,
+    ProtocolError, ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, SKIP, escaped,
+    hello_flags, keepalive_interval,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
@@ -33,8 +35,11 @@ struct IncomingFile {
     mode: u32,
     mtime: Option<Mtime>,
     hasher: FileHasher,
-    /// Bytes written so far (standard output is written strictly in order).
+    /// Bytes written so far (standard output is written strictly in order),
+    /// counting a resumed prefix.
     written: u64,
+    /// The kept prefix this transfer continued (bytes not sent again).
+    resumed_from: u64,
     started: Instant,
     /// The file's log span (name, size) and its phase timings so far.
     span: tracing::Span,
@@ -74,6 +79,19 @@ struct Session<'a, 's> {
     /// Standard output was closed by its reader (EPIPE): the session ended
     /// on purpose, quietly; what to log.
     output_closed: Option<String>,
+    /// An offer with RESUME answered with HAVE: what FROM decides about.
+    awaiting_from: Option<AwaitingFrom>,
+    /// Completions polled while a file was read for a HAVE (the sends are
+    /// handled at once; anything else waits for the run loop).
+    stashed: Vec<Completion>,
+}
+
+/// An offer with RESUME between its HAVE and the sender's FROM.
+struct AwaitingFrom {
+    hello: Hello,
+    hello_at: Instant,
+    have: crate::proto::Have,
+    kept: Option<KeptPrefix>,
 }
 
 /// Receives posted before the sender is admitted: PROVE or BYE is all it
@@ -152,6 +170,8 @@ pub(super) fn run(
         file: None,
         first_error: None,
         output_closed: None,
+        awaiting_from: None,
+        stashed: Vec::new(),
     };
     let result = session.run();
     session.finish(result)
@@ -166,9 +186,13 @@ impl Session<'_, '_> {
         loop {
             wcs.clear();
             let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
-            match self.admission.handshake() {
-                Some((deadline, _)) => self.wait_handshake(&mut wcs, deadline, what)?,
-                None => wait_completions(&self.ep, &mut wcs, timeout, what)?,
+            if !self.stashed.is_empty() {
+                wcs.append(&mut self.stashed);
+            } else {
+                match self.admission.handshake() {
+                    Some((deadline, _)) => self.wait_handshake(&mut wcs, deadline, what)?,
+                    None => wait_completions(&self.ep, &mut wcs, timeout, what)?,
+                }
             }
             // A peer that takes none of our messages is not waited for
             // forever, whatever it sends meanwhile.
@@ -329,11 +353,7 @@ impl Session<'_, '_> {
                 self.control.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
-            // WIP (resume branch): the engine answers no RESUME offer with
-            // HAVE yet, so no FROM can come.
-            Ok(ReceiverEvent::From { .. }) => {
-                return Err(XferError::Internal("FROM without a HAVE".into()));
-            }
+            Ok(ReceiverEvent::From { offset }) => self.on_from(offset)?,
             // The machine queued the sender's reply to each error.
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Version(reject)) => {
@@ -423,11 +443,144 @@ impl Session<'_, '_> {
         } else {
             info!(file = %hello.name, size = hello.size, "offer");
         }
+        if hello.caps & hello_flags::RESUME != 0 {
+            return self.offer_holding(hello, hello_at);
+        }
+        self.prepare_and_accept(&hello, hello_at, Resume::No, None)
+    }
+
+    /// An offer with RESUME: what the receiver holds of it goes back in a
+    /// HAVE (reading the copy or the kept prefix, the sender kept
+    /// informed); the sender's FROM decides (`on_from`).
+    fn offer_holding(&mut self, hello: Hello, hello_at: Instant) -> Result<(), XferError> {
+        let mut holding = match self.holding(&hello) {
+            Ok(h) => h,
+            Err(refusal) => return self.refuse(&hello, hello_at, refusal),
+        };
+        let have = &holding.have;
+        if have.kind == HaveKind::Prefix && have.chunk_len > self.cfg.chunk_size {
+            holding = Holding::nothing(format!(
+                "the kept part arrived in chunks of {} bytes, larger than this receiver's {}",
+                have.chunk_len, self.cfg.chunk_size
+            ));
+        }
+        let have = holding.have.clone();
+        match have.kind {
+            HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),
+            HaveKind::Prefix => {
+                info!(file = %hello.name, bytes = have.bytes, "a verified part is kept")
+            }
+            HaveKind::Nothing if have.note.is_empty() => debug!(file = %hello.name, "nothing kept"),
+            HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
+        }
+        let reply = self.machine.have(have.clone())?;
+        self.control.send(&self.ep, &reply)?;
+        self.awaiting_from = Some(AwaitingFrom {
+            hello,
+            hello_at,
+            have,
+            kept: holding.kept,
+        });
+        Ok(())
+    }
+
+    /// Reads what the store holds of an offer with RESUME; a KEEPALIVE
+    /// goes out every `keepalive_interval` meanwhile, so that a large
+    /// file's read does not time the sender out.
+    fn holding(&mut self, hello: &Hello) -> Result<Holding, Refusal> {
+        let interval = keepalive_interval(self.cfg.timeout);
+        let mut last = Instant::now();
+        let (control, ep, machine, stashed) = (
+            &mut self.control,
+            &self.ep,
+            &self.machine,
+            &mut self.stashed,
+        );
+        let mut tick = || -> std::io::Result<()> {
+            if last.elapsed() < interval {
+                return Ok(());
+            }
+            last = Instant::now();
+            let keepalive = machine.keepalive().map_err(std::io::Error::other)?;
+            control
+                .send(ep, &keepalive)
+                .map_err(std::io::Error::other)?;
+            // Our sends complete; anything else waits for the run loop.
+            let mut wcs = Vec::new();
+            ep.poll(&mut wcs, 16).map_err(std::io::Error::other)?;
+            for wc in wcs {
+                if wr::kind(wc.wr_id) == wr::SEND && wc.opcode == WcOpcode::Send {
+                    control
+                        .on_send_done(ep, wc)
+                        .map_err(std::io::Error::other)?;
+                } else {
+                    stashed.push(wc);
+                }
+            }
+            Ok(())
+        };
+        self.store.holding(hello, self.cfg.chunk_size, &mut tick)
+    }
+
+    /// FROM answered our HAVE: receive from 0, continue the kept prefix,
+    /// or acknowledge the complete copy without any data.
+    fn on_from(&mut self, offset: u64) -> Result<(), XferError> {
+        let Some(waiting) = self.awaiting_from.take() else {
+            return Err(XferError::Internal("FROM without a HAVE".into()));
+        };
+        let AwaitingFrom {
+            hello,
+            hello_at,
+            have,
+            kept,
+        } = waiting;
+        if offset == SKIP {
+            info!(file = %hello.name, "skipped: the receiver's copy is complete");
+            let ack = self
+                .machine
+                .complete(AckStatus::Ok, String::new())
+                .map_err(XferError::from)?;
+            self.control.send(&self.ep, &ack)?;
+            let report = FileReport {
+                name: hello.name.clone(),
+                bytes: hello.size,
+                elapsed: hello_at.elapsed(),
+                digest: have.digest,
+                phases: Phases {
+                    connect: self.connect_time,
+                    ..Phases::default()
+                },
+                resumed_from: 0,
+                skipped: true,
+            };
+            (self.on_file)(FileEvent::Done(&report));
+            return Ok(());
+        }
+        match kept {
+            Some(kept) if offset > 0 => {
+                let KeptPrefix { sidecar, hasher } = kept;
+                let resume = Resume::Continue(&sidecar);
+                self.prepare_and_accept(&hello, hello_at, resume, Some((hasher, offset)))
+            }
+            _ => self.prepare_and_accept(&hello, hello_at, Resume::Fresh, None),
+        }
+    }
+
+    /// Opens where an accepted offer goes and answers with the ring (MR),
+    /// or refuses it. `continued`: the whole-file digest over a kept
+    /// prefix and its length.
+    fn prepare_and_accept(
+        &mut self,
+        hello: &Hello,
+        hello_at: Instant,
+        resume: Resume<'_>,
+        continued: Option<(FileHasher, u64)>,
+    ) -> Result<(), XferError> {
         // The ring is registered only for an acceptable offer; if that
         // fails (memlock limit, say) the sender hears why instead of
         // waiting for an MR that never comes.
         let prepared = self
-            .prepare_file(&hello)
+            .prepare_file(hello, resume)
             .and_then(|file| match self.ring_info() {
                 Ok(ring) => Ok((file, ring)),
                 Err(e) => {
@@ -440,6 +593,12 @@ impl Session<'_, '_> {
             });
         match prepared {
             Ok((mut file, ring)) => {
+                if let Some((hasher, prefix)) = continued {
+                    file.hasher = hasher;
+                    file.written = prefix;
+                    file.resumed_from = prefix;
+                    info!(file = %hello.name, bytes = prefix, "continuing the kept part");
+                }
                 let reply = self.machine.accept(ring).map_err(XferError::from)?;
                 self.control.send(&self.ep, &reply)?;
                 // A file's time runs from its HELLO, like the sender's.
@@ -448,10 +607,11 @@ impl Session<'_, '_> {
                 file.phases.mr_exchange = hello_at.elapsed();
                 file.data_started = Instant::now();
                 file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
+                file.progress.advance(file.resumed_from);
                 self.file = Some(file);
                 Ok(())
             }
-            Err(refusal) => self.refuse(&hello, hello_at, refusal),
+            Err(refusal) => self.refuse(hello, hello_at, refusal),
         }
     }
 
@@ -478,10 +638,10 @@ impl Session<'_, '_> {
 
     /// Opens where the offered file goes (see `FileStore::create`) and
     /// starts its bookkeeping.
-    fn prepare_file(&mut self, hello: &Hello) -> Result<IncomingFile, Refusal> {
+    fn prepare_file(&mut self, hello: &Hello, resume: Resume<'_>) -> Result<IncomingFile, Refusal> {
         let sink = self
             .store
-            .create(hello, self.cfg.overwrite, &self.cfg.dir)?;
+            .create(hello, self.cfg.overwrite, &self.cfg.dir, resume)?;
         let span = if hello.is_stream() {
             error_span!("file", name = %hello.name, size = "unknown")
         } else {
@@ -496,6 +656,7 @@ impl Session<'_, '_> {
             mtime: hello.mtime,
             hasher: FileHasher::new(hello.digest),
             written: 0,
+            resumed_from: 0,
             started: Instant::now(),
             span,
             phases: Phases::default(),
@@ -576,7 +737,7 @@ impl Session<'_, '_> {
             return Err(self.abort(AckStatus::Integrity, err));
         }
         let written = match &mut file.sink {
-            Sink::Temp(t) => t.write_at(data, placement.file_offset),
+            Sink::Temp(t) => t.write_chunk(data, placement.file_offset, crc),
             Sink::Stdout(out) if placement.file_offset == file.written => out.write_all(data),
             Sink::Stdout(_) => {
                 let err = XferError::Internal(format!(
@@ -654,6 +815,10 @@ impl Session<'_, '_> {
                     "; the data already written to the receiver's standard output is corrupt",
                 );
             }
+            // Which part is wrong is unknown: nothing of it is kept.
+            if let Sink::Temp(t) = &mut file.sink {
+                t.discard();
+            }
             (
                 AckStatus::Integrity,
                 reason.clone(),
@@ -686,6 +851,8 @@ impl Session<'_, '_> {
                     elapsed: file.started.elapsed(),
                     digest,
                     phases: file.phases,
+                    resumed_from: file.resumed_from,
+                    skipped: false,
                 };
                 file.progress.finished();
                 (self.on_file)(FileEvent::Done(&report));
@@ -712,6 +879,7 @@ impl Session<'_, '_> {
     /// failure is reported; the temporary file goes when it drops.
     fn abandon(&mut self, err: XferError) -> XferError {
         if let Some(file) = self.file.take() {
+            note_kept(&file);
             self.report_file_failure(&file, &err, true);
         }
         err
@@ -766,6 +934,7 @@ impl Session<'_, '_> {
                     "file abandoned: {e}"
                 )
             });
+            note_kept(&file);
             self.report_file_failure(&file, e, true);
         }
         self.file = None;
@@ -780,5 +949,19 @@ impl Session<'_, '_> {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// Says what a failed file leaves for a later `sender --resume`.
+fn note_kept(file: &IncomingFile) {
+    if let Sink::Temp(t) = &file.sink
+        && t.kept_on_failure()
+    {
+        warn!(
+            file = %file.name,
+            bytes = file.written,
+            "kept the {} bytes received so far for `sender --resume`",
+            file.written
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 use super::ReceiverConfig;
+use super::partial::{self, Holding, Identity, Resumable, Sidecar};
 use super::space::{Promise, SpaceLedger};
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
@@ -180,14 +181,35 @@ impl FileStore {
         Ok(())
     }
 
+    /// What the receiver holds of an offer with RESUME (see
+    /// `partial::find`); standard output holds nothing.
+    pub(super) fn holding(
+        &self,
+        hello: &Hello,
+        chunk_len: u32,
+        tick: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> Result<Holding, Refusal> {
+        match self {
+            FileStore::Stdout(_) => Ok(Holding::nothing(
+                "the receiver writes to its standard output: nothing is kept there",
+            )),
+            FileStore::Tree { root, .. } => {
+                let (parent, leaf) = open_parent(root, &hello.name)?;
+                Ok(partial::find(&parent, &leaf, hello, chunk_len, tick))
+            }
+        }
+    }
+
     /// Checks an offer against what is on disk (exists, free space, links
     /// on the way) and opens where its bytes go: a new temporary file next
-    /// to the final name, or standard output.
+    /// to the final name (with RESUME a partial file kept if the transfer
+    /// fails, or the kept one continued), or standard output.
     pub(super) fn create(
         &mut self,
         hello: &Hello,
         overwrite: bool,
         dir: &Path,
+        resume: Resume<'_>,
     ) -> Result<Sink, Refusal> {
         let sink = match self {
             FileStore::Stdout(out) => {
@@ -231,9 +253,13 @@ impl FileStore {
                 // A stream's size is unknown: it is checked as it arrives
                 // (--max-size by the state machine, space by the writes).
                 let size = if hello.is_stream() { 0 } else { hello.size };
-                let promise = ledger.promise(&hello.name, size, || free_space(dir))?;
-                let temp = temp_name();
-                let file = parent.create_new(&temp, 0o600).map_err(|e| {
+                let kept = match &resume {
+                    Resume::Continue(s) => s.prefix_bytes(),
+                    _ => 0,
+                };
+                let promise =
+                    ledger.promise(&hello.name, size - kept.min(size), || free_space(dir))?;
+                let cannot_create = |e: std::io::Error| {
                     let code = match e.raw_os_error() {
                         Some(libc::ENOSPC | libc::EDQUOT) => RejectCode::NoSpace,
                         _ => RejectCode::Io,
@@ -242,7 +268,41 @@ impl FileStore {
                         code,
                         format!("cannot create a file in the output directory: {e}"),
                     )
-                })?;
+                };
+                let (temp, file, resumable) = match resume {
+                    Resume::No => {
+                        let temp = temp_name();
+                        let file = parent.create_new(&temp, 0o600).map_err(cannot_create)?;
+                        (temp, file, None)
+                    }
+                    Resume::Fresh => {
+                        let identity = Identity::of_offer(hello, 0).ok_or_else(|| {
+                            (
+                                RejectCode::Protocol,
+                                format!(
+                                    "{}: a resumable offer without a modification time",
+                                    hello.name
+                                ),
+                            )
+                        })?;
+                        let (r, file) =
+                            Resumable::start(&parent, &leaf, identity).map_err(cannot_create)?;
+                        (r.names().0.to_string(), file, Some(r))
+                    }
+                    Resume::Continue(sidecar) => {
+                        let (r, file) =
+                            Resumable::resume(&parent, &leaf, sidecar).map_err(|e| {
+                                (
+                                    RejectCode::Io,
+                                    format!(
+                                        "cannot continue the partial file of {}: {e}",
+                                        hello.name
+                                    ),
+                                )
+                            })?;
+                        (r.names().0.to_string(), file, Some(r))
+                    }
+                };
                 let mut temp = TempFile {
                     parent,
                     temp,
@@ -250,6 +310,8 @@ impl FileStore {
                     file,
                     committed: false,
                     promise,
+                    resumable,
+                    discard: false,
                 };
                 // Dropping `temp` removes the file if the space is not there.
                 match reserve_blocks(&temp.file, size) {
@@ -343,7 +405,8 @@ fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
 }
 
 /// A temporary file next to the final name, removed on drop unless it was
-/// renamed into place.
+/// renamed into place, or, offered with RESUME, kept with its record of
+/// the verified chunks (see `partial`).
 pub(super) struct TempFile {
     parent: DirFd,
     temp: String,
@@ -352,25 +415,71 @@ pub(super) struct TempFile {
     committed: bool,
     /// What is left of the space promised to this file.
     promise: Promise,
+    /// The record of verified chunks of a file offered with RESUME.
+    resumable: Option<Resumable>,
+    /// Nothing of it may be kept, even with RESUME (its digest failed).
+    discard: bool,
 }
 
 impl TempFile {
-    /// Writes a chunk at its offset.
-    pub(super) fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+    /// Writes the next chunk (checked against its CRC32 `crc`) at its
+    /// offset.
+    pub(super) fn write_chunk(
+        &mut self,
+        data: &[u8],
+        offset: u64,
+        crc: u32,
+    ) -> std::io::Result<()> {
         self.file.write_all_at(data, offset)?;
         self.promise.wrote(data.len() as u64);
+        if let Some(r) = self.resumable.as_mut() {
+            r.chunk_written(crc, data.len() as u32)?;
+        }
         Ok(())
+    }
+
+    /// The data failed its whole-file check: nothing of it is kept.
+    pub(super) fn discard(&mut self) {
+        self.discard = true;
+    }
+
+    /// Whether a failure keeps it (with RESUME) for a later attempt.
+    pub(super) fn kept_on_failure(&self) -> bool {
+        self.resumable.is_some() && !self.discard
     }
 }
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        if !self.committed
-            && let Err(e) = self.parent.unlink(&self.temp)
-        {
-            warn!(path = %self.temp, "cannot remove temporary file: {e}");
+        if self.committed {
+            return;
+        }
+        match self.resumable.take() {
+            Some(r) if self.discard => r.discard(),
+            // Kept: whatever was written and checked gets its records.
+            Some(mut r) => {
+                if let Err(e) = r.sync() {
+                    warn!(path = %self.temp, "cannot record the last chunks of a partial file: {e}");
+                }
+            }
+            None => {
+                if let Err(e) = self.parent.unlink(&self.temp) {
+                    warn!(path = %self.temp, "cannot remove temporary file: {e}");
+                }
+            }
         }
     }
+}
+
+/// How an offered file is written.
+pub(super) enum Resume<'a> {
+    /// A temporary file, removed if the transfer fails.
+    No,
+    /// Offered with RESUME, starting from zero: a partial file whose
+    /// verified chunks are kept if the transfer fails.
+    Fresh,
+    /// Continues the kept partial file after its verified prefix.
+    Continue(&'a Sidecar),
 }
 
 pub(super) enum Sink {
@@ -431,6 +540,11 @@ pub(super) fn commit(
         .rename(&t.temp, &t.leaf, !overwrite)
         .map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
     t.committed = true;
+    if let Some(r) = t.resumable.take()
+        && let Err(e) = r.forget()
+    {
+        warn!("cannot remove the record of {name}'s partial file: {e}");
+    }
     t.parent
         .sync()
         .map_err(|e| XferError::io(ctx("cannot fsync the directory of"), e))?;
@@ -523,7 +637,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let mut s = store(root.path());
         let h = hello("f.bin", 3);
-        let mut sink = s.create(&h, false, root.path()).unwrap();
+        let mut sink = s.create(&h, false, root.path(), Resume::No).unwrap();
         write(&mut sink, b"abc");
         let names = entries(root.path());
         assert_eq!(names.len(), 1);
@@ -545,10 +659,62 @@ mod tests {
     fn an_uncommitted_file_leaves_nothing_behind() {
         let root = tempfile::tempdir().unwrap();
         let mut s = store(root.path());
-        let mut sink = s.create(&hello("gone", 3), false, root.path()).unwrap();
+        let mut sink = s
+            .create(&hello("gone", 3), false, root.path(), Resume::No)
+            .unwrap();
         write(&mut sink, b"abc");
         drop(sink);
         assert!(entries(root.path()).is_empty());
+    }
+
+    /// Writes `data` as the sink's chunks of `chunk` bytes from `from`.
+    fn write_chunks(sink: &mut Sink, data: &[u8], from: usize, chunk: usize) {
+        let Sink::Temp(t) = sink else {
+            panic!("a tree store writes temporary files")
+        };
+        for (k, c) in data[from..].chunks(chunk).enumerate() {
+            let at = (from + k * chunk) as u64;
+            t.write_chunk(c, at, crc32fast::hash(c)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_resumable_file_keeps_its_verified_chunks_until_it_is_committed() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let holds = |s: &FileStore| s.holding(&h, 100, &mut || Ok(())).unwrap();
+        assert_eq!(holds(&s).have.kind, crate::proto::HaveKind::Nothing);
+        // A first attempt writes 7 chunks, then fails: they are kept.
+        let mut sink = s.create(&h, false, root.path(), Resume::Fresh).unwrap();
+        write_chunks(&mut sink, &data[..700], 0, 100);
+        drop(sink);
+        let kept = holds(&s);
+        assert_eq!(kept.have.bytes, 700);
+        let prefix = kept.kept.expect("the verified prefix");
+        assert_eq!(entries(root.path()).len(), 2, "the partial and its record");
+        // The second continues it; committed, it is the file, nothing else.
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Continue(&prefix.sidecar))
+            .unwrap();
+        write_chunks(&mut sink, &data, 700, 100);
+        commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap();
+        drop(sink);
+        assert_eq!(entries(root.path()), ["f.bin"]);
+        assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
+        // Now the receiver has it complete.
+        assert_eq!(holds(&s).have.kind, crate::proto::HaveKind::Complete);
+        // A failed whole-file check keeps nothing, even when resumable.
+        let mut g = hello("g.bin", 1000);
+        g.caps |= crate::proto::hello_flags::RESUME;
+        let mut sink = s.create(&g, false, root.path(), Resume::Fresh).unwrap();
+        write_chunks(&mut sink, &data, 0, 100);
+        let Sink::Temp(t) = &mut sink else { panic!() };
+        t.discard();
+        drop(sink);
+        assert_eq!(entries(root.path()), ["f.bin"]);
     }
 
     #[test]
@@ -558,7 +724,7 @@ mod tests {
         std::fs::create_dir(root.path().join("d")).unwrap();
         let mut s = store(root.path());
         let mut refusal = |name: &str, size: u64, overwrite: bool| {
-            s.create(&hello(name, size), overwrite, root.path())
+            s.create(&hello(name, size), overwrite, root.path(), Resume::No)
                 .map(|_| ())
                 .unwrap_err()
                 .0
@@ -567,7 +733,9 @@ mod tests {
         assert_eq!(refusal("d", 1, true), RejectCode::Exists);
         assert_eq!(refusal("huge", u64::MAX, false), RejectCode::NoSpace);
         assert_eq!(refusal("missing/x", 1, false), RejectCode::Io);
-        let mut sink = s.create(&hello("old", 3), true, root.path()).unwrap();
+        let mut sink = s
+            .create(&hello("old", 3), true, root.path(), Resume::No)
+            .unwrap();
         write(&mut sink, b"new");
         // Without --overwrite, a file that appeared meanwhile is kept.
         assert!(commit(&mut sink, "old", 0o600, None, false).is_err());

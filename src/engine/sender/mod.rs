@@ -51,6 +51,10 @@ pub struct SenderConfig {
     pub walk: WalkOptions,
     /// Told about each file's progress (the tool draws bars with it).
     pub progress: ProgressSink,
+    /// Offer files with RESUME: the receiver keeps what it verified if the
+    /// transfer fails, and a later offer continues it or skips a file it
+    /// has complete.
+    pub resume: bool,
 }
 
 impl SenderConfig {
@@ -69,6 +73,7 @@ impl SenderConfig {
                 ..WalkOptions::default()
             },
             progress: ProgressSink::default(),
+            resume: false,
         }
     }
 }
@@ -445,7 +450,7 @@ impl Connection {
                     ))));
                 }
                 let offer = FileOffer {
-                    resume: false,
+                    resume: cfg.resume,
                     name,
                     size: meta.len(),
                     mode: meta.permissions().mode() & 0o7777,

@@ -4,17 +4,30 @@
 
 use super::verdicts::{PendingEntry, Tracker};
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
+use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
 use crate::engine::progress::FileProgress;
 use crate::engine::reader::{Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::engine::wr;
 use crate::error::XferError;
-use crate::proto::{Digest, FileOffer, OfferKind, SenderEvent, SenderState};
+use crate::proto::{
+    Digest, FileOffer, Have, HaveKind, OfferKind, SKIP, SenderEvent, SenderState,
+    keepalive_interval,
+};
 use crate::sys::rdma::{Buffer, BufferPool, Completion, RemoteTarget};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
-use tracing::{debug, error_span};
+use tracing::{debug, error_span, info, warn};
+
+/// How a file's data starts once the receiver answered its HELLO.
+enum Start {
+    /// From the start, or after the prefix the receiver kept (its length
+    /// and the whole-file digest over it).
+    Data(Option<(u64, FileHasher)>),
+    /// The receiver has it complete (this digest): nothing is sent.
+    Skipped(Digest),
+}
 
 /// How often a wait for the reader also listens to the receiver.
 const READER_SLICE: Duration = Duration::from_millis(200);
@@ -92,13 +105,50 @@ impl Connection {
             ..Phases::default()
         };
         let tag = tracker.tag();
-        error_span!("phase", name = "mr exchange")
-            .in_scope(|| self.await_ring(cfg, offer, tag, pipe, tracker))?;
+        let start = error_span!("phase", name = "mr exchange")
+            .in_scope(|| self.await_ring(cfg, offer, tag, &input, pipe, tracker))?;
         let mut progress = cfg.progress.file_started(&name, size);
         phases.mr_exchange = started.elapsed();
+        let resume = match start {
+            Start::Data(resume) => resume,
+            Start::Skipped(digest) => {
+                // Its verdict (the receiver's ACK) comes like a FIN's.
+                progress.advance(size);
+                let report = FileReport {
+                    name,
+                    bytes: size,
+                    elapsed: started.elapsed(),
+                    digest,
+                    phases,
+                    resumed_from: 0,
+                    skipped: true,
+                };
+                tracker.pending.insert(
+                    tag,
+                    PendingEntry::File {
+                        report,
+                        fin_sent: Instant::now(),
+                        span: error_span!("phase", name = "fsync+verify"),
+                        progress,
+                    },
+                );
+                return Ok(());
+            }
+        };
+        let resumed_from = resume.as_ref().map_or(0, |(offset, _)| *offset);
+        progress.advance(resumed_from);
         let data_started = Instant::now();
         let digest = error_span!("phase", name = "data").in_scope(|| {
-            self.pump_chunks(cfg, input, &name, stream, &mut *progress, pipe, tracker)
+            self.pump_chunks(
+                cfg,
+                input,
+                &name,
+                stream,
+                resume,
+                &mut *progress,
+                pipe,
+                tracker,
+            )
         })?;
         phases.data = data_started.elapsed();
         let report = FileReport {
@@ -107,28 +157,49 @@ impl Connection {
             elapsed: started.elapsed(),
             digest,
             phases,
+            resumed_from,
+            skipped: false,
         };
         self.send_fin(tag, report, progress, tracker)
     }
 
     /// Phase 1: HELLO, then wait for the ring (or this entry's refusal);
-    /// verdicts on earlier entries come first.
+    /// verdicts on earlier entries come first. An offer with RESUME gets
+    /// the receiver's HAVE first, which `input` is checked against.
     fn await_ring(
         &mut self,
         cfg: &SenderConfig,
         offer: FileOffer,
         tag: u64,
+        input: &Input,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
+    ) -> Result<Start, FileError> {
+        let name = offer.name.clone();
         let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
         self.control.send(&self.ep, &hello)?;
-        while self.session.state() == SenderState::AwaitRing {
-            let Some(event) = self.next_event(cfg, pipe, tracker, "the receiver's MR reply")?
-            else {
+        let mut start = Start::Data(None);
+        loop {
+            let what = match self.session.state() {
+                SenderState::AwaitRing => "the receiver's MR reply",
+                SenderState::AwaitHave => "the receiver's HAVE reply",
+                _ => break,
+            };
+            let Some(event) = self.next_event(cfg, pipe, tracker, what)? else {
                 continue;
             };
             match event {
+                SenderEvent::Have(have) => {
+                    let (offset, resume) = self.compare(cfg, &name, &have, input, pipe, tracker)?;
+                    let from = self.session.start_from(offset).map_err(proto_err)?;
+                    self.control.send(&self.ep, &from)?;
+                    if offset == SKIP {
+                        info!(file = %name, "skipped: the receiver has it complete");
+                        return Ok(Start::Skipped(have.digest));
+                    }
+                    start = Start::Data(resume);
+                }
+                SenderEvent::Keepalive => debug!("the receiver reads its copy"),
                 SenderEvent::Ring(ring) => {
                     debug!(
                         addr = ring.addr,
@@ -151,7 +222,115 @@ impl Connection {
                 other => return Err(unexpected(&other)),
             }
         }
-        Ok(())
+        Ok(start)
+    }
+
+    /// Checks the file against what the receiver holds of it (HAVE) and
+    /// decides where its data starts: `SKIP` when the receiver's complete
+    /// copy has the file's digest, the kept prefix when every chunk of it
+    /// has the CRC the receiver recorded (with the whole-file digest over
+    /// it), else 0, saying why.
+    fn compare(
+        &mut self,
+        cfg: &SenderConfig,
+        name: &str,
+        have: &Have,
+        input: &Input,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(u64, Option<(u64, FileHasher)>), FileError> {
+        // Streams are never offered with RESUME.
+        let Input::File { file, size } = input else {
+            return Ok((0, None));
+        };
+        match have.kind {
+            HaveKind::Nothing if have.note.is_empty() => Ok((0, None)),
+            HaveKind::Nothing => {
+                warn!(file = %name, "starting from zero: {}", have.note);
+                Ok((0, None))
+            }
+            HaveKind::Prefix if have.chunk_len > cfg.chunk_size => {
+                warn!(
+                    file = %name,
+                    "starting from zero: the receiver kept {} bytes in chunks of {}, larger than \
+                     this sender's --chunk-size {}",
+                    have.bytes, have.chunk_len, cfg.chunk_size
+                );
+                Ok((0, None))
+            }
+            HaveKind::Prefix => {
+                let read =
+                    self.read_for_have(cfg, name, file, have.bytes, have.chunk_len, pipe, tracker)?;
+                if Digest::Sha256(read.crc_digest) == have.digest {
+                    info!(file = %name, bytes = have.bytes, "continuing after the part the receiver kept");
+                    Ok((have.bytes, Some((have.bytes, read.hasher))))
+                } else {
+                    warn!(
+                        file = %name,
+                        "starting from zero: the source changed within the {} bytes the receiver kept",
+                        have.bytes
+                    );
+                    Ok((0, None))
+                }
+            }
+            HaveKind::Complete => {
+                let read =
+                    self.read_for_have(cfg, name, file, *size, cfg.chunk_size, pipe, tracker)?;
+                if read.hasher.finish() == have.digest {
+                    Ok((SKIP, None))
+                } else {
+                    warn!(file = %name, "the receiver's copy differs from the source");
+                    Ok((0, None))
+                }
+            }
+        }
+    }
+
+    /// Reads the file's first `upto` bytes in chunks of `chunk_len` (see
+    /// `read_prefix`), keeping the receiver informed meanwhile (KEEPALIVE)
+    /// and listening to it.
+    #[allow(clippy::too_many_arguments)]
+    fn read_for_have(
+        &mut self,
+        cfg: &SenderConfig,
+        name: &str,
+        file: &std::fs::File,
+        upto: u64,
+        chunk_len: u32,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<PrefixRead, FileError> {
+        let interval = keepalive_interval(cfg.timeout);
+        let mut last = Instant::now();
+        let mut failed = None;
+        let read = read_prefix(file, upto, chunk_len, cfg.verify, |_, _| {
+            if last.elapsed() < interval {
+                return Ok(());
+            }
+            last = Instant::now();
+            let sent = self
+                .session
+                .keepalive()
+                .map_err(proto_err)
+                .and_then(|k| Ok(self.control.send(&self.ep, &k)?))
+                .and_then(|()| self.poll_events(pipe, tracker));
+            match sent {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    failed = Some(e);
+                    Err(std::io::Error::other("the session failed"))
+                }
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        read.map_err(|e| {
+            FileError::Fatal(XferError::io(
+                format!("cannot read {name} to compare it with what the receiver holds"),
+                e,
+            ))
+        })
     }
 
     /// Phase 2: the reader fills slots; each filled slot is written to the
@@ -164,6 +343,7 @@ impl Connection {
         input: Input,
         name: &str,
         stream: bool,
+        resume: Option<(u64, FileHasher)>,
         progress: &mut dyn FileProgress,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
@@ -173,6 +353,7 @@ impl Connection {
             name: name.to_string(),
             chunk_len: self.session.chunk_len(),
             digest: cfg.verify,
+            resume,
         };
         pipe.jobs
             .send(job)
