@@ -133,6 +133,26 @@ impl XferError {
         }
     }
 
+    /// Whether trying again later may succeed: the peer could not be
+    /// reached, went away or stopped answering. Refusals, integrity
+    /// failures, I/O errors and a missing RDMA device are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            XferError::Connect { source, .. } => !matches!(source, SysError::Invalid(_)),
+            XferError::PeerLost(_) => true,
+            XferError::Sys(v) => matches!(
+                v,
+                SysError::Timeout { .. }
+                    | SysError::Disconnected
+                    | SysError::WorkRequest {
+                        peer_lost: true,
+                        ..
+                    }
+            ),
+            _ => false,
+        }
+    }
+
     pub fn exit_code(&self) -> ExitCode {
         match self {
             XferError::Usage(_) => ExitCode::Usage,
@@ -187,6 +207,42 @@ mod tests {
         for s in shown {
             assert!(!s.chars().any(char::is_control), "{s:?}");
             assert!(s.contains("ok\\u{1b}[2J\\nreceiver: fake line"), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_lost_or_unreachable_peer_is_worth_retrying() {
+        let transient = [
+            XferError::PeerLost("gone".into()),
+            XferError::Connect {
+                addr: "a".into(),
+                source: SysError::Timeout {
+                    what: "x".into(),
+                    after: Duration::from_secs(1),
+                },
+            },
+            XferError::Sys(SysError::Disconnected),
+        ];
+        for e in transient {
+            assert!(e.is_transient(), "{e}");
+        }
+        let permanent = [
+            XferError::Rejected {
+                code: "exists",
+                reason: "r".into(),
+            },
+            XferError::Auth("x".into()),
+            XferError::Integrity("x".into()),
+            XferError::PeerIo("disk full".into()),
+            XferError::Usage("x".into()),
+            XferError::Sys(SysError::NoDevice),
+            XferError::Connect {
+                addr: "a".into(),
+                source: SysError::Invalid("cannot resolve host name".into()),
+            },
+        ];
+        for e in permanent {
+            assert!(!e.is_transient(), "{e}");
         }
     }
 

@@ -49,6 +49,35 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         .ok_or_else(|| SizeError::Overflow(s.into()))
 }
 
+/// Parses a duration: a whole number with a unit `s`, `m`, `h` or `d`
+/// (seconds without one), e.g. `90s`, `30m`, `24h`, `7d`; at least a
+/// second, at most ten years.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => {
+            return Err(format!(
+                "{s:?}: expected a number with s, m, h or d (e.g. 24h)"
+            ));
+        }
+    };
+    let secs = num
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(per))
+        .filter(|n| (1..=10 * 365 * 86400).contains(n))
+        .ok_or_else(|| format!("{s:?}: expected between 1s and 3650d (e.g. 24h)"))?;
+    Ok(std::time::Duration::from_secs(secs))
+}
+
 /// "512 B", "1.5 MiB", "16.0 EiB".
 pub fn format_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -168,5 +197,28 @@ mod tests {
         }
         assert!(mib_per_sec(u64::MAX, f64::MIN_POSITIVE).is_finite());
         assert!(mib_per_sec(u64::MAX, 1e-300).is_finite());
+    }
+
+    #[test]
+    fn durations() {
+        let d = |s| parse_duration(s).map(|d| d.as_secs());
+        assert_eq!(d("90"), Ok(90));
+        assert_eq!(d("90s"), Ok(90));
+        assert_eq!(d("30m"), Ok(1800));
+        assert_eq!(d("24h"), Ok(86400));
+        assert_eq!(d("7d"), Ok(7 * 86400));
+        for bad in [
+            "",
+            "0",
+            "0s",
+            "h",
+            "1w",
+            "-1h",
+            "1.5h",
+            "99999999999d",
+            "1 h",
+        ] {
+            assert!(d(bad).is_err(), "{bad}");
+        }
     }
 }

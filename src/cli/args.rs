@@ -128,6 +128,19 @@ pub struct SenderArgs {
     /// receiver's slot size caps it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
     pub chunk_size: u64,
+    /// If the transfer fails, the receiver keeps what it verified; sent
+    /// again with --resume, a file continues where it stopped, and a file
+    /// the receiver has complete (same size and digest) is skipped. Also
+    /// carries modification times, which identify the source.
+    #[arg(long)]
+    pub resume: bool,
+    /// After a failure that may be transient (peer lost, timeout, cannot
+    /// connect), connect again up to N times, pausing 1, 2, 4 ... 30 s, and
+    /// send what was not acknowledged (implies --resume). Refusals and
+    /// integrity failures are never retried. --retry alone means 5;
+    /// --retry=N sets N.
+    #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "5", default_value_t = 0)]
+    pub retry: u32,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -217,6 +230,11 @@ pub struct ReceiverArgs {
     /// before anything is sent to them. Default: from anywhere.
     #[arg(long, value_name = "ADDR[/PREFIX]")]
     pub allow: Vec<AllowedNet>,
+    /// Remove partial files kept for `sender --resume` (and temporary files
+    /// left by a crash) once they were not written to for this long
+    /// (s, m, h, d), at start-up and between sessions.
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration, default_value = "24h")]
+    pub partial_ttl: Duration,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -303,6 +321,10 @@ impl SenderArgs {
         cfg.walk.recursive = self.recursive;
         cfg.walk.follow_links = self.follow_links;
         cfg.walk.preserve = self.preserve;
+        cfg.resume = self.resume || self.retry > 0;
+        cfg.retries = self.retry;
+        // A resumed file is recognised by its size and modification time.
+        cfg.walk.times = cfg.resume;
         cfg.walk.stdin_name = self
             .name
             .clone()
@@ -344,6 +366,7 @@ impl ReceiverArgs {
         cfg.timeout = self.common.timeout;
         cfg.token = token;
         cfg.allow = self.allow.clone();
+        cfg.partial_ttl = self.partial_ttl;
         Ok(cfg)
     }
 }
@@ -516,6 +539,16 @@ mod tests {
         assert!(cfg.token.is_some());
         assert!(cfg.walk.recursive && cfg.walk.follow_links && cfg.walk.preserve);
         assert_eq!(cfg.walk.stdin_name, "dir/in.tar");
+        assert!(!cfg.resume && cfg.retries == 0 && !cfg.walk.times);
+        // --resume carries times; --retry alone is 5 and implies --resume,
+        // and takes its count only after `=` (never the address).
+        let cfg = sender(&["--resume", "127.0.0.1", "a"]).unwrap();
+        assert!(cfg.resume && cfg.walk.times && cfg.retries == 0);
+        let cfg = sender(&["--retry", "127.0.0.1", "a"]).unwrap();
+        assert!(cfg.resume && cfg.retries == 5);
+        assert_eq!(cfg.addr, "127.0.0.1:7471".parse().unwrap());
+        let cfg = sender(&["--retry=2", "127.0.0.1", "a"]).unwrap();
+        assert_eq!(cfg.retries, 2);
         // Defaults.
         let cfg = sender(&["::1", "-"]).unwrap();
         assert_eq!(cfg.addr, "[::1]:7471".parse().unwrap());

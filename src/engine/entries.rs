@@ -20,6 +20,9 @@ pub struct WalkOptions {
     /// `-p`: carry modification times and ask the receiver to keep modes
     /// as they are (without it the receiver's umask applies).
     pub preserve: bool,
+    /// Carry modification times even without `preserve` (`--resume`: they
+    /// identify the source; the receiver applies them too).
+    pub times: bool,
     /// Name of standard input on the receiver (`--name`, default "stdin").
     pub stdin_name: String,
 }
@@ -154,7 +157,9 @@ pub fn plan(paths: &[PathBuf], opts: &WalkOptions) -> Result<Plan, XferError> {
             name,
             size: meta.len(),
             opened: Some(file),
-            mtime: opts.preserve.then(|| mtime_of(&meta)).flatten(),
+            mtime: (opts.preserve || opts.times)
+                .then(|| mtime_of(&meta))
+                .flatten(),
         });
     }
     Ok(plan)
@@ -195,7 +200,9 @@ fn walk(
     plan.entries.push(Entry::Dir {
         name: name.clone(),
         mode: meta.permissions().mode() & 0o7777,
-        mtime: opts.preserve.then(|| mtime_of(meta)).flatten(),
+        mtime: (opts.preserve || opts.times)
+            .then(|| mtime_of(meta))
+            .flatten(),
     });
     let read = std::fs::read_dir(dir).and_then(|it| it.collect::<Result<Vec<_>, _>>());
     let mut children = match read {
@@ -266,7 +273,9 @@ fn walk(
                 name: rel,
                 size: meta.len(),
                 opened: None,
-                mtime: opts.preserve.then(|| mtime_of(&meta)).flatten(),
+                mtime: (opts.preserve || opts.times)
+                    .then(|| mtime_of(&meta))
+                    .flatten(),
             });
         } else {
             warn!(
@@ -289,6 +298,7 @@ mod tests {
             recursive,
             follow_links: follow,
             preserve: false,
+            times: false,
             stdin_name: "stdin".into(),
         }
     }

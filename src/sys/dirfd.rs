@@ -58,6 +58,44 @@ impl DirFd {
         Ok(DirFd { fd })
     }
 
+    /// The directory's entries (not `.` and `..`) and what each is,
+    /// without following links; names that are not UTF-8 are left out
+    /// (no received name is one).
+    pub fn entries(&self) -> io::Result<Vec<(String, EntryKind)>> {
+        let mut out = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&self.fd)? {
+            let entry = entry?;
+            let Ok(name) = entry.file_name().to_str() else {
+                continue;
+            };
+            if name == "." || name == ".." {
+                continue;
+            }
+            let kind = match entry.file_type() {
+                FileType::RegularFile => EntryKind::File,
+                FileType::Directory => EntryKind::Dir,
+                FileType::Symlink => EntryKind::Symlink,
+                FileType::Unknown => match self.kind(name)? {
+                    Some(k) => k,
+                    None => continue,
+                },
+                _ => EntryKind::Other,
+            };
+            out.push((name.to_string(), kind));
+        }
+        Ok(out)
+    }
+
+    /// When `name` (not followed if a link) was last modified.
+    pub fn modified(&self, name: &str) -> io::Result<std::time::SystemTime> {
+        let st = rustix::fs::statat(&self.fd, component(name)?, AtFlags::SYMLINK_NOFOLLOW)?;
+        let since = std::time::Duration::new(
+            u64::try_from(st.st_mtime).unwrap_or(0),
+            u32::try_from(st.st_mtime_nsec).unwrap_or(0),
+        );
+        Ok(std::time::UNIX_EPOCH + since)
+    }
+
     /// Opens the subdirectory `name`; a symbolic link or a non-directory
     /// fails (ENOTDIR or ELOOP: see `kind` for which).
     pub fn open_dir(&self, name: &str) -> io::Result<DirFd> {

@@ -67,6 +67,10 @@ pub struct ReceiverConfig {
     /// Masks received modes unless the sender keeps them (`sender -p`);
     /// the process's umask by default.
     pub umask: u32,
+    /// Partial files kept for `sender --resume` (and temporary files left
+    /// by a crash) that were not modified for this long are removed, at
+    /// start-up and between sessions.
+    pub partial_ttl: Duration,
 }
 
 impl ReceiverConfig {
@@ -89,9 +93,17 @@ impl ReceiverConfig {
             progress: ProgressSink::default(),
             allow: Vec::new(),
             umask: crate::sys::os::process_umask(),
+            partial_ttl: DEFAULT_PARTIAL_TTL,
         }
     }
 }
+
+/// Default of --partial-ttl: a day.
+pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How often a serving receiver looks for old partial files while no
+/// session runs.
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// Default of --max-sessions.
 pub const DEFAULT_MAX_SESSIONS: usize = 8;
@@ -126,6 +138,21 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
         }
     }
     probe_devices()?;
+    let sweep = || {
+        if cfg.stdout {
+            return;
+        }
+        if let Ok(root) = crate::sys::dirfd::DirFd::open(&cfg.dir) {
+            let swept = partial::sweep(&root, cfg.partial_ttl);
+            debug!(
+                removed = swept.removed,
+                kept = swept.kept,
+                "looked for old partial files"
+            );
+        }
+    };
+    sweep();
+    let mut last_sweep = Instant::now();
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
     listener.listen(cfg.bind, 64)?;
@@ -189,6 +216,13 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                     handshakes.evict_all();
                     return wait_for_end(&reports, id);
                 }
+            }
+            if !cfg.once
+                && slots.running() == 0
+                && last_sweep.elapsed() >= SWEEP_EVERY.min(cfg.partial_ttl)
+            {
+                sweep();
+                last_sweep = Instant::now();
             }
             if shutdown_requested() {
                 let running = slots.running();

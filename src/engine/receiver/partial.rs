@@ -176,7 +176,10 @@ impl Sidecar {
     pub fn prefix_chunks(&self) -> u64 {
         let chunks = self.crcs.len() as u64;
         let whole = self.identity.size / u64::from(self.identity.chunk_len);
-        let last_is_short = self.identity.size % u64::from(self.identity.chunk_len) != 0;
+        let last_is_short = !self
+            .identity
+            .size
+            .is_multiple_of(u64::from(self.identity.chunk_len));
         // The chunks before the file's last one.
         let before_last = if last_is_short {
             whole
@@ -868,5 +871,132 @@ mod resumable_tests {
         assert!(read_side().is_empty());
         r.discard();
         assert!(!tmp.path().join(&meta).exists() && !tmp.path().join(&partial).exists());
+    }
+}
+
+/// Whether `name` is one of the receiver's own leftovers: a kept partial
+/// file or its record, or the temporary file of a transfer whose receiver
+/// died (a crash leaves it behind).
+fn is_leftover(name: &str) -> bool {
+    name.starts_with(".rdma-xfer-partial-")
+        || (name.starts_with(".rdma-xfer-") && name.ends_with(".part"))
+}
+
+/// What a sweep did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Swept {
+    /// Leftovers older than the limit, removed.
+    pub removed: u64,
+    /// Leftovers younger than it, kept.
+    pub kept: u64,
+}
+
+/// Removes the partial files, their records and dead temporary files
+/// under `root` (the whole tree, never through a link) that were not
+/// modified for `ttl`. A file being received is written continuously, so
+/// it is always younger than any sensible `ttl`.
+pub(super) fn sweep(root: &crate::sys::dirfd::DirFd, ttl: std::time::Duration) -> Swept {
+    use crate::sys::dirfd::EntryKind;
+    let now = std::time::SystemTime::now();
+    let mut swept = Swept::default();
+    let mut stack = match root.try_clone() {
+        Ok(d) => vec![(d, String::new())],
+        Err(e) => {
+            tracing::warn!("cannot look for old partial files: {e}");
+            return swept;
+        }
+    };
+    while let Some((dir, path)) = stack.pop() {
+        let entries = match dir.entries() {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(dir = %path, "cannot look for old partial files: {e}");
+                continue;
+            }
+        };
+        for (name, kind) in entries {
+            match kind {
+                EntryKind::Dir => match dir.open_dir(&name) {
+                    Ok(sub) => stack.push((sub, format!("{path}{name}/"))),
+                    Err(e) => tracing::debug!(dir = %name, "not searched for partial files: {e}"),
+                },
+                EntryKind::File if is_leftover(&name) => {
+                    let age = dir
+                        .modified(&name)
+                        .ok()
+                        .and_then(|m| now.duration_since(m).ok())
+                        .unwrap_or_default();
+                    if age < ttl {
+                        swept.kept += 1;
+                        continue;
+                    }
+                    match dir.unlink(&name) {
+                        Ok(()) => {
+                            tracing::info!(
+                                path = %format!("{path}{name}"),
+                                age_s = age.as_secs(),
+                                "removed a partial file older than --partial-ttl"
+                            );
+                            swept.removed += 1;
+                        }
+                        Err(e) => {
+                            tracing::warn!(path = %format!("{path}{name}"), "cannot remove an old partial file: {e}")
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    swept
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::*;
+    use crate::sys::dirfd::DirFd;
+    use std::time::{Duration, SystemTime};
+
+    fn age(path: &std::path::Path, secs: u64) {
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(secs))
+            .unwrap();
+    }
+
+    #[test]
+    fn old_leftovers_go_young_ones_and_everything_else_stay() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::create_dir_all(r.join("a/b")).unwrap();
+        let (partial, meta) = partial_names("x");
+        let old = [
+            r.join(&partial),
+            r.join(format!("a/b/{meta}")),
+            r.join("a/.rdma-xfer-12-0-0000abcd.part"),
+        ];
+        let young = r.join(format!("a/{partial}"));
+        let other = [r.join("a/b/.rdma-xfer-partial"), r.join("keep.bin")];
+        for p in old.iter().chain([&young]).chain(&other) {
+            std::fs::write(p, b"x").unwrap();
+        }
+        for p in old.iter().chain(&other) {
+            age(p, 7200);
+        }
+        // Through a link: never.
+        let linked = outside.path().join(&partial);
+        std::fs::write(&linked, b"x").unwrap();
+        age(&linked, 7200);
+        std::os::unix::fs::symlink(outside.path(), r.join("a/link")).unwrap();
+        let swept = sweep(&DirFd::open(r).unwrap(), Duration::from_secs(3600));
+        assert_eq!(
+            swept,
+            Swept {
+                removed: 3,
+                kept: 1
+            }
+        );
+        assert!(old.iter().all(|p| !p.exists()));
+        assert!(young.exists() && other.iter().all(|p| p.exists()) && linked.exists());
     }
 }

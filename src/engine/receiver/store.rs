@@ -325,7 +325,7 @@ impl FileStore {
                     }
                     Err(e) => warn!("cannot reserve the space of {}: {e}", hello.name),
                 }
-                Sink::Temp(temp)
+                Sink::Temp(Box::new(temp))
             }
         };
         Ok(sink)
@@ -483,7 +483,7 @@ pub(super) enum Resume<'a> {
 }
 
 pub(super) enum Sink {
-    Temp(TempFile),
+    Temp(Box<TempFile>),
     /// Standard output (chunks arrive in order and are written as they come).
     Stdout(File),
 }

@@ -12,7 +12,7 @@ use crate::engine::control::{Control, Undelivered};
 use crate::engine::entries::{self, Entry, WalkOptions};
 use crate::engine::progress::ProgressSink;
 use crate::engine::reader::{Input, Reader};
-use crate::engine::report::{FileEvent, FileReport};
+use crate::engine::report::{FileEvent, FileFailure, FileReport};
 use crate::engine::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
@@ -24,7 +24,7 @@ use crate::sys::rdma::{
     BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, WcOpcode, probe_devices,
 };
 use pump::Pipeline;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tracing::{debug, error_span, info};
+use tracing::{debug, error_span, info, warn};
 use verdicts::{PendingEntry, Tracker};
 
 #[derive(Debug, Clone)]
@@ -55,6 +55,10 @@ pub struct SenderConfig {
     /// transfer fails, and a later offer continues it or skips a file it
     /// has complete.
     pub resume: bool,
+    /// After a failure that may be transient (`XferError::is_transient`),
+    /// connect again this many times at most (with a growing pause) and
+    /// send what was not acknowledged yet.
+    pub retries: u32,
 }
 
 impl SenderConfig {
@@ -74,6 +78,7 @@ impl SenderConfig {
             },
             progress: ProgressSink::default(),
             resume: false,
+            retries: 0,
         }
     }
 }
@@ -84,6 +89,7 @@ pub const DEFAULT_STDIN_NAME: &str = "stdin";
 /// Outcome of a whole session: reports of acknowledged files, directories
 /// created, and the first per-entry failure (later entries are still
 /// attempted after a rejection).
+#[derive(Default)]
 pub struct SessionOutcome {
     pub files: Vec<FileReport>,
     pub directories: u64,
@@ -98,28 +104,148 @@ pub struct SessionOutcome {
 const RECV_BUFFERS: usize = 64;
 const SEND_BUFFERS: usize = 8;
 
-/// Sends `paths` in one session ("-" is standard input; directories need
-/// `cfg.walk.recursive`). `on_file` is called for every file that was
-/// offered: after its ACK(ok), or when it failed (refused, failed its
-/// check, or cut short by an error that ends the session); also for a
+/// The pause before retry number `n` (from 1): 1 s, 2 s, 4 s ... 30 s.
+pub fn retry_pause(n: u32) -> Duration {
+    Duration::from_secs((1u64 << n.saturating_sub(1).min(5)).min(30))
+}
+
+/// Sends `paths` ("-" is standard input; directories need
+/// `cfg.walk.recursive`) in one session, or, after a failure that may be
+/// transient, in up to `cfg.retries` more, each sending only what no
+/// earlier one had acknowledged (with `cfg.resume`, continuing what the
+/// receiver kept). `on_file` is called for every file that was offered:
+/// after its ACK(ok), or when it failed (refused, failed its check, or
+/// cut short by an error that ended the last session); also for a
 /// directory that could not be created.
 pub fn send_files(
     cfg: &SenderConfig,
     paths: &[PathBuf],
     mut on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, XferError> {
-    let plan = entries::plan(paths, &cfg.walk)?;
+    let started = Instant::now();
+    // Files acknowledged or failed for good: not offered again.
+    let mut settled: HashSet<String> = HashSet::new();
+    let mut earlier: Option<SessionOutcome> = None;
+    let mut retry = 0;
+    loop {
+        // Failures of files cut short by the session's end: reported only
+        // if no retry follows.
+        let mut cut_short: Vec<FileFailure> = Vec::new();
+        let mut now_settled = Vec::new();
+        let result = send_session(cfg, paths, &settled, |event| match event {
+            FileEvent::Failed(f) if f.session_ended && retry < cfg.retries => {
+                cut_short.push(f.clone());
+            }
+            FileEvent::Done(FileReport { name, .. })
+            | FileEvent::Failed(FileFailure { name, .. }) => {
+                now_settled.push(name.clone());
+                on_file(event);
+            }
+        });
+        settled.extend(now_settled);
+        let merge = |mut outcome: SessionOutcome, earlier: Option<SessionOutcome>| {
+            if let Some(mut e) = earlier {
+                e.files.append(&mut outcome.files);
+                outcome.files = e.files;
+                outcome.directories += e.directories;
+                outcome.first_error = e.first_error.or(outcome.first_error);
+            }
+            outcome.elapsed = started.elapsed();
+            outcome
+        };
+        let Attempt { outcome, ended_by } = result;
+        let Some(err) = ended_by else {
+            return Ok(merge(outcome, earlier));
+        };
+        let stdin_cut =
+            paths.iter().any(|p| p.as_os_str() == "-") && !settled.contains(&cfg.walk.stdin_name);
+        // Why not to try again, if so (said only when it is not obvious).
+        let give_up = if retry >= cfg.retries || !err.is_transient() {
+            Some("")
+        } else if stdin_cut {
+            Some("standard input cannot be read again, so ")
+        } else {
+            None
+        };
+        if let Some(why) = give_up {
+            if cfg.retries > 0 && !why.is_empty() {
+                warn!("{why}the transfer is not retried");
+            }
+            for f in &cut_short {
+                on_file(FileEvent::Failed(f));
+            }
+            return Err(err);
+        }
+        retry += 1;
+        let pause = retry_pause(retry);
+        warn!(
+            "{err}; connecting again in {} s (retry {retry} of {})",
+            pause.as_secs(),
+            cfg.retries
+        );
+        earlier = Some(merge(outcome, earlier));
+        let until = Instant::now() + pause;
+        while Instant::now() < until {
+            if crate::sys::os::shutdown_requested() {
+                return Err(err);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// What one session achieved, and the error that ended it early.
+struct Attempt {
+    outcome: SessionOutcome,
+    ended_by: Option<XferError>,
+}
+
+/// One session: sends the entries of `paths` not in `settled`.
+fn send_session(
+    cfg: &SenderConfig,
+    paths: &[PathBuf],
+    settled: &HashSet<String>,
+    on_file: impl FnMut(FileEvent<'_>),
+) -> Attempt {
+    match run_session(cfg, paths, settled, on_file) {
+        Ok(outcome) => Attempt {
+            outcome,
+            ended_by: None,
+        },
+        Err(e) => {
+            let (ended_by, outcome) = *e;
+            Attempt {
+                outcome,
+                ended_by: Some(ended_by),
+            }
+        }
+    }
+}
+
+/// An error that ended a session, and what the session achieved before.
+type SessionEnded = Box<(XferError, SessionOutcome)>;
+
+fn run_session(
+    cfg: &SenderConfig,
+    paths: &[PathBuf],
+    settled: &HashSet<String>,
+    mut on_file: impl FnMut(FileEvent<'_>),
+) -> Result<SessionOutcome, SessionEnded> {
+    let nothing = |e: XferError| Box::new((e, SessionOutcome::default()));
+    let mut plan = entries::plan(paths, &cfg.walk).map_err(nothing)?;
+    plan.entries
+        .retain(|e| matches!(e, Entry::Dir { .. }) || !settled.contains(e.name()));
     let (files, bytes) = plan.files_and_bytes();
     cfg.progress.planned(files, bytes);
-    probe_devices()?;
+    probe_devices().map_err(|e| nothing(e.into()))?;
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
     let started = Instant::now();
-    let mut conn = Connection::open(cfg)?;
+    let mut conn = Connection::open(cfg).map_err(nothing)?;
     // Dropped before `conn`, but a slot still posted keeps its memory
     // registered and allocated until the endpoint's QP is destroyed.
-    let (pool, tokens) =
-        BufferPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)?;
+    let (pool, tokens) = BufferPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)
+        .map_err(|e| nothing(e.into()))?;
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (job_tx, job_rx) = mpsc::channel();
@@ -169,11 +295,15 @@ pub fn send_files(
             // failure is the one to report, as for any session.
             // (A chunk that fails its CRC ends the session too, so even
             // the BYE can find the receiver gone.)
-            if let Some(first) = tracker.outcome.first_error.take() {
-                info!("then the session ended: {e}");
-                return Err(first);
-            }
-            return Err(e);
+            let e = match tracker.outcome.first_error.take() {
+                Some(first) => {
+                    info!("then the session ended: {e}");
+                    first
+                }
+                None => e,
+            };
+            tracker.outcome.elapsed = started.elapsed();
+            return Err(Box::new((e, tracker.outcome)));
         }
         tracker.outcome.elapsed = started.elapsed();
         // Dropping `pipe` closes the channels and sets `stop`, which ends
@@ -673,5 +803,14 @@ fn ack_error(status: AckStatus, reason: String) -> XferError {
             from: "receiver",
             reason,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn retries_pause_longer_each_time_up_to_30_s() {
+        let pauses: Vec<u64> = (1..=8).map(|n| super::retry_pause(n).as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30, 30]);
     }
 }
