@@ -87,13 +87,42 @@ fn wait_completions(
     timeout: Duration,
     what: &str,
 ) -> Result<(), XferError> {
+    wait_completions_until(
+        ep,
+        wcs,
+        crate::sys::os::deadline_after(timeout),
+        DISCONNECT_CHECK,
+        what,
+        &|| None,
+        &|| {
+            XferError::PeerLost(format!(
+                "no progress for {}s while waiting for {what}",
+                timeout.as_secs()
+            ))
+        },
+    )
+}
+
+/// Waits for completions on the endpoint's CQ until `deadline`, in slices
+/// of at most `slice`; after each empty slice it looks whether the peer
+/// disconnected. Before every slice `give_up` may end the wait (its
+/// error); at the deadline the wait ends with `expired`'s error.
+pub(crate) fn wait_completions_until(
+    ep: &crate::sys::rdma::Endpoint,
+    wcs: &mut Vec<crate::sys::rdma::Completion>,
+    deadline: std::time::Instant,
+    slice: Duration,
+    what: &str,
+    give_up: &dyn Fn() -> Option<XferError>,
+    expired: &dyn Fn() -> XferError,
+) -> Result<(), XferError> {
     use crate::sys::SysError;
-    let deadline = crate::sys::os::deadline_after(timeout);
     loop {
-        let slice = deadline
-            .saturating_duration_since(std::time::Instant::now())
-            .min(DISCONNECT_CHECK);
-        match ep.wait(wcs, 16, slice, what) {
+        if let Some(e) = give_up() {
+            return Err(e);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match ep.wait(wcs, 16, left.min(slice), what) {
             Ok(_) => return Ok(()),
             Err(SysError::Timeout { .. }) => {
                 if ep.cm_id().peer_disconnected() {
@@ -102,10 +131,7 @@ fn wait_completions(
                     )));
                 }
                 if std::time::Instant::now() >= deadline {
-                    return Err(XferError::PeerLost(format!(
-                        "no progress for {}s while waiting for {what}",
-                        timeout.as_secs()
-                    )));
+                    return Err(expired());
                 }
             }
             Err(e) => return Err(completion_error(ep, e)),

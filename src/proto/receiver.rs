@@ -414,12 +414,8 @@ impl ReceiverSession {
             return None;
         }
         self.admitting = None;
-        let refusal = busy_refusal(max_sessions);
-        let Message::Reject(reject) = &refusal else {
-            return None;
-        };
-        let reject = reject.clone();
-        self.close_with(refusal, true);
+        let reject = busy_refusal(max_sessions);
+        self.close_with(Message::Reject(reject.clone()), true);
         Some(reject)
     }
 
@@ -514,7 +510,12 @@ impl ReceiverSession {
             && !was_closed
         {
             let reply = match e {
-                RecvError::Reject(r) => Message::Reject(r.clone()),
+                RecvError::Reject(r) => {
+                    // Every refused offer counts (the engine's refusals
+                    // too, in `reject`); an accepted one starts over.
+                    self.refused_in_a_row = self.refused_in_a_row.saturating_add(1);
+                    Message::Reject(r.clone())
+                }
                 RecvError::Auth(f) => Message::Reject(f.reject()),
                 RecvError::Version(r) => Message::Reject(r.clone()),
                 RecvError::Forged(c) => Message::Ack(Ack::new(
@@ -642,7 +643,6 @@ impl ReceiverSession {
                 // With a token the FIN's digest must resist deliberate
                 // changes: CRC32 can be kept while the data is altered.
                 if self.auth.is_some() && !h.is_directory() && h.digest != DigestAlg::Sha256 {
-                    self.refused_in_a_row += 1;
                     return Err(RecvError::Reject(Reject::new(
                         RejectCode::Protocol,
                         format!(
@@ -660,12 +660,10 @@ impl ReceiverSession {
                     if r.code == RejectCode::Version {
                         RecvError::Version(r)
                     } else {
-                        self.refused_in_a_row += 1;
                         RecvError::Reject(r)
                     }
                 })?;
                 if self.session_bytes.saturating_add(h.size) > self.cfg.max_session_bytes {
-                    self.refused_in_a_row += 1;
                     return Err(RecvError::Reject(Reject::new(
                         RejectCode::TooLarge,
                         format!(
@@ -1000,15 +998,16 @@ impl ReceiverSession {
 /// without the secret cannot keep all session slots busy for long.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The REJECT(busy) a receiver at its session limit sends before it
-/// disconnects (no session machine exists for such a connection).
-pub fn busy_refusal(max_sessions: usize) -> Message {
-    Message::Reject(Reject::new(
+/// The REJECT(busy) a receiver at its session limit sends: instead of the
+/// CHALLENGE without a token (no session machine exists for such a
+/// connection), instead of AUTH_OK with one (`refuse_busy`).
+pub fn busy_refusal(max_sessions: usize) -> Reject {
+    Reject::new(
         RejectCode::Busy,
         format!(
             "the receiver is busy: {max_sessions} sessions are running (its --max-sessions); try again later"
         ),
-    ))
+    )
 }
 
 /// The checks that need no file system: version, flags, name or path, size.
@@ -2519,9 +2518,7 @@ mod tests {
         assert_eq!(r.wait_limit(t), ("the next HELLO or BYE", t));
         let r = session_in_auth(ReceiverState::Receiving, false);
         assert_eq!(r.wait_limit(t), ("data from the sender", t));
-        let Message::Reject(busy) = busy_refusal(3) else {
-            panic!("busy refusal is a REJECT")
-        };
+        let busy = busy_refusal(3);
         assert_eq!(busy.code, RejectCode::Busy);
         assert!(busy.reason.contains("3 sessions"));
     }

@@ -208,10 +208,7 @@ impl Client {
         let len = len.unwrap_or(ring.slot_size) as usize;
         for _ in 0..count {
             let seq = self.seq;
-            let slot = seq % u64::from(ring.slot_count.max(1));
-            let remote = ring
-                .addr
-                .wrapping_add(slot.wrapping_mul(u64::from(ring.slot_size)));
+            let (slot, remote) = slot_of(&ring, seq);
             let imm = self.write(len, seq, remote, ring.rkey, imm)?;
             self.seq += 1;
             eprintln!("raw-client: wrote chunk {seq} ({len} bytes, imm {imm:08x}) to slot {slot}");
@@ -234,10 +231,7 @@ impl Client {
             .seq
             .checked_sub(1)
             .ok_or_else(|| Failure::Usage("rewrite: no data written yet".into()))?;
-        let slot = last % u64::from(ring.slot_count.max(1));
-        let remote = ring
-            .addr
-            .wrapping_add(slot.wrapping_mul(u64::from(ring.slot_size)));
+        let (slot, remote) = slot_of(&ring, last);
         let len = len.unwrap_or(ring.slot_size) as usize;
         let mut done = 0;
         for _ in 0..count {
@@ -320,19 +314,18 @@ impl Client {
             *b = (i as u64).wrapping_mul(31).wrapping_add(seq) as u8;
         }
         let crc = crc32fast::hash(data);
-        let imm_kind = imm;
-        let imm = match imm {
-            Imm::Crc => crc,
-            Imm::Bad => !crc,
-            Imm::Value(v) => v,
-            Imm::None => 0,
+        let value = match imm {
+            Imm::Crc => Some(crc),
+            Imm::Bad => Some(!crc),
+            Imm::Value(v) => Some(v),
+            Imm::None => None,
         };
         let target = RemoteTarget { addr: remote, rkey };
-        let posted = match imm_kind {
-            Imm::None => self.ep.post_write(&pool, buf, len, target, wr::WRITE | seq),
-            _ => self
+        let posted = match value {
+            None => self.ep.post_write(&pool, buf, len, target, wr::WRITE | seq),
+            Some(v) => self
                 .ep
-                .post_write_imm(&pool, buf, len, target, imm, wr::WRITE | seq),
+                .post_write_imm(&pool, buf, len, target, v, wr::WRITE | seq),
         }
         .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")));
         // The buffer comes back with the completion (see on_completion).
@@ -340,7 +333,7 @@ impl Client {
         posted?;
         self.outstanding += 1;
         self.drain_outstanding("the RDMA write to complete")?;
-        Ok(imm)
+        Ok(value.unwrap_or(0))
     }
 
     /// Waits for a file to appear (the test's go-ahead), handling whatever
@@ -627,4 +620,15 @@ impl Client {
             self.ep.cm_id().disconnect(Duration::from_secs(1));
         }
     }
+}
+
+/// The ring slot chunk `seq` goes to, and its address (as the receiver's
+/// machine places it: `seq % slot_count`; wrapping, since the ring may be a
+/// hostile test's).
+fn slot_of(ring: &RingInfo, seq: u64) -> (u64, u64) {
+    let slot = seq % u64::from(ring.slot_count.max(1));
+    let remote = ring
+        .addr
+        .wrapping_add(slot.wrapping_mul(u64::from(ring.slot_size)));
+    (slot, remote)
 }

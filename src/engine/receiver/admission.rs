@@ -251,6 +251,11 @@ impl Admission<'_> {
         Ok(())
     }
 
+    /// Whether the pool dropped this handshake for a newer connection.
+    pub(super) fn evicted(&self) -> bool {
+        self.handshake().is_some_and(|(_, evicted)| evicted)
+    }
+
     /// While in the handshake: its deadline, and whether the pool dropped
     /// it for a newer connection.
     pub(super) fn handshake(&self) -> Option<(Instant, bool)> {

@@ -401,9 +401,7 @@ fn run_logged(
 /// taken (no token: the refusal takes the CHALLENGE's place).
 fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
     let refusal = busy_refusal(cfg.max_sessions);
-    if let Message::Reject(r) = &refusal {
-        warn!("refused: {}", r.reason);
-    }
+    warn!("refused: {}", refusal.reason);
     let result = (|| -> Result<(), XferError> {
         let id = conn.into_id()?;
         let caps = QpCaps {
@@ -414,7 +412,7 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
         let mut control = Control::new(&ep, 1, 1)?;
         let timeout = cfg.timeout.min(Duration::from_secs(5));
         ep.cm_id().accept(timeout)?;
-        control.send(&ep, &refusal)?;
+        control.send(&ep, &Message::Reject(refusal))?;
         control.drain(&ep, timeout)?;
         ep.cm_id().disconnect(Duration::from_secs(1));
         Ok(())

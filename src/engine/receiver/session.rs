@@ -11,14 +11,13 @@ use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
 use crate::engine::progress::{FileProgress, Progress};
 use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
-use crate::engine::{wait_completions, wr};
+use crate::engine::{wait_completions, wait_completions_until, wr};
 use crate::error::XferError;
 use crate::proto::{
     AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, HaveKind, Hello, Message, Mtime,
     ProtocolError, ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, SKIP, escaped,
     hello_flags, keepalive_interval,
 };
-use crate::sys::SysError;
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::io::Write;
 use std::sync::Arc;
@@ -138,8 +137,7 @@ pub(super) fn run(
         // A peer that has proven nothing yet holds a place only until the
         // handshake's deadline, or until the pool needs it.
         Some((deadline, _)) => {
-            let evicted = || admission.handshake().is_some_and(|(_, evicted)| evicted);
-            ep.cm_id().accept_until(deadline, &evicted)?;
+            ep.cm_id().accept_until(deadline, &|| admission.evicted())?;
         }
         None => ep.cm_id().accept(cfg.timeout)?,
     }
@@ -214,40 +212,32 @@ impl Session<'_, '_> {
     /// the handshake's deadline at most, and no longer once the pool
     /// dropped this connection for a newer one (checked every 100 ms).
     fn wait_handshake(
-        &mut self,
+        &self,
         wcs: &mut Vec<Completion>,
         deadline: Instant,
         what: &str,
     ) -> Result<(), XferError> {
-        loop {
-            if self
-                .admission
-                .handshake()
-                .is_some_and(|(_, evicted)| evicted)
-            {
-                return Err(XferError::PeerLost(
-                    "dropped from the full handshake pool for a newer connection".into(),
-                ));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(XferError::PeerLost(format!(
+        let admission = &*self.admission;
+        wait_completions_until(
+            &self.ep,
+            wcs,
+            deadline,
+            HANDSHAKE_CHECK,
+            what,
+            &|| {
+                admission.evicted().then(|| {
+                    XferError::PeerLost(
+                        "dropped from the full handshake pool for a newer connection".into(),
+                    )
+                })
+            },
+            &|| {
+                XferError::PeerLost(format!(
                     "the sender did not authenticate within {}s of connecting",
                     AUTH_TIMEOUT.as_secs()
-                )));
-            }
-            match self.ep.wait(wcs, 16, left.min(HANDSHAKE_CHECK), what) {
-                Ok(_) => return Ok(()),
-                Err(SysError::Timeout { .. }) => {
-                    if self.ep.cm_id().peer_disconnected() {
-                        return Err(XferError::PeerLost(format!(
-                            "the peer disconnected while we waited for {what}"
-                        )));
-                    }
-                }
-                Err(e) => return Err(crate::engine::completion_error(&self.ep, e)),
-            }
-        }
+                ))
+            },
+        )
     }
 
     /// Sends what the state machine queued for the sender.

@@ -517,13 +517,7 @@ impl CmId {
     /// Passive side: accepts (a QP must exist on this id) and waits for
     /// ESTABLISHED.
     pub fn accept(&self, timeout: Duration) -> Result<()> {
-        let mut param = conn_param();
-        // SAFETY: param is valid; self.raw is a connect-request id with a QP.
-        let rc = unsafe { rdma_accept(self.raw, &mut param) };
-        if rc != 0 {
-            return Err(SysError::last_os("rdma_accept"));
-        }
-        self.expect(CmEventKind::Established, "ESTABLISHED", timeout)
+        self.accept_until(crate::sys::os::deadline_after(timeout), &|| false)
     }
 
     /// As `accept`, but waits at most until `deadline`, and gives up early
