@@ -10,26 +10,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use support::*;
 
-/// Waits until the receiver's temporary file in `dir` holds `bytes`, so a
-/// fault lands in the middle of the data phase.
-fn wait_for_partial_file(dir: &Path, bytes: u64) {
-    let largest_temp_file = || {
-        std::fs::read_dir(dir)
-            .expect("read dir")
-            .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().starts_with(".rdma-xfer-"))
-            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
-            .max()
-            .unwrap_or(0)
-    };
-    wait_until(
-        &format!("a temporary file of {bytes} bytes"),
-        largest_temp_file,
-        |&len| len >= bytes,
-        Duration::from_secs(120),
-    );
-}
-
 /// A 300 MiB transfer caught in the middle of its data phase (32 MiB
 /// arrived), for injecting a fault.
 struct MidTransfer {
@@ -172,16 +152,6 @@ fn oversized_file_is_refused_before_any_data() {
     drop(receiver);
 }
 
-/// Cuts or restores the guest's veth wire (scripts/guest/wire.sh).
-fn set_wire(state: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/guest/wire.sh");
-    let status = std::process::Command::new(script)
-        .arg(state)
-        .status()
-        .expect("wire.sh");
-    assert!(status.success(), "wire.sh {state}");
-}
-
 #[test]
 fn wire_cut_mid_transfer_ends_both_sides_and_the_receiver_serves_again() {
     let Some(net) = rdma_net() else { return };
@@ -256,47 +226,76 @@ fn wire_cut_mid_transfer_ends_both_sides_and_the_receiver_serves_again() {
     assert_no_temp_files(dst.path());
 }
 
-/// The guest's rxe devices (RXFER_DEV_A, RXFER_DEV_B) whose GSI QP is in
-/// the error state (`rdma resource show qp`).
-fn gsi_qps_in_error() -> Vec<String> {
-    let Ok(out) = std::process::Command::new("rdma")
-        .args(["resource", "show", "qp"])
-        .output()
-    else {
-        return Vec::new();
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("rdma resource show qp:\n{text}");
-    ["RXFER_DEV_A", "RXFER_DEV_B"]
-        .iter()
-        .filter_map(|v| std::env::var(v).ok())
-        .filter(|dev| {
-            text.lines().any(|l| {
-                l.contains(&format!("link {dev}/"))
-                    && l.contains("type GSI")
-                    && l.contains("state ERR")
-            })
-        })
-        .collect()
-}
-
-/// The two ends of the veth wire (RXFER_NETDEV_A, RXFER_NETDEV_B) where the
-/// test owns the machine's network and mounts (the guest); None elsewhere
-/// (the test is skipped by name; in the guest it fails).
-fn own_guest() -> Option<[String; 2]> {
-    let devs = ["RXFER_NETDEV_A", "RXFER_NETDEV_B"].map(|v| std::env::var(v).ok());
-    match devs {
-        [Some(a), Some(b)] if in_guest() => Some([a, b]),
-        _ => {
-            skip(
-                "needs the SoftRoCE guest's own wire and mounts (IN_RXFER_GUEST, RXFER_NETDEV_A/B)",
-                in_guest(),
-            );
-            None
-        }
+/// With `--resume --retry`, a transfer cut by the wire finishes by itself
+/// once the wire is back: the sender reconnects and continues after what
+/// the receiver kept.
+#[test]
+fn wire_cut_with_resume_and_retry_finishes_by_itself() {
+    let Some(net) = rdma_net() else { return };
+    if own_guest().is_none() {
+        return;
     }
+    // Named to run after the other wire cut (tests run in name order): if
+    // that one left a device broken (the known 6.12 defect), nothing
+    // across the wire can connect; said loudly.
+    let broken = gsi_qps_in_error();
+    if !broken.is_empty() {
+        eprintln!(
+            "KNOWN KERNEL DEFECT: {} keep(s) its GSI QP in ERR after the earlier cut: this test \
+             cannot connect across the wire",
+            broken.join(" and ")
+        );
+        return;
+    }
+    let (src, dst) = dirs();
+    let input = src.path().join("big.bin");
+    let sum = make_file(&input, 300 * MIB, 33);
+    let port = next_port();
+    let mut receiver = start_receiver(&net, port, dst.path(), &["--timeout", "5"]);
+    let mut sender = Running::spawn(
+        "sender",
+        sender_cmd(
+            &net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&input),
+            &["--resume", "--retry", "--timeout", "5", "--json"],
+        ),
+    );
+    wait_for_partial_file(dst.path(), 64 * MIB);
+    set_wire("down");
+    sender.wait_for_stderr("connecting again", Duration::from_secs(60));
+    set_wire("up");
+    let sent = sender.wait(Duration::from_secs(240));
+    if sent.code() != 0 {
+        // The known 6.12 defect (see above): B's or A's device keeps its
+        // GSI QP in ERR after the cut and no connection through it can be
+        // made, so every retry fails to connect. Excused loudly, only so.
+        let broken = gsi_qps_in_error();
+        assert!(!broken.is_empty(), "{}", sent.stderr);
+        eprintln!(
+            "KNOWN KERNEL DEFECT: {} keep(s) its GSI QP in ERR after the cut: no retry could \
+             connect (sender exit {})",
+            broken.join(" and "),
+            sent.code()
+        );
+        assert!(sent.stderr.matches("connecting again").count() >= 2);
+        assert!(receiver.is_running(), "the receiver died with the wire");
+        return;
+    }
+    assert_eq!(sha256_file(&dst.path().join("big.bin")), sum);
+    let resumed_from = json_lines("sender", &sent.stdout)
+        .into_iter()
+        .find(|v| v["event"] == "file" && v["name"] == "big.bin")
+        .and_then(|v| v["resumed_from"].as_u64())
+        .unwrap_or_else(|| panic!("no resumed_from in:\n{}", sent.stdout));
+    assert!(resumed_from >= 32 * MIB, "resumed from {resumed_from}");
+    assert_no_temp_files(dst.path());
+    let log = receiver.stderr_so_far();
+    assert!(log.contains("kept the "), "{log}");
 }
 
+/// Runs a command that must succeed.
 fn run_checked(cmd: &str, args: &[&str]) {
     let status = std::process::Command::new(cmd)
         .args(args)

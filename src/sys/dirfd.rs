@@ -86,6 +86,12 @@ impl DirFd {
         Ok(out)
     }
 
+    /// The directory's identity on this machine: its device and inode.
+    pub fn identity(&self) -> io::Result<(u64, u64)> {
+        let st = rustix::fs::fstat(&self.fd)?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
     /// When `name` (not followed if a link) was last modified.
     pub fn modified(&self, name: &str) -> io::Result<std::time::SystemTime> {
         let st = rustix::fs::statat(&self.fd, component(name)?, AtFlags::SYMLINK_NOFOLLOW)?;

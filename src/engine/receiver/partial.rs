@@ -639,6 +639,46 @@ mod find_tests {
 /// chunks in flight).
 pub(super) const SYNC_EVERY: usize = 64;
 
+/// Partial files a session of this receiver uses, by directory (device,
+/// inode) and final name: two sessions never write, continue or replace
+/// the same partial file.
+static CLAIMS: std::sync::Mutex<std::collections::BTreeSet<(u64, u64, String)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A session's exclusive use of the partial file of one final name, until
+/// dropped.
+#[derive(Debug)]
+pub(super) struct Claim {
+    key: (u64, u64, String),
+}
+
+impl Claim {
+    /// Claims the partial file of `leaf` in `parent`; None while another
+    /// session holds it.
+    pub fn try_take(
+        parent: &crate::sys::dirfd::DirFd,
+        leaf: &str,
+    ) -> std::io::Result<Option<Claim>> {
+        let (dev, ino) = parent.identity()?;
+        let key = (dev, ino, leaf.to_string());
+        let taken = CLAIMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone());
+        // Built only when taken: a Claim's drop gives the name back.
+        Ok(if taken { Some(Claim { key }) } else { None })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        CLAIMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
 /// A file being received with RESUME: its partial file (at the hidden
 /// name) and its sidecar, which gets a record for each chunk only after
 /// the partial file was made durable up to it. The store writes the
@@ -658,6 +698,9 @@ pub(super) struct Resumable {
     recorded: u64,
     /// CRCs of chunks written since the last sync, in order.
     unsynced: Vec<u32>,
+    /// Held until the partial file is committed or left for later (the
+    /// last records written).
+    _claim: Claim,
 }
 
 impl Resumable {
@@ -668,6 +711,7 @@ impl Resumable {
         parent: &crate::sys::dirfd::DirFd,
         leaf: &str,
         identity: Identity,
+        claim: Claim,
     ) -> std::io::Result<(Self, std::fs::File)> {
         let (partial, meta) = partial_names(leaf);
         for name in [&partial, &meta] {
@@ -696,6 +740,7 @@ impl Resumable {
                 header_written: false,
                 recorded: 0,
                 unsynced: Vec::new(),
+                _claim: claim,
             },
             writes,
         ))
@@ -708,6 +753,7 @@ impl Resumable {
         parent: &crate::sys::dirfd::DirFd,
         leaf: &str,
         sidecar: &Sidecar,
+        claim: Claim,
     ) -> std::io::Result<(Self, std::fs::File)> {
         let (partial, meta) = partial_names(leaf);
         let file = parent.open_file(&partial, true)?;
@@ -731,6 +777,7 @@ impl Resumable {
                 header_written: true,
                 recorded: prefix,
                 unsynced: Vec::new(),
+                _claim: claim,
             },
             writes,
         ))
@@ -820,7 +867,11 @@ mod resumable_tests {
     fn records_follow_the_data_and_a_resume_drops_what_is_past_the_prefix() {
         let tmp = tempfile::tempdir().unwrap();
         let parent = DirFd::open(tmp.path()).unwrap();
-        let (mut r, file) = Resumable::start(&parent, "f.bin", id()).unwrap();
+        let claim = || Claim::try_take(&parent, "f.bin").unwrap().expect("free");
+        let (mut r, file) = Resumable::start(&parent, "f.bin", id(), claim()).unwrap();
+        // One session at a time.
+        assert!(Claim::try_take(&parent, "f.bin").unwrap().is_none());
+        assert!(Claim::try_take(&parent, "g.bin").unwrap().is_some());
         let (partial, meta) = (r.names().0.to_string(), r.names().1.to_string());
         let read_side = || std::fs::read(tmp.path().join(&meta)).unwrap();
         let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
@@ -852,7 +903,7 @@ mod resumable_tests {
             crcs: side.crcs[..20].to_vec(),
             ..side.clone()
         };
-        let (mut r, file) = Resumable::resume(&parent, "f.bin", &short).unwrap();
+        let (mut r, file) = Resumable::resume(&parent, "f.bin", &short, claim()).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 200);
         let c = &data[200..210];
         file.write_all_at(c, 200).unwrap();
@@ -867,7 +918,7 @@ mod resumable_tests {
         assert!(!tmp.path().join(&meta).exists());
         // Starting over replaces whatever was kept; discarding removes both.
         std::fs::write(tmp.path().join(&meta), b"junk").unwrap();
-        let (r, _) = Resumable::start(&parent, "f.bin", id()).unwrap();
+        let (r, _) = Resumable::start(&parent, "f.bin", id(), claim()).unwrap();
         assert!(read_side().is_empty());
         r.discard();
         assert!(!tmp.path().join(&meta).exists() && !tmp.path().join(&partial).exists());

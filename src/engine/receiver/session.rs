@@ -3,7 +3,7 @@
 //! the file store, from the greeting to BYE or the first fatal error.
 
 use super::admission::Admission;
-use super::partial::{Holding, KeptPrefix};
+use super::partial::{Claim, Holding, KeptPrefix};
 use super::space::SpaceLedger;
 use super::store::{FileStore, Refusal, Resume, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
@@ -91,6 +91,9 @@ struct AwaitingFrom {
     hello_at: Instant,
     have: crate::proto::Have,
     kept: Option<KeptPrefix>,
+    /// The session's claim on the partial file (none: a plain temporary
+    /// file is written).
+    claim: Option<Claim>,
 }
 
 /// Receives posted before the sender is admitted: PROVE or BYE is all it
@@ -443,7 +446,7 @@ impl Session<'_, '_> {
     /// HAVE (reading the copy or the kept prefix, the sender kept
     /// informed); the sender's FROM decides (`on_from`).
     fn offer_holding(&mut self, hello: Hello, hello_at: Instant) -> Result<(), XferError> {
-        let mut holding = match self.holding(&hello) {
+        let (mut holding, claim) = match self.holding(&hello) {
             Ok(h) => h,
             Err(refusal) => return self.refuse(&hello, hello_at, refusal),
         };
@@ -470,6 +473,7 @@ impl Session<'_, '_> {
             hello_at,
             have,
             kept: holding.kept,
+            claim,
         });
         Ok(())
     }
@@ -477,7 +481,7 @@ impl Session<'_, '_> {
     /// Reads what the store holds of an offer with RESUME; a KEEPALIVE
     /// goes out every `keepalive_interval` meanwhile, so that a large
     /// file's read does not time the sender out.
-    fn holding(&mut self, hello: &Hello) -> Result<Holding, Refusal> {
+    fn holding(&mut self, hello: &Hello) -> Result<(Holding, Option<Claim>), Refusal> {
         let interval = keepalive_interval(self.cfg.timeout);
         let mut last = Instant::now();
         let (control, ep, machine, stashed) = (
@@ -509,7 +513,11 @@ impl Session<'_, '_> {
             }
             Ok(())
         };
-        self.store.holding(hello, self.cfg.chunk_size, &mut tick)
+        // An earlier session of the same file whose sender is gone ends
+        // within its timeout (and records what it verified): worth waiting.
+        let wait = self.cfg.timeout + Duration::from_secs(10);
+        self.store
+            .holding(hello, self.cfg.chunk_size, wait, &mut tick)
     }
 
     /// FROM answered our HAVE: receive from 0, continue the kept prefix,
@@ -523,6 +531,7 @@ impl Session<'_, '_> {
             hello_at,
             have,
             kept,
+            claim,
         } = waiting;
         if offset == SKIP {
             info!(file = %hello.name, "skipped: the receiver's copy is complete");
@@ -546,13 +555,16 @@ impl Session<'_, '_> {
             (self.on_file)(FileEvent::Done(&report));
             return Ok(());
         }
-        match kept {
-            Some(kept) if offset > 0 => {
+        match (kept, claim) {
+            (Some(kept), Some(claim)) if offset > 0 => {
                 let KeptPrefix { sidecar, hasher } = kept;
-                let resume = Resume::Continue(&sidecar);
+                let resume = Resume::Continue(&sidecar, claim);
                 self.prepare_and_accept(&hello, hello_at, resume, Some((hasher, offset)))
             }
-            _ => self.prepare_and_accept(&hello, hello_at, Resume::Fresh, None),
+            (_, Some(claim)) => {
+                self.prepare_and_accept(&hello, hello_at, Resume::Fresh(claim), None)
+            }
+            (_, None) => self.prepare_and_accept(&hello, hello_at, Resume::No, None),
         }
     }
 

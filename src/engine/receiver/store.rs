@@ -6,7 +6,7 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 use super::ReceiverConfig;
-use super::partial::{self, Holding, Identity, Resumable, Sidecar};
+use super::partial::{self, Claim, Holding, Identity, Resumable, Sidecar};
 use super::space::{Promise, SpaceLedger};
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
@@ -182,22 +182,47 @@ impl FileStore {
     }
 
     /// What the receiver holds of an offer with RESUME (see
-    /// `partial::find`); standard output holds nothing.
+    /// `partial::find`), and the claim on its partial file that writing it
+    /// needs. A partial file another session holds (one whose sender is
+    /// gone, say, not yet timed out) is waited for up to `wait`, `tick`
+    /// called meanwhile; then, or for standard output, nothing is held.
     pub(super) fn holding(
         &self,
         hello: &Hello,
         chunk_len: u32,
+        wait: Duration,
         tick: &mut dyn FnMut() -> std::io::Result<()>,
-    ) -> Result<Holding, Refusal> {
-        match self {
-            FileStore::Stdout(_) => Ok(Holding::nothing(
-                "the receiver writes to its standard output: nothing is kept there",
-            )),
-            FileStore::Tree { root, .. } => {
-                let (parent, leaf) = open_parent(root, &hello.name)?;
-                Ok(partial::find(&parent, &leaf, hello, chunk_len, tick))
+    ) -> Result<(Holding, Option<Claim>), Refusal> {
+        let FileStore::Tree { root, .. } = self else {
+            return Ok((
+                Holding::nothing(
+                    "the receiver writes to its standard output: nothing is kept there",
+                ),
+                None,
+            ));
+        };
+        let (parent, leaf) = open_parent(root, &hello.name)?;
+        let io = |e: std::io::Error| (RejectCode::Io, format!("{}: {e}", hello.name));
+        let until = std::time::Instant::now() + wait;
+        let claim = loop {
+            if let Some(claim) = Claim::try_take(&parent, &leaf).map_err(io)? {
+                break claim;
             }
-        }
+            if std::time::Instant::now() >= until {
+                return Ok((
+                    Holding::nothing(
+                        "another session is receiving this file: sent whole, not kept",
+                    ),
+                    None,
+                ));
+            }
+            tick().map_err(io)?;
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        Ok((
+            partial::find(&parent, &leaf, hello, chunk_len, tick),
+            Some(claim),
+        ))
     }
 
     /// Checks an offer against what is on disk (exists, free space, links
@@ -254,7 +279,7 @@ impl FileStore {
                 // (--max-size by the state machine, space by the writes).
                 let size = if hello.is_stream() { 0 } else { hello.size };
                 let kept = match &resume {
-                    Resume::Continue(s) => s.prefix_bytes(),
+                    Resume::Continue(s, _) => s.prefix_bytes(),
                     _ => 0,
                 };
                 let promise =
@@ -275,7 +300,7 @@ impl FileStore {
                         let file = parent.create_new(&temp, 0o600).map_err(cannot_create)?;
                         (temp, file, None)
                     }
-                    Resume::Fresh => {
+                    Resume::Fresh(claim) => {
                         let identity = Identity::of_offer(hello, 0).ok_or_else(|| {
                             (
                                 RejectCode::Protocol,
@@ -285,13 +310,13 @@ impl FileStore {
                                 ),
                             )
                         })?;
-                        let (r, file) =
-                            Resumable::start(&parent, &leaf, identity).map_err(cannot_create)?;
+                        let (r, file) = Resumable::start(&parent, &leaf, identity, claim)
+                            .map_err(cannot_create)?;
                         (r.names().0.to_string(), file, Some(r))
                     }
-                    Resume::Continue(sidecar) => {
+                    Resume::Continue(sidecar, claim) => {
                         let (r, file) =
-                            Resumable::resume(&parent, &leaf, sidecar).map_err(|e| {
+                            Resumable::resume(&parent, &leaf, sidecar, claim).map_err(|e| {
                                 (
                                     RejectCode::Io,
                                     format!(
@@ -477,9 +502,9 @@ pub(super) enum Resume<'a> {
     No,
     /// Offered with RESUME, starting from zero: a partial file whose
     /// verified chunks are kept if the transfer fails.
-    Fresh,
+    Fresh(Claim),
     /// Continues the kept partial file after its verified prefix.
-    Continue(&'a Sidecar),
+    Continue(&'a Sidecar, Claim),
 }
 
 pub(super) enum Sink {
@@ -685,19 +710,32 @@ mod tests {
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
         let mut h = hello("f.bin", 1000);
         h.caps |= crate::proto::hello_flags::RESUME;
-        let holds = |s: &FileStore| s.holding(&h, 100, &mut || Ok(())).unwrap();
-        assert_eq!(holds(&s).have.kind, crate::proto::HaveKind::Nothing);
+        let holds = |s: &FileStore| s.holding(&h, 100, Duration::ZERO, &mut || Ok(())).unwrap();
+        let (nothing, claim) = holds(&s);
+        assert_eq!(nothing.have.kind, crate::proto::HaveKind::Nothing);
+        // While a session holds the name, another gets nothing to resume
+        // (and no claim: it writes a plain temporary file).
+        let (busy, none) = holds(&s);
+        assert!(none.is_none() && busy.have.note.contains("another session"));
         // A first attempt writes 7 chunks, then fails: they are kept.
-        let mut sink = s.create(&h, false, root.path(), Resume::Fresh).unwrap();
+        let claim = claim.expect("a claim");
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
         write_chunks(&mut sink, &data[..700], 0, 100);
         drop(sink);
-        let kept = holds(&s);
+        let (kept, claim) = holds(&s);
         assert_eq!(kept.have.bytes, 700);
         let prefix = kept.kept.expect("the verified prefix");
         assert_eq!(entries(root.path()).len(), 2, "the partial and its record");
         // The second continues it; committed, it is the file, nothing else.
         let mut sink = s
-            .create(&h, false, root.path(), Resume::Continue(&prefix.sidecar))
+            .create(
+                &h,
+                false,
+                root.path(),
+                Resume::Continue(&prefix.sidecar, claim.unwrap()),
+            )
             .unwrap();
         write_chunks(&mut sink, &data, 700, 100);
         commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap();
@@ -705,11 +743,18 @@ mod tests {
         assert_eq!(entries(root.path()), ["f.bin"]);
         assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
         // Now the receiver has it complete.
-        assert_eq!(holds(&s).have.kind, crate::proto::HaveKind::Complete);
+        assert_eq!(holds(&s).0.have.kind, crate::proto::HaveKind::Complete);
         // A failed whole-file check keeps nothing, even when resumable.
         let mut g = hello("g.bin", 1000);
         g.caps |= crate::proto::hello_flags::RESUME;
-        let mut sink = s.create(&g, false, root.path(), Resume::Fresh).unwrap();
+        let claim = s
+            .holding(&g, 100, Duration::ZERO, &mut || Ok(()))
+            .unwrap()
+            .1
+            .unwrap();
+        let mut sink = s
+            .create(&g, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
         write_chunks(&mut sink, &data, 0, 100);
         let Sink::Temp(t) = &mut sink else { panic!() };
         t.discard();
