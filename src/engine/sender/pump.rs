@@ -2,7 +2,7 @@
 //! (the ring, the chunks, the FIN), with the reader thread filling staging
 //! slots and RDMA WRITE WITH IMM posting them as credits allow.
 
-use super::verdicts::{PendingEntry, Tracker};
+use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
 use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
 use crate::engine::progress::FileProgress;
@@ -123,15 +123,7 @@ impl Connection {
                     resumed_from: 0,
                     skipped: true,
                 };
-                tracker.pending.insert(
-                    tag,
-                    PendingEntry::File {
-                        report,
-                        fin_sent: Instant::now(),
-                        span: error_span!("phase", name = "fsync+verify"),
-                        progress,
-                    },
-                );
+                tracker.await_verdict(tag, report, progress);
                 return Ok(());
             }
         };
@@ -420,15 +412,7 @@ impl Connection {
         let fin = self.session.finish(report.digest).map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
         debug!(file = %report.name, bytes = report.bytes, "FIN sent");
-        tracker.pending.insert(
-            tag,
-            PendingEntry::File {
-                report,
-                fin_sent: Instant::now(),
-                span: error_span!("phase", name = "fsync+verify"),
-                progress,
-            },
-        );
+        tracker.await_verdict(tag, report, progress);
         Ok(())
     }
 

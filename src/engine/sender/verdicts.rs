@@ -70,6 +70,23 @@ impl Tracker<'_> {
         (self.on_file)(FileEvent::Failed(&failure));
     }
 
+    /// A file whose FIN went out (or that the receiver has complete)
+    /// awaits the receiver's ACK.
+    pub(super) fn await_verdict(
+        &mut self,
+        tag: u64,
+        report: FileReport,
+        progress: Box<dyn FileProgress>,
+    ) {
+        let entry = PendingEntry::File {
+            report,
+            fin_sent: Instant::now(),
+            span: tracing::error_span!("phase", name = "fsync+verify"),
+            progress,
+        };
+        self.pending.insert(tag, entry);
+    }
+
     /// A tag for the next entry offered.
     pub(super) fn tag(&mut self) -> u64 {
         self.next_tag += 1;
