@@ -85,11 +85,18 @@ fn kill_sender_at(
             &["--resume"],
         ),
     );
+    let said_before = receiver.stderr_so_far().matches("kept the ").count();
     wait_for_partial_file(dst, at);
     sender.signal("KILL");
     let _ = sender.wait(Duration::from_secs(30));
-    receiver.wait_for_stderr("kept the ", Duration::from_secs(30));
-    kept_bytes(&receiver.stderr_so_far())
+    // This session's line, not an earlier one of the same receiver.
+    let log = wait_until(
+        "the receiver to say what it kept",
+        || receiver.stderr_so_far(),
+        |log| log.matches("kept the ").count() > said_before,
+        Duration::from_secs(30),
+    );
+    kept_bytes(&log)
 }
 
 #[test]

@@ -192,12 +192,13 @@ pub fn totals_json(t: &Totals, outcome: Result<(), &XferError>) -> serde_json::V
 pub fn session_summary_line(outcome: &SessionOutcome) -> String {
     let secs = outcome.elapsed.as_secs_f64();
     let bytes: u64 = outcome.files.iter().map(|f| f.bytes).sum();
+    let sent: u64 = outcome.files.iter().map(FileReport::moved).sum();
     let files = outcome.files.len();
     let per_sec = if secs > 0.0 { files as f64 / secs } else { 0.0 };
     let mut line = format!(
         "total: {files} files and {} directories, {bytes} bytes in {secs:.3} s: {per_sec:.1} files/s, {:.1} MiB/s",
         outcome.directories,
-        mib_per_sec(bytes, secs),
+        mib_per_sec(sent, secs),
     );
     let complete = outcome.files.iter().filter(|f| f.skipped).count();
     if complete > 0 {
@@ -231,6 +232,7 @@ pub fn session_summary(outcome: &SessionOutcome, json: bool) -> String {
     if json {
         let secs = outcome.elapsed.as_secs_f64();
         let bytes: u64 = outcome.files.iter().map(|f| f.bytes).sum();
+        let sent: u64 = outcome.files.iter().map(FileReport::moved).sum();
         let files = outcome.files.len();
         let line = json!({
             "event": "session done",
@@ -241,8 +243,9 @@ pub fn session_summary(outcome: &SessionOutcome, json: bool) -> String {
             "resumed_bytes": outcome.files.iter().map(|f| f.resumed_from).sum::<u64>(),
             "bytes": bytes,
             "seconds": secs,
+            "sent": sent,
             "files_per_s": if secs > 0.0 { files as f64 / secs } else { 0.0 },
-            "mib_per_s": mib_per_sec(bytes, secs),
+            "mib_per_s": mib_per_sec(sent, secs),
         });
         line.to_string()
     } else {

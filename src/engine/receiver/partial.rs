@@ -435,9 +435,8 @@ pub(super) fn find(
                 }
             }
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Holding::nothing("no partial file from an earlier attempt");
-        }
+        // Nothing kept: nothing to explain (an empty note).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holding::nothing(""),
         Err(e) => {
             return Holding::nothing(format!("cannot open the partial file's record: {e}"));
         }
@@ -554,7 +553,7 @@ mod find_tests {
         // Nothing yet.
         let h = holds(&parent, &hello);
         assert_eq!(h.kind, HaveKind::Nothing);
-        assert!(h.note.contains("no partial file"), "{}", h.note);
+        assert!(h.note.is_empty(), "{}", h.note);
         // A partial of 450 bytes: 4 whole chunks verified.
         keep_partial(dir, &data, 450, 100, &hello);
         let h = holds(&parent, &hello);
@@ -823,6 +822,11 @@ impl Resumable {
         self.recorded += self.unsynced.len() as u64;
         self.unsynced.clear();
         Ok(())
+    }
+
+    /// Whether no chunk was written yet (nothing worth keeping).
+    pub fn is_empty(&self) -> bool {
+        self.recorded == 0 && self.unsynced.is_empty()
     }
 
     /// The names of the partial file and its sidecar in the parent.

@@ -480,7 +480,8 @@ impl Drop for TempFile {
             return;
         }
         match self.resumable.take() {
-            Some(r) if self.discard => r.discard(),
+            // Unverified, or nothing verified yet: nothing worth keeping.
+            Some(r) if self.discard || r.is_empty() => r.discard(),
             // Kept: whatever was written and checked gets its records.
             Some(mut r) => {
                 if let Err(e) = r.sync() {

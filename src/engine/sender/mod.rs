@@ -157,6 +157,9 @@ pub fn send_files(
         let Some(err) = ended_by else {
             return Ok(merge(outcome, earlier));
         };
+        // Whether to try again depends on what ended the session; what is
+        // reported, if not, is the first failure (a receiver that failed an
+        // entry may end the session right after saying why).
         let stdin_cut =
             paths.iter().any(|p| p.as_os_str() == "-") && !settled.contains(&cfg.walk.stdin_name);
         // Why not to try again, if so (said only when it is not obvious).
@@ -174,7 +177,8 @@ pub fn send_files(
             for f in &cut_short {
                 on_file(FileEvent::Failed(f));
             }
-            return Err(err);
+            let first = earlier.and_then(|e| e.first_error).or(outcome.first_error);
+            return Err(first.unwrap_or(err));
         }
         retry += 1;
         let pause = retry_pause(retry);
@@ -295,13 +299,9 @@ fn run_session(
             // failure is the one to report, as for any session.
             // (A chunk that fails its CRC ends the session too, so even
             // the BYE can find the receiver gone.)
-            let e = match tracker.outcome.first_error.take() {
-                Some(first) => {
-                    info!("then the session ended: {e}");
-                    first
-                }
-                None => e,
-            };
+            if tracker.outcome.first_error.is_some() {
+                info!("then the session ended: {e}");
+            }
             tracker.outcome.elapsed = started.elapsed();
             return Err(Box::new((e, tracker.outcome)));
         }
