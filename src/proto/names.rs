@@ -67,6 +67,12 @@ pub enum NameError {
         /// The character's code point.
         code: u32,
     },
+    /// Starts with [`RESERVED_PREFIX`]: the receiver's own partial and
+    /// temporary files are named so, and no received entry may pose as one.
+    #[error(
+        "names starting with {RESERVED_PREFIX:?} are reserved for the receiver's partial and temporary files"
+    )]
+    Reserved,
     /// Longer than [`MAX_NAME_BYTES`].
     #[error("file name is {len} bytes long; the limit is {max} bytes", max = MAX_NAME_BYTES)]
     TooLong {
@@ -129,7 +135,12 @@ pub fn validate_path(path: &str) -> Result<(), PathError> {
     Ok(())
 }
 
-/// Accepts only a plain single file name (no directories, no control characters).
+/// The prefix of the receiver's own hidden files (partial files kept for
+/// `--resume`, their records, temporary files): never a received name.
+pub const RESERVED_PREFIX: &str = ".rdma-xfer-";
+
+/// Accepts only a plain single file name (no directories, no control
+/// characters, not one of the receiver's own hidden names).
 pub fn validate_name(name: &str) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty);
@@ -139,6 +150,9 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
     }
     if name == "." || name == ".." {
         return Err(NameError::DotName);
+    }
+    if name.starts_with(RESERVED_PREFIX) {
+        return Err(NameError::Reserved);
     }
     // Backslash too: the file may later be copied to a system that treats it as a separator.
     if name.contains(['/', '\\']) {
@@ -206,6 +220,13 @@ mod tests {
         assert_eq!(validate_name(""), Err(NameError::Empty));
         assert_eq!(validate_name("."), Err(NameError::DotName));
         assert_eq!(validate_name(".."), Err(NameError::DotName));
+        // The receiver's own hidden files cannot be sent (nor then swept).
+        for own in [".rdma-xfer-partial-00ab", ".rdma-xfer-1-2-3.part"] {
+            assert_eq!(validate_name(own), Err(NameError::Reserved));
+            assert!(validate_path(&format!("d/{own}")).is_err());
+        }
+        assert!(validate_name(".rdma-xfer").is_ok());
+        assert!(validate_name("x.rdma-xfer-partial-1").is_ok());
         for bad in [
             "../x",
             "/etc/passwd",
