@@ -26,8 +26,8 @@ pub use sender::{
 };
 pub use wire::{
     Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello, MAX_FRAME,
-    MAX_MESSAGE, Message, Mtime, Prove, Reject, RejectCode, RingInfo, SKIP, WireError, decode,
-    encode, encode_to_vec, hello_flags,
+    MAX_MESSAGE, Message, Mtime, Prove, Reject, RejectCode, RingInfo, WireError, decode, encode,
+    encode_to_vec, hello_flags,
 };
 
 use thiserror::Error;
@@ -488,6 +488,7 @@ mod tests {
                 }
                 Wire::Msg(b) => match self.r.on_message(open(&mut self.r_channel, &b)).unwrap() {
                     ReceiverEvent::From { offset } => panic!("FROM without HAVE: {offset}"),
+                    ReceiverEvent::Compare { .. } => panic!("COMPARE without HAVE"),
                     ReceiverEvent::Offer(h) => {
                         let i = self.offered.pop_front().expect("an offered entry");
                         assert_eq!(h.name, format!("e/{i}"));
@@ -580,6 +581,7 @@ mod tests {
                 SenderEvent::Credit(_) => {}
                 SenderEvent::Have(h) => panic!("HAVE without RESUME: {h:?}"),
                 SenderEvent::Keepalive => panic!("KEEPALIVE without a resumed prefix"),
+                SenderEvent::Same(a) => panic!("ACK of a COMPARE never sent: {a:?}"),
                 SenderEvent::Rejected(_) => {
                     assert!(self.awaiting.is_empty(), "REJECT before earlier verdicts");
                     self.sending.take().expect("a rejected offer");

@@ -22,7 +22,7 @@ use super::auth::{
 use super::names::{escaped, validate_path};
 use super::wire::{
     Ack, AckStatus, Challenge, DigestAlg, Fin, Have, HaveKind, Hello, Message, Prove, Reject,
-    RejectCode, RingInfo, SKIP, WireError, hello_flags,
+    RejectCode, RingInfo, WireError, hello_flags,
 };
 use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -41,8 +41,12 @@ pub enum ReceiverState {
     /// stream), `accept_directory` (a directory) or `reject`.
     AwaitDecision,
     /// HAVE sent for an offer with RESUME: the sender's FROM says where
-    /// its data starts (then AwaitDecision, or Verifying for SKIP).
+    /// its data starts (then AwaitDecision), or, for a complete copy, its
+    /// COMPARE gives its file's SHA-256 (then Comparing).
     AwaitFrom,
+    /// COMPARE arrived; the engine compares its copy and calls `same`
+    /// (ACK) or `have` with nothing (it differs; FROM 0 follows).
+    Comparing,
     /// MR sent: the file's chunks arrive, until its FIN.
     Receiving,
     /// FIN arrived; the engine verifies and calls `complete`.
@@ -62,6 +66,7 @@ impl ReceiverState {
             Self::Receiving => "RECEIVING",
             Self::Verifying => "VERIFYING",
             Self::AwaitFrom => "AWAIT_FROM",
+            Self::Comparing => "COMPARING",
             Self::Closed => "CLOSED",
         }
     }
@@ -132,13 +137,18 @@ pub enum ReceiverEvent {
     Authenticated,
     /// KEEPALIVE: the sender waits for its input; progress for the timeout.
     Keepalive,
-    /// FROM answered the HAVE: where the sender's data starts. 0 or the
-    /// prefix: the engine calls `accept` (or `reject`), and the data
-    /// continues the prefix. `SKIP`: the receiver's complete copy is the
-    /// sender's file; the engine calls `complete` (ACK).
+    /// FROM answered the HAVE: where the sender's data starts, 0 or the
+    /// prefix. The engine calls `accept` (or `reject`), and the data
+    /// continues the prefix.
     From {
-        /// The first byte the sender will write, or `SKIP`.
+        /// The first byte the sender will write.
         offset: u64,
+    },
+    /// COMPARE answered the HAVE of a complete copy: the engine computes
+    /// its copy's SHA-256 and calls `same` or `have` (nothing).
+    Compare {
+        /// SHA-256 of the sender's file.
+        sha256: [u8; 32],
     },
 }
 
@@ -345,11 +355,16 @@ impl ReceiverSession {
     /// Answers an offer with RESUME (state AwaitDecision, after the
     /// engine's checks): what the receiver holds of it. Returns the HAVE to
     /// send; the sender's FROM comes next.
+    ///
+    /// From Comparing (the sender's file differs from the copy) only a HAVE
+    /// of nothing: the sender starts over with FROM 0.
     pub fn have(&mut self, have: Have) -> Result<Message, ProtocolError> {
-        if self.state != ReceiverState::AwaitDecision || !self.resume {
+        let comparing = self.state == ReceiverState::Comparing;
+        let answering = self.state == ReceiverState::AwaitDecision && self.resume;
+        if !(answering || comparing && have.kind == HaveKind::Nothing) {
             return Err(self.wrong_state("have"));
         }
-        let consistent = have.fits(self.size, self.digest) && have.chunk_len <= self.cfg.slot_size;
+        let consistent = have.fits(self.size) && have.chunk_len <= self.cfg.slot_size;
         if !consistent {
             return Err(ProtocolError::BadHave {
                 reason: "inconsistent with the offer",
@@ -370,11 +385,6 @@ impl ReceiverSession {
                 self.base = (o, o / u64::from(have.chunk_len), have.chunk_len);
                 self.state = ReceiverState::AwaitDecision;
             }
-            (HaveKind::Complete, SKIP) => {
-                // Nothing is sent: the copy is the file; ACK it.
-                self.bytes = self.size;
-                self.state = ReceiverState::Verifying;
-            }
             _ => {
                 return Err(ProtocolError::BadFrom {
                     offset,
@@ -386,13 +396,36 @@ impl ReceiverSession {
         Ok(ReceiverEvent::From { offset })
     }
 
+    /// COMPARE: only after a HAVE of a complete copy.
+    fn on_compare(&mut self, sha256: [u8; 32]) -> Result<ReceiverEvent, RecvError> {
+        match &self.have {
+            Some(h) if h.kind == HaveKind::Complete => {
+                self.state = ReceiverState::Comparing;
+                Ok(ReceiverEvent::Compare { sha256 })
+            }
+            _ => Err(self.unexpected("COMPARE").into()),
+        }
+    }
+
+    /// The copy is the sender's file (state Comparing): the file is done
+    /// without data. Returns its ACK(ok).
+    pub fn same(&mut self) -> Result<Message, ProtocolError> {
+        if self.state != ReceiverState::Comparing {
+            return Err(self.wrong_state("same"));
+        }
+        self.bytes = self.size;
+        self.state = ReceiverState::Verifying;
+        self.complete(AckStatus::Ok, String::new())
+    }
+
     /// While the engine reads its copy of an offer with RESUME from disk:
-    /// the complete file (for its digest) before the HAVE, or a resumed
-    /// prefix (to continue the whole-file digest) before the MR. A
+    /// a kept prefix before the HAVE or (to continue the whole-file
+    /// digest) before the MR, or the complete file for a COMPARE. A
     /// KEEPALIVE so that the sender, waiting, does not time out.
     pub fn keepalive(&self) -> Result<Message, ProtocolError> {
-        let reading = self.state == ReceiverState::AwaitDecision
-            && (self.base.0 > 0 || (self.resume && self.have.is_none()));
+        let reading = self.state == ReceiverState::Comparing
+            || self.state == ReceiverState::AwaitDecision
+                && (self.base.0 > 0 || (self.resume && self.have.is_none()));
         if !reading {
             return Err(self.wrong_state("keepalive"));
         }
@@ -443,6 +476,7 @@ impl ReceiverSession {
             ReceiverState::Receiving | ReceiverState::Verifying => {
                 ("data from the sender", timeout)
             }
+            ReceiverState::AwaitFrom => ("the sender's FROM or COMPARE", timeout),
             _ => ("the next HELLO or BYE", timeout),
         }
     }
@@ -725,6 +759,7 @@ impl ReceiverSession {
                 Ok(ReceiverEvent::Fin(f))
             }
             (AwaitFrom, Message::From { offset }) => self.on_from(offset),
+            (AwaitFrom, Message::Compare { sha256 }) => self.on_compare(sha256),
             // The sender reads its copy of the prefix (or of the whole file)
             // to compare it with HAVE: it says it is alive meanwhile.
             (AwaitFrom, Message::Keepalive) => Ok(ReceiverEvent::Keepalive),
@@ -2005,7 +2040,8 @@ mod tests {
             ),
             (v(3, 0, "f", 1001), Some(RejectCode::TooLarge)),
             (v(3, hello_flags::KEEP_MODE, "f", 1), None),
-            (v(3, 1 << 5, "f", 1), Some(RejectCode::Version)),
+            (v(3, 1 << 4, "f", 1), Some(RejectCode::Version)),
+            (v(3, 1 << 6, "f", 1), Some(RejectCode::Version)),
             (
                 v(3, hello_flags::RESUME, "f", 1),
                 Some(RejectCode::Protocol),
@@ -2626,10 +2662,11 @@ mod tests {
         );
     }
 
-    /// FROM 0 starts over; SKIP on a complete copy goes straight to the
-    /// verdict; any other offset ends the session.
+    /// FROM 0 starts over; COMPARE of a complete copy ends in its ACK
+    /// (the same) or a HAVE of nothing and FROM 0 (it differs); any other
+    /// offset ends the session.
     #[test]
-    fn from_starts_over_skips_or_is_refused() {
+    fn from_starts_over_compares_or_is_refused() {
         let c = cfg(100, 4, 1);
         let start = |have: Have| {
             let mut r = ReceiverSession::new(c);
@@ -2643,28 +2680,46 @@ mod tests {
         assert_eq!(r.resumed_from(), 0);
         r.accept(ring(&c)).unwrap();
         assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
-        let complete = Have {
-            kind: HaveKind::Complete,
-            bytes: 1000,
-            chunk_len: 0,
-            digest: Digest::Sha256([1; 32]),
-            note: String::new(),
-        };
+        let complete = Have::complete(1000);
+        // The same: ACK, the file is done.
         let mut r = start(complete.clone());
+        assert!(r.clone().same().is_err(), "not before COMPARE");
         assert_eq!(
-            r.on_message(Message::From { offset: SKIP }),
-            Ok(ReceiverEvent::From { offset: SKIP })
+            r.on_message(Message::Compare { sha256: [1; 32] }),
+            Ok(ReceiverEvent::Compare { sha256: [1; 32] })
         );
-        assert_eq!(r.state(), ReceiverState::Verifying);
-        r.complete(AckStatus::Ok, "already complete".into())
-            .unwrap();
+        assert_eq!(r.state(), ReceiverState::Comparing);
+        assert_eq!(r.keepalive(), Ok(Message::Keepalive), "reading its copy");
+        assert!(r.clone().have(complete.clone()).is_err());
+        assert_eq!(r.same().unwrap(), Message::Ack(Ack::new(AckStatus::Ok, "")));
         assert_eq!(r.state(), ReceiverState::AwaitHello);
+        // It differs: HAVE of nothing, FROM 0, everything is received.
+        let mut r = start(complete.clone());
+        r.on_message(Message::Compare { sha256: [1; 32] }).unwrap();
+        r.have(Have::nothing("the receiver's copy differs"))
+            .unwrap();
+        assert!(
+            r.clone()
+                .on_message(Message::Compare { sha256: [1; 32] })
+                .is_err(),
+            "compared once"
+        );
+        r.on_message(Message::From { offset: 0 }).unwrap();
+        r.accept(ring(&c)).unwrap();
+        assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
+        // COMPARE only of a complete copy.
+        for have in [prefix(300, 100), Have::nothing("none")] {
+            let mut r = start(have);
+            assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_err());
+            assert_eq!(r.state(), ReceiverState::Closed);
+        }
         for (have, offset) in [
             (prefix(300, 100), 200),
-            (prefix(300, 100), SKIP),
+            (prefix(300, 100), u64::MAX),
             (complete.clone(), 300),
+            (complete.clone(), u64::MAX),
             (Have::nothing("none"), 300),
-            (Have::nothing("none"), SKIP),
+            (Have::nothing("none"), u64::MAX),
         ] {
             let mut r = start(have.clone());
             sent(&mut r);

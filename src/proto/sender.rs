@@ -22,7 +22,7 @@ use super::auth::{Channel, ConnectionId, NONCE_LEN, Role, SessionKey, Token};
 use super::names::escaped;
 use super::wire::{
     Ack, AckStatus, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime, Prove, Reject,
-    RejectCode, RingInfo, SKIP, hello_flags,
+    RejectCode, RingInfo, hello_flags,
 };
 use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -47,8 +47,11 @@ pub enum SenderState {
     /// (verdicts on pending entries come first).
     AwaitHave,
     /// HAVE arrived: the engine checks its file against it and calls
-    /// `start_from` (FROM).
+    /// `start_from` (FROM) or, for a complete copy, `compare` (COMPARE).
     AwaitFromDecision,
+    /// COMPARE sent: waiting for ACK (the receiver's copy is the file) or
+    /// HAVE of nothing (it differs); verdicts on pending entries first.
+    AwaitCompared,
     /// Writing chunks under credit.
     Sending,
     /// BYE sent, or an error ended the session; nothing more may be sent.
@@ -65,6 +68,7 @@ impl SenderState {
             Self::AwaitRing => "AWAIT_RING",
             Self::AwaitHave => "AWAIT_HAVE",
             Self::AwaitFromDecision => "AWAIT_FROM_DECISION",
+            Self::AwaitCompared => "AWAIT_COMPARED",
             Self::Sending => "SENDING",
             Self::Closed => "CLOSED",
         }
@@ -181,9 +185,12 @@ pub enum SenderEvent {
     /// The receiver's HAVE for a file offered with RESUME: the engine
     /// checks its file against it and calls `start_from`.
     Have(Have),
-    /// The receiver reads a resumed file's prefix back before its MR: it
-    /// is alive (progress for the timeout).
+    /// The receiver reads a resumed file's prefix back before its MR, or
+    /// its copy for a COMPARE: it is alive (progress for the timeout).
     Keepalive,
+    /// After COMPARE: the receiver's copy is the sender's file, nothing is
+    /// sent; this ACK is the file's verdict. Now Idle.
+    Same(Ack),
     /// The verdict on the oldest pending entry, with the tag the engine
     /// gave it in `start_file`.
     Answered {
@@ -491,7 +498,7 @@ impl SenderSession {
             }),
             // Verdicts on pending entries come before anything about the
             // current HELLO.
-            (Idle | AwaitRing | AwaitHave, Message::Ack(a)) if front.is_some() => {
+            (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Ack(a)) if front.is_some() => {
                 let (tag, entry) = self.pending.pop_front().unwrap_or((0, Pending::File));
                 Ok(SenderEvent::Answered {
                     tag,
@@ -499,7 +506,7 @@ impl SenderSession {
                     verdict: Verdict::Ack(a),
                 })
             }
-            (Idle | AwaitRing | AwaitHave, Message::Reject(r))
+            (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Reject(r))
                 if front == Some(Pending::Directory) =>
             {
                 let tag = self.pending.pop_front().map_or(0, |(tag, _)| tag);
@@ -511,7 +518,7 @@ impl SenderSession {
             }
             // A finished file's late credits (sent before the receiver saw
             // its FIN): noted, bounded by the ring, never used.
-            (Idle | AwaitRing | AwaitHave, Message::Credit { count })
+            (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Credit { count })
                 if front == Some(Pending::File) =>
             {
                 self.add_credits(count)
@@ -522,13 +529,33 @@ impl SenderSession {
                 self.state = AwaitFromDecision;
                 Ok(SenderEvent::Have(have))
             }
+            // The receiver's copy is the file: nothing is sent.
+            (AwaitCompared, Message::Ack(a)) if front.is_none() && a.status == AckStatus::Ok => {
+                self.planned = self.size;
+                self.state = Idle;
+                Ok(SenderEvent::Same(a))
+            }
+            // It differs: nothing to reuse, FROM 0 follows.
+            (AwaitCompared, Message::Have(have)) if front.is_none() => {
+                if have.kind != HaveKind::Nothing {
+                    return Err(ProtocolError::BadHave {
+                        reason: "a second HAVE that is not of nothing",
+                    });
+                }
+                self.check_have(&have)?;
+                self.have = Some(have.clone());
+                self.state = AwaitFromDecision;
+                Ok(SenderEvent::Have(have))
+            }
             // Only after FROM continued a prefix does the receiver have
             // something to read before its MR.
             (AwaitRing, Message::Keepalive) if front.is_none() && self.base_chunk_len > 0 => {
                 Ok(SenderEvent::Keepalive)
             }
-            // ... or its copy of the file before the HAVE.
-            (AwaitHave, Message::Keepalive) if front.is_none() => Ok(SenderEvent::Keepalive),
+            // ... or its copy of the file before the HAVE or after COMPARE.
+            (AwaitHave | AwaitCompared, Message::Keepalive) if front.is_none() => {
+                Ok(SenderEvent::Keepalive)
+            }
             (AwaitRing, Message::Mr(ring)) if front.is_none() => {
                 check_ring(&ring)?;
                 self.ring = ring;
@@ -548,7 +575,7 @@ impl SenderSession {
                 self.state = Sending;
                 Ok(SenderEvent::Ring(ring))
             }
-            (AwaitRing | AwaitHave, Message::Reject(r)) if front.is_none() => {
+            (AwaitRing | AwaitHave | AwaitCompared, Message::Reject(r)) if front.is_none() => {
                 self.state = Idle;
                 Ok(SenderEvent::Rejected(r))
             }
@@ -558,7 +585,9 @@ impl SenderSession {
                 reason: r.reason,
             }),
             (Sending, Message::Credit { count }) => self.add_credits(count),
-            (AwaitRing | AwaitHave | Sending, Message::Ack(a)) if a.status != AckStatus::Ok => {
+            (AwaitRing | AwaitHave | AwaitCompared | Sending, Message::Ack(a))
+                if a.status != AckStatus::Ok =>
+            {
                 self.state = Closed;
                 Ok(SenderEvent::Aborted(a))
             }
@@ -598,9 +627,8 @@ impl SenderSession {
 
     /// Answers the HAVE (state AwaitFromDecision) after the engine checked
     /// its file against it: 0 sends everything, HAVE's prefix continues
-    /// it (the engine verified the prefix's chunk CRCs), `SKIP` sends
-    /// nothing (the receiver's complete copy has this file's digest; its
-    /// ACK is the verdict). Returns the FROM to send.
+    /// it (the engine verified the prefix's chunk CRCs). Returns the FROM
+    /// to send.
     pub fn start_from(&mut self, offset: u64) -> Result<Message, ProtocolError> {
         if self.state != SenderState::AwaitFromDecision {
             return Err(self.wrong_state("start_from"));
@@ -621,11 +649,6 @@ impl SenderSession {
                 self.planned = o;
                 self.state = SenderState::AwaitRing;
             }
-            (HaveKind::Complete, SKIP) => {
-                self.planned = self.size;
-                self.state = SenderState::Idle;
-                self.pending.push_back((self.tag, Pending::File));
-            }
             _ => {
                 return Err(ProtocolError::BadFrom {
                     offset,
@@ -634,6 +657,19 @@ impl SenderSession {
             }
         }
         Ok(Message::From { offset })
+    }
+
+    /// Answers a HAVE of a complete copy (state AwaitFromDecision) with
+    /// the SHA-256 of the sender's file: the receiver compares and answers
+    /// ACK (the same, `SenderEvent::Same`) or HAVE of nothing (FROM 0
+    /// follows). Returns the COMPARE to send.
+    pub fn compare(&mut self, sha256: [u8; 32]) -> Result<Message, ProtocolError> {
+        let complete = self.have.as_ref().map(|h| h.kind) == Some(HaveKind::Complete);
+        if self.state != SenderState::AwaitFromDecision || !complete {
+            return Err(self.wrong_state("compare"));
+        }
+        self.state = SenderState::AwaitCompared;
+        Ok(Message::Compare { sha256 })
     }
 
     /// Where the current file's data starts (its resumed prefix, in bytes).
@@ -647,7 +683,7 @@ impl SenderSession {
     /// A HAVE must fit the file offered: a prefix shorter than the file in
     /// whole chunks, or the whole file with its digest.
     fn check_have(&self, have: &Have) -> Result<(), ProtocolError> {
-        let ok = have.fits(self.size, self.digest);
+        let ok = have.fits(self.size);
         if ok {
             Ok(())
         } else {
@@ -739,6 +775,7 @@ impl SenderSession {
     pub fn keepalive(&self) -> Result<Message, ProtocolError> {
         let waiting = match self.state {
             SenderState::Sending => self.stream,
+            // Reading its file for a HAVE's answer.
             SenderState::AwaitFromDecision => true,
             _ => false,
         };
@@ -2261,10 +2298,11 @@ mod tests {
         assert_eq!((fin.bytes, fin.chunks), (1000, 20));
     }
 
-    /// FROM 0 starts over; SKIP leaves the entry waiting for its verdict;
-    /// a HAVE that does not fit the offer ends the session.
+    /// FROM 0 starts over; a complete copy is compared: ACK is the
+    /// file's verdict (nothing sent), HAVE of nothing starts over; a HAVE
+    /// that does not fit the offer ends the session.
     #[test]
-    fn from_starts_over_or_skips_and_bad_haves_are_refused() {
+    fn from_starts_over_or_compares_and_bad_haves_are_refused() {
         let start = || {
             let mut s = greeted(100);
             s.start_file(resumable(1000), 9).unwrap();
@@ -2273,29 +2311,48 @@ mod tests {
         let mut s = start();
         s.on_message(Message::Have(Have::nothing("no partial")))
             .unwrap();
-        assert!(s.clone().start_from(SKIP).is_err());
+        assert!(s.clone().start_from(u64::MAX).is_err());
+        assert!(s.clone().compare([0; 32]).is_err(), "nothing to compare");
         s.start_from(0).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         assert_eq!(s.next_chunk(100).unwrap().unwrap().file_offset, 0);
-        let complete = Have {
-            kind: HaveKind::Complete,
-            bytes: 1000,
-            chunk_len: 0,
-            digest: Digest::Crc32(5),
-            note: String::new(),
-        };
+        // The same: ACK after COMPARE is the verdict, nothing is sent.
         let mut s = start();
-        s.on_message(Message::Have(complete)).unwrap();
-        assert_eq!(s.start_from(SKIP).unwrap(), Message::From { offset: SKIP });
-        assert_eq!(s.state(), SenderState::Idle);
+        s.on_message(Message::Have(Have::complete(1000))).unwrap();
+        assert!(s.clone().start_from(1000).is_err());
         assert_eq!(
-            s.on_message(Message::Ack(Ack::new(AckStatus::Ok, "already complete"))),
-            Ok(SenderEvent::Answered {
-                tag: 9,
-                entry: Pending::File,
-                verdict: Verdict::Ack(Ack::new(AckStatus::Ok, "already complete")),
-            })
+            s.compare([7; 32]).unwrap(),
+            Message::Compare { sha256: [7; 32] }
         );
+        assert_eq!(s.state(), SenderState::AwaitCompared);
+        // The receiver reads its copy meanwhile.
+        assert_eq!(s.on_message(Message::Keepalive), Ok(SenderEvent::Keepalive));
+        let same = Ack::new(AckStatus::Ok, "");
+        assert_eq!(
+            s.on_message(Message::Ack(same.clone())),
+            Ok(SenderEvent::Same(same))
+        );
+        assert_eq!((s.state(), s.bytes_planned()), (SenderState::Idle, 1000));
+        assert!(s.close().is_ok(), "nothing pending");
+        // It differs: HAVE of nothing, then FROM 0 and everything is sent.
+        let mut s = start();
+        s.on_message(Message::Have(Have::complete(1000))).unwrap();
+        s.compare([7; 32]).unwrap();
+        let differs = Have::nothing("the receiver's copy differs");
+        assert_eq!(
+            s.on_message(Message::Have(differs.clone())),
+            Ok(SenderEvent::Have(differs))
+        );
+        assert!(s.clone().compare([7; 32]).is_err(), "compared once");
+        s.start_from(0).unwrap();
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        assert_eq!(s.next_chunk(100).unwrap().unwrap().file_offset, 0);
+        // After COMPARE only ACK or HAVE of nothing.
+        let mut s = start();
+        s.on_message(Message::Have(Have::complete(1000))).unwrap();
+        s.compare([7; 32]).unwrap();
+        assert!(s.on_message(Message::Have(Have::complete(1000))).is_err());
+        assert_eq!(s.state(), SenderState::Closed);
         for bad in [
             Have {
                 kind: HaveKind::Prefix,
@@ -2304,6 +2361,7 @@ mod tests {
                 digest: Digest::Sha256([0; 32]),
                 note: String::new(),
             },
+            // A complete copy never discloses a digest.
             Have {
                 kind: HaveKind::Complete,
                 bytes: 1000,
@@ -2311,6 +2369,11 @@ mod tests {
                 digest: Digest::Sha256([0; 32]),
                 note: String::new(),
             },
+            Have {
+                digest: Digest::Crc32(5),
+                ..Have::complete(1000)
+            },
+            Have::complete(999),
         ] {
             let mut s = start();
             assert!(s.on_message(Message::Have(bad.clone())).is_err(), "{bad:?}");

@@ -45,9 +45,11 @@ pub mod hello_flags {
     pub const KEEP_MODE: u32 = 1 << 3;
     /// `sender --resume`: the receiver keeps what it verified if the
     /// session fails and answers the offer with HAVE (what it holds)
-    /// before its MR. Files only, and only with MTIME (the source's
+    /// before its MR; a complete copy is compared (COMPARE). Files only, and only with MTIME (the source's
     /// identity).
-    pub const RESUME: u32 = 1 << 4;
+    /// (Bit 4 was the first form of resuming, where HAVE disclosed the
+    /// receiver's whole-file digest; it is refused as unknown.)
+    pub const RESUME: u32 = 1 << 5;
     /// Every flag this build knows.
     pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME | KEEP_MODE | RESUME;
 }
@@ -84,6 +86,8 @@ pub mod msg_type {
     pub const HAVE: u8 = 13;
     /// [`Message::From`](super::Message::From).
     pub const FROM: u8 = 14;
+    /// [`Message::Compare`](super::Message::Compare).
+    pub const COMPARE: u8 = 15;
 }
 
 /// The whole-file digest a HELLO announces and its FIN carries (its wire
@@ -517,16 +521,21 @@ pub enum Message {
     /// offered with `hello_flags::RESUME` (before its MR).
     Have(Have),
     /// Sender -> receiver: where the data of the file just answered by
-    /// HAVE starts: 0, HAVE's prefix, or [`SKIP`] (already complete).
+    /// HAVE starts: 0, or HAVE's prefix.
     From {
-        /// The first byte the sender will write, or [`SKIP`].
+        /// The first byte the sender will write.
         offset: u64,
     },
+    /// Sender -> receiver: answers a HAVE of a complete copy with the
+    /// SHA-256 of the sender's file. The receiver compares its copy and
+    /// answers ACK(ok) (the same: nothing is sent) or HAVE of nothing
+    /// (it differs: FROM 0 follows). The receiver never discloses a
+    /// digest of its own files.
+    Compare {
+        /// SHA-256 of the sender's whole file.
+        sha256: [u8; 32],
+    },
 }
-
-/// FROM's offset when the receiver's complete copy is the sender's file:
-/// nothing is sent.
-pub const SKIP: u64 = u64::MAX;
 
 /// What a receiver holds of a file offered for resuming.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -560,8 +569,8 @@ pub struct Have {
     /// Prefix: the chunk length the prefix arrived in; else 0.
     pub chunk_len: u32,
     /// Prefix: SHA-256 of the prefix's chunk CRC32s (4 bytes each,
-    /// big-endian, in order); Complete: the copy's whole-file digest in the
-    /// offered algorithm; Nothing: `Digest::Crc32(0)`.
+    /// big-endian, in order); Complete and Nothing: `Digest::Crc32(0)` (a
+    /// complete copy is compared by the receiver, see COMPARE).
     pub digest: Digest,
     /// Why nothing (or not more) can be reused, in words, for the user
     /// (at most [`MAX_REASON`] bytes).
@@ -569,13 +578,13 @@ pub struct Have {
 }
 
 impl Have {
-    /// Whether this HAVE fits an offer of a `size`-byte file with whole-file
-    /// digest `alg`: a prefix of whole chunks shorter than the file (its
-    /// digest SHA-256 over the chunk CRCs), or the whole file with a digest
-    /// of that algorithm, or nothing.
-    pub fn fits(&self, size: u64, alg: DigestAlg) -> bool {
+    /// Whether this HAVE fits an offer of a `size`-byte file: a prefix of
+    /// whole chunks shorter than the file (its digest SHA-256 over the
+    /// chunk CRCs), or the whole file, or nothing.
+    pub fn fits(&self, size: u64) -> bool {
+        let no_digest = self.digest == Digest::Crc32(0) && self.chunk_len == 0;
         match self.kind {
-            HaveKind::Nothing => self.bytes == 0,
+            HaveKind::Nothing => self.bytes == 0 && no_digest,
             HaveKind::Prefix => {
                 self.chunk_len > 0
                     && self.bytes > 0
@@ -583,7 +592,19 @@ impl Have {
                     && self.bytes.is_multiple_of(u64::from(self.chunk_len))
                     && self.digest.alg() == DigestAlg::Sha256
             }
-            HaveKind::Complete => self.bytes == size && self.digest.alg() == alg,
+            HaveKind::Complete => self.bytes == size && no_digest,
+        }
+    }
+
+    /// A complete copy of `size` bytes under the final name (to be
+    /// compared: COMPARE).
+    pub fn complete(size: u64) -> Self {
+        Self {
+            kind: HaveKind::Complete,
+            bytes: size,
+            chunk_len: 0,
+            digest: Digest::Crc32(0),
+            note: String::new(),
         }
     }
 
@@ -617,6 +638,7 @@ impl Message {
             Self::AuthOk { .. } => "AUTH_OK",
             Self::Have(_) => "HAVE",
             Self::From { .. } => "FROM",
+            Self::Compare { .. } => "COMPARE",
         }
     }
 
@@ -637,6 +659,7 @@ impl Message {
             Self::AuthOk { .. } => msg_type::AUTH_OK,
             Self::Have(_) => msg_type::HAVE,
             Self::From { .. } => msg_type::FROM,
+            Self::Compare { .. } => msg_type::COMPARE,
         }
     }
 }
@@ -841,6 +864,7 @@ fn body_len(msg: &Message) -> Result<usize, WireError> {
             HAVE_FIXED + h.digest.alg().digest_len(),
         ),
         Message::From { .. } => Ok(8),
+        Message::Compare { .. } => Ok(32),
     }
 }
 
@@ -976,6 +1000,7 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
             w.bytes16("HAVE note", h.note.as_bytes())?;
         }
         Message::From { offset } => w.u64(*offset)?,
+        Message::Compare { sha256 } => w.put(sha256)?,
     }
     Ok(w.pos)
 }
@@ -1115,6 +1140,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         msg_type::AUTH_OK => "AUTH_OK",
         msg_type::HAVE => "HAVE",
         msg_type::FROM => "FROM",
+        msg_type::COMPARE => "COMPARE",
         other => return Err(WireError::UnknownType(other)),
     };
     let declared = h.u32()?;
@@ -1253,6 +1279,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
             })
         }
         msg_type::FROM => Message::From { offset: r.u64()? },
+        msg_type::COMPARE => Message::Compare { sha256: r.array()? },
         // Only BYE is left: `kind` above rejected every other code.
         _ => Message::Bye,
     };
@@ -1427,15 +1454,10 @@ pub(crate) mod tests {
                 digest: Digest::Sha256(sha()),
                 note: String::new(),
             }),
-            Message::Have(Have {
-                kind: HaveKind::Complete,
-                bytes: 10,
-                chunk_len: 0,
-                digest: Digest::Crc32(0xdead_beef),
-                note: "é".into(),
-            }),
+            Message::Have(Have::complete(10)),
             Message::From { offset: 0 },
-            Message::From { offset: SKIP },
+            Message::From { offset: u64::MAX },
+            Message::Compare { sha256: sha() },
             Message::AuthOk {
                 proof: [0; MAC_LEN],
             },
@@ -1524,7 +1546,7 @@ pub(crate) mod tests {
         b[4] = 2;
         assert_eq!(decode(&b), Err(WireError::UnknownVersion(2)));
 
-        for ty in [0u8, 15, 200, 255] {
+        for ty in [0u8, 16, 200, 255] {
             let mut b = good.clone();
             b[5] = ty;
             assert_eq!(decode(&b), Err(WireError::UnknownType(ty)));

@@ -363,10 +363,12 @@ mod tests {
 const MAX_SIDECAR: u64 = 256 << 20;
 
 /// What the receiver holds of a file offered with RESUME: the HAVE to
-/// answer, and for a verified prefix what continuing it needs.
+/// answer, for a verified prefix what continuing it needs, for a complete
+/// copy the file itself (compared when the sender's COMPARE comes).
 pub(super) struct Holding {
     pub have: crate::proto::Have,
     pub kept: Option<KeptPrefix>,
+    pub copy: Option<std::fs::File>,
 }
 
 /// A kept partial file's verified prefix, read back: its records, and the
@@ -381,13 +383,14 @@ impl Holding {
         Self {
             have: crate::proto::Have::nothing(note),
             kept: None,
+            copy: None,
         }
     }
 }
 
 /// What the receiver holds of `hello`'s file, offered with RESUME, under
-/// `parent` with final name `leaf`: the complete file (same size; its
-/// digest is computed here, in chunks of `chunk_len`), the prefix of a
+/// `parent` with final name `leaf`: the complete file (same size; read
+/// only if the sender's COMPARE comes, see `copy_digest`), the prefix of a
 /// partial file kept from an earlier attempt, read back and checked
 /// against its record, or nothing, with the reason. `tick` is called
 /// once per chunk read (the engine keeps the sender informed while a
@@ -405,21 +408,11 @@ pub(super) fn find(
     let name = &hello.name;
     if let Ok(Some(EntryKind::File)) = parent.kind(leaf) {
         return match parent.open_file(leaf, false) {
-            Ok(f) if f.metadata().is_ok_and(|m| m.len() == hello.size) => {
-                match read_prefix(&f, hello.size, chunk_len, hello.digest, |_, _| tick()) {
-                    Ok(read) => Holding {
-                        have: Have {
-                            kind: HaveKind::Complete,
-                            bytes: hello.size,
-                            chunk_len: 0,
-                            digest: read.hasher.finish(),
-                            note: String::new(),
-                        },
-                        kept: None,
-                    },
-                    Err(e) => Holding::nothing(format!("cannot read the receiver's {name}: {e}")),
-                }
-            }
+            Ok(f) if f.metadata().is_ok_and(|m| m.len() == hello.size) => Holding {
+                have: Have::complete(hello.size),
+                kept: None,
+                copy: Some(f),
+            },
             Ok(_) => Holding::nothing(format!("{name} exists on the receiver with another size")),
             Err(e) => Holding::nothing(format!("cannot open the receiver's {name}: {e}")),
         };
@@ -502,8 +495,32 @@ pub(super) fn find(
                 sidecar,
                 hasher: read.hasher,
             }),
+            copy: None,
         },
         Err(e) => Holding::nothing(format!("the partial file cannot be continued: {e}")),
+    }
+}
+
+/// SHA-256 of the complete copy `find` held (`Holding::copy`), read
+/// through the descriptor it opened, to compare with the sender's COMPARE:
+/// the receiver tells the sender only whether the two match. `tick` as
+/// for `find`. An error if the copy changed size meanwhile.
+pub(super) fn copy_digest(
+    copy: &std::fs::File,
+    size: u64,
+    chunk_len: u32,
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<[u8; 32]> {
+    if copy.metadata()?.len() != size {
+        return Err(std::io::Error::other("it changed size"));
+    }
+    let read =
+        crate::engine::digest::read_prefix(copy, size, chunk_len, DigestAlg::Sha256, |_, _| {
+            tick()
+        })?;
+    match read.hasher.finish() {
+        crate::proto::Digest::Sha256(d) => Ok(d),
+        crate::proto::Digest::Crc32(_) => Err(std::io::Error::other("not a SHA-256")),
     }
 }
 
@@ -621,12 +638,22 @@ mod find_tests {
             "{}",
             h.note
         );
-        // The complete file: its digest.
+        // The complete file: held, and never its digest in the HAVE.
         std::fs::write(dir.join("f.bin"), &data).unwrap();
-        let h = holds(&parent, &hello);
-        assert_eq!((h.kind, h.bytes), (HaveKind::Complete, 1000));
+        let held = find(&parent, "f.bin", &hello, 100, &mut || Ok(()));
+        assert_eq!(held.have, crate::proto::Have::complete(1000));
+        let copy = held.copy.expect("the copy held");
         let want: [u8; 32] = Sha256::digest(&data).into();
-        assert_eq!(h.digest, Digest::Sha256(want));
+        let mut ticks = 0;
+        let got = copy_digest(&copy, 1000, 100, &mut || {
+            ticks += 1;
+            Ok(())
+        });
+        assert_eq!((got.unwrap(), ticks), (want, 10));
+        // Changed size since: not compared.
+        std::fs::write(dir.join("f.bin"), &data[..999]).unwrap();
+        assert!(copy_digest(&copy, 1000, 100, &mut || Ok(())).is_err());
+        std::fs::write(dir.join("f.bin"), &data).unwrap();
         // Another size: nothing.
         let h = holds(&parent, &offer(999));
         assert!(h.kind == HaveKind::Nothing && h.note.contains("another size"));

@@ -3,7 +3,7 @@
 //! the file store, from the greeting to BYE or the first fatal error.
 
 use super::admission::Admission;
-use super::partial::{Claim, Holding, KeptPrefix};
+use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use super::space::SpaceLedger;
 use super::store::{FileStore, Refusal, Resume, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
@@ -15,7 +15,7 @@ use crate::engine::{wait_completions, wait_completions_until, wr};
 use crate::error::XferError;
 use crate::proto::{
     AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, HaveKind, Hello, Message, Mtime,
-    ProtocolError, ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, SKIP, escaped,
+    ProtocolError, ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
     hello_flags, keepalive_interval,
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
@@ -83,6 +83,9 @@ struct Session<'a, 's> {
     /// Completions polled while a file was read for a HAVE (the sends are
     /// handled at once; anything else waits for the run loop).
     stashed: Vec<Completion>,
+    /// Names whose complete copy this session offered to compare: each is
+    /// read at most once per session, however often it is offered.
+    compared: std::collections::HashSet<String>,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -91,9 +94,49 @@ struct AwaitingFrom {
     hello_at: Instant,
     have: crate::proto::Have,
     kept: Option<KeptPrefix>,
+    /// The complete copy HAVE announced, to compare (COMPARE).
+    copy: Option<std::fs::File>,
     /// The session's claim on the partial file (none: a plain temporary
     /// file is written).
     claim: Option<Claim>,
+}
+
+/// Keeps the sender informed while the session reads a file from disk
+/// for a resumed offer (a kept prefix, a complete copy): a KEEPALIVE every
+/// `interval`, so that the waiting sender does not time out. Our sends
+/// complete at once; other completions wait for the run loop.
+struct ReadTick<'s> {
+    control: &'s mut Control,
+    ep: &'s Endpoint,
+    machine: &'s ReceiverSession,
+    stashed: &'s mut Vec<Completion>,
+    interval: Duration,
+    last: Instant,
+}
+
+impl ReadTick<'_> {
+    fn tick(&mut self) -> std::io::Result<()> {
+        if self.last.elapsed() < self.interval {
+            return Ok(());
+        }
+        self.last = Instant::now();
+        let keepalive = self.machine.keepalive().map_err(std::io::Error::other)?;
+        self.control
+            .send(self.ep, &keepalive)
+            .map_err(std::io::Error::other)?;
+        let mut wcs = Vec::new();
+        self.ep.poll(&mut wcs, 16).map_err(std::io::Error::other)?;
+        for wc in wcs {
+            if wr::kind(wc.wr_id) == wr::SEND && wc.opcode == WcOpcode::Send {
+                self.control
+                    .on_send_done(self.ep, wc)
+                    .map_err(std::io::Error::other)?;
+            } else {
+                self.stashed.push(wc);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Receives posted before the sender is admitted: PROVE or BYE is all it
@@ -173,6 +216,7 @@ pub(super) fn run(
         output_closed: None,
         awaiting_from: None,
         stashed: Vec::new(),
+        compared: Default::default(),
     };
     let result = session.run();
     session.finish(result)
@@ -347,6 +391,7 @@ impl Session<'_, '_> {
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
             Ok(ReceiverEvent::From { offset }) => self.on_from(offset)?,
+            Ok(ReceiverEvent::Compare { sha256 }) => self.on_compare(sha256)?,
             // The machine queued the sender's reply to each error.
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Version(reject)) => {
@@ -450,6 +495,9 @@ impl Session<'_, '_> {
             Ok(h) => h,
             Err(refusal) => return self.refuse(&hello, hello_at, refusal),
         };
+        if holding.have.kind == HaveKind::Complete && !self.compared.insert(hello.name.clone()) {
+            holding = Holding::nothing("its copy was compared once in this session already");
+        }
         let have = &holding.have;
         if have.kind == HaveKind::Prefix && have.chunk_len > self.cfg.chunk_size {
             holding = Holding::nothing(format!(
@@ -473,51 +521,90 @@ impl Session<'_, '_> {
             hello_at,
             have,
             kept: holding.kept,
+            copy: holding.copy,
             claim,
         });
         Ok(())
+    }
+
+    /// The sender's COMPARE of the complete copy HAVE announced: the
+    /// same SHA-256 acknowledges the file without data; another (or a copy
+    /// that cannot be read) is a HAVE of nothing, and FROM 0 follows.
+    fn on_compare(&mut self, sha256: [u8; 32]) -> Result<(), XferError> {
+        let Some(mut waiting) = self.awaiting_from.take() else {
+            return Err(XferError::Internal("COMPARE without a HAVE".into()));
+        };
+        let Some(copy) = waiting.copy.take() else {
+            return Err(XferError::Internal("COMPARE without a copy".into()));
+        };
+        let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
+        let mut tick = self.read_tick();
+        let digest = copy_digest(&copy, size, chunk_len, &mut || tick.tick());
+        drop(copy);
+        let name = waiting.hello.name.clone();
+        let differs = match digest {
+            Ok(d) if d == sha256 => None,
+            Ok(_) => Some("the receiver's copy differs from the source".to_string()),
+            Err(e) => Some(format!("cannot read the receiver's copy of {name}: {e}")),
+        };
+        if let Some(note) = differs {
+            info!(file = %name, "{note}: received whole");
+            waiting.have = crate::proto::Have::nothing(note);
+            let reply = self.machine.have(waiting.have.clone())?;
+            self.control.send(&self.ep, &reply)?;
+            self.awaiting_from = Some(waiting);
+            return Ok(());
+        }
+        info!(file = %name, "skipped: the receiver's copy is the same");
+        let ack = self.machine.same()?;
+        self.control.send(&self.ep, &ack)?;
+        let report = FileReport {
+            name,
+            bytes: size,
+            elapsed: waiting.hello_at.elapsed(),
+            digest: crate::proto::Digest::Sha256(sha256),
+            phases: Phases {
+                connect: self.connect_time,
+                ..Phases::default()
+            },
+            resumed_from: 0,
+            skipped: true,
+        };
+        (self.on_file)(FileEvent::Done(&report));
+        Ok(())
+    }
+
+    /// What keeps the sender informed while this session reads a file
+    /// from disk for a resumed offer (see `ReadTick`).
+    fn read_tick(&mut self) -> ReadTick<'_> {
+        ReadTick {
+            control: &mut self.control,
+            ep: &self.ep,
+            machine: &self.machine,
+            stashed: &mut self.stashed,
+            interval: keepalive_interval(self.cfg.timeout),
+            last: Instant::now(),
+        }
     }
 
     /// Reads what the store holds of an offer with RESUME; a KEEPALIVE
     /// goes out every `keepalive_interval` meanwhile, so that a large
     /// file's read does not time the sender out.
     fn holding(&mut self, hello: &Hello) -> Result<(Holding, Option<Claim>), Refusal> {
-        let interval = keepalive_interval(self.cfg.timeout);
-        let mut last = Instant::now();
-        let (control, ep, machine, stashed) = (
-            &mut self.control,
-            &self.ep,
-            &self.machine,
-            &mut self.stashed,
-        );
-        let mut tick = || -> std::io::Result<()> {
-            if last.elapsed() < interval {
-                return Ok(());
-            }
-            last = Instant::now();
-            let keepalive = machine.keepalive().map_err(std::io::Error::other)?;
-            control
-                .send(ep, &keepalive)
-                .map_err(std::io::Error::other)?;
-            // Our sends complete; anything else waits for the run loop.
-            let mut wcs = Vec::new();
-            ep.poll(&mut wcs, 16).map_err(std::io::Error::other)?;
-            for wc in wcs {
-                if wr::kind(wc.wr_id) == wr::SEND && wc.opcode == WcOpcode::Send {
-                    control
-                        .on_send_done(ep, wc)
-                        .map_err(std::io::Error::other)?;
-                } else {
-                    stashed.push(wc);
-                }
-            }
-            Ok(())
-        };
         // An earlier session of the same file whose sender is gone ends
         // within its timeout (and records what it verified): worth waiting.
         let wait = self.cfg.timeout + Duration::from_secs(10);
+        let chunk_len = self.cfg.chunk_size;
+        let mut tick = ReadTick {
+            control: &mut self.control,
+            ep: &self.ep,
+            machine: &self.machine,
+            stashed: &mut self.stashed,
+            interval: keepalive_interval(self.cfg.timeout),
+            last: Instant::now(),
+        };
         self.store
-            .holding(hello, self.cfg.chunk_size, wait, &mut tick)
+            .holding(hello, chunk_len, wait, &mut || tick.tick())
     }
 
     /// FROM answered our HAVE: receive from 0, continue the kept prefix,
@@ -529,32 +616,10 @@ impl Session<'_, '_> {
         let AwaitingFrom {
             hello,
             hello_at,
-            have,
             kept,
             claim,
+            ..
         } = waiting;
-        if offset == SKIP {
-            info!(file = %hello.name, "skipped: the receiver's copy is complete");
-            let ack = self
-                .machine
-                .complete(AckStatus::Ok, String::new())
-                .map_err(XferError::from)?;
-            self.control.send(&self.ep, &ack)?;
-            let report = FileReport {
-                name: hello.name.clone(),
-                bytes: hello.size,
-                elapsed: hello_at.elapsed(),
-                digest: have.digest,
-                phases: Phases {
-                    connect: self.connect_time,
-                    ..Phases::default()
-                },
-                resumed_from: 0,
-                skipped: true,
-            };
-            (self.on_file)(FileEvent::Done(&report));
-            return Ok(());
-        }
         match (kept, claim) {
             (Some(kept), Some(claim)) if offset > 0 => {
                 let KeptPrefix { sidecar, hasher } = kept;

@@ -11,8 +11,8 @@ use crate::engine::report::{FileReport, Phases};
 use crate::engine::wr;
 use crate::error::XferError;
 use crate::proto::{
-    Digest, FileOffer, Have, HaveKind, OfferKind, SKIP, SenderEvent, SenderState,
-    keepalive_interval,
+    Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, OfferKind, Pending, SenderEvent,
+    SenderState, Verdict, keepalive_interval,
 };
 use crate::sys::rdma::{Buffer, BufferPool, Completion, RemoteTarget};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,8 +25,19 @@ enum Start {
     /// From the start, or after the prefix the receiver kept (its length
     /// and the whole-file digest over it).
     Data(Option<(u64, FileHasher)>),
-    /// The receiver has it complete (this digest): nothing is sent.
-    Skipped(Digest),
+    /// The receiver's copy is the file (this SHA-256; the ACK is its
+    /// verdict): nothing is sent.
+    Skipped(Digest, Ack),
+}
+
+/// How the sender answers a HAVE.
+enum Answer {
+    /// FROM: data from this offset (0 or the kept prefix; for a prefix,
+    /// the whole-file digest over it).
+    From(u64, Option<(u64, FileHasher)>),
+    /// COMPARE: the receiver has a complete copy; this is the file's
+    /// SHA-256.
+    Compare([u8; 32]),
 }
 
 /// How often a wait for the reader also listens to the receiver.
@@ -111,8 +122,8 @@ impl Connection {
         phases.mr_exchange = started.elapsed();
         let resume = match start {
             Start::Data(resume) => resume,
-            Start::Skipped(digest) => {
-                // Its verdict (the receiver's ACK) comes like a FIN's.
+            Start::Skipped(digest, ack) => {
+                // Its verdict came already: the ACK of the COMPARE.
                 progress.advance(size);
                 let report = FileReport {
                     name,
@@ -124,7 +135,7 @@ impl Connection {
                     skipped: true,
                 };
                 tracker.await_verdict(tag, report, progress);
-                return Ok(());
+                return tracker.answer(tag, Pending::File, Verdict::Ack(ack));
             }
         };
         let resumed_from = resume.as_ref().map_or(0, |(offset, _)| *offset);
@@ -171,10 +182,12 @@ impl Connection {
         let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
         self.control.send(&self.ep, &hello)?;
         let mut start = Start::Data(None);
+        let mut compared = None;
         loop {
             let what = match self.session.state() {
                 SenderState::AwaitRing => "the receiver's MR reply",
                 SenderState::AwaitHave => "the receiver's HAVE reply",
+                SenderState::AwaitCompared => "the receiver's comparison of its copy",
                 _ => break,
             };
             let Some(event) = self.next_event(cfg, pipe, tracker, what)? else {
@@ -182,14 +195,24 @@ impl Connection {
             };
             match event {
                 SenderEvent::Have(have) => {
-                    let (offset, resume) = self.compare(cfg, &name, &have, input, pipe, tracker)?;
-                    let from = self.session.start_from(offset).map_err(proto_err)?;
-                    self.control.send(&self.ep, &from)?;
-                    if offset == SKIP {
-                        info!(file = %name, "skipped: the receiver has it complete");
-                        return Ok(Start::Skipped(have.digest));
+                    match self.answer(cfg, &name, &have, input, pipe, tracker)? {
+                        Answer::From(offset, resume) => {
+                            let from = self.session.start_from(offset).map_err(proto_err)?;
+                            self.control.send(&self.ep, &from)?;
+                            start = Start::Data(resume);
+                        }
+                        Answer::Compare(sha256) => {
+                            let msg = self.session.compare(sha256).map_err(proto_err)?;
+                            self.control.send(&self.ep, &msg)?;
+                            compared = Some(sha256);
+                        }
                     }
-                    start = Start::Data(resume);
+                }
+                SenderEvent::Same(ack) => {
+                    info!(file = %name, "skipped: the receiver's copy is the same");
+                    let sha256 =
+                        compared.ok_or_else(|| unexpected(&SenderEvent::Same(ack.clone())))?;
+                    return Ok(Start::Skipped(Digest::Sha256(sha256), ack));
                 }
                 SenderEvent::Keepalive => debug!("the receiver reads its copy"),
                 SenderEvent::Ring(ring) => {
@@ -218,11 +241,11 @@ impl Connection {
     }
 
     /// Checks the file against what the receiver holds of it (HAVE) and
-    /// decides where its data starts: `SKIP` when the receiver's complete
-    /// copy has the file's digest, the kept prefix when every chunk of it
-    /// has the CRC the receiver recorded (with the whole-file digest over
-    /// it), else 0, saying why.
-    fn compare(
+    /// answers: for a complete copy the file's SHA-256 (the receiver
+    /// compares), else where its data starts: the kept prefix when every
+    /// chunk of it has the CRC the receiver recorded (with the whole-file
+    /// digest over it), else 0, saying why.
+    fn answer(
         &mut self,
         cfg: &SenderConfig,
         name: &str,
@@ -230,16 +253,16 @@ impl Connection {
         input: &Input,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-    ) -> Result<(u64, Option<(u64, FileHasher)>), FileError> {
+    ) -> Result<Answer, FileError> {
         // Streams are never offered with RESUME.
         let Input::File { file, size } = input else {
-            return Ok((0, None));
+            return Ok(Answer::From(0, None));
         };
         match have.kind {
-            HaveKind::Nothing if have.note.is_empty() => Ok((0, None)),
+            HaveKind::Nothing if have.note.is_empty() => Ok(Answer::From(0, None)),
             HaveKind::Nothing => {
                 warn!(file = %name, "starting from zero: {}", have.note);
-                Ok((0, None))
+                Ok(Answer::From(0, None))
             }
             HaveKind::Prefix if have.chunk_len > cfg.chunk_size => {
                 warn!(
@@ -248,54 +271,64 @@ impl Connection {
                      this sender's --chunk-size {}",
                     have.bytes, have.chunk_len, cfg.chunk_size
                 );
-                Ok((0, None))
+                Ok(Answer::From(0, None))
             }
             HaveKind::Prefix => {
-                let read =
-                    self.read_for_have(cfg, name, file, have.bytes, have.chunk_len, pipe, tracker)?;
+                let read = self.read_for_have(
+                    cfg,
+                    name,
+                    file,
+                    (have.bytes, have.chunk_len, cfg.verify),
+                    pipe,
+                    tracker,
+                )?;
                 if Digest::Sha256(read.crc_digest) == have.digest {
                     info!(file = %name, bytes = have.bytes, "continuing after the part the receiver kept");
-                    Ok((have.bytes, Some((have.bytes, read.hasher))))
+                    Ok(Answer::From(have.bytes, Some((have.bytes, read.hasher))))
                 } else {
                     warn!(
                         file = %name,
                         "starting from zero: the source changed within the {} bytes the receiver kept",
                         have.bytes
                     );
-                    Ok((0, None))
+                    Ok(Answer::From(0, None))
                 }
             }
             HaveKind::Complete => {
-                let read =
-                    self.read_for_have(cfg, name, file, *size, cfg.chunk_size, pipe, tracker)?;
-                if read.hasher.finish() == have.digest {
-                    Ok((SKIP, None))
-                } else {
-                    warn!(file = %name, "the receiver's copy differs from the source");
-                    Ok((0, None))
+                let read = self.read_for_have(
+                    cfg,
+                    name,
+                    file,
+                    (*size, cfg.chunk_size, DigestAlg::Sha256),
+                    pipe,
+                    tracker,
+                )?;
+                match read.hasher.finish() {
+                    Digest::Sha256(sha256) => Ok(Answer::Compare(sha256)),
+                    Digest::Crc32(_) => Err(FileError::Fatal(XferError::Internal(
+                        "a SHA-256 read gave a CRC32".into(),
+                    ))),
                 }
             }
         }
     }
 
-    /// Reads the file's first `upto` bytes in chunks of `chunk_len` (see
-    /// `read_prefix`), keeping the receiver informed meanwhile (KEEPALIVE)
-    /// and listening to it.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads the file's first `upto` bytes in chunks of `chunk_len` with
+    /// whole-file digest `alg` (see `read_prefix`), keeping the receiver
+    /// informed meanwhile (KEEPALIVE) and listening to it.
     fn read_for_have(
         &mut self,
         cfg: &SenderConfig,
         name: &str,
         file: &std::fs::File,
-        upto: u64,
-        chunk_len: u32,
+        (upto, chunk_len, alg): (u64, u32, DigestAlg),
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<PrefixRead, FileError> {
         let interval = keepalive_interval(cfg.timeout);
         let mut last = Instant::now();
         let mut failed = None;
-        let read = read_prefix(file, upto, chunk_len, cfg.verify, |_, _| {
+        let read = read_prefix(file, upto, chunk_len, alg, |_, _| {
             if last.elapsed() < interval {
                 return Ok(());
             }
