@@ -134,11 +134,28 @@ impl XferError {
     }
 
     /// Whether trying again later may succeed: the peer could not be
-    /// reached, went away or stopped answering. Refusals, integrity
-    /// failures, I/O errors and a missing RDMA device are not.
+    /// reached, went away, stopped answering or was busy. Other refusals,
+    /// integrity failures, I/O errors, local set-up failures (no RDMA
+    /// device, a memlock limit, a permission) are not.
     pub fn is_transient(&self) -> bool {
         match self {
-            XferError::Connect { source, .. } => !matches!(source, SysError::Invalid(_)),
+            XferError::Connect { source, .. } => match source {
+                SysError::Timeout { .. } | SysError::Disconnected => true,
+                SysError::UnexpectedEvent { got, .. } => got.is_unreachable(),
+                SysError::Call { source, .. } => matches!(
+                    source.raw_os_error(),
+                    Some(
+                        libc::ENETUNREACH
+                            | libc::EHOSTUNREACH
+                            | libc::ENETDOWN
+                            | libc::ETIMEDOUT
+                            | libc::ECONNREFUSED
+                            | libc::ECONNRESET
+                    )
+                ),
+                _ => false,
+            },
+            XferError::Rejected { code, .. } => *code == crate::proto::RejectCode::Busy.as_str(),
             XferError::PeerLost(_) => true,
             XferError::Sys(v) => matches!(
                 v,
@@ -211,7 +228,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_lost_or_unreachable_peer_is_worth_retrying() {
+    fn only_a_lost_unreachable_or_busy_peer_is_worth_retrying() {
         let transient = [
             XferError::PeerLost("gone".into()),
             XferError::Connect {
@@ -222,6 +239,25 @@ mod tests {
                 },
             },
             XferError::Sys(SysError::Disconnected),
+            XferError::Connect {
+                addr: "a".into(),
+                source: SysError::UnexpectedEvent {
+                    want: "ESTABLISHED",
+                    got: crate::sys::rdma::CmEventKind::Rejected,
+                    status: 28,
+                },
+            },
+            XferError::Connect {
+                addr: "a".into(),
+                source: SysError::Call {
+                    call: "rdma_resolve_addr",
+                    source: std::io::Error::from_raw_os_error(libc::ENETUNREACH),
+                },
+            },
+            XferError::Rejected {
+                code: crate::proto::RejectCode::Busy.as_str(),
+                reason: "at --max-sessions".into(),
+            },
         ];
         for e in transient {
             assert!(e.is_transient(), "{e}");
@@ -240,6 +276,26 @@ mod tests {
                 addr: "a".into(),
                 source: SysError::Invalid("cannot resolve host name".into()),
             },
+            XferError::Connect {
+                addr: "a".into(),
+                source: SysError::Call {
+                    call: "rdma_create_id",
+                    source: std::io::Error::from_raw_os_error(libc::EPERM),
+                },
+            },
+            XferError::Connect {
+                addr: "a".into(),
+                source: SysError::UnexpectedEvent {
+                    want: "ESTABLISHED",
+                    got: crate::sys::rdma::CmEventKind::DeviceRemoval,
+                    status: 0,
+                },
+            },
+            XferError::Sys(SysError::Memlock {
+                needed: 1,
+                limit: 0,
+                hard: 0,
+            }),
         ];
         for e in permanent {
             assert!(!e.is_transient(), "{e}");

@@ -238,8 +238,10 @@ pub fn session_summary(outcome: &SessionOutcome, json: bool) -> String {
             "event": "session done",
             "files": files,
             "directories": outcome.directories,
-            "skipped": outcome.files.iter().filter(|f| f.skipped).count(),
-            "links_skipped": outcome.skipped,
+            // Links and special files left out of trees (as before
+            // resuming existed); files the receiver had complete apart.
+            "skipped": outcome.skipped,
+            "already_complete": outcome.files.iter().filter(|f| f.skipped).count(),
             "resumed_bytes": outcome.files.iter().map(|f| f.resumed_from).sum::<u64>(),
             "bytes": bytes,
             "seconds": secs,

@@ -5,7 +5,7 @@
 use super::admission::Admission;
 use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use super::space::SpaceLedger;
-use super::store::{FileStore, Refusal, Resume, Sink, commit};
+use super::store::{FileStore, Refusal, Resume, Sink, commit, system_time};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
@@ -116,6 +116,9 @@ struct ReadTick<'s> {
 
 impl ReadTick<'_> {
     fn tick(&mut self) -> std::io::Result<()> {
+        if crate::sys::os::shutdown_requested() {
+            return Err(std::io::Error::other("interrupted by signal"));
+        }
         if self.last.elapsed() < self.interval {
             return Ok(());
         }
@@ -540,7 +543,6 @@ impl Session<'_, '_> {
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
         let mut tick = self.read_tick();
         let digest = copy_digest(&copy, size, chunk_len, &mut || tick.tick());
-        drop(copy);
         let name = waiting.hello.name.clone();
         let differs = match digest {
             Ok(d) if d == sha256 => None,
@@ -556,6 +558,14 @@ impl Session<'_, '_> {
             return Ok(());
         }
         info!(file = %name, "skipped: the receiver's copy is the same");
+        // The same bytes: the copy takes the source's time, as a transfer
+        // with --resume would have given it.
+        if let Some(t) = waiting.hello.mtime.and_then(system_time)
+            && let Err(e) = copy.set_modified(t)
+        {
+            warn!(file = %name, "cannot set the modification time of the receiver's copy: {e}");
+        }
+        drop(copy);
         let ack = self.machine.same()?;
         self.control.send(&self.ep, &ack)?;
         let report = FileReport {

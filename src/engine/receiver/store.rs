@@ -415,7 +415,7 @@ fn open_parent(root: &DirFd, path: &str) -> Result<(DirFd, String), Refusal> {
     Ok((dir, leaf.to_string()))
 }
 
-fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
+pub(super) fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
     let epoch = std::time::UNIX_EPOCH;
     let nanos = Duration::from_nanos(m.nanos.into());
     if m.secs >= 0 {

@@ -125,14 +125,14 @@ pub fn send_files(
     let started = Instant::now();
     // Files acknowledged or failed for good: not offered again.
     let mut settled: HashSet<String> = HashSet::new();
-    let mut earlier: Option<SessionOutcome> = None;
+    let mut total = SessionOutcome::default();
     let mut retry = 0;
     loop {
         // Failures of files cut short by the session's end: reported only
         // if no retry follows.
         let mut cut_short: Vec<FileFailure> = Vec::new();
         let mut now_settled = Vec::new();
-        let result = send_session(cfg, paths, &settled, |event| match event {
+        let (outcome, ended_by) = run_session(cfg, paths, &settled, |event| match event {
             FileEvent::Failed(f) if f.session_ended && retry < cfg.retries => {
                 cut_short.push(f.clone());
             }
@@ -143,19 +143,10 @@ pub fn send_files(
             }
         });
         settled.extend(now_settled);
-        let merge = |mut outcome: SessionOutcome, earlier: Option<SessionOutcome>| {
-            if let Some(mut e) = earlier {
-                e.files.append(&mut outcome.files);
-                outcome.files = e.files;
-                outcome.directories += e.directories;
-                outcome.first_error = e.first_error.or(outcome.first_error);
-            }
-            outcome.elapsed = started.elapsed();
-            outcome
-        };
-        let Attempt { outcome, ended_by } = result;
+        total.absorb(outcome);
+        total.elapsed = started.elapsed();
         let Some(err) = ended_by else {
-            return Ok(merge(outcome, earlier));
+            return Ok(total);
         };
         // Whether to try again depends on what ended the session; what is
         // reported, if not, is the first failure (a receiver that failed an
@@ -170,86 +161,104 @@ pub fn send_files(
         } else {
             None
         };
-        if let Some(why) = give_up {
-            if cfg.retries > 0 && !why.is_empty() {
-                warn!("{why}the transfer is not retried");
+        let err = match give_up {
+            Some(why) => {
+                if cfg.retries > 0 && !why.is_empty() {
+                    warn!("{why}the transfer is not retried");
+                }
+                total.first_error.take().unwrap_or(err)
             }
-            for f in &cut_short {
-                on_file(FileEvent::Failed(f));
+            None => {
+                retry += 1;
+                let pause = retry_pause(retry);
+                warn!(
+                    "{err}; connecting again in {} s (retry {retry} of {})",
+                    pause.as_secs(),
+                    cfg.retries
+                );
+                if pause_unless_interrupted(pause) {
+                    continue;
+                }
+                XferError::Sys(SysError::Interrupted)
             }
-            let first = earlier.and_then(|e| e.first_error).or(outcome.first_error);
-            return Err(first.unwrap_or(err));
+        };
+        for f in &cut_short {
+            on_file(FileEvent::Failed(f));
         }
-        retry += 1;
-        let pause = retry_pause(retry);
-        warn!(
-            "{err}; connecting again in {} s (retry {retry} of {})",
-            pause.as_secs(),
-            cfg.retries
-        );
-        earlier = Some(merge(outcome, earlier));
-        let until = Instant::now() + pause;
-        while Instant::now() < until {
-            if crate::sys::os::shutdown_requested() {
-                return Err(err);
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        return Err(err);
+    }
+}
+
+/// Sleeps for `pause`; false if SIGINT or SIGTERM came meanwhile.
+fn pause_unless_interrupted(pause: Duration) -> bool {
+    let until = Instant::now() + pause;
+    while Instant::now() < until {
+        if crate::sys::os::shutdown_requested() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    !crate::sys::os::shutdown_requested()
+}
+
+impl SessionOutcome {
+    /// Adds a later session's results (a retry) to these.
+    fn absorb(&mut self, later: SessionOutcome) {
+        self.files.extend(later.files);
+        self.directories += later.directories;
+        // Each session plans the same tree: its count of what it skips.
+        self.skipped = later.skipped;
+        if self.first_error.is_none() {
+            self.first_error = later.first_error;
         }
     }
 }
 
-/// What one session achieved, and the error that ended it early.
-struct Attempt {
-    outcome: SessionOutcome,
-    ended_by: Option<XferError>,
-}
-
-/// One session: sends the entries of `paths` not in `settled`.
-fn send_session(
+/// One session: sends the entries of `paths` not in `settled`. Returns
+/// what it achieved and the error that ended it early, if one did.
+fn run_session(
     cfg: &SenderConfig,
     paths: &[PathBuf],
     settled: &HashSet<String>,
     on_file: impl FnMut(FileEvent<'_>),
-) -> Attempt {
-    match run_session(cfg, paths, settled, on_file) {
-        Ok(outcome) => Attempt {
-            outcome,
-            ended_by: None,
-        },
-        Err(e) => {
-            let (ended_by, outcome) = *e;
-            Attempt {
-                outcome,
-                ended_by: Some(ended_by),
-            }
-        }
+) -> (SessionOutcome, Option<XferError>) {
+    match try_session(cfg, paths, settled, on_file) {
+        Ok(outcome) => (outcome, None),
+        Err(SessionEnded(ended)) => (ended.1, Some(ended.0)),
     }
 }
 
-/// An error that ended a session, and what the session achieved before.
-type SessionEnded = Box<(XferError, SessionOutcome)>;
+/// An error that ended a session, and what the session achieved before
+/// (boxed: an outcome is large).
+struct SessionEnded(Box<(XferError, SessionOutcome)>);
 
-fn run_session(
+impl From<XferError> for SessionEnded {
+    /// An error before anything was sent.
+    fn from(e: XferError) -> Self {
+        SessionEnded(Box::new((e, SessionOutcome::default())))
+    }
+}
+
+fn try_session(
     cfg: &SenderConfig,
     paths: &[PathBuf],
     settled: &HashSet<String>,
     mut on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, SessionEnded> {
-    let nothing = |e: XferError| Box::new((e, SessionOutcome::default()));
-    let mut plan = entries::plan(paths, &cfg.walk).map_err(nothing)?;
+    let mut plan = entries::plan(paths, &cfg.walk)?;
     plan.entries
         .retain(|e| matches!(e, Entry::Dir { .. }) || !settled.contains(e.name()));
     let (files, bytes) = plan.files_and_bytes();
     cfg.progress.planned(files, bytes);
-    probe_devices().map_err(|e| nothing(e.into()))?;
+    probe_devices().map_err(XferError::from)?;
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
     let started = Instant::now();
-    let mut conn = Connection::open(cfg).map_err(nothing)?;
+    let mut conn = Connection::open(cfg)?;
     // Dropped before `conn`, but a slot still posted keeps its memory
     // registered and allocated until the endpoint's QP is destroyed.
     let (pool, tokens) = BufferPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)
-        .map_err(|e| nothing(e.into()))?;
+        .map_err(XferError::from)?;
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (job_tx, job_rx) = mpsc::channel();
@@ -303,7 +312,7 @@ fn run_session(
                 info!("then the session ended: {e}");
             }
             tracker.outcome.elapsed = started.elapsed();
-            return Err(Box::new((e, tracker.outcome)));
+            return Err(SessionEnded(Box::new((e, tracker.outcome))));
         }
         tracker.outcome.elapsed = started.elapsed();
         // Dropping `pipe` closes the channels and sets `stop`, which ends

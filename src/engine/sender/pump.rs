@@ -11,9 +11,10 @@ use crate::engine::report::{FileReport, Phases};
 use crate::engine::wr;
 use crate::error::XferError;
 use crate::proto::{
-    Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, OfferKind, Pending, SenderEvent,
-    SenderState, Verdict, keepalive_interval,
+    Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, Message, OfferKind, Pending, RejectCode,
+    SenderEvent, SenderState, Verdict, hello_flags, keepalive_interval,
 };
+use crate::sys::SysError;
 use crate::sys::rdma::{Buffer, BufferPool, Completion, RemoteTarget};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -180,6 +181,7 @@ impl Connection {
     ) -> Result<Start, FileError> {
         let name = offer.name.clone();
         let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
+        let resume = matches!(&hello, Message::Hello(h) if h.caps & hello_flags::RESUME != 0);
         self.control.send(&self.ep, &hello)?;
         let mut start = Start::Data(None);
         let mut compared = None;
@@ -226,9 +228,20 @@ impl Connection {
                 // This entry is refused; the session goes on (a refusal of
                 // the whole session comes in the greeting).
                 SenderEvent::Rejected(rej) => {
+                    let reason = if resume && rej.code == RejectCode::Version {
+                        // A receiver from before resuming (or its first
+                        // form) does not know the flag.
+                        format!(
+                            "the receiver cannot resume transfers (it runs an older version): \
+                             upgrade it, or send without --resume and --retry; it says: {}",
+                            rej.reason
+                        )
+                    } else {
+                        rej.reason
+                    };
                     return Err(FileError::Continue(XferError::Rejected {
                         code: rej.code.as_str(),
-                        reason: rej.reason,
+                        reason,
                     }));
                 }
                 SenderEvent::Aborted(ack) => {
@@ -329,6 +342,10 @@ impl Connection {
         let mut last = Instant::now();
         let mut failed = None;
         let read = read_prefix(file, upto, chunk_len, alg, |_, _| {
+            if crate::sys::os::shutdown_requested() {
+                failed = Some(FileError::Fatal(XferError::Sys(SysError::Interrupted)));
+                return Err(std::io::Error::other("interrupted by signal"));
+            }
             if last.elapsed() < interval {
                 return Ok(());
             }

@@ -42,6 +42,20 @@ pub enum CmEventKind {
 }
 
 impl CmEventKind {
+    /// Whether this failure event says the peer could not be reached
+    /// (not there yet, not listening, a link or route down): worth trying
+    /// again later, unlike a device that went away.
+    pub fn is_unreachable(self) -> bool {
+        matches!(
+            self,
+            Self::AddrError
+                | Self::RouteError
+                | Self::ConnectError
+                | Self::Unreachable
+                | Self::Rejected
+        )
+    }
+
     fn from_raw(raw: rdma_cm_event_type::Type) -> Self {
         use rdma_cm_event_type::*;
         match raw {
