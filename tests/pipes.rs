@@ -11,30 +11,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use support::*;
-
-/// Quotes `s` for bash.
-fn q(s: impl AsRef<str>) -> String {
-    format!("'{}'", s.as_ref().replace('\'', r"'\''"))
-}
-
-fn qp(p: &Path) -> String {
-    q(p.to_str().expect("UTF-8 path"))
-}
-
-/// A bash pipeline run like a tool (stdin null, stderr collected). It
-/// prints each stage's status as `pipe-status A B` and exits with the
-/// status of stage `tool` (0: the first), the tool's.
-fn pipeline(name: &'static str, script: &str, tool: usize) -> Running {
-    let wrapped = format!(
-        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[{tool}]}}"
-    );
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(wrapped).env_remove("RDMA_XFER_TOKEN");
-    Running::spawn(name, cmd)
-}
 
 /// The statuses of a pipeline's stages.
 fn stages(stderr: &str) -> Vec<i32> {
@@ -60,19 +38,6 @@ fn receiver_to(net: &Net, port: u16, tail: &str, extra: &[&str]) -> Running {
     let mut r = pipeline("receiver pipeline", &script, 0);
     r.wait_for_stderr("listening", Duration::from_secs(60));
     r
-}
-
-/// The sender's command line (across the wire) as a bash string.
-fn sender_line(bin: &str, net: &Net, port: u16, extra: &[&str], args: &[&str]) -> String {
-    let mut words = vec![q(bin), "--port".into(), port.to_string(), "-v".into()];
-    if let Some(b) = &net.addr_b {
-        words.push("--source".into());
-        words.push(q(b));
-    }
-    words.extend(extra.iter().map(q));
-    words.push(q(&net.addr_a));
-    words.extend(args.iter().map(q));
-    words.join(" ")
 }
 
 /// `HEAD | sender ... -`.

@@ -367,6 +367,13 @@ fn an_interrupted_tree_resumed_skips_what_is_complete() {
     }
 }
 
+/// A run with `--retry` that must end with `code` at once, not retried.
+fn assert_not_retried(sent: &Finished, code: i32, started: Instant) {
+    assert_eq!(sent.code(), code, "{}", sent.stderr);
+    assert!(!sent.stderr.contains("connecting again"), "{}", sent.stderr);
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
 #[test]
 fn retry_reconnects_only_after_transient_failures() {
     let Some(net) = rdma_net() else { return };
@@ -403,9 +410,7 @@ fn retry_reconnects_only_after_transient_failures() {
         std::slice::from_ref(&input),
         &["--retry"],
     );
-    assert_eq!(sent.code(), 4, "{}", sent.stderr);
-    assert!(!sent.stderr.contains("connecting again"), "{}", sent.stderr);
-    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_not_retried(&sent, 4, started);
     drop(receiver);
 
     // A session refused (wrong token): exit 4 at once.
@@ -425,9 +430,9 @@ fn retry_reconnects_only_after_transient_failures() {
         &["--retry"],
     );
     token_env(&mut cmd, Some("another-token-entirely-0123456789"));
+    let started = Instant::now();
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
-    assert_eq!(sent.code(), 4, "{}", sent.stderr);
-    assert!(!sent.stderr.contains("connecting again"), "{}", sent.stderr);
+    assert_not_retried(&sent, 4, started);
     drop(receiver);
 
     // An integrity failure (a chunk corrupted after its checksum): exit 5
@@ -445,9 +450,213 @@ fn retry_reconnects_only_after_transient_failures() {
     cmd.env("RDMA_XFER_FAULT", "corrupt-chunk:1");
     let started = Instant::now();
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
-    assert_eq!(sent.code(), 5, "{}", sent.stderr);
-    assert!(!sent.stderr.contains("connecting again"), "{}", sent.stderr);
-    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_not_retried(&sent, 5, started);
     assert!(!dst.path().join("r.bin").exists());
     drop(receiver);
+
+    // A session-ending refusal after an entry (a stream over --max-size
+    // fails and the receiver ends the session): exit 4, never retried.
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--max-size", "1M"]);
+    let script = format!(
+        "head -c 3000000 /dev/zero | {}",
+        sender_line(
+            sender_bin(),
+            &net,
+            port,
+            &["--retry", "--name", "big.stream"],
+            &["-"]
+        )
+    );
+    let started = Instant::now();
+    let sent = pipeline("sender", &script, 1).wait(Duration::from_secs(60));
+    assert_not_retried(&sent, 4, started);
+    assert!(sent.stderr.contains("max-size"), "{}", sent.stderr);
+    drop(receiver);
+}
+
+/// A receiver busy at its --max-sessions is worth retrying: the sender
+/// reconnects until the session that held it is over.
+#[test]
+fn retry_waits_for_a_busy_receiver() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("later.bin");
+    let sum = make_file(&input, MIB + 3, 36);
+    let port = next_port();
+    let _receiver = start_receiver(&net, port, dst.path(), &["--max-sessions", "1"]);
+    // A stream whose input comes only after 6 s holds the one session.
+    let script = format!(
+        "(sleep 6; echo done) | {}",
+        sender_line(sender_bin(), &net, port, &["--name", "held.txt"], &["-"])
+    );
+    let holder = pipeline("holder", &script, 1);
+    std::thread::sleep(Duration::from_secs(1));
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&input),
+        &["--retry=5"],
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("busy") && sent.stderr.contains("connecting again"),
+        "{}",
+        sent.stderr
+    );
+    assert_eq!(sha256_file(&dst.path().join("later.bin")), sum);
+    let held = holder.wait(Duration::from_secs(60));
+    assert_eq!(held.code(), 0, "{}", held.stderr);
+}
+
+/// A complete copy under the final name is compared, never disclosed: the
+/// same bytes are skipped (and take the source's time), other bytes of the
+/// same size are sent whole (with --overwrite).
+#[test]
+fn a_complete_copy_is_compared_and_skipped_or_replaced() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let same = src.path().join("same.bin");
+    let differs = src.path().join("differs.bin");
+    let sum = make_file(&same, 5 * MIB + 1, 37);
+    let differs_sum = make_file(&differs, 5 * MIB + 1, 38);
+    std::fs::copy(&same, dst.path().join("same.bin")).unwrap();
+    make_file(&dst.path().join("differs.bin"), 5 * MIB + 1, 39);
+    let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    for p in [&same, &differs] {
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let port = next_port();
+    let _receiver = start_receiver(&net, port, dst.path(), &["--overwrite"]);
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        &[same, differs],
+        &["--resume", "--json"],
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(file_result(&sent, "same.bin")["skipped"], true);
+    assert_eq!(file_result(&sent, "differs.bin")["skipped"], false);
+    assert!(
+        sent.stderr
+            .contains("starting from zero: the receiver's copy differs from the source"),
+        "{}",
+        sent.stderr
+    );
+    assert_eq!(summary(&sent)["sent"], 5 * MIB + 1, "only one file moved");
+    assert_eq!(sha256_file(&dst.path().join("same.bin")), sum);
+    assert_eq!(sha256_file(&dst.path().join("differs.bin")), differs_sum);
+    let mtime = |n: &str| {
+        std::fs::metadata(dst.path().join(n))
+            .unwrap()
+            .modified()
+            .unwrap()
+    };
+    assert_eq!(
+        mtime("same.bin"),
+        old,
+        "the skipped copy takes the source's time"
+    );
+    assert_eq!(mtime("differs.bin"), old);
+}
+
+/// A kept part whose bytes were changed so that every chunk keeps its
+/// CRC32 (and its record still fits) is continued, but the whole-file
+/// SHA-256 checked before the rename catches it: exit 5, nothing under
+/// the final name, the kept part discarded.
+#[test]
+fn a_forged_prefix_with_the_same_crcs_is_caught_before_the_rename() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("f.bin");
+    let size = 96 * MIB;
+    let sum = make_file(&input, size, 40);
+    let port = next_port();
+    let mut receiver = start_receiver(&net, port, dst.path(), &["--timeout", "10"]);
+    let kept = kill_sender_at(&net, port, &mut receiver, dst.path(), &input, 32 * MIB);
+    assert!(kept >= 2 * CHUNK, "kept {kept}");
+    // Chunk 1 of the kept part: 8 bytes changed, then 4 more chosen so
+    // that its CRC32 is what it was.
+    let partial = partial_file(dst.path());
+    let mut chunk = vec![0u8; CHUNK as usize];
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(&partial)
+            .unwrap();
+        f.read_exact_at(&mut chunk, CHUNK).unwrap();
+        let crc = crc32fast::hash(&chunk);
+        for b in &mut chunk[100..108] {
+            *b ^= 0xa5;
+        }
+        force_crc32(&mut chunk, 200, crc);
+        assert_eq!(crc32fast::hash(&chunk), crc);
+        f.write_all_at(&chunk, CHUNK).unwrap();
+    }
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&input),
+        &["--resume", "--verify", "sha256", "--json"],
+    );
+    assert_eq!(sent.code(), 5, "{}", sent.stderr);
+    assert!(
+        file_result(&sent, "f.bin")["resumed_from"].as_u64() > Some(0),
+        "the forged part was continued: {}",
+        sent.stdout
+    );
+    assert!(!dst.path().join("f.bin").exists());
+    assert!(
+        kept_files(dst.path()).is_empty(),
+        "{:?}",
+        kept_files(dst.path())
+    );
+    assert_no_temp_files(dst.path());
+    // And the next run sends it whole.
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        &[input],
+        &["--resume", "--verify", "sha256"],
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst.path().join("f.bin")), sum);
+}
+
+/// Sets `data[at..at + 4]` so that the CRC32 of `data` is `want`. CRC32's
+/// register step is linear and invertible: run the wanted final register
+/// back over the bytes after the patch and over the patch's 32 bit steps;
+/// the patch is what turns the register before it into that.
+fn force_crc32(data: &mut [u8], at: usize, want: u32) {
+    const POLY: u32 = 0xedb8_8320;
+    let unstep = |r: u32| {
+        if r & 0x8000_0000 != 0 {
+            ((r ^ POLY) << 1) | 1
+        } else {
+            r << 1
+        }
+    };
+    let before = !crc32fast::hash(&data[..at]);
+    let mut reg = !want;
+    for &b in data[at + 4..].iter().rev() {
+        for _ in 0..8 {
+            reg = unstep(reg);
+        }
+        reg ^= u32::from(b);
+    }
+    for _ in 0..32 {
+        reg = unstep(reg);
+    }
+    data[at..at + 4].copy_from_slice(&(reg ^ before).to_le_bytes());
 }

@@ -791,6 +791,24 @@ pub fn gsi_qps_in_error() -> Vec<String> {
         .collect()
 }
 
+/// Whether the known 6.12 rxe defect (docs/testing.md#kernels) explains
+/// why nothing connects across the wire: a device keeps its GSI QP in ERR
+/// after a cut. Says so loudly, with `what` could not be done, if it does.
+pub fn known_gsi_defect(what: &str) -> bool {
+    let broken = gsi_qps_in_error();
+    if broken.is_empty() {
+        return false;
+    }
+    eprintln!(
+        "KNOWN KERNEL DEFECT: {}: {} keep(s) its GSI QP in ERR after a wire cut: {what}",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+        broken.join(" and ")
+    );
+    true
+}
+
 /// The two ends of the veth wire (RXFER_NETDEV_A, RXFER_NETDEV_B) where the
 /// test owns the machine's network and mounts (the guest); None elsewhere
 /// (the test is skipped by name; in the guest it fails).
@@ -806,4 +824,38 @@ pub fn own_guest() -> Option<[String; 2]> {
             None
         }
     }
+}
+
+/// Quotes `s` for bash.
+pub fn q(s: impl AsRef<str>) -> String {
+    format!("'{}'", s.as_ref().replace('\'', r"'\''"))
+}
+
+pub fn qp(p: &Path) -> String {
+    q(p.to_str().expect("UTF-8 path"))
+}
+
+/// A bash pipeline run like a tool (stdin null, stderr collected). It
+/// prints each stage's status as `pipe-status A B` and exits with the
+/// status of stage `tool` (0: the first), the tool's.
+pub fn pipeline(name: &'static str, script: &str, tool: usize) -> Running {
+    let wrapped = format!(
+        "{script}\ns=(\"${{PIPESTATUS[@]}}\"); echo \"pipe-status ${{s[*]}}\" >&2; exit ${{s[{tool}]}}"
+    );
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(wrapped).env_remove("RDMA_XFER_TOKEN");
+    Running::spawn(name, cmd)
+}
+
+/// The sender's command line (across the wire) as a bash string.
+pub fn sender_line(bin: &str, net: &Net, port: u16, extra: &[&str], args: &[&str]) -> String {
+    let mut words = vec![q(bin), "--port".into(), port.to_string(), "-v".into()];
+    if let Some(b) = &net.addr_b {
+        words.push("--source".into());
+        words.push(q(b));
+    }
+    words.extend(extra.iter().map(q));
+    words.push(q(&net.addr_a));
+    words.extend(args.iter().map(q));
+    words.join(" ")
 }
