@@ -11,12 +11,16 @@
 //!   stream's: --max-size), never hands out an MR without an accepted file
 //!   HELLO (nor for a directory), never accepts a path that could leave its
 //!   directory, and every protocol error closes the session for good.
+//!   Resuming: FROM only at 0 or HAVE's prefix, COMPARE only after a HAVE
+//!   of a complete copy, then the engine's verdict (ACK or HAVE of nothing).
 //! - `machine_sender`: a `SenderSession` fed arbitrary receiver messages and
 //!   engine calls (files, streams, directories, pipelined) never panics,
 //!   never plans a write outside the ring or beyond its credits, hands out
 //!   verdicts in the order the entries were sent, and every error closes
-//!   the session. With a token it never offers an entry before a correct
-//!   AUTH_OK, and refuses a receiver that does not ask for authentication.
+//!   the session; COMPARE only answers a HAVE of a complete copy, and its
+//!   ACK is the file's verdict (nothing sent, nothing left pending). With
+//!   a token it never offers an entry before a correct AUTH_OK, and
+//!   refuses a receiver that does not ask for authentication.
 //! - `decode_sealed`: sealed control messages (protocol 3) through a
 //!   sender/receiver channel pair, delivered in order, replayed, reordered,
 //!   dropped, bit-flipped, truncated, extended or reflected: exactly the
@@ -39,7 +43,7 @@ use rdma_xfer::proto::{
     DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin, Have, HaveKind, Hello, MAX_MESSAGE,
     MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN, OfferKind, PROTOCOL_VERSION,
     Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
-    RecvError, Reject, RejectCode, RingInfo, Role, SEAL_LEN, SKIP, SenderAuth, SenderEvent,
+    RecvError, Reject, RejectCode, RingInfo, Role, SEAL_LEN, SenderAuth, SenderEvent,
     SenderSession, SenderState, SessionKey, Token, Verdict, decode, encode_to_vec, hello_flags,
     validate_path,
 };
@@ -49,11 +53,11 @@ use std::time::Instant;
 
 /// How deep the generated inputs got (printed with the counts, so a weak
 /// generator shows): frames decoded, chunks placed, files verified, ...
-struct Reached([AtomicU64; 7]);
+struct Reached([AtomicU64; 9]);
 
 impl Reached {
     const fn new() -> Self {
-        Reached([const { AtomicU64::new(0) }; 7])
+        Reached([const { AtomicU64::new(0) }; 9])
     }
     fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, Ordering::Relaxed);
@@ -262,17 +266,24 @@ fn message() -> impl Strategy<Value = Message> {
                 proof
             })),
         any::<[u8; 32]>().prop_map(|proof| Message::AuthOk { proof }),
-        (0u8..3, size(), any::<u32>(), digest(), text(40)).prop_map(
-            |(kind, bytes, chunk_len, digest, note)| Message::Have(Have {
-                kind: HaveKind::from_u8(kind).unwrap_or(HaveKind::Nothing),
-                bytes,
-                chunk_len,
-                digest,
-                note,
-            })
-        ),
-        prop_oneof![Just(0u64), Just(SKIP), any::<u64>()]
+        prop_oneof![
+            3 => (0u8..3, size(), any::<u32>(), digest(), text(40)).prop_map(
+                |(kind, bytes, chunk_len, digest, note)| Have {
+                    kind: HaveKind::from_u8(kind).unwrap_or(HaveKind::Nothing),
+                    bytes,
+                    chunk_len,
+                    digest,
+                    note,
+                }
+            ),
+            // The shapes a receiver sends: nothing, a complete copy.
+            1 => text(40).prop_map(Have::nothing),
+            1 => size().prop_map(Have::complete),
+        ]
+        .prop_map(Message::Have),
+        prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()]
             .prop_map(|offset| Message::From { offset }),
+        any::<[u8; 32]>().prop_map(|sha256| Message::Compare { sha256 }),
     ]
 }
 
@@ -960,6 +971,10 @@ enum RxAction {
     /// `n` slots (bounded by the size), 2 the complete file; then, for a
     /// bad one, some bytes off.
     Have(u8, u32, bool),
+    /// The engine comparing its complete copy with the sender's SHA-256
+    /// (after COMPARE): 0 a KEEPALIVE while it reads, 1 the same (`same`),
+    /// 2 it differs (`have` of nothing).
+    Compared(u8),
     ChunkDone,
     Flush,
     Complete(AckStatus),
@@ -1015,6 +1030,7 @@ fn rx_action() -> impl Strategy<Value = RxAction> {
         1 => Just(RxAction::AcceptDir),
         1 => (0u8..3, any::<u32>(), prop_oneof![9 => Just(false), 1 => Just(true)])
             .prop_map(|(k, n, off)| RxAction::Have(k, n, off)),
+        1 => (0u8..3).prop_map(RxAction::Compared),
         6 => Just(RxAction::ChunkDone),
         1 => Just(RxAction::Flush),
         2 => prop_oneof![3 => Just(AckStatus::Ok), 1 => ack_status()].prop_map(RxAction::Complete),
@@ -1287,14 +1303,30 @@ fn legal_rx(
         Verifying if seed.is_multiple_of(10) => RxAction::Complete(AckStatus::Integrity),
         Verifying => RxAction::Complete(AckStatus::Ok),
         Closed => RxAction::Legal(seed),
+        // The sender reading its file to answer the HAVE says it is alive.
+        AwaitFrom if seed % 9 == 8 => RxAction::Msg(Message::Keepalive),
+        // A complete copy is compared (the sender's SHA-256); now and
+        // then the sender sends it all anyway (FROM 0).
+        AwaitFrom
+            if !seed.is_multiple_of(4)
+                && m.have.as_ref().map(|h| h.kind) == Some(HaveKind::Complete) =>
+        {
+            RxAction::Msg(Message::Compare {
+                sha256: [seed as u8; 32],
+            })
+        }
         AwaitFrom => RxAction::Msg(Message::From {
             offset: match m.have.as_ref().map(|h| h.kind) {
                 _ if seed.is_multiple_of(4) => 0,
                 Some(HaveKind::Prefix) => m.have.as_ref().map_or(0, |h| h.bytes),
-                Some(HaveKind::Complete) => SKIP,
                 _ => 0,
             },
         }),
+        // The engine reads its copy (KEEPALIVE now and then), then says
+        // whether it is the sender's file.
+        Comparing if seed.is_multiple_of(5) => RxAction::Compared(0),
+        Comparing if seed.is_multiple_of(2) => RxAction::Compared(1),
+        Comparing => RxAction::Compared(2),
         // Never seen here: the engine decides as soon as the proof passed.
         AwaitAdmission => RxAction::Msg(Message::Bye),
     }
@@ -1437,12 +1469,25 @@ fn check_receiver(
                 if before == Closed {
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
                 }
+                // What a HAVE allows the sender must be taken: FROM 0 or
+                // the prefix, COMPARE only of a complete copy.
+                let have_kind = m.have.as_ref().map(|h| h.kind);
+                if before == AwaitFrom {
+                    let allowed = match &sent {
+                        Message::From { offset: 0 } => true,
+                        Message::From { offset } => {
+                            have_kind == Some(HaveKind::Prefix)
+                                && m.have.as_ref().map(|h| h.bytes) == Some(*offset)
+                        }
+                        Message::Compare { .. } => have_kind == Some(HaveKind::Complete),
+                        Message::Keepalive => true,
+                        _ => false,
+                    };
+                    prop_assert_eq!(result.is_ok(), allowed, "{} after {:?}", kind, m.have);
+                }
                 match result {
-                    // WIP (resume): the model offers no HAVE yet, so no
-                    // FROM is ever taken.
                     Ok(ReceiverEvent::From { offset }) => {
-                        // Only where a HAVE offered it: 0, its prefix, or
-                        // SKIP of a complete copy.
+                        // Only where a HAVE offered it: 0 or its prefix.
                         prop_assert_eq!(before, AwaitFrom);
                         let have = m
                             .have
@@ -1455,10 +1500,19 @@ fn check_receiver(
                                 m.base = (o, o / u64::from(have.chunk_len), have.chunk_len);
                                 RX.hit(5);
                             }
-                            (HaveKind::Complete, SKIP) => prop_assert_eq!(r.state(), Verifying),
                             _ => return Err(TestCaseError::fail(format!("FROM {offset} taken"))),
                         }
                         prop_assert_eq!(r.resumed_from(), m.base.0);
+                    }
+                    Ok(ReceiverEvent::Compare { sha256 }) => {
+                        // Only after a HAVE of a complete copy, with the
+                        // sender's SHA-256 as sent; the engine compares.
+                        prop_assert_eq!(before, AwaitFrom);
+                        prop_assert_eq!(have_kind, Some(HaveKind::Complete));
+                        prop_assert_eq!(Message::Compare { sha256 }, sent);
+                        prop_assert_eq!(r.state(), Comparing);
+                        prop_assert_eq!(r.resumed_from(), m.base.0);
+                        RX.hit(7);
                     }
                     Ok(ReceiverEvent::Offer(h)) => {
                         prop_assert_eq!(before, AwaitHello);
@@ -1547,9 +1601,18 @@ fn check_receiver(
                         RX.hit(4);
                     }
                     Ok(ReceiverEvent::Keepalive) => {
-                        prop_assert_eq!(before, Receiving);
-                        prop_assert!(m.offer.as_ref().is_some_and(Hello::is_stream));
-                        prop_assert_eq!(r.state(), Receiving);
+                        // A stream waiting for its input, or the sender
+                        // reading its file to answer the HAVE.
+                        match before {
+                            Receiving => {
+                                prop_assert!(m.offer.as_ref().is_some_and(Hello::is_stream))
+                            }
+                            AwaitFrom => prop_assert!(m.have.is_some()),
+                            other => {
+                                return Err(TestCaseError::fail(format!("KEEPALIVE in {other:?}")));
+                            }
+                        }
+                        prop_assert_eq!(r.state(), before);
                     }
                     Err(RecvError::Auth(_)) => {
                         prop_assert_eq!(before, AwaitAuth);
@@ -1704,7 +1767,6 @@ fn check_receiver(
             }
             RxAction::Have(kind, n, off) => {
                 let size = m.offer.as_ref().map_or(0, |h| h.size);
-                let alg = m.offer.as_ref().map_or(DigestAlg::Crc32, |h| h.digest);
                 let chunk = u64::from(cfg.slot_size);
                 let mut have = match kind {
                     0 => Have::nothing("fuzz"),
@@ -1715,24 +1777,25 @@ fn check_receiver(
                         digest: Digest::Sha256([n as u8; 32]),
                         note: String::new(),
                     },
-                    _ => Have {
-                        kind: HaveKind::Complete,
-                        bytes: size,
-                        chunk_len: 0,
-                        digest: match alg {
-                            DigestAlg::Crc32 => Digest::Crc32(n),
-                            DigestAlg::Sha256 => Digest::Sha256([0; 32]),
-                        },
-                        note: String::new(),
-                    },
+                    // A complete copy discloses no digest: it is compared.
+                    _ => Have::complete(size),
                 };
                 if off {
                     have.bytes = have.bytes.wrapping_add(u64::from(n % 7) + 1);
                 }
-                let fits = have.fits(size, alg) && have.chunk_len <= cfg.slot_size;
+                let fits = have.fits(size) && have.chunk_len <= cfg.slot_size;
+                // From Comparing (the copy differs) only a HAVE of nothing.
+                let allowed = (before == AwaitDecision && resumable(&m))
+                    || (before == Comparing && have.kind == HaveKind::Nothing);
                 match r.have(have.clone()) {
                     Ok(msg) => {
-                        prop_assert_eq!(before, AwaitDecision);
+                        prop_assert!(
+                            allowed,
+                            "HAVE {:?} in {:?} (RESUME: {})",
+                            have.kind,
+                            before,
+                            resumable(&m)
+                        );
                         prop_assert!(resumable(&m), "HAVE without RESUME");
                         prop_assert!(fits, "an unfit HAVE: {:?}", have);
                         prop_assert_eq!(msg, Message::Have(have.clone()));
@@ -1740,8 +1803,66 @@ fn check_receiver(
                         m.have = Some(have);
                     }
                     Err(_) => {
-                        prop_assert!(before != AwaitDecision || !resumable(&m) || !fits);
+                        prop_assert!(!allowed || !fits, "a fitting HAVE refused: {:?}", have);
                         prop_assert_eq!(r.state(), before);
+                    }
+                }
+            }
+            RxAction::Compared(what) => {
+                let comparing = before == Comparing;
+                match what {
+                    // Reading its copy (or a kept prefix): the sender waits.
+                    0 => {
+                        let reading = comparing
+                            || (before == AwaitDecision
+                                && (m.base.0 > 0 || (resumable(&m) && m.have.is_none())));
+                        match r.keepalive() {
+                            Ok(msg) => {
+                                prop_assert!(reading, "KEEPALIVE in {:?}", before);
+                                prop_assert_eq!(msg, Message::Keepalive);
+                            }
+                            Err(_) => prop_assert!(!reading, "KEEPALIVE refused in {:?}", before),
+                        }
+                        prop_assert_eq!(r.state(), before);
+                    }
+                    // The same: the file is done without data, its ACK.
+                    1 => match r.same() {
+                        Ok(msg) => {
+                            prop_assert!(comparing, "same() in {:?}", before);
+                            prop_assert_eq!(
+                                m.have.as_ref().map(|h| h.kind),
+                                Some(HaveKind::Complete)
+                            );
+                            prop_assert_eq!(msg, Message::Ack(Ack::new(AckStatus::Ok, "")));
+                            prop_assert_eq!(r.state(), AwaitHello);
+                            prop_assert!(replies(&mut r).is_empty());
+                            RX.hit(8);
+                            m = RxModel {
+                                files: m.files,
+                                ..RxModel::default()
+                            };
+                        }
+                        Err(_) => {
+                            prop_assert!(!comparing, "same() refused while comparing");
+                            prop_assert_eq!(r.state(), before);
+                        }
+                    },
+                    // It differs: HAVE of nothing, FROM 0 follows.
+                    _ => {
+                        let differs = Have::nothing("the receiver's copy differs");
+                        let answering = before == AwaitDecision && resumable(&m);
+                        match r.have(differs.clone()) {
+                            Ok(msg) => {
+                                prop_assert!(comparing || answering, "have() in {:?}", before);
+                                prop_assert_eq!(msg, Message::Have(differs.clone()));
+                                prop_assert_eq!(r.state(), AwaitFrom);
+                                m.have = Some(differs);
+                            }
+                            Err(_) => {
+                                prop_assert!(!comparing && !answering, "nothing refused");
+                                prop_assert_eq!(r.state(), before);
+                            }
+                        }
                     }
                 }
             }
@@ -1858,14 +1979,17 @@ fn machine_receiver() {
         || {
             format!(
                 "{} AUTHs verified ({} of them refused as busy), {} offers accepted ({} resuming \
-                 a prefix), {} chunks placed, {} FINs verified, {} files acknowledged",
+                 a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
+                 complete copies compared ({} the same)",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
                 RX.get(5),
                 RX.get(1),
                 RX.get(2),
-                RX.get(3)
+                RX.get(3),
+                RX.get(7),
+                RX.get(8)
             )
         },
     );
@@ -1893,8 +2017,10 @@ enum TxAction {
     StreamChunk(u32),
     Finish(Option<DigestAlg>),
     Close,
-    /// The engine's FROM after a HAVE: 0, the prefix or SKIP as the seed
-    /// picks (now and then one that does not fit).
+    /// The engine's answer to a HAVE, as the seed picks: FROM 0 or the
+    /// prefix, COMPARE (its SHA-256) for a complete copy; now and then one
+    /// that does not fit (FROM past the prefix, FROM of a complete copy's
+    /// size, COMPARE of no complete copy).
     From(u32),
 }
 
@@ -1977,7 +2103,7 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
                 .unwrap_or(Message::AuthOk { proof: [0; 32] }),
         ),
         // Verdicts on pending entries come first, whenever the receiver sends them.
-        Idle | AwaitRing | AwaitHave
+        Idle | AwaitRing | AwaitHave | AwaitCompared
             if front.is_some() && (seed.is_multiple_of(2) || state != Idle) =>
         {
             match front {
@@ -2026,20 +2152,16 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
                     digest: Digest::Sha256([seed as u8; 32]),
                     note: String::new(),
                 },
-                2 => Have {
-                    kind: HaveKind::Complete,
-                    bytes: m.size,
-                    chunk_len: 0,
-                    digest: match m.digest {
-                        DigestAlg::Crc32 => Digest::Crc32(seed),
-                        DigestAlg::Sha256 => Digest::Sha256([0; 32]),
-                    },
-                    note: String::new(),
-                },
+                2 => Have::complete(m.size),
                 _ => Have::nothing("fuzz"),
             }))
         }
         AwaitFromDecision => TxAction::From(seed),
+        // The receiver reads its copy (KEEPALIVE), then answers the
+        // COMPARE: ACK (the same) or HAVE of nothing (it differs).
+        AwaitCompared if seed.is_multiple_of(7) => TxAction::Msg(Message::Keepalive),
+        AwaitCompared if seed.is_multiple_of(2) => TxAction::AckLike(AckStatus::Ok),
+        AwaitCompared => TxAction::Msg(Message::Have(Have::nothing("the receiver's copy differs"))),
         AwaitRing => TxAction::Msg(Message::Mr(RingInfo {
             addr: u64::from(seed) << 12,
             rkey: seed,
@@ -2200,6 +2322,27 @@ fn check_sender(
                 if before == Closed {
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
                 }
+                // After COMPARE (earlier entries answered): ACK(ok) is the
+                // file's verdict, a HAVE of nothing starts over, KEEPALIVE
+                // while the receiver reads; any other HAVE ends the session.
+                if before == AwaitCompared && front.is_none() {
+                    match &sent {
+                        Message::Ack(a) if a.status == AckStatus::Ok => {
+                            prop_assert!(matches!(result, Ok(SenderEvent::Same(_))), "{:?}", result)
+                        }
+                        Message::Have(h) => prop_assert_eq!(
+                            result.is_ok(),
+                            h.kind == HaveKind::Nothing && h.fits(m.size),
+                            "{:?} gave {:?}",
+                            h,
+                            result
+                        ),
+                        Message::Keepalive => {
+                            prop_assert_eq!(&result, &Ok(SenderEvent::Keepalive))
+                        }
+                        _ => {}
+                    }
+                }
                 match result {
                     Ok(SenderEvent::Greeted(g)) => {
                         prop_assert_eq!(before, AwaitChallenge);
@@ -2241,21 +2384,51 @@ fn check_sender(
                     }
                     Ok(SenderEvent::Keepalive) => {
                         // Only while the receiver reads its copy: before
-                        // the HAVE, or after FROM continued a prefix.
+                        // the HAVE, after COMPARE, or after FROM continued
+                        // a prefix.
                         prop_assert!(
-                            before == AwaitHave || (before == AwaitRing && m.base_len > 0)
+                            matches!(before, AwaitHave | AwaitCompared)
+                                || (before == AwaitRing && m.base_len > 0)
                         );
                         prop_assert!(m.pending.is_empty());
                         prop_assert_eq!(s.state(), before);
                     }
                     Ok(SenderEvent::Have(h)) => {
                         // Only for an offer with RESUME, only once every
-                        // earlier entry is answered, only one that fits.
-                        prop_assert_eq!(before, AwaitHave);
+                        // earlier entry is answered, only one that fits;
+                        // after COMPARE only nothing (the copy differs).
+                        match before {
+                            AwaitHave => {}
+                            AwaitCompared => {
+                                prop_assert_eq!(h.kind, HaveKind::Nothing);
+                                prop_assert_eq!(
+                                    m.have.as_ref().map(|h| h.kind),
+                                    Some(HaveKind::Complete)
+                                );
+                            }
+                            other => {
+                                return Err(TestCaseError::fail(format!("HAVE in {other:?}")));
+                            }
+                        }
                         prop_assert!(m.pending.is_empty());
-                        prop_assert!(h.fits(m.size, m.digest), "an unfit HAVE: {:?}", h);
+                        prop_assert!(h.fits(m.size), "an unfit HAVE: {:?}", h);
+                        prop_assert_eq!(Message::Have(h.clone()), sent);
                         prop_assert_eq!(s.state(), AwaitFromDecision);
                         m.have = Some(h);
+                    }
+                    Ok(SenderEvent::Same(a)) => {
+                        // The receiver's copy is the file: its ACK is the
+                        // verdict, nothing is sent and nothing is pending.
+                        prop_assert_eq!(before, AwaitCompared);
+                        prop_assert!(m.pending.is_empty());
+                        prop_assert_eq!(m.have.as_ref().map(|h| h.kind), Some(HaveKind::Complete));
+                        prop_assert_eq!(a.status, AckStatus::Ok);
+                        prop_assert_eq!(Message::Ack(a), sent);
+                        prop_assert_eq!(s.state(), Idle);
+                        prop_assert_eq!(s.bytes_planned(), m.size);
+                        prop_assert_eq!(s.pending(), 0);
+                        m.planned = m.size;
+                        TX.hit(6);
                     }
                     Ok(SenderEvent::Ring(ring)) => {
                         prop_assert_eq!(before, AwaitRing);
@@ -2270,7 +2443,7 @@ fn check_sender(
                         TX.hit(0);
                     }
                     Ok(SenderEvent::Rejected(_)) => {
-                        prop_assert!(matches!(before, AwaitRing | AwaitHave));
+                        prop_assert!(matches!(before, AwaitRing | AwaitHave | AwaitCompared));
                         prop_assert!(m.pending.is_empty());
                         prop_assert_eq!(s.state(), Idle);
                     }
@@ -2278,7 +2451,7 @@ fn check_sender(
                         // While sending, or a finished file's late credit.
                         prop_assert!(
                             before == Sending
-                                || (matches!(before, Idle | AwaitRing | AwaitHave)
+                                || (matches!(before, Idle | AwaitRing | AwaitHave | AwaitCompared)
                                     && front == Some(Pending::File))
                         );
                         prop_assert!(c > 0);
@@ -2295,7 +2468,10 @@ fn check_sender(
                         verdict,
                     }) => {
                         // In order: the oldest pending entry, named by its tag.
-                        prop_assert!(matches!(before, Idle | AwaitRing | AwaitHave));
+                        prop_assert!(matches!(
+                            before,
+                            Idle | AwaitRing | AwaitHave | AwaitCompared
+                        ));
                         prop_assert_eq!(Some(entry), m.pending.pop_front());
                         prop_assert_eq!(Some(tag), m.tags.pop_front());
                         if let Verdict::Reject(_) = verdict {
@@ -2306,7 +2482,10 @@ fn check_sender(
                         TX.hit(3);
                     }
                     Ok(SenderEvent::Aborted(a)) => {
-                        prop_assert!(matches!(before, AwaitRing | AwaitHave | Sending));
+                        prop_assert!(matches!(
+                            before,
+                            AwaitRing | AwaitHave | AwaitCompared | Sending
+                        ));
                         prop_assert!(m.pending.is_empty());
                         prop_assert!(a.status != AckStatus::Ok);
                         prop_assert_eq!(s.state(), Closed);
@@ -2434,53 +2613,27 @@ fn check_sender(
             },
             TxAction::From(seed) => {
                 let have = m.have.clone();
-                let offset = match (&have, seed % 5) {
-                    (_, 0) => 0,
-                    (Some(h), 1) => h.bytes.wrapping_add(1),
-                    (Some(h), _) if h.kind == HaveKind::Complete => SKIP,
-                    (Some(h), _) => h.bytes,
-                    (None, _) => u64::from(seed),
-                };
-                let ok_prefix = |h: &Have| {
-                    h.kind == HaveKind::Prefix
-                        && offset == h.bytes
-                        && (chunk_size == 0 || h.chunk_len <= chunk_size)
-                };
-                match s.start_from(offset) {
-                    Ok(msg) => {
-                        prop_assert_eq!(before, AwaitFromDecision);
-                        prop_assert_eq!(msg, Message::From { offset });
-                        let h = have.ok_or_else(|| TestCaseError::fail("FROM without HAVE"))?;
-                        if offset == 0 {
-                            prop_assert_eq!(s.state(), AwaitRing);
-                        } else if ok_prefix(&h) {
-                            prop_assert_eq!(s.state(), AwaitRing);
-                            prop_assert_eq!(s.resumed_from(), offset);
-                            m.planned = offset;
-                            m.chunks = offset / u64::from(h.chunk_len);
-                            m.base_len = h.chunk_len;
-                            TX.hit(5);
-                        } else {
-                            // SKIP of a complete copy: its ACK is the verdict.
-                            prop_assert!(h.kind == HaveKind::Complete && offset == SKIP);
-                            prop_assert_eq!(s.state(), Idle);
-                            m.pending.push_back(Pending::File);
-                            m.tags.push_back(m.tag);
+                let complete = have.as_ref().is_some_and(|h| h.kind == HaveKind::Complete);
+                if seed % 11 == 10 || (complete && seed % 5 >= 2) {
+                    // COMPARE: only to answer a HAVE of a complete copy.
+                    let sha256 = [seed as u8; 32];
+                    let taken = before == AwaitFromDecision && complete;
+                    match s.compare(sha256) {
+                        Ok(msg) => {
+                            prop_assert!(taken, "COMPARE in {:?} after {:?}", before, have);
+                            prop_assert_eq!(msg, Message::Compare { sha256 });
+                            prop_assert_eq!(s.state(), AwaitCompared);
+                            prop_assert!(m.pending.is_empty());
+                            prop_assert_eq!(s.bytes_planned(), m.planned);
+                            TX.hit(7);
+                        }
+                        Err(_) => {
+                            prop_assert!(!taken, "COMPARE of a complete copy refused");
+                            prop_assert_eq!(s.state(), before);
                         }
                     }
-                    Err(_) => {
-                        let taken = have.as_ref().is_some_and(|h| {
-                            offset == 0
-                                || ok_prefix(h)
-                                || (h.kind == HaveKind::Complete && offset == SKIP)
-                        });
-                        prop_assert!(
-                            before != AwaitFromDecision || !taken,
-                            "FROM {} refused",
-                            offset
-                        );
-                        prop_assert_eq!(s.state(), before);
-                    }
+                } else {
+                    check_from(&mut s, &mut m, before, chunk_size, seed)?;
                 }
             }
         }
@@ -2492,6 +2645,62 @@ fn check_sender(
             prop_assert!(s.pending() <= MAX_PENDING);
         }
         prop_assert!(m.stream || s.bytes_planned() <= m.size || s.state() == Closed);
+    }
+    Ok(())
+}
+
+/// The engine's FROM after a HAVE (`TxAction::From` when it does not
+/// compare): 0, the prefix; past it, or a complete copy's size (nothing is
+/// skipped: a complete copy is compared), refused.
+fn check_from(
+    s: &mut SenderSession,
+    m: &mut TxModel,
+    before: SenderState,
+    chunk_size: u32,
+    seed: u32,
+) -> Result<(), TestCaseError> {
+    use SenderState::*;
+    let have = m.have.clone();
+    let offset = match (&have, seed % 5) {
+        (_, 0) => 0,
+        (Some(h), 1) => h.bytes.wrapping_add(1),
+        (Some(h), _) => h.bytes,
+        (None, _) => u64::from(seed),
+    };
+    let ok_prefix = |h: &Have| {
+        h.kind == HaveKind::Prefix
+            && offset == h.bytes
+            && (chunk_size == 0 || h.chunk_len <= chunk_size)
+    };
+    match s.start_from(offset) {
+        Ok(msg) => {
+            prop_assert_eq!(before, AwaitFromDecision);
+            prop_assert_eq!(msg, Message::From { offset });
+            let h = have.ok_or_else(|| TestCaseError::fail("FROM without HAVE"))?;
+            if offset == 0 {
+                prop_assert_eq!(s.state(), AwaitRing);
+            } else if ok_prefix(&h) {
+                prop_assert_eq!(s.state(), AwaitRing);
+                prop_assert_eq!(s.resumed_from(), offset);
+                m.planned = offset;
+                m.chunks = offset / u64::from(h.chunk_len);
+                m.base_len = h.chunk_len;
+                TX.hit(5);
+            } else {
+                return Err(TestCaseError::fail(format!(
+                    "FROM {offset} taken after {h:?}"
+                )));
+            }
+        }
+        Err(_) => {
+            let taken = have.as_ref().is_some_and(|h| offset == 0 || ok_prefix(h));
+            prop_assert!(
+                before != AwaitFromDecision || !taken,
+                "FROM {} refused",
+                offset
+            );
+            prop_assert_eq!(s.state(), before);
+        }
     }
     Ok(())
 }
@@ -2541,13 +2750,15 @@ fn machine_sender() {
         || {
             format!(
                 "{} greetings, {} rings granted ({} after a resumed prefix), {} chunks \
-                 planned, {} FINs, {} verdicts in order",
+                 planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same)",
                 TX.get(4),
                 TX.get(0),
                 TX.get(5),
                 TX.get(1),
                 TX.get(2),
-                TX.get(3)
+                TX.get(3),
+                TX.get(7),
+                TX.get(6)
             )
         },
     );
