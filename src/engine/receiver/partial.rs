@@ -40,10 +40,12 @@ pub(super) struct Sidecar {
 }
 
 /// Why a sidecar cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub(super) enum SidecarError {
     #[error("the partial file's record is damaged ({0})")]
     Damaged(&'static str),
+    #[error("cannot read the partial file's record: {0}")]
+    Read(#[from] std::io::Error),
 }
 
 impl Identity {
@@ -113,61 +115,105 @@ pub(super) fn record(index: u64, crc: u32) -> [u8; 8] {
     r
 }
 
+impl Identity {
+    /// How many chunks the file has.
+    pub fn chunks(&self) -> u64 {
+        // chunk_len is never 0 in a header read back (see `read_header`).
+        self.size.div_ceil(u64::from(self.chunk_len.max(1)))
+    }
+}
+
+/// Reads a sidecar's header from `r` (and nothing past it): the identity
+/// it records, if intact.
+pub(super) fn read_header(r: &mut impl std::io::Read) -> Result<Identity, SidecarError> {
+    let damaged = SidecarError::Damaged;
+    let mut fixed = [0u8; HEADER_FIXED];
+    read_all(r, &mut fixed, "not a partial-file record")?;
+    if &fixed[..MAGIC.len()] != MAGIC {
+        return Err(damaged("not a partial-file record"));
+    }
+    let mut at = MAGIC.len();
+    let mut field = |n: usize| {
+        let v = fixed[at..at + n]
+            .iter()
+            .fold(0u64, |v, &b| v << 8 | u64::from(b));
+        at += n;
+        v
+    };
+    let name_len = field(2) as usize;
+    let size = field(8);
+    let secs = field(8) as i64;
+    let nanos = field(4) as u32;
+    let alg = field(1) as u8;
+    let chunk_len = field(4) as u32;
+    // At most 64 KiB: the length is a u16.
+    let mut name = vec![0u8; name_len];
+    read_all(r, &mut name, "short header")?;
+    let mut check = [0u8; 4];
+    read_all(r, &mut check, "short header")?;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&fixed);
+    crc.update(&name);
+    if crc.finalize() != u32::from_be_bytes(check) {
+        return Err(damaged("header checksum"));
+    }
+    let name = String::from_utf8(name).map_err(|_| damaged("name not UTF-8"))?;
+    let digest = DigestAlg::from_u8(alg).ok_or(damaged("unknown digest"))?;
+    if chunk_len == 0 || nanos >= 1_000_000_000 {
+        return Err(damaged("impossible header values"));
+    }
+    Ok(Identity {
+        name,
+        size,
+        mtime: Mtime { secs, nanos },
+        digest,
+        chunk_len,
+    })
+}
+
+/// `read_exact`, where a short read means a damaged sidecar (`why`).
+fn read_all(
+    r: &mut impl std::io::Read,
+    buf: &mut [u8],
+    why: &'static str,
+) -> Result<(), SidecarError> {
+    r.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => SidecarError::Damaged(why),
+        _ => SidecarError::Read(e),
+    })
+}
+
+/// Reads the records that follow the header, at most `max` of them (read
+/// one at a time: the count is never trusted for an allocation), up to
+/// the first torn or damaged one.
+pub(super) fn read_records(r: &mut impl std::io::Read, max: u64) -> std::io::Result<Vec<u32>> {
+    let mut crcs = Vec::new();
+    let mut rec = [0u8; 8];
+    for index in 0..max {
+        match r.read_exact(&mut rec) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(e),
+        }
+        let crc = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
+        if record(index, crc) != rec {
+            break;
+        }
+        crcs.push(crc);
+    }
+    Ok(crcs)
+}
+
 impl Sidecar {
     /// Reads a sidecar: its header must be intact; its records count up to
-    /// the first torn or damaged one.
+    /// the first torn or damaged one, and never past the file's last chunk.
+    /// (`find` streams the same from the file.)
+    #[cfg(test)]
     pub fn decode(bytes: &[u8]) -> Result<Self, SidecarError> {
-        let damaged = SidecarError::Damaged;
-        if bytes.len() < HEADER_FIXED + 4 || &bytes[..MAGIC.len()] != MAGIC {
-            return Err(damaged("not a partial-file record"));
-        }
-        let mut at = MAGIC.len();
-        let mut take = |n: usize| {
-            let s = bytes.get(at..at + n);
-            at += n;
-            s
-        };
-        let be = |s: Option<&[u8]>| -> Option<u64> {
-            s.map(|s| s.iter().fold(0u64, |v, &b| v << 8 | u64::from(b)))
-        };
-        let name_len = be(take(2)).ok_or(damaged("short header"))? as usize;
-        let size = be(take(8)).ok_or(damaged("short header"))?;
-        let secs = be(take(8)).ok_or(damaged("short header"))? as i64;
-        let nanos = be(take(4)).ok_or(damaged("short header"))? as u32;
-        let alg = be(take(1)).ok_or(damaged("short header"))? as u8;
-        let chunk_len = be(take(4)).ok_or(damaged("short header"))? as u32;
-        let name = take(name_len).ok_or(damaged("short header"))?;
-        let check = be(take(4)).ok_or(damaged("short header"))? as u32;
-        let header_end = at;
-        if crc32fast::hash(&bytes[..header_end - 4]) != check {
-            return Err(damaged("header checksum"));
-        }
-        let name = std::str::from_utf8(name).map_err(|_| damaged("name not UTF-8"))?;
-        let digest = DigestAlg::from_u8(alg).ok_or(damaged("unknown digest"))?;
-        if chunk_len == 0 || nanos >= 1_000_000_000 {
-            return Err(damaged("impossible header values"));
-        }
-        let mut crcs = Vec::new();
-        for (index, r) in bytes[header_end..].chunks_exact(8).enumerate() {
-            let crc = u32::from_be_bytes([r[0], r[1], r[2], r[3]]);
-            if record(index as u64, crc) != r {
-                break;
-            }
-            crcs.push(crc);
-        }
-        // Never more verified chunks than the file has.
-        let max_chunks = size.div_ceil(u64::from(chunk_len));
-        crcs.truncate(usize::try_from(max_chunks).unwrap_or(usize::MAX));
-        Ok(Self {
-            identity: Identity {
-                name: name.to_string(),
-                size,
-                mtime: Mtime { secs, nanos },
-                digest,
-                chunk_len,
-            },
-            crcs,
-        })
+        let mut r = bytes;
+        let identity = read_header(&mut r)?;
+        let crcs = read_records(&mut r, identity.chunks())?;
+        Ok(Self { identity, crcs })
     }
 
     /// Bytes of the verified prefix that a transfer may continue: whole
@@ -358,8 +404,8 @@ mod tests {
     }
 }
 
-/// A sidecar larger than this is not read (a 2 TB file in 1 MiB chunks
-/// needs 16 MiB of records).
+/// Records past this many bytes of a sidecar are not read (a 2 TB file in
+/// 1 MiB chunks needs 16 MiB of records).
 const MAX_SIDECAR: u64 = 256 << 20;
 
 /// What the receiver holds of a file offered with RESUME: the HAVE to
@@ -425,52 +471,75 @@ pub(super) fn find(
         };
     }
     let (partial, meta) = partial_names(leaf);
-    let bytes = match parent.open_file(&meta, false) {
-        Ok(f) => {
-            let mut bytes = Vec::new();
-            match std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_SIDECAR), &mut bytes) {
-                Ok(_) => bytes,
-                Err(e) => {
-                    return Holding::nothing(format!("cannot read the partial file's record: {e}"));
-                }
-            }
-        }
+    let side = match parent.open_file(&meta, false) {
+        Ok(f) => f,
         // Nothing kept: nothing to explain (an empty note).
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holding::nothing(""),
         Err(e) => {
             return Holding::nothing(format!("cannot open the partial file's record: {e}"));
         }
     };
-    if bytes.is_empty() {
+    match side.metadata() {
         // Created, but the attempt ended before its first chunks were
         // made durable.
-        return Holding::nothing("nothing of the partial file was verified yet");
+        Ok(m) if m.len() == 0 => {
+            return Holding::nothing("nothing of the partial file was verified yet");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            return Holding::nothing(format!("cannot inspect the partial file's record: {e}"));
+        }
     }
-    let sidecar = match Sidecar::decode(&bytes) {
-        Ok(s) => s,
+    // Streamed: the header first, the records only once it is acceptable.
+    let mut reader = std::io::BufReader::new(&side);
+    let identity = match read_header(&mut reader) {
+        Ok(id) => id,
         Err(e) => return Holding::nothing(e.to_string()),
     };
-    if sidecar.identity.name != hello.name {
+    if identity.name != hello.name {
         return Holding::nothing("the partial file belongs to another name");
     }
-    let Some(now) = Identity::of_offer(hello, sidecar.identity.chunk_len) else {
+    let Some(now) = Identity::of_offer(hello, identity.chunk_len) else {
         return Holding::nothing("the offer carries no modification time");
     };
-    if let Some(why) = sidecar.identity.mismatch(&now) {
+    if let Some(why) = identity.mismatch(&now) {
         return Holding::nothing(why);
     }
-    let prefix = sidecar.prefix_bytes();
-    if prefix == 0 {
-        return Holding::nothing("nothing of the partial file was verified yet");
+    // Chunks larger than ours do not fit our ring: refused before any of
+    // the prefix is read.
+    if identity.chunk_len > chunk_len {
+        return Holding::nothing(format!(
+            "the kept part arrived in chunks of {} bytes, larger than this receiver's {chunk_len}",
+            identity.chunk_len
+        ));
     }
     let file = match parent.open_file(&partial, false) {
         Ok(f) => f,
         Err(e) => return Holding::nothing(format!("cannot open the partial file: {e}")),
     };
-    match file.metadata() {
-        Ok(m) if m.len() >= prefix => {}
-        Ok(_) => return Holding::nothing("the partial file is shorter than its record says"),
+    let len = match file.metadata() {
+        Ok(m) => m.len(),
         Err(e) => return Holding::nothing(format!("cannot inspect the partial file: {e}")),
+    };
+    // No more records than the file has chunks, nor than the partial file
+    // can back (one more tells that it was cut short), nor than a sidecar
+    // of MAX_SIDECAR bytes holds.
+    let max = identity
+        .chunks()
+        .min(len.div_ceil(u64::from(identity.chunk_len)) + 1)
+        .min(MAX_SIDECAR / 8);
+    let crcs = match read_records(&mut reader, max) {
+        Ok(crcs) => crcs,
+        Err(e) => return Holding::nothing(format!("cannot read the partial file's record: {e}")),
+    };
+    drop(reader);
+    let sidecar = Sidecar { identity, crcs };
+    let prefix = sidecar.prefix_bytes();
+    if prefix == 0 {
+        return Holding::nothing("nothing of the partial file was verified yet");
+    }
+    if len < prefix {
+        return Holding::nothing("the partial file is shorter than its record says");
     }
     // The bytes on disk must still be the ones recorded: a partial file
     // changed since (by hand, by a disk) is never continued.
@@ -630,6 +699,50 @@ mod find_tests {
         // Another size: nothing.
         let h = holds(&parent, &offer(999));
         assert!(h.kind == HaveKind::Nothing && h.note.contains("another size"));
+    }
+
+    #[test]
+    fn chunks_larger_than_the_receivers_are_refused_before_the_prefix_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 3) as u8).collect();
+        let hello = offer(1000);
+        keep_partial(tmp.path(), &data, 600, 200, &hello);
+        // Reading any of the prefix would call `tick`, which fails.
+        let refused = find(&parent, "f.bin", &hello, 100, &mut || {
+            Err(std::io::Error::other("the prefix was read"))
+        });
+        assert!(refused.kept.is_none());
+        assert_eq!(
+            refused.have.note,
+            "the kept part arrived in chunks of 200 bytes, larger than this receiver's 100"
+        );
+        // Chunks as large as the receiver's: the prefix.
+        let h = find(&parent, "f.bin", &hello, 200, &mut || Ok(())).have;
+        assert_eq!((h.kind, h.bytes, h.chunk_len), (HaveKind::Prefix, 600, 200));
+    }
+
+    #[test]
+    fn records_are_read_no_further_than_the_partial_file_backs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 5) as u8).collect();
+        let hello = offer(1000);
+        keep_partial(tmp.path(), &data, 900, 100, &hello);
+        let (partial, meta) = partial_names("f.bin");
+        // A long tail of garbage after the records is never read whole.
+        let mut side = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.path().join(&meta))
+            .unwrap();
+        std::io::Write::write_all(&mut side, &vec![0u8; 1 << 20]).unwrap();
+        let h = holds(&parent, &hello);
+        assert_eq!((h.kind, h.bytes), (HaveKind::Prefix, 900));
+        // The partial cut to 300 bytes: 4 records read, one more than it
+        // backs, so it is known to be short.
+        std::fs::write(tmp.path().join(&partial), &data[..300]).unwrap();
+        let h = holds(&parent, &hello);
+        assert!(h.note.contains("shorter"), "{}", h.note);
     }
 }
 

@@ -446,17 +446,10 @@ impl Session<'_, '_> {
     /// HAVE (reading the copy or the kept prefix, the sender kept
     /// informed); the sender's FROM decides (`on_from`).
     fn offer_holding(&mut self, hello: Hello, hello_at: Instant) -> Result<(), XferError> {
-        let (mut holding, claim) = match self.holding(&hello) {
+        let (holding, claim) = match self.holding(&hello) {
             Ok(h) => h,
             Err(refusal) => return self.refuse(&hello, hello_at, refusal),
         };
-        let have = &holding.have;
-        if have.kind == HaveKind::Prefix && have.chunk_len > self.cfg.chunk_size {
-            holding = Holding::nothing(format!(
-                "the kept part arrived in chunks of {} bytes, larger than this receiver's {}",
-                have.chunk_len, self.cfg.chunk_size
-            ));
-        }
         let have = holding.have.clone();
         match have.kind {
             HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),
