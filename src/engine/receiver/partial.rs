@@ -415,11 +415,30 @@ pub(super) struct Holding {
     pub kept: Option<KeptPrefix>,
 }
 
-/// A kept partial file's verified prefix, read back: its records, and the
-/// whole-file digest over it, to continue with the bytes that follow.
+/// A kept partial file's verified prefix, read back: its records (with
+/// the descriptors that were checked), and the whole-file digest over it,
+/// to continue with the bytes that follow.
 pub(super) struct KeptPrefix {
-    pub sidecar: Sidecar,
+    pub sidecar: OpenSidecar,
     pub hasher: crate::engine::digest::FileHasher,
+}
+
+/// A sidecar as `find` read it, with the descriptors of it and of its
+/// partial file: a transfer continues the very files that were checked,
+/// never whatever the names lead to by then.
+pub(super) struct OpenSidecar {
+    pub record: Sidecar,
+    /// The partial file (open for reading and writing).
+    pub partial: std::fs::File,
+    /// The sidecar (open for reading and writing).
+    pub meta: std::fs::File,
+}
+
+impl std::ops::Deref for OpenSidecar {
+    type Target = Sidecar;
+    fn deref(&self) -> &Sidecar {
+        &self.record
+    }
 }
 
 impl Holding {
@@ -471,7 +490,9 @@ pub(super) fn find(
         };
     }
     let (partial, meta) = partial_names(leaf);
-    let side = match parent.open_file(&meta, false) {
+    // Both are opened for writing too: a transfer that continues them
+    // writes through these descriptors.
+    let side = match parent.open_file(&meta, true) {
         Ok(f) => f,
         // Nothing kept: nothing to explain (an empty note).
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holding::nothing(""),
@@ -513,7 +534,7 @@ pub(super) fn find(
             identity.chunk_len
         ));
     }
-    let file = match parent.open_file(&partial, false) {
+    let file = match parent.open_file(&partial, true) {
         Ok(f) => f,
         Err(e) => return Holding::nothing(format!("cannot open the partial file: {e}")),
     };
@@ -568,7 +589,11 @@ pub(super) fn find(
                 note: String::new(),
             },
             kept: Some(KeptPrefix {
-                sidecar,
+                sidecar: OpenSidecar {
+                    record: sidecar,
+                    partial: file,
+                    meta: side,
+                },
                 hasher: read.hasher,
             }),
         },
@@ -858,18 +883,19 @@ impl Resumable {
         ))
     }
 
-    /// Continues the kept partial file of `sidecar` after its verified
-    /// prefix (`Sidecar::prefix_chunks`): bytes and records past it are
-    /// dropped. Returns the partial file for the chunks' writes.
+    /// Continues the kept partial file of `sidecar` (through the
+    /// descriptors `find` checked) after its verified prefix
+    /// (`Sidecar::prefix_chunks`): bytes and records past it are dropped.
+    /// Returns the partial file for the chunks' writes.
     pub fn resume(
         parent: &crate::sys::dirfd::DirFd,
         leaf: &str,
-        sidecar: &Sidecar,
+        sidecar: &OpenSidecar,
         claim: Claim,
     ) -> std::io::Result<(Self, std::fs::File)> {
         let (partial, meta) = partial_names(leaf);
-        let file = parent.open_file(&partial, true)?;
-        let mut side = parent.open_file(&meta, true)?;
+        let file = sidecar.partial.try_clone()?;
+        let mut side = sidecar.meta.try_clone()?;
         let prefix = sidecar.prefix_chunks();
         file.set_len(sidecar.prefix_bytes())?;
         let keep = sidecar.identity.header().len() as u64 + prefix * 8;
@@ -1019,6 +1045,11 @@ mod resumable_tests {
         let short = Sidecar {
             crcs: side.crcs[..20].to_vec(),
             ..side.clone()
+        };
+        let short = OpenSidecar {
+            record: short,
+            partial: parent.open_file(&partial, true).unwrap(),
+            meta: parent.open_file(&meta, true).unwrap(),
         };
         let (mut r, file) = Resumable::resume(&parent, "f.bin", &short, claim()).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 200);

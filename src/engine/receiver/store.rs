@@ -6,7 +6,7 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 use super::ReceiverConfig;
-use super::partial::{self, Claim, Holding, Identity, Resumable, Sidecar};
+use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable};
 use super::space::{Promise, SpaceLedger};
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
@@ -505,7 +505,7 @@ pub(super) enum Resume<'a> {
     /// verified chunks are kept if the transfer fails.
     Fresh(Claim),
     /// Continues the kept partial file after its verified prefix.
-    Continue(&'a Sidecar, Claim),
+    Continue(&'a OpenSidecar, Claim),
 }
 
 pub(super) enum Sink {
@@ -562,6 +562,22 @@ pub(super) fn commit(
     t.file
         .sync_all()
         .map_err(|e| XferError::io(ctx("cannot fsync"), e))?;
+    // The name must still be the file we wrote (a kept partial file lives
+    // for days beside its final name, and is continued by descriptor):
+    // another file put there meanwhile is never renamed into place.
+    match t.parent.is_same(&t.temp, &t.file) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(XferError::io(
+                ctx("cannot move into place"),
+                std::io::Error::other(format!(
+                    "{} is no longer the file that was received: replaced meanwhile",
+                    t.temp
+                )),
+            ));
+        }
+        Err(e) => return Err(XferError::io(ctx("cannot find the received data of"), e)),
+    }
     t.parent
         .rename(&t.temp, &t.leaf, !overwrite)
         .map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
@@ -761,6 +777,47 @@ mod tests {
         t.discard();
         drop(sink);
         assert_eq!(entries(root.path()), ["f.bin"]);
+    }
+
+    #[test]
+    fn a_partial_file_is_continued_and_committed_by_descriptor_never_by_name() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let holds = |s: &FileStore| s.holding(&h, 100, Duration::ZERO, &mut || Ok(())).unwrap();
+        let claim = holds(&s).1.unwrap();
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
+        write_chunks(&mut sink, &data[..500], 0, 100);
+        drop(sink);
+        let (kept, claim) = holds(&s);
+        let prefix = kept.kept.expect("the verified prefix");
+        // Checked, then swapped: another file takes the partial's name.
+        let (partial, _) = partial::partial_names("f.bin");
+        let p = root.path().join(&partial);
+        std::fs::rename(&p, root.path().join("moved")).unwrap();
+        std::fs::write(&p, b"someone else's").unwrap();
+        let mut sink = s
+            .create(
+                &h,
+                false,
+                root.path(),
+                Resume::Continue(&prefix.sidecar, claim.unwrap()),
+            )
+            .unwrap();
+        // The checked file is continued, the newcomer left alone...
+        assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
+        write_chunks(&mut sink, &data, 400, 100);
+        // ...and never renamed into place.
+        let err = commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap_err();
+        assert!(err.to_string().contains("replaced meanwhile"), "{err}");
+        drop(sink);
+        assert!(!root.path().join("f.bin").exists());
+        assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
+        assert_eq!(std::fs::read(root.path().join("moved")).unwrap(), data);
     }
 
     #[test]
