@@ -835,6 +835,10 @@ pub(super) struct Resumable {
     recorded: u64,
     /// CRCs of chunks written since the last sync, in order.
     unsynced: Vec<u32>,
+    /// Set by the first failed write or sync: after an error the disk may
+    /// have lost bytes that a later, successful fsync would not report,
+    /// so no record is written any more.
+    failed: bool,
     /// Held until the partial file is committed or left for later (the
     /// last records written).
     _claim: Claim,
@@ -877,6 +881,7 @@ impl Resumable {
                 header_written: false,
                 recorded: 0,
                 unsynced: Vec::new(),
+                failed: false,
                 _claim: claim,
             },
             writes,
@@ -915,6 +920,7 @@ impl Resumable {
                 header_written: true,
                 recorded: prefix,
                 unsynced: Vec::new(),
+                failed: false,
                 _claim: claim,
             },
             writes,
@@ -923,8 +929,9 @@ impl Resumable {
 
     /// The next chunk (in order), `len` bytes with CRC32 `crc`, was
     /// written and checked: its record follows at the next sync (every
-    /// `SYNC_EVERY` chunks).
+    /// `SYNC_EVERY` chunks). Refused after a failed write or sync.
     pub fn chunk_written(&mut self, crc: u32, len: u32) -> std::io::Result<()> {
+        self.usable()?;
         if self.identity.chunk_len == 0 {
             self.identity.chunk_len = len;
         }
@@ -935,12 +942,38 @@ impl Resumable {
         Ok(())
     }
 
+    /// A write to the partial file failed: nothing written from now on,
+    /// nor since the last sync, gets a record.
+    pub fn write_failed(&mut self) {
+        self.failed = true;
+    }
+
+    /// An error once a write or sync failed.
+    fn usable(&self) -> std::io::Result<()> {
+        if self.failed {
+            return Err(std::io::Error::other(
+                "an earlier write or sync of the partial file failed: nothing more is recorded",
+            ));
+        }
+        Ok(())
+    }
+
     /// Makes every written chunk durable: the partial file first, then
     /// their records (and, the first time, the header and both names).
+    /// After an error nothing more is recorded (see `failed`).
     pub fn sync(&mut self) -> std::io::Result<()> {
+        self.usable()?;
         if self.unsynced.is_empty() {
             return Ok(());
         }
+        let synced = self.sync_unsynced();
+        if synced.is_err() {
+            self.failed = true;
+        }
+        synced
+    }
+
+    fn sync_unsynced(&mut self) -> std::io::Result<()> {
         self.file.sync_data()?;
         let first = !self.header_written;
         let mut records = if first {
@@ -1070,6 +1103,44 @@ mod resumable_tests {
         assert!(read_side().is_empty());
         r.discard();
         assert!(!tmp.path().join(&meta).exists() && !tmp.path().join(&partial).exists());
+    }
+
+    #[test]
+    fn after_a_failed_sync_nothing_more_is_recorded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let claim = Claim::try_take(&parent, "f.bin").unwrap().unwrap();
+        let (mut r, file) = Resumable::start(&parent, "f.bin", id(), claim).unwrap();
+        let meta = tmp.path().join(r.names().1);
+        let records = || {
+            Sidecar::decode(&std::fs::read(&meta).unwrap())
+                .unwrap()
+                .crcs
+        };
+        let data = [7u8; 10];
+        let write = |r: &mut Resumable, k: u64| {
+            file.write_all_at(&data, k * 10).unwrap();
+            r.chunk_written(crc32fast::hash(&data), 10)
+        };
+        write(&mut r, 0).unwrap();
+        r.sync().unwrap();
+        assert_eq!(records().len(), 1);
+        // The sidecar's writes fail (a descriptor that cannot write).
+        let good = std::mem::replace(&mut r.sidecar, std::fs::File::open("/dev/null").unwrap());
+        write(&mut r, 1).unwrap();
+        assert!(r.sync().is_err());
+        // Writable again: still nothing more is accepted or recorded.
+        r.sidecar = good;
+        assert!(write(&mut r, 2).is_err());
+        assert!(r.sync().is_err());
+        assert_eq!(records().len(), 1);
+        // A failed write of the partial file poisons it the same way.
+        let claim = Claim::try_take(&parent, "g.bin").unwrap().unwrap();
+        let (mut r, _) = Resumable::start(&parent, "g.bin", id(), claim).unwrap();
+        r.chunk_written(1, 10).unwrap();
+        r.write_failed();
+        assert!(r.sync().is_err() && r.chunk_written(2, 10).is_err());
+        assert_eq!(std::fs::read(tmp.path().join(r.names().1)).unwrap(), b"");
     }
 }
 

@@ -455,7 +455,12 @@ impl TempFile {
         offset: u64,
         crc: u32,
     ) -> std::io::Result<()> {
-        self.file.write_all_at(data, offset)?;
+        if let Err(e) = self.file.write_all_at(data, offset) {
+            if let Some(r) = self.resumable.as_mut() {
+                r.write_failed();
+            }
+            return Err(e);
+        }
         self.promise.wrote(data.len() as u64);
         if let Some(r) = self.resumable.as_mut() {
             r.chunk_written(crc, data.len() as u32)?;
@@ -818,6 +823,40 @@ mod tests {
         assert!(!root.path().join("f.bin").exists());
         assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
         assert_eq!(std::fs::read(root.path().join("moved")).unwrap(), data);
+    }
+
+    #[test]
+    fn after_a_failed_write_no_record_is_kept_past_the_last_sync() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let claim = s
+            .holding(&h, 10, Duration::ZERO, &mut || Ok(()))
+            .unwrap()
+            .1
+            .unwrap();
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
+        // One sync's worth of chunks, and a few more written but unsynced.
+        let n = partial::SYNC_EVERY + 5;
+        write_chunks(&mut sink, &data[..n * 10], 0, 10);
+        let Sink::Temp(t) = &mut sink else { panic!() };
+        // Then a write fails (a descriptor that cannot write).
+        t.file = File::open("/dev/null").unwrap();
+        let c = &data[n * 10..n * 10 + 10];
+        assert!(
+            t.write_chunk(c, (n * 10) as u64, crc32fast::hash(c))
+                .is_err()
+        );
+        drop(sink);
+        // Kept: only what the last good sync recorded.
+        let (_, meta) = partial::partial_names("f.bin");
+        let side = partial::Sidecar::decode(&std::fs::read(root.path().join(meta)).unwrap());
+        let side = side.unwrap();
+        assert_eq!(side.crcs.len(), partial::SYNC_EVERY);
     }
 
     #[test]
