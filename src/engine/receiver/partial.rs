@@ -831,10 +831,13 @@ pub(super) struct Resumable {
     /// from the first chunk (the header is written at the first sync).
     identity: Identity,
     header_written: bool,
-    /// Chunks that have their record.
+    /// Chunks that have their record, and their bytes.
     recorded: u64,
-    /// CRCs of chunks written since the last sync, in order.
+    recorded_bytes: u64,
+    /// CRCs of chunks written since the last sync, in order, and their
+    /// bytes.
     unsynced: Vec<u32>,
+    unsynced_bytes: u64,
     /// Set by the first failed write or sync: after an error the disk may
     /// have lost bytes that a later, successful fsync would not report,
     /// so no record is written any more.
@@ -880,7 +883,9 @@ impl Resumable {
                 identity,
                 header_written: false,
                 recorded: 0,
+                recorded_bytes: 0,
                 unsynced: Vec::new(),
+                unsynced_bytes: 0,
                 failed: false,
                 _claim: claim,
             },
@@ -919,7 +924,9 @@ impl Resumable {
                 identity: sidecar.identity.clone(),
                 header_written: true,
                 recorded: prefix,
+                recorded_bytes: sidecar.prefix_bytes(),
                 unsynced: Vec::new(),
+                unsynced_bytes: 0,
                 failed: false,
                 _claim: claim,
             },
@@ -936,6 +943,7 @@ impl Resumable {
             self.identity.chunk_len = len;
         }
         self.unsynced.push(crc);
+        self.unsynced_bytes += u64::from(len);
         if self.unsynced.len() >= SYNC_EVERY {
             self.sync()?;
         }
@@ -992,13 +1000,10 @@ impl Resumable {
             self.parent.sync()?;
         }
         self.recorded += self.unsynced.len() as u64;
+        self.recorded_bytes += self.unsynced_bytes;
         self.unsynced.clear();
+        self.unsynced_bytes = 0;
         Ok(())
-    }
-
-    /// Whether no chunk was written yet (nothing worth keeping).
-    pub fn is_empty(&self) -> bool {
-        self.recorded == 0 && self.unsynced.is_empty()
     }
 
     /// The names of the partial file and its sidecar in the parent.
@@ -1011,16 +1016,65 @@ impl Resumable {
         self.parent.unlink(&self.meta)
     }
 
-    /// Nothing of it may be kept (its whole-file digest failed): both go.
+    /// The transfer failed: its verified chunks are kept for a later
+    /// attempt. The last of them get their records (unless a write or
+    /// sync failed), then the partial file is cut to what the records
+    /// cover: the blocks reserved for the rest of the file (fallocate
+    /// KEEP_SIZE) are given back while it waits, maybe for days, and
+    /// nothing unrecorded stays. With nothing recorded nothing is kept.
+    pub fn keep(mut self) -> std::io::Result<()> {
+        let synced = self.sync();
+        if self.recorded == 0 {
+            self.discard();
+            return synced;
+        }
+        let mut first = synced.err();
+        if self.failed {
+            // A failed append may have left records whose bytes are cut
+            // below: they go too.
+            let len = self.identity.header().len() as u64 + self.recorded * 8;
+            if let Err(e) = self.sidecar.set_len(len) {
+                first.get_or_insert(e);
+            }
+        }
+        // Never longer than the file (chunks come in order, at most all).
+        if let Err(e) = self
+            .file
+            .set_len(self.recorded_bytes.min(self.identity.size))
+        {
+            first.get_or_insert(e);
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Nothing of it may be kept (its whole-file digest failed, or nothing
+    /// was recorded): both go, and their space with them.
     pub fn discard(self) {
-        for name in [&self.partial, &self.meta] {
-            if let Err(e) = self.parent.unlink(name)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
+        for (name, file) in [(&self.partial, &self.file), (&self.meta, &self.sidecar)] {
+            if let Err(e) = remove(&self.parent, name, file) {
                 tracing::warn!(path = %name, "cannot remove a partial file: {e}");
             }
         }
     }
+}
+
+/// Removes the file `name` of `parent` that is open as `file`: emptied
+/// first, so its space is given back whatever holds the inode still (an
+/// open descriptor, another name); the name is removed only while it is
+/// still that file (one put there meanwhile is left alone).
+pub(super) fn remove(
+    parent: &crate::sys::dirfd::DirFd,
+    name: &str,
+    file: &std::fs::File,
+) -> std::io::Result<()> {
+    let emptied = file.set_len(0);
+    match parent.is_same(name, file) {
+        Ok(true) => parent.unlink(name)?,
+        Ok(false) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    emptied
 }
 
 #[cfg(test)]

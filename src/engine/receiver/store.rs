@@ -485,16 +485,16 @@ impl Drop for TempFile {
             return;
         }
         match self.resumable.take() {
-            // Unverified, or nothing verified yet: nothing worth keeping.
-            Some(r) if self.discard || r.is_empty() => r.discard(),
+            // Unverified: nothing worth keeping.
+            Some(r) if self.discard => r.discard(),
             // Kept: whatever was written and checked gets its records.
-            Some(mut r) => {
-                if let Err(e) = r.sync() {
+            Some(r) => {
+                if let Err(e) = r.keep() {
                     warn!(path = %self.temp, "cannot record the last chunks of a partial file: {e}");
                 }
             }
             None => {
-                if let Err(e) = self.parent.unlink(&self.temp) {
+                if let Err(e) = partial::remove(&self.parent, &self.temp, &self.file) {
                     warn!(path = %self.temp, "cannot remove temporary file: {e}");
                 }
             }
@@ -815,7 +815,7 @@ mod tests {
             .unwrap();
         // The checked file is continued, the newcomer left alone...
         assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
-        write_chunks(&mut sink, &data, 400, 100);
+        write_chunks(&mut sink, &data, 500, 100);
         // ...and never renamed into place.
         let err = commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap_err();
         assert!(err.to_string().contains("replaced meanwhile"), "{err}");
@@ -857,6 +857,98 @@ mod tests {
         let side = partial::Sidecar::decode(&std::fs::read(root.path().join(meta)).unwrap());
         let side = side.unwrap();
         assert_eq!(side.crcs.len(), partial::SYNC_EVERY);
+    }
+
+    #[test]
+    fn a_kept_partial_file_holds_the_space_of_its_prefix_only() {
+        use std::os::unix::fs::MetadataExt;
+        const CHUNK: usize = 64 << 10;
+        let size: u64 = 16 << 20;
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..5 * CHUNK).map(|i| (i % 251) as u8).collect();
+        let mut h = hello("f.bin", size);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let allocated = |f: &File| f.metadata().unwrap().blocks() * 512;
+        let holds = |s: &FileStore| {
+            s.holding(&h, CHUNK as u32, Duration::ZERO, &mut || Ok(()))
+                .unwrap()
+        };
+        let temp = |sink: &mut Sink| -> File {
+            let Sink::Temp(t) = sink else { panic!() };
+            t.file.try_clone().unwrap()
+        };
+        let claim = holds(&s).1.unwrap();
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
+        // Only where fallocate reserved the whole file is there anything
+        // to give back (tmpfs is left alone: see `reserve_blocks`).
+        let reserved = allocated(&temp(&mut sink)) >= size;
+        if !reserved {
+            eprintln!("no space reserved on this file system: only lengths are checked");
+        }
+        write_chunks(&mut sink, &data[..3 * CHUNK], 0, CHUNK);
+        // Bytes past the last checked chunk have no record: not kept.
+        let f = temp(&mut sink);
+        f.write_all_at(&data[3 * CHUNK..4 * CHUNK], 3 * CHUNK as u64)
+            .unwrap();
+        drop(sink);
+        assert_eq!(f.metadata().unwrap().len(), 3 * CHUNK as u64);
+        if reserved {
+            let a = allocated(&f);
+            assert!(a <= 4 * CHUNK as u64, "{a} bytes allocated");
+        }
+        // Continued: the rest is reserved again, and given back when it
+        // fails again.
+        let (kept, claim) = holds(&s);
+        let prefix = kept.kept.expect("the verified prefix");
+        let mut sink = s
+            .create(
+                &h,
+                false,
+                root.path(),
+                Resume::Continue(&prefix.sidecar, claim.unwrap()),
+            )
+            .unwrap();
+        let f = temp(&mut sink);
+        if reserved {
+            assert!(allocated(&f) >= size);
+        }
+        write_chunks(&mut sink, &data[..4 * CHUNK], 3 * CHUNK, CHUNK);
+        drop(sink);
+        assert_eq!(f.metadata().unwrap().len(), 4 * CHUNK as u64);
+        if reserved {
+            let a = allocated(&f);
+            assert!(a <= 5 * CHUNK as u64, "{a} bytes allocated");
+        }
+        // Nothing kept: the space goes, even while a descriptor of it is
+        // open somewhere.
+        for resumable in [true, false] {
+            let mut g = hello("g.bin", size);
+            let resume = if resumable {
+                g.caps |= crate::proto::hello_flags::RESUME;
+                Resume::Fresh(
+                    s.holding(&g, 100, Duration::ZERO, &mut || Ok(()))
+                        .unwrap()
+                        .1
+                        .unwrap(),
+                )
+            } else {
+                Resume::No
+            };
+            let mut sink = s.create(&g, false, root.path(), resume).unwrap();
+            write_chunks(&mut sink, &data[..2 * CHUNK], 0, CHUNK);
+            let f = temp(&mut sink);
+            let Sink::Temp(t) = &mut sink else { panic!() };
+            t.discard();
+            drop(sink);
+            assert_eq!(allocated(&f), 0, "resumable: {resumable}");
+        }
+        let (partial, meta) = partial::partial_names("f.bin");
+        let mut want = vec![partial, meta];
+        want.sort();
+        assert_eq!(entries(root.path()), want);
     }
 
     #[test]
