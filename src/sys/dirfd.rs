@@ -92,6 +92,14 @@ impl DirFd {
         Ok((st.st_dev, st.st_ino))
     }
 
+    /// Whether `name` (not followed if a link) is the file open as `file`:
+    /// the same device and inode.
+    pub fn is_same(&self, name: &str, file: &File) -> io::Result<bool> {
+        let at = rustix::fs::statat(&self.fd, component(name)?, AtFlags::SYMLINK_NOFOLLOW)?;
+        let of = rustix::fs::fstat(file)?;
+        Ok((at.st_dev, at.st_ino) == (of.st_dev, of.st_ino))
+    }
+
     /// When `name` (not followed if a link) was last modified.
     pub fn modified(&self, name: &str) -> io::Result<std::time::SystemTime> {
         let st = rustix::fs::statat(&self.fd, component(name)?, AtFlags::SYMLINK_NOFOLLOW)?;
@@ -298,7 +306,13 @@ mod tests {
         let f = sub.create_new("f", 0o600).unwrap();
         drop(f);
         assert!(sub.create_new("f", 0o600).is_err());
+        let f = sub.open_file("f", false).unwrap();
+        assert!(sub.is_same("f", &f).unwrap());
         sub.rename("f", "g", true).unwrap();
+        assert!(sub.is_same("g", &f).unwrap());
+        drop(sub.create_new("f", 0o600).unwrap());
+        assert!(!sub.is_same("f", &f).unwrap());
+        sub.unlink("f").unwrap();
         sub.sync().unwrap();
         sub.unlink("g").unwrap();
         assert_eq!(sub.kind("g").unwrap(), None);

@@ -69,7 +69,7 @@ pub struct ReceiverConfig {
     pub umask: u32,
     /// Partial files kept for `sender --resume` (and temporary files left
     /// by a crash) that were not modified for this long are removed, at
-    /// start-up and between sessions.
+    /// start-up and then periodically (see `SWEEP_EVERY`).
     pub partial_ttl: Duration,
 }
 
@@ -101,8 +101,8 @@ impl ReceiverConfig {
 /// Default of --partial-ttl: a day.
 pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// How often a serving receiver looks for old partial files while no
-/// session runs.
+/// How often a serving receiver looks for old partial files (sessions
+/// may run meanwhile: what they use is spared, see `partial::sweep`).
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// Default of --max-sessions.
@@ -138,21 +138,6 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
         }
     }
     probe_devices()?;
-    let sweep = || {
-        if cfg.stdout {
-            return;
-        }
-        if let Ok(root) = crate::sys::dirfd::DirFd::open(&cfg.dir) {
-            let swept = partial::sweep(&root, cfg.partial_ttl);
-            debug!(
-                removed = swept.removed,
-                kept = swept.kept,
-                "looked for old partial files"
-            );
-        }
-    };
-    sweep();
-    let mut last_sweep = Instant::now();
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
     listener.listen(cfg.bind, 64)?;
@@ -196,6 +181,16 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
         Duration::from_millis(500)
     };
     std::thread::scope(|scope| {
+        // The sweeper stops when this is dropped: when the listener returns.
+        let (_sweeping, stop_sweeping) = mpsc::channel::<()>();
+        if !cfg.stdout {
+            let spawned = std::thread::Builder::new()
+                .name("sweep".into())
+                .spawn_scoped(scope, move || sweep_periodically(cfg, &stop_sweeping));
+            if let Err(e) = spawned {
+                warn!("cannot start the thread that removes old partial files: {e}");
+            }
+        }
         let mut admitted: Option<u64> = None;
         loop {
             if cfg.once {
@@ -216,13 +211,6 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                     handshakes.evict_all();
                     return wait_for_end(&reports, id);
                 }
-            }
-            if !cfg.once
-                && slots.running() == 0
-                && last_sweep.elapsed() >= SWEEP_EVERY.min(cfg.partial_ttl)
-            {
-                sweep();
-                last_sweep = Instant::now();
             }
             if shutdown_requested() {
                 let running = slots.running();
@@ -322,6 +310,35 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             }
         }
     })
+}
+
+/// Removes old partial files (see `partial::sweep`) at start-up and, unless
+/// --once, every `SWEEP_EVERY` (or --partial-ttl if shorter), on its own
+/// thread: a large tree delays neither connections nor sessions. Returns
+/// when `stop`'s sender is dropped, a sweep under way included.
+fn sweep_periodically(cfg: &ReceiverConfig, stop: &mpsc::Receiver<()>) {
+    let go_on =
+        || matches!(stop.try_recv(), Err(mpsc::TryRecvError::Empty)) && !shutdown_requested();
+    loop {
+        match crate::sys::dirfd::DirFd::open(&cfg.dir) {
+            Ok(root) => {
+                let swept = partial::sweep(&root, cfg.partial_ttl, &go_on);
+                debug!(
+                    removed = swept.removed,
+                    kept = swept.kept,
+                    "looked for old partial files"
+                );
+            }
+            Err(e) => warn!(dir = %cfg.dir.display(), "cannot look for old partial files: {e}"),
+        }
+        if cfg.once {
+            return;
+        }
+        match stop.recv_timeout(SWEEP_EVERY.min(cfg.partial_ttl)) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+    }
 }
 
 /// What a session thread tells the listener under --once.

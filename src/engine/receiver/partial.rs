@@ -40,10 +40,12 @@ pub(super) struct Sidecar {
 }
 
 /// Why a sidecar cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub(super) enum SidecarError {
     #[error("the partial file's record is damaged ({0})")]
     Damaged(&'static str),
+    #[error("cannot read the partial file's record: {0}")]
+    Read(#[from] std::io::Error),
 }
 
 impl Identity {
@@ -113,61 +115,105 @@ pub(super) fn record(index: u64, crc: u32) -> [u8; 8] {
     r
 }
 
+impl Identity {
+    /// How many chunks the file has.
+    pub fn chunks(&self) -> u64 {
+        // chunk_len is never 0 in a header read back (see `read_header`).
+        self.size.div_ceil(u64::from(self.chunk_len.max(1)))
+    }
+}
+
+/// Reads a sidecar's header from `r` (and nothing past it): the identity
+/// it records, if intact.
+pub(super) fn read_header(r: &mut impl std::io::Read) -> Result<Identity, SidecarError> {
+    let damaged = SidecarError::Damaged;
+    let mut fixed = [0u8; HEADER_FIXED];
+    read_all(r, &mut fixed, "not a partial-file record")?;
+    if &fixed[..MAGIC.len()] != MAGIC {
+        return Err(damaged("not a partial-file record"));
+    }
+    let mut at = MAGIC.len();
+    let mut field = |n: usize| {
+        let v = fixed[at..at + n]
+            .iter()
+            .fold(0u64, |v, &b| v << 8 | u64::from(b));
+        at += n;
+        v
+    };
+    let name_len = field(2) as usize;
+    let size = field(8);
+    let secs = field(8) as i64;
+    let nanos = field(4) as u32;
+    let alg = field(1) as u8;
+    let chunk_len = field(4) as u32;
+    // At most 64 KiB: the length is a u16.
+    let mut name = vec![0u8; name_len];
+    read_all(r, &mut name, "short header")?;
+    let mut check = [0u8; 4];
+    read_all(r, &mut check, "short header")?;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&fixed);
+    crc.update(&name);
+    if crc.finalize() != u32::from_be_bytes(check) {
+        return Err(damaged("header checksum"));
+    }
+    let name = String::from_utf8(name).map_err(|_| damaged("name not UTF-8"))?;
+    let digest = DigestAlg::from_u8(alg).ok_or(damaged("unknown digest"))?;
+    if chunk_len == 0 || nanos >= 1_000_000_000 {
+        return Err(damaged("impossible header values"));
+    }
+    Ok(Identity {
+        name,
+        size,
+        mtime: Mtime { secs, nanos },
+        digest,
+        chunk_len,
+    })
+}
+
+/// `read_exact`, where a short read means a damaged sidecar (`why`).
+fn read_all(
+    r: &mut impl std::io::Read,
+    buf: &mut [u8],
+    why: &'static str,
+) -> Result<(), SidecarError> {
+    r.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => SidecarError::Damaged(why),
+        _ => SidecarError::Read(e),
+    })
+}
+
+/// Reads the records that follow the header, at most `max` of them (read
+/// one at a time: the count is never trusted for an allocation), up to
+/// the first torn or damaged one.
+pub(super) fn read_records(r: &mut impl std::io::Read, max: u64) -> std::io::Result<Vec<u32>> {
+    let mut crcs = Vec::new();
+    let mut rec = [0u8; 8];
+    for index in 0..max {
+        match r.read_exact(&mut rec) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(e),
+        }
+        let crc = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
+        if record(index, crc) != rec {
+            break;
+        }
+        crcs.push(crc);
+    }
+    Ok(crcs)
+}
+
 impl Sidecar {
     /// Reads a sidecar: its header must be intact; its records count up to
-    /// the first torn or damaged one.
+    /// the first torn or damaged one, and never past the file's last chunk.
+    /// (`find` streams the same from the file.)
+    #[cfg(test)]
     pub fn decode(bytes: &[u8]) -> Result<Self, SidecarError> {
-        let damaged = SidecarError::Damaged;
-        if bytes.len() < HEADER_FIXED + 4 || &bytes[..MAGIC.len()] != MAGIC {
-            return Err(damaged("not a partial-file record"));
-        }
-        let mut at = MAGIC.len();
-        let mut take = |n: usize| {
-            let s = bytes.get(at..at + n);
-            at += n;
-            s
-        };
-        let be = |s: Option<&[u8]>| -> Option<u64> {
-            s.map(|s| s.iter().fold(0u64, |v, &b| v << 8 | u64::from(b)))
-        };
-        let name_len = be(take(2)).ok_or(damaged("short header"))? as usize;
-        let size = be(take(8)).ok_or(damaged("short header"))?;
-        let secs = be(take(8)).ok_or(damaged("short header"))? as i64;
-        let nanos = be(take(4)).ok_or(damaged("short header"))? as u32;
-        let alg = be(take(1)).ok_or(damaged("short header"))? as u8;
-        let chunk_len = be(take(4)).ok_or(damaged("short header"))? as u32;
-        let name = take(name_len).ok_or(damaged("short header"))?;
-        let check = be(take(4)).ok_or(damaged("short header"))? as u32;
-        let header_end = at;
-        if crc32fast::hash(&bytes[..header_end - 4]) != check {
-            return Err(damaged("header checksum"));
-        }
-        let name = std::str::from_utf8(name).map_err(|_| damaged("name not UTF-8"))?;
-        let digest = DigestAlg::from_u8(alg).ok_or(damaged("unknown digest"))?;
-        if chunk_len == 0 || nanos >= 1_000_000_000 {
-            return Err(damaged("impossible header values"));
-        }
-        let mut crcs = Vec::new();
-        for (index, r) in bytes[header_end..].chunks_exact(8).enumerate() {
-            let crc = u32::from_be_bytes([r[0], r[1], r[2], r[3]]);
-            if record(index as u64, crc) != r {
-                break;
-            }
-            crcs.push(crc);
-        }
-        // Never more verified chunks than the file has.
-        let max_chunks = size.div_ceil(u64::from(chunk_len));
-        crcs.truncate(usize::try_from(max_chunks).unwrap_or(usize::MAX));
-        Ok(Self {
-            identity: Identity {
-                name: name.to_string(),
-                size,
-                mtime: Mtime { secs, nanos },
-                digest,
-                chunk_len,
-            },
-            crcs,
-        })
+        let mut r = bytes;
+        let identity = read_header(&mut r)?;
+        let crcs = read_records(&mut r, identity.chunks())?;
+        Ok(Self { identity, crcs })
     }
 
     /// Bytes of the verified prefix that a transfer may continue: whole
@@ -358,8 +404,8 @@ mod tests {
     }
 }
 
-/// A sidecar larger than this is not read (a 2 TB file in 1 MiB chunks
-/// needs 16 MiB of records).
+/// Records past this many bytes of a sidecar are not read (a 2 TB file in
+/// 1 MiB chunks needs 16 MiB of records).
 const MAX_SIDECAR: u64 = 256 << 20;
 
 /// What the receiver holds of a file offered with RESUME: the HAVE to
@@ -371,11 +417,30 @@ pub(super) struct Holding {
     pub copy: Option<std::fs::File>,
 }
 
-/// A kept partial file's verified prefix, read back: its records, and the
-/// whole-file digest over it, to continue with the bytes that follow.
+/// A kept partial file's verified prefix, read back: its records (with
+/// the descriptors that were checked), and the whole-file digest over it,
+/// to continue with the bytes that follow.
 pub(super) struct KeptPrefix {
-    pub sidecar: Sidecar,
+    pub sidecar: OpenSidecar,
     pub hasher: crate::engine::digest::FileHasher,
+}
+
+/// A sidecar as `find` read it, with the descriptors of it and of its
+/// partial file: a transfer continues the very files that were checked,
+/// never whatever the names lead to by then.
+pub(super) struct OpenSidecar {
+    pub record: Sidecar,
+    /// The partial file (open for reading and writing).
+    pub partial: std::fs::File,
+    /// The sidecar (open for reading and writing).
+    pub meta: std::fs::File,
+}
+
+impl std::ops::Deref for OpenSidecar {
+    type Target = Sidecar;
+    fn deref(&self) -> &Sidecar {
+        &self.record
+    }
 }
 
 impl Holding {
@@ -418,52 +483,77 @@ pub(super) fn find(
         };
     }
     let (partial, meta) = partial_names(leaf);
-    let bytes = match parent.open_file(&meta, false) {
-        Ok(f) => {
-            let mut bytes = Vec::new();
-            match std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_SIDECAR), &mut bytes) {
-                Ok(_) => bytes,
-                Err(e) => {
-                    return Holding::nothing(format!("cannot read the partial file's record: {e}"));
-                }
-            }
-        }
+    // Both are opened for writing too: a transfer that continues them
+    // writes through these descriptors.
+    let side = match parent.open_file(&meta, true) {
+        Ok(f) => f,
         // Nothing kept: nothing to explain (an empty note).
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holding::nothing(""),
         Err(e) => {
             return Holding::nothing(format!("cannot open the partial file's record: {e}"));
         }
     };
-    if bytes.is_empty() {
+    match side.metadata() {
         // Created, but the attempt ended before its first chunks were
         // made durable.
-        return Holding::nothing("nothing of the partial file was verified yet");
+        Ok(m) if m.len() == 0 => {
+            return Holding::nothing("nothing of the partial file was verified yet");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            return Holding::nothing(format!("cannot inspect the partial file's record: {e}"));
+        }
     }
-    let sidecar = match Sidecar::decode(&bytes) {
-        Ok(s) => s,
+    // Streamed: the header first, the records only once it is acceptable.
+    let mut reader = std::io::BufReader::new(&side);
+    let identity = match read_header(&mut reader) {
+        Ok(id) => id,
         Err(e) => return Holding::nothing(e.to_string()),
     };
-    if sidecar.identity.name != hello.name {
+    if identity.name != hello.name {
         return Holding::nothing("the partial file belongs to another name");
     }
-    let Some(now) = Identity::of_offer(hello, sidecar.identity.chunk_len) else {
+    let Some(now) = Identity::of_offer(hello, identity.chunk_len) else {
         return Holding::nothing("the offer carries no modification time");
     };
-    if let Some(why) = sidecar.identity.mismatch(&now) {
+    if let Some(why) = identity.mismatch(&now) {
         return Holding::nothing(why);
     }
+    // Chunks larger than ours do not fit our ring: refused before any of
+    // the prefix is read.
+    if identity.chunk_len > chunk_len {
+        return Holding::nothing(format!(
+            "the kept part arrived in chunks of {} bytes, larger than this receiver's {chunk_len}",
+            identity.chunk_len
+        ));
+    }
+    let file = match parent.open_file(&partial, true) {
+        Ok(f) => f,
+        Err(e) => return Holding::nothing(format!("cannot open the partial file: {e}")),
+    };
+    let len = match file.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => return Holding::nothing(format!("cannot inspect the partial file: {e}")),
+    };
+    // No more records than the file has chunks, nor than the partial file
+    // can back (one more tells that it was cut short), nor than a sidecar
+    // of MAX_SIDECAR bytes holds.
+    let max = identity
+        .chunks()
+        .min(len.div_ceil(u64::from(identity.chunk_len)) + 1)
+        .min(MAX_SIDECAR / 8);
+    let crcs = match read_records(&mut reader, max) {
+        Ok(crcs) => crcs,
+        Err(e) => return Holding::nothing(format!("cannot read the partial file's record: {e}")),
+    };
+    drop(reader);
+    let sidecar = Sidecar { identity, crcs };
     let prefix = sidecar.prefix_bytes();
     if prefix == 0 {
         return Holding::nothing("nothing of the partial file was verified yet");
     }
-    let file = match parent.open_file(&partial, false) {
-        Ok(f) => f,
-        Err(e) => return Holding::nothing(format!("cannot open the partial file: {e}")),
-    };
-    match file.metadata() {
-        Ok(m) if m.len() >= prefix => {}
-        Ok(_) => return Holding::nothing("the partial file is shorter than its record says"),
-        Err(e) => return Holding::nothing(format!("cannot inspect the partial file: {e}")),
+    if len < prefix {
+        return Holding::nothing("the partial file is shorter than its record says");
     }
     // The bytes on disk must still be the ones recorded: a partial file
     // changed since (by hand, by a disk) is never continued.
@@ -492,7 +582,11 @@ pub(super) fn find(
                 note: String::new(),
             },
             kept: Some(KeptPrefix {
-                sidecar,
+                sidecar: OpenSidecar {
+                    record: sidecar,
+                    partial: file,
+                    meta: side,
+                },
                 hasher: read.hasher,
             }),
             copy: None,
@@ -658,6 +752,50 @@ mod find_tests {
         let h = holds(&parent, &offer(999));
         assert!(h.kind == HaveKind::Nothing && h.note.contains("another size"));
     }
+
+    #[test]
+    fn chunks_larger_than_the_receivers_are_refused_before_the_prefix_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 3) as u8).collect();
+        let hello = offer(1000);
+        keep_partial(tmp.path(), &data, 600, 200, &hello);
+        // Reading any of the prefix would call `tick`, which fails.
+        let refused = find(&parent, "f.bin", &hello, 100, &mut || {
+            Err(std::io::Error::other("the prefix was read"))
+        });
+        assert!(refused.kept.is_none());
+        assert_eq!(
+            refused.have.note,
+            "the kept part arrived in chunks of 200 bytes, larger than this receiver's 100"
+        );
+        // Chunks as large as the receiver's: the prefix.
+        let h = find(&parent, "f.bin", &hello, 200, &mut || Ok(())).have;
+        assert_eq!((h.kind, h.bytes, h.chunk_len), (HaveKind::Prefix, 600, 200));
+    }
+
+    #[test]
+    fn records_are_read_no_further_than_the_partial_file_backs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 5) as u8).collect();
+        let hello = offer(1000);
+        keep_partial(tmp.path(), &data, 900, 100, &hello);
+        let (partial, meta) = partial_names("f.bin");
+        // A long tail of garbage after the records is never read whole.
+        let mut side = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.path().join(&meta))
+            .unwrap();
+        std::io::Write::write_all(&mut side, &vec![0u8; 1 << 20]).unwrap();
+        let h = holds(&parent, &hello);
+        assert_eq!((h.kind, h.bytes), (HaveKind::Prefix, 900));
+        // The partial cut to 300 bytes: 4 records read, one more than it
+        // backs, so it is known to be short.
+        std::fs::write(tmp.path().join(&partial), &data[..300]).unwrap();
+        let h = holds(&parent, &hello);
+        assert!(h.note.contains("shorter"), "{}", h.note);
+    }
 }
 
 /// Chunks written between two syncs of a resumable file (and so the most
@@ -720,10 +858,17 @@ pub(super) struct Resumable {
     /// from the first chunk (the header is written at the first sync).
     identity: Identity,
     header_written: bool,
-    /// Chunks that have their record.
+    /// Chunks that have their record, and their bytes.
     recorded: u64,
-    /// CRCs of chunks written since the last sync, in order.
+    recorded_bytes: u64,
+    /// CRCs of chunks written since the last sync, in order, and their
+    /// bytes.
     unsynced: Vec<u32>,
+    unsynced_bytes: u64,
+    /// Set by the first failed write or sync: after an error the disk may
+    /// have lost bytes that a later, successful fsync would not report,
+    /// so no record is written any more.
+    failed: bool,
     /// Held until the partial file is committed or left for later (the
     /// last records written).
     _claim: Claim,
@@ -765,25 +910,29 @@ impl Resumable {
                 identity,
                 header_written: false,
                 recorded: 0,
+                recorded_bytes: 0,
                 unsynced: Vec::new(),
+                unsynced_bytes: 0,
+                failed: false,
                 _claim: claim,
             },
             writes,
         ))
     }
 
-    /// Continues the kept partial file of `sidecar` after its verified
-    /// prefix (`Sidecar::prefix_chunks`): bytes and records past it are
-    /// dropped. Returns the partial file for the chunks' writes.
+    /// Continues the kept partial file of `sidecar` (through the
+    /// descriptors `find` checked) after its verified prefix
+    /// (`Sidecar::prefix_chunks`): bytes and records past it are dropped.
+    /// Returns the partial file for the chunks' writes.
     pub fn resume(
         parent: &crate::sys::dirfd::DirFd,
         leaf: &str,
-        sidecar: &Sidecar,
+        sidecar: &OpenSidecar,
         claim: Claim,
     ) -> std::io::Result<(Self, std::fs::File)> {
         let (partial, meta) = partial_names(leaf);
-        let file = parent.open_file(&partial, true)?;
-        let mut side = parent.open_file(&meta, true)?;
+        let file = sidecar.partial.try_clone()?;
+        let mut side = sidecar.meta.try_clone()?;
         let prefix = sidecar.prefix_chunks();
         file.set_len(sidecar.prefix_bytes())?;
         let keep = sidecar.identity.header().len() as u64 + prefix * 8;
@@ -802,7 +951,10 @@ impl Resumable {
                 identity: sidecar.identity.clone(),
                 header_written: true,
                 recorded: prefix,
+                recorded_bytes: sidecar.prefix_bytes(),
                 unsynced: Vec::new(),
+                unsynced_bytes: 0,
+                failed: false,
                 _claim: claim,
             },
             writes,
@@ -811,24 +963,52 @@ impl Resumable {
 
     /// The next chunk (in order), `len` bytes with CRC32 `crc`, was
     /// written and checked: its record follows at the next sync (every
-    /// `SYNC_EVERY` chunks).
+    /// `SYNC_EVERY` chunks). Refused after a failed write or sync.
     pub fn chunk_written(&mut self, crc: u32, len: u32) -> std::io::Result<()> {
+        self.usable()?;
         if self.identity.chunk_len == 0 {
             self.identity.chunk_len = len;
         }
         self.unsynced.push(crc);
+        self.unsynced_bytes += u64::from(len);
         if self.unsynced.len() >= SYNC_EVERY {
             self.sync()?;
         }
         Ok(())
     }
 
+    /// A write to the partial file failed: nothing written from now on,
+    /// nor since the last sync, gets a record.
+    pub fn write_failed(&mut self) {
+        self.failed = true;
+    }
+
+    /// An error once a write or sync failed.
+    fn usable(&self) -> std::io::Result<()> {
+        if self.failed {
+            return Err(std::io::Error::other(
+                "an earlier write or sync of the partial file failed: nothing more is recorded",
+            ));
+        }
+        Ok(())
+    }
+
     /// Makes every written chunk durable: the partial file first, then
     /// their records (and, the first time, the header and both names).
+    /// After an error nothing more is recorded (see `failed`).
     pub fn sync(&mut self) -> std::io::Result<()> {
+        self.usable()?;
         if self.unsynced.is_empty() {
             return Ok(());
         }
+        let synced = self.sync_unsynced();
+        if synced.is_err() {
+            self.failed = true;
+        }
+        synced
+    }
+
+    fn sync_unsynced(&mut self) -> std::io::Result<()> {
         self.file.sync_data()?;
         let first = !self.header_written;
         let mut records = if first {
@@ -847,13 +1027,10 @@ impl Resumable {
             self.parent.sync()?;
         }
         self.recorded += self.unsynced.len() as u64;
+        self.recorded_bytes += self.unsynced_bytes;
         self.unsynced.clear();
+        self.unsynced_bytes = 0;
         Ok(())
-    }
-
-    /// Whether no chunk was written yet (nothing worth keeping).
-    pub fn is_empty(&self) -> bool {
-        self.recorded == 0 && self.unsynced.is_empty()
     }
 
     /// The names of the partial file and its sidecar in the parent.
@@ -866,16 +1043,65 @@ impl Resumable {
         self.parent.unlink(&self.meta)
     }
 
-    /// Nothing of it may be kept (its whole-file digest failed): both go.
+    /// The transfer failed: its verified chunks are kept for a later
+    /// attempt. The last of them get their records (unless a write or
+    /// sync failed), then the partial file is cut to what the records
+    /// cover: the blocks reserved for the rest of the file (fallocate
+    /// KEEP_SIZE) are given back while it waits, maybe for days, and
+    /// nothing unrecorded stays. With nothing recorded nothing is kept.
+    pub fn keep(mut self) -> std::io::Result<()> {
+        let synced = self.sync();
+        if self.recorded == 0 {
+            self.discard();
+            return synced;
+        }
+        let mut first = synced.err();
+        if self.failed {
+            // A failed append may have left records whose bytes are cut
+            // below: they go too.
+            let len = self.identity.header().len() as u64 + self.recorded * 8;
+            if let Err(e) = self.sidecar.set_len(len) {
+                first.get_or_insert(e);
+            }
+        }
+        // Never longer than the file (chunks come in order, at most all).
+        if let Err(e) = self
+            .file
+            .set_len(self.recorded_bytes.min(self.identity.size))
+        {
+            first.get_or_insert(e);
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Nothing of it may be kept (its whole-file digest failed, or nothing
+    /// was recorded): both go, and their space with them.
     pub fn discard(self) {
-        for name in [&self.partial, &self.meta] {
-            if let Err(e) = self.parent.unlink(name)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
+        for (name, file) in [(&self.partial, &self.file), (&self.meta, &self.sidecar)] {
+            if let Err(e) = remove(&self.parent, name, file) {
                 tracing::warn!(path = %name, "cannot remove a partial file: {e}");
             }
         }
     }
+}
+
+/// Removes the file `name` of `parent` that is open as `file`: emptied
+/// first, so its space is given back whatever holds the inode still (an
+/// open descriptor, another name); the name is removed only while it is
+/// still that file (one put there meanwhile is left alone).
+pub(super) fn remove(
+    parent: &crate::sys::dirfd::DirFd,
+    name: &str,
+    file: &std::fs::File,
+) -> std::io::Result<()> {
+    let emptied = file.set_len(0);
+    match parent.is_same(name, file) {
+        Ok(true) => parent.unlink(name)?,
+        Ok(false) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    emptied
 }
 
 #[cfg(test)]
@@ -934,6 +1160,11 @@ mod resumable_tests {
             crcs: side.crcs[..20].to_vec(),
             ..side.clone()
         };
+        let short = OpenSidecar {
+            record: short,
+            partial: parent.open_file(&partial, true).unwrap(),
+            meta: parent.open_file(&meta, true).unwrap(),
+        };
         let (mut r, file) = Resumable::resume(&parent, "f.bin", &short, claim()).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 200);
         let c = &data[200..210];
@@ -953,6 +1184,44 @@ mod resumable_tests {
         assert!(read_side().is_empty());
         r.discard();
         assert!(!tmp.path().join(&meta).exists() && !tmp.path().join(&partial).exists());
+    }
+
+    #[test]
+    fn after_a_failed_sync_nothing_more_is_recorded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let claim = Claim::try_take(&parent, "f.bin").unwrap().unwrap();
+        let (mut r, file) = Resumable::start(&parent, "f.bin", id(), claim).unwrap();
+        let meta = tmp.path().join(r.names().1);
+        let records = || {
+            Sidecar::decode(&std::fs::read(&meta).unwrap())
+                .unwrap()
+                .crcs
+        };
+        let data = [7u8; 10];
+        let write = |r: &mut Resumable, k: u64| {
+            file.write_all_at(&data, k * 10).unwrap();
+            r.chunk_written(crc32fast::hash(&data), 10)
+        };
+        write(&mut r, 0).unwrap();
+        r.sync().unwrap();
+        assert_eq!(records().len(), 1);
+        // The sidecar's writes fail (a descriptor that cannot write).
+        let good = std::mem::replace(&mut r.sidecar, std::fs::File::open("/dev/null").unwrap());
+        write(&mut r, 1).unwrap();
+        assert!(r.sync().is_err());
+        // Writable again: still nothing more is accepted or recorded.
+        r.sidecar = good;
+        assert!(write(&mut r, 2).is_err());
+        assert!(r.sync().is_err());
+        assert_eq!(records().len(), 1);
+        // A failed write of the partial file poisons it the same way.
+        let claim = Claim::try_take(&parent, "g.bin").unwrap().unwrap();
+        let (mut r, _) = Resumable::start(&parent, "g.bin", id(), claim).unwrap();
+        r.chunk_written(1, 10).unwrap();
+        r.write_failed();
+        assert!(r.sync().is_err() && r.chunk_written(2, 10).is_err());
+        assert_eq!(std::fs::read(tmp.path().join(r.names().1)).unwrap(), b"");
     }
 }
 
@@ -974,21 +1243,60 @@ pub(super) struct Swept {
 }
 
 /// Removes the partial files, their records and dead temporary files
-/// under `root` (the whole tree, never through a link) that were not
-/// modified for `ttl`. A file being received is written continuously, so
-/// it is always younger than any sensible `ttl`.
-pub(super) fn sweep(root: &crate::sys::dirfd::DirFd, ttl: std::time::Duration) -> Swept {
+/// under `root` that were not modified for `ttl`: the whole tree, never
+/// through a link nor into another file system (a mount below `--dir`).
+/// Spared whatever a live session uses: a partial file claimed (see
+/// `Claim`), a temporary file of this process. Directories wait as paths
+/// and are opened one at a time, each from the root, component by
+/// component: a tree of any width or depth costs two descriptors.
+/// `go_on` is asked before each directory; false stops the sweep there.
+pub(super) fn sweep(
+    root: &crate::sys::dirfd::DirFd,
+    ttl: std::time::Duration,
+    go_on: &dyn Fn() -> bool,
+) -> Swept {
     use crate::sys::dirfd::EntryKind;
     let now = std::time::SystemTime::now();
     let mut swept = Swept::default();
-    let mut stack = match root.try_clone() {
-        Ok(d) => vec![(d, String::new())],
+    let root_dev = match root.identity() {
+        Ok((dev, _)) => dev,
         Err(e) => {
             tracing::warn!("cannot look for old partial files: {e}");
             return swept;
         }
     };
-    while let Some((dir, path)) = stack.pop() {
+    // This process's temporary files belong to sessions running now.
+    let own = format!(".rdma-xfer-{}-", std::process::id());
+    // Directories still to search, as paths below the root ("" is the
+    // root, "a/b/" a directory in it).
+    let mut stack = vec![String::new()];
+    while let Some(path) = stack.pop() {
+        if !go_on() {
+            break;
+        }
+        // Opened from the root, each step dropping the one before.
+        let opened = root.try_clone().and_then(|top| {
+            path.split_terminator('/')
+                .try_fold(top, |dir, c| dir.open_dir(c))
+        });
+        let dir = match opened {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::debug!(dir = %path, "not searched for partial files: {e}");
+                continue;
+            }
+        };
+        let id = match dir.identity() {
+            Ok((dev, _)) if dev != root_dev => {
+                tracing::debug!(dir = %path, "another file system: not searched for partial files");
+                continue;
+            }
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!(dir = %path, "cannot look for old partial files: {e}");
+                continue;
+            }
+        };
         let entries = match dir.entries() {
             Ok(e) => e,
             Err(e) => {
@@ -998,21 +1306,27 @@ pub(super) fn sweep(root: &crate::sys::dirfd::DirFd, ttl: std::time::Duration) -
         };
         for (name, kind) in entries {
             match kind {
-                EntryKind::Dir => match dir.open_dir(&name) {
-                    Ok(sub) => stack.push((sub, format!("{path}{name}/"))),
-                    Err(e) => tracing::debug!(dir = %name, "not searched for partial files: {e}"),
-                },
+                EntryKind::Dir => stack.push(format!("{path}{name}/")),
                 EntryKind::File if is_leftover(&name) => {
                     let age = dir
                         .modified(&name)
                         .ok()
                         .and_then(|m| now.duration_since(m).ok())
                         .unwrap_or_default();
-                    if age < ttl {
+                    if age < ttl || name.starts_with(&own) {
                         swept.kept += 1;
                         continue;
                     }
-                    match dir.unlink(&name) {
+                    // Checked and removed under the claims' lock: no
+                    // session claims it in between.
+                    let claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
+                    if is_claimed(&claims, id, &name) {
+                        swept.kept += 1;
+                        continue;
+                    }
+                    let removed = dir.unlink(&name);
+                    drop(claims);
+                    match removed {
                         Ok(()) => {
                             tracing::info!(
                                 path = %format!("{path}{name}"),
@@ -1031,6 +1345,22 @@ pub(super) fn sweep(root: &crate::sys::dirfd::DirFd, ttl: std::time::Duration) -
         }
     }
     swept
+}
+
+/// Whether the leftover `name` in directory `dir` (device, inode) is the
+/// partial file or record of a name a session claimed.
+fn is_claimed(
+    claims: &std::collections::BTreeSet<(u64, u64, String)>,
+    dir: (u64, u64),
+    name: &str,
+) -> bool {
+    claims
+        .range((dir.0, dir.1, String::new())..)
+        .take_while(|(dev, ino, _)| (*dev, *ino) == dir)
+        .any(|(_, _, leaf)| {
+            let (partial, meta) = partial_names(leaf);
+            name == partial || name == meta
+        })
 }
 
 #[cfg(test)]
@@ -1070,7 +1400,9 @@ mod sweep_tests {
         std::fs::write(&linked, b"x").unwrap();
         age(&linked, 7200);
         std::os::unix::fs::symlink(outside.path(), r.join("a/link")).unwrap();
-        let swept = sweep(&DirFd::open(r).unwrap(), Duration::from_secs(3600));
+        let swept = sweep(&DirFd::open(r).unwrap(), Duration::from_secs(3600), &|| {
+            true
+        });
         assert_eq!(
             swept,
             Swept {
@@ -1080,5 +1412,92 @@ mod sweep_tests {
         );
         assert!(old.iter().all(|p| !p.exists()));
         assert!(young.exists() && other.iter().all(|p| p.exists()) && linked.exists());
+    }
+
+    #[test]
+    fn what_a_session_uses_is_never_swept() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::create_dir(r.join("a")).unwrap();
+        let (partial, meta) = partial_names("x.bin");
+        let (other, _) = partial_names("y.bin");
+        let own = format!(".rdma-xfer-{}-0-00000000.part", std::process::id());
+        let dead = ".rdma-xfer-1-0-00000000.part".to_string();
+        let files = [&partial, &meta, &other, &own, &dead].map(|n| r.join("a").join(n));
+        for p in &files {
+            std::fs::write(p, b"x").unwrap();
+            age(p, 7200);
+        }
+        let a = DirFd::open(&r.join("a")).unwrap();
+        let claim = Claim::try_take(&a, "x.bin").unwrap().unwrap();
+        let root_fd = DirFd::open(r).unwrap();
+        let ttl = Duration::from_secs(3600);
+        // The claimed name's partial and record, and this process's
+        // temporary file, stay; the others go.
+        assert_eq!(
+            sweep(&root_fd, ttl, &|| true),
+            Swept {
+                removed: 2,
+                kept: 3
+            }
+        );
+        assert!(files[..2].iter().all(|p| p.exists()) && files[3].exists());
+        assert!(!files[2].exists() && !files[4].exists());
+        // Given back: swept.
+        drop(claim);
+        assert_eq!(
+            sweep(&root_fd, ttl, &|| true),
+            Swept {
+                removed: 2,
+                kept: 1
+            }
+        );
+    }
+
+    #[test]
+    fn directories_are_opened_one_at_a_time() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path().canonicalize().unwrap();
+        // Wide and deep: 100 directories side by side, one of them 100 deep.
+        let mut deep = r.join("d0");
+        for i in 0..100 {
+            std::fs::create_dir_all(r.join(format!("d{i}"))).unwrap();
+            deep.push("n");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        let (partial, _) = partial_names("x");
+        std::fs::write(deep.join(&partial), b"x").unwrap();
+        age(&deep.join(&partial), 7200);
+        // Descriptors open below the root (other tests' are elsewhere),
+        // counted each time the sweep turns to the next directory.
+        let below = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|t| t.starts_with(&r) && t != &r)
+                .count()
+        };
+        // The count sees a descriptor held below the root.
+        let held = DirFd::open(&r.join("d1")).unwrap();
+        assert_eq!(below(), 1);
+        drop(held);
+        let most = std::cell::Cell::new(0);
+        let turns = std::cell::Cell::new(0);
+        let go_on = || {
+            most.set(most.get().max(below()));
+            turns.set(turns.get() + 1);
+            true
+        };
+        let swept = sweep(&DirFd::open(&r).unwrap(), Duration::from_secs(3600), &go_on);
+        assert_eq!(swept.removed, 1);
+        assert_eq!(turns.get(), 1 + 100 + 100);
+        assert_eq!(most.get(), 0, "directories held open between turns");
+        // And it stops when told.
+        let turns = std::cell::Cell::new(0);
+        sweep(&DirFd::open(&r).unwrap(), Duration::ZERO, &|| {
+            turns.set(turns.get() + 1);
+            turns.get() < 3
+        });
+        assert_eq!(turns.get(), 3);
     }
 }

@@ -501,13 +501,6 @@ impl Session<'_, '_> {
         if holding.have.kind == HaveKind::Complete && !self.compared.insert(hello.name.clone()) {
             holding = Holding::nothing("its copy was compared once in this session already");
         }
-        let have = &holding.have;
-        if have.kind == HaveKind::Prefix && have.chunk_len > self.cfg.chunk_size {
-            holding = Holding::nothing(format!(
-                "the kept part arrived in chunks of {} bytes, larger than this receiver's {}",
-                have.chunk_len, self.cfg.chunk_size
-            ));
-        }
         let have = holding.have.clone();
         match have.kind {
             HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),

@@ -6,7 +6,7 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 use super::ReceiverConfig;
-use super::partial::{self, Claim, Holding, Identity, Resumable, Sidecar};
+use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable};
 use super::space::{Promise, SpaceLedger};
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
@@ -455,7 +455,12 @@ impl TempFile {
         offset: u64,
         crc: u32,
     ) -> std::io::Result<()> {
-        self.file.write_all_at(data, offset)?;
+        if let Err(e) = self.file.write_all_at(data, offset) {
+            if let Some(r) = self.resumable.as_mut() {
+                r.write_failed();
+            }
+            return Err(e);
+        }
         self.promise.wrote(data.len() as u64);
         if let Some(r) = self.resumable.as_mut() {
             r.chunk_written(crc, data.len() as u32)?;
@@ -480,16 +485,16 @@ impl Drop for TempFile {
             return;
         }
         match self.resumable.take() {
-            // Unverified, or nothing verified yet: nothing worth keeping.
-            Some(r) if self.discard || r.is_empty() => r.discard(),
+            // Unverified: nothing worth keeping.
+            Some(r) if self.discard => r.discard(),
             // Kept: whatever was written and checked gets its records.
-            Some(mut r) => {
-                if let Err(e) = r.sync() {
+            Some(r) => {
+                if let Err(e) = r.keep() {
                     warn!(path = %self.temp, "cannot record the last chunks of a partial file: {e}");
                 }
             }
             None => {
-                if let Err(e) = self.parent.unlink(&self.temp) {
+                if let Err(e) = partial::remove(&self.parent, &self.temp, &self.file) {
                     warn!(path = %self.temp, "cannot remove temporary file: {e}");
                 }
             }
@@ -505,7 +510,7 @@ pub(super) enum Resume<'a> {
     /// verified chunks are kept if the transfer fails.
     Fresh(Claim),
     /// Continues the kept partial file after its verified prefix.
-    Continue(&'a Sidecar, Claim),
+    Continue(&'a OpenSidecar, Claim),
 }
 
 pub(super) enum Sink {
@@ -562,6 +567,22 @@ pub(super) fn commit(
     t.file
         .sync_all()
         .map_err(|e| XferError::io(ctx("cannot fsync"), e))?;
+    // The name must still be the file we wrote (a kept partial file lives
+    // for days beside its final name, and is continued by descriptor):
+    // another file put there meanwhile is never renamed into place.
+    match t.parent.is_same(&t.temp, &t.file) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(XferError::io(
+                ctx("cannot move into place"),
+                std::io::Error::other(format!(
+                    "{} is no longer the file that was received: replaced meanwhile",
+                    t.temp
+                )),
+            ));
+        }
+        Err(e) => return Err(XferError::io(ctx("cannot find the received data of"), e)),
+    }
     t.parent
         .rename(&t.temp, &t.leaf, !overwrite)
         .map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
@@ -761,6 +782,173 @@ mod tests {
         t.discard();
         drop(sink);
         assert_eq!(entries(root.path()), ["f.bin"]);
+    }
+
+    #[test]
+    fn a_partial_file_is_continued_and_committed_by_descriptor_never_by_name() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let holds = |s: &FileStore| s.holding(&h, 100, Duration::ZERO, &mut || Ok(())).unwrap();
+        let claim = holds(&s).1.unwrap();
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
+        write_chunks(&mut sink, &data[..500], 0, 100);
+        drop(sink);
+        let (kept, claim) = holds(&s);
+        let prefix = kept.kept.expect("the verified prefix");
+        // Checked, then swapped: another file takes the partial's name.
+        let (partial, _) = partial::partial_names("f.bin");
+        let p = root.path().join(&partial);
+        std::fs::rename(&p, root.path().join("moved")).unwrap();
+        std::fs::write(&p, b"someone else's").unwrap();
+        let mut sink = s
+            .create(
+                &h,
+                false,
+                root.path(),
+                Resume::Continue(&prefix.sidecar, claim.unwrap()),
+            )
+            .unwrap();
+        // The checked file is continued, the newcomer left alone...
+        assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
+        write_chunks(&mut sink, &data, 500, 100);
+        // ...and never renamed into place.
+        let err = commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap_err();
+        assert!(err.to_string().contains("replaced meanwhile"), "{err}");
+        drop(sink);
+        assert!(!root.path().join("f.bin").exists());
+        assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
+        assert_eq!(std::fs::read(root.path().join("moved")).unwrap(), data);
+    }
+
+    #[test]
+    fn after_a_failed_write_no_record_is_kept_past_the_last_sync() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let claim = s
+            .holding(&h, 10, Duration::ZERO, &mut || Ok(()))
+            .unwrap()
+            .1
+            .unwrap();
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
+        // One sync's worth of chunks, and a few more written but unsynced.
+        let n = partial::SYNC_EVERY + 5;
+        write_chunks(&mut sink, &data[..n * 10], 0, 10);
+        let Sink::Temp(t) = &mut sink else { panic!() };
+        // Then a write fails (a descriptor that cannot write).
+        t.file = File::open("/dev/null").unwrap();
+        let c = &data[n * 10..n * 10 + 10];
+        assert!(
+            t.write_chunk(c, (n * 10) as u64, crc32fast::hash(c))
+                .is_err()
+        );
+        drop(sink);
+        // Kept: only what the last good sync recorded.
+        let (_, meta) = partial::partial_names("f.bin");
+        let side = partial::Sidecar::decode(&std::fs::read(root.path().join(meta)).unwrap());
+        let side = side.unwrap();
+        assert_eq!(side.crcs.len(), partial::SYNC_EVERY);
+    }
+
+    #[test]
+    fn a_kept_partial_file_holds_the_space_of_its_prefix_only() {
+        use std::os::unix::fs::MetadataExt;
+        const CHUNK: usize = 64 << 10;
+        let size: u64 = 16 << 20;
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..5 * CHUNK).map(|i| (i % 251) as u8).collect();
+        let mut h = hello("f.bin", size);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let allocated = |f: &File| f.metadata().unwrap().blocks() * 512;
+        let holds = |s: &FileStore| {
+            s.holding(&h, CHUNK as u32, Duration::ZERO, &mut || Ok(()))
+                .unwrap()
+        };
+        let temp = |sink: &mut Sink| -> File {
+            let Sink::Temp(t) = sink else { panic!() };
+            t.file.try_clone().unwrap()
+        };
+        let claim = holds(&s).1.unwrap();
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
+        // Only where fallocate reserved the whole file is there anything
+        // to give back (tmpfs is left alone: see `reserve_blocks`).
+        let reserved = allocated(&temp(&mut sink)) >= size;
+        if !reserved {
+            eprintln!("no space reserved on this file system: only lengths are checked");
+        }
+        write_chunks(&mut sink, &data[..3 * CHUNK], 0, CHUNK);
+        // Bytes past the last checked chunk have no record: not kept.
+        let f = temp(&mut sink);
+        f.write_all_at(&data[3 * CHUNK..4 * CHUNK], 3 * CHUNK as u64)
+            .unwrap();
+        drop(sink);
+        assert_eq!(f.metadata().unwrap().len(), 3 * CHUNK as u64);
+        if reserved {
+            let a = allocated(&f);
+            assert!(a <= 4 * CHUNK as u64, "{a} bytes allocated");
+        }
+        // Continued: the rest is reserved again, and given back when it
+        // fails again.
+        let (kept, claim) = holds(&s);
+        let prefix = kept.kept.expect("the verified prefix");
+        let mut sink = s
+            .create(
+                &h,
+                false,
+                root.path(),
+                Resume::Continue(&prefix.sidecar, claim.unwrap()),
+            )
+            .unwrap();
+        let f = temp(&mut sink);
+        if reserved {
+            assert!(allocated(&f) >= size);
+        }
+        write_chunks(&mut sink, &data[..4 * CHUNK], 3 * CHUNK, CHUNK);
+        drop(sink);
+        assert_eq!(f.metadata().unwrap().len(), 4 * CHUNK as u64);
+        if reserved {
+            let a = allocated(&f);
+            assert!(a <= 5 * CHUNK as u64, "{a} bytes allocated");
+        }
+        // Nothing kept: the space goes, even while a descriptor of it is
+        // open somewhere.
+        for resumable in [true, false] {
+            let mut g = hello("g.bin", size);
+            let resume = if resumable {
+                g.caps |= crate::proto::hello_flags::RESUME;
+                Resume::Fresh(
+                    s.holding(&g, 100, Duration::ZERO, &mut || Ok(()))
+                        .unwrap()
+                        .1
+                        .unwrap(),
+                )
+            } else {
+                Resume::No
+            };
+            let mut sink = s.create(&g, false, root.path(), resume).unwrap();
+            write_chunks(&mut sink, &data[..2 * CHUNK], 0, CHUNK);
+            let f = temp(&mut sink);
+            let Sink::Temp(t) = &mut sink else { panic!() };
+            t.discard();
+            drop(sink);
+            assert_eq!(allocated(&f), 0, "resumable: {resumable}");
+        }
+        let (partial, meta) = partial::partial_names("f.bin");
+        let mut want = vec![partial, meta];
+        want.sort();
+        assert_eq!(entries(root.path()), want);
     }
 
     #[test]
