@@ -64,26 +64,21 @@ fn summary(sent: &Finished) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no summary in:\n{}", sent.stdout))
 }
 
-/// A sender with `--resume` of `input` killed once the receiver's partial
-/// file in `dst` holds `at` bytes; returns when the receiver says what it
-/// kept (and how much).
+/// A sender with `--resume` (and `extra`) of `input` killed once the
+/// receiver's partial file in `dst` holds `at` bytes; returns when the
+/// receiver says what it kept (and how much).
 fn kill_sender_at(
     net: &Net,
     port: u16,
     receiver: &mut Running,
     dst: &Path,
-    input: &Path,
-    at: u64,
+    (input, at): (&Path, u64),
+    extra: &[&str],
 ) -> u64 {
+    let args: Vec<&str> = ["--resume"].iter().chain(extra).copied().collect();
     let sender = Running::spawn(
         "sender",
-        sender_cmd(
-            net,
-            port,
-            Path_::Wire,
-            &[input.to_path_buf()],
-            &["--resume"],
-        ),
+        sender_cmd(net, port, Path_::Wire, &[input.to_path_buf()], &args),
     );
     let said_before = receiver.stderr_so_far().matches("kept the ").count();
     wait_for_partial_file(dst, at);
@@ -108,7 +103,14 @@ fn a_killed_sender_resumes_after_what_the_receiver_verified() {
     let sum = make_file(&input, size, 31);
     let port = next_port();
     let mut receiver = start_receiver(&net, port, dst.path(), &["--timeout", "10"]);
-    let kept = kill_sender_at(&net, port, &mut receiver, dst.path(), &input, size * 2 / 5);
+    let kept = kill_sender_at(
+        &net,
+        port,
+        &mut receiver,
+        dst.path(),
+        (&input, size * 2 / 5),
+        &[],
+    );
     assert!(kept >= size / 4, "kept only {kept} bytes");
     assert!(
         !dst.path().join("big.bin").exists(),
@@ -261,7 +263,14 @@ fn a_changed_source_or_damaged_kept_data_start_over_and_never_give_a_wrong_file(
     ];
     for (what, change, said) in cases {
         let _ = std::fs::remove_file(&out);
-        let kept = kill_sender_at(&net, port, &mut receiver, dst.path(), &input, 32 * MIB);
+        let kept = kill_sender_at(
+            &net,
+            port,
+            &mut receiver,
+            dst.path(),
+            (&input, 32 * MIB),
+            &[],
+        );
         assert!(kept >= 2 * CHUNK, "{what}: kept {kept}");
         change(&input, dst.path());
         let sent = run_sender(
@@ -522,7 +531,8 @@ fn a_complete_copy_is_compared_and_skipped_or_replaced() {
     let sum = make_file(&same, 5 * MIB + 1, 37);
     let differs_sum = make_file(&differs, 5 * MIB + 1, 38);
     std::fs::copy(&same, dst.path().join("same.bin")).unwrap();
-    make_file(&dst.path().join("differs.bin"), 5 * MIB + 1, 39);
+    // (Seeds differ above bit 0: make_file sets it.)
+    make_file(&dst.path().join("differs.bin"), 5 * MIB + 1, 40);
     let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
     for p in [&same, &differs] {
         std::fs::File::options()
@@ -580,7 +590,15 @@ fn a_forged_prefix_with_the_same_crcs_is_caught_before_the_rename() {
     let sum = make_file(&input, size, 40);
     let port = next_port();
     let mut receiver = start_receiver(&net, port, dst.path(), &["--timeout", "10"]);
-    let kept = kill_sender_at(&net, port, &mut receiver, dst.path(), &input, 32 * MIB);
+    let sha256 = ["--verify", "sha256"];
+    let kept = kill_sender_at(
+        &net,
+        port,
+        &mut receiver,
+        dst.path(),
+        (&input, 32 * MIB),
+        &sha256,
+    );
     assert!(kept >= 2 * CHUNK, "kept {kept}");
     // Chunk 1 of the kept part: 8 bytes changed, then 4 more chosen so
     // that its CRC32 is what it was.

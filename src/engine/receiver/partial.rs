@@ -1049,11 +1049,12 @@ impl Resumable {
     /// cover: the blocks reserved for the rest of the file (fallocate
     /// KEEP_SIZE) are given back while it waits, maybe for days, and
     /// nothing unrecorded stays. With nothing recorded nothing is kept.
-    pub fn keep(mut self) -> std::io::Result<()> {
+    /// Returns the bytes kept (0: nothing).
+    pub fn keep(mut self) -> std::io::Result<u64> {
         let synced = self.sync();
         if self.recorded == 0 {
             self.discard();
-            return synced;
+            return synced.map(|()| 0);
         }
         let mut first = synced.err();
         if self.failed {
@@ -1065,13 +1066,11 @@ impl Resumable {
             }
         }
         // Never longer than the file (chunks come in order, at most all).
-        if let Err(e) = self
-            .file
-            .set_len(self.recorded_bytes.min(self.identity.size))
-        {
+        let kept = self.recorded_bytes.min(self.identity.size);
+        if let Err(e) = self.file.set_len(kept) {
             first.get_or_insert(e);
         }
-        first.map_or(Ok(()), Err)
+        first.map_or(Ok(kept), Err)
     }
 
     /// Nothing of it may be kept (its whole-file digest failed, or nothing

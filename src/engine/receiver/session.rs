@@ -946,10 +946,11 @@ impl Session<'_, '_> {
     }
 
     /// The session ends with `err` under the open file (if any), whose
-    /// failure is reported; the temporary file goes when it drops.
+    /// failure is reported; its temporary file goes (or, with RESUME, its
+    /// verified part is kept).
     fn abandon(&mut self, err: XferError) -> XferError {
-        if let Some(file) = self.file.take() {
-            note_kept(&file);
+        if let Some(mut file) = self.file.take() {
+            end_failed(&mut file);
             self.report_file_failure(&file, &err, true);
         }
         err
@@ -995,7 +996,7 @@ impl Session<'_, '_> {
     fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
         // Best effort: the session is over either way.
         let _ = self.control.drain(&self.ep, Duration::from_secs(2));
-        if let (Err(e), Some(file)) = (&result, self.file.take()) {
+        if let (Err(e), Some(mut file)) = (&result, self.file.take()) {
             // Where the file stood, for whoever reads the logs.
             file.span.in_scope(|| {
                 info!(
@@ -1004,7 +1005,7 @@ impl Session<'_, '_> {
                     "file abandoned: {e}"
                 )
             });
-            note_kept(&file);
+            end_failed(&mut file);
             self.report_file_failure(&file, e, true);
         }
         self.file = None;
@@ -1022,16 +1023,17 @@ impl Session<'_, '_> {
     }
 }
 
-/// Says what a failed file leaves for a later `sender --resume`.
-fn note_kept(file: &IncomingFile) {
-    if let Sink::Temp(t) = &file.sink
-        && t.kept_on_failure()
-    {
-        warn!(
-            file = %file.name,
-            bytes = file.written,
-            "kept the {} bytes received so far for `sender --resume`",
-            file.written
-        );
+/// Ends a file that failed: what it leaves for a later `sender --resume`
+/// (its verified part, on disk and recorded) is kept and said.
+fn end_failed(file: &mut IncomingFile) {
+    if let Sink::Temp(t) = &mut file.sink {
+        let kept = t.end_uncommitted();
+        if kept > 0 {
+            warn!(
+                file = %file.name,
+                bytes = kept,
+                "kept the {kept} bytes verified so far for `sender --resume`"
+            );
+        }
     }
 }

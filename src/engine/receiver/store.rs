@@ -473,32 +473,38 @@ impl TempFile {
         self.discard = true;
     }
 
-    /// Whether a failure keeps it (with RESUME) for a later attempt.
-    pub(super) fn kept_on_failure(&self) -> bool {
-        self.resumable.is_some() && !self.discard
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
+    /// The transfer failed (or the file is dropped uncommitted): with
+    /// RESUME what was written and checked is kept for a later attempt,
+    /// else the file goes. Returns the bytes kept (0: nothing is left).
+    pub(super) fn end_uncommitted(&mut self) -> u64 {
         if self.committed {
-            return;
+            return 0;
         }
+        // Once: the drop that follows does nothing more.
+        self.committed = true;
         match self.resumable.take() {
             // Unverified: nothing worth keeping.
             Some(r) if self.discard => r.discard(),
             // Kept: whatever was written and checked gets its records.
-            Some(r) => {
-                if let Err(e) = r.keep() {
+            Some(r) => match r.keep() {
+                Ok(kept) => return kept,
+                Err(e) => {
                     warn!(path = %self.temp, "cannot record the last chunks of a partial file: {e}");
                 }
-            }
+            },
             None => {
                 if let Err(e) = partial::remove(&self.parent, &self.temp, &self.file) {
                     warn!(path = %self.temp, "cannot remove temporary file: {e}");
                 }
             }
         }
+        0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        self.end_uncommitted();
     }
 }
 
