@@ -1,0 +1,401 @@
+//! What the receiver holds of a file offered with RESUME: a complete copy,
+//! or a kept partial file whose prefix is read back and checked against
+//! its record.
+
+use super::sidecar::*;
+use crate::proto::{DigestAlg, Hello};
+
+/// Records past this many bytes of a sidecar are not read (a 2 TB file in
+/// 1 MiB chunks needs 16 MiB of records).
+const MAX_SIDECAR: u64 = 256 << 20;
+
+/// What the receiver holds of a file offered with RESUME: the HAVE to
+/// answer, for a verified prefix what continuing it needs, for a complete
+/// copy the file itself (compared when the sender's COMPARE comes).
+pub(crate) struct Holding {
+    pub have: crate::proto::Have,
+    pub kept: Option<KeptPrefix>,
+    pub copy: Option<std::fs::File>,
+}
+
+/// A kept partial file's verified prefix, read back: its records (with
+/// the descriptors that were checked), and the whole-file digest over it,
+/// to continue with the bytes that follow.
+pub(crate) struct KeptPrefix {
+    pub sidecar: OpenSidecar,
+    pub hasher: crate::engine::digest::FileHasher,
+}
+
+/// A sidecar as `find` read it, with the descriptors of it and of its
+/// partial file: a transfer continues the very files that were checked,
+/// never whatever the names lead to by then.
+pub(crate) struct OpenSidecar {
+    pub record: Sidecar,
+    /// The partial file (open for reading and writing).
+    pub partial: std::fs::File,
+    /// The sidecar (open for reading and writing).
+    pub meta: std::fs::File,
+}
+
+impl std::ops::Deref for OpenSidecar {
+    type Target = Sidecar;
+    fn deref(&self) -> &Sidecar {
+        &self.record
+    }
+}
+
+impl Holding {
+    pub fn nothing(note: impl Into<String>) -> Self {
+        Self {
+            have: crate::proto::Have::nothing(note),
+            kept: None,
+            copy: None,
+        }
+    }
+}
+
+/// What the receiver holds of `hello`'s file, offered with RESUME, under
+/// `parent` with final name `leaf`: the complete file (same size; read
+/// only if the sender's COMPARE comes, see `copy_digest`), the prefix of a
+/// partial file kept from an earlier attempt, read back and checked
+/// against its record, or nothing, with the reason. `tick` is called
+/// once per chunk read (the engine keeps the sender informed while a
+/// large file is read) and may stop the read with an error.
+pub(crate) fn find(
+    parent: &crate::sys::dirfd::DirFd,
+    leaf: &str,
+    hello: &Hello,
+    chunk_len: u32,
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
+) -> Holding {
+    use crate::engine::digest::read_prefix;
+    use crate::proto::{Digest, Have, HaveKind};
+    use crate::sys::dirfd::EntryKind;
+    let name = &hello.name;
+    if let Ok(Some(EntryKind::File)) = parent.kind(leaf) {
+        return match parent.open_file(leaf, false) {
+            Ok(f) if f.metadata().is_ok_and(|m| m.len() == hello.size) => Holding {
+                have: Have::complete(hello.size),
+                kept: None,
+                copy: Some(f),
+            },
+            Ok(_) => Holding::nothing(format!("{name} exists on the receiver with another size")),
+            Err(e) => Holding::nothing(format!("cannot open the receiver's {name}: {e}")),
+        };
+    }
+    let (partial, meta) = partial_names(leaf);
+    // Both are opened for writing too: a transfer that continues them
+    // writes through these descriptors.
+    let side = match parent.open_file(&meta, true) {
+        Ok(f) => f,
+        // Nothing kept: nothing to explain (an empty note).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holding::nothing(""),
+        Err(e) => {
+            return Holding::nothing(format!("cannot open the partial file's record: {e}"));
+        }
+    };
+    match side.metadata() {
+        // Created, but the attempt ended before its first chunks were
+        // made durable.
+        Ok(m) if m.len() == 0 => {
+            return Holding::nothing("nothing of the partial file was verified yet");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            return Holding::nothing(format!("cannot inspect the partial file's record: {e}"));
+        }
+    }
+    // Streamed: the header first, the records only once it is acceptable.
+    let mut reader = std::io::BufReader::new(&side);
+    let identity = match read_header(&mut reader) {
+        Ok(id) => id,
+        Err(e) => return Holding::nothing(e.to_string()),
+    };
+    if identity.name != hello.name {
+        return Holding::nothing("the partial file belongs to another name");
+    }
+    let Some(now) = Identity::of_offer(hello, identity.chunk_len) else {
+        return Holding::nothing("the offer carries no modification time");
+    };
+    if let Some(why) = identity.mismatch(&now) {
+        return Holding::nothing(why);
+    }
+    // Chunks larger than ours do not fit our ring: refused before any of
+    // the prefix is read.
+    if identity.chunk_len > chunk_len {
+        return Holding::nothing(format!(
+            "the kept part arrived in chunks of {} bytes, larger than this receiver's {chunk_len}",
+            identity.chunk_len
+        ));
+    }
+    let file = match parent.open_file(&partial, true) {
+        Ok(f) => f,
+        Err(e) => return Holding::nothing(format!("cannot open the partial file: {e}")),
+    };
+    let len = match file.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => return Holding::nothing(format!("cannot inspect the partial file: {e}")),
+    };
+    // No more records than the file has chunks, nor than the partial file
+    // can back (one more tells that it was cut short), nor than a sidecar
+    // of MAX_SIDECAR bytes holds.
+    let max = identity
+        .chunks()
+        .min(len.div_ceil(u64::from(identity.chunk_len)) + 1)
+        .min(MAX_SIDECAR / 8);
+    let crcs = match read_records(&mut reader, max) {
+        Ok(crcs) => crcs,
+        Err(e) => return Holding::nothing(format!("cannot read the partial file's record: {e}")),
+    };
+    drop(reader);
+    let sidecar = Sidecar { identity, crcs };
+    let prefix = sidecar.prefix_bytes();
+    if prefix == 0 {
+        return Holding::nothing("nothing of the partial file was verified yet");
+    }
+    if len < prefix {
+        return Holding::nothing("the partial file is shorter than its record says");
+    }
+    // The bytes on disk must still be the ones recorded: a partial file
+    // changed since (by hand, by a disk) is never continued.
+    let crcs = &sidecar.crcs;
+    let checked = read_prefix(
+        &file,
+        prefix,
+        sidecar.identity.chunk_len,
+        hello.digest,
+        |index, crc| {
+            if crcs.get(index as usize) != Some(&crc) {
+                return Err(std::io::Error::other(format!(
+                    "chunk {index} of the partial file no longer matches its record"
+                )));
+            }
+            tick()
+        },
+    );
+    match checked {
+        Ok(read) => Holding {
+            have: Have {
+                kind: HaveKind::Prefix,
+                bytes: prefix,
+                chunk_len: sidecar.identity.chunk_len,
+                digest: Digest::Sha256(sidecar.prefix_digest()),
+                note: String::new(),
+            },
+            kept: Some(KeptPrefix {
+                sidecar: OpenSidecar {
+                    record: sidecar,
+                    partial: file,
+                    meta: side,
+                },
+                hasher: read.hasher,
+            }),
+            copy: None,
+        },
+        Err(e) => Holding::nothing(format!("the partial file cannot be continued: {e}")),
+    }
+}
+
+/// SHA-256 of the complete copy `find` held (`Holding::copy`), read
+/// through the descriptor it opened, to compare with the sender's COMPARE:
+/// the receiver tells the sender only whether the two match. `tick` as
+/// for `find`. An error if the copy changed size meanwhile.
+pub(crate) fn copy_digest(
+    copy: &std::fs::File,
+    size: u64,
+    chunk_len: u32,
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<[u8; 32]> {
+    if copy.metadata()?.len() != size {
+        return Err(std::io::Error::other("it changed size"));
+    }
+    let read =
+        crate::engine::digest::read_prefix(copy, size, chunk_len, DigestAlg::Sha256, |_, _| {
+            tick()
+        })?;
+    match read.hasher.finish() {
+        crate::proto::Digest::Sha256(d) => Ok(d),
+        crate::proto::Digest::Crc32(_) => Err(std::io::Error::other("not a SHA-256")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{Digest, HaveKind, Mtime};
+    use crate::sys::dirfd::DirFd;
+    use sha2::{Digest as _, Sha256};
+
+    fn offer(size: u64) -> Hello {
+        Hello {
+            version: crate::proto::PROTOCOL_VERSION,
+            caps: crate::proto::hello_flags::RESUME | crate::proto::hello_flags::MTIME,
+            name: "d/f.bin".into(),
+            size,
+            mode: 0o644,
+            digest: DigestAlg::Sha256,
+            mtime: Some(Mtime { secs: 9, nanos: 1 }),
+        }
+    }
+
+    /// A partial file of `have` bytes and a sidecar of its chunk CRCs.
+    fn keep_partial(dir: &Path, data: &[u8], have: usize, chunk: u32, hello: &Hello) {
+        let (partial, meta) = partial_names("f.bin");
+        std::fs::write(dir.join(&partial), &data[..have]).unwrap();
+        let id = Identity::of_offer(hello, chunk).unwrap();
+        let mut side = id.header();
+        for (i, c) in data[..have].chunks_exact(chunk as usize).enumerate() {
+            side.extend_from_slice(&record(i as u64, crc32fast::hash(c)));
+        }
+        std::fs::write(dir.join(meta), side).unwrap();
+    }
+
+    use std::path::Path;
+
+    fn holds(parent: &DirFd, hello: &Hello) -> crate::proto::Have {
+        find(parent, "f.bin", hello, 100, &mut || Ok(())).have
+    }
+
+    #[test]
+    fn what_the_receiver_holds_and_why_not_more() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let parent = DirFd::open(dir).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let hello = offer(1000);
+        // Nothing yet.
+        let h = holds(&parent, &hello);
+        assert_eq!(h.kind, HaveKind::Nothing);
+        assert!(h.note.is_empty(), "{}", h.note);
+        // A partial of 450 bytes: 4 whole chunks verified.
+        keep_partial(dir, &data, 450, 100, &hello);
+        let h = holds(&parent, &hello);
+        assert_eq!((h.kind, h.bytes, h.chunk_len), (HaveKind::Prefix, 400, 100));
+        let crcs: Vec<u32> = data[..400].chunks(100).map(crc32fast::hash).collect();
+        assert_eq!(h.digest, Digest::Sha256(prefix_digest(&crcs)));
+        // What continuing it needs: the whole-file digest over the prefix.
+        let kept = find(&parent, "f.bin", &hello, 100, &mut || Ok(()))
+            .kept
+            .expect("a kept prefix");
+        assert_eq!(kept.sidecar.prefix_bytes(), 400);
+        let mut h = kept.hasher;
+        for c in data[400..].chunks(100) {
+            h.update(c, crc32fast::hash(c));
+        }
+        let want: [u8; 32] = Sha256::digest(&data).into();
+        assert_eq!(h.finish(), Digest::Sha256(want));
+        // The reader of a large file can be stopped (the session ended).
+        let stopped = find(&parent, "f.bin", &hello, 100, &mut || {
+            Err(std::io::Error::other("session over"))
+        });
+        assert!(stopped.kept.is_none() && stopped.have.note.contains("session over"));
+        // A byte of the partial changed in place: its record no longer
+        // matches, nothing is continued.
+        let (partial, _) = partial_names("f.bin");
+        let mut bytes = std::fs::read(dir.join(&partial)).unwrap();
+        bytes[250] ^= 1;
+        std::fs::write(dir.join(&partial), &bytes).unwrap();
+        let h = holds(&parent, &hello);
+        assert!(
+            h.kind == HaveKind::Nothing && h.note.contains("chunk 2"),
+            "{}",
+            h.note
+        );
+        keep_partial(dir, &data, 450, 100, &hello);
+        // An empty record (the attempt ended before its first sync).
+        let (_, meta) = partial_names("f.bin");
+        std::fs::write(dir.join(&meta), b"").unwrap();
+        let h = holds(&parent, &hello);
+        assert!(h.kind == HaveKind::Nothing && h.note.contains("verified yet"));
+        keep_partial(dir, &data, 450, 100, &hello);
+        // The source changed: nothing, and why.
+        let changed = Hello {
+            mtime: Some(Mtime { secs: 10, nanos: 1 }),
+            ..offer(1000)
+        };
+        let h = holds(&parent, &changed);
+        assert!(h.kind == HaveKind::Nothing && h.note.contains("modification time"));
+        // The partial cut short by hand: nothing.
+        std::fs::write(dir.join(&partial), &data[..150]).unwrap();
+        let h = holds(&parent, &hello);
+        assert!(
+            h.kind == HaveKind::Nothing && h.note.contains("shorter"),
+            "{}",
+            h.note
+        );
+        // A damaged record: nothing.
+        keep_partial(dir, &data, 450, 100, &hello);
+        let mut side = std::fs::read(dir.join(&meta)).unwrap();
+        side[3] ^= 1;
+        std::fs::write(dir.join(&meta), side).unwrap();
+        let h = holds(&parent, &hello);
+        assert!(
+            h.kind == HaveKind::Nothing && h.note.contains("damaged"),
+            "{}",
+            h.note
+        );
+        // The complete file: held, and never its digest in the HAVE.
+        std::fs::write(dir.join("f.bin"), &data).unwrap();
+        let held = find(&parent, "f.bin", &hello, 100, &mut || Ok(()));
+        assert_eq!(held.have, crate::proto::Have::complete(1000));
+        let copy = held.copy.expect("the copy held");
+        let want: [u8; 32] = Sha256::digest(&data).into();
+        let mut ticks = 0;
+        let got = copy_digest(&copy, 1000, 100, &mut || {
+            ticks += 1;
+            Ok(())
+        });
+        assert_eq!((got.unwrap(), ticks), (want, 10));
+        // Changed size since: not compared.
+        std::fs::write(dir.join("f.bin"), &data[..999]).unwrap();
+        assert!(copy_digest(&copy, 1000, 100, &mut || Ok(())).is_err());
+        std::fs::write(dir.join("f.bin"), &data).unwrap();
+        // Another size: nothing.
+        let h = holds(&parent, &offer(999));
+        assert!(h.kind == HaveKind::Nothing && h.note.contains("another size"));
+    }
+
+    #[test]
+    fn chunks_larger_than_the_receivers_are_refused_before_the_prefix_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 3) as u8).collect();
+        let hello = offer(1000);
+        keep_partial(tmp.path(), &data, 600, 200, &hello);
+        // Reading any of the prefix would call `tick`, which fails.
+        let refused = find(&parent, "f.bin", &hello, 100, &mut || {
+            Err(std::io::Error::other("the prefix was read"))
+        });
+        assert!(refused.kept.is_none());
+        assert_eq!(
+            refused.have.note,
+            "the kept part arrived in chunks of 200 bytes, larger than this receiver's 100"
+        );
+        // Chunks as large as the receiver's: the prefix.
+        let h = find(&parent, "f.bin", &hello, 200, &mut || Ok(())).have;
+        assert_eq!((h.kind, h.bytes, h.chunk_len), (HaveKind::Prefix, 600, 200));
+    }
+
+    #[test]
+    fn records_are_read_no_further_than_the_partial_file_backs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = DirFd::open(tmp.path()).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 5) as u8).collect();
+        let hello = offer(1000);
+        keep_partial(tmp.path(), &data, 900, 100, &hello);
+        let (partial, meta) = partial_names("f.bin");
+        // A long tail of garbage after the records is never read whole.
+        let mut side = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.path().join(&meta))
+            .unwrap();
+        std::io::Write::write_all(&mut side, &vec![0u8; 1 << 20]).unwrap();
+        let h = holds(&parent, &hello);
+        assert_eq!((h.kind, h.bytes), (HaveKind::Prefix, 900));
+        // The partial cut to 300 bytes: 4 records read, one more than it
+        // backs, so it is known to be short.
+        std::fs::write(tmp.path().join(&partial), &data[..300]).unwrap();
+        let h = holds(&parent, &hello);
+        assert!(h.note.contains("shorter"), "{}", h.note);
+    }
+}

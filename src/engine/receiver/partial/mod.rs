@@ -1,0 +1,30 @@
+//! What the receiver keeps of a file offered with `--resume` when its
+//! session fails: the partial file under a hidden name beside the final
+//! one, and a sidecar that says which source it came from and which prefix
+//! of it was verified (one CRC32 per chunk, in order).
+//!
+//! The sidecar is a header, then one 8-byte record per verified chunk
+//! (its CRC32 and a check value over its number and CRC), appended as the
+//! chunks are made durable: the partial file is fsynced before the records
+//! that cover it are appended (and the sidecar fsynced), so a record never
+//! promises bytes the disk may not have. A torn or damaged record ends the
+//! prefix there; a damaged header makes the whole sidecar unusable.
+//!
+//! `sidecar`: the record's format; `find`: what is held for an offer;
+//! `resumable`: writing a partial file (and the claim on it); `sweep`:
+//! removing old leftovers.
+
+mod find;
+mod resumable;
+mod sidecar;
+mod sweep;
+
+pub(super) use find::{Holding, KeptPrefix, OpenSidecar, copy_digest, find};
+pub(super) use resumable::{Claim, Resumable, remove};
+pub(super) use sidecar::Identity;
+pub(super) use sweep::sweep;
+#[cfg(test)]
+pub(super) use {
+    resumable::SYNC_EVERY,
+    sidecar::{Sidecar, partial_names},
+};
