@@ -114,7 +114,24 @@ struct ReadTick<'s> {
     last: Instant,
 }
 
-impl ReadTick<'_> {
+impl<'s> ReadTick<'s> {
+    fn new(
+        control: &'s mut Control,
+        ep: &'s Endpoint,
+        machine: &'s ReceiverSession,
+        stashed: &'s mut Vec<Completion>,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            control,
+            ep,
+            machine,
+            stashed,
+            interval: keepalive_interval(timeout),
+            last: Instant::now(),
+        }
+    }
+
     fn tick(&mut self) -> std::io::Result<()> {
         if crate::sys::os::shutdown_requested() {
             return Err(std::io::Error::other("interrupted by signal"));
@@ -534,7 +551,13 @@ impl Session<'_, '_> {
             return Err(XferError::Internal("COMPARE without a copy".into()));
         };
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
-        let mut tick = self.read_tick();
+        let mut tick = ReadTick::new(
+            &mut self.control,
+            &self.ep,
+            &self.machine,
+            &mut self.stashed,
+            self.cfg.timeout,
+        );
         let digest = copy_digest(&copy, size, chunk_len, &mut || tick.tick());
         let name = waiting.hello.name.clone();
         let differs = match digest {
@@ -577,19 +600,6 @@ impl Session<'_, '_> {
         Ok(())
     }
 
-    /// What keeps the sender informed while this session reads a file
-    /// from disk for a resumed offer (see `ReadTick`).
-    fn read_tick(&mut self) -> ReadTick<'_> {
-        ReadTick {
-            control: &mut self.control,
-            ep: &self.ep,
-            machine: &self.machine,
-            stashed: &mut self.stashed,
-            interval: keepalive_interval(self.cfg.timeout),
-            last: Instant::now(),
-        }
-    }
-
     /// Reads what the store holds of an offer with RESUME; a KEEPALIVE
     /// goes out every `keepalive_interval` meanwhile, so that a large
     /// file's read does not time the sender out.
@@ -598,14 +608,13 @@ impl Session<'_, '_> {
         // within its timeout (and records what it verified): worth waiting.
         let wait = self.cfg.timeout + Duration::from_secs(10);
         let chunk_len = self.cfg.chunk_size;
-        let mut tick = ReadTick {
-            control: &mut self.control,
-            ep: &self.ep,
-            machine: &self.machine,
-            stashed: &mut self.stashed,
-            interval: keepalive_interval(self.cfg.timeout),
-            last: Instant::now(),
-        };
+        let mut tick = ReadTick::new(
+            &mut self.control,
+            &self.ep,
+            &self.machine,
+            &mut self.stashed,
+            self.cfg.timeout,
+        );
         self.store
             .holding(hello, chunk_len, wait, &mut || tick.tick())
     }
