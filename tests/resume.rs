@@ -519,62 +519,129 @@ fn retry_waits_for_a_busy_receiver() {
     assert_eq!(held.code(), 0, "{}", held.stderr);
 }
 
-/// A complete copy under the final name is compared, never disclosed: the
-/// same bytes are skipped (and take the source's time), other bytes of the
-/// same size are sent whole (with --overwrite).
+/// Sets the modification time of `path`.
+fn set_mtime(path: &Path, t: std::time::SystemTime) {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+}
+
+/// A copy under the final name with the source's size and modification
+/// time is compared, never disclosed: the same bytes are skipped, other
+/// bytes are sent whole (with --overwrite). A copy with another time is
+/// no copy: sent whole, nothing compared. Without --overwrite a differing
+/// copy is refused and left as it was.
 #[test]
 fn a_complete_copy_is_compared_and_skipped_or_replaced() {
     let Some(net) = rdma_net() else { return };
     let (src, dst) = dirs();
-    let same = src.path().join("same.bin");
-    let differs = src.path().join("differs.bin");
-    let sum = make_file(&same, 5 * MIB + 1, 37);
-    let differs_sum = make_file(&differs, 5 * MIB + 1, 38);
-    std::fs::copy(&same, dst.path().join("same.bin")).unwrap();
-    // (Seeds differ above bit 0: make_file sets it.)
-    make_file(&dst.path().join("differs.bin"), 5 * MIB + 1, 40);
-    let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
-    for p in [&same, &differs] {
-        std::fs::File::options()
-            .write(true)
-            .open(p)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+    let size = 5 * MIB + 1;
+    let t = std::time::SystemTime::UNIX_EPOCH + Duration::new(1_000_000_000, 123_456_789);
+    // name -> (source seed, receiver's seed); seeds differ above bit 0
+    // (make_file sets it).
+    let cases = [
+        ("same.bin", 38, 38),
+        ("differs.bin", 40, 42),
+        ("touched.bin", 44, 44),
+    ];
+    let mut sums = Vec::new();
+    for (name, ours, theirs) in cases {
+        sums.push(make_file(&src.path().join(name), size, ours));
+        make_file(&dst.path().join(name), size, theirs);
+        set_mtime(&src.path().join(name), t);
+        // The receiver's copy of touched.bin has another time.
+        let at = if name == "touched.bin" {
+            t + Duration::from_secs(1)
+        } else {
+            t
+        };
+        set_mtime(&dst.path().join(name), at);
     }
+    let paths: Vec<PathBuf> = cases.iter().map(|c| src.path().join(c.0)).collect();
+
+    // Without --overwrite: the same is skipped, the others are refused
+    // and stay as they were.
     let port = next_port();
-    let _receiver = start_receiver(&net, port, dst.path(), &["--overwrite"]);
-    let sent = run_sender(
-        &net,
-        port,
-        Path_::Wire,
-        &[same, differs],
-        &["--resume", "--json"],
-    );
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    let theirs = sha256_file(&dst.path().join("differs.bin"));
+    let sent = run_sender(&net, port, Path_::Wire, &paths, &["--resume", "--json"]);
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
     assert_eq!(file_result(&sent, "same.bin")["skipped"], true);
-    assert_eq!(file_result(&sent, "differs.bin")["skipped"], false);
-    assert!(
-        sent.stderr
-            .contains("starting from zero: the receiver's copy differs from the source"),
-        "{}",
-        sent.stderr
-    );
-    assert_eq!(summary(&sent)["sent"], 5 * MIB + 1, "only one file moved");
-    assert_eq!(sha256_file(&dst.path().join("same.bin")), sum);
-    assert_eq!(sha256_file(&dst.path().join("differs.bin")), differs_sum);
+    for name in ["differs.bin", "touched.bin"] {
+        assert_eq!(file_result(&sent, name)["status"], "rejected", "{name}");
+    }
+    assert_eq!(sha256_file(&dst.path().join("differs.bin")), theirs);
     let mtime = |n: &str| {
         std::fs::metadata(dst.path().join(n))
             .unwrap()
             .modified()
             .unwrap()
     };
+    assert_eq!(mtime("differs.bin"), t, "untouched");
+    drop(receiver);
+
+    // With --overwrite: the others are sent whole.
+    let port = next_port();
+    let _receiver = start_receiver(&net, port, dst.path(), &["--overwrite"]);
+    let sent = run_sender(&net, port, Path_::Wire, &paths, &["--resume", "--json"]);
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(file_result(&sent, "same.bin")["skipped"], true);
+    for name in ["differs.bin", "touched.bin"] {
+        assert_eq!(file_result(&sent, name)["skipped"], false, "{name}");
+    }
     assert_eq!(
-        mtime("same.bin"),
-        old,
-        "the skipped copy takes the source's time"
+        sent.stderr
+            .matches("starting from zero: the receiver's copy differs from the source")
+            .count(),
+        1,
+        "compared: differs.bin only: {}",
+        sent.stderr
     );
-    assert_eq!(mtime("differs.bin"), old);
+    assert_eq!(summary(&sent)["sent"], 2 * size, "{}", sent.stdout);
+    for ((name, _, _), sum) in cases.iter().zip(&sums) {
+        assert_eq!(&sha256_file(&dst.path().join(name)), sum, "{name}");
+        assert_eq!(mtime(name), t, "{name}");
+    }
+}
+
+/// A transfer with --overwrite over an older file of the same name,
+/// interrupted, continues its kept part: the older file does not hide it.
+#[test]
+fn an_interrupted_overwrite_resumes_its_kept_part() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("img.bin");
+    let size = 96 * MIB;
+    let sum = make_file(&input, size, 46);
+    make_file(&dst.path().join("img.bin"), 10 * MIB, 48);
+    let port = next_port();
+    let mut receiver = start_receiver(&net, port, dst.path(), &["--overwrite", "--timeout", "10"]);
+    let kept = kill_sender_at(
+        &net,
+        port,
+        &mut receiver,
+        dst.path(),
+        (&input, 32 * MIB),
+        &[],
+    );
+    assert!(kept >= 2 * CHUNK, "kept {kept}");
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&input),
+        &["--resume", "--json"],
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    let resumed_from = file_result(&sent, "img.bin")["resumed_from"]
+        .as_u64()
+        .expect("resumed_from");
+    assert!(resumed_from >= 2 * CHUNK, "resumed from {resumed_from}");
+    assert_eq!(sha256_file(&dst.path().join("img.bin")), sum);
+    assert!(kept_files(dst.path()).is_empty());
 }
 
 /// A kept part whose bytes were changed so that every chunk keeps its
@@ -629,9 +696,15 @@ fn a_forged_prefix_with_the_same_crcs_is_caught_before_the_rename() {
     );
     assert_eq!(sent.code(), 5, "{}", sent.stderr);
     assert!(
-        file_result(&sent, "f.bin")["resumed_from"].as_u64() > Some(0),
+        sent.stderr
+            .contains("continuing after the part the receiver kept"),
         "the forged part was continued: {}",
-        sent.stdout
+        sent.stderr
+    );
+    assert!(
+        sent.stderr.contains("whole-file digest mismatch"),
+        "{}",
+        sent.stderr
     );
     assert!(!dst.path().join("f.bin").exists());
     assert!(

@@ -5,7 +5,7 @@
 use super::admission::Admission;
 use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use super::space::SpaceLedger;
-use super::store::{FileStore, Refusal, Resume, Sink, commit, system_time};
+use super::store::{FileStore, Refusal, Resume, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
@@ -99,6 +99,15 @@ struct AwaitingFrom {
     /// The session's claim on the partial file (none: a plain temporary
     /// file is written).
     claim: Option<Claim>,
+}
+
+/// Ends the session if SIGINT or SIGTERM came (a read for a resumed offer
+/// stopped early says nothing about what is held).
+fn interrupted() -> Result<(), XferError> {
+    if crate::sys::os::shutdown_requested() {
+        return Err(XferError::Sys(crate::sys::SysError::Interrupted));
+    }
+    Ok(())
 }
 
 /// Keeps the sender informed while the session reads a file from disk
@@ -515,6 +524,8 @@ impl Session<'_, '_> {
             Ok(h) => h,
             Err(refusal) => return self.refuse(&hello, hello_at, refusal),
         };
+        // A signal stopped the read: what is kept stays as it is.
+        interrupted()?;
         if holding.have.kind == HaveKind::Complete && !self.compared.insert(hello.name.clone()) {
             holding = Holding::nothing("its copy was compared once in this session already");
         }
@@ -559,6 +570,8 @@ impl Session<'_, '_> {
             self.cfg.timeout,
         );
         let digest = copy_digest(&copy, size, chunk_len, &mut || tick.tick());
+        // A signal stopped the read: no verdict on the copy.
+        interrupted()?;
         let name = waiting.hello.name.clone();
         let differs = match digest {
             Ok(d) if d == sha256 => None,
@@ -574,13 +587,6 @@ impl Session<'_, '_> {
             return Ok(());
         }
         info!(file = %name, "skipped: the receiver's copy is the same");
-        // The same bytes: the copy takes the source's time, as a transfer
-        // with --resume would have given it.
-        if let Some(t) = waiting.hello.mtime.and_then(system_time)
-            && let Err(e) = copy.set_modified(t)
-        {
-            warn!(file = %name, "cannot set the modification time of the receiver's copy: {e}");
-        }
         drop(copy);
         let ack = self.machine.same()?;
         self.control.send(&self.ep, &ack)?;

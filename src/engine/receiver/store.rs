@@ -6,7 +6,7 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 use super::ReceiverConfig;
-use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable};
+use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable, TempInUse};
 use super::space::{Promise, SpaceLedger};
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
@@ -294,11 +294,14 @@ impl FileStore {
                         format!("cannot create a file in the output directory: {e}"),
                     )
                 };
-                let (temp, file, resumable) = match resume {
+                let (temp, file, resumable, in_use) = match resume {
                     Resume::No => {
                         let temp = temp_name();
+                        // Marked before it exists: the sweep never sees it
+                        // unmarked.
+                        let in_use = TempInUse::new(&parent, &temp).map_err(cannot_create)?;
                         let file = parent.create_new(&temp, 0o600).map_err(cannot_create)?;
-                        (temp, file, None)
+                        (temp, file, None, Some(in_use))
                     }
                     Resume::Fresh(claim) => {
                         let identity = Identity::of_offer(hello, 0).ok_or_else(|| {
@@ -312,7 +315,7 @@ impl FileStore {
                         })?;
                         let (r, file) = Resumable::start(&parent, &leaf, identity, claim)
                             .map_err(cannot_create)?;
-                        (r.names().0.to_string(), file, Some(r))
+                        (r.names().0.to_string(), file, Some(r), None)
                     }
                     Resume::Continue(sidecar, claim) => {
                         let (r, file) =
@@ -325,7 +328,7 @@ impl FileStore {
                                     ),
                                 )
                             })?;
-                        (r.names().0.to_string(), file, Some(r))
+                        (r.names().0.to_string(), file, Some(r), None)
                     }
                 };
                 let mut temp = TempFile {
@@ -337,6 +340,7 @@ impl FileStore {
                     promise,
                     resumable,
                     discard: false,
+                    _in_use: in_use,
                 };
                 // Dropping `temp` removes the file if the space is not there.
                 match reserve_blocks(&temp.file, size) {
@@ -415,7 +419,7 @@ fn open_parent(root: &DirFd, path: &str) -> Result<(DirFd, String), Refusal> {
     Ok((dir, leaf.to_string()))
 }
 
-pub(super) fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
+fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
     let epoch = std::time::UNIX_EPOCH;
     let nanos = Duration::from_nanos(m.nanos.into());
     if m.secs >= 0 {
@@ -444,6 +448,9 @@ pub(super) struct TempFile {
     resumable: Option<Resumable>,
     /// Nothing of it may be kept, even with RESUME (its digest failed).
     discard: bool,
+    /// A plain temporary file's mark for the sweep (a partial file has
+    /// its claim instead). Dropped after the file is renamed or removed.
+    _in_use: Option<TempInUse>,
 }
 
 impl TempFile {
@@ -570,9 +577,13 @@ pub(super) fn commit(
             .set_modified(m)
             .map_err(|e| XferError::io(ctx("cannot set the modification time of"), e))?;
     }
-    t.file
-        .sync_all()
-        .map_err(|e| XferError::io(ctx("cannot fsync"), e))?;
+    if let Err(e) = t.file.sync_all() {
+        // Pages may be lost: no record may promise them now.
+        if let Some(r) = t.resumable.as_mut() {
+            r.write_failed();
+        }
+        return Err(XferError::io(ctx("cannot fsync"), e));
+    }
     // The name must still be the file we wrote (a kept partial file lives
     // for days beside its final name, and is continued by descriptor):
     // another file put there meanwhile is never renamed into place.

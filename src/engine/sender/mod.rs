@@ -127,17 +127,18 @@ pub fn send_files(
     let mut settled: HashSet<String> = HashSet::new();
     let mut total = SessionOutcome::default();
     let mut retry = 0;
+    // Failures of files cut short by a session's end, by name: reported
+    // only if no later session settles them.
+    let mut cut_short: BTreeMap<String, FileFailure> = BTreeMap::new();
     loop {
-        // Failures of files cut short by the session's end: reported only
-        // if no retry follows.
-        let mut cut_short: Vec<FileFailure> = Vec::new();
         let mut now_settled = Vec::new();
         let (outcome, ended_by) = run_session(cfg, paths, &settled, |event| match event {
             FileEvent::Failed(f) if f.session_ended && retry < cfg.retries => {
-                cut_short.push(f.clone());
+                cut_short.insert(f.name.clone(), f.clone());
             }
             FileEvent::Done(FileReport { name, .. })
             | FileEvent::Failed(FileFailure { name, .. }) => {
+                cut_short.remove(name);
                 now_settled.push(name.clone());
                 on_file(event);
             }
@@ -166,7 +167,17 @@ pub fn send_files(
                 if cfg.retries > 0 && !why.is_empty() {
                     warn!("{why}the transfer is not retried");
                 }
-                total.first_error.take().unwrap_or(err)
+                match total.first_error.take() {
+                    // The run's result is its first failure; the last one
+                    // is said all the same.
+                    Some(first) => {
+                        if retry > 0 {
+                            warn!("the last attempt ended: {err}");
+                        }
+                        first
+                    }
+                    None => err,
+                }
             }
             None => {
                 retry += 1;
@@ -182,7 +193,7 @@ pub fn send_files(
                 XferError::Sys(SysError::Interrupted)
             }
         };
-        for f in &cut_short {
+        for f in cut_short.values() {
             on_file(FileEvent::Failed(f));
         }
         return Err(err);

@@ -274,7 +274,7 @@ impl Connection {
         match have.kind {
             HaveKind::Nothing if have.note.is_empty() => Ok(Answer::From(0, None)),
             HaveKind::Nothing => {
-                warn!(file = %name, "starting from zero: {}", have.note);
+                warn!(file = %name, "starting from zero: {}", crate::proto::escaped(&have.note));
                 Ok(Answer::From(0, None))
             }
             HaveKind::Prefix if have.chunk_len > cfg.chunk_size => {

@@ -3,7 +3,7 @@
 //! its record.
 
 use super::sidecar::*;
-use crate::proto::{DigestAlg, Hello};
+use crate::proto::{DigestAlg, Hello, Mtime};
 
 /// Records past this many bytes of a sidecar are not read (a 2 TB file in
 /// 1 MiB chunks needs 16 MiB of records).
@@ -55,10 +55,11 @@ impl Holding {
 }
 
 /// What the receiver holds of `hello`'s file, offered with RESUME, under
-/// `parent` with final name `leaf`: the complete file (same size; read
-/// only if the sender's COMPARE comes, see `copy_digest`), the prefix of a
-/// partial file kept from an earlier attempt, read back and checked
-/// against its record, or nothing, with the reason. `tick` is called
+/// `parent` with final name `leaf`: the complete file (same size and
+/// modification time; read only if the sender's COMPARE comes, see
+/// `copy_digest`), else the prefix of a partial file kept from an earlier
+/// attempt, read back and checked against its record, or nothing, with
+/// the reason. `tick` is called
 /// once per chunk read (the engine keeps the sender informed while a
 /// large file is read) and may stop the read with an error.
 pub(crate) fn find(
@@ -71,16 +72,27 @@ pub(crate) fn find(
     use crate::engine::digest::read_prefix;
     use crate::proto::{Digest, Have, HaveKind};
     use crate::sys::dirfd::EntryKind;
-    let name = &hello.name;
-    if let Ok(Some(EntryKind::File)) = parent.kind(leaf) {
-        return match parent.open_file(leaf, false) {
-            Ok(f) if f.metadata().is_ok_and(|m| m.len() == hello.size) => Holding {
-                have: Have::complete(hello.size),
-                kept: None,
-                copy: Some(f),
-            },
-            Ok(_) => Holding::nothing(format!("{name} exists on the receiver with another size")),
-            Err(e) => Holding::nothing(format!("cannot open the receiver's {name}: {e}")),
+    // A file under the final name is a copy to compare only with the
+    // offer's size and modification time (a --resume run gives a file the
+    // source's): any other says nothing, so that a sender cannot learn the
+    // size or test guesses of the content of the receiver's files. A kept
+    // partial file is looked for all the same (an interrupted transfer
+    // with --overwrite over an older file).
+    if let Ok(Some(EntryKind::File)) = parent.kind(leaf)
+        && let Ok(f) = parent.open_file(leaf, false)
+        && f.metadata().is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            let mtime = u32::try_from(m.mtime_nsec()).map(|nanos| Mtime {
+                secs: m.mtime(),
+                nanos,
+            });
+            m.len() == hello.size && mtime.ok() == hello.mtime
+        })
+    {
+        return Holding {
+            have: Have::complete(hello.size),
+            kept: None,
+            copy: Some(f),
         };
     }
     let (partial, meta) = partial_names(leaf);
@@ -334,8 +346,33 @@ mod tests {
             "{}",
             h.note
         );
-        // The complete file: held, and never its digest in the HAVE.
+        // A file of that size under the final name, with another
+        // modification time: no copy to compare, and nothing said about it
+        // (the kept partial is what counts).
         std::fs::write(dir.join("f.bin"), &data).unwrap();
+        let h = holds(&parent, &hello);
+        assert!(
+            h.kind == HaveKind::Nothing && !h.note.contains("f.bin"),
+            "{h:?}"
+        );
+        keep_partial(dir, &data, 450, 100, &hello);
+        let h = holds(&parent, &hello);
+        assert_eq!(
+            (h.kind, h.bytes),
+            (HaveKind::Prefix, 400),
+            "the partial, still"
+        );
+        // With the offer's size and time: held, never its digest in the HAVE.
+        let offered = std::time::UNIX_EPOCH + std::time::Duration::new(9, 1);
+        let set_time = |t| {
+            std::fs::File::options()
+                .write(true)
+                .open(dir.join("f.bin"))
+                .unwrap()
+                .set_modified(t)
+                .unwrap()
+        };
+        set_time(offered);
         let held = find(&parent, "f.bin", &hello, 100, &mut || Ok(()));
         assert_eq!(held.have, crate::proto::Have::complete(1000));
         let copy = held.copy.expect("the copy held");
@@ -350,9 +387,21 @@ mod tests {
         std::fs::write(dir.join("f.bin"), &data[..999]).unwrap();
         assert!(copy_digest(&copy, 1000, 100, &mut || Ok(())).is_err());
         std::fs::write(dir.join("f.bin"), &data).unwrap();
-        // Another size: nothing.
-        let h = holds(&parent, &offer(999));
-        assert!(h.kind == HaveKind::Nothing && h.note.contains("another size"));
+        set_time(offered);
+        // Another size or time: not a copy (the note is the partial's).
+        for other in [
+            offer(999),
+            Hello {
+                mtime: Some(Mtime { secs: 9, nanos: 2 }),
+                ..offer(1000)
+            },
+        ] {
+            let h = holds(&parent, &other);
+            assert!(
+                h.kind == HaveKind::Nothing && !h.note.contains("f.bin"),
+                "{h:?}"
+            );
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod sidecar;
 mod sweep;
 
 pub(super) use find::{Holding, KeptPrefix, OpenSidecar, copy_digest, find};
-pub(super) use resumable::{Claim, Resumable, remove};
+pub(super) use resumable::{Claim, Resumable, TempInUse, remove};
 pub(super) use sidecar::Identity;
 pub(super) use sweep::sweep;
 #[cfg(test)]

@@ -15,6 +15,40 @@ pub(crate) const SYNC_EVERY: usize = 64;
 pub(super) static CLAIMS: std::sync::Mutex<std::collections::BTreeSet<(u64, u64, String)>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
+/// Temporary files the sessions of this receiver write now, by directory
+/// (device, inode) and name: the sweep spares them whatever their age
+/// (and whatever became of an earlier process with the same pid).
+pub(super) static TEMPS: std::sync::Mutex<std::collections::BTreeSet<(u64, u64, String)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A temporary file in use (see `TEMPS`), until dropped.
+#[derive(Debug)]
+pub(crate) struct TempInUse {
+    key: (u64, u64, String),
+}
+
+impl TempInUse {
+    /// Marks `name` in `parent` as in use.
+    pub fn new(parent: &crate::sys::dirfd::DirFd, name: &str) -> std::io::Result<Self> {
+        let (dev, ino) = parent.identity()?;
+        let key = (dev, ino, name.to_string());
+        TEMPS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone());
+        Ok(Self { key })
+    }
+}
+
+impl Drop for TempInUse {
+    fn drop(&mut self) {
+        TEMPS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
 /// A session's exclusive use of the partial file of one final name, until
 /// dropped.
 #[derive(Debug)]

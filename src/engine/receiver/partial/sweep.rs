@@ -1,15 +1,27 @@
 //! The sweep of old leftovers (kept partial files, their records, temporary
 //! files of a receiver that died) under the receiver's directory.
 
-use super::resumable::CLAIMS;
+use super::resumable::{CLAIMS, TEMPS};
 use super::sidecar::partial_names;
 
-/// Whether `name` is one of the receiver's own leftovers: a kept partial
-/// file or its record, or the temporary file of a transfer whose receiver
-/// died (a crash leaves it behind).
+/// Whether `name` is one of the receiver's own leftovers, in exactly the
+/// forms it writes them: a kept partial file or its record
+/// (`.rdma-xfer-partial-<24 hex>[.meta]`), or the temporary file of a
+/// transfer whose receiver died (`.rdma-xfer-<pid>-<n>-<8 hex>.part`).
 fn is_leftover(name: &str) -> bool {
-    name.starts_with(".rdma-xfer-partial-")
-        || (name.starts_with(".rdma-xfer-") && name.ends_with(".part"))
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = name.strip_prefix(".rdma-xfer-partial-") {
+        return hex(rest.strip_suffix(".meta").unwrap_or(rest), 24);
+    }
+    let Some(rest) = name
+        .strip_prefix(".rdma-xfer-")
+        .and_then(|r| r.strip_suffix(".part"))
+    else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('-').collect();
+    matches!(parts[..], [pid, n, x] if digits(pid) && digits(n) && hex(x, 8))
 }
 
 /// What a sweep did.
@@ -25,7 +37,7 @@ pub(crate) struct Swept {
 /// under `root` that were not modified for `ttl`: the whole tree, never
 /// through a link nor into another file system (a mount below `--dir`).
 /// Spared whatever a live session uses: a partial file claimed (see
-/// `Claim`), a temporary file of this process. Directories wait as paths
+/// `Claim`), a temporary file a session writes (`TempInUse`). Directories wait as paths
 /// and are opened one at a time, each from the root, component by
 /// component: a tree of any width or depth costs two descriptors.
 /// `go_on` is asked before each directory; false stops the sweep there.
@@ -44,8 +56,6 @@ pub(crate) fn sweep(
             return swept;
         }
     };
-    // This process's temporary files belong to sessions running now.
-    let own = format!(".rdma-xfer-{}-", std::process::id());
     // Directories still to search, as paths below the root ("" is the
     // root, "a/b/" a directory in it).
     let mut stack = vec![String::new()];
@@ -92,19 +102,21 @@ pub(crate) fn sweep(
                         .ok()
                         .and_then(|m| now.duration_since(m).ok())
                         .unwrap_or_default();
-                    if age < ttl || name.starts_with(&own) {
+                    if age < ttl {
                         swept.kept += 1;
                         continue;
                     }
-                    // Checked and removed under the claims' lock: no
-                    // session claims it in between.
+                    // Checked and removed under the locks: no session
+                    // claims it or creates it in between.
                     let claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
-                    if is_claimed(&claims, id, &name) {
+                    let temps = TEMPS.lock().unwrap_or_else(|e| e.into_inner());
+                    if is_claimed(&claims, id, &name) || temps.contains(&(id.0, id.1, name.clone()))
+                    {
                         swept.kept += 1;
                         continue;
                     }
                     let removed = dir.unlink(&name);
-                    drop(claims);
+                    drop((temps, claims));
                     match removed {
                         Ok(()) => {
                             tracing::info!(
@@ -144,7 +156,7 @@ fn is_claimed(
 
 #[cfg(test)]
 mod tests {
-    use super::super::resumable::Claim;
+    use super::super::resumable::{Claim, TempInUse};
     use super::*;
     use crate::sys::dirfd::DirFd;
     use std::time::{Duration, SystemTime};
@@ -168,7 +180,15 @@ mod tests {
             r.join("a/.rdma-xfer-12-0-0000abcd.part"),
         ];
         let young = r.join(format!("a/{partial}"));
-        let other = [r.join("a/b/.rdma-xfer-partial"), r.join("keep.bin")];
+        // Like leftovers, not in their exact forms: a user's files.
+        let other = [
+            r.join("a/b/.rdma-xfer-partial"),
+            r.join("keep.bin"),
+            r.join(format!("a/{partial}x")),
+            r.join("a/b/.rdma-xfer-partial-notes.meta"),
+            r.join("a/.rdma-xfer-my-notes.part"),
+            r.join("a/.rdma-xfer-12-0-0000abcd.part.txt"),
+        ];
         for p in old.iter().chain([&young]).chain(&other) {
             std::fs::write(p, b"x").unwrap();
         }
@@ -201,8 +221,10 @@ mod tests {
         std::fs::create_dir(r.join("a")).unwrap();
         let (partial, meta) = partial_names("x.bin");
         let (other, _) = partial_names("y.bin");
+        // In use: marked by its session (a dead one of the same pid is
+        // not).
         let own = format!(".rdma-xfer-{}-0-00000000.part", std::process::id());
-        let dead = ".rdma-xfer-1-0-00000000.part".to_string();
+        let dead = format!(".rdma-xfer-{}-1-00000000.part", std::process::id());
         let files = [&partial, &meta, &other, &own, &dead].map(|n| r.join("a").join(n));
         for p in &files {
             std::fs::write(p, b"x").unwrap();
@@ -210,9 +232,10 @@ mod tests {
         }
         let a = DirFd::open(&r.join("a")).unwrap();
         let claim = Claim::try_take(&a, "x.bin").unwrap().unwrap();
+        let in_use = TempInUse::new(&a, &own).unwrap();
         let root_fd = DirFd::open(r).unwrap();
         let ttl = Duration::from_secs(3600);
-        // The claimed name's partial and record, and this process's
+        // The claimed name's partial and record, and the temporary file in use
         // temporary file, stay; the others go.
         assert_eq!(
             sweep(&root_fd, ttl, &|| true),
@@ -225,11 +248,12 @@ mod tests {
         assert!(!files[2].exists() && !files[4].exists());
         // Given back: swept.
         drop(claim);
+        drop(in_use);
         assert_eq!(
             sweep(&root_fd, ttl, &|| true),
             Swept {
-                removed: 2,
-                kept: 1
+                removed: 3,
+                kept: 0
             }
         );
     }
