@@ -484,6 +484,50 @@ fn retry_reconnects_only_after_transient_failures() {
     drop(receiver);
 }
 
+/// A file cut short, then nothing to reconnect to: once the retries are
+/// spent the file is reported failed (not forgotten with its attempt).
+#[test]
+fn retry_reports_a_file_cut_short_when_no_attempt_is_left() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("cut.bin");
+    make_file(&input, 200 * MIB, 50);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    let sender = Running::spawn(
+        "sender",
+        sender_cmd(
+            &net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&input),
+            &["--retry=1", "--json", "--timeout", "5"],
+        ),
+    );
+    wait_for_partial_file(dst.path(), 32 * MIB);
+    receiver.signal("KILL");
+    let _ = receiver.wait(Duration::from_secs(30));
+    let sent = sender.wait(Duration::from_secs(120));
+    assert!(
+        [3, 7].contains(&sent.code()),
+        "lost, then nobody listening: {}",
+        sent.stderr
+    );
+    assert_eq!(
+        sent.stderr.matches("connecting again").count(),
+        1,
+        "{}",
+        sent.stderr
+    );
+    let results: Vec<serde_json::Value> = json_lines("sender", &sent.stdout)
+        .into_iter()
+        .filter(|v| v["event"] == "file" && v["name"] == "cut.bin")
+        .collect();
+    assert_eq!(results.len(), 1, "reported once: {}", sent.stdout);
+    assert_ne!(results[0]["status"], "ok", "{}", sent.stdout);
+    assert!(!dst.path().join("cut.bin").exists());
+}
+
 /// A receiver busy at its --max-sessions is worth retrying: the sender
 /// reconnects until the session that held it is over.
 #[test]
