@@ -795,3 +795,36 @@ fn force_crc32(data: &mut [u8], at: usize, want: u32) {
     }
     data[at..at + 4].copy_from_slice(&(reg ^ before).to_le_bytes());
 }
+
+/// `--partial-ttl`: the receiver's sweep removes a leftover once it is
+/// older than the limit, leaves a user's file with a similar name alone,
+/// and spares the temporary file of a session, however long it waits.
+#[test]
+fn the_sweep_removes_old_leftovers_and_spares_what_sessions_use() {
+    let Some(net) = rdma_net() else { return };
+    let (_src, dst) = dirs();
+    let leftover = dst
+        .path()
+        .join(format!(".rdma-xfer-partial-{}", "0a".repeat(12)));
+    let users = dst.path().join(".rdma-xfer-partial-notes");
+    std::fs::write(&leftover, b"x").unwrap();
+    std::fs::write(&users, b"mine").unwrap();
+    let port = next_port();
+    let mut receiver = start_receiver(&net, port, dst.path(), &["--partial-ttl", "2s"]);
+    // A stream whose input comes after 6 s: its temporary file does not
+    // change meanwhile, and sweeps run every 2 s.
+    let script = format!(
+        "(sleep 6; echo late) | {}",
+        sender_line(sender_bin(), &net, port, &["--name", "slow.txt"], &["-"])
+    );
+    let sent = pipeline("sender", &script, 1).wait(Duration::from_secs(60));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(
+        std::fs::read(dst.path().join("slow.txt")).unwrap(),
+        b"late\n"
+    );
+    receiver.wait_for_stderr("older than --partial-ttl", Duration::from_secs(30));
+    assert!(!leftover.exists());
+    assert_eq!(std::fs::read(&users).unwrap(), b"mine");
+    assert_no_temp_files(dst.path());
+}

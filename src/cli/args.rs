@@ -130,7 +130,7 @@ pub struct SenderArgs {
     pub chunk_size: u64,
     /// If the transfer fails, the receiver keeps what it verified; sent
     /// again with --resume, a file continues where it stopped, and a file
-    /// the receiver has complete (same size and SHA-256) is skipped. Also
+    /// the receiver has complete (same size, mtime and SHA-256) is skipped. Also
     /// carries modification times, which identify the source.
     #[arg(long)]
     pub resume: bool,

@@ -103,11 +103,18 @@ impl DirFd {
     /// When `name` (not followed if a link) was last modified.
     pub fn modified(&self, name: &str) -> io::Result<std::time::SystemTime> {
         let st = rustix::fs::statat(&self.fd, component(name)?, AtFlags::SYMLINK_NOFOLLOW)?;
-        let since = std::time::Duration::new(
-            u64::try_from(st.st_mtime).unwrap_or(0),
-            u32::try_from(st.st_mtime_nsec).unwrap_or(0),
-        );
-        Ok(std::time::UNIX_EPOCH + since)
+        let at = |secs: i64, nanos: i64| {
+            std::time::UNIX_EPOCH
+                + std::time::Duration::new(
+                    u64::try_from(secs).unwrap_or(0),
+                    u32::try_from(nanos).unwrap_or(0),
+                )
+        };
+        // The later of the data's and the inode's change: a time set back
+        // (a file given its source's mtime) still counts as a change now.
+        #[allow(clippy::unnecessary_cast)]
+        Ok(at(st.st_mtime as i64, st.st_mtime_nsec as i64)
+            .max(at(st.st_ctime as i64, st.st_ctime_nsec as i64)))
     }
 
     /// Opens the subdirectory `name`; a symbolic link or a non-directory

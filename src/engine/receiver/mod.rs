@@ -322,7 +322,8 @@ fn sweep_periodically(cfg: &ReceiverConfig, stop: &mpsc::Receiver<()>) {
     loop {
         match crate::sys::dirfd::DirFd::open(&cfg.dir) {
             Ok(root) => {
-                let swept = partial::sweep(&root, cfg.partial_ttl, &go_on);
+                let swept =
+                    partial::sweep(&root, cfg.partial_ttl, std::time::SystemTime::now(), &go_on);
                 debug!(
                     removed = swept.removed,
                     kept = swept.kept,

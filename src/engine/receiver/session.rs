@@ -520,12 +520,14 @@ impl Session<'_, '_> {
     /// HAVE (reading the copy or the kept prefix, the sender kept
     /// informed); the sender's FROM decides (`on_from`).
     fn offer_holding(&mut self, hello: Hello, hello_at: Instant) -> Result<(), XferError> {
-        let (mut holding, claim) = match self.holding(&hello) {
+        let held = self.holding(&hello);
+        // A signal stopped the wait or the read: what is kept stays as it
+        // is, and nothing is answered about it.
+        interrupted()?;
+        let (mut holding, claim) = match held {
             Ok(h) => h,
             Err(refusal) => return self.refuse(&hello, hello_at, refusal),
         };
-        // A signal stopped the read: what is kept stays as it is.
-        interrupted()?;
         if holding.have.kind == HaveKind::Complete && !self.compared.insert(hello.name.clone()) {
             holding = Holding::nothing("its copy was compared once in this session already");
         }
@@ -622,7 +624,9 @@ impl Session<'_, '_> {
             self.cfg.timeout,
         );
         self.store
-            .holding(hello, chunk_len, wait, &mut || tick.tick())
+            .holding(hello, (chunk_len, self.cfg.overwrite), wait, &mut || {
+                tick.tick()
+            })
     }
 
     /// FROM answered our HAVE: receive from 0, continue the kept prefix,

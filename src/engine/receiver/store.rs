@@ -186,10 +186,13 @@ impl FileStore {
     /// needs. A partial file another session holds (one whose sender is
     /// gone, say, not yet timed out) is waited for up to `wait`, `tick`
     /// called meanwhile; then, or for standard output, nothing is held.
+    ///
+    /// Any other file under the final name is refused at once without
+    /// `overwrite` (before a kept part is read for nothing).
     pub(super) fn holding(
         &self,
         hello: &Hello,
-        chunk_len: u32,
+        (chunk_len, overwrite): (u32, bool),
         wait: Duration,
         tick: &mut dyn FnMut() -> std::io::Result<()>,
     ) -> Result<(Holding, Option<Claim>), Refusal> {
@@ -219,8 +222,12 @@ impl FileStore {
             tick().map_err(io)?;
             std::thread::sleep(Duration::from_millis(100));
         };
+        if let Some(copy) = partial::copy_of(&parent, &leaf, hello) {
+            return Ok((Holding::copy(hello.size, copy), Some(claim)));
+        }
+        check_final_name(&parent, &leaf, &hello.name, overwrite)?;
         Ok((
-            partial::find(&parent, &leaf, hello, chunk_len, tick),
+            partial::kept_prefix(&parent, &leaf, hello, chunk_len, tick),
             Some(claim),
         ))
     }
@@ -251,30 +258,7 @@ impl FileStore {
             }
             FileStore::Tree { root, ledger, .. } => {
                 let (parent, leaf) = open_parent(root, &hello.name)?;
-                match parent.kind(&leaf) {
-                    Ok(Some(EntryKind::Dir)) => {
-                        return Err((
-                            RejectCode::Exists,
-                            format!("{} exists and is a directory", hello.name),
-                        ));
-                    }
-                    Ok(Some(_)) if !overwrite => {
-                        return Err((
-                            RejectCode::Exists,
-                            format!(
-                                "{} already exists on the receiver (it runs without --overwrite)",
-                                hello.name
-                            ),
-                        ));
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        return Err((
-                            RejectCode::Io,
-                            format!("cannot inspect {}: {e}", hello.name),
-                        ));
-                    }
-                }
+                check_final_name(&parent, &leaf, &hello.name, overwrite)?;
                 // A stream's size is unknown: it is checked as it arrives
                 // (--max-size by the state machine, space by the writes).
                 let size = if hello.is_stream() { 0 } else { hello.size };
@@ -532,6 +516,28 @@ pub(super) enum Sink {
     Stdout(File),
 }
 
+/// Refuses an offer whose final name `leaf` in `parent` is a directory,
+/// or any existing entry without `overwrite`.
+fn check_final_name(
+    parent: &DirFd,
+    leaf: &str,
+    name: &str,
+    overwrite: bool,
+) -> Result<(), Refusal> {
+    match parent.kind(leaf) {
+        Ok(Some(EntryKind::Dir)) => Err((
+            RejectCode::Exists,
+            format!("{name} exists and is a directory"),
+        )),
+        Ok(Some(_)) if !overwrite => Err((
+            RejectCode::Exists,
+            format!("{name} already exists on the receiver (it runs without --overwrite)"),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err((RejectCode::Io, format!("cannot inspect {name}: {e}"))),
+    }
+}
+
 /// A temporary name that does not depend on the (up to 255-byte) final name.
 fn temp_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -749,7 +755,10 @@ mod tests {
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
         let mut h = hello("f.bin", 1000);
         h.caps |= crate::proto::hello_flags::RESUME;
-        let holds = |s: &FileStore| s.holding(&h, 100, Duration::ZERO, &mut || Ok(())).unwrap();
+        let holds = |s: &FileStore| {
+            s.holding(&h, (100, false), Duration::ZERO, &mut || Ok(()))
+                .unwrap()
+        };
         let (nothing, claim) = holds(&s);
         assert_eq!(nothing.have.kind, crate::proto::HaveKind::Nothing);
         // While a session holds the name, another gets nothing to resume
@@ -783,11 +792,25 @@ mod tests {
         assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
         // Now the receiver has it complete.
         assert_eq!(holds(&s).0.have.kind, crate::proto::HaveKind::Complete);
+        // Another file under that name (another time) is no copy: refused
+        // at once without --overwrite, nothing said about it with it.
+        let other = crate::proto::Hello {
+            mtime: Some(crate::proto::Mtime { secs: 77, nanos: 0 }),
+            ..h.clone()
+        };
+        let refused = s.holding(&other, (100, false), Duration::ZERO, &mut || {
+            Err(std::io::Error::other("nothing may be read"))
+        });
+        assert!(matches!(refused, Err((RejectCode::Exists, _))));
+        let (held, _) = s
+            .holding(&other, (100, true), Duration::ZERO, &mut || Ok(()))
+            .unwrap();
+        assert_eq!(held.have, crate::proto::Have::nothing(""));
         // A failed whole-file check keeps nothing, even when resumable.
         let mut g = hello("g.bin", 1000);
         g.caps |= crate::proto::hello_flags::RESUME;
         let claim = s
-            .holding(&g, 100, Duration::ZERO, &mut || Ok(()))
+            .holding(&g, (100, false), Duration::ZERO, &mut || Ok(()))
             .unwrap()
             .1
             .unwrap();
@@ -808,7 +831,10 @@ mod tests {
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
         let mut h = hello("f.bin", 1000);
         h.caps |= crate::proto::hello_flags::RESUME;
-        let holds = |s: &FileStore| s.holding(&h, 100, Duration::ZERO, &mut || Ok(())).unwrap();
+        let holds = |s: &FileStore| {
+            s.holding(&h, (100, false), Duration::ZERO, &mut || Ok(()))
+                .unwrap()
+        };
         let claim = holds(&s).1.unwrap();
         let mut sink = s
             .create(&h, false, root.path(), Resume::Fresh(claim))
@@ -850,7 +876,7 @@ mod tests {
         let mut h = hello("f.bin", 1000);
         h.caps |= crate::proto::hello_flags::RESUME;
         let claim = s
-            .holding(&h, 10, Duration::ZERO, &mut || Ok(()))
+            .holding(&h, (10, false), Duration::ZERO, &mut || Ok(()))
             .unwrap()
             .1
             .unwrap();
@@ -888,7 +914,7 @@ mod tests {
         h.caps |= crate::proto::hello_flags::RESUME;
         let allocated = |f: &File| f.metadata().unwrap().blocks() * 512;
         let holds = |s: &FileStore| {
-            s.holding(&h, CHUNK as u32, Duration::ZERO, &mut || Ok(()))
+            s.holding(&h, (CHUNK as u32, false), Duration::ZERO, &mut || Ok(()))
                 .unwrap()
         };
         let temp = |sink: &mut Sink| -> File {
@@ -946,7 +972,7 @@ mod tests {
             let resume = if resumable {
                 g.caps |= crate::proto::hello_flags::RESUME;
                 Resume::Fresh(
-                    s.holding(&g, 100, Duration::ZERO, &mut || Ok(()))
+                    s.holding(&g, (100, false), Duration::ZERO, &mut || Ok(()))
                         .unwrap()
                         .1
                         .unwrap(),

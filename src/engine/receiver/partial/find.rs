@@ -3,7 +3,7 @@
 //! its record.
 
 use super::sidecar::*;
-use crate::proto::{DigestAlg, Hello, Mtime};
+use crate::proto::{DigestAlg, Hello};
 
 /// Records past this many bytes of a sidecar are not read (a 2 TB file in
 /// 1 MiB chunks needs 16 MiB of records).
@@ -45,6 +45,15 @@ impl std::ops::Deref for OpenSidecar {
 }
 
 impl Holding {
+    /// A complete copy of `size` bytes, to compare.
+    pub fn copy(size: u64, copy: std::fs::File) -> Self {
+        Self {
+            have: crate::proto::Have::complete(size),
+            kept: None,
+            copy: Some(copy),
+        }
+    }
+
     pub fn nothing(note: impl Into<String>) -> Self {
         Self {
             have: crate::proto::Have::nothing(note),
@@ -55,14 +64,55 @@ impl Holding {
 }
 
 /// What the receiver holds of `hello`'s file, offered with RESUME, under
-/// `parent` with final name `leaf`: the complete file (same size and
-/// modification time; read only if the sender's COMPARE comes, see
-/// `copy_digest`), else the prefix of a partial file kept from an earlier
-/// attempt, read back and checked against its record, or nothing, with
-/// the reason. `tick` is called
+/// `parent` with final name `leaf`: the complete file (`copy_of`), else
+/// what `kept_prefix` finds.
+#[cfg(test)]
+pub(crate) fn find(
+    parent: &crate::sys::dirfd::DirFd,
+    leaf: &str,
+    hello: &Hello,
+    chunk_len: u32,
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
+) -> Holding {
+    match copy_of(parent, leaf, hello) {
+        Some(copy) => Holding::copy(hello.size, copy),
+        None => kept_prefix(parent, leaf, hello, chunk_len, tick),
+    }
+}
+
+/// The file under the final name, if it is a copy to compare: a regular
+/// file with the offer's size and modification time (a --resume run gives
+/// a file the source's). Any other says nothing, so that a sender learns
+/// nothing of the receiver's files but equality. A time stored with less
+/// precision (a file system keeping microseconds, say) matches the
+/// offer's cut to that precision.
+pub(crate) fn copy_of(
+    parent: &crate::sys::dirfd::DirFd,
+    leaf: &str,
+    hello: &Hello,
+) -> Option<std::fs::File> {
+    use crate::sys::dirfd::EntryKind;
+    use std::os::unix::fs::MetadataExt;
+    let offered = hello.mtime?;
+    if !matches!(parent.kind(leaf), Ok(Some(EntryKind::File))) {
+        return None;
+    }
+    let f = parent.open_file(leaf, false).ok()?;
+    let m = f.metadata().ok()?;
+    let same_time = m.mtime() == offered.secs
+        && (0..=9).any(|digits| {
+            let unit = 10u32.pow(digits);
+            i64::from(offered.nanos - offered.nanos % unit) == m.mtime_nsec()
+        });
+    (m.len() == hello.size && same_time).then_some(f)
+}
+
+/// The prefix of a partial file kept from an earlier attempt at `hello`'s
+/// file under `parent` with final name `leaf`, read back and checked
+/// against its record, or nothing, with the reason. `tick` is called
 /// once per chunk read (the engine keeps the sender informed while a
 /// large file is read) and may stop the read with an error.
-pub(crate) fn find(
+pub(crate) fn kept_prefix(
     parent: &crate::sys::dirfd::DirFd,
     leaf: &str,
     hello: &Hello,
@@ -71,30 +121,6 @@ pub(crate) fn find(
 ) -> Holding {
     use crate::engine::digest::read_prefix;
     use crate::proto::{Digest, Have, HaveKind};
-    use crate::sys::dirfd::EntryKind;
-    // A file under the final name is a copy to compare only with the
-    // offer's size and modification time (a --resume run gives a file the
-    // source's): any other says nothing, so that a sender cannot learn the
-    // size or test guesses of the content of the receiver's files. A kept
-    // partial file is looked for all the same (an interrupted transfer
-    // with --overwrite over an older file).
-    if let Ok(Some(EntryKind::File)) = parent.kind(leaf)
-        && let Ok(f) = parent.open_file(leaf, false)
-        && f.metadata().is_ok_and(|m| {
-            use std::os::unix::fs::MetadataExt;
-            let mtime = u32::try_from(m.mtime_nsec()).map(|nanos| Mtime {
-                secs: m.mtime(),
-                nanos,
-            });
-            m.len() == hello.size && mtime.ok() == hello.mtime
-        })
-    {
-        return Holding {
-            have: Have::complete(hello.size),
-            kept: None,
-            copy: Some(f),
-        };
-    }
     let (partial, meta) = partial_names(leaf);
     // Both are opened for writing too: a transfer that continues them
     // writes through these descriptors.
@@ -387,6 +413,18 @@ mod tests {
         std::fs::write(dir.join("f.bin"), &data[..999]).unwrap();
         assert!(copy_digest(&copy, 1000, 100, &mut || Ok(())).is_err());
         std::fs::write(dir.join("f.bin"), &data).unwrap();
+        set_time(offered);
+        // A time stored with less precision (microseconds) matches the
+        // offer's cut to it; other digits there do not.
+        set_time(std::time::UNIX_EPOCH + std::time::Duration::new(9, 123_000));
+        let at = |nanos| Hello {
+            mtime: Some(Mtime { secs: 9, nanos }),
+            ..offer(1000)
+        };
+        assert!(copy_of(&parent, "f.bin", &at(123_456)).is_some());
+        assert!(copy_of(&parent, "f.bin", &at(123_000)).is_some());
+        assert!(copy_of(&parent, "f.bin", &at(124_000)).is_none());
+        assert!(copy_of(&parent, "f.bin", &at(1_123_000)).is_none());
         set_time(offered);
         // Another size or time: not a copy (the note is the partial's).
         for other in [

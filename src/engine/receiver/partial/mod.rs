@@ -19,7 +19,7 @@ mod resumable;
 mod sidecar;
 mod sweep;
 
-pub(super) use find::{Holding, KeptPrefix, OpenSidecar, copy_digest, find};
+pub(super) use find::{Holding, KeptPrefix, OpenSidecar, copy_digest, copy_of, kept_prefix};
 pub(super) use resumable::{Claim, Resumable, TempInUse, remove};
 pub(super) use sidecar::Identity;
 pub(super) use sweep::sweep;

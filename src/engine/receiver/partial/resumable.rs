@@ -296,7 +296,12 @@ impl Resumable {
             self.discard();
             return synced.map(|()| 0);
         }
-        let mut first = synced.err();
+        // The last chunks could not be recorded (or a write failed
+        // earlier): what is recorded is kept all the same, said here.
+        if let Err(e) = synced {
+            tracing::warn!(path = %self.partial, "the last chunks of a partial file are not kept: {e}");
+        }
+        let mut first = None;
         if self.failed {
             // A failed append may have left records whose bytes are cut
             // below: they go too.

@@ -72,11 +72,10 @@ impl Identity {
     /// Why a partial kept for `self` cannot continue a transfer of `now`
     /// (the same name is assumed): the source changed, or the chunks did.
     pub fn mismatch(&self, now: &Identity) -> Option<String> {
+        // No sizes or times in the words: the sender learns nothing of an
+        // earlier source of that name it could not know.
         if self.size != now.size {
-            Some(format!(
-                "the source's size changed ({} bytes, now {})",
-                self.size, now.size
-            ))
+            Some("the source's size changed".into())
         } else if self.mtime != now.mtime {
             Some("the source's modification time changed".into())
         } else if self.digest != now.digest {

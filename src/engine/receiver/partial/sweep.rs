@@ -41,13 +41,17 @@ pub(crate) struct Swept {
 /// and are opened one at a time, each from the root, component by
 /// component: a tree of any width or depth costs two descriptors.
 /// `go_on` is asked before each directory; false stops the sweep there.
+///
+/// A file's age runs from the later of its data's and its inode's last
+/// change as of `now` (the time a file was given, its source's, does not
+/// make it old).
 pub(crate) fn sweep(
     root: &crate::sys::dirfd::DirFd,
     ttl: std::time::Duration,
+    now: std::time::SystemTime,
     go_on: &dyn Fn() -> bool,
 ) -> Swept {
     use crate::sys::dirfd::EntryKind;
-    let now = std::time::SystemTime::now();
     let mut swept = Swept::default();
     let root_dev = match root.identity() {
         Ok((dev, _)) => dev,
@@ -97,20 +101,18 @@ pub(crate) fn sweep(
             match kind {
                 EntryKind::Dir => stack.push(format!("{path}{name}/")),
                 EntryKind::File if is_leftover(&name) => {
+                    // Checked (age included) and removed under the locks:
+                    // no session claims it, creates or renews it between.
+                    let claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
+                    let temps = TEMPS.lock().unwrap_or_else(|e| e.into_inner());
                     let age = dir
                         .modified(&name)
                         .ok()
                         .and_then(|m| now.duration_since(m).ok())
                         .unwrap_or_default();
-                    if age < ttl {
-                        swept.kept += 1;
-                        continue;
-                    }
-                    // Checked and removed under the locks: no session
-                    // claims it or creates it in between.
-                    let claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
-                    let temps = TEMPS.lock().unwrap_or_else(|e| e.into_inner());
-                    if is_claimed(&claims, id, &name) || temps.contains(&(id.0, id.1, name.clone()))
+                    if age < ttl
+                        || is_claimed(&claims, id, &name)
+                        || temps.contains(&(id.0, id.1, name.clone()))
                     {
                         swept.kept += 1;
                         continue;
@@ -161,10 +163,17 @@ mod tests {
     use crate::sys::dirfd::DirFd;
     use std::time::{Duration, SystemTime};
 
-    fn age(path: &std::path::Path, secs: u64) {
+    /// Sweeps look at the tree two hours from now (a file's change time
+    /// cannot be set back), with a limit of one hour.
+    fn later() -> SystemTime {
+        SystemTime::now() + Duration::from_secs(7200)
+    }
+    const TTL: Duration = Duration::from_secs(3600);
+
+    /// A file changed as late as the sweep's `later()`: young then.
+    fn young(path: &std::path::Path) {
         let f = std::fs::File::options().write(true).open(path).unwrap();
-        f.set_modified(SystemTime::now() - Duration::from_secs(secs))
-            .unwrap();
+        f.set_modified(later()).unwrap();
     }
 
     #[test]
@@ -179,7 +188,7 @@ mod tests {
             r.join(format!("a/b/{meta}")),
             r.join("a/.rdma-xfer-12-0-0000abcd.part"),
         ];
-        let young = r.join(format!("a/{partial}"));
+        let young_one = r.join(format!("a/{partial}"));
         // Like leftovers, not in their exact forms: a user's files.
         let other = [
             r.join("a/b/.rdma-xfer-partial"),
@@ -189,20 +198,15 @@ mod tests {
             r.join("a/.rdma-xfer-my-notes.part"),
             r.join("a/.rdma-xfer-12-0-0000abcd.part.txt"),
         ];
-        for p in old.iter().chain([&young]).chain(&other) {
+        for p in old.iter().chain([&young_one]).chain(&other) {
             std::fs::write(p, b"x").unwrap();
         }
-        for p in old.iter().chain(&other) {
-            age(p, 7200);
-        }
+        young(&young_one);
         // Through a link: never.
         let linked = outside.path().join(&partial);
         std::fs::write(&linked, b"x").unwrap();
-        age(&linked, 7200);
         std::os::unix::fs::symlink(outside.path(), r.join("a/link")).unwrap();
-        let swept = sweep(&DirFd::open(r).unwrap(), Duration::from_secs(3600), &|| {
-            true
-        });
+        let swept = sweep(&DirFd::open(r).unwrap(), TTL, later(), &|| true);
         assert_eq!(
             swept,
             Swept {
@@ -211,7 +215,7 @@ mod tests {
             }
         );
         assert!(old.iter().all(|p| !p.exists()));
-        assert!(young.exists() && other.iter().all(|p| p.exists()) && linked.exists());
+        assert!(young_one.exists() && other.iter().all(|p| p.exists()) && linked.exists());
     }
 
     #[test]
@@ -228,17 +232,15 @@ mod tests {
         let files = [&partial, &meta, &other, &own, &dead].map(|n| r.join("a").join(n));
         for p in &files {
             std::fs::write(p, b"x").unwrap();
-            age(p, 7200);
         }
         let a = DirFd::open(&r.join("a")).unwrap();
         let claim = Claim::try_take(&a, "x.bin").unwrap().unwrap();
         let in_use = TempInUse::new(&a, &own).unwrap();
         let root_fd = DirFd::open(r).unwrap();
-        let ttl = Duration::from_secs(3600);
-        // The claimed name's partial and record, and the temporary file in use
-        // temporary file, stay; the others go.
+        // The claimed name's partial and record, and the temporary file in
+        // use, stay; the others go.
         assert_eq!(
-            sweep(&root_fd, ttl, &|| true),
+            sweep(&root_fd, TTL, later(), &|| true),
             Swept {
                 removed: 2,
                 kept: 3
@@ -250,7 +252,7 @@ mod tests {
         drop(claim);
         drop(in_use);
         assert_eq!(
-            sweep(&root_fd, ttl, &|| true),
+            sweep(&root_fd, TTL, later(), &|| true),
             Swept {
                 removed: 3,
                 kept: 0
@@ -271,7 +273,6 @@ mod tests {
         std::fs::create_dir_all(&deep).unwrap();
         let (partial, _) = partial_names("x");
         std::fs::write(deep.join(&partial), b"x").unwrap();
-        age(&deep.join(&partial), 7200);
         // Descriptors open below the root (other tests' are elsewhere),
         // counted each time the sweep turns to the next directory.
         let below = || {
@@ -292,13 +293,13 @@ mod tests {
             turns.set(turns.get() + 1);
             true
         };
-        let swept = sweep(&DirFd::open(&r).unwrap(), Duration::from_secs(3600), &go_on);
+        let swept = sweep(&DirFd::open(&r).unwrap(), TTL, later(), &go_on);
         assert_eq!(swept.removed, 1);
         assert_eq!(turns.get(), 1 + 100 + 100);
         assert_eq!(most.get(), 0, "directories held open between turns");
         // And it stops when told.
         let turns = std::cell::Cell::new(0);
-        sweep(&DirFd::open(&r).unwrap(), Duration::ZERO, &|| {
+        sweep(&DirFd::open(&r).unwrap(), Duration::ZERO, later(), &|| {
             turns.set(turns.get() + 1);
             turns.get() < 3
         });
