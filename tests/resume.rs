@@ -826,5 +826,7 @@ fn the_sweep_removes_old_leftovers_and_spares_what_sessions_use() {
     receiver.wait_for_stderr("older than --partial-ttl", Duration::from_secs(30));
     assert!(!leftover.exists());
     assert_eq!(std::fs::read(&users).unwrap(), b"mine");
+    // Nothing else of the receiver's own is left.
+    std::fs::remove_file(&users).unwrap();
     assert_no_temp_files(dst.path());
 }
