@@ -43,9 +43,17 @@ for ((i = 1; i <= RUNS; i++)); do
     'BEGIN { printf "%.1f", b / 1048576 / (us / 1e6) }')
   rss_s=$(sed -n 's/.*peak_rss_bytes=\([0-9]*\).*/\1/p' "$RX_WORK/sender.log")
   rss_r=$(sed -n 's/.*peak_rss_bytes=\([0-9]*\).*/\1/p' "$RX_WORK/receiver.log")
+  # CPU seconds (user + system) per GiB moved, each side's whole process.
+  cpu_per_gib() {
+    sed -n 's/.*(cpu_s=\([0-9.]*\)).*/\1/p' "$1" |
+      awk -v mib="$SIZE_MIB" '{ printf "%.2f", $1 / (mib / 1024) }'
+  }
+  cpu_s=$(cpu_per_gib "$RX_WORK/sender.log")
+  cpu_r=$(cpu_per_gib "$RX_WORK/receiver.log")
   echo "run $i: ${SIZE_MIB} MiB ${RX_A}: $rate MiB/s start to ACK" \
     "(data phase $(grep -o '[0-9.]* MiB/s' "$RX_WORK/sender.log" | head -1)), sha256 OK," \
-    "peak RSS sender $((rss_s >> 20)) MiB, receiver $((rss_r >> 20)) MiB"
+    "peak RSS sender $((rss_s >> 20)) MiB, receiver $((rss_r >> 20)) MiB," \
+    "CPU per GiB sender $cpu_s s, receiver $cpu_r s"
   rates+=("$rate")
 done
 median=$(printf '%s\n' "${rates[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')

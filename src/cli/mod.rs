@@ -149,8 +149,9 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, XferError> {
 }
 
 /// Prints the error (if any) once, clearly, and returns the exit code. With
-/// `-v` it also reports the peak RSS (the memory bound is a promise). With
-/// JSON logs both are JSON objects too.
+/// `-v` it also reports the peak RSS (the memory bound is a promise) and
+/// the CPU time used (what a byte costs). With JSON logs both are JSON
+/// objects too.
 pub fn finish(
     tool: &str,
     args: &CommonArgs,
@@ -159,14 +160,20 @@ pub fn finish(
     let json = args.log_format == LogFormat::Json;
     if args.verbose > 0 {
         let rss = crate::sys::os::peak_rss_bytes();
+        let (user, system) = crate::sys::os::cpu_times();
+        let (user, system) = (user.as_secs_f64(), system.as_secs_f64());
         if json {
-            let line =
-                serde_json::json!({ "event": "peak rss", "tool": tool, "peak_rss_bytes": rss });
+            let line = serde_json::json!({
+                "event": "peak rss", "tool": tool, "peak_rss_bytes": rss,
+                "cpu_user_s": user, "cpu_system_s": system,
+            });
             eprintln!("{line}");
         } else {
             eprintln!(
-                "{tool}: peak RSS {:.1} MiB (peak_rss_bytes={rss})",
-                rss as f64 / 1048576.0
+                "{tool}: peak RSS {:.1} MiB (peak_rss_bytes={rss}), CPU {user:.3} s user + \
+                 {system:.3} s system (cpu_s={:.3})",
+                rss as f64 / 1048576.0,
+                user + system
             );
         }
     }

@@ -1,7 +1,7 @@
 //! The plain system calls the tools need besides verbs: waiting on a file
 //! descriptor, shutdown signals, the memlock limit, free space, pipe sizes
-//! and peak RSS. Safe wrappers from `rustix` where they exist; only the
-//! signal handler needs `unsafe` here.
+//! and peak RSS and CPU time. Safe wrappers from `rustix` where they
+//! exist; only the signal handler and `getrusage` need `unsafe` here.
 
 use super::{Result, SysError};
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -149,6 +149,25 @@ pub fn peak_rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time this process has used so far: (user, system).
+pub fn cpu_times() -> (Duration, Duration) {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one struct rusage into memory we own, which
+    // is zeroed (a valid rusage) whatever the call does; RUSAGE_SELF is a
+    // valid `who`.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    // SAFETY: zero-initialized above and filled by the successful call.
+    let usage = unsafe { usage.assume_init() };
+    let of = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    (of(usage.ru_utime), of(usage.ru_stime))
+}
+
 /// The `VmHWM:` line of /proc/self/status, in bytes.
 fn vm_hwm_bytes(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -218,6 +237,20 @@ mod tests {
         );
         assert_eq!(vm_hwm_bytes("Name:\tx\n"), None);
         assert!(peak_rss_bytes() > 0);
+        // CPU time grows as the process works (however loaded the machine).
+        let total = || {
+            let (user, system) = cpu_times();
+            user + system
+        };
+        let before = total();
+        let spin = Instant::now();
+        while total() < before + Duration::from_millis(10) {
+            assert!(
+                spin.elapsed() < Duration::from_secs(30),
+                "no CPU time counted"
+            );
+            std::hint::black_box(spin.elapsed());
+        }
     }
 
     #[test]
