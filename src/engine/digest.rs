@@ -31,6 +31,14 @@ impl FileHasher {
         }
     }
 
+    /// The SHA-256 of what was fed; `None` for a CRC32 hasher.
+    pub fn finish_sha256(self) -> Option<[u8; 32]> {
+        match self {
+            FileHasher::Sha256(h) => Some(h.finalize().into()),
+            FileHasher::Crc32(_) => None,
+        }
+    }
+
     pub fn finish(self) -> Digest {
         match self {
             FileHasher::Crc32(h) => Digest::Crc32(h.finalize()),

@@ -92,7 +92,6 @@ struct Session<'a, 's> {
 struct AwaitingFrom {
     hello: Hello,
     hello_at: Instant,
-    have: crate::proto::Have,
     kept: Option<KeptPrefix>,
     /// The complete copy HAVE announced, to compare (COMPARE).
     copy: Option<std::fs::File>,
@@ -531,7 +530,7 @@ impl Session<'_, '_> {
         if holding.have.kind == HaveKind::Complete && !self.compared.insert(hello.name.clone()) {
             holding = Holding::nothing("its copy was compared once in this session already");
         }
-        let have = holding.have.clone();
+        let have = holding.have;
         match have.kind {
             HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),
             HaveKind::Prefix => {
@@ -540,12 +539,11 @@ impl Session<'_, '_> {
             HaveKind::Nothing if have.note.is_empty() => debug!(file = %hello.name, "nothing kept"),
             HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
         }
-        let reply = self.machine.have(have.clone())?;
+        let reply = self.machine.have(have)?;
         self.control.send(&self.ep, &reply)?;
         self.awaiting_from = Some(AwaitingFrom {
             hello,
             hello_at,
-            have,
             kept: holding.kept,
             copy: holding.copy,
             claim,
@@ -582,8 +580,7 @@ impl Session<'_, '_> {
         };
         if let Some(note) = differs {
             info!(file = %name, "{note}: received whole");
-            waiting.have = crate::proto::Have::nothing(note);
-            let reply = self.machine.have(waiting.have.clone())?;
+            let reply = self.machine.have(crate::proto::Have::nothing(note))?;
             self.control.send(&self.ep, &reply)?;
             self.awaiting_from = Some(waiting);
             return Ok(());

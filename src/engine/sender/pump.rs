@@ -316,12 +316,10 @@ impl Connection {
                     pipe,
                     tracker,
                 )?;
-                match read.hasher.finish() {
-                    Digest::Sha256(sha256) => Ok(Answer::Compare(sha256)),
-                    Digest::Crc32(_) => Err(FileError::Fatal(XferError::Internal(
-                        "a SHA-256 read gave a CRC32".into(),
-                    ))),
-                }
+                let sha256 = read.hasher.finish_sha256().ok_or_else(|| {
+                    FileError::Fatal(XferError::Internal("a SHA-256 read gave a CRC32".into()))
+                })?;
+                Ok(Answer::Compare(sha256))
             }
         }
     }

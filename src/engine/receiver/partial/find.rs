@@ -251,10 +251,9 @@ pub(crate) fn copy_digest(
         crate::engine::digest::read_prefix(copy, size, chunk_len, DigestAlg::Sha256, |_, _| {
             tick()
         })?;
-    match read.hasher.finish() {
-        crate::proto::Digest::Sha256(d) => Ok(d),
-        crate::proto::Digest::Crc32(_) => Err(std::io::Error::other("not a SHA-256")),
-    }
+    read.hasher
+        .finish_sha256()
+        .ok_or_else(|| std::io::Error::other("not a SHA-256"))
 }
 
 #[cfg(test)]
