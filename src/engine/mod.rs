@@ -31,25 +31,57 @@ pub const DEFAULT_DEPTH: u32 = 16;
 /// Default for every phase timeout and the no-progress timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Environment variable that sets the QPs' local ACK timeout exponent
-/// (4.096 us * 2^N); unset or 0 keeps the kernel's choice (for RoCE 2^17,
-/// about 0.5 s). A short timeout recovers much faster from packet loss
-/// (measured: 8x with 1% loss), but on SoftRoCE under CPU starvation it
-/// causes spurious retransmissions that the 6.1 kernel's rxe mishandles
-/// (broken connections, even corrupted payloads that the per-chunk CRC
-/// then catches), so it is not the default.
+/// (4.096 us * 2^N, N <= 31); 0 keeps the kernel's choice (for RoCE 2^17,
+/// about 0.5 s). Unset: `default_ack_timeout`.
 pub const ACK_TIMEOUT_ENV: &str = "RDMA_XFER_ACK_TIMEOUT";
 
-/// Applies `ACK_TIMEOUT_ENV` before connect/accept.
+/// The ACK timeout exponent when `ACK_TIMEOUT_ENV` is unset: 14 (67 ms,
+/// perftest's default). Every lost packet that no later packet reveals (the
+/// last one before the pipeline waits, or a lost ACK) stalls the queue for
+/// one timeout, so the kernel's 0.5 s made 1% loss cost 96% of the
+/// throughput. SoftRoCE before kernel 6.12 gets 15 (134 ms): its responder
+/// breaks connections with "remote invalid request" when spurious
+/// retransmissions (ACKs late under CPU starvation) meet packet loss,
+/// perftest's ib_write_bw as well (measured on 6.1, docs/performance.md).
+pub fn default_ack_timeout(vendor_id: Option<u32>, kernel: Option<(u32, u32)>) -> u8 {
+    /// `ibv_device_attr.vendor_id` of rdma_rxe (RXE_VENDOR_ID).
+    const SOFT_ROCE_VENDOR: u32 = 0xFF_FFFF;
+    let soft_roce = vendor_id == Some(SOFT_ROCE_VENDOR);
+    // An unknown kernel counts as old: the longer timeout only costs speed.
+    let fixed_kernel = kernel.is_some_and(|k| k >= (6, 12));
+    if soft_roce && !fixed_kernel { 15 } else { 14 }
+}
+
+/// The running kernel's (major, minor), from its release string.
+pub fn kernel_version() -> Option<(u32, u32)> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    parse_kernel_release(&release)
+}
+
+fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(['.', '-', '+']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Sets the QP's ACK timeout before connect/accept: `ACK_TIMEOUT_ENV` if
+/// set, else `default_ack_timeout` for the bound device and this kernel.
 pub(crate) fn tune_ack_timeout(id: &crate::sys::rdma::CmId) {
-    let Some(exp) = std::env::var(ACK_TIMEOUT_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u8>().ok())
-        .filter(|&e| e > 0)
-    else {
-        return;
+    let exp = match std::env::var(ACK_TIMEOUT_ENV) {
+        Ok(v) => match v.trim().parse::<u8>() {
+            Ok(0) => return,
+            Ok(e) => e.min(31),
+            Err(_) => {
+                tracing::warn!("{ACK_TIMEOUT_ENV}={v:?} is not a number 0..31: ignored");
+                default_ack_timeout(id.device_vendor_id().ok(), kernel_version())
+            }
+        },
+        Err(_) => default_ack_timeout(id.device_vendor_id().ok(), kernel_version()),
     };
-    if let Err(e) = id.set_ack_timeout(exp.min(31)) {
-        tracing::warn!("{ACK_TIMEOUT_ENV}={exp} not applied: {e}");
+    tracing::debug!(exp, "ACK timeout 4.096 us * 2^exp");
+    if let Err(e) = id.set_ack_timeout(exp) {
+        tracing::warn!("ACK timeout 2^{exp} not applied: {e}");
     }
 }
 
@@ -216,5 +248,33 @@ pub mod wr {
     /// The kind of a work-request id.
     pub fn kind(wr_id: u64) -> u64 {
         wr_id & KIND_MASK
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_release_strings_parse() {
+        assert_eq!(parse_kernel_release("6.1.0-56-amd64\n"), Some((6, 1)));
+        assert_eq!(parse_kernel_release("6.12.107+deb13-amd64"), Some((6, 12)));
+        assert_eq!(parse_kernel_release("5.15.0"), Some((5, 15)));
+        assert_eq!(parse_kernel_release("6"), None);
+        assert_eq!(parse_kernel_release("x.y"), None);
+        assert_eq!(parse_kernel_release(""), None);
+    }
+
+    #[test]
+    fn ack_timeout_is_longer_only_on_soft_roce_before_6_12() {
+        let rxe = Some(0xFF_FFFF);
+        let mlx = Some(0x02c9);
+        assert_eq!(default_ack_timeout(rxe, Some((6, 1))), 15);
+        assert_eq!(default_ack_timeout(rxe, Some((5, 15))), 15);
+        assert_eq!(default_ack_timeout(rxe, None), 15);
+        assert_eq!(default_ack_timeout(rxe, Some((6, 12))), 14);
+        assert_eq!(default_ack_timeout(rxe, Some((7, 0))), 14);
+        assert_eq!(default_ack_timeout(mlx, Some((6, 1))), 14);
+        assert_eq!(default_ack_timeout(None, Some((6, 1))), 14);
     }
 }

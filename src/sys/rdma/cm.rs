@@ -426,6 +426,24 @@ impl CmId {
         Ok(())
     }
 
+    /// The IEEE vendor id the bound device reports (`ibv_query_device`):
+    /// SoftRoCE (rdma_rxe) reports 0xFFFFFF.
+    pub fn device_vendor_id(&self) -> Result<u32> {
+        let ctx = self.context()?;
+        // SAFETY: ibv_device_attr is plain data; all-zero is valid.
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: ctx is the live verbs context of this bound id; attr is a
+        // valid out-parameter that outlives the call.
+        let rc = unsafe { ibv_query_device(ctx, &mut attr) };
+        if rc != 0 {
+            return Err(SysError::Call {
+                call: "ibv_query_device",
+                source: std::io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(attr.vendor_id)
+    }
+
     /// The verbs context of the device this id is bound to (NULL before the
     /// address is bound or resolved).
     pub(crate) fn context(&self) -> Result<*mut ibv_context> {
