@@ -14,7 +14,8 @@
 # figure is the median of its runs.
 # Prints both throughputs and ratio = median tool throughput / ib_write_bw.
 # Usage: scripts/bench.sh [-s SIZE_MiB] [-r RUNS]
-# Env: LOSS_MIB (default 32), LOSS_RUNS (default 3).
+# Env: LOSS_MIB (default 32), LOSS_RUNS (default 3), BENCH_PARTS (default
+#      "file small loss": which of 1-3, 4 and 5 to run).
 set -euo pipefail
 
 SIZE_MIB=256 RUNS=5
@@ -34,19 +35,24 @@ ib_write_bw() {
   echo "$v"
 }
 
-before=$(ib_write_bw)
-echo "ib_write_bw before (RC, 1 MiB, B->A wire): $before MiB/s"
-out=$("$here/transfer.sh" -s "$SIZE_MIB" -r "$RUNS")
-grep -v '^median_MiBps=' <<<"$out"
-after=$(ib_write_bw)
-echo "ib_write_bw after: $after MiB/s"
-tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
-ibw=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", (a + b) / 2 }')
-ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
-echo "RESULT ib_write_bw=$ibw MiB/s (mean of before/after) rdma-xfer=$tool MiB/s (median of $RUNS, ${SIZE_MIB} MiB) ratio=$ratio"
+PARTS=" ${BENCH_PARTS:-file small loss} "
+if [[ $PARTS == *" file "* ]]; then
+  before=$(ib_write_bw)
+  echo "ib_write_bw before (RC, 1 MiB, B->A wire): $before MiB/s"
+  out=$("$here/transfer.sh" -s "$SIZE_MIB" -r "$RUNS")
+  grep -v '^median_MiBps=' <<<"$out"
+  after=$(ib_write_bw)
+  echo "ib_write_bw after: $after MiB/s"
+  tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
+  ibw=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", (a + b) / 2 }')
+  ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
+  echo "RESULT ib_write_bw=$ibw MiB/s (mean of before/after) rdma-xfer=$tool MiB/s (median of $RUNS, ${SIZE_MIB} MiB) ratio=$ratio"
+  
+fi
 
 # Many small files against one file of the same size (files per second).
-"$here/small-files.sh"
+if [[ $PARTS == *" small "* ]]; then "$here/small-files.sh"; fi
+[[ $PARTS == *" loss "* ]] || exit 0
 
 # Under 1% loss each way. The ratio compares what each gets start to end
 # of its own measurement (ib_write_bw: its data phase; the tool: process
