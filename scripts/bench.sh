@@ -14,8 +14,9 @@
 # figure is the median of its runs.
 # Prints both throughputs and ratio = median tool throughput / ib_write_bw.
 # Usage: scripts/bench.sh [-s SIZE_MiB] [-r RUNS]
-# Env: LOSS_MIB (default 32), LOSS_RUNS (default 3), BENCH_PARTS (default
-#      "file small loss": which of 1-3, 4 and 5 to run).
+# Env (RXFER_* pass into the guest): RXFER_BENCH_PARTS (default
+#   "file small loss": which of 1-3, 4 and 5 to run), RXFER_BENCH_LOSS_MIB
+#   (LOSS_MIB, default 32), RXFER_BENCH_LOSS_RUNS (LOSS_RUNS, default 3).
 set -euo pipefail
 
 SIZE_MIB=256 RUNS=5
@@ -35,7 +36,7 @@ ib_write_bw() {
   echo "$v"
 }
 
-PARTS=" ${BENCH_PARTS:-file small loss} "
+PARTS=" ${RXFER_BENCH_PARTS:-file small loss} "
 if [[ $PARTS == *" file "* ]]; then
   before=$(ib_write_bw)
   echo "ib_write_bw before (RC, 1 MiB, B->A wire): $before MiB/s"
@@ -57,7 +58,7 @@ if [[ $PARTS == *" small "* ]]; then "$here/small-files.sh"; fi
 # Under 1% loss each way. The ratio compares what each gets start to end
 # of its own measurement (ib_write_bw: its data phase; the tool: process
 # start to ACK, connection set-up under loss included).
-LOSS_MIB=${LOSS_MIB:-32} LOSS_RUNS=${LOSS_RUNS:-3}
+LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-32} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
 wire=("${RXFER_NETDEV_A:-veth0}" "${RXFER_NETDEV_B:-veth1}")
 lossy() {
   local d
