@@ -65,8 +65,11 @@ struct Session<'a, 's> {
     connect_time: Duration,
     ep: Endpoint,
     control: Control,
-    /// Registered at the first accepted HELLO, reused for every file.
+    /// Registered ahead of the first offer (`register_ring_ahead`), else at
+    /// the first accepted HELLO; reused for every file.
     ring: Option<RemoteRing>,
+    /// `register_ring_ahead` ran (it tries once).
+    ring_tried_ahead: bool,
     /// Private copy of the chunk being handled: what is checked is what is
     /// written, whatever the peer does to the ring meanwhile.
     chunk: Vec<u8>,
@@ -236,6 +239,7 @@ pub(super) fn run(
         ep,
         control,
         ring: None,
+        ring_tried_ahead: false,
         chunk: Vec::new(),
         machine,
         store,
@@ -257,6 +261,7 @@ impl Session<'_, '_> {
         self.transmit()?;
         let mut wcs = Vec::with_capacity(16);
         loop {
+            self.register_ring_ahead();
             wcs.clear();
             let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
             if !self.stashed.is_empty() {
@@ -754,7 +759,7 @@ impl Session<'_, '_> {
         })
     }
 
-    fn ring_info(&mut self) -> Result<RingInfo, XferError> {
+    fn register_ring(&mut self) -> Result<(), XferError> {
         if self.ring.is_none() {
             let len = self.cfg.slots as usize * self.cfg.chunk_size as usize;
             let ring = RemoteRing::new(self.ep.pd(), len)?;
@@ -762,6 +767,27 @@ impl Session<'_, '_> {
             self.ring = Some(ring);
             self.chunk = vec![0; self.cfg.chunk_size as usize];
         }
+        Ok(())
+    }
+
+    /// Registers the ring before the first offer: while the sender answers
+    /// the CHALLENGE, or as soon as it has proven the token, so that no
+    /// offer waits for the registration (tens of ms for 16 MiB on
+    /// SoftRoCE). Never before the proof: an unproven peer must not pin
+    /// the ring's memory. A failure here is not final: the first offer
+    /// tries again and tells the sender why.
+    fn register_ring_ahead(&mut self) {
+        if self.ring.is_some() || self.ring_tried_ahead || self.admission.handshake().is_some() {
+            return;
+        }
+        self.ring_tried_ahead = true;
+        if let Err(e) = self.register_ring() {
+            debug!("ring not registered ahead of the first offer: {e}");
+        }
+    }
+
+    fn ring_info(&mut self) -> Result<RingInfo, XferError> {
+        self.register_ring()?;
         let ring = self
             .ring
             .as_ref()

@@ -265,11 +265,9 @@ fn try_session(
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
     let started = Instant::now();
-    let mut conn = Connection::open(cfg)?;
-    // Dropped before `conn`, but a slot still posted keeps its memory
-    // registered and allocated until the endpoint's QP is destroyed.
-    let (pool, tokens) = BufferPool::new(conn.ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)
-        .map_err(XferError::from)?;
+    // The pool is dropped before `conn`, but a slot still posted keeps its
+    // memory registered and allocated until the endpoint's QP is destroyed.
+    let (mut conn, (pool, tokens)) = Connection::open(cfg)?;
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (job_tx, job_rx) = mpsc::channel();
@@ -368,7 +366,10 @@ struct Connection {
 }
 
 impl Connection {
-    fn open(cfg: &SenderConfig) -> Result<Self, XferError> {
+    /// Connects, and registers the staging pool while the receiver answers.
+    fn open(
+        cfg: &SenderConfig,
+    ) -> Result<(Self, (BufferPool, Vec<crate::sys::rdma::Buffer>)), XferError> {
         let connect_err = |source: SysError| match source {
             SysError::NoDevice => XferError::Sys(SysError::NoDevice),
             SysError::Memlock { .. } => XferError::Sys(source),
@@ -389,7 +390,13 @@ impl Connection {
         let ep = Endpoint::new(id, caps, cfg.busy_poll).map_err(connect_err)?;
         let control = Control::new(&ep, RECV_BUFFERS, SEND_BUFFERS)?;
         super::tune_ack_timeout(ep.cm_id());
-        ep.cm_id().connect(cfg.timeout).map_err(connect_err)?;
+        let staging = ep
+            .cm_id()
+            .connect_while(cfg.timeout, || {
+                BufferPool::new(ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)
+            })
+            .map_err(connect_err)?
+            .map_err(XferError::from)?;
         let connect_time = connect_started.elapsed();
         info!(peer = %cfg.addr, connect_s = connect_time.as_secs_f64(), "connected");
         let auth = match &cfg.token {
@@ -409,14 +416,15 @@ impl Connection {
                 })
             }
         };
-        Ok(Connection {
+        let conn = Connection {
             connect_time,
             ep,
             control,
             session: SenderSession::new(cfg.chunk_size, auth),
             wcs: Vec::with_capacity(64),
             events: VecDeque::new(),
-        })
+        };
+        Ok((conn, staging))
     }
 
     /// The whole session: greeting, every entry (pipelined), the last
