@@ -10,7 +10,7 @@ RELEASE_DIR ?= target/release
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench install clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-tune install clean
 
 all: build
 
@@ -74,6 +74,11 @@ demo: build
 
 bench: build
 	scripts/guest/run.sh -t 3600 'scripts/bench.sh'
+
+# The tuning table of docs/performance.md (chunk size x depth x CQ
+# waiting: throughput and CPU per GiB), in the guest.
+bench-tune: build
+	scripts/guest/run.sh -t 3600 'scripts/bench-tune.sh'
 
 # Binaries, man pages (share/man/man1) and bash/zsh/fish completions, all
 # under $(DESTDIR)$(PREFIX); see scripts/install.sh.

@@ -3,7 +3,8 @@
 # guest boot. Run INSIDE the SoftRoCE guest (`make bench` does that).
 #   1. ib_write_bw RC, 1 MiB messages, B -> A across the veth wire, IPv4
 #      RoCEv2 GID (scripts/guest/ib-write-bw.sh), before the tool runs;
-#   2. scripts/transfer.sh: a 256 MiB random file tmpfs -> tmpfs, RUNS times;
+#   2. scripts/transfer.sh: a 256 MiB random file tmpfs -> tmpfs, RUNS times,
+#      then a 1 GiB one BIG_RUNS times;
 #   3. ib_write_bw again, after;
 #   4. scripts/small-files.sh: 1000 x 4 KiB files as a tree vs one file;
 #   5. 1% packet loss each way (netem on both ends of the wire): ib_write_bw
@@ -15,8 +16,10 @@
 # Prints both throughputs and ratio = median tool throughput / ib_write_bw.
 # Usage: scripts/bench.sh [-s SIZE_MiB] [-r RUNS]
 # Env (RXFER_* pass into the guest): RXFER_BENCH_PARTS (default
-#   "file small loss": which of 1-3, 4 and 5 to run), RXFER_BENCH_LOSS_MIB
-#   (LOSS_MIB, default 32), RXFER_BENCH_LOSS_RUNS (LOSS_RUNS, default 3).
+#   "file small loss": which of 1-3, 4 and 5 to run), RXFER_BENCH_BIG_MIB
+#   (BIG_MIB, default 1024), RXFER_BENCH_BIG_RUNS (BIG_RUNS, default 3; 0
+#   skips it), RXFER_BENCH_LOSS_MIB
+#   (LOSS_MIB, default 64), RXFER_BENCH_LOSS_RUNS (LOSS_RUNS, default 3).
 set -euo pipefail
 
 SIZE_MIB=256 RUNS=5
@@ -24,7 +27,7 @@ while getopts 's:r:h' o; do
   case $o in
     s) SIZE_MIB=$OPTARG ;;
     r) RUNS=$OPTARG ;;
-    *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,/^set /p' "$0" >&2; exit 2 ;;
   esac
 done
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,18 +40,37 @@ ib_write_bw() {
 }
 
 PARTS=" ${RXFER_BENCH_PARTS:-file small loss} "
+BIG_MIB=${RXFER_BENCH_BIG_MIB:-1024} BIG_RUNS=${RXFER_BENCH_BIG_RUNS:-3}
+
+# The median of the numbers on stdin.
+median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
+
+# transfer.sh's output ($1) for $2 MiB x $3 runs against baseline $4:
+# prints the runs and one RESULT line (throughput ratio, CPU per GiB).
+report() {
+  local out=$1 mib=$2 runs=$3 ibw=$4 tool ratio cpu_s cpu_r
+  grep -v '^median_MiBps=' <<<"$out"
+  tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
+  ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
+  cpu_s=$(sed -n 's/.*CPU per GiB sender \([0-9.]*\) s.*/\1/p' <<<"$out" | median)
+  cpu_r=$(sed -n 's/.*CPU per GiB .*receiver \([0-9.]*\) s.*/\1/p' <<<"$out" | median)
+  echo "RESULT ib_write_bw=$ibw MiB/s (mean of before/after) rdma-xfer=$tool MiB/s" \
+    "(median of $runs, ${mib} MiB, process start to exit) ratio=$ratio" \
+    "cpu_per_GiB sender=${cpu_s}s receiver=${cpu_r}s"
+}
+
 if [[ $PARTS == *" file "* ]]; then
   before=$(ib_write_bw)
   echo "ib_write_bw before (RC, 1 MiB, B->A wire): $before MiB/s"
   out=$("$here/transfer.sh" -s "$SIZE_MIB" -r "$RUNS")
-  grep -v '^median_MiBps=' <<<"$out"
+  big=
+  if ((BIG_RUNS > 0)); then big=$("$here/transfer.sh" -s "$BIG_MIB" -r "$BIG_RUNS"); fi
   after=$(ib_write_bw)
   echo "ib_write_bw after: $after MiB/s"
-  tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
   ibw=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", (a + b) / 2 }')
-  ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
-  echo "RESULT ib_write_bw=$ibw MiB/s (mean of before/after) rdma-xfer=$tool MiB/s (median of $RUNS, ${SIZE_MIB} MiB) ratio=$ratio"
-  
+  report "$out" "$SIZE_MIB" "$RUNS" "$ibw"
+  if [[ -n $big ]]; then report "$big" "$BIG_MIB" "$BIG_RUNS" "$ibw"; fi
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (inside the guest)"
 fi
 
 # Many small files against one file of the same size (files per second).
@@ -58,7 +80,7 @@ if [[ $PARTS == *" small "* ]]; then "$here/small-files.sh"; fi
 # Under 1% loss each way. The ratio compares what each gets start to end
 # of its own measurement (ib_write_bw: its data phase; the tool: process
 # start to ACK, connection set-up under loss included).
-LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-32} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
+LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-64} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
 wire=("${RXFER_NETDEV_A:-veth0}" "${RXFER_NETDEV_B:-veth1}")
 lossy() {
   local d
