@@ -10,7 +10,7 @@ RELEASE_DIR ?= target/release
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-tune install clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-tune bench-native install clean
 
 all: build
 
@@ -79,6 +79,13 @@ bench: build
 # waiting: throughput and CPU per GiB), in the guest.
 bench-tune: build
 	scripts/guest/run.sh -t 3600 'scripts/bench-tune.sh'
+
+# Each side's per-byte CPU cost on this host at native speed, next to
+# memcpy, CRC32, SHA-256, pread and pwrite (benches/per_byte.rs, under a
+# minute): no RDMA and no guest, whose emulation hides these costs. Files
+# go to /dev/shm (RXFER_BENCH_DIR to change). See docs/performance.md.
+bench-native: deps
+	$(CARGO) bench --locked --bench per_byte
 
 # Binaries, man pages (share/man/man1) and bash/zsh/fish completions, all
 # under $(DESTDIR)$(PREFIX); see scripts/install.sh.

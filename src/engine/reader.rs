@@ -4,13 +4,13 @@
 //! per-byte work in the posting thread's system calls).
 
 use super::digest::FileHasher;
+use super::per_byte::{checksum_chunk, fill_chunk};
 use crate::proto::{Digest, DigestAlg};
 use crate::sys::SysError;
 use crate::sys::os::wait_readable;
 use crate::sys::rdma::{Buffer, BufferFiller};
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
@@ -99,9 +99,7 @@ impl Reader<'_> {
                 .slot_mut(&mut token, len as usize)
                 .map_err(std::io::Error::other)
                 .and_then(|data| {
-                    file.read_exact_at(data, offset)?;
-                    let crc = crc32fast::hash(data);
-                    hasher.update(data, crc);
+                    let crc = fill_chunk(file, offset, data, &mut hasher)?;
                     #[cfg(feature = "fault-injection")]
                     super::fault::after_checksum(offset / u64::from(job.chunk_len), data);
                     Ok(crc)
@@ -202,8 +200,7 @@ impl Reader<'_> {
             }
             if filled > 0 {
                 let chunk = &mut data[..filled];
-                let crc = crc32fast::hash(chunk);
-                hasher.update(chunk, crc);
+                let crc = checksum_chunk(chunk, &mut hasher);
                 #[cfg(feature = "fault-injection")]
                 super::fault::after_checksum(total / u64::from(job.chunk_len), chunk);
                 let msg = ReaderMsg::Chunk {

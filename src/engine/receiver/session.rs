@@ -9,6 +9,7 @@ use super::store::{FileStore, Refusal, Resume, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
+use crate::engine::per_byte::{self, ChunkRefused};
 use crate::engine::progress::{FileProgress, Progress};
 use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
 use crate::engine::{wait_completions, wait_completions_until, wr};
@@ -830,34 +831,56 @@ impl Session<'_, '_> {
             .chunk
             .get_mut(..placement.len as usize)
             .ok_or_else(|| XferError::Internal("chunk longer than a slot".into()))?;
-        ring.copy_out(placement.slot_offset as usize, data)?;
-        let data = &*data;
-        let crc = crc32fast::hash(data);
-        let t1 = Instant::now();
-        if crc != placement.expected_crc {
-            let mut msg = format!(
-                "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
-                placement.seq, file.name, placement.file_offset, placement.expected_crc
-            );
-            if let Sink::Stdout(_) = file.sink {
-                msg.push_str(&format!(
-                    "; standard output got only the {} bytes before it",
-                    file.written
-                ));
-            }
-            let err = XferError::Integrity(msg);
-            return Err(self.abort(AckStatus::Integrity, err));
+        /// Why a chunk that passed its check was not written.
+        enum Unwritten {
+            OutOfOrder,
+            Failed(std::io::Error),
         }
-        let written = match &mut file.sink {
-            Sink::Temp(t) => t.write_chunk(data, placement.file_offset, crc),
-            Sink::Stdout(out) if placement.file_offset == file.written => out.write_all(data),
-            Sink::Stdout(_) => {
+        // When the chunk passed its check: copying and checking before,
+        // writing and hashing after.
+        let mut t1 = t0;
+        let received = per_byte::receive_chunk(
+            |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+            data,
+            placement.expected_crc,
+            |data, crc| {
+                t1 = Instant::now();
+                match &mut file.sink {
+                    Sink::Temp(t) => t.write_chunk(data, placement.file_offset, crc),
+                    Sink::Stdout(out) if placement.file_offset == file.written => {
+                        out.write_all(data)
+                    }
+                    Sink::Stdout(_) => return Err(Unwritten::OutOfOrder),
+                }
+                .map_err(Unwritten::Failed)
+            },
+            &mut file.hasher,
+        );
+        let written = match received {
+            Ok(()) => Ok(()),
+            Err(ChunkRefused::Copy(e)) => return Err(e.into()),
+            Err(ChunkRefused::Crc { computed: crc }) => {
+                let mut msg = format!(
+                    "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
+                    placement.seq, file.name, placement.file_offset, placement.expected_crc
+                );
+                if let Sink::Stdout(_) = file.sink {
+                    msg.push_str(&format!(
+                        "; standard output got only the {} bytes before it",
+                        file.written
+                    ));
+                }
+                let err = XferError::Integrity(msg);
+                return Err(self.abort(AckStatus::Integrity, err));
+            }
+            Err(ChunkRefused::Write(Unwritten::OutOfOrder)) => {
                 let err = XferError::Internal(format!(
                     "chunk {} of {} at offset {} is out of order ({} bytes written)",
                     placement.seq, file.name, placement.file_offset, file.written
                 ));
                 return Err(self.abort(AckStatus::Protocol, err));
             }
+            Err(ChunkRefused::Write(Unwritten::Failed(e))) => Err(e),
         };
         if let Err(e) = written {
             let stdout = matches!(file.sink, Sink::Stdout(_));
@@ -883,7 +906,6 @@ impl Session<'_, '_> {
             return Err(self.abort(AckStatus::Io, XferError::io(what, e)));
         }
         file.written += u64::from(placement.len);
-        file.hasher.update(data, crc);
         file.check_time += t1 - t0;
         file.write_time += t1.elapsed();
         file.progress.advance(placement.len.into());

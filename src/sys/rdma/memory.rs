@@ -404,6 +404,26 @@ impl RemoteRing {
     }
 }
 
+/// Copies the start of `src` into `dst` as `RemoteRing::copy_out` copies
+/// out of the ring (the same code), from ordinary memory: what the
+/// receiver's per-byte path costs can be measured without an RDMA device
+/// (registration does not change the copy). `src` is `&mut` because the
+/// copy's atomic loads need writable memory.
+pub fn ring_copy(src: &mut [u8], dst: &mut [u8]) -> Result<()> {
+    if dst.len() > src.len() {
+        return Err(SysError::Invalid(format!(
+            "a copy of {} bytes from {} bytes",
+            dst.len(),
+            src.len()
+        )));
+    }
+    // SAFETY: `src` is live, writable memory (exclusively borrowed) of at
+    // least `dst.len()` bytes (checked above), distinct from `dst` (both
+    // are borrowed at once).
+    unsafe { copy_from_shared(src.as_mut_ptr(), dst) };
+    Ok(())
+}
+
 /// Copies `dst.len()` bytes from `src`, memory that another agent (the NIC,
 /// on behalf of the peer) may write at the same time. Every source byte is
 /// read by a relaxed atomic load (8 bytes at a time where aligned), never
@@ -480,6 +500,15 @@ mod tests {
         let secs = t.elapsed().as_secs_f64();
         eprintln!("copy_from_shared: {:.0} MiB/s", 64.0 / secs);
         assert!(dst.iter().all(|&b| b == 0x5a));
+    }
+
+    #[test]
+    fn the_ring_copy_of_ordinary_memory_copies_its_start_and_no_more() {
+        let mut src: Vec<u8> = (0..100u8).collect();
+        let mut dst = vec![0u8; 60];
+        ring_copy(&mut src[3..], &mut dst).unwrap();
+        assert_eq!(dst, &src[3..63]);
+        assert!(ring_copy(&mut src[50..], &mut dst).is_err());
     }
 
     #[test]

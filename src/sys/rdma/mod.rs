@@ -26,6 +26,6 @@ mod queue;
 pub use crate::sys::{Result, SysError};
 pub use cm::{CmEventKind, CmId, ConnectRequest, EventChannel, IncomingConnection};
 pub use device::probe_devices;
-pub use memory::{Buffer, BufferFiller, BufferPool, RemoteRing};
+pub use memory::{Buffer, BufferFiller, BufferPool, RemoteRing, ring_copy};
 pub use pd::ProtectionDomain;
 pub use queue::{Completion, Endpoint, QpCaps, RemoteTarget, WcOpcode};

@@ -1,0 +1,620 @@
+//! `make bench-native`: the CPU cost of each side's per-byte work on this
+//! host at native speed, no RDMA needed. The sender's path is
+//! `per_byte::fill_chunk` (file in page cache -> staging slot, CRC32,
+//! whole-file digest), the receiver's `per_byte::receive_chunk` (ring slot
+//! -> private copy -> CRC32 check -> pwrite into the page cache, digest):
+//! the functions the tools call, with page-aligned heap memory standing in
+//! for the registered slots (registration does not change the CPU cost).
+//! memcpy,
+//! the ring copy, CRC32, SHA-256, pread and pwrite alone are printed beside
+//! them. Figures are GB/s (10^9 bytes/s), the median of several timed
+//! repetitions after a warm-up; the bench fails (exit 1) if a path produced
+//! wrong bytes or checksums, never because of its speed.
+
+use rdma_xfer::engine::per_byte::{fill_chunk, receive_chunk};
+use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, FileHasher};
+use rdma_xfer::proto::{Digest, DigestAlg};
+use rdma_xfer::sys::rdma::ring_copy;
+use sha2::{Digest as _, Sha256};
+use std::fs::File;
+use std::hint::black_box;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// Bytes each thread moves in one repetition: the size of its input and
+/// output files.
+const FILE_BYTES: usize = 256 << 20;
+const WARMUPS: usize = 1;
+const REPS: usize = 5;
+/// The default chunk size first: the summary is computed from it.
+const CHUNK_SIZES: [usize; 2] = [DEFAULT_CHUNK_SIZE as usize, 4 << 20];
+/// Staging slots (sender) and ring slots (receiver): the larger of the
+/// tools' defaults, so that buffers cycle through as much memory as in a
+/// transfer (caches matter).
+const SLOTS: usize = if DEFAULT_SLOTS > DEFAULT_DEPTH {
+    DEFAULT_SLOTS as usize
+} else {
+    DEFAULT_DEPTH as usize
+};
+const LINE_RATES_GBIT: [u32; 3] = [100, 200, 400];
+/// Where the input and output files go unless RXFER_BENCH_DIR says.
+const DEFAULT_DIR: &str = "/dev/shm";
+
+type Outcome<T> = Result<T, String>;
+
+/// What one repetition does, `FILE_BYTES` per thread in chunks.
+#[derive(Clone, Copy, PartialEq)]
+enum Step {
+    /// Slot -> one chunk buffer, `copy_from_slice`.
+    Memcpy,
+    /// The same with the receiver's copy out of the ring (atomic loads).
+    RingCopy,
+    Crc32,
+    Sha256,
+    /// Input file (page cache) -> slots.
+    Pread,
+    /// Slots -> a new output file (page cache), as the receiver writes.
+    Pwrite,
+    /// Slots -> the same output file again (its pages already there).
+    PwriteOverwrite,
+    SenderPath(DigestAlg),
+    ReceiverPath(DigestAlg),
+}
+
+impl Step {
+    fn name(self) -> String {
+        let digest = |alg| match alg {
+            DigestAlg::Crc32 => "crc32",
+            DigestAlg::Sha256 => "sha256",
+        };
+        match self {
+            Step::Memcpy => "memcpy".into(),
+            Step::RingCopy => "ring_copy".into(),
+            Step::Crc32 => "crc32fast".into(),
+            Step::Sha256 => "sha256".into(),
+            Step::Pread => "pread".into(),
+            Step::Pwrite => "pwrite".into(),
+            Step::PwriteOverwrite => "pwrite_overwrite".into(),
+            Step::SenderPath(alg) => format!("sender_path digest={}", digest(alg)),
+            Step::ReceiverPath(alg) => format!("receiver_path digest={}", digest(alg)),
+        }
+    }
+}
+
+/// One thread's files: the input (in the page cache) with its digests,
+/// and the output the receiver path and pwrite write anew each time.
+struct Lane {
+    input: File,
+    output: File,
+    input_crc32: u32,
+    input_sha256: [u8; 32],
+}
+
+impl Lane {
+    fn new(dir: &Path, seed: u64) -> Outcome<Lane> {
+        let mut input =
+            tempfile::tempfile_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let output = tempfile::tempfile_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        // Pseudo-random bytes (xorshift64): nothing compresses or repeats.
+        let mut state = seed | 1;
+        let mut block = vec![0u8; 1 << 20];
+        for _ in 0..FILE_BYTES / block.len() {
+            for word in block.chunks_exact_mut(8) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                word.copy_from_slice(&state.to_le_bytes());
+            }
+            input
+                .write_all(&block)
+                .map_err(|e| format!("writing the input: {e}"))?;
+        }
+        // Read back once: the digests to check against, and the file is
+        // in the page cache from here on.
+        let mut crc = crc32fast::Hasher::new();
+        let mut sha = Sha256::new();
+        for at in (0..FILE_BYTES).step_by(block.len()) {
+            input
+                .read_exact_at(&mut block, at as u64)
+                .map_err(|e| format!("reading the input: {e}"))?;
+            crc.update(&block);
+            sha.update(&block);
+        }
+        Ok(Lane {
+            input,
+            output,
+            input_crc32: crc.finalize(),
+            input_sha256: sha.finalize().into(),
+        })
+    }
+}
+
+/// Zeroed memory that starts on a page boundary, as registered memory does
+/// (`sys::rdma` allocates it so): on some CPUs (this host's AMD EPYC among
+/// them) the kernel's copy into memory that is not 64-byte aligned, as a
+/// `Vec`'s often is not, makes pread 2.5 times slower.
+struct PageAligned {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl PageAligned {
+    const PAGE: usize = 4096;
+
+    fn new(len: usize) -> PageAligned {
+        let raw = vec![0u8; len + Self::PAGE];
+        let start = raw.as_ptr().align_offset(Self::PAGE);
+        PageAligned { raw, start, len }
+    }
+}
+
+impl std::ops::Deref for PageAligned {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::DerefMut for PageAligned {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+/// One thread's part of a measurement.
+struct Worker<'a> {
+    step: Step,
+    lane: &'a Lane,
+    chunk: usize,
+    /// `SLOTS` chunks: the sender's staging slots, the receiver's ring
+    /// (holding the input's first chunks).
+    slots: PageAligned,
+    /// One chunk: memcpy's target, the receiver's private copy (a `Vec`,
+    /// as the receiver's is).
+    copy: Vec<u8>,
+    /// CRC32 of each chunk of what the step reads: the input file's (the
+    /// sender path) or the slots' (the receiver path).
+    crcs: Vec<u32>,
+    /// The digest the last repetition computed.
+    digest: Option<Digest>,
+}
+
+impl<'a> Worker<'a> {
+    fn new(step: Step, lane: &'a Lane, chunk: usize) -> Outcome<Worker<'a>> {
+        let mut slots = PageAligned::new(SLOTS * chunk);
+        lane.input
+            .read_exact_at(&mut slots[..], 0)
+            .map_err(|e| format!("reading the input: {e}"))?;
+        let crcs = match step {
+            Step::SenderPath(_) => {
+                let mut crcs = Vec::with_capacity(FILE_BYTES / chunk);
+                let mut buf = vec![0u8; chunk];
+                for at in (0..FILE_BYTES).step_by(chunk) {
+                    lane.input
+                        .read_exact_at(&mut buf, at as u64)
+                        .map_err(|e| format!("reading the input: {e}"))?;
+                    crcs.push(crc32fast::hash(&buf));
+                }
+                crcs
+            }
+            _ => slots.chunks(chunk).map(crc32fast::hash).collect(),
+        };
+        Ok(Worker {
+            step,
+            lane,
+            chunk,
+            slots,
+            copy: vec![0u8; chunk],
+            crcs,
+            digest: None,
+        })
+    }
+
+    /// Untimed, before each repetition.
+    fn prepare(&mut self) -> Outcome<()> {
+        if matches!(self.step, Step::Pwrite | Step::ReceiverPath(_)) {
+            // A new file each time, as a transfer writes: its pages are
+            // allocated in the timed part.
+            self.lane
+                .output
+                .set_len(0)
+                .map_err(|e| format!("truncating the output: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The timed part: `FILE_BYTES` through the step.
+    fn run(&mut self) -> Outcome<()> {
+        let chunk = self.chunk;
+        let Worker {
+            step,
+            lane,
+            slots,
+            copy,
+            crcs,
+            ..
+        } = self;
+        let slot_ranges = (0..FILE_BYTES / chunk).map(|i| {
+            let slot = (i % SLOTS) * chunk;
+            (i, (i * chunk) as u64, slot..slot + chunk)
+        });
+        match *step {
+            Step::Memcpy => {
+                for (_, _, slot) in slot_ranges {
+                    copy.copy_from_slice(&slots[slot]);
+                    black_box(&mut *copy);
+                }
+            }
+            Step::RingCopy => {
+                for (_, _, slot) in slot_ranges {
+                    ring_copy(&mut slots[slot], copy).map_err(|e| e.to_string())?;
+                    black_box(&mut *copy);
+                }
+            }
+            Step::Crc32 => {
+                for (_, _, slot) in slot_ranges {
+                    black_box(crc32fast::hash(&slots[slot]));
+                }
+            }
+            Step::Sha256 => {
+                let mut sha = Sha256::new();
+                for (_, _, slot) in slot_ranges {
+                    sha.update(&slots[slot]);
+                }
+                black_box(sha.finalize());
+            }
+            Step::Pread => {
+                for (_, at, slot) in slot_ranges {
+                    lane.input
+                        .read_exact_at(&mut slots[slot], at)
+                        .map_err(|e| format!("pread at {at}: {e}"))?;
+                }
+            }
+            Step::Pwrite | Step::PwriteOverwrite => {
+                for (_, at, slot) in slot_ranges {
+                    lane.output
+                        .write_all_at(&slots[slot], at)
+                        .map_err(|e| format!("pwrite at {at}: {e}"))?;
+                }
+            }
+            Step::SenderPath(alg) => {
+                let mut hasher = FileHasher::new(alg);
+                for (i, at, slot) in slot_ranges {
+                    let crc = fill_chunk(&lane.input, at, &mut slots[slot], &mut hasher)
+                        .map_err(|e| format!("sender path at {at}: {e}"))?;
+                    if crc != crcs[i] {
+                        return Err(format!(
+                            "sender path: chunk {i} has CRC32 {crc:08x}, the file's is {:08x}",
+                            crcs[i]
+                        ));
+                    }
+                }
+                self.digest = Some(hasher.finish());
+            }
+            Step::ReceiverPath(alg) => {
+                let mut hasher = FileHasher::new(alg);
+                for (i, at, slot) in slot_ranges {
+                    let expected_crc = crcs[i % SLOTS];
+                    let received = receive_chunk(
+                        |chunk| ring_copy(&mut slots[slot], chunk),
+                        copy,
+                        expected_crc,
+                        |data, _crc| lane.output.write_all_at(data, at),
+                        &mut hasher,
+                    );
+                    received.map_err(|e| format!("receiver path at {at}: {e:?}"))?;
+                }
+                self.digest = Some(hasher.finish());
+            }
+        }
+        Ok(())
+    }
+
+    /// Once, after the last repetition: did the path produce the right
+    /// bytes and digests?
+    fn verify(&self) -> Outcome<()> {
+        let wrong = |what: &str| Err(format!("{}: wrong {what}", self.step.name()));
+        match self.step {
+            Step::SenderPath(alg) => {
+                let want = match alg {
+                    DigestAlg::Crc32 => Digest::Crc32(self.lane.input_crc32),
+                    DigestAlg::Sha256 => Digest::Sha256(self.lane.input_sha256),
+                };
+                if self.digest != Some(want) {
+                    return wrong("whole-file digest");
+                }
+            }
+            Step::ReceiverPath(alg) => {
+                // The output must be the slots in turn, chunk i at offset
+                // i * chunk, and the digest that of those bytes.
+                let mut want = crc32fast::Hasher::new();
+                for slot in self
+                    .slots
+                    .chunks(self.chunk)
+                    .cycle()
+                    .take(FILE_BYTES / self.chunk)
+                {
+                    want.update(slot);
+                }
+                let (crc, sha) = file_digests(&self.lane.output, self.chunk)?;
+                if crc != want.finalize() {
+                    return wrong("output file contents");
+                }
+                let written = match alg {
+                    DigestAlg::Crc32 => Digest::Crc32(crc),
+                    DigestAlg::Sha256 => Digest::Sha256(sha),
+                };
+                if self.digest != Some(written) {
+                    return wrong("whole-file digest");
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// CRC32 and SHA-256 of a whole `FILE_BYTES` file, which must be that long.
+fn file_digests(file: &File, chunk: usize) -> Outcome<(u32, [u8; 32])> {
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    if len != FILE_BYTES as u64 {
+        return Err(format!("the output has {len} bytes, not {FILE_BYTES}"));
+    }
+    let mut buf = vec![0u8; chunk];
+    let mut crc = crc32fast::Hasher::new();
+    let mut sha = Sha256::new();
+    for at in (0..FILE_BYTES).step_by(chunk) {
+        file.read_exact_at(&mut buf, at as u64)
+            .map_err(|e| format!("reading the output: {e}"))?;
+        crc.update(&buf);
+        sha.update(&buf);
+    }
+    Ok((crc.finalize(), sha.finalize().into()))
+}
+
+/// A measurement's result, each figure the median over the repetitions.
+struct Rate {
+    /// GB/s of all threads together by the clock: each repetition's bytes
+    /// over its slowest thread's time.
+    wall: f64,
+    wall_min: f64,
+    wall_max: f64,
+    /// GB/s per core: the bytes over the CPU time the threads used (time
+    /// the threads waited for a core on a loaded machine not counted).
+    per_cpu: f64,
+}
+
+/// One thread's time for one repetition.
+#[derive(Clone, Copy)]
+struct Took {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// The CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Runs `step` on one thread per lane at once, `WARMUPS` + `REPS` times;
+/// each repetition's rate is all the threads' bytes over the slowest
+/// thread's time.
+fn measure(step: Step, lanes: &[Lane], chunk: usize) -> Outcome<Rate> {
+    let mut workers = Vec::new();
+    for lane in lanes {
+        workers.push(Worker::new(step, lane, chunk)?);
+    }
+    let start = Barrier::new(lanes.len());
+    let end = Barrier::new(lanes.len());
+    let times = std::thread::scope(|s| {
+        let threads: Vec<_> = workers
+            .into_iter()
+            .map(|mut worker| {
+                let (start, end) = (&start, &end);
+                s.spawn(move || {
+                    // On an error a thread stops working but keeps meeting
+                    // the others at the barriers, so that none waits forever.
+                    let mut failed = None;
+                    let mut times = Vec::new();
+                    for rep in 0..WARMUPS + REPS {
+                        if failed.is_none() {
+                            failed = worker.prepare().err();
+                        }
+                        start.wait();
+                        let (t, cpu) = (Instant::now(), thread_cpu_time());
+                        if failed.is_none() {
+                            failed = worker.run().err();
+                        }
+                        let took = Took {
+                            wall: t.elapsed(),
+                            cpu: thread_cpu_time().saturating_sub(cpu),
+                        };
+                        end.wait();
+                        if rep >= WARMUPS {
+                            times.push(took);
+                        }
+                    }
+                    match failed {
+                        Some(e) => Err(e),
+                        None => worker.verify().map(|()| times),
+                    }
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect::<Outcome<Vec<Vec<Took>>>>()
+    })?;
+    let gb = (FILE_BYTES * lanes.len()) as f64 / 1e9;
+    let per_second = |d: Duration| gb / d.as_secs_f64().max(1e-9);
+    let wall: Vec<f64> = (0..REPS)
+        .map(|rep| per_second(times.iter().map(|t| t[rep].wall).max().unwrap_or_default()))
+        .collect();
+    let per_cpu = (0..REPS)
+        .map(|rep| per_second(times.iter().map(|t| t[rep].cpu).sum()))
+        .collect();
+    Ok(Rate {
+        wall_min: wall.iter().copied().fold(f64::INFINITY, f64::min),
+        wall_max: wall.iter().copied().fold(0.0, f64::max),
+        wall: median(wall),
+        per_cpu: median(per_cpu),
+    })
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{}MiB", bytes >> 20)
+}
+
+/// Measures and prints one line; `single` is the one-thread rate (GB/s by
+/// the clock) the scaling of several threads is given against.
+fn report(step: Step, lanes: &[Lane], chunk: usize, single: Option<f64>) -> Outcome<Rate> {
+    let rate = measure(step, lanes, chunk)?;
+    let scaling = single.map_or(String::new(), |one| {
+        format!(" scaling={:.2}", rate.wall / one)
+    });
+    println!(
+        "native: {} {} threads={} GB/s={:.2} min={:.2} max={:.2} GB/s_per_cpu={:.2}{scaling}",
+        step.name(),
+        mib(chunk),
+        lanes.len(),
+        rate.wall,
+        rate.wall_min,
+        rate.wall_max,
+        rate.per_cpu,
+    );
+    Ok(rate)
+}
+
+/// The header: what the figures depend on.
+fn describe_host(dir: &Path) {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map_or("unknown", |(_, m)| m.trim());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "native: host cpu=\"{model}\" cores={cores} loadavg=\"{}\"",
+        loadavg()
+    );
+    println!(
+        "native: setup dir={} fs={} file={} slots={SLOTS} warmups={WARMUPS} reps={REPS} \
+         (GB/s = 10^9 B/s, median of reps: by the clock, and per CPU second)",
+        dir.display(),
+        fs_type(dir),
+        mib(FILE_BYTES),
+    );
+}
+
+/// The 1, 5 and 15 minute load averages.
+fn loadavg() -> String {
+    let all = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    all.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// The type of the file system `dir` is on (the longest mount point that
+/// contains it), from /proc/self/mounts.
+fn fs_type(dir: &Path) -> String {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let point = fields.nth(1)?;
+            let kind = fields.next()?;
+            dir.starts_with(point).then_some((point.len(), kind))
+        })
+        .max_by_key(|&(len, _)| len)
+        .map_or("unknown".into(), |(_, kind)| kind.into())
+}
+
+fn bench_dir() -> PathBuf {
+    match std::env::var_os("RXFER_BENCH_DIR") {
+        Some(d) => d.into(),
+        None if Path::new(DEFAULT_DIR).is_dir() => DEFAULT_DIR.into(),
+        None => std::env::temp_dir(),
+    }
+}
+
+fn run() -> Outcome<()> {
+    let dir = bench_dir();
+    describe_host(&dir);
+    let lanes = [Lane::new(&dir, 0x5eed_0001)?, Lane::new(&dir, 0x5eed_0002)?];
+    let one = &lanes[..1];
+    let paths = [
+        Step::SenderPath(DigestAlg::Crc32),
+        Step::SenderPath(DigestAlg::Sha256),
+        Step::ReceiverPath(DigestAlg::Crc32),
+        Step::ReceiverPath(DigestAlg::Sha256),
+    ];
+    let references = [
+        Step::Memcpy,
+        Step::RingCopy,
+        Step::Crc32,
+        Step::Sha256,
+        Step::Pread,
+        Step::Pwrite,
+        Step::PwriteOverwrite,
+    ];
+    // Single-thread figures of the default chunk size, for the summary.
+    let mut per_core = Vec::new();
+    for chunk in CHUNK_SIZES {
+        for step in references {
+            report(step, one, chunk, None)?;
+        }
+        for step in paths {
+            let rate = report(step, one, chunk, None)?;
+            if chunk == CHUNK_SIZES[0] {
+                per_core.push((step, rate));
+            }
+        }
+    }
+    // Each thread its own files: does the work scale with cores?
+    for (step, single) in &per_core {
+        report(*step, &lanes, CHUNK_SIZES[0], Some(single.wall))?;
+    }
+    // Cores needed if every core did what one did here, per CPU second.
+    for (step, rate) in per_core {
+        let gbit = rate.per_cpu * 8.0;
+        let cores: Vec<String> = LINE_RATES_GBIT
+            .iter()
+            .map(|&line| format!("cores_{line}G={}", (f64::from(line) / gbit).ceil() as u32))
+            .collect();
+        println!(
+            "native: summary {} {} Gb/s_per_core={gbit:.1} {} one_core_12.5GB/s={}",
+            step.name(),
+            mib(CHUNK_SIZES[0]),
+            cores.join(" "),
+            if rate.per_cpu >= 12.5 { "yes" } else { "no" }
+        );
+    }
+    println!("native: done loadavg=\"{}\"", loadavg());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // `cargo bench` passes --bench; nothing else is taken.
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("native: FAILED {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The work each side does for every byte, one function a side, so that
+//! `make bench-native` (benches/per_byte.rs) times the code the tools run:
+//! the sender's reader thread calls `fill_chunk`, the receiver's session
+//! `receive_chunk`. What else a chunk costs (posting, completions, credits)
+//! is paid per chunk, not per byte.
+
+use super::digest::FileHasher;
+use crate::sys::SysError;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// The sender's work on one chunk: reads `chunk.len()` bytes of `file` at
+/// `offset` into `chunk` (a staging slot) and checksums them
+/// (`checksum_chunk`). A file that ends before the chunk does gives
+/// `UnexpectedEof`.
+pub fn fill_chunk(
+    file: &File,
+    offset: u64,
+    chunk: &mut [u8],
+    hasher: &mut FileHasher,
+) -> std::io::Result<u32> {
+    file.read_exact_at(chunk, offset)?;
+    Ok(checksum_chunk(chunk, hasher))
+}
+
+/// A chunk's CRC32 (the immediate data of its write), added to the
+/// whole-file digest too.
+pub fn checksum_chunk(chunk: &[u8], hasher: &mut FileHasher) -> u32 {
+    let crc = crc32fast::hash(chunk);
+    hasher.update(chunk, crc);
+    crc
+}
+
+/// Why the receiver did not store a chunk.
+#[derive(Debug)]
+pub enum ChunkRefused<E> {
+    /// It could not be copied out of the ring.
+    Copy(SysError),
+    /// Its bytes do not have the CRC32 the sender sent; nothing was written.
+    Crc { computed: u32 },
+    /// The sink did not take it.
+    Write(E),
+}
+
+/// The receiver's work on one chunk: `copy_out` copies it out of the ring
+/// into `chunk` (the private copy that is checked, written and hashed, so
+/// what is verified is what is written), its CRC32 is checked against
+/// `expected_crc`, `write` stores it (given the bytes and their CRC32), and
+/// it is added to the whole-file digest.
+pub fn receive_chunk<E>(
+    copy_out: impl FnOnce(&mut [u8]) -> Result<(), SysError>,
+    chunk: &mut [u8],
+    expected_crc: u32,
+    write: impl FnOnce(&[u8], u32) -> Result<(), E>,
+    hasher: &mut FileHasher,
+) -> Result<(), ChunkRefused<E>> {
+    copy_out(chunk).map_err(ChunkRefused::Copy)?;
+    let crc = crc32fast::hash(chunk);
+    if crc != expected_crc {
+        return Err(ChunkRefused::Crc { computed: crc });
+    }
+    write(chunk, crc).map_err(ChunkRefused::Write)?;
+    hasher.update(chunk, crc);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{Digest, DigestAlg};
+    use std::io::Write;
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len as u32).map(|i| (i * 31 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn the_sender_fills_each_chunk_with_the_file_bytes_and_their_crc() {
+        let data = pattern(2500);
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&data).unwrap();
+        let mut hasher = FileHasher::new(DigestAlg::Crc32);
+        let mut slot = vec![0xeeu8; 1000];
+        // Two full chunks, then the short last one.
+        for (offset, len) in [(0u64, 1000usize), (1000, 1000), (2000, 500)] {
+            let want = &data[offset as usize..offset as usize + len];
+            let crc = fill_chunk(&file, offset, &mut slot[..len], &mut hasher).unwrap();
+            assert_eq!(&slot[..len], want, "offset {offset}");
+            assert_eq!(crc, crc32fast::hash(want), "offset {offset}");
+        }
+        assert_eq!(hasher.finish(), Digest::Crc32(crc32fast::hash(&data)));
+        // A file shorter than the chunk (it shrank): an error, no CRC.
+        let mut hasher = FileHasher::new(DigestAlg::Crc32);
+        let e = fill_chunk(&file, 2000, &mut slot, &mut hasher).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        assert_eq!(hasher.finish(), Digest::Crc32(0));
+    }
+
+    #[test]
+    fn the_receiver_writes_only_chunks_with_the_sent_crc_at_their_offset() {
+        let ring = pattern(300);
+        let slot = &ring[100..200];
+        let file = tempfile::tempfile().unwrap();
+        let mut chunk = vec![0u8; 100];
+        let mut hasher = FileHasher::new(DigestAlg::Crc32);
+        let copy = |dst: &mut [u8]| {
+            dst.copy_from_slice(slot);
+            Ok(())
+        };
+        let write = |data: &[u8], _crc: u32| file.write_all_at(data, 4096);
+        // The CRC the sender sent does not match: a typed error, nothing
+        // written or hashed.
+        let wrong = crc32fast::hash(slot) ^ 1;
+        match receive_chunk(copy, &mut chunk, wrong, write, &mut hasher) {
+            Err(ChunkRefused::Crc { computed }) => assert_eq!(computed, wrong ^ 1),
+            other => panic!("expected a CRC mismatch, got {other:?}"),
+        }
+        assert_eq!(file.metadata().unwrap().len(), 0);
+        // It matches: written at its offset, given its CRC, and hashed.
+        let mut given = None;
+        let write = |data: &[u8], crc: u32| {
+            given = Some(crc);
+            file.write_all_at(data, 4096)
+        };
+        receive_chunk(copy, &mut chunk, crc32fast::hash(slot), write, &mut hasher).unwrap();
+        assert_eq!(given, Some(crc32fast::hash(slot)));
+        let mut back = vec![0u8; 4196];
+        file.read_exact_at(&mut back, 0).unwrap();
+        assert!(back[..4096].iter().all(|&b| b == 0));
+        assert_eq!(&back[4096..], slot);
+        assert_eq!(hasher.finish(), Digest::Crc32(crc32fast::hash(slot)));
+        assert_eq!(file.metadata().unwrap().len(), 4196);
+    }
+
+    #[test]
+    fn the_receiver_passes_on_copy_and_write_errors() {
+        let mut chunk = vec![0u8; 10];
+        let mut hasher = FileHasher::new(DigestAlg::Crc32);
+        let no_copy = |_: &mut [u8]| Err(SysError::Invalid("outside the ring".into()));
+        let never = |_: &[u8], _: u32| -> Result<(), ()> { panic!("written") };
+        let copied = receive_chunk(no_copy, &mut chunk, 0, never, &mut hasher);
+        assert!(matches!(copied, Err(ChunkRefused::Copy(_))));
+        let zeros = |dst: &mut [u8]| {
+            dst.fill(0);
+            Ok(())
+        };
+        let crc = crc32fast::hash(&chunk);
+        let full = |_: &[u8], _: u32| Err("disk full");
+        let written = receive_chunk(zeros, &mut chunk, crc, full, &mut hasher);
+        assert!(matches!(written, Err(ChunkRefused::Write("disk full"))));
+        assert_eq!(hasher.finish(), Digest::Crc32(0));
+    }
+}
