@@ -12,19 +12,25 @@ while getopts 's:r:h' o; do
   case $o in
     s) SIZE_MIB=$OPTARG ;;
     r) RUNS=$OPTARG ;;
-    *) sed -n '2,/^set /p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,/^set /{/^#/p}' "$0" >&2; exit 2 ;;
   esac
 done
 here=$(cd "$(dirname "$0")" && pwd)
 
-ibw() { "$here/guest/ib-write-bw.sh" | sed -n 's/^ib_write_bw_MiBps=//p'; }
+ibw() {
+  local v
+  v=$("$here/guest/ib-write-bw.sh" | sed -n 's/^ib_write_bw_MiBps=//p')
+  [[ -n $v ]] || { echo "bench-tune: ib_write_bw gave no result" >&2; exit 1; }
+  echo "$v"
+}
 
 # chunk size, slots (= depth), which side busy-polls (none|sender|receiver)
 settings=(
   "1M 16 none" "2M 16 none" "4M 8 none" "1M 8 none" "1M 32 none"
   "256K 64 none" "1M 16 sender" "1M 16 receiver"
 )
-echo "ib_write_bw before: $(ibw) MiB/s"
+before=$(ibw)
+echo "ib_write_bw before: $before MiB/s"
 echo "| chunk x slots (= depth) | CQ waiting | MiB/s (each run) | CPU s/GiB sender | CPU s/GiB receiver |"
 echo "| --- | --- | --- | --- | --- |"
 for s in "${settings[@]}"; do
@@ -43,5 +49,6 @@ for s in "${settings[@]}"; do
   [[ $s == "1M 16 none" ]] && label+=" (default)"
   echo "| $label | $waiting | $rates | $cpu_s | $cpu_r |"
 done
-echo "ib_write_bw after: $(ibw) MiB/s"
+after=$(ibw)
+echo "ib_write_bw after: $after MiB/s"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (inside the guest)"

@@ -27,7 +27,7 @@ while getopts 's:r:h' o; do
   case $o in
     s) SIZE_MIB=$OPTARG ;;
     r) RUNS=$OPTARG ;;
-    *) sed -n '2,/^set /p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,/^set /{/^#/p}' "$0" >&2; exit 2 ;;
   esac
 done
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,15 +41,22 @@ ib_write_bw() {
 
 PARTS=" ${RXFER_BENCH_PARTS:-file small loss} "
 BIG_MIB=${RXFER_BENCH_BIG_MIB:-1024} BIG_RUNS=${RXFER_BENCH_BIG_RUNS:-3}
+LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-64} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
+for part in $PARTS; do
+  [[ $part == @(file|small|loss) ]] || { echo "bench: unknown part '$part' in RXFER_BENCH_PARTS (file, small, loss)" >&2; exit 2; }
+done
+for n in "$SIZE_MIB" "$RUNS" "$BIG_MIB" "$BIG_RUNS" "$LOSS_MIB" "$LOSS_RUNS"; do
+  [[ $n =~ ^[0-9]+$ ]] || { echo "bench: '$n' is not a count" >&2; exit 2; }
+done
+((RUNS > 0 && LOSS_RUNS > 0)) || { echo "bench: -r and RXFER_BENCH_LOSS_RUNS must be at least 1" >&2; exit 2; }
 
-# The median of the numbers on stdin.
+# The median of the numbers on stdin (of an even count, the lower middle).
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
 # transfer.sh's output ($1) for $2 MiB x $3 runs against baseline $4:
-# prints the runs and one RESULT line (throughput ratio, CPU per GiB).
+# prints one RESULT line (throughput ratio, median CPU per GiB).
 report() {
   local out=$1 mib=$2 runs=$3 ibw=$4 tool ratio cpu_s cpu_r
-  grep -v '^median_MiBps=' <<<"$out"
   tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
   ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
   cpu_s=$(sed -n 's/.*CPU per GiB sender \([0-9.]*\) s.*/\1/p' <<<"$out" | median)
@@ -63,8 +70,12 @@ if [[ $PARTS == *" file "* ]]; then
   before=$(ib_write_bw)
   echo "ib_write_bw before (RC, 1 MiB, B->A wire): $before MiB/s"
   out=$("$here/transfer.sh" -s "$SIZE_MIB" -r "$RUNS")
+  grep -v '^median_MiBps=' <<<"$out"
   big=
-  if ((BIG_RUNS > 0)); then big=$("$here/transfer.sh" -s "$BIG_MIB" -r "$BIG_RUNS"); fi
+  if ((BIG_RUNS > 0)); then
+    big=$("$here/transfer.sh" -s "$BIG_MIB" -r "$BIG_RUNS")
+    grep -v '^median_MiBps=' <<<"$big"
+  fi
   after=$(ib_write_bw)
   echo "ib_write_bw after: $after MiB/s"
   ibw=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", (a + b) / 2 }')
@@ -80,7 +91,6 @@ if [[ $PARTS == *" small "* ]]; then "$here/small-files.sh"; fi
 # Under 1% loss each way. The ratio compares what each gets start to end
 # of its own measurement (ib_write_bw: its data phase; the tool: process
 # start to ACK, connection set-up under loss included).
-LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-64} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
 wire=("${RXFER_NETDEV_A:-veth0}" "${RXFER_NETDEV_B:-veth1}")
 lossy() {
   local d
@@ -100,4 +110,4 @@ lossy off
 tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
 ibw=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", (a + b) / 2 }')
 ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
-echo "RESULT loss=1% kernel=$(uname -r) ib_write_bw=$ibw MiB/s rdma-xfer=$tool MiB/s (median of $LOSS_RUNS, ${LOSS_MIB} MiB, default ACK timeout) ratio=$ratio"
+echo "RESULT loss=1% kernel=$(uname -r) ib_write_bw=$ibw MiB/s rdma-xfer=$tool MiB/s (median of $LOSS_RUNS, ${LOSS_MIB} MiB, ACK timeout exponent ${RDMA_XFER_ACK_TIMEOUT:-default}) ratio=$ratio"

@@ -346,6 +346,33 @@ fn out_of_range_buffers_are_usage_errors() {
 }
 
 #[test]
+fn a_bad_ack_timeout_is_a_usage_error_of_both_tools() {
+    let dir = tempfile::tempdir().expect("dir");
+    let f = dir.path().join("f");
+    std::fs::write(&f, b"x").expect("write");
+    let f = f.to_str().expect("utf8");
+    for value in ["300", "32", "-1", "abc"] {
+        for (bin, args) in [
+            (sender_bin(), vec!["127.0.0.1", f]),
+            (
+                receiver_bin(),
+                vec!["--dir", dir.path().to_str().expect("utf8")],
+            ),
+        ] {
+            let out = Command::new(bin)
+                .args(&args)
+                .env("RDMA_XFER_ACK_TIMEOUT", value)
+                .output()
+                .expect("run binary");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{bin} {value}: {err}");
+            assert!(err.contains("RDMA_XFER_ACK_TIMEOUT"), "{err}");
+            assert!(err.contains("1..31"), "{err}");
+        }
+    }
+}
+
+#[test]
 fn missing_input_file_is_an_io_error_before_connecting() {
     let (code, _, err) = run(sender_bin(), &["127.0.0.1", "/nonexistent/file.bin"]);
     assert_eq!(code, 6, "{err}");

@@ -512,7 +512,8 @@ impl Drop for Netem {
 /// the default ACK timeout: CPU starvation delays ACKs past the timeout
 /// (spurious retransmissions) while real losses need retransmission too,
 /// the mix that breaks 6.1's rxe with short timeouts (docs/performance.md).
-/// Every file must arrive intact, on both kernels.
+/// Every file must arrive intact, on both kernels, and the senders must
+/// have used the default exponent for this kernel.
 #[test]
 fn eight_senders_with_one_percent_loss_all_arrive_intact() {
     let Some(net) = rdma_net() else { return };
@@ -521,31 +522,41 @@ fn eight_senders_with_one_percent_loss_all_arrive_intact() {
     let inputs: Vec<(PathBuf, String)> = (0..8u64)
         .map(|i| {
             let p = src.path().join(format!("lossy-{i}.bin"));
-            let sum = make_file(&p, 6 * MIB + i * 4099, 0x1055 + 2 * i);
+            let sum = make_file(&p, 8 * MIB + i * 4099, 0x1055 + 2 * i);
             (p, sum)
         })
         .collect();
     let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    let receiver = start_receiver(&net, port, dst.path(), &["--max-sessions", "8"]);
     let _netem = Netem(devs.to_vec());
     for dev in &devs {
         run_checked(
             "tc",
-            &["qdisc", "add", "dev", dev, "root", "netem", "loss", "1%"],
+            &[
+                "qdisc", "replace", "dev", dev, "root", "netem", "loss", "1%",
+            ],
         );
     }
     let started = Instant::now();
     let senders: Vec<Running> = inputs
         .iter()
         .map(|(p, _)| {
-            Running::spawn(
-                "sender",
-                sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(p), &[]),
-            )
+            let mut cmd = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(p), &[]);
+            cmd.env("RUST_LOG", "rdma_xfer=debug");
+            Running::spawn("sender", cmd)
         })
         .collect();
+    // One shared deadline: a hang shows within minutes, not 8 x minutes.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let want_exp = format!(
+        "exp={}",
+        rdma_xfer::engine::default_ack_timeout(
+            Some(0xFF_FFFF),
+            rdma_xfer::engine::kernel_version()
+        )
+    );
     for (i, s) in senders.into_iter().enumerate() {
-        let done = s.wait(Duration::from_secs(300));
+        let done = s.wait(deadline.saturating_duration_since(Instant::now()));
         assert_eq!(
             done.code(),
             0,
@@ -553,9 +564,14 @@ fn eight_senders_with_one_percent_loss_all_arrive_intact() {
             done.stderr,
             receiver.stderr_so_far()
         );
+        assert!(
+            done.stderr.contains("ACK timeout") && done.stderr.contains(&want_exp),
+            "sender {i} did not use the default ACK timeout ({want_exp}):\n{}",
+            done.stderr
+        );
     }
     eprintln!(
-        "8 senders x ~6 MiB with 1% loss each way: {:?}",
+        "8 senders x ~8 MiB with 1% loss each way ({want_exp}): {:?}",
         started.elapsed()
     );
     for (p, sum) in &inputs {

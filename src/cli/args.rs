@@ -295,7 +295,9 @@ impl SenderArgs {
             return Err(XferError::Usage("the receiver's address is empty".into()));
         }
         let token = self.common.token()?;
+        let ack_timeout = self.common.ack_timeout()?;
         let mut cfg = SenderConfig::new(resolve(&self.addr, self.port)?);
+        cfg.ack_timeout = ack_timeout;
         cfg.source = self.source;
         cfg.chunk_size = chunk_size;
         cfg.depth = depth;
@@ -353,6 +355,7 @@ impl ReceiverArgs {
         }
         let token = self.common.token()?;
         let mut cfg = ReceiverConfig::new(SocketAddr::new(self.bind, self.port), self.dir.clone());
+        cfg.ack_timeout = self.common.ack_timeout()?;
         cfg.once = self.once;
         cfg.stdout = self.stdout;
         cfg.overwrite = self.overwrite;

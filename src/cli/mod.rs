@@ -27,6 +27,14 @@ impl CommonArgs {
     pub fn token(&self) -> Result<Option<Token>, XferError> {
         load_token(self.token_file.as_deref(), std::env::var_os(TOKEN_ENV))
     }
+
+    /// The ACK timeout from RDMA_XFER_ACK_TIMEOUT (a bad value is a usage
+    /// error).
+    pub fn ack_timeout(&self) -> Result<crate::engine::AckTimeout, XferError> {
+        crate::engine::parse_ack_timeout(
+            std::env::var_os(crate::engine::ACK_TIMEOUT_ENV).as_deref(),
+        )
+    }
 }
 
 /// Loads the token: the file wins over the environment value. Trailing

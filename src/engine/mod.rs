@@ -32,25 +32,60 @@ pub const DEFAULT_DEPTH: u32 = 16;
 /// Default for every phase timeout and the no-progress timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Environment variable that sets the QPs' local ACK timeout exponent
-/// (4.096 us * 2^N, N <= 31); 0 keeps the kernel's choice (for RoCE 2^17,
-/// about 0.5 s). Unset: `default_ack_timeout`.
+/// (`AckTimeout`, read by the tools' command line).
 pub const ACK_TIMEOUT_ENV: &str = "RDMA_XFER_ACK_TIMEOUT";
 
-/// The ACK timeout exponent when `ACK_TIMEOUT_ENV` is unset: 14 (67 ms,
-/// perftest's default). Every lost packet that no later packet reveals (the
-/// last one before the pipeline waits, or a lost ACK) stalls the queue for
-/// one timeout, so the kernel's 0.5 s made 1% loss cost 96% of the
-/// throughput. SoftRoCE before kernel 6.12 gets 15 (134 ms): its responder
-/// breaks connections with "remote invalid request" when spurious
-/// retransmissions (ACKs late under CPU starvation) meet packet loss,
-/// perftest's ib_write_bw as well (measured on 6.1, docs/performance.md).
+/// The queue pairs' local ACK timeout, 4.096 us * 2^exponent. It also
+/// bounds how long a connection survives an outage: the transport gives up
+/// after 7 retries, about 8 timeouts without any ACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckTimeout {
+    /// `default_ack_timeout` for the device and the kernel.
+    Auto,
+    /// Whatever the kernel chooses (RoCE: 2^17, about 0.5 s).
+    Kernel,
+    /// This exponent, 1..=31.
+    Exponent(u8),
+}
+
+/// Reads `ACK_TIMEOUT_ENV`'s value: unset or empty is `Auto`, `0` the
+/// kernel's, 1..=31 that exponent; anything else is a usage error.
+pub fn parse_ack_timeout(value: Option<&std::ffi::OsStr>) -> Result<AckTimeout, XferError> {
+    let Some(value) = value else {
+        return Ok(AckTimeout::Auto);
+    };
+    let text = value.to_str().map(str::trim);
+    match text.map(str::parse::<u8>) {
+        Some(_) if text == Some("") => Ok(AckTimeout::Auto),
+        Some(Ok(0)) => Ok(AckTimeout::Kernel),
+        Some(Ok(e @ 1..=31)) => Ok(AckTimeout::Exponent(e)),
+        _ => Err(XferError::Usage(format!(
+            "{ACK_TIMEOUT_ENV}={value:?}: expected an exponent 1..31 (4.096 us x 2^N; 14 = 67 \
+             ms), or 0 for the kernel's choice"
+        ))),
+    }
+}
+
+/// The ACK timeout exponent of `AckTimeout::Auto`: 14 (67 ms, perftest's
+/// default). Every lost packet that no later packet reveals (the last one
+/// before the pipeline waits, or a lost ACK) stalls the queue for one
+/// timeout, so the kernel's 0.5 s made 1% loss cost 96% of the throughput.
+/// SoftRoCE before kernel 6.12 gets 15 (134 ms): with 14 its connections
+/// break ("remote invalid request") when spurious retransmissions (ACKs
+/// late under CPU starvation) meet packet loss, perftest's ib_write_bw's
+/// as well (measured on 6.1, docs/performance.md). A device that cannot be
+/// queried (`None`) may be SoftRoCE.
 pub fn default_ack_timeout(vendor_id: Option<u32>, kernel: Option<(u32, u32)>) -> u8 {
     /// `ibv_device_attr.vendor_id` of rdma_rxe (RXE_VENDOR_ID).
     const SOFT_ROCE_VENDOR: u32 = 0xFF_FFFF;
-    let soft_roce = vendor_id == Some(SOFT_ROCE_VENDOR);
+    let maybe_soft_roce = vendor_id.is_none_or(|v| v == SOFT_ROCE_VENDOR);
     // An unknown kernel counts as old: the longer timeout only costs speed.
     let fixed_kernel = kernel.is_some_and(|k| k >= (6, 12));
-    if soft_roce && !fixed_kernel { 15 } else { 14 }
+    if maybe_soft_roce && !fixed_kernel {
+        15
+    } else {
+        14
+    }
 }
 
 /// The running kernel's (major, minor), from its release string.
@@ -66,23 +101,24 @@ fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-/// Sets the QP's ACK timeout before connect/accept: `ACK_TIMEOUT_ENV` if
-/// set, else `default_ack_timeout` for the bound device and this kernel.
-pub(crate) fn tune_ack_timeout(id: &crate::sys::rdma::CmId) {
-    let exp = match std::env::var(ACK_TIMEOUT_ENV) {
-        Ok(v) => match v.trim().parse::<u8>() {
-            Ok(0) => return,
-            Ok(e) => e.min(31),
-            Err(_) => {
-                tracing::warn!("{ACK_TIMEOUT_ENV}={v:?} is not a number 0..31: ignored");
-                default_ack_timeout(id.device_vendor_id().ok(), kernel_version())
-            }
-        },
-        Err(_) => default_ack_timeout(id.device_vendor_id().ok(), kernel_version()),
+/// Sets the QP's ACK timeout before connect/accept (see `AckTimeout`).
+pub(crate) fn tune_ack_timeout(id: &crate::sys::rdma::CmId, setting: AckTimeout) {
+    static NOT_APPLIED: std::sync::Once = std::sync::Once::new();
+    let exp = match setting {
+        AckTimeout::Kernel => return,
+        AckTimeout::Exponent(e) => e,
+        AckTimeout::Auto => {
+            let vendor = id
+                .device_vendor_id()
+                .inspect_err(|e| tracing::debug!("device vendor unknown: {e}"))
+                .ok();
+            default_ack_timeout(vendor, kernel_version())
+        }
     };
     tracing::debug!(exp, "ACK timeout 4.096 us * 2^exp");
     if let Err(e) = id.set_ack_timeout(exp) {
-        tracing::warn!("ACK timeout 2^{exp} not applied: {e}");
+        // Once per process, not once per session of a serving receiver.
+        NOT_APPLIED.call_once(|| tracing::warn!("ACK timeout 2^{exp} not applied: {e}"));
     }
 }
 
@@ -267,6 +303,26 @@ mod tests {
     }
 
     #[test]
+    fn ack_timeout_settings_parse_strictly() {
+        use std::ffi::OsStr;
+        let p = |v: &str| parse_ack_timeout(Some(OsStr::new(v)));
+        assert_eq!(parse_ack_timeout(None).unwrap(), AckTimeout::Auto);
+        assert_eq!(p("").unwrap(), AckTimeout::Auto);
+        assert_eq!(p("  ").unwrap(), AckTimeout::Auto);
+        assert_eq!(p("0").unwrap(), AckTimeout::Kernel);
+        assert_eq!(p(" 14 ").unwrap(), AckTimeout::Exponent(14));
+        assert_eq!(p("1").unwrap(), AckTimeout::Exponent(1));
+        assert_eq!(p("31").unwrap(), AckTimeout::Exponent(31));
+        for bad in ["32", "255", "300", "-1", "abc", "1.5", "0x10"] {
+            let e = p(bad).unwrap_err();
+            assert!(matches!(e, XferError::Usage(_)), "{bad}: {e}");
+            assert!(e.to_string().contains("RDMA_XFER_ACK_TIMEOUT"), "{e}");
+        }
+        use std::os::unix::ffi::OsStrExt;
+        assert!(parse_ack_timeout(Some(OsStr::from_bytes(b"\xff"))).is_err());
+    }
+
+    #[test]
     fn ack_timeout_is_longer_only_on_soft_roce_before_6_12() {
         let rxe = Some(0xFF_FFFF);
         let mlx = Some(0x02c9);
@@ -276,6 +332,9 @@ mod tests {
         assert_eq!(default_ack_timeout(rxe, Some((6, 12))), 14);
         assert_eq!(default_ack_timeout(rxe, Some((7, 0))), 14);
         assert_eq!(default_ack_timeout(mlx, Some((6, 1))), 14);
-        assert_eq!(default_ack_timeout(None, Some((6, 1))), 14);
+        assert_eq!(default_ack_timeout(mlx, None), 14);
+        // A device that cannot be queried may be SoftRoCE.
+        assert_eq!(default_ack_timeout(None, Some((6, 1))), 15);
+        assert_eq!(default_ack_timeout(None, Some((6, 12))), 14);
     }
 }

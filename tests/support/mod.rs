@@ -552,6 +552,8 @@ fn spawn_receiver(
         .arg("-v")
         .args(extra);
     token_env(&mut cmd, None);
+    // The tools' defaults are under test, not the developer's shell.
+    cmd.env_remove("RDMA_XFER_ACK_TIMEOUT");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -599,7 +601,8 @@ pub fn sender_cmd_with(
     extra: &[&str],
 ) -> Command {
     let mut cmd = Command::new(bin);
-    cmd.args(["--port", &port.to_string(), "-v"]);
+    cmd.args(["--port", &port.to_string(), "-v"])
+        .env_remove("RDMA_XFER_ACK_TIMEOUT");
     // Without a second address (a host with one RDMA port) the "wire" cases
     // run over that port's loopback.
     if let (Path_::Wire, Some(b)) = (path, net.addr_b.as_ref()) {

@@ -45,6 +45,7 @@ pub struct ReceiverConfig {
     pub slots: u32,
     pub chunk_size: u32,
     pub busy_poll: bool,
+    pub ack_timeout: crate::engine::AckTimeout,
     pub timeout: Duration,
     /// Largest file accepted (checked before any memory is registered).
     pub max_size: u64,
@@ -83,6 +84,7 @@ impl ReceiverConfig {
             slots: DEFAULT_SLOTS,
             chunk_size: DEFAULT_CHUNK_SIZE,
             busy_poll: false,
+            ack_timeout: crate::engine::AckTimeout::Auto,
             timeout: DEFAULT_TIMEOUT,
             max_size: u64::MAX,
             max_sessions: DEFAULT_MAX_SESSIONS,

@@ -209,7 +209,7 @@ pub(super) fn run(
         None => recvs as usize,
     };
     let control = Control::new(&ep, first_recvs, SEND_BUFFERS)?;
-    crate::engine::tune_ack_timeout(ep.cm_id());
+    crate::engine::tune_ack_timeout(ep.cm_id(), cfg.ack_timeout);
     let accept_started = Instant::now();
     match admission.handshake() {
         // A peer that has proven nothing yet holds a place only until the

@@ -44,6 +44,7 @@ pub struct SenderConfig {
     pub depth: u32,
     pub verify: DigestAlg,
     pub busy_poll: bool,
+    pub ack_timeout: super::AckTimeout,
     pub timeout: Duration,
     /// Shared secret proving this sender to a receiver that requires one.
     pub token: Option<Token>,
@@ -70,6 +71,7 @@ impl SenderConfig {
             depth: super::DEFAULT_DEPTH,
             verify: DigestAlg::Crc32,
             busy_poll: false,
+            ack_timeout: super::AckTimeout::Auto,
             timeout: DEFAULT_TIMEOUT,
             token: None,
             walk: WalkOptions {
@@ -389,7 +391,7 @@ impl Connection {
         };
         let ep = Endpoint::new(id, caps, cfg.busy_poll).map_err(connect_err)?;
         let control = Control::new(&ep, RECV_BUFFERS, SEND_BUFFERS)?;
-        super::tune_ack_timeout(ep.cm_id());
+        super::tune_ack_timeout(ep.cm_id(), cfg.ack_timeout);
         let staging = ep
             .cm_id()
             .connect_while(cfg.timeout, || {

@@ -541,9 +541,12 @@ impl CmId {
     }
 
     /// As `connect`, but runs `meanwhile` once the request is on its way,
-    /// while the peer answers (set-up work that would otherwise add to the
-    /// connection time); its result is returned once ESTABLISHED.
+    /// so that set-up work overlaps the peer's reply (the REQ -> REP round
+    /// trip; the connection completes only when the REP is read, after
+    /// `meanwhile`). Its result is returned once ESTABLISHED; `timeout`
+    /// bounds the whole, `meanwhile` included.
     pub fn connect_while<T>(&self, timeout: Duration, meanwhile: impl FnOnce() -> T) -> Result<T> {
+        let deadline = crate::sys::os::deadline_after(timeout);
         let mut param = conn_param();
         // SAFETY: param is a valid, fully initialised struct.
         let rc = unsafe { rdma_connect(self.raw, &mut param) };
@@ -551,7 +554,8 @@ impl CmId {
             return Err(SysError::last_os("rdma_connect"));
         }
         let value = meanwhile();
-        self.expect(CmEventKind::Established, "ESTABLISHED", timeout)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.expect(CmEventKind::Established, "ESTABLISHED", left)?;
         Ok(value)
     }
 
