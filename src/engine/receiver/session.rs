@@ -668,8 +668,9 @@ impl Session<'_, '_> {
         resume: Resume<'_>,
         continued: Option<(FileHasher, u64)>,
     ) -> Result<(), XferError> {
-        // The ring is registered only for an acceptable offer; if that
-        // fails (memlock limit, say) the sender hears why instead of
+        // The ring is normally registered ahead (`register_ring_ahead`);
+        // if that failed, it is tried again for an acceptable offer, and if
+        // that fails (memlock limit, say) the sender hears why instead of
         // waiting for an MR that never comes.
         let prepared = self
             .prepare_file(hello, resume)
