@@ -7,29 +7,20 @@
 # Usage: scripts/bench-tune.sh [-s SIZE_MiB] [-r RUNS]
 set -euo pipefail
 
-SIZE_MIB=256 RUNS=2
-while getopts 's:r:h' o; do
-  case $o in
-    s) SIZE_MIB=$OPTARG ;;
-    r) RUNS=$OPTARG ;;
-    *) sed -n '2,/^set /{/^#/p}' "$0" >&2; exit 2 ;;
-  esac
-done
-here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ibw() {
-  local v
-  v=$("$here/guest/ib-write-bw.sh" | sed -n 's/^ib_write_bw_MiBps=//p')
-  [[ -n $v ]] || { echo "bench-tune: ib_write_bw gave no result" >&2; exit 1; }
-  echo "$v"
-}
+SIZE_MIB=256 RUNS=2
+rx_size_runs_opts "$@"
+here=$(cd "$(dirname "$0")" && pwd)
 
 # chunk size, slots (= depth), which side busy-polls (none|sender|receiver)
 settings=(
   "1M 16 none" "2M 16 none" "4M 8 none" "1M 8 none" "1M 32 none"
   "256K 64 none" "1M 16 sender" "1M 16 receiver"
 )
-before=$(ibw)
+# shellcheck disable=SC2119  # its defaults
+before=$(rx_ib_write_bw)
 echo "ib_write_bw before: $before MiB/s"
 echo "| chunk x slots (= depth) | CQ waiting | MiB/s (each run) | CPU s/GiB sender | CPU s/GiB receiver |"
 echo "| --- | --- | --- | --- | --- |"
@@ -49,6 +40,7 @@ for s in "${settings[@]}"; do
   [[ $s == "1M 16 none" ]] && label+=" (default)"
   echo "| $label | $waiting | $rates | $cpu_s | $cpu_r |"
 done
-after=$(ibw)
+# shellcheck disable=SC2119
+after=$(rx_ib_write_bw)
 echo "ib_write_bw after: $after MiB/s"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (inside the guest)"

@@ -22,22 +22,12 @@
 #   (LOSS_MIB, default 64), RXFER_BENCH_LOSS_RUNS (LOSS_RUNS, default 3).
 set -euo pipefail
 
-SIZE_MIB=256 RUNS=5
-while getopts 's:r:h' o; do
-  case $o in
-    s) SIZE_MIB=$OPTARG ;;
-    r) RUNS=$OPTARG ;;
-    *) sed -n '2,/^set /{/^#/p}' "$0" >&2; exit 2 ;;
-  esac
-done
-here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ib_write_bw() {
-  local v
-  v=$("$here/guest/ib-write-bw.sh" "$@" | sed -n 's/^ib_write_bw_MiBps=//p')
-  [[ -n $v ]] || { echo "bench: ib_write_bw gave no result" >&2; exit 1; }
-  echo "$v"
-}
+SIZE_MIB=256 RUNS=5
+rx_size_runs_opts "$@"
+here=$(cd "$(dirname "$0")" && pwd)
 
 PARTS=" ${RXFER_BENCH_PARTS:-file small loss} "
 BIG_MIB=${RXFER_BENCH_BIG_MIB:-1024} BIG_RUNS=${RXFER_BENCH_BIG_RUNS:-3}
@@ -67,7 +57,7 @@ report() {
 }
 
 if [[ $PARTS == *" file "* ]]; then
-  before=$(ib_write_bw)
+  before=$(rx_ib_write_bw)
   echo "ib_write_bw before (RC, 1 MiB, B->A wire): $before MiB/s"
   out=$("$here/transfer.sh" -s "$SIZE_MIB" -r "$RUNS")
   grep -v '^median_MiBps=' <<<"$out"
@@ -76,7 +66,7 @@ if [[ $PARTS == *" file "* ]]; then
     big=$("$here/transfer.sh" -s "$BIG_MIB" -r "$BIG_RUNS")
     grep -v '^median_MiBps=' <<<"$big"
   fi
-  after=$(ib_write_bw)
+  after=$(rx_ib_write_bw)
   echo "ib_write_bw after: $after MiB/s"
   ibw=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", (a + b) / 2 }')
   report "$out" "$SIZE_MIB" "$RUNS" "$ibw"
@@ -100,11 +90,11 @@ lossy() {
 }
 trap 'lossy off' EXIT
 lossy on
-before=$(ib_write_bw -n "$LOSS_MIB")
+before=$(rx_ib_write_bw -n "$LOSS_MIB")
 echo "loss 1%: ib_write_bw before: $before MiB/s"
 out=$("$here/transfer.sh" -s "$LOSS_MIB" -r "$LOSS_RUNS")
 grep -v '^median_MiBps=' <<<"$out" | sed 's/^/loss 1%: /'
-after=$(ib_write_bw -n "$LOSS_MIB")
+after=$(rx_ib_write_bw -n "$LOSS_MIB")
 echo "loss 1%: ib_write_bw after: $after MiB/s"
 lossy off
 tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")

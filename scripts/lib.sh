@@ -1,9 +1,11 @@
 # shellcheck shell=bash
 # Shared helpers of the scripts; source it, don't run it:
 #   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"      (from scripts/)
-# Two groups:
+# Three groups:
 #   rx_apt_*   idempotent, non-interactive Debian package installation
 #              (scripts/install-deps.sh, scripts/guest/prepare.sh);
+#   rx_size_runs_opts, rx_ib_write_bw: the benchmarks' options and baseline
+#              (scripts/bench.sh, scripts/bench-tune.sh);
 #   rx_xfer_*  one sender -> receiver transfer where RDMA exists
 #              (scripts/transfer.sh, scripts/small-files.sh).
 # Every name it defines starts with rx_ / RX_, so it cannot clash with the
@@ -77,6 +79,31 @@ rx_apt_install() {
   done
   rx_apt_say "could not install: ${todo[*]}"
   return 1
+}
+
+# ------------------------------------------------------------------ benchmarks
+# Parses the common `-s SIZE_MiB -r RUNS` options of the benchmark scripts
+# into SIZE_MIB and RUNS (their defaults set by the caller); anything else
+# prints the usage and exits 2.
+# shellcheck disable=SC2034  # SIZE_MIB and RUNS are the caller's
+rx_size_runs_opts() {
+  local o OPTIND=1
+  while getopts 's:r:h' o; do
+    case $o in
+      s) SIZE_MIB=$OPTARG ;;
+      r) RUNS=$OPTARG ;;
+      *) rx_usage 2 ;;
+    esac
+  done
+}
+
+# ib_write_bw's throughput in MiB/s (scripts/guest/ib-write-bw.sh with the
+# given options; inside the guest); exits 1 if it gave none.
+rx_ib_write_bw() {
+  local v
+  v=$("$(dirname "${BASH_SOURCE[0]}")/guest/ib-write-bw.sh" "$@" | sed -n 's/^ib_write_bw_MiBps=//p')
+  [[ -n $v ]] || { echo "${0##*/}: ib_write_bw gave no result" >&2; exit 1; }
+  echo "$v"
 }
 
 # ------------------------------------------------------------------ transfers
