@@ -12,6 +12,9 @@ set -euo pipefail
 
 SIZE_MIB=256 RUNS=2
 rx_size_runs_opts "$@"
+for n in "$SIZE_MIB" "$RUNS"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench-tune: -s and -r must be whole numbers >= 1, got '$n'" >&2; exit 2; }
+done
 here=$(cd "$(dirname "$0")" && pwd)
 
 # chunk size, slots (= depth), which side busy-polls (none|sender|receiver)
@@ -41,6 +44,7 @@ for s in "${settings[@]}"; do
   echo "| $label | $waiting | $rates | $cpu_s | $cpu_r |"
 done
 # shellcheck disable=SC2119
-after=$(rx_ib_write_bw)
+# The table is printed already: a failed baseline does not lose it.
+after=$(rx_ib_write_bw) || after="(no result)"
 echo "ib_write_bw after: $after MiB/s"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (inside the guest)"

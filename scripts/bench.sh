@@ -35,10 +35,10 @@ LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-64} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
 for part in $PARTS; do
   [[ $part == @(file|small|loss) ]] || { echo "bench: unknown part '$part' in RXFER_BENCH_PARTS (file, small, loss)" >&2; exit 2; }
 done
-for n in "$SIZE_MIB" "$RUNS" "$BIG_MIB" "$BIG_RUNS" "$LOSS_MIB" "$LOSS_RUNS"; do
-  [[ $n =~ ^[0-9]+$ ]] || { echo "bench: '$n' is not a count" >&2; exit 2; }
+for n in "$SIZE_MIB" "$RUNS" "$BIG_MIB" "$LOSS_MIB" "$LOSS_RUNS"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench: sizes and run counts must be whole numbers >= 1, got '$n'" >&2; exit 2; }
 done
-((RUNS > 0 && LOSS_RUNS > 0)) || { echo "bench: -r and RXFER_BENCH_LOSS_RUNS must be at least 1" >&2; exit 2; }
+[[ $BIG_RUNS =~ ^(0|[1-9][0-9]*)$ ]] || { echo "bench: RXFER_BENCH_BIG_RUNS must be a whole number (0 skips), got '$BIG_RUNS'" >&2; exit 2; }
 
 # The median of the numbers on stdin (of an even count, the lower middle).
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }

@@ -35,9 +35,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// (`AckTimeout`, read by the tools' command line).
 pub const ACK_TIMEOUT_ENV: &str = "RDMA_XFER_ACK_TIMEOUT";
 
-/// The queue pairs' local ACK timeout, 4.096 us * 2^exponent. It also
-/// bounds how long a connection survives an outage: the transport gives up
-/// after 7 retries, about 8 timeouts without any ACK.
+/// The queue pairs' local ACK timeout, 4.096 us * 2^exponent. On a
+/// hardware NIC it also bounds how long a connection survives an outage:
+/// the transport gives up after 7 retries, about 8 timeouts without any
+/// ACK (SoftRoCE reads a retry count of 7 as "forever"; there the tools'
+/// `--timeout` does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckTimeout {
     /// `default_ack_timeout` for the device and the kernel.
@@ -103,7 +105,7 @@ fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
 
 /// Sets the QP's ACK timeout before connect/accept (see `AckTimeout`).
 pub(crate) fn tune_ack_timeout(id: &crate::sys::rdma::CmId, setting: AckTimeout) {
-    static NOT_APPLIED: std::sync::Once = std::sync::Once::new();
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let exp = match setting {
         AckTimeout::Kernel => return,
         AckTimeout::Exponent(e) => e,
@@ -117,8 +119,13 @@ pub(crate) fn tune_ack_timeout(id: &crate::sys::rdma::CmId, setting: AckTimeout)
     };
     tracing::debug!(exp, "ACK timeout 4.096 us * 2^exp");
     if let Err(e) = id.set_ack_timeout(exp) {
-        // Once per process, not once per session of a serving receiver.
-        NOT_APPLIED.call_once(|| tracing::warn!("ACK timeout 2^{exp} not applied: {e}"));
+        // A warning once per process, not for every session of a serving
+        // receiver; later failures still reach the debug log.
+        if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::debug!("ACK timeout 2^{exp} not applied: {e}");
+        } else {
+            tracing::warn!("ACK timeout 2^{exp} not applied: {e}");
+        }
     }
 }
 

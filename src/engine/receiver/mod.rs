@@ -47,7 +47,7 @@ pub struct ReceiverConfig {
     pub busy_poll: bool,
     pub ack_timeout: crate::engine::AckTimeout,
     pub timeout: Duration,
-    /// Largest file accepted (checked before any memory is registered).
+    /// Largest file accepted (checked before the file is created).
     pub max_size: u64,
     /// Sessions served at once; more are refused with a reason. With a
     /// token only authenticated sessions count (see `admission`).

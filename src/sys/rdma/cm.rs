@@ -546,6 +546,7 @@ impl CmId {
     /// `meanwhile`). Its result is returned once ESTABLISHED; `timeout`
     /// bounds the whole, `meanwhile` included.
     pub fn connect_while<T>(&self, timeout: Duration, meanwhile: impl FnOnce() -> T) -> Result<T> {
+        let started = Instant::now();
         let deadline = crate::sys::os::deadline_after(timeout);
         let mut param = conn_param();
         // SAFETY: param is a valid, fully initialised struct.
@@ -555,8 +556,14 @@ impl CmId {
         }
         let value = meanwhile();
         let left = deadline.saturating_duration_since(Instant::now());
-        self.expect(CmEventKind::Established, "ESTABLISHED", left)?;
-        Ok(value)
+        match self.expect(CmEventKind::Established, "ESTABLISHED", left) {
+            // Say how long the whole connect waited, not what was left.
+            Err(SysError::Timeout { what, .. }) => Err(SysError::Timeout {
+                what,
+                after: started.elapsed(),
+            }),
+            other => other.map(|()| value),
+        }
     }
 
     /// Passive side: accepts (a QP must exist on this id) and waits for
