@@ -596,7 +596,9 @@ fn one_percent_packet_loss_transfer_completes_intact() {
     for dev in &devs {
         run_checked(
             "tc",
-            &["qdisc", "replace", "dev", dev, "root", "netem", "loss", "1%"],
+            &[
+                "qdisc", "replace", "dev", dev, "root", "netem", "loss", "1%",
+            ],
         );
     }
     let started = Instant::now();
