@@ -88,11 +88,32 @@ lossy() {
     if [[ $1 == on ]]; then tc qdisc replace dev "$d" root netem loss 1%; else tc qdisc del dev "$d" root 2>/dev/null || true; fi
   done
 }
-trap 'lossy off' EXIT
+# The senders' logs, for the ACK timeout exponent they used.
+logs=$(mktemp -d "${TMPDIR:-/tmp}/rxfer-bench.XXXXXX")
+trap 'lossy off; rm -rf "$logs"' EXIT
+# Prints the ACK timeout exponent of the loss runs and where it came from,
+# e.g. "15 (default)", from the senders' debug lines (engine::
+# tune_ack_timeout: "ACK timeout 4.096 us * 2^exp exp=15"); "unknown" when
+# they have none (no log, or RDMA_XFER_ACK_TIMEOUT=0: the kernel's) or the
+# exponent was not applied.
+ack_exponent() {
+  local exp from=${RDMA_XFER_ACK_TIMEOUT:+RDMA_XFER_ACK_TIMEOUT=$RDMA_XFER_ACK_TIMEOUT}
+  exp=$(sed -n '/ACK timeout/s/.* exp=\([0-9][0-9]*\).*/\1/p' "$logs"/sender-*.log 2>/dev/null |
+    sort -un | paste -sd/ -) || true
+  if [[ -z $exp ]]; then
+    echo "unknown${from:+ ($from)}"
+  elif grep -q 'ACK timeout .*not applied' "$logs"/sender-*.log; then
+    echo "unknown (2^$exp not applied; ${from:-default})"
+  else
+    echo "$exp (${from:-default})"
+  fi
+}
 lossy on
 before=$(rx_ib_write_bw -n "$LOSS_MIB")
 echo "loss 1%: ib_write_bw before: $before MiB/s"
-out=$("$here/transfer.sh" -s "$LOSS_MIB" -r "$LOSS_RUNS")
+# -vv (transfer.sh passes one -v): the debug line with the exponent.
+out=$(SENDER_OPTS="-v ${SENDER_OPTS:-}" RXFER_SENDER_LOGS=$logs \
+  "$here/transfer.sh" -s "$LOSS_MIB" -r "$LOSS_RUNS")
 grep -v '^median_MiBps=' <<<"$out" | sed 's/^/loss 1%: /'
 after=$(rx_ib_write_bw -n "$LOSS_MIB")
 echo "loss 1%: ib_write_bw after: $after MiB/s"
@@ -100,4 +121,4 @@ lossy off
 tool=$(sed -n 's/^median_MiBps=//p' <<<"$out")
 ibw=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", (a + b) / 2 }')
 ratio=$(awk -v t="$tool" -v i="$ibw" 'BEGIN { printf "%.2f", t / i }')
-echo "RESULT loss=1% kernel=$(uname -r) ib_write_bw=$ibw MiB/s rdma-xfer=$tool MiB/s (median of $LOSS_RUNS, ${LOSS_MIB} MiB, ACK timeout exponent ${RDMA_XFER_ACK_TIMEOUT:-default}) ratio=$ratio"
+echo "RESULT loss=1% kernel=$(uname -r) ib_write_bw=$ibw MiB/s rdma-xfer=$tool MiB/s (median of $LOSS_RUNS, ${LOSS_MIB} MiB, ACK timeout exponent $(ack_exponent)) ratio=$ratio"

@@ -83,8 +83,9 @@ rx_apt_install() {
 
 # ------------------------------------------------------------------ benchmarks
 # Parses the common `-s SIZE_MiB -r RUNS` options of the benchmark scripts
-# into SIZE_MIB and RUNS (their defaults set by the caller); anything else
-# prints the usage and exits 2.
+# and scripts/transfer.sh into SIZE_MIB and RUNS (their defaults set by the
+# caller; no check of the values); anything else prints the usage and
+# exits 2.
 # shellcheck disable=SC2034  # SIZE_MIB and RUNS are the caller's
 rx_size_runs_opts() {
   local o OPTIND=1

@@ -10,19 +10,15 @@
 #
 # Usage: scripts/transfer.sh [-s SIZE_MiB] [-r RUNS]
 # Env:   RXFER_ADDR_A (receiver) and RXFER_ADDR_B (sender's source; crossing
-#        the wire in the guest), SENDER_OPTS, RECEIVER_OPTS, RXFER_BIN_DIR.
+#        the wire in the guest), SENDER_OPTS, RECEIVER_OPTS, RXFER_BIN_DIR,
+#        RXFER_SENDER_LOGS (a directory: each run's sender log is kept there
+#        as sender-<run>.log; scripts/bench.sh reads the ACK timeout from it).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SIZE_MIB=256 RUNS=1
-while getopts 's:r:h' o; do
-  case $o in
-    s) SIZE_MIB=$OPTARG ;;
-    r) RUNS=$OPTARG ;;
-    *) rx_usage 2 ;;
-  esac
-done
+rx_size_runs_opts "$@"
 
 read -r -a sender_opts <<<"${SENDER_OPTS:-}"
 read -r -a receiver_opts <<<"${RECEIVER_OPTS:-}"
@@ -37,6 +33,7 @@ for ((i = 1; i <= RUNS; i++)); do
   rm -f "$RX_WORK/out/random.bin"
   rx_start_receiver --dir "$RX_WORK/out" -v "${receiver_opts[@]}"
   rx_send_timed -v "${sender_opts[@]}" "$RX_A" "$RX_WORK/random.bin"
+  if [[ -n ${RXFER_SENDER_LOGS:-} ]]; then cp "$RX_WORK/sender.log" "$RXFER_SENDER_LOGS/sender-$i.log"; fi
   got=$(sha256sum <"$RX_WORK/out/random.bin" | cut -d' ' -f1)
   [[ $got == "$want" ]] || { echo "transfer: OUTPUT DIFFERS FROM INPUT" >&2; exit 1; }
   rate=$(awk -v b="$((SIZE_MIB << 20))" -v us="$RX_TOOK_US" \

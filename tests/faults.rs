@@ -495,8 +495,26 @@ fn concurrent_sessions_cannot_both_take_the_same_free_space() {
     drop(receiver);
 }
 
-/// Removes the netem qdiscs of the test, whatever happens.
+/// The test's netem qdiscs: removed again on drop, whatever happens.
 struct Netem(Vec<String>);
+
+impl Netem {
+    /// Puts `netem loss <loss>` (e.g. "1%") as the root qdisc on each of
+    /// `devs`, replacing any. A failing `tc` fails the test, and the guard,
+    /// dropped while unwinding, removes those already set.
+    fn loss(devs: &[String], loss: &str) -> Netem {
+        let netem = Netem(devs.to_vec());
+        for dev in devs {
+            run_checked(
+                "tc",
+                &[
+                    "qdisc", "replace", "dev", dev, "root", "netem", "loss", loss,
+                ],
+            );
+        }
+        netem
+    }
+}
 
 impl Drop for Netem {
     fn drop(&mut self) {
@@ -528,15 +546,7 @@ fn eight_senders_with_one_percent_loss_all_arrive_intact() {
         .collect();
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &["--max-sessions", "8"]);
-    let _netem = Netem(devs.to_vec());
-    for dev in &devs {
-        run_checked(
-            "tc",
-            &[
-                "qdisc", "replace", "dev", dev, "root", "netem", "loss", "1%",
-            ],
-        );
-    }
+    let _netem = Netem::loss(&devs, "1%");
     let started = Instant::now();
     let senders: Vec<Running> = inputs
         .iter()
@@ -592,15 +602,7 @@ fn one_percent_packet_loss_transfer_completes_intact() {
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
     // Both directions: data one way, acknowledgements and credits the other.
-    let _netem = Netem(devs.to_vec());
-    for dev in &devs {
-        run_checked(
-            "tc",
-            &[
-                "qdisc", "replace", "dev", dev, "root", "netem", "loss", "1%",
-            ],
-        );
-    }
+    let _netem = Netem::loss(&devs, "1%");
     let started = Instant::now();
     let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
     let took = started.elapsed();
