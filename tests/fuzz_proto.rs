@@ -40,12 +40,12 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
     AUTH_REQUIRED, Ack, AckStatus, Challenge, Channel, ChannelError, ConnectionId,
-    DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin, Have, HaveKind, Hello, MAX_MESSAGE,
-    MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN, OfferKind, PROTOCOL_VERSION,
-    Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
-    RecvError, Reject, RejectCode, RingInfo, Role, SEAL_LEN, SenderAuth, SenderEvent,
-    SenderSession, SenderState, SessionKey, Token, Verdict, decode, encode_to_vec, hello_flags,
-    validate_path,
+    DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin, Have, HaveKind, Hello, MAX_BATCH_FILES,
+    MAX_MESSAGE, MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN, OfferKind,
+    PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent,
+    ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role, SEAL_LEN,
+    SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict, decode,
+    encode_to_vec, hello_flags, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,11 +53,11 @@ use std::time::Instant;
 
 /// How deep the generated inputs got (printed with the counts, so a weak
 /// generator shows): frames decoded, chunks placed, files verified, ...
-struct Reached([AtomicU64; 9]);
+struct Reached([AtomicU64; 10]);
 
 impl Reached {
     const fn new() -> Self {
-        Reached([const { AtomicU64::new(0) }; 9])
+        Reached([const { AtomicU64::new(0) }; 10])
     }
     fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, Ordering::Relaxed);
@@ -1005,6 +1005,29 @@ fn rx_action() -> impl Strategy<Value = RxAction> {
         };
         RxAction::Msg(Message::Hello(Hello { version, size, ..h }))
     });
+    // Batches of mostly plain, small files.
+    let batch = proptest::collection::vec(hello(), 0..4).prop_map(|hs| {
+        let members = hs
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let plain = h.caps % 4 != 0;
+                Hello {
+                    version: if plain { PROTOCOL_VERSION } else { h.version },
+                    caps: if plain {
+                        h.caps & hello_flags::MTIME
+                    } else {
+                        h.caps
+                    },
+                    name: if plain { format!("b/{i}") } else { h.name },
+                    size: if plain { h.size % 300 } else { h.size },
+                    digest: if plain { DigestAlg::Sha256 } else { h.digest },
+                    ..h
+                }
+            })
+            .collect();
+        RxAction::Msg(Message::Batch(members))
+    });
     let alg = prop_oneof![4 => Just(None), 1 => digest_alg().prop_map(Some)];
     let fin = (small.clone(), small, alg).prop_map(|(dbytes, dchunks, alg)| RxAction::FinLike {
         dbytes,
@@ -1022,6 +1045,7 @@ fn rx_action() -> impl Strategy<Value = RxAction> {
     prop_oneof![
         2 => message().prop_map(RxAction::Msg),
         3 => offer,
+        1 => batch,
         1 => proptest::collection::vec(any::<u8>(), 0..40).prop_map(RxAction::Frame),
         2 => fin,
         8 => (chunk_len, any::<u32>()).prop_map(|(l, imm)| RxAction::Chunk(l, imm)),
@@ -1072,6 +1096,9 @@ struct RxModel {
     chunk_len: u32,
     /// Files offered so far (for names).
     files: u64,
+    /// The current offer is a batch of this many files (0: it is not);
+    /// they count as entries once it is accepted.
+    batch_files: u64,
     /// How long a legal sender makes the offered stream.
     stream_len: u64,
     /// The HAVE answering the current offer (with RESUME).
@@ -1554,6 +1581,50 @@ fn check_receiver(
                             ..RxModel::default()
                         };
                     }
+                    Ok(ReceiverEvent::Batch(members)) => {
+                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert!(admitted, "BATCH considered before AUTH");
+                        prop_assert_eq!(Message::Batch(members.clone()), sent);
+                        prop_assert!(!members.is_empty() && members.len() <= MAX_BATCH_FILES);
+                        prop_assert!(
+                            hellos + members.len() as u64 <= cfg.max_files,
+                            "a batch past --max-files"
+                        );
+                        let mut names = std::collections::HashSet::new();
+                        let mut total = 0u64;
+                        for h in &members {
+                            prop_assert_eq!(h.version, PROTOCOL_VERSION);
+                            prop_assert_eq!(h.caps & !hello_flags::KNOWN, 0);
+                            prop_assert!(!h.is_stream() && !h.is_directory());
+                            prop_assert_eq!(h.caps & hello_flags::RESUME, 0);
+                            prop_assert!(
+                                validate_path(&h.name).is_ok(),
+                                "accepted path {:?}",
+                                h.name
+                            );
+                            prop_assert!(names.insert(h.name.clone()), "a name twice");
+                            prop_assert!(h.size <= cfg.max_size);
+                            prop_assert_eq!(h.digest, members[0].digest);
+                            if auth.is_some() {
+                                prop_assert_eq!(h.digest, DigestAlg::Sha256);
+                            }
+                            total += h.size;
+                        }
+                        prop_assert_eq!(r.state(), AwaitDecision);
+                        // From here on the batch is one file of its total size.
+                        let files = m.files + 1;
+                        m = RxModel {
+                            offer: Some(Hello {
+                                caps: 0,
+                                size: total,
+                                ..members[0].clone()
+                            }),
+                            files,
+                            batch_files: members.len() as u64,
+                            ..RxModel::default()
+                        };
+                        RX.hit(9);
+                    }
                     Ok(ReceiverEvent::Fin(f)) => {
                         prop_assert_eq!(before, Receiving);
                         if !m.is_stream() {
@@ -1644,9 +1715,10 @@ fn check_receiver(
                     Err(RecvError::SessionLimit(rej)) => {
                         // Only the HELLO past --max-files, or after too many
                         // refusals in a row, ends a session so.
-                        prop_assert_eq!(kind, "HELLO");
+                        prop_assert!(kind == "HELLO" || kind == "BATCH", "{}", kind);
                         prop_assert_eq!(before, AwaitHello);
                         if rej.code == RejectCode::TooLarge {
+                            prop_assert_eq!(kind, "HELLO");
                             prop_assert_eq!(hellos, cfg.max_files + 1);
                         } else {
                             prop_assert_eq!(rej.code, RejectCode::Protocol);
@@ -1746,6 +1818,8 @@ fn check_receiver(
                 };
                 match r.accept(ring) {
                     Ok(mr) => {
+                        // An accepted batch's files count as entries.
+                        hellos += m.batch_files;
                         // No MR before an accepted HELLO (nor before AUTH).
                         prop_assert_eq!(before, AwaitDecision);
                         prop_assert!(admitted);
@@ -1980,7 +2054,7 @@ fn machine_receiver() {
             format!(
                 "{} AUTHs verified ({} of them refused as busy), {} offers accepted ({} resuming \
                  a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
-                 complete copies compared ({} the same)",
+                 complete copies compared ({} the same), {} batches passed",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -1989,7 +2063,8 @@ fn machine_receiver() {
                 RX.get(2),
                 RX.get(3),
                 RX.get(7),
-                RX.get(8)
+                RX.get(8),
+                RX.get(9)
             )
         },
     );

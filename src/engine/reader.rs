@@ -11,6 +11,7 @@ use crate::sys::os::wait_readable;
 use crate::sys::rdma::{Buffer, BufferFiller};
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
@@ -21,6 +22,15 @@ pub enum Input {
     File { file: File, size: u64 },
     /// A stream (standard input) read until end of file.
     Stream(File),
+    /// The files of a batch, read back to back as one file.
+    Batch(Vec<BatchFile>),
+}
+
+/// One file of a batch: read from 0 to its size as measured when offered.
+pub struct BatchFile {
+    pub file: File,
+    pub size: u64,
+    pub name: String,
 }
 
 /// One file or stream to read, in chunks of `chunk_len`.
@@ -39,8 +49,9 @@ pub enum ReaderMsg {
     /// The next chunk of the job (in order) is in the token's
     /// slot. Every chunk but the last is `chunk_len` long.
     Chunk { token: Buffer, len: u32, crc: u32 },
-    /// Every chunk of the job was reported; the whole-file digest.
-    Done(Digest),
+    /// Every chunk of the job was reported; the whole-file digest (of a
+    /// batch: of all its bytes, then each file's own).
+    Done(Digest, Vec<Digest>),
     /// Reading failed; the job is abandoned.
     Failed(String, std::io::Error),
 }
@@ -69,6 +80,7 @@ impl Reader<'_> {
             let going_on = match &job.input {
                 Input::File { file, size } => self.read_file(&job, file, *size, resume),
                 Input::Stream(file) => self.read_stream(&job, file),
+                Input::Batch(files) => self.read_batch(&job, files),
             };
             if !going_on {
                 return;
@@ -130,7 +142,82 @@ impl Reader<'_> {
             }
             offset += len as u64;
         }
-        self.out.send(ReaderMsg::Done(hasher.finish())).is_ok()
+        self.out
+            .send(ReaderMsg::Done(hasher.finish(), Vec::new()))
+            .is_ok()
+    }
+
+    /// Reads a batch's files back to back, in chunks that span files;
+    /// each file's own digest is kept too (for its report). Returns false
+    /// when the session is going away.
+    fn read_batch(&mut self, job: &ReadJob, files: &[BatchFile]) -> bool {
+        let mut hasher = FileHasher::new(job.digest);
+        let mut own: Vec<FileHasher> = files.iter().map(|_| FileHasher::new(job.digest)).collect();
+        let total: u64 = files.iter().map(|f| f.size).sum();
+        // The file being read and the offset in it.
+        let (mut index, mut at) = (0usize, 0u64);
+        let mut offset = 0u64;
+        while offset < total {
+            let Some(mut token) = self.next_slot() else {
+                return false;
+            };
+            let len = (total - offset).min(u64::from(job.chunk_len)) as u32;
+            let data = match self.filler.slot_mut(&mut token, len as usize) {
+                Ok(d) => d,
+                Err(e) => {
+                    self.spare = Some(token);
+                    let context = format!("cannot read {}", job.name);
+                    let _ = self
+                        .out
+                        .send(ReaderMsg::Failed(context, std::io::Error::other(e)));
+                    return true;
+                }
+            };
+            let mut filled = 0usize;
+            while filled < data.len() {
+                let Some(f) = files.get(index) else { break };
+                let part = ((f.size - at) as usize).min(data.len() - filled);
+                let dst = &mut data[filled..filled + part];
+                if let Err(e) = f.file.read_exact_at(dst, at) {
+                    self.spare = Some(token);
+                    let (context, e) = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        let why = format!(
+                            "it had {} bytes when the transfer started and now ends before \
+                             byte {}",
+                            f.size,
+                            at + part as u64
+                        );
+                        (
+                            format!("{} shrank while being sent", f.name),
+                            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, why),
+                        )
+                    } else {
+                        (format!("cannot read {} at offset {at}", f.name), e)
+                    };
+                    let _ = self.out.send(ReaderMsg::Failed(context, e));
+                    return true;
+                }
+                if let Some(h) = own.get_mut(index) {
+                    h.update(dst, crc32fast::hash(dst));
+                }
+                filled += part;
+                at += part as u64;
+                if at == f.size {
+                    (index, at) = (index + 1, 0);
+                }
+            }
+            let crc = checksum_chunk(data, &mut hasher);
+            #[cfg(feature = "fault-injection")]
+            super::fault::after_checksum(offset / u64::from(job.chunk_len), data);
+            if self.out.send(ReaderMsg::Chunk { token, len, crc }).is_err() {
+                return false;
+            }
+            offset += u64::from(len);
+        }
+        let each = own.into_iter().map(FileHasher::finish).collect();
+        self.out
+            .send(ReaderMsg::Done(hasher.finish(), each))
+            .is_ok()
     }
 
     /// Reads a stream to its end: every slot is filled completely (pipes
@@ -216,7 +303,10 @@ impl Reader<'_> {
                 self.spare = Some(token);
             }
             if eof {
-                return self.out.send(ReaderMsg::Done(hasher.finish())).is_ok();
+                return self
+                    .out
+                    .send(ReaderMsg::Done(hasher.finish(), Vec::new()))
+                    .is_ok();
             }
         }
     }

@@ -467,43 +467,43 @@ mod tests {
     #[test]
     fn key_schedule_known_answers() {
         // Computed independently with Python's hmac/hashlib (HKDF written
-        // out per RFC 5869): nonce_r = 00 01 .. 1f, nonce_s = 80 81 .. 9f.
+        // out per RFC 5869), protocol version 4: nonce_r = 00 01 .. 1f, nonce_s = 80 81 .. 9f.
         let (nr, ns) = nonces();
         let t = token(TOK);
         let cases = [
             (
                 conn("10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "424eea7d4aa480319802160ca182229a277377443e0a27ec9045166396c37238",
-                "aa33479461909da8b6f5eef590d68d4b153b6fef45e92b8e026bb3d5bcecfacc",
-                "e12c4041e72b52c3a1187d6b6ae7df09b99ea56bf6331fec034b97f3123640b7",
-                "4aa384179c20367dab9e6258ed9db247efeaef5343d0eb479eab3d33beee852b",
-                "17ae7e6a5f0645bac8858a877e018592a5d28417360ec37fc2df871d1a6364f7",
+                "ff6f1f9da0f297c0225ccacf02f788ebdd0bbc79eea48d8285452668342d48d9",
+                "e17fc0505126ec4ee9c1f7c5cd89a8bb1d77c7b37733dc9c8761e071f72441e6",
+                "92380b7ba7437ae9951a017697feb0cc05f9b671653976d4caedc197dbbef197",
+                "7735651312c6c16d919b5d3e8e88c23f7617670280867621e68aa98686dac085",
+                "9cbd4a4a3d4393054df3bb76f5caf54e7d2dda1430df2983ac45f82fc711e30c",
             ),
             // The IPv4-mapped form of the same address: the same key.
             (
                 conn("::ffff:10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "424eea7d4aa480319802160ca182229a277377443e0a27ec9045166396c37238",
-                "aa33479461909da8b6f5eef590d68d4b153b6fef45e92b8e026bb3d5bcecfacc",
-                "e12c4041e72b52c3a1187d6b6ae7df09b99ea56bf6331fec034b97f3123640b7",
-                "4aa384179c20367dab9e6258ed9db247efeaef5343d0eb479eab3d33beee852b",
-                "17ae7e6a5f0645bac8858a877e018592a5d28417360ec37fc2df871d1a6364f7",
+                "ff6f1f9da0f297c0225ccacf02f788ebdd0bbc79eea48d8285452668342d48d9",
+                "e17fc0505126ec4ee9c1f7c5cd89a8bb1d77c7b37733dc9c8761e071f72441e6",
+                "92380b7ba7437ae9951a017697feb0cc05f9b671653976d4caedc197dbbef197",
+                "7735651312c6c16d919b5d3e8e88c23f7617670280867621e68aa98686dac085",
+                "9cbd4a4a3d4393054df3bb76f5caf54e7d2dda1430df2983ac45f82fc711e30c",
             ),
             (
                 conn("fe80::1", 0x11, "fe80::2", 0x12),
-                "68970ade0b8b006955ad1ae3937b1bd4240da881bfaaab2bcf17d0e2df5c7b12",
-                "11b69613ff8424d0c8f6aa5ea0a8c7d78a3b8dbe578c9d692cbe9a5a6f4ce6f0",
-                "4bd0374b902e7108e4c025e90bffa80b514f0927cdbebcd98fb2a5d00773b680",
-                "db9c8a8840835901fafc5a1316c869da747ae26278329f89b1a6d159133138e4",
-                "6d4c43476c8464bc6a0ca927fd2132fd34d05938b146e1478082b8b0734c29f3",
+                "ca517a8c1d7af47ef662fbdd44c6c1462dc95db8a153678f6f7f1b85047c2787",
+                "3befe5ca2d79e0122bb67a1cb69e96c147e6e03eca6275d1672097094308686f",
+                "182d484d05f49278cf690095037d4860d6855f2b5ccce623252191482b74c425",
+                "f3d38c80a8f7e91882cc828e6b51536bff6ad7a906a611120a19b2fc3048564b",
+                "9c3782c3091f42905a5bc1d2afb431076d4907842121b997ea327b26dda12191",
             ),
             // Another receiver QPN: another key.
             (
                 conn("10.77.0.1", 0x13, "10.77.0.2", 0x12),
-                "1a5a80e09819e79630723eb7bdb588648772f7952023a2db4a9bb91adce4a75d",
-                "9352e2af9448de56d8eae02c12af974c16d8ecc5219889ae4d44a88803b13f70",
-                "86b357ec4555e163e62a26176add5f448214e430f212ecf5349d3977c7fe94b0",
-                "09639a5641f93d21a015d51c39262def6d9455960ae47c9ee0208e9948615e2d",
-                "8aa8ed0a7a16e210acf92fb70e8ceeb01c4bf3ffb783976a749d8c42c24eed61",
+                "6e0898b44076560f382ae4ca377df6d45e5641e15e319e3e90c138e1a7efded3",
+                "24491bc568bdd062f6de2ecc16807de7d4c9eda7e4066366a362ea337152fd86",
+                "ef14945c7d8d5054a859564acde0c5bb405ec746d8ce2ffe319a7427e4e8fd69",
+                "b6863319df0242d9f79af07ee5d0dabbfc8501269635a895c893be1f79349057",
+                "28878fdd15048d92a1029472a9deef4f76effdb2c955b76dc4628a26b1e6b0c6",
             ),
         ];
         let bye = unhex("525846520107000000000000");

@@ -1,4 +1,4 @@
-//! rdma-xfer control protocol (session protocol 3): wire codec, name checks and the pure sender /
+//! rdma-xfer control protocol (session protocol 4): wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
 #![deny(missing_docs)]
 
@@ -25,9 +25,9 @@ pub use sender::{
     SenderSession, SenderState, Verdict, keepalive_interval,
 };
 pub use wire::{
-    Ack, AckStatus, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello, MAX_FRAME,
-    MAX_MESSAGE, Message, Mtime, Prove, Reject, RejectCode, RingInfo, WireError, decode, encode,
-    encode_to_vec, hello_flags,
+    Ack, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello,
+    MAX_FRAME, MAX_MESSAGE, Message, Mtime, Prove, Reject, RejectCode, RingInfo, WireError,
+    batch_member_len, decode, encode, encode_to_vec, hello_flags,
 };
 
 use thiserror::Error;
@@ -35,9 +35,13 @@ use thiserror::Error;
 /// Session protocol version carried in HELLO and PROVE. Version 2 added
 /// HELLO flags (streams, directories, mtimes), relative paths and
 /// KEEPALIVE; version 3 the mutual, connection-bound authentication (PROVE,
-/// AUTH_OK) and sealed control messages. Both sides speak exactly one
-/// version: a peer of another one is refused, naming both.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// AUTH_OK) and sealed control messages; version 4 BATCH (small files
+/// offered, written and acknowledged together). Both sides speak exactly
+/// one version: a peer of another one is refused, naming both.
+pub const PROTOCOL_VERSION: u16 = 4;
+
+/// Most files one BATCH may offer.
+pub const MAX_BATCH_FILES: usize = 256;
 
 /// A violation of the session protocol (by the peer, or by the local caller for
 /// `WrongState`). Errors caused by a peer message end the session: the state
@@ -109,6 +113,13 @@ pub enum ProtocolError {
     /// not the configured shape).
     #[error("invalid ring: {reason}")]
     BadRing {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A BATCH the engine asked for that the protocol does not allow (a
+    /// bug in the engine; the state is unchanged).
+    #[error("invalid batch: {reason}")]
+    BadBatch {
         /// What is wrong with it.
         reason: &'static str,
     },
@@ -489,6 +500,7 @@ mod tests {
                 Wire::Msg(b) => match self.r.on_message(open(&mut self.r_channel, &b)).unwrap() {
                     ReceiverEvent::From { offset } => panic!("FROM without HAVE: {offset}"),
                     ReceiverEvent::Compare { .. } => panic!("COMPARE without HAVE"),
+                    ReceiverEvent::Batch(_) => panic!("a BATCH where none was offered"),
                     ReceiverEvent::Offer(h) => {
                         let i = self.offered.pop_front().expect("an offered entry");
                         assert_eq!(h.name, format!("e/{i}"));

@@ -24,7 +24,7 @@ use super::wire::{
     Ack, AckStatus, Challenge, DigestAlg, Fin, Have, HaveKind, Hello, Message, Prove, Reject,
     RejectCode, RingInfo, WireError, hello_flags,
 };
-use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
+use super::{MAX_BATCH_FILES, PROTOCOL_VERSION, ProtocolError, check_ring};
 
 /// Where a receiver's session is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,6 +125,11 @@ pub enum ReceiverEvent {
     /// Version, name and size passed; the engine does its I/O checks and calls
     /// `accept` or `reject`.
     Offer(Hello),
+    /// A BATCH of plain files passed the same checks as a HELLO each: the
+    /// engine checks them on disk and calls `accept` (their bytes arrive
+    /// back to back, as one file of their total size) or `reject` (the
+    /// whole batch; the sender then offers each file on its own).
+    Batch(Vec<Hello>),
     /// All data arrived; the engine verifies the digest, fsyncs, renames, then
     /// calls `complete`.
     Fin(Fin),
@@ -256,6 +261,9 @@ pub struct ReceiverSession {
     stream: bool,
     /// The current offer is a directory (no ring, no data).
     directory: bool,
+    /// The current offer is a BATCH of this many files (0: it is not);
+    /// they count as entries once accepted.
+    batch_files: u64,
     /// A stream's short chunk arrived: it must have been the last one.
     short_seen: bool,
     digest: DigestAlg,
@@ -304,6 +312,7 @@ impl ReceiverSession {
             size: 0,
             stream: false,
             directory: false,
+            batch_files: 0,
             short_seen: false,
             digest: DigestAlg::Crc32,
             ring: RingInfo::default(),
@@ -711,6 +720,7 @@ impl ReceiverSession {
                 self.size = h.size;
                 self.stream = h.is_stream();
                 self.directory = h.is_directory();
+                self.batch_files = 0;
                 self.resume = h.caps & hello_flags::RESUME != 0;
                 self.have = None;
                 self.base = (0, 0, 0);
@@ -719,6 +729,7 @@ impl ReceiverSession {
                 self.state = AwaitDecision;
                 Ok(ReceiverEvent::Offer(h))
             }
+            (AwaitHello, Message::Batch(members)) => self.on_batch(members),
             (AwaitHello, Message::Bye) => {
                 self.state = Closed;
                 Ok(ReceiverEvent::Closed)
@@ -773,6 +784,115 @@ impl ReceiverSession {
             .into()),
             (_, m) => Err(self.unexpected(m.kind()).into()),
         }
+    }
+
+    /// BATCH: every member is checked as a HELLO of a plain file would be,
+    /// and the batch as a whole against the session's limits. A refusal
+    /// refuses the whole batch and is not final: the sender offers each
+    /// file on its own, and those offers get each file's own answer (and
+    /// count against `--max-files`; a refused batch does not).
+    fn on_batch(&mut self, members: Vec<Hello>) -> Result<ReceiverEvent, RecvError> {
+        if self.refused_in_a_row >= MAX_REFUSALS_IN_A_ROW {
+            return Err(RecvError::SessionLimit(Reject::new(
+                RejectCode::Protocol,
+                format!(
+                    "the receiver refused the session's last {MAX_REFUSALS_IN_A_ROW} \
+                     offers in a row and ends it"
+                ),
+            )));
+        }
+        let refuse = |code, reason: String| Err(RecvError::Reject(Reject::new(code, reason)));
+        let count = members.len() as u64;
+        let Some(first) = members.first() else {
+            return refuse(RejectCode::Protocol, "a batch without files".into());
+        };
+        if members.len() > MAX_BATCH_FILES {
+            return refuse(
+                RejectCode::Protocol,
+                format!(
+                    "a batch of {count} files; at most {MAX_BATCH_FILES} may be offered together"
+                ),
+            );
+        }
+        if self.entries.saturating_add(count) > self.cfg.max_files {
+            return refuse(
+                RejectCode::TooLarge,
+                format!(
+                    "a batch of {count} files would pass the receiver's limit of {} entries \
+                     per session (--max-files)",
+                    self.cfg.max_files
+                ),
+            );
+        }
+        let digest = first.digest;
+        if self.auth.is_some() && digest != DigestAlg::Sha256 {
+            return refuse(
+                RejectCode::Protocol,
+                "with a token this receiver takes only SHA-256 whole-file digests".into(),
+            );
+        }
+        let mut total = 0u64;
+        let mut names = std::collections::HashSet::with_capacity(members.len());
+        for h in &members {
+            check_hello(h, self.cfg.max_size).map_err(|r| {
+                if r.code == RejectCode::Version {
+                    RecvError::Version(r)
+                } else {
+                    RecvError::Reject(r)
+                }
+            })?;
+            let kind = hello_flags::STREAM | hello_flags::DIRECTORY | hello_flags::RESUME;
+            if h.caps & kind != 0 {
+                return refuse(
+                    RejectCode::Protocol,
+                    format!(
+                        "{}: a batch holds plain files only (no stream, directory or resumed file)",
+                        escaped(&h.name)
+                    ),
+                );
+            }
+            if h.digest != digest {
+                return refuse(
+                    RejectCode::Protocol,
+                    "the files of a batch announce different digests".into(),
+                );
+            }
+            if !names.insert(h.name.as_str()) {
+                return refuse(
+                    RejectCode::Protocol,
+                    format!("a batch names {} twice", escaped(&h.name)),
+                );
+            }
+            let Some(sum) = total.checked_add(h.size) else {
+                return refuse(
+                    RejectCode::TooLarge,
+                    "a batch of more than 2^64 bytes".into(),
+                );
+            };
+            total = sum;
+        }
+        if self.session_bytes.saturating_add(total) > self.cfg.max_session_bytes {
+            return refuse(
+                RejectCode::TooLarge,
+                format!(
+                    "a batch of {total} bytes; after the {} bytes of this session that exceeds \
+                     the receiver's limit of {} bytes per session (--max-session-size)",
+                    self.session_bytes, self.cfg.max_session_bytes
+                ),
+            );
+        }
+        self.name = format!("a batch of {count} files from {}", escaped(&first.name));
+        self.size = total;
+        self.stream = false;
+        self.directory = false;
+        self.batch_files = count;
+        self.resume = false;
+        self.have = None;
+        self.base = (0, 0, 0);
+        self.digest = digest;
+        self.reset_file();
+        self.state = ReceiverState::AwaitDecision;
+        Ok(ReceiverEvent::Batch(members))
     }
 
     /// PROVE: the sender's version, then its proof over this connection's
@@ -841,6 +961,7 @@ impl ReceiverSession {
         self.ring = ring;
         self.reset_file();
         self.refused_in_a_row = 0;
+        self.entries = self.entries.saturating_add(self.batch_files);
         // A resumed file continues its prefix: its chunks keep their
         // numbers (and so their slots) and their length.
         let (base_bytes, base_chunks, base_len) = self.base;
@@ -1333,12 +1454,12 @@ mod tests {
             Message::Auth { .. } => Err(RecvError::Version(Reject::new(
                 RejectCode::Version,
                 "the sender speaks protocol version 2 or older (its AUTH is protocol 2's); \
-                 this receiver speaks protocol version 3: upgrade the sender",
+                 this receiver speaks protocol version 4: upgrade the sender",
             ))),
             Message::Prove(p) if p.version != PROTOCOL_VERSION => {
                 Err(RecvError::Version(Reject::new(
                     RejectCode::Version,
-                    "the sender speaks protocol version 2; this receiver speaks protocol version 3",
+                    "the sender speaks protocol version 3; this receiver speaks protocol version 4",
                 )))
             }
             Message::Prove(p) if p.proof.is_empty() => Err(RecvError::Auth(AuthFailure::NoToken)),
@@ -2027,45 +2148,46 @@ mod tests {
             (v(2, 0, "f", 1), Some(RejectCode::Version)),
             (v(2, STREAM, "f", 0), Some(RejectCode::Version)),
             // Version 3: flags and relative paths.
-            (v(3, 0, "f", 1000), None),
-            (v(3, 0, "a/b/c", 1), None),
-            (v(3, STREAM, "stdin", 0), None),
-            (v(3, DIRECTORY, "top/sub", 0), None),
+            (v(4, 0, "f", 1000), None),
+            (v(4, 0, "a/b/c", 1), None),
+            (v(4, STREAM, "stdin", 0), None),
+            (v(4, DIRECTORY, "top/sub", 0), None),
             (
                 Hello {
                     mtime: t,
-                    ..v(3, DIRECTORY | MTIME, "top", 0)
+                    ..v(4, DIRECTORY | MTIME, "top", 0)
                 },
                 None,
             ),
-            (v(3, 0, "f", 1001), Some(RejectCode::TooLarge)),
-            (v(3, hello_flags::KEEP_MODE, "f", 1), None),
-            (v(3, 1 << 4, "f", 1), Some(RejectCode::Version)),
-            (v(3, 1 << 6, "f", 1), Some(RejectCode::Version)),
+            (v(4, 0, "f", 1001), Some(RejectCode::TooLarge)),
+            (v(4, hello_flags::KEEP_MODE, "f", 1), None),
+            (v(4, 1 << 4, "f", 1), Some(RejectCode::Version)),
+            (v(4, 1 << 6, "f", 1), Some(RejectCode::Version)),
             (
-                v(3, hello_flags::RESUME, "f", 1),
+                v(4, hello_flags::RESUME, "f", 1),
                 Some(RejectCode::Protocol),
             ),
-            (v(3, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
-            (v(3, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
-            (v(3, STREAM, "f", 5), Some(RejectCode::Protocol)),
-            (v(3, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
+            (v(4, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
+            (v(4, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
+            (v(4, STREAM, "f", 5), Some(RejectCode::Protocol)),
+            (v(4, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
             // Other versions.
             (v(0, 0, "f", 1), Some(RejectCode::Version)),
-            (v(4, 0, "f", 1), Some(RejectCode::Version)),
+            (v(5, 0, "f", 1), Some(RejectCode::Version)),
+            (v(3, 0, "f", 1), Some(RejectCode::Version)),
             (v(u16::MAX, 0, "f", 1), Some(RejectCode::Version)),
         ] {
             assert_eq!(code(h.clone()), want, "{h:?}");
         }
         // A stream is not held to --max-size up front (its size is unknown).
-        assert_eq!(code(v(3, STREAM, "s", 0)), None);
+        assert_eq!(code(v(4, STREAM, "s", 0)), None);
         // The refusal names both versions.
         let mut r = ReceiverSession::new(c);
         let Err(RecvError::Version(j)) = r.on_message(Message::Hello(v(2, 0, "f", 1))) else {
             panic!("version 2 accepted");
         };
         assert!(
-            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 3"),
+            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 4"),
             "{}",
             j.reason
         );

@@ -24,7 +24,7 @@ use super::wire::{
     Ack, AckStatus, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime, Prove, Reject,
     RejectCode, RingInfo, hello_flags,
 };
-use super::{PROTOCOL_VERSION, ProtocolError, check_ring};
+use super::{MAX_BATCH_FILES, PROTOCOL_VERSION, ProtocolError, check_ring};
 
 /// Most entries that may await the receiver's verdict at once. The
 /// receiver keeps more control receives posted than this (plus the HELLO
@@ -326,8 +326,65 @@ impl SenderSession {
     /// the entry's verdict (`SenderEvent::Answered`), for the engine's
     /// report.
     pub fn start_file(&mut self, offer: FileOffer, tag: u64) -> Result<Message, ProtocolError> {
+        self.check_can_start("start_file")?;
+        let hello = offer_hello(offer);
+        let resume = hello.caps & hello_flags::RESUME != 0;
+        if hello.is_directory() {
+            self.pending.push_back((tag, Pending::Directory));
+        } else {
+            self.start_data(tag, hello.size, hello.is_stream(), hello.digest);
+            if resume {
+                self.state = SenderState::AwaitHave;
+            }
+        }
+        Ok(Message::Hello(hello))
+    }
+
+    /// Idle -> AwaitRing for several plain files offered together (BATCH):
+    /// one ring, their bytes back to back as one data stream (the sum of
+    /// their sizes), one FIN and one verdict for all. A REJECT refuses the
+    /// whole batch (`SenderEvent::Rejected`): the engine then offers each
+    /// file on its own. Files only, without RESUME, all with the same
+    /// digest, at most `MAX_BATCH_FILES` of them.
+    pub fn start_batch(
+        &mut self,
+        offers: Vec<FileOffer>,
+        tag: u64,
+    ) -> Result<Message, ProtocolError> {
+        self.check_can_start("start_batch")?;
+        let digest = offers
+            .first()
+            .map(|o| o.digest)
+            .ok_or(ProtocolError::BadBatch {
+                reason: "a batch without files",
+            })?;
+        if offers.len() > MAX_BATCH_FILES {
+            return Err(ProtocolError::BadBatch {
+                reason: "more files than a batch may hold",
+            });
+        }
+        let mut total = 0u64;
+        let mut members = Vec::with_capacity(offers.len());
+        for offer in offers {
+            if offer.kind != OfferKind::File || offer.resume || offer.digest != digest {
+                return Err(ProtocolError::BadBatch {
+                    reason: "a batch holds plain files with one digest, never resumed",
+                });
+            }
+            total = total
+                .checked_add(offer.size)
+                .ok_or(ProtocolError::BadBatch {
+                    reason: "a batch of more than 2^64 bytes",
+                })?;
+            members.push(offer_hello(offer));
+        }
+        self.start_data(tag, total, false, digest);
+        Ok(Message::Batch(members))
+    }
+
+    fn check_can_start(&self, op: &'static str) -> Result<(), ProtocolError> {
         if self.state != SenderState::Idle {
-            return Err(self.wrong_state("start_file"));
+            return Err(self.wrong_state(op));
         }
         if self.pending.len() >= MAX_PENDING {
             return Err(ProtocolError::TooManyPending {
@@ -335,56 +392,24 @@ impl SenderSession {
                 max: MAX_PENDING,
             });
         }
-        let mut caps = match offer.kind {
-            OfferKind::File => 0,
-            OfferKind::Stream => hello_flags::STREAM,
-            OfferKind::Directory => hello_flags::DIRECTORY,
-        };
-        if offer.mtime.is_some() {
-            caps |= hello_flags::MTIME;
-        }
-        if offer.keep_mode {
-            caps |= hello_flags::KEEP_MODE;
-        }
-        let resume = offer.resume && offer.kind == OfferKind::File && offer.mtime.is_some();
-        if resume {
-            caps |= hello_flags::RESUME;
-        }
-        let version = PROTOCOL_VERSION;
-        let size = match offer.kind {
-            OfferKind::File => offer.size,
-            OfferKind::Stream | OfferKind::Directory => 0,
-        };
-        if offer.kind == OfferKind::Directory {
-            self.pending.push_back((tag, Pending::Directory));
-        } else {
-            self.tag = tag;
-            self.size = size;
-            self.stream = offer.kind == OfferKind::Stream;
-            self.short_planned = false;
-            self.digest = offer.digest;
-            // `ring` and `credits` stay until the MR: a finished file's
-            // late credits are still checked against its ring.
-            self.chunk_len = 0;
-            self.seq = 0;
-            self.planned = 0;
-            self.have = None;
-            self.base_chunk_len = 0;
-            self.state = if resume {
-                SenderState::AwaitHave
-            } else {
-                SenderState::AwaitRing
-            };
-        }
-        Ok(Message::Hello(Hello {
-            version,
-            caps,
-            name: offer.name,
-            size,
-            mode: offer.mode,
-            digest: offer.digest,
-            mtime: offer.mtime,
-        }))
+        Ok(())
+    }
+
+    /// A file, stream or batch was offered: Idle -> AwaitRing.
+    fn start_data(&mut self, tag: u64, size: u64, stream: bool, digest: DigestAlg) {
+        self.tag = tag;
+        self.size = size;
+        self.stream = stream;
+        self.short_planned = false;
+        self.digest = digest;
+        // `ring` and `credits` stay until the MR: a finished file's
+        // late credits are still checked against its ring.
+        self.chunk_len = 0;
+        self.seq = 0;
+        self.planned = 0;
+        self.have = None;
+        self.base_chunk_len = 0;
+        self.state = SenderState::AwaitRing;
     }
 
     /// Applies a message from the receiver. Any error closes the session.
@@ -800,6 +825,38 @@ impl SenderSession {
     }
 }
 
+/// The HELLO of an offer: flags from its kind and options, size 0 for a
+/// stream or directory, RESUME only for a file with an mtime.
+fn offer_hello(offer: FileOffer) -> Hello {
+    let mut caps = match offer.kind {
+        OfferKind::File => 0,
+        OfferKind::Stream => hello_flags::STREAM,
+        OfferKind::Directory => hello_flags::DIRECTORY,
+    };
+    if offer.mtime.is_some() {
+        caps |= hello_flags::MTIME;
+    }
+    if offer.keep_mode {
+        caps |= hello_flags::KEEP_MODE;
+    }
+    if offer.resume && offer.kind == OfferKind::File && offer.mtime.is_some() {
+        caps |= hello_flags::RESUME;
+    }
+    let size = match offer.kind {
+        OfferKind::File => offer.size,
+        OfferKind::Stream | OfferKind::Directory => 0,
+    };
+    Hello {
+        version: PROTOCOL_VERSION,
+        caps,
+        name: offer.name,
+        size,
+        mode: offer.mode,
+        digest: offer.digest,
+        mtime: offer.mtime,
+    }
+}
+
 /// How long a stream may wait for its input before the sender tells the
 /// receiver it is still there (`SenderSession::keepalive`): often enough for
 /// any receiver's --timeout (1 s at least), a few tiny messages a second at
@@ -1189,7 +1246,7 @@ mod tests {
                             (Message::Reject(r), st) if st != Closed && version_reject => {
                                 ProtocolError::VersionMismatch {
                                     detail: format!(
-                                        "this sender speaks protocol version 3; the receiver says: {}",
+                                        "this sender speaks protocol version 4; the receiver says: {}",
                                         r.reason
                                     ),
                                 }
@@ -1385,7 +1442,7 @@ mod tests {
         let mut s = session_in(Situation::AwaitAuthOk);
         let err = s.on_message(ack(AckStatus::Protocol)).unwrap_err();
         assert!(
-            err.to_string().contains("protocol version 3")
+            err.to_string().contains("protocol version 4")
                 && err.to_string().contains("2 or earlier"),
             "{err}"
         );
@@ -1395,13 +1452,13 @@ mod tests {
         let err = s
             .on_message(Message::Reject(Reject::new(
                 RejectCode::Version,
-                "protocol version 3 is not supported (receiver speaks 1 to 2)",
+                "protocol version 4 is not supported (receiver speaks 1 to 2)",
             )))
             .unwrap_err();
         assert!(matches!(err, ProtocolError::VersionMismatch { .. }));
         assert!(
             err.to_string()
-                .contains("this sender speaks protocol version 3")
+                .contains("this sender speaks protocol version 4")
                 && err.to_string().contains("1 to 2"),
             "{err}"
         );

@@ -88,6 +88,8 @@ pub mod msg_type {
     pub const FROM: u8 = 14;
     /// [`Message::Compare`](super::Message::Compare).
     pub const COMPARE: u8 = 15;
+    /// [`Message::Batch`](super::Message::Batch).
+    pub const BATCH: u8 = 16;
 }
 
 /// The whole-file digest a HELLO announces and its FIN carries (its wire
@@ -479,6 +481,10 @@ pub fn clamp_string(mut s: String, max: usize) -> String {
 pub enum Message {
     /// Sender -> receiver: offers an entry.
     Hello(Hello),
+    /// Sender -> receiver: offers several small files at once (protocol
+    /// 4): one ring, one data stream (the files' bytes back to back), one
+    /// FIN and one ACK for all. Each member is a HELLO of a plain file.
+    Batch(Vec<Hello>),
     /// Receiver -> sender: accepts a file or stream; the ring to write into.
     Mr(RingInfo),
     /// Refuses an offer or the session.
@@ -625,6 +631,7 @@ impl Message {
     pub const fn kind(&self) -> &'static str {
         match self {
             Self::Hello(_) => "HELLO",
+            Self::Batch(_) => "BATCH",
             Self::Mr(_) => "MR",
             Self::Reject(_) => "REJECT",
             Self::Credit { .. } => "CREDIT",
@@ -646,6 +653,7 @@ impl Message {
     pub const fn type_code(&self) -> u8 {
         match self {
             Self::Hello(_) => msg_type::HELLO,
+            Self::Batch(_) => msg_type::BATCH,
             Self::Mr(_) => msg_type::MR,
             Self::Reject(_) => msg_type::REJECT,
             Self::Credit { .. } => msg_type::CREDIT,
@@ -783,6 +791,15 @@ pub enum WireError {
 
 // Fixed body bytes per message (excluding the variable string/digest payload).
 const HELLO_FIXED: usize = 2 + 4 + 2 + 8 + 4 + 1;
+/// BATCH's member count; the members follow as HELLO bodies.
+const BATCH_FIXED: usize = 2;
+/// Room in a BATCH body for its members' HELLO bodies.
+pub const BATCH_ROOM: usize = MAX_BODY - BATCH_FIXED;
+
+/// Bytes a file's HELLO body takes in a BATCH (see [`BATCH_ROOM`]).
+pub const fn batch_member_len(name: &str, mtime: bool) -> usize {
+    HELLO_FIXED + name.len() + if mtime { MTIME_LEN } else { 0 }
+}
 const MR_BODY: usize = 8 + 4 + 4 + 4;
 const REASON_FIXED: usize = 2 + 2;
 const FIN_FIXED: usize = 8 + 8 + 1 + 2;
@@ -838,6 +855,20 @@ fn body_len(msg: &Message) -> Result<usize, WireError> {
         Message::Hello(h) => {
             let extra = check_mtime(h)?;
             str_field("HELLO name", &h.name, HELLO_FIXED + extra)
+        }
+        Message::Batch(members) => {
+            let mut len = BATCH_FIXED;
+            for h in members {
+                len += HELLO_FIXED + check_mtime(h)? + h.name.len();
+            }
+            if members.len() > usize::from(u16::MAX) || len > MAX_BODY {
+                return Err(WireError::TooLong {
+                    field: "BATCH",
+                    len,
+                    max: MAX_BODY,
+                });
+            }
+            Ok(len)
         }
         Message::Mr(_) => Ok(MR_BODY),
         Message::Reject(r) => str_field("REJECT reason", &r.reason, REASON_FIXED),
@@ -910,6 +941,21 @@ impl Writer<'_> {
         self.put(&v.to_be_bytes())
     }
 
+    /// A HELLO's body (also a BATCH member).
+    fn hello(&mut self, h: &Hello) -> Result<(), WireError> {
+        self.u16(h.version)?;
+        self.u32(h.caps)?;
+        self.bytes16("HELLO name", h.name.as_bytes())?;
+        self.u64(h.size)?;
+        self.u32(h.mode)?;
+        self.u8(h.digest as u8)?;
+        if let Some(m) = h.mtime {
+            self.u64(m.secs as u64)?;
+            self.u32(m.nanos)?;
+        }
+        Ok(())
+    }
+
     /// A digest: its algorithm's code, then its bytes with a u16 length.
     fn digest(&mut self, field: &'static str, d: &Digest) -> Result<(), WireError> {
         self.u8(d.alg() as u8)?;
@@ -948,16 +994,12 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
     w.u16(0)?;
     w.u32(body_u32)?;
     match msg {
-        Message::Hello(h) => {
-            w.u16(h.version)?;
-            w.u32(h.caps)?;
-            w.bytes16("HELLO name", h.name.as_bytes())?;
-            w.u64(h.size)?;
-            w.u32(h.mode)?;
-            w.u8(h.digest as u8)?;
-            if let Some(m) = h.mtime {
-                w.u64(m.secs as u64)?;
-                w.u32(m.nanos)?;
+        Message::Hello(h) => w.hello(h)?,
+        Message::Batch(members) => {
+            // body_len checked the count.
+            w.u16(members.len() as u16)?;
+            for h in members {
+                w.hello(h)?;
             }
         }
         Message::Mr(r) => {
@@ -1076,6 +1118,39 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// A HELLO's body as `Writer::hello` writes it.
+    fn hello(&mut self) -> Result<Hello, WireError> {
+        let version = self.u16()?;
+        let caps = self.u32()?;
+        let name = self.string("HELLO name")?;
+        let size = self.u64()?;
+        let mode = self.u32()?;
+        let alg = self.u8()?;
+        let digest = DigestAlg::from_u8(alg).ok_or(WireError::BadEnum {
+            field: "digest algorithm",
+            value: alg.into(),
+        })?;
+        let mtime = if caps & hello_flags::MTIME != 0 {
+            let secs = self.u64()? as i64;
+            let nanos = self.u32()?;
+            if nanos >= 1_000_000_000 {
+                return Err(WireError::BadMtime { nanos });
+            }
+            Some(Mtime { secs, nanos })
+        } else {
+            None
+        };
+        Ok(Hello {
+            version,
+            caps,
+            name,
+            size,
+            mode,
+            digest,
+            mtime,
+        })
+    }
+
     fn bytes16(&mut self) -> Result<&'a [u8], WireError> {
         let len = self.u16()?;
         self.take(len.into())
@@ -1141,6 +1216,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         msg_type::HAVE => "HAVE",
         msg_type::FROM => "FROM",
         msg_type::COMPARE => "COMPARE",
+        msg_type::BATCH => "BATCH",
         other => return Err(WireError::UnknownType(other)),
     };
     let declared = h.u32()?;
@@ -1172,36 +1248,14 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         kind,
     };
     let msg = match ty {
-        msg_type::HELLO => {
-            let version = r.u16()?;
-            let caps = r.u32()?;
-            let name = r.string("HELLO name")?;
-            let size = r.u64()?;
-            let mode = r.u32()?;
-            let alg = r.u8()?;
-            let digest = DigestAlg::from_u8(alg).ok_or(WireError::BadEnum {
-                field: "digest algorithm",
-                value: alg.into(),
-            })?;
-            let mtime = if caps & hello_flags::MTIME != 0 {
-                let secs = r.u64()? as i64;
-                let nanos = r.u32()?;
-                if nanos >= 1_000_000_000 {
-                    return Err(WireError::BadMtime { nanos });
-                }
-                Some(Mtime { secs, nanos })
-            } else {
-                None
-            };
-            Message::Hello(Hello {
-                version,
-                caps,
-                name,
-                size,
-                mode,
-                digest,
-                mtime,
-            })
+        msg_type::HELLO => Message::Hello(r.hello()?),
+        msg_type::BATCH => {
+            let count = r.u16()?;
+            let mut members = Vec::with_capacity(count.min(64).into());
+            for _ in 0..count {
+                members.push(r.hello()?);
+            }
+            Message::Batch(members)
         }
         msg_type::MR => Message::Mr(RingInfo {
             addr: r.u64()?,
@@ -1546,7 +1600,7 @@ pub(crate) mod tests {
         b[4] = 2;
         assert_eq!(decode(&b), Err(WireError::UnknownVersion(2)));
 
-        for ty in [0u8, 16, 200, 255] {
+        for ty in [0u8, 17, 200, 255] {
             let mut b = good.clone();
             b[5] = ty;
             assert_eq!(decode(&b), Err(WireError::UnknownType(ty)));

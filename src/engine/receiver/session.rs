@@ -5,7 +5,7 @@
 use super::admission::Admission;
 use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use super::space::SpaceLedger;
-use super::store::{FileStore, Refusal, Resume, Sink, commit};
+use super::store::{BatchSink, FileStore, Refusal, Resume, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
@@ -394,6 +394,7 @@ impl Session<'_, '_> {
         };
         match self.machine.on_message(msg) {
             Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
+            Ok(ReceiverEvent::Batch(members)) => self.on_batch(members)?,
             Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin)?,
             Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
             Ok(ReceiverEvent::Authenticated) => {
@@ -519,6 +520,91 @@ impl Session<'_, '_> {
             return self.offer_holding(hello, hello_at);
         }
         self.prepare_and_accept(&hello, hello_at, Resume::No, None)
+    }
+
+    /// A BATCH of small files: each is checked on disk and gets its
+    /// temporary file, and the batch gets the ring as one file would. If
+    /// any file is refused, the whole batch is (quietly: the sender then
+    /// offers each file on its own, and those offers get each file's own
+    /// answer, reported as usual).
+    fn on_batch(&mut self, members: Vec<Hello>) -> Result<(), XferError> {
+        let hello_at = Instant::now();
+        let total: u64 = members.iter().map(|h| h.size).sum();
+        info!(files = members.len(), bytes = total, "offer of a batch");
+        let mut batch = BatchSink::new();
+        let mut refusal = self.cfg.stdout.then(|| {
+            (
+                RejectCode::Protocol,
+                "the receiver writes one file to its standard output (--stdout)".to_string(),
+            )
+        });
+        if refusal.is_none() {
+            for h in &members {
+                let pushed = self
+                    .store
+                    .create(h, self.cfg.overwrite, &self.cfg.dir, Resume::No)
+                    .and_then(|sink| batch.push(h, self.cfg.umask, sink));
+                if let Err(r) = pushed {
+                    refusal = Some(r);
+                    break;
+                }
+            }
+        }
+        let ring = match refusal {
+            Some(r) => Err(r),
+            None => self.ring_info().map_err(|e| {
+                error!("cannot register the receive ring: {e}");
+                (
+                    RejectCode::Io,
+                    format!("the receiver cannot register its ring: {e}"),
+                )
+            }),
+        };
+        let ring = match ring {
+            Ok(ring) => ring,
+            Err((code, reason)) => {
+                // The temporary files made so far go with `batch`.
+                drop(batch);
+                debug!(
+                    code = code.as_str(),
+                    "batch refused, its files come one by one: {}",
+                    escaped(&reason)
+                );
+                let reply = self.machine.reject(code, reason)?;
+                return self.control.send(&self.ep, &reply);
+            }
+        };
+        let reply = self.machine.accept(ring).map_err(XferError::from)?;
+        self.control.send(&self.ep, &reply)?;
+        let name = format!(
+            "{} files from {}",
+            members.len(),
+            members.first().map_or("", |h| h.name.as_str())
+        );
+        let digest_alg = members.first().map_or(DigestAlg::Crc32, |h| h.digest);
+        self.file = Some(IncomingFile {
+            span: error_span!("batch", files = members.len(), size = total),
+            progress: self.cfg.progress.file_started(&name, total),
+            name,
+            size: total,
+            digest_alg,
+            sink: Sink::Batch(Box::new(batch)),
+            mode: 0,
+            mtime: None,
+            hasher: FileHasher::new(digest_alg),
+            written: 0,
+            resumed_from: 0,
+            started: hello_at,
+            phases: Phases {
+                connect: self.connect_time,
+                mr_exchange: hello_at.elapsed(),
+                ..Phases::default()
+            },
+            data_started: Instant::now(),
+            check_time: Duration::ZERO,
+            write_time: Duration::ZERO,
+        });
+        Ok(())
     }
 
     /// An offer with RESUME: what the receiver holds of it goes back in a
@@ -848,6 +934,7 @@ impl Session<'_, '_> {
                 t1 = Instant::now();
                 match &mut file.sink {
                     Sink::Temp(t) => t.write_chunk(data, placement.file_offset, crc),
+                    Sink::Batch(b) => b.write_chunk(data, placement.file_offset),
                     Sink::Stdout(out) if placement.file_offset == file.written => {
                         out.write_all(data)
                     }
@@ -977,6 +1064,27 @@ impl Session<'_, '_> {
             .map_err(XferError::from)?;
         self.control.send(&self.ep, &ack)?;
         match err {
+            None if matches!(file.sink, Sink::Batch(_)) => {
+                file.phases.commit = fin_at.elapsed();
+                file.phases.log(&file.name, fin.bytes);
+                file.progress.finished();
+                let Sink::Batch(batch) = &mut file.sink else {
+                    return Ok(());
+                };
+                let digests = batch.digests();
+                for (m, digest) in batch.members.iter().zip(digests) {
+                    let report = FileReport {
+                        name: m.name.clone(),
+                        bytes: m.size,
+                        elapsed: file.started.elapsed(),
+                        digest,
+                        phases: file.phases,
+                        resumed_from: 0,
+                        skipped: false,
+                    };
+                    (self.on_file)(FileEvent::Done(&report));
+                }
+            }
             None => {
                 file.phases.commit = fin_at.elapsed();
                 file.phases.log(&file.name, fin.bytes);
@@ -1047,6 +1155,13 @@ impl Session<'_, '_> {
 
     fn report_file_failure(&self, file: &IncomingFile, err: &XferError, session_ended: bool) {
         let elapsed = file.started.elapsed();
+        if let Sink::Batch(batch) = &file.sink {
+            for m in &batch.members {
+                let alg = file.digest_alg;
+                self.report_failure(&m.name, m.size, alg, elapsed, err, session_ended);
+            }
+            return;
+        }
         self.report_failure(
             &file.name,
             file.size,

@@ -8,6 +8,7 @@
 use super::ReceiverConfig;
 use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable, TempInUse};
 use super::space::{Promise, SpaceLedger};
+use crate::engine::digest::FileHasher;
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
 use crate::sys::dirfd::{DirFd, EntryKind};
@@ -512,6 +513,8 @@ pub(super) enum Resume<'a> {
 
 pub(super) enum Sink {
     Temp(Box<TempFile>),
+    /// The files of a batch (see `BatchSink`).
+    Batch(Box<BatchSink>),
     /// Standard output (chunks arrive in order and are written as they come).
     Stdout(File),
 }
@@ -554,7 +557,9 @@ fn temp_name() -> String {
 
 /// Makes a verified file durable: for a temporary file, apply the mode (and
 /// mtime), fsync, rename into place, fsync the directory; for standard
-/// output, fsync when it is a file.
+/// output, fsync when it is a file. A batch: every file is fsynced before
+/// any is renamed, and each directory is fsynced once, after the last
+/// rename into it.
 pub(super) fn commit(
     sink: &mut Sink,
     name: &str,
@@ -562,7 +567,6 @@ pub(super) fn commit(
     mtime: Option<Mtime>,
     overwrite: bool,
 ) -> Result<(), XferError> {
-    let ctx = |what: &str| format!("{what} {name}");
     let t = match sink {
         Sink::Stdout(out) => {
             // A pipe or terminal cannot be fsynced (EINVAL); a file can.
@@ -573,52 +577,179 @@ pub(super) fn commit(
                 _ => Ok(()),
             };
         }
+        Sink::Batch(b) => return b.commit(overwrite),
         Sink::Temp(t) => t,
     };
-    t.file
-        .set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(|e| XferError::io(ctx("cannot set the mode of"), e))?;
-    if let Some(m) = mtime.and_then(system_time) {
-        t.file
-            .set_modified(m)
-            .map_err(|e| XferError::io(ctx("cannot set the modification time of"), e))?;
-    }
-    if let Err(e) = t.file.sync_all() {
-        // Pages may be lost: no record may promise them now.
-        if let Some(r) = t.resumable.as_mut() {
-            r.write_failed();
-        }
-        return Err(XferError::io(ctx("cannot fsync"), e));
-    }
-    // The name must still be the file we wrote (a kept partial file lives
-    // for days beside its final name, and is continued by descriptor):
-    // another file put there meanwhile is never renamed into place.
-    match t.parent.is_same(&t.temp, &t.file) {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(XferError::io(
-                ctx("cannot move into place"),
-                std::io::Error::other(format!(
-                    "{} is no longer the file that was received: replaced meanwhile",
-                    t.temp
-                )),
-            ));
-        }
-        Err(e) => return Err(XferError::io(ctx("cannot find the received data of"), e)),
-    }
-    t.parent
-        .rename(&t.temp, &t.leaf, !overwrite)
-        .map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
-    t.committed = true;
-    if let Some(r) = t.resumable.take()
-        && let Err(e) = r.forget()
-    {
-        warn!("cannot remove the record of {name}'s partial file: {e}");
-    }
+    t.make_durable(name, mode, mtime)?;
+    t.move_into_place(name, overwrite)?;
     t.parent
         .sync()
-        .map_err(|e| XferError::io(ctx("cannot fsync the directory of"), e))?;
-    Ok(())
+        .map_err(|e| XferError::io(format!("cannot fsync the directory of {name}"), e))
+}
+
+impl TempFile {
+    /// Applies the mode (and mtime) and fsyncs the data.
+    fn make_durable(
+        &mut self,
+        name: &str,
+        mode: u32,
+        mtime: Option<Mtime>,
+    ) -> Result<(), XferError> {
+        let ctx = |what: &str| format!("{what} {name}");
+        self.file
+            .set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(|e| XferError::io(ctx("cannot set the mode of"), e))?;
+        if let Some(m) = mtime.and_then(system_time) {
+            self.file
+                .set_modified(m)
+                .map_err(|e| XferError::io(ctx("cannot set the modification time of"), e))?;
+        }
+        if let Err(e) = self.file.sync_all() {
+            // Pages may be lost: no record may promise them now.
+            if let Some(r) = self.resumable.as_mut() {
+                r.write_failed();
+            }
+            return Err(XferError::io(ctx("cannot fsync"), e));
+        }
+        Ok(())
+    }
+
+    /// Renames the temporary file to its final name (its directory still
+    /// to be fsynced).
+    fn move_into_place(&mut self, name: &str, overwrite: bool) -> Result<(), XferError> {
+        let ctx = |what: &str| format!("{what} {name}");
+        // The name must still be the file we wrote (a kept partial file lives
+        // for days beside its final name, and is continued by descriptor):
+        // another file put there meanwhile is never renamed into place.
+        match self.parent.is_same(&self.temp, &self.file) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(XferError::io(
+                    ctx("cannot move into place"),
+                    std::io::Error::other(format!(
+                        "{} is no longer the file that was received: replaced meanwhile",
+                        self.temp
+                    )),
+                ));
+            }
+            Err(e) => return Err(XferError::io(ctx("cannot find the received data of"), e)),
+        }
+        self.parent
+            .rename(&self.temp, &self.leaf, !overwrite)
+            .map_err(|e| XferError::io(ctx("cannot move into place"), e))?;
+        self.committed = true;
+        if let Some(r) = self.resumable.take()
+            && let Err(e) = r.forget()
+        {
+            warn!("cannot remove the record of {name}'s partial file: {e}");
+        }
+        Ok(())
+    }
+}
+
+/// One file of a batch: where its bytes are in the batch's data, and where
+/// they go.
+pub(super) struct BatchMember {
+    pub(super) name: String,
+    /// Its first byte's offset in the batch's data.
+    start: u64,
+    pub(super) size: u64,
+    mode: u32,
+    mtime: Option<Mtime>,
+    temp: Box<TempFile>,
+    /// Its own digest, for its report (the batch is verified as a whole).
+    hasher: Option<FileHasher>,
+}
+
+/// The files of a BATCH: their bytes arrive back to back, as one file of
+/// their total size, and are committed together.
+pub(super) struct BatchSink {
+    pub(super) members: Vec<BatchMember>,
+    /// The batch's bytes so far (the next member starts at or after it).
+    len: u64,
+}
+
+impl BatchSink {
+    pub(super) fn new() -> Self {
+        Self {
+            members: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// Adds the next file (`sink` from `FileStore::create`, a temporary
+    /// file): its bytes follow the previous file's.
+    pub(super) fn push(&mut self, hello: &Hello, umask: u32, sink: Sink) -> Result<(), Refusal> {
+        let Sink::Temp(temp) = sink else {
+            return Err((
+                RejectCode::Protocol,
+                "the files of a batch go to a directory, not to standard output".into(),
+            ));
+        };
+        self.members.push(BatchMember {
+            name: hello.name.clone(),
+            start: self.len,
+            size: hello.size,
+            mode: hello.received_mode(umask),
+            mtime: hello.mtime,
+            temp,
+            hasher: Some(FileHasher::new(hello.digest)),
+        });
+        self.len = self.len.saturating_add(hello.size);
+        Ok(())
+    }
+
+    /// Writes the batch's bytes at `offset` (of the batch's data) to the
+    /// files they belong to.
+    pub(super) fn write_chunk(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        let end = offset + data.len() as u64;
+        // Members are in order: skip those that end before the chunk.
+        let first = self.members.partition_point(|m| m.start + m.size <= offset);
+        for m in self.members[first..].iter_mut() {
+            if m.start >= end {
+                break;
+            }
+            let from = m.start.max(offset);
+            let to = (m.start + m.size).min(end);
+            let part = &data[(from - offset) as usize..(to - offset) as usize];
+            let crc = crc32fast::hash(part);
+            m.temp.write_chunk(part, from - m.start, crc)?;
+            if let Some(h) = m.hasher.as_mut() {
+                h.update(part, crc);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every file's digest (in order), for the reports; once.
+    pub(super) fn digests(&mut self) -> Vec<crate::proto::Digest> {
+        self.members
+            .iter_mut()
+            .filter_map(|m| m.hasher.take().map(FileHasher::finish))
+            .collect()
+    }
+
+    /// fsync every file, then rename each into place, then fsync each
+    /// directory once. A failure leaves the files already renamed in place
+    /// (complete and verified); the others are removed when dropped.
+    fn commit(&mut self, overwrite: bool) -> Result<(), XferError> {
+        for m in &mut self.members {
+            m.temp.make_durable(&m.name, m.mode, m.mtime)?;
+        }
+        for m in &mut self.members {
+            m.temp.move_into_place(&m.name, overwrite)?;
+        }
+        let mut synced = std::collections::HashSet::new();
+        for m in &self.members {
+            let dir = m.name.rsplit_once('/').map_or("", |(d, _)| d);
+            if synced.insert(dir) {
+                m.temp.parent.sync().map_err(|e| {
+                    XferError::io(format!("cannot fsync the directory of {}", m.name), e)
+                })?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! receiver's verdicts (ACK, or REJECT for a directory) are collected as
 //! they arrive, up to `proto::MAX_PENDING` of them outstanding.
 
+mod batch;
 mod pump;
 mod verdicts;
 
@@ -442,13 +443,9 @@ impl Connection {
         if let Err(e) = &result {
             // Entries sent but never answered: the session ended under them.
             for entry in std::mem::take(&mut tracker.pending).into_values() {
-                let (name, bytes, started) = match &entry {
-                    PendingEntry::Dir { name, started } => (name.clone(), 0, *started),
-                    PendingEntry::File {
-                        report, fin_sent, ..
-                    } => (report.name.clone(), report.bytes, *fin_sent),
-                };
-                tracker.report(&name, bytes, Some(started), e, true);
+                for (name, bytes, started) in entry.names() {
+                    tracker.report(&name, bytes, Some(started), e, true);
+                }
             }
         }
         result
@@ -462,11 +459,38 @@ impl Connection {
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
         fatal(self.greet(cfg, pipe, tracker))?;
-        for entry in entries {
+        let mut queue = VecDeque::from(entries);
+        // Files of a refused batch, at the front of the queue: they go one
+        // by one.
+        let mut unbatched = 0usize;
+        while let Some(entry) = queue.pop_front() {
             // Room in the pipeline: wait for the oldest verdicts.
             while !self.session.can_start() {
                 fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's verdicts"))?;
             }
+            let entry = if unbatched > 0 {
+                unbatched -= 1;
+                entry
+            } else if batch::batchable(cfg, &entry) {
+                let mut files = batch::take_batch(cfg, entry, &mut queue);
+                if files.len() > 1 {
+                    if let batch::Batched::Refused(back) =
+                        self.send_batch(cfg, files, pipe, tracker)?
+                    {
+                        unbatched = back.len();
+                        for e in back.into_iter().rev() {
+                            queue.push_front(e);
+                        }
+                    }
+                    continue;
+                }
+                match files.pop() {
+                    Some(e) => e,
+                    None => continue,
+                }
+            } else {
+                entry
+            };
             let name = entry.name().to_string();
             let size = entry.size();
             let started = Instant::now();

@@ -142,7 +142,7 @@ impl Connection {
         let resumed_from = resume.as_ref().map_or(0, |(offset, _)| *offset);
         progress.advance(resumed_from);
         let data_started = Instant::now();
-        let digest = error_span!("phase", name = "data").in_scope(|| {
+        let (digest, _) = error_span!("phase", name = "data").in_scope(|| {
             self.pump_chunks(
                 cfg,
                 input,
@@ -375,9 +375,10 @@ impl Connection {
 
     /// Phase 2: the reader fills slots; each filled slot is written to the
     /// ring slot the state machine assigns as soon as a credit allows.
-    /// Returns the whole-file digest the reader computed.
+    /// Returns the whole-file digest the reader computed (and, for a
+    /// batch, each file's).
     #[allow(clippy::too_many_arguments)]
-    fn pump_chunks(
+    pub(super) fn pump_chunks(
         &mut self,
         cfg: &SenderConfig,
         input: Input,
@@ -387,7 +388,7 @@ impl Connection {
         progress: &mut dyn FileProgress,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-    ) -> Result<Digest, FileError> {
+    ) -> Result<(Digest, Vec<Digest>), FileError> {
         let job = ReadJob {
             input,
             name: name.to_string(),
@@ -417,7 +418,7 @@ impl Connection {
                 time.wait_reader += t0.elapsed();
                 match msg {
                     ReaderMsg::Chunk { token, len, crc } => pipe.held = Some((token, len, crc)),
-                    ReaderMsg::Done(digest) => break digest,
+                    ReaderMsg::Done(digest, each) => break (digest, each),
                     ReaderMsg::Failed(context, e) => {
                         return Err(FileError::Fatal(XferError::io(context, e)));
                     }

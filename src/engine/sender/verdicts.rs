@@ -26,6 +26,32 @@ pub(super) enum PendingEntry {
         /// Finished on ACK(ok); dropped unfinished on a failure.
         progress: Box<dyn FileProgress>,
     },
+    /// A batch whose FIN went out: one verdict for all its files.
+    Batch {
+        reports: Vec<FileReport>,
+        fin_sent: Instant,
+        span: tracing::Span,
+        progress: Box<dyn FileProgress>,
+    },
+}
+
+impl PendingEntry {
+    /// The files (or directory) of the entry, with their sizes and when
+    /// they were offered: what is reported if it is never answered.
+    pub(super) fn names(&self) -> Vec<(String, u64, Instant)> {
+        match self {
+            PendingEntry::Dir { name, started } => vec![(name.clone(), 0, *started)],
+            PendingEntry::File {
+                report, fin_sent, ..
+            } => vec![(report.name.clone(), report.bytes, *fin_sent)],
+            PendingEntry::Batch {
+                reports, fin_sent, ..
+            } => reports
+                .iter()
+                .map(|r| (r.name.clone(), r.bytes, *fin_sent))
+                .collect(),
+        }
+    }
 }
 
 /// Entries awaiting their verdict, and the session's results so far.
@@ -87,6 +113,22 @@ impl Tracker<'_> {
         self.pending.insert(tag, entry);
     }
 
+    /// A batch whose FIN went out awaits the receiver's ACK.
+    pub(super) fn await_batch_verdict(
+        &mut self,
+        tag: u64,
+        reports: Vec<FileReport>,
+        progress: Box<dyn FileProgress>,
+    ) {
+        let entry = PendingEntry::Batch {
+            reports,
+            fin_sent: Instant::now(),
+            span: tracing::error_span!("phase", name = "fsync+verify"),
+            progress,
+        };
+        self.pending.insert(tag, entry);
+    }
+
     /// A tag for the next entry offered.
     pub(super) fn tag(&mut self) -> u64 {
         self.next_tag += 1;
@@ -133,6 +175,35 @@ impl Tracker<'_> {
                     let err = ack_error(ack.status, ack.reason);
                     let started = Instant::now().checked_sub(report.elapsed);
                     self.fail(&report.name, report.bytes, started, err);
+                }
+            }
+            (
+                PendingEntry::Batch {
+                    reports,
+                    fin_sent,
+                    span,
+                    mut progress,
+                },
+                Pending::File,
+                Verdict::Ack(ack),
+            ) => {
+                let _enter = span.enter();
+                let commit = fin_sent.elapsed();
+                if ack.status == AckStatus::Ok {
+                    progress.finished();
+                }
+                drop(progress);
+                for mut report in reports {
+                    report.phases.commit = commit;
+                    report.elapsed += commit;
+                    if ack.status == AckStatus::Ok {
+                        (self.on_file)(FileEvent::Done(&report));
+                        self.outcome.files.push(report);
+                    } else {
+                        let err = ack_error(ack.status, ack.reason.clone());
+                        let started = Instant::now().checked_sub(report.elapsed);
+                        self.fail(&report.name, report.bytes, started, err);
+                    }
                 }
             }
             (PendingEntry::Dir { name, started }, Pending::Directory, verdict) => {

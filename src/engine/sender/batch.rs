@@ -1,0 +1,256 @@
+//! Small files offered together (BATCH): one ring, one data stream (the
+//! files' bytes back to back), one FIN and one ACK for many files, instead
+//! of a round trip, a write and an ACK each. A refused batch is not a
+//! failure: its files are then offered one by one, and each gets its own
+//! answer.
+
+use super::verdicts::Tracker;
+use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
+use crate::engine::entries::Entry;
+use crate::engine::reader::{BatchFile, Input};
+use crate::engine::report::{FileReport, Phases};
+use crate::error::XferError;
+use crate::proto::{
+    BATCH_ROOM, FileOffer, MAX_BATCH_FILES, OfferKind, SenderEvent, SenderState, batch_member_len,
+};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Instant;
+use tracing::{debug, error_span};
+
+/// Files up to this size are offered in batches.
+pub(super) const BATCH_FILE_MAX: u64 = 64 * 1024;
+/// A batch carries at most this many bytes (what a failed batch costs).
+const BATCH_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// Whether `entry` may go in a batch: a small file, not resumed (a
+/// resumed file needs its own HAVE).
+pub(super) fn batchable(cfg: &SenderConfig, entry: &Entry) -> bool {
+    !cfg.resume && matches!(entry, Entry::File { size, .. } if *size <= BATCH_FILE_MAX)
+}
+
+/// Takes `first` and the batchable files that follow it in `queue`, as many
+/// as one BATCH holds.
+pub(super) fn take_batch(
+    cfg: &SenderConfig,
+    first: Entry,
+    queue: &mut VecDeque<Entry>,
+) -> Vec<Entry> {
+    let mtime = |e: &Entry| matches!(e, Entry::File { mtime: Some(_), .. });
+    let mut room = BATCH_ROOM.saturating_sub(batch_member_len(first.name(), mtime(&first)));
+    let mut bytes = first.size();
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH_FILES {
+        let Some(next) = queue.front() else { break };
+        let len = batch_member_len(next.name(), mtime(next));
+        if !batchable(cfg, next) || len > room || bytes + next.size() > BATCH_BYTES_MAX {
+            break;
+        }
+        room -= len;
+        bytes += next.size();
+        batch.extend(queue.pop_front());
+    }
+    batch
+}
+
+/// What became of a batch.
+pub(super) enum Batched {
+    /// Sent; its verdict comes later (or its files failed to open, each
+    /// reported).
+    Sent,
+    /// The receiver refused the batch: these files go one by one.
+    Refused(Vec<Entry>),
+}
+
+/// A batch file, opened and measured.
+struct Member {
+    path: std::path::PathBuf,
+    offer: FileOffer,
+    file: File,
+}
+
+impl Connection {
+    /// Offers `entries` (small files) as one BATCH and sends their data.
+    /// A file that cannot be opened fails on its own, as it would alone. A
+    /// fatal error is reported for every file of the batch before it is
+    /// returned.
+    pub(super) fn send_batch(
+        &mut self,
+        cfg: &SenderConfig,
+        entries: Vec<Entry>,
+        pipe: &mut super::pump::Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<Batched, XferError> {
+        let started = Instant::now();
+        let mut members = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let Entry::File {
+                path,
+                name,
+                size,
+                opened,
+                mtime,
+            } = entry
+            else {
+                continue;
+            };
+            match open_member(cfg, &path, name.clone(), opened, mtime) {
+                Ok(m) => members.push(m),
+                Err(e) => tracker.fail(&name, size, Some(started), e),
+            }
+        }
+        if members.is_empty() {
+            return Ok(Batched::Sent);
+        }
+        let sizes: Vec<(String, u64)> = members
+            .iter()
+            .map(|m| (m.offer.name.clone(), m.offer.size))
+            .collect();
+        match self.offer_and_send(cfg, members, started, pipe, tracker) {
+            Ok(batched) => Ok(batched),
+            Err(FileError::Fatal(e) | FileError::Continue(e)) => {
+                for (name, size) in &sizes {
+                    tracker.report(name, *size, Some(started), &e, true);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn offer_and_send(
+        &mut self,
+        cfg: &SenderConfig,
+        members: Vec<Member>,
+        started: Instant,
+        pipe: &mut super::pump::Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<Batched, FileError> {
+        let offers: Vec<FileOffer> = members.iter().map(|m| m.offer.clone()).collect();
+        let total: u64 = offers.iter().map(|o| o.size).sum();
+        let name = format!(
+            "{} files from {}",
+            offers.len(),
+            offers.first().map_or("", |o| o.name.as_str())
+        );
+        let span = error_span!("batch", files = offers.len(), size = total);
+        let _enter = span.enter();
+        let tag = tracker.tag();
+        let msg = self.session.start_batch(offers, tag).map_err(proto_err)?;
+        self.control.send(&self.ep, &msg)?;
+        while self.session.state() == SenderState::AwaitRing {
+            match self.next_event(cfg, pipe, tracker, "the receiver's MR reply")? {
+                None | Some(SenderEvent::Ring(_)) => {}
+                Some(SenderEvent::Rejected(rej)) => {
+                    debug!(
+                        code = rej.code.as_str(),
+                        "batch refused, its files go one by one: {}",
+                        crate::proto::escaped(&rej.reason)
+                    );
+                    let back = members
+                        .into_iter()
+                        .map(|m| Entry::File {
+                            path: m.path,
+                            size: m.offer.size,
+                            name: m.offer.name,
+                            opened: Some(m.file),
+                            mtime: m.offer.mtime,
+                        })
+                        .collect();
+                    return Ok(Batched::Refused(back));
+                }
+                Some(SenderEvent::Aborted(ack)) => {
+                    return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
+                }
+                Some(other) => return Err(unexpected(&other)),
+            }
+        }
+        let mut phases = Phases {
+            connect: self.connect_time,
+            mr_exchange: started.elapsed(),
+            ..Phases::default()
+        };
+        let mut progress = cfg.progress.file_started(&name, total);
+        let data_started = Instant::now();
+        let files: Vec<BatchFile> = members
+            .iter()
+            .map(|m| {
+                m.file.try_clone().map(|file| BatchFile {
+                    file,
+                    size: m.offer.size,
+                    name: m.offer.name.clone(),
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| XferError::io("cannot read a file of a batch", e))?;
+        let (digest, each) = error_span!("phase", name = "data").in_scope(|| {
+            self.pump_chunks(
+                cfg,
+                Input::Batch(files),
+                &name,
+                false,
+                None,
+                &mut *progress,
+                pipe,
+                tracker,
+            )
+        })?;
+        phases.data = data_started.elapsed();
+        let reports = members
+            .iter()
+            .zip(each)
+            .map(|(m, digest)| FileReport {
+                name: m.offer.name.clone(),
+                bytes: m.offer.size,
+                elapsed: started.elapsed(),
+                digest,
+                phases,
+                resumed_from: 0,
+                skipped: false,
+            })
+            .collect();
+        let fin = self.session.finish(digest).map_err(proto_err)?;
+        self.control.send(&self.ep, &fin)?;
+        debug!(files = members.len(), bytes = total, "FIN sent");
+        tracker.await_batch_verdict(tag, reports, progress);
+        Ok(Batched::Sent)
+    }
+}
+
+/// Opens (unless opened already) and measures a file of a batch.
+fn open_member(
+    cfg: &SenderConfig,
+    path: &std::path::Path,
+    name: String,
+    opened: Option<File>,
+    mtime: Option<crate::proto::Mtime>,
+) -> Result<Member, XferError> {
+    let file = match opened {
+        Some(f) => f,
+        None => File::open(path)
+            .map_err(|e| XferError::io(format!("cannot open {}", path.display()), e))?,
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| XferError::io(format!("cannot stat {}", path.display()), e))?;
+    if !meta.is_file() {
+        return Err(XferError::Usage(format!(
+            "{} is no longer a regular file",
+            path.display()
+        )));
+    }
+    Ok(Member {
+        path: path.to_path_buf(),
+        offer: FileOffer {
+            resume: false,
+            name,
+            size: meta.len(),
+            mode: meta.permissions().mode() & 0o7777,
+            digest: cfg.verify,
+            kind: OfferKind::File,
+            mtime,
+            keep_mode: cfg.walk.preserve,
+        },
+        file,
+    })
+}
