@@ -1014,11 +1014,8 @@ fn rx_action() -> impl Strategy<Value = RxAction> {
                 let plain = h.caps % 4 != 0;
                 Hello {
                     version: if plain { PROTOCOL_VERSION } else { h.version },
-                    caps: if plain {
-                        h.caps & hello_flags::MTIME
-                    } else {
-                        h.caps
-                    },
+                    caps: if plain { 0 } else { h.caps },
+                    mtime: if plain { None } else { h.mtime },
                     name: if plain { format!("b/{i}") } else { h.name },
                     size: if plain { h.size % 300 } else { h.size },
                     digest: if plain { DigestAlg::Sha256 } else { h.digest },
@@ -1045,7 +1042,7 @@ fn rx_action() -> impl Strategy<Value = RxAction> {
     prop_oneof![
         2 => message().prop_map(RxAction::Msg),
         3 => offer,
-        1 => batch,
+        2 => batch,
         1 => proptest::collection::vec(any::<u8>(), 0..40).prop_map(RxAction::Frame),
         2 => fin,
         8 => (chunk_len, any::<u32>()).prop_map(|(l, imm)| RxAction::Chunk(l, imm)),
@@ -1691,7 +1688,11 @@ fn check_receiver(
                     }
                     Err(RecvError::Version(j)) => {
                         // Another version: refused by name, session over.
-                        prop_assert!(matches!(kind, "HELLO" | "PROVE" | "AUTH"), "{}", kind);
+                        prop_assert!(
+                            matches!(kind, "HELLO" | "BATCH" | "PROVE" | "AUTH"),
+                            "{}",
+                            kind
+                        );
                         prop_assert!(
                             j.reason.contains("protocol version") || j.reason.contains("flags"),
                             "{}",
@@ -1706,7 +1707,7 @@ fn check_receiver(
                         // A refused offer: the session goes on.
                         refused += 1;
                         prop_assert!(refused <= MAX_REFUSALS_IN_A_ROW);
-                        prop_assert_eq!(kind, "HELLO");
+                        prop_assert!(kind == "HELLO" || kind == "BATCH", "{}", kind);
                         prop_assert_eq!(before, AwaitHello);
                         prop_assert_eq!(r.state(), AwaitHello);
                         prop_assert!(!rej.reason.is_empty());

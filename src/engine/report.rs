@@ -52,6 +52,19 @@ pub struct Phases {
 }
 
 impl Phases {
+    /// One file's share of a batch's phases (`n` files): the batch's time
+    /// split evenly, so that sums over files are the batch's. The
+    /// connection is shared by every file anyway.
+    pub fn share(self, n: u32) -> Phases {
+        let n = n.max(1);
+        Phases {
+            connect: self.connect,
+            mr_exchange: self.mr_exchange / n,
+            data: self.data / n,
+            commit: self.commit / n,
+        }
+    }
+
     /// Logs the phases as structured fields (JSON logs carry them).
     pub fn log(&self, name: &str, bytes: u64) {
         tracing::info!(

@@ -1233,7 +1233,7 @@ fn check_hello(h: &Hello, max_size: u64) -> Result<(), Reject> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::wire::Digest;
+    use crate::proto::wire::{Digest, Mtime};
 
     const ADDR: u64 = 0x2000;
 
@@ -2489,6 +2489,183 @@ mod tests {
         assert!(rej.reason.contains("more than 3 entries") && rej.reason.contains("--max-files"));
         assert_eq!(r.state(), ReceiverState::Closed);
         assert_eq!(sent(&mut r), [Message::Reject(rej)]);
+    }
+
+    fn batch(names: &[&str], size: u64) -> Message {
+        Message::Batch(names.iter().map(|n| hello(n, size)).collect())
+    }
+
+    #[test]
+    fn a_batch_is_received_as_one_file_and_its_files_count_once_accepted() {
+        let c = cfg(100, 4, 1);
+        let mut r = ReceiverSession::new(c);
+        sent(&mut r);
+        let got = r.on_message(batch(&["d/a", "d/b", "c"], 70)).unwrap();
+        let ReceiverEvent::Batch(members) = got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(members.len(), 3);
+        assert_eq!(r.state(), ReceiverState::AwaitDecision);
+        assert!(!r.offer_is_directory() && !r.offer_is_stream());
+        assert_eq!(r.accept(ring(&c)).unwrap(), Message::Mr(ring(&c)));
+        // 210 bytes back to back: chunks of 100, 100 and 10.
+        for (len, offset) in [(100, 0), (100, 100), (10, 200)] {
+            let p = r.on_chunk(len, 0).unwrap();
+            assert_eq!((p.len, p.file_offset), (len, offset));
+            r.chunk_done();
+        }
+        assert!(r.on_chunk(1, 0).is_err(), "a byte past the batch");
+        let mut r = ReceiverSession::new(c);
+        sent(&mut r);
+        r.on_message(batch(&["a", "b"], 70)).unwrap();
+        r.accept(ring(&c)).unwrap();
+        for len in [100, 40] {
+            r.on_chunk(len, 0).unwrap();
+            r.chunk_done();
+        }
+        let fin = Fin {
+            bytes: 140,
+            chunks: 2,
+            digest: Digest::Sha256([0; 32]),
+        };
+        assert_eq!(
+            r.on_message(Message::Fin(fin.clone())),
+            Ok(ReceiverEvent::Fin(fin))
+        );
+        r.complete(AckStatus::Ok, String::new()).unwrap();
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+    }
+
+    #[test]
+    fn batches_are_refused_whole_and_quietly_or_end_the_session() {
+        let c = cfg(100, 4, 1);
+        let refused = |m: Message| {
+            let mut r = ReceiverSession::new(c);
+            sent(&mut r);
+            let got = r.on_message(m);
+            let Err(RecvError::Reject(rej)) = got else {
+                panic!("{got:?}")
+            };
+            // The session goes on: the files come one by one next.
+            assert_eq!(r.state(), ReceiverState::AwaitHello);
+            assert_eq!(sent(&mut r), [Message::Reject(rej.clone())]);
+            rej
+        };
+        let one = |h: Hello| Message::Batch(vec![hello("ok", 1), h]);
+        let cases = [
+            (Message::Batch(Vec::new()), "without files"),
+            (batch(&["a", "a"], 1), "twice"),
+            (one(hello("../x", 1)), ".."),
+            (
+                one(hello_v2("s", hello_flags::STREAM, 0)),
+                "plain files only",
+            ),
+            (
+                one(hello_v2("d", hello_flags::DIRECTORY, 0)),
+                "plain files only",
+            ),
+            (
+                one(Hello {
+                    mtime: Some(Mtime { secs: 1, nanos: 0 }),
+                    ..hello_v2("r", hello_flags::RESUME | hello_flags::MTIME, 1)
+                }),
+                "plain files only",
+            ),
+            (
+                one(Hello {
+                    digest: DigestAlg::Crc32,
+                    ..hello("crc", 1)
+                }),
+                "different digests",
+            ),
+            (
+                Message::Batch(
+                    (0..=MAX_BATCH_FILES)
+                        .map(|i| hello(&format!("f{i}"), 1))
+                        .collect(),
+                ),
+                "at most 256",
+            ),
+            (batch(&["a", "b"], u64::MAX), "2^64"),
+        ];
+        for (m, why) in cases {
+            let rej = refused(m);
+            assert!(rej.reason.contains(why), "{why}: {}", rej.reason);
+        }
+        // A member of another version ends the session, as its HELLO would.
+        let mut r = ReceiverSession::new(c);
+        sent(&mut r);
+        let got = r.on_message(one(Hello {
+            version: 3,
+            ..hello("v", 1)
+        }));
+        assert!(matches!(got, Err(RecvError::Version(_))), "{got:?}");
+        assert_eq!(r.state(), ReceiverState::Closed);
+    }
+
+    #[test]
+    fn a_batch_keeps_the_sessions_limits_without_ending_it() {
+        let mut c = cfg(100, 4, 1);
+        c.max_files = 3;
+        c.max_session_bytes = 250;
+        c.max_size = 100;
+        let mut r = ReceiverSession::new(c);
+        sent(&mut r);
+        // Over --max-files, --max-session-size or --max-size: refused, not fatal.
+        for (m, why) in [
+            (batch(&["a", "b", "c", "d"], 1), "--max-files"),
+            (batch(&["a", "b", "c"], 90), "--max-session-size"),
+            (batch(&["a", "b"], 101), "at most 100 bytes"),
+        ] {
+            let got = r.on_message(m);
+            let Err(RecvError::Reject(rej)) = got else {
+                panic!("{got:?}")
+            };
+            assert!(rej.reason.contains(why), "{why}: {}", rej.reason);
+            assert_eq!(r.state(), ReceiverState::AwaitHello);
+        }
+        // The engine refuses a batch (a file exists, say): its files do
+        // not count, so all three may still come one by one.
+        r.on_message(batch(&["a", "b", "c"], 1)).unwrap();
+        r.reject(RejectCode::Exists, "b exists".into()).unwrap();
+        // An accepted batch counts its files: two, then one HELLO, then
+        // the session is full.
+        r.on_message(batch(&["a", "b"], 1)).unwrap();
+        r.accept(ring(&c)).unwrap();
+        r.on_chunk(2, 0).unwrap();
+        r.chunk_done();
+        let fin = Fin {
+            bytes: 2,
+            chunks: 1,
+            digest: Digest::Sha256([0; 32]),
+        };
+        r.on_message(Message::Fin(fin)).unwrap();
+        r.complete(AckStatus::Ok, String::new()).unwrap();
+        r.on_message(Message::Hello(hello("c", 1))).unwrap();
+        r.reject(RejectCode::Exists, "c".into()).unwrap();
+        let got = r.on_message(Message::Hello(hello("d", 1)));
+        assert!(matches!(got, Err(RecvError::SessionLimit(_))), "{got:?}");
+    }
+
+    #[test]
+    fn with_a_token_a_batch_must_carry_sha256() {
+        let mut r = with_auth(cfg(100, 4, 1));
+        r.on_message(good_auth()).unwrap();
+        r.admit().unwrap();
+        sent(&mut r);
+        let crc = Message::Batch(vec![Hello {
+            digest: DigestAlg::Crc32,
+            ..hello("a", 1)
+        }]);
+        let got = r.on_message(crc);
+        let Err(RecvError::Reject(rej)) = got else {
+            panic!("{got:?}")
+        };
+        assert!(rej.reason.contains("SHA-256"), "{}", rej.reason);
+        assert!(matches!(
+            r.on_message(batch(&["a"], 1)),
+            Ok(ReceiverEvent::Batch(_))
+        ));
     }
 
     #[test]

@@ -999,6 +999,124 @@ mod tests {
         })
     }
 
+    fn named(name: &str, size: u64) -> FileOffer {
+        FileOffer {
+            name: name.into(),
+            ..offer(size)
+        }
+    }
+
+    #[test]
+    fn a_batch_is_one_offer_one_data_stream_and_one_verdict() {
+        let mut s = greeted(100);
+        let msg = s
+            .start_batch(vec![named("a", 150), named("b", 0), named("c", 60)], 9)
+            .unwrap();
+        let Message::Batch(members) = msg else {
+            panic!("{msg:?}")
+        };
+        let names: Vec<_> = members.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(
+            members
+                .iter()
+                .all(|h| h.caps == 0 && h.version == PROTOCOL_VERSION)
+        );
+        assert_eq!(s.state(), SenderState::AwaitRing);
+        assert!(matches!(
+            s.on_message(Message::Mr(ring(100, 4))),
+            Ok(SenderEvent::Ring(_))
+        ));
+        // 210 bytes: chunks of 100, 100 and 10, then nothing more.
+        for (len, offset) in [(100, 0), (100, 100), (10, 200)] {
+            let plan = s.next_chunk(len).unwrap().unwrap();
+            assert_eq!(plan.file_offset, offset);
+        }
+        assert!(s.all_chunks_planned());
+        s.finish(Digest::Crc32(1)).unwrap();
+        assert_eq!(s.pending(), 1);
+        let got = s.on_message(ack(AckStatus::Ok)).unwrap();
+        assert!(
+            matches!(
+                got,
+                SenderEvent::Answered {
+                    tag: 9,
+                    entry: Pending::File,
+                    ..
+                }
+            ),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_refused_batch_leaves_the_session_idle() {
+        let mut s = greeted(100);
+        s.start_batch(vec![named("a", 1), named("b", 1)], 1)
+            .unwrap();
+        let got = s
+            .on_message(Message::Reject(Reject::new(RejectCode::Exists, "b exists")))
+            .unwrap();
+        assert!(matches!(got, SenderEvent::Rejected(_)), "{got:?}");
+        assert_eq!(s.state(), SenderState::Idle);
+        assert_eq!(s.pending(), 0);
+        assert!(s.start_file(named("a", 1), 2).is_ok());
+    }
+
+    #[test]
+    fn batches_hold_plain_files_with_one_digest() {
+        let bad = |offers: Vec<FileOffer>| {
+            let mut s = greeted(100);
+            let got = s.start_batch(offers, 1);
+            assert!(
+                matches!(got, Err(ProtocolError::BadBatch { .. })),
+                "{got:?}"
+            );
+            assert_eq!(s.state(), SenderState::Idle);
+        };
+        bad(Vec::new());
+        bad((0..=MAX_BATCH_FILES)
+            .map(|i| named(&format!("f{i}"), 1))
+            .collect());
+        bad(vec![
+            named("a", 1),
+            FileOffer {
+                kind: OfferKind::Stream,
+                ..named("s", 0)
+            },
+        ]);
+        bad(vec![
+            named("a", 1),
+            FileOffer {
+                kind: OfferKind::Directory,
+                ..named("d", 0)
+            },
+        ]);
+        bad(vec![
+            named("a", 1),
+            FileOffer {
+                resume: true,
+                ..named("r", 1)
+            },
+        ]);
+        bad(vec![
+            named("a", 1),
+            FileOffer {
+                digest: DigestAlg::Sha256,
+                ..named("x", 1)
+            },
+        ]);
+        bad(vec![named("a", u64::MAX), named("b", 1)]);
+        // Not while another offer waits for its ring.
+        let mut s = greeted(100);
+        s.start_file(offer(1), 1).unwrap();
+        let got = s.start_batch(vec![named("a", 1)], 2);
+        assert!(
+            matches!(got, Err(ProtocolError::WrongState { .. })),
+            "{got:?}"
+        );
+    }
+
     /// Where a session can be, as far as the receiver's messages go.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum Situation {

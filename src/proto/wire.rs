@@ -1522,7 +1522,99 @@ pub(crate) mod tests {
         for status in AckStatus::ALL {
             v.push(Message::Ack(Ack::new(status, "")));
         }
+        v.extend(batch_samples());
         v
+    }
+
+    fn member(name: &str, size: u64, mtime: Option<Mtime>) -> Hello {
+        Hello {
+            version: 4,
+            caps: if mtime.is_some() {
+                hello_flags::MTIME
+            } else {
+                0
+            },
+            name: name.into(),
+            size,
+            mode: 0o640,
+            digest: DigestAlg::Sha256,
+            mtime,
+        }
+    }
+
+    fn batch_samples() -> Vec<Message> {
+        let t = Some(Mtime {
+            secs: -5,
+            nanos: 999_999_999,
+        });
+        // As many one-letter members as fit a body exactly.
+        let per = batch_member_len("a", false);
+        let full = (0..BATCH_ROOM / per)
+            .map(|i| member("a", i as u64, None))
+            .collect();
+        vec![
+            Message::Batch(Vec::new()),
+            Message::Batch(vec![member("d/a", 1, None), member("d/b", 0, t)]),
+            Message::Batch(vec![member("x", u64::MAX, t)]),
+            Message::Batch(full),
+        ]
+    }
+
+    #[test]
+    fn batch_layout_and_limits() {
+        let m = Message::Batch(vec![
+            member("ab", 7, None),
+            member("c", 0, Some(Mtime { secs: 1, nanos: 2 })),
+        ]);
+        let buf = encode_to_vec(&m).unwrap();
+        // Header, count 2, then each member exactly as a HELLO body.
+        assert_eq!(buf[5], msg_type::BATCH);
+        assert_eq!(&buf[12..14], &[0, 2]);
+        let Message::Batch(members) = &m else {
+            unreachable!()
+        };
+        let mut at = 14;
+        for h in members {
+            let alone = encode_to_vec(&Message::Hello(h.clone())).unwrap();
+            let body = &alone[HEADER_LEN..];
+            assert_eq!(&buf[at..at + body.len()], body);
+            assert_eq!(body.len(), batch_member_len(&h.name, h.mtime.is_some()));
+            at += body.len();
+        }
+        assert_eq!(at, buf.len());
+        // One member more than fits: refused when encoding.
+        let per = batch_member_len("a", false);
+        let over = Message::Batch(
+            (0..=BATCH_ROOM / per)
+                .map(|_| member("a", 0, None))
+                .collect(),
+        );
+        assert!(matches!(
+            encode_to_vec(&over),
+            Err(WireError::TooLong { field: "BATCH", .. })
+        ));
+        // A count that promises more members than the body holds.
+        let mut short = buf.clone();
+        short[13] = 3;
+        assert!(matches!(
+            decode(&short),
+            Err(WireError::ShortBody { kind: "BATCH", .. })
+        ));
+        // A member with a bad mtime, or its flag without the field.
+        let mut bad = buf.clone();
+        let n = bad.len();
+        bad[n - 4..].copy_from_slice(&1_000_000_000u32.to_be_bytes());
+        assert_eq!(
+            decode(&bad),
+            Err(WireError::BadMtime {
+                nanos: 1_000_000_000
+            })
+        );
+        let lying = Message::Batch(vec![Hello {
+            caps: hello_flags::MTIME,
+            ..member("a", 1, None)
+        }]);
+        assert_eq!(encode_to_vec(&lying), Err(WireError::MtimeFlag));
     }
 
     #[test]

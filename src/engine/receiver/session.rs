@@ -1072,13 +1072,17 @@ impl Session<'_, '_> {
                     return Ok(());
                 };
                 let digests = batch.digests();
+                // Each file's share of the batch's time (`Phases::share`).
+                let n = u32::try_from(batch.members.len())
+                    .unwrap_or(u32::MAX)
+                    .max(1);
                 for (m, digest) in batch.members.iter().zip(digests) {
                     let report = FileReport {
                         name: m.name.clone(),
                         bytes: m.size,
-                        elapsed: file.started.elapsed(),
+                        elapsed: file.started.elapsed() / n,
                         digest,
-                        phases: file.phases,
+                        phases: file.phases.share(n),
                         resumed_from: 0,
                         skipped: false,
                     };

@@ -856,6 +856,82 @@ mod tests {
         );
     }
 
+    /// A batch of `names` (with `sizes`) in `s`, written from `data` in
+    /// chunks of `chunk` bytes that span files.
+    fn batch_of(
+        s: &mut FileStore,
+        root: &Path,
+        files: &[(&str, u64)],
+        data: &[u8],
+        chunk: usize,
+    ) -> Sink {
+        let mut b = BatchSink::new();
+        for (name, size) in files {
+            let h = hello(name, *size);
+            let sink = s.create(&h, false, root, Resume::No).unwrap();
+            b.push(&h, 0o022, sink).unwrap();
+        }
+        for (k, c) in data.chunks(chunk).enumerate() {
+            b.write_chunk(c, (k * chunk) as u64).unwrap();
+        }
+        Sink::Batch(Box::new(b))
+    }
+
+    #[test]
+    fn a_batch_splits_its_bytes_among_its_files_and_commits_them_together() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..25u8).collect();
+        let files = [("d/a", 10), ("d/empty", 0), ("b", 3), ("d/c", 12)];
+        let mut sink = batch_of(&mut s, root.path(), &files, &data, 7);
+        // Nothing under a final name before the commit.
+        assert!(!entries(root.path()).contains(&"b".to_string()));
+        let Sink::Batch(b) = &mut sink else {
+            unreachable!()
+        };
+        let digests = b.digests();
+        commit(&mut sink, "batch", 0, None, false).unwrap();
+        drop(sink);
+        assert_eq!(entries(root.path()), ["b", "d"]);
+        assert_eq!(entries(&root.path().join("d")), ["a", "c", "empty"]);
+        let read = |p: &str| std::fs::read(root.path().join(p)).unwrap();
+        assert_eq!(read("d/a"), &data[..10]);
+        assert_eq!(read("d/empty"), b"");
+        assert_eq!(read("b"), &data[10..13]);
+        assert_eq!(read("d/c"), &data[13..]);
+        // Each file's own digest, and its mode under the umask.
+        assert_eq!(digests.len(), 4);
+        let mut h = FileHasher::new(crate::proto::DigestAlg::Crc32);
+        h.update(&data[10..13], crc32fast::hash(&data[10..13]));
+        assert_eq!(digests[2], h.finish());
+        let mode = std::fs::metadata(root.path().join("b"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, hello("b", 3).received_mode(0o022));
+    }
+
+    #[test]
+    fn a_failed_batch_leaves_only_what_was_renamed_before_the_failure() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data = [7u8; 6];
+        // Dropped uncommitted: nothing at all.
+        let sink = batch_of(&mut s, root.path(), &[("x", 3), ("y", 3)], &data, 4);
+        drop(sink);
+        assert!(entries(root.path()).is_empty());
+        // "z" appears meanwhile (no --overwrite): "w" is in place, "z"
+        // is not replaced, and no temporary file is left.
+        let mut sink = batch_of(&mut s, root.path(), &[("w", 3), ("z", 3)], &data, 4);
+        std::fs::write(root.path().join("z"), b"theirs").unwrap();
+        let err = commit(&mut sink, "batch", 0, None, false).unwrap_err();
+        assert!(err.to_string().contains("z"), "{err}");
+        drop(sink);
+        assert_eq!(entries(root.path()), ["w", "z"]);
+        assert_eq!(std::fs::read(root.path().join("z")).unwrap(), b"theirs");
+    }
+
     #[test]
     fn an_uncommitted_file_leaves_nothing_behind() {
         let root = tempfile::tempdir().unwrap();

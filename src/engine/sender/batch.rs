@@ -196,15 +196,17 @@ impl Connection {
             )
         })?;
         phases.data = data_started.elapsed();
+        // Each file's share of the batch's time (see `Phases::share`).
+        let n = u32::try_from(members.len()).unwrap_or(u32::MAX);
         let reports = members
             .iter()
             .zip(each)
             .map(|(m, digest)| FileReport {
                 name: m.offer.name.clone(),
                 bytes: m.offer.size,
-                elapsed: started.elapsed(),
+                elapsed: started.elapsed() / n.max(1),
                 digest,
-                phases,
+                phases: phases.share(n),
                 resumed_from: 0,
                 skipped: false,
             })

@@ -188,7 +188,9 @@ impl Tracker<'_> {
                 Verdict::Ack(ack),
             ) => {
                 let _enter = span.enter();
-                let commit = fin_sent.elapsed();
+                // Each file's share, as for the batch's other phases.
+                let n = u32::try_from(reports.len()).unwrap_or(u32::MAX).max(1);
+                let commit = fin_sent.elapsed() / n;
                 if ack.status == AckStatus::Ok {
                     progress.finished();
                 }
