@@ -348,6 +348,47 @@ fn corrupted_chunk_is_caught_exit_5_nothing_written() {
     assert_still_serves(&net, port, src.path(), dst.path());
 }
 
+#[test]
+fn a_corrupted_batch_of_small_files_leaves_none_of_them() {
+    let Some(net) = rdma_net() else { return };
+    let sender = fault_injection_bin("sender");
+    let (src, dst) = dirs();
+    let tree = src.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..30u64 {
+        make_file(&tree.join(format!("f{i:02}")), 1000 + i, 40 + 2 * i);
+    }
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    let mut cmd = sender_cmd_with(
+        &sender,
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&tree),
+        &["-r"],
+    );
+    // The first chunk of the batch (all 30 files share it) is corrupted.
+    cmd.env("RDMA_XFER_FAULT", "corrupt-chunk:0");
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 5, "{}", sent.stderr);
+    assert!(sent.stderr.contains("CRC32"), "{}", sent.stderr);
+    // Every file of the batch is reported failed, none is there.
+    for i in 0..30 {
+        assert!(
+            sent.stderr.contains(&format!("t/f{i:02}")),
+            "f{i:02}:\n{}",
+            sent.stderr
+        );
+    }
+    let got = dst.path().join("t");
+    let left: Vec<_> = std::fs::read_dir(&got).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_no_temp_files(&got);
+    assert!(receiver.stderr_so_far().contains("CRC32"));
+    assert_still_serves(&net, port, src.path(), dst.path());
+}
+
 /// Unmounts the test's tmpfs, whatever happens.
 struct Mount(std::path::PathBuf);
 

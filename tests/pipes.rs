@@ -392,6 +392,75 @@ fn thousand_small_files_per_second_versus_one_file() {
 }
 
 #[test]
+fn small_files_go_in_batches_and_a_refused_batch_goes_file_by_file() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("src");
+    let tree = src.path().join("t");
+    std::fs::create_dir_all(tree.join("sub")).expect("mkdir");
+    // 40 small files (one empty), then a file too large for a batch.
+    for i in 0..40u64 {
+        make_file(&tree.join(format!("sub/f{i:02}")), i * 997, 0x100 + 2 * i);
+    }
+    make_file(&tree.join("sub/zz-big"), 3 * MIB, 0x77);
+    let tree_arg = std::slice::from_ref(&tree);
+
+    // Everything new: the small files travel in batches, all arrive.
+    let dst = tempfile::tempdir().expect("dst");
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &["-vv"], tree_arg, &["-r"]);
+    assert_both_ok(&sent, &received);
+    assert_same_tree(&tree, &dst.path().join("t"));
+    assert_no_temp_files_below(dst.path());
+    assert!(
+        received.stderr.contains("offer of a batch"),
+        "{}",
+        received.stderr
+    );
+    assert!(sent.stderr.contains("total: 41 files"), "{}", sent.stderr);
+
+    // One of them exists on the receiver: its batch is refused, its files
+    // go one by one, and only that one is refused (exit 4), untouched.
+    let dst = tempfile::tempdir().expect("dst");
+    std::fs::create_dir_all(dst.path().join("t/sub")).expect("mkdir");
+    let theirs = dst.path().join("t/sub/f07");
+    std::fs::write(&theirs, b"the receiver's own").expect("write");
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &["-vv"],
+        tree_arg,
+        &["-r", "--json"],
+    );
+    assert_eq!(sent.code(), 4, "sender:\n{}", sent.stderr);
+    assert_eq!(received.code(), 4, "receiver:\n{}", received.stderr);
+    assert!(
+        received.stderr.contains("batch refused"),
+        "{}",
+        received.stderr
+    );
+    assert_eq!(std::fs::read(&theirs).expect("read"), b"the receiver's own");
+    let events: Vec<&str> = sent
+        .stdout
+        .lines()
+        .filter(|l| l.contains(r#""event":"file""#))
+        .collect();
+    let failed: Vec<&&str> = events
+        .iter()
+        .filter(|l| !l.contains(r#""status":"ok""#))
+        .collect();
+    assert_eq!(events.len(), 41, "{}", sent.stdout);
+    assert_eq!(failed.len(), 1, "{}", sent.stdout);
+    assert!(
+        failed[0].contains("sub/f07") && failed[0].contains("already exists"),
+        "{}",
+        failed[0]
+    );
+    std::fs::write(&theirs, std::fs::read(tree.join("sub/f07")).expect("read")).expect("write");
+    assert_same_tree(&tree, &dst.path().join("t"));
+    assert_no_temp_files_below(dst.path());
+}
+
+#[test]
 fn epipe_on_the_receivers_stdout_ends_it_quietly() {
     let Some(net) = rdma_net() else { return };
     let dir = tempfile::tempdir().expect("dir");
