@@ -5,7 +5,7 @@
 use super::admission::Admission;
 use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use super::space::SpaceLedger;
-use super::store::{BatchSink, FileStore, Refusal, Resume, Sink, commit};
+use super::store::{FileStore, Refusal, Resume, Sink, commit};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
@@ -529,42 +529,26 @@ impl Session<'_, '_> {
     /// answer, reported as usual).
     fn on_batch(&mut self, members: Vec<Hello>) -> Result<(), XferError> {
         let hello_at = Instant::now();
-        let total: u64 = members.iter().map(|h| h.size).sum();
+        // The machine checked that the sizes add up without overflow.
+        let total = members.iter().fold(0u64, |t, h| t.saturating_add(h.size));
         info!(files = members.len(), bytes = total, "offer of a batch");
-        let mut batch = BatchSink::new();
-        let mut refusal = self.cfg.stdout.then(|| {
-            (
-                RejectCode::Protocol,
-                "the receiver writes one file to its standard output (--stdout)".to_string(),
-            )
-        });
-        if refusal.is_none() {
-            for h in &members {
-                let pushed = self
-                    .store
-                    .create(h, self.cfg.overwrite, &self.cfg.dir, Resume::No)
-                    .and_then(|sink| batch.push(h, self.cfg.umask, sink));
-                if let Err(r) = pushed {
-                    refusal = Some(r);
-                    break;
+        let prepared = self
+            .store
+            .create_batch(&members, self.cfg.overwrite, &self.cfg.dir, self.cfg.umask)
+            .and_then(|batch| match self.ring_info() {
+                Ok(ring) => Ok((batch, ring)),
+                Err(e) => {
+                    error!("cannot register the receive ring: {e}");
+                    Err((
+                        RejectCode::Io,
+                        format!("the receiver cannot register its ring: {e}"),
+                    ))
                 }
-            }
-        }
-        let ring = match refusal {
-            Some(r) => Err(r),
-            None => self.ring_info().map_err(|e| {
-                error!("cannot register the receive ring: {e}");
-                (
-                    RejectCode::Io,
-                    format!("the receiver cannot register its ring: {e}"),
-                )
-            }),
-        };
-        let ring = match ring {
-            Ok(ring) => ring,
+            });
+        let (batch, ring) = match prepared {
+            Ok(p) => p,
+            // Not final for its files: the sender offers them one by one.
             Err((code, reason)) => {
-                // The temporary files made so far go with `batch`.
-                drop(batch);
                 debug!(
                     code = code.as_str(),
                     "batch refused, its files come one by one: {}",

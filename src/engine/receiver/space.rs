@@ -93,7 +93,8 @@ pub(super) struct Promise {
 }
 
 impl Promise {
-    fn none(ledger: &Arc<SpaceLedger>) -> Self {
+    /// Nothing promised (the space is someone else's to promise).
+    pub(super) fn none(ledger: &Arc<SpaceLedger>) -> Self {
         Promise {
             ledger: Arc::clone(ledger),
             left: 0,

@@ -269,16 +269,6 @@ impl FileStore {
                 };
                 let promise =
                     ledger.promise(&hello.name, size - kept.min(size), || free_space(dir))?;
-                let cannot_create = |e: std::io::Error| {
-                    let code = match e.raw_os_error() {
-                        Some(libc::ENOSPC | libc::EDQUOT) => RejectCode::NoSpace,
-                        _ => RejectCode::Io,
-                    };
-                    (
-                        code,
-                        format!("cannot create a file in the output directory: {e}"),
-                    )
-                };
                 let (temp, file, resumable, in_use) = match resume {
                     Resume::No => {
                         let temp = temp_name();
@@ -317,7 +307,7 @@ impl FileStore {
                     }
                 };
                 let mut temp = TempFile {
-                    parent,
+                    parent: Arc::new(parent),
                     temp,
                     leaf,
                     file,
@@ -343,6 +333,67 @@ impl FileStore {
             }
         };
         Ok(sink)
+    }
+}
+
+impl FileStore {
+    /// Checks the files of a batch against what is on disk and opens a
+    /// temporary file for each, as `create` does for one file, with the
+    /// work shared by the batch: each directory opened once, the free
+    /// space checked once for all of them, and no blocks reserved (small
+    /// files; a write that finds the disk full fails the batch).
+    pub(super) fn create_batch(
+        &mut self,
+        members: &[Hello],
+        overwrite: bool,
+        dir: &Path,
+        umask: u32,
+    ) -> Result<BatchSink, Refusal> {
+        let FileStore::Tree { root, ledger, .. } = self else {
+            return Err((
+                RejectCode::Protocol,
+                "the receiver writes one file to its standard output (--stdout)".into(),
+            ));
+        };
+        let total = members.iter().fold(0u64, |t, h| t.saturating_add(h.size));
+        let what = format!("a batch of {} files", members.len());
+        let promise = ledger.promise(&what, total, || free_space(dir))?;
+        let mut batch = BatchSink::new(promise);
+        let mut parents: std::collections::HashMap<&str, (Arc<DirFd>, (u64, u64))> =
+            std::collections::HashMap::new();
+        for h in members {
+            let (dir_path, leaf) = h.name.rsplit_once('/').unwrap_or(("", h.name.as_str()));
+            let (parent, identity) = match parents.get(dir_path) {
+                Some((p, id)) => (Arc::clone(p), *id),
+                None => {
+                    let (p, _) = open_parent(root, &h.name)?;
+                    let id = p
+                        .identity()
+                        .map_err(|e| (RejectCode::Io, format!("cannot inspect {dir_path}: {e}")))?;
+                    let p = Arc::new(p);
+                    parents.insert(dir_path, (Arc::clone(&p), id));
+                    (p, id)
+                }
+            };
+            check_final_name(&parent, leaf, &h.name, overwrite)?;
+            let temp = temp_name();
+            // Marked before it exists: the sweep never sees it unmarked.
+            let in_use = TempInUse::known(identity, &temp);
+            let file = parent.create_new(&temp, 0o600).map_err(cannot_create)?;
+            let t = TempFile {
+                parent,
+                temp,
+                leaf: leaf.to_string(),
+                file,
+                committed: false,
+                promise: Promise::none(ledger),
+                resumable: None,
+                discard: false,
+                _in_use: Some(in_use),
+            };
+            batch.push(h, umask, Box::new(t));
+        }
+        Ok(batch)
     }
 }
 
@@ -422,7 +473,8 @@ fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
 /// renamed into place, or, offered with RESUME, kept with its record of
 /// the verified chunks (see `partial`).
 pub(super) struct TempFile {
-    parent: DirFd,
+    /// Shared by the files of a batch in one directory.
+    parent: Arc<DirFd>,
     temp: String,
     leaf: String,
     pub(super) file: File,
@@ -541,6 +593,18 @@ fn check_final_name(
     }
 }
 
+/// Why a temporary file could not be made.
+fn cannot_create(e: std::io::Error) -> Refusal {
+    let code = match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => RejectCode::NoSpace,
+        _ => RejectCode::Io,
+    };
+    (
+        code,
+        format!("cannot create a file in the output directory: {e}"),
+    )
+}
+
 /// A temporary name that does not depend on the (up to 255-byte) final name.
 fn temp_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -548,9 +612,11 @@ fn temp_name() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
+    // One getpid for the process, not one per file.
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     format!(
         ".rdma-xfer-{}-{}-{nanos:08x}.part",
-        std::process::id(),
+        PID.get_or_init(std::process::id),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
 }
@@ -667,25 +733,21 @@ pub(super) struct BatchSink {
     pub(super) members: Vec<BatchMember>,
     /// The batch's bytes so far (the next member starts at or after it).
     len: u64,
+    /// The free space promised to the whole batch.
+    promise: Promise,
 }
 
 impl BatchSink {
-    pub(super) fn new() -> Self {
+    fn new(promise: Promise) -> Self {
         Self {
             members: Vec::new(),
             len: 0,
+            promise,
         }
     }
 
-    /// Adds the next file (`sink` from `FileStore::create`, a temporary
-    /// file): its bytes follow the previous file's.
-    pub(super) fn push(&mut self, hello: &Hello, umask: u32, sink: Sink) -> Result<(), Refusal> {
-        let Sink::Temp(temp) = sink else {
-            return Err((
-                RejectCode::Protocol,
-                "the files of a batch go to a directory, not to standard output".into(),
-            ));
-        };
+    /// Adds the next file: its bytes follow the previous file's.
+    fn push(&mut self, hello: &Hello, umask: u32, temp: Box<TempFile>) {
         self.members.push(BatchMember {
             name: hello.name.clone(),
             start: self.len,
@@ -696,7 +758,6 @@ impl BatchSink {
             hasher: Some(FileHasher::new(hello.digest)),
         });
         self.len = self.len.saturating_add(hello.size);
-        Ok(())
     }
 
     /// Writes the batch's bytes at `offset` (of the batch's data) to the
@@ -718,6 +779,7 @@ impl BatchSink {
                 h.update(part, crc);
             }
         }
+        self.promise.wrote(data.len() as u64);
         Ok(())
     }
 
@@ -865,12 +927,8 @@ mod tests {
         data: &[u8],
         chunk: usize,
     ) -> Sink {
-        let mut b = BatchSink::new();
-        for (name, size) in files {
-            let h = hello(name, *size);
-            let sink = s.create(&h, false, root, Resume::No).unwrap();
-            b.push(&h, 0o022, sink).unwrap();
-        }
+        let members: Vec<_> = files.iter().map(|(n, size)| hello(n, *size)).collect();
+        let mut b = s.create_batch(&members, false, root, 0o022).unwrap();
         for (k, c) in data.chunks(chunk).enumerate() {
             b.write_chunk(c, (k * chunk) as u64).unwrap();
         }
@@ -917,6 +975,14 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let mut s = store(root.path());
         let data = [7u8; 6];
+        // Refused whole, nothing made, when a file exists or a path is bad.
+        std::fs::write(root.path().join("there"), b"x").unwrap();
+        for files in [[("a", 1), ("there", 1)], [("b", 1), ("no/dir", 1)]] {
+            let members: Vec<_> = files.iter().map(|(n, size)| hello(n, *size)).collect();
+            assert!(s.create_batch(&members, false, root.path(), 0).is_err());
+            assert_eq!(entries(root.path()), ["there"]);
+        }
+        std::fs::remove_file(root.path().join("there")).unwrap();
         // Dropped uncommitted: nothing at all.
         let sink = batch_of(&mut s, root.path(), &[("x", 3), ("y", 3)], &data, 4);
         drop(sink);

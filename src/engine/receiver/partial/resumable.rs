@@ -30,13 +30,17 @@ pub(crate) struct TempInUse {
 impl TempInUse {
     /// Marks `name` in `parent` as in use.
     pub fn new(parent: &crate::sys::dirfd::DirFd, name: &str) -> std::io::Result<Self> {
-        let (dev, ino) = parent.identity()?;
+        Ok(Self::known(parent.identity()?, name))
+    }
+
+    /// Marks `name` in the directory of identity `(dev, ino)` as in use.
+    pub fn known((dev, ino): (u64, u64), name: &str) -> Self {
         let key = (dev, ino, name.to_string());
         TEMPS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key.clone());
-        Ok(Self { key })
+        Self { key }
     }
 }
 
