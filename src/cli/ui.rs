@@ -50,8 +50,10 @@ impl Ui {
 
     /// Prints a line on stderr (above the bars, if any).
     pub fn eprintln(&self, line: &str) {
+        // One write per line (stderr is unbuffered): a thousand small
+        // files print a thousand lines.
         let print = || {
-            let _ = writeln!(io::stderr().lock(), "{line}");
+            let _ = io::stderr().lock().write_all(format!("{line}\n").as_bytes());
         };
         match &self.bars {
             Some(b) => b.multi.suspend(print),
