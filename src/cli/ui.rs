@@ -53,7 +53,9 @@ impl Ui {
         // One write per line (stderr is unbuffered): a thousand small
         // files print a thousand lines.
         let print = || {
-            let _ = io::stderr().lock().write_all(format!("{line}\n").as_bytes());
+            let _ = io::stderr()
+                .lock()
+                .write_all(format!("{line}\n").as_bytes());
         };
         match &self.bars {
             Some(b) => b.multi.suspend(print),

@@ -292,6 +292,18 @@ impl SenderSession {
         self.chunk_len
     }
 
+    /// The chunk length the next MR gives a new (not resumed) entry, if
+    /// an MR came already: the receiver sends the same ring for every
+    /// entry of a session, so data can be read ahead of its MR.
+    pub fn expected_chunk_len(&self) -> Option<u32> {
+        let slot = self.ring.slot_size;
+        match self.chunk_size {
+            _ if slot == 0 => None,
+            0 => Some(slot),
+            c => Some(c.min(slot)),
+        }
+    }
+
     /// Bytes of the current file planned (handed out as chunks) so far.
     pub fn bytes_planned(&self) -> u64 {
         self.planned

@@ -7,7 +7,7 @@
 use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
 use crate::engine::entries::Entry;
-use crate::engine::reader::{BatchFile, Input};
+use crate::engine::reader::{BatchFile, Input, ReadJob};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
@@ -135,9 +135,35 @@ impl Connection {
         );
         let span = error_span!("batch", files = offers.len(), size = total);
         let _enter = span.enter();
+        let files: Vec<BatchFile> = members
+            .iter()
+            .map(|m| {
+                m.file.try_clone().map(|file| BatchFile {
+                    file,
+                    size: m.offer.size,
+                    name: m.offer.name.clone(),
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| XferError::io("cannot read a file of a batch", e))?;
+        // Once the session's ring is known, the files are read while the
+        // receiver prepares for them: the MR only confirms the ring.
+        let read_ahead = self.session.expected_chunk_len();
         let tag = tracker.tag();
         let msg = self.session.start_batch(offers, tag).map_err(proto_err)?;
         self.control.send(&self.ep, &msg)?;
+        let mut input = Some(Input::Batch(files));
+        if let Some(chunk_len) = read_ahead
+            && let Some(files) = input.take()
+        {
+            pipe.read(ReadJob {
+                input: files,
+                name: name.clone(),
+                chunk_len,
+                digest: cfg.verify,
+                resume: None,
+            })?;
+        }
         while self.session.state() == SenderState::AwaitRing {
             match self.next_event(cfg, pipe, tracker, "the receiver's MR reply")? {
                 None | Some(SenderEvent::Ring(_)) => {}
@@ -147,6 +173,9 @@ impl Connection {
                         "batch refused, its files go one by one: {}",
                         crate::proto::escaped(&rej.reason)
                     );
+                    if input.is_none() {
+                        pipe.discard_read(cfg.timeout)?;
+                    }
                     let back = members
                         .into_iter()
                         .map(|m| Entry::File {
@@ -170,23 +199,19 @@ impl Connection {
             mr_exchange: started.elapsed(),
             ..Phases::default()
         };
+        if input.is_none() && read_ahead != Some(self.session.chunk_len()) {
+            return Err(FileError::Fatal(XferError::Internal(format!(
+                "the receiver's ring changed within the session (chunks of {} bytes, read \
+                 ahead in chunks of {read_ahead:?})",
+                self.session.chunk_len()
+            ))));
+        }
         let mut progress = cfg.progress.file_started(&name, total);
         let data_started = Instant::now();
-        let files: Vec<BatchFile> = members
-            .iter()
-            .map(|m| {
-                m.file.try_clone().map(|file| BatchFile {
-                    file,
-                    size: m.offer.size,
-                    name: m.offer.name.clone(),
-                })
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| XferError::io("cannot read a file of a batch", e))?;
         let (digest, each) = error_span!("phase", name = "data").in_scope(|| {
             self.pump_chunks(
                 cfg,
-                Input::Batch(files),
+                input,
                 &name,
                 false,
                 None,

@@ -77,6 +77,34 @@ impl Pipeline<'_> {
             .saturating_sub(usize::from(self.held.is_some()))
     }
 
+    /// Hands the reader its next job.
+    pub(super) fn read(&self, job: ReadJob) -> Result<(), XferError> {
+        self.jobs
+            .send(job)
+            .map_err(|_| XferError::Internal("the reader thread is gone".into()))
+    }
+
+    /// Takes back what the reader read for a job that is not sent after
+    /// all (a refused batch): every slot returns to it, until it is done.
+    pub(super) fn discard_read(&mut self, timeout: Duration) -> Result<(), XferError> {
+        if let Some((token, ..)) = self.held.take() {
+            let _ = self.free.send(token);
+        }
+        loop {
+            match self.filled.recv_timeout(timeout) {
+                Ok(ReaderMsg::Chunk { token, .. }) => {
+                    let _ = self.free.send(token);
+                }
+                Ok(ReaderMsg::Done(..) | ReaderMsg::Failed(..)) => return Ok(()),
+                Err(_) => {
+                    return Err(XferError::Internal(
+                        "the reader thread stalled or is gone".into(),
+                    ));
+                }
+            }
+        }
+    }
+
     /// A write completed: its slot goes back to the reader.
     pub(super) fn write_done(&mut self, wc: Completion) -> Result<(), XferError> {
         let token = wc.buffer.ok_or_else(|| {
@@ -145,7 +173,7 @@ impl Connection {
         let (digest, _) = error_span!("phase", name = "data").in_scope(|| {
             self.pump_chunks(
                 cfg,
-                input,
+                Some(input),
                 &name,
                 stream,
                 resume,
@@ -381,7 +409,7 @@ impl Connection {
     pub(super) fn pump_chunks(
         &mut self,
         cfg: &SenderConfig,
-        input: Input,
+        input: Option<Input>,
         name: &str,
         stream: bool,
         resume: Option<(u64, FileHasher)>,
@@ -389,16 +417,17 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(Digest, Vec<Digest>), FileError> {
-        let job = ReadJob {
-            input,
-            name: name.to_string(),
-            chunk_len: self.session.chunk_len(),
-            digest: cfg.verify,
-            resume,
-        };
-        pipe.jobs
-            .send(job)
-            .map_err(|_| XferError::Internal("the reader thread is gone".into()))?;
+        // None: the reader has the job already (`Pipeline::read_ahead`).
+        if let Some(input) = input {
+            let job = ReadJob {
+                input,
+                name: name.to_string(),
+                chunk_len: self.session.chunk_len(),
+                digest: cfg.verify,
+                resume,
+            };
+            pipe.read(job)?;
+        }
         let mut time = DataPathTimes::default();
         let digest = loop {
             if self.session.credits() > 0
