@@ -355,37 +355,58 @@ fn a_corrupted_batch_of_small_files_leaves_none_of_them() {
     let (src, dst) = dirs();
     let tree = src.path().join("t");
     std::fs::create_dir(&tree).unwrap();
+    // The session's first file goes alone (empty: no chunk to corrupt);
+    // the 30 after it go in one batch.
+    make_file(&tree.join("a-empty"), 0, 1);
     for i in 0..30u64 {
         make_file(&tree.join(format!("f{i:02}")), 1000 + i, 40 + 2 * i);
     }
     let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    let receiver = start_receiver(&net, port, dst.path(), &["-vv"]);
     let mut cmd = sender_cmd_with(
         &sender,
         &net,
         port,
         Path_::Wire,
         std::slice::from_ref(&tree),
-        &["-r"],
+        &["-r", "--json"],
     );
-    // The first chunk of the batch (all 30 files share it) is corrupted.
+    // The batch's first chunk (all 30 files share it) is corrupted.
     cmd.env("RDMA_XFER_FAULT", "corrupt-chunk:0");
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
     assert_eq!(sent.code(), 5, "{}", sent.stderr);
-    assert!(sent.stderr.contains("CRC32"), "{}", sent.stderr);
-    // Every file of the batch is reported failed, none is there.
+    // Every file of the batch is reported failed (CRC32), none is there.
+    let failed: Vec<&str> = sent
+        .stdout
+        .lines()
+        .filter(|l| l.contains(r#""event":"file""#) && !l.contains(r#""status":"ok""#))
+        .collect();
+    assert_eq!(failed.len(), 30, "{}", sent.stdout);
+    assert!(
+        failed.iter().all(|l| l.contains("CRC32")),
+        "{}",
+        sent.stdout
+    );
     for i in 0..30 {
+        let name = format!("t/f{i:02}");
         assert!(
-            sent.stderr.contains(&format!("t/f{i:02}")),
-            "f{i:02}:\n{}",
-            sent.stderr
+            failed.iter().any(|l| l.contains(&name)),
+            "{name}:\n{}",
+            sent.stdout
         );
     }
     let got = dst.path().join("t");
-    let left: Vec<_> = std::fs::read_dir(&got).unwrap().collect();
-    assert!(left.is_empty(), "{left:?}");
+    let left: Vec<_> = std::fs::read_dir(&got)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["a-empty"]);
     assert_no_temp_files(&got);
-    assert!(receiver.stderr_so_far().contains("CRC32"));
+    let log = receiver.stderr_so_far();
+    assert!(
+        log.contains("offer of a batch") && log.contains("CRC32"),
+        "{log}"
+    );
     assert_still_serves(&net, port, src.path(), dst.path());
 }
 

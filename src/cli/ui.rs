@@ -139,8 +139,12 @@ impl Progress for Ui {
     }
 
     fn file_started(&self, name: &str, size: u64) -> Box<dyn FileProgress> {
+        self.batch_started(name, size, 1)
+    }
+
+    fn batch_started(&self, name: &str, size: u64, files: u64) -> Box<dyn FileProgress> {
         match &self.bars {
-            Some(b) => Box::new(b.start(name, size)),
+            Some(b) => Box::new(b.start(name, size, files)),
             None => crate::engine::NoProgress.file_started(name, size),
         }
     }
@@ -230,11 +234,11 @@ impl Bars {
         bar.set_prefix(overall_prefix(&o));
     }
 
-    fn start(self: &Arc<Self>, name: &str, size: u64) -> FileBar {
+    fn start(self: &Arc<Self>, name: &str, size: u64, files: u64) -> FileBar {
         let mut o = self.lock();
         let overall = self.overall_bar(&mut o);
         if !o.planned {
-            o.files += 1;
+            o.files += files;
             overall.inc_length(size);
         }
         overall.set_prefix(overall_prefix(&o));
@@ -247,14 +251,15 @@ impl Bars {
             overall,
             bar,
             size,
+            files,
             done: 0,
             ok: false,
         }
     }
 
-    fn file_ended(&self, overall: &ProgressBar, unsent: u64) {
+    fn file_ended(&self, overall: &ProgressBar, unsent: u64, files: u64) {
         let mut o = self.lock();
-        o.done += 1;
+        o.done += files;
         overall.dec_length(unsent);
         overall.set_prefix(overall_prefix(&o));
     }
@@ -280,6 +285,8 @@ struct FileBar {
     overall: ProgressBar,
     bar: ProgressBar,
     size: u64,
+    /// Files it stands for (a batch: many).
+    files: u64,
     done: u64,
     ok: bool,
 }
@@ -312,6 +319,6 @@ impl Drop for FileBar {
         } else {
             self.size.saturating_sub(self.done)
         };
-        self.bars.file_ended(&self.overall, unsent);
+        self.bars.file_ended(&self.overall, unsent, self.files);
     }
 }

@@ -17,6 +17,12 @@ pub trait Progress: Send + Sync {
     /// the handle without [`FileProgress::finished`] means the file failed.
     fn file_started(&self, name: &str, size: u64) -> Box<dyn FileProgress>;
 
+    /// As `file_started`, for a batch of `files` small files sent (or
+    /// received) as one: the handle stands for all of them.
+    fn batch_started(&self, name: &str, size: u64, _files: u64) -> Box<dyn FileProgress> {
+        self.file_started(name, size)
+    }
+
     /// A line for the user on stderr (e.g. a receiver's failed session),
     /// printed so that it does not tear whatever the observer draws.
     fn notice(&self, line: &str) {

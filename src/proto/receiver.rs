@@ -792,16 +792,20 @@ impl ReceiverSession {
     /// file on its own, and those offers get each file's own answer (and
     /// count against `--max-files`; a refused batch does not).
     fn on_batch(&mut self, members: Vec<Hello>) -> Result<ReceiverEvent, RecvError> {
-        if self.refused_in_a_row >= MAX_REFUSALS_IN_A_ROW {
-            return Err(RecvError::SessionLimit(Reject::new(
-                RejectCode::Protocol,
-                format!(
-                    "the receiver refused the session's last {MAX_REFUSALS_IN_A_ROW} \
-                     offers in a row and ends it"
-                ),
-            )));
-        }
+        // A batch counts as one entry when offered, refused or not (so
+        // refused batches cannot go on for ever), its other files when
+        // accepted.
+        self.entries = self.entries.saturating_add(1);
         let refuse = |code, reason: String| Err(RecvError::Reject(Reject::new(code, reason)));
+        // Never the end of the session (the sender takes any REJECT of a
+        // batch as "one by one"): the next HELLO meets the limits and
+        // ends it with its reason.
+        if self.refused_in_a_row >= MAX_REFUSALS_IN_A_ROW || self.entries > self.cfg.max_files {
+            return refuse(
+                RejectCode::TooLarge,
+                "the session is at the receiver's limits: the files go one by one".into(),
+            );
+        }
         let count = members.len() as u64;
         let Some(first) = members.first() else {
             return refuse(RejectCode::Protocol, "a batch without files".into());
@@ -814,7 +818,7 @@ impl ReceiverSession {
                 ),
             );
         }
-        if self.entries.saturating_add(count) > self.cfg.max_files {
+        if (self.entries - 1).saturating_add(count) > self.cfg.max_files {
             return refuse(
                 RejectCode::TooLarge,
                 format!(
@@ -961,7 +965,10 @@ impl ReceiverSession {
         self.ring = ring;
         self.reset_file();
         self.refused_in_a_row = 0;
-        self.entries = self.entries.saturating_add(self.batch_files);
+        // The batch counted as one entry when offered.
+        self.entries = self
+            .entries
+            .saturating_add(self.batch_files.saturating_sub(1));
         // A resumed file continues its prefix: its chunks keep their
         // numbers (and so their slots) and their length.
         let (base_bytes, base_chunks, base_len) = self.base;
@@ -2606,14 +2613,18 @@ mod tests {
     #[test]
     fn a_batch_keeps_the_sessions_limits_without_ending_it() {
         let mut c = cfg(100, 4, 1);
-        c.max_files = 3;
+        c.max_files = 6;
         c.max_session_bytes = 250;
         c.max_size = 100;
         let mut r = ReceiverSession::new(c);
         sent(&mut r);
-        // Over --max-files, --max-session-size or --max-size: refused, not fatal.
+        // Over --max-files, --max-session-size or --max-size: refused, not
+        // fatal; each refused batch counts as one entry.
         for (m, why) in [
-            (batch(&["a", "b", "c", "d"], 1), "--max-files"),
+            (
+                batch(&["a", "b", "c", "d", "e", "f", "g"], 1),
+                "--max-files",
+            ),
             (batch(&["a", "b", "c"], 90), "--max-session-size"),
             (batch(&["a", "b"], 101), "at most 100 bytes"),
         ] {
@@ -2624,12 +2635,10 @@ mod tests {
             assert!(rej.reason.contains(why), "{why}: {}", rej.reason);
             assert_eq!(r.state(), ReceiverState::AwaitHello);
         }
-        // The engine refuses a batch (a file exists, say): its files do
-        // not count, so all three may still come one by one.
-        r.on_message(batch(&["a", "b", "c"], 1)).unwrap();
+        // The engine refuses one (a file exists, say): one entry more.
+        r.on_message(batch(&["a", "b"], 1)).unwrap();
         r.reject(RejectCode::Exists, "b exists".into()).unwrap();
-        // An accepted batch counts its files: two, then one HELLO, then
-        // the session is full.
+        // An accepted batch counts each of its files: 4 + 2 = 6, the limit.
         r.on_message(batch(&["a", "b"], 1)).unwrap();
         r.accept(ring(&c)).unwrap();
         r.on_chunk(2, 0).unwrap();
@@ -2641,9 +2650,29 @@ mod tests {
         };
         r.on_message(Message::Fin(fin)).unwrap();
         r.complete(AckStatus::Ok, String::new()).unwrap();
-        r.on_message(Message::Hello(hello("c", 1))).unwrap();
-        r.reject(RejectCode::Exists, "c".into()).unwrap();
-        let got = r.on_message(Message::Hello(hello("d", 1)));
+        // A batch past the limit is refused, and the next HELLO ends the
+        // session with the reason.
+        let got = r.on_message(batch(&["x"], 1));
+        assert!(matches!(got, Err(RecvError::Reject(_))), "{got:?}");
+        let got = r.on_message(Message::Hello(hello("c", 1)));
+        assert!(matches!(got, Err(RecvError::SessionLimit(_))), "{got:?}");
+    }
+
+    #[test]
+    fn refusals_in_a_row_end_the_session_at_a_hello_never_at_a_batch() {
+        let mut r = ReceiverSession::new(cfg(100, 4, 1));
+        sent(&mut r);
+        for i in 0..MAX_REFUSALS_IN_A_ROW {
+            let got = r.on_message(Message::Hello(hello(&format!("../{i}"), 1)));
+            assert!(matches!(got, Err(RecvError::Reject(_))), "{got:?}");
+        }
+        let got = r.on_message(batch(&["a"], 1));
+        let Err(RecvError::Reject(rej)) = got else {
+            panic!("{got:?}")
+        };
+        assert!(rej.reason.contains("one by one"), "{}", rej.reason);
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        let got = r.on_message(Message::Hello(hello("a", 1)));
         assert!(matches!(got, Err(RecvError::SessionLimit(_))), "{got:?}");
     }
 

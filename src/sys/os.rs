@@ -121,6 +121,24 @@ pub fn ensure_memlock(needed: u64) -> Result<()> {
     })
 }
 
+/// Raises the soft RLIMIT_NOFILE to the hard limit (best effort): a
+/// receiver keeps a batch's files open from its MR to its commit, up to a
+/// few hundred per session, and the default soft limit is 1024. Returns
+/// the soft limit now in force (None: unlimited).
+pub fn raise_open_files() -> Option<u64> {
+    let lim = rustix::process::getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        let raised = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if rustix::process::setrlimit(Resource::Nofile, raised).is_ok() {
+            return lim.maximum;
+        }
+    }
+    lim.current
+}
+
 /// The receiver's umask, which received modes are masked with (as scp
 /// does without -p).
 pub fn process_umask() -> u32 {

@@ -123,6 +123,9 @@ pub type OnFile<'a> = dyn Fn(FileEvent<'_>) + Sync + 'a;
 /// Serves sessions, each on its own thread, until SIGINT/SIGTERM; with
 /// `once`, exactly one session (whose status is then returned).
 pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError> {
+    // Every session may hold a batch's files open at once.
+    let open_files = crate::sys::os::raise_open_files();
+    tracing::debug!(?open_files, "open files limit");
     if cfg.stdout {
         if !cfg.once {
             return Err(XferError::Usage(

@@ -392,6 +392,7 @@ impl Session<'_, '_> {
             Message::Hello(h) => Some((h.name.clone(), h.size, h.digest)),
             _ => None,
         };
+        let batch = matches!(msg, Message::Batch(_));
         match self.machine.on_message(msg) {
             Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
             Ok(ReceiverEvent::Batch(members)) => self.on_batch(members)?,
@@ -441,6 +442,14 @@ impl Session<'_, '_> {
                     from: "sender",
                     source,
                 }));
+            }
+            // Not a verdict on any file: they come one by one next.
+            Err(RecvError::Reject(reject)) if batch => {
+                info!(
+                    code = reject.code.as_str(),
+                    "batch refused, its files come one by one: {}",
+                    escaped(&reject.reason)
+                );
             }
             Err(RecvError::Reject(reject)) => {
                 warn!(
@@ -549,7 +558,7 @@ impl Session<'_, '_> {
             Ok(p) => p,
             // Not final for its files: the sender offers them one by one.
             Err((code, reason)) => {
-                debug!(
+                info!(
                     code = code.as_str(),
                     "batch refused, its files come one by one: {}",
                     escaped(&reason)
@@ -568,7 +577,10 @@ impl Session<'_, '_> {
         let digest_alg = members.first().map_or(DigestAlg::Crc32, |h| h.digest);
         self.file = Some(IncomingFile {
             span: error_span!("batch", files = members.len(), size = total),
-            progress: self.cfg.progress.file_started(&name, total),
+            progress: self
+                .cfg
+                .progress
+                .batch_started(&name, total, members.len() as u64),
             name,
             size: total,
             digest_alg,

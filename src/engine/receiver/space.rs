@@ -26,6 +26,17 @@ impl SpaceLedger {
         bytes: u64,
         free: impl FnOnce() -> std::io::Result<FreeSpace>,
     ) -> Result<Promise, Refusal> {
+        self.promise_files(name, bytes, 1, free)
+    }
+
+    /// As `promise`, for `files` files at once (a batch): an inode each.
+    pub(super) fn promise_files(
+        self: &Arc<Self>,
+        name: &str,
+        bytes: u64,
+        files: u64,
+        free: impl FnOnce() -> std::io::Result<FreeSpace>,
+    ) -> Result<Promise, Refusal> {
         let mut outstanding = self
             .outstanding
             .lock()
@@ -39,10 +50,14 @@ impl SpaceLedger {
                 return Ok(Promise::none(self));
             }
         };
-        if free.inodes == 0 {
+        if free.inodes < files.max(1) {
             return Err((
                 RejectCode::NoSpace,
-                format!("no free inodes on the receiver's file system for {name}"),
+                format!(
+                    "{} free inodes on the receiver's file system, {name} needs {}",
+                    free.inodes,
+                    files.max(1)
+                ),
             ));
         }
         let available = free.bytes.saturating_sub(*outstanding);
@@ -184,11 +199,14 @@ mod tests {
         let ledger = Arc::new(SpaceLedger::default());
         let (code, why) = ledger.promise("f", 0, free(1 << 30, 0)).unwrap_err();
         assert_eq!(code, RejectCode::NoSpace);
-        assert!(why.contains("no free inodes"), "{why}");
+        assert!(why.contains("0 free inodes"), "{why}");
         assert!(
             ledger.promise("f", 0, free(0, 1)).is_ok(),
             "an empty file needs an inode only"
         );
+        // A batch needs an inode per file.
+        assert!(ledger.promise_files("b", 0, 3, free(0, 2)).is_err());
+        assert!(ledger.promise_files("b", 0, 3, free(0, 3)).is_ok());
         let unknown = ledger
             .promise("f", u64::MAX, || {
                 Err(std::io::Error::other("statvfs failed"))

@@ -355,27 +355,43 @@ impl FileStore {
                 "the receiver writes one file to its standard output (--stdout)".into(),
             ));
         };
-        let total = members.iter().fold(0u64, |t, h| t.saturating_add(h.size));
+        // Each file takes whole blocks (4 KiB on most file systems) and
+        // an inode: a batch of tiny files is not "a few bytes".
+        let total = members.iter().fold(0u64, |t, h| {
+            t.saturating_add(h.size.saturating_add(4095) & !4095)
+        });
         let what = format!("a batch of {} files", members.len());
-        let promise = ledger.promise(&what, total, || free_space(dir))?;
+        let files = members.len() as u64;
+        let promise = ledger.promise_files(&what, total, files, || free_space(dir))?;
         let mut batch = BatchSink::new(promise);
         let mut parents: std::collections::HashMap<&str, (Arc<DirFd>, (u64, u64))> =
             std::collections::HashMap::new();
+        // Every name is checked before any temporary file is made: a
+        // refused batch costs no file creation.
+        let mut targets = Vec::with_capacity(members.len());
         for h in members {
             let (dir_path, leaf) = h.name.rsplit_once('/').unwrap_or(("", h.name.as_str()));
             let (parent, identity) = match parents.get(dir_path) {
                 Some((p, id)) => (Arc::clone(p), *id),
                 None => {
                     let (p, _) = open_parent(root, &h.name)?;
-                    let id = p
-                        .identity()
-                        .map_err(|e| (RejectCode::Io, format!("cannot inspect {dir_path}: {e}")))?;
+                    let id = p.identity().map_err(|e| {
+                        let dir = if dir_path.is_empty() {
+                            "the output directory"
+                        } else {
+                            dir_path
+                        };
+                        (RejectCode::Io, format!("cannot inspect {dir}: {e}"))
+                    })?;
                     let p = Arc::new(p);
                     parents.insert(dir_path, (Arc::clone(&p), id));
                     (p, id)
                 }
             };
             check_final_name(&parent, leaf, &h.name, overwrite)?;
+            targets.push((h, parent, identity, leaf));
+        }
+        for (h, parent, identity, leaf) in targets {
             let temp = temp_name();
             // Marked before it exists: the sweep never sees it unmarked.
             let in_use = TempInUse::known(identity, &temp);
@@ -713,6 +729,67 @@ impl TempFile {
     }
 }
 
+/// fsyncs each directory of `members` once.
+fn sync_dirs(members: &[BatchMember]) -> Result<(), XferError> {
+    let mut synced = std::collections::HashSet::new();
+    for m in members {
+        let dir = m.name.rsplit_once('/').map_or("", |(d, _)| d);
+        if synced.insert(dir) {
+            m.temp.parent.sync().map_err(|e| {
+                XferError::io(format!("cannot fsync the directory of {}", m.name), e)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+impl TempFile {
+    /// The temporary name is still the file written, and without
+    /// `overwrite` the final name is still free.
+    fn check_before_rename(&self, name: &str, overwrite: bool) -> Result<(), XferError> {
+        let ctx = format!("cannot move into place {name}");
+        match self.parent.is_same(&self.temp, &self.file) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(XferError::io(
+                    ctx,
+                    std::io::Error::other(format!(
+                        "{} is no longer the file that was received: replaced meanwhile",
+                        self.temp
+                    )),
+                ));
+            }
+            Err(e) => return Err(XferError::io(ctx, e)),
+        }
+        if !overwrite && let Ok(Some(_)) = self.parent.kind(&self.leaf) {
+            return Err(XferError::io(
+                ctx,
+                std::io::Error::other(format!(
+                    "{name} appeared on the receiver meanwhile (it runs without --overwrite)"
+                )),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Renames a committed file back to its temporary name (removed when
+    /// dropped); false if it could not be (it then stays in place).
+    fn take_back(&mut self, name: &str) -> bool {
+        let ours = matches!(self.parent.is_same(&self.leaf, &self.file), Ok(true));
+        match ours.then(|| self.parent.rename(&self.leaf, &self.temp, true)) {
+            Some(Ok(())) => {
+                self.committed = false;
+                true
+            }
+            Some(Err(e)) => {
+                warn!("cannot take back {name} of a failed batch: {e}");
+                false
+            }
+            None => false,
+        }
+    }
+}
+
 /// One file of a batch: where its bytes are in the batch's data, and where
 /// they go.
 pub(super) struct BatchMember {
@@ -774,7 +851,9 @@ impl BatchSink {
             let to = (m.start + m.size).min(end);
             let part = &data[(from - offset) as usize..(to - offset) as usize];
             let crc = crc32fast::hash(part);
-            m.temp.write_chunk(part, from - m.start, crc)?;
+            m.temp
+                .write_chunk(part, from - m.start, crc)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", m.name)))?;
             if let Some(h) = m.hasher.as_mut() {
                 h.update(part, crc);
             }
@@ -791,26 +870,42 @@ impl BatchSink {
             .collect()
     }
 
-    /// fsync every file, then rename each into place, then fsync each
-    /// directory once. A failure leaves the files already renamed in place
-    /// (complete and verified); the others are removed when dropped.
+    /// fsync every file, check that every temporary name is still its file
+    /// and (without `overwrite`) that no final name appeared meanwhile,
+    /// then rename each into place and fsync each directory once. If a
+    /// rename still fails (a race, an I/O error), the files renamed before
+    /// it are taken back without `overwrite`: nothing of a failed batch
+    /// stays. With `overwrite` they replaced what was there; they stay,
+    /// complete and verified, and their directories are fsynced.
     fn commit(&mut self, overwrite: bool) -> Result<(), XferError> {
         for m in &mut self.members {
             m.temp.make_durable(&m.name, m.mode, m.mtime)?;
         }
-        for m in &mut self.members {
-            m.temp.move_into_place(&m.name, overwrite)?;
-        }
-        let mut synced = std::collections::HashSet::new();
         for m in &self.members {
-            let dir = m.name.rsplit_once('/').map_or("", |(d, _)| d);
-            if synced.insert(dir) {
-                m.temp.parent.sync().map_err(|e| {
-                    XferError::io(format!("cannot fsync the directory of {}", m.name), e)
-                })?;
-            }
+            m.temp.check_before_rename(&m.name, overwrite)?;
         }
-        Ok(())
+        let mut renamed = 0;
+        let result = self.members.iter_mut().try_for_each(|m| {
+            m.temp.move_into_place(&m.name, overwrite)?;
+            renamed += 1;
+            Ok::<(), XferError>(())
+        });
+        if let Err(e) = result {
+            let mut stayed = 0;
+            for m in &mut self.members[..renamed] {
+                if overwrite || !m.temp.take_back(&m.name) {
+                    stayed += 1;
+                }
+            }
+            if stayed > 0 {
+                if let Err(d) = sync_dirs(&self.members[..renamed]) {
+                    warn!("{d}");
+                }
+                warn!("{stayed} files of the failed batch stay in place, complete and verified");
+            }
+            return Err(e);
+        }
+        sync_dirs(&self.members)
     }
 }
 
@@ -971,7 +1066,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_batch_leaves_only_what_was_renamed_before_the_failure() {
+    fn a_failed_batch_leaves_none_of_its_files() {
         let root = tempfile::tempdir().unwrap();
         let mut s = store(root.path());
         let data = [7u8; 6];
@@ -987,15 +1082,25 @@ mod tests {
         let sink = batch_of(&mut s, root.path(), &[("x", 3), ("y", 3)], &data, 4);
         drop(sink);
         assert!(entries(root.path()).is_empty());
-        // "z" appears meanwhile (no --overwrite): "w" is in place, "z"
-        // is not replaced, and no temporary file is left.
+        // "z" appears before the commit (no --overwrite): found before any
+        // rename, so "w" is not in place either, "z" is not replaced, and no
+        // temporary file is left.
         let mut sink = batch_of(&mut s, root.path(), &[("w", 3), ("z", 3)], &data, 4);
         std::fs::write(root.path().join("z"), b"theirs").unwrap();
         let err = commit(&mut sink, "batch", 0, None, false).unwrap_err();
-        assert!(err.to_string().contains("z"), "{err}");
+        assert!(err.to_string().contains("z appeared"), "{err}");
+        drop(sink);
+        assert_eq!(entries(root.path()), ["z"]);
+        assert_eq!(std::fs::read(root.path().join("z")).unwrap(), b"theirs");
+        // With --overwrite it is replaced, with the rest of the batch.
+        let members = [hello("w", 3), hello("z", 3)];
+        let mut b = s.create_batch(&members, true, root.path(), 0).unwrap();
+        b.write_chunk(&data, 0).unwrap();
+        let mut sink = Sink::Batch(Box::new(b));
+        commit(&mut sink, "batch", 0, None, true).unwrap();
         drop(sink);
         assert_eq!(entries(root.path()), ["w", "z"]);
-        assert_eq!(std::fs::read(root.path().join("z")).unwrap(), b"theirs");
+        assert_eq!(std::fs::read(root.path().join("z")).unwrap(), &data[3..]);
     }
 
     #[test]

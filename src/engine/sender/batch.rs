@@ -7,7 +7,7 @@
 use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
 use crate::engine::entries::Entry;
-use crate::engine::reader::{BatchFile, Input, ReadJob};
+use crate::engine::reader::{BatchFile, Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
@@ -40,11 +40,18 @@ pub(super) fn take_batch(
     let mtime = |e: &Entry| matches!(e, Entry::File { mtime: Some(_), .. });
     let mut room = BATCH_ROOM.saturating_sub(batch_member_len(first.name(), mtime(&first)));
     let mut bytes = first.size();
+    // Names given twice on the command line (`a/f b/f`) never share a
+    // batch (the receiver refuses that).
+    let mut names = std::collections::HashSet::from([first.name().to_string()]);
     let mut batch = vec![first];
     while batch.len() < MAX_BATCH_FILES {
         let Some(next) = queue.front() else { break };
         let len = batch_member_len(next.name(), mtime(next));
-        if !batchable(cfg, next) || len > room || bytes + next.size() > BATCH_BYTES_MAX {
+        if !batchable(cfg, next)
+            || len > room
+            || bytes + next.size() > BATCH_BYTES_MAX
+            || !names.insert(next.name().to_string())
+        {
             break;
         }
         room -= len;
@@ -57,8 +64,9 @@ pub(super) fn take_batch(
 /// What became of a batch.
 pub(super) enum Batched {
     /// Sent; its verdict comes later (or its files failed to open, each
-    /// reported).
-    Sent,
+    /// reported). `alone`: files that grew past the batch limit since the
+    /// walk, to be sent on their own.
+    Sent { alone: Vec<Entry> },
     /// The receiver refused the batch: these files go one by one.
     Refused(Vec<Entry>),
 }
@@ -84,6 +92,7 @@ impl Connection {
     ) -> Result<Batched, XferError> {
         let started = Instant::now();
         let mut members = Vec::with_capacity(entries.len());
+        let mut alone = Vec::new();
         for entry in entries {
             let Entry::File {
                 path,
@@ -96,19 +105,24 @@ impl Connection {
                 continue;
             };
             match open_member(cfg, &path, name.clone(), opened, mtime) {
+                Ok(m) if m.offer.size > BATCH_FILE_MAX => alone.push(m.into_entry()),
                 Ok(m) => members.push(m),
                 Err(e) => tracker.fail(&name, size, Some(started), e),
             }
         }
         if members.is_empty() {
-            return Ok(Batched::Sent);
+            return Ok(Batched::Sent { alone });
         }
         let sizes: Vec<(String, u64)> = members
             .iter()
             .map(|m| (m.offer.name.clone(), m.offer.size))
             .collect();
         match self.offer_and_send(cfg, members, started, pipe, tracker) {
-            Ok(batched) => Ok(batched),
+            Ok(Batched::Sent { .. }) => Ok(Batched::Sent { alone }),
+            Ok(Batched::Refused(mut back)) => {
+                back.append(&mut alone);
+                Ok(Batched::Refused(back))
+            }
             Err(FileError::Fatal(e) | FileError::Continue(e)) => {
                 for (name, size) in &sizes {
                     tracker.report(name, *size, Some(started), &e, true);
@@ -174,18 +188,9 @@ impl Connection {
                         crate::proto::escaped(&rej.reason)
                     );
                     if input.is_none() {
-                        pipe.discard_read(cfg.timeout)?;
+                        self.discard_read(cfg, pipe, tracker)?;
                     }
-                    let back = members
-                        .into_iter()
-                        .map(|m| Entry::File {
-                            path: m.path,
-                            size: m.offer.size,
-                            name: m.offer.name,
-                            opened: Some(m.file),
-                            mtime: m.offer.mtime,
-                        })
-                        .collect();
+                    let back = members.into_iter().map(Member::into_entry).collect();
                     return Ok(Batched::Refused(back));
                 }
                 Some(SenderEvent::Aborted(ack)) => {
@@ -200,13 +205,15 @@ impl Connection {
             ..Phases::default()
         };
         if input.is_none() && read_ahead != Some(self.session.chunk_len()) {
-            return Err(FileError::Fatal(XferError::Internal(format!(
-                "the receiver's ring changed within the session (chunks of {} bytes, read \
-                 ahead in chunks of {read_ahead:?})",
-                self.session.chunk_len()
-            ))));
+            return Err(FileError::Fatal(XferError::Protocol {
+                context: Some("the receiver's MR for a batch".into()),
+                source: crate::proto::ProtocolError::BadRing {
+                    reason: "its slots changed within the session",
+                },
+            }));
         }
-        let mut progress = cfg.progress.file_started(&name, total);
+        let files = members.len() as u64;
+        let mut progress = cfg.progress.batch_started(&name, total, files);
         let data_started = Instant::now();
         let (digest, each) = error_span!("phase", name = "data").in_scope(|| {
             self.pump_chunks(
@@ -240,7 +247,57 @@ impl Connection {
         self.control.send(&self.ep, &fin)?;
         debug!(files = members.len(), bytes = total, "FIN sent");
         tracker.await_batch_verdict(tag, reports, progress);
-        Ok(Batched::Sent)
+        Ok(Batched::Sent { alone: Vec::new() })
+    }
+
+    /// Takes back what the reader read ahead for a batch that was refused:
+    /// every slot returns to it until it is done. The completions of
+    /// earlier writes are handled meanwhile (they free the slots the
+    /// reader may be waiting for).
+    fn discard_read(
+        &mut self,
+        cfg: &SenderConfig,
+        pipe: &mut super::pump::Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), FileError> {
+        if let Some((token, ..)) = pipe.held.take() {
+            let _ = pipe.free.send(token);
+        }
+        let since = Instant::now();
+        loop {
+            match pipe
+                .filled
+                .recv_timeout(std::time::Duration::from_millis(100))
+            {
+                Ok(ReaderMsg::Chunk { token, .. }) => {
+                    let _ = pipe.free.send(token);
+                }
+                Ok(ReaderMsg::Done(..) | ReaderMsg::Failed(..)) => return Ok(()),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                    if since.elapsed() < cfg.timeout =>
+                {
+                    self.poll_events(pipe, tracker)?;
+                }
+                Err(_) => {
+                    return Err(FileError::Fatal(XferError::Internal(
+                        "the reader thread stalled or is gone".into(),
+                    )));
+                }
+            }
+        }
+    }
+}
+
+impl Member {
+    /// Back to an entry (its file stays open) to be sent on its own.
+    fn into_entry(self) -> Entry {
+        Entry::File {
+            path: self.path,
+            size: self.offer.size,
+            name: self.offer.name,
+            opened: Some(self.file),
+            mtime: self.offer.mtime,
+        }
     }
 }
 

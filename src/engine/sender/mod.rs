@@ -126,6 +126,8 @@ pub fn send_files(
     mut on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, XferError> {
     let started = Instant::now();
+    // A batch keeps its files open until its data is sent.
+    crate::sys::os::raise_open_files();
     // Files acknowledged or failed for good: not offered again.
     let mut settled: HashSet<String> = HashSet::new();
     let mut total = SessionOutcome::default();
@@ -471,16 +473,19 @@ impl Connection {
             let entry = if unbatched > 0 {
                 unbatched -= 1;
                 entry
-            } else if batch::batchable(cfg, &entry) {
+            } else if batch::batchable(cfg, &entry)
+                // The session's first file goes alone: its HELLO checks
+                // the receiver's version, its MR makes the ring known (a
+                // batch is then read while the receiver prepares it).
+                && self.session.expected_chunk_len().is_some()
+            {
                 let mut files = batch::take_batch(cfg, entry, &mut queue);
                 if files.len() > 1 {
-                    if let batch::Batched::Refused(back) =
-                        self.send_batch(cfg, files, pipe, tracker)?
-                    {
-                        unbatched = back.len();
-                        for e in back.into_iter().rev() {
-                            queue.push_front(e);
-                        }
+                    let (batch::Batched::Sent { alone: back } | batch::Batched::Refused(back)) =
+                        self.send_batch(cfg, files, pipe, tracker)?;
+                    unbatched = back.len();
+                    for e in back.into_iter().rev() {
+                        queue.push_front(e);
                     }
                     continue;
                 }

@@ -84,27 +84,6 @@ impl Pipeline<'_> {
             .map_err(|_| XferError::Internal("the reader thread is gone".into()))
     }
 
-    /// Takes back what the reader read for a job that is not sent after
-    /// all (a refused batch): every slot returns to it, until it is done.
-    pub(super) fn discard_read(&mut self, timeout: Duration) -> Result<(), XferError> {
-        if let Some((token, ..)) = self.held.take() {
-            let _ = self.free.send(token);
-        }
-        loop {
-            match self.filled.recv_timeout(timeout) {
-                Ok(ReaderMsg::Chunk { token, .. }) => {
-                    let _ = self.free.send(token);
-                }
-                Ok(ReaderMsg::Done(..) | ReaderMsg::Failed(..)) => return Ok(()),
-                Err(_) => {
-                    return Err(XferError::Internal(
-                        "the reader thread stalled or is gone".into(),
-                    ));
-                }
-            }
-        }
-    }
-
     /// A write completed: its slot goes back to the reader.
     pub(super) fn write_done(&mut self, wc: Completion) -> Result<(), XferError> {
         let token = wc.buffer.ok_or_else(|| {
