@@ -1238,6 +1238,26 @@ fn legal_rx(
             Some(a) => RxAction::Msg(a.good_prove()),
             None => RxAction::Msg(Message::Bye),
         },
+        // Now and then a batch of small files (one to four).
+        AwaitHello if seed % 7 == 6 => {
+            let digest = if auth.is_some() || seed.is_multiple_of(2) {
+                DigestAlg::Sha256
+            } else {
+                DigestAlg::Crc32
+            };
+            let members = (0..1 + seed % 4)
+                .map(|i| Hello {
+                    version: PROTOCOL_VERSION,
+                    caps: 0,
+                    name: format!("b{}/{i}", m.files),
+                    size: u64::from((seed / 7 + i * 13) % 300).min(cfg.max_size),
+                    mode: 0o644,
+                    digest,
+                    mtime: None,
+                })
+                .collect();
+            RxAction::Msg(Message::Batch(members))
+        }
         AwaitHello => {
             // Files (names or paths), streams, directories; now and then an
             // older sender's HELLO.
@@ -2097,6 +2117,9 @@ enum TxAction {
     StreamChunk(u32),
     Finish(Option<DigestAlg>),
     Close,
+    /// Small files offered together (BATCH): their sizes, one digest (or,
+    /// now and then, a second one for the last file).
+    StartBatch(Vec<u64>, DigestAlg, Option<DigestAlg>),
     /// The engine's answer to a HAVE, as the seed picks: FROM 0 or the
     /// prefix, COMPARE (its SHA-256) for a complete copy; now and then one
     /// that does not fit (FROM past the prefix, FROM of a complete copy's
@@ -2121,8 +2144,15 @@ fn tx_action() -> impl Strategy<Value = TxAction> {
         .prop_map(|(size, digest, kind)| TxAction::Start { size, digest, kind });
     let ack = prop_oneof![3 => Just(AckStatus::Ok), 1 => ack_status()];
     let finish = prop_oneof![4 => Just(None), 1 => digest_alg().prop_map(Some)];
+    let batch = (
+        proptest::collection::vec(prop_oneof![4 => 0u64..100, 1 => size()], 0..5),
+        digest_alg(),
+        prop_oneof![4 => Just(None), 1 => digest_alg().prop_map(Some)],
+    )
+        .prop_map(|(sizes, d, other)| TxAction::StartBatch(sizes, d, other));
     prop_oneof![
         2 => start,
+        1 => batch,
         3 => message().prop_map(TxAction::Msg),
         2 => ring().prop_map(|r| TxAction::Msg(Message::Mr(r))),
         3 => (0u32..10).prop_map(TxAction::CreditLike),
@@ -2201,6 +2231,13 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
             }
         }
         Idle if m.pending.len() >= MAX_PENDING => TxAction::AckLike(AckStatus::Ok),
+        Idle if seed % 7 == 6 => TxAction::StartBatch(
+            (0..1 + seed % 4)
+                .map(|i| u64::from((seed / 7 + i * 13) % 300))
+                .collect(),
+            DigestAlg::Sha256,
+            None,
+        ),
         Idle => TxAction::Start {
             size: u64::from(seed % 300),
             digest: if seed.is_multiple_of(3) {
@@ -2304,6 +2341,70 @@ fn check_sender(
         let front = m.pending.front().copied();
         match action {
             TxAction::Legal(_) => unreachable!(),
+            TxAction::StartBatch(sizes, digest, other) => {
+                let n = sizes.len();
+                let offers: Vec<FileOffer> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &size)| FileOffer {
+                        name: format!("b/{i}"),
+                        size,
+                        mode: 0o644,
+                        digest: match other {
+                            Some(d) if i + 1 == n => d,
+                            _ => digest,
+                        },
+                        kind: OfferKind::File,
+                        mtime: None,
+                        keep_mode: false,
+                        resume: false,
+                    })
+                    .collect();
+                let total = sizes.iter().try_fold(0u64, |t, &x| t.checked_add(x));
+                let mixed = other.is_some_and(|d| d != digest) && n > 1;
+                let tag = m.next_tag;
+                m.next_tag += 1;
+                match s.start_batch(offers, tag) {
+                    Ok(msg) => {
+                        prop_assert_eq!(before, Idle);
+                        prop_assert!(token.is_none() || proven, "BATCH before AUTH_OK");
+                        prop_assert!(m.pending.len() < MAX_PENDING);
+                        prop_assert!(n > 0 && !mixed, "a batch of {} files, mixed {}", n, mixed);
+                        let Message::Batch(members) = msg else {
+                            return Err(TestCaseError::fail("start_batch gave no BATCH"));
+                        };
+                        prop_assert_eq!(members.len(), n);
+                        for (h, &size) in members.iter().zip(&sizes) {
+                            prop_assert_eq!(
+                                (h.size, h.caps, h.version),
+                                (size, 0, PROTOCOL_VERSION)
+                            );
+                        }
+                        prop_assert_eq!(s.state(), AwaitRing);
+                        m.tag = tag;
+                        m.have = None;
+                        m.base_len = 0;
+                        m.size = total.unwrap_or(u64::MAX);
+                        m.stream = false;
+                        m.short = false;
+                        m.digest = digest;
+                        m.planned = 0;
+                        m.chunks = 0;
+                        TX.hit(8);
+                    }
+                    Err(_) => {
+                        prop_assert!(
+                            before != Idle
+                                || m.pending.len() >= MAX_PENDING
+                                || n == 0
+                                || mixed
+                                || total.is_none(),
+                            "a good batch refused"
+                        );
+                        prop_assert_eq!(s.state(), before);
+                    }
+                }
+            }
             TxAction::Start { size, digest, kind } => {
                 // Now and then a file offered for resuming (with its mtime).
                 let resume = kind == OfferKind::File && size % 5 == 2;
@@ -2830,7 +2931,8 @@ fn machine_sender() {
         || {
             format!(
                 "{} greetings, {} rings granted ({} after a resumed prefix), {} chunks \
-                 planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same)",
+                 planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same), \
+                 {} batches offered",
                 TX.get(4),
                 TX.get(0),
                 TX.get(5),
@@ -2838,7 +2940,8 @@ fn machine_sender() {
                 TX.get(2),
                 TX.get(3),
                 TX.get(7),
-                TX.get(6)
+                TX.get(6),
+                TX.get(8)
             )
         },
     );
