@@ -2362,6 +2362,8 @@ fn check_sender(
                     .collect();
                 let total = sizes.iter().try_fold(0u64, |t, &x| t.checked_add(x));
                 let mixed = other.is_some_and(|d| d != digest) && n > 1;
+                // The batch's digest is its files' (the first one's).
+                let digest = offers.first().map_or(digest, |o| o.digest);
                 let tag = m.next_tag;
                 m.next_tag += 1;
                 match s.start_batch(offers, tag) {
