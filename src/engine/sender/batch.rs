@@ -11,11 +11,10 @@ use crate::engine::reader::{BatchFile, Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
-    BATCH_ROOM, FileOffer, MAX_BATCH_FILES, OfferKind, SenderEvent, SenderState, batch_member_len,
+    BATCH_ROOM, FileOffer, MAX_BATCH_FILES, SenderEvent, SenderState, batch_member_len,
 };
 use std::collections::VecDeque;
 use std::fs::File;
-use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 use tracing::{debug, error_span};
 
@@ -309,32 +308,12 @@ fn open_member(
     opened: Option<File>,
     mtime: Option<crate::proto::Mtime>,
 ) -> Result<Member, XferError> {
-    let file = match opened {
-        Some(f) => f,
-        None => File::open(path)
-            .map_err(|e| XferError::io(format!("cannot open {}", path.display()), e))?,
-    };
-    let meta = file
-        .metadata()
-        .map_err(|e| XferError::io(format!("cannot stat {}", path.display()), e))?;
-    if !meta.is_file() {
-        return Err(XferError::Usage(format!(
-            "{} is no longer a regular file",
-            path.display()
-        )));
-    }
+    let (mut offer, file) = super::open_offer(cfg, path, name, opened, mtime)?;
+    // Never resumed (batchable() sends no file of a --resume run here).
+    offer.resume = false;
     Ok(Member {
         path: path.to_path_buf(),
-        offer: FileOffer {
-            resume: false,
-            name,
-            size: meta.len(),
-            mode: meta.permissions().mode() & 0o7777,
-            digest: cfg.verify,
-            kind: OfferKind::File,
-            mtime,
-            keep_mode: cfg.walk.preserve,
-        },
+        offer,
         file,
     })
 }

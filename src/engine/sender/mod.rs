@@ -623,31 +623,8 @@ impl Connection {
                 mtime,
                 ..
             } => {
-                let opened = match opened {
-                    Some(f) => Ok(f),
-                    None => File::open(&path),
-                };
-                let cannot = |what: &str, e| {
-                    FileError::Continue(XferError::io(format!("{what} {}", path.display()), e))
-                };
-                let file = opened.map_err(|e| cannot("cannot open", e))?;
-                let meta = file.metadata().map_err(|e| cannot("cannot stat", e))?;
-                if !meta.is_file() {
-                    return Err(FileError::Continue(XferError::Usage(format!(
-                        "{} is no longer a regular file",
-                        path.display()
-                    ))));
-                }
-                let offer = FileOffer {
-                    resume: cfg.resume,
-                    name,
-                    size: meta.len(),
-                    mode: meta.permissions().mode() & 0o7777,
-                    digest: cfg.verify,
-                    kind: OfferKind::File,
-                    mtime,
-                    keep_mode: cfg.walk.preserve,
-                };
+                let (offer, file) =
+                    open_offer(cfg, &path, name, opened, mtime).map_err(FileError::Continue)?;
                 let size = offer.size;
                 (offer, Input::File { file, size })
             }
@@ -811,6 +788,41 @@ impl Connection {
     fn abort(&mut self) {
         self.ep.cm_id().disconnect(Duration::from_secs(1));
     }
+}
+
+/// Opens a file to send (unless it was opened already) and makes its
+/// offer from what it is now: size and mode as measured, a regular file
+/// still.
+fn open_offer(
+    cfg: &SenderConfig,
+    path: &std::path::Path,
+    name: String,
+    opened: Option<File>,
+    mtime: Option<crate::proto::Mtime>,
+) -> Result<(FileOffer, File), XferError> {
+    let cannot = |what: &str, e| XferError::io(format!("{what} {}", path.display()), e);
+    let file = match opened {
+        Some(f) => f,
+        None => File::open(path).map_err(|e| cannot("cannot open", e))?,
+    };
+    let meta = file.metadata().map_err(|e| cannot("cannot stat", e))?;
+    if !meta.is_file() {
+        return Err(XferError::Usage(format!(
+            "{} is no longer a regular file",
+            path.display()
+        )));
+    }
+    let offer = FileOffer {
+        resume: cfg.resume,
+        name,
+        size: meta.len(),
+        mode: meta.permissions().mode() & 0o7777,
+        digest: cfg.verify,
+        kind: OfferKind::File,
+        mtime,
+        keep_mode: cfg.walk.preserve,
+    };
+    Ok((offer, file))
 }
 
 fn proto_err(e: ProtocolError) -> FileError {

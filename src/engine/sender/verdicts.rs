@@ -104,13 +104,12 @@ impl Tracker<'_> {
         report: FileReport,
         progress: Box<dyn FileProgress>,
     ) {
-        let entry = PendingEntry::File {
+        self.await_ack(tag, |fin_sent, span| PendingEntry::File {
             report,
-            fin_sent: Instant::now(),
-            span: tracing::error_span!("phase", name = "fsync+verify"),
+            fin_sent,
+            span,
             progress,
-        };
-        self.pending.insert(tag, entry);
+        });
     }
 
     /// A batch whose FIN went out awaits the receiver's ACK.
@@ -120,13 +119,19 @@ impl Tracker<'_> {
         reports: Vec<FileReport>,
         progress: Box<dyn FileProgress>,
     ) {
-        let entry = PendingEntry::Batch {
+        self.await_ack(tag, |fin_sent, span| PendingEntry::Batch {
             reports,
-            fin_sent: Instant::now(),
-            span: tracing::error_span!("phase", name = "fsync+verify"),
+            fin_sent,
+            span,
             progress,
-        };
-        self.pending.insert(tag, entry);
+        });
+    }
+
+    /// Records an entry awaiting its ACK from now, in its "fsync+verify"
+    /// phase span.
+    fn await_ack(&mut self, tag: u64, entry: impl FnOnce(Instant, tracing::Span) -> PendingEntry) {
+        let span = tracing::error_span!("phase", name = "fsync+verify");
+        self.pending.insert(tag, entry(Instant::now(), span));
     }
 
     /// A tag for the next entry offered.
