@@ -50,13 +50,18 @@ impl SpaceLedger {
                 return Ok(Promise::none(self));
             }
         };
-        if free.inodes < files.max(1) {
+        if free.inodes == 0 {
+            return Err((
+                RejectCode::NoSpace,
+                format!("no free inodes on the receiver's file system for {name}"),
+            ));
+        }
+        if free.inodes < files {
             return Err((
                 RejectCode::NoSpace,
                 format!(
-                    "{} free inodes on the receiver's file system, {name} needs {}",
-                    free.inodes,
-                    files.max(1)
+                    "{name} needs {files} inodes; the receiver's file system has {} free",
+                    free.inodes
                 ),
             ));
         }
@@ -199,7 +204,7 @@ mod tests {
         let ledger = Arc::new(SpaceLedger::default());
         let (code, why) = ledger.promise("f", 0, free(1 << 30, 0)).unwrap_err();
         assert_eq!(code, RejectCode::NoSpace);
-        assert!(why.contains("0 free inodes"), "{why}");
+        assert!(why.contains("no free inodes"), "{why}");
         assert!(
             ledger.promise("f", 0, free(0, 1)).is_ok(),
             "an empty file needs an inode only"
