@@ -1031,8 +1031,16 @@ fn a_plain_write_after_a_chunk_cannot_change_what_is_stored() {
         let case = format!("session {}", round + 1);
         let run = run_raw_client(&net, s.port, None, &steps, CLIENT_TIMEOUT);
         let transcript = run.transcript();
+        // The rewrites were all made, or the receiver, having copied a
+        // slot some of them had reached already, failed the check and
+        // hung up while the rest were still in flight.
+        let cut_short = run
+            .of_kind("ACK")
+            .iter()
+            .any(|l| l.starts_with("ACK status=integrity"))
+            && transcript.contains("peer disconnected while waiting for the RDMA write");
         assert!(
-            run.lines().iter().any(|l| l.starts_with("REWRITE_OK ")),
+            cut_short || run.lines().iter().any(|l| l.starts_with("REWRITE_OK ")),
             "{case}: the plain writes were not tried:\n{transcript}"
         );
         let acked = run
