@@ -120,19 +120,7 @@ impl Reader<'_> {
                 Ok(crc) => ReaderMsg::Chunk { token, len, crc },
                 Err(e) => {
                     self.spare = Some(token);
-                    let (context, e) = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        let why = format!(
-                            "it had {size} bytes when the transfer started and now ends before \
-                             byte {}",
-                            offset + u64::from(len)
-                        );
-                        (
-                            format!("{} shrank while being sent", job.name),
-                            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, why),
-                        )
-                    } else {
-                        (format!("cannot read {} at offset {offset}", job.name), e)
-                    };
+                    let (context, e) = read_failure(&job.name, size, offset, len as usize, e);
                     let _ = self.out.send(ReaderMsg::Failed(context, e));
                     return true;
                 }
@@ -180,20 +168,7 @@ impl Reader<'_> {
                 let dst = &mut data[filled..filled + part];
                 if let Err(e) = f.file.read_exact_at(dst, at) {
                     self.spare = Some(token);
-                    let (context, e) = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        let why = format!(
-                            "it had {} bytes when the transfer started and now ends before \
-                             byte {}",
-                            f.size,
-                            at + part as u64
-                        );
-                        (
-                            format!("{} shrank while being sent", f.name),
-                            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, why),
-                        )
-                    } else {
-                        (format!("cannot read {} at offset {at}", f.name), e)
-                    };
+                    let (context, e) = read_failure(&f.name, f.size, at, part, e);
                     let _ = self.out.send(ReaderMsg::Failed(context, e));
                     return true;
                 }
@@ -309,5 +284,28 @@ impl Reader<'_> {
                     .is_ok();
             }
         }
+    }
+}
+
+/// What a failed read of `len` bytes at `offset` of `name` (`size` bytes
+/// when offered) says: that the file shrank, or why it cannot be read.
+fn read_failure(
+    name: &str,
+    size: u64,
+    offset: u64,
+    len: usize,
+    e: std::io::Error,
+) -> (String, std::io::Error) {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        let why = format!(
+            "it had {size} bytes when the transfer started and now ends before byte {}",
+            offset + len as u64
+        );
+        (
+            format!("{name} shrank while being sent"),
+            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, why),
+        )
+    } else {
+        (format!("cannot read {name} at offset {offset}"), e)
     }
 }

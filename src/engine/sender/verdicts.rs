@@ -16,21 +16,15 @@ pub(super) enum PendingEntry {
         name: String,
         started: Instant,
     },
-    /// A file whose FIN went out; its report lacks only the verdict. Its
-    /// log span (the "fsync+verify" phase of its file span) goes with it:
-    /// the verdict may come during another file.
-    File {
-        report: FileReport,
-        fin_sent: Instant,
-        span: tracing::Span,
-        /// Finished on ACK(ok); dropped unfinished on a failure.
-        progress: Box<dyn FileProgress>,
-    },
-    /// A batch whose FIN went out: one verdict for all its files.
-    Batch {
+    /// A file, or a batch of files, whose FIN went out: one verdict for
+    /// all of them; their reports lack only that. Its log span (the
+    /// "fsync+verify" phase) goes with it: the verdict may come during
+    /// another entry.
+    Files {
         reports: Vec<FileReport>,
         fin_sent: Instant,
         span: tracing::Span,
+        /// Finished on ACK(ok); dropped unfinished on a failure.
         progress: Box<dyn FileProgress>,
     },
 }
@@ -41,10 +35,7 @@ impl PendingEntry {
     pub(super) fn names(&self) -> Vec<(String, u64, Instant)> {
         match self {
             PendingEntry::Dir { name, started } => vec![(name.clone(), 0, *started)],
-            PendingEntry::File {
-                report, fin_sent, ..
-            } => vec![(report.name.clone(), report.bytes, *fin_sent)],
-            PendingEntry::Batch {
+            PendingEntry::Files {
                 reports, fin_sent, ..
             } => reports
                 .iter()
@@ -104,34 +95,25 @@ impl Tracker<'_> {
         report: FileReport,
         progress: Box<dyn FileProgress>,
     ) {
-        self.await_ack(tag, |fin_sent, span| PendingEntry::File {
-            report,
-            fin_sent,
-            span,
-            progress,
-        });
+        self.await_batch_verdict(tag, vec![report], progress);
     }
 
-    /// A batch whose FIN went out awaits the receiver's ACK.
+    /// A batch whose FIN went out awaits the receiver's ACK, from now, in
+    /// its "fsync+verify" phase span.
     pub(super) fn await_batch_verdict(
         &mut self,
         tag: u64,
         reports: Vec<FileReport>,
         progress: Box<dyn FileProgress>,
     ) {
-        self.await_ack(tag, |fin_sent, span| PendingEntry::Batch {
+        let span = tracing::error_span!("phase", name = "fsync+verify");
+        let entry = PendingEntry::Files {
             reports,
-            fin_sent,
+            fin_sent: Instant::now(),
             span,
             progress,
-        });
-    }
-
-    /// Records an entry awaiting its ACK from now, in its "fsync+verify"
-    /// phase span.
-    fn await_ack(&mut self, tag: u64, entry: impl FnOnce(Instant, tracing::Span) -> PendingEntry) {
-        let span = tracing::error_span!("phase", name = "fsync+verify");
-        self.pending.insert(tag, entry(Instant::now(), span));
+        };
+        self.pending.insert(tag, entry);
     }
 
     /// A tag for the next entry offered.
@@ -157,33 +139,7 @@ impl Tracker<'_> {
         };
         match (sent, entry, verdict) {
             (
-                PendingEntry::File {
-                    mut report,
-                    fin_sent,
-                    span,
-                    mut progress,
-                },
-                Pending::File,
-                Verdict::Ack(ack),
-            ) => {
-                let _enter = span.enter();
-                report.phases.commit = fin_sent.elapsed();
-                report.elapsed += report.phases.commit;
-                if ack.status == AckStatus::Ok {
-                    progress.finished();
-                    drop(progress);
-                    report.phases.log(&report.name, report.bytes);
-                    (self.on_file)(FileEvent::Done(&report));
-                    self.outcome.files.push(report);
-                } else {
-                    drop(progress);
-                    let err = ack_error(ack.status, ack.reason);
-                    let started = Instant::now().checked_sub(report.elapsed);
-                    self.fail(&report.name, report.bytes, started, err);
-                }
-            }
-            (
-                PendingEntry::Batch {
+                PendingEntry::Files {
                     reports,
                     fin_sent,
                     span,
@@ -193,7 +149,8 @@ impl Tracker<'_> {
                 Verdict::Ack(ack),
             ) => {
                 let _enter = span.enter();
-                // Each file's share, as for the batch's other phases.
+                // A batch's files share its commit time evenly, as its
+                // other phases.
                 let n = u32::try_from(reports.len()).unwrap_or(u32::MAX).max(1);
                 let commit = fin_sent.elapsed() / n;
                 if ack.status == AckStatus::Ok {
@@ -204,6 +161,7 @@ impl Tracker<'_> {
                     report.phases.commit = commit;
                     report.elapsed += commit;
                     if ack.status == AckStatus::Ok {
+                        report.phases.log(&report.name, report.bytes);
                         (self.on_file)(FileEvent::Done(&report));
                         self.outcome.files.push(report);
                     } else {
