@@ -12,6 +12,7 @@
 //! wrong bytes or checksums, never because of its speed.
 
 use rdma_xfer::engine::per_byte::{fill_chunk, receive_chunk};
+use rdma_xfer::engine::receiver::write_behind::WriteBehind;
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, FileHasher};
 use rdma_xfer::proto::{Digest, DigestAlg};
 use rdma_xfer::sys::rdma::ring_copy;
@@ -22,7 +23,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// Bytes each thread moves in one repetition: the size of its input and
@@ -63,6 +64,10 @@ enum Step {
     PwriteOverwrite,
     SenderPath(DigestAlg),
     ReceiverPath(DigestAlg),
+    /// The receiver's path with writer threads (`receiver --threads N`,
+    /// `engine::receiver::write_behind`): this thread copies and checks,
+    /// N threads write. Its CPU time is the whole process's.
+    ReceiverThreads(DigestAlg, usize),
 }
 
 impl Step {
@@ -81,6 +86,9 @@ impl Step {
             Step::PwriteOverwrite => "pwrite_overwrite".into(),
             Step::SenderPath(alg) => format!("sender_path digest={}", digest(alg)),
             Step::ReceiverPath(alg) => format!("receiver_path digest={}", digest(alg)),
+            Step::ReceiverThreads(alg, n) => {
+                format!("receiver_path digest={} writers={n}", digest(alg))
+            }
         }
     }
 }
@@ -217,7 +225,10 @@ impl<'a> Worker<'a> {
 
     /// Untimed, before each repetition.
     fn prepare(&mut self) -> Outcome<()> {
-        if matches!(self.step, Step::Pwrite | Step::ReceiverPath(_)) {
+        if matches!(
+            self.step,
+            Step::Pwrite | Step::ReceiverPath(_) | Step::ReceiverThreads(..)
+        ) {
             // A new file each time, as a transfer writes: its pages are
             // allocated in the timed part.
             self.lane
@@ -311,6 +322,39 @@ impl<'a> Worker<'a> {
                 }
                 self.digest = Some(hasher.finish());
             }
+            Step::ReceiverThreads(alg, n) => {
+                let mut hasher = FileHasher::new(alg);
+                let mut behind = WriteBehind::new(n, chunk).map_err(|e| e.to_string())?;
+                let mut retired = Vec::new();
+                let output = lane
+                    .output
+                    .try_clone()
+                    .map(Arc::new)
+                    .map_err(|e| format!("output: {e}"))?;
+                for (i, at, slot) in slot_ranges {
+                    let expected_crc = crcs[i % SLOTS];
+                    let mut buf = behind.buffer(&mut retired).map_err(|e| e.to_string())?;
+                    let received = receive_chunk(
+                        |chunk| ring_copy(&mut slots[slot], chunk),
+                        &mut buf,
+                        expected_crc,
+                        |_, _| Ok::<(), ()>(()),
+                        &mut hasher,
+                    );
+                    received.map_err(|e| format!("receiver path at {at}: {e:?}"))?;
+                    behind
+                        .submit(&output, at, buf, chunk, expected_crc)
+                        .map_err(|e| e.to_string())?;
+                    behind.poll(&mut retired);
+                }
+                behind.drain(&mut retired).map_err(|e| e.to_string())?;
+                for r in &retired {
+                    if let Err(e) = &r.result {
+                        return Err(format!("receiver path (writers): {e}"));
+                    }
+                }
+                self.digest = Some(hasher.finish());
+            }
         }
         Ok(())
     }
@@ -329,7 +373,7 @@ impl<'a> Worker<'a> {
                     return wrong("whole-file digest");
                 }
             }
-            Step::ReceiverPath(alg) => {
+            Step::ReceiverPath(alg) | Step::ReceiverThreads(alg, _) => {
                 // The output must be the slots in turn, chunk i at offset
                 // i * chunk, and the digest that of those bytes.
                 let mut want = crc32fast::Hasher::new();
@@ -398,7 +442,17 @@ struct Took {
 
 /// The CPU time the calling thread has used.
 fn thread_cpu_time() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    cpu_time(rustix::time::ClockId::ThreadCPUTime)
+}
+
+/// The CPU time the whole process has used (for a step with threads of
+/// its own, measured on one lane).
+fn process_cpu_time() -> Duration {
+    cpu_time(rustix::time::ClockId::ProcessCPUTime)
+}
+
+fn cpu_time(clock: rustix::time::ClockId) -> Duration {
+    let t = rustix::time::clock_gettime(clock);
     Duration::new(
         u64::try_from(t.tv_sec).unwrap_or(0),
         u32::try_from(t.tv_nsec).unwrap_or(0),
@@ -435,13 +489,17 @@ fn measure(step: Step, lanes: &[Lane], chunk: usize) -> Outcome<Rate> {
                             failed = worker.prepare().err();
                         }
                         start.wait();
-                        let (t, cpu) = (Instant::now(), thread_cpu_time());
+                        let clock = match worker.step {
+                            Step::ReceiverThreads(..) => process_cpu_time,
+                            _ => thread_cpu_time,
+                        };
+                        let (t, cpu) = (Instant::now(), clock());
                         if failed.is_none() {
                             failed = worker.run().err();
                         }
                         let took = Took {
                             wall: t.elapsed(),
-                            cpu: thread_cpu_time().saturating_sub(cpu),
+                            cpu: clock().saturating_sub(cpu),
                         };
                         end.wait();
                         if rep >= WARMUPS {
@@ -588,6 +646,21 @@ fn run() -> Outcome<()> {
     // Each thread its own files: does the work scale with cores?
     for (step, single) in &per_core {
         report(*step, &lanes, CHUNK_SIZES[0], Some(single.wall))?;
+    }
+    // One session's receiver with writer threads (`receiver --threads`).
+    for alg in [DigestAlg::Crc32, DigestAlg::Sha256] {
+        let single = per_core
+            .iter()
+            .find(|(step, _)| *step == Step::ReceiverPath(alg))
+            .map(|(_, rate)| rate.wall);
+        for writers in [1, 2] {
+            report(
+                Step::ReceiverThreads(alg, writers),
+                one,
+                CHUNK_SIZES[0],
+                single,
+            )?;
+        }
     }
     // Cores needed if every core did what one did here, per CPU second.
     for (step, rate) in per_core {

@@ -113,6 +113,43 @@ fn sha256_verification() {
 }
 
 #[test]
+fn any_number_of_writer_threads_stores_the_same_bytes() {
+    let Some(net) = rdma_net() else { return };
+    // 0: the session's thread writes; 1 and 5: writer threads, whose
+    // writes finish in any order (with a 4-slot ring and 64 KiB chunks,
+    // many chunks are in flight at once).
+    for threads in ["0", "1", "5"] {
+        let (src, dst) = dirs();
+        let mut inputs = Vec::new();
+        for (i, size) in [(0u64, 41 * 65536 + 333), (1, 3 * CHUNK), (2, 70_000)] {
+            let p = src.path().join(format!("w{threads}-{i}.bin"));
+            let sum = make_file(&p, size, 0x77 + i * 31 | 1);
+            inputs.push((p, sum));
+        }
+        let paths: Vec<PathBuf> = inputs.iter().map(|(p, _)| p.clone()).collect();
+        let (sent, received) = one_session(
+            &net,
+            Path_::Wire,
+            dst.path(),
+            &["--threads", threads, "--slots", "4", "--chunk-size", "64K"],
+            &paths,
+            &[],
+        );
+        assert_both_ok(&sent, &received);
+        for (p, sum) in &inputs {
+            let out = dst.path().join(p.file_name().expect("name"));
+            assert_eq!(
+                &sha256_file(&out),
+                sum,
+                "--threads {threads}: {}",
+                out.display()
+            );
+        }
+        assert_no_temp_files(dst.path());
+    }
+}
+
+#[test]
 fn small_ring_and_odd_chunk_sizes() {
     let Some(net) = rdma_net() else { return };
     let (src, dst) = dirs();

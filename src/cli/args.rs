@@ -3,7 +3,9 @@
 //! completions.
 
 use super::{parse_size_arg, parse_timeout_arg, resolve};
-use crate::engine::receiver::{AllowedNet, DEFAULT_MAX_SESSIONS, ReceiverConfig};
+use crate::engine::receiver::{
+    AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_THREADS, ReceiverConfig,
+};
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers};
 use crate::error::XferError;
@@ -206,6 +208,10 @@ pub struct ReceiverArgs {
     /// Number of ring slots registered per session.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_SLOTS)]
     pub slots: u32,
+    /// Threads per session that write checked chunks into files while the
+    /// session checks the next ones (0: the session's thread writes).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_WRITER_THREADS, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub threads: u16,
     /// Ring slot size (K, M, G suffixes).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
     pub chunk_size: u64,
@@ -370,6 +376,7 @@ impl ReceiverArgs {
         cfg.token = token;
         cfg.allow = self.allow.clone();
         cfg.partial_ttl = self.partial_ttl;
+        cfg.threads = usize::from(self.threads);
         Ok(cfg)
     }
 }

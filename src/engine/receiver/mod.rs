@@ -12,6 +12,7 @@ mod partial;
 mod session;
 mod space;
 mod store;
+pub mod write_behind;
 
 pub use allow::AllowedNet;
 
@@ -72,6 +73,9 @@ pub struct ReceiverConfig {
     /// by a crash) that were not modified for this long are removed, at
     /// start-up and then periodically (see `SWEEP_EVERY`).
     pub partial_ttl: Duration,
+    /// Threads per session that write checked chunks into files (0: the
+    /// session's own thread writes them).
+    pub threads: usize,
 }
 
 impl ReceiverConfig {
@@ -96,12 +100,17 @@ impl ReceiverConfig {
             allow: Vec::new(),
             umask: crate::sys::os::process_umask(),
             partial_ttl: DEFAULT_PARTIAL_TTL,
+            threads: DEFAULT_WRITER_THREADS as usize,
         }
     }
 }
 
 /// Default of --partial-ttl: a day.
 pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Writer threads per session by default: see `write_behind` and
+/// docs/performance.md for the measurements behind it.
+pub const DEFAULT_WRITER_THREADS: u16 = 2;
 
 /// How often a serving receiver looks for old partial files (sessions
 /// may run meanwhile: what they use is spared, see `partial::sweep`).

@@ -6,6 +6,7 @@ use super::admission::Admission;
 use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use super::space::SpaceLedger;
 use super::store::{FileStore, Refusal, Resume, Sink, commit};
+use super::write_behind::{Retired, WriteBehind};
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
@@ -49,6 +50,9 @@ struct IncomingFile {
     check_time: Duration,
     write_time: Duration,
     progress: Box<dyn FileProgress>,
+    /// The descriptor the writer threads write a temporary file through
+    /// (opened at its first chunk).
+    writer: Option<Arc<std::fs::File>>,
 }
 
 struct Session<'a, 's> {
@@ -74,6 +78,9 @@ struct Session<'a, 's> {
     /// Private copy of the chunk being handled: what is checked is what is
     /// written, whatever the peer does to the ring meanwhile.
     chunk: Vec<u8>,
+    /// Writer threads for files (`--threads`; None: this thread writes).
+    /// Started with the ring.
+    behind: Option<WriteBehind>,
     machine: ReceiverSession,
     store: FileStore,
     file: Option<IncomingFile>,
@@ -242,6 +249,7 @@ pub(super) fn run(
         ring: None,
         ring_tried_ahead: false,
         chunk: Vec::new(),
+        behind: None,
         machine,
         store,
         file: None,
@@ -599,6 +607,7 @@ impl Session<'_, '_> {
             data_started: Instant::now(),
             check_time: Duration::ZERO,
             write_time: Duration::ZERO,
+            writer: None,
         });
         Ok(())
     }
@@ -840,6 +849,7 @@ impl Session<'_, '_> {
             write_time: Duration::ZERO,
             // Replaced by the observer's once the offer is accepted.
             progress: crate::engine::progress::NoProgress.file_started("", 0),
+            writer: None,
         })
     }
 
@@ -850,6 +860,11 @@ impl Session<'_, '_> {
             debug!(len, rkey = ring.rkey(), "ring registered");
             self.ring = Some(ring);
             self.chunk = vec![0; self.cfg.chunk_size as usize];
+            if self.cfg.threads > 0 {
+                let behind = WriteBehind::new(self.cfg.threads, self.cfg.chunk_size as usize)
+                    .map_err(|e| XferError::io("cannot start the writer threads", e))?;
+                self.behind = Some(behind);
+            }
         }
         Ok(())
     }
@@ -910,10 +925,7 @@ impl Session<'_, '_> {
             return Err(XferError::Internal("data without an open file".into()));
         };
         let t0 = Instant::now();
-        let data = self
-            .chunk
-            .get_mut(..placement.len as usize)
-            .ok_or_else(|| XferError::Internal("chunk longer than a slot".into()))?;
+        let len = placement.len as usize;
         /// Why a chunk that passed its check was not written.
         enum Unwritten {
             OutOfOrder,
@@ -922,24 +934,84 @@ impl Session<'_, '_> {
         // When the chunk passed its check: copying and checking before,
         // writing and hashing after.
         let mut t1 = t0;
-        let received = per_byte::receive_chunk(
-            |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
-            data,
-            placement.expected_crc,
-            |data, crc| {
-                t1 = Instant::now();
-                match &mut file.sink {
-                    Sink::Temp(t) => t.write_chunk(data, placement.file_offset, crc),
-                    Sink::Batch(b) => b.write_chunk(data, placement.file_offset),
-                    Sink::Stdout(out) if placement.file_offset == file.written => {
-                        out.write_all(data)
+        let mut retired = Vec::new();
+        let received = match (self.behind.as_mut(), &mut file.sink) {
+            // A file with writer threads: copied and checked here, written
+            // there (the slot is free once copied).
+            (Some(behind), Sink::Temp(t)) => {
+                let handle = match &file.writer {
+                    Some(h) => Ok(h.clone()),
+                    None => t.writer_handle().inspect(|h| file.writer = Some(h.clone())),
+                };
+                match handle.and_then(|h| Ok((h, behind.buffer(&mut retired)?))) {
+                    Err(e) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
+                    Ok((handle, mut buf)) => {
+                        let checked = match buf.get_mut(..len) {
+                            Some(data) => per_byte::receive_chunk(
+                                |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+                                data,
+                                placement.expected_crc,
+                                |_, _| {
+                                    t1 = Instant::now();
+                                    Ok(())
+                                },
+                                &mut file.hasher,
+                            ),
+                            None => {
+                                return Err(XferError::Internal("chunk longer than a slot".into()));
+                            }
+                        };
+                        match checked {
+                            Ok(()) => behind
+                                .submit(
+                                    &handle,
+                                    placement.file_offset,
+                                    buf,
+                                    len,
+                                    placement.expected_crc,
+                                )
+                                .map_err(|e| ChunkRefused::Write(Unwritten::Failed(e))),
+                            Err(refused) => {
+                                behind.give_back(buf);
+                                Err(refused)
+                            }
+                        }
                     }
-                    Sink::Stdout(_) => return Err(Unwritten::OutOfOrder),
                 }
-                .map_err(Unwritten::Failed)
-            },
-            &mut file.hasher,
-        );
+            }
+            (_, sink) => {
+                let data = self
+                    .chunk
+                    .get_mut(..len)
+                    .ok_or_else(|| XferError::Internal("chunk longer than a slot".into()))?;
+                per_byte::receive_chunk(
+                    |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+                    data,
+                    placement.expected_crc,
+                    |data, crc| {
+                        t1 = Instant::now();
+                        match sink {
+                            Sink::Temp(t) => t.write_chunk(data, placement.file_offset, crc),
+                            Sink::Batch(b) => b.write_chunk(data, placement.file_offset),
+                            Sink::Stdout(out) if placement.file_offset == file.written => {
+                                out.write_all(data)
+                            }
+                            Sink::Stdout(_) => return Err(Unwritten::OutOfOrder),
+                        }
+                        .map_err(Unwritten::Failed)
+                    },
+                    &mut file.hasher,
+                )
+            }
+        };
+        if let Some(behind) = self.behind.as_mut() {
+            behind.poll(&mut retired);
+        }
+        // Writes that failed meanwhile count as this chunk's failure.
+        let received = match (received, chunks_written(file, retired)) {
+            (Ok(()), Err(e)) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
+            (received, _) => received,
+        };
         let written = match received {
             Ok(()) => Ok(()),
             Err(ChunkRefused::Copy(e)) => return Err(e.into()),
@@ -1000,6 +1072,13 @@ impl Session<'_, '_> {
     }
 
     fn on_fin(&mut self, fin: Fin) -> Result<(), XferError> {
+        // Every chunk written before anything is checked or committed.
+        if let Some(file) = self.file.as_mut()
+            && let Err(e) = settle_writes(self.behind.as_mut(), file)
+        {
+            let what = format!("cannot write {}", file.name);
+            return Err(self.abort(AckStatus::Io, XferError::io(what, e)));
+        }
         let Some(mut file) = self.file.take() else {
             return Err(XferError::Internal("FIN without an open file".into()));
         };
@@ -1123,7 +1202,7 @@ impl Session<'_, '_> {
     /// verified part is kept).
     fn abandon(&mut self, err: XferError) -> XferError {
         if let Some(mut file) = self.file.take() {
-            end_failed(&mut file);
+            end_failed(&mut file, self.behind.as_mut());
             self.report_file_failure(&file, &err, true);
         }
         err
@@ -1185,7 +1264,7 @@ impl Session<'_, '_> {
                     "file abandoned: {e}"
                 )
             });
-            end_failed(&mut file);
+            end_failed(&mut file, self.behind.as_mut());
             self.report_file_failure(&file, e, true);
         }
         self.file = None;
@@ -1203,9 +1282,44 @@ impl Session<'_, '_> {
     }
 }
 
+/// Waits for the file's chunks in the writer threads and records them;
+/// the first write that failed is the error.
+fn settle_writes(behind: Option<&mut WriteBehind>, file: &mut IncomingFile) -> std::io::Result<()> {
+    let Some(behind) = behind else {
+        return Ok(());
+    };
+    let mut retired = Vec::new();
+    let drained = behind.drain(&mut retired);
+    chunks_written(file, retired)?;
+    drained
+}
+
+/// Records chunks the writer threads are done with, in order: after the
+/// first that failed nothing more is (a kept prefix has no holes), and
+/// that failure is returned.
+fn chunks_written(file: &mut IncomingFile, retired: Vec<Retired>) -> std::io::Result<()> {
+    let Sink::Temp(t) = &mut file.sink else {
+        return Ok(());
+    };
+    for r in retired {
+        match r.result {
+            Ok(()) => t.chunk_written(r.len, r.crc)?,
+            Err(e) => {
+                t.write_failed();
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Ends a file that failed: what it leaves for a later `sender --resume`
-/// (its verified part, on disk and recorded) is kept and said.
-fn end_failed(file: &mut IncomingFile) {
+/// (its verified part, on disk and recorded) is kept and said. Its
+/// chunks still with the writer threads are waited for first.
+fn end_failed(file: &mut IncomingFile, behind: Option<&mut WriteBehind>) {
+    if let Err(e) = settle_writes(behind, file) {
+        debug!(file = %file.name, "a write failed as the file was abandoned: {e}");
+    }
     if let Sink::Temp(t) = &mut file.sink {
         let kept = t.end_uncommitted();
         if kept > 0 {

@@ -516,16 +516,33 @@ impl TempFile {
         crc: u32,
     ) -> std::io::Result<()> {
         if let Err(e) = self.file.write_all_at(data, offset) {
-            if let Some(r) = self.resumable.as_mut() {
-                r.write_failed();
-            }
+            self.write_failed();
             return Err(e);
         }
-        self.promise.wrote(data.len() as u64);
+        self.chunk_written(data.len() as u32, crc)
+    }
+
+    /// A descriptor of the file for writer threads (`WriteBehind`), which
+    /// write chunks at their offsets; each write is then `chunk_written`
+    /// or `write_failed`, in the order of the chunks.
+    pub(super) fn writer_handle(&self) -> std::io::Result<Arc<File>> {
+        Ok(Arc::new(self.file.try_clone()?))
+    }
+
+    /// The next chunk (`len` bytes, CRC32 `crc`) is written.
+    pub(super) fn chunk_written(&mut self, len: u32, crc: u32) -> std::io::Result<()> {
+        self.promise.wrote(u64::from(len));
         if let Some(r) = self.resumable.as_mut() {
-            r.chunk_written(crc, data.len() as u32)?;
+            r.chunk_written(crc, len)?;
         }
         Ok(())
+    }
+
+    /// Writing the next chunk failed: nothing from it on is recorded.
+    pub(super) fn write_failed(&mut self) {
+        if let Some(r) = self.resumable.as_mut() {
+            r.write_failed();
+        }
     }
 
     /// The data failed its whole-file check: nothing of it is kept.
