@@ -123,7 +123,7 @@ fn any_number_of_writer_threads_stores_the_same_bytes() {
         let mut inputs = Vec::new();
         for (i, size) in [(0u64, 41 * 65536 + 333), (1, 3 * CHUNK), (2, 70_000)] {
             let p = src.path().join(format!("w{threads}-{i}.bin"));
-            let sum = make_file(&p, size, 0x77 + i * 31 | 1);
+            let sum = make_file(&p, size, (0x77 + i * 31) | 1);
             inputs.push((p, sum));
         }
         let paths: Vec<PathBuf> = inputs.iter().map(|(p, _)| p.clone()).collect();
