@@ -190,6 +190,9 @@ struct Worker<'a> {
     crcs: Vec<u32>,
     /// The digest the last repetition computed.
     digest: Option<Digest>,
+    /// The writer threads of `ReceiverThreads`, started once (as a
+    /// session starts them once for all its files).
+    behind: Option<WriteBehind>,
 }
 
 impl<'a> Worker<'a> {
@@ -220,6 +223,12 @@ impl<'a> Worker<'a> {
             copy: vec![0u8; chunk],
             crcs,
             digest: None,
+            behind: match step {
+                Step::ReceiverThreads(_, n) => {
+                    Some(WriteBehind::new(n, chunk).map_err(|e| e.to_string())?)
+                }
+                _ => None,
+            },
         })
     }
 
@@ -248,6 +257,7 @@ impl<'a> Worker<'a> {
             slots,
             copy,
             crcs,
+            behind,
             ..
         } = self;
         let slot_ranges = (0..FILE_BYTES / chunk).map(|i| {
@@ -324,7 +334,9 @@ impl<'a> Worker<'a> {
             }
             Step::ReceiverThreads(alg, n) => {
                 let mut hasher = FileHasher::new(alg);
-                let mut behind = WriteBehind::new(n, chunk).map_err(|e| e.to_string())?;
+                let behind = behind
+                    .as_mut()
+                    .ok_or_else(|| format!("no writer threads for {n} writers"))?;
                 let mut retired = Vec::new();
                 let output = lane
                     .output

@@ -162,6 +162,85 @@ fn a_killed_sender_resumes_after_what_the_receiver_verified() {
     );
 }
 
+/// A write that fails in the receiver's writer threads (the fault-injection
+/// receiver's `fail-write`) ends the file with an I/O error naming it; with
+/// `--resume` the receiver keeps only chunks recorded before the failure
+/// (never the failed one nor any written after it by another thread), and a
+/// later `sender --resume` completes the file correctly from there.
+#[test]
+fn a_failed_write_keeps_only_what_came_before_it_and_resumes_from_there() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("w.bin");
+    let chunk = 64 * 1024u64;
+    let size = 128 * chunk + 777;
+    let sum = make_file(&input, size, 77);
+    let failed_at = 100 * chunk;
+    let port = next_port();
+    let bin = fault_injection_bin("receiver");
+    let fault = format!("fail-write:{failed_at}");
+    let receiver_args = ["--chunk-size", "64K", "--slots", "8", "--threads", "3"];
+    let receiver = start_receiver_bin(
+        &bin,
+        &net,
+        port,
+        dst.path(),
+        &receiver_args,
+        &[("RDMA_XFER_FAULT", fault.as_str())],
+    );
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&input),
+        &["--resume"],
+    );
+    assert_eq!(sent.code(), 6, "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains("cannot write w.bin"),
+        "{}",
+        sent.stderr
+    );
+    let log = wait_until(
+        "the receiver to say what it kept",
+        || receiver.stderr_so_far(),
+        |log| log.contains("kept the "),
+        Duration::from_secs(30),
+    );
+    assert!(
+        log.contains(&format!("at offset {failed_at}")),
+        "the failed write is named:\n{log}"
+    );
+    let kept = kept_bytes(&log);
+    assert!(
+        kept > 0 && kept <= failed_at && kept.is_multiple_of(chunk),
+        "kept {kept} bytes, the write at {failed_at} failed"
+    );
+    assert!(
+        !dst.path().join("w.bin").exists(),
+        "kept under the final name"
+    );
+    receiver.signal("TERM");
+    drop(receiver);
+
+    // Without the fault: resumed from what was kept, correct to the end.
+    let port = next_port();
+    let _receiver = start_receiver(&net, port, dst.path(), &receiver_args);
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&input),
+        &["--resume", "--json"],
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst.path().join("w.bin")), sum);
+    let result = file_result(&sent, "w.bin");
+    assert_eq!(result["resumed_from"].as_u64(), Some(kept), "{result}");
+    assert!(kept_files(dst.path()).is_empty());
+    assert_no_temp_files(dst.path());
+}
+
 #[test]
 fn a_restarted_receiver_resumes_from_the_record_on_disk() {
     let Some(net) = rdma_net() else { return };

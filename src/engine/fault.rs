@@ -6,6 +6,8 @@
 //!   was computed, as a bit error the transport did not catch would.
 //! - `handshake-pool:N` — the receiver's pool of handshakes holds N places
 //!   (instead of 32), so that a test fills it with a few connections.
+//! - `fail-write:OFFSET` — the receiver's writer threads fail (EIO) the
+//!   write of the chunk that starts at byte OFFSET of its file.
 
 use std::sync::OnceLock;
 
@@ -14,6 +16,7 @@ enum Fault {
     None,
     CorruptChunk(u64),
     HandshakePool(usize),
+    FailWrite(u64),
 }
 
 fn fault() -> Fault {
@@ -32,6 +35,7 @@ fn parse(spec: &str) -> Fault {
     match spec.split_once(':') {
         Some(("corrupt-chunk", n)) => n.parse().map_or(Fault::None, Fault::CorruptChunk),
         Some(("handshake-pool", n)) => n.parse().map_or(Fault::None, Fault::HandshakePool),
+        Some(("fail-write", n)) => n.parse().map_or(Fault::None, Fault::FailWrite),
         _ => Fault::None,
     }
 }
@@ -43,6 +47,11 @@ pub fn after_checksum(seq: u64, data: &mut [u8]) {
     {
         *b ^= 0x5a;
     }
+}
+
+/// Whether a writer thread is to fail the write of the chunk at `offset`.
+pub fn fails_write(offset: u64) -> bool {
+    fault() == Fault::FailWrite(offset)
 }
 
 /// The receiver's handshake pool size: `default` unless a test says.
@@ -64,5 +73,6 @@ mod tests {
         assert_eq!(parse(""), Fault::None);
         assert_eq!(parse("other:1"), Fault::None);
         assert_eq!(parse("handshake-pool:4"), Fault::HandshakePool(4));
+        assert_eq!(parse("fail-write:65536"), Fault::FailWrite(65536));
     }
 }

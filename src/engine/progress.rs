@@ -33,7 +33,8 @@ pub trait Progress: Send + Sync {
 /// Progress of one file.
 pub trait FileProgress: Send {
     /// `bytes` more bytes were sent (sender: posted as RDMA writes) or
-    /// received (receiver: checked and written).
+    /// received (receiver: checked, and written or queued for a writer
+    /// thread).
     fn advance(&mut self, bytes: u64);
 
     /// The file was acknowledged (sender) or committed (receiver).

@@ -108,8 +108,9 @@ impl ReceiverConfig {
 /// Default of --partial-ttl: a day.
 pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// Writer threads per session by default: see `write_behind` and
-/// docs/performance.md for the measurements behind it.
+/// Writer threads per session by default (`write_behind`): two keep a
+/// core's worth of pwrite off the session's thread; measured in
+/// docs/performance.md (`--threads`).
 pub const DEFAULT_WRITER_THREADS: u16 = 2;
 
 /// How often a serving receiver looks for old partial files (sessions

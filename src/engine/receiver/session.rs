@@ -79,8 +79,10 @@ struct Session<'a, 's> {
     /// written, whatever the peer does to the ring meanwhile.
     chunk: Vec<u8>,
     /// Writer threads for files (`--threads`; None: this thread writes).
-    /// Started with the ring.
+    /// Started at the first chunk of a file (`start_writers`).
     behind: Option<WriteBehind>,
+    /// Starting the writer threads failed: this thread writes.
+    writers_failed: bool,
     machine: ReceiverSession,
     store: FileStore,
     file: Option<IncomingFile>,
@@ -250,6 +252,7 @@ pub(super) fn run(
         ring_tried_ahead: false,
         chunk: Vec::new(),
         behind: None,
+        writers_failed: false,
         machine,
         store,
         file: None,
@@ -853,6 +856,23 @@ impl Session<'_, '_> {
         })
     }
 
+    /// Starts the writer threads (`--threads`) if they are wanted and not
+    /// running; if they cannot start, says so once and this thread writes.
+    fn start_writers(&mut self) {
+        if self.behind.is_some() || self.writers_failed || self.cfg.threads == 0 {
+            return;
+        }
+        match WriteBehind::new(self.cfg.threads, self.cfg.chunk_size as usize) {
+            Ok(behind) => self.behind = Some(behind),
+            Err(e) => {
+                warn!(
+                    "cannot start the writer threads ({e}): this session writes on its own thread"
+                );
+                self.writers_failed = true;
+            }
+        }
+    }
+
     fn register_ring(&mut self) -> Result<(), XferError> {
         if self.ring.is_none() {
             let len = self.cfg.slots as usize * self.cfg.chunk_size as usize;
@@ -860,11 +880,6 @@ impl Session<'_, '_> {
             debug!(len, rkey = ring.rkey(), "ring registered");
             self.ring = Some(ring);
             self.chunk = vec![0; self.cfg.chunk_size as usize];
-            if self.cfg.threads > 0 {
-                let behind = WriteBehind::new(self.cfg.threads, self.cfg.chunk_size as usize)
-                    .map_err(|e| XferError::io("cannot start the writer threads", e))?;
-                self.behind = Some(behind);
-            }
         }
         Ok(())
     }
@@ -921,11 +936,21 @@ impl Session<'_, '_> {
                 return Err(self.abort(AckStatus::Protocol, err));
             }
         };
+        if self
+            .file
+            .as_ref()
+            .is_some_and(|f| matches!(f.sink, Sink::Temp(_)))
+        {
+            self.start_writers();
+        }
         let (Some(ring), Some(file)) = (self.ring.as_ref(), self.file.as_mut()) else {
             return Err(XferError::Internal("data without an open file".into()));
         };
         let t0 = Instant::now();
         let len = placement.len as usize;
+        if len > self.chunk.len() {
+            return Err(XferError::Internal("chunk longer than a slot".into()));
+        }
         /// Why a chunk that passed its check was not written.
         enum Unwritten {
             OutOfOrder,
@@ -946,21 +971,18 @@ impl Session<'_, '_> {
                 match handle.and_then(|h| Ok((h, behind.buffer(&mut retired)?))) {
                     Err(e) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
                     Ok((handle, mut buf)) => {
-                        let checked = match buf.get_mut(..len) {
-                            Some(data) => per_byte::receive_chunk(
-                                |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
-                                data,
-                                placement.expected_crc,
-                                |_, _| {
-                                    t1 = Instant::now();
-                                    Ok(())
-                                },
-                                &mut file.hasher,
-                            ),
-                            None => {
-                                return Err(XferError::Internal("chunk longer than a slot".into()));
-                            }
-                        };
+                        // len fits: the buffers are slot-sized (checked above).
+                        let data = buf.get_mut(..len).unwrap_or_default();
+                        let checked = per_byte::receive_chunk(
+                            |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+                            data,
+                            placement.expected_crc,
+                            |_, _| {
+                                t1 = Instant::now();
+                                Ok(())
+                            },
+                            &mut file.hasher,
+                        );
                         match checked {
                             Ok(()) => behind
                                 .submit(
@@ -1121,6 +1143,10 @@ impl Session<'_, '_> {
                 reason.clone(),
                 Some(XferError::Integrity(reason)),
             )
+        } else if self.behind.as_ref().is_some_and(|b| !b.is_idle()) {
+            // settle_writes drained them: never commit with a write pending.
+            let e = XferError::Internal(format!("{}: writes still pending at FIN", file.name));
+            (AckStatus::Io, e.to_string(), Some(e))
         } else {
             match commit(
                 &mut file.sink,
@@ -1306,7 +1332,8 @@ fn chunks_written(file: &mut IncomingFile, retired: Vec<Retired>) -> std::io::Re
             Ok(()) => t.chunk_written(r.len, r.crc)?,
             Err(e) => {
                 t.write_failed();
-                return Err(e);
+                let at = format!("at offset {}: {e}", r.offset);
+                return Err(std::io::Error::new(e.kind(), at));
             }
         }
     }

@@ -40,9 +40,20 @@ struct Done {
 /// A chunk whose write is over, in the order chunks were submitted.
 #[derive(Debug)]
 pub struct Retired {
+    /// Where the chunk goes in its file.
+    pub offset: u64,
     pub len: u32,
     pub crc: u32,
     pub result: std::io::Result<()>,
+}
+
+/// A chunk submitted and not yet retired.
+#[derive(Clone, Copy)]
+struct Submitted {
+    seq: u64,
+    offset: u64,
+    len: u32,
+    crc: u32,
 }
 
 /// The writer threads of one session and the chunks they hold.
@@ -55,18 +66,21 @@ pub struct WriteBehind {
     created: usize,
     buffers: usize,
     chunk_len: usize,
-    /// Submitted and not yet retired, in order: (seq, len, crc).
-    queue: VecDeque<(u64, u32, u32)>,
+    /// Submitted and not yet retired, in order.
+    queue: VecDeque<Submitted>,
     /// Writes over whose turn to retire has not come.
     over: BTreeMap<u64, std::io::Result<()>>,
     next_seq: u64,
 }
 
 impl WriteBehind {
-    /// `threads` writers (at least 1) and twice as many chunk buffers of
-    /// `chunk_len` bytes (allocated as they are first needed).
+    /// Writers at most.
+    pub const MAX_THREADS: usize = 64;
+
+    /// `threads` writers (1..=MAX_THREADS) and twice as many chunk buffers
+    /// of `chunk_len` bytes (allocated as they are first needed).
     pub fn new(threads: usize, chunk_len: usize) -> std::io::Result<Self> {
-        let threads = threads.max(1);
+        let threads = threads.clamp(1, Self::MAX_THREADS);
         let (jobs, job_rx) = channel::<Job>();
         let (done_tx, done) = channel();
         let job_rx = Arc::new(Mutex::new(job_rx));
@@ -131,12 +145,21 @@ impl WriteBehind {
             buf,
             len,
         };
-        let sent = self.jobs.as_ref().map(|jobs| jobs.send(job));
-        if !matches!(sent, Some(Ok(()))) {
+        let Some(jobs) = self.jobs.as_ref() else {
+            self.free.push(job.buf);
+            return Err(gone());
+        };
+        if let Err(unsent) = jobs.send(job) {
+            self.free.push(unsent.0.buf);
             return Err(gone());
         }
         self.next_seq += 1;
-        self.queue.push_back((seq, len as u32, crc));
+        self.queue.push_back(Submitted {
+            seq,
+            offset,
+            len: len as u32,
+            crc,
+        });
         Ok(())
     }
 
@@ -147,6 +170,11 @@ impl WriteBehind {
             self.over(done);
         }
         self.retire(retired);
+    }
+
+    /// True when no chunk is submitted and not yet retired.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty()
     }
 
     /// Waits until every submitted chunk is retired.
@@ -175,12 +203,17 @@ impl WriteBehind {
     }
 
     fn retire(&mut self, retired: &mut Vec<Retired>) {
-        while let Some(&(seq, len, crc)) = self.queue.front() {
-            let Some(result) = self.over.remove(&seq) else {
+        while let Some(&next) = self.queue.front() {
+            let Some(result) = self.over.remove(&next.seq) else {
                 break;
             };
             self.queue.pop_front();
-            retired.push(Retired { len, crc, result });
+            retired.push(Retired {
+                offset: next.offset,
+                len: next.len,
+                crc: next.crc,
+                result,
+            });
         }
     }
 }
@@ -211,6 +244,12 @@ fn write_jobs(jobs: &Mutex<Receiver<Job>>, done: &Sender<Done>) {
         let result = match job.buf.get(..job.len) {
             Some(data) => job.file.write_all_at(data, job.offset),
             None => Err(std::io::Error::other("chunk longer than its buffer")),
+        };
+        #[cfg(feature = "fault-injection")]
+        let result = if crate::engine::fault::fails_write(job.offset) {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            result
         };
         let reply = Done {
             seq: job.seq,
@@ -261,6 +300,48 @@ mod tests {
         for (i, block) in got.chunks(4096).enumerate() {
             assert!(block.iter().all(|&b| b == i as u8), "chunk {i}");
         }
+    }
+
+    #[test]
+    fn writes_over_in_reverse_order_retire_in_submission_order() {
+        let (_named, file) = temp();
+        let mut wb = WriteBehind::new(1, 8).unwrap();
+        // Stand-ins for three submitted chunks whose writes end last first.
+        for seq in 0..3u64 {
+            wb.queue.push_back(Submitted {
+                seq,
+                offset: seq * 8,
+                len: 8,
+                crc: seq as u32 + 100,
+            });
+        }
+        wb.next_seq = 3;
+        let mut retired = Vec::new();
+        for seq in [2u64, 1] {
+            wb.over(Done {
+                seq,
+                buf: vec![0; 8],
+                result: Ok(()),
+            });
+            wb.retire(&mut retired);
+            assert!(retired.is_empty(), "chunk 0 is not written yet");
+        }
+        assert!(!wb.is_idle());
+        wb.over(Done {
+            seq: 0,
+            buf: vec![0; 8],
+            result: Err(std::io::Error::other("disk on fire")),
+        });
+        wb.retire(&mut retired);
+        let order: Vec<(u64, u32, bool)> = retired
+            .iter()
+            .map(|r| (r.offset, r.crc, r.result.is_ok()))
+            .collect();
+        assert_eq!(order, [(0, 100, false), (8, 101, true), (16, 102, true)]);
+        assert!(wb.is_idle());
+        // Nothing in flight: waiting for a write fails instead of hanging.
+        assert!(wb.wait_one(&mut retired).is_err());
+        drop(file);
     }
 
     #[test]
