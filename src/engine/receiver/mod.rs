@@ -108,10 +108,12 @@ impl ReceiverConfig {
 /// Default of --partial-ttl: a day.
 pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// Writer threads per session by default (`write_behind`): two keep a
-/// core's worth of pwrite off the session's thread; measured in
-/// docs/performance.md (`--threads`).
-pub const DEFAULT_WRITER_THREADS: u16 = 2;
+/// Writer threads per session by default (`write_behind`): none. Measured
+/// (docs/performance.md, `--threads`): writer threads pay only where the
+/// session's own per-byte work is heavy (SHA-256); with CRC32 the hand-off
+/// to another core costs more than the write it takes away, and writes to
+/// one file do not run in parallel (the file system locks the inode).
+pub const DEFAULT_WRITER_THREADS: u16 = 0;
 
 /// How often a serving receiver looks for old partial files (sessions
 /// may run meanwhile: what they use is spared, see `partial::sweep`).
