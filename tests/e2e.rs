@@ -115,10 +115,16 @@ fn sha256_verification() {
 #[test]
 fn any_number_of_writer_threads_stores_the_same_bytes() {
     let Some(net) = rdma_net() else { return };
-    // 0: the session's thread writes; 1 and 5: writer threads, whose
+    // 0: the session's thread writes; 1, 2 and 5: writer threads, whose
     // writes finish in any order (with a 4-slot ring and 64 KiB chunks,
-    // many chunks are in flight at once).
-    for threads in ["0", "1", "5"] {
+    // many chunks are in flight at once); 2 with SHA-256, the setting the
+    // docs recommend for it.
+    for (threads, verify) in [
+        ("0", "crc32"),
+        ("1", "crc32"),
+        ("5", "crc32"),
+        ("2", "sha256"),
+    ] {
         let (src, dst) = dirs();
         let mut inputs = Vec::new();
         for (i, size) in [(0u64, 41 * 65536 + 333), (1, 3 * CHUNK), (2, 70_000)] {
@@ -133,7 +139,7 @@ fn any_number_of_writer_threads_stores_the_same_bytes() {
             dst.path(),
             &["--threads", threads, "--slots", "4", "--chunk-size", "64K"],
             &paths,
-            &[],
+            &["--verify", verify],
         );
         assert_both_ok(&sent, &received);
         for (p, sum) in &inputs {

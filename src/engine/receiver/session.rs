@@ -971,18 +971,24 @@ impl Session<'_, '_> {
                 match handle.and_then(|h| Ok((h, behind.buffer(&mut retired)?))) {
                     Err(e) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
                     Ok((handle, mut buf)) => {
-                        // len fits: the buffers are slot-sized (checked above).
-                        let data = buf.get_mut(..len).unwrap_or_default();
-                        let checked = per_byte::receive_chunk(
-                            |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
-                            data,
-                            placement.expected_crc,
-                            |_, _| {
-                                t1 = Instant::now();
-                                Ok(())
-                            },
-                            &mut file.hasher,
-                        );
+                        // The buffers are slot-sized and len fits a slot
+                        // (checked above); were it not so, the chunk fails
+                        // like a write, after what retired is recorded.
+                        let checked = match buf.get_mut(..len) {
+                            Some(data) => per_byte::receive_chunk(
+                                |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+                                data,
+                                placement.expected_crc,
+                                |_, _| {
+                                    t1 = Instant::now();
+                                    Ok(())
+                                },
+                                &mut file.hasher,
+                            ),
+                            None => Err(ChunkRefused::Write(Unwritten::Failed(
+                                std::io::Error::other("chunk longer than its buffer"),
+                            ))),
+                        };
                         match checked {
                             Ok(()) => behind
                                 .submit(
