@@ -10,7 +10,7 @@ RELEASE_DIR ?= target/release
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-tune bench-native install clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-tune bench-native install uninstall clean
 
 all: build
 
@@ -42,9 +42,11 @@ lint: lint-deps
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
 	$(CARGO) clippy --release --locked --features fault-injection --target-dir target/fault-injection --all-targets -- -D warnings
 
-# Pure logic and CLI tests on this host (no RDMA needed).
+# Pure logic and CLI tests on this host (no RDMA needed); tests/install.rs
+# also needs systemd-analyze and groff (install-deps.sh --unit).
 unit: build
-	$(CARGO) test --release --locked --lib --bins --test cli --test fuzz_proto --test compile_fail
+	scripts/install-deps.sh --unit
+	$(CARGO) test --release --locked --lib --bins --test cli --test fuzz_proto --test compile_fail --test install
 
 # Long property-based fuzzing of the codec and both session state machines
 # (tests/fuzz_proto.rs; `make unit` runs the same properties briefly):
@@ -87,10 +89,16 @@ bench-tune: build
 bench-native: deps
 	$(CARGO) bench --locked --bench per_byte
 
-# Binaries, man pages (share/man/man1) and bash/zsh/fish completions, all
-# under $(DESTDIR)$(PREFIX); see scripts/install.sh.
+# Binaries, man pages (share/man/man1), bash/zsh/fish completions and the
+# receiver's systemd unit (never enabled), all under $(DESTDIR)$(PREFIX);
+# see scripts/install.sh. No root needed for a PREFIX of one's own
+# (PREFIX=~/.local) once the build packages are there.
 install: build
 	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' scripts/install.sh '$(RELEASE_DIR)'
+
+# Removes exactly what `make install` with the same PREFIX and DESTDIR put there.
+uninstall:
+	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' scripts/install.sh --uninstall
 
 clean:
 	$(CARGO) clean

@@ -46,8 +46,10 @@ rx_apt_missing() {
       END { n = split(want, w, " "); for (i = 1; i <= n; i++) if (!(w[i] in ok)) print w[i] }'
 }
 
+# Root, or sudo that asks for no password (-n: a build must never stop at a
+# prompt, nor fail later with sudo's own message).
 rx_apt_can_install() {
-  [[ $(id -u) == 0 || ${#RX_SUDO[@]} -gt 0 ]]
+  [[ $(id -u) == 0 ]] || { [[ ${#RX_SUDO[@]} -gt 0 ]] && sudo -n true 2>/dev/null; }
 }
 
 # `apt-get update`, at most once per script run.
@@ -60,12 +62,24 @@ rx_apt_update_once() {
 
 # Installs those of the given packages that are missing. Touches apt only
 # when something is missing; one retry after `dpkg --configure -a` (a dpkg
-# hiccup on a fresh machine's first install was seen once).
+# hiccup on a fresh machine's first install was seen once). Returns 1 if
+# they could not be installed (without root: saying what to run), 2 on a
+# system without dpkg, where nothing can be checked.
 rx_apt_install() {
   local todo attempt
+  if ! command -v dpkg-query >/dev/null; then
+    rx_apt_say "not a Debian-based system (no dpkg-query): cannot check for nor install: $*"
+    return 2
+  fi
   mapfile -t todo < <(rx_apt_missing "$@")
   [[ ${#todo[@]} -eq 0 ]] && return 0
-  rx_apt_can_install || { rx_apt_say "need root to install: ${todo[*]}"; return 1; }
+  if ! rx_apt_can_install; then
+    rx_apt_say "missing packages: ${todo[*]}"
+    rx_apt_say "installing them needs root (or sudo without a password); run"
+    rx_apt_say "  sudo apt-get install ${todo[*]}"
+    rx_apt_say "and then this again"
+    return 1
+  fi
   rx_apt_update_once || return 1
   rx_apt_say "installing: ${todo[*]}"
   for attempt in 1 2; do

@@ -1,7 +1,7 @@
 //! Errors of a transfer and the exit codes they map to (documented in
 //! README and `--help`).
 
-use crate::proto::{ChannelError, ProtocolError, WireError, escaped};
+use crate::proto::{ChannelError, ProtocolError, RejectCode, WireError, escaped};
 use crate::sys::SysError;
 
 /// Process exit codes shared by both tools.
@@ -11,11 +11,12 @@ pub enum ExitCode {
     Ok = 0,
     Other = 1,
     Usage = 2,
-    NoDeviceOrConnect = 3,
+    CannotConnect = 3,
     Rejected = 4,
     Integrity = 5,
     Io = 6,
     TimeoutOrPeerLost = 7,
+    NoDevice = 8,
 }
 
 impl ExitCode {
@@ -25,11 +26,12 @@ impl ExitCode {
             ExitCode::Ok => "ok",
             ExitCode::Other => "error",
             ExitCode::Usage => "usage",
-            ExitCode::NoDeviceOrConnect => "no_device_or_connect",
+            ExitCode::CannotConnect => "cannot_connect",
             ExitCode::Rejected => "rejected",
             ExitCode::Integrity => "integrity",
             ExitCode::Io => "io",
             ExitCode::TimeoutOrPeerLost => "timeout_or_peer_lost",
+            ExitCode::NoDevice => "no_device",
         }
     }
 }
@@ -42,12 +44,13 @@ macro_rules! exit_codes_help {
         "Exit codes:
   0  all files acknowledged OK
   1  other error
-  2  usage error
-  3  no RDMA device, or cannot connect
-  4  rejected by the peer (name, exists, size, version, authentication)
+  2  usage error (every problem found before connecting is reported)
+  3  cannot reach the receiver (nobody listening, unreachable): worth retrying
+  4  rejected by the peer (name, exists, size, busy, version, authentication)
   5  integrity failure (checksum mismatch)
   6  I/O error (local, or reported by the peer)
-  7  timeout or peer lost"
+  7  timeout or peer lost during the transfer
+  8  no usable RDMA device here: retrying will not help"
     };
 }
 
@@ -55,12 +58,21 @@ macro_rules! exit_codes_help {
 pub enum XferError {
     #[error("{0}")]
     Usage(String),
+    /// Several problems found before connecting (each a usage error),
+    /// reported together so that one run shows them all.
+    #[error("{}", .0.join("; "))]
+    Problems(Vec<String>),
     #[error("cannot connect to {addr}: {source}")]
     Connect { addr: String, source: SysError },
     #[error("{0}")]
     Sys(#[from] SysError),
-    #[error("rejected by the receiver ({code}): {}", escaped(reason))]
-    Rejected { code: &'static str, reason: String },
+    /// A refusal; `code` is None for an ACK that says "rejected" without
+    /// a REJECT's code.
+    #[error("rejected by the receiver ({}): {}", code.map_or("rejected", RejectCode::as_str), escaped(reason))]
+    Rejected {
+        code: Option<RejectCode>,
+        reason: String,
+    },
     /// The shared-secret check failed (the message starts with
     /// "authentication failed").
     #[error("{}", escaped(.0))]
@@ -155,7 +167,7 @@ impl XferError {
                 ),
                 _ => false,
             },
-            XferError::Rejected { code, .. } => *code == crate::proto::RejectCode::Busy.as_str(),
+            XferError::Rejected { code, .. } => *code == Some(RejectCode::Busy),
             XferError::PeerLost(_) => true,
             XferError::Sys(v) => matches!(
                 v,
@@ -170,12 +182,24 @@ impl XferError {
         }
     }
 
+    /// A refusal's reason as one stable word for scripts (`--json`'s
+    /// `reason_code`): the REJECT's code ("exists", "busy", "too-large",
+    /// "bad-name", "version", "auth"...), "rejected" for a refusal without
+    /// one; None for anything that is not a refusal.
+    pub fn reason_code(&self) -> Option<&'static str> {
+        match self {
+            XferError::Rejected { code, .. } => Some(code.map_or("rejected", RejectCode::slug)),
+            XferError::Auth(_) | XferError::Forged { .. } => Some(RejectCode::Auth.slug()),
+            _ => None,
+        }
+    }
+
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            XferError::Usage(_) => ExitCode::Usage,
-            XferError::Connect { .. } => ExitCode::NoDeviceOrConnect,
+            XferError::Usage(_) | XferError::Problems(_) => ExitCode::Usage,
+            XferError::Connect { .. } => ExitCode::CannotConnect,
             XferError::Sys(v) => match v {
-                SysError::NoDevice => ExitCode::NoDeviceOrConnect,
+                SysError::NoDevice | SysError::NotRdmaAddress(_) => ExitCode::NoDevice,
                 SysError::Timeout { .. } | SysError::Disconnected => ExitCode::TimeoutOrPeerLost,
                 SysError::WorkRequest {
                     peer_lost: true, ..
@@ -206,7 +230,7 @@ mod tests {
         let evil = "ok\x1b[2J\nreceiver: fake line";
         let shown = [
             XferError::Rejected {
-                code: "bad file name",
+                code: Some(RejectCode::BadName),
                 reason: evil.into(),
             },
             XferError::Auth(evil.into()),
@@ -255,7 +279,7 @@ mod tests {
                 },
             },
             XferError::Rejected {
-                code: crate::proto::RejectCode::Busy.as_str(),
+                code: Some(RejectCode::Busy),
                 reason: "at --max-sessions".into(),
             },
         ];
@@ -264,7 +288,7 @@ mod tests {
         }
         let permanent = [
             XferError::Rejected {
-                code: "exists",
+                code: Some(RejectCode::Exists),
                 reason: "r".into(),
             },
             XferError::Auth("x".into()),
@@ -306,7 +330,9 @@ mod tests {
     fn exit_codes_are_distinct_per_class() {
         let cases: Vec<(XferError, u8)> = vec![
             (XferError::Usage("x".into()), 2),
-            (XferError::Sys(SysError::NoDevice), 3),
+            (XferError::Sys(SysError::NoDevice), 8),
+            (XferError::Sys(SysError::NotRdmaAddress("x".into())), 8),
+            (XferError::Problems(vec!["a".into(), "b".into()]), 2),
             (
                 XferError::Connect {
                     addr: "a".into(),
@@ -316,7 +342,7 @@ mod tests {
             ),
             (
                 XferError::Rejected {
-                    code: "exists",
+                    code: Some(RejectCode::Exists),
                     reason: "r".into(),
                 },
                 4,

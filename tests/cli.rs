@@ -129,6 +129,48 @@ fn check_completions(bash: &Path, zsh: &Path, fish: &Path) {
             .expect("bash");
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && said.contains(name), "{said}");
+        // What TAB offers after the given words: host names for the
+        // sender's ADDR and for --source/--bind, no file names after a
+        // numeric option.
+        let complete = |words: &[&str]| {
+            let line = words.join(" ");
+            let out = Command::new("bash")
+                .arg("-c")
+                .arg(format!(
+                    "source '{}' && COMP_WORDS=({line} loc) && COMP_CWORD={} && \
+                     _{name} {name} loc \"${{COMP_WORDS[COMP_CWORD-1]}}\" && \
+                     printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+                    script.display(),
+                    words.len()
+                ))
+                .current_dir(std::env::temp_dir())
+                .output()
+                .expect("bash");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let host_option = if name == "sender" {
+            "--source"
+        } else {
+            "--bind"
+        };
+        assert!(
+            complete(&[name, host_option])
+                .lines()
+                .any(|l| l == "localhost"),
+            "{name} {host_option}: {}",
+            complete(&[name, host_option])
+        );
+        assert_eq!(complete(&[name, "--timeout"]).trim(), "loc", "{name}");
+        if name == "sender" {
+            for words in [&["sender"][..], &["sender", "-r", "--depth", "4"]] {
+                assert!(
+                    complete(words).lines().any(|l| l == "localhost"),
+                    "{words:?}: {}",
+                    complete(words)
+                );
+            }
+            assert!(!complete(&["sender", "host"]).contains("localhost"));
+        }
         let checks = [
             ("zsh", zsh.join(format!("_{name}"))),
             ("fish", fish.join(format!("{name}.fish"))),
@@ -223,6 +265,7 @@ fn make_install_respects_destdir_and_prefix() {
         [
             "bin/receiver",
             "bin/sender",
+            "lib/systemd/system/rdma-xfer-receiver.service",
             "share/bash-completion/completions/receiver",
             "share/bash-completion/completions/sender",
             "share/fish/vendor_completions.d/receiver.fish",
@@ -263,18 +306,19 @@ fn make_install_respects_destdir_and_prefix() {
 #[test]
 fn json_summary_on_early_failure() {
     let (code, out, err) = run(sender_bin(), &["127.0.0.1", "/nonexistent/in.bin"]);
-    assert_eq!((code, out.as_str()), (6, ""), "{err}");
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
     let (code, out, err) = run(
         sender_bin(),
         &["--json", "127.0.0.1", "/nonexistent/in.bin"],
     );
-    assert_eq!(code, 6, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert_eq!(out.lines().count(), 1, "{out}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
     assert_eq!(v["event"], "summary");
     assert_eq!(v["files"], 0);
-    assert_eq!(v["status"], "io");
-    assert_eq!(v["exit_code"], 6);
+    assert_eq!(v["status"], "usage");
+    assert_eq!(v["exit_code"], 2);
+    assert_eq!(v["retryable"], false);
     assert!(
         v["reason"]
             .as_str()
@@ -297,19 +341,20 @@ fn json_summary_of_a_receiver_without_a_device() {
     let dir = tempfile::tempdir().expect("dir");
     let out_dir = dir.path().to_str().expect("utf8");
     let (code, out, err) = run(receiver_bin(), &["--once", "--json", "--dir", out_dir]);
-    assert_eq!(code, 3, "{err}");
+    assert_eq!(code, 8, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
     assert_eq!(
         (v["status"].as_str(), v["exit_code"].as_u64()),
-        (Some("no_device_or_connect"), Some(3))
+        (Some("no_device"), Some(8))
     );
+    assert_eq!(v["retryable"], false, "{v}");
     // The no-token warning comes only once the receiver listens: a receiver
     // that cannot start says only why.
     assert!(!err.contains("no token"), "{err:?}");
     assert!(!err.contains('\x1b'), "colours on a pipe: {err:?}");
     // A serving receiver prints no summary (it reports per file only).
     let (code, out, _) = run(receiver_bin(), &["--json", "--dir", out_dir]);
-    assert_eq!((code, out.as_str()), (3, ""));
+    assert_eq!((code, out.as_str()), (8, ""));
 }
 
 #[test]
@@ -373,9 +418,9 @@ fn a_bad_ack_timeout_is_a_usage_error_of_both_tools() {
 }
 
 #[test]
-fn missing_input_file_is_an_io_error_before_connecting() {
+fn missing_input_file_is_a_usage_error_before_connecting() {
     let (code, _, err) = run(sender_bin(), &["127.0.0.1", "/nonexistent/file.bin"]);
-    assert_eq!(code, 6, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("cannot open /nonexistent/file.bin"), "{err}");
 }
 
@@ -393,10 +438,11 @@ fn directory_as_input_is_a_usage_error() {
 
 #[test]
 fn stream_and_stdout_usage_errors() {
-    // --stdout needs --once (standard output takes one stream).
-    let (code, _, err) = run(receiver_bin(), &["--stdout"]);
+    // --stdout takes no directory and replaces nothing.
+    let (code, _, err) = run(receiver_bin(), &["--stdout", "--dir", "/", "--overwrite"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--once"), "{err}");
+    assert!(err.contains("a directory does not apply"), "{err}");
+    assert!(err.contains("--overwrite does not apply"), "{err}");
     // Standard input once only; --name only with it.
     let (code, _, err) = run(sender_bin(), &["127.0.0.1", "-", "-"]);
     assert_eq!(code, 2, "{err}");
@@ -409,14 +455,14 @@ fn stream_and_stdout_usage_errors() {
 }
 
 #[test]
-fn missing_output_directory_is_an_io_error() {
+fn missing_output_directory_is_a_usage_error() {
     let (code, _, err) = run(receiver_bin(), &["--dir", "/nonexistent/dir", "--once"]);
-    assert_eq!(code, 6, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent/dir"), "{err}");
 }
 
 #[test]
-fn no_rdma_device_exits_3_with_a_clear_message() {
+fn no_rdma_device_exits_8_with_what_to_run() {
     if has_rdma_device() {
         // On RDMA machines the e2e suite covers the connect errors.
         skip("this machine has an RDMA device", false);
@@ -426,14 +472,28 @@ fn no_rdma_device_exits_3_with_a_clear_message() {
     let f = dir.path().join("f");
     std::fs::write(&f, b"x").expect("write");
     let (code, _, err) = run(sender_bin(), &["127.0.0.1", f.to_str().expect("utf8")]);
-    assert_eq!(code, 3, "{err}");
+    assert_eq!(code, 8, "{err}");
     assert!(err.contains("no RDMA device found"), "{err}");
+    for what in [
+        "ibv_devices",
+        "modprobe rdma_rxe",
+        "rdma link add rxe0 type rxe netdev",
+    ] {
+        assert!(err.contains(what), "{what}: {err}");
+    }
     let (code, _, err) = run(
         receiver_bin(),
         &["--once", "--dir", dir.path().to_str().expect("utf8")],
     );
-    assert_eq!(code, 3, "{err}");
+    assert_eq!(code, 8, "{err}");
     assert!(err.contains("no RDMA device found"), "{err}");
+    // -v says what the probe found before it gave up: nothing.
+    let (code, _, err) = run(
+        sender_bin(),
+        &["-v", "127.0.0.1", f.to_str().expect("utf8")],
+    );
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("sender: error: no RDMA device found"), "{err}");
 }
 
 /// Runs with RDMA_XFER_TOKEN unset or set to `token_env`.
@@ -480,7 +540,7 @@ fn empty_token_is_a_usage_error() {
 }
 
 #[test]
-fn missing_token_file_is_an_io_error() {
+fn missing_token_file_is_a_usage_error() {
     let dir = tempfile::tempdir().expect("dir");
     let f = dir.path().join("f");
     std::fs::write(&f, b"x").expect("write");
@@ -493,7 +553,7 @@ fn missing_token_file_is_an_io_error() {
     ];
     for (bin, args) in &cases {
         let (code, err) = run_env(bin, args, None);
-        assert_eq!(code, 6, "{bin}: {err}");
+        assert_eq!(code, 2, "{bin}: {err}");
         assert!(
             err.contains(&format!("cannot read token file {missing}")),
             "{bin}: {err}"
@@ -513,12 +573,15 @@ fn token_file_readable_by_others_warns_but_is_used() {
     // A missing input file stops the sender right after the token loaded.
     let args = ["--token-file", token, "127.0.0.1", "/nonexistent/in.bin"];
     let (code, err) = run_env(sender_bin(), &args, None);
-    assert_eq!(code, 6, "{err}");
-    assert!(err.contains("readable by group or others"), "{err}");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("sender: warning: token file") && err.contains("readable by group or others"),
+        "{err}"
+    );
     assert!(!err.contains("secret-value"), "the token leaked: {err}");
     std::fs::set_permissions(token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let (code, err) = run_env(sender_bin(), &args, None);
-    assert_eq!(code, 6, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(!err.contains("readable by group or others"), "{err}");
 }
 
@@ -536,7 +599,7 @@ fn receiver_that_cannot_start_does_not_warn_about_its_token() {
     // and says only why.
     for token in [None, Some("a-token-of-sixteen-or-more")] {
         let (code, err) = run_env(receiver_bin(), &["--once", "--dir", out], token);
-        assert_eq!(code, 3, "{err}");
+        assert_eq!(code, 8, "{err}");
         assert!(err.contains("no RDMA device"), "{err}");
         assert!(!err.contains("no token"), "{err}");
     }
@@ -568,4 +631,221 @@ fn short_token_is_a_usage_error_before_connecting() {
             "{bin}: {err}"
         );
     }
+}
+
+/// Every problem found before connecting exits 2 and is reported, each as
+/// a `TOOL: error:` line of its own.
+#[test]
+fn every_problem_before_connecting_is_reported_with_exit_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    let p = |name: &str| dir.path().join(name).to_str().expect("utf8").to_string();
+    std::fs::write(p("a"), b"a").expect("write");
+    std::fs::create_dir(p("sub")).expect("mkdir");
+    std::fs::write(p("sub/a"), b"a").expect("write");
+    assert!(
+        Command::new("mkfifo")
+            .arg(p("fifo"))
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let (code, out, err) = run(
+        sender_bin(),
+        &[
+            "--depth",
+            "0",
+            "--name",
+            "../up",
+            "127.0.0.1",
+            &p("missing"),
+            &p("sub"),
+            &p("fifo"),
+            &p("a"),
+            &p("sub/a"),
+        ],
+    );
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    for what in [
+        "--depth must be between 1 and 1024",
+        "invalid --name",
+        "cannot open",
+        "is a directory (use -r",
+        "a FIFO",
+        "would both arrive as a",
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("sender: error: ") && l.contains(what)),
+            "{what:?} is not an error line of its own in:\n{err}"
+        );
+    }
+    // With --json the summary lists them too; the log line is JSON.
+    let (code, out, err) = run(
+        sender_bin(),
+        &[
+            "--json",
+            "--log-format",
+            "json",
+            "127.0.0.1",
+            &p("missing"),
+            &p("sub"),
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(summary["status"], "usage", "{summary}");
+    let log: serde_json::Value = serde_json::from_str(err.trim()).expect("one JSON line");
+    assert_eq!(log["level"], "ERROR", "{log}");
+    assert_eq!(log["fields"]["exit_code"], 2, "{log}");
+    assert_eq!(log["fields"]["problems"].as_array().map(Vec::len), Some(2));
+    // The receiver: a missing directory, port 0 and a short token at once.
+    let (code, err) = run_env(
+        receiver_bin(),
+        &["--port", "0", "--dir", &p("missing")],
+        Some("short"),
+    );
+    assert_eq!(code, 2, "{err}");
+    for what in [
+        "--port must be between 1 and 65535",
+        "output directory",
+        "at least 16 bytes",
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("receiver: error: ") && l.contains(what)),
+            "{what:?} in:\n{err}"
+        );
+    }
+}
+
+/// scp, rsync and ssh habits get the right thing or a hint, exit 2.
+#[test]
+fn scp_habits_get_hints() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("data.bin");
+    std::fs::write(&file, b"x").expect("write");
+    let f = file.to_str().expect("utf8");
+    // host:/path: the receiver decides where files go.
+    let (code, _, err) = run(sender_bin(), &["recv-host:/data/in", f]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("takes no remote path"), "{err}");
+    assert!(err.contains("receiver --dir /data/in"), "{err}");
+    // Swapped arguments.
+    let (code, _, err) = run(sender_bin(), &[f, "recv-host"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the receiver's address comes first"), "{err}");
+    // HOST:PORT and --port must agree; a bad port in ADDR is refused.
+    let (code, _, err) = run(sender_bin(), &["--port", "1", "127.0.0.1:2", f]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("disagree"), "{err}");
+    let (code, _, err) = run(sender_bin(), &["[::1]:0", f]);
+    assert_eq!(code, 2, "{err}");
+    // `receiver ADDR` where a directory was meant.
+    let (code, _, err) = run(receiver_bin(), &["10.0.0.1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--bind ADDR"), "{err}");
+    // --follow-links without -r; --port 0 on both.
+    let (code, _, err) = run(sender_bin(), &["--follow-links", "127.0.0.1", f]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("needs -r"), "{err}");
+    for bin in [sender_bin(), receiver_bin()] {
+        let args: &[&str] = if bin == sender_bin() {
+            &["--port", "0", "127.0.0.1", f]
+        } else {
+            &["--port", "0"]
+        };
+        let (code, _, err) = run(bin, args);
+        assert_eq!(code, 2, "{bin}: {err}");
+        assert!(err.contains("between 1 and 65535"), "{bin}: {err}");
+    }
+}
+
+/// Warnings look like errors (`TOOL: warning: ...`), with a timestamp only
+/// with -v; JSON logs give warnings and the final error one shape.
+#[test]
+fn one_message_style() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, b"a-secret-of-32-bytes-or-more-yes\n").expect("write");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let token = token.to_str().expect("utf8");
+    let args = ["--token-file", token, "127.0.0.1", "/nonexistent/in.bin"];
+    let (code, _, err) = run(sender_bin(), &args);
+    assert_eq!(code, 2, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].starts_with("sender: warning: token file "),
+        "{err}"
+    );
+    assert!(lines[1].starts_with("sender: error: cannot open "), "{err}");
+    // -v: timestamps first (RFC 3339), the same shape after them.
+    let mut verbose = vec!["-v"];
+    verbose.extend(args);
+    let (_, _, err) = run(sender_bin(), &verbose);
+    let warning = err
+        .lines()
+        .find(|l| l.contains("warning: token file"))
+        .unwrap_or_else(|| panic!("{err}"));
+    let (stamp, rest) = warning.split_once(' ').expect("a timestamp");
+    assert!(stamp.starts_with("20") && stamp.ends_with('Z'), "{warning}");
+    assert!(rest.starts_with("sender: warning: "), "{warning}");
+    // JSON: the warning and the error have the same keys.
+    let mut json = vec!["--log-format", "json"];
+    json.extend(args);
+    let (_, _, err) = run(sender_bin(), &json);
+    let objects: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(objects.len(), 2, "{err}");
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v.as_object().expect("object").keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&objects[0]), keys(&objects[1]), "{err}");
+    assert_eq!(objects[0]["level"], "WARN");
+    assert_eq!(objects[1]["level"], "ERROR");
+    assert!(objects[1]["fields"]["message"].is_string(), "{err}");
+}
+
+/// On a terminal: `receiver --stdout` refuses to write binary data there;
+/// `sender ADDR -` says it is reading standard input.
+#[test]
+fn terminals_are_not_data_streams() {
+    if !have("script") {
+        skip(
+            "no `script` command for a terminal",
+            support::everything_required(),
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let out = dir.path().join("typescript");
+    let in_terminal = |line: String| {
+        // `script` gives the command a terminal on stdin, stdout and stderr.
+        let run = Command::new("script")
+            .args(["-qec", &line])
+            .arg(&out)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("script");
+        (
+            run.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&run.stdout).into_owned(),
+        )
+    };
+    let (code, screen) = in_terminal(format!("{} --stdout", receiver_bin()));
+    assert_eq!(code, 2, "{screen}");
+    assert!(screen.contains("to this terminal"), "{screen}");
+    // The sender's notice comes once its options are fine, before it
+    // connects (here it then finds no RDMA device, or nobody listening).
+    let (code, screen) = in_terminal(format!("{} --timeout 1 127.0.0.1 -", sender_bin()));
+    assert_ne!(code, 0, "{screen}");
+    assert!(
+        screen.contains("sender: reading standard input from the terminal (end it with Ctrl-D)"),
+        "{screen}"
+    );
 }

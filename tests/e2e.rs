@@ -343,7 +343,12 @@ fn json_logs_carry_spans_and_phase_timings() {
                 .as_f64()
                 .is_some_and(|s| s > 0.0)
         );
-        assert!(lines.iter().any(|v| v["event"] == "peak rss"), "{stderr}");
+        assert!(
+            lines
+                .iter()
+                .any(|v| v["fields"]["message"] == "peak rss" && v["level"] == "INFO"),
+            "{stderr}"
+        );
     }
 }
 
@@ -457,5 +462,73 @@ fn a_file_that_shrinks_while_sent_fails_clearly_and_leaves_nothing() {
     );
     receiver.wait_for_stderr("session failed", Duration::from_secs(60));
     assert!(!dst.path().join("shrinking.bin").exists());
+    assert_no_temp_files(dst.path());
+}
+
+/// A new user's first run: the receiver, quiet by default, says once
+/// where it listens (device and port) and where files go, before any
+/// warning; `sender HOST:PORT FILE` reaches it; `receiver DIR` works as
+/// `--dir DIR`; the per-file line shows human sizes.
+#[test]
+fn the_receiver_says_where_it_listens_and_host_port_reaches_it() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let port = next_port();
+    let mut cmd = std::process::Command::new(receiver_bin());
+    cmd.args(["--bind", &net.addr_a, "--port", &port.to_string(), "--once"])
+        .arg(dst.path())
+        .env_remove("RDMA_XFER_ACK_TIMEOUT");
+    token_env(&mut cmd, None);
+    let mut receiver = Running::spawn("receiver", cmd);
+    let log = receiver.wait_for_stderr("no token", Duration::from_secs(60));
+    let listening = format!("receiver: listening on {}:{port} (", net.addr_a);
+    let line = log
+        .lines()
+        .find(|l| l.starts_with(&listening))
+        .unwrap_or_else(|| panic!("no listening line in:\n{log}"));
+    let dir = std::fs::canonicalize(dst.path()).expect("canonical");
+    // "(rxe0 port 1)": the device the bound address belongs to.
+    let device = line[listening.len()..]
+        .split_once(')')
+        .map(|(d, _)| d)
+        .unwrap_or_default();
+    assert!(
+        device.split_once(" port ").is_some_and(|(name, port)| {
+            !name.is_empty() && port.parse::<u8>().is_ok_and(|p| p >= 1)
+        }),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(&format!("), writing to {}", dir.display())),
+        "{line}"
+    );
+    assert!(
+        log.find(&listening) < log.find("receiver: warning: no token"),
+        "the warning before the listening line:\n{log}"
+    );
+    let input = src.path().join("first.bin");
+    let sum = make_file(&input, 3 * MIB + 5, 77);
+    let mut cmd = std::process::Command::new(sender_bin());
+    if let Some(b) = &net.addr_b {
+        cmd.args(["--source", b]);
+    }
+    cmd.arg(format!("{}:{port}", net.addr_a))
+        .arg(&input)
+        .env_remove("RDMA_XFER_ACK_TIMEOUT");
+    token_env(&mut cmd, None);
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(300));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_both_ok(&sent, &received);
+    assert_eq!(sha256_file(&dst.path().join("first.bin")), sum);
+    // Without -v: the human line, no phases.
+    let done = sent
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("first.bin: 3.0 MiB in "))
+        .unwrap_or_else(|| panic!("no per-file line in:\n{}", sent.stderr));
+    assert!(
+        done.contains(" MiB/s (crc32 ") && !done.contains("fsync"),
+        "{done}"
+    );
     assert_no_temp_files(dst.path());
 }

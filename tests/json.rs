@@ -99,6 +99,8 @@ fn json_results_match_the_files_including_a_refused_one() {
         assert_eq!(refused["bytes"], 4096, "{tool}: {refused}");
         assert_eq!(refused["status"], "rejected", "{tool}: {refused}");
         assert_eq!(refused["exit_code"], 4, "{tool}: {refused}");
+        assert_eq!(refused["reason_code"], "exists", "{tool}: {refused}");
+        assert_eq!(refused["retryable"], false, "{tool}: {refused}");
         assert_eq!(refused["digest"], Value::Null, "{tool}: {refused}");
         let reason = refused["reason"].as_str().expect("reason");
         assert!(
@@ -112,6 +114,7 @@ fn json_results_match_the_files_including_a_refused_one() {
         assert_eq!(summary["bytes"], 4 * CHUNK + 17, "{tool}: {summary}");
         assert_eq!(summary["status"], "rejected", "{tool}: {summary}");
         assert_eq!(summary["exit_code"], 4, "{tool}: {summary}");
+        assert_eq!(summary["reason_code"], "exists", "{tool}: {summary}");
         assert!(
             summary["reason"]
                 .as_str()
@@ -128,7 +131,7 @@ fn json_results_match_the_files_including_a_refused_one() {
         assert_no_progress_output(tool, &run.stderr);
         // The text summaries still go to stderr.
         assert!(
-            run.stderr.contains("a.bin: 3145745 bytes in"),
+            run.stderr.contains("a.bin: 3.0 MiB (3145745 bytes) in"),
             "{}",
             run.stderr
         );
@@ -259,17 +262,27 @@ fn progress_bars_only_on_a_terminal() {
                 assert!(screen.contains("MiB/s"), "{tool}: no rate: {screen:?}");
                 // The per-file summary line is printed whole (the bars
                 // cleared first, drawn again below it).
+                // Human sizes; the receiver (-v) adds the exact bytes and
+                // its phases.
                 let line = screen
-                    .split("big.bin: 50331648 bytes in ")
+                    .split("big.bin: 48.0 MiB")
                     .nth(1)
                     .and_then(|rest| rest.lines().next())
                     .unwrap_or_else(|| panic!("{tool}: no summary line: {screen:?}"));
                 assert!(
-                    line.ends_with(" ms")
-                        && line.contains("fsync+verify")
+                    line.contains(" in ")
+                        && line.contains(" MiB/s (crc32 ")
                         && !line.contains('\x1b'),
                     "{tool}: torn summary line {line:?}"
                 );
+                if tool == "receiver" {
+                    assert!(
+                        line.starts_with(" (50331648 bytes) in ")
+                            && line.ends_with(" ms")
+                            && line.contains("fsync+verify"),
+                        "{tool}: -v summary line {line:?}"
+                    );
+                }
                 if tool == "sender" {
                     for event in ["{\"event\":\"file\"", "{\"event\":\"summary\""] {
                         let line = screen
@@ -301,4 +314,96 @@ fn script_cmd(line: &str) -> Command {
     cmd.env("TERM", "xterm");
     cmd.env_remove("RDMA_XFER_TOKEN");
     cmd
+}
+
+/// The progress bars on a real terminal, as a user sees them: the sender
+/// runs in a tmux pane; screen captures taken while it works show the file
+/// bar and the overall bar, and the last one shows the per-file line with
+/// no bar left behind.
+#[test]
+fn progress_bars_on_a_tmux_screen() {
+    let Some(net) = rdma_net() else { return };
+    if !have("tmux") {
+        skip("no tmux for a real terminal", everything_required());
+        return;
+    }
+    let (src, dst) = dirs();
+    let input = src.path().join("screen.bin");
+    let sum = make_file(&input, 96 * MIB, 41);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    // A tmux server of this test's own (its own socket), ended below.
+    let socket = format!("rxfer-test-{}-{port}", std::process::id());
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .args(["-L", &socket])
+            .args(args)
+            .env_remove("TMUX")
+            .output()
+            .expect("tmux")
+    };
+    let source = match &net.addr_b {
+        Some(b) => format!("--source {b}"),
+        None => String::new(),
+    };
+    // The pane stays after the sender exits, showing its status.
+    let line = format!(
+        "env -u RDMA_XFER_TOKEN -u RDMA_XFER_ACK_TIMEOUT {} --port {port} {source} {} {}; \
+         echo \"EXIT=$?\"; sleep 600",
+        sender_bin(),
+        net.addr_a,
+        input.display()
+    );
+    let started = tmux(&[
+        "new-session",
+        "-d",
+        "-x",
+        "160",
+        "-y",
+        "24",
+        "-s",
+        "rx",
+        &line,
+    ]);
+    assert!(started.status.success(), "{started:?}");
+    let capture =
+        || String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "rx"]).stdout).into_owned();
+    let mut bars_seen = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let last = loop {
+        let screen = capture();
+        // Bars under way: both, with a rate (the first draw says 0 B/s).
+        if !bars_seen
+            && screen.contains("screen.bin")
+            && screen.contains("ETA")
+            && screen.contains("total: 0/1 files")
+            && screen.contains("MiB/s")
+        {
+            bars_seen = true;
+        }
+        if screen.contains("EXIT=") {
+            break screen;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sender did not finish:\n{screen}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = tmux(&["kill-server"]);
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_eq!(sha256_file(&dst.path().join("screen.bin")), sum);
+    assert!(last.contains("EXIT=0"), "{last}");
+    assert!(
+        bars_seen,
+        "no capture showed the bars moving; the last:\n{last}"
+    );
+    // The final screen: the per-file line whole, the bars gone.
+    let done = last
+        .lines()
+        .find(|l| l.starts_with("screen.bin: 96.0 MiB in "))
+        .unwrap_or_else(|| panic!("no per-file line:\n{last}"));
+    assert!(done.contains(" MiB/s (crc32 "), "{done}");
+    assert!(!last.contains("ETA") && !last.contains("total: "), "{last}");
 }

@@ -14,6 +14,7 @@ use std::path::PathBuf;
     about = "Write the man pages and shell completions of `sender` and `receiver`.",
     after_help = "Examples:\n  \
 rdma-xfer-gen man /usr/local/share/man/man1\n  \
+rdma-xfer-gen man --unit /usr/local/lib/systemd/system/rdma-xfer-receiver.service DIR\n  \
 rdma-xfer-gen completions bash /usr/local/share/bash-completion/completions\n  \
 rdma-xfer-gen completions zsh /usr/local/share/zsh/site-functions\n  \
 rdma-xfer-gen completions fish /usr/local/share/fish/vendor_completions.d"
@@ -23,6 +24,10 @@ enum Gen {
     Man {
         #[arg(value_hint = clap::ValueHint::DirPath)]
         dir: PathBuf,
+        /// Where the receiver's systemd unit is installed (receiver.1's
+        /// FILES then describes it).
+        #[arg(long, value_name = "PATH")]
+        unit: Option<PathBuf>,
     },
     /// Write both tools' completion scripts for SHELL into DIR (bash:
     /// `sender`, zsh: `_sender`, fish: `sender.fish`; same for receiver).
@@ -35,7 +40,7 @@ enum Gen {
 
 fn main() -> std::process::ExitCode {
     let (result, dir) = match Gen::parse() {
-        Gen::Man { dir } => (write_man_pages(&dir), dir),
+        Gen::Man { dir, unit } => (write_man_pages(&dir, unit.as_deref()), dir),
         Gen::Completions { shell, dir } => (write_completions(shell, &dir), dir),
     };
     match result {

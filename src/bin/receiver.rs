@@ -19,14 +19,14 @@ fn run(args: &ReceiverArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
 fn main() -> std::process::ExitCode {
     let args = ReceiverArgs::parse();
     let ui = Arc::new(Ui::new(&args.common, false));
-    init_logging(&args.common, &ui);
+    init_logging("receiver", &args.common, &ui);
     if let Err(e) = install_shutdown_handlers() {
-        ui.eprintln(&format!("receiver: warning: {e}"));
+        tracing::warn!("{e}");
     }
     let result = run(&args, &ui);
     ui.finish();
     // A serving receiver reports per file only; --once sums up its session.
-    if args.once {
+    if args.once || args.stdout {
         ui.print_json_summary(result.as_ref().map(|_| ()));
     }
     finish("receiver", &args.common, result)

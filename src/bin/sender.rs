@@ -13,6 +13,13 @@ use std::sync::Arc;
 
 fn run(args: &SenderArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
     let mut cfg = args.to_config()?;
+    // As gzip and zstd do: a terminal on stdin means the user is to type.
+    if args.files.iter().any(|f| f.as_os_str() == "-")
+        && std::io::IsTerminal::is_terminal(&std::io::stdin())
+        && !args.common.quiet
+    {
+        ui.eprintln("sender: reading standard input from the terminal (end it with Ctrl-D)");
+    }
     cfg.progress = ProgressSink::new(ui.clone());
     let outcome = send_files(&cfg, &args.files, |event| ui.file_event(event))?;
     if args.recursive && !args.common.quiet {
@@ -28,9 +35,9 @@ fn run(args: &SenderArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
 fn main() -> std::process::ExitCode {
     let args = SenderArgs::parse();
     let ui = Arc::new(Ui::new(&args.common, true));
-    init_logging(&args.common, &ui);
+    init_logging("sender", &args.common, &ui);
     if let Err(e) = install_shutdown_handlers() {
-        ui.eprintln(&format!("sender: warning: {e}"));
+        tracing::warn!("{e}");
     }
     let result = run(&args, &ui);
     ui.finish();

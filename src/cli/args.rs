@@ -7,14 +7,27 @@ use crate::engine::receiver::{
     AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_THREADS, ReceiverConfig,
 };
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
-use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers};
+use crate::engine::{DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
 use crate::error::XferError;
 use crate::proto::DEFAULT_MAX_FILES;
 use crate::proto::{DigestAlg, validate_path};
 use clap::{CommandFactory, ValueHint};
-use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// `--chunk-size`'s default as shown in `--help` (DEFAULT_CHUNK_SIZE; a
+/// unit test keeps them equal).
+const DEFAULT_CHUNK_ARG: &str = "1M";
+/// The port both tools use unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7471;
+
+/// Headings `--help` groups the options under.
+const CONNECTION: &str = "Connection";
+const OUTPUT: &str = "Output";
+const SECURITY: &str = "Integrity and security";
+const PERFORMANCE: &str = "Performance";
+const FORMAT: &str = "Output format";
 
 /// How log lines (and the per-file lines) on stderr look.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,29 +39,35 @@ pub enum LogFormat {
 /// Options both tools share (flattened into each tool's arguments).
 #[derive(clap::Args, Debug)]
 pub struct CommonArgs {
-    /// Spin on the completion queue instead of sleeping on events.
-    #[arg(long)]
+    /// Spin on the completion queue instead of sleeping on events (lower
+    /// latency, one core busy).
+    #[arg(long, help_heading = PERFORMANCE)]
     pub busy_poll: bool,
-    /// Seconds without progress (or to connect/accept) before giving up.
-    #[arg(long, value_name = "SECS", value_parser = parse_timeout_arg, default_value = "30")]
+    /// Seconds without progress (or to connect/accept) before giving up
+    /// (1-604800).
+    #[arg(long, value_name = "SECS", value_parser = parse_timeout_arg, default_value = "30",
+          value_hint = ValueHint::Other, help_heading = CONNECTION)]
     pub timeout: Duration,
-    /// More log output (-v info, -vv debug; -v also prints peak RSS).
-    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    /// More log output: -v adds timestamps, the phases of each file, peak
+    /// memory and CPU time; -vv debug.
+    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet", help_heading = FORMAT)]
     pub verbose: u8,
     /// Only errors on stderr (no per-file lines, no progress bars).
-    #[arg(short, long)]
+    #[arg(short, long, help_heading = FORMAT)]
     pub quiet: bool,
     /// Log lines as text, or as one JSON object per line (with the session
     /// and file spans) for log collectors.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, help_heading = FORMAT)]
     pub log_format: LogFormat,
     /// Results for scripts: one JSON object per file on stdout (name, bytes,
-    /// seconds, mib_per_s, digest, status, exit_code), flushed at once.
-    #[arg(long)]
+    /// seconds, mib_per_s, digest, status, exit_code, reason_code,
+    /// retryable), flushed at once, and a summary at the end.
+    #[arg(long, help_heading = FORMAT)]
     pub json: bool,
-    /// File holding the shared secret that authenticates the sender to the
-    /// receiver (trailing whitespace ignored). Overrides RDMA_XFER_TOKEN.
-    #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath)]
+    /// File holding the shared secret that authenticates both ends to each
+    /// other (trailing whitespace ignored; at least 16 bytes). Overrides
+    /// RDMA_XFER_TOKEN.
+    #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath, help_heading = SECURITY)]
     pub token_file: Option<PathBuf>,
 }
 
@@ -57,10 +76,25 @@ macro_rules! output_help {
     () => {
         concat!(
             "Output:\n",
-            "  one line per file on stderr (none with -q);\n",
+            "  one line per file on stderr (none with -q); errors and warnings as\n",
+            "  `TOOL: error: ...` and `TOOL: warning: ...`;\n",
             "  progress bars (per file and overall) while stderr is a terminal, not with -q\n",
             "  or --log-format json;\n",
-            "  --json: one JSON object per file on stdout, flushed at once (see the README)."
+            "  --json: one JSON object per file on stdout, flushed at once, and a summary."
+        )
+    };
+}
+
+/// Environment variables both tools read.
+macro_rules! environment_help {
+    () => {
+        concat!(
+            "Environment:\n",
+            "  RDMA_XFER_TOKEN        the shared secret (--token-file wins)\n",
+            "  RDMA_XFER_ACK_TIMEOUT  the RDMA ACK timeout exponent, 1-31 (4.096 us x 2^N),\n",
+            "                         0 for the kernel's choice; unset: chosen per device\n",
+            "  RUST_LOG               log filter, overrides -v and -q (e.g. RUST_LOG=debug)\n",
+            "  NO_COLOR               when set and not empty: no colours, even on a terminal"
         )
     };
 }
@@ -73,76 +107,82 @@ macro_rules! output_help {
     long_about = "Send files over RDMA to a running `receiver`. All files go in one session, in \
 order; each is acknowledged only after the receiver verified its digest, fsynced it and renamed \
 it into place. A refused file (say, it exists there) does not stop the others; the exit code is \
-the first failure's.",
+the first failure's. Where files go on the receiving host is the receiver's --dir.",
     after_help = concat!(
         "Examples:\n",
         "  sender 10.0.0.1 data.bin\n",
-        "  sender --verify sha256 recv-host a.bin b.bin\n",
-        "  sender --source 10.0.0.2 --port 7471 10.0.0.1 data.bin\n",
+        "  sender recv-host:7471 a.bin b.bin\n",
+        "  sender --verify sha256 '[fd00::1]:7471' data.bin\n",
+        "  sender --source 10.0.0.2 10.0.0.1 data.bin\n",
         "  sender --token-file /etc/rdma-xfer/token 10.0.0.1 data.bin\n",
         "  sender -r 10.0.0.1 results/ notes.txt\n",
+        "  sender --resume --retry 10.0.0.1 checkpoint.pt\n",
         "  tar -C src -cf - . | sender 10.0.0.1 - --name src.tar\n",
         "  RDMA_XFER_TOKEN=\"$(cat token)\" sender 10.0.0.1 data.bin\n",
         "  sender --json 10.0.0.1 a.bin b.bin | jq -c 'select(.status != \"ok\")'\n\n",
         output_help!(),
         "\n\n",
+        environment_help!(),
+        "\n\n",
         crate::exit_codes_help!()
     )
 )]
 pub struct SenderArgs {
-    /// Receiver's address: IPv4, IPv6 or host name.
-    #[arg(value_hint = ValueHint::Hostname)]
+    /// Receiver's address: IPv4, IPv6 or host name, optionally with its
+    /// port (HOST:PORT, [IPV6]:PORT).
+    #[arg(value_hint = ValueHint::Hostname, value_name = "ADDR")]
     pub addr: String,
     /// Files to send, in order, in one session; `-` is standard input (of
     /// any length), directories need -r (they arrive under their own name).
-    #[arg(required = true, value_hint = ValueHint::AnyPath)]
+    #[arg(required = true, value_hint = ValueHint::AnyPath, value_name = "FILE")]
     pub files: Vec<PathBuf>,
+    /// Receiver's port (also ADDR:PORT) [default: 7471].
+    #[arg(long, value_hint = ValueHint::Other, help_heading = CONNECTION)]
+    pub port: Option<u16>,
+    /// Local address to connect from (picks the RDMA device and port).
+    #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = CONNECTION)]
+    pub source: Option<String>,
+    /// After a failure that may be transient (peer lost, timeout, cannot
+    /// connect, busy), connect again up to N times, pausing 1, 2, 4 ... 30 s,
+    /// and send what was not acknowledged (implies --resume). Refusals and
+    /// integrity failures are never retried. --retry alone means 5.
+    #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "5",
+          default_value_t = 0, value_hint = ValueHint::Other, help_heading = CONNECTION)]
+    pub retry: u32,
     /// Send directories as trees: every file and directory below them
     /// (symbolic links inside are skipped unless --follow-links).
-    #[arg(short, long)]
+    #[arg(short, long, help_heading = OUTPUT)]
     pub recursive: bool,
-    /// Follow symbolic links inside trees (links named on the command line
-    /// are always followed).
-    #[arg(long)]
+    /// Follow symbolic links inside trees (needs -r; links named on the
+    /// command line are always followed).
+    #[arg(long, help_heading = OUTPUT)]
     pub follow_links: bool,
     /// Keep modes and modification times of files and directories (without
     /// it the receiver's umask applies, as with scp; setuid, setgid and
     /// sticky bits are never kept).
-    #[arg(short, long, visible_alias = "preserve-times")]
+    #[arg(short, long, visible_alias = "preserve-times", help_heading = OUTPUT)]
     pub preserve: bool,
-    /// Name standard input (`-`) arrives under on the receiver [default: stdin].
-    #[arg(long, value_name = "NAME")]
+    /// Relative path standard input (`-`) arrives under [default: stdin].
+    #[arg(long, value_name = "NAME", value_hint = ValueHint::Other, help_heading = OUTPUT)]
     pub name: Option<String>,
-    /// Local address to connect from (picks the RDMA device and port).
-    #[arg(long, value_name = "ADDR")]
-    pub source: Option<IpAddr>,
-    /// Receiver's port.
-    #[arg(long, default_value_t = 7471)]
-    pub port: u16,
-    /// Whole-file digest checked by the receiver before it acknowledges
-    /// [default: crc32; sha256 with a token, which requires it]
-    #[arg(long, value_enum)]
-    pub verify: Option<Verify>,
-    /// RDMA writes kept in flight (each uses one staging buffer).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_DEPTH)]
-    pub depth: u32,
-    /// Size of each staging buffer / write (K, M, G suffixes); the
-    /// receiver's slot size caps it.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
-    pub chunk_size: u64,
     /// If the transfer fails, the receiver keeps what it verified; sent
     /// again with --resume, a file continues where it stopped, and a file
-    /// the receiver has complete (same size, mtime and SHA-256) is skipped. Also
-    /// carries modification times, which identify the source.
-    #[arg(long)]
+    /// the receiver has complete (same size, mtime and SHA-256) is skipped.
+    #[arg(long, help_heading = OUTPUT)]
     pub resume: bool,
-    /// After a failure that may be transient (peer lost, timeout, cannot
-    /// connect), connect again up to N times, pausing 1, 2, 4 ... 30 s, and
-    /// send what was not acknowledged (implies --resume). Refusals and
-    /// integrity failures are never retried. --retry alone means 5;
-    /// --retry=N sets N.
-    #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "5", default_value_t = 0)]
-    pub retry: u32,
+    /// Whole-file digest checked by the receiver before it acknowledges
+    /// [default: crc32; sha256 with a token, which requires it].
+    #[arg(long, value_enum, help_heading = SECURITY)]
+    pub verify: Option<Verify>,
+    /// RDMA writes kept in flight, 1-1024 (each uses one staging buffer).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DEPTH, value_hint = ValueHint::Other,
+          help_heading = PERFORMANCE)]
+    pub depth: u32,
+    /// Size of each staging buffer and write, 4K-64M; the receiver's slot
+    /// size caps it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, default_value = DEFAULT_CHUNK_ARG,
+          value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
+    pub chunk_size: u64,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -169,78 +209,96 @@ impl From<Verify> for DigestAlg {
     version,
     about = "Receive files over RDMA from `sender`.",
     long_about = "Receive files over RDMA from `sender`. Each file is written to a temporary \
-file in --dir, fsynced, checked against the sender's digest and only then renamed to its \
-final name. Without --once it serves senders (several at once) until SIGINT/SIGTERM.",
+file in DIR, fsynced, checked against the sender's digest and only then renamed to its \
+final name. Without --once it serves senders (several at once) until SIGINT/SIGTERM. It prints \
+one line when it is ready: where it listens and where files go.",
     after_help = concat!(
         "Examples:\n",
-        "  receiver --dir /data/incoming\n",
+        "  receiver /data/incoming\n",
         "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n",
         "  receiver --token-file /etc/rdma-xfer/token --dir /data/incoming\n",
         "  receiver --max-size 100G --max-sessions 4 --dir /data/incoming\n",
         "  receiver --allow 10.0.0.0/24 --dir /data/incoming\n",
         "  receiver --once --json --dir /data/incoming > results.jsonl\n",
-        "  receiver --once --stdout | tar -C dst -xpf -\n\n",
+        "  receiver --stdout | tar -C dst -xpf -\n\n",
         output_help!(),
+        "\n\n",
+        environment_help!(),
         "\n\n",
         crate::exit_codes_help!()
     )
 )]
 pub struct ReceiverArgs {
-    /// Local address to listen on (IPv4 or IPv6).
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
-    pub bind: IpAddr,
+    /// Output directory (as --dir).
+    #[arg(value_name = "DIR", value_hint = ValueHint::DirPath, conflicts_with = "dir")]
+    pub dir_arg: Option<PathBuf>,
+    /// Local address to listen on: IPv4, IPv6 or host name [default:
+    /// 0.0.0.0, every device].
+    #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = CONNECTION)]
+    pub bind: Option<String>,
     /// Port to listen on.
-    #[arg(long, default_value_t = 7471)]
+    #[arg(long, default_value_t = DEFAULT_PORT, value_hint = ValueHint::Other, help_heading = CONNECTION)]
     pub port: u16,
-    /// Output directory.
-    #[arg(long, default_value = ".", value_hint = ValueHint::DirPath)]
-    pub dir: PathBuf,
     /// Serve one session, then exit with its status.
-    #[arg(long)]
+    #[arg(long, help_heading = CONNECTION)]
     pub once: bool,
-    /// Write the one file or stream of the session to standard output
-    /// instead of --dir (logs stay on stderr); needs --once.
-    #[arg(long, requires = "once", conflicts_with = "json")]
+    /// Sessions served at once, 1-65535 (each has its own queue pair and
+    /// ring); further senders are refused as "busy".
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS as u16,
+          value_parser = clap::value_parser!(u16).range(1..), value_hint = ValueHint::Other,
+          help_heading = CONNECTION)]
+    pub max_sessions: u16,
+    /// Output directory [default: the current directory].
+    #[arg(long, value_hint = ValueHint::DirPath, help_heading = OUTPUT)]
+    pub dir: Option<PathBuf>,
+    /// Write the one file or stream of a session to standard output
+    /// instead of a directory (logs stay on stderr); implies --once.
+    #[arg(long, conflicts_with = "json", help_heading = OUTPUT)]
     pub stdout: bool,
     /// Replace existing files (default: refuse them).
-    #[arg(long)]
+    #[arg(long, help_heading = OUTPUT)]
     pub overwrite: bool,
-    /// Number of ring slots registered per session.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_SLOTS)]
-    pub slots: u32,
-    /// Threads per session that write checked chunks into files while the
-    /// session checks the next ones (0: the session's thread writes).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_WRITER_THREADS, value_parser = clap::value_parser!(u16).range(0..=64))]
-    pub threads: u16,
-    /// Ring slot size (K, M, G suffixes).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
-    pub chunk_size: u64,
-    /// Refuse files larger than this (K, M, G suffixes); default: no limit
-    /// besides the free space of --dir.
-    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
-    pub max_size: Option<u64>,
-    /// Sessions served at once (each has its own queue pair and ring);
-    /// further senders are refused with a "busy" reason.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS as u16, value_parser = clap::value_parser!(u16).range(1..))]
-    pub max_sessions: u16,
-    /// Most entries (files and directories, refused ones included) one
-    /// session may offer; the one past it ends the session.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_FILES, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_files: u64,
-    /// Most bytes one session may bring over all its files and streams (K,
-    /// M, G suffixes); default: no limit.
-    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
-    pub max_session_size: Option<u64>,
-    /// Accept connections only from this address or network (repeatable,
-    /// e.g. --allow 10.0.0.0/24 --allow 10.0.1.7); others are refused
-    /// before anything is sent to them. Default: from anywhere.
-    #[arg(long, value_name = "ADDR[/PREFIX]")]
-    pub allow: Vec<AllowedNet>,
     /// Remove partial files kept for `sender --resume` (and temporary files
     /// left by a crash) once they were not written to for this long
     /// (s, m, h, d), at start-up and between sessions.
-    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration, default_value = "24h")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration, default_value = "24h",
+          value_hint = ValueHint::Other, help_heading = OUTPUT)]
     pub partial_ttl: Duration,
+    /// Accept connections only from this address or network (repeatable,
+    /// e.g. --allow 10.0.0.0/24 --allow 10.0.1.7); others are refused
+    /// before anything is sent to them. Default: from anywhere.
+    #[arg(long, value_name = "ADDR[/PREFIX]", value_hint = ValueHint::Other, help_heading = SECURITY)]
+    pub allow: Vec<AllowedNet>,
+    /// Refuse files larger than this (e.g. 100G); default: no limit
+    /// besides the free space of the directory.
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE", value_hint = ValueHint::Other,
+          help_heading = SECURITY)]
+    pub max_size: Option<u64>,
+    /// Most entries (files and directories, refused ones included) one
+    /// session may offer; the one past it ends the session.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_FILES,
+          value_parser = clap::value_parser!(u64).range(1..), value_hint = ValueHint::Other,
+          help_heading = SECURITY)]
+    pub max_files: u64,
+    /// Most bytes one session may bring over all its files and streams
+    /// (e.g. 1T); default: no limit.
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE", value_hint = ValueHint::Other,
+          help_heading = SECURITY)]
+    pub max_session_size: Option<u64>,
+    /// Ring slots registered per session, 1-1024.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SLOTS, value_hint = ValueHint::Other,
+          help_heading = PERFORMANCE)]
+    pub slots: u32,
+    /// Ring slot size, 4K-64M.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, default_value = DEFAULT_CHUNK_ARG,
+          value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
+    pub chunk_size: u64,
+    /// Threads per session that write checked chunks into files while the
+    /// session checks the next ones, 0-64 (0: the session's thread writes).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_WRITER_THREADS,
+          value_parser = clap::value_parser!(u16).range(0..=64), value_hint = ValueHint::Other,
+          help_heading = PERFORMANCE)]
+    pub threads: u16,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -265,6 +323,45 @@ impl CommonArgs {
     }
 }
 
+/// Problems found before connecting, gathered so that one run reports
+/// them all (exit 2).
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    /// The value, or None with the error's message(s) noted.
+    fn check<T>(&mut self, result: Result<T, XferError>) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(XferError::Problems(all)) => {
+                self.0.extend(all);
+                None
+            }
+            Err(e) => {
+                self.0.push(e.to_string());
+                None
+            }
+        }
+    }
+
+    fn add(&mut self, problem: impl Into<String>) {
+        self.0.push(problem.into());
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// One usage error, or all of them.
+    fn into_result(mut self) -> Result<(), XferError> {
+        match self.0.len() {
+            0 => Ok(()),
+            1 => Err(XferError::Usage(self.0.remove(0))),
+            _ => Err(XferError::Problems(self.0)),
+        }
+    }
+}
+
 /// A port to connect to or listen on: 0 would mean "any port", which no
 /// sender could find.
 fn check_port(port: u16) -> Result<(), XferError> {
@@ -276,93 +373,262 @@ fn check_port(port: u16) -> Result<(), XferError> {
     Ok(())
 }
 
+/// The sender's ADDR as host and port, as ssh and scp users write it:
+/// `host`, `host:port`, `10.0.0.1:7471`, `[fd00::1]:7471`, `[fd00::1]` or
+/// a bare IPv6 address. `host:/path` (scp's remote path) is refused with
+/// what to do instead: the receiver decides where files go.
+pub fn parse_addr(addr: &str) -> Result<(String, Option<u16>), XferError> {
+    let a = addr.trim();
+    if a.is_empty() {
+        return Err(XferError::Usage("the receiver's address is empty".into()));
+    }
+    let port = |p: &str| match p.parse::<u16>() {
+        Ok(n) if n > 0 => Ok(Some(n)),
+        _ => Err(XferError::Usage(format!(
+            "{addr:?}: the port must be a number between 1 and 65535"
+        ))),
+    };
+    if let Some(rest) = a.strip_prefix('[') {
+        let Some((host, after)) = rest.split_once(']') else {
+            return Err(XferError::Usage(format!(
+                "{addr:?}: an IPv6 address in brackets needs its closing `]`"
+            )));
+        };
+        return match after {
+            "" => Ok((host.to_string(), None)),
+            _ => match after.strip_prefix(':') {
+                Some(p) => Ok((host.to_string(), port(p)?)),
+                None => Err(XferError::Usage(format!(
+                    "{addr:?}: expected [IPV6] or [IPV6]:PORT"
+                ))),
+            },
+        };
+    }
+    match a.split_once(':') {
+        // More than one colon and no brackets: an IPv6 address, no port.
+        Some((_, rest)) if rest.contains(':') => Ok((a.to_string(), None)),
+        Some((host, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok((host.to_string(), port(p)?))
+        }
+        Some((host, path)) => Err(XferError::Usage(format!(
+            "{addr:?} looks like scp's HOST:PATH, but the sender takes no remote path: where \
+             files go is the receiver's directory (run `receiver --dir {}` on {host}, then \
+             `sender {host} FILE...`; `--name` picks a relative name for standard input)",
+            if path.is_empty() { "DIR" } else { path }
+        ))),
+        None => Ok((a.to_string(), None)),
+    }
+}
+
 impl SenderArgs {
-    /// The engine's configuration for these arguments, every option checked:
-    /// chunk size and depth, timeout, port, `--name` (a relative path the
-    /// receiver will accept, and only with `-` among the files), the token
-    /// (`--token-file` or RDMA_XFER_TOKEN) and the receiver's address
-    /// (resolved here; a name that does not resolve is a connect error).
+    /// How the command line's arguments become entries.
+    fn walk_options(&self, times: bool) -> entries::WalkOptions {
+        entries::WalkOptions {
+            recursive: self.recursive,
+            follow_links: self.follow_links,
+            preserve: self.preserve,
+            times,
+            stdin_name: self
+                .name
+                .clone()
+                .unwrap_or_else(|| DEFAULT_STDIN_NAME.into()),
+        }
+    }
+
+    /// The engine's configuration for these arguments, every option checked
+    /// and every problem reported at once (exit 2): chunk size and depth,
+    /// timeout, ADDR and port, `--name` (a relative path the receiver will
+    /// accept, and only with `-` among the files), `--follow-links` only
+    /// with -r, the token (`--token-file` or RDMA_XFER_TOKEN), and with any
+    /// of those wrong, the input files too (otherwise the engine checks
+    /// them, all at once, before it connects). The receiver's address is
+    /// resolved last: a name that does not resolve is a connect error.
     /// The progress observer is left at its default; the tool sets its own.
     pub fn to_config(&self) -> Result<SenderConfig, XferError> {
-        let (chunk_size, depth) = check_buffers(self.chunk_size, self.depth as u64, "--depth")?;
-        self.common.check()?;
-        check_port(self.port)?;
+        let mut problems = Problems::default();
+        let buffers = problems.check(check_buffers(self.chunk_size, self.depth as u64, "--depth"));
+        problems.check(self.common.check());
+        let target = problems.check(parse_addr(&self.addr));
+        let port = match (target.as_ref().and_then(|(_, p)| *p), self.port) {
+            (Some(a), Some(b)) if a != b => {
+                problems.add(format!(
+                    "the port in {:?} ({a}) and --port {b} disagree: give it once",
+                    self.addr
+                ));
+                DEFAULT_PORT
+            }
+            (a, b) => a.or(b).unwrap_or(DEFAULT_PORT),
+        };
+        problems.check(check_port(port));
         if let Some(name) = &self.name {
             if !self.files.iter().any(|f| f.as_os_str() == "-") {
-                return Err(XferError::Usage(
-                    "--name names standard input, which is sent only when `-` is among the files"
-                        .into(),
-                ));
+                problems.add(
+                    "--name names standard input, which is sent only when `-` is among the files",
+                );
             }
-            validate_path(name)
-                .map_err(|e| XferError::Usage(format!("invalid --name {name:?}: {e}")))?;
+            if let Err(e) = validate_path(name) {
+                problems.add(format!("invalid --name {name:?}: {e}"));
+            }
         }
-        if self.addr.trim().is_empty() {
-            return Err(XferError::Usage("the receiver's address is empty".into()));
+        if self.follow_links && !self.recursive {
+            problems.add("--follow-links follows links inside trees: it needs -r");
         }
-        let token = self.common.token()?;
-        let ack_timeout = self.common.ack_timeout()?;
-        let mut cfg = SenderConfig::new(resolve(&self.addr, self.port)?);
-        cfg.ack_timeout = ack_timeout;
-        cfg.source = self.source;
-        cfg.chunk_size = chunk_size;
-        cfg.depth = depth;
+        // `sender FILE HOST`: the address is a local file and a "file" is not.
+        if !self.addr.is_empty()
+            && Path::new(&self.addr).exists()
+            && self
+                .files
+                .iter()
+                .any(|f| f.as_os_str() != "-" && !f.exists())
+        {
+            problems.add(format!(
+                "{} is a local file, not an address: the receiver's address comes first \
+                 (sender ADDR FILE...)",
+                self.addr
+            ));
+        }
+        let source = self.source.as_deref().and_then(|s| {
+            problems.check(
+                resolve(s, 0)
+                    .map(|a| a.ip())
+                    .map_err(|e| XferError::Usage(format!("--source {s}: {}", connect_reason(&e)))),
+            )
+        });
+        let token = problems.check(self.common.token()).flatten();
+        let ack_timeout = problems.check(self.common.ack_timeout());
         // With a token the digest is authenticated (sealed FIN), so it must
         // resist deliberate changes: CRC32 does not (it can be kept while
         // the data is altered).
-        cfg.verify = match (self.verify, token.is_some()) {
-            (None, false) => DigestAlg::Crc32,
+        let verify = match (self.verify, token.is_some()) {
+            (None, false) | (Some(Verify::Crc32), false) => DigestAlg::Crc32,
             (None, true) | (Some(Verify::Sha256), _) => DigestAlg::Sha256,
-            (Some(Verify::Crc32), false) => DigestAlg::Crc32,
             (Some(Verify::Crc32), true) => {
-                return Err(XferError::Usage(
+                problems.add(
                     "--verify crc32 with a token: CRC32 does not detect deliberate changes to \
                      the data, so an authenticated transfer uses sha256 (the default with a \
-                     token)"
-                        .into(),
-                ));
+                     token)",
+                );
+                DigestAlg::Sha256
             }
         };
+        let resume = self.resume || self.retry > 0;
+        // A resumed file is recognised by its size and modification time.
+        let walk = self.walk_options(resume);
+        if !problems.is_empty() {
+            // Bad options: report the inputs' problems in the same run.
+            problems.check(entries::check_arguments(&self.files, &walk));
+        }
+        problems.into_result()?;
+        let (Some((chunk_size, depth)), Some((host, _)), Some(ack_timeout)) =
+            (buffers, target, ack_timeout)
+        else {
+            return Err(XferError::Internal("a checked option has no value".into()));
+        };
+        let mut cfg = SenderConfig::new(resolve(&host, port)?);
+        cfg.ack_timeout = ack_timeout;
+        cfg.source = source;
+        cfg.chunk_size = chunk_size;
+        cfg.depth = depth;
+        cfg.verify = verify;
         cfg.busy_poll = self.common.busy_poll;
         cfg.timeout = self.common.timeout;
         cfg.token = token;
-        cfg.walk.recursive = self.recursive;
-        cfg.walk.follow_links = self.follow_links;
-        cfg.walk.preserve = self.preserve;
-        cfg.resume = self.resume || self.retry > 0;
+        cfg.walk = walk;
+        cfg.resume = resume;
         cfg.retries = self.retry;
-        // A resumed file is recognised by its size and modification time.
-        cfg.walk.times = cfg.resume;
-        cfg.walk.stdin_name = self
-            .name
-            .clone()
-            .unwrap_or_else(|| DEFAULT_STDIN_NAME.into());
         Ok(cfg)
     }
 }
 
+/// What went wrong resolving a name, without the "cannot connect" frame.
+fn connect_reason(e: &XferError) -> String {
+    match e {
+        XferError::Connect { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
 impl ReceiverArgs {
-    /// The engine's configuration for these arguments, every option checked:
-    /// slot size and count, timeout, port, `--stdout` only with `--once`,
-    /// `--max-sessions` at least 1, and the token (`--token-file` or
-    /// RDMA_XFER_TOKEN). The output directory is opened (and checked) by the
-    /// engine. The progress observer is left at its default.
+    /// The output directory: DIR, --dir, or the current directory.
+    pub fn output_dir(&self) -> PathBuf {
+        self.dir_arg
+            .clone()
+            .or_else(|| self.dir.clone())
+            .unwrap_or_else(|| PathBuf::from("."))
+    }
+
+    /// The engine's configuration for these arguments, every option checked
+    /// and every problem reported at once (exit 2): slot size and count,
+    /// timeout, port, `--bind` (resolved), the output directory (it must
+    /// exist), `--stdout` (implies --once; takes no directory and no
+    /// --overwrite; never onto a terminal), `--max-sessions` at least 1,
+    /// and the token (`--token-file` or RDMA_XFER_TOKEN). The progress
+    /// observer is left at its default.
     pub fn to_config(&self) -> Result<ReceiverConfig, XferError> {
-        let (chunk_size, slots) = check_buffers(self.chunk_size, self.slots as u64, "--slots")?;
-        self.common.check()?;
-        check_port(self.port)?;
-        if self.stdout && !self.once {
-            return Err(XferError::Usage(
-                "--stdout needs --once (standard output takes one session's stream)".into(),
-            ));
-        }
+        self.to_config_with(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+    }
+
+    /// As `to_config`, told whether standard output is a terminal.
+    pub fn to_config_with(&self, stdout_is_terminal: bool) -> Result<ReceiverConfig, XferError> {
+        let mut problems = Problems::default();
+        let buffers = problems.check(check_buffers(self.chunk_size, self.slots as u64, "--slots"));
+        problems.check(self.common.check());
+        problems.check(check_port(self.port));
         if self.max_sessions == 0 {
-            return Err(XferError::Usage("--max-sessions must be at least 1".into()));
+            problems.add("--max-sessions must be at least 1");
         }
-        let token = self.common.token()?;
-        let mut cfg = ReceiverConfig::new(SocketAddr::new(self.bind, self.port), self.dir.clone());
-        cfg.ack_timeout = self.common.ack_timeout()?;
-        cfg.once = self.once;
+        let dir = self.output_dir();
+        if self.stdout {
+            if self.dir.is_some() || self.dir_arg.is_some() {
+                problems.add("--stdout writes to standard output: a directory does not apply");
+            }
+            if self.overwrite {
+                problems.add("--stdout writes to standard output: --overwrite does not apply");
+            }
+            if stdout_is_terminal {
+                problems.add(
+                    "--stdout would write the received bytes to this terminal: redirect it \
+                     (receiver --stdout > FILE, or receiver --stdout | tar -x ...)",
+                );
+            }
+        } else {
+            match std::fs::metadata(&dir) {
+                Err(e) => {
+                    let hint = match self.dir_arg.as_deref().and_then(Path::to_str) {
+                        Some(a) if a.parse::<std::net::IpAddr>().is_ok() => {
+                            " (to listen on that address: --bind ADDR)"
+                        }
+                        _ => "",
+                    };
+                    problems.add(format!("output directory {}: {e}{hint}", dir.display()));
+                }
+                Ok(meta) if !meta.is_dir() => {
+                    problems.add(format!(
+                        "output directory {} is not a directory",
+                        dir.display()
+                    ));
+                }
+                Ok(_) => {}
+            }
+        }
+        let bind = match &self.bind {
+            None => Some(SocketAddr::from(([0, 0, 0, 0], self.port))),
+            Some(b) => problems.check(
+                resolve(b, self.port)
+                    .map_err(|e| XferError::Usage(format!("--bind {b}: {}", connect_reason(&e)))),
+            ),
+        };
+        let token = problems.check(self.common.token()).flatten();
+        let ack_timeout = problems.check(self.common.ack_timeout());
+        problems.into_result()?;
+        let (Some((chunk_size, slots)), Some(bind), Some(ack_timeout)) =
+            (buffers, bind, ack_timeout)
+        else {
+            return Err(XferError::Internal("a checked option has no value".into()));
+        };
+        let mut cfg = ReceiverConfig::new(bind, dir);
+        cfg.ack_timeout = ack_timeout;
+        cfg.once = self.once || self.stdout;
         cfg.stdout = self.stdout;
         cfg.overwrite = self.overwrite;
         cfg.max_size = self.max_size.unwrap_or(u64::MAX);
@@ -469,10 +735,12 @@ mod tests {
             .to_config()
     }
 
-    /// A usage error whose message contains `what`.
+    /// A usage error (or several) whose message contains `what`.
     fn usage<T>(result: Result<T, XferError>, what: &str) {
         match result {
-            Err(e @ XferError::Usage(_)) => assert!(e.to_string().contains(what), "{e}"),
+            Err(e @ (XferError::Usage(_) | XferError::Problems(_))) => {
+                assert!(e.to_string().contains(what), "{e}")
+            }
             Err(e) => panic!("expected a usage error about {what:?}, got {e:?}"),
             Ok(_) => panic!("expected a usage error about {what:?}, got a configuration"),
         }
@@ -564,7 +832,7 @@ mod tests {
         assert_eq!(cfg.addr, "[::1]:7471".parse().unwrap());
         assert_eq!(
             (cfg.chunk_size, cfg.depth),
-            (DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH)
+            (crate::engine::DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH)
         );
         assert_eq!(cfg.walk.stdin_name, DEFAULT_STDIN_NAME);
         assert!(!cfg.walk.recursive && cfg.source.is_none());
@@ -597,10 +865,11 @@ mod tests {
         usage(sender(&["--token-file", &empty, "h", "f"]), "is empty");
         let missing = dir.path().join("missing");
         let err = sender(&["--token-file", missing.to_str().unwrap(), "h", "f"]).unwrap_err();
-        assert_eq!(err.exit_code(), crate::ExitCode::Io, "{err}");
+        assert_eq!(err.exit_code(), crate::ExitCode::Usage, "{err}");
+        usage(sender(&["--follow-links", "h", "f"]), "needs -r");
         // An address that does not resolve cannot be connected to.
         let err = sender(&["no.such.host.invalid", "f"]).unwrap_err();
-        assert_eq!(err.exit_code(), crate::ExitCode::NoDeviceOrConnect, "{err}");
+        assert_eq!(err.exit_code(), crate::ExitCode::CannotConnect, "{err}");
     }
 
     #[test]
@@ -613,9 +882,8 @@ mod tests {
             "--port",
             "9001",
             "--dir",
-            "/data",
+            "/",
             "--once",
-            "--stdout",
             "--overwrite",
             "--slots",
             "3",
@@ -643,8 +911,8 @@ mod tests {
         assert_eq!(cfg.bind, "[::1]:9001".parse().unwrap());
         let allowed: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
         assert_eq!(allowed, ["10.0.0.0/24", "fe80::1/128"]);
-        assert_eq!(cfg.dir, PathBuf::from("/data"));
-        assert!(cfg.once && cfg.stdout && cfg.overwrite && cfg.busy_poll);
+        assert_eq!(cfg.dir, PathBuf::from("/"));
+        assert!(cfg.once && !cfg.stdout && cfg.overwrite && cfg.busy_poll);
         assert_eq!((cfg.slots, cfg.chunk_size), (3, 8 << 10));
         assert_eq!((cfg.max_size, cfg.max_sessions), (1 << 30, 2));
         assert_eq!((cfg.max_files, cfg.max_session_bytes), (10, 2 << 30));
@@ -654,7 +922,7 @@ mod tests {
         assert_eq!(cfg.bind, "0.0.0.0:7471".parse().unwrap());
         assert_eq!(
             (cfg.slots, cfg.chunk_size),
-            (DEFAULT_SLOTS, DEFAULT_CHUNK_SIZE)
+            (DEFAULT_SLOTS, crate::engine::DEFAULT_CHUNK_SIZE)
         );
         assert_eq!(cfg.max_size, u64::MAX);
         assert_eq!(cfg.max_sessions, DEFAULT_MAX_SESSIONS);
@@ -682,13 +950,197 @@ mod tests {
         assert!(err.to_string().contains("not a regular file"), "{err}");
         // Built directly (not through clap), the cross-option checks hold too.
         let mut args = ReceiverArgs::try_parse_from(["receiver"]).unwrap();
-        args.stdout = true;
-        usage(args.to_config(), "--once");
-        args.stdout = false;
         args.max_sessions = 0;
         usage(args.to_config(), "--max-sessions");
         args.max_sessions = 1;
         args.common.timeout = Duration::ZERO;
         usage(args.to_config(), "--timeout");
+    }
+
+    #[test]
+    fn addresses_as_ssh_and_scp_users_write_them() {
+        let ok = |a: &str, host: &str, port: Option<u16>| {
+            assert_eq!(parse_addr(a).unwrap(), (host.to_string(), port), "{a}");
+        };
+        ok("10.0.0.1", "10.0.0.1", None);
+        ok("10.0.0.1:7000", "10.0.0.1", Some(7000));
+        ok("recv-host:9", "recv-host", Some(9));
+        ok("recv-host", "recv-host", None);
+        ok("fd00::1", "fd00::1", None);
+        ok("[fd00::1]", "fd00::1", None);
+        ok("[fd00::1]:7471", "fd00::1", Some(7471));
+        ok(" host ", "host", None);
+        for (bad, what) in [
+            ("", "empty"),
+            ("host:0", "between 1 and 65535"),
+            ("host:65536", "between 1 and 65535"),
+            ("[fd00::1", "closing `]`"),
+            ("[fd00::1]x", "[IPV6]:PORT"),
+            ("[fd00::1]:x", "between 1 and 65535"),
+            ("host:/data/in", "receiver --dir /data/in"),
+            ("host:", "receiver --dir DIR"),
+            ("host:~/in", "takes no remote path"),
+            ("host:in", "takes no remote path"),
+        ] {
+            usage(parse_addr(bad), what);
+        }
+        // Through the whole configuration: HOST:PORT sets the port, and
+        // --port must agree with it.
+        let cfg = sender(&["127.0.0.1:9000", "-"]).unwrap();
+        assert_eq!(cfg.addr, "127.0.0.1:9000".parse().unwrap());
+        let cfg = sender(&["[::1]:9001", "-"]).unwrap();
+        assert_eq!(cfg.addr, "[::1]:9001".parse().unwrap());
+        let cfg = sender(&["--port", "9000", "127.0.0.1:9000", "-"]).unwrap();
+        assert_eq!(cfg.addr.port(), 9000);
+        usage(
+            sender(&["--port", "9001", "127.0.0.1:9000", "-"]),
+            "disagree",
+        );
+        let err = sender(&["host:/data", "-"]).unwrap_err();
+        assert_eq!(err.exit_code(), crate::ExitCode::Usage);
+    }
+
+    /// Everything wrong before connecting is reported in one run, with
+    /// exit 2: options, token, and the input files.
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+        std::fs::write(d("a"), b"a").unwrap();
+        std::fs::create_dir(d("sub")).unwrap();
+        std::fs::write(d("sub/a"), b"a").unwrap();
+        std::fs::create_dir(d("tree")).unwrap();
+        let short = token_file(dir.path(), b"short");
+        let err = sender(&[
+            "--depth",
+            "0",
+            "--token-file",
+            &short,
+            "--name",
+            "../x",
+            "h",
+            &d("missing"),
+            &d("tree"),
+            &d("a"),
+            &d("sub/a"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.exit_code(), crate::ExitCode::Usage, "{err}");
+        let XferError::Problems(all) = &err else {
+            panic!("expected every problem, got {err:?}");
+        };
+        for what in [
+            "--depth",
+            "at least 16 bytes",
+            "invalid --name",
+            "`-` is among the files",
+            "cannot open",
+            "is a directory (use -r",
+            "would both arrive as a",
+        ] {
+            assert!(
+                all.iter().any(|p| p.contains(what)),
+                "{what:?} not in {all:#?}"
+            );
+        }
+        // Only input problems: the engine's planning reports them all too.
+        let walk = entries::WalkOptions::default();
+        let files = [d("missing"), d("missing2"), d("a"), d("a")].map(PathBuf::from);
+        match entries::check_arguments(&files, &walk).unwrap_err() {
+            XferError::Problems(all) => {
+                assert_eq!(all.len(), 3, "{all:#?}");
+                assert!(all[2].ends_with("is named twice"), "{all:#?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // `sender FILE HOST`: a hint that the address comes first.
+        usage(
+            sender(&[&d("a"), "recv-host"]),
+            "the receiver's address comes first",
+        );
+        // Receiver: a missing directory, a bad port and a short token at once.
+        let err = receiver(&[
+            "--port",
+            "0",
+            "--token-file",
+            &short,
+            "--dir",
+            &d("missing"),
+        ])
+        .unwrap_err();
+        let XferError::Problems(all) = &err else {
+            panic!("expected every problem, got {err:?}");
+        };
+        assert_eq!(all.len(), 3, "{all:#?}");
+        assert!(
+            all.iter().any(|p| p.contains("output directory")),
+            "{all:#?}"
+        );
+        usage(receiver(&[&d("a")]), "is not a directory");
+        usage(receiver(&["10.0.0.1"]), "--bind ADDR");
+    }
+
+    #[test]
+    fn receiver_directory_stdout_and_bind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_str().unwrap();
+        // DIR works as --dir; both at once is refused by clap.
+        assert_eq!(receiver(&[path]).unwrap().dir, dir.path());
+        assert_eq!(receiver(&["--dir", path]).unwrap().dir, dir.path());
+        assert!(ReceiverArgs::try_parse_from(["receiver", path, "--dir", path]).is_err());
+        // --stdout implies --once, takes no directory or --overwrite, and
+        // refuses a terminal.
+        let parse = |args: &[&str]| {
+            let argv = std::iter::once("receiver").chain(args.iter().copied());
+            ReceiverArgs::try_parse_from(argv).expect("parses")
+        };
+        let cfg = parse(&["--stdout"]).to_config_with(false).unwrap();
+        assert!(cfg.stdout && cfg.once);
+        usage(parse(&["--stdout"]).to_config_with(true), "terminal");
+        usage(
+            parse(&["--stdout", "--dir", path]).to_config_with(false),
+            "a directory does not apply",
+        );
+        usage(
+            parse(&["--stdout", path]).to_config_with(false),
+            "a directory does not apply",
+        );
+        usage(
+            parse(&["--stdout", "--overwrite"]).to_config_with(false),
+            "--overwrite does not apply",
+        );
+        // --bind takes a host name as the sender's ADDR does.
+        let cfg = receiver(&["--bind", "localhost", "--port", "9"]).unwrap();
+        assert!(
+            cfg.bind.ip().is_loopback() && cfg.bind.port() == 9,
+            "{}",
+            cfg.bind
+        );
+        usage(receiver(&["--bind", "no.such.host.invalid"]), "--bind");
+    }
+
+    #[test]
+    fn help_groups_options_and_shows_human_defaults() {
+        assert_eq!(
+            crate::units::parse_size(DEFAULT_CHUNK_ARG).unwrap(),
+            u64::from(crate::engine::DEFAULT_CHUNK_SIZE)
+        );
+        for mut cmd in commands() {
+            let help = cmd.render_long_help().to_string();
+            for heading in [CONNECTION, OUTPUT, SECURITY, PERFORMANCE, FORMAT] {
+                assert!(help.contains(&format!("{heading}:")), "{heading}:\n{help}");
+            }
+            assert!(help.contains("[default: 1M]"), "{help}");
+            assert!(!help.contains("1048576"), "{help}");
+            for var in [
+                "RDMA_XFER_TOKEN",
+                "RDMA_XFER_ACK_TIMEOUT",
+                "RUST_LOG",
+                "NO_COLOR",
+            ] {
+                assert!(help.contains(var), "{var}:\n{help}");
+            }
+            assert!(help.contains("8  no usable RDMA device"), "{help}");
+        }
     }
 }

@@ -5,10 +5,12 @@
 
 pub mod args;
 pub mod generate;
+pub mod log;
 pub mod render;
 pub mod ui;
 
 pub use args::{CommonArgs, LogFormat, ReceiverArgs, SenderArgs, Verify};
+pub use log::init_logging;
 
 use crate::error::{ExitCode, XferError};
 use crate::proto::{MIN_TOKEN_LEN, Token};
@@ -94,40 +96,6 @@ pub fn exposed_to_others(mode: u32) -> bool {
     mode & 0o044 != 0
 }
 
-/// Logs go to stderr (around the progress bars, if any); stdout stays free
-/// for data. Default shows warnings, `-v` info, `-vv` debug, `-q` only
-/// errors. RUST_LOG overrides. Colours only on a terminal (and without
-/// NO_COLOR).
-pub fn init_logging(args: &CommonArgs, ui: &ui::Ui) {
-    let level = if args.quiet {
-        "error"
-    } else {
-        match args.verbose {
-            0 => "warn",
-            1 => "info",
-            2 => "debug",
-            _ => "trace",
-        }
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(ui.log_writer())
-        .with_ansi(ansi)
-        .with_target(false);
-    let _ = match args.log_format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
-            .try_init(),
-    };
-}
-
 /// clap value parser for sizes with K/M/G suffixes.
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     crate::units::parse_size(s).map_err(|e| e.to_string())
@@ -171,14 +139,16 @@ pub fn finish(
         let (user, system) = crate::sys::os::cpu_times();
         let (user, system) = (user.as_secs_f64(), system.as_secs_f64());
         if json {
-            let line = serde_json::json!({
-                "event": "peak rss", "tool": tool, "peak_rss_bytes": rss,
-                "cpu_user_s": user, "cpu_system_s": system,
+            let fields = serde_json::json!({
+                "tool": tool, "peak_rss_bytes": rss, "cpu_user_s": user, "cpu_system_s": system,
             });
-            eprintln!("{line}");
+            eprintln!(
+                "{}",
+                log::json_message(tracing::Level::INFO, "peak rss", fields)
+            );
         } else {
             eprintln!(
-                "{tool}: peak RSS {:.1} MiB (peak_rss_bytes={rss}), CPU {user:.3} s user + \
+                "{tool}: info: peak RSS {:.1} MiB (peak_rss_bytes={rss}), CPU {user:.3} s user + \
                  {system:.3} s system (cpu_s={:.3})",
                 rss as f64 / 1048576.0,
                 user + system
@@ -188,16 +158,8 @@ pub fn finish(
     match result {
         Ok(()) => std::process::ExitCode::from(ExitCode::Ok as u8),
         Err(e) => {
-            let code = e.exit_code() as u8;
-            if json {
-                let line = serde_json::json!({
-                    "event": "error", "tool": tool, "exit_code": code, "message": e.to_string(),
-                });
-                eprintln!("{line}");
-            } else {
-                eprintln!("{tool}: error: {e}");
-            }
-            std::process::ExitCode::from(code)
+            eprintln!("{}", log::error_line(tool, &e, json));
+            std::process::ExitCode::from(e.exit_code() as u8)
         }
     }
 }

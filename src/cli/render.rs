@@ -5,10 +5,10 @@
 //! [`SessionOutcome`]); every byte of its presentation is decided here.
 
 use crate::engine::sender::SessionOutcome;
-use crate::engine::{FileEvent, FileFailure, FileReport, Phases, Totals};
+use crate::engine::{FileEvent, FileFailure, FileReport, Listening, Phases, Totals};
 use crate::error::{ExitCode, XferError};
 use crate::proto::Digest;
-use crate::units::mib_per_sec;
+use crate::units::{format_bytes, mib_per_sec};
 use serde_json::json;
 use std::time::Duration;
 
@@ -34,40 +34,89 @@ fn phases_json(p: &Phases) -> serde_json::Value {
     })
 }
 
-/// An acknowledged file's line of text on stderr.
-pub fn file_line(r: &FileReport) -> String {
+/// The receiver's line once it is ready: where it listens, on which
+/// device, and where files go. Text, or tracing's JSON shape.
+pub fn listening_line(ready: &Listening, json: bool) -> String {
+    let output = match &ready.dir {
+        Some(dir) => dir.display().to_string(),
+        None => "standard output".to_string(),
+    };
+    if json {
+        let fields = json!({
+            "tool": "receiver",
+            "address": ready.bind.ip().to_string(),
+            "port": ready.bind.port(),
+            "device": ready.device.as_ref().map(|(name, _)| name),
+            "device_port": ready.device.as_ref().map(|(_, port)| port),
+            "devices": ready.devices,
+            "output": output,
+        });
+        return crate::cli::log::json_message(tracing::Level::INFO, "listening", fields);
+    }
+    let device = match &ready.device {
+        Some((name, port)) => format!("{name} port {port}"),
+        None => format!("any RDMA device: {}", ready.devices.join(", ")),
+    };
+    format!(
+        "receiver: listening on {} ({device}), writing to {output}",
+        ready.bind
+    )
+}
+
+/// An acknowledged file's line of text on stderr: human sizes and its
+/// digest; with -v (`phases`) also the time of each phase and exact bytes.
+pub fn file_line(r: &FileReport, phases: bool) -> String {
     let secs = r.elapsed.as_secs_f64();
+    let digest = format!("{} {}", r.digest.alg().as_str(), digest_hex(&r.digest));
+    let exact = if phases {
+        format!(" ({} bytes)", r.bytes)
+    } else {
+        String::new()
+    };
     if r.skipped {
         return format!(
-            "{}: {} bytes, skipped: the receiver has it complete ({} {})",
+            "{}: {}{exact}, skipped: the receiver has it complete ({digest})",
             r.name,
-            r.bytes,
-            r.digest.alg().as_str(),
-            digest_hex(&r.digest),
+            format_bytes(r.bytes),
         );
     }
     let resumed = if r.resumed_from > 0 {
         format!(
-            " ({} sent, resumed from byte {})",
-            r.moved(),
-            r.resumed_from
+            ", {} sent (resumed from {})",
+            format_bytes(r.moved()),
+            format_bytes(r.resumed_from)
         )
     } else {
         String::new()
     };
-    format!(
-        "{}: {} bytes{resumed} in {:.3} s, {:.1} MiB/s ({} {}); connect {}, MR {}, data {}, fsync+verify {}",
+    let mut line = format!(
+        "{}: {}{exact}{resumed} in {}, {:.1} MiB/s ({digest})",
         r.name,
-        r.bytes,
-        secs,
+        format_bytes(r.bytes),
+        format_secs(secs),
         mib_per_sec(r.moved(), secs),
-        r.digest.alg().as_str(),
-        digest_hex(&r.digest),
-        ms(r.phases.connect),
-        ms(r.phases.mr_exchange),
-        ms(r.phases.data),
-        ms(r.phases.commit),
-    )
+    );
+    if phases {
+        line.push_str(&format!(
+            "; connect {}, MR {}, data {}, fsync+verify {}",
+            ms(r.phases.connect),
+            ms(r.phases.mr_exchange),
+            ms(r.phases.data),
+            ms(r.phases.commit),
+        ));
+    }
+    line
+}
+
+/// Seconds as a person reads them: "0.004 s", "5.8 s", "312 s".
+fn format_secs(secs: f64) -> String {
+    if secs < 1.0 {
+        format!("{secs:.3} s")
+    } else if secs < 100.0 {
+        format!("{secs:.1} s")
+    } else {
+        format!("{secs:.0} s")
+    }
 }
 
 /// An acknowledged file's line on stderr as one JSON object (for
@@ -90,11 +139,11 @@ pub fn file_log_json(r: &FileReport) -> serde_json::Value {
 
 /// The summary for stderr: a line of text, or a JSON object when the logs
 /// are JSON.
-pub fn summary_for_log(report: &FileReport, json: bool) -> String {
+pub fn summary_for_log(report: &FileReport, json: bool, phases: bool) -> String {
     if json {
         file_log_json(report).to_string()
     } else {
-        file_line(report)
+        file_line(report, phases)
     }
 }
 
@@ -108,7 +157,8 @@ pub fn failure_for_log(f: &FileFailure, json: bool) -> String {
         })
         .to_string()
     } else {
-        format!("{}: {}", f.name, f.reason)
+        // Only the sender prints these (the receiver logs its refusals).
+        format!("sender: error: {}: {}", f.name, f.reason)
     }
 }
 
@@ -146,6 +196,8 @@ pub fn failure_json(f: &FileFailure) -> serde_json::Value {
         "status": f.exit_code.as_str(),
         "exit_code": f.exit_code as u8,
         "reason": f.reason,
+        "reason_code": f.reason_code,
+        "retryable": f.retryable,
     })
 }
 
@@ -181,8 +233,12 @@ pub fn totals_json(t: &Totals, outcome: Result<(), &XferError>) -> serde_json::V
     let code = outcome.map_or_else(|e| e.exit_code(), |()| ExitCode::Ok);
     v["status"] = code.as_str().into();
     v["exit_code"] = (code as u8).into();
+    v["retryable"] = outcome.is_err_and(XferError::is_transient).into();
     if let Err(e) = outcome {
         v["reason"] = e.to_string().into();
+        if let Some(code) = e.reason_code() {
+            v["reason_code"] = code.into();
+        }
     }
     v
 }
@@ -196,8 +252,10 @@ pub fn session_summary_line(outcome: &SessionOutcome) -> String {
     let files = outcome.files.len();
     let per_sec = if secs > 0.0 { files as f64 / secs } else { 0.0 };
     let mut line = format!(
-        "total: {files} files and {} directories, {bytes} bytes in {secs:.3} s: {per_sec:.1} files/s, {:.1} MiB/s",
+        "total: {files} files and {} directories, {} in {}: {per_sec:.1} files/s, {:.1} MiB/s",
         outcome.directories,
+        format_bytes(bytes),
+        format_secs(secs),
         mib_per_sec(sent, secs),
     );
     let complete = outcome.files.iter().filter(|f| f.skipped).count();
@@ -214,8 +272,9 @@ pub fn session_summary_line(outcome: &SessionOutcome) -> String {
     if !resumed.is_empty() {
         let kept: u64 = resumed.iter().map(|f| f.resumed_from).sum();
         line.push_str(&format!(
-            "; {} resumed ({kept} bytes not sent again)",
-            resumed.len()
+            "; {} resumed ({} not sent again)",
+            resumed.len(),
+            format_bytes(kept)
         ));
     }
     if outcome.skipped > 0 {
@@ -305,7 +364,7 @@ mod tests {
         assert_eq!(v["status"], "ok");
         assert_eq!(v["phases"]["fsync_verify_s"], 0.005);
         let err = XferError::Rejected {
-            code: "file exists",
+            code: Some(crate::proto::RejectCode::Exists),
             reason: "b.bin already exists".into(),
         };
         let f = FileFailure::new(
@@ -320,6 +379,8 @@ mod tests {
         let v = failure_json(&f);
         assert_eq!(v["status"], "rejected");
         assert_eq!(v["exit_code"], 4);
+        assert_eq!(v["reason_code"], "exists");
+        assert_eq!(v["retryable"], false);
         assert_eq!(v["bytes"], 7);
         assert_eq!(v["digest_alg"], "sha256");
         assert!(v["digest"].is_null() && v["mib_per_s"].is_null());
@@ -358,6 +419,8 @@ mod tests {
         assert_eq!(v["phases"]["mr_exchange_s"], 0.002);
         assert_eq!(v["status"], "timeout_or_peer_lost");
         assert_eq!(v["exit_code"], 7);
+        assert_eq!(v["retryable"], true);
+        assert!(v.get("reason_code").is_none());
         assert_eq!(v["reason"], "peer lost: gone");
         let ok = totals_json(&Totals::default(), Ok(()));
         assert_eq!(
@@ -388,7 +451,7 @@ mod tests {
         };
         assert_eq!(
             session_summary(&outcome, false),
-            "total: 2 files and 3 directories, 49576 bytes in 0.500 s: 4.0 files/s, 0.1 MiB/s; \
+            "total: 2 files and 3 directories, 48.4 KiB in 0.500 s: 4.0 files/s, 0.1 MiB/s; \
              2 links or special files skipped"
         );
         let v: serde_json::Value =
@@ -401,12 +464,27 @@ mod tests {
     #[test]
     fn stderr_lines() {
         let r = report("a.bin", 1 << 21, 2.0);
+        // Human sizes by default; exact bytes and the phases with -v.
         assert_eq!(
-            summary_for_log(&r, false),
-            "a.bin: 2097152 bytes in 2.000 s, 1.0 MiB/s (crc32 01020a0b); \
+            summary_for_log(&r, false, false),
+            "a.bin: 2.0 MiB in 2.0 s, 1.0 MiB/s (crc32 01020a0b)"
+        );
+        assert_eq!(
+            summary_for_log(&r, false, true),
+            "a.bin: 2.0 MiB (2097152 bytes) in 2.0 s, 1.0 MiB/s (crc32 01020a0b); \
              connect 2.0 ms, MR 1.0 ms, data 1990.0 ms, fsync+verify 5.0 ms"
         );
-        let v: serde_json::Value = serde_json::from_str(&summary_for_log(&r, true)).unwrap();
+        let mut big = report("model.safetensors", 4 << 30, 5.81);
+        big.elapsed = Duration::from_secs_f64(5.81);
+        assert_eq!(
+            file_line(&big, false),
+            "model.safetensors: 4.0 GiB in 5.8 s, 705.0 MiB/s (crc32 01020a0b)"
+        );
+        big.elapsed = Duration::from_millis(4);
+        assert!(file_line(&big, false).contains(" in 0.004 s, "));
+        big.elapsed = Duration::from_secs(312);
+        assert!(file_line(&big, false).contains(" in 312 s, "));
+        let v: serde_json::Value = serde_json::from_str(&summary_for_log(&r, true, false)).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
@@ -428,23 +506,23 @@ mod tests {
         let mut resumed = r.clone();
         resumed.resumed_from = 1 << 20;
         assert_eq!(
-            file_line(&resumed),
-            "a.bin: 2097152 bytes (1048576 sent, resumed from byte 1048576) in 2.000 s, 0.5 MiB/s \
-             (crc32 01020a0b); connect 2.0 ms, MR 1.0 ms, data 1990.0 ms, fsync+verify 5.0 ms"
+            file_line(&resumed, false),
+            "a.bin: 2.0 MiB, 1.0 MiB sent (resumed from 1.0 MiB) in 2.0 s, 0.5 MiB/s \
+             (crc32 01020a0b)"
         );
         assert_eq!(report_json(&resumed)["resumed_from"], 1 << 20);
         assert_eq!(report_json(&resumed)["mib_per_s"], 0.5);
         let mut skipped = r.clone();
         skipped.skipped = true;
         assert_eq!(
-            file_line(&skipped),
-            "a.bin: 2097152 bytes, skipped: the receiver has it complete (crc32 01020a0b)"
+            file_line(&skipped, false),
+            "a.bin: 2.0 MiB, skipped: the receiver has it complete (crc32 01020a0b)"
         );
         assert_eq!(report_json(&skipped)["skipped"], true);
         assert_eq!(report_json(&skipped)["mib_per_s"], 0.0);
         let mut sha = r.clone();
         sha.digest = Digest::Sha256([0xab; 32]);
-        assert!(file_line(&sha).contains(&format!("(sha256 {})", "ab".repeat(32))));
+        assert!(file_line(&sha, false).contains(&format!("(sha256 {})", "ab".repeat(32))));
         let err = XferError::Integrity("crc mismatch".into());
         let f = FileFailure::new(
             "c.bin",
@@ -457,7 +535,7 @@ mod tests {
         );
         assert_eq!(
             failure_for_log(&f, false),
-            "c.bin: integrity check failed: crc mismatch"
+            "sender: error: c.bin: integrity check failed: crc mismatch"
         );
         assert_eq!(
             failure_for_log(&f, true),

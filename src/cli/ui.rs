@@ -4,9 +4,9 @@
 //! results on stdout. Everything written to stderr (log lines included, see
 //! [`Ui::log_writer`]) goes around the bars so that they never tear.
 
-use super::render::{event_json, failure_for_log, summary_for_log, totals_json};
+use super::render::{event_json, failure_for_log, listening_line, summary_for_log, totals_json};
 use super::{CommonArgs, LogFormat};
-use crate::engine::{FileEvent, FileProgress, Progress, Totals};
+use crate::engine::{FileEvent, FileProgress, Listening, Progress, Totals};
 use crate::error::XferError;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{self, IsTerminal, Write};
@@ -19,6 +19,8 @@ pub struct Ui {
     json: bool,
     /// `-q`: no per-file lines on stderr.
     quiet: bool,
+    /// `-v`: the per-file lines carry the phases too.
+    verbose: bool,
     /// `--log-format json`: the per-file lines are JSON objects too.
     log_json: bool,
     /// Print a line on stderr for each file that failed (the sender; the
@@ -37,6 +39,7 @@ impl Ui {
             bars,
             json: common.json,
             quiet: common.quiet,
+            verbose: common.verbose > 0,
             log_json: common.log_format == LogFormat::Json,
             print_failures,
             totals: Mutex::new(Totals::default()),
@@ -80,7 +83,7 @@ impl Ui {
             .add(event);
         match event {
             FileEvent::Done(report) if !self.quiet => {
-                self.eprintln(&summary_for_log(report, self.log_json));
+                self.eprintln(&summary_for_log(report, self.log_json, self.verbose));
             }
             FileEvent::Failed(f) if self.print_failures && !f.session_ended => {
                 // An error: shown even with -q. One that ends the session is
@@ -149,8 +152,11 @@ impl Progress for Ui {
         }
     }
 
-    fn notice(&self, line: &str) {
-        self.eprintln(line);
+    fn listening(&self, ready: &Listening) {
+        if self.quiet {
+            return;
+        }
+        self.eprintln(&listening_line(ready, self.log_json));
     }
 }
 

@@ -100,69 +100,146 @@ pub fn mtime_of(meta: &Metadata) -> Option<Mtime> {
     })
 }
 
-/// Turns the command line into entries. Fails (before any connection)
-/// for a missing or unreadable argument, a directory without `-r`,
-/// standard input named twice, or something that is not a file at all.
+/// Turns the command line into entries. Before any connection, every
+/// argument is checked and all problems are reported together (exit 2): a
+/// missing or unreadable argument, a directory without `-r`, standard
+/// input named twice, something that is not a file at all (a FIFO, a
+/// device), a name that is not UTF-8, or two arguments that would arrive
+/// under the same name.
 pub fn plan(paths: &[PathBuf], opts: &WalkOptions) -> Result<Plan, XferError> {
     let mut plan = Plan {
         entries: Vec::new(),
         problems: Vec::new(),
         skipped: 0,
     };
+    for arg in arguments(paths, opts)? {
+        match arg {
+            Argument::Ready(entry) => plan.entries.push(entry),
+            Argument::Tree(path, name, meta) => {
+                walk(path, name, &meta, opts, &mut Vec::new(), &mut plan);
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// The command line's checks of [`plan`], without walking any tree.
+pub fn check_arguments(paths: &[PathBuf], opts: &WalkOptions) -> Result<(), XferError> {
+    arguments(paths, opts).map(|_| ())
+}
+
+/// A command-line argument, checked: an entry ready to go, or a tree to
+/// walk once every argument is known to be fine.
+enum Argument<'a> {
+    Ready(Entry),
+    Tree(&'a Path, String, Metadata),
+}
+
+/// Checks every argument, in order; all problems at once.
+fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argument<'a>>, XferError> {
+    let mut problems = Vec::new();
+    // Names the arguments arrive under, with the argument that claimed each.
+    let mut arriving: Vec<(String, String)> = Vec::new();
+    let mut claim = |name: &str, arg: String, problems: &mut Vec<String>| match arriving
+        .iter()
+        .find(|(n, _)| n == name)
+    {
+        Some((_, first)) if *first == arg => problems.push(format!("{arg} is named twice")),
+        Some((_, first)) => problems.push(format!(
+            "{first} and {arg} would both arrive as {name}: send one of them under \
+                 another name (rename it, or send its directory with -r)"
+        )),
+        None => arriving.push((name.to_string(), arg)),
+    };
     let mut stdin_seen = false;
+    let mut args = Vec::new();
     for path in paths {
         if path.as_os_str() == "-" {
             if stdin_seen {
-                return Err(XferError::Usage(
-                    "standard input (-) can be sent only once".into(),
-                ));
+                problems.push("standard input (-) can be sent only once".into());
+                continue;
             }
             stdin_seen = true;
-            plan.entries.push(Entry::Stdin {
+            claim(&opts.stdin_name, "standard input".into(), &mut problems);
+            args.push(Argument::Ready(Entry::Stdin {
                 name: opts.stdin_name.clone(),
-            });
+            }));
             continue;
         }
-        let meta = std::fs::metadata(path)
-            .map_err(|e| XferError::io(format!("cannot open {}", path.display()), e))?;
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) => {
+                problems.push(format!("cannot open {}: {e}", path.display()));
+                continue;
+            }
+        };
         if meta.is_dir() {
             if !opts.recursive {
-                return Err(XferError::Usage(format!(
+                problems.push(format!(
                     "{} is a directory (use -r to send directory trees)",
                     path.display()
-                )));
+                ));
+                continue;
             }
-            let name = tree_root_name(path)?;
-            let mut ancestors = Vec::new();
-            walk(path, name, &meta, opts, &mut ancestors, &mut plan);
+            match tree_root_name(path) {
+                Ok(name) => {
+                    claim(&name, path.display().to_string(), &mut problems);
+                    args.push(Argument::Tree(path, name, meta));
+                }
+                Err(e) => problems.push(e.to_string()),
+            }
             continue;
         }
         if !meta.is_file() {
-            return Err(XferError::Usage(format!(
-                "{} is not a regular file",
-                path.display()
-            )));
+            problems.push(format!(
+                "{} is not a regular file{}",
+                path.display(),
+                special_kind(&meta)
+            ));
+            continue;
         }
-        let file = File::open(path)
-            .map_err(|e| XferError::io(format!("cannot open {}", path.display()), e))?;
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| {
-                XferError::Usage(format!("{} has no valid UTF-8 file name", path.display()))
-            })?
-            .to_string();
-        plan.entries.push(Entry::File {
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) => {
+                problems.push(format!("cannot open {}: {e}", path.display()));
+                continue;
+            }
+        };
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            problems.push(format!("{} has no valid UTF-8 file name", path.display()));
+            continue;
+        };
+        claim(name, path.display().to_string(), &mut problems);
+        args.push(Argument::Ready(Entry::File {
             path: path.clone(),
-            name,
+            name: name.to_string(),
             size: meta.len(),
             opened: Some(file),
             mtime: (opts.preserve || opts.times)
                 .then(|| mtime_of(&meta))
                 .flatten(),
-        });
+        }));
     }
-    Ok(plan)
+    match problems.len() {
+        0 => Ok(args),
+        1 => Err(XferError::Usage(problems.remove(0))),
+        _ => Err(XferError::Problems(problems)),
+    }
+}
+
+/// What a special file is, for the message that refuses it.
+fn special_kind(meta: &Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_fifo() {
+        " (a FIFO: to send what is written into it, use `sender ADDR - < FIFO`)"
+    } else if t.is_socket() {
+        " (a socket)"
+    } else if t.is_block_device() || t.is_char_device() {
+        " (a device: to send its contents, use `sender ADDR - < DEVICE --name NAME`)"
+    } else {
+        ""
+    }
 }
 
 /// The name a tree arrives under: the directory's own name (`src/` and
@@ -209,7 +286,7 @@ fn walk(
         Ok(c) => c,
         Err(e) => {
             let err = XferError::io(format!("cannot read directory {}", dir.display()), e);
-            eprintln!("{err}");
+            tracing::error!("{err}");
             plan.problems.push(err);
             return;
         }
@@ -223,7 +300,7 @@ fn walk(
                 "{}: the name is not valid UTF-8; skipped",
                 path.display()
             ));
-            eprintln!("{err}");
+            tracing::error!("{err}");
             plan.problems.push(err);
             continue;
         };
@@ -232,7 +309,7 @@ fn walk(
             Ok(m) => m,
             Err(e) => {
                 let err = XferError::io(format!("cannot stat {}", path.display()), e);
-                eprintln!("{err}");
+                tracing::error!("{err}");
                 plan.problems.push(err);
                 continue;
             }
@@ -251,7 +328,7 @@ fn walk(
                 Err(e) => {
                     let err =
                         XferError::io(format!("cannot follow symbolic link {}", path.display()), e);
-                    eprintln!("{err}");
+                    tracing::error!("{err}");
                     plan.problems.push(err);
                     continue;
                 }
@@ -374,8 +451,52 @@ mod tests {
         assert!(
             matches!(&p.entries[..], [Entry::File { name, opened: Some(_), .. }] if name == "one")
         );
+        // A missing file is a usage error too (exit 2), found before
+        // connecting; so is a FIFO, and every problem is reported.
         let err = plan(&[top.join("missing")], &opts(true, false)).unwrap_err();
-        assert_eq!(err.exit_code() as u8, 6);
+        assert_eq!(err.exit_code() as u8, 2);
+        let fifo = t.path().join("fifo");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let err = plan(
+            &[
+                fifo,
+                top.join("missing"),
+                top.clone(),
+                "-".into(),
+                "-".into(),
+            ],
+            &opts(false, false),
+        )
+        .unwrap_err();
+        let XferError::Problems(all) = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(all.len(), 4, "{all:#?}");
+        assert!(all[0].contains("a FIFO"), "{all:#?}");
+        // Two arguments arriving under one name: a file and a tree.
+        let other = t.path().join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join("top"), b"x").unwrap();
+        let err = plan(&[top.clone(), other.join("top")], &opts(true, false)).unwrap_err();
+        assert!(
+            err.to_string().contains("would both arrive as top"),
+            "{err}"
+        );
+        // Trees keep their command-line place among files.
+        let p = plan(
+            &[top.join("a/one"), top.join("b"), "-".into()],
+            &opts(true, false),
+        )
+        .unwrap();
+        assert_eq!(p.entries.first().unwrap().name(), "one");
+        assert_eq!(p.entries[1].name(), "b");
+        assert_eq!(p.entries.last().unwrap().name(), "stdin");
         // A trailing slash and "." name the directory itself.
         let p = plan(
             &[PathBuf::from(format!("{}/", top.display()))],

@@ -17,7 +17,7 @@ pub mod sender;
 mod stdio;
 
 pub use digest::FileHasher;
-pub use progress::{FileProgress, NoProgress, Progress, ProgressSink};
+pub use progress::{FileProgress, Listening, NoProgress, Progress, ProgressSink};
 pub use report::{FileEvent, FileFailure, FileReport, Phases, Totals};
 
 use crate::error::XferError;

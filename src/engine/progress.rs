@@ -23,11 +23,23 @@ pub trait Progress: Send + Sync {
         self.file_started(name, size)
     }
 
-    /// A line for the user on stderr (e.g. a receiver's failed session),
-    /// printed so that it does not tear whatever the observer draws.
-    fn notice(&self, line: &str) {
-        eprintln!("{line}");
-    }
+    /// The receiver is ready: it listens (said once, before any session).
+    fn listening(&self, _ready: &Listening) {}
+}
+
+/// Where a receiver listens and what it writes to, once it is ready.
+#[derive(Debug, Clone)]
+pub struct Listening {
+    /// The address and port it listens on.
+    pub bind: std::net::SocketAddr,
+    /// The device and port that address belongs to (None for a wildcard
+    /// address, which listens on every device).
+    pub device: Option<(String, u8)>,
+    /// Every RDMA device found.
+    pub devices: Vec<String>,
+    /// The output directory (absolute where it can be), None for standard
+    /// output.
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// Progress of one file.

@@ -97,6 +97,10 @@ pub struct FileFailure {
     pub exit_code: ExitCode,
     /// The error's message.
     pub reason: String,
+    /// A refusal's reason code for scripts ("exists", "busy", "auth"...).
+    pub reason_code: Option<&'static str>,
+    /// Whether sending it again later may succeed.
+    pub retryable: bool,
     /// The failure ended the session (later files were not transferred).
     pub session_ended: bool,
 }
@@ -120,6 +124,8 @@ impl FileFailure {
             connect,
             exit_code: error.exit_code(),
             reason: error.to_string(),
+            reason_code: error.reason_code(),
+            retryable: error.is_transient(),
             session_ended,
         }
     }

@@ -12,6 +12,9 @@ pub enum SysError {
          type rxe netdev IF`"
     )]
     NoDevice,
+    /// An address to bind or connect from that no RDMA device has.
+    #[error("{0}")]
+    NotRdmaAddress(String),
     /// A call failed with an errno.
     #[error("{call} failed: {source}")]
     Call {

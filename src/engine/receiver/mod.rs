@@ -17,7 +17,7 @@ pub mod write_behind;
 pub use allow::AllowedNet;
 
 use crate::engine::control::Control;
-use crate::engine::progress::ProgressSink;
+use crate::engine::progress::{Listening, ProgressSink};
 use crate::engine::report::FileEvent;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
 use crate::error::XferError;
@@ -154,11 +154,18 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             )));
         }
     }
-    probe_devices()?;
+    let devices = probe_devices()?;
+    info!("RDMA devices: {}", devices.join(", "));
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
     listener.listen(cfg.bind, 64)?;
     info!(bind = %cfg.bind, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
+    cfg.progress.listening(&Listening {
+        bind: cfg.bind,
+        device: listener.bound_device(),
+        devices,
+        dir: (!cfg.stdout).then(|| std::fs::canonicalize(&cfg.dir).unwrap_or(cfg.dir.clone())),
+    });
     if cfg.token.is_none() {
         let who = if cfg.allow.is_empty() {
             "anyone who can reach this port".to_string()
@@ -312,9 +319,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                         }
                         None => {
                             if let Err(e) = result {
-                                cfg.progress.notice(&format!(
-                                    "receiver: session {id} from {peer} failed: {e}"
-                                ));
+                                tracing::error!("session {id} from {peer} failed: {e}");
                             }
                         }
                     }

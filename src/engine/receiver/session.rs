@@ -370,7 +370,7 @@ impl Session<'_, '_> {
                     Err(Undelivered::Wire(e)) => {
                         return Err(match self.machine.on_undecodable(e) {
                             RecvError::Reject(r) => XferError::Rejected {
-                                code: r.code.as_str(),
+                                code: Some(r.code),
                                 reason: r.reason,
                             },
                             RecvError::Protocol(ProtocolError::Malformed(source)) => {
@@ -417,7 +417,7 @@ impl Session<'_, '_> {
                     })?;
                     warn!("refused {}: {}", self.peer, busy.reason);
                     return Err(XferError::Rejected {
-                        code: busy.code.as_str(),
+                        code: Some(busy.code),
                         reason: busy.reason,
                     });
                 }
@@ -444,7 +444,7 @@ impl Session<'_, '_> {
             Err(RecvError::Version(reject)) => {
                 warn!("refused {}: {}", self.peer, reject.reason);
                 return Err(self.abandon(XferError::Rejected {
-                    code: reject.code.as_str(),
+                    code: Some(reject.code),
                     reason: reject.reason,
                 }));
             }
@@ -469,7 +469,7 @@ impl Session<'_, '_> {
                     escaped(&reject.reason)
                 );
                 let err = XferError::Rejected {
-                    code: reject.code.as_str(),
+                    code: Some(reject.code),
                     reason: reject.reason.clone(),
                 };
                 if let Some((name, size, alg)) = offer {
@@ -485,14 +485,14 @@ impl Session<'_, '_> {
             }
             Err(e @ RecvError::TooLarge { .. }) => {
                 return Err(self.abandon(XferError::Rejected {
-                    code: RejectCode::TooLarge.as_str(),
+                    code: Some(RejectCode::TooLarge),
                     reason: format!("{kind}: {e}"),
                 }));
             }
             Err(RecvError::SessionLimit(reject)) => {
                 warn!("session ended: {}", reject.reason);
                 let err = XferError::Rejected {
-                    code: reject.code.as_str(),
+                    code: Some(reject.code),
                     reason: reject.reason,
                 };
                 if let Some((name, size, alg)) = offer {
@@ -811,7 +811,7 @@ impl Session<'_, '_> {
     ) -> Result<(), XferError> {
         warn!(name = %hello.name, code = code.as_str(), "refused: {reason}");
         let err = XferError::Rejected {
-            code: code.as_str(),
+            code: Some(code),
             reason: reason.clone(),
         };
         // A directory has no size to report.
@@ -921,7 +921,7 @@ impl Session<'_, '_> {
             Err(e @ RecvError::TooLarge { .. }) => {
                 let name = self.file.as_ref().map_or("?", |f| f.name.as_str());
                 return Err(self.abandon(XferError::Rejected {
-                    code: RejectCode::TooLarge.as_str(),
+                    code: Some(RejectCode::TooLarge),
                     reason: format!("{name}: {e}"),
                 }));
             }

@@ -266,7 +266,8 @@ fn try_session(
         .retain(|e| matches!(e, Entry::Dir { .. }) || !settled.contains(e.name()));
     let (files, bytes) = plan.files_and_bytes();
     cfg.progress.planned(files, bytes);
-    probe_devices().map_err(XferError::from)?;
+    let devices = probe_devices().map_err(XferError::from)?;
+    tracing::info!("RDMA devices: {}", devices.join(", "));
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
     let started = Instant::now();
@@ -376,8 +377,9 @@ impl Connection {
         cfg: &SenderConfig,
     ) -> Result<(Self, (BufferPool, Vec<crate::sys::rdma::Buffer>)), XferError> {
         let connect_err = |source: SysError| match source {
-            SysError::NoDevice => XferError::Sys(SysError::NoDevice),
-            SysError::Memlock { .. } => XferError::Sys(source),
+            SysError::NoDevice | SysError::NotRdmaAddress(_) | SysError::Memlock { .. } => {
+                XferError::Sys(source)
+            }
             source => XferError::Connect {
                 addr: cfg.addr.to_string(),
                 source,
@@ -835,11 +837,11 @@ fn proto_err(e: ProtocolError) -> FileError {
             ))
         }
         ProtocolError::VersionMismatch { detail } => XferError::Rejected {
-            code: crate::proto::RejectCode::Version.as_str(),
+            code: Some(crate::proto::RejectCode::Version),
             reason: detail,
         },
         ProtocolError::Refused { code, reason } => XferError::Rejected {
-            code: code.as_str(),
+            code: Some(code),
             reason,
         },
         other => XferError::from(other),
@@ -866,10 +868,7 @@ fn ack_error(status: AckStatus, reason: String) -> XferError {
         AckStatus::Ok => XferError::Internal("an abort with status ok".into()),
         AckStatus::Integrity => XferError::Integrity(format!("the receiver reports: {reason}")),
         AckStatus::Io => XferError::PeerIo(reason),
-        AckStatus::Rejected => XferError::Rejected {
-            code: "rejected",
-            reason,
-        },
+        AckStatus::Rejected => XferError::Rejected { code: None, reason },
         AckStatus::Protocol => XferError::PeerReported {
             from: "receiver",
             reason,

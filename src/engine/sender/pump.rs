@@ -247,7 +247,7 @@ impl Connection {
                         rej.reason
                     };
                     return Err(FileError::Continue(XferError::Rejected {
-                        code: rej.code.as_str(),
+                        code: Some(rej.code),
                         reason,
                     }));
                 }

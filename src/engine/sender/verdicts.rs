@@ -180,7 +180,7 @@ impl Tracker<'_> {
                     }
                     Verdict::Ack(ack) => ack_error(ack.status, ack.reason),
                     Verdict::Reject(rej) => XferError::Rejected {
-                        code: rej.code.as_str(),
+                        code: Some(rej.code),
                         reason: rej.reason,
                     },
                 };

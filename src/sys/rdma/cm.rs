@@ -457,6 +457,30 @@ impl CmId {
         Ok(ctx)
     }
 
+    /// The device and port this id is bound to: known once it is bound to
+    /// an address of a device, None when bound to a wildcard address.
+    pub fn bound_device(&self) -> Option<(String, u8)> {
+        // SAFETY: self.raw is valid for the lifetime of self; verbs is NULL
+        // or a device context that lives as long as the id.
+        let ctx = unsafe { (*self.raw).verbs };
+        if ctx.is_null() {
+            return None;
+        }
+        // SAFETY: ctx is a live context, so its device pointer is valid; the
+        // name is a NUL-terminated string owned by the device, copied at once.
+        let name = unsafe { ibv_get_device_name((*ctx).device) };
+        if name.is_null() {
+            return None;
+        }
+        // SAFETY: as above, name is non-NULL and NUL-terminated.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: self.raw is valid (see above).
+        let port = unsafe { (*self.raw).port_num };
+        Some((name, port))
+    }
+
     /// Binds to a local address and starts listening.
     pub fn listen(&self, addr: SocketAddr, backlog: i32) -> Result<()> {
         let mut storage = SockAddr::from(addr);
@@ -745,8 +769,9 @@ fn map_bind_error(err: SysError, addr: SocketAddr) -> SysError {
                 return SysError::Invalid(format!("address {addr} is already in use"));
             }
             Some(libc::EADDRNOTAVAIL) | Some(libc::ENODEV) => {
-                return SysError::Invalid(format!(
-                    "cannot bind {addr}: no RDMA device has this address"
+                return SysError::NotRdmaAddress(format!(
+                    "cannot bind {addr}: no RDMA device has this address (`rdma link` lists \
+                     the devices and their network interfaces)"
                 ));
             }
             _ => {}

@@ -1,0 +1,207 @@
+//! How messages look on stderr. Text: one line each, `sender: error: ...`,
+//! `receiver: warning: ...` (a timestamp and the session/file context only
+//! with -v). JSON (`--log-format json`): tracing's JSON objects, and the
+//! final error and the resource line in the very same shape.
+
+use super::{CommonArgs, LogFormat, ui};
+use crate::error::XferError;
+use std::fmt;
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The word a level is shown with in text.
+fn level_word(level: Level) -> &'static str {
+    match level {
+        Level::ERROR => "error",
+        Level::WARN => "warning",
+        Level::INFO => "info",
+        Level::DEBUG => "debug",
+        Level::TRACE => "trace",
+    }
+}
+
+/// The text shape of every message: `tool: level: message`.
+struct TextFormat {
+    tool: &'static str,
+    /// -v: a timestamp first, and the spans the event happened in.
+    verbose: bool,
+}
+
+impl<S, N> FormatEvent<S, N> for TextFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        if self.verbose {
+            SystemTime.format_time(&mut writer)?;
+            writer.write_char(' ')?;
+        }
+        let level = *event.metadata().level();
+        let word = level_word(level);
+        let colour = match level {
+            Level::ERROR => "\x1b[1;31m",
+            Level::WARN => "\x1b[33m",
+            _ => "",
+        };
+        if writer.has_ansi_escapes() && !colour.is_empty() {
+            write!(writer, "{}: {colour}{word}\x1b[0m: ", self.tool)?;
+        } else {
+            write!(writer, "{}: {word}: ", self.tool)?;
+        }
+        if self.verbose
+            && let Some(scope) = ctx.event_scope()
+        {
+            for span in scope.from_root() {
+                write!(writer, "{}", span.name())?;
+                let ext = span.extensions();
+                if let Some(fields) = ext.get::<FormattedFields<N>>()
+                    && !fields.is_empty()
+                {
+                    write!(writer, "{{{fields}}}")?;
+                }
+                writer.write_str(": ")?;
+            }
+        }
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+/// Logs go to stderr (around the progress bars, if any); stdout stays free
+/// for data. Default shows warnings, `-v` info, `-vv` debug, `-q` only
+/// errors. RUST_LOG overrides. Colours only on a terminal (and without
+/// NO_COLOR).
+pub fn init_logging(tool: &'static str, args: &CommonArgs, ui: &ui::Ui) {
+    let level = if args.quiet {
+        "error"
+    } else {
+        match args.verbose {
+            0 => "warn",
+            1 => "info",
+            2 => "debug",
+            _ => "trace",
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(ui.log_writer())
+        .with_ansi(colours_on_stderr())
+        .with_target(false);
+    let _ = match args.log_format {
+        LogFormat::Text => builder
+            .event_format(TextFormat {
+                tool,
+                verbose: args.verbose > 0,
+            })
+            .try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
+    };
+}
+
+/// Colours only on a terminal, and not with NO_COLOR set (no-color.org).
+fn colours_on_stderr() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// A message in tracing's JSON shape (`timestamp`, `level`, `fields` with
+/// `message`), for lines the tools print themselves.
+pub fn json_message(level: Level, message: &str, mut fields: serde_json::Value) -> String {
+    let mut timestamp = String::new();
+    let _ = SystemTime.format_time(&mut Writer::new(&mut timestamp));
+    fields["message"] = message.into();
+    serde_json::json!({
+        "timestamp": timestamp,
+        "level": level.as_str(),
+        "fields": fields,
+    })
+    .to_string()
+}
+
+/// The final error, as the tool's last line on stderr.
+pub fn error_line(tool: &str, err: &XferError, json: bool) -> String {
+    let code = err.exit_code();
+    if json {
+        let mut fields = serde_json::json!({
+            "tool": tool,
+            "exit_code": code as u8,
+            "status": code.as_str(),
+            "retryable": err.is_transient(),
+        });
+        if let Some(reason) = err.reason_code() {
+            fields["reason_code"] = reason.into();
+        }
+        if let XferError::Problems(all) = err {
+            fields["problems"] = all.clone().into();
+        }
+        return json_message(Level::ERROR, &err.to_string(), fields);
+    }
+    let prefix = if colours_on_stderr() {
+        format!("{tool}: \x1b[1;31merror\x1b[0m: ")
+    } else {
+        format!("{tool}: error: ")
+    };
+    match err {
+        // One line per problem: each is a message of its own.
+        XferError::Problems(all) => all
+            .iter()
+            .map(|p| format!("{prefix}{p}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        e => format!("{prefix}{e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::RejectCode;
+
+    #[test]
+    fn error_lines_have_one_shape() {
+        let err = XferError::Rejected {
+            code: Some(RejectCode::Exists),
+            reason: "a.bin exists".into(),
+        };
+        assert_eq!(
+            error_line("sender", &err, false),
+            "sender: error: rejected by the receiver (file exists): a.bin exists"
+        );
+        let v: serde_json::Value = serde_json::from_str(&error_line("sender", &err, true)).unwrap();
+        assert_eq!(v["level"], "ERROR");
+        assert_eq!(
+            v["fields"]["message"],
+            "rejected by the receiver (file exists): a.bin exists"
+        );
+        assert_eq!(v["fields"]["exit_code"], 4);
+        assert_eq!(v["fields"]["status"], "rejected");
+        assert_eq!(v["fields"]["reason_code"], "exists");
+        assert_eq!(v["fields"]["retryable"], false);
+        assert!(v["timestamp"].as_str().is_some_and(|t| t.len() > 10));
+        // Several problems: a line each in text, a list in JSON.
+        let all = XferError::Problems(vec!["a is missing".into(), "b is a directory".into()]);
+        assert_eq!(
+            error_line("sender", &all, false),
+            "sender: error: a is missing\nsender: error: b is a directory"
+        );
+        let v: serde_json::Value = serde_json::from_str(&error_line("sender", &all, true)).unwrap();
+        assert_eq!(v["fields"]["exit_code"], 2);
+        assert_eq!(v["fields"]["problems"][1], "b is a directory");
+        assert_eq!(v["fields"]["message"], "a is missing; b is a directory");
+    }
+}
