@@ -10,7 +10,7 @@ RELEASE_DIR ?= target/release
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-tune bench-native install uninstall clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-tune bench-native build-bins install uninstall clean
 
 all: build
 
@@ -93,7 +93,11 @@ bench-native: deps
 # receiver's systemd unit (never enabled), all under $(DESTDIR)$(PREFIX);
 # see scripts/install.sh. No root needed for a PREFIX of one's own
 # (PREFIX=~/.local) once the build packages are there.
-install: build
+# Only the release binaries (not the tests or the fault-injection build).
+build-bins: deps
+	$(CARGO) build --release --locked --bins
+
+install: build-bins
 	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' scripts/install.sh '$(RELEASE_DIR)'
 
 # Removes exactly what `make install` with the same PREFIX and DESTDIR put there.

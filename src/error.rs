@@ -126,6 +126,15 @@ pub enum XferError {
     Internal(String),
     #[error("peer lost: {0}")]
     PeerLost(String),
+    /// Files failed while the session went on, each reported as it failed;
+    /// the first decides the exit status.
+    #[error("{first}")]
+    FilesFailed {
+        first: Box<XferError>,
+        /// How many failed, of how many files.
+        failed: u64,
+        files: u64,
+    },
 }
 
 impl From<ProtocolError> for XferError {
@@ -157,7 +166,8 @@ impl XferError {
                 SysError::Call { source, .. } => matches!(
                     source.raw_os_error(),
                     Some(
-                        libc::ENETUNREACH
+                        libc::EAGAIN
+                            | libc::ENETUNREACH
                             | libc::EHOSTUNREACH
                             | libc::ENETDOWN
                             | libc::ETIMEDOUT
@@ -169,6 +179,7 @@ impl XferError {
             },
             XferError::Rejected { code, .. } => *code == Some(RejectCode::Busy),
             XferError::PeerLost(_) => true,
+            XferError::FilesFailed { first, .. } => first.is_transient(),
             XferError::Sys(v) => matches!(
                 v,
                 SysError::Timeout { .. }
@@ -190,6 +201,7 @@ impl XferError {
         match self {
             XferError::Rejected { code, .. } => Some(code.map_or("rejected", RejectCode::slug)),
             XferError::Auth(_) | XferError::Forged { .. } => Some(RejectCode::Auth.slug()),
+            XferError::FilesFailed { first, .. } => first.reason_code(),
             _ => None,
         }
     }
@@ -216,6 +228,7 @@ impl XferError {
             | XferError::PeerReported { .. }
             | XferError::Internal(_) => ExitCode::Other,
             XferError::PeerLost(_) => ExitCode::TimeoutOrPeerLost,
+            XferError::FilesFailed { first, .. } => first.exit_code(),
         }
     }
 }

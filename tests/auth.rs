@@ -199,7 +199,7 @@ fn receiver_without_token_warns_that_it_accepts_anyone() {
     let warning = format!(
         "no token: anyone who can reach this port may write into {} (set one with \
          --token-file or RDMA_XFER_TOKEN; limit who may connect with --allow)",
-        dst.path().display()
+        std::fs::canonicalize(dst.path()).expect("dir").display()
     );
     let log = receiver.wait_for_stderr(&warning, LOG_WAIT);
     assert!(log.contains(&warning), "{log}");

@@ -235,7 +235,7 @@ fn make_install_respects_destdir_and_prefix() {
     let built = Path::new(sender_bin()).parent().expect("bin dir");
     let out = Command::new("make")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["-s", "-o", "build", "install", "PREFIX=/usr"])
+        .args(["-s", "-o", "build-bins", "install", "PREFIX=/usr"])
         .arg(format!("DESTDIR={}", dest.path().display()))
         .arg(format!("RELEASE_DIR={}", built.display()))
         .output()

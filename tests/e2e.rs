@@ -49,8 +49,12 @@ fn sizes_around_the_chunk_boundary_across_the_wire() {
     for size in [0, 1, CHUNK - 1, CHUNK, CHUNK + 1] {
         let name = format!("file-{size}.bin");
         let (sent, _) = transfer_and_check(&net, Path_::Wire, &[(&name, size)], &[]);
+        // -v: the human size, then the exact one.
         assert!(
-            sent.stderr.contains(&format!("{name}: {size} bytes")),
+            sent.stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("{name}: "))
+                    && l.contains(&format!(" ({size} bytes) in "))),
             "{}",
             sent.stderr
         );
@@ -264,6 +268,49 @@ fn nothing_listening_is_a_connect_error() {
         "{}",
         sent.stderr
     );
+}
+
+/// A local address no RDMA device has is a permanent mistake (exit 8, not
+/// retried), named in the message; exit 3 stays "cannot reach", and its
+/// `--json` summary says it is worth retrying.
+#[test]
+fn a_source_address_without_rdma_exits_8_and_is_not_retried() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("dir");
+    let input = src.path().join("x");
+    make_file(&input, 10, 1);
+    let port = next_port();
+    let mut cmd = std::process::Command::new(sender_bin());
+    cmd.args(["--port", &port.to_string(), "--retry=3", "--json"])
+        .args(["--source", "10.99.0.9", &net.addr_a])
+        .arg(&input);
+    token_env(&mut cmd, None);
+    let started = std::time::Instant::now();
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 8, "{}", sent.stderr);
+    assert!(
+        sent.stderr
+            .contains("--source 10.99.0.9: no RDMA device has this address"),
+        "{}",
+        sent.stderr
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "retried?");
+    let summary: serde_json::Value =
+        serde_json::from_str(sent.stdout.lines().last().expect("summary")).expect("JSON");
+    assert_eq!(summary["status"], "no_device", "{summary}");
+    assert_eq!(summary["retryable"], false, "{summary}");
+    // Nobody listening: exit 3, retryable.
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        &[input],
+        &["--timeout", "5", "--json"],
+    );
+    assert_eq!(sent.code(), 3, "{}", sent.stderr);
+    let summary: serde_json::Value =
+        serde_json::from_str(sent.stdout.lines().last().expect("summary")).expect("JSON");
+    assert_eq!(summary["retryable"], true, "{summary}");
 }
 
 #[test]

@@ -332,16 +332,26 @@ fn progress_bars_on_a_tmux_screen() {
     let sum = make_file(&input, 96 * MIB, 41);
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
-    // A tmux server of this test's own (its own socket), ended below.
-    let socket = format!("rxfer-test-{}-{port}", std::process::id());
-    let tmux = |args: &[&str]| {
-        Command::new("tmux")
-            .args(["-L", &socket])
-            .args(args)
-            .env_remove("TMUX")
-            .output()
-            .expect("tmux")
-    };
+    // A tmux server of this test's own (its own socket, no user
+    // configuration), ended when the test ends, even by a panic.
+    struct TmuxServer(String);
+    impl TmuxServer {
+        fn run(&self, args: &[&str]) -> std::process::Output {
+            Command::new("tmux")
+                .args(["-L", &self.0, "-f", "/dev/null"])
+                .args(args)
+                .env_remove("TMUX")
+                .output()
+                .expect("tmux")
+        }
+    }
+    impl Drop for TmuxServer {
+        fn drop(&mut self) {
+            let _ = self.run(&["kill-server"]);
+        }
+    }
+    let server = TmuxServer(format!("rxfer-test-{}-{port}", std::process::id()));
+    let tmux = |args: &[&str]| server.run(args);
     let source = match &net.addr_b {
         Some(b) => format!("--source {b}"),
         None => String::new(),
@@ -390,7 +400,7 @@ fn progress_bars_on_a_tmux_screen() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let _ = tmux(&["kill-server"]);
+    drop(server);
     let received = receiver.wait(Duration::from_secs(60));
     assert_eq!(received.code(), 0, "{}", received.stderr);
     assert_eq!(sha256_file(&dst.path().join("screen.bin")), sum);

@@ -140,7 +140,11 @@ fn a_killed_sender_resumes_after_what_the_receiver_verified() {
         moved <= size - kept + RING,
         "moved {moved} bytes again, {kept} had arrived"
     );
-    assert!(sent.stderr.contains("resumed from byte"), "{}", sent.stderr);
+    assert!(
+        sent.stderr.contains(" sent (resumed from "),
+        "{}",
+        sent.stderr
+    );
     assert!(
         kept_files(dst.path()).is_empty(),
         "{:?}",

@@ -27,7 +27,14 @@ fn run(args: &SenderArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
         ui.eprintln(&session_summary(&outcome, json));
     }
     match outcome.first_error {
-        Some(e) => Err(e),
+        Some(first) => {
+            let (files, failed) = ui.file_counts();
+            Err(XferError::FilesFailed {
+                first: Box::new(first),
+                failed: failed.max(1),
+                files: files.max(1),
+            })
+        }
         None => Ok(()),
     }
 }

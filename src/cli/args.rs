@@ -514,17 +514,33 @@ impl SenderArgs {
         let resume = self.resume || self.retry > 0;
         // A resumed file is recognised by its size and modification time.
         let walk = self.walk_options(resume);
+        // A name that does not resolve is a usage problem; a resolver that
+        // cannot answer now is a connect error, said once all else is fine.
+        let mut unanswered = None;
+        let addr = target
+            .as_ref()
+            .and_then(|(host, _)| match resolve(host, port) {
+                Ok(a) => Some(a),
+                Err(e @ XferError::Connect { .. }) => {
+                    unanswered = Some(e);
+                    None
+                }
+                Err(e) => problems.check(Err(e)),
+            });
         if !problems.is_empty() {
             // Bad options: report the inputs' problems in the same run.
             problems.check(entries::check_arguments(&self.files, &walk));
         }
         problems.into_result()?;
-        let (Some((chunk_size, depth)), Some((host, _)), Some(ack_timeout)) =
-            (buffers, target, ack_timeout)
+        if let Some(e) = unanswered {
+            return Err(e);
+        }
+        let (Some((chunk_size, depth)), Some(addr), Some(ack_timeout)) =
+            (buffers, addr, ack_timeout)
         else {
             return Err(XferError::Internal("a checked option has no value".into()));
         };
-        let mut cfg = SenderConfig::new(resolve(&host, port)?);
+        let mut cfg = SenderConfig::new(addr);
         cfg.ack_timeout = ack_timeout;
         cfg.source = source;
         cfg.chunk_size = chunk_size;
@@ -867,9 +883,16 @@ mod tests {
         let err = sender(&["--token-file", missing.to_str().unwrap(), "h", "f"]).unwrap_err();
         assert_eq!(err.exit_code(), crate::ExitCode::Usage, "{err}");
         usage(sender(&["--follow-links", "h", "f"]), "needs -r");
-        // An address that does not resolve cannot be connected to.
-        let err = sender(&["no.such.host.invalid", "f"]).unwrap_err();
-        assert_eq!(err.exit_code(), crate::ExitCode::CannotConnect, "{err}");
+        // A name that does not resolve is a usage error, reported with the
+        // inputs' problems.
+        let err = sender(&["no.such.host.invalid", "/nonexistent/f"]).unwrap_err();
+        assert_eq!(err.exit_code(), crate::ExitCode::Usage, "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("cannot resolve host name no.such.host.invalid"),
+            "{msg}"
+        );
+        assert!(msg.contains("cannot open /nonexistent/f"), "{msg}");
     }
 
     #[test]

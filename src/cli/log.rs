@@ -133,9 +133,17 @@ pub fn json_message(level: Level, message: &str, mut fields: serde_json::Value) 
     .to_string()
 }
 
-/// The final error, as the tool's last line on stderr.
-pub fn error_line(tool: &str, err: &XferError, json: bool) -> String {
+/// The final error, as the tool's last line on stderr; None when it was
+/// said already (one file that failed, reported as it failed).
+pub fn error_line(tool: &str, err: &XferError, json: bool) -> Option<String> {
     let code = err.exit_code();
+    let message = match err {
+        XferError::FilesFailed { files: 0 | 1, .. } => return None,
+        XferError::FilesFailed { failed, files, .. } => {
+            format!("{failed} of {files} files failed (each said above)")
+        }
+        e => e.to_string(),
+    };
     if json {
         let mut fields = serde_json::json!({
             "tool": tool,
@@ -149,22 +157,22 @@ pub fn error_line(tool: &str, err: &XferError, json: bool) -> String {
         if let XferError::Problems(all) = err {
             fields["problems"] = all.clone().into();
         }
-        return json_message(Level::ERROR, &err.to_string(), fields);
+        return Some(json_message(Level::ERROR, &message, fields));
     }
     let prefix = if colours_on_stderr() {
         format!("{tool}: \x1b[1;31merror\x1b[0m: ")
     } else {
         format!("{tool}: error: ")
     };
-    match err {
+    Some(match err {
         // One line per problem: each is a message of its own.
         XferError::Problems(all) => all
             .iter()
             .map(|p| format!("{prefix}{p}"))
             .collect::<Vec<_>>()
             .join("\n"),
-        e => format!("{prefix}{e}"),
-    }
+        _ => format!("{prefix}{message}"),
+    })
 }
 
 #[cfg(test)]
@@ -179,10 +187,11 @@ mod tests {
             reason: "a.bin exists".into(),
         };
         assert_eq!(
-            error_line("sender", &err, false),
+            error_line("sender", &err, false).unwrap(),
             "sender: error: rejected by the receiver (file exists): a.bin exists"
         );
-        let v: serde_json::Value = serde_json::from_str(&error_line("sender", &err, true)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&error_line("sender", &err, true).unwrap()).unwrap();
         assert_eq!(v["level"], "ERROR");
         assert_eq!(
             v["fields"]["message"],
@@ -196,12 +205,28 @@ mod tests {
         // Several problems: a line each in text, a list in JSON.
         let all = XferError::Problems(vec!["a is missing".into(), "b is a directory".into()]);
         assert_eq!(
-            error_line("sender", &all, false),
+            error_line("sender", &all, false).unwrap(),
             "sender: error: a is missing\nsender: error: b is a directory"
         );
-        let v: serde_json::Value = serde_json::from_str(&error_line("sender", &all, true)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&error_line("sender", &all, true).unwrap()).unwrap();
         assert_eq!(v["fields"]["exit_code"], 2);
         assert_eq!(v["fields"]["problems"][1], "b is a directory");
         assert_eq!(v["fields"]["message"], "a is missing; b is a directory");
+        // Files that failed as the session went on were said one by one:
+        // nothing more for one file, the tally for several.
+        let failed = |failed, files| XferError::FilesFailed {
+            first: Box::new(XferError::Integrity("x".into())),
+            failed,
+            files,
+        };
+        assert_eq!(error_line("sender", &failed(1, 1), false), None);
+        assert_eq!(
+            error_line("sender", &failed(2, 5), false).unwrap(),
+            "sender: error: 2 of 5 files failed (each said above)"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&error_line("sender", &failed(2, 5), true).unwrap()).unwrap();
+        assert_eq!(v["fields"]["exit_code"], 5);
     }
 }

@@ -109,19 +109,42 @@ pub fn parse_timeout_arg(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// Resolves a host name or IPv4/IPv6 literal with a port.
+/// Resolves a host name or IPv4/IPv6 literal with a port. A name that
+/// does not resolve is a usage error (exit 2: a typo, found before
+/// connecting); a resolver that cannot answer right now is a connect error
+/// worth retrying (exit 3). Of several addresses an IPv4 one is preferred:
+/// a receiver listens on IPv4 by default.
 pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, XferError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let mut addrs = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| XferError::Connect {
-            addr: format!("{host}:{port}"),
-            source: crate::sys::SysError::Invalid(format!("cannot resolve host name: {e}")),
-        })?;
-    addrs.next().ok_or_else(|| XferError::Connect {
-        addr: format!("{host}:{port}"),
-        source: crate::sys::SysError::Invalid("host name has no address".into()),
-    })
+    let addrs: Vec<SocketAddr> = match (host, port).to_socket_addrs() {
+        Ok(a) => a.collect(),
+        // std reports getaddrinfo's EAI_AGAIN only through its message
+        // (gai_strerror's "Temporary failure in name resolution").
+        Err(e) if e.to_string().contains("Temporary failure") => {
+            return Err(XferError::Connect {
+                addr: format!("{host}:{port}"),
+                source: crate::sys::SysError::Call {
+                    call: "getaddrinfo",
+                    source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+                },
+            });
+        }
+        Err(e) => {
+            let why = e.to_string();
+            let why = why
+                .strip_prefix("failed to lookup address information: ")
+                .unwrap_or(&why);
+            return Err(XferError::Usage(format!(
+                "cannot resolve host name {host}: {why}"
+            )));
+        }
+    };
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| XferError::Usage(format!("host name {host} has no address")))
 }
 
 /// Prints the error (if any) once, clearly, and returns the exit code. With
@@ -158,7 +181,9 @@ pub fn finish(
     match result {
         Ok(()) => std::process::ExitCode::from(ExitCode::Ok as u8),
         Err(e) => {
-            eprintln!("{}", log::error_line(tool, &e, json));
+            if let Some(line) = log::error_line(tool, &e, json) {
+                eprintln!("{line}");
+            }
             std::process::ExitCode::from(e.exit_code() as u8)
         }
     }
@@ -298,6 +323,14 @@ mod tests {
         );
         assert_eq!(resolve("::1", 7471).unwrap().to_string(), "[::1]:7471");
         assert_eq!(resolve("[::1]", 9).unwrap().to_string(), "[::1]:9");
-        assert!(resolve("no.such.host.invalid", 1).is_err());
+        let err = resolve("no.such.host.invalid", 1).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot resolve host name no.such.host.invalid: "),
+            "{err}"
+        );
+        // Both families: IPv4 first, as the receiver listens by default.
+        assert!(resolve("localhost", 9).unwrap().is_ipv4());
     }
 }

@@ -108,6 +108,15 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
     line
 }
 
+/// "1 file", "2 files", "1 directory", "3 directories".
+fn count(n: u64, what: &str) -> String {
+    match (n, what.strip_suffix('y')) {
+        (1, _) => format!("1 {what}"),
+        (_, Some(stem)) => format!("{n} {stem}ies"),
+        (_, None) => format!("{n} {what}s"),
+    }
+}
+
 /// Seconds as a person reads them: "0.004 s", "5.8 s", "312 s".
 fn format_secs(secs: f64) -> String {
     if secs < 1.0 {
@@ -252,8 +261,9 @@ pub fn session_summary_line(outcome: &SessionOutcome) -> String {
     let files = outcome.files.len();
     let per_sec = if secs > 0.0 { files as f64 / secs } else { 0.0 };
     let mut line = format!(
-        "total: {files} files and {} directories, {} in {}: {per_sec:.1} files/s, {:.1} MiB/s",
-        outcome.directories,
+        "total: {} and {}, {} in {}: {per_sec:.1} files/s, {:.1} MiB/s",
+        count(files as u64, "file"),
+        count(outcome.directories, "directory"),
         format_bytes(bytes),
         format_secs(secs),
         mib_per_sec(sent, secs),
@@ -460,6 +470,10 @@ mod tests {
         assert_eq!(v["files"], 2);
         assert_eq!(v["directories"], 3);
         assert_eq!(v["files_per_s"], 4.0);
+        assert_eq!(count(1, "directory"), "1 directory");
+        assert_eq!(count(0, "directory"), "0 directories");
+        assert_eq!(count(1, "file"), "1 file");
+        assert_eq!(count(41, "file"), "41 files");
     }
     #[test]
     fn stderr_lines() {

@@ -97,6 +97,13 @@ impl Ui {
         }
     }
 
+    /// Files reported so far (acknowledged and failed), and how many of
+    /// them failed.
+    pub fn file_counts(&self) -> (u64, u64) {
+        let t = self.totals.lock().unwrap_or_else(PoisonError::into_inner);
+        (t.files + t.failed, t.failed)
+    }
+
     /// Clears the bars (call before the final error is printed).
     pub fn finish(&self) {
         if let Some(b) = &self.bars {

@@ -665,6 +665,17 @@ pub fn token_env(cmd: &mut Command, token: Option<&str>) {
     };
 }
 
+/// The exact size on NAME's per-file line (`NAME: 3.0 MiB (3145745 bytes)
+/// in ...`, as a tool run with -v prints it).
+pub fn bytes_of_file_line(stderr: &str, name: &str) -> Option<u64> {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .and_then(|rest| rest.split_once(" ("))
+        .and_then(|(_, rest)| rest.split_once(" bytes)"))
+        .and_then(|(n, _)| n.parse().ok())
+}
+
 /// Parses `peak_rss_bytes=N` printed by a tool run with -v.
 pub fn peak_rss(stderr: &str) -> u64 {
     stderr

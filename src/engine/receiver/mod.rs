@@ -160,11 +160,13 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     let listener = CmId::new(&channel)?;
     listener.listen(cfg.bind, 64)?;
     info!(bind = %cfg.bind, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
+    // The directory as an absolute path: what the user sees is where files go.
+    let shown_dir = std::fs::canonicalize(&cfg.dir).unwrap_or(cfg.dir.clone());
     cfg.progress.listening(&Listening {
         bind: cfg.bind,
         device: listener.bound_device(),
         devices,
-        dir: (!cfg.stdout).then(|| std::fs::canonicalize(&cfg.dir).unwrap_or(cfg.dir.clone())),
+        dir: (!cfg.stdout).then(|| shown_dir.clone()),
     });
     if cfg.token.is_none() {
         let who = if cfg.allow.is_empty() {
@@ -176,7 +178,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
         let what = if cfg.stdout {
             "standard output".to_string()
         } else {
-            cfg.dir.display().to_string()
+            shown_dir.display().to_string()
         };
         warn!(
             "no token: {who} may write into {what} (set one with --token-file or \
@@ -319,7 +321,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                         }
                         None => {
                             if let Err(e) = result {
-                                tracing::error!("session {id} from {peer} failed: {e}");
+                                error!("session {id} from {peer} failed: {e}");
                             }
                         }
                     }
@@ -430,9 +432,11 @@ fn run_logged(
 ) -> Result<(), XferError> {
     let started = Instant::now();
     let result = session::run(cfg, conn, on_file, ledger, admission, on_admitted);
+    // A failed session is said once: by the serving loop (with its id and
+    // peer), or with --once by the tool's final error.
     match &result {
         Ok(()) => info!(elapsed = ?started.elapsed(), "session finished"),
-        Err(e) => error!(elapsed = ?started.elapsed(), "session failed: {e}"),
+        Err(e) => info!(elapsed = ?started.elapsed(), "session failed: {e}"),
     }
     result
 }

@@ -809,7 +809,7 @@ impl Session<'_, '_> {
         hello_at: Instant,
         (code, reason): Refusal,
     ) -> Result<(), XferError> {
-        warn!(name = %hello.name, code = code.as_str(), "refused: {reason}");
+        warn!(name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
         let err = XferError::Rejected {
             code: Some(code),
             reason: reason.clone(),
@@ -830,9 +830,9 @@ impl Session<'_, '_> {
             .store
             .create(hello, self.cfg.overwrite, &self.cfg.dir, resume)?;
         let span = if hello.is_stream() {
-            error_span!("file", name = %hello.name, size = "unknown")
+            error_span!("file", file = %escaped(&hello.name), size = "unknown")
         } else {
-            error_span!("file", name = %hello.name, size = hello.size)
+            error_span!("file", file = %escaped(&hello.name), size = hello.size)
         };
         Ok(IncomingFile {
             name: hello.name.clone(),

@@ -868,7 +868,12 @@ fn ack_error(status: AckStatus, reason: String) -> XferError {
         AckStatus::Ok => XferError::Internal("an abort with status ok".into()),
         AckStatus::Integrity => XferError::Integrity(format!("the receiver reports: {reason}")),
         AckStatus::Io => XferError::PeerIo(reason),
-        AckStatus::Rejected => XferError::Rejected { code: None, reason },
+        // The receiver refuses with an ACK (not a REJECT) only for a size
+        // beyond its limits, found once the bytes are coming.
+        AckStatus::Rejected => XferError::Rejected {
+            code: Some(crate::proto::RejectCode::TooLarge),
+            reason,
+        },
         AckStatus::Protocol => XferError::PeerReported {
             from: "receiver",
             reason,

@@ -113,9 +113,9 @@ impl Connection {
         // A stream's size is unknown (0 here: its bar grows as it goes).
         let size = offer.size;
         let span = if stream {
-            error_span!("file", name = %name, size = "unknown")
+            error_span!("file", file = %name, size = "unknown")
         } else {
-            error_span!("file", name = %name, size = offer.size)
+            error_span!("file", file = %name, size = offer.size)
         };
         let _enter = span.enter();
         let started = Instant::now();

@@ -8,7 +8,7 @@ use crate::error::XferError;
 use crate::proto::{AckStatus, DigestAlg, Pending, Verdict};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// An entry sent but not yet answered by the receiver.
 pub(super) enum PendingEntry {
@@ -61,7 +61,9 @@ impl Tracker<'_> {
     /// An entry failed and the session goes on (`started`: when its HELLO
     /// went out); the first such failure is the session's exit status.
     pub(super) fn fail(&mut self, name: &str, bytes: u64, started: Option<Instant>, e: XferError) {
-        warn!(file = %name, "{e}");
+        // The tool prints the failure (`sender: error: NAME: ...`); the
+        // log keeps it for -v and JSON logs.
+        tracing::info!(file = %name, "failed: {e}");
         self.report(name, bytes, started, &e, false);
         self.outcome.first_error.get_or_insert(e);
     }

@@ -538,14 +538,47 @@ impl CmId {
         // SAFETY: storage (and src_storage if used) hold valid sockaddrs that
         // outlive the call; a NULL source means "any".
         let rc = unsafe { rdma_resolve_addr(self.raw, src_ptr, storage.as_mut_ptr(), ms) };
+        // ENODEV/EADDRNOTAVAIL here (devices exist: the tools probe first)
+        // mean the source address, or the interface towards the receiver,
+        // has no RDMA device: a permanent mistake, not an unreachable peer.
+        let not_rdma = || match src {
+            Some(ip) => SysError::NotRdmaAddress(format!(
+                "--source {ip}: no RDMA device has this address (`rdma link` lists the \
+                 devices and their network interfaces)"
+            )),
+            None => SysError::NotRdmaAddress(format!(
+                "no RDMA device is on the way to {}: use the receiver's address on the \
+                 RDMA fabric (its IPoIB or RoCE interface), or pick the local one with \
+                 --source (`rdma link` lists the devices and their network interfaces)",
+                dst.ip()
+            )),
+        };
         if rc != 0 {
-            return Err(map_no_device(SysError::last_os("rdma_resolve_addr")));
+            let err = SysError::last_os("rdma_resolve_addr");
+            if let SysError::Call { source, .. } = &err
+                && matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENODEV | libc::EADDRNOTAVAIL)
+                )
+            {
+                return Err(not_rdma());
+            }
+            return Err(map_no_device(err));
         }
-        self.expect(
+        match self.expect(
             CmEventKind::AddrResolved,
             "ADDR_RESOLVED",
             timeout + Duration::from_secs(1),
-        )?;
+        ) {
+            Err(SysError::UnexpectedEvent {
+                got: CmEventKind::AddrError,
+                status,
+                ..
+            }) if status == -libc::ENODEV || status == -libc::EADDRNOTAVAIL => {
+                return Err(not_rdma());
+            }
+            other => other?,
+        }
         // SAFETY: address is resolved, so route resolution may start.
         let rc = unsafe { rdma_resolve_route(self.raw, ms) };
         if rc != 0 {
