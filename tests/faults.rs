@@ -330,7 +330,7 @@ fn corrupted_chunk_is_caught_exit_5_nothing_written() {
     let port = next_port();
     // With writer threads: chunks 0-2 may be in their hands when chunk 3
     // fails its check; nothing of the file may be left either way.
-    let receiver = start_receiver(&net, port, dst.path(), &["--threads", "2"]);
+    let mut receiver = start_receiver(&net, port, dst.path(), &["--threads", "2"]);
     let mut cmd = sender_cmd_with(
         &sender,
         &net,
@@ -345,8 +345,8 @@ fn corrupted_chunk_is_caught_exit_5_nothing_written() {
     assert!(sent.stderr.contains("CRC32"), "{}", sent.stderr);
     assert!(!dst.path().join("bitflip.bin").exists());
     assert_no_temp_files(dst.path());
-    let log = receiver.stderr_so_far();
-    assert!(log.contains("chunk 3 of bitflip.bin"), "{log}");
+    // The receiver logs the failed session after its ACK went out: wait.
+    receiver.wait_for_stderr("chunk 3 of bitflip.bin", Duration::from_secs(30));
     assert_still_serves(&net, port, src.path(), dst.path());
 }
 
@@ -364,7 +364,7 @@ fn a_corrupted_batch_of_small_files_leaves_none_of_them() {
         make_file(&tree.join(format!("f{i:02}")), 1000 + i, 40 + 2 * i);
     }
     let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["-vv"]);
+    let mut receiver = start_receiver(&net, port, dst.path(), &["-vv"]);
     let mut cmd = sender_cmd_with(
         &sender,
         &net,
@@ -404,11 +404,9 @@ fn a_corrupted_batch_of_small_files_leaves_none_of_them() {
         .collect();
     assert_eq!(left, ["a-empty"]);
     assert_no_temp_files(&got);
-    let log = receiver.stderr_so_far();
-    assert!(
-        log.contains("offer of a batch") && log.contains("CRC32"),
-        "{log}"
-    );
+    // The failed session is logged after the ACK went out: wait for it.
+    let log = receiver.wait_for_stderr("CRC32", Duration::from_secs(30));
+    assert!(log.contains("offer of a batch"), "{log}");
     assert_still_serves(&net, port, src.path(), dst.path());
 }
 
