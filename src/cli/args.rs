@@ -388,6 +388,16 @@ pub fn parse_addr(addr: &str) -> Result<(String, Option<u16>), XferError> {
             "{addr:?}: the port must be a number between 1 and 65535"
         ))),
     };
+    // ssh's user@host: nobody logs in anywhere here.
+    if !a.starts_with('[')
+        && let Some((user, rest)) = a.split_once('@')
+    {
+        let why = format!("{addr:?}: the sender logs in nowhere, drop `{user}@`");
+        return Err(XferError::Usage(match parse_addr(rest) {
+            Ok(_) => format!("{why} (sender {rest} FILE...)"),
+            Err(e) => format!("{why}; and {e}"),
+        }));
+    }
     if let Some(rest) = a.strip_prefix('[') {
         let Some((host, after)) = rest.split_once(']') else {
             return Err(XferError::Usage(format!(
@@ -472,6 +482,18 @@ impl SenderArgs {
         }
         if self.follow_links && !self.recursive {
             problems.add("--follow-links follows links inside trees: it needs -r");
+        }
+        // `--retry 3 HOST FILE`: the count needs `=`, so 3 became ADDR.
+        if !self.addr.is_empty() && self.addr.bytes().all(|b| b.is_ascii_digit()) {
+            problems.add(if self.retry > 0 {
+                format!(
+                    "{} was taken as the receiver's address: --retry takes its count after \
+                     `=` (--retry={})",
+                    self.addr, self.addr
+                )
+            } else {
+                format!("{} is a number, not the receiver's address", self.addr)
+            });
         }
         // `sender FILE HOST`: the address is a local file and a "file" is not.
         if !self.addr.is_empty()
@@ -1004,6 +1026,9 @@ mod tests {
             ("host:", "receiver --dir DIR"),
             ("host:~/in", "takes no remote path"),
             ("host:in", "takes no remote path"),
+            ("me@host", "drop `me@` (sender host FILE...)"),
+            ("me@host:/data", "receiver --dir /data"),
+            ("me@host:/data", "drop `me@`"),
         ] {
             usage(parse_addr(bad), what);
         }
@@ -1021,6 +1046,12 @@ mod tests {
         );
         let err = sender(&["host:/data", "-"]).unwrap_err();
         assert_eq!(err.exit_code(), crate::ExitCode::Usage);
+        // `--retry 3 HOST FILE`: 3 became the address.
+        usage(sender(&["--retry", "3", "h", "-"]), "(--retry=3)");
+        usage(
+            sender(&["7471", "-"]),
+            "a number, not the receiver's address",
+        );
     }
 
     /// Everything wrong before connecting is reported in one run, with
