@@ -54,6 +54,45 @@ macro_rules! exit_codes_help {
     };
 }
 
+/// Problems found before connecting, gathered so that one run reports
+/// them all (exit 2).
+#[derive(Default)]
+pub struct Problems(Vec<String>);
+
+impl Problems {
+    /// The value, or None with the error's message(s) noted.
+    pub fn check<T>(&mut self, result: Result<T, XferError>) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(XferError::Problems(all)) => {
+                self.0.extend(all);
+                None
+            }
+            Err(e) => {
+                self.0.push(e.to_string());
+                None
+            }
+        }
+    }
+
+    pub fn add(&mut self, problem: impl Into<String>) {
+        self.0.push(problem.into());
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// One usage error, or all of them.
+    pub fn into_result(mut self) -> Result<(), XferError> {
+        match self.0.len() {
+            0 => Ok(()),
+            1 => Err(XferError::Usage(self.0.remove(0))),
+            _ => Err(XferError::Problems(self.0)),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum XferError {
     #[error("{0}")]

@@ -8,7 +8,7 @@ use crate::engine::receiver::{
 };
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
 use crate::engine::{DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
-use crate::error::XferError;
+use crate::error::{Problems, XferError};
 use crate::proto::DEFAULT_MAX_FILES;
 use crate::proto::{DigestAlg, validate_path};
 use clap::{CommandFactory, ValueHint};
@@ -320,45 +320,6 @@ impl CommonArgs {
             )));
         }
         Ok(())
-    }
-}
-
-/// Problems found before connecting, gathered so that one run reports
-/// them all (exit 2).
-#[derive(Default)]
-struct Problems(Vec<String>);
-
-impl Problems {
-    /// The value, or None with the error's message(s) noted.
-    fn check<T>(&mut self, result: Result<T, XferError>) -> Option<T> {
-        match result {
-            Ok(v) => Some(v),
-            Err(XferError::Problems(all)) => {
-                self.0.extend(all);
-                None
-            }
-            Err(e) => {
-                self.0.push(e.to_string());
-                None
-            }
-        }
-    }
-
-    fn add(&mut self, problem: impl Into<String>) {
-        self.0.push(problem.into());
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// One usage error, or all of them.
-    fn into_result(mut self) -> Result<(), XferError> {
-        match self.0.len() {
-            0 => Ok(()),
-            1 => Err(XferError::Usage(self.0.remove(0))),
-            _ => Err(XferError::Problems(self.0)),
-        }
     }
 }
 

@@ -23,6 +23,22 @@ fn level_word(level: Level) -> &'static str {
     }
 }
 
+/// `tool: level: `, the start of every message in text, the level in
+/// colour when `ansi` (errors bold red, warnings yellow).
+fn text_prefix(tool: &str, level: Level, ansi: bool) -> String {
+    let word = level_word(level);
+    let colour = match level {
+        Level::ERROR => "\x1b[1;31m",
+        Level::WARN => "\x1b[33m",
+        _ => "",
+    };
+    if ansi && !colour.is_empty() {
+        format!("{tool}: {colour}{word}\x1b[0m: ")
+    } else {
+        format!("{tool}: {word}: ")
+    }
+}
+
 /// The text shape of every message: `tool: level: message`.
 struct TextFormat {
     tool: &'static str,
@@ -45,18 +61,12 @@ where
             SystemTime.format_time(&mut writer)?;
             writer.write_char(' ')?;
         }
-        let level = *event.metadata().level();
-        let word = level_word(level);
-        let colour = match level {
-            Level::ERROR => "\x1b[1;31m",
-            Level::WARN => "\x1b[33m",
-            _ => "",
-        };
-        if writer.has_ansi_escapes() && !colour.is_empty() {
-            write!(writer, "{}: {colour}{word}\x1b[0m: ", self.tool)?;
-        } else {
-            write!(writer, "{}: {word}: ", self.tool)?;
-        }
+        let prefix = text_prefix(
+            self.tool,
+            *event.metadata().level(),
+            writer.has_ansi_escapes(),
+        );
+        writer.write_str(&prefix)?;
         if self.verbose
             && let Some(scope) = ctx.event_scope()
         {
@@ -159,11 +169,7 @@ pub fn error_line(tool: &str, err: &XferError, json: bool) -> Option<String> {
         }
         return Some(json_message(Level::ERROR, &message, fields));
     }
-    let prefix = if colours_on_stderr() {
-        format!("{tool}: \x1b[1;31merror\x1b[0m: ")
-    } else {
-        format!("{tool}: error: ")
-    };
+    let prefix = text_prefix(tool, Level::ERROR, colours_on_stderr());
     Some(match err {
         // One line per problem: each is a message of its own.
         XferError::Problems(all) => all

@@ -2,7 +2,7 @@
 //! files, standard input (`-`) and, with `-r`, directory trees walked into
 //! a list of directories (parents first) and files with relative paths.
 
-use crate::error::XferError;
+use crate::error::{Problems, XferError};
 use crate::proto::Mtime;
 use std::fs::{File, Metadata};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -137,15 +137,15 @@ enum Argument<'a> {
 
 /// Checks every argument, in order; all problems at once.
 fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argument<'a>>, XferError> {
-    let mut problems = Vec::new();
+    let mut problems = Problems::default();
     // Names the arguments arrive under, with the argument that claimed each.
     let mut arriving: Vec<(String, String)> = Vec::new();
-    let mut claim = |name: &str, arg: String, problems: &mut Vec<String>| match arriving
+    let mut claim = |name: &str, arg: String, problems: &mut Problems| match arriving
         .iter()
         .find(|(n, _)| n == name)
     {
-        Some((_, first)) if *first == arg => problems.push(format!("{arg} is named twice")),
-        Some((_, first)) => problems.push(format!(
+        Some((_, first)) if *first == arg => problems.add(format!("{arg} is named twice")),
+        Some((_, first)) => problems.add(format!(
             "{first} and {arg} would both arrive as {name}: send one of them under \
                  another name (rename it, or send its directory with -r)"
         )),
@@ -156,7 +156,7 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argumen
     for path in paths {
         if path.as_os_str() == "-" {
             if stdin_seen {
-                problems.push("standard input (-) can be sent only once".into());
+                problems.add("standard input (-) can be sent only once");
                 continue;
             }
             stdin_seen = true;
@@ -169,13 +169,13 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argumen
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) => {
-                problems.push(format!("cannot open {}: {e}", path.display()));
+                problems.add(format!("cannot open {}: {e}", path.display()));
                 continue;
             }
         };
         if meta.is_dir() {
             if !opts.recursive {
-                problems.push(format!(
+                problems.add(format!(
                     "{} is a directory (use -r to send directory trees)",
                     path.display()
                 ));
@@ -186,12 +186,12 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argumen
                     claim(&name, path.display().to_string(), &mut problems);
                     args.push(Argument::Tree(path, name, meta));
                 }
-                Err(e) => problems.push(e.to_string()),
+                Err(e) => problems.add(e.to_string()),
             }
             continue;
         }
         if !meta.is_file() {
-            problems.push(format!(
+            problems.add(format!(
                 "{} is not a regular file{}",
                 path.display(),
                 special_kind(&meta)
@@ -201,12 +201,12 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argumen
         let file = match File::open(path) {
             Ok(f) => f,
             Err(e) => {
-                problems.push(format!("cannot open {}: {e}", path.display()));
+                problems.add(format!("cannot open {}: {e}", path.display()));
                 continue;
             }
         };
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            problems.push(format!("{} has no valid UTF-8 file name", path.display()));
+            problems.add(format!("{} has no valid UTF-8 file name", path.display()));
             continue;
         };
         claim(name, path.display().to_string(), &mut problems);
@@ -220,11 +220,7 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argumen
                 .flatten(),
         }));
     }
-    match problems.len() {
-        0 => Ok(args),
-        1 => Err(XferError::Usage(problems.remove(0))),
-        _ => Err(XferError::Problems(problems)),
-    }
+    problems.into_result().map(|()| args)
 }
 
 /// What a special file is, for the message that refuses it.
