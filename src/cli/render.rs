@@ -5,7 +5,7 @@
 //! [`SessionOutcome`]); every byte of its presentation is decided here.
 
 use crate::engine::sender::SessionOutcome;
-use crate::engine::{FileEvent, FileFailure, FileReport, Listening, Phases, Totals};
+use crate::engine::{FileEvent, FileFailure, FileReport, Listening, Outcome, Phases, Totals};
 use crate::error::{ExitCode, XferError};
 use crate::proto::Digest;
 use crate::units::{format_bytes, mib_per_sec};
@@ -73,12 +73,22 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
     } else {
         String::new()
     };
-    if r.skipped {
-        return format!(
-            "{}: {}{exact}, skipped: the receiver has it complete ({digest})",
-            r.name,
-            format_bytes(r.bytes),
-        );
+    match r.outcome {
+        Outcome::Skipped => {
+            return format!(
+                "{}: {}{exact}, skipped: the receiver has it complete ({digest})",
+                r.name,
+                format_bytes(r.bytes),
+            );
+        }
+        Outcome::Linked => {
+            return format!(
+                "{}: {}{exact}, linked: the receiver had it under --link-dest ({digest})",
+                r.name,
+                format_bytes(r.bytes),
+            );
+        }
+        Outcome::Stored | Outcome::Discarded | Outcome::Exec => {}
     }
     let resumed = if r.resumed_from > 0 {
         format!(
@@ -96,6 +106,11 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
         format_secs(secs),
         mib_per_sec(r.moved(), secs),
     );
+    match r.outcome {
+        Outcome::Discarded => line.push_str(", discarded"),
+        Outcome::Exec => line.push_str(", taken by the --exec command"),
+        _ => {}
+    }
     if phases {
         line.push_str(&format!(
             "; connect {}, MR {}, data {}, fsync+verify {}",
@@ -137,7 +152,8 @@ pub fn file_log_json(r: &FileReport) -> serde_json::Value {
         "file": r.name,
         "bytes": r.bytes,
         "resumed_from": r.resumed_from,
-        "skipped": r.skipped,
+        "skipped": r.outcome == Outcome::Skipped,
+        "outcome": r.outcome.as_str(),
         "seconds": secs,
         "mib_per_s": mib_per_sec(r.moved(), secs),
         "digest_alg": r.digest.alg().as_str(),
@@ -179,7 +195,8 @@ pub fn report_json(r: &FileReport) -> serde_json::Value {
         "name": r.name,
         "bytes": r.bytes,
         "resumed_from": r.resumed_from,
-        "skipped": r.skipped,
+        "skipped": r.outcome == Outcome::Skipped,
+        "outcome": r.outcome.as_str(),
         "seconds": secs,
         "mib_per_s": mib_per_sec(r.moved(), secs),
         "digest_alg": r.digest.alg().as_str(),
@@ -198,6 +215,7 @@ pub fn failure_json(f: &FileFailure) -> serde_json::Value {
         "bytes": f.bytes,
         "resumed_from": null,
         "skipped": false,
+        "outcome": "failed",
         "seconds": f.elapsed.as_secs_f64(),
         "mib_per_s": null,
         "digest_alg": f.digest_alg.as_str(),
@@ -228,6 +246,8 @@ pub fn totals_json(t: &Totals, outcome: Result<(), &XferError>) -> serde_json::V
         "files": t.files,
         "failed": t.failed,
         "skipped": t.skipped,
+        "linked": t.linked,
+        "discarded": t.discarded,
         "bytes": t.bytes,
         "sent": t.sent,
         "seconds": secs,
@@ -268,10 +288,16 @@ pub fn session_summary_line(outcome: &SessionOutcome) -> String {
         format_secs(secs),
         mib_per_sec(sent, secs),
     );
-    let complete = outcome.files.iter().filter(|f| f.skipped).count();
+    let complete = outcome.count(Outcome::Skipped);
     if complete > 0 {
         line.push_str(&format!(
             "; {complete} skipped (complete at the receiver already)"
+        ));
+    }
+    let linked = outcome.count(Outcome::Linked);
+    if linked > 0 {
+        line.push_str(&format!(
+            "; {linked} linked (from the receiver's --link-dest)"
         ));
     }
     let resumed: Vec<&FileReport> = outcome
@@ -310,7 +336,8 @@ pub fn session_summary(outcome: &SessionOutcome, json: bool) -> String {
             // Links and special files left out of trees (as before
             // resuming existed); files the receiver had complete apart.
             "skipped": outcome.skipped,
-            "already_complete": outcome.files.iter().filter(|f| f.skipped).count(),
+            "already_complete": outcome.count(Outcome::Skipped),
+            "linked": outcome.count(Outcome::Linked),
             "resumed_bytes": outcome.files.iter().map(|f| f.resumed_from).sum::<u64>(),
             "bytes": bytes,
             "seconds": secs,
@@ -342,7 +369,7 @@ mod tests {
                 commit: Duration::from_millis(5),
             },
             resumed_from: 0,
-            skipped: false,
+            outcome: Outcome::Stored,
         }
     }
 
@@ -359,6 +386,7 @@ mod tests {
                 "bytes",
                 "resumed_from",
                 "skipped",
+                "outcome",
                 "seconds",
                 "mib_per_s",
                 "digest_alg",
@@ -450,7 +478,7 @@ mod tests {
             digest: Digest::Crc32(0),
             phases: Phases::default(),
             resumed_from: 0,
-            skipped: false,
+            outcome: Outcome::Stored,
         };
         let outcome = SessionOutcome {
             files: vec![report(1000), report(48_576)],
@@ -508,6 +536,7 @@ mod tests {
                 "bytes",
                 "resumed_from",
                 "skipped",
+                "outcome",
                 "seconds",
                 "mib_per_s",
                 "digest_alg",
@@ -527,7 +556,7 @@ mod tests {
         assert_eq!(report_json(&resumed)["resumed_from"], 1 << 20);
         assert_eq!(report_json(&resumed)["mib_per_s"], 0.5);
         let mut skipped = r.clone();
-        skipped.skipped = true;
+        skipped.outcome = Outcome::Skipped;
         assert_eq!(
             file_line(&skipped, false),
             "a.bin: 2.0 MiB, skipped: the receiver has it complete (crc32 01020a0b)"

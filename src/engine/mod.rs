@@ -18,7 +18,7 @@ mod stdio;
 
 pub use digest::FileHasher;
 pub use progress::{FileProgress, Listening, NoProgress, Progress, ProgressSink};
-pub use report::{FileEvent, FileFailure, FileReport, Phases, Totals};
+pub use report::{FileEvent, FileFailure, FileReport, Outcome, Phases, Totals};
 
 use crate::error::XferError;
 use std::time::Duration;

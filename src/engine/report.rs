@@ -23,18 +23,56 @@ pub struct FileReport {
     /// Bytes at its start that an earlier attempt had delivered and that
     /// were not sent again (`--resume`).
     pub resumed_from: u64,
-    /// The receiver had it complete already: nothing was sent.
-    pub skipped: bool,
+    /// What became of it.
+    pub outcome: Outcome,
 }
 
 impl FileReport {
     /// Bytes this transfer moved (the file less what was reused).
     pub fn moved(&self) -> u64 {
-        if self.skipped {
+        if self.outcome.sent_nothing() {
             0
         } else {
             self.bytes.saturating_sub(self.resumed_from)
         }
+    }
+}
+
+/// What became of an acknowledged file (on the receiver, where its policy
+/// decides; the sender knows `Skipped` and `Linked`, and sees the rest as
+/// `Stored`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Outcome {
+    /// Received, verified and stored (under --dir, or on standard output).
+    #[default]
+    Stored,
+    /// The receiver had it complete already: nothing was sent.
+    Skipped,
+    /// The receiver had it under --link-dest and linked (or copied) it
+    /// into place: nothing was sent.
+    Linked,
+    /// Received and verified, then dropped (receiver --discard).
+    Discarded,
+    /// Received, verified and handed to the receiver's --exec command,
+    /// which exited 0.
+    Exec,
+}
+
+impl Outcome {
+    /// The word for `--json` (`"outcome"`) and the logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Stored => "stored",
+            Outcome::Skipped => "skipped",
+            Outcome::Linked => "linked",
+            Outcome::Discarded => "discarded",
+            Outcome::Exec => "exec",
+        }
+    }
+
+    /// No data crossed the link for it.
+    pub fn sent_nothing(self) -> bool {
+        matches!(self, Outcome::Skipped | Outcome::Linked)
     }
 }
 
@@ -152,6 +190,11 @@ pub struct Totals {
     pub failed: u64,
     /// Acknowledged files the receiver had complete already (nothing sent).
     pub skipped: u64,
+    /// Acknowledged files linked from the receiver's --link-dest (nothing
+    /// sent).
+    pub linked: u64,
+    /// Acknowledged files verified and dropped (receiver --discard).
+    pub discarded: u64,
     /// Bytes the acknowledged files moved (less what was resumed or
     /// skipped).
     pub sent: u64,
@@ -174,7 +217,9 @@ impl Totals {
             FileEvent::Done(r) => {
                 self.files += 1;
                 self.bytes += r.bytes;
-                self.skipped += u64::from(r.skipped);
+                self.skipped += u64::from(r.outcome == Outcome::Skipped);
+                self.linked += u64::from(r.outcome == Outcome::Linked);
+                self.discarded += u64::from(r.outcome == Outcome::Discarded);
                 self.sent += r.moved();
                 self.file_time += r.elapsed;
                 self.connect = self.connect.max(r.phases.connect);

@@ -699,7 +699,7 @@ impl Session<'_, '_> {
                 ..Phases::default()
             },
             resumed_from: 0,
-            skipped: true,
+            outcome: crate::engine::Outcome::Skipped,
         };
         (self.on_file)(FileEvent::Done(&report));
         Ok(())
@@ -1191,7 +1191,7 @@ impl Session<'_, '_> {
                         digest,
                         phases: file.phases.share(n),
                         resumed_from: 0,
-                        skipped: false,
+                        outcome: crate::engine::Outcome::Stored,
                     };
                     (self.on_file)(FileEvent::Done(&report));
                 }
@@ -1206,7 +1206,7 @@ impl Session<'_, '_> {
                     digest,
                     phases: file.phases,
                     resumed_from: file.resumed_from,
-                    skipped: false,
+                    outcome: crate::engine::Outcome::Stored,
                 };
                 file.progress.finished();
                 (self.on_file)(FileEvent::Done(&report));

@@ -239,7 +239,7 @@ impl Connection {
                 digest,
                 phases: phases.share(n),
                 resumed_from: 0,
-                skipped: false,
+                outcome: crate::engine::Outcome::Stored,
             })
             .collect();
         let fin = self.session.finish(digest).map_err(proto_err)?;

@@ -218,6 +218,11 @@ fn pause_unless_interrupted(pause: Duration) -> bool {
 }
 
 impl SessionOutcome {
+    /// How many acknowledged files came to `outcome`.
+    pub fn count(&self, outcome: crate::engine::Outcome) -> usize {
+        self.files.iter().filter(|f| f.outcome == outcome).count()
+    }
+
     /// Adds a later session's results (a retry) to these.
     fn absorb(&mut self, later: SessionOutcome) {
         self.files.extend(later.files);

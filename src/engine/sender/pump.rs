@@ -140,7 +140,7 @@ impl Connection {
                     digest,
                     phases,
                     resumed_from: 0,
-                    skipped: true,
+                    outcome: crate::engine::Outcome::Skipped,
                 };
                 tracker.await_verdict(tag, report, progress);
                 return tracker.answer(tag, Pending::File, Verdict::Ack(ack));
@@ -169,7 +169,7 @@ impl Connection {
             digest,
             phases,
             resumed_from,
-            skipped: false,
+            outcome: crate::engine::Outcome::Stored,
         };
         self.send_fin(tag, report, progress, tracker)
     }
