@@ -4,7 +4,7 @@
 
 use super::{parse_size_arg, parse_timeout_arg, resolve};
 use crate::engine::receiver::{
-    AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_THREADS, ReceiverConfig,
+    AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_THREADS, Output, ReceiverConfig,
 };
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
 use crate::engine::{DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
@@ -220,7 +220,8 @@ one line when it is ready: where it listens and where files go.",
         "  receiver --max-size 100G --max-sessions 4 --dir /data/incoming\n",
         "  receiver --allow 10.0.0.0/24 --dir /data/incoming\n",
         "  receiver --once --json --dir /data/incoming > results.jsonl\n",
-        "  receiver --stdout | tar -C dst -xpf -\n\n",
+        "  receiver --stdout | tar -C dst -xpf -\n",
+        "  receiver --once --discard\n\n",
         output_help!(),
         "\n\n",
         environment_help!(),
@@ -255,6 +256,12 @@ pub struct ReceiverArgs {
     /// instead of a directory (logs stay on stderr); implies --once.
     #[arg(long, conflicts_with = "json", help_heading = OUTPUT)]
     pub stdout: bool,
+    /// Check every chunk and verify every file as usual, then drop it:
+    /// nothing is written anywhere (no temporary file, no space check; a
+    /// directory given is not used). Tells whether the network or the disk
+    /// limits a transfer.
+    #[arg(long, help_heading = OUTPUT)]
+    pub discard: bool,
     /// Replace existing files (default: refuse them).
     #[arg(long, help_heading = OUTPUT)]
     pub overwrite: bool,
@@ -567,6 +574,37 @@ impl ReceiverArgs {
         self.to_config_with(std::io::IsTerminal::is_terminal(&std::io::stdout()))
     }
 
+    /// What becomes of accepted files (--stdout, --discard or a
+    /// directory); combinations that make no sense are problems.
+    fn output(&self, problems: &mut Problems) -> Output {
+        let chosen: Vec<&str> = [(self.stdout, "--stdout"), (self.discard, "--discard")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+        if chosen.len() > 1 {
+            problems.add(format!(
+                "{} choose what becomes of the files: give one of them",
+                chosen.join(" and ")
+            ));
+        }
+        if self.threads > 0 && (self.stdout || self.discard) {
+            problems.add(format!(
+                "--threads writes files under a directory: it does not apply to {}",
+                chosen.join(" or ")
+            ));
+        }
+        if self.discard && self.overwrite {
+            problems.add("--discard writes nothing: --overwrite does not apply");
+        }
+        if self.stdout {
+            Output::Stdout
+        } else if self.discard {
+            Output::Discard
+        } else {
+            Output::Dir
+        }
+    }
+
     /// As `to_config`, told whether standard output is a terminal.
     pub fn to_config_with(&self, stdout_is_terminal: bool) -> Result<ReceiverConfig, XferError> {
         let mut problems = Problems::default();
@@ -577,6 +615,7 @@ impl ReceiverArgs {
             problems.add("--max-sessions must be at least 1");
         }
         let dir = self.output_dir();
+        let output = self.output(&mut problems);
         if self.stdout {
             if self.dir.is_some() || self.dir_arg.is_some() {
                 problems.add("--stdout writes to standard output: a directory does not apply");
@@ -590,7 +629,7 @@ impl ReceiverArgs {
                      (receiver --stdout > FILE, or receiver --stdout | tar -x ...)",
                 );
             }
-        } else {
+        } else if output == Output::Dir {
             match std::fs::metadata(&dir) {
                 Err(e) => {
                     let hint = match self.dir_arg.as_deref().and_then(Path::to_str) {
@@ -628,7 +667,7 @@ impl ReceiverArgs {
         let mut cfg = ReceiverConfig::new(bind, dir);
         cfg.ack_timeout = ack_timeout;
         cfg.once = self.once || self.stdout;
-        cfg.stdout = self.stdout;
+        cfg.output = output;
         cfg.overwrite = self.overwrite;
         cfg.max_size = self.max_size.unwrap_or(u64::MAX);
         cfg.max_sessions = self.max_sessions.into();
@@ -918,7 +957,7 @@ mod tests {
         let allowed: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
         assert_eq!(allowed, ["10.0.0.0/24", "fe80::1/128"]);
         assert_eq!(cfg.dir, PathBuf::from("/"));
-        assert!(cfg.once && !cfg.stdout && cfg.overwrite && cfg.busy_poll);
+        assert!(cfg.once && cfg.output == Output::Dir && cfg.overwrite && cfg.busy_poll);
         assert_eq!((cfg.slots, cfg.chunk_size), (3, 8 << 10));
         assert_eq!((cfg.max_size, cfg.max_sessions), (1 << 30, 2));
         assert_eq!((cfg.max_files, cfg.max_session_bytes), (10, 2 << 30));
@@ -932,7 +971,7 @@ mod tests {
         );
         assert_eq!(cfg.max_size, u64::MAX);
         assert_eq!(cfg.max_sessions, DEFAULT_MAX_SESSIONS);
-        assert!(!cfg.once && !cfg.stdout && !cfg.overwrite);
+        assert!(!cfg.once && cfg.output == Output::Dir && !cfg.overwrite);
         assert!(cfg.allow.is_empty(), "everyone by default");
         assert_eq!(
             (cfg.max_files, cfg.max_session_bytes),
@@ -1110,7 +1149,7 @@ mod tests {
             ReceiverArgs::try_parse_from(argv).expect("parses")
         };
         let cfg = parse(&["--stdout"]).to_config_with(false).unwrap();
-        assert!(cfg.stdout && cfg.once);
+        assert!(cfg.output == Output::Stdout && cfg.once);
         usage(parse(&["--stdout"]).to_config_with(true), "terminal");
         usage(
             parse(&["--stdout", "--dir", path]).to_config_with(false),
@@ -1124,6 +1163,20 @@ mod tests {
             parse(&["--stdout", "--overwrite"]).to_config_with(false),
             "--overwrite does not apply",
         );
+        // --discard: no directory needed (one given is not used), and
+        // nothing that writes files goes with it.
+        let cfg = parse(&["--discard", "--dir", "/no/such/dir"])
+            .to_config_with(true)
+            .unwrap();
+        assert!(cfg.output == Output::Discard && !cfg.once);
+        for (args, says) in [
+            (&["--discard", "--stdout"][..], "give one of them"),
+            (&["--discard", "--overwrite"], "--overwrite does not apply"),
+            (&["--discard", "--threads", "2"], "--threads"),
+            (&["--stdout", "--threads", "2"], "--threads"),
+        ] {
+            usage(parse(args).to_config_with(false), says);
+        }
         // --bind takes a host name as the sender's ADDR does.
         let cfg = receiver(&["--bind", "localhost", "--port", "9"]).unwrap();
         assert!(

@@ -37,10 +37,6 @@ fn phases_json(p: &Phases) -> serde_json::Value {
 /// The receiver's line once it is ready: where it listens, on which
 /// device, and where files go. Text, or tracing's JSON shape.
 pub fn listening_line(ready: &Listening, json: bool) -> String {
-    let output = match &ready.dir {
-        Some(dir) => dir.display().to_string(),
-        None => "standard output".to_string(),
-    };
     if json {
         let fields = json!({
             "tool": "receiver",
@@ -49,7 +45,7 @@ pub fn listening_line(ready: &Listening, json: bool) -> String {
             "device": ready.device.as_ref().map(|(name, _)| name),
             "device_port": ready.device.as_ref().map(|(_, port)| port),
             "devices": ready.devices,
-            "output": output,
+            "output": ready.output_name,
         });
         return crate::cli::log::json_message(tracing::Level::INFO, "listening", fields);
     }
@@ -58,8 +54,8 @@ pub fn listening_line(ready: &Listening, json: bool) -> String {
         None => format!("any RDMA device: {}", ready.devices.join(", ")),
     };
     format!(
-        "receiver: listening on {} ({device}), writing to {output}",
-        ready.bind
+        "receiver: listening on {} ({device}), {}",
+        ready.bind, ready.output
     )
 }
 

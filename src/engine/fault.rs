@@ -8,6 +8,9 @@
 //!   (instead of 32), so that a test fills it with a few connections.
 //! - `fail-write:OFFSET` — the receiver's writer threads fail (EIO) the
 //!   write of the chunk that starts at byte OFFSET of its file.
+//! - `corrupt-digest` — the sender flips one bit of every whole-file digest
+//!   it sends in a FIN: every chunk passes its CRC, the file fails the
+//!   whole-file check (the one path no chunk fault reaches).
 
 use std::sync::OnceLock;
 
@@ -17,6 +20,7 @@ enum Fault {
     CorruptChunk(u64),
     HandshakePool(usize),
     FailWrite(u64),
+    CorruptDigest,
 }
 
 fn fault() -> Fault {
@@ -36,6 +40,7 @@ fn parse(spec: &str) -> Fault {
         Some(("corrupt-chunk", n)) => n.parse().map_or(Fault::None, Fault::CorruptChunk),
         Some(("handshake-pool", n)) => n.parse().map_or(Fault::None, Fault::HandshakePool),
         Some(("fail-write", n)) => n.parse().map_or(Fault::None, Fault::FailWrite),
+        None if spec == "corrupt-digest" => Fault::CorruptDigest,
         _ => Fault::None,
     }
 }
@@ -46,6 +51,21 @@ pub fn after_checksum(seq: u64, data: &mut [u8]) {
         && let Some(b) = data.get_mut(data.len() / 2)
     {
         *b ^= 0x5a;
+    }
+}
+
+/// Called by the sender with each whole-file digest it puts in a FIN.
+pub fn fin_digest(digest: crate::proto::Digest) -> crate::proto::Digest {
+    use crate::proto::Digest;
+    if fault() != Fault::CorruptDigest {
+        return digest;
+    }
+    match digest {
+        Digest::Crc32(c) => Digest::Crc32(c ^ 1),
+        Digest::Sha256(mut h) => {
+            h[0] ^= 1;
+            Digest::Sha256(h)
+        }
     }
 }
 
@@ -74,5 +94,6 @@ mod tests {
         assert_eq!(parse("other:1"), Fault::None);
         assert_eq!(parse("handshake-pool:4"), Fault::HandshakePool(4));
         assert_eq!(parse("fail-write:65536"), Fault::FailWrite(65536));
+        assert_eq!(parse("corrupt-digest"), Fault::CorruptDigest);
     }
 }

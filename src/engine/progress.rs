@@ -37,9 +37,11 @@ pub struct Listening {
     pub device: Option<(String, u8)>,
     /// Every RDMA device found.
     pub devices: Vec<String>,
-    /// The output directory (absolute where it can be), None for standard
-    /// output.
-    pub dir: Option<std::path::PathBuf>,
+    /// What becomes of the files, as the line says it: "writing to DIR"
+    /// (absolute where it can be), "writing to standard output", ...
+    pub output: String,
+    /// The same for JSON: the directory, "standard output" or "discard".
+    pub output_name: String,
 }
 
 /// Progress of one file.

@@ -4,12 +4,13 @@
 //! ACK. A directory HELLO is answered by creating the directory (ACK) or a
 //! REJECT. Paths inside --dir are resolved component by component without
 //! following links; with --stdout the one file or stream goes to standard
-//! output instead.
+//! output instead, and with --discard nowhere (checked and verified only).
 
 mod admission;
 mod allow;
 mod partial;
 mod session;
+mod sink;
 mod space;
 mod store;
 pub mod write_behind;
@@ -59,9 +60,8 @@ pub struct ReceiverConfig {
     pub max_session_bytes: u64,
     /// Shared secret senders must prove before anything else; None accepts anyone.
     pub token: Option<Token>,
-    /// Write the one received file or stream to standard output instead of
-    /// --dir (requires `once`).
-    pub stdout: bool,
+    /// What becomes of accepted files (stored under `dir` by default).
+    pub output: Output,
     /// Told about each file's progress (the tool draws bars with it).
     pub progress: ProgressSink,
     /// Networks peers may connect from (`--allow`); empty: everyone.
@@ -76,6 +76,40 @@ pub struct ReceiverConfig {
     /// Threads per session that write checked chunks into files (0: the
     /// session's own thread writes them).
     pub threads: usize,
+}
+
+/// What the receiver does with the files it accepts. Every output checks
+/// each chunk and verifies each file's digest before its ACK.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Output {
+    /// Stored under --dir: fsynced and renamed into place once verified.
+    #[default]
+    Dir,
+    /// The one file or stream of the session, to standard output
+    /// (--stdout; requires `once`).
+    Stdout,
+    /// Verified, then dropped: nothing is written anywhere (--discard).
+    Discard,
+}
+
+impl Output {
+    /// What the listening line says about it ("writing to DIR").
+    pub fn describe(&self, dir: &std::path::Path) -> String {
+        match self {
+            Output::Dir => format!("writing to {}", dir.display()),
+            Output::Stdout => "writing to standard output".into(),
+            Output::Discard => "discarding what arrives (--discard: verified, not written)".into(),
+        }
+    }
+
+    /// Its name in JSON logs: the directory, "standard output" or "discard".
+    pub fn json_name(&self, dir: &std::path::Path) -> String {
+        match self {
+            Output::Dir => dir.display().to_string(),
+            Output::Stdout => "standard output".into(),
+            Output::Discard => "discard".into(),
+        }
+    }
 }
 
 impl ReceiverConfig {
@@ -95,7 +129,7 @@ impl ReceiverConfig {
             max_files: crate::proto::DEFAULT_MAX_FILES,
             max_session_bytes: u64::MAX,
             token: None,
-            stdout: false,
+            output: Output::Dir,
             progress: ProgressSink::default(),
             allow: Vec::new(),
             umask: crate::sys::os::process_umask(),
@@ -138,13 +172,12 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     // Every session may hold a batch's files open at once.
     let open_files = crate::sys::os::raise_open_files();
     tracing::debug!(?open_files, "open files limit");
-    if cfg.stdout {
-        if !cfg.once {
-            return Err(XferError::Usage(
-                "--stdout needs --once: standard output takes one file or stream".into(),
-            ));
-        }
-    } else {
+    if cfg.output == Output::Stdout && !cfg.once {
+        return Err(XferError::Usage(
+            "--stdout needs --once: standard output takes one file or stream".into(),
+        ));
+    }
+    if cfg.output == Output::Dir {
         let dir_meta = std::fs::metadata(&cfg.dir)
             .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
         if !dir_meta.is_dir() {
@@ -166,7 +199,8 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
         bind: cfg.bind,
         device: listener.bound_device(),
         devices,
-        dir: (!cfg.stdout).then(|| shown_dir.clone()),
+        output: cfg.output.describe(&shown_dir),
+        output_name: cfg.output.json_name(&shown_dir),
     });
     if cfg.token.is_none() {
         let who = if cfg.allow.is_empty() {
@@ -175,13 +209,13 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             let nets: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
             format!("anyone from {}", nets.join(", "))
         };
-        let what = if cfg.stdout {
-            "standard output".to_string()
-        } else {
-            shown_dir.display().to_string()
+        let what = match cfg.output {
+            Output::Dir => format!("write into {}", shown_dir.display()),
+            Output::Stdout => "write to standard output".to_string(),
+            Output::Discard => "send data to be verified and dropped".to_string(),
         };
         warn!(
-            "no token: {who} may write into {what} (set one with --token-file or \
+            "no token: {who} may {what} (set one with --token-file or \
              RDMA_XFER_TOKEN; limit who may connect with --allow)"
         );
     }
@@ -209,7 +243,8 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     std::thread::scope(|scope| {
         // The sweeper stops when this is dropped: when the listener returns.
         let (_sweeping, stop_sweeping) = mpsc::channel::<()>();
-        if !cfg.stdout {
+        // Only a tree holds partial and temporary files.
+        if cfg.output == Output::Dir {
             let spawned = std::thread::Builder::new()
                 .name("sweep".into())
                 .spawn_scoped(scope, move || sweep_periodically(cfg, &stop_sweeping));

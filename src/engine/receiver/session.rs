@@ -4,9 +4,10 @@
 
 use super::admission::Admission;
 use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
+use super::sink::{Sink, Unwritten};
 use super::space::SpaceLedger;
-use super::store::{FileStore, Refusal, Resume, Sink, commit};
-use super::write_behind::{Retired, WriteBehind};
+use super::store::{FileStore, Refusal, Resume};
+use super::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
@@ -21,7 +22,6 @@ use crate::proto::{
     hello_flags, keepalive_interval,
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
-use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
@@ -938,8 +938,8 @@ impl Session<'_, '_> {
         };
         if self
             .file
-            .as_ref()
-            .is_some_and(|f| matches!(f.sink, Sink::Temp(_)))
+            .as_mut()
+            .is_some_and(|f| f.sink.temp_file().is_some())
         {
             self.start_writers();
         }
@@ -951,19 +951,14 @@ impl Session<'_, '_> {
         if len > self.chunk.len() {
             return Err(XferError::Internal("chunk longer than a slot".into()));
         }
-        /// Why a chunk that passed its check was not written.
-        enum Unwritten {
-            OutOfOrder,
-            Failed(std::io::Error),
-        }
         // When the chunk passed its check: copying and checking before,
         // writing and hashing after.
         let mut t1 = t0;
         let mut retired = Vec::new();
-        let received = match (self.behind.as_mut(), &mut file.sink) {
+        let received = match (self.behind.as_mut(), file.sink.temp_file()) {
             // A file with writer threads: copied and checked here, written
             // there (the slot is free once copied).
-            (Some(behind), Sink::Temp(t)) => {
+            (Some(behind), Some(t)) => {
                 let handle = match &file.writer {
                     Some(h) => Ok(h.clone()),
                     None => t.writer_handle().inspect(|h| file.writer = Some(h.clone())),
@@ -1007,7 +1002,7 @@ impl Session<'_, '_> {
                     }
                 }
             }
-            (_, sink) => {
+            _ => {
                 let data = self
                     .chunk
                     .get_mut(..len)
@@ -1018,15 +1013,8 @@ impl Session<'_, '_> {
                     placement.expected_crc,
                     |data, crc| {
                         t1 = Instant::now();
-                        match sink {
-                            Sink::Temp(t) => t.write_chunk(data, placement.file_offset, crc),
-                            Sink::Batch(b) => b.write_chunk(data, placement.file_offset),
-                            Sink::Stdout(out) if placement.file_offset == file.written => {
-                                out.write_all(data)
-                            }
-                            Sink::Stdout(_) => return Err(Unwritten::OutOfOrder),
-                        }
-                        .map_err(Unwritten::Failed)
+                        file.sink
+                            .write(data, placement.file_offset, crc, file.written)
                     },
                     &mut file.hasher,
                 )
@@ -1036,7 +1024,7 @@ impl Session<'_, '_> {
             behind.poll(&mut retired);
         }
         // Writes that failed meanwhile count as this chunk's failure.
-        let received = match (received, chunks_written(file, retired)) {
+        let received = match (received, file.sink.chunks_written(retired)) {
             (Ok(()), Err(e)) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
             (received, _) => received,
         };
@@ -1048,11 +1036,8 @@ impl Session<'_, '_> {
                     "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
                     placement.seq, file.name, placement.file_offset, placement.expected_crc
                 );
-                if let Sink::Stdout(_) = file.sink {
-                    msg.push_str(&format!(
-                        "; standard output got only the {} bytes before it",
-                        file.written
-                    ));
+                if let Some(note) = file.sink.cut_short_note(file.written) {
+                    msg.push_str(&note);
                 }
                 let err = XferError::Integrity(msg);
                 return Err(self.abort(AckStatus::Integrity, err));
@@ -1067,7 +1052,7 @@ impl Session<'_, '_> {
             Err(ChunkRefused::Write(Unwritten::Failed(e))) => Err(e),
         };
         if let Err(e) = written {
-            let stdout = matches!(file.sink, Sink::Stdout(_));
+            let stdout = file.sink.is_standard_output();
             if stdout && e.kind() == std::io::ErrorKind::BrokenPipe {
                 // The reader of our output is gone (`| head`, say): not an
                 // error of ours. Tell the sender why, and end quietly.
@@ -1126,7 +1111,6 @@ impl Session<'_, '_> {
             write_s = file.write_time.as_secs_f64(),
             "all data received"
         );
-        let stdout = matches!(file.sink, Sink::Stdout(_));
         let (status, reason, err) = if digest != fin.digest {
             let mut reason = format!(
                 "whole-file digest mismatch for {}: received data hashes to {}, the sender's is {}",
@@ -1134,15 +1118,10 @@ impl Session<'_, '_> {
                 digest_hex(&digest),
                 digest_hex(&fin.digest)
             );
-            if stdout {
-                // Written bytes cannot be taken back: say so, loudly.
-                reason.push_str(
-                    "; the data already written to the receiver's standard output is corrupt",
-                );
-            }
-            // Which part is wrong is unknown: nothing of it is kept.
-            if let Sink::Temp(t) = &mut file.sink {
-                t.discard();
+            // Which part is wrong is unknown: nothing of it is kept (and
+            // what cannot be taken back is said).
+            if let Some(note) = file.sink.corrupt() {
+                reason.push_str(note);
             }
             (
                 AckStatus::Integrity,
@@ -1154,13 +1133,10 @@ impl Session<'_, '_> {
             let e = XferError::Internal(format!("{}: writes still pending at FIN", file.name));
             (AckStatus::Io, e.to_string(), Some(e))
         } else {
-            match commit(
-                &mut file.sink,
-                &file.name,
-                file.mode,
-                file.mtime,
-                self.cfg.overwrite,
-            ) {
+            match file
+                .sink
+                .commit(&file.name, file.mode, file.mtime, self.cfg.overwrite)
+            {
                 Ok(()) => (AckStatus::Ok, String::new(), None),
                 Err(e) => (AckStatus::Io, e.to_string(), Some(e)),
             }
@@ -1170,12 +1146,13 @@ impl Session<'_, '_> {
             .complete(status, reason)
             .map_err(XferError::from)?;
         self.control.send(&self.ep, &ack)?;
+        let outcome = file.sink.outcome();
         match err {
-            None if matches!(file.sink, Sink::Batch(_)) => {
+            None if file.sink.members().is_some() => {
                 file.phases.commit = fin_at.elapsed();
                 file.phases.log(&file.name, fin.bytes);
                 file.progress.finished();
-                let Sink::Batch(batch) = &mut file.sink else {
+                let Some(batch) = file.sink.batch_mut() else {
                     return Ok(());
                 };
                 let digests = batch.digests();
@@ -1191,7 +1168,7 @@ impl Session<'_, '_> {
                         digest,
                         phases: file.phases.share(n),
                         resumed_from: 0,
-                        outcome: crate::engine::Outcome::Stored,
+                        outcome,
                     };
                     (self.on_file)(FileEvent::Done(&report));
                 }
@@ -1206,7 +1183,7 @@ impl Session<'_, '_> {
                     digest,
                     phases: file.phases,
                     resumed_from: file.resumed_from,
-                    outcome: crate::engine::Outcome::Stored,
+                    outcome,
                 };
                 file.progress.finished();
                 (self.on_file)(FileEvent::Done(&report));
@@ -1266,8 +1243,8 @@ impl Session<'_, '_> {
 
     fn report_file_failure(&self, file: &IncomingFile, err: &XferError, session_ended: bool) {
         let elapsed = file.started.elapsed();
-        if let Sink::Batch(batch) = &file.sink {
-            for m in &batch.members {
+        if let Some(members) = file.sink.members() {
+            for m in members {
                 let alg = file.digest_alg;
                 self.report_failure(&m.name, m.size, alg, elapsed, err, session_ended);
             }
@@ -1322,28 +1299,8 @@ fn settle_writes(behind: Option<&mut WriteBehind>, file: &mut IncomingFile) -> s
     };
     let mut retired = Vec::new();
     let drained = behind.drain(&mut retired);
-    chunks_written(file, retired)?;
+    file.sink.chunks_written(retired)?;
     drained
-}
-
-/// Records chunks the writer threads are done with, in order: after the
-/// first that failed nothing more is (a kept prefix has no holes), and
-/// that failure is returned.
-fn chunks_written(file: &mut IncomingFile, retired: Vec<Retired>) -> std::io::Result<()> {
-    let Sink::Temp(t) = &mut file.sink else {
-        return Ok(());
-    };
-    for r in retired {
-        match r.result {
-            Ok(()) => t.chunk_written(r.len, r.crc)?,
-            Err(e) => {
-                t.write_failed();
-                let at = format!("at offset {}: {e}", r.offset);
-                return Err(std::io::Error::new(e.kind(), at));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Ends a file that failed: what it leaves for a later `sender --resume`
@@ -1353,14 +1310,12 @@ fn end_failed(file: &mut IncomingFile, behind: Option<&mut WriteBehind>) {
     if let Err(e) = settle_writes(behind, file) {
         debug!(file = %file.name, "a write failed as the file was abandoned: {e}");
     }
-    if let Sink::Temp(t) = &mut file.sink {
-        let kept = t.end_uncommitted();
-        if kept > 0 {
-            warn!(
-                file = %file.name,
-                bytes = kept,
-                "kept the {kept} bytes verified so far for `sender --resume`"
-            );
-        }
+    let kept = file.sink.end_failed();
+    if kept > 0 {
+        warn!(
+            file = %file.name,
+            bytes = kept,
+            "kept the {kept} bytes verified so far for `sender --resume`"
+        );
     }
 }

@@ -1,13 +1,14 @@
 //! The receiver's file store: where received entries go (a tree under
-//! `--dir`, or standard output), checked against what is on disk, written
+//! `--dir`, standard output, or nowhere with --discard), checked against what is on disk, written
 //! to a temporary file next to the final name and committed (fsync, rename,
 //! fsync of the directory) only once verified. Paths are resolved component
 //! by component from the output directory's descriptor, never through a
 //! link. No RDMA here: unit-tested with a temporary directory.
 
-use super::ReceiverConfig;
 use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable, TempInUse};
+use super::sink::Sink;
 use super::space::{Promise, SpaceLedger};
+use super::{Output, ReceiverConfig};
 use crate::engine::digest::FileHasher;
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
@@ -40,6 +41,8 @@ pub(super) enum FileStore {
     },
     /// --stdout: the one file or stream of the session; None once taken.
     Stdout(Option<File>),
+    /// --discard: entries are checked and verified, nothing is created.
+    Discard,
 }
 
 pub(super) struct DirAttrs {
@@ -56,16 +59,10 @@ impl FileStore {
         cfg: &ReceiverConfig,
         ledger: &Arc<SpaceLedger>,
     ) -> Result<FileStore, XferError> {
-        if cfg.stdout {
-            // A duplicate of descriptor 1: unbuffered writes of whole
-            // chunks, and a write error (EPIPE) is ours to handle.
-            use std::os::fd::AsFd;
-            let fd = std::io::stdout()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| XferError::io("cannot use standard output", e))?;
-            crate::engine::stdio::grow_pipe(&fd, cfg.chunk_size as usize);
-            return Ok(FileStore::Stdout(Some(File::from(fd))));
+        match cfg.output {
+            Output::Dir => {}
+            Output::Discard => return Ok(FileStore::Discard),
+            Output::Stdout => return FileStore::stdout(cfg),
         }
         let root = DirFd::open(&cfg.dir)
             .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
@@ -75,6 +72,20 @@ impl FileStore {
             umask: cfg.umask,
             ledger: Arc::clone(ledger),
         })
+    }
+
+    fn stdout(cfg: &ReceiverConfig) -> Result<FileStore, XferError> {
+        {
+            // A duplicate of descriptor 1: unbuffered writes of whole
+            // chunks, and a write error (EPIPE) is ours to handle.
+            use std::os::fd::AsFd;
+            let fd = std::io::stdout()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| XferError::io("cannot use standard output", e))?;
+            crate::engine::stdio::grow_pipe(&fd, cfg.chunk_size as usize);
+            Ok(FileStore::Stdout(Some(File::from(fd))))
+        }
     }
 
     /// Applies the deferred directory attributes (best effort: a failure
@@ -104,20 +115,24 @@ impl FileStore {
     /// arrive, see `FileStore::Tree::deferred`), or accepts an existing one
     /// as it is.
     pub(super) fn make_dir(&mut self, hello: &Hello) -> Result<(), Refusal> {
-        let FileStore::Tree {
-            root,
-            deferred,
-            umask,
-            ..
-        } = self
-        else {
-            return Err((
-                RejectCode::Protocol,
-                format!(
-                    "the receiver writes to its standard output (--stdout) and cannot create directory {}; send a tar stream instead (tar -cf - DIR | sender HOST -)",
-                    hello.name
-                ),
-            ));
+        let (root, deferred, umask) = match self {
+            FileStore::Tree {
+                root,
+                deferred,
+                umask,
+                ..
+            } => (root, deferred, umask),
+            // Accepted: its entries are checked and dropped like any.
+            FileStore::Discard => return Ok(()),
+            FileStore::Stdout(_) => {
+                return Err((
+                    RejectCode::Protocol,
+                    format!(
+                        "the receiver writes to its standard output (--stdout) and cannot create directory {}; send a tar stream instead (tar -cf - DIR | sender HOST -)",
+                        hello.name
+                    ),
+                ));
+            }
         };
         let (parent, leaf) = open_parent(root, &hello.name)?;
         let io = |what: &str, e: std::io::Error| {
@@ -197,13 +212,18 @@ impl FileStore {
         wait: Duration,
         tick: &mut dyn FnMut() -> std::io::Result<()>,
     ) -> Result<(Holding, Option<Claim>), Refusal> {
-        let FileStore::Tree { root, .. } = self else {
-            return Ok((
-                Holding::nothing(
-                    "the receiver writes to its standard output: nothing is kept there",
-                ),
-                None,
-            ));
+        let root = match self {
+            FileStore::Tree { root, .. } => root,
+            FileStore::Stdout(_) => {
+                return Ok((
+                    Holding::nothing(
+                        "the receiver writes to its standard output: nothing is kept there",
+                    ),
+                    None,
+                ));
+            }
+            // Nothing is ever kept, and nothing is worth saying about it.
+            FileStore::Discard => return Ok((Holding::nothing(""), None)),
         };
         let (parent, leaf) = open_parent(root, &hello.name)?;
         let io = |e: std::io::Error| (RejectCode::Io, format!("{}: {e}", hello.name));
@@ -257,6 +277,7 @@ impl FileStore {
                 };
                 Sink::Stdout(out)
             }
+            FileStore::Discard => Sink::Discard,
             FileStore::Tree { root, ledger, .. } => {
                 let (parent, leaf) = open_parent(root, &hello.name)?;
                 check_final_name(&parent, &leaf, &hello.name, overwrite)?;
@@ -349,11 +370,21 @@ impl FileStore {
         dir: &Path,
         umask: u32,
     ) -> Result<BatchSink, Refusal> {
-        let FileStore::Tree { root, ledger, .. } = self else {
-            return Err((
-                RejectCode::Protocol,
-                "the receiver writes one file to its standard output (--stdout)".into(),
-            ));
+        let (root, ledger) = match self {
+            FileStore::Tree { root, ledger, .. } => (root, ledger),
+            FileStore::Stdout(_) => {
+                return Err((
+                    RejectCode::Protocol,
+                    "the receiver writes one file to its standard output (--stdout)".into(),
+                ));
+            }
+            FileStore::Discard => {
+                let mut batch = BatchSink::new(None);
+                for h in members {
+                    batch.push(h, umask, None);
+                }
+                return Ok(batch);
+            }
         };
         // Each file takes whole blocks (4 KiB on most file systems) and
         // an inode: a batch of tiny files is not "a few bytes".
@@ -363,7 +394,7 @@ impl FileStore {
         let what = format!("a batch of {} files", members.len());
         let files = members.len() as u64;
         let promise = ledger.promise_files(&what, total, files, || free_space(dir))?;
-        let mut batch = BatchSink::new(promise);
+        let mut batch = BatchSink::new(Some(promise));
         let mut parents: std::collections::HashMap<&str, (Arc<DirFd>, (u64, u64))> =
             std::collections::HashMap::new();
         // Every name is checked before any temporary file is made: a
@@ -407,7 +438,7 @@ impl FileStore {
                 discard: false,
                 _in_use: Some(in_use),
             };
-            batch.push(h, umask, Box::new(t));
+            batch.push(h, umask, Some(Box::new(t)));
         }
         Ok(batch)
     }
@@ -596,14 +627,6 @@ pub(super) enum Resume<'a> {
     Continue(&'a OpenSidecar, Claim),
 }
 
-pub(super) enum Sink {
-    Temp(Box<TempFile>),
-    /// The files of a batch (see `BatchSink`).
-    Batch(Box<BatchSink>),
-    /// Standard output (chunks arrive in order and are written as they come).
-    Stdout(File),
-}
-
 /// Refuses an offer whose final name `leaf` in `parent` is a directory,
 /// or any existing entry without `overwrite`.
 fn check_final_name(
@@ -654,39 +677,23 @@ fn temp_name() -> String {
     )
 }
 
-/// Makes a verified file durable: for a temporary file, apply the mode (and
-/// mtime), fsync, rename into place, fsync the directory; for standard
-/// output, fsync when it is a file. A batch: every file is fsynced before
-/// any is renamed, and each directory is fsynced once, after the last
-/// rename into it.
-pub(super) fn commit(
-    sink: &mut Sink,
-    name: &str,
-    mode: u32,
-    mtime: Option<Mtime>,
-    overwrite: bool,
-) -> Result<(), XferError> {
-    let t = match sink {
-        Sink::Stdout(out) => {
-            // A pipe or terminal cannot be fsynced (EINVAL); a file can.
-            return match out.sync_all() {
-                Err(e) if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EROFS)) => {
-                    Err(XferError::io("cannot fsync standard output", e))
-                }
-                _ => Ok(()),
-            };
-        }
-        Sink::Batch(b) => return b.commit(overwrite),
-        Sink::Temp(t) => t,
-    };
-    t.make_durable(name, mode, mtime)?;
-    t.move_into_place(name, overwrite)?;
-    t.parent
-        .sync()
-        .map_err(|e| XferError::io(format!("cannot fsync the directory of {name}"), e))
-}
-
 impl TempFile {
+    /// Makes the verified file durable: applies the mode (and mtime),
+    /// fsyncs, renames it into place and fsyncs the directory.
+    pub(super) fn commit(
+        &mut self,
+        name: &str,
+        mode: u32,
+        mtime: Option<Mtime>,
+        overwrite: bool,
+    ) -> Result<(), XferError> {
+        self.make_durable(name, mode, mtime)?;
+        self.move_into_place(name, overwrite)?;
+        self.parent
+            .sync()
+            .map_err(|e| XferError::io(format!("cannot fsync the directory of {name}"), e))
+    }
+
     /// Applies the mode (and mtime) and fsyncs the data.
     fn make_durable(
         &mut self,
@@ -751,8 +758,9 @@ fn sync_dirs(members: &[BatchMember]) -> Result<(), XferError> {
     let mut synced = std::collections::HashSet::new();
     for m in members {
         let dir = m.name.rsplit_once('/').map_or("", |(d, _)| d);
+        let Some(temp) = &m.temp else { continue };
         if synced.insert(dir) {
-            m.temp.parent.sync().map_err(|e| {
+            temp.parent.sync().map_err(|e| {
                 XferError::io(format!("cannot fsync the directory of {}", m.name), e)
             })?;
         }
@@ -816,7 +824,8 @@ pub(super) struct BatchMember {
     pub(super) size: u64,
     mode: u32,
     mtime: Option<Mtime>,
-    temp: Box<TempFile>,
+    /// None: it is not stored (--discard).
+    temp: Option<Box<TempFile>>,
     /// Its own digest, for its report (the batch is verified as a whole).
     hasher: Option<FileHasher>,
 }
@@ -827,12 +836,12 @@ pub(super) struct BatchSink {
     pub(super) members: Vec<BatchMember>,
     /// The batch's bytes so far (the next member starts at or after it).
     len: u64,
-    /// The free space promised to the whole batch.
-    promise: Promise,
+    /// The free space promised to the whole batch (none: not stored).
+    promise: Option<Promise>,
 }
 
 impl BatchSink {
-    fn new(promise: Promise) -> Self {
+    fn new(promise: Option<Promise>) -> Self {
         Self {
             members: Vec::new(),
             len: 0,
@@ -841,7 +850,7 @@ impl BatchSink {
     }
 
     /// Adds the next file: its bytes follow the previous file's.
-    fn push(&mut self, hello: &Hello, umask: u32, temp: Box<TempFile>) {
+    fn push(&mut self, hello: &Hello, umask: u32, temp: Option<Box<TempFile>>) {
         self.members.push(BatchMember {
             name: hello.name.clone(),
             start: self.len,
@@ -868,15 +877,23 @@ impl BatchSink {
             let to = (m.start + m.size).min(end);
             let part = &data[(from - offset) as usize..(to - offset) as usize];
             let crc = crc32fast::hash(part);
-            m.temp
-                .write_chunk(part, from - m.start, crc)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", m.name)))?;
+            if let Some(temp) = m.temp.as_mut() {
+                temp.write_chunk(part, from - m.start, crc)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", m.name)))?;
+            }
             if let Some(h) = m.hasher.as_mut() {
                 h.update(part, crc);
             }
         }
-        self.promise.wrote(data.len() as u64);
+        if let Some(p) = self.promise.as_mut() {
+            p.wrote(data.len() as u64);
+        }
         Ok(())
+    }
+
+    /// Its files are verified and dropped (--discard), not stored.
+    pub(super) fn discards(&self) -> bool {
+        self.promise.is_none()
     }
 
     /// Every file's digest (in order), for the reports; once.
@@ -894,23 +911,32 @@ impl BatchSink {
     /// it are taken back without `overwrite`: nothing of a failed batch
     /// stays. With `overwrite` they replaced what was there; they stay,
     /// complete and verified, and their directories are fsynced.
-    fn commit(&mut self, overwrite: bool) -> Result<(), XferError> {
+    pub(super) fn commit(&mut self, overwrite: bool) -> Result<(), XferError> {
         for m in &mut self.members {
-            m.temp.make_durable(&m.name, m.mode, m.mtime)?;
+            if let Some(temp) = m.temp.as_mut() {
+                temp.make_durable(&m.name, m.mode, m.mtime)?;
+            }
         }
         for m in &self.members {
-            m.temp.check_before_rename(&m.name, overwrite)?;
+            if let Some(temp) = &m.temp {
+                temp.check_before_rename(&m.name, overwrite)?;
+            }
         }
         let mut renamed = 0;
         let result = self.members.iter_mut().try_for_each(|m| {
-            m.temp.move_into_place(&m.name, overwrite)?;
+            if let Some(temp) = m.temp.as_mut() {
+                temp.move_into_place(&m.name, overwrite)?;
+            }
             renamed += 1;
             Ok::<(), XferError>(())
         });
         if let Err(e) = result {
             let mut stayed = 0;
             for m in &mut self.members[..renamed] {
-                if overwrite || !m.temp.take_back(&m.name) {
+                let Some(temp) = m.temp.as_mut() else {
+                    continue;
+                };
+                if overwrite || !temp.take_back(&m.name) {
                     stayed += 1;
                 }
             }
@@ -1008,6 +1034,38 @@ mod tests {
     }
 
     #[test]
+    fn a_discarding_store_creates_nothing_and_takes_everything() {
+        let root = tempfile::tempdir().unwrap();
+        let mut cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), root.path().into());
+        cfg.output = Output::Discard;
+        let mut s = FileStore::open(&cfg, &Arc::default()).unwrap();
+        // An existing name is no obstacle: nothing is written over it.
+        std::fs::write(root.path().join("f.bin"), b"old").unwrap();
+        let mut dir = hello("d", 0);
+        dir.caps |= crate::proto::hello_flags::DIRECTORY;
+        s.make_dir(&dir).unwrap();
+        let h = hello("f.bin", 3);
+        let mut sink = s.create(&h, false, root.path(), Resume::No).unwrap();
+        assert!(sink.write(b"abc", 0, crc32fast::hash(b"abc"), 0).is_ok());
+        assert_eq!(sink.corrupt(), None);
+        sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
+        assert_eq!(sink.outcome(), crate::engine::Outcome::Discarded);
+        let members = [hello("a", 2), hello("d/b", 1)];
+        let batch = s.create_batch(&members, false, root.path(), 0o022).unwrap();
+        let mut sink = Sink::Batch(Box::new(batch));
+        assert!(sink.write(b"xyz", 0, 0, 0).is_ok());
+        sink.commit("batch", 0, None, false).unwrap();
+        assert_eq!(sink.outcome(), crate::engine::Outcome::Discarded);
+        let (held, claim) = s
+            .holding(&h, (1 << 20, false), Duration::ZERO, &mut || Ok(()))
+            .unwrap();
+        assert_eq!(held.have.kind, crate::proto::HaveKind::Nothing);
+        assert!(held.have.note.is_empty() && claim.is_none());
+        assert_eq!(entries(root.path()), ["f.bin"]);
+        assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), b"old");
+    }
+
+    #[test]
     fn a_file_appears_under_its_name_only_when_committed() {
         let root = tempfile::tempdir().unwrap();
         let mut s = store(root.path());
@@ -1017,7 +1075,7 @@ mod tests {
         let names = entries(root.path());
         assert_eq!(names.len(), 1);
         assert!(names[0].starts_with(".rdma-xfer-"), "{names:?}");
-        commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap();
+        sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
         drop(sink);
         assert_eq!(entries(root.path()), ["f.bin"]);
         let path = root.path().join("f.bin");
@@ -1061,7 +1119,7 @@ mod tests {
             unreachable!()
         };
         let digests = b.digests();
-        commit(&mut sink, "batch", 0, None, false).unwrap();
+        sink.commit("batch", 0, None, false).unwrap();
         drop(sink);
         assert_eq!(entries(root.path()), ["b", "d"]);
         assert_eq!(entries(&root.path().join("d")), ["a", "c", "empty"]);
@@ -1104,7 +1162,7 @@ mod tests {
         // temporary file is left.
         let mut sink = batch_of(&mut s, root.path(), &[("w", 3), ("z", 3)], &data, 4);
         std::fs::write(root.path().join("z"), b"theirs").unwrap();
-        let err = commit(&mut sink, "batch", 0, None, false).unwrap_err();
+        let err = sink.commit("batch", 0, None, false).unwrap_err();
         assert!(err.to_string().contains("z appeared"), "{err}");
         drop(sink);
         assert_eq!(entries(root.path()), ["z"]);
@@ -1114,7 +1172,7 @@ mod tests {
         let mut b = s.create_batch(&members, true, root.path(), 0).unwrap();
         b.write_chunk(&data, 0).unwrap();
         let mut sink = Sink::Batch(Box::new(b));
-        commit(&mut sink, "batch", 0, None, true).unwrap();
+        sink.commit("batch", 0, None, true).unwrap();
         drop(sink);
         assert_eq!(entries(root.path()), ["w", "z"]);
         assert_eq!(std::fs::read(root.path().join("z")).unwrap(), &data[3..]);
@@ -1181,7 +1239,7 @@ mod tests {
             )
             .unwrap();
         write_chunks(&mut sink, &data, 700, 100);
-        commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap();
+        sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
         drop(sink);
         assert_eq!(entries(root.path()), ["f.bin"]);
         assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
@@ -1255,7 +1313,7 @@ mod tests {
         assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
         write_chunks(&mut sink, &data, 500, 100);
         // ...and never renamed into place.
-        let err = commit(&mut sink, &h.name, 0o640, h.mtime, false).unwrap_err();
+        let err = sink.commit(&h.name, 0o640, h.mtime, false).unwrap_err();
         assert!(err.to_string().contains("replaced meanwhile"), "{err}");
         drop(sink);
         assert!(!root.path().join("f.bin").exists());
@@ -1410,8 +1468,8 @@ mod tests {
             .unwrap();
         write(&mut sink, b"new");
         // Without --overwrite, a file that appeared meanwhile is kept.
-        assert!(commit(&mut sink, "old", 0o600, None, false).is_err());
-        commit(&mut sink, "old", 0o600, None, true).unwrap();
+        assert!(sink.commit("old", 0o600, None, false).is_err());
+        sink.commit("old", 0o600, None, true).unwrap();
         drop(sink);
         assert_eq!(std::fs::read(root.path().join("old")).unwrap(), b"new");
         assert_eq!(entries(root.path()), ["d", "old"]);

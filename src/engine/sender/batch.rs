@@ -242,6 +242,8 @@ impl Connection {
                 outcome: crate::engine::Outcome::Stored,
             })
             .collect();
+        #[cfg(feature = "fault-injection")]
+        let digest = crate::engine::fault::fin_digest(digest);
         let fin = self.session.finish(digest).map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
         debug!(files = members.len(), bytes = total, "FIN sent");

@@ -466,7 +466,13 @@ impl Connection {
         progress: Box<dyn FileProgress>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), FileError> {
-        let fin = self.session.finish(report.digest).map_err(proto_err)?;
+        #[cfg(feature = "fault-injection")]
+        let fin = self
+            .session
+            .finish(crate::engine::fault::fin_digest(report.digest));
+        #[cfg(not(feature = "fault-injection"))]
+        let fin = self.session.finish(report.digest);
+        let fin = fin.map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
         debug!(file = %report.name, bytes = report.bytes, "FIN sent");
         tracker.await_verdict(tag, report, progress);

@@ -1,0 +1,178 @@
+//! Where one accepted offer's bytes go, whatever the receiver's policy:
+//! a temporary file under --dir (committed once verified), the files of a
+//! batch, standard output, nowhere (--discard). The session drives every
+//! sink through the same calls: write a checked chunk, hear that the data
+//! failed its whole-file check, commit, end uncommitted. Naming,
+//! confinement and refusals happen before a sink exists (`FileStore`).
+
+use super::store::{BatchMember, BatchSink, TempFile};
+use super::write_behind::Retired;
+use crate::engine::Outcome;
+use crate::error::XferError;
+use crate::proto::Mtime;
+use std::fs::File;
+use std::io::Write;
+
+pub(super) enum Sink {
+    /// A temporary file next to the final name (see `TempFile`).
+    Temp(Box<TempFile>),
+    /// The files of a batch (see `BatchSink`).
+    Batch(Box<BatchSink>),
+    /// Standard output (chunks arrive in order and are written as they come).
+    Stdout(File),
+    /// --discard: every chunk is checked and hashed, then dropped.
+    Discard,
+}
+
+/// Why a chunk that passed its check was not written.
+pub(super) enum Unwritten {
+    /// A sink written strictly in order got a chunk at another offset.
+    OutOfOrder,
+    Failed(std::io::Error),
+}
+
+impl Sink {
+    /// Writes the checked chunk `data` (CRC32 `crc`) at `offset`; `written`
+    /// is how much of the file came before (in-order sinks need exactly
+    /// that offset).
+    pub(super) fn write(
+        &mut self,
+        data: &[u8],
+        offset: u64,
+        crc: u32,
+        written: u64,
+    ) -> Result<(), Unwritten> {
+        match self {
+            Sink::Temp(t) => t.write_chunk(data, offset, crc),
+            Sink::Batch(b) => b.write_chunk(data, offset),
+            Sink::Stdout(out) if offset == written => out.write_all(data),
+            Sink::Stdout(_) => return Err(Unwritten::OutOfOrder),
+            Sink::Discard => Ok(()),
+        }
+        .map_err(Unwritten::Failed)
+    }
+
+    /// The file for writer threads (`--threads`): only a temporary file
+    /// takes them.
+    pub(super) fn temp_file(&mut self) -> Option<&mut TempFile> {
+        match self {
+            Sink::Temp(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Records chunks the writer threads are done with, in order: after
+    /// the first that failed nothing more is (a kept prefix has no holes),
+    /// and that failure is returned.
+    pub(super) fn chunks_written(&mut self, retired: Vec<Retired>) -> std::io::Result<()> {
+        let Sink::Temp(t) = self else {
+            return Ok(());
+        };
+        for r in retired {
+            match r.result {
+                Ok(()) => t.chunk_written(r.len, r.crc)?,
+                Err(e) => {
+                    t.write_failed();
+                    let at = format!("at offset {}: {e}", r.offset);
+                    return Err(std::io::Error::new(e.kind(), at));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Standard output: its reader may end the session by closing it, and
+    /// what was written cannot be taken back.
+    pub(super) fn is_standard_output(&self) -> bool {
+        matches!(self, Sink::Stdout(_))
+    }
+
+    /// What a failed chunk check (after `written` good bytes) leaves where
+    /// the bytes went, if anything worth saying.
+    pub(super) fn cut_short_note(&self, written: u64) -> Option<String> {
+        match self {
+            Sink::Stdout(_) => Some(format!(
+                "; standard output got only the {written} bytes before it"
+            )),
+            _ => None,
+        }
+    }
+
+    /// The data failed its whole-file check: nothing of it may be kept.
+    /// Returns what the failure leaves behind that the reason must say.
+    pub(super) fn corrupt(&mut self) -> Option<&'static str> {
+        match self {
+            Sink::Temp(t) => {
+                t.discard();
+                None
+            }
+            // Written bytes cannot be taken back: say so, loudly.
+            Sink::Stdout(_) => {
+                Some("; the data already written to the receiver's standard output is corrupt")
+            }
+            Sink::Batch(_) | Sink::Discard => None,
+        }
+    }
+
+    /// Makes a verified file durable: for a temporary file, apply the mode
+    /// (and mtime), fsync, rename into place, fsync the directory; for
+    /// standard output, fsync when it is a file. A batch: every file is
+    /// fsynced before any is renamed, and each directory is fsynced once,
+    /// after the last rename into it.
+    pub(super) fn commit(
+        &mut self,
+        name: &str,
+        mode: u32,
+        mtime: Option<Mtime>,
+        overwrite: bool,
+    ) -> Result<(), XferError> {
+        match self {
+            Sink::Stdout(out) => match out.sync_all() {
+                // A pipe or terminal cannot be fsynced (EINVAL); a file can.
+                Err(e) if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EROFS)) => {
+                    Err(XferError::io("cannot fsync standard output", e))
+                }
+                _ => Ok(()),
+            },
+            Sink::Batch(b) => b.commit(overwrite),
+            Sink::Temp(t) => t.commit(name, mode, mtime, overwrite),
+            Sink::Discard => Ok(()),
+        }
+    }
+
+    /// The file failed or its session ended before it was committed: with
+    /// RESUME its verified part is kept (the bytes returned), else what
+    /// was written goes.
+    pub(super) fn end_failed(&mut self) -> u64 {
+        match self {
+            Sink::Temp(t) => t.end_uncommitted(),
+            // Batch members go when dropped.
+            Sink::Batch(_) | Sink::Stdout(_) | Sink::Discard => 0,
+        }
+    }
+
+    /// The files of a batch, each reported on its own.
+    pub(super) fn members(&self) -> Option<&[BatchMember]> {
+        match self {
+            Sink::Batch(b) => Some(&b.members),
+            _ => None,
+        }
+    }
+
+    /// The batch, for its members' digests.
+    pub(super) fn batch_mut(&mut self) -> Option<&mut BatchSink> {
+        match self {
+            Sink::Batch(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// What became of a file committed through this sink.
+    pub(super) fn outcome(&self) -> Outcome {
+        match self {
+            Sink::Discard => Outcome::Discarded,
+            Sink::Batch(b) if b.discards() => Outcome::Discarded,
+            Sink::Temp(_) | Sink::Batch(_) | Sink::Stdout(_) => Outcome::Stored,
+        }
+    }
+}
