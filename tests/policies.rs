@@ -135,3 +135,178 @@ fn discard_still_fails_a_corrupted_chunk_and_a_wrong_digest_with_exit_5() {
         assert_eq!(sent.code(), 0, "{}", sent.stderr);
     }
 }
+
+/// `--exec` that stores each file as its `zstd` compression.
+const ZSTD_EACH: &str =
+    r#"mkdir -p "$(dirname "$RDMA_XFER_NAME")" && zstd -q -o "$RDMA_XFER_NAME.zst""#;
+
+#[test]
+fn exec_compresses_a_tree_of_50_files_as_they_arrive() {
+    let Some(net) = rdma_net() else { return };
+    assert!(have("zstd"), "zstd is installed by scripts/install-deps.sh");
+    let (src, dst) = dirs();
+    let tree = src.path().join("t");
+    let names = make_tree(&tree, 50);
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &["--exec", ZSTD_EACH, "--json"],
+        std::slice::from_ref(&tree),
+        &["-r"],
+    );
+    assert_both_ok(&sent, &received);
+    let files = acknowledged("receiver", &received);
+    assert_eq!(files.len(), names.len(), "{}", received.transcript());
+    assert!(files.iter().all(|f| f["outcome"] == "exec"), "{files:?}");
+    for n in &names {
+        let packed = dst.path().join(format!("t/{n}.zst"));
+        let out = std::process::Command::new("zstd")
+            .arg("-dc")
+            .arg(&packed)
+            .output()
+            .expect("zstd -dc");
+        assert!(out.status.success(), "{}: {out:?}", packed.display());
+        assert_eq!(sha256_hex(&out.stdout), sha256_file(&tree.join(n)), "{n}");
+    }
+    // Only what the command made: no file of the receiver's own.
+    assert_eq!(
+        everything_under(dst.path())
+            .iter()
+            .filter(|p| p.ends_with(".zst"))
+            .count(),
+        50
+    );
+    assert_no_temp_files(dst.path());
+}
+
+#[test]
+fn exec_failing_on_the_third_file_fails_that_file_only_with_its_status() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let tree = src.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    // f02 is larger than any pipe: the command's early exit is a broken
+    // pipe mid-file, not only a status at the end.
+    for i in 0..6u64 {
+        let size = if i == 2 { 6 * MIB + 7 } else { 100_000 + i };
+        make_file(&tree.join(format!("f{i:02}")), size, 70 + i);
+    }
+    for (how, cmd) in [
+        (
+            "exits at once",
+            r#"case "$RDMA_XFER_NAME" in */f02) exit 1;; esac; mkdir -p t && cat > "$RDMA_XFER_NAME""#,
+        ),
+        (
+            "reads it all, then fails",
+            r#"mkdir -p t && cat > "$RDMA_XFER_NAME.tmp" && case "$RDMA_XFER_NAME" in */f02) exit 1;; esac && mv "$RDMA_XFER_NAME.tmp" "$RDMA_XFER_NAME""#,
+        ),
+    ] {
+        let port = next_port();
+        let receiver = start_receiver(&net, port, dst.path(), &["--exec", cmd]);
+        let sent = run_sender(
+            &net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&tree),
+            &["-r"],
+        );
+        assert_eq!(sent.code(), 6, "{how}: {}", sent.transcript());
+        let failure = sent
+            .stderr
+            .lines()
+            .find(|l| l.contains("t/f02"))
+            .unwrap_or_else(|| panic!("{how}: no line for t/f02:\n{}", sent.stderr));
+        assert!(failure.contains("exited with status 1"), "{how}: {failure}");
+        for i in [0u64, 1, 3, 4, 5] {
+            let name = format!("t/f{i:02}");
+            assert_eq!(
+                sha256_file(&dst.path().join(&name)),
+                sha256_file(&src.path().join(&name)),
+                "{how}: {name}"
+            );
+        }
+        assert!(!dst.path().join("t/f02").exists(), "{how}");
+        drop(receiver);
+        std::fs::remove_dir_all(dst.path().join("t")).unwrap();
+    }
+}
+
+#[test]
+fn exec_slower_than_the_link_holds_the_sender_back_in_bounded_memory() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("slow.bin");
+    let size = 128 * MIB;
+    make_file(&input, size, 41);
+    // About 20 MiB/s: a MiB, then a pause; counts what it took.
+    let slow = r#"n=0; while k=$(head -c 1048576 | wc -c); [ "$k" -gt 0 ]; do n=$((n + k)); sleep 0.05; done; echo "$n" > taken"#;
+    let started = std::time::Instant::now();
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &["--exec", slow, "-v"],
+        std::slice::from_ref(&input),
+        &[],
+    );
+    assert_both_ok(&sent, &received);
+    let took = started.elapsed();
+    let taken = std::fs::read_to_string(dst.path().join("taken")).unwrap();
+    assert_eq!(taken.trim(), size.to_string());
+    // 128 pauses of 50 ms at least: the sender went at the command's pace.
+    assert!(took >= Duration::from_millis(128 * 50), "{took:?}");
+    let bound = 64 * MIB + 16 * MIB;
+    let (s, r) = (peak_rss(&sent.stderr), peak_rss(&received.stderr));
+    eprintln!(
+        "peak RSS with a slow command: sender {} KiB, receiver {} KiB",
+        s / 1024,
+        r / 1024
+    );
+    assert!(s < bound, "sender peak RSS {s} >= {bound}");
+    assert!(r < bound, "receiver peak RSS {r} >= {bound}");
+}
+
+#[test]
+fn exec_never_lets_its_command_finish_on_data_that_failed_its_check() {
+    let Some(net) = rdma_net() else { return };
+    let sender = fault_injection_bin("sender");
+    let (src, dst) = dirs();
+    let input = src.path().join("bad.bin");
+    make_file(&input, 3 * MIB + 1, 9);
+    for fault in ["corrupt-digest", "corrupt-chunk:1"] {
+        let port = next_port();
+        let mut receiver = start_receiver(
+            &net,
+            port,
+            dst.path(),
+            &["--exec", r#"cat > "$RDMA_XFER_NAME" && touch complete"#],
+        );
+        let mut cmd = sender_cmd_with(
+            &sender,
+            &net,
+            port,
+            Path_::Wire,
+            std::slice::from_ref(&input),
+            &[],
+        );
+        cmd.env("RDMA_XFER_FAULT", fault);
+        let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
+        assert_eq!(sent.code(), 5, "{fault}: {}", sent.stderr);
+        receiver.wait_for_stderr("bad.bin", Duration::from_secs(30));
+        assert!(
+            !dst.path().join("complete").exists(),
+            "{fault}: the command saw a clean end"
+        );
+        // The receiver serves on, and the next good file is taken whole.
+        let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+        assert_eq!(sent.code(), 0, "{fault}: {}", sent.stderr);
+        assert!(dst.path().join("complete").exists());
+        assert_eq!(
+            sha256_file(&dst.path().join("bad.bin")),
+            sha256_file(&input)
+        );
+        std::fs::remove_file(dst.path().join("complete")).unwrap();
+        std::fs::remove_file(dst.path().join("bad.bin")).unwrap();
+    }
+}

@@ -221,7 +221,9 @@ one line when it is ready: where it listens and where files go.",
         "  receiver --allow 10.0.0.0/24 --dir /data/incoming\n",
         "  receiver --once --json --dir /data/incoming > results.jsonl\n",
         "  receiver --stdout | tar -C dst -xpf -\n",
-        "  receiver --once --discard\n\n",
+        "  receiver --once --discard\n",
+        "  receiver --exec 'mkdir -p \"$(dirname \"$RDMA_XFER_NAME\")\" && zstd -q -o \"$RDMA_XFER_NAME.zst\"' /data/in\n",
+        "  receiver --exec 'sha256sum | sed \"s|-|$RDMA_XFER_NAME|\" >> sums.txt' /data/in\n\n",
         output_help!(),
         "\n\n",
         environment_help!(),
@@ -262,6 +264,14 @@ pub struct ReceiverArgs {
     /// limits a transfer.
     #[arg(long, help_heading = OUTPUT)]
     pub discard: bool,
+    /// Give each file to `sh -c CMD`, run in DIR, on its standard input (in
+    /// order, never through a file name in CMD): RDMA_XFER_NAME (its
+    /// checked relative path), RDMA_XFER_SIZE and RDMA_XFER_PEER name it,
+    /// in an environment otherwise empty but for PATH. It is received only
+    /// if its digest matched and CMD exited 0; CMD sees the end of its
+    /// input only once the data is verified. Files come one by one.
+    #[arg(long, value_name = "CMD", value_hint = ValueHint::CommandString, help_heading = OUTPUT)]
+    pub exec: Option<String>,
     /// Replace existing files (default: refuse them).
     #[arg(long, help_heading = OUTPUT)]
     pub overwrite: bool,
@@ -577,17 +587,21 @@ impl ReceiverArgs {
     /// What becomes of accepted files (--stdout, --discard or a
     /// directory); combinations that make no sense are problems.
     fn output(&self, problems: &mut Problems) -> Output {
-        let chosen: Vec<&str> = [(self.stdout, "--stdout"), (self.discard, "--discard")]
-            .into_iter()
-            .filter_map(|(on, name)| on.then_some(name))
-            .collect();
+        let chosen: Vec<&str> = [
+            (self.stdout, "--stdout"),
+            (self.discard, "--discard"),
+            (self.exec.is_some(), "--exec"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
         if chosen.len() > 1 {
             problems.add(format!(
                 "{} choose what becomes of the files: give one of them",
                 chosen.join(" and ")
             ));
         }
-        if self.threads > 0 && (self.stdout || self.discard) {
+        if self.threads > 0 && !chosen.is_empty() {
             problems.add(format!(
                 "--threads writes files under a directory: it does not apply to {}",
                 chosen.join(" or ")
@@ -596,12 +610,18 @@ impl ReceiverArgs {
         if self.discard && self.overwrite {
             problems.add("--discard writes nothing: --overwrite does not apply");
         }
-        if self.stdout {
-            Output::Stdout
-        } else if self.discard {
-            Output::Discard
-        } else {
-            Output::Dir
+        if self.exec.is_some() && self.overwrite {
+            problems
+                .add("--exec writes no file itself (its command does): --overwrite does not apply");
+        }
+        if self.exec.as_deref().is_some_and(|c| c.trim().is_empty()) {
+            problems.add("--exec needs a command (e.g. --exec 'cat > \"$RDMA_XFER_NAME\"')");
+        }
+        match (&self.exec, self.stdout, self.discard) {
+            (_, true, _) => Output::Stdout,
+            (_, _, true) => Output::Discard,
+            (Some(cmd), _, _) => Output::Exec(cmd.clone()),
+            (None, false, false) => Output::Dir,
         }
     }
 
@@ -629,7 +649,7 @@ impl ReceiverArgs {
                      (receiver --stdout > FILE, or receiver --stdout | tar -x ...)",
                 );
             }
-        } else if output == Output::Dir {
+        } else if matches!(output, Output::Dir | Output::Exec(_)) {
             match std::fs::metadata(&dir) {
                 Err(e) => {
                     let hint = match self.dir_arg.as_deref().and_then(Path::to_str) {
@@ -718,13 +738,37 @@ mod tests {
             .lines()
             .map(|line| {
                 let start = line.find(&format!("{name} ")).unwrap_or(0);
-                line[start..]
-                    .split_whitespace()
-                    .take_while(|w| !matches!(*w, "|" | ">"))
-                    .map(str::to_string)
+                shell_words(&line[start..])
+                    .into_iter()
+                    .take_while(|w| !matches!(w.as_str(), "|" | ">"))
                     .collect()
             })
             .collect()
+    }
+
+    /// Words as sh splits them, for the examples: whitespace apart, '...'
+    /// quoted (what the examples use).
+    fn shell_words(line: &str) -> Vec<String> {
+        let (mut words, mut word, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+        for c in line.chars() {
+            match c {
+                '\'' => (quoted, any) = (!quoted, true),
+                c if c.is_whitespace() && !quoted => {
+                    if any {
+                        words.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                c => {
+                    word.push(c);
+                    any = true;
+                }
+            }
+        }
+        if any {
+            words.push(word);
+        }
+        words
     }
 
     #[test]
@@ -1169,11 +1213,28 @@ mod tests {
             .to_config_with(true)
             .unwrap();
         assert!(cfg.output == Output::Discard && !cfg.once);
+        // --exec runs its command in the directory: it must exist.
+        let cfg = parse(&["--exec", "wc -c", path])
+            .to_config_with(true)
+            .unwrap();
+        assert_eq!(cfg.output, Output::Exec("wc -c".into()));
+        usage(
+            parse(&["--exec", "wc -c", "/no/such/dir"]).to_config_with(false),
+            "output directory",
+        );
         for (args, says) in [
             (&["--discard", "--stdout"][..], "give one of them"),
             (&["--discard", "--overwrite"], "--overwrite does not apply"),
             (&["--discard", "--threads", "2"], "--threads"),
             (&["--stdout", "--threads", "2"], "--threads"),
+            (&["--exec", "cat", "--discard"], "give one of them"),
+            (&["--exec", "cat", "--stdout"], "give one of them"),
+            (
+                &["--exec", "cat", "--overwrite"],
+                "--overwrite does not apply",
+            ),
+            (&["--exec", " "], "needs a command"),
+            (&["--exec", "cat", "--threads", "1"], "--threads"),
         ] {
             usage(parse(args).to_config_with(false), says);
         }

@@ -70,6 +70,39 @@ fn errno(call: &'static str, e: rustix::io::Errno) -> SysError {
 /// Waits until `fd` is readable or `deadline` passes. Returns Ok(true) when
 /// readable, Ok(false) on timeout, Err(Interrupted) on a shutdown request.
 pub fn wait_readable(fd: impl AsFd, deadline: Instant) -> Result<bool> {
+    wait_ready(fd, PollFlags::IN, deadline)
+}
+
+/// Waits until `fd` (a pipe's write end) takes data or its reader is gone,
+/// as `wait_readable` does.
+pub fn wait_writable(fd: impl AsFd, deadline: Instant) -> Result<bool> {
+    wait_ready(fd, PollFlags::OUT, deadline)
+}
+
+/// A signal for `signal_group`.
+#[derive(Debug, Clone, Copy)]
+pub enum GroupSignal {
+    /// SIGTERM: asks the processes to end.
+    Terminate,
+    /// SIGKILL: ends them.
+    Kill,
+}
+
+/// Sends `sig` to the process group led by `child` (a child started with
+/// `process_group(0)`: the command and whatever it started). A group that
+/// is gone already is no error.
+pub fn signal_group(child: &std::process::Child, sig: GroupSignal) -> std::io::Result<()> {
+    let sig = match sig {
+        GroupSignal::Terminate => rustix::process::Signal::TERM,
+        GroupSignal::Kill => rustix::process::Signal::KILL,
+    };
+    match rustix::process::kill_process_group(rustix::process::Pid::from_child(child), sig) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn wait_ready(fd: impl AsFd, flags: PollFlags, deadline: Instant) -> Result<bool> {
     loop {
         if shutdown_requested() {
             return Err(SysError::Interrupted);
@@ -79,7 +112,7 @@ pub fn wait_readable(fd: impl AsFd, deadline: Instant) -> Result<bool> {
             return Ok(false);
         }
         let slice = (deadline - now).min(SLICE);
-        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let mut fds = [PollFd::new(&fd, flags)];
         let slice = slice.max(Duration::from_millis(1));
         let timeout = Timespec {
             tv_sec: slice.as_secs() as _,

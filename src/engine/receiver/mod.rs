@@ -8,6 +8,7 @@
 
 mod admission;
 mod allow;
+mod exec;
 mod partial;
 mod session;
 mod sink;
@@ -90,6 +91,9 @@ pub enum Output {
     Stdout,
     /// Verified, then dropped: nothing is written anywhere (--discard).
     Discard,
+    /// Each file to the standard input of `sh -c COMMAND`, run in --dir
+    /// (--exec); received only if the command exits 0.
+    Exec(String),
 }
 
 impl Output {
@@ -99,6 +103,9 @@ impl Output {
             Output::Dir => format!("writing to {}", dir.display()),
             Output::Stdout => "writing to standard output".into(),
             Output::Discard => "discarding what arrives (--discard: verified, not written)".into(),
+            Output::Exec(cmd) => {
+                format!("giving each file to `{cmd}` in {} (--exec)", dir.display())
+            }
         }
     }
 
@@ -108,6 +115,7 @@ impl Output {
             Output::Dir => dir.display().to_string(),
             Output::Stdout => "standard output".into(),
             Output::Discard => "discard".into(),
+            Output::Exec(_) => "exec".into(),
         }
     }
 }
@@ -177,7 +185,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             "--stdout needs --once: standard output takes one file or stream".into(),
         ));
     }
-    if cfg.output == Output::Dir {
+    if matches!(cfg.output, Output::Dir | Output::Exec(_)) {
         let dir_meta = std::fs::metadata(&cfg.dir)
             .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
         if !dir_meta.is_dir() {
@@ -209,10 +217,14 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             let nets: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
             format!("anyone from {}", nets.join(", "))
         };
-        let what = match cfg.output {
+        let what = match &cfg.output {
             Output::Dir => format!("write into {}", shown_dir.display()),
             Output::Stdout => "write to standard output".to_string(),
             Output::Discard => "send data to be verified and dropped".to_string(),
+            Output::Exec(cmd) => format!(
+                "run `{cmd}` in {} on data and names of their choosing",
+                shown_dir.display()
+            ),
         };
         warn!(
             "no token: {who} may {what} (set one with --token-file or \

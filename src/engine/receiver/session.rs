@@ -203,7 +203,7 @@ pub(super) fn run(
     admission: &mut Admission<'_>,
     on_admitted: &dyn Fn(),
 ) -> Result<(), XferError> {
-    let store = FileStore::open(cfg, ledger)?;
+    let mut store = FileStore::open(cfg, ledger)?;
     let id = conn.into_id()?;
     let recvs = cfg.slots + CONTROL_RECVS;
     let caps = QpCaps {
@@ -238,6 +238,7 @@ pub(super) fn run(
         .cm_id()
         .peer_addr()
         .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+    store.set_peer(&peer);
     let mut session = Session {
         cfg,
         admission,
@@ -555,16 +556,7 @@ impl Session<'_, '_> {
         let prepared = self
             .store
             .create_batch(&members, self.cfg.overwrite, &self.cfg.dir, self.cfg.umask)
-            .and_then(|batch| match self.ring_info() {
-                Ok(ring) => Ok((batch, ring)),
-                Err(e) => {
-                    error!("cannot register the receive ring: {e}");
-                    Err((
-                        RejectCode::Io,
-                        format!("the receiver cannot register its ring: {e}"),
-                    ))
-                }
-            });
+            .and_then(|batch| Ok((batch, self.ring_for_offer()?)));
         let (batch, ring) = match prepared {
             Ok(p) => p,
             // Not final for its files: the sender offers them one by one.
@@ -766,18 +758,14 @@ impl Session<'_, '_> {
         // if that failed, it is tried again for an acceptable offer, and if
         // that fails (memlock limit, say) the sender hears why instead of
         // waiting for an MR that never comes.
-        let prepared = self
-            .prepare_file(hello, resume)
-            .and_then(|file| match self.ring_info() {
-                Ok(ring) => Ok((file, ring)),
-                Err(e) => {
-                    error!("cannot register the receive ring: {e}");
-                    Err((
-                        RejectCode::Io,
-                        format!("the receiver cannot register its ring: {e}"),
-                    ))
-                }
-            });
+        let prepared = if self.store.starts_commands() {
+            // A command starts only for an offer the ring can take.
+            self.ring_for_offer()
+                .and_then(|ring| Ok((self.prepare_file(hello, resume)?, ring)))
+        } else {
+            self.prepare_file(hello, resume)
+                .and_then(|file| Ok((file, self.ring_for_offer()?)))
+        };
         match prepared {
             Ok((mut file, ring)) => {
                 if let Some((hasher, prefix)) = continued {
@@ -898,6 +886,18 @@ impl Session<'_, '_> {
         if let Err(e) = self.register_ring() {
             debug!("ring not registered ahead of the first offer: {e}");
         }
+    }
+
+    /// The ring for an accepted offer, or the refusal that tells the
+    /// sender why it cannot be had.
+    fn ring_for_offer(&mut self) -> Result<RingInfo, Refusal> {
+        self.ring_info().map_err(|e| {
+            error!("cannot register the receive ring: {e}");
+            (
+                RejectCode::Io,
+                format!("the receiver cannot register its ring: {e}"),
+            )
+        })
     }
 
     fn ring_info(&mut self) -> Result<RingInfo, XferError> {

@@ -5,6 +5,7 @@
 //! failed its whole-file check, commit, end uncommitted. Naming,
 //! confinement and refusals happen before a sink exists (`FileStore`).
 
+use super::exec::ExecSink;
 use super::store::{BatchMember, BatchSink, TempFile};
 use super::write_behind::Retired;
 use crate::engine::Outcome;
@@ -22,6 +23,8 @@ pub(super) enum Sink {
     Stdout(File),
     /// --discard: every chunk is checked and hashed, then dropped.
     Discard,
+    /// --exec: the standard input of the file's command (in order).
+    Exec(Box<ExecSink>),
 }
 
 /// Why a chunk that passed its check was not written.
@@ -46,7 +49,8 @@ impl Sink {
             Sink::Temp(t) => t.write_chunk(data, offset, crc),
             Sink::Batch(b) => b.write_chunk(data, offset),
             Sink::Stdout(out) if offset == written => out.write_all(data),
-            Sink::Stdout(_) => return Err(Unwritten::OutOfOrder),
+            Sink::Exec(e) if offset == written => e.write(data, written),
+            Sink::Stdout(_) | Sink::Exec(_) => return Err(Unwritten::OutOfOrder),
             Sink::Discard => Ok(()),
         }
         .map_err(Unwritten::Failed)
@@ -94,6 +98,9 @@ impl Sink {
             Sink::Stdout(_) => Some(format!(
                 "; standard output got only the {written} bytes before it"
             )),
+            Sink::Exec(_) => Some(format!(
+                "; the --exec command got only the {written} bytes before it, and was stopped"
+            )),
             _ => None,
         }
     }
@@ -109,6 +116,11 @@ impl Sink {
             // Written bytes cannot be taken back: say so, loudly.
             Sink::Stdout(_) => {
                 Some("; the data already written to the receiver's standard output is corrupt")
+            }
+            // Ended before it sees the end of its input.
+            Sink::Exec(e) => {
+                e.stop();
+                Some("; the --exec command was stopped before the end of its input")
             }
             Sink::Batch(_) | Sink::Discard => None,
         }
@@ -137,6 +149,9 @@ impl Sink {
             Sink::Batch(b) => b.commit(overwrite),
             Sink::Temp(t) => t.commit(name, mode, mtime, overwrite),
             Sink::Discard => Ok(()),
+            Sink::Exec(e) => e
+                .finish()
+                .map_err(|why| XferError::io(name, std::io::Error::other(why))),
         }
     }
 
@@ -146,6 +161,10 @@ impl Sink {
     pub(super) fn end_failed(&mut self) -> u64 {
         match self {
             Sink::Temp(t) => t.end_uncommitted(),
+            Sink::Exec(e) => {
+                e.stop();
+                0
+            }
             // Batch members go when dropped.
             Sink::Batch(_) | Sink::Stdout(_) | Sink::Discard => 0,
         }
@@ -171,6 +190,7 @@ impl Sink {
     pub(super) fn outcome(&self) -> Outcome {
         match self {
             Sink::Discard => Outcome::Discarded,
+            Sink::Exec(_) => Outcome::Exec,
             Sink::Batch(b) if b.discards() => Outcome::Discarded,
             Sink::Temp(_) | Sink::Batch(_) | Sink::Stdout(_) => Outcome::Stored,
         }

@@ -5,6 +5,7 @@
 //! by component from the output directory's descriptor, never through a
 //! link. No RDMA here: unit-tested with a temporary directory.
 
+use super::exec::ExecSpec;
 use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable, TempInUse};
 use super::sink::Sink;
 use super::space::{Promise, SpaceLedger};
@@ -43,6 +44,14 @@ pub(super) enum FileStore {
     Stdout(Option<File>),
     /// --discard: entries are checked and verified, nothing is created.
     Discard,
+    /// --exec: each file goes to its own command, run in --dir (`root`,
+    /// which names are checked against: no link on the way is followed).
+    Exec {
+        root: DirFd,
+        spec: ExecSpec,
+        /// The sender's address (RDMA_XFER_PEER).
+        peer: String,
+    },
 }
 
 pub(super) struct DirAttrs {
@@ -59,13 +68,30 @@ impl FileStore {
         cfg: &ReceiverConfig,
         ledger: &Arc<SpaceLedger>,
     ) -> Result<FileStore, XferError> {
-        match cfg.output {
+        let open_root = || {
+            DirFd::open(&cfg.dir)
+                .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))
+        };
+        match &cfg.output {
             Output::Dir => {}
             Output::Discard => return Ok(FileStore::Discard),
             Output::Stdout => return FileStore::stdout(cfg),
+            Output::Exec(command) => {
+                return Ok(FileStore::Exec {
+                    root: open_root()?,
+                    spec: ExecSpec {
+                        command: command.clone(),
+                        dir: cfg.dir.clone(),
+                        // Acts before the sender's own timeout (the same
+                        // --timeout by default) would.
+                        stall: cfg.timeout.mul_f64(0.75),
+                        pipe_bytes: cfg.chunk_size as usize,
+                    },
+                    peer: String::new(),
+                });
+            }
         }
-        let root = DirFd::open(&cfg.dir)
-            .map_err(|e| XferError::io(format!("output directory {}", cfg.dir.display()), e))?;
+        let root = open_root()?;
         Ok(FileStore::Tree {
             root,
             deferred: Vec::new(),
@@ -86,6 +112,19 @@ impl FileStore {
             crate::engine::stdio::grow_pipe(&fd, cfg.chunk_size as usize);
             Ok(FileStore::Stdout(Some(File::from(fd))))
         }
+    }
+
+    /// The sender's address, for the commands of --exec.
+    pub(super) fn set_peer(&mut self, address: &str) {
+        if let FileStore::Exec { peer, .. } = self {
+            *peer = address.to_string();
+        }
+    }
+
+    /// A command is started per file (--exec): it must start only for an
+    /// offer the session can take (its ring registered).
+    pub(super) fn starts_commands(&self) -> bool {
+        matches!(self, FileStore::Exec { .. })
     }
 
     /// Applies the deferred directory attributes (best effort: a failure
@@ -124,6 +163,9 @@ impl FileStore {
             } => (root, deferred, umask),
             // Accepted: its entries are checked and dropped like any.
             FileStore::Discard => return Ok(()),
+            // The commands make what they need; the name must not lead
+            // through a link.
+            FileStore::Exec { root, .. } => return check_exec_path(root, &hello.name),
             FileStore::Stdout(_) => {
                 return Err((
                     RejectCode::Protocol,
@@ -223,7 +265,9 @@ impl FileStore {
                 ));
             }
             // Nothing is ever kept, and nothing is worth saying about it.
-            FileStore::Discard => return Ok((Holding::nothing(""), None)),
+            FileStore::Discard | FileStore::Exec { .. } => {
+                return Ok((Holding::nothing(""), None));
+            }
         };
         let (parent, leaf) = open_parent(root, &hello.name)?;
         let io = |e: std::io::Error| (RejectCode::Io, format!("{}: {e}", hello.name));
@@ -278,6 +322,17 @@ impl FileStore {
                 Sink::Stdout(out)
             }
             FileStore::Discard => Sink::Discard,
+            FileStore::Exec { root, spec, peer } => {
+                check_exec_path(root, &hello.name)?;
+                let size = (!hello.is_stream()).then_some(hello.size);
+                let exec = spec.start(&hello.name, size, peer, None).map_err(|e| {
+                    (
+                        RejectCode::Io,
+                        format!("cannot start the --exec command for {}: {e}", hello.name),
+                    )
+                })?;
+                Sink::Exec(Box::new(exec))
+            }
             FileStore::Tree { root, ledger, .. } => {
                 let (parent, leaf) = open_parent(root, &hello.name)?;
                 check_final_name(&parent, &leaf, &hello.name, overwrite)?;
@@ -378,6 +433,13 @@ impl FileStore {
                     "the receiver writes one file to its standard output (--stdout)".into(),
                 ));
             }
+            FileStore::Exec { .. } => {
+                return Err((
+                    RejectCode::Protocol,
+                    "the receiver runs a command per file (--exec): the files come one by one"
+                        .into(),
+                ));
+            }
             FileStore::Discard => {
                 let mut batch = BatchSink::new(None);
                 for h in members {
@@ -461,45 +523,103 @@ fn open_parent(root: &DirFd, path: &str) -> Result<(DirFd, String), Refusal> {
         Some((p, l)) => (Some(p), l),
         None => (None, path),
     };
+    let dir = match parents {
+        Some(parents) => walk(root, parents, false)?.ok_or_else(|| {
+            (
+                RejectCode::Io,
+                format!("cannot open the directory of {path}"),
+            )
+        })?,
+        None => root.try_clone().map_err(|e| {
+            (
+                RejectCode::Io,
+                format!("cannot open the output directory: {e}"),
+            )
+        })?,
+    };
+    Ok((dir, leaf.to_string()))
+}
+
+/// Opens the directory `parents` (relative, validated) below `root`,
+/// refusing links and non-directories on the way; a missing part is
+/// refused too, or, with `missing_ok`, gives None.
+fn walk(root: &DirFd, parents: &str, missing_ok: bool) -> Result<Option<DirFd>, Refusal> {
     let mut dir = root.try_clone().map_err(|e| {
         (
             RejectCode::Io,
             format!("cannot open the output directory: {e}"),
         )
     })?;
-    if let Some(parents) = parents {
-        let mut walked = String::new();
-        for c in parents.split('/') {
-            if !walked.is_empty() {
-                walked.push('/');
-            }
-            walked.push_str(c);
-            dir = dir.open_dir(c).map_err(|e| match e.raw_os_error() {
-                Some(libc::ENOENT) => (
-                    RejectCode::Io,
-                    format!("directory {walked} does not exist on the receiver"),
-                ),
-                Some(libc::ELOOP | libc::ENOTDIR) => {
-                    if dir.kind(c).ok().flatten() == Some(EntryKind::Symlink) {
-                        (
-                            RejectCode::Exists,
-                            format!("{walked} is a symbolic link on the receiver: not followed"),
-                        )
-                    } else {
-                        (
-                            RejectCode::Exists,
-                            format!("{walked} exists on the receiver and is not a directory"),
-                        )
-                    }
-                }
-                _ => (
-                    RejectCode::Io,
-                    format!("cannot open directory {walked}: {e}"),
-                ),
-            })?;
+    let mut walked = String::new();
+    for c in parents.split('/') {
+        if !walked.is_empty() {
+            walked.push('/');
         }
+        walked.push_str(c);
+        dir = match dir.open_dir(c) {
+            Ok(d) => d,
+            Err(e) if missing_ok && e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(refusal_on_the_way(&dir, c, &walked, e)),
+        };
     }
-    Ok((dir, leaf.to_string()))
+    Ok(Some(dir))
+}
+
+/// Why the directory `walked` (entry `c` of `dir`) cannot be gone through.
+fn refusal_on_the_way(dir: &DirFd, c: &str, walked: &str, e: std::io::Error) -> Refusal {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => (
+            RejectCode::Io,
+            format!("directory {walked} does not exist on the receiver"),
+        ),
+        Some(libc::ELOOP | libc::ENOTDIR) => {
+            if dir.kind(c).ok().flatten() == Some(EntryKind::Symlink) {
+                (
+                    RejectCode::Exists,
+                    format!("{walked} is a symbolic link on the receiver: not followed"),
+                )
+            } else {
+                (
+                    RejectCode::Exists,
+                    format!("{walked} exists on the receiver and is not a directory"),
+                )
+            }
+        }
+        _ => (
+            RejectCode::Io,
+            format!("cannot open directory {walked}: {e}"),
+        ),
+    }
+}
+
+/// Checks a name for --exec's command: every part of it that exists under
+/// `root` is a directory (its last part anything but a link); what does not
+/// exist yet is the command's to make.
+fn check_exec_path(root: &DirFd, path: &str) -> Result<(), Refusal> {
+    let (parents, leaf) = match path.rsplit_once('/') {
+        Some((p, l)) => (Some(p), l),
+        None => (None, path),
+    };
+    let parent = match parents {
+        Some(p) => match walk(root, p, true)? {
+            Some(dir) => dir,
+            None => return Ok(()),
+        },
+        None => root.try_clone().map_err(|e| {
+            (
+                RejectCode::Io,
+                format!("cannot open the output directory: {e}"),
+            )
+        })?,
+    };
+    match parent.kind(leaf) {
+        Ok(Some(EntryKind::Symlink)) => Err((
+            RejectCode::Exists,
+            format!("{path} is a symbolic link on the receiver: not followed"),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err((RejectCode::Io, format!("cannot inspect {path}: {e}"))),
+    }
 }
 
 fn system_time(m: Mtime) -> Option<std::time::SystemTime> {
