@@ -2358,6 +2358,7 @@ fn check_sender(
                         mtime: None,
                         keep_mode: false,
                         resume: false,
+                        checksum: false,
                     })
                     .collect();
                 let total = sizes.iter().try_fold(0u64, |t, &x| t.checked_add(x));
@@ -2419,6 +2420,7 @@ fn check_sender(
                     mtime: resume.then_some(Mtime { secs: 1, nanos: 2 }),
                     keep_mode: size % 2 == 1,
                     resume,
+                    checksum: false,
                 };
                 let resume_caps = if resume {
                     hello_flags::RESUME | hello_flags::MTIME

@@ -309,7 +309,9 @@ fn open_member(
     mtime: Option<crate::proto::Mtime>,
 ) -> Result<Member, XferError> {
     let (mut offer, file) = super::open_offer(cfg, path, name, opened, mtime)?;
-    // Never resumed (batchable() sends no file of a --resume run here).
+    // Never resumed (batchable() sends no file of a --resume run here);
+    // CHECKSUM stays: the receiver refuses the batch if it would ask one
+    // of its files for a digest, and then asks that file alone.
     offer.resume = false;
     Ok(Member {
         path: path.to_path_buf(),
