@@ -561,10 +561,11 @@ impl Connection {
     }
 }
 
-/// A REJECT(version) of an offer with flags an older receiver of this
-/// protocol version does not know (it ends the session): says which
-/// option to drop. CHECKSUM is named first, being the newer flag.
-fn older_receiver(e: FileError, caps: u32) -> FileError {
+/// A REJECT(version) of an offer (or a batch's members, `caps` OR-ed)
+/// with flags an older receiver of this protocol version does not know
+/// (it ends the session): says which option to drop. CHECKSUM is named
+/// first, being the newer flag.
+pub(super) fn older_receiver(e: FileError, caps: u32) -> FileError {
     let reason = match e {
         FileError::Fatal(XferError::Rejected {
             code: Some(RejectCode::Version),
