@@ -447,6 +447,13 @@ fn stream_and_stdout_usage_errors() {
     let (code, _, err) = run(sender_bin(), &["127.0.0.1", "-", "-"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("only once"), "{err}");
+    // A stream's SHA-256 is not known before its data.
+    let (code, _, err) = run(sender_bin(), &["--checksum", "127.0.0.1", "-"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("a stream cannot be hashed before it is sent"),
+        "{err}"
+    );
     let file = tempfile::NamedTempFile::new().expect("file");
     let path = file.path().to_str().expect("utf8");
     let (code, _, err) = run(sender_bin(), &["--name", "x", "127.0.0.1", path]);

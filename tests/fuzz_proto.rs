@@ -13,12 +13,18 @@
 //!   directory, and every protocol error closes the session for good.
 //!   Resuming: FROM only at 0 or HAVE's prefix, COMPARE only after a HAVE
 //!   of a complete copy, then the engine's verdict (ACK or HAVE of nothing).
+//!   `--checksum`: a HAVE asking for the digest only for an offer with
+//!   CHECKSUM (files only, batch members included), once, then COMPARE
+//!   and the same verdicts; an offer with CHECKSUM not asked goes on as
+//!   any other.
 //! - `machine_sender`: a `SenderSession` fed arbitrary receiver messages and
 //!   engine calls (files, streams, directories, pipelined) never panics,
 //!   never plans a write outside the ring or beyond its credits, hands out
 //!   verdicts in the order the entries were sent, and every error closes
-//!   the session; COMPARE only answers a HAVE of a complete copy, and its
-//!   ACK is the file's verdict (nothing sent, nothing left pending). With
+//!   the session; COMPARE only answers a HAVE of a complete copy (or one
+//!   asking for the digest of an offer with CHECKSUM, in AWAIT_RING or
+//!   AWAIT_HAVE), and its ACK is the file's verdict (nothing sent, nothing
+//!   left pending). With
 //!   a token it never offers an entry before a correct AUTH_OK, and
 //!   refuses a receiver that does not ask for authentication.
 //! - `decode_sealed`: sealed control messages (protocol 3) through a
@@ -53,11 +59,11 @@ use std::time::Instant;
 
 /// How deep the generated inputs got (printed with the counts, so a weak
 /// generator shows): frames decoded, chunks placed, files verified, ...
-struct Reached([AtomicU64; 10]);
+struct Reached([AtomicU64; 12]);
 
 impl Reached {
     const fn new() -> Self {
-        Reached([const { AtomicU64::new(0) }; 10])
+        Reached([const { AtomicU64::new(0) }; 12])
     }
     fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, Ordering::Relaxed);
@@ -176,7 +182,7 @@ fn ack_status() -> impl Strategy<Value = AckStatus> {
 
 /// HELLO flags: mostly the known kinds, sometimes anything.
 fn caps() -> impl Strategy<Value = u32> {
-    use hello_flags::{DIRECTORY, MTIME, STREAM};
+    use hello_flags::{CHECKSUM, DIRECTORY, MTIME, STREAM};
     prop_oneof![
         3 => Just(0),
         2 => Just(STREAM),
@@ -184,6 +190,8 @@ fn caps() -> impl Strategy<Value = u32> {
         1 => Just(MTIME),
         1 => Just(DIRECTORY | MTIME),
         1 => Just(STREAM | DIRECTORY),
+        1 => Just(CHECKSUM),
+        1 => Just(CHECKSUM | STREAM),
         1 => any::<u32>(),
     ]
 }
@@ -267,7 +275,7 @@ fn message() -> impl Strategy<Value = Message> {
             })),
         any::<[u8; 32]>().prop_map(|proof| Message::AuthOk { proof }),
         prop_oneof![
-            3 => (0u8..3, size(), any::<u32>(), digest(), text(40)).prop_map(
+            3 => (0u8..4, size(), any::<u32>(), digest(), text(40)).prop_map(
                 |(kind, bytes, chunk_len, digest, note)| Have {
                     kind: HaveKind::from_u8(kind).unwrap_or(HaveKind::Nothing),
                     bytes,
@@ -276,9 +284,11 @@ fn message() -> impl Strategy<Value = Message> {
                     note,
                 }
             ),
-            // The shapes a receiver sends: nothing, a complete copy.
+            // The shapes a receiver sends: nothing, a complete copy, a
+            // request for the digest.
             1 => text(40).prop_map(Have::nothing),
             1 => size().prop_map(Have::complete),
+            1 => size().prop_map(Have::ask_digest),
         ]
         .prop_map(Message::Have),
         prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()]
@@ -968,10 +978,11 @@ enum RxAction {
     /// The engine created the offered directory.
     AcceptDir,
     /// The engine's HAVE for an offer with RESUME: 0 nothing, 1 a prefix of
-    /// `n` slots (bounded by the size), 2 the complete file; then, for a
-    /// bad one, some bytes off.
+    /// `n` slots (bounded by the size), 2 the complete file; for one with
+    /// CHECKSUM, 3 a request for its digest; then, for a bad one, some
+    /// bytes off.
     Have(u8, u32, bool),
-    /// The engine comparing its complete copy with the sender's SHA-256
+    /// The engine comparing its copy (or --link-dest's) with the sender's SHA-256
     /// (after COMPARE): 0 a KEEPALIVE while it reads, 1 the same (`same`),
     /// 2 it differs (`have` of nothing).
     Compared(u8),
@@ -1049,7 +1060,7 @@ fn rx_action() -> impl Strategy<Value = RxAction> {
         3 => accept,
         1 => reject_code().prop_map(RxAction::Reject),
         1 => Just(RxAction::AcceptDir),
-        1 => (0u8..3, any::<u32>(), prop_oneof![9 => Just(false), 1 => Just(true)])
+        1 => (0u8..4, any::<u32>(), prop_oneof![9 => Just(false), 1 => Just(true)])
             .prop_map(|(k, n, off)| RxAction::Have(k, n, off)),
         1 => (0u8..3).prop_map(RxAction::Compared),
         6 => Just(RxAction::ChunkDone),
@@ -1098,7 +1109,7 @@ struct RxModel {
     batch_files: u64,
     /// How long a legal sender makes the offered stream.
     stream_len: u64,
-    /// The HAVE answering the current offer (with RESUME).
+    /// The HAVE answering the current offer (with RESUME or CHECKSUM).
     have: Option<Have>,
     /// Where the current file's data starts: bytes, chunks, chunk length.
     base: (u64, u64, u32),
@@ -1109,6 +1120,28 @@ fn resumable(m: &RxModel) -> bool {
     m.offer
         .as_ref()
         .is_some_and(|h| h.caps & hello_flags::RESUME != 0)
+}
+
+/// The current offer's sender answers a request for its digest.
+fn checksummed(m: &RxModel) -> bool {
+    m.offer
+        .as_ref()
+        .is_some_and(|h| h.caps & hello_flags::CHECKSUM != 0)
+}
+
+/// Whether the engine may answer the current offer (AwaitDecision) with
+/// a HAVE of `kind`: once, Digest for CHECKSUM, the others for RESUME.
+fn may_have(m: &RxModel, kind: HaveKind) -> bool {
+    m.have.is_none()
+        && match kind {
+            HaveKind::Digest => checksummed(m),
+            _ => resumable(m),
+        }
+}
+
+/// A HAVE after which COMPARE may come.
+fn comparable(have: Option<HaveKind>) -> bool {
+    matches!(have, Some(HaveKind::Complete | HaveKind::Digest))
 }
 
 impl RxModel {
@@ -1248,7 +1281,12 @@ fn legal_rx(
             let members = (0..1 + seed % 4)
                 .map(|i| Hello {
                     version: PROTOCOL_VERSION,
-                    caps: 0,
+                    // Members of a --checksum run carry its flag.
+                    caps: if (seed / 7 + i).is_multiple_of(3) {
+                        hello_flags::CHECKSUM
+                    } else {
+                        0
+                    },
                     name: format!("b{}/{i}", m.files),
                     size: u64::from((seed / 7 + i * 13) % 300).min(cfg.max_size),
                     mode: 0o644,
@@ -1263,11 +1301,19 @@ fn legal_rx(
             // older sender's HELLO.
             let v = PROTOCOL_VERSION;
             let (version, caps, name) = match seed % 9 {
+                4 if seed.is_multiple_of(8) => (
+                    v,
+                    hello_flags::RESUME | hello_flags::MTIME | hello_flags::CHECKSUM,
+                    format!("r{}", m.files),
+                ),
                 4 if seed.is_multiple_of(4) => (
                     v,
                     hello_flags::RESUME | hello_flags::MTIME,
                     format!("r{}", m.files),
                 ),
+                5 | 6 if seed.is_multiple_of(2) => {
+                    (v, hello_flags::CHECKSUM, format!("c{}", m.files))
+                }
                 0 => (v, hello_flags::STREAM, format!("s{}", m.files)),
                 1 => (v, hello_flags::DIRECTORY, format!("d/{}", m.files)),
                 2 => (v, 0, format!("d/f{}", m.files)),
@@ -1304,9 +1350,20 @@ fn legal_rx(
             }))
         }
         AwaitDecision if seed.is_multiple_of(6) => RxAction::Reject(RejectCode::Exists),
-        // An offer with RESUME gets its HAVE first.
+        // An offer with RESUME gets its HAVE first (with CHECKSUM too,
+        // now and then the request for its digest).
         AwaitDecision if resumable(m) && m.have.is_none() => {
-            RxAction::Have((seed % 3) as u8, seed / 3, false)
+            let kind = if checksummed(m) && seed % 4 == 3 {
+                3
+            } else {
+                (seed % 3) as u8
+            };
+            RxAction::Have(kind, seed / 3, false)
+        }
+        // One with CHECKSUM is asked for its digest (a copy under
+        // --link-dest), or not (none there: its MR at once).
+        AwaitDecision if checksummed(m) && m.have.is_none() && !seed.is_multiple_of(3) => {
+            RxAction::Have(3, seed, false)
         }
         AwaitDecision if m.offer.as_ref().is_some_and(Hello::is_directory) => RxAction::AcceptDir,
         AwaitDecision => RxAction::Accept {
@@ -1349,12 +1406,9 @@ fn legal_rx(
         Closed => RxAction::Legal(seed),
         // The sender reading its file to answer the HAVE says it is alive.
         AwaitFrom if seed % 9 == 8 => RxAction::Msg(Message::Keepalive),
-        // A complete copy is compared (the sender's SHA-256); now and
-        // then the sender sends it all anyway (FROM 0).
-        AwaitFrom
-            if !seed.is_multiple_of(4)
-                && m.have.as_ref().map(|h| h.kind) == Some(HaveKind::Complete) =>
-        {
+        // A complete copy (or --link-dest's) is compared (the sender's
+        // SHA-256); now and then the sender sends it all anyway (FROM 0).
+        AwaitFrom if !seed.is_multiple_of(4) && comparable(m.have.as_ref().map(|h| h.kind)) => {
             RxAction::Msg(Message::Compare {
                 sha256: [seed as u8; 32],
             })
@@ -1525,7 +1579,7 @@ fn check_receiver(
                             have_kind == Some(HaveKind::Prefix)
                                 && m.have.as_ref().map(|h| h.bytes) == Some(*offset)
                         }
-                        Message::Compare { .. } => have_kind == Some(HaveKind::Complete),
+                        Message::Compare { .. } => comparable(have_kind),
                         Message::Keepalive => true,
                         _ => false,
                     };
@@ -1551,10 +1605,11 @@ fn check_receiver(
                         prop_assert_eq!(r.resumed_from(), m.base.0);
                     }
                     Ok(ReceiverEvent::Compare { sha256 }) => {
-                        // Only after a HAVE of a complete copy, with the
-                        // sender's SHA-256 as sent; the engine compares.
+                        // Only after a HAVE of a complete copy (or asking
+                        // for the digest), with the sender's SHA-256 as
+                        // sent; the engine compares.
                         prop_assert_eq!(before, AwaitFrom);
-                        prop_assert_eq!(have_kind, Some(HaveKind::Complete));
+                        prop_assert!(comparable(have_kind), "COMPARE after {:?}", have_kind);
                         prop_assert_eq!(Message::Compare { sha256 }, sent);
                         prop_assert_eq!(r.state(), Comparing);
                         prop_assert_eq!(r.resumed_from(), m.base.0);
@@ -1591,6 +1646,7 @@ fn check_receiver(
                         }
                         if h.is_stream() || h.is_directory() {
                             prop_assert_eq!(h.size, 0);
+                            prop_assert_eq!(h.caps & hello_flags::CHECKSUM, 0);
                         }
                         prop_assert_eq!(r.state(), AwaitDecision);
                         m = RxModel {
@@ -1630,6 +1686,8 @@ fn check_receiver(
                             total += h.size;
                         }
                         prop_assert_eq!(r.state(), AwaitDecision);
+                        // Never asked, whatever its files carry.
+                        prop_assert!(r.clone().have(Have::ask_digest(total)).is_err());
                         // From here on the batch is one file of its total size.
                         let files = m.files + 1;
                         m = RxModel {
@@ -1877,25 +1935,36 @@ fn check_receiver(
                         note: String::new(),
                     },
                     // A complete copy discloses no digest: it is compared.
-                    _ => Have::complete(size),
+                    2 => Have::complete(size),
+                    _ => Have::ask_digest(size),
                 };
                 if off {
                     have.bytes = have.bytes.wrapping_add(u64::from(n % 7) + 1);
                 }
                 let fits = have.fits(size) && have.chunk_len <= cfg.slot_size;
                 // From Comparing (the copy differs) only a HAVE of nothing.
-                let allowed = (before == AwaitDecision && resumable(&m))
+                let allowed = (before == AwaitDecision && may_have(&m, have.kind))
                     || (before == Comparing && have.kind == HaveKind::Nothing);
                 match r.have(have.clone()) {
                     Ok(msg) => {
                         prop_assert!(
                             allowed,
-                            "HAVE {:?} in {:?} (RESUME: {})",
+                            "HAVE {:?} in {:?} (RESUME: {}, CHECKSUM: {}, after {:?})",
                             have.kind,
                             before,
-                            resumable(&m)
+                            resumable(&m),
+                            checksummed(&m),
+                            m.have
                         );
-                        prop_assert!(resumable(&m), "HAVE without RESUME");
+                        match (before, have.kind) {
+                            (_, HaveKind::Digest) => {
+                                prop_assert!(checksummed(&m), "a digest asked without CHECKSUM");
+                                RX.hit(10);
+                            }
+                            // The copy differs (after RESUME's or CHECKSUM's COMPARE).
+                            (Comparing, _) => {}
+                            _ => prop_assert!(resumable(&m), "HAVE without RESUME"),
+                        }
                         prop_assert!(fits, "an unfit HAVE: {:?}", have);
                         prop_assert_eq!(msg, Message::Have(have.clone()));
                         prop_assert_eq!(r.state(), AwaitFrom);
@@ -1928,10 +1997,11 @@ fn check_receiver(
                     1 => match r.same() {
                         Ok(msg) => {
                             prop_assert!(comparing, "same() in {:?}", before);
-                            prop_assert_eq!(
-                                m.have.as_ref().map(|h| h.kind),
-                                Some(HaveKind::Complete)
-                            );
+                            let asked = m.have.as_ref().map(|h| h.kind);
+                            prop_assert!(comparable(asked), "same() after {:?}", asked);
+                            if asked == Some(HaveKind::Digest) {
+                                RX.hit(11);
+                            }
                             prop_assert_eq!(msg, Message::Ack(Ack::new(AckStatus::Ok, "")));
                             prop_assert_eq!(r.state(), AwaitHello);
                             prop_assert!(replies(&mut r).is_empty());
@@ -1949,7 +2019,7 @@ fn check_receiver(
                     // It differs: HAVE of nothing, FROM 0 follows.
                     _ => {
                         let differs = Have::nothing("the receiver's copy differs");
-                        let answering = before == AwaitDecision && resumable(&m);
+                        let answering = before == AwaitDecision && may_have(&m, HaveKind::Nothing);
                         match r.have(differs.clone()) {
                             Ok(msg) => {
                                 prop_assert!(comparing || answering, "have() in {:?}", before);
@@ -2079,7 +2149,8 @@ fn machine_receiver() {
             format!(
                 "{} AUTHs verified ({} of them refused as busy), {} offers accepted ({} resuming \
                  a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
-                 complete copies compared ({} the same), {} batches passed",
+                 copies compared ({} the same), {} batches passed, {} digests asked ({} the \
+                 same)",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -2089,7 +2160,9 @@ fn machine_receiver() {
                 RX.get(3),
                 RX.get(7),
                 RX.get(8),
-                RX.get(9)
+                RX.get(9),
+                RX.get(10),
+                RX.get(11)
             )
         },
     );
@@ -2112,6 +2185,9 @@ enum TxAction {
     CreditLike(u32),
     /// The ACK the receiver would send now.
     AckLike(AckStatus),
+    /// A HAVE that fits the current offer, wherever it comes: 0 nothing,
+    /// 1 a complete copy, 2 a request for the digest.
+    HaveLike(u8),
     NextChunk(u8),
     /// A stream chunk of this many bytes (0: a full chunk).
     StreamChunk(u32),
@@ -2157,6 +2233,7 @@ fn tx_action() -> impl Strategy<Value = TxAction> {
         2 => ring().prop_map(|r| TxAction::Msg(Message::Mr(r))),
         3 => (0u32..10).prop_map(TxAction::CreditLike),
         2 => ack.prop_map(TxAction::AckLike),
+        1 => (0u8..3).prop_map(TxAction::HaveLike),
         6 => (1u8..20).prop_map(TxAction::NextChunk),
         3 => prop_oneof![3 => Just(0u32), 1 => 0u32..100].prop_map(TxAction::StreamChunk),
         2 => finish.prop_map(TxAction::Finish),
@@ -2186,10 +2263,18 @@ struct TxModel {
     tag: u64,
     /// What the real receiver answers to our PROVE (with a token).
     auth_ok: Option<Message>,
-    /// The HAVE answering the current offer (with RESUME), and the
-    /// resumed prefix's chunk length (0: not resuming).
+    /// The HAVE answering the current offer (with RESUME or CHECKSUM),
+    /// and the resumed prefix's chunk length (0: not resuming).
     have: Option<Have>,
     base_len: u32,
+    /// The current file was offered with CHECKSUM.
+    checksum: bool,
+}
+
+/// The sender's offers: a file with CHECKSUM (`--checksum`) now and then;
+/// streams and directories get the same option and must drop it.
+fn tx_checksum(size: u64) -> bool {
+    size % 3 == 1
 }
 
 static TX: Reached = Reached::new();
@@ -2254,13 +2339,18 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         AwaitRing if seed.is_multiple_of(6) => {
             TxAction::Msg(Message::Reject(Reject::new(RejectCode::Exists, "exists")))
         }
+        // An offer with CHECKSUM may be asked for its digest (once).
+        AwaitRing if m.checksum && m.have.is_none() && seed % 3 == 1 => {
+            TxAction::Msg(Message::Have(Have::ask_digest(m.size)))
+        }
         // The receiver reading a resumed prefix back says it is alive.
         AwaitRing if m.base_len > 0 && seed.is_multiple_of(5) => TxAction::Msg(Message::Keepalive),
         AwaitHave if front.is_none() && seed.is_multiple_of(7) => TxAction::Msg(Message::Keepalive),
         AwaitHave => {
             let chunk_len = 1 + seed % 64;
             let chunks = m.size / u64::from(chunk_len);
-            TxAction::Msg(Message::Have(match seed % 3 {
+            TxAction::Msg(Message::Have(match seed % 4 {
+                3 if m.checksum => Have::ask_digest(m.size),
                 1 if chunks > 1 => Have {
                     kind: HaveKind::Prefix,
                     bytes: u64::from(seed % chunks as u32 + 1).min(chunks - 1)
@@ -2358,6 +2448,7 @@ fn check_sender(
                         mtime: None,
                         keep_mode: false,
                         resume: false,
+                        checksum: tx_checksum(size),
                     })
                     .collect();
                 let total = sizes.iter().try_fold(0u64, |t, &x| t.checked_add(x));
@@ -2377,15 +2468,22 @@ fn check_sender(
                         };
                         prop_assert_eq!(members.len(), n);
                         for (h, &size) in members.iter().zip(&sizes) {
+                            let caps = if tx_checksum(size) {
+                                hello_flags::CHECKSUM
+                            } else {
+                                0
+                            };
                             prop_assert_eq!(
                                 (h.size, h.caps, h.version),
-                                (size, 0, PROTOCOL_VERSION)
+                                (size, caps, PROTOCOL_VERSION)
                             );
                         }
                         prop_assert_eq!(s.state(), AwaitRing);
                         m.tag = tag;
                         m.have = None;
                         m.base_len = 0;
+                        // A batch is never asked for digests.
+                        m.checksum = false;
                         m.size = total.unwrap_or(u64::MAX);
                         m.stream = false;
                         m.short = false;
@@ -2419,12 +2517,14 @@ fn check_sender(
                     mtime: resume.then_some(Mtime { secs: 1, nanos: 2 }),
                     keep_mode: size % 2 == 1,
                     resume,
+                    checksum: tx_checksum(size),
                 };
+                let checksum = kind == OfferKind::File && tx_checksum(size);
                 let resume_caps = if resume {
                     hello_flags::RESUME | hello_flags::MTIME
                 } else {
                     0
-                };
+                } | if checksum { hello_flags::CHECKSUM } else { 0 };
                 let tag = m.next_tag;
                 m.next_tag += 1;
                 match s.start_file(offer, tag) {
@@ -2453,10 +2553,12 @@ fn check_sender(
                             OfferKind::Stream => {
                                 prop_assert_eq!(h.size, 0);
                                 prop_assert!(h.is_stream() && h.version == PROTOCOL_VERSION);
+                                prop_assert_eq!(h.caps & hello_flags::CHECKSUM, 0);
                             }
                             OfferKind::Directory => {
                                 prop_assert_eq!(h.size, 0);
                                 prop_assert!(h.is_directory() && h.version == PROTOCOL_VERSION);
+                                prop_assert_eq!(h.caps & hello_flags::CHECKSUM, 0);
                             }
                         }
                         if kind == OfferKind::Directory {
@@ -2470,6 +2572,7 @@ fn check_sender(
                             prop_assert_eq!(s.state(), next);
                             m.have = None;
                             m.base_len = 0;
+                            m.checksum = checksum;
                             m.size = if kind == OfferKind::File { size } else { 0 };
                             m.stream = kind == OfferKind::Stream;
                             m.short = false;
@@ -2481,7 +2584,10 @@ fn check_sender(
                     Err(_) => prop_assert_eq!(s.state(), before),
                 }
             }
-            TxAction::Msg(_) | TxAction::CreditLike(_) | TxAction::AckLike(_) => {
+            TxAction::Msg(_)
+            | TxAction::CreditLike(_)
+            | TxAction::AckLike(_)
+            | TxAction::HaveLike(_) => {
                 let msg = match action {
                     TxAction::Msg(msg) => msg,
                     TxAction::CreditLike(k) => {
@@ -2497,6 +2603,11 @@ fn check_sender(
                         }
                     }
                     TxAction::AckLike(status) => Message::Ack(Ack::new(status, "r")),
+                    TxAction::HaveLike(kind) => Message::Have(match kind {
+                        0 => Have::nothing("r"),
+                        1 => Have::complete(m.size),
+                        _ => Have::ask_digest(m.size),
+                    }),
                     _ => unreachable!(),
                 };
                 let kind = msg.kind();
@@ -2525,6 +2636,26 @@ fn check_sender(
                         }
                         _ => {}
                     }
+                }
+                // Waiting for the answer to the HELLO: a HAVE is taken only
+                // if it fits, and only the kinds the offer allows (Digest
+                // for CHECKSUM, once; the others for RESUME).
+                if let (AwaitRing | AwaitHave, None, Message::Have(h)) = (before, front, &sent) {
+                    let offered = match (before, h.kind) {
+                        (AwaitRing, HaveKind::Digest) => m.checksum && m.have.is_none(),
+                        (AwaitRing, _) => false,
+                        (_, HaveKind::Digest) => m.checksum,
+                        _ => true,
+                    };
+                    prop_assert_eq!(
+                        result.is_ok(),
+                        offered && h.fits(m.size),
+                        "{:?} in {:?} (CHECKSUM {}) gave {:?}",
+                        h,
+                        before,
+                        m.checksum,
+                        result
+                    );
                 }
                 match result {
                     Ok(SenderEvent::Greeted(g)) => {
@@ -2581,13 +2712,20 @@ fn check_sender(
                         // earlier entry is answered, only one that fits;
                         // after COMPARE only nothing (the copy differs).
                         match before {
+                            AwaitHave if h.kind == HaveKind::Digest => {
+                                prop_assert!(m.checksum);
+                                TX.hit(9);
+                            }
                             AwaitHave => {}
+                            // Asked for the digest (not yet asked anything).
+                            AwaitRing => {
+                                prop_assert!(m.checksum && m.have.is_none());
+                                prop_assert_eq!(h.kind, HaveKind::Digest);
+                                TX.hit(9);
+                            }
                             AwaitCompared => {
                                 prop_assert_eq!(h.kind, HaveKind::Nothing);
-                                prop_assert_eq!(
-                                    m.have.as_ref().map(|h| h.kind),
-                                    Some(HaveKind::Complete)
-                                );
+                                prop_assert!(comparable(m.have.as_ref().map(|h| h.kind)));
                             }
                             other => {
                                 return Err(TestCaseError::fail(format!("HAVE in {other:?}")));
@@ -2604,7 +2742,11 @@ fn check_sender(
                         // verdict, nothing is sent and nothing is pending.
                         prop_assert_eq!(before, AwaitCompared);
                         prop_assert!(m.pending.is_empty());
-                        prop_assert_eq!(m.have.as_ref().map(|h| h.kind), Some(HaveKind::Complete));
+                        let asked = m.have.as_ref().map(|h| h.kind);
+                        prop_assert!(comparable(asked), "the same after {:?}", asked);
+                        if asked == Some(HaveKind::Digest) {
+                            TX.hit(10);
+                        }
                         prop_assert_eq!(a.status, AckStatus::Ok);
                         prop_assert_eq!(Message::Ack(a), sent);
                         prop_assert_eq!(s.state(), Idle);
@@ -2796,9 +2938,10 @@ fn check_sender(
             },
             TxAction::From(seed) => {
                 let have = m.have.clone();
-                let complete = have.as_ref().is_some_and(|h| h.kind == HaveKind::Complete);
+                let complete = comparable(have.as_ref().map(|h| h.kind));
                 if seed % 11 == 10 || (complete && seed % 5 >= 2) {
-                    // COMPARE: only to answer a HAVE of a complete copy.
+                    // COMPARE: only to answer a HAVE of a complete copy or
+                    // asking for the digest.
                     let sha256 = [seed as u8; 32];
                     let taken = before == AwaitFromDecision && complete;
                     match s.compare(sha256) {
@@ -2811,7 +2954,7 @@ fn check_sender(
                             TX.hit(7);
                         }
                         Err(_) => {
-                            prop_assert!(!taken, "COMPARE of a complete copy refused");
+                            prop_assert!(!taken, "COMPARE of a complete copy (or asked) refused");
                             prop_assert_eq!(s.state(), before);
                         }
                     }
@@ -2934,7 +3077,7 @@ fn machine_sender() {
             format!(
                 "{} greetings, {} rings granted ({} after a resumed prefix), {} chunks \
                  planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same), \
-                 {} batches offered",
+                 {} batches offered, {} digests asked ({} linked)",
                 TX.get(4),
                 TX.get(0),
                 TX.get(5),
@@ -2943,7 +3086,9 @@ fn machine_sender() {
                 TX.get(3),
                 TX.get(7),
                 TX.get(6),
-                TX.get(8)
+                TX.get(8),
+                TX.get(9),
+                TX.get(10)
             )
         },
     );

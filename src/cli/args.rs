@@ -174,6 +174,11 @@ pub struct SenderArgs {
     /// [default: crc32; sha256 with a token, which requires it].
     #[arg(long, value_enum, help_heading = SECURITY)]
     pub verify: Option<Verify>,
+    /// Send each file's SHA-256 when the receiver asks for it (receiver
+    /// --link-dest), computed before any data: a file the receiver already
+    /// has is linked there instead of sent.
+    #[arg(long, help_heading = SECURITY)]
+    pub checksum: bool,
     /// RDMA writes kept in flight, 1-1024 (each uses one staging buffer).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DEPTH, value_hint = ValueHint::Other,
           help_heading = PERFORMANCE)]
@@ -461,6 +466,14 @@ impl SenderArgs {
         if self.follow_links && !self.recursive {
             problems.add("--follow-links follows links inside trees: it needs -r");
         }
+        // Files in trees and among the inputs get the flag; standard input
+        // never does, so --checksum with nothing else has no effect.
+        if self.checksum && self.files.iter().all(|f| f.as_os_str() == "-") {
+            problems.add(
+                "--checksum with only standard input (-): a stream cannot be hashed before it \
+                 is sent",
+            );
+        }
         // `--retry 3 HOST FILE`: the count needs `=`, so 3 became ADDR.
         if !self.addr.is_empty() && self.addr.bytes().all(|b| b.is_ascii_digit()) {
             problems.add(if self.retry > 0 {
@@ -551,6 +564,7 @@ impl SenderArgs {
         cfg.token = token;
         cfg.walk = walk;
         cfg.resume = resume;
+        cfg.checksum = self.checksum;
         cfg.retries = self.retry;
         Ok(cfg)
     }
@@ -899,7 +913,11 @@ mod tests {
         assert!(cfg.token.is_some());
         assert!(cfg.walk.recursive && cfg.walk.follow_links && cfg.walk.preserve);
         assert_eq!(cfg.walk.stdin_name, "dir/in.tar");
-        assert!(!cfg.resume && cfg.retries == 0 && !cfg.walk.times);
+        assert!(!cfg.resume && cfg.retries == 0 && !cfg.walk.times && !cfg.checksum);
+        // --checksum: every regular file is offered with CHECKSUM (streams
+        // never are), batches included.
+        let cfg = sender(&["--checksum", "127.0.0.1", "a", "-"]).unwrap();
+        assert!(cfg.checksum && !cfg.resume);
         // --resume carries times; --retry alone is 5 and implies --resume,
         // and takes its count only after `=` (never the address).
         let cfg = sender(&["--resume", "127.0.0.1", "a"]).unwrap();
@@ -949,6 +967,10 @@ mod tests {
         let err = sender(&["--token-file", missing.to_str().unwrap(), "h", "f"]).unwrap_err();
         assert_eq!(err.exit_code(), crate::ExitCode::Usage, "{err}");
         usage(sender(&["--follow-links", "h", "f"]), "needs -r");
+        usage(
+            sender(&["--checksum", "h", "-"]),
+            "a stream cannot be hashed before it is sent",
+        );
         // A name that does not resolve is a usage error, reported with the
         // inputs' problems.
         let err = sender(&["no.such.host.invalid", "/nonexistent/f"]).unwrap_err();

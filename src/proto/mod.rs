@@ -383,6 +383,10 @@ mod tests {
                 keep_mode: i % 2 == 1,
                 // (Resuming is simulated in the machines' own tests.)
                 resume: false,
+                // Never asked here (as by a receiver without --link-dest):
+                // such an offer goes on as any other; streams and
+                // directories drop the flag.
+                checksum: i.is_multiple_of(3),
             };
             // The tag is the entry's index (offset so that 0 means nothing).
             let m = self.s.start_file(offer, 1000 + i as u64).unwrap();

@@ -40,9 +40,10 @@ pub enum ReceiverState {
     /// HELLO passed the pure checks; the engine must `accept` (a file or
     /// stream), `accept_directory` (a directory) or `reject`.
     AwaitDecision,
-    /// HAVE sent for an offer with RESUME: the sender's FROM says where
-    /// its data starts (then AwaitDecision), or, for a complete copy, its
-    /// COMPARE gives its file's SHA-256 (then Comparing).
+    /// HAVE sent for an offer with RESUME (or CHECKSUM): the sender's FROM
+    /// says where its data starts (then AwaitDecision), or, for a complete
+    /// copy or a request for its digest, its COMPARE gives its file's
+    /// SHA-256 (then Comparing).
     AwaitFrom,
     /// COMPARE arrived; the engine compares its copy and calls `same`
     /// (ACK) or `have` with nothing (it differs; FROM 0 follows).
@@ -282,6 +283,9 @@ pub struct ReceiverSession {
     refused_in_a_row: u32,
     /// The current offer asked to resume (`hello_flags::RESUME`).
     resume: bool,
+    /// The current offer's sender answers a HAVE of kind Digest
+    /// (`hello_flags::CHECKSUM`).
+    checksum: bool,
     /// What HAVE told the sender about the current offer.
     have: Option<Have>,
     /// Where the current file's data starts (a resumed prefix): bytes,
@@ -324,6 +328,7 @@ impl ReceiverSession {
             entries: 0,
             refused_in_a_row: 0,
             resume: false,
+            checksum: false,
             have: None,
             base: (0, 0, 0),
             session_bytes: 0,
@@ -362,14 +367,22 @@ impl ReceiverSession {
     }
 
     /// Answers an offer with RESUME (state AwaitDecision, after the
-    /// engine's checks): what the receiver holds of it. Returns the HAVE to
-    /// send; the sender's FROM comes next.
+    /// engine's checks, once): what the receiver holds of it. Returns the
+    /// HAVE to send; the sender's FROM (or, for a complete copy, COMPARE)
+    /// comes next. A HAVE of kind Digest asks an offer with CHECKSUM (with
+    /// or without RESUME) for its SHA-256: COMPARE comes next.
     ///
     /// From Comparing (the sender's file differs from the copy) only a HAVE
     /// of nothing: the sender starts over with FROM 0.
     pub fn have(&mut self, have: Have) -> Result<Message, ProtocolError> {
         let comparing = self.state == ReceiverState::Comparing;
-        let answering = self.state == ReceiverState::AwaitDecision && self.resume;
+        // Only the sender of a CHECKSUM offer knows what a Digest HAVE asks.
+        let offered = match have.kind {
+            HaveKind::Digest => self.checksum,
+            HaveKind::Nothing | HaveKind::Prefix | HaveKind::Complete => self.resume,
+        };
+        let answering =
+            self.state == ReceiverState::AwaitDecision && self.have.is_none() && offered;
         if !(answering || comparing && have.kind == HaveKind::Nothing) {
             return Err(self.wrong_state("have"));
         }
@@ -405,10 +418,10 @@ impl ReceiverSession {
         Ok(ReceiverEvent::From { offset })
     }
 
-    /// COMPARE: only after a HAVE of a complete copy.
+    /// COMPARE: only after a HAVE of a complete copy or of kind Digest.
     fn on_compare(&mut self, sha256: [u8; 32]) -> Result<ReceiverEvent, RecvError> {
         match &self.have {
-            Some(h) if h.kind == HaveKind::Complete => {
+            Some(h) if matches!(h.kind, HaveKind::Complete | HaveKind::Digest) => {
                 self.state = ReceiverState::Comparing;
                 Ok(ReceiverEvent::Compare { sha256 })
             }
@@ -417,7 +430,7 @@ impl ReceiverSession {
     }
 
     /// The copy is the sender's file (state Comparing): the file is done
-    /// without data. Returns its ACK(ok).
+    /// without data (kept, or linked from --link-dest). Returns its ACK(ok).
     pub fn same(&mut self) -> Result<Message, ProtocolError> {
         if self.state != ReceiverState::Comparing {
             return Err(self.wrong_state("same"));
@@ -722,6 +735,7 @@ impl ReceiverSession {
                 self.directory = h.is_directory();
                 self.batch_files = 0;
                 self.resume = h.caps & hello_flags::RESUME != 0;
+                self.checksum = h.caps & hello_flags::CHECKSUM != 0;
                 self.have = None;
                 self.base = (0, 0, 0);
                 self.digest = h.digest;
@@ -890,7 +904,9 @@ impl ReceiverSession {
         self.stream = false;
         self.directory = false;
         self.batch_files = count;
+        // Its members may carry CHECKSUM, but a batch is never asked.
         self.resume = false;
+        self.checksum = false;
         self.have = None;
         self.base = (0, 0, 0);
         self.digest = digest;
@@ -1219,6 +1235,13 @@ fn check_hello(h: &Hello, max_size: u64) -> Result<(), Reject> {
             return Err(Reject::new(
                 RejectCode::Protocol,
                 "only a file offered with its mtime can be resumed",
+            ));
+        }
+        if h.caps & hello_flags::CHECKSUM != 0 && (h.is_stream() || h.is_directory()) {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                "only a file can be offered with its SHA-256 (CHECKSUM): a stream's is not \
+                 known before its data, a directory has none",
             ));
         }
         if let Err(e) = validate_path(&h.name) {
@@ -2169,7 +2192,16 @@ mod tests {
             (v(4, 0, "f", 1001), Some(RejectCode::TooLarge)),
             (v(4, hello_flags::KEEP_MODE, "f", 1), None),
             (v(4, 1 << 4, "f", 1), Some(RejectCode::Version)),
-            (v(4, 1 << 6, "f", 1), Some(RejectCode::Version)),
+            (v(4, 1 << 7, "f", 1), Some(RejectCode::Version)),
+            (v(4, hello_flags::CHECKSUM, "f", 1), None),
+            (
+                v(4, hello_flags::CHECKSUM | STREAM, "s", 0),
+                Some(RejectCode::Protocol),
+            ),
+            (
+                v(4, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
+                Some(RejectCode::Protocol),
+            ),
             (
                 v(4, hello_flags::RESUME, "f", 1),
                 Some(RejectCode::Protocol),
@@ -3120,5 +3152,200 @@ mod tests {
         let mut r = ReceiverSession::new(c);
         r.on_message(Message::Hello(hello("f", 1000))).unwrap();
         assert!(r.have(Have::nothing("")).is_err());
+    }
+
+    fn checksummed(size: u64) -> Hello {
+        hello_v2("c.bin", hello_flags::CHECKSUM, size)
+    }
+
+    /// An offer with CHECKSUM: asked for its SHA-256 (HAVE of kind
+    /// Digest), COMPARE, then ACK(ok) without data (a copy under
+    /// --link-dest), or HAVE(nothing) and FROM 0 (it differs); or not
+    /// asked at all, and received as any file.
+    #[test]
+    fn checksum_offers_are_asked_for_their_digest_or_received() {
+        let c = cfg(100, 4, 1);
+        let asked = |h: Hello| {
+            let mut r = ReceiverSession::new(c);
+            sent(&mut r);
+            assert!(matches!(
+                r.on_message(Message::Hello(h.clone())),
+                Ok(ReceiverEvent::Offer(_))
+            ));
+            let size = h.size;
+            assert_eq!(
+                r.have(Have::ask_digest(size)),
+                Ok(Message::Have(Have::ask_digest(size)))
+            );
+            assert_eq!(r.state(), ReceiverState::AwaitFrom);
+            r
+        };
+        let resumable_too = Hello {
+            caps: resumable(1000).caps | hello_flags::CHECKSUM,
+            ..resumable(1000)
+        };
+        for offer in [checksummed(1000), resumable_too.clone()] {
+            // The same: ACK(ok), the file is done without data.
+            let mut r = asked(offer.clone());
+            // The sender reads its file meanwhile.
+            assert_eq!(
+                r.on_message(Message::Keepalive),
+                Ok(ReceiverEvent::Keepalive)
+            );
+            assert!(r.clone().same().is_err(), "not before COMPARE");
+            assert_eq!(
+                r.on_message(Message::Compare { sha256: [9; 32] }),
+                Ok(ReceiverEvent::Compare { sha256: [9; 32] })
+            );
+            assert_eq!(r.state(), ReceiverState::Comparing);
+            assert_eq!(r.keepalive(), Ok(Message::Keepalive), "reading its copy");
+            for not_nothing in [Have::ask_digest(1000), Have::complete(1000)] {
+                assert!(r.clone().have(not_nothing).is_err());
+            }
+            assert_eq!(r.same(), Ok(Message::Ack(Ack::new(AckStatus::Ok, ""))));
+            assert_eq!(r.state(), ReceiverState::AwaitHello);
+            assert!(sent(&mut r).is_empty());
+            // It differs: HAVE(nothing), FROM 0, everything is received.
+            let mut r = asked(offer.clone());
+            r.on_message(Message::Compare { sha256: [9; 32] }).unwrap();
+            r.have(Have::nothing("the --link-dest copy differs"))
+                .unwrap();
+            assert_eq!(r.state(), ReceiverState::AwaitFrom);
+            assert!(
+                r.clone()
+                    .on_message(Message::Compare { sha256: [9; 32] })
+                    .is_err(),
+                "compared once"
+            );
+            assert_eq!(
+                r.on_message(Message::From { offset: 0 }),
+                Ok(ReceiverEvent::From { offset: 0 })
+            );
+            assert!(
+                r.clone().have(Have::ask_digest(1000)).is_err(),
+                "asked once"
+            );
+            r.accept(ring(&c)).unwrap();
+            assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
+            // The sender may send it all instead of its digest (FROM 0).
+            let mut r = asked(offer.clone());
+            r.on_message(Message::From { offset: 0 }).unwrap();
+            assert_eq!(r.state(), ReceiverState::AwaitDecision);
+            assert_eq!(r.resumed_from(), 0);
+            r.accept(ring(&c)).unwrap();
+            // Any other offset ends the session, saying why.
+            for offset in [1, 1000, u64::MAX] {
+                let mut r = asked(offer.clone());
+                assert!(matches!(
+                    r.on_message(Message::From { offset }),
+                    Err(RecvError::Protocol(ProtocolError::BadFrom { .. }))
+                ));
+                assert_eq!(r.state(), ReceiverState::Closed);
+                assert_eq!(sent(&mut r).len(), 1);
+            }
+            // Not asked (no copy under --link-dest): received as any file.
+            let mut r = ReceiverSession::new(c);
+            r.on_message(Message::Hello(offer.clone())).unwrap();
+            assert_eq!(r.accept(ring(&c)), Ok(Message::Mr(ring(&c))));
+            assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
+        }
+        // With RESUME too, the other kinds still answer it.
+        for have in [prefix(300, 100), Have::complete(1000), Have::nothing("")] {
+            let mut r = ReceiverSession::new(c);
+            r.on_message(Message::Hello(resumable_too.clone())).unwrap();
+            assert!(r.have(have.clone()).is_ok(), "{have:?}");
+        }
+        // A batch's members may carry CHECKSUM; a batch is never asked.
+        let mut r = ReceiverSession::new(c);
+        let members = vec![checksummed(10), hello_v2("b", hello_flags::CHECKSUM, 20)];
+        assert!(matches!(
+            r.on_message(Message::Batch(members)),
+            Ok(ReceiverEvent::Batch(_))
+        ));
+        assert!(r.clone().have(Have::ask_digest(30)).is_err());
+        assert_eq!(r.accept(ring(&c)), Ok(Message::Mr(ring(&c))));
+    }
+
+    /// A HAVE of kind Digest only for an offer with CHECKSUM, fitting it;
+    /// without RESUME no other HAVE; COMPARE only after Complete or Digest.
+    #[test]
+    fn digest_haves_and_compares_are_refused_out_of_place() {
+        use hello_flags::{CHECKSUM, DIRECTORY, MTIME, STREAM};
+        let c = cfg(100, 4, 1);
+        let offered = |h: &Hello| {
+            let mut r = ReceiverSession::new(c);
+            sent(&mut r);
+            r.on_message(Message::Hello(h.clone())).unwrap();
+            r
+        };
+        for (offer, have) in [
+            // Without CHECKSUM no Digest HAVE: a plain offer, a resumed one.
+            (hello("f", 1000), Have::ask_digest(1000)),
+            (resumable(1000), Have::ask_digest(1000)),
+            // Without RESUME no other HAVE.
+            (checksummed(1000), Have::complete(1000)),
+            (checksummed(1000), Have::nothing("")),
+            (checksummed(1000), prefix(300, 100)),
+            // A Digest HAVE must fit the offer.
+            (checksummed(1000), Have::ask_digest(999)),
+            (checksummed(1000), Have::ask_digest(1001)),
+            (
+                checksummed(1000),
+                Have {
+                    chunk_len: 100,
+                    ..Have::ask_digest(1000)
+                },
+            ),
+            (
+                checksummed(1000),
+                Have {
+                    digest: Digest::Sha256([1; 32]),
+                    ..Have::ask_digest(1000)
+                },
+            ),
+        ] {
+            let mut r = offered(&offer);
+            assert!(r.have(have.clone()).is_err(), "{have:?} for {offer:?}");
+            assert_eq!(r.state(), ReceiverState::AwaitDecision, "nothing changed");
+            assert!(sent(&mut r).is_empty());
+        }
+        // Asked once: not again after it.
+        let mut r = offered(&checksummed(1000));
+        r.have(Have::ask_digest(1000)).unwrap();
+        assert!(r.clone().have(Have::ask_digest(1000)).is_err());
+        // Not in any other state.
+        for state in STATES {
+            let mut r = session_in(state);
+            assert!(r.have(Have::ask_digest(1000)).is_err(), "{state:?}");
+        }
+        // CHECKSUM is for files only.
+        for (caps, name) in [(CHECKSUM | STREAM, "s"), (CHECKSUM | DIRECTORY, "d")] {
+            let mut r = ReceiverSession::new(c);
+            let got = r.on_message(Message::Hello(hello_v2(name, caps, 0)));
+            assert!(
+                matches!(&got, Err(RecvError::Reject(j)) if j.code == RejectCode::Protocol
+                    && j.reason.contains("only a file")),
+                "{got:?}"
+            );
+            assert_eq!(r.state(), ReceiverState::AwaitHello, "the session goes on");
+        }
+        let mut r = ReceiverSession::new(c);
+        let timed = Hello {
+            mtime: Some(crate::proto::Mtime { secs: 1, nanos: 0 }),
+            ..hello_v2("d", CHECKSUM | DIRECTORY | MTIME, 0)
+        };
+        assert!(r.on_message(Message::Hello(timed)).is_err());
+        // COMPARE without a HAVE of kind Complete or Digest ends the session.
+        for have in [None, Some(Have::nothing(""))] {
+            let mut r = offered(&Hello {
+                caps: resumable(1000).caps | CHECKSUM,
+                ..resumable(1000)
+            });
+            if let Some(h) = have {
+                r.have(h).unwrap();
+            }
+            assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_err());
+            assert_eq!(r.state(), ReceiverState::Closed);
+        }
     }
 }

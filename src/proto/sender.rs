@@ -47,7 +47,8 @@ pub enum SenderState {
     /// (verdicts on pending entries come first).
     AwaitHave,
     /// HAVE arrived: the engine checks its file against it and calls
-    /// `start_from` (FROM) or, for a complete copy, `compare` (COMPARE).
+    /// `start_from` (FROM) or, for a complete copy or a request for its
+    /// digest (CHECKSUM), `compare` (COMPARE).
     AwaitFromDecision,
     /// COMPARE sent: waiting for ACK (the receiver's copy is the file) or
     /// HAVE of nothing (it differs); verdicts on pending entries first.
@@ -107,6 +108,10 @@ pub struct FileOffer {
     /// `--resume`: ask the receiver to keep what it verified and to say
     /// what it holds (HAVE). Files with an mtime only.
     pub resume: bool,
+    /// `--checksum`: answer the receiver's request for the file's SHA-256
+    /// (a HAVE of kind Digest) with COMPARE. Files only (a stream's digest
+    /// is not known before its data).
+    pub checksum: bool,
 }
 
 /// Where the engine must RDMA-WRITE (with imm = CRC32 of the chunk) the next chunk.
@@ -182,14 +187,16 @@ pub enum SenderEvent {
     Rejected(Reject),
     /// Credits added (or, after a FIN, late credits of that file noted).
     Credit(u32),
-    /// The receiver's HAVE for a file offered with RESUME: the engine
-    /// checks its file against it and calls `start_from`.
+    /// The receiver's HAVE for a file offered with RESUME, or its request
+    /// for the SHA-256 of a file offered with CHECKSUM: the engine checks
+    /// its file against it and calls `start_from` or `compare`.
     Have(Have),
     /// The receiver reads a resumed file's prefix back before its MR, or
     /// its copy for a COMPARE: it is alive (progress for the timeout).
     Keepalive,
-    /// After COMPARE: the receiver's copy is the sender's file, nothing is
-    /// sent; this ACK is the file's verdict. Now Idle.
+    /// After COMPARE: the receiver's copy (kept, or under its --link-dest
+    /// for a HAVE of kind Digest) is the sender's file, nothing is sent;
+    /// this ACK is the file's verdict. Now Idle.
     Same(Ack),
     /// The verdict on the oldest pending entry, with the tag the engine
     /// gave it in `start_file`.
@@ -233,6 +240,9 @@ pub struct SenderSession {
     tag: u64,
     /// The receiver's HAVE for the current file.
     have: Option<Have>,
+    /// The current file was offered with CHECKSUM: a HAVE of kind Digest
+    /// may come instead of its MR.
+    checksum: bool,
     /// A resumed prefix's chunk length (0: not resuming).
     base_chunk_len: u32,
     /// Entries awaiting a verdict, oldest first, with their tags.
@@ -261,6 +271,7 @@ impl SenderSession {
             planned: 0,
             tag: 0,
             have: None,
+            checksum: false,
             base_chunk_len: 0,
             pending: VecDeque::new(),
         }
@@ -345,6 +356,7 @@ impl SenderSession {
             self.pending.push_back((tag, Pending::Directory));
         } else {
             self.start_data(tag, hello.size, hello.is_stream(), hello.digest);
+            self.checksum = hello.caps & hello_flags::CHECKSUM != 0;
             if resume {
                 self.state = SenderState::AwaitHave;
             }
@@ -357,7 +369,8 @@ impl SenderSession {
     /// their sizes), one FIN and one verdict for all. A REJECT refuses the
     /// whole batch (`SenderEvent::Rejected`): the engine then offers each
     /// file on its own. Files only, without RESUME, all with the same
-    /// digest, at most `MAX_BATCH_FILES` of them.
+    /// digest, at most `MAX_BATCH_FILES` of them. Members keep CHECKSUM
+    /// (a batch is never asked for digests; its files alone may be).
     pub fn start_batch(
         &mut self,
         offers: Vec<FileOffer>,
@@ -420,6 +433,7 @@ impl SenderSession {
         self.seq = 0;
         self.planned = 0;
         self.have = None;
+        self.checksum = false;
         self.base_chunk_len = 0;
         self.state = SenderState::AwaitRing;
     }
@@ -561,6 +575,24 @@ impl SenderSession {
                 self.add_credits(count)
             }
             (AwaitHave, Message::Have(have)) if front.is_none() => {
+                if have.kind == HaveKind::Digest && !self.checksum {
+                    return Err(ProtocolError::BadHave {
+                        reason: "a request for the digest of a file offered without CHECKSUM",
+                    });
+                }
+                self.check_have(&have)?;
+                self.have = Some(have.clone());
+                self.state = AwaitFromDecision;
+                Ok(SenderEvent::Have(have))
+            }
+            // An offer with CHECKSUM (without RESUME): the receiver asks for
+            // its SHA-256 instead of the MR, once.
+            (AwaitRing, Message::Have(have))
+                if front.is_none()
+                    && self.checksum
+                    && self.have.is_none()
+                    && have.kind == HaveKind::Digest =>
+            {
                 self.check_have(&have)?;
                 self.have = Some(have.clone());
                 self.state = AwaitFromDecision;
@@ -696,13 +728,16 @@ impl SenderSession {
         Ok(Message::From { offset })
     }
 
-    /// Answers a HAVE of a complete copy (state AwaitFromDecision) with
-    /// the SHA-256 of the sender's file: the receiver compares and answers
-    /// ACK (the same, `SenderEvent::Same`) or HAVE of nothing (FROM 0
-    /// follows). Returns the COMPARE to send.
+    /// Answers a HAVE of a complete copy or of kind Digest (state
+    /// AwaitFromDecision) with the SHA-256 of the sender's file: the
+    /// receiver compares and answers ACK (the same, `SenderEvent::Same`)
+    /// or HAVE of nothing (FROM 0 follows). Returns the COMPARE to send.
     pub fn compare(&mut self, sha256: [u8; 32]) -> Result<Message, ProtocolError> {
-        let complete = self.have.as_ref().map(|h| h.kind) == Some(HaveKind::Complete);
-        if self.state != SenderState::AwaitFromDecision || !complete {
+        let asked = matches!(
+            self.have.as_ref().map(|h| h.kind),
+            Some(HaveKind::Complete | HaveKind::Digest)
+        );
+        if self.state != SenderState::AwaitFromDecision || !asked {
             return Err(self.wrong_state("compare"));
         }
         self.state = SenderState::AwaitCompared;
@@ -718,7 +753,7 @@ impl SenderSession {
     }
 
     /// A HAVE must fit the file offered: a prefix shorter than the file in
-    /// whole chunks, or the whole file with its digest.
+    /// whole chunks, or the whole file (held or asked for), or nothing.
     fn check_have(&self, have: &Have) -> Result<(), ProtocolError> {
         let ok = have.fits(self.size);
         if ok {
@@ -838,7 +873,8 @@ impl SenderSession {
 }
 
 /// The HELLO of an offer: flags from its kind and options, size 0 for a
-/// stream or directory, RESUME only for a file with an mtime.
+/// stream or directory, RESUME only for a file with an mtime, CHECKSUM
+/// only for a file.
 fn offer_hello(offer: FileOffer) -> Hello {
     let mut caps = match offer.kind {
         OfferKind::File => 0,
@@ -853,6 +889,9 @@ fn offer_hello(offer: FileOffer) -> Hello {
     }
     if offer.resume && offer.kind == OfferKind::File && offer.mtime.is_some() {
         caps |= hello_flags::RESUME;
+    }
+    if offer.checksum && offer.kind == OfferKind::File {
+        caps |= hello_flags::CHECKSUM;
     }
     let size = match offer.kind {
         OfferKind::File => offer.size,
@@ -970,6 +1009,7 @@ mod tests {
             mtime: None,
             keep_mode: false,
             resume: false,
+            checksum: false,
         }
     }
 
@@ -2582,5 +2622,181 @@ mod tests {
         };
         assert_eq!(h.caps & hello_flags::RESUME, 0);
         assert_eq!(s.state(), SenderState::AwaitRing);
+    }
+
+    fn checksummed(size: u64) -> FileOffer {
+        FileOffer {
+            checksum: true,
+            ..offer(size)
+        }
+    }
+
+    /// With CHECKSUM the offer goes on as any file when the receiver
+    /// sends its MR; a HAVE of kind Digest instead is answered by COMPARE,
+    /// then ACK(ok) is the verdict (nothing sent) or HAVE(nothing) is
+    /// followed by FROM 0 and everything.
+    #[test]
+    fn a_checksum_offer_is_compared_when_asked() {
+        let start = || {
+            let mut s = greeted(100);
+            let Message::Hello(h) = s.start_file(checksummed(1000), 3).unwrap() else {
+                panic!("no HELLO")
+            };
+            assert_eq!(h.caps, hello_flags::CHECKSUM);
+            assert_eq!(s.state(), SenderState::AwaitRing);
+            s
+        };
+        // Not asked: its MR, and the file is sent as always.
+        let mut s = start();
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        assert_eq!(s.next_chunk(100).unwrap().unwrap().file_offset, 0);
+        assert!(
+            s.clone()
+                .on_message(Message::Have(Have::ask_digest(1000)))
+                .is_err(),
+            "not once its data flows"
+        );
+        // Asked: COMPARE, and the same copy's ACK is the verdict.
+        let mut s = start();
+        let ask = Have::ask_digest(1000);
+        assert_eq!(
+            s.on_message(Message::Have(ask.clone())),
+            Ok(SenderEvent::Have(ask))
+        );
+        assert_eq!(s.state(), SenderState::AwaitFromDecision);
+        // Hashing the file takes a while: the receiver is kept waiting.
+        assert_eq!(s.keepalive(), Ok(Message::Keepalive));
+        assert!(s.clone().start_from(1000).is_err());
+        assert_eq!(
+            s.compare([4; 32]).unwrap(),
+            Message::Compare { sha256: [4; 32] }
+        );
+        assert_eq!(s.state(), SenderState::AwaitCompared);
+        assert_eq!(s.on_message(Message::Keepalive), Ok(SenderEvent::Keepalive));
+        let same = Ack::new(AckStatus::Ok, "");
+        assert_eq!(
+            s.on_message(Message::Ack(same.clone())),
+            Ok(SenderEvent::Same(same))
+        );
+        assert_eq!((s.state(), s.pending()), (SenderState::Idle, 0));
+        assert!(s.close().is_ok());
+        // It differs: HAVE(nothing), FROM 0, everything is sent.
+        let mut s = start();
+        s.on_message(Message::Have(Have::ask_digest(1000))).unwrap();
+        s.compare([4; 32]).unwrap();
+        s.on_message(Message::Have(Have::nothing("the --link-dest copy differs")))
+            .unwrap();
+        assert!(s.clone().compare([4; 32]).is_err(), "compared once");
+        assert_eq!(s.start_from(0).unwrap(), Message::From { offset: 0 });
+        assert_eq!(s.state(), SenderState::AwaitRing);
+        assert!(
+            s.clone()
+                .on_message(Message::Have(Have::ask_digest(1000)))
+                .is_err(),
+            "asked once"
+        );
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        assert_eq!(s.next_chunk(100).unwrap().unwrap().file_offset, 0);
+        // The engine may send the whole file instead (FROM 0).
+        let mut s = start();
+        s.on_message(Message::Have(Have::ask_digest(1000))).unwrap();
+        s.start_from(0).unwrap();
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        // Refused where it was not asked: the offer goes on.
+        let mut s = start();
+        s.on_message(Message::Have(Have::ask_digest(1000))).unwrap();
+        s.compare([4; 32]).unwrap();
+        s.on_message(Message::Reject(Reject::new(RejectCode::Exists, "x")))
+            .unwrap();
+        assert_eq!(s.state(), SenderState::Idle);
+    }
+
+    /// A HAVE of kind Digest only for an offer with CHECKSUM, only once,
+    /// fitting it; no other HAVE without RESUME; CHECKSUM only on files.
+    #[test]
+    fn digest_haves_are_refused_out_of_place() {
+        let refused = |offer: FileOffer, have: Have| {
+            let mut s = greeted(100);
+            s.start_file(offer.clone(), 1).unwrap();
+            let got = s.on_message(Message::Have(have.clone()));
+            assert!(got.is_err(), "{have:?} for {offer:?}: {got:?}");
+            assert_eq!(s.state(), SenderState::Closed);
+        };
+        for have in [
+            Have::complete(1000),
+            Have::nothing(""),
+            Have::ask_digest(999),
+            Have {
+                chunk_len: 100,
+                ..Have::ask_digest(1000)
+            },
+            Have {
+                digest: Digest::Sha256([0; 32]),
+                ..Have::ask_digest(1000)
+            },
+        ] {
+            refused(checksummed(1000), have);
+        }
+        refused(offer(1000), Have::ask_digest(1000));
+        refused(resumable(1000), Have::ask_digest(1000));
+        // With RESUME too: any fitting HAVE, Digest included.
+        let both = FileOffer {
+            checksum: true,
+            ..resumable(1000)
+        };
+        let mut s = greeted(100);
+        let Message::Hello(h) = s.start_file(both.clone(), 1).unwrap() else {
+            panic!("no HELLO")
+        };
+        assert_eq!(
+            h.caps,
+            hello_flags::RESUME | hello_flags::MTIME | hello_flags::CHECKSUM
+        );
+        assert_eq!(s.state(), SenderState::AwaitHave);
+        s.on_message(Message::Have(Have::ask_digest(1000))).unwrap();
+        assert!(s.compare([1; 32]).is_ok());
+        refused(both.clone(), Have::ask_digest(999));
+        // A verdict on an earlier entry comes first: HAVE then is out of
+        // order.
+        let mut s = greeted(100);
+        s.start_file(offer(100), 1).unwrap();
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        s.next_chunk(100).unwrap();
+        s.finish(Digest::Crc32(0)).unwrap();
+        s.start_file(checksummed(1000), 2).unwrap();
+        assert!(s.on_message(Message::Have(Have::ask_digest(1000))).is_err());
+        // COMPARE only after a HAVE of a complete copy or of kind Digest.
+        let mut s = greeted(100);
+        s.start_file(checksummed(1000), 1).unwrap();
+        assert!(s.compare([1; 32]).is_err());
+        // Streams and directories never carry CHECKSUM; a batch's files do.
+        for kind in [OfferKind::Stream, OfferKind::Directory] {
+            let mut s = greeted(100);
+            let Message::Hello(h) = s
+                .start_file(
+                    FileOffer {
+                        kind,
+                        ..checksummed(0)
+                    },
+                    1,
+                )
+                .unwrap()
+            else {
+                panic!("no HELLO")
+            };
+            assert_eq!(h.caps & hello_flags::CHECKSUM, 0, "{kind:?}");
+            if kind == OfferKind::Stream {
+                assert!(s.on_message(Message::Have(Have::ask_digest(0))).is_err());
+            }
+        }
+        let mut s = greeted(100);
+        let Message::Batch(members) = s
+            .start_batch(vec![checksummed(1), checksummed(2)], 1)
+            .unwrap()
+        else {
+            panic!("no BATCH")
+        };
+        assert!(members.iter().all(|m| m.caps & hello_flags::CHECKSUM != 0));
+        assert!(s.on_message(Message::Have(Have::ask_digest(3))).is_err());
     }
 }

@@ -50,8 +50,12 @@ pub mod hello_flags {
     /// (Bit 4 was the first form of resuming, where HAVE disclosed the
     /// receiver's whole-file digest; it is refused as unknown.)
     pub const RESUME: u32 = 1 << 5;
+    /// `sender --checksum`: this sender answers a HAVE of kind `Digest`
+    /// with COMPARE, the SHA-256 of the file, computed before any data
+    /// (the receiver looks for a copy under its --link-dest). Files only.
+    pub const CHECKSUM: u32 = 1 << 6;
     /// Every flag this build knows.
-    pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME | KEEP_MODE | RESUME;
+    pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME | KEEP_MODE | RESUME | CHECKSUM;
 }
 /// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
 pub const MAX_REASON: usize = 1024;
@@ -524,7 +528,8 @@ pub enum Message {
         proof: [u8; MAC_LEN],
     },
     /// Receiver -> sender: what the receiver already holds of a file
-    /// offered with `hello_flags::RESUME` (before its MR).
+    /// offered with `hello_flags::RESUME`, or its request for the file's
+    /// SHA-256 (`hello_flags::CHECKSUM`), before its MR.
     Have(Have),
     /// Sender -> receiver: where the data of the file just answered by
     /// HAVE starts: 0, or HAVE's prefix.
@@ -532,8 +537,8 @@ pub enum Message {
         /// The first byte the sender will write.
         offset: u64,
     },
-    /// Sender -> receiver: answers a HAVE of a complete copy with the
-    /// SHA-256 of the sender's file. The receiver compares its copy and
+    /// Sender -> receiver: answers a HAVE of a complete copy (or of kind
+    /// `Digest`) with the SHA-256 of the sender's file. The receiver compares its copy and
     /// answers ACK(ok) (the same: nothing is sent) or HAVE of nothing
     /// (it differs: FROM 0 follows). The receiver never discloses a
     /// digest of its own files.
@@ -553,30 +558,35 @@ pub enum HaveKind {
     Prefix = 1,
     /// The whole file, under its final name, with the offered size.
     Complete = 2,
+    /// "Send me your file's SHA-256" (an offer with
+    /// `hello_flags::CHECKSUM`): a file of the offered size may be reused
+    /// (the receiver's --link-dest), as COMPARE will tell.
+    Digest = 3,
 }
 
 impl HaveKind {
     /// The kind of a wire value, if known.
     pub fn from_u8(v: u8) -> Option<Self> {
-        [Self::Nothing, Self::Prefix, Self::Complete]
+        [Self::Nothing, Self::Prefix, Self::Complete, Self::Digest]
             .into_iter()
             .find(|k| *k as u8 == v)
     }
 }
 
-/// HAVE: the receiver's answer to an offer with `hello_flags::RESUME`.
+/// HAVE: the receiver's answer to an offer with `hello_flags::RESUME`,
+/// or its request for the SHA-256 of an offer with `hello_flags::CHECKSUM`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Have {
     /// What it holds.
     pub kind: HaveKind,
-    /// Prefix: the verified bytes (whole chunks of `chunk_len`); Complete:
-    /// the file's size; Nothing: 0.
+    /// Prefix: the verified bytes (whole chunks of `chunk_len`); Complete
+    /// and Digest: the file's size; Nothing: 0.
     pub bytes: u64,
     /// Prefix: the chunk length the prefix arrived in; else 0.
     pub chunk_len: u32,
     /// Prefix: SHA-256 of the prefix's chunk CRC32s (4 bytes each,
-    /// big-endian, in order); Complete and Nothing: `Digest::Crc32(0)` (a
-    /// complete copy is compared by the receiver, see COMPARE).
+    /// big-endian, in order); Complete, Digest and Nothing:
+    /// `Digest::Crc32(0)` (a copy is compared by the receiver, see COMPARE).
     pub digest: Digest,
     /// Why nothing (or not more) can be reused, in words, for the user
     /// (at most [`MAX_REASON`] bytes).
@@ -586,7 +596,8 @@ pub struct Have {
 impl Have {
     /// Whether this HAVE fits an offer of a `size`-byte file: a prefix of
     /// whole chunks shorter than the file (its digest SHA-256 over the
-    /// chunk CRCs), or the whole file, or nothing.
+    /// chunk CRCs), or the whole file (held, or asked for its digest), or
+    /// nothing.
     pub fn fits(&self, size: u64) -> bool {
         let no_digest = self.digest == Digest::Crc32(0) && self.chunk_len == 0;
         match self.kind {
@@ -598,7 +609,7 @@ impl Have {
                     && self.bytes.is_multiple_of(u64::from(self.chunk_len))
                     && self.digest.alg() == DigestAlg::Sha256
             }
-            HaveKind::Complete => self.bytes == size && no_digest,
+            HaveKind::Complete | HaveKind::Digest => self.bytes == size && no_digest,
         }
     }
 
@@ -611,6 +622,15 @@ impl Have {
             chunk_len: 0,
             digest: Digest::Crc32(0),
             note: String::new(),
+        }
+    }
+
+    /// A request for the SHA-256 of the offered `size`-byte file (to be
+    /// answered by COMPARE).
+    pub fn ask_digest(size: u64) -> Self {
+        Self {
+            kind: HaveKind::Digest,
+            ..Self::complete(size)
         }
     }
 
@@ -1410,6 +1430,7 @@ pub(crate) mod tests {
             flagged("stdin", hello_flags::STREAM, None),
             flagged("a/b/c", hello_flags::DIRECTORY, None),
             flagged("kept", hello_flags::KEEP_MODE, None),
+            flagged("sum", hello_flags::CHECKSUM, None),
             flagged(
                 "dir/sub",
                 hello_flags::DIRECTORY | hello_flags::MTIME,
@@ -1509,6 +1530,8 @@ pub(crate) mod tests {
                 note: String::new(),
             }),
             Message::Have(Have::complete(10)),
+            Message::Have(Have::ask_digest(0)),
+            Message::Have(Have::ask_digest(u64::MAX)),
             Message::From { offset: 0 },
             Message::From { offset: u64::MAX },
             Message::Compare { sha256: sha() },
@@ -1832,6 +1855,64 @@ pub(crate) mod tests {
                 field: "digest algorithm",
                 value: 7
             })
+        );
+    }
+
+    /// `sender --checksum`'s wire values: HELLO flag 0x40 and HAVE kind 3
+    /// (a request for the file's SHA-256: the size, no digest).
+    #[test]
+    fn checksum_flag_and_digest_have_layout() {
+        assert_eq!(hello_flags::CHECKSUM, 0x40);
+        assert_ne!(hello_flags::KNOWN & hello_flags::CHECKSUM, 0);
+        let offer = flagged(
+            "f",
+            hello_flags::CHECKSUM | hello_flags::MTIME,
+            Some(Mtime { secs: 1, nanos: 2 }),
+        );
+        let buf = encode_to_vec(&offer).unwrap();
+        assert_eq!(&buf[14..18], &[0, 0, 0, 0x44]);
+        assert_eq!(decode(&buf).unwrap(), offer);
+
+        let ask = Message::Have(Have::ask_digest(0x0102));
+        let buf = encode_to_vec(&ask).unwrap();
+        // kind 3, bytes = the size, chunk_len 0, CRC32(0), empty note.
+        assert_eq!(
+            &buf[12..],
+            &[
+                3, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 1, 0, 4, 0, 0, 0, 0, 0, 0
+            ]
+        );
+        assert_eq!(decode(&buf).unwrap(), ask);
+        assert_eq!(HaveKind::from_u8(3), Some(HaveKind::Digest));
+        let mut bad = buf.clone();
+        for v in [4u8, 255] {
+            bad[12] = v;
+            assert_eq!(
+                decode(&bad),
+                Err(WireError::BadEnum {
+                    field: "HAVE kind",
+                    value: v.into()
+                })
+            );
+        }
+        // It fits an offer of exactly its size, without a digest or chunks.
+        let have = Have::ask_digest(10);
+        assert!(have.fits(10));
+        assert!(!have.fits(9) && !have.fits(11));
+        assert!(Have::ask_digest(0).fits(0));
+        assert!(
+            !Have {
+                chunk_len: 1,
+                ..have.clone()
+            }
+            .fits(10)
+        );
+        assert!(
+            !Have {
+                digest: Digest::Sha256(sha()),
+                ..have
+            }
+            .fits(10)
         );
     }
 

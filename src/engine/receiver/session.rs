@@ -630,6 +630,7 @@ impl Session<'_, '_> {
             }
             HaveKind::Nothing if have.note.is_empty() => debug!(file = %hello.name, "nothing kept"),
             HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
+            HaveKind::Digest => debug!(file = %hello.name, "its SHA-256 is asked"),
         }
         let reply = self.machine.have(have)?;
         self.control.send(&self.ep, &reply)?;

@@ -11,7 +11,7 @@ use crate::engine::reader::{BatchFile, Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
-    BATCH_ROOM, FileOffer, MAX_BATCH_FILES, SenderEvent, SenderState, batch_member_len,
+    BATCH_ROOM, FileOffer, MAX_BATCH_FILES, Message, SenderEvent, SenderState, batch_member_len,
 };
 use std::collections::VecDeque;
 use std::fs::File;
@@ -164,6 +164,11 @@ impl Connection {
         let read_ahead = self.session.expected_chunk_len();
         let tag = tracker.tag();
         let msg = self.session.start_batch(offers, tag).map_err(proto_err)?;
+        // The members' flags, for an older receiver's refusal of them.
+        let caps = match &msg {
+            Message::Batch(hellos) => hellos.iter().fold(0, |caps, h| caps | h.caps),
+            _ => 0,
+        };
         self.control.send(&self.ep, &msg)?;
         let mut input = Some(Input::Batch(files));
         if let Some(chunk_len) = read_ahead
@@ -178,7 +183,10 @@ impl Connection {
             })?;
         }
         while self.session.state() == SenderState::AwaitRing {
-            match self.next_event(cfg, pipe, tracker, "the receiver's MR reply")? {
+            let event = self
+                .next_event(cfg, pipe, tracker, "the receiver's MR reply")
+                .map_err(|e| super::pump::older_receiver(e, caps))?;
+            match event {
                 None | Some(SenderEvent::Ring(_)) => {}
                 Some(SenderEvent::Rejected(rej)) => {
                     debug!(
@@ -311,7 +319,9 @@ fn open_member(
     mtime: Option<crate::proto::Mtime>,
 ) -> Result<Member, XferError> {
     let (mut offer, file) = super::open_offer(cfg, path, name, opened, mtime)?;
-    // Never resumed (batchable() sends no file of a --resume run here).
+    // Never resumed (batchable() sends no file of a --resume run here);
+    // CHECKSUM stays: the receiver refuses the batch if it would ask one
+    // of its files for a digest, and then asks that file alone.
     offer.resume = false;
     Ok(Member {
         path: path.to_path_buf(),

@@ -57,6 +57,11 @@ pub struct SenderConfig {
     /// transfer fails, and a later offer continues it or skips a file it
     /// has complete.
     pub resume: bool,
+    /// Offer regular files with CHECKSUM (`--checksum`): asked by the
+    /// receiver, the sender hashes the file (SHA-256) before any data, and
+    /// a copy the receiver has under its --link-dest is linked instead of
+    /// sent.
+    pub checksum: bool,
     /// After a failure that may be transient (`XferError::is_transient`),
     /// connect again this many times at most (with a growing pause) and
     /// send what was not acknowledged yet.
@@ -81,6 +86,7 @@ impl SenderConfig {
             },
             progress: ProgressSink::default(),
             resume: false,
+            checksum: false,
             retries: 0,
         }
     }
@@ -585,6 +591,7 @@ impl Connection {
             Entry::Dir { name, mode, mtime } => {
                 let offer = FileOffer {
                     resume: false,
+                    checksum: false,
                     name: name.clone(),
                     size: 0,
                     mode,
@@ -613,6 +620,8 @@ impl Connection {
                 super::stdio::grow_pipe(&stdin, cfg.chunk_size as usize);
                 let offer = FileOffer {
                     resume: false,
+                    // Its SHA-256 is not known before its data.
+                    checksum: false,
                     name,
                     size: 0,
                     mode: 0o644,
@@ -821,6 +830,7 @@ fn open_offer(
     }
     let offer = FileOffer {
         resume: cfg.resume,
+        checksum: cfg.checksum,
         name,
         size: meta.len(),
         mode: meta.permissions().mode() & 0o7777,

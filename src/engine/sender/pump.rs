@@ -4,6 +4,7 @@
 
 use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
+use crate::engine::Outcome;
 use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
 use crate::engine::progress::FileProgress;
 use crate::engine::reader::{Input, ReadJob, ReaderMsg};
@@ -29,6 +30,9 @@ enum Start {
     /// The receiver's copy is the file (this SHA-256; the ACK is its
     /// verdict): nothing is sent.
     Skipped(Digest, Ack),
+    /// The receiver asked for the file's SHA-256 (`--checksum`) and had
+    /// it under its --link-dest: linked there, nothing is sent.
+    Linked(Digest, Ack),
 }
 
 /// How the sender answers a HAVE.
@@ -36,8 +40,8 @@ enum Answer {
     /// FROM: data from this offset (0 or the kept prefix; for a prefix,
     /// the whole-file digest over it).
     From(u64, Option<(u64, FileHasher)>),
-    /// COMPARE: the receiver has a complete copy; this is the file's
-    /// SHA-256.
+    /// COMPARE: the receiver has a complete copy, or asked for the file's
+    /// digest; this is the file's SHA-256.
     Compare([u8; 32]),
 }
 
@@ -128,24 +132,26 @@ impl Connection {
             .in_scope(|| self.await_ring(cfg, offer, tag, &input, pipe, tracker))?;
         let mut progress = cfg.progress.file_started(&name, size);
         phases.mr_exchange = started.elapsed();
-        let resume = match start {
-            Start::Data(resume) => resume,
-            Start::Skipped(digest, ack) => {
-                // Its verdict came already: the ACK of the COMPARE.
-                progress.advance(size);
-                let report = FileReport {
-                    name,
-                    bytes: size,
-                    elapsed: started.elapsed(),
-                    digest,
-                    phases,
-                    resumed_from: 0,
-                    outcome: crate::engine::Outcome::Skipped,
-                };
-                tracker.await_verdict(tag, report, progress);
-                return tracker.answer(tag, Pending::File, Verdict::Ack(ack));
-            }
+        let (resume, answered) = match start {
+            Start::Data(resume) => (resume, None),
+            Start::Skipped(digest, ack) => (None, Some((Outcome::Skipped, digest, ack))),
+            Start::Linked(digest, ack) => (None, Some((Outcome::Linked, digest, ack))),
         };
+        if let Some((outcome, digest, ack)) = answered {
+            // Its verdict came already: the ACK of the COMPARE.
+            progress.advance(size);
+            let report = FileReport {
+                name,
+                bytes: size,
+                elapsed: started.elapsed(),
+                digest,
+                phases,
+                resumed_from: 0,
+                outcome,
+            };
+            tracker.await_verdict(tag, report, progress);
+            return tracker.answer(tag, Pending::File, Verdict::Ack(ack));
+        }
         let resumed_from = resume.as_ref().map_or(0, |(offset, _)| *offset);
         progress.advance(resumed_from);
         let data_started = Instant::now();
@@ -169,14 +175,15 @@ impl Connection {
             digest,
             phases,
             resumed_from,
-            outcome: crate::engine::Outcome::Stored,
+            outcome: Outcome::Stored,
         };
         self.send_fin(tag, report, progress, tracker)
     }
 
     /// Phase 1: HELLO, then wait for the ring (or this entry's refusal);
     /// verdicts on earlier entries come first. An offer with RESUME gets
-    /// the receiver's HAVE first, which `input` is checked against.
+    /// the receiver's HAVE first, which `input` is checked against; one
+    /// with CHECKSUM may get a HAVE asking for its SHA-256.
     fn await_ring(
         &mut self,
         cfg: &SenderConfig,
@@ -188,9 +195,27 @@ impl Connection {
     ) -> Result<Start, FileError> {
         let name = offer.name.clone();
         let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
-        let resume = matches!(&hello, Message::Hello(h) if h.caps & hello_flags::RESUME != 0);
+        let caps = match &hello {
+            Message::Hello(h) => h.caps,
+            _ => 0,
+        };
         self.control.send(&self.ep, &hello)?;
+        self.await_answer(cfg, &name, input, pipe, tracker)
+            .map_err(|e| older_receiver(e, caps))
+    }
+
+    /// The receiver's answers to the HELLO just sent, until its MR (or
+    /// the file's verdict without data, or its refusal).
+    fn await_answer(
+        &mut self,
+        cfg: &SenderConfig,
+        name: &str,
+        input: &Input,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<Start, FileError> {
         let mut start = Start::Data(None);
+        // The SHA-256 sent in COMPARE, and the kind of HAVE it answered.
         let mut compared = None;
         loop {
             let what = match self.session.state() {
@@ -204,7 +229,7 @@ impl Connection {
             };
             match event {
                 SenderEvent::Have(have) => {
-                    match self.answer(cfg, &name, &have, input, pipe, tracker)? {
+                    match self.answer(cfg, name, &have, input, pipe, tracker)? {
                         Answer::From(offset, resume) => {
                             let from = self.session.start_from(offset).map_err(proto_err)?;
                             self.control.send(&self.ep, &from)?;
@@ -213,15 +238,20 @@ impl Connection {
                         Answer::Compare(sha256) => {
                             let msg = self.session.compare(sha256).map_err(proto_err)?;
                             self.control.send(&self.ep, &msg)?;
-                            compared = Some(sha256);
+                            compared = Some((sha256, have.kind));
                         }
                     }
                 }
                 SenderEvent::Same(ack) => {
-                    info!(file = %name, "skipped: the receiver's copy is the same");
-                    let sha256 =
+                    let (sha256, asked) =
                         compared.ok_or_else(|| unexpected(&SenderEvent::Same(ack.clone())))?;
-                    return Ok(Start::Skipped(Digest::Sha256(sha256), ack));
+                    let digest = Digest::Sha256(sha256);
+                    if asked == HaveKind::Digest {
+                        info!(file = %name, "linked: the receiver had it under --link-dest");
+                        return Ok(Start::Linked(digest, ack));
+                    }
+                    info!(file = %name, "skipped: the receiver's copy is the same");
+                    return Ok(Start::Skipped(digest, ack));
                 }
                 SenderEvent::Keepalive => debug!("the receiver reads its copy"),
                 SenderEvent::Ring(ring) => {
@@ -233,22 +263,12 @@ impl Connection {
                     );
                 }
                 // This entry is refused; the session goes on (a refusal of
-                // the whole session comes in the greeting).
+                // the whole session comes in the greeting, and REJECT(version)
+                // ends it: see `older_receiver`).
                 SenderEvent::Rejected(rej) => {
-                    let reason = if resume && rej.code == RejectCode::Version {
-                        // A receiver from before resuming (or its first
-                        // form) does not know the flag.
-                        format!(
-                            "the receiver cannot resume transfers (it runs an older version): \
-                             upgrade it, or send without --resume and --retry; it says: {}",
-                            rej.reason
-                        )
-                    } else {
-                        rej.reason
-                    };
                     return Err(FileError::Continue(XferError::Rejected {
                         code: Some(rej.code),
-                        reason,
+                        reason: rej.reason,
                     }));
                 }
                 SenderEvent::Aborted(ack) => {
@@ -261,8 +281,8 @@ impl Connection {
     }
 
     /// Checks the file against what the receiver holds of it (HAVE) and
-    /// answers: for a complete copy the file's SHA-256 (the receiver
-    /// compares), else where its data starts: the kept prefix when every
+    /// answers: for a complete copy, or a request for it (`--checksum`),
+    /// the file's SHA-256 (the receiver compares), else where its data starts: the kept prefix when every
     /// chunk of it has the CRC the receiver recorded (with the whole-file
     /// digest over it), else 0, saying why.
     fn answer(
@@ -274,7 +294,7 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<Answer, FileError> {
-        // Streams are never offered with RESUME.
+        // Streams are never offered with RESUME or CHECKSUM.
         let Input::File { file, size } = input else {
             return Ok(Answer::From(0, None));
         };
@@ -314,7 +334,8 @@ impl Connection {
                     Ok(Answer::From(0, None))
                 }
             }
-            HaveKind::Complete => {
+            // Read before any data, whatever the receiver then decides.
+            HaveKind::Complete | HaveKind::Digest => {
                 let read = self.read_for_have(
                     cfg,
                     name,
@@ -546,9 +567,84 @@ impl Connection {
     }
 }
 
+/// A REJECT(version) of an offer (or a batch's members, `caps` OR-ed)
+/// with flags an older receiver of this protocol version does not know
+/// (it ends the session): says which option to drop. CHECKSUM is named
+/// first, being the newer flag.
+pub(super) fn older_receiver(e: FileError, caps: u32) -> FileError {
+    let reason = match e {
+        FileError::Fatal(XferError::Rejected {
+            code: Some(RejectCode::Version),
+            reason,
+        }) => reason,
+        other => return other,
+    };
+    let reason = if caps & hello_flags::CHECKSUM != 0 {
+        format!(
+            "the receiver cannot take digests (older version): send without --checksum ({reason})"
+        )
+    } else if caps & hello_flags::RESUME != 0 {
+        format!(
+            "the receiver cannot resume transfers (it runs an older version): upgrade it, or \
+             send without --resume and --retry ({reason})"
+        )
+    } else {
+        reason
+    };
+    FileError::Fatal(XferError::Rejected {
+        code: Some(RejectCode::Version),
+        reason,
+    })
+}
+
 /// Where the data phase spent its time (logged at debug level for tuning).
 #[derive(Default)]
 struct DataPathTimes {
     wait_reader: Duration,
     wait_cq: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version_refusal() -> FileError {
+        FileError::Fatal(XferError::Rejected {
+            code: Some(RejectCode::Version),
+            reason: "the receiver says: HELLO flags 0x40 are not supported".into(),
+        })
+    }
+
+    fn reason(e: FileError) -> String {
+        match e {
+            FileError::Fatal(e) | FileError::Continue(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn an_older_receiver_is_named_with_the_option_to_drop() {
+        let checksum = reason(older_receiver(
+            version_refusal(),
+            hello_flags::CHECKSUM | hello_flags::RESUME | hello_flags::MTIME,
+        ));
+        assert!(
+            checksum.contains(
+                "the receiver cannot take digests (older version): send without --checksum"
+            ) && checksum.contains("0x40"),
+            "{checksum}"
+        );
+        let resume = reason(older_receiver(
+            version_refusal(),
+            hello_flags::RESUME | hello_flags::MTIME,
+        ));
+        assert!(resume.contains("cannot resume transfers"), "{resume}");
+        // Without either flag, or another refusal: as it came.
+        let plain = reason(older_receiver(version_refusal(), hello_flags::MTIME));
+        assert!(!plain.contains("--"), "{plain}");
+        let exists = FileError::Fatal(XferError::Rejected {
+            code: Some(RejectCode::Exists),
+            reason: "f exists".into(),
+        });
+        assert!(reason(older_receiver(exists, hello_flags::CHECKSUM)).ends_with(": f exists"));
+    }
 }
