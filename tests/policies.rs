@@ -310,3 +310,182 @@ fn exec_never_lets_its_command_finish_on_data_that_failed_its_check() {
         std::fs::remove_file(dst.path().join("bad.bin")).unwrap();
     }
 }
+
+/// Device and inode of a file.
+fn inode(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (m.dev(), m.ino())
+}
+
+/// The `--json` summary object on a tool's stdout.
+fn summary(who: &str, run: &Finished) -> serde_json::Value {
+    json_lines(who, &run.stdout)
+        .into_iter()
+        .find(|v| v["event"] == "summary")
+        .unwrap_or_else(|| panic!("{who}: no summary:\n{}", run.transcript()))
+}
+
+#[test]
+fn link_dest_links_a_200_mib_file_without_sending_it_and_sends_a_changed_one() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let earlier = tempfile::tempdir().unwrap();
+    let big = src.path().join("big.bin");
+    let sum = make_file(&big, 200 * MIB, 61);
+    // The same size, one byte changed.
+    let changed = src.path().join("changed.bin");
+    make_file(&changed, 8 * MIB, 62);
+    for f in [&big, &changed] {
+        let to = earlier.path().join(f.file_name().unwrap());
+        let status = std::process::Command::new("cp")
+            .arg("-p")
+            .arg(f)
+            .arg(&to)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(earlier.path().join("changed.bin"))
+            .unwrap();
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, 5 * MIB).unwrap();
+        f.write_all_at(&[byte[0] ^ 0x10], 5 * MIB).unwrap();
+        // The copy keeps its time: only the content tells them apart.
+        f.set_modified(std::fs::metadata(&changed).unwrap().modified().unwrap())
+            .unwrap();
+    }
+    let wire = std::env::var("RXFER_NETDEV_B").ok();
+    let before = wire.as_deref().map(tx_bytes);
+    let ld = earlier.path().to_str().unwrap();
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &["--link-dest", ld, "--json"],
+        &[big.clone(), changed.clone()],
+        &["--checksum", "-p", "--json"],
+    );
+    assert_both_ok(&sent, &received);
+    let on_wire = match (before, wire.as_deref()) {
+        (Some(b), Some(dev)) => Some(tx_bytes(dev) - b),
+        _ => None,
+    };
+    assert_eq!(
+        inode(&dst.path().join("big.bin")),
+        inode(&earlier.path().join("big.bin"))
+    );
+    assert_eq!(sha256_file(&dst.path().join("big.bin")), sum);
+    assert_eq!(
+        sha256_file(&dst.path().join("changed.bin")),
+        sha256_file(&changed)
+    );
+    assert_ne!(
+        inode(&dst.path().join("changed.bin")),
+        inode(&earlier.path().join("changed.bin"))
+    );
+    let outcome = |who, run: &Finished, name: &str| {
+        acknowledged(who, run)
+            .into_iter()
+            .find(|v| v["name"] == name)
+            .map(|v| v["outcome"].as_str().unwrap_or("").to_string())
+    };
+    assert_eq!(
+        outcome("sender", &sent, "big.bin").as_deref(),
+        Some("linked")
+    );
+    assert_eq!(
+        outcome("receiver", &received, "big.bin").as_deref(),
+        Some("linked")
+    );
+    assert_eq!(
+        outcome("sender", &sent, "changed.bin").as_deref(),
+        Some("stored")
+    );
+    // Only the changed file's bytes moved: the receiver counts 8 MiB.
+    assert_eq!(summary("receiver", &received)["sent"], 8 * MIB);
+    assert_eq!(summary("sender", &sent)["linked"], 1);
+    if let Some(n) = on_wire {
+        assert!(n < 40 * MIB, "{n} bytes crossed the wire for 8 MiB of data");
+    }
+    assert_no_temp_files(dst.path());
+}
+
+#[test]
+fn link_dest_copies_what_it_cannot_link_and_never_follows_a_link() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let earlier = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    let private = tree.join("private.bin");
+    make_file(&private, 3 * MIB, 71);
+    let linked = tree.join("sub/via-link.bin");
+    make_file(&linked, 2 * MIB, 72);
+    // Offered without -p: the receiver's umask decides the mode (0644 or
+    // stricter), which the earlier copy at 0600 does not have: copied.
+    std::fs::create_dir_all(earlier.path().join("t")).unwrap();
+    std::fs::copy(&private, earlier.path().join("t/private.bin")).unwrap();
+    std::fs::set_permissions(
+        earlier.path().join("t/private.bin"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    // t/sub under --link-dest is a link to a directory elsewhere that holds
+    // the same file: not followed, so it is sent.
+    std::fs::copy(&linked, outside.path().join("via-link.bin")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), earlier.path().join("t/sub")).unwrap();
+    let ld = earlier.path().to_str().unwrap();
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &["--link-dest", ld, "--json"],
+        std::slice::from_ref(&tree),
+        &["-r", "--checksum", "--json"],
+    );
+    assert_both_ok(&sent, &received);
+    let copy = dst.path().join("t/private.bin");
+    assert_eq!(sha256_file(&copy), sha256_file(&private));
+    assert_ne!(inode(&copy), inode(&earlier.path().join("t/private.bin")));
+    assert_eq!(
+        sha256_file(&dst.path().join("t/sub/via-link.bin")),
+        sha256_file(&linked)
+    );
+    let by_name: std::collections::HashMap<String, String> = acknowledged("sender", &sent)
+        .into_iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap().to_string(),
+                v["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(by_name["t/private.bin"], "linked", "{by_name:?}");
+    assert_eq!(by_name["t/sub/via-link.bin"], "stored", "{by_name:?}");
+    assert!(
+        received.stderr.contains("copied from --link-dest"),
+        "{}",
+        received.stderr
+    );
+    assert_eq!(summary("receiver", &received)["sent"], 2 * MIB);
+
+    // Without --checksum nothing is asked: both are sent.
+    let dst2 = tempfile::tempdir().unwrap();
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst2.path(),
+        &["--link-dest", ld, "--json"],
+        std::slice::from_ref(&tree),
+        &["-r", "--json"],
+    );
+    assert_both_ok(&sent, &received);
+    assert_eq!(summary("receiver", &received)["sent"], 5 * MIB);
+}

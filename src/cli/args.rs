@@ -227,6 +227,7 @@ one line when it is ready: where it listens and where files go.",
         "  receiver --once --json --dir /data/incoming > results.jsonl\n",
         "  receiver --stdout | tar -C dst -xpf -\n",
         "  receiver --once --discard\n",
+        "  receiver --link-dest /data/yesterday /data/today\n",
         "  receiver --exec 'mkdir -p \"$(dirname \"$RDMA_XFER_NAME\")\" && zstd -q -o \"$RDMA_XFER_NAME.zst\"' /data/in\n",
         "  receiver --exec 'sha256sum | sed \"s|-|$RDMA_XFER_NAME|\" >> sums.txt' /data/in\n\n",
         output_help!(),
@@ -277,6 +278,12 @@ pub struct ReceiverArgs {
     /// input only once the data is verified. Files come one by one.
     #[arg(long, value_name = "CMD", value_hint = ValueHint::CommandString, help_heading = OUTPUT)]
     pub exec: Option<String>,
+    /// As rsync's: a file the sender offers with --checksum whose size and
+    /// SHA-256 match the file at the same relative path under this
+    /// directory is hard-linked from there (copied if its mode or time
+    /// differ, or across file systems) instead of sent.
+    #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath, help_heading = OUTPUT)]
+    pub link_dest: Option<PathBuf>,
     /// Replace existing files (default: refuse them).
     #[arg(long, help_heading = OUTPUT)]
     pub overwrite: bool,
@@ -628,6 +635,15 @@ impl ReceiverArgs {
             problems
                 .add("--exec writes no file itself (its command does): --overwrite does not apply");
         }
+        if let Some(dest) = &self.link_dest {
+            if !chosen.is_empty() {
+                problems.add(format!(
+                    "--link-dest puts files under a directory: it does not apply to {}",
+                    chosen.join(" or ")
+                ));
+            }
+            self.check_link_dest(dest, problems);
+        }
         if self.exec.as_deref().is_some_and(|c| c.trim().is_empty()) {
             problems.add("--exec needs a command (e.g. --exec 'cat > \"$RDMA_XFER_NAME\"')");
         }
@@ -636,6 +652,29 @@ impl ReceiverArgs {
             (_, _, true) => Output::Discard,
             (Some(cmd), _, _) => Output::Exec(cmd.clone()),
             (None, false, false) => Output::Dir,
+        }
+    }
+
+    /// --link-dest must be a directory other than the output directory (a
+    /// rename between two links of one file would do nothing).
+    fn check_link_dest(&self, dest: &Path, problems: &mut Problems) {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(dest) {
+            Err(e) => problems.add(format!("--link-dest {}: {e}", dest.display())),
+            Ok(meta) if !meta.is_dir() => {
+                problems.add(format!("--link-dest {} is not a directory", dest.display()))
+            }
+            Ok(meta) => {
+                let same = std::fs::metadata(self.output_dir())
+                    .is_ok_and(|d| (d.dev(), d.ino()) == (meta.dev(), meta.ino()));
+                if same {
+                    problems.add(format!(
+                        "--link-dest {} is the output directory itself: give the directory of an \
+                         earlier transfer",
+                        dest.display()
+                    ));
+                }
+            }
         }
     }
 
@@ -702,6 +741,7 @@ impl ReceiverArgs {
         cfg.ack_timeout = ack_timeout;
         cfg.once = self.once || self.stdout;
         cfg.output = output;
+        cfg.link_dest = self.link_dest.clone();
         cfg.overwrite = self.overwrite;
         cfg.max_size = self.max_size.unwrap_or(u64::MAX);
         cfg.max_sessions = self.max_sessions.into();
@@ -1257,6 +1297,23 @@ mod tests {
             ),
             (&["--exec", " "], "needs a command"),
             (&["--exec", "cat", "--threads", "1"], "--threads"),
+            (
+                &["--link-dest", path, "--discard"],
+                "does not apply to --discard",
+            ),
+            (
+                &["--link-dest", path, "--exec", "cat"],
+                "does not apply to --exec",
+            ),
+            (
+                &["--link-dest", path, "--stdout"],
+                "does not apply to --stdout",
+            ),
+            (&["--link-dest", "/no/such/dir"], "--link-dest /no/such/dir"),
+            (
+                &["--link-dest", path, "--dir", path],
+                "the output directory itself",
+            ),
         ] {
             usage(parse(args).to_config_with(false), says);
         }

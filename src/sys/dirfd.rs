@@ -206,6 +206,18 @@ impl DirFd {
         )?)
     }
 
+    /// Makes `to_name` in `to` a hard link to the file `name` here (not
+    /// followed if a link). Fails with EXDEV across file systems.
+    pub fn link_to(&self, name: &str, to: &DirFd, to_name: &str) -> io::Result<()> {
+        Ok(rustix::fs::linkat(
+            &self.fd,
+            component(name)?,
+            &to.fd,
+            component(to_name)?,
+            AtFlags::empty(),
+        )?)
+    }
+
     /// Removes the file `name` (not a directory).
     pub fn unlink(&self, name: &str) -> io::Result<()> {
         Ok(rustix::fs::unlinkat(

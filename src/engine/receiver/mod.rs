@@ -63,6 +63,10 @@ pub struct ReceiverConfig {
     pub token: Option<Token>,
     /// What becomes of accepted files (stored under `dir` by default).
     pub output: Output,
+    /// --link-dest: a file offered with CHECKSUM whose size and SHA-256
+    /// match the file at its path here is linked (or copied) from here
+    /// instead of received (`Output::Dir` only).
+    pub link_dest: Option<PathBuf>,
     /// Told about each file's progress (the tool draws bars with it).
     pub progress: ProgressSink,
     /// Networks peers may connect from (`--allow`); empty: everyone.
@@ -138,6 +142,7 @@ impl ReceiverConfig {
             max_session_bytes: u64::MAX,
             token: None,
             output: Output::Dir,
+            link_dest: None,
             progress: ProgressSink::default(),
             allow: Vec::new(),
             umask: crate::sys::os::process_umask(),

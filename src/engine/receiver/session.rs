@@ -6,7 +6,7 @@ use super::admission::Admission;
 use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use super::sink::{Sink, Unwritten};
 use super::space::SpaceLedger;
-use super::store::{FileStore, Refusal, Resume};
+use super::store::{FileStore, LinkCandidate, Linked, Refusal, Resume};
 use super::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
@@ -17,7 +17,7 @@ use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
 use crate::engine::{wait_completions, wait_completions_until, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, HaveKind, Hello, Message, Mtime,
+    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime,
     ProtocolError, ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
     hello_flags, keepalive_interval,
 };
@@ -108,6 +108,8 @@ struct AwaitingFrom {
     kept: Option<KeptPrefix>,
     /// The complete copy HAVE announced, to compare (COMPARE).
     copy: Option<std::fs::File>,
+    /// The file under --link-dest a HAVE(digest) asked about.
+    link: Option<LinkCandidate>,
     /// The session's claim on the partial file (none: a plain temporary
     /// file is written).
     claim: Option<Claim>,
@@ -540,7 +542,43 @@ impl Session<'_, '_> {
         if hello.caps & hello_flags::RESUME != 0 {
             return self.offer_holding(hello, hello_at);
         }
+        if let Some(link) = self.link_candidate(&hello) {
+            return self.ask_digest(hello, hello_at, link, None);
+        }
         self.prepare_and_accept(&hello, hello_at, Resume::No, None)
+    }
+
+    /// The file under --link-dest that an offer with CHECKSUM may be
+    /// (each name is asked about once per session).
+    fn link_candidate(&self, hello: &Hello) -> Option<LinkCandidate> {
+        if hello.caps & hello_flags::CHECKSUM == 0 || self.compared.contains(&hello.name) {
+            return None;
+        }
+        self.store.link_candidate(hello, self.cfg.overwrite)
+    }
+
+    /// Asks the sender for the SHA-256 of an offer that --link-dest may
+    /// hold (HAVE digest); its COMPARE decides (`on_compare`).
+    fn ask_digest(
+        &mut self,
+        hello: Hello,
+        hello_at: Instant,
+        link: LinkCandidate,
+        claim: Option<Claim>,
+    ) -> Result<(), XferError> {
+        info!(file = %hello.name, "--link-dest has a file of its size: its SHA-256 is asked");
+        self.compared.insert(hello.name.clone());
+        let reply = self.machine.have(Have::ask_digest(hello.size))?;
+        self.control.send(&self.ep, &reply)?;
+        self.awaiting_from = Some(AwaitingFrom {
+            hello,
+            hello_at,
+            kept: None,
+            copy: None,
+            link: Some(link),
+            claim,
+        });
+        Ok(())
     }
 
     /// A BATCH of small files: each is checked on disk and gets its
@@ -553,10 +591,22 @@ impl Session<'_, '_> {
         // The machine checked that the sizes add up without overflow.
         let total = members.iter().fold(0u64, |t, h| t.saturating_add(h.size));
         info!(files = members.len(), bytes = total, "offer of a batch");
-        let prepared = self
-            .store
-            .create_batch(&members, self.cfg.overwrite, &self.cfg.dir, self.cfg.umask)
-            .and_then(|batch| Ok((batch, self.ring_for_offer()?)));
+        // A file --link-dest may hold is asked for its digest: alone.
+        let linkable = members.iter().find(|h| self.link_candidate(h).is_some());
+        let prepared = match linkable {
+            Some(h) => Err((
+                RejectCode::Protocol,
+                format!(
+                    "{} may be linked from --link-dest: the files come one by one",
+                    h.name
+                ),
+            )),
+            None => {
+                self.store
+                    .create_batch(&members, self.cfg.overwrite, &self.cfg.dir, self.cfg.umask)
+            }
+        }
+        .and_then(|batch| Ok((batch, self.ring_for_offer()?)));
         let (batch, ring) = match prepared {
             Ok(p) => p,
             // Not final for its files: the sender offers them one by one.
@@ -622,6 +672,12 @@ impl Session<'_, '_> {
         if holding.have.kind == HaveKind::Complete && !self.compared.insert(hello.name.clone()) {
             holding = Holding::nothing("its copy was compared once in this session already");
         }
+        // Nothing kept here: --link-dest may still have it.
+        if holding.have.kind == HaveKind::Nothing
+            && let Some(link) = self.link_candidate(&hello)
+        {
+            return self.ask_digest(hello, hello_at, link, claim);
+        }
         let have = holding.have;
         match have.kind {
             HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),
@@ -639,6 +695,7 @@ impl Session<'_, '_> {
             hello_at,
             kept: holding.kept,
             copy: holding.copy,
+            link: None,
             claim,
         });
         Ok(())
@@ -651,8 +708,15 @@ impl Session<'_, '_> {
         let Some(mut waiting) = self.awaiting_from.take() else {
             return Err(XferError::Internal("COMPARE without a HAVE".into()));
         };
-        let Some(copy) = waiting.copy.take() else {
+        let copy = waiting.copy.take();
+        let link = waiting.link.take();
+        let Some(file) = copy.as_ref().or(link.as_ref().map(|l| &l.file)) else {
             return Err(XferError::Internal("COMPARE without a copy".into()));
+        };
+        let whose = if link.is_some() {
+            "the --link-dest copy"
+        } else {
+            "the receiver's copy"
         };
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
         let mut tick = ReadTick::new(
@@ -662,15 +726,31 @@ impl Session<'_, '_> {
             &mut self.stashed,
             self.cfg.timeout,
         );
-        let digest = copy_digest(&copy, size, chunk_len, &mut || tick.tick());
+        let digest = copy_digest(file, size, chunk_len, &mut || tick.tick());
         // A signal stopped the read: no verdict on the copy.
         interrupted()?;
         let name = waiting.hello.name.clone();
-        let differs = match digest {
+        let mut differs = match digest {
             Ok(d) if d == sha256 => None,
-            Ok(_) => Some("the receiver's copy differs from the source".to_string()),
-            Err(e) => Some(format!("cannot read the receiver's copy of {name}: {e}")),
+            Ok(_) => Some(format!("{whose} differs from the source")),
+            Err(e) => Some(format!("cannot read {whose} of {name}: {e}")),
         };
+        let mut outcome = crate::engine::Outcome::Skipped;
+        if let (None, Some(link)) = (&differs, &link) {
+            let how = (self.cfg.overwrite, chunk_len, self.cfg.dir.as_path());
+            match self
+                .store
+                .link_into_place(&waiting.hello, link, sha256, how, &mut || tick.tick())
+            {
+                Ok(Linked::HardLink) => info!(file = %name, "linked from --link-dest"),
+                Ok(Linked::Copy(why)) => {
+                    info!(file = %name, "copied from --link-dest ({why})")
+                }
+                Err(why) => differs = Some(format!("{whose} cannot be used: {why}")),
+            }
+            interrupted()?;
+            outcome = crate::engine::Outcome::Linked;
+        }
         if let Some(note) = differs {
             info!(file = %name, "{note}: received whole");
             let reply = self.machine.have(crate::proto::Have::nothing(note))?;
@@ -678,8 +758,10 @@ impl Session<'_, '_> {
             self.awaiting_from = Some(waiting);
             return Ok(());
         }
-        info!(file = %name, "skipped: the receiver's copy is the same");
-        drop(copy);
+        if link.is_none() {
+            info!(file = %name, "skipped: the receiver's copy is the same");
+        }
+        drop((copy, link));
         let ack = self.machine.same()?;
         self.control.send(&self.ep, &ack)?;
         let report = FileReport {
@@ -692,7 +774,7 @@ impl Session<'_, '_> {
                 ..Phases::default()
             },
             resumed_from: 0,
-            outcome: crate::engine::Outcome::Skipped,
+            outcome,
         };
         (self.on_file)(FileEvent::Done(&report));
         Ok(())

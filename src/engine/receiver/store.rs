@@ -39,6 +39,9 @@ pub(super) enum FileStore {
         umask: u32,
         /// Space promised to the files all sessions are receiving.
         ledger: Arc<SpaceLedger>,
+        /// --link-dest: where files the sender's digest matches are
+        /// linked (or copied) from instead of received.
+        link_dest: Option<DirFd>,
     },
     /// --stdout: the one file or stream of the session; None once taken.
     Stdout(Option<File>),
@@ -92,11 +95,18 @@ impl FileStore {
             }
         }
         let root = open_root()?;
+        let link_dest = match &cfg.link_dest {
+            Some(dir) => Some(DirFd::open(dir).map_err(|e| {
+                XferError::io(format!("--link-dest directory {}", dir.display()), e)
+            })?),
+            None => None,
+        };
         Ok(FileStore::Tree {
             root,
             deferred: Vec::new(),
             umask: cfg.umask,
             ledger: Arc::clone(ledger),
+            link_dest,
         })
     }
 
@@ -410,6 +420,172 @@ impl FileStore {
         };
         Ok(sink)
     }
+}
+
+/// A regular file under --link-dest at an offered path, of the offered
+/// size: the offer is linked to it (or copied from it) if their SHA-256s
+/// are the same.
+pub(super) struct LinkCandidate {
+    parent: DirFd,
+    leaf: String,
+    /// Open without following a link: what is hashed is what is linked
+    /// (checked after the link, by device and inode).
+    pub(super) file: File,
+}
+
+/// How a file from --link-dest was put in place.
+pub(super) enum Linked {
+    /// A hard link to the same inode.
+    HardLink,
+    /// A copy, checked against the sender's digest, because `why`.
+    Copy(String),
+}
+
+impl FileStore {
+    /// The file under --link-dest that a CHECKSUM offer might be, or None
+    /// (no --link-dest, no such regular file of that size, a link on the
+    /// way, or a final name the offer would be refused for anyway).
+    pub(super) fn link_candidate(&self, hello: &Hello, overwrite: bool) -> Option<LinkCandidate> {
+        let FileStore::Tree {
+            root,
+            link_dest: Some(dest),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        if hello.is_stream() || hello.is_directory() {
+            return None;
+        }
+        let (parent, leaf) = open_parent(root, &hello.name).ok()?;
+        check_final_name(&parent, &leaf, &hello.name, overwrite).ok()?;
+        let (parent, leaf) = open_parent(dest, &hello.name).ok()?;
+        let file = parent.open_file(&leaf, false).ok()?;
+        (file.metadata().ok()?.len() == hello.size).then_some(LinkCandidate { parent, leaf, file })
+    }
+
+    /// Puts `candidate`, whose SHA-256 is the offer's `sha256`, under the
+    /// offer's name: a hard link when its mode and modification time are
+    /// what the offer's would be (a link shares them with --link-dest's
+    /// file), else, or across file systems, a copy made and committed like
+    /// a received file (its SHA-256 checked again). `tick` is called
+    /// between the copy's pieces. Durable when it returns Ok.
+    pub(super) fn link_into_place(
+        &mut self,
+        hello: &Hello,
+        candidate: &LinkCandidate,
+        sha256: [u8; 32],
+        (overwrite, chunk_len, dir): (bool, u32, &Path),
+        tick: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> Result<Linked, String> {
+        let FileStore::Tree { root, umask, .. } = self else {
+            return Err("no directory to link into".into());
+        };
+        let mode = hello.received_mode(*umask);
+        let (parent, leaf) = open_parent(root, &hello.name).map_err(|(_, why)| why)?;
+        let meta = candidate.file.metadata().map_err(|e| e.to_string())?;
+        let why_copy = if meta.permissions().mode() & 0o7777 != mode {
+            Some(format!(
+                "its mode is {:o}, the offer's {mode:o}",
+                meta.permissions().mode() & 0o7777
+            ))
+        } else if hello.mtime.is_some_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (meta.mtime(), meta.mtime_nsec()) != (m.secs, i64::from(m.nanos))
+        }) {
+            Some("its modification time is not the offer's".to_string())
+        } else {
+            None
+        };
+        let why_copy = match why_copy {
+            Some(why) => why,
+            None => match hard_link(candidate, &parent, &leaf, overwrite) {
+                Ok(()) => return Ok(Linked::HardLink),
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EXDEV | libc::EMLINK | libc::EPERM)
+                    ) =>
+                {
+                    format!("it cannot be linked: {e}")
+                }
+                Err(e) => return Err(format!("cannot link it: {e}")),
+            },
+        };
+        let mut sink = self
+            .create(hello, overwrite, dir, Resume::No)
+            .map_err(|(_, why)| why)?;
+        let copied = copy_verified(&candidate.file, &mut sink, hello.size, chunk_len, tick)
+            .map_err(|e| format!("cannot copy it: {e}"))?;
+        if copied != crate::proto::Digest::Sha256(sha256) {
+            return Err("it changed while it was copied".into());
+        }
+        sink.commit(&hello.name, mode, hello.mtime, overwrite)
+            .map_err(|e| e.to_string())?;
+        Ok(Linked::Copy(why_copy))
+    }
+}
+
+/// Links the candidate to a temporary name beside `leaf` in `parent`,
+/// checks that the link is the inode that was hashed, and renames it into
+/// place; the directory is fsynced.
+fn hard_link(
+    candidate: &LinkCandidate,
+    parent: &DirFd,
+    leaf: &str,
+    overwrite: bool,
+) -> std::io::Result<()> {
+    let temp = temp_name();
+    // Marked before it exists: the sweep never sees it unmarked.
+    let _in_use = TempInUse::new(parent, &temp)?;
+    candidate.parent.link_to(&candidate.leaf, parent, &temp)?;
+    let placed = parent.is_same(&temp, &candidate.file).and_then(|same| {
+        if !same {
+            return Err(std::io::Error::other(
+                "the --link-dest file was replaced meanwhile",
+            ));
+        }
+        // What the ACK promises must survive a crash: the data, then the
+        // new name.
+        candidate.file.sync_all()?;
+        parent.rename(&temp, leaf, !overwrite)?;
+        parent.sync()
+    });
+    if placed.is_err() {
+        let _ = parent.unlink(&temp);
+    }
+    placed
+}
+
+/// Copies `size` bytes of `from` into the temporary file of `sink`, as
+/// chunks are written, and returns their SHA-256.
+fn copy_verified(
+    from: &File,
+    sink: &mut Sink,
+    size: u64,
+    chunk_len: u32,
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<crate::proto::Digest> {
+    let mut hasher = FileHasher::new(crate::proto::DigestAlg::Sha256);
+    let mut buf = vec![0u8; chunk_len.max(4096) as usize];
+    let mut offset = 0u64;
+    while offset < size {
+        let len = (size - offset).min(buf.len() as u64) as usize;
+        let data = &mut buf[..len];
+        from.read_exact_at(data, offset)?;
+        let crc = crc32fast::hash(data);
+        match sink.write(data, offset, crc, offset) {
+            Ok(()) => {}
+            Err(super::sink::Unwritten::Failed(e)) => return Err(e),
+            Err(super::sink::Unwritten::OutOfOrder) => {
+                return Err(std::io::Error::other("the copy is written out of order"));
+            }
+        }
+        hasher.update(data, crc);
+        offset += len as u64;
+        tick()?;
+    }
+    Ok(hasher.finish())
 }
 
 impl FileStore {
@@ -1151,6 +1327,90 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn link_dest_candidates_are_regular_files_of_the_size_reached_without_links() {
+        let (root, earlier, outside) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let mut cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), root.path().into());
+        cfg.link_dest = Some(earlier.path().into());
+        let mut s = FileStore::open(&cfg, &Arc::default()).unwrap();
+        let e = earlier.path();
+        std::fs::create_dir(e.join("d")).unwrap();
+        std::fs::write(e.join("d/f"), b"abc").unwrap();
+        std::fs::write(outside.path().join("f"), b"abc").unwrap();
+        std::os::unix::fs::symlink(outside.path(), e.join("via")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("f"), e.join("leaf")).unwrap();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        std::fs::create_dir(root.path().join("via")).unwrap();
+        assert!(s.link_candidate(&hello("d/f", 3), false).is_some());
+        assert!(s.link_candidate(&hello("d/f", 4), false).is_none(), "size");
+        assert!(
+            s.link_candidate(&hello("via/f", 3), false).is_none(),
+            "link on the way"
+        );
+        assert!(
+            s.link_candidate(&hello("leaf", 3), false).is_none(),
+            "link as the leaf"
+        );
+        assert!(
+            s.link_candidate(&hello("d", 3), false).is_none(),
+            "a directory"
+        );
+        // Same mode and time (none offered): a hard link.
+        let mut h = hello("d/f", 3);
+        h.mtime = None;
+        let mode = h.received_mode(cfg.umask);
+        std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(mode)).unwrap();
+        let c = s.link_candidate(&h, false).unwrap();
+        let sha = partial::copy_digest(&c.file, 3, 1 << 20, &mut || Ok(())).unwrap();
+        let how = (false, 1 << 20, root.path());
+        let linked = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(linked, Linked::HardLink));
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        assert_eq!(ino(&root.path().join("d/f")), ino(&e.join("d/f")));
+        // The final name is taken now: no candidate without --overwrite.
+        assert!(s.link_candidate(&h, false).is_none());
+        // Another mode: a copy with the offer's mode, checked.
+        std::fs::remove_file(root.path().join("d/f")).unwrap();
+        std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = s.link_candidate(&h, false).unwrap();
+        let copied = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(copied, Linked::Copy(_)));
+        let placed = root.path().join("d/f");
+        assert_ne!(ino(&placed), ino(&e.join("d/f")));
+        assert_eq!(std::fs::read(&placed).unwrap(), b"abc");
+        let placed_mode = std::fs::metadata(&placed).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(placed_mode, mode);
+        // A digest that is not the file's: refused, nothing left behind.
+        std::fs::remove_file(&placed).unwrap();
+        let c = s.link_candidate(&h, false).unwrap();
+        assert!(
+            s.link_into_place(&h, &c, [0; 32], how, &mut || Ok(()))
+                .is_err()
+        );
+        assert_eq!(entries(&root.path().join("d")), Vec::<String>::new());
+    }
+
+    #[test]
+    fn exec_names_may_lead_into_missing_directories_but_never_through_links() {
+        let root = tempfile::tempdir().unwrap();
+        let r = DirFd::open(root.path()).unwrap();
+        std::fs::create_dir(root.path().join("a")).unwrap();
+        std::fs::write(root.path().join("file"), b"").unwrap();
+        std::os::unix::fs::symlink("/tmp", root.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.path().join("a/leaf")).unwrap();
+        assert!(check_exec_path(&r, "new/deeper/f").is_ok());
+        assert!(check_exec_path(&r, "a/missing/f").is_ok());
+        assert!(check_exec_path(&r, "a/f").is_ok());
+        for refused in ["link/f", "link/x/f", "file/f", "a/leaf", "link"] {
+            let (code, why) = check_exec_path(&r, refused).unwrap_err();
+            assert_eq!(code, RejectCode::Exists, "{refused}: {why}");
+        }
     }
 
     #[test]
