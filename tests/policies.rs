@@ -489,3 +489,57 @@ fn link_dest_copies_what_it_cannot_link_and_never_follows_a_link() {
     assert_both_ok(&sent, &received);
     assert_eq!(summary("receiver", &received)["sent"], 5 * MIB);
 }
+
+#[test]
+fn exec_commands_see_only_path_and_the_file_and_its_digest_with_checksum() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let tree = src.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    let odd = tree.join("a 'quoted' $(name)");
+    let sum = make_file(&odd, 3 * MIB + 3, 81);
+    let cmd = r#"mkdir -p t && env > "$RDMA_XFER_NAME.env" && cat > "$RDMA_XFER_NAME""#;
+    for checksum in [false, true] {
+        let sender_extra: &[&str] = if checksum {
+            &["-r", "--checksum"]
+        } else {
+            &["-r"]
+        };
+        let (sent, received) = one_session(
+            &net,
+            Path_::Wire,
+            dst.path(),
+            &["--exec", cmd],
+            std::slice::from_ref(&tree),
+            sender_extra,
+        );
+        assert_both_ok(&sent, &received);
+        assert_eq!(sha256_file(&dst.path().join("t/a 'quoted' $(name)")), sum);
+        let env = std::fs::read_to_string(dst.path().join("t/a 'quoted' $(name).env")).unwrap();
+        let mut names: Vec<&str> = env
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+            .filter(|k| !["PWD", "SHLVL", "_", "OLDPWD"].contains(k))
+            .collect();
+        names.sort();
+        let mut want = vec!["PATH", "RDMA_XFER_NAME", "RDMA_XFER_PEER", "RDMA_XFER_SIZE"];
+        if checksum {
+            want.push("RDMA_XFER_DIGEST");
+            want.sort();
+            assert!(
+                env.contains(&format!("RDMA_XFER_DIGEST=sha256:{sum}\n")),
+                "{env}"
+            );
+        }
+        assert_eq!(names, want, "{env}");
+        assert!(
+            env.contains("RDMA_XFER_NAME=t/a 'quoted' $(name)\n"),
+            "{env}"
+        );
+        assert!(
+            env.contains(&format!("RDMA_XFER_SIZE={}\n", 3 * MIB + 3)),
+            "{env}"
+        );
+        std::fs::remove_dir_all(dst.path().join("t")).unwrap();
+    }
+}

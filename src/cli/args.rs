@@ -272,10 +272,11 @@ pub struct ReceiverArgs {
     pub discard: bool,
     /// Give each file to `sh -c CMD`, run in DIR, on its standard input (in
     /// order, never through a file name in CMD): RDMA_XFER_NAME (its
-    /// checked relative path), RDMA_XFER_SIZE and RDMA_XFER_PEER name it,
-    /// in an environment otherwise empty but for PATH. It is received only
-    /// if its digest matched and CMD exited 0; CMD sees the end of its
-    /// input only once the data is verified. Files come one by one.
+    /// checked relative path), RDMA_XFER_SIZE, RDMA_XFER_PEER and, from a
+    /// `sender --checksum`, RDMA_XFER_DIGEST (sha256:HEX) name it, in an
+    /// environment otherwise empty but for PATH. It is received only if its
+    /// digest matched and CMD exited 0; CMD sees the end of its input only
+    /// once the data is verified. Files come one by one.
     #[arg(long, value_name = "CMD", value_hint = ValueHint::CommandString, help_heading = OUTPUT)]
     pub exec: Option<String>,
     /// As rsync's: a file the sender offers with --checksum whose size and

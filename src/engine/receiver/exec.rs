@@ -46,6 +46,9 @@ pub(super) struct ExecSink {
     /// Bytes of the file received so far (fed or, after `closed_after`,
     /// dropped).
     received: u64,
+    /// The SHA-256 the sender announced (RDMA_XFER_DIGEST), and the hash
+    /// of what came: they must agree before the command sees the end.
+    announced: Option<([u8; 32], sha2::Sha256)>,
 }
 
 /// How long a command asked to end (SIGTERM) has before SIGKILL.
@@ -53,14 +56,14 @@ const TERM_GRACE: Duration = Duration::from_secs(2);
 
 impl ExecSpec {
     /// Starts the command for the file `name` (`size`: None for a stream)
-    /// from `peer`; `digest` is the whole-file SHA-256 if the sender sent
+    /// from `peer`; `sha256` is the whole-file SHA-256 if the sender sent
     /// it before the data.
     pub(super) fn start(
         &self,
         name: &str,
         size: Option<u64>,
         peer: &str,
-        digest: Option<&str>,
+        sha256: Option<[u8; 32]>,
     ) -> std::io::Result<ExecSink> {
         let path =
             std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
@@ -85,8 +88,9 @@ impl ExecSpec {
         if let Some(size) = size {
             cmd.env("RDMA_XFER_SIZE", size.to_string());
         }
-        if let Some(digest) = digest {
-            cmd.env("RDMA_XFER_DIGEST", digest);
+        if let Some(sha256) = sha256 {
+            let hex = crate::engine::digest::digest_hex(&crate::proto::Digest::Sha256(sha256));
+            cmd.env("RDMA_XFER_DIGEST", format!("sha256:{hex}"));
         }
         let mut child = cmd.spawn()?;
         let stdin = child.stdin.take();
@@ -99,7 +103,9 @@ impl ExecSpec {
             }
         }
         debug!(file = %name, pid = child.id(), "--exec command started");
-        Ok(ExecSink::new(name, size, self.stall, child, stdin))
+        let mut sink = ExecSink::new(name, size, self.stall, child, stdin);
+        sink.announced = sha256.map(|d| (d, <sha2::Sha256 as sha2::Digest>::new()));
+        Ok(sink)
     }
 }
 
@@ -120,6 +126,7 @@ impl ExecSink {
             closed_after: None,
             status: None,
             received: 0,
+            announced: None,
         }
     }
 
@@ -128,6 +135,9 @@ impl ExecSink {
     /// closed its input takes nothing more, and that is judged at commit.
     pub(super) fn write(&mut self, mut data: &[u8], written: u64) -> std::io::Result<()> {
         self.received = written + data.len() as u64;
+        if let Some((_, hasher)) = self.announced.as_mut() {
+            sha2::Digest::update(hasher, data);
+        }
         if self.closed_after.is_some() {
             return Ok(());
         }
@@ -175,6 +185,16 @@ impl ExecSink {
     /// The data is verified: the command sees the end of its input, and
     /// its exit decides. Ok only if it took every byte and exited 0.
     pub(super) fn finish(&mut self) -> Result<(), String> {
+        if let Some((announced, hasher)) = self.announced.take()
+            && <[u8; 32]>::from(sha2::Digest::finalize(hasher)) != announced
+        {
+            self.stop();
+            return Err(
+                "the data's SHA-256 is not the one announced before it (RDMA_XFER_DIGEST): \
+                 the --exec command was stopped"
+                    .into(),
+            );
+        }
         drop(self.stdin.take());
         let status = match self.wait(self.stall) {
             Some(status) => status,
@@ -345,6 +365,36 @@ mod tests {
         assert!(
             err.ends_with("of 4194304 bytes (exited with status 0)"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn data_that_is_not_the_announced_digest_never_reaches_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(
+            r#"cat > out && echo "$RDMA_XFER_DIGEST" > digest"#,
+            dir.path(),
+        );
+        let sha: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(b"abc").into();
+        let mut sink = s.start("f", Some(3), "p", Some(sha)).unwrap();
+        sink.write(b"abc", 0).unwrap();
+        sink.finish().unwrap();
+        let said = std::fs::read_to_string(dir.path().join("digest")).unwrap();
+        assert_eq!(
+            said.trim(),
+            format!(
+                "sha256:{}",
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+            )
+        );
+        std::fs::remove_file(dir.path().join("digest")).unwrap();
+        let mut sink = s.start("f", Some(3), "p", Some(sha)).unwrap();
+        sink.write(b"abd", 0).unwrap();
+        let err = sink.finish().unwrap_err();
+        assert!(err.contains("not the one announced"), "{err}");
+        assert!(
+            !dir.path().join("digest").exists(),
+            "the command saw no end"
         );
     }
 

@@ -110,6 +110,8 @@ struct AwaitingFrom {
     copy: Option<std::fs::File>,
     /// The file under --link-dest a HAVE(digest) asked about.
     link: Option<LinkCandidate>,
+    /// A HAVE(digest) asked for --exec's RDMA_XFER_DIGEST only.
+    digest_for_command: bool,
     /// The session's claim on the partial file (none: a plain temporary
     /// file is written).
     claim: Option<Claim>,
@@ -542,10 +544,23 @@ impl Session<'_, '_> {
         if hello.caps & hello_flags::RESUME != 0 {
             return self.offer_holding(hello, hello_at);
         }
-        if let Some(link) = self.link_candidate(&hello) {
+        if let Some(link) = self.wants_digest(&hello) {
             return self.ask_digest(hello, hello_at, link, None);
         }
         self.prepare_and_accept(&hello, hello_at, Resume::No, None)
+    }
+
+    /// Whether to ask an offer for its SHA-256 before its data: for the
+    /// file --link-dest may hold (Some(Some)), or for the command of
+    /// --exec (Some(None)). Only offers with CHECKSUM, once per name.
+    fn wants_digest(&self, hello: &Hello) -> Option<Option<LinkCandidate>> {
+        if self.store.starts_commands()
+            && hello.caps & hello_flags::CHECKSUM != 0
+            && !self.compared.contains(&hello.name)
+        {
+            return Some(None);
+        }
+        self.link_candidate(hello).map(Some)
     }
 
     /// The file under --link-dest that an offer with CHECKSUM may be
@@ -557,16 +572,21 @@ impl Session<'_, '_> {
         self.store.link_candidate(hello, self.cfg.overwrite)
     }
 
-    /// Asks the sender for the SHA-256 of an offer that --link-dest may
-    /// hold (HAVE digest); its COMPARE decides (`on_compare`).
+    /// Asks the sender for the SHA-256 of an offer (HAVE digest): for the
+    /// file --link-dest may hold, or for --exec's command; its COMPARE
+    /// decides (`on_compare`).
     fn ask_digest(
         &mut self,
         hello: Hello,
         hello_at: Instant,
-        link: LinkCandidate,
+        link: Option<LinkCandidate>,
         claim: Option<Claim>,
     ) -> Result<(), XferError> {
-        info!(file = %hello.name, "--link-dest has a file of its size: its SHA-256 is asked");
+        if link.is_some() {
+            info!(file = %hello.name, "--link-dest has a file of its size: its SHA-256 is asked");
+        } else {
+            debug!(file = %hello.name, "its SHA-256 is asked for the --exec command");
+        }
         self.compared.insert(hello.name.clone());
         let reply = self.machine.have(Have::ask_digest(hello.size))?;
         self.control.send(&self.ep, &reply)?;
@@ -575,7 +595,8 @@ impl Session<'_, '_> {
             hello_at,
             kept: None,
             copy: None,
-            link: Some(link),
+            digest_for_command: link.is_none(),
+            link,
             claim,
         });
         Ok(())
@@ -674,7 +695,7 @@ impl Session<'_, '_> {
         }
         // Nothing kept here: --link-dest may still have it.
         if holding.have.kind == HaveKind::Nothing
-            && let Some(link) = self.link_candidate(&hello)
+            && let Some(link) = self.wants_digest(&hello)
         {
             return self.ask_digest(hello, hello_at, link, claim);
         }
@@ -696,6 +717,7 @@ impl Session<'_, '_> {
             kept: holding.kept,
             copy: holding.copy,
             link: None,
+            digest_for_command: false,
             claim,
         });
         Ok(())
@@ -708,6 +730,15 @@ impl Session<'_, '_> {
         let Some(mut waiting) = self.awaiting_from.take() else {
             return Err(XferError::Internal("COMPARE without a HAVE".into()));
         };
+        if std::mem::take(&mut waiting.digest_for_command) {
+            // Known before the data: the command gets it (and the data is
+            // checked against it), then the data comes (FROM 0).
+            self.store.announce_digest(sha256);
+            let reply = self.machine.have(Have::nothing(""))?;
+            self.control.send(&self.ep, &reply)?;
+            self.awaiting_from = Some(waiting);
+            return Ok(());
+        }
         let copy = waiting.copy.take();
         let link = waiting.link.take();
         let Some(file) = copy.as_ref().or(link.as_ref().map(|l| &l.file)) else {

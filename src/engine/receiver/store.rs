@@ -54,6 +54,9 @@ pub(super) enum FileStore {
         spec: ExecSpec,
         /// The sender's address (RDMA_XFER_PEER).
         peer: String,
+        /// The next file's SHA-256 as its sender announced it (COMPARE),
+        /// for RDMA_XFER_DIGEST; taken by the file's command.
+        announced: Option<[u8; 32]>,
     },
 }
 
@@ -91,6 +94,7 @@ impl FileStore {
                         pipe_bytes: cfg.chunk_size as usize,
                     },
                     peer: String::new(),
+                    announced: None,
                 });
             }
         }
@@ -128,6 +132,14 @@ impl FileStore {
     pub(super) fn set_peer(&mut self, address: &str) {
         if let FileStore::Exec { peer, .. } = self {
             *peer = address.to_string();
+        }
+    }
+
+    /// The SHA-256 the sender announced for the file it offers next
+    /// (--exec passes it on, and checks the data against it).
+    pub(super) fn announce_digest(&mut self, sha256: [u8; 32]) {
+        if let FileStore::Exec { announced, .. } = self {
+            *announced = Some(sha256);
         }
     }
 
@@ -332,10 +344,16 @@ impl FileStore {
                 Sink::Stdout(out)
             }
             FileStore::Discard => Sink::Discard,
-            FileStore::Exec { root, spec, peer } => {
+            FileStore::Exec {
+                root,
+                spec,
+                peer,
+                announced,
+            } => {
                 check_exec_path(root, &hello.name)?;
                 let size = (!hello.is_stream()).then_some(hello.size);
-                let exec = spec.start(&hello.name, size, peer, None).map_err(|e| {
+                let sha256 = announced.take();
+                let exec = spec.start(&hello.name, size, peer, sha256).map_err(|e| {
                     (
                         RejectCode::Io,
                         format!("cannot start the --exec command for {}: {e}", hello.name),
