@@ -10,7 +10,7 @@ RELEASE_DIR ?= target/release
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-tune bench-native build-bins install uninstall clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-sinks bench-tune bench-native build-bins install uninstall clean
 
 all: build
 
@@ -76,6 +76,17 @@ demo: build
 
 bench: build
 	scripts/guest/run.sh -t 3600 'scripts/bench.sh'
+
+# Disk or network (docs/performance.md#disk-or-network): the same 1 GiB
+# into tmpfs, onto a disk (a sparse image under target/ as a virtio disk,
+# ext4) and with receiver --discard.
+bench-sinks: build
+	rm -f target/bench-disk.img && truncate -s 4G target/bench-disk.img
+	RXFER_GUEST_QEMU_EXTRA="-drive file=$(CURDIR)/target/bench-disk.img,if=virtio,format=raw,cache=none" \
+	  scripts/guest/run.sh -t 3600 'modprobe virtio_blk && mkfs.ext4 -q -F /dev/vda && \
+	    mkdir -p /mnt/disk && mount /dev/vda /mnt/disk && \
+	    RXFER_BENCH_DISK=/mnt/disk RXFER_BENCH_PARTS=sinks scripts/bench.sh'
+	rm -f target/bench-disk.img
 
 # The tuning table of docs/performance.md (chunk size x depth x CQ
 # waiting: throughput and CPU per GiB), in the guest.

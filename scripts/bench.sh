@@ -9,17 +9,23 @@
 #   4. scripts/small-files.sh: 1000 x 4 KiB files as a tree vs one file;
 #   5. 1% packet loss each way (netem on both ends of the wire): ib_write_bw
 #      (perftest's defaults, ACK timeout 2^14) before and after, the tool
-#      with its defaults (LOSS_RUNS runs of LOSS_MIB) in between.
+#      with its defaults (LOSS_RUNS runs of LOSS_MIB) in between;
+#   6. (part "sinks", not in the default parts; `make bench-sinks`) disk or
+#      network: the same SINK_MIB file SINK_RUNS times into tmpfs, into
+#      RXFER_BENCH_DISK (a directory on a real disk, if given) and with
+#      `receiver --discard`.
 # Software RDMA under emulation drifts by 10-20% within one boot, so the
 # baseline is the mean of the measurements before and after, and the tool's
 # figure is the median of its runs.
 # Prints both throughputs and ratio = median tool throughput / ib_write_bw.
 # Usage: scripts/bench.sh [-s SIZE_MiB] [-r RUNS]
 # Env (RXFER_* pass into the guest): RXFER_BENCH_PARTS (default
-#   "file small loss": which of 1-3, 4 and 5 to run), RXFER_BENCH_BIG_MIB
+#   "file small loss": which of 1-3, 4, 5 and 6 "sinks" to run), RXFER_BENCH_BIG_MIB
 #   (BIG_MIB, default 1024), RXFER_BENCH_BIG_RUNS (BIG_RUNS, default 3; 0
 #   skips it), RXFER_BENCH_LOSS_MIB
-#   (LOSS_MIB, default 64), RXFER_BENCH_LOSS_RUNS (LOSS_RUNS, default 3).
+#   (LOSS_MIB, default 64), RXFER_BENCH_LOSS_RUNS (LOSS_RUNS, default 3),
+#   RXFER_BENCH_SINK_MIB (SINK_MIB, default 1024), RXFER_BENCH_SINK_RUNS
+#   (SINK_RUNS, default 3), RXFER_BENCH_DISK.
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -32,10 +38,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 PARTS=" ${RXFER_BENCH_PARTS:-file small loss} "
 BIG_MIB=${RXFER_BENCH_BIG_MIB:-1024} BIG_RUNS=${RXFER_BENCH_BIG_RUNS:-3}
 LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-64} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
+SINK_MIB=${RXFER_BENCH_SINK_MIB:-1024} SINK_RUNS=${RXFER_BENCH_SINK_RUNS:-3}
 for part in $PARTS; do
-  [[ $part == @(file|small|loss) ]] || { echo "bench: unknown part '$part' in RXFER_BENCH_PARTS (file, small, loss)" >&2; exit 2; }
+  [[ $part == @(file|small|loss|sinks) ]] || { echo "bench: unknown part '$part' in RXFER_BENCH_PARTS (file, small, loss, sinks)" >&2; exit 2; }
 done
-for n in "$SIZE_MIB" "$RUNS" "$BIG_MIB" "$LOSS_MIB" "$LOSS_RUNS"; do
+for n in "$SIZE_MIB" "$RUNS" "$BIG_MIB" "$LOSS_MIB" "$LOSS_RUNS" "$SINK_MIB" "$SINK_RUNS"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench: sizes and run counts must be whole numbers >= 1, got '$n'" >&2; exit 2; }
 done
 [[ $BIG_RUNS =~ ^(0|[1-9][0-9]*)$ ]] || { echo "bench: RXFER_BENCH_BIG_RUNS must be a whole number (0 skips), got '$BIG_RUNS'" >&2; exit 2; }
@@ -76,6 +83,27 @@ fi
 
 # Many small files against one file of the same size (files per second).
 if [[ $PARTS == *" small "* ]]; then "$here/small-files.sh"; fi
+
+# Disk or network: the same file into tmpfs, onto a disk, and discarded
+# (verified, not written). Equal rates: the disk is not the limit.
+if [[ $PARTS == *" sinks "* ]]; then
+  sinks=()
+  for sink in tmpfs disk discard; do
+    case $sink in
+      tmpfs) out=$(RXFER_OUT_DIR='' "$here/transfer.sh" -s "$SINK_MIB" -r "$SINK_RUNS") ;;
+      disk)
+        [[ -n ${RXFER_BENCH_DISK:-} ]] || continue
+        dir=$(mktemp -d "$RXFER_BENCH_DISK/rxfer-bench.XXXXXX")
+        out=$(RXFER_OUT_DIR=$dir "$here/transfer.sh" -s "$SINK_MIB" -r "$SINK_RUNS")
+        rm -rf "$dir" ;;
+      discard) out=$(RECEIVER_OPTS="--discard ${RECEIVER_OPTS:-}" "$here/transfer.sh" -s "$SINK_MIB" -r "$SINK_RUNS") ;;
+    esac
+    grep -v '^median_MiBps=' <<<"$out" | sed "s/^/$sink: /"
+    sinks+=("$sink=$(sed -n 's/^median_MiBps=//p' <<<"$out") MiB/s")
+  done
+  echo "RESULT sinks ${SINK_MIB} MiB (median of $SINK_RUNS, process start to exit): ${sinks[*]}"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (inside the guest)"
+fi
 [[ $PARTS == *" loss "* ]] || exit 0
 
 # Under 1% loss each way. The ratio compares what each gets start to end
