@@ -174,10 +174,10 @@ pub struct SenderArgs {
     /// [default: crc32; sha256 with a token, which requires it].
     #[arg(long, value_enum, help_heading = SECURITY)]
     pub verify: Option<Verify>,
-    /// Send each file's SHA-256 when the receiver asks for it (receiver
-    /// --link-dest), computed before any data: a file the receiver already
-    /// has is linked there instead of sent.
-    #[arg(long, help_heading = SECURITY)]
+    /// Send each file's SHA-256 when the receiver asks for it, read before
+    /// any data: a file its --link-dest has is linked there instead of
+    /// sent; its --exec command gets it as RDMA_XFER_DIGEST.
+    #[arg(long, help_heading = OUTPUT)]
     pub checksum: bool,
     /// RDMA writes kept in flight, 1-1024 (each uses one staging buffer).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DEPTH, value_hint = ValueHint::Other,
@@ -228,8 +228,8 @@ one line when it is ready: where it listens and where files go.",
         "  receiver --stdout | tar -C dst -xpf -\n",
         "  receiver --once --discard\n",
         "  receiver --link-dest /data/yesterday /data/today\n",
-        "  receiver --exec 'mkdir -p \"$(dirname \"$RDMA_XFER_NAME\")\" && zstd -q -o \"$RDMA_XFER_NAME.zst\"' /data/in\n",
-        "  receiver --exec 'sha256sum | sed \"s|-|$RDMA_XFER_NAME|\" >> sums.txt' /data/in\n\n",
+        "  receiver --exec 'mkdir -p -- \"$(dirname -- \"$RDMA_XFER_NAME\")\" && zstd -q -o \"$RDMA_XFER_NAME.zst\"' /data/in\n",
+        "  receiver --exec 'python3 /opt/ingest.py' /data/in\n\n",
         output_help!(),
         "\n\n",
         environment_help!(),
@@ -272,7 +272,8 @@ pub struct ReceiverArgs {
     pub discard: bool,
     /// Give each file to `sh -c CMD`, run in DIR, on its standard input (in
     /// order, never through a file name in CMD): RDMA_XFER_NAME (its
-    /// checked relative path), RDMA_XFER_SIZE, RDMA_XFER_PEER and, from a
+    /// checked relative path, chosen by the sender: quote it, never make
+    /// it code), RDMA_XFER_SIZE, RDMA_XFER_PEER and, from a
     /// `sender --checksum`, RDMA_XFER_DIGEST (sha256:HEX) name it, in an
     /// environment otherwise empty but for PATH. It is received only if its
     /// digest matched and CMD exited 0; CMD sees the end of its input only

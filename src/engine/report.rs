@@ -66,7 +66,7 @@ impl Outcome {
             Outcome::Skipped => "skipped",
             Outcome::Linked => "linked",
             Outcome::Discarded => "discarded",
-            Outcome::Exec => "exec",
+            Outcome::Exec => "piped",
         }
     }
 

@@ -102,6 +102,36 @@ pub fn signal_group(child: &std::process::Child, sig: GroupSignal) -> std::io::R
     }
 }
 
+/// Prepares `cmd`'s child to run in the directory open as `dir` (by
+/// descriptor: the directory that was checked, not a path looked up
+/// again) and to be killed (SIGKILL) when the thread that starts it ends:
+/// if the receiver dies mid-file, the command must not take the end of
+/// its input for a complete file.
+pub fn confine_command(cmd: &mut std::process::Command, dir: std::fs::File) {
+    use std::os::unix::process::CommandExt;
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the child between fork and exec. It makes
+    // three system calls through rustix (prctl, getppid, fchdir), which are
+    // async-signal-safe, and allocates nothing: its errors are errno
+    // values, and `dir` was opened before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            // The parent may have died before the signal was armed.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            rustix::process::fchdir(&dir)?;
+            Ok(())
+        });
+    }
+}
+
+/// Bytes written to the pipe `fd` and not read yet.
+pub fn pipe_unread(fd: impl AsFd) -> std::io::Result<u64> {
+    Ok(rustix::io::ioctl_fionread(fd)?)
+}
+
 fn wait_ready(fd: impl AsFd, flags: PollFlags, deadline: Instant) -> Result<bool> {
     loop {
         if shutdown_requested() {

@@ -4,7 +4,8 @@
 //! ACK. A directory HELLO is answered by creating the directory (ACK) or a
 //! REJECT. Paths inside --dir are resolved component by component without
 //! following links; with --stdout the one file or stream goes to standard
-//! output instead, and with --discard nowhere (checked and verified only).
+//! output instead, with --discard nowhere (checked and verified only), and
+//! with --exec to a command per file.
 
 mod admission;
 mod allow;

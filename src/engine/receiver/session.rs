@@ -99,6 +99,9 @@ struct Session<'a, 's> {
     /// Names whose complete copy this session offered to compare: each is
     /// read at most once per session, however often it is offered.
     compared: std::collections::HashSet<String>,
+    /// The SHA-256 the sender announced for the offer about to be accepted
+    /// (--exec's RDMA_XFER_DIGEST); taken by it.
+    announced: Option<[u8; 32]>,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -112,6 +115,8 @@ struct AwaitingFrom {
     link: Option<LinkCandidate>,
     /// A HAVE(digest) asked for --exec's RDMA_XFER_DIGEST only.
     digest_for_command: bool,
+    /// The SHA-256 the sender announced (COMPARE) for that.
+    announced: Option<[u8; 32]>,
     /// The session's claim on the partial file (none: a plain temporary
     /// file is written).
     claim: Option<Claim>,
@@ -266,6 +271,7 @@ pub(super) fn run(
         awaiting_from: None,
         stashed: Vec::new(),
         compared: Default::default(),
+        announced: None,
     };
     let result = session.run();
     session.finish(result)
@@ -596,6 +602,7 @@ impl Session<'_, '_> {
             kept: None,
             copy: None,
             digest_for_command: link.is_none(),
+            announced: None,
             link,
             claim,
         });
@@ -615,8 +622,10 @@ impl Session<'_, '_> {
         // A file --link-dest may hold is asked for its digest: alone.
         let linkable = members.iter().find(|h| self.link_candidate(h).is_some());
         let prepared = match linkable {
+            // Not a policy for every batch (not Protocol): the sender keeps
+            // batching the others.
             Some(h) => Err((
-                RejectCode::Protocol,
+                RejectCode::Exists,
                 format!(
                     "{} may be linked from --link-dest: the files come one by one",
                     h.name
@@ -718,6 +727,7 @@ impl Session<'_, '_> {
             copy: holding.copy,
             link: None,
             digest_for_command: false,
+            announced: None,
             claim,
         });
         Ok(())
@@ -733,7 +743,7 @@ impl Session<'_, '_> {
         if std::mem::take(&mut waiting.digest_for_command) {
             // Known before the data: the command gets it (and the data is
             // checked against it), then the data comes (FROM 0).
-            self.store.announce_digest(sha256);
+            waiting.announced = Some(sha256);
             let reply = self.machine.have(Have::nothing(""))?;
             self.control.send(&self.ep, &reply)?;
             self.awaiting_from = Some(waiting);
@@ -843,8 +853,11 @@ impl Session<'_, '_> {
             hello_at,
             kept,
             claim,
+            announced,
             ..
         } = waiting;
+        // For this offer only (taken by `prepare_and_accept`).
+        self.announced = announced;
         match (kept, claim) {
             (Some(kept), Some(claim)) if offset > 0 => {
                 let KeptPrefix { sidecar, hasher } = kept;
@@ -868,6 +881,7 @@ impl Session<'_, '_> {
         resume: Resume<'_>,
         continued: Option<(FileHasher, u64)>,
     ) -> Result<(), XferError> {
+        let sha256 = self.announced.take();
         // The ring is normally registered ahead (`register_ring_ahead`);
         // if that failed, it is tried again for an acceptable offer, and if
         // that fails (memlock limit, say) the sender hears why instead of
@@ -875,9 +889,9 @@ impl Session<'_, '_> {
         let prepared = if self.store.starts_commands() {
             // A command starts only for an offer the ring can take.
             self.ring_for_offer()
-                .and_then(|ring| Ok((self.prepare_file(hello, resume)?, ring)))
+                .and_then(|ring| Ok((self.prepare_file(hello, resume, sha256)?, ring)))
         } else {
-            self.prepare_file(hello, resume)
+            self.prepare_file(hello, resume, sha256)
                 .and_then(|file| Ok((file, self.ring_for_offer()?)))
         };
         match prepared {
@@ -927,10 +941,17 @@ impl Session<'_, '_> {
 
     /// Opens where the offered file goes (see `FileStore::create`) and
     /// starts its bookkeeping.
-    fn prepare_file(&mut self, hello: &Hello, resume: Resume<'_>) -> Result<IncomingFile, Refusal> {
+    /// `sha256`: the file's digest, if the sender announced it.
+    fn prepare_file(
+        &mut self,
+        hello: &Hello,
+        resume: Resume<'_>,
+        sha256: Option<[u8; 32]>,
+    ) -> Result<IncomingFile, Refusal> {
+        let (overwrite, dir) = (self.cfg.overwrite, &self.cfg.dir);
         let sink = self
             .store
-            .create(hello, self.cfg.overwrite, &self.cfg.dir, resume)?;
+            .create_announced(hello, overwrite, dir, resume, sha256)?;
         let span = if hello.is_stream() {
             error_span!("file", file = %escaped(&hello.name), size = "unknown")
         } else {
@@ -1252,6 +1273,7 @@ impl Session<'_, '_> {
                 .commit(&file.name, file.mode, file.mtime, self.cfg.overwrite)
             {
                 Ok(()) => (AckStatus::Ok, String::new(), None),
+                Err(e @ XferError::Integrity(_)) => (AckStatus::Integrity, e.to_string(), Some(e)),
                 Err(e) => (AckStatus::Io, e.to_string(), Some(e)),
             }
         };

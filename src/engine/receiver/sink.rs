@@ -1,11 +1,11 @@
 //! Where one accepted offer's bytes go, whatever the receiver's policy:
 //! a temporary file under --dir (committed once verified), the files of a
-//! batch, standard output, nowhere (--discard). The session drives every
+//! batch, standard output, nowhere (--discard), a command (--exec). The session drives every
 //! sink through the same calls: write a checked chunk, hear that the data
 //! failed its whole-file check, commit, end uncommitted. Naming,
 //! confinement and refusals happen before a sink exists (`FileStore`).
 
-use super::exec::ExecSink;
+use super::exec::{ExecFailure, ExecSink};
 use super::store::{BatchMember, BatchSink, TempFile};
 use super::write_behind::Retired;
 use crate::engine::Outcome;
@@ -149,9 +149,10 @@ impl Sink {
             Sink::Batch(b) => b.commit(overwrite),
             Sink::Temp(t) => t.commit(name, mode, mtime, overwrite),
             Sink::Discard => Ok(()),
-            Sink::Exec(e) => e
-                .finish()
-                .map_err(|why| XferError::io(name, std::io::Error::other(why))),
+            Sink::Exec(e) => e.finish().map_err(|failure| match failure {
+                ExecFailure::Integrity(why) => XferError::Integrity(format!("{name}: {why}")),
+                ExecFailure::Command(why) => XferError::io(name, std::io::Error::other(why)),
+            }),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The receiver's file store: where received entries go (a tree under
-//! `--dir`, standard output, or nowhere with --discard), checked against what is on disk, written
+//! `--dir`, standard output, nowhere with --discard, a command per file
+//! with --exec), checked against what is on disk, written
 //! to a temporary file next to the final name and committed (fsync, rename,
 //! fsync of the directory) only once verified. Paths are resolved component
 //! by component from the output directory's descriptor, never through a
@@ -54,9 +55,6 @@ pub(super) enum FileStore {
         spec: ExecSpec,
         /// The sender's address (RDMA_XFER_PEER).
         peer: String,
-        /// The next file's SHA-256 as its sender announced it (COMPARE),
-        /// for RDMA_XFER_DIGEST; taken by the file's command.
-        announced: Option<[u8; 32]>,
     },
 }
 
@@ -87,14 +85,12 @@ impl FileStore {
                     root: open_root()?,
                     spec: ExecSpec {
                         command: command.clone(),
-                        dir: cfg.dir.clone(),
                         // Acts before the sender's own timeout (the same
                         // --timeout by default) would.
                         stall: cfg.timeout.mul_f64(0.75),
                         pipe_bytes: cfg.chunk_size as usize,
                     },
                     peer: String::new(),
-                    announced: None,
                 });
             }
         }
@@ -132,14 +128,6 @@ impl FileStore {
     pub(super) fn set_peer(&mut self, address: &str) {
         if let FileStore::Exec { peer, .. } = self {
             *peer = address.to_string();
-        }
-    }
-
-    /// The SHA-256 the sender announced for the file it offers next
-    /// (--exec passes it on, and checks the data against it).
-    pub(super) fn announce_digest(&mut self, sha256: [u8; 32]) {
-        if let FileStore::Exec { announced, .. } = self {
-            *announced = Some(sha256);
         }
     }
 
@@ -330,6 +318,20 @@ impl FileStore {
         dir: &Path,
         resume: Resume<'_>,
     ) -> Result<Sink, Refusal> {
+        self.create_announced(hello, overwrite, dir, resume, None)
+    }
+
+    /// As `create`, with the file's SHA-256 if its sender announced it
+    /// before the data (`--exec` passes it on, and checks the data
+    /// against it).
+    pub(super) fn create_announced(
+        &mut self,
+        hello: &Hello,
+        overwrite: bool,
+        dir: &Path,
+        resume: Resume<'_>,
+        sha256: Option<[u8; 32]>,
+    ) -> Result<Sink, Refusal> {
         let sink = match self {
             FileStore::Stdout(out) => {
                 let Some(out) = out.take() else {
@@ -344,21 +346,17 @@ impl FileStore {
                 Sink::Stdout(out)
             }
             FileStore::Discard => Sink::Discard,
-            FileStore::Exec {
-                root,
-                spec,
-                peer,
-                announced,
-            } => {
+            FileStore::Exec { root, spec, peer } => {
                 check_exec_path(root, &hello.name)?;
                 let size = (!hello.is_stream()).then_some(hello.size);
-                let sha256 = announced.take();
-                let exec = spec.start(&hello.name, size, peer, sha256).map_err(|e| {
-                    (
-                        RejectCode::Io,
-                        format!("cannot start the --exec command for {}: {e}", hello.name),
-                    )
-                })?;
+                let exec = spec
+                    .start(root, &hello.name, size, peer, sha256)
+                    .map_err(|e| {
+                        (
+                            RejectCode::Io,
+                            format!("cannot start the --exec command for {}: {e}", hello.name),
+                        )
+                    })?;
                 Sink::Exec(Box::new(exec))
             }
             FileStore::Tree { root, ledger, .. } => {
@@ -449,6 +447,16 @@ pub(super) struct LinkCandidate {
     /// Open without following a link: what is hashed is what is linked
     /// (checked after the link, by device and inode).
     pub(super) file: File,
+    /// Its size and modification time before it was hashed: unchanged
+    /// after the link, the linked data is the hashed data.
+    seen: (u64, i64, i64),
+}
+
+/// Size and modification time, to tell a file changed in place.
+fn size_and_time(file: &File) -> std::io::Result<(u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata()?;
+    Ok((m.len(), m.mtime(), m.mtime_nsec()))
 }
 
 /// How a file from --link-dest was put in place.
@@ -479,7 +487,13 @@ impl FileStore {
         check_final_name(&parent, &leaf, &hello.name, overwrite).ok()?;
         let (parent, leaf) = open_parent(dest, &hello.name).ok()?;
         let file = parent.open_file(&leaf, false).ok()?;
-        (file.metadata().ok()?.len() == hello.size).then_some(LinkCandidate { parent, leaf, file })
+        let seen = size_and_time(&file).ok()?;
+        (seen.0 == hello.size).then_some(LinkCandidate {
+            parent,
+            leaf,
+            file,
+            seen,
+        })
     }
 
     /// Puts `candidate`, whose SHA-256 is the offer's `sha256`, under the
@@ -553,26 +567,35 @@ fn hard_link(
     leaf: &str,
     overwrite: bool,
 ) -> std::io::Result<()> {
+    let changed = || std::io::Error::other("the --link-dest file changed meanwhile");
+    // Already there (--overwrite of an earlier run's link): nothing to do
+    // but make it durable (a rename between two links of one file does
+    // nothing, and would leave the temporary name).
+    if matches!(parent.is_same(leaf, &candidate.file), Ok(true)) {
+        candidate.file.sync_all()?;
+        return parent.sync();
+    }
     let temp = temp_name();
     // Marked before it exists: the sweep never sees it unmarked.
     let _in_use = TempInUse::new(parent, &temp)?;
     candidate.parent.link_to(&candidate.leaf, parent, &temp)?;
-    let placed = parent.is_same(&temp, &candidate.file).and_then(|same| {
-        if !same {
-            return Err(std::io::Error::other(
-                "the --link-dest file was replaced meanwhile",
-            ));
+    let linked = parent.is_same(&temp, &candidate.file).and_then(|same| {
+        // The inode hashed, unchanged since: the data hashed.
+        if !same || size_and_time(&candidate.file)? != candidate.seen {
+            return Err(changed());
         }
         // What the ACK promises must survive a crash: the data, then the
         // new name.
         candidate.file.sync_all()?;
-        parent.rename(&temp, leaf, !overwrite)?;
-        parent.sync()
+        parent.rename(&temp, leaf, !overwrite)
     });
-    if placed.is_err() {
+    if let Err(e) = linked {
         let _ = parent.unlink(&temp);
+        return Err(e);
     }
-    placed
+    // In place now: a failure from here on is an I/O error of the file,
+    // not a reason to send it (it would be refused as existing).
+    parent.sync()
 }
 
 /// Copies `size` bytes of `from` into the temporary file of `sink`, as
@@ -1391,8 +1414,13 @@ mod tests {
         assert!(matches!(linked, Linked::HardLink));
         let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
         assert_eq!(ino(&root.path().join("d/f")), ino(&e.join("d/f")));
-        // The final name is taken now: no candidate without --overwrite.
+        // The final name is taken now: no candidate without --overwrite;
+        // with it, the link already there stays, and no temporary name.
         assert!(s.link_candidate(&h, false).is_none());
+        let c = s.link_candidate(&h, true).unwrap();
+        let again = s.link_into_place(&h, &c, sha, (true, 1 << 20, root.path()), &mut || Ok(()));
+        assert!(matches!(again, Ok(Linked::HardLink)));
+        assert_eq!(entries(&root.path().join("d")), ["f"]);
         // Another mode: a copy with the offer's mode, checked.
         std::fs::remove_file(root.path().join("d/f")).unwrap();
         std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(0o600)).unwrap();

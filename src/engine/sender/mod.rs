@@ -380,6 +380,9 @@ struct Connection {
     wcs: Vec<Completion>,
     /// State machine events not yet acted upon, in order.
     events: VecDeque<SenderEvent>,
+    /// The receiver refused a batch by policy (REJECT protocol: it takes
+    /// files one by one, e.g. --exec): no more batches this session.
+    batches_refused: bool,
 }
 
 impl Connection {
@@ -441,6 +444,7 @@ impl Connection {
             session: SenderSession::new(cfg.chunk_size, auth),
             wcs: Vec::with_capacity(64),
             events: VecDeque::new(),
+            batches_refused: false,
         };
         Ok((conn, staging))
     }
@@ -487,6 +491,7 @@ impl Connection {
                 unbatched -= 1;
                 entry
             } else if batch::batchable(cfg, &entry)
+                && !self.batches_refused
                 // The session's first file goes alone: its HELLO checks
                 // the receiver's version, its MR makes the ring known (a
                 // batch is then read while the receiver prepares it).
