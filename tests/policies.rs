@@ -97,7 +97,9 @@ fn discard_verifies_300_mib_and_a_tree_of_100_files_and_writes_nothing() {
         &["-r", "--json"],
     );
     assert_both_ok(&sent, &received);
-    assert_eq!(acknowledged("sender", &sent).len(), names.len());
+    let told = acknowledged("sender", &sent);
+    assert_eq!(told.len(), names.len());
+    assert!(told.iter().all(|f| f["outcome"] == "discarded"), "{told:?}");
     for n in &names {
         let line = format!("t/{n}: ");
         let said = received
@@ -153,9 +155,11 @@ fn exec_compresses_a_tree_of_50_files_as_they_arrive() {
         dst.path(),
         &["--exec", ZSTD_EACH, "--json"],
         std::slice::from_ref(&tree),
-        &["-r"],
+        &["-r", "--json"],
     );
     assert_both_ok(&sent, &received);
+    let told = acknowledged("sender", &sent);
+    assert!(told.iter().all(|f| f["outcome"] == "piped"), "{told:?}");
     let files = acknowledged("receiver", &received);
     assert_eq!(files.len(), names.len(), "{}", received.transcript());
     assert!(files.iter().all(|f| f["outcome"] == "piped"), "{files:?}");

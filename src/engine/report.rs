@@ -27,6 +27,20 @@ pub struct FileReport {
     pub outcome: Outcome,
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_receiver_policy_travels_in_the_ack_note() {
+        for o in [Outcome::Stored, Outcome::Discarded, Outcome::Exec] {
+            assert_eq!(Outcome::from_ack_note(o.ack_note()), o);
+        }
+        assert_eq!(Outcome::from_ack_note("something else"), Outcome::Stored);
+        assert_eq!(Outcome::Exec.as_str(), "piped");
+    }
+}
+
 impl FileReport {
     /// Bytes this transfer moved (the file less what was reused).
     pub fn moved(&self) -> u64 {
@@ -67,6 +81,26 @@ impl Outcome {
             Outcome::Linked => "linked",
             Outcome::Discarded => "discarded",
             Outcome::Exec => "piped",
+        }
+    }
+
+    /// The note an ACK(ok) carries for it, so that the sender says what
+    /// the receiver did ("" for a stored file: what old senders expect).
+    pub fn ack_note(self) -> &'static str {
+        match self {
+            Outcome::Discarded => "discarded",
+            Outcome::Exec => "piped",
+            Outcome::Stored | Outcome::Skipped | Outcome::Linked => "",
+        }
+    }
+
+    /// What an ACK(ok)'s note says became of a file sent (any other note,
+    /// from a receiver that says more, is a stored file).
+    pub fn from_ack_note(note: &str) -> Outcome {
+        match note {
+            "discarded" => Outcome::Discarded,
+            "piped" => Outcome::Exec,
+            _ => Outcome::Stored,
         }
     }
 

@@ -1246,6 +1246,7 @@ impl Session<'_, '_> {
             write_s = file.write_time.as_secs_f64(),
             "all data received"
         );
+        let outcome = file.sink.outcome();
         let (status, reason, err) = if digest != fin.digest {
             let mut reason = format!(
                 "whole-file digest mismatch for {}: received data hashes to {}, the sender's is {}",
@@ -1272,7 +1273,8 @@ impl Session<'_, '_> {
                 .sink
                 .commit(&file.name, file.mode, file.mtime, self.cfg.overwrite)
             {
-                Ok(()) => (AckStatus::Ok, String::new(), None),
+                // The sender says what became of it too.
+                Ok(()) => (AckStatus::Ok, outcome.ack_note().to_string(), None),
                 Err(e @ XferError::Integrity(_)) => (AckStatus::Integrity, e.to_string(), Some(e)),
                 Err(e) => (AckStatus::Io, e.to_string(), Some(e)),
             }
@@ -1282,7 +1284,6 @@ impl Session<'_, '_> {
             .complete(status, reason)
             .map_err(XferError::from)?;
         self.control.send(&self.ep, &ack)?;
-        let outcome = file.sink.outcome();
         match err {
             None if file.sink.members().is_some() => {
                 file.phases.commit = fin_at.elapsed();

@@ -163,6 +163,9 @@ impl Tracker<'_> {
                     report.phases.commit = commit;
                     report.elapsed += commit;
                     if ack.status == AckStatus::Ok {
+                        if report.outcome == crate::engine::Outcome::Stored {
+                            report.outcome = crate::engine::Outcome::from_ack_note(&ack.reason);
+                        }
                         report.phases.log(&report.name, report.bytes);
                         (self.on_file)(FileEvent::Done(&report));
                         self.outcome.files.push(report);
