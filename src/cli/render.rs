@@ -84,7 +84,7 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
                 format_bytes(r.bytes),
             );
         }
-        Outcome::Stored | Outcome::Discarded | Outcome::Exec => {}
+        Outcome::Stored | Outcome::Discarded | Outcome::Piped => {}
     }
     let resumed = if r.resumed_from > 0 {
         format!(
@@ -104,7 +104,7 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
     );
     match r.outcome {
         Outcome::Discarded => line.push_str(", discarded"),
-        Outcome::Exec => line.push_str(", taken by the --exec command"),
+        Outcome::Piped => line.push_str(", taken by the --exec command"),
         _ => {}
     }
     if phases {

@@ -59,15 +59,16 @@ pub struct PrefixRead {
 /// Reads `file` from byte 0 up to `upto` (at most its end) in chunks of
 /// `chunk_len`, computing each chunk's CRC32 and feeding the whole-file
 /// hasher: what a sender compares with a HAVE, and what a receiver
-/// continues a resumed file's digest with. `each_chunk` sees every chunk's
-/// CRC32 in order (the receiver checks them against its records) and may
-/// stop the read with an error. One chunk of memory, whatever the size.
+/// continues a resumed file's digest with. `each_chunk` sees every chunk
+/// (its index, bytes and CRC32) in order (the receiver checks the CRCs
+/// against its records, or copies the bytes) and may stop the read with an
+/// error. One chunk of memory, whatever the size.
 pub fn read_prefix(
     file: &std::fs::File,
     upto: u64,
     chunk_len: u32,
     alg: DigestAlg,
-    mut each_chunk: impl FnMut(u64, u32) -> std::io::Result<()>,
+    mut each_chunk: impl FnMut(u64, &[u8], u32) -> std::io::Result<()>,
 ) -> std::io::Result<PrefixRead> {
     use std::os::unix::fs::FileExt;
     let mut hasher = FileHasher::new(alg);
@@ -80,7 +81,7 @@ pub fn read_prefix(
         let data = &mut buf[..len];
         file.read_exact_at(data, offset)?;
         let crc = crc32fast::hash(data);
-        each_chunk(index, crc)?;
+        each_chunk(index, data, crc)?;
         hasher.update(data, crc);
         crcs.update(crc.to_be_bytes());
         offset += len as u64;
@@ -138,7 +139,7 @@ mod tests {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&data).unwrap();
         let mut seen = Vec::new();
-        let p = read_prefix(&f, 300, 100, DigestAlg::Sha256, |i, crc| {
+        let p = read_prefix(&f, 300, 100, DigestAlg::Sha256, |i, _, crc| {
             seen.push((i, crc));
             Ok(())
         })
@@ -158,12 +159,12 @@ mod tests {
         let whole: [u8; 32] = Sha256::digest(&data).into();
         assert_eq!(h.finish(), Digest::Sha256(whole));
         // The whole file, its last chunk short, with CRC32.
-        let all = read_prefix(&f, 1037, 100, DigestAlg::Crc32, |_, _| Ok(())).unwrap();
+        let all = read_prefix(&f, 1037, 100, DigestAlg::Crc32, |_, _, _| Ok(())).unwrap();
         assert_eq!(all.hasher.finish(), Digest::Crc32(crc32fast::hash(&data)));
         // Past the end: an error, not a shorter digest.
-        assert!(read_prefix(&f, 2000, 100, DigestAlg::Crc32, |_, _| Ok(())).is_err());
+        assert!(read_prefix(&f, 2000, 100, DigestAlg::Crc32, |_, _, _| Ok(())).is_err());
         // The callback can stop the read.
-        let stop = read_prefix(&f, 300, 100, DigestAlg::Crc32, |i, _| {
+        let stop = read_prefix(&f, 300, 100, DigestAlg::Crc32, |i, _, _| {
             if i == 1 {
                 Err(std::io::Error::other("record mismatch"))
             } else {

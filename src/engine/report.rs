@@ -33,11 +33,11 @@ mod tests {
 
     #[test]
     fn the_receiver_policy_travels_in_the_ack_note() {
-        for o in [Outcome::Stored, Outcome::Discarded, Outcome::Exec] {
+        for o in [Outcome::Stored, Outcome::Discarded, Outcome::Piped] {
             assert_eq!(Outcome::from_ack_note(o.ack_note()), o);
         }
         assert_eq!(Outcome::from_ack_note("something else"), Outcome::Stored);
-        assert_eq!(Outcome::Exec.as_str(), "piped");
+        assert_eq!(Outcome::Piped.as_str(), "piped");
     }
 }
 
@@ -68,8 +68,8 @@ pub enum Outcome {
     /// Received and verified, then dropped (receiver --discard).
     Discarded,
     /// Received, verified and handed to the receiver's --exec command,
-    /// which exited 0.
-    Exec,
+    /// which read all of it and exited 0.
+    Piped,
 }
 
 impl Outcome {
@@ -80,7 +80,7 @@ impl Outcome {
             Outcome::Skipped => "skipped",
             Outcome::Linked => "linked",
             Outcome::Discarded => "discarded",
-            Outcome::Exec => "piped",
+            Outcome::Piped => "piped",
         }
     }
 
@@ -89,7 +89,7 @@ impl Outcome {
     pub fn ack_note(self) -> &'static str {
         match self {
             Outcome::Discarded => "discarded",
-            Outcome::Exec => "piped",
+            Outcome::Piped => "piped",
             Outcome::Stored | Outcome::Skipped | Outcome::Linked => "",
         }
     }
@@ -99,7 +99,7 @@ impl Outcome {
     pub fn from_ack_note(note: &str) -> Outcome {
         match note {
             "discarded" => Outcome::Discarded,
-            "piped" => Outcome::Exec,
+            "piped" => Outcome::Piped,
             _ => Outcome::Stored,
         }
     }

@@ -99,9 +99,6 @@ struct Session<'a, 's> {
     /// Names whose complete copy this session offered to compare: each is
     /// read at most once per session, however often it is offered.
     compared: std::collections::HashSet<String>,
-    /// The SHA-256 the sender announced for the offer about to be accepted
-    /// (--exec's RDMA_XFER_DIGEST); taken by it.
-    announced: Option<[u8; 32]>,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -111,15 +108,21 @@ struct AwaitingFrom {
     kept: Option<KeptPrefix>,
     /// The complete copy HAVE announced, to compare (COMPARE).
     copy: Option<std::fs::File>,
-    /// The file under --link-dest a HAVE(digest) asked about.
-    link: Option<LinkCandidate>,
-    /// A HAVE(digest) asked for --exec's RDMA_XFER_DIGEST only.
-    digest_for_command: bool,
-    /// The SHA-256 the sender announced (COMPARE) for that.
+    /// Why a HAVE(digest) asked for the file's SHA-256, if one did.
+    digest_for: Option<DigestFor>,
+    /// The SHA-256 the sender announced (COMPARE) for --exec's command.
     announced: Option<[u8; 32]>,
     /// The session's claim on the partial file (none: a plain temporary
     /// file is written).
     claim: Option<Claim>,
+}
+
+/// Why the receiver asks an offer with CHECKSUM for its SHA-256.
+enum DigestFor {
+    /// The file --link-dest may hold, linked if the digests match.
+    Link(LinkCandidate),
+    /// --exec's command gets it (RDMA_XFER_DIGEST).
+    Command,
 }
 
 /// Ends the session if SIGINT or SIGTERM came (a read for a resumed offer
@@ -271,7 +274,6 @@ pub(super) fn run(
         awaiting_from: None,
         stashed: Vec::new(),
         compared: Default::default(),
-        announced: None,
     };
     let result = session.run();
     session.finish(result)
@@ -550,32 +552,25 @@ impl Session<'_, '_> {
         if hello.caps & hello_flags::RESUME != 0 {
             return self.offer_holding(hello, hello_at);
         }
-        if let Some(link) = self.wants_digest(&hello) {
-            return self.ask_digest(hello, hello_at, link, None);
+        if let Some(why) = self.digest_for(&hello) {
+            return self.ask_digest(hello, hello_at, why, None);
         }
-        self.prepare_and_accept(&hello, hello_at, Resume::No, None)
+        self.prepare_and_accept(&hello, hello_at, Resume::No, None, None)
     }
 
-    /// Whether to ask an offer for its SHA-256 before its data: for the
-    /// file --link-dest may hold (Some(Some)), or for the command of
-    /// --exec (Some(None)). Only offers with CHECKSUM, once per name.
-    fn wants_digest(&self, hello: &Hello) -> Option<Option<LinkCandidate>> {
-        if self.store.starts_commands()
-            && hello.caps & hello_flags::CHECKSUM != 0
-            && !self.compared.contains(&hello.name)
-        {
-            return Some(None);
-        }
-        self.link_candidate(hello).map(Some)
-    }
-
-    /// The file under --link-dest that an offer with CHECKSUM may be
-    /// (each name is asked about once per session).
-    fn link_candidate(&self, hello: &Hello) -> Option<LinkCandidate> {
+    /// Whether to ask an offer for its SHA-256 before its data, and why:
+    /// for --exec's command, or for the file --link-dest may hold. Only
+    /// offers with CHECKSUM, each name once per session.
+    fn digest_for(&self, hello: &Hello) -> Option<DigestFor> {
         if hello.caps & hello_flags::CHECKSUM == 0 || self.compared.contains(&hello.name) {
             return None;
         }
-        self.store.link_candidate(hello, self.cfg.overwrite)
+        if self.store.starts_commands() {
+            return Some(DigestFor::Command);
+        }
+        self.store
+            .link_candidate(hello, self.cfg.overwrite)
+            .map(DigestFor::Link)
     }
 
     /// Asks the sender for the SHA-256 of an offer (HAVE digest): for the
@@ -585,13 +580,16 @@ impl Session<'_, '_> {
         &mut self,
         hello: Hello,
         hello_at: Instant,
-        link: Option<LinkCandidate>,
+        why: DigestFor,
         claim: Option<Claim>,
     ) -> Result<(), XferError> {
-        if link.is_some() {
-            info!(file = %hello.name, "--link-dest has a file of its size: its SHA-256 is asked");
-        } else {
-            debug!(file = %hello.name, "its SHA-256 is asked for the --exec command");
+        match why {
+            DigestFor::Link(_) => {
+                info!(file = %hello.name, "--link-dest has a file of its size: its SHA-256 is asked")
+            }
+            DigestFor::Command => {
+                debug!(file = %hello.name, "its SHA-256 is asked for the --exec command")
+            }
         }
         self.compared.insert(hello.name.clone());
         let reply = self.machine.have(Have::ask_digest(hello.size))?;
@@ -601,9 +599,8 @@ impl Session<'_, '_> {
             hello_at,
             kept: None,
             copy: None,
-            digest_for_command: link.is_none(),
+            digest_for: Some(why),
             announced: None,
-            link,
             claim,
         });
         Ok(())
@@ -620,7 +617,9 @@ impl Session<'_, '_> {
         let total = members.iter().fold(0u64, |t, h| t.saturating_add(h.size));
         info!(files = members.len(), bytes = total, "offer of a batch");
         // A file --link-dest may hold is asked for its digest: alone.
-        let linkable = members.iter().find(|h| self.link_candidate(h).is_some());
+        let linkable = members
+            .iter()
+            .find(|h| matches!(self.digest_for(h), Some(DigestFor::Link(_))));
         let prepared = match linkable {
             // Not a policy for every batch (not Protocol): the sender keeps
             // batching the others.
@@ -704,9 +703,9 @@ impl Session<'_, '_> {
         }
         // Nothing kept here: --link-dest may still have it.
         if holding.have.kind == HaveKind::Nothing
-            && let Some(link) = self.wants_digest(&hello)
+            && let Some(why) = self.digest_for(&hello)
         {
-            return self.ask_digest(hello, hello_at, link, claim);
+            return self.ask_digest(hello, hello_at, why, claim);
         }
         let have = holding.have;
         match have.kind {
@@ -725,8 +724,7 @@ impl Session<'_, '_> {
             hello_at,
             kept: holding.kept,
             copy: holding.copy,
-            link: None,
-            digest_for_command: false,
+            digest_for: None,
             announced: None,
             claim,
         });
@@ -740,17 +738,20 @@ impl Session<'_, '_> {
         let Some(mut waiting) = self.awaiting_from.take() else {
             return Err(XferError::Internal("COMPARE without a HAVE".into()));
         };
-        if std::mem::take(&mut waiting.digest_for_command) {
-            // Known before the data: the command gets it (and the data is
-            // checked against it), then the data comes (FROM 0).
-            waiting.announced = Some(sha256);
-            let reply = self.machine.have(Have::nothing(""))?;
-            self.control.send(&self.ep, &reply)?;
-            self.awaiting_from = Some(waiting);
-            return Ok(());
-        }
+        let link = match waiting.digest_for.take() {
+            Some(DigestFor::Command) => {
+                // Known before the data: the command gets it (and the data
+                // is checked against it), then the data comes (FROM 0).
+                waiting.announced = Some(sha256);
+                let reply = self.machine.have(Have::nothing(""))?;
+                self.control.send(&self.ep, &reply)?;
+                self.awaiting_from = Some(waiting);
+                return Ok(());
+            }
+            Some(DigestFor::Link(link)) => Some(link),
+            None => None,
+        };
         let copy = waiting.copy.take();
-        let link = waiting.link.take();
         let Some(file) = copy.as_ref().or(link.as_ref().map(|l| &l.file)) else {
             return Err(XferError::Internal("COMPARE without a copy".into()));
         };
@@ -856,32 +857,33 @@ impl Session<'_, '_> {
             announced,
             ..
         } = waiting;
-        // For this offer only (taken by `prepare_and_accept`).
-        self.announced = announced;
         match (kept, claim) {
             (Some(kept), Some(claim)) if offset > 0 => {
                 let KeptPrefix { sidecar, hasher } = kept;
                 let resume = Resume::Continue(&sidecar, claim);
-                self.prepare_and_accept(&hello, hello_at, resume, Some((hasher, offset)))
+                let continued = Some((hasher, offset));
+                self.prepare_and_accept(&hello, hello_at, resume, continued, announced)
             }
             (_, Some(claim)) => {
-                self.prepare_and_accept(&hello, hello_at, Resume::Fresh(claim), None)
+                let resume = Resume::Fresh(claim);
+                self.prepare_and_accept(&hello, hello_at, resume, None, announced)
             }
-            (_, None) => self.prepare_and_accept(&hello, hello_at, Resume::No, None),
+            (_, None) => self.prepare_and_accept(&hello, hello_at, Resume::No, None, announced),
         }
     }
 
     /// Opens where an accepted offer goes and answers with the ring (MR),
     /// or refuses it. `continued`: the whole-file digest over a kept
-    /// prefix and its length.
+    /// prefix and its length; `sha256`: the file's SHA-256 if the sender
+    /// announced it (for --exec's command).
     fn prepare_and_accept(
         &mut self,
         hello: &Hello,
         hello_at: Instant,
         resume: Resume<'_>,
         continued: Option<(FileHasher, u64)>,
+        sha256: Option<[u8; 32]>,
     ) -> Result<(), XferError> {
-        let sha256 = self.announced.take();
         // The ring is normally registered ahead (`register_ring_ahead`);
         // if that failed, it is tried again for an acceptable offer, and if
         // that fails (memlock limit, say) the sender hears why instead of

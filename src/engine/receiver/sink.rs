@@ -191,7 +191,7 @@ impl Sink {
     pub(super) fn outcome(&self) -> Outcome {
         match self {
             Sink::Discard => Outcome::Discarded,
-            Sink::Exec(_) => Outcome::Exec,
+            Sink::Exec(_) => Outcome::Piped,
             Sink::Batch(b) if b.discards() => Outcome::Discarded,
             Sink::Temp(_) | Sink::Batch(_) | Sink::Stdout(_) => Outcome::Stored,
         }

@@ -111,17 +111,15 @@ impl FileStore {
     }
 
     fn stdout(cfg: &ReceiverConfig) -> Result<FileStore, XferError> {
-        {
-            // A duplicate of descriptor 1: unbuffered writes of whole
-            // chunks, and a write error (EPIPE) is ours to handle.
-            use std::os::fd::AsFd;
-            let fd = std::io::stdout()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| XferError::io("cannot use standard output", e))?;
-            crate::engine::stdio::grow_pipe(&fd, cfg.chunk_size as usize);
-            Ok(FileStore::Stdout(Some(File::from(fd))))
-        }
+        // A duplicate of descriptor 1: unbuffered writes of whole chunks,
+        // and a write error (EPIPE) is ours to handle.
+        use std::os::fd::AsFd;
+        let fd = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| XferError::io("cannot use standard output", e))?;
+        crate::engine::stdio::grow_pipe(&fd, cfg.chunk_size as usize);
+        Ok(FileStore::Stdout(Some(File::from(fd))))
     }
 
     /// The sender's address, for the commands of --exec.
@@ -593,8 +591,8 @@ fn hard_link(
         let _ = parent.unlink(&temp);
         return Err(e);
     }
-    // In place now: a failure from here on is an I/O error of the file,
-    // not a reason to send it (it would be refused as existing).
+    // In place now: if this fsync fails the file is sent instead, and
+    // refused as existing (the name is taken): the sender hears of it.
     parent.sync()
 }
 
@@ -607,26 +605,23 @@ fn copy_verified(
     chunk_len: u32,
     tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> std::io::Result<crate::proto::Digest> {
-    let mut hasher = FileHasher::new(crate::proto::DigestAlg::Sha256);
-    let mut buf = vec![0u8; chunk_len.max(4096) as usize];
-    let mut offset = 0u64;
-    while offset < size {
-        let len = (size - offset).min(buf.len() as u64) as usize;
-        let data = &mut buf[..len];
-        from.read_exact_at(data, offset)?;
-        let crc = crc32fast::hash(data);
-        match sink.write(data, offset, crc, offset) {
-            Ok(()) => {}
-            Err(super::sink::Unwritten::Failed(e)) => return Err(e),
-            Err(super::sink::Unwritten::OutOfOrder) => {
-                return Err(std::io::Error::other("the copy is written out of order"));
+    let read = crate::engine::digest::read_prefix(
+        from,
+        size,
+        chunk_len,
+        crate::proto::DigestAlg::Sha256,
+        |index, data, crc| {
+            let offset = index * u64::from(chunk_len);
+            match sink.write(data, offset, crc, offset) {
+                Ok(()) => tick(),
+                Err(super::sink::Unwritten::Failed(e)) => Err(e),
+                Err(super::sink::Unwritten::OutOfOrder) => {
+                    Err(std::io::Error::other("the copy is written out of order"))
+                }
             }
-        }
-        hasher.update(data, crc);
-        offset += len as u64;
-        tick()?;
-    }
-    Ok(hasher.finish())
+        },
+    )?;
+    Ok(read.hasher.finish())
 }
 
 impl FileStore {

@@ -27,12 +27,10 @@ enum Start {
     /// From the start, or after the prefix the receiver kept (its length
     /// and the whole-file digest over it).
     Data(Option<(u64, FileHasher)>),
-    /// The receiver's copy is the file (this SHA-256; the ACK is its
-    /// verdict): nothing is sent.
-    Skipped(Digest, Ack),
-    /// The receiver asked for the file's SHA-256 (`--checksum`) and had
-    /// it under its --link-dest: linked there, nothing is sent.
-    Linked(Digest, Ack),
+    /// Answered without data (this SHA-256; the ACK is its verdict):
+    /// `Skipped`, the receiver's copy is the file, or `Linked`, it asked
+    /// for the digest (`--checksum`) and had the file under --link-dest.
+    Answered(Outcome, Digest, Ack),
 }
 
 /// How the sender answers a HAVE.
@@ -132,26 +130,24 @@ impl Connection {
             .in_scope(|| self.await_ring(cfg, offer, tag, &input, pipe, tracker))?;
         let mut progress = cfg.progress.file_started(&name, size);
         phases.mr_exchange = started.elapsed();
-        let (resume, answered) = match start {
-            Start::Data(resume) => (resume, None),
-            Start::Skipped(digest, ack) => (None, Some((Outcome::Skipped, digest, ack))),
-            Start::Linked(digest, ack) => (None, Some((Outcome::Linked, digest, ack))),
+        let resume = match start {
+            Start::Data(resume) => resume,
+            Start::Answered(outcome, digest, ack) => {
+                // Its verdict came already: the ACK of the COMPARE.
+                progress.advance(size);
+                let report = FileReport {
+                    name,
+                    bytes: size,
+                    elapsed: started.elapsed(),
+                    digest,
+                    phases,
+                    resumed_from: 0,
+                    outcome,
+                };
+                tracker.await_verdict(tag, report, progress);
+                return tracker.answer(tag, Pending::File, Verdict::Ack(ack));
+            }
         };
-        if let Some((outcome, digest, ack)) = answered {
-            // Its verdict came already: the ACK of the COMPARE.
-            progress.advance(size);
-            let report = FileReport {
-                name,
-                bytes: size,
-                elapsed: started.elapsed(),
-                digest,
-                phases,
-                resumed_from: 0,
-                outcome,
-            };
-            tracker.await_verdict(tag, report, progress);
-            return tracker.answer(tag, Pending::File, Verdict::Ack(ack));
-        }
         let resumed_from = resume.as_ref().map_or(0, |(offset, _)| *offset);
         progress.advance(resumed_from);
         let data_started = Instant::now();
@@ -248,10 +244,10 @@ impl Connection {
                     let digest = Digest::Sha256(sha256);
                     if asked == HaveKind::Digest {
                         info!(file = %name, "linked: the receiver had it under --link-dest");
-                        return Ok(Start::Linked(digest, ack));
+                        return Ok(Start::Answered(Outcome::Linked, digest, ack));
                     }
                     info!(file = %name, "skipped: the receiver's copy is the same");
-                    return Ok(Start::Skipped(digest, ack));
+                    return Ok(Start::Answered(Outcome::Skipped, digest, ack));
                 }
                 SenderEvent::Keepalive => debug!("the receiver reads its copy"),
                 SenderEvent::Ring(ring) => {
@@ -367,7 +363,7 @@ impl Connection {
         let interval = keepalive_interval(cfg.timeout);
         let mut last = Instant::now();
         let mut failed = None;
-        let read = read_prefix(file, upto, chunk_len, alg, |_, _| {
+        let read = read_prefix(file, upto, chunk_len, alg, |_, _, _| {
             if crate::sys::os::shutdown_requested() {
                 failed = Some(FileError::Fatal(XferError::Sys(SysError::Interrupted)));
                 return Err(std::io::Error::other("interrupted by signal"));

@@ -202,7 +202,7 @@ pub(crate) fn kept_prefix(
         prefix,
         sidecar.identity.chunk_len,
         hello.digest,
-        |index, crc| {
+        |index, _, crc| {
             if crcs.get(index as usize) != Some(&crc) {
                 return Err(std::io::Error::other(format!(
                     "chunk {index} of the partial file no longer matches its record"
@@ -248,7 +248,7 @@ pub(crate) fn copy_digest(
         return Err(std::io::Error::other("it changed size"));
     }
     let read =
-        crate::engine::digest::read_prefix(copy, size, chunk_len, DigestAlg::Sha256, |_, _| {
+        crate::engine::digest::read_prefix(copy, size, chunk_len, DigestAlg::Sha256, |_, _, _| {
             tick()
         })?;
     read.hasher
