@@ -174,6 +174,23 @@ pub enum XferError {
         failed: u64,
         files: u64,
     },
+    /// A target of the one-command form (`sender FILE HOST:DIR`) failed
+    /// before or around its session: ssh, the remote receiver, or what it
+    /// reported; `code` is the class of what went wrong there.
+    #[error("{host}: {message}")]
+    Remote {
+        host: String,
+        code: ExitCode,
+        message: String,
+    },
+    /// Several targets, some failed (each reported as it failed); the
+    /// exit status is the worst (highest) of theirs.
+    #[error("{failed} of {targets} targets failed (worst: {worst})")]
+    TargetsFailed {
+        worst: Box<XferError>,
+        failed: usize,
+        targets: usize,
+    },
 }
 
 impl From<ProtocolError> for XferError {
@@ -219,6 +236,9 @@ impl XferError {
             XferError::Rejected { code, .. } => *code == Some(RejectCode::Busy),
             XferError::PeerLost(_) => true,
             XferError::FilesFailed { first, .. } => first.is_transient(),
+            XferError::Remote { code, .. } => {
+                matches!(code, ExitCode::CannotConnect | ExitCode::TimeoutOrPeerLost)
+            }
             XferError::Sys(v) => matches!(
                 v,
                 SysError::Timeout { .. }
@@ -268,6 +288,8 @@ impl XferError {
             | XferError::Internal(_) => ExitCode::Other,
             XferError::PeerLost(_) => ExitCode::TimeoutOrPeerLost,
             XferError::FilesFailed { first, .. } => first.exit_code(),
+            XferError::Remote { code, .. } => *code,
+            XferError::TargetsFailed { worst, .. } => worst.exit_code(),
         }
     }
 }

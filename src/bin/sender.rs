@@ -1,27 +1,38 @@
-//! `sender`: sends files to a `receiver` over RDMA.
+//! `sender`: sends files over RDMA, to receivers it starts over ssh
+//! (`sender FILE... HOST:DIR`) or to a running `receiver` (`sender ADDR
+//! FILE...`).
 #![forbid(unsafe_code)]
 
 use clap::Parser;
 use rdma_xfer::XferError;
 use rdma_xfer::cli::render::session_summary;
+use rdma_xfer::cli::targets::send_to_targets;
 use rdma_xfer::cli::ui::Ui;
-use rdma_xfer::cli::{LogFormat, SenderArgs, finish, init_logging};
+use rdma_xfer::cli::{LogFormat, SendPlan, SenderArgs, finish, init_logging};
 use rdma_xfer::engine::ProgressSink;
 use rdma_xfer::engine::sender::send_files;
 use rdma_xfer::sys::os::install_shutdown_handlers;
 use std::sync::Arc;
 
 fn run(args: &SenderArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
-    let mut cfg = args.to_config()?;
+    let plan = args.plan()?;
+    let files = match &plan {
+        SendPlan::Direct { files, .. } => files,
+        SendPlan::Remote(remote) => &remote.files,
+    };
     // As gzip and zstd do: a terminal on stdin means the user is to type.
-    if args.files.iter().any(|f| f.as_os_str() == "-")
+    if files.iter().any(|f| f.as_os_str() == "-")
         && std::io::IsTerminal::is_terminal(&std::io::stdin())
         && !args.common.quiet
     {
         ui.eprintln("sender: reading standard input from the terminal (end it with Ctrl-D)");
     }
+    let (mut cfg, files) = match plan {
+        SendPlan::Remote(remote) => return send_to_targets(&remote, ui, args.recursive),
+        SendPlan::Direct { cfg, files } => (cfg, files),
+    };
     cfg.progress = ProgressSink::new(ui.clone());
-    let outcome = send_files(&cfg, &args.files, |event| ui.file_event(event))?;
+    let outcome = send_files(&cfg, &files, |event| ui.file_event(event))?;
     if args.recursive && !args.common.quiet {
         let json = args.common.log_format == LogFormat::Json;
         ui.eprintln(&session_summary(&outcome, json));

@@ -6,6 +6,7 @@ use super::{parse_size_arg, parse_timeout_arg, resolve};
 use crate::engine::receiver::{
     AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_THREADS, Output, ReceiverConfig,
 };
+use crate::engine::remote::{LaunchOptions, Target};
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
 use crate::engine::{DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
 use crate::error::{Problems, XferError};
@@ -28,6 +29,7 @@ const OUTPUT: &str = "Output";
 const SECURITY: &str = "Integrity and security";
 const PERFORMANCE: &str = "Performance";
 const FORMAT: &str = "Output format";
+const REMOTE: &str = "One command (receivers started over ssh)";
 
 /// How log lines (and the per-file lines) on stderr look.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,9 +45,9 @@ pub struct CommonArgs {
     /// latency, one core busy).
     #[arg(long, help_heading = PERFORMANCE)]
     pub busy_poll: bool,
-    /// Seconds without progress (or to connect/accept) before giving up
-    /// (1-604800).
-    #[arg(long, value_name = "SECS", value_parser = parse_timeout_arg, default_value = "30",
+    /// Time without progress (or to connect/accept) before giving up: a
+    /// number of seconds, or with s, m, h or d (at most 7d).
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout_arg, default_value = "30s",
           value_hint = ValueHint::Other, help_heading = CONNECTION)]
     pub timeout: Duration,
     /// More log output: -v adds timestamps, the phases of each file, peak
@@ -103,13 +105,21 @@ macro_rules! environment_help {
 #[command(
     name = "sender",
     version,
-    about = "Send files over RDMA to a running `receiver`.",
-    long_about = "Send files over RDMA to a running `receiver`. All files go in one session, in \
-order; each is acknowledged only after the receiver verified its digest, fsynced it and renamed \
-it into place. A refused file (say, it exists there) does not stop the others; the exit code is \
-the first failure's. Where files go on the receiving host is the receiver's --dir.",
+    about = "Send files over RDMA: to HOST:DIR (a receiver started there over ssh), or to a running `receiver`.",
+    override_usage = "sender [OPTIONS] FILE... [USER@]HOST:DIR...\n       sender [OPTIONS] --hosts LIST FILE...\n       sender [OPTIONS] ADDR FILE...",
+    long_about = "Send files over RDMA. `sender FILE... HOST:DIR` starts a receiver on HOST over \
+ssh (honouring ~/.ssh/config) with a one-time key, sends, and ends it: nothing to set up there \
+but rdma-xfer itself; several targets each get their own receiver and result. `sender ADDR \
+FILE...` sends to a receiver already running at ADDR (a service with a token). All files go in \
+one session, in order; each is acknowledged only after the receiver verified its digest, fsynced \
+it and renamed it into place. A refused file (say, it exists there) does not stop the others; the \
+exit code is the first failure's (with several targets, the highest of theirs).",
     after_help = concat!(
         "Examples:\n",
+        "  sender ckpt.pt node01:/ckpt/\n",
+        "  sender -r dataset/ node01:/data/ node02:/data/ node03:/data/\n",
+        "  sender --hosts nodes.txt --parallel 8 image.sqfs\n",
+        "  sender -e 'ssh -p 2222' --remote-receiver /opt/rdma-xfer/bin/receiver f.bin me@node01:in\n",
         "  sender 10.0.0.1 data.bin\n",
         "  sender recv-host:7471 a.bin b.bin\n",
         "  sender --verify sha256 '[fd00::1]:7471' data.bin\n",
@@ -128,14 +138,42 @@ the first failure's. Where files go on the receiving host is the receiver's --di
     )
 )]
 pub struct SenderArgs {
-    /// Receiver's address: IPv4, IPv6 or host name, optionally with its
-    /// port (HOST:PORT, [IPV6]:PORT).
-    #[arg(value_hint = ValueHint::Hostname, value_name = "ADDR")]
+    /// The direct form's receiver address (IPv4, IPv6 or host name,
+    /// optionally HOST:PORT or [IPV6]:PORT); in the one-command form, the
+    /// first file.
+    #[arg(value_hint = ValueHint::AnyPath, value_name = "ADDR|FILE")]
     pub addr: String,
     /// Files to send, in order, in one session; `-` is standard input (of
     /// any length), directories need -r (they arrive under their own name).
-    #[arg(required = true, value_hint = ValueHint::AnyPath, value_name = "FILE")]
+    /// In the one-command form the last ones are the targets,
+    /// [USER@]HOST:DIR: a receiver is started there over ssh for each.
+    #[arg(value_hint = ValueHint::AnyPath, value_name = "FILE|[USER@]HOST:DIR")]
     pub files: Vec<PathBuf>,
+    /// More targets, one [USER@]HOST:DIR a line (blank lines and lines
+    /// starting with # ignored).
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath, help_heading = REMOTE)]
+    pub hosts: Option<PathBuf>,
+    /// The remote shell that starts each target's receiver, split as a
+    /// shell would (e.g. 'ssh -p 2222'); overrides RDMA_XFER_RSH
+    /// [default: ssh].
+    #[arg(short = 'e', long, value_name = "CMD", value_hint = ValueHint::CommandString,
+          help_heading = REMOTE)]
+    pub rsh: Option<String>,
+    /// The receiver program on the targets, when it is not `receiver` on
+    /// their PATH.
+    #[arg(long, value_name = "PATH", default_value = "receiver", value_hint = ValueHint::Other,
+          help_heading = REMOTE)]
+    pub remote_receiver: String,
+    /// The address the targets' receivers listen on [default: the RDMA
+    /// address the ssh connection arrived at, else one towards the sender,
+    /// else the first RDMA address there].
+    #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = REMOTE)]
+    pub remote_bind: Option<String>,
+    /// Targets served at once, 1-256.
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=256), value_hint = ValueHint::Other,
+          help_heading = REMOTE)]
+    pub parallel: u16,
     /// Receiver's port (also ADDR:PORT) [default: 7471].
     #[arg(long, value_hint = ValueHint::Other, help_heading = CONNECTION)]
     pub port: Option<u16>,
@@ -251,6 +289,19 @@ pub struct ReceiverArgs {
     /// Serve one session, then exit with its status.
     #[arg(long, help_heading = CONNECTION)]
     pub once: bool,
+    /// With --once: how long to wait for the first sender (s, m, h, d)
+    /// before giving up with exit 7 [default: forever].
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration,
+          value_hint = ValueHint::Other, help_heading = CONNECTION)]
+    pub wait: Option<Duration>,
+    /// How `sender FILE... HOST:DIR` starts its receiver over ssh, not
+    /// meant to be typed: read a one-time token from standard input,
+    /// listen on a free port of the RDMA address the ssh connection came
+    /// in on (or --bind), print where on standard output, serve that one
+    /// session (waiting at most --timeout for it), and end when it ends or
+    /// standard input closes.
+    #[arg(long, help_heading = CONNECTION)]
+    pub ssh_session: bool,
     /// Sessions served at once, 1-65535 (each has its own queue pair and
     /// ring); further senders are refused as "busy".
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS as u16,
@@ -437,20 +488,108 @@ impl SenderArgs {
         }
     }
 
-    /// The engine's configuration for these arguments, every option checked
-    /// and every problem reported at once (exit 2): chunk size and depth,
-    /// timeout, ADDR and port, `--name` (a relative path the receiver will
-    /// accept, and only with `-` among the files), `--follow-links` only
-    /// with -r, the token (`--token-file` or RDMA_XFER_TOKEN), and with any
-    /// of those wrong, the input files too (otherwise the engine checks
-    /// them, all at once, before it connects). The receiver's address is
-    /// resolved last: a name that does not resolve is a connect error.
-    /// The progress observer is left at its default; the tool sets its own.
+    /// The engine's configuration for the direct form (`sender ADDR
+    /// FILE...`); the one-command form is a usage error here (see `plan`).
     pub fn to_config(&self) -> Result<SenderConfig, XferError> {
+        match self.plan()? {
+            SendPlan::Direct { cfg, .. } => Ok(cfg),
+            SendPlan::Remote(_) => Err(XferError::Usage(
+                "HOST:DIR targets need the one-command form (SenderArgs::plan)".into(),
+            )),
+        }
+    }
+
+    /// The operands as the direct form (ADDR, then files) or the
+    /// one-command form (files, then the trailing `[USER@]HOST:DIR`
+    /// targets, plus `--hosts`'s).
+    fn operands(&self, problems: &mut Problems) -> Operands {
+        let all: Vec<PathBuf> = std::iter::once(PathBuf::from(&self.addr))
+            .chain(self.files.iter().cloned())
+            .collect();
+        let target_of = |p: &PathBuf| p.to_str().and_then(Target::parse);
+        let trailing = all
+            .iter()
+            .rev()
+            .take_while(|p| target_of(p).is_some())
+            .count();
+        if trailing == 0 && self.hosts.is_none() {
+            if self.files.is_empty() {
+                problems.add(
+                    "no files to send: `sender FILE... HOST:DIR` (a receiver started over ssh) or \
+                     `sender ADDR FILE...` (a running receiver)",
+                );
+            }
+            return Operands::Direct;
+        }
+        let (files, named) = all.split_at(all.len() - trailing);
+        let mut targets = Vec::new();
+        for t in named.iter().filter_map(target_of) {
+            problems.check(t).map(|t| targets.push(t));
+        }
+        if let Some(list) = &self.hosts {
+            targets.extend(hosts_file(list, problems));
+        }
+        for f in files.iter().filter(|f| target_of(f).is_some()) {
+            problems.add(format!(
+                "{}: the sender sends local files, not from a remote host (a local name with a \
+                 ':' can be given as ./NAME)",
+                f.display()
+            ));
+        }
+        if files.is_empty() {
+            problems.add("no files to send: the files come before the HOST:DIR targets");
+        }
+        if targets.is_empty() && problems.is_empty() {
+            problems.add("no targets: give [USER@]HOST:DIR after the files, or --hosts FILE");
+        }
+        if targets.len() > 1 && files.iter().any(|f| f.as_os_str() == "-") {
+            problems.add("standard input (-) is read once: it can go to one target only");
+        }
+        Operands::Remote {
+            files: files.to_vec(),
+            targets,
+        }
+    }
+
+    /// What the command line asks for, every option checked and every
+    /// problem reported at once (exit 2): chunk size and depth, timeout,
+    /// ADDR and port or the targets, `--name` (a relative path the
+    /// receiver will accept, and only with `-` among the files),
+    /// `--follow-links` only with -r, the token (`--token-file` or
+    /// RDMA_XFER_TOKEN; the one-command form makes its own), and with any
+    /// of those wrong, the input files too (otherwise the engine checks
+    /// them, all at once, before it connects). The direct form's address
+    /// is resolved last: a name that does not resolve is a connect error.
+    /// The progress observer is left at its default; the tool sets its own.
+    pub fn plan(&self) -> Result<SendPlan, XferError> {
         let mut problems = Problems::default();
         let buffers = problems.check(check_buffers(self.chunk_size, self.depth as u64, "--depth"));
         problems.check(self.common.check());
-        let target = problems.check(parse_addr(&self.addr));
+        let operands = self.operands(&mut problems);
+        let remote = matches!(operands, Operands::Remote { .. });
+        let files: Vec<PathBuf> = match &operands {
+            Operands::Direct => self.files.clone(),
+            Operands::Remote { files, .. } => files.clone(),
+        };
+        let target = if remote {
+            self.check_remote_options(&mut problems);
+            None
+        } else {
+            for (given, name) in [
+                (self.rsh.is_some(), "--rsh"),
+                (self.remote_bind.is_some(), "--remote-bind"),
+                (self.remote_receiver != "receiver", "--remote-receiver"),
+            ] {
+                if given {
+                    problems.add(format!(
+                        "{name} is for [USER@]HOST:DIR targets (receivers started over ssh), not \
+                         for a running receiver at {}",
+                        self.addr
+                    ));
+                }
+            }
+            problems.check(parse_addr(&self.addr))
+        };
         let port = match (target.as_ref().and_then(|(_, p)| *p), self.port) {
             (Some(a), Some(b)) if a != b => {
                 problems.add(format!(
@@ -463,7 +602,7 @@ impl SenderArgs {
         };
         problems.check(check_port(port));
         if let Some(name) = &self.name {
-            if !self.files.iter().any(|f| f.as_os_str() == "-") {
+            if !files.iter().any(|f| f.as_os_str() == "-") {
                 problems.add(
                     "--name names standard input, which is sent only when `-` is among the files",
                 );
@@ -477,14 +616,14 @@ impl SenderArgs {
         }
         // Files in trees and among the inputs get the flag; standard input
         // never does, so --checksum with nothing else has no effect.
-        if self.checksum && self.files.iter().all(|f| f.as_os_str() == "-") {
+        if self.checksum && !files.is_empty() && files.iter().all(|f| f.as_os_str() == "-") {
             problems.add(
                 "--checksum with only standard input (-): a stream cannot be hashed before it \
                  is sent",
             );
         }
         // `--retry 3 HOST FILE`: the count needs `=`, so 3 became ADDR.
-        if !self.addr.is_empty() && self.addr.bytes().all(|b| b.is_ascii_digit()) {
+        if !remote && !self.addr.is_empty() && self.addr.bytes().all(|b| b.is_ascii_digit()) {
             problems.add(if self.retry > 0 {
                 format!(
                     "{} was taken as the receiver's address: --retry takes its count after \
@@ -496,7 +635,8 @@ impl SenderArgs {
             });
         }
         // `sender FILE HOST`: the address is a local file and a "file" is not.
-        if !self.addr.is_empty()
+        if !remote
+            && !self.addr.is_empty()
             && Path::new(&self.addr).exists()
             && self
                 .files
@@ -505,7 +645,7 @@ impl SenderArgs {
         {
             problems.add(format!(
                 "{} is a local file, not an address: the receiver's address comes first \
-                 (sender ADDR FILE...)",
+                 (sender ADDR FILE...), or a target last (sender FILE... HOST:DIR)",
                 self.addr
             ));
         }
@@ -516,19 +656,24 @@ impl SenderArgs {
                     .map_err(|e| XferError::Usage(format!("--source {s}: {}", connect_reason(&e)))),
             )
         });
-        let token = problems.check(self.common.token()).flatten();
+        // The one-command form makes a one-time token per target.
+        let token = if remote {
+            None
+        } else {
+            problems.check(self.common.token()).flatten()
+        };
         let ack_timeout = problems.check(self.common.ack_timeout());
         // With a token the digest is authenticated (sealed FIN), so it must
         // resist deliberate changes: CRC32 does not (it can be kept while
         // the data is altered).
-        let verify = match (self.verify, token.is_some()) {
+        let verify = match (self.verify, token.is_some() || remote) {
             (None, false) | (Some(Verify::Crc32), false) => DigestAlg::Crc32,
             (None, true) | (Some(Verify::Sha256), _) => DigestAlg::Sha256,
             (Some(Verify::Crc32), true) => {
                 problems.add(
                     "--verify crc32 with a token: CRC32 does not detect deliberate changes to \
                      the data, so an authenticated transfer uses sha256 (the default with a \
-                     token)",
+                     token; the one-command form always has one)",
                 );
                 DigestAlg::Sha256
             }
@@ -539,19 +684,32 @@ impl SenderArgs {
         // A name that does not resolve is a usage problem; a resolver that
         // cannot answer now is a connect error, said once all else is fine.
         let mut unanswered = None;
-        let addr = target
-            .as_ref()
-            .and_then(|(host, _)| match resolve(host, port) {
+        let addr = match &target {
+            None if remote => Some(SocketAddr::from(([0, 0, 0, 0], 0))),
+            None => None,
+            Some((host, _)) => match resolve(host, port) {
                 Ok(a) => Some(a),
                 Err(e @ XferError::Connect { .. }) => {
                     unanswered = Some(e);
                     None
                 }
                 Err(e) => problems.check(Err(e)),
-            });
+            },
+        };
+        let launch = if remote {
+            let env = std::env::var(crate::engine::remote::RSH_ENV).ok();
+            problems
+                .check(crate::engine::remote::rsh_command(
+                    self.rsh.as_deref(),
+                    env.as_deref(),
+                ))
+                .map(|rsh| self.launch_options(rsh))
+        } else {
+            None
+        };
         if !problems.is_empty() {
             // Bad options: report the inputs' problems in the same run.
-            problems.check(entries::check_arguments(&self.files, &walk));
+            problems.check(entries::check_arguments(&files, &walk));
         }
         problems.into_result()?;
         if let Some(e) = unanswered {
@@ -575,8 +733,121 @@ impl SenderArgs {
         cfg.resume = resume;
         cfg.checksum = self.checksum;
         cfg.retries = self.retry;
-        Ok(cfg)
+        Ok(match (operands, launch) {
+            (Operands::Remote { targets, .. }, Some(launch)) => {
+                // Each attempt starts a new receiver: the engine's own
+                // retries (same address) do not apply.
+                cfg.retries = 0;
+                SendPlan::Remote(RemotePlan {
+                    cfg,
+                    files,
+                    targets,
+                    launch,
+                    parallel: usize::from(self.parallel),
+                    retries: self.retry,
+                })
+            }
+            _ => SendPlan::Direct { cfg, files },
+        })
     }
+
+    /// Options that make no sense with receivers started over ssh.
+    fn check_remote_options(&self, problems: &mut Problems) {
+        if self.port.is_some() {
+            problems.add(
+                "--port is for a running receiver: one started over ssh listens on a free port \
+                 and says which",
+            );
+        }
+        if self.common.token_file.is_some() {
+            problems.add(
+                "--token-file is for a running receiver: one started over ssh gets a one-time \
+                 token from the sender",
+            );
+        }
+    }
+
+    /// How the targets' receivers are started: the sender's timeout, and
+    /// its verbosity (quiet but for errors unless -v).
+    fn launch_options(&self, rsh: Vec<String>) -> LaunchOptions {
+        let mut receiver_args = Vec::new();
+        if let Some(bind) = &self.remote_bind {
+            receiver_args.extend(["--bind".to_string(), bind.clone()]);
+        }
+        receiver_args.push(if self.common.verbose > 1 { "-v" } else { "-q" }.to_string());
+        LaunchOptions {
+            rsh,
+            remote_receiver: self.remote_receiver.clone(),
+            receiver_args,
+            timeout: self.common.timeout,
+        }
+    }
+}
+
+/// The sender's operands, once sorted (the files of the direct form are
+/// `SenderArgs::files`).
+enum Operands {
+    Direct,
+    Remote {
+        files: Vec<PathBuf>,
+        targets: Vec<Target>,
+    },
+}
+
+/// What `sender`'s command line asks for.
+pub enum SendPlan {
+    /// `sender ADDR FILE...`: one session with a running receiver.
+    Direct {
+        cfg: SenderConfig,
+        files: Vec<PathBuf>,
+    },
+    /// `sender FILE... [USER@]HOST:DIR...`: a receiver started over ssh for
+    /// each target (see `cli::targets`).
+    Remote(RemotePlan),
+}
+
+/// The one-command form: what to send, where, and how.
+pub struct RemotePlan {
+    /// Every target's configuration but its address and token.
+    pub cfg: SenderConfig,
+    pub files: Vec<PathBuf>,
+    pub targets: Vec<Target>,
+    pub launch: LaunchOptions,
+    /// Targets served at once.
+    pub parallel: usize,
+    /// New receivers started after a failure that may be transient.
+    pub retries: u32,
+}
+
+/// The targets of `--hosts FILE`: one `[USER@]HOST:DIR` a line.
+fn hosts_file(list: &Path, problems: &mut Problems) -> Vec<Target> {
+    let text = match std::fs::read_to_string(list) {
+        Ok(t) => t,
+        Err(e) => {
+            problems.add(format!("--hosts {}: {e}", list.display()));
+            return Vec::new();
+        }
+    };
+    let mut targets = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match Target::parse(line) {
+            Some(Ok(t)) => targets.push(t),
+            Some(Err(e)) => problems.add(format!("--hosts {} line {}: {e}", list.display(), n + 1)),
+            None => problems.add(format!(
+                "--hosts {} line {}: {line:?} is not [USER@]HOST:DIR",
+                list.display(),
+                n + 1
+            )),
+        }
+    }
+    if targets.is_empty() && problems.is_empty() {
+        problems.add(format!("--hosts {} lists no targets", list.display()));
+    }
+    targets
 }
 
 /// What went wrong resolving a name, without the "cannot connect" frame.
@@ -657,6 +928,17 @@ impl ReceiverArgs {
         }
     }
 
+    /// `--ssh-session`: standard output is the channel to the sender, and
+    /// the token comes from the sender alone.
+    fn check_ssh_session(&self, problems: &mut Problems) {
+        if self.stdout {
+            problems.add("--ssh-session tells the sender where to connect on standard output: --stdout does not apply");
+        }
+        if self.common.token_file.is_some() {
+            problems.add("--ssh-session takes its one-time token from the sender: --token-file does not apply");
+        }
+    }
+
     /// --link-dest must be a directory other than the output directory (a
     /// rename between two links of one file would do nothing).
     fn check_link_dest(&self, dest: &Path, problems: &mut Problems) {
@@ -685,7 +967,15 @@ impl ReceiverArgs {
         let mut problems = Problems::default();
         let buffers = problems.check(check_buffers(self.chunk_size, self.slots as u64, "--slots"));
         problems.check(self.common.check());
-        problems.check(check_port(self.port));
+        if !self.ssh_session {
+            problems.check(check_port(self.port));
+        }
+        if self.wait.is_some() && !(self.once || self.stdout) {
+            problems.add("--wait is how long --once waits for its sender: give --once too");
+        }
+        if self.ssh_session {
+            self.check_ssh_session(&mut problems);
+        }
         if self.max_sessions == 0 {
             problems.add("--max-sessions must be at least 1");
         }
@@ -724,14 +1014,27 @@ impl ReceiverArgs {
                 Ok(_) => {}
             }
         }
+        // Over ssh the port is free unless chosen, and the address is
+        // picked once the RDMA devices are known (see `remote`).
+        let port = if self.ssh_session && self.port == DEFAULT_PORT {
+            0
+        } else {
+            self.port
+        };
         let bind = match &self.bind {
-            None => Some(SocketAddr::from(([0, 0, 0, 0], self.port))),
+            None => Some(SocketAddr::from(([0, 0, 0, 0], port))),
             Some(b) => problems.check(
-                resolve(b, self.port)
+                resolve(b, port)
                     .map_err(|e| XferError::Usage(format!("--bind {b}: {}", connect_reason(&e)))),
             ),
         };
-        let token = problems.check(self.common.token()).flatten();
+        // Over ssh the one-time token, read from standard input by the
+        // tool, is the only one.
+        let token = if self.ssh_session {
+            None
+        } else {
+            problems.check(self.common.token()).flatten()
+        };
         let ack_timeout = problems.check(self.common.ack_timeout());
         problems.into_result()?;
         let (Some((chunk_size, slots)), Some(bind), Some(ack_timeout)) =
@@ -741,7 +1044,12 @@ impl ReceiverArgs {
         };
         let mut cfg = ReceiverConfig::new(bind, dir);
         cfg.ack_timeout = ack_timeout;
-        cfg.once = self.once || self.stdout;
+        cfg.once = self.once || self.stdout || self.ssh_session;
+        cfg.wait = match (self.wait, self.ssh_session) {
+            (Some(w), _) => Some(w),
+            (None, true) => Some(self.common.timeout),
+            (None, false) => None,
+        };
         cfg.output = output;
         cfg.link_dest = self.link_dest.clone();
         cfg.overwrite = self.overwrite;

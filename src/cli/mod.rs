@@ -7,9 +7,10 @@ pub mod args;
 pub mod generate;
 pub mod log;
 pub mod render;
+pub mod targets;
 pub mod ui;
 
-pub use args::{CommonArgs, LogFormat, ReceiverArgs, SenderArgs, Verify};
+pub use args::{CommonArgs, LogFormat, ReceiverArgs, RemotePlan, SendPlan, SenderArgs, Verify};
 pub use log::init_logging;
 
 use crate::error::{ExitCode, XferError};
@@ -101,12 +102,10 @@ pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     crate::units::parse_size(s).map_err(|e| e.to_string())
 }
 
-/// clap value parser for a timeout in whole seconds (at least 1).
+/// clap value parser for a timeout: seconds, or a number with s, m, h or
+/// d (at least 1 s; `CommonArgs::check` bounds it above).
 pub fn parse_timeout_arg(s: &str) -> Result<Duration, String> {
-    match s.parse::<u64>() {
-        Ok(n) if n >= 1 => Ok(Duration::from_secs(n)),
-        _ => Err(format!("expected a number of seconds >= 1, got {s:?}")),
-    }
+    crate::units::parse_duration(s)
 }
 
 /// Resolves a host name or IPv4/IPv6 literal with a port. A name that
@@ -200,6 +199,8 @@ mod tests {
         assert!(parse_timeout_arg("0").is_err());
         assert!(parse_timeout_arg("-1").is_err());
         assert!(parse_timeout_arg("x").is_err());
+        assert_eq!(parse_timeout_arg("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_timeout_arg("1d"), Ok(Duration::from_secs(86400)));
     }
 
     fn env(s: &str) -> Option<OsString> {

@@ -26,6 +26,9 @@ pub struct Ui {
     /// Print a line on stderr for each file that failed (the sender; the
     /// receiver logs its refusals anyway).
     print_failures: bool,
+    /// `receiver --ssh-session`: say where it listens on stdout, for the
+    /// sender that started it.
+    ready_line: bool,
     totals: Mutex<Totals>,
 }
 
@@ -42,8 +45,25 @@ impl Ui {
             verbose: common.verbose > 0,
             log_json: common.log_format == LogFormat::Json,
             print_failures,
+            ready_line: false,
             totals: Mutex::new(Totals::default()),
         }
+    }
+
+    /// Prints the ready line of `engine::remote` on stdout once listening.
+    pub fn with_ready_line(mut self) -> Self {
+        self.ready_line = true;
+        self
+    }
+
+    /// `-q`: errors only.
+    pub fn quiet(&self) -> bool {
+        self.quiet
+    }
+
+    /// `--log-format json`.
+    pub fn log_json(&self) -> bool {
+        self.log_json
     }
 
     /// Whether progress bars are drawn.
@@ -77,23 +97,40 @@ impl Ui {
     /// Handles one file's result: its line on stderr, its `--json` object
     /// on stdout, and the totals.
     pub fn file_event(&self, event: FileEvent<'_>) {
+        self.file_event_from(None, event);
+    }
+
+    /// As `file_event`, for a file sent to `host` (the one-command form):
+    /// its `--json` object carries `host`, and with `host.labelled` its
+    /// line on stderr says it too.
+    pub fn file_event_from(&self, host: Option<&HostLabel>, event: FileEvent<'_>) {
         self.totals
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .add(event);
-        match event {
+        let line = match event {
             FileEvent::Done(report) if !self.quiet => {
-                self.eprintln(&summary_for_log(report, self.log_json, self.verbose));
+                Some(summary_for_log(report, self.log_json, self.verbose))
             }
             FileEvent::Failed(f) if self.print_failures && !f.session_ended => {
                 // An error: shown even with -q. One that ends the session is
                 // the tool's final error, printed once at exit.
-                self.eprintln(&failure_for_log(f, self.log_json));
+                Some(failure_for_log(f, self.log_json))
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some(line) = line {
+            match host.filter(|h| h.labelled) {
+                Some(h) => self.eprintln(&h.label_line(&line, self.log_json)),
+                None => self.eprintln(&line),
+            }
         }
         if self.json {
-            self.print_json(&event_json(event));
+            let mut value = event_json(event);
+            if let Some(h) = host {
+                value = h.label_json(value);
+            }
+            self.print_json(&value);
         }
     }
 
@@ -160,11 +197,95 @@ impl Progress for Ui {
     }
 
     fn listening(&self, ready: &Listening) {
+        if self.ready_line {
+            let mut out = io::stdout().lock();
+            let line = crate::engine::remote::ready_line(ready.bind);
+            if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+                tracing::warn!("cannot tell the sender where to connect: {e}");
+            }
+        }
         if self.quiet {
             return;
         }
         self.eprintln(&listening_line(ready, self.log_json));
     }
+}
+
+/// Which host a file went to, in the one-command form.
+#[derive(Debug, Clone)]
+pub struct HostLabel {
+    pub host: String,
+    /// Several targets: text lines say the host too (JSON always does).
+    pub labelled: bool,
+}
+
+impl HostLabel {
+    /// A line on stderr with the host: `sender: error: HOST: ...`,
+    /// `HOST: NAME: ...`, or a JSON log line with a `host` field.
+    pub fn label_line(&self, line: &str, log_json: bool) -> String {
+        if log_json {
+            return match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(v) => self.label_json(v).to_string(),
+                Err(_) => line.to_string(),
+            };
+        }
+        let host = crate::proto::escaped(&self.host);
+        for prefix in ["sender: error: ", "sender: warning: "] {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return format!("{prefix}{host}: {rest}");
+            }
+        }
+        format!("{host}: {line}")
+    }
+
+    /// A JSON object with `host` first.
+    pub fn label_json(&self, value: serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::Object(fields) => {
+                let mut out = serde_json::Map::new();
+                out.insert("host".into(), self.host.clone().into());
+                out.extend(fields.into_iter().filter(|(k, _)| k != "host"));
+                serde_json::Value::Object(out)
+            }
+            other => other,
+        }
+    }
+}
+
+/// The observer of one target's transfer: its bars say the host when
+/// there are several targets.
+pub struct HostProgress {
+    pub ui: std::sync::Arc<Ui>,
+    pub label: HostLabel,
+}
+
+impl HostProgress {
+    fn name(&self, name: &str) -> String {
+        if self.label.labelled {
+            format!("{}: {name}", crate::proto::escaped(&self.label.host))
+        } else {
+            name.to_string()
+        }
+    }
+}
+
+impl Progress for HostProgress {
+    fn planned(&self, files: u64, bytes: u64) {
+        // Several targets: the overall bar grows as files start instead.
+        if !self.label.labelled {
+            self.ui.planned(files, bytes);
+        }
+    }
+
+    fn file_started(&self, name: &str, size: u64) -> Box<dyn FileProgress> {
+        self.ui.file_started(&self.name(name), size)
+    }
+
+    fn batch_started(&self, name: &str, size: u64, files: u64) -> Box<dyn FileProgress> {
+        self.ui.batch_started(&self.name(name), size, files)
+    }
+
+    fn listening(&self, _ready: &Listening) {}
 }
 
 /// Writes one formatted log event to stderr, suspending the bars meanwhile.

@@ -12,6 +12,7 @@ pub mod per_byte;
 pub mod progress;
 mod reader;
 pub mod receiver;
+pub mod remote;
 mod report;
 pub mod sender;
 mod stdio;

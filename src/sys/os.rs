@@ -49,7 +49,13 @@ pub fn deadline_after(timeout: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-/// True once SIGINT or SIGTERM arrived.
+/// Asks for the same clean shutdown as SIGINT/SIGTERM (a receiver
+/// started over ssh whose channel closed).
+pub fn request_shutdown() {
+    SHUTDOWN.store(true, Ordering::SeqCst);
+}
+
+/// True once SIGINT or SIGTERM arrived (or `request_shutdown` was called).
 pub fn shutdown_requested() -> bool {
     SHUTDOWN.load(Ordering::SeqCst)
 }

@@ -45,6 +45,9 @@ pub struct ReceiverConfig {
     pub bind: SocketAddr,
     pub dir: PathBuf,
     pub once: bool,
+    /// With `once`: how long to wait for the first admitted session
+    /// (None: forever).
+    pub wait: Option<Duration>,
     pub overwrite: bool,
     pub slots: u32,
     pub chunk_size: u32,
@@ -131,6 +134,7 @@ impl ReceiverConfig {
             bind,
             dir,
             once: false,
+            wait: None,
             overwrite: false,
             slots: DEFAULT_SLOTS,
             chunk_size: DEFAULT_CHUNK_SIZE,
@@ -206,11 +210,14 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
     listener.listen(cfg.bind, 64)?;
-    info!(bind = %cfg.bind, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
+    let started = Instant::now();
+    // With port 0 the CM chose one: say the real one.
+    let bound = listener.local_addr().unwrap_or(cfg.bind);
+    info!(bind = %bound, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
     // The directory as an absolute path: what the user sees is where files go.
     let shown_dir = std::fs::canonicalize(&cfg.dir).unwrap_or(cfg.dir.clone());
     cfg.progress.listening(&Listening {
-        bind: cfg.bind,
+        bind: bound,
         device: listener.bound_device(),
         devices,
         output: cfg.output.describe(&shown_dir),
@@ -289,6 +296,16 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                     // admitted session's end is the receiver's.
                     handshakes.evict_all();
                     return wait_for_end(&reports, id);
+                }
+                if let Some(wait) = cfg.wait
+                    && started.elapsed() >= wait
+                {
+                    handshakes.evict_all();
+                    return Err(SysError::Timeout {
+                        what: "a sender to connect (--wait)".into(),
+                        after: wait,
+                    }
+                    .into());
                 }
             }
             if shutdown_requested() {
@@ -387,6 +404,34 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             }
         }
     })
+}
+
+/// The first of `candidates` that belongs to an RDMA device (a CM id
+/// binds to it and finds its device), for a receiver that was not told
+/// where to listen (`--ssh-session`). No device at all is exit 8, as is
+/// a host whose devices have none of these addresses.
+pub fn first_rdma_address(candidates: &[std::net::IpAddr]) -> Result<std::net::IpAddr, XferError> {
+    probe_devices()?;
+    let channel = EventChannel::new()?;
+    for &ip in candidates {
+        let probe = CmId::new(&channel)?;
+        match probe.listen(SocketAddr::new(ip, 0), 1) {
+            Ok(()) if probe.bound_device().is_some() => return Ok(ip),
+            Ok(()) => debug!(%ip, "binds to no RDMA device"),
+            Err(e) => debug!(%ip, "not an RDMA address: {e}"),
+        }
+    }
+    let tried: Vec<String> = candidates.iter().map(ToString::to_string).collect();
+    Err(SysError::NotRdmaAddress(format!(
+        "none of this host's addresses towards the sender belongs to an RDMA device (tried: {}); \
+         give the sender --remote-bind ADDR",
+        if tried.is_empty() {
+            "none found".to_string()
+        } else {
+            tried.join(", ")
+        }
+    ))
+    .into())
 }
 
 /// Removes old partial files (see `partial::sweep`) at start-up and, unless

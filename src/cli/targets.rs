@@ -1,0 +1,181 @@
+//! The one-command form's driver: for each `[USER@]HOST:DIR` target a
+//! receiver started over ssh (`engine::remote`), one session with it
+//! under a one-time token, and its end; up to `--parallel` targets at
+//! once, each with its own result. Every file's `--json` record names
+//! its host; with several targets so does every text line.
+
+use super::args::RemotePlan;
+use super::render::session_summary;
+use super::ui::{HostLabel, HostProgress, Ui};
+use crate::engine::ProgressSink;
+use crate::engine::remote::{self, Target};
+use crate::engine::sender::{SessionOutcome, retry_pause, send_files};
+use crate::error::XferError;
+use crate::sys::os::shutdown_requested;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Sends the plan's files to every target. One target: its error as it
+/// is. Several: each failure reported as it happens, then
+/// `TargetsFailed` with the worst (highest) exit status.
+pub fn send_to_targets(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(), XferError> {
+    let labelled = plan.targets.len() > 1;
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<(), XferError>>>> =
+        Mutex::new(plan.targets.iter().map(|_| None).collect());
+    let workers = plan.parallel.clamp(1, plan.targets.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(target) = plan.targets.get(i) else {
+                        break;
+                    };
+                    let result = one_target(plan, target, ui, labelled, summary);
+                    if labelled && let Err(e) = &result {
+                        // A target's end is an error line of its own; the
+                        // tool's final error sums them up.
+                        ui.eprintln(&format!(
+                            "sender: error: {}: {}",
+                            crate::proto::escaped(&target.host),
+                            strip_host(e, &target.host)
+                        ));
+                    }
+                    results.lock().unwrap_or_else(PoisonError::into_inner)[i] = Some(result);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let total = results.len();
+    let mut failures: Vec<XferError> = results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(XferError::Internal("a target was not served".into()))))
+        .filter_map(Result::err)
+        .collect();
+    match (failures.len(), total) {
+        (0, _) => Ok(()),
+        (_, 1) => Err(failures.remove(0)),
+        (failed, targets) => {
+            let worst = failures
+                .into_iter()
+                .max_by_key(|e| e.exit_code())
+                .ok_or_else(|| XferError::Internal("no failure to report".into()))?;
+            Err(XferError::TargetsFailed {
+                worst: Box::new(worst),
+                failed,
+                targets,
+            })
+        }
+    }
+}
+
+/// A target's error without its host in front (the line adds it).
+fn strip_host(e: &XferError, host: &str) -> String {
+    let text = e.to_string();
+    match text.strip_prefix(&format!("{host}: ")) {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
+}
+
+/// One target: start its receiver, send, end it; after a failure that
+/// may be transient, again (a new receiver, a new token) up to
+/// `plan.retries` times, continuing what the receiver kept.
+fn one_target(
+    plan: &RemotePlan,
+    target: &Target,
+    ui: &Arc<Ui>,
+    labelled: bool,
+    summary: bool,
+) -> Result<(), XferError> {
+    let span = tracing::info_span!("target", host = %target.host);
+    let _enter = span.enter();
+    let label = HostLabel {
+        host: target.host.clone(),
+        labelled,
+    };
+    let progress = Arc::new(HostProgress {
+        ui: ui.clone(),
+        label: label.clone(),
+    });
+    let mut attempt = 0;
+    loop {
+        let counts = FileCounts::default();
+        let result = attempt_once(plan, target, ui, &label, &progress, &counts);
+        let result = match result {
+            Ok(outcome) => {
+                if summary && !ui.quiet() {
+                    let line = session_summary(&outcome, ui.log_json());
+                    ui.eprintln(&if labelled {
+                        label.label_line(&line, ui.log_json())
+                    } else {
+                        line
+                    });
+                }
+                match outcome.first_error {
+                    None => Ok(()),
+                    Some(first) => Err(XferError::FilesFailed {
+                        first: Box::new(first),
+                        failed: counts.failed.load(Ordering::Relaxed).max(1),
+                        files: counts.files.load(Ordering::Relaxed).max(1),
+                    }),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Err(e) if e.is_transient() && attempt < plan.retries && !shutdown_requested() => {
+                attempt += 1;
+                let pause = retry_pause(attempt);
+                tracing::warn!(
+                    "{e}; trying again in {} s with a new receiver (attempt {attempt} of {})",
+                    pause.as_secs(),
+                    plan.retries
+                );
+                std::thread::sleep(pause);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Files reported for one target in one attempt.
+#[derive(Default)]
+struct FileCounts {
+    files: AtomicU64,
+    failed: AtomicU64,
+}
+
+fn attempt_once(
+    plan: &RemotePlan,
+    target: &Target,
+    ui: &Arc<Ui>,
+    label: &HostLabel,
+    progress: &Arc<HostProgress>,
+    counts: &FileCounts,
+) -> Result<SessionOutcome, XferError> {
+    let (token, token_hex) = remote::one_time_token()?;
+    let on_stderr: Arc<dyn Fn(&str) + Send + Sync> = {
+        let ui = ui.clone();
+        Arc::new(move |line: &str| ui.eprintln(line))
+    };
+    let receiver = remote::launch(target, &plan.launch, &token_hex, on_stderr)?;
+    tracing::debug!(addr = %receiver.addr, "the remote receiver listens");
+    let mut cfg = plan.cfg.clone();
+    cfg.addr = receiver.addr;
+    cfg.token = Some(token);
+    cfg.progress = ProgressSink::new(progress.clone());
+    let result = send_files(&cfg, &plan.files, |event| {
+        counts.files.fetch_add(1, Ordering::Relaxed);
+        if matches!(event, crate::engine::FileEvent::Failed(_)) {
+            counts.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        ui.file_event_from(Some(label), event);
+    });
+    let session_ok = matches!(&result, Ok(o) if o.first_error.is_none());
+    let status = receiver.finish(session_ok);
+    tracing::debug!(?status, "the remote receiver ended");
+    result
+}
