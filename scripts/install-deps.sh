@@ -10,7 +10,7 @@
 #            pages (tests/install.rs).
 #   --guest  the host side of the SoftRoCE test guest (QEMU, busybox, kmod,
 #            xz/zstd for the kernels, the rdma-core tools, perftest, tmux for
-#            the progress-bar test):
+#            the progress-bar test, the ssh client of the one-command tests):
 #            scripts/guest/prepare.sh.
 # Skips apt entirely when everything is installed; `apt-get update` runs at
 # most once; one retry after `dpkg --configure -a` (scripts/lib.sh). Without
@@ -27,7 +27,8 @@ BUILD_PKGS=(pkg-config libibverbs-dev librdmacm-dev libclang1-14 libclang-common
 LINT_PKGS=(shellcheck)
 UNIT_PKGS=(systemd groff-base)
 GUEST_PKGS=(qemu-system-x86 kmod xz-utils zstd busybox-static rdma-core ibverbs-utils
-  ibverbs-providers rdmacm-utils perftest iproute2 cpio util-linux coreutils tmux)
+  ibverbs-providers rdmacm-utils perftest iproute2 cpio util-linux coreutils tmux
+  openssh-client)
 pkgs=()
 # Whether going on without these packages is possible (a build says itself
 # what it lacks; the guest's tools are not optional).
