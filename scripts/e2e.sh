@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the RDMA test binaries (tests/verbs.rs, e2e.rs, faults.rs, sessions.rs, auth.rs,
-# hostile.rs, json.rs, pipes.rs, resume.rs, policies.rs, ssh.rs) on a real RDMA stack: on this host if it has
-# one, else in the SoftRoCE guest, once on each tested guest kernel: Debian
-# 12's 6.1 and Debian 13's 6.12 (one boot per kernel, all test binaries in
+# hostile.rs, json.rs, pipes.rs, resume.rs, policies.rs, memlock.rs, ssh.rs)
+# on a real RDMA stack: on this host if it has one, else in the SoftRoCE
+# guest, once on each tested guest kernel: Debian 12's 6.1 and Debian 13's
+# 6.12 (one boot per kernel, all test binaries in
 # it; RXFER_GUEST_KERNELS="6.1" or "6.12" picks one). They must be built
 # already (make build). Tests run one at a time:
 # the guest has 2 vCPUs and parallel transfers would only measure contention.
@@ -14,7 +15,7 @@ cmd=""
 # faults runs last, and its wire-cut case last within it: cutting the wire
 # (every packet dropped both ways, scripts/guest/wire.sh) is the most
 # disruptive thing the suite does to the guest.
-for t in verbs e2e sessions auth hostile json pipes resume policies ssh faults; do
+for t in verbs e2e sessions auth hostile json pipes resume policies memlock ssh faults; do
   exe=$(cargo test --release --locked --test "$t" --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep "/$t-" | tail -1)
   [[ -x $exe ]] || { echo "e2e: test binary $t not found; run make build first" >&2; exit 1; }

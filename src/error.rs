@@ -391,6 +391,8 @@ mod tests {
             },
             XferError::Sys(SysError::Memlock {
                 needed: 1,
+                what: None,
+                pinned: 0,
                 limit: 0,
                 hard: 0,
             }),
@@ -459,6 +461,17 @@ mod tests {
                 1,
             ),
             (XferError::Internal("bug".into()), 1),
+            // A memlock limit too low for the buffers (README: exit 1).
+            (
+                XferError::Sys(SysError::Memlock {
+                    needed: 16 << 20,
+                    what: None,
+                    pinned: 0,
+                    limit: 8 << 20,
+                    hard: 8 << 20,
+                }),
+                1,
+            ),
         ];
         for (err, code) in cases {
             assert_eq!(err.exit_code() as u8, code, "{err}");

@@ -5,7 +5,10 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use support::{has_rdma_device, have, receiver_bin, sender_bin, skip, test_name, token_env};
+use support::{
+    RunAs, STOCK_MEMLOCK, has_rdma_device, have, receiver_bin, sender_bin, skip, test_name,
+    token_env, under_memlock,
+};
 
 fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(bin).args(args).output().expect("run binary");
@@ -501,6 +504,85 @@ fn no_rdma_device_exits_8_with_what_to_run() {
     );
     assert_eq!(code, 8, "{err}");
     assert!(err.contains("sender: error: no RDMA device found"), "{err}");
+}
+
+/// Runs `cmd` to its end: (exit code, stderr).
+fn run_cmd(mut cmd: Command) -> (i32, String) {
+    let out = cmd.output().expect("run binary");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_sender_fits_its_staging_to_the_memlock_limit_before_connecting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let f = dir.path().join("f");
+    std::fs::write(&f, b"x").expect("write");
+    let f = f.to_str().expect("utf8");
+    // Nobody listens there; the sender gets that far only with buffers
+    // that fit (exit 3 or, without an RDMA device, 8).
+    let port = support::next_port().to_string();
+    let sender = |extra: &[&str]| {
+        let mut cmd = Command::new(sender_bin());
+        cmd.args(["--port", &port, "--timeout", "2"])
+            .args(extra)
+            .args(["127.0.0.1", f]);
+        cmd
+    };
+    let limited = |who, extra: &[&str]| run_cmd(under_memlock(STOCK_MEMLOCK, who, &sender(extra)));
+    // The defaults (16 x 1 MiB) do not fit 8 MiB: 7 buffers, said once.
+    let (code, err) = limited(RunAs::WithoutIpcLock, &[]);
+    assert!(code == 3 || code == 8, "{err}");
+    let warning = "sender: warning: RLIMIT_MEMLOCK is 8.0 MiB (hard limit 8.0 MiB, 0 B pinned \
+                   already): using 7 staging buffers of 1.0 MiB (--depth 7 --chunk-size 1M) \
+                   instead of 16 x 1.0 MiB; for full speed raise the limit: `ulimit -l unlimited`";
+    assert!(err.contains(warning), "{err}");
+    assert_eq!(err.matches("RLIMIT_MEMLOCK").count(), 1, "{err}");
+    // Given sizes are kept: smaller buffers when only --depth is given.
+    let (code, err) = limited(RunAs::WithoutIpcLock, &["--depth", "16"]);
+    assert!(code == 3 || code == 8, "{err}");
+    assert!(
+        err.contains("using 16 staging buffers of 256.0 KiB (--depth 16 --chunk-size 256K)"),
+        "{err}"
+    );
+    // Given settings that do not fit: the memlock error (exit 1), before
+    // anything connects.
+    let (code, err) = limited(
+        RunAs::WithoutIpcLock,
+        &["--depth", "16", "--chunk-size", "1M"],
+    );
+    assert_eq!(code, 1, "{err}");
+    for part in [
+        "sender: error: cannot lock 16.5 MiB of memory for RDMA (16 staging buffers of 1.0 MiB \
+         (--depth 16 --chunk-size 1M) as given, with their control buffers): RLIMIT_MEMLOCK is \
+         8.0 MiB (hard limit 8.0 MiB)",
+        "ulimit -l unlimited",
+        "limits.conf",
+        "LimitMEMLOCK=",
+    ] {
+        assert!(err.contains(part), "{part}: {err}");
+    }
+    assert!(
+        !err.contains("RDMA device") && !err.contains("connect"),
+        "{err}"
+    );
+    // 64 KiB: not even the smallest buffers the sender would choose.
+    let lowest = run_cmd(under_memlock(64 << 10, RunAs::WithoutIpcLock, &sender(&[])));
+    assert_eq!(lowest.0, 1, "{}", lowest.1);
+    assert!(
+        lowest.1.contains("even 2 staging buffers of 64.0 KiB"),
+        "{}",
+        lowest.1
+    );
+    // With CAP_IPC_LOCK (root) the limit does not apply: no warning, no
+    // refusal.
+    if rustix::process::geteuid().is_root() {
+        let (code, err) = limited(RunAs::Myself, &["--depth", "16", "--chunk-size", "1M"]);
+        assert!(code == 3 || code == 8, "{err}");
+        assert!(!err.contains("RLIMIT_MEMLOCK"), "{err}");
+    }
 }
 
 /// Runs with RDMA_XFER_TOKEN unset or set to `token_env`.

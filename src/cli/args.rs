@@ -3,12 +3,13 @@
 //! completions.
 
 use super::{parse_size_arg, parse_timeout_arg, resolve};
+use crate::engine::fit::Given;
 use crate::engine::receiver::{
     AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_THREADS, Output, ReceiverConfig,
 };
 use crate::engine::remote::{LaunchOptions, Target};
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
-use crate::engine::{DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
+use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
 use crate::error::{Problems, XferError};
 use crate::proto::DEFAULT_MAX_FILES;
 use crate::proto::{DigestAlg, validate_path};
@@ -17,9 +18,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// `--chunk-size`'s default as shown in `--help` (DEFAULT_CHUNK_SIZE; a
-/// unit test keeps them equal).
-const DEFAULT_CHUNK_ARG: &str = "1M";
 /// The port both tools use unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7471;
 
@@ -217,15 +215,16 @@ pub struct SenderArgs {
     /// sent; its --exec command gets it as RDMA_XFER_DIGEST.
     #[arg(long, help_heading = OUTPUT)]
     pub checksum: bool,
-    /// RDMA writes kept in flight, 1-1024 (each uses one staging buffer).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_DEPTH, value_hint = ValueHint::Other,
-          help_heading = PERFORMANCE)]
-    pub depth: u32,
+    /// RDMA writes kept in flight, 1-1024 (each uses one staging buffer);
+    /// unless given, fewer where the memlock limit is lower [default: 16]
+    #[arg(long, value_name = "N", value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
+    pub depth: Option<u32>,
     /// Size of each staging buffer and write, 4K-64M; the receiver's slot
-    /// size caps it.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, default_value = DEFAULT_CHUNK_ARG,
-          value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
-    pub chunk_size: u64,
+    /// size caps it; unless given, smaller where the memlock limit does not
+    /// allow 2 buffers [default: 1M]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, value_hint = ValueHint::Other,
+          help_heading = PERFORMANCE)]
+    pub chunk_size: Option<u64>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -367,14 +366,15 @@ pub struct ReceiverArgs {
     #[arg(long, value_parser = parse_size_arg, value_name = "SIZE", value_hint = ValueHint::Other,
           help_heading = SECURITY)]
     pub max_session_size: Option<u64>,
-    /// Ring slots registered per session, 1-1024.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_SLOTS, value_hint = ValueHint::Other,
+    /// Ring slots registered per session, 1-1024; unless given, fewer
+    /// where the memlock limit is lower [default: 16]
+    #[arg(long, value_name = "N", value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
+    pub slots: Option<u32>,
+    /// Ring slot size, 4K-64M; unless given, smaller where the memlock
+    /// limit does not allow 2 slots [default: 1M]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, value_hint = ValueHint::Other,
           help_heading = PERFORMANCE)]
-    pub slots: u32,
-    /// Ring slot size, 4K-64M.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, default_value = DEFAULT_CHUNK_ARG,
-          value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
-    pub chunk_size: u64,
+    pub chunk_size: Option<u64>,
     /// Threads per session that write checked chunks into files while the
     /// session checks the next ones, 0-64 (0: the session's thread writes).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_WRITER_THREADS,
@@ -563,7 +563,11 @@ impl SenderArgs {
     /// The progress observer is left at its default; the tool sets its own.
     pub fn plan(&self) -> Result<SendPlan, XferError> {
         let mut problems = Problems::default();
-        let buffers = problems.check(check_buffers(self.chunk_size, self.depth as u64, "--depth"));
+        let buffers = problems.check(check_buffers(
+            self.chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE.into()),
+            self.depth.unwrap_or(DEFAULT_DEPTH).into(),
+            "--depth",
+        ));
         problems.check(self.common.check());
         let operands = self.operands(&mut problems);
         let remote = matches!(operands, Operands::Remote { .. });
@@ -725,6 +729,10 @@ impl SenderArgs {
         cfg.source = source;
         cfg.chunk_size = chunk_size;
         cfg.depth = depth;
+        cfg.given = Given {
+            count: self.depth.is_some(),
+            chunk_size: self.chunk_size.is_some(),
+        };
         cfg.verify = verify;
         cfg.busy_poll = self.common.busy_poll;
         cfg.timeout = self.common.timeout;
@@ -965,7 +973,11 @@ impl ReceiverArgs {
     /// As `to_config`, told whether standard output is a terminal.
     pub fn to_config_with(&self, stdout_is_terminal: bool) -> Result<ReceiverConfig, XferError> {
         let mut problems = Problems::default();
-        let buffers = problems.check(check_buffers(self.chunk_size, self.slots as u64, "--slots"));
+        let buffers = problems.check(check_buffers(
+            self.chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE.into()),
+            self.slots.unwrap_or(DEFAULT_SLOTS).into(),
+            "--slots",
+        ));
         problems.check(self.common.check());
         if !self.ssh_session {
             problems.check(check_port(self.port));
@@ -1059,6 +1071,10 @@ impl ReceiverArgs {
         cfg.max_session_bytes = self.max_session_size.unwrap_or(u64::MAX);
         cfg.slots = slots;
         cfg.chunk_size = chunk_size;
+        cfg.given = Given {
+            count: self.slots.is_some(),
+            chunk_size: self.chunk_size.is_some(),
+        };
         cfg.busy_poll = self.common.busy_poll;
         cfg.timeout = self.common.timeout;
         cfg.token = token;
@@ -1257,6 +1273,14 @@ mod tests {
         assert_eq!(cfg.addr, "127.0.0.1:9000".parse().unwrap());
         assert_eq!(cfg.source, Some("127.0.0.2".parse().unwrap()));
         assert_eq!((cfg.chunk_size, cfg.depth), (64 << 10, 4));
+        let both = Given {
+            count: true,
+            chunk_size: true,
+        };
+        assert_eq!(
+            cfg.given, both,
+            "given: kept even if the memlock limit is lower"
+        );
         assert_eq!(cfg.verify, DigestAlg::Sha256);
         assert!(cfg.busy_poll);
         assert_eq!(cfg.timeout, Duration::from_secs(7));
@@ -1284,6 +1308,20 @@ mod tests {
             (cfg.chunk_size, cfg.depth),
             (crate::engine::DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH)
         );
+        assert_eq!(cfg.given, Given::default(), "defaults: fitted to the limit");
+        // One given, the other a default; the default's value given.
+        let cfg = sender(&["--depth", "16", "::1", "-"]).unwrap();
+        let depth = Given {
+            count: true,
+            chunk_size: false,
+        };
+        assert_eq!((cfg.depth, cfg.given), (16, depth));
+        let cfg = sender(&["--chunk-size", "1M", "::1", "-"]).unwrap();
+        let chunk = Given {
+            count: false,
+            chunk_size: true,
+        };
+        assert_eq!((cfg.chunk_size, cfg.given), (1 << 20, chunk));
         assert_eq!(cfg.walk.stdin_name, DEFAULT_STDIN_NAME);
         assert!(!cfg.walk.recursive && cfg.source.is_none());
     }
@@ -1375,6 +1413,11 @@ mod tests {
         assert_eq!(cfg.dir, PathBuf::from("/"));
         assert!(cfg.once && cfg.output == Output::Dir && cfg.overwrite && cfg.busy_poll);
         assert_eq!((cfg.slots, cfg.chunk_size), (3, 8 << 10));
+        let both = Given {
+            count: true,
+            chunk_size: true,
+        };
+        assert_eq!(cfg.given, both);
         assert_eq!((cfg.max_size, cfg.max_sessions), (1 << 30, 2));
         assert_eq!((cfg.max_files, cfg.max_session_bytes), (10, 2 << 30));
         assert_eq!(cfg.timeout, Duration::from_secs(9));
@@ -1385,6 +1428,13 @@ mod tests {
             (cfg.slots, cfg.chunk_size),
             (DEFAULT_SLOTS, crate::engine::DEFAULT_CHUNK_SIZE)
         );
+        assert_eq!(cfg.given, Given::default());
+        let cfg = receiver(&["--slots", "16"]).unwrap();
+        let slots = Given {
+            count: true,
+            chunk_size: false,
+        };
+        assert_eq!((cfg.slots, cfg.given), (16, slots));
         assert_eq!(cfg.max_size, u64::MAX);
         assert_eq!(cfg.max_sessions, DEFAULT_MAX_SESSIONS);
         assert!(!cfg.once && cfg.output == Output::Dir && !cfg.overwrite);
@@ -1639,16 +1689,20 @@ mod tests {
 
     #[test]
     fn help_groups_options_and_shows_human_defaults() {
+        // The defaults as the help texts give them.
         assert_eq!(
-            crate::units::parse_size(DEFAULT_CHUNK_ARG).unwrap(),
-            u64::from(crate::engine::DEFAULT_CHUNK_SIZE)
+            crate::units::parse_size("1M").unwrap(),
+            u64::from(DEFAULT_CHUNK_SIZE)
         );
+        assert_eq!((DEFAULT_SLOTS, DEFAULT_DEPTH), (16, 16));
         for mut cmd in commands() {
             let help = cmd.render_long_help().to_string();
             for heading in [CONNECTION, OUTPUT, SECURITY, PERFORMANCE, FORMAT] {
                 assert!(help.contains(&format!("{heading}:")), "{heading}:\n{help}");
             }
             assert!(help.contains("[default: 1M]"), "{help}");
+            assert!(help.contains("[default: 16]"), "{help}");
+            assert!(help.contains("memlock limit"), "{help}");
             assert!(!help.contains("1048576"), "{help}");
             for var in [
                 "RDMA_XFER_TOKEN",

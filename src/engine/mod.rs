@@ -8,6 +8,7 @@ mod digest;
 pub mod entries;
 #[cfg(feature = "fault-injection")]
 mod fault;
+pub mod fit;
 pub mod per_byte;
 pub mod progress;
 mod reader;

@@ -65,16 +65,20 @@ pub enum SysError {
         /// Retry-exceeded style statuses mean the peer is gone.
         peer_lost: bool,
     },
-    /// RLIMIT_MEMLOCK is too low for the memory to register.
-    #[error(
-        "cannot lock {needed} bytes of memory for RDMA: RLIMIT_MEMLOCK is {limit} (hard limit {hard}); raise it with `ulimit -l unlimited` (or a memlock entry in /etc/security/limits.conf, or LimitMEMLOCK= for a systemd unit), or use fewer/smaller buffers"
-    )]
+    /// RLIMIT_MEMLOCK is too low for the memory to register (and the
+    /// process lacks CAP_IPC_LOCK, which would lift the limit).
+    #[error("{}", memlock_message(*.needed, what.as_deref(), *.pinned, *.limit, *.hard))]
     Memlock {
         /// Bytes wanted.
         needed: u64,
+        /// What they are for, in words ("the ring: --slots 16 ..."), if
+        /// more is known than a registration's size.
+        what: Option<String>,
+        /// Bytes this process has pinned or locked already.
+        pinned: u64,
         /// The soft limit.
         limit: u64,
-        /// The hard limit.
+        /// The hard limit (`u64::MAX`: unlimited).
         hard: u64,
     },
     /// SIGINT or SIGTERM arrived during a wait.
@@ -106,6 +110,25 @@ impl SysError {
 
 /// Result of a `sys` call.
 pub type Result<T> = std::result::Result<T, SysError>;
+
+/// The message of `SysError::Memlock`: the numbers and every way out.
+fn memlock_message(needed: u64, what: Option<&str>, pinned: u64, limit: u64, hard: u64) -> String {
+    use crate::units::format_bytes;
+    let what = what.map(|w| format!(" ({w})")).unwrap_or_default();
+    let hard = match hard {
+        u64::MAX => "unlimited".to_string(),
+        h => format_bytes(h),
+    };
+    format!(
+        "cannot lock {} of memory for RDMA{what}: RLIMIT_MEMLOCK is {} (hard limit {hard}) and \
+         {} is pinned already; raise it with `ulimit -l unlimited` (or a memlock entry in \
+         /etc/security/limits.conf, or LimitMEMLOCK=infinity for a systemd unit), or use \
+         fewer/smaller buffers",
+        format_bytes(needed),
+        format_bytes(limit),
+        format_bytes(pinned),
+    )
+}
 
 /// What an rdma_cm failure event most likely means, in words.
 fn cm_failure_hint(got: crate::sys::rdma::CmEventKind) -> &'static str {

@@ -162,32 +162,152 @@ fn wait_ready(fd: impl AsFd, flags: PollFlags, deadline: Instant) -> Result<bool
     }
 }
 
-/// Makes sure `needed` bytes can be locked (registered). Raises the soft
-/// RLIMIT_MEMLOCK up to the hard limit if that suffices; otherwise fails with
-/// a message naming the limit and how to raise it.
-pub fn ensure_memlock(needed: u64) -> Result<()> {
-    let lim = rustix::process::getrlimit(Resource::Memlock);
-    // Other locked memory (libraries, CQ/QP rings) also counts: keep headroom.
-    let want = needed.saturating_add(8 << 20);
-    // None means unlimited.
-    let fits = |limit: Option<u64>| limit.is_none_or(|l| l >= want);
-    if fits(lim.current) {
-        return Ok(());
+/// CAP_IPC_LOCK's bit in the capability sets (linux/capability.h).
+const CAP_IPC_LOCK: u32 = 14;
+
+/// How much memory this process may still pin (register for RDMA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemlockRoom {
+    /// No limit: CAP_IPC_LOCK in the effective set of the initial user
+    /// namespace (the kernel then pins past RLIMIT_MEMLOCK: root, or a
+    /// unit with AmbientCapabilities=CAP_IPC_LOCK), or an unlimited
+    /// RLIMIT_MEMLOCK.
+    Unlimited,
+    /// RLIMIT_MEMLOCK applies.
+    Limited {
+        /// The soft limit, raised to the hard one where it was lower.
+        limit: u64,
+        /// The hard limit (`u64::MAX`: unlimited).
+        hard: u64,
+        /// Bytes pinned (registered) or locked (mlock) already.
+        pinned: u64,
+    },
+}
+
+impl MemlockRoom {
+    /// Bytes that may still be pinned; None: no limit.
+    pub fn available(&self) -> Option<u64> {
+        match *self {
+            MemlockRoom::Unlimited => None,
+            MemlockRoom::Limited { limit, pinned, .. } => Some(limit.saturating_sub(pinned)),
+        }
     }
-    if fits(lim.maximum) {
+
+    /// The refusal of `needed` more bytes (what for, if known): the error
+    /// every memlock failure is reported with.
+    pub fn refusal(&self, needed: u64, what: Option<String>) -> SysError {
+        let (limit, hard, pinned) = match *self {
+            MemlockRoom::Unlimited => (u64::MAX, u64::MAX, 0),
+            MemlockRoom::Limited {
+                limit,
+                hard,
+                pinned,
+            } => (limit, hard, pinned),
+        };
+        SysError::Memlock {
+            needed,
+            what,
+            pinned,
+            limit,
+            hard,
+        }
+    }
+}
+
+/// What this process may still pin. Raises the soft RLIMIT_MEMLOCK to the
+/// hard limit first (best effort) when the limit applies at all.
+pub fn memlock_room() -> MemlockRoom {
+    // Without /proc nothing is known: no capability, nothing pinned.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let uid_map = std::fs::read_to_string("/proc/self/uid_map").ok();
+    if has_ipc_lock(&status, uid_map.as_deref()) {
+        return MemlockRoom::Unlimited;
+    }
+    let mut lim = rustix::process::getrlimit(Resource::Memlock);
+    if lim.current != lim.maximum {
         let raised = Rlimit {
             current: lim.maximum,
             maximum: lim.maximum,
         };
         if rustix::process::setrlimit(Resource::Memlock, raised).is_ok() {
-            return Ok(());
+            lim = raised;
         }
     }
-    Err(SysError::Memlock {
-        needed,
-        limit: lim.current.unwrap_or(u64::MAX),
-        hard: lim.maximum.unwrap_or(u64::MAX),
-    })
+    // None means unlimited.
+    match lim.current {
+        None => MemlockRoom::Unlimited,
+        Some(limit) => MemlockRoom::Limited {
+            limit,
+            hard: lim.maximum.unwrap_or(u64::MAX),
+            pinned: pinned_bytes(&status),
+        },
+    }
+}
+
+/// Makes sure `needed` more bytes can be pinned (registered): with
+/// CAP_IPC_LOCK always; otherwise if they fit under RLIMIT_MEMLOCK (raised
+/// to the hard limit if need be) beside what is pinned already. Fails
+/// with a message naming the limit and how to raise it.
+pub fn ensure_memlock(needed: u64) -> Result<()> {
+    let room = memlock_room();
+    // The kernel counts whole pages.
+    let pages = needed.div_ceil(4096).saturating_mul(4096);
+    match room.available() {
+        Some(available) if pages > available => Err(room.refusal(needed, None)),
+        _ => Ok(()),
+    }
+}
+
+/// The memlock refusal that most likely explains an ENOMEM from a
+/// registration of `needed` bytes; None where no limit applies (the
+/// memory itself ran out).
+pub fn memlock_refusal(needed: u64) -> Option<SysError> {
+    let room = memlock_room();
+    room.available().map(|_| room.refusal(needed, None))
+}
+
+/// Whether the kernel lets this process pin memory past RLIMIT_MEMLOCK:
+/// CAP_IPC_LOCK in the effective set (`CapEff:` of /proc/self/status),
+/// which the kernel checks in the initial user namespace only
+/// (`capable()`): a root of a container's user namespace has the bit
+/// set and is still limited. `uid_map` is /proc/self/uid_map (None: no
+/// user namespaces in this kernel, so the initial one).
+fn has_ipc_lock(status: &str, uid_map: Option<&str>) -> bool {
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+    effective.is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+        && uid_map.is_none_or(is_initial_uid_map)
+}
+
+/// True for the uid_map of the initial user namespace: every uid, mapped
+/// to itself.
+fn is_initial_uid_map(uid_map: &str) -> bool {
+    let lines: Vec<Vec<&str>> = uid_map
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| !f.is_empty())
+        .collect();
+    matches!(lines.as_slice(), [only] if only.as_slice() == ["0", "0", "4294967295"])
+}
+
+/// Bytes pinned (`VmPin:`, registrations) and locked (`VmLck:`, mlock)
+/// by this process, from /proc/self/status; 0 for lines not there. The
+/// kernel checks a registration against RLIMIT_MEMLOCK with the pinned
+/// count alone; adding the locked one errs on the safe side.
+fn pinned_bytes(status: &str) -> u64 {
+    ["VmPin:", "VmLck:"]
+        .iter()
+        .filter_map(|field| status_kib(status, field))
+        .fold(0, u64::saturating_add)
+}
+
+/// A `NAME:  1234 kB` line of /proc/self/status, in bytes.
+fn status_kib(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit (best effort): a
@@ -257,9 +377,7 @@ pub fn cpu_times() -> (Duration, Duration) {
 
 /// The `VmHWM:` line of /proc/self/status, in bytes.
 fn vm_hwm_bytes(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    status_kib(status, "VmHWM:")
 }
 
 /// What an unprivileged writer may still use on a file system.
@@ -367,5 +485,84 @@ mod tests {
     fn memlock_within_the_limit_is_fine() {
         ensure_memlock(0).unwrap();
         assert!(free_space(std::path::Path::new("/")).is_ok());
+    }
+
+    const INITIAL_MAP: &str = "         0          0 4294967295\n";
+
+    #[test]
+    fn cap_ipc_lock_is_read_from_the_effective_set() {
+        let status = |eff: &str| format!("Name:\tx\nCapPrm:\t000001ffffffffff\nCapEff:\t{eff}\n");
+        // root (all capabilities), and only CAP_IPC_LOCK (bit 14).
+        for eff in ["000001ffffffffff", "0000000000004000"] {
+            assert!(has_ipc_lock(&status(eff), Some(INITIAL_MAP)), "{eff}");
+            assert!(
+                has_ipc_lock(&status(eff), None),
+                "{eff}: no user namespaces"
+            );
+        }
+        // A plain user; Docker's default set (no IPC_LOCK); all but bit 14;
+        // permitted is not effective.
+        for eff in ["0000000000000000", "00000000a80425fb", "000001ffffffbfff"] {
+            assert!(!has_ipc_lock(&status(eff), Some(INITIAL_MAP)), "{eff}");
+        }
+        // Unreadable or missing: no capability assumed.
+        assert!(!has_ipc_lock(&status("zz"), Some(INITIAL_MAP)));
+        assert!(!has_ipc_lock("Name:\tx\n", Some(INITIAL_MAP)));
+        assert!(!has_ipc_lock("", None));
+        // Root of a user namespace (a rootless container): the kernel
+        // checks the capability in the initial namespace, where it has none.
+        let userns = "         0       1000          1\n         1     100000      65536\n";
+        assert!(!has_ipc_lock(&status("000001ffffffffff"), Some(userns)));
+        assert!(!has_ipc_lock(
+            &status("000001ffffffffff"),
+            Some("0 0 4294967294\n")
+        ));
+    }
+
+    #[test]
+    fn the_initial_uid_map_is_recognised() {
+        assert!(is_initial_uid_map(INITIAL_MAP));
+        assert!(is_initial_uid_map("0 0 4294967295"));
+        assert!(!is_initial_uid_map(""));
+        assert!(!is_initial_uid_map("0 0 4294967295\n1 1 1\n"));
+        assert!(!is_initial_uid_map("0 1000 1\n"));
+    }
+
+    #[test]
+    fn pinned_memory_is_read_from_proc() {
+        let status = "Name:\tx\nVmLck:\t       8 kB\nVmPin:\t    1024 kB\nVmHWM:\t 1 kB\n";
+        assert_eq!(pinned_bytes(status), (1024 + 8) * 1024);
+        assert_eq!(pinned_bytes("VmPin:\t 4 kB\n"), 4096);
+        assert_eq!(pinned_bytes("Name:\tx\n"), 0);
+        assert_eq!(pinned_bytes("VmPin:\t junk kB\n"), 0);
+    }
+
+    #[test]
+    fn the_room_left_under_a_limit() {
+        let room = MemlockRoom::Limited {
+            limit: 8 << 20,
+            hard: u64::MAX,
+            pinned: 1 << 20,
+        };
+        assert_eq!(room.available(), Some(7 << 20));
+        let full = MemlockRoom::Limited {
+            limit: 1 << 20,
+            hard: 1 << 20,
+            pinned: 2 << 20,
+        };
+        assert_eq!(full.available(), Some(0));
+        assert_eq!(MemlockRoom::Unlimited.available(), None);
+        let msg = room.refusal(16 << 20, Some("the ring".into())).to_string();
+        for part in [
+            "16.0 MiB",
+            "(the ring)",
+            "RLIMIT_MEMLOCK is 8.0 MiB (hard limit unlimited)",
+            "1.0 MiB is pinned already",
+            "ulimit -l unlimited",
+            "limits.conf",
+            "LimitMEMLOCK=",
+        ] {
+            assert!(msg.contains(part), "{part}: {msg}");
+        }
     }
 }

@@ -536,16 +536,48 @@ pub fn start_receiver_bin(
     spawn_receiver(Command::new(bin), net, port, dir, extra, env)
 }
 
+/// The command line of `start_receiver_env`, not started (to run it
+/// through another program: `under_memlock`).
+pub fn receiver_cmd(
+    net: &Net,
+    port: u16,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
+    receiver_args(Command::new(receiver_bin()), net, port, dir, extra, env)
+}
+
+/// Starts a receiver's command line (`receiver_cmd`) and waits until it
+/// listens.
+pub fn start_receiver_cmd(cmd: Command) -> Running {
+    let mut r = Running::spawn("receiver", cmd);
+    r.wait_for_stderr("listening", Duration::from_secs(60));
+    r
+}
+
 /// Adds the receiver's arguments to `cmd` (the receiver itself or a shell
 /// that runs it), starts it and waits until it listens.
 fn spawn_receiver(
-    mut cmd: Command,
+    cmd: Command,
     net: &Net,
     port: u16,
     dir: &Path,
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Running {
+    start_receiver_cmd(receiver_args(cmd, net, port, dir, extra, env))
+}
+
+/// Adds the receiver's arguments and environment to `cmd`.
+fn receiver_args(
+    mut cmd: Command,
+    net: &Net,
+    port: u16,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
     cmd.args(["--bind", &net.addr_a, "--port", &port.to_string()])
         .arg("--dir")
         .arg(dir)
@@ -557,9 +589,7 @@ fn spawn_receiver(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut r = Running::spawn("receiver", cmd);
-    r.wait_for_stderr("listening", Duration::from_secs(60));
-    r
+    cmd
 }
 
 /// As `start_receiver`, run with the given umask (through `sh -c`, so
@@ -692,6 +722,97 @@ pub fn tx_bytes(netdev: &str) -> u64 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------
+// Memory limits.
+
+/// The memlock limit of a stock host (Debian 12, fresh VMs, a
+/// non-interactive ssh session): 8 MiB, soft and hard.
+pub const STOCK_MEMLOCK: u64 = 8 << 20;
+
+/// Who runs a tool under a memlock limit (`under_memlock`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunAs {
+    /// This process's user with its capabilities (root in the guest:
+    /// CAP_IPC_LOCK, which lets the kernel pin past the limit).
+    Myself,
+    /// This user without CAP_IPC_LOCK (dropped by root with setpriv; a
+    /// plain user has none).
+    WithoutIpcLock,
+    /// The plain user nobody (65534), as setpriv makes it: no capability,
+    /// no groups. It needs /dev/infiniband/* open to all
+    /// (`open_rdma_devices_to_all`) and directories it may use.
+    Nobody,
+}
+
+/// `cmd` (program, arguments, environment, directory) run through
+/// `prlimit` with RLIMIT_MEMLOCK `bytes`, soft and hard, as `who`. Fails
+/// the test if prlimit or setpriv is missing.
+pub fn under_memlock(bytes: u64, who: RunAs, cmd: &Command) -> Command {
+    for tool in ["prlimit", "setpriv"] {
+        assert!(have(tool), "{tool} (util-linux) is needed");
+    }
+    let mut wrapped = Command::new("prlimit");
+    wrapped.arg(format!("--memlock={bytes}:{bytes}"));
+    let root = rustix::process::geteuid().is_root();
+    match who {
+        RunAs::Myself => {}
+        RunAs::WithoutIpcLock if !root => {}
+        RunAs::WithoutIpcLock => {
+            // Out of the bounding and inheritable sets, so that the exec
+            // (which gives root its bounding set) does not bring it back.
+            wrapped.args([
+                "setpriv",
+                "--inh-caps=-ipc_lock",
+                "--bounding-set=-ipc_lock",
+            ]);
+        }
+        RunAs::Nobody => {
+            wrapped.args([
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+            ]);
+        }
+    }
+    wrapped.arg(cmd.get_program()).args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => wrapped.env(key, v),
+            None => wrapped.env_remove(key),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
+}
+
+/// Lets every user open the RDMA devices (the guest has no udev: they are
+/// root's only), as a stock host's udev rules do.
+pub fn open_rdma_devices_to_all() {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir("/dev/infiniband").expect("/dev/infiniband") {
+        let path = entry.expect("device entry").path();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
+            .unwrap_or_else(|e| panic!("chmod 666 {}: {e}", path.display()));
+    }
+}
+
+/// The `Max locked memory` soft and hard limits of a running process
+/// (/proc/PID/limits), in bytes; None: unlimited or unreadable.
+pub fn memlock_limits_of(pid: u32) -> Option<(u64, u64)> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max locked memory"))?;
+    let mut numbers = line
+        .trim_start_matches("Max locked memory")
+        .split_whitespace()
+        .map(|w| w.parse::<u64>().ok());
+    Some((numbers.next()??, numbers.next()??))
 }
 
 // ---------------------------------------------------------------------------

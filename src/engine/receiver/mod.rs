@@ -20,6 +20,7 @@ pub mod write_behind;
 pub use allow::AllowedNet;
 
 use crate::engine::control::Control;
+use crate::engine::fit::{Buffers, Given, Overhead, Pool, fit_to_memlock};
 use crate::engine::progress::{Listening, ProgressSink};
 use crate::engine::report::FileEvent;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
@@ -51,6 +52,9 @@ pub struct ReceiverConfig {
     pub overwrite: bool,
     pub slots: u32,
     pub chunk_size: u32,
+    /// Which of `slots` and `chunk_size` the user gave; the others are
+    /// lowered to fit the memlock limit (`fit::fit_to_memlock`).
+    pub given: Given,
     pub busy_poll: bool,
     pub ack_timeout: crate::engine::AckTimeout,
     pub timeout: Duration,
@@ -138,6 +142,7 @@ impl ReceiverConfig {
             overwrite: false,
             slots: DEFAULT_SLOTS,
             chunk_size: DEFAULT_CHUNK_SIZE,
+            given: Given::default(),
             busy_poll: false,
             ack_timeout: crate::engine::AckTimeout::Auto,
             timeout: DEFAULT_TIMEOUT,
@@ -180,6 +185,26 @@ pub const DEFAULT_MAX_SESSIONS: usize = 8;
 const CONTROL_RECVS: u32 = crate::proto::MAX_PENDING as u32 + 8;
 const SEND_BUFFERS: usize = 16;
 
+/// `cfg` with a ring that fits the memlock limit, before listening (see
+/// `fit::fit_to_memlock`). One session's: a further session at once
+/// that cannot register its ring is refused with the limit's numbers.
+fn fit_ring(cfg: &ReceiverConfig) -> Result<ReceiverConfig, XferError> {
+    let asked = Buffers {
+        count: cfg.slots,
+        chunk_size: cfg.chunk_size,
+    };
+    // Every slot has a receive posted for its write, besides the control
+    // receives and sends.
+    let messages = u64::from(CONTROL_RECVS) + SEND_BUFFERS as u64;
+    let overhead = Overhead::control(messages, 1);
+    let fitted = fit_to_memlock(Pool::Ring, asked, cfg.given, overhead)?;
+    Ok(ReceiverConfig {
+        slots: fitted.count,
+        chunk_size: fitted.chunk_size,
+        ..cfg.clone()
+    })
+}
+
 /// Called for every file a sender offered: after it was committed, or when
 /// it failed (refused, failed its check, or cut short by the session's end).
 pub type OnFile<'a> = dyn Fn(FileEvent<'_>) + Sync + 'a;
@@ -207,6 +232,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     }
     let devices = probe_devices()?;
     info!("RDMA devices: {}", devices.join(", "));
+    let cfg = &fit_ring(cfg)?;
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
     listener.listen(cfg.bind, 64)?;

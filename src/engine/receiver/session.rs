@@ -1002,7 +1002,13 @@ impl Session<'_, '_> {
         if self.ring.is_none() {
             let len = self.cfg.slots as usize * self.cfg.chunk_size as usize;
             let ring = RemoteRing::new(self.ep.pd(), len)?;
-            debug!(len, rkey = ring.rkey(), "ring registered");
+            debug!(
+                len,
+                slots = self.cfg.slots,
+                slot_size = self.cfg.chunk_size,
+                rkey = ring.rkey(),
+                "ring registered"
+            );
             self.ring = Some(ring);
             self.chunk = vec![0; self.cfg.chunk_size as usize];
         }

@@ -11,6 +11,7 @@ mod verdicts;
 
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::entries::{self, Entry, WalkOptions};
+use crate::engine::fit::{Buffers, Given, Overhead, Pool, fit_to_memlock};
 use crate::engine::progress::ProgressSink;
 use crate::engine::reader::{Input, Reader};
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
@@ -43,6 +44,9 @@ pub struct SenderConfig {
     pub source: Option<IpAddr>,
     pub chunk_size: u32,
     pub depth: u32,
+    /// Which of `depth` and `chunk_size` the user gave; the others are
+    /// lowered to fit the memlock limit (`fit::fit_to_memlock`).
+    pub given: Given,
     pub verify: DigestAlg,
     pub busy_poll: bool,
     pub ack_timeout: super::AckTimeout,
@@ -75,6 +79,7 @@ impl SenderConfig {
             source: None,
             chunk_size: super::DEFAULT_CHUNK_SIZE,
             depth: super::DEFAULT_DEPTH,
+            given: Given::default(),
             verify: DigestAlg::Crc32,
             busy_poll: false,
             ack_timeout: super::AckTimeout::Auto,
@@ -109,6 +114,22 @@ pub struct SessionOutcome {
     pub first_error: Option<XferError>,
 }
 
+/// `cfg` with staging buffers that fit the memlock limit, before
+/// anything connects (see `fit::fit_to_memlock`).
+fn fit_staging(cfg: &SenderConfig) -> Result<SenderConfig, XferError> {
+    let asked = Buffers {
+        count: cfg.depth,
+        chunk_size: cfg.chunk_size,
+    };
+    let overhead = Overhead::control((RECV_BUFFERS + SEND_BUFFERS) as u64, 0);
+    let fitted = fit_to_memlock(Pool::Staging, asked, cfg.given, overhead)?;
+    Ok(SenderConfig {
+        depth: fitted.count,
+        chunk_size: fitted.chunk_size,
+        ..cfg.clone()
+    })
+}
+
 /// Receive buffers the sender keeps posted (MR, CREDIT, ACK, REJECT).
 const RECV_BUFFERS: usize = 64;
 const SEND_BUFFERS: usize = 8;
@@ -132,6 +153,7 @@ pub fn send_files(
     mut on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, XferError> {
     let started = Instant::now();
+    let cfg = &fit_staging(cfg)?;
     // A batch keeps its files open until its data is sent.
     crate::sys::os::raise_open_files();
     // Files acknowledged or failed for good: not offered again.
@@ -418,6 +440,11 @@ impl Connection {
             })
             .map_err(connect_err)?
             .map_err(XferError::from)?;
+        debug!(
+            buffers = cfg.depth,
+            chunk_size = cfg.chunk_size,
+            "staging registered"
+        );
         let connect_time = connect_started.elapsed();
         info!(peer = %cfg.addr, connect_s = connect_time.as_secs_f64(), "connected");
         let auth = match &cfg.token {

@@ -3,7 +3,7 @@
 
 use super::pd::ProtectionDomain;
 use super::{Result, SysError};
-use crate::sys::os::ensure_memlock;
+use crate::sys::os::{ensure_memlock, memlock_refusal};
 use rdma_sys::*;
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::marker::PhantomData;
@@ -88,9 +88,12 @@ impl Registration {
             // SAFETY: ptr was allocated above with this layout and was never
             // registered.
             unsafe { dealloc(ptr, layout) };
-            if err.raw_os_error() == Some(libc::ENOMEM) {
-                // Re-check to name the limit instead of a bare ENOMEM.
-                ensure_memlock(u64::MAX / 2)?;
+            // Under a limit, name it instead of a bare ENOMEM (another
+            // thread's registration may have taken the room since the check).
+            if err.raw_os_error() == Some(libc::ENOMEM)
+                && let Some(refusal) = memlock_refusal(len as u64)
+            {
+                return Err(refusal);
             }
             return Err(SysError::Call {
                 call: "ibv_reg_mr",
