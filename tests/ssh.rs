@@ -13,7 +13,10 @@ use support::*;
 fn ssh_net() -> Option<Net> {
     let net = rdma_net()?;
     if !in_guest() {
-        skip("needs the guest's sshd (scripts/guest/sshd.sh)", everything_required());
+        skip(
+            "needs the guest's sshd (scripts/guest/sshd.sh)",
+            everything_required(),
+        );
         return None;
     }
     Some(net)
@@ -108,7 +111,11 @@ fn a_file_a_tree_and_a_named_stream_with_the_scp_form() {
     assert_remote_gone(dst.path());
 
     // A named stream: standard input under --name.
-    let b = net.addr_b.as_deref().map(|b| format!("--source {}", q(b))).unwrap_or_default();
+    let b = net
+        .addr_b
+        .as_deref()
+        .map(|b| format!("--source {}", q(b)))
+        .unwrap_or_default();
     let script = format!(
         "head -c 1000000 {} | {} -v --remote-receiver {} {b} --name stream.bin - {}",
         qp(&file),
@@ -150,7 +157,10 @@ fn three_targets_in_one_command_each_with_its_result() {
     // The worst status wins: the missing directory is a usage error there.
     assert_eq!(sent.code(), 2, "{}", sent.transcript());
     for d in [d1.path(), d2.path()] {
-        assert_eq!(sha256_file(&d.join("image.sqfs")), sha256_file(Path::new(&file)));
+        assert_eq!(
+            sha256_file(&d.join("image.sqfs")),
+            sha256_file(Path::new(&file))
+        );
         assert_remote_gone(d);
     }
     // One JSON record per host and file, each with its host; the summary.
@@ -160,13 +170,23 @@ fn three_targets_in_one_command_each_with_its_result() {
         .filter(|r| r["file"] == "image.sqfs" || r["name"] == "image.sqfs")
         .filter_map(|r| r["host"].as_str())
         .collect();
-    assert_eq!(hosts.iter().filter(|h| **h == net.addr_a).count(), 1, "{records:?}");
-    assert_eq!(hosts.iter().filter(|h| **h == addr_b).count(), 1, "{records:?}");
+    assert_eq!(
+        hosts.iter().filter(|h| **h == net.addr_a).count(),
+        1,
+        "{records:?}"
+    );
+    assert_eq!(
+        hosts.iter().filter(|h| **h == addr_b).count(),
+        1,
+        "{records:?}"
+    );
     // Every text line about a target names it.
     let err = &sent.stderr;
     assert!(
-        err.lines().any(|l| l.starts_with(&format!("sender: error: {}: ", net.addr_a))
-            && l.contains("no/such/dir")),
+        err.lines().any(
+            |l| l.starts_with(&format!("sender: error: {}: ", net.addr_a))
+                && l.contains("no/such/dir")
+        ),
         "{err}"
     );
     assert!(
@@ -184,10 +204,17 @@ fn a_refused_file_ends_the_remote_receiver_too() {
     make_file(&file, 1000, 5);
     let file = file.to_str().unwrap().to_string();
     std::fs::write(dst.path().join("exists.bin"), b"already here").unwrap();
-    let sent = run(sender(&net, &[], &[&file, &target(&net.addr_a, dst.path())]));
+    let sent = run(sender(
+        &net,
+        &[],
+        &[&file, &target(&net.addr_a, dst.path())],
+    ));
     assert_eq!(sent.code(), 4, "{}", sent.transcript());
     assert!(sent.stderr.contains("exists"), "{}", sent.stderr);
-    assert_eq!(std::fs::read(dst.path().join("exists.bin")).unwrap(), b"already here");
+    assert_eq!(
+        std::fs::read(dst.path().join("exists.bin")).unwrap(),
+        b"already here"
+    );
     assert_remote_gone(dst.path());
 }
 
@@ -202,7 +229,11 @@ fn the_remote_receiver_ends_with_a_stopped_or_killed_sender() {
         let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
         assert!(made.success());
         let mut cmd = Command::new("bash");
-        let b = net.addr_b.as_deref().map(|b| format!("--source {}", q(b))).unwrap_or_default();
+        let b = net
+            .addr_b
+            .as_deref()
+            .map(|b| format!("--source {}", q(b)))
+            .unwrap_or_default();
         cmd.arg("-c").arg(format!(
             "exec {} -v --remote-receiver {} {b} --name stream.bin - {} < {}",
             q(sender_bin()),
@@ -216,7 +247,10 @@ fn the_remote_receiver_ends_with_a_stopped_or_killed_sender() {
         // and keep the stream open: the transfer is under way.
         let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
         if let Err(e) = std::io::Write::write_all(&mut writer, &vec![7u8; 3 * MIB as usize]) {
-            panic!("{signal}: cannot feed the sender ({e}):\n{}", sending.stderr_so_far());
+            panic!(
+                "{signal}: cannot feed the sender ({e}):\n{}",
+                sending.stderr_so_far()
+            );
         }
         wait_until(
             "the receiver's temporary file",
@@ -237,7 +271,10 @@ fn the_remote_receiver_ends_with_a_stopped_or_killed_sender() {
         assert_ne!(ended.code(), 0, "{signal}: {}", ended.transcript());
         assert_remote_gone(dst.path());
         drop(writer);
-        assert!(!dst.path().join("stream.bin").exists(), "{signal}: unverified data under the final name");
+        assert!(
+            !dst.path().join("stream.bin").exists(),
+            "{signal}: unverified data under the final name"
+        );
         assert_no_temp_files(dst.path());
     }
 }
@@ -255,28 +292,45 @@ fn problems_say_where_they_are() {
     assert_eq!(r.code(), 2, "{}", r.transcript());
     assert!(r.stderr.contains("--remote-receiver PATH"), "{}", r.stderr);
     // No such directory there: exit 2, saying so.
-    let r = run(sender(&net, &[], &[&file, &target(&net.addr_a, &dst.path().join("nope"))]));
+    let r = run(sender(
+        &net,
+        &[],
+        &[&file, &target(&net.addr_a, &dst.path().join("nope"))],
+    ));
     assert_eq!(r.code(), 2, "{}", r.transcript());
-    assert!(r.stderr.contains("No such file or directory"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("No such file or directory"),
+        "{}",
+        r.stderr
+    );
     // ssh cannot connect (nothing on that port): exit 3.
     let r = run(sender(&net, &["-e", "ssh -p 2"], &[&file, &to]));
     assert_eq!(r.code(), 3, "{}", r.transcript());
     assert!(r.stderr.contains("ssh to "), "{}", r.stderr);
-    // No RDMA device there (the receiver runs where /sys/class/infiniband
-    // is empty, as on a host without RDMA): exit 8 with the remote's words.
+    // No RDMA device there (the receiver runs where /dev/infiniband is
+    // empty, as in a container it was not passed into): exit 8 with the remote's words.
     let hidden = src.path().join("receiver-without-devices");
     std::fs::write(
         &hidden,
         format!(
-            "#!/bin/sh\nexec unshare -m sh -c 'mount -t tmpfs none /sys/class/infiniband && \
+            "#!/bin/sh\nexec unshare -m sh -c 'mount -t tmpfs none /dev/infiniband && \
              exec \"$0\" \"$@\"' {} \"$@\"\n",
             q(receiver_bin())
         ),
     )
     .unwrap();
-    let chmod = Command::new("chmod").arg("755").arg(&hidden).status().unwrap();
+    let chmod = Command::new("chmod")
+        .arg("755")
+        .arg(&hidden)
+        .status()
+        .unwrap();
     assert!(chmod.success());
-    let r = run(sender_with(&net, hidden.to_str().unwrap(), &[], &[&file, &to]));
+    let r = run(sender_with(
+        &net,
+        hidden.to_str().unwrap(),
+        &[],
+        &[&file, &to],
+    ));
     assert_eq!(r.code(), 8, "{}", r.transcript());
     assert!(r.stderr.contains("no RDMA device"), "{}", r.stderr);
     assert_remote_gone(dst.path());
@@ -291,12 +345,24 @@ fn receivers_do_not_wait_forever_for_their_sender() {
     let (_src, dst) = dirs();
     let port = next_port();
     let mut cmd = Command::new(receiver_bin());
-    cmd.args(["--once", "--wait", "2s", "--bind", &net.addr_a, "--port", &port.to_string()])
-        .arg(dst.path())
-        .env("RDMA_XFER_TOKEN", "a-token-of-at-least-16-bytes");
+    cmd.args([
+        "--once",
+        "--wait",
+        "2s",
+        "--bind",
+        &net.addr_a,
+        "--port",
+        &port.to_string(),
+    ])
+    .arg(dst.path())
+    .env("RDMA_XFER_TOKEN", "a-token-of-at-least-16-bytes");
     let r = Running::spawn("receiver", cmd).wait(Duration::from_secs(60));
     assert_eq!(r.code(), 7, "{}", r.transcript());
-    assert!(r.stderr.contains("waiting for a sender to connect"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("waiting for a sender to connect"),
+        "{}",
+        r.stderr
+    );
     // Over ssh: a receiver whose sender never connects (it was handed a
     // token, and its ssh channel stays open) ends after --timeout.
     let mut ssh = Command::new("ssh")
@@ -327,4 +393,61 @@ fn receivers_do_not_wait_forever_for_their_sender() {
     std::io::Read::read_to_string(&mut ssh.stdout.take().unwrap(), &mut out).unwrap();
     assert_eq!(status, 7, "stdout: {out}");
     assert!(out.starts_with("rdma-xfer-ready 1 "), "{out}");
+}
+
+/// A plain user's receiver, started over ssh under a stock host's 8 MiB
+/// memlock limit (the guest's sshd runs under it): it fits its ring into
+/// the limit, says so, and the file arrives.
+#[test]
+fn a_plain_user_under_the_stock_memlock_limit() {
+    let Some(net) = ssh_net() else { return };
+    // As on a host whose udev gives users the verbs devices.
+    let opened = Command::new("sh")
+        .args(["-c", "chmod 666 /dev/infiniband/*"])
+        .status()
+        .unwrap();
+    assert!(opened.success());
+    let (src, _) = dirs();
+    let file = src.path().join("user.bin");
+    make_file(&file, 3 * MIB + 5, 7);
+    let home = Path::new("/home/rxfer");
+    let dir = tempfile::tempdir_in(home).unwrap();
+    let chown = Command::new("chown")
+        .arg("4242:4242")
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let limit = Command::new("ssh")
+        .args([&format!("rxfer@{}", net.addr_a), "ulimit -l"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&limit.stdout).trim(),
+        "8192",
+        "{limit:?}"
+    );
+    let sent = run(sender(
+        &net,
+        &[],
+        &[
+            file.to_str().unwrap(),
+            &target(&format!("rxfer@{}", net.addr_a), dir.path()),
+        ],
+    ));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    let got = dir.path().join("user.bin");
+    assert_eq!(sha256_file(&got), sha256_file(&file));
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&got).unwrap()),
+        4242
+    );
+    assert!(
+        sent.stderr
+            .contains(&format!("{}: receiver: warning: ", net.addr_a))
+            && sent.stderr.contains("RLIMIT_MEMLOCK"),
+        "the remote receiver says what it fitted:\n{}",
+        sent.stderr
+    );
+    assert_remote_gone(dir.path());
 }

@@ -10,7 +10,8 @@
 #          (guest, root) starts that sshd listening on each ADDR, key
 #          log-in only; root gets a key, authorized_keys, known_hosts for
 #          every ADDR, and an ssh config with BatchMode (no prompts). The
-#          test user `rxfer` (uid 4242) gets the same.
+#          test user `rxfer` (uid 4242) gets the same, and root may log in
+#          as rxfer with its own key.
 set -euo pipefail
 
 die() { echo "sshd.sh: $*" >&2; exit 1; }
@@ -43,7 +44,8 @@ user_keys() {
   mkdir -p "$home/.ssh"
   chmod 700 "$home/.ssh"
   [[ -f $home/.ssh/id_ed25519 ]] || ssh-keygen -q -t ed25519 -N '' -f "$home/.ssh/id_ed25519"
-  cat "$home/.ssh/id_ed25519.pub" >"$home/.ssh/authorized_keys"
+  # Its own key, and root's: root's tests log in as this user too.
+  cat "$home/.ssh/id_ed25519.pub" /root/.ssh/id_ed25519.pub 2>/dev/null | sort -u >"$home/.ssh/authorized_keys"
   local a
   : >"$home/.ssh/known_hosts"
   for a in "$@"; do echo "$a $(<"$hostkey.pub")" >>"$home/.ssh/known_hosts"; done

@@ -776,13 +776,17 @@ impl SenderArgs {
     }
 
     /// How the targets' receivers are started: the sender's timeout, and
-    /// its verbosity (quiet but for errors unless -v).
+    /// its verbosity (warnings and errors; with -vv, info too).
     fn launch_options(&self, rsh: Vec<String>) -> LaunchOptions {
         let mut receiver_args = Vec::new();
         if let Some(bind) = &self.remote_bind {
             receiver_args.extend(["--bind".to_string(), bind.clone()]);
         }
-        receiver_args.push(if self.common.verbose > 1 { "-v" } else { "-q" }.to_string());
+        // Its warnings (a memlock fit, say) and errors reach the user;
+        // -vv shows its info too.
+        if self.common.verbose > 1 {
+            receiver_args.push("-v".to_string());
+        }
         LaunchOptions {
             rsh,
             remote_receiver: self.remote_receiver.clone(),

@@ -50,9 +50,12 @@ impl Ui {
         }
     }
 
-    /// Prints the ready line of `engine::remote` on stdout once listening.
+    /// Prints the ready line of `engine::remote` on stdout once listening;
+    /// per-file and listening lines are the sender's to show, so none
+    /// here (warnings and errors still go to stderr, to the sender).
     pub fn with_ready_line(mut self) -> Self {
         self.ready_line = true;
+        self.quiet = true;
         self
     }
 
