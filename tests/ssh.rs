@@ -65,7 +65,7 @@ fn remote_receivers(dir: &Path) -> Vec<u32> {
             .split(|b| *b == 0)
             .map(|w| String::from_utf8_lossy(w).into_owned())
             .collect();
-        if words.iter().any(|w| w == "--ssh-session") && words.iter().any(|w| *w == want) {
+        if words.iter().any(|w| w == "--ssh-session") && words.contains(&want) {
             pids.push(pid);
         }
     }

@@ -524,7 +524,9 @@ impl SenderArgs {
         let (files, named) = all.split_at(all.len() - trailing);
         let mut targets = Vec::new();
         for t in named.iter().filter_map(target_of) {
-            problems.check(t).map(|t| targets.push(t));
+            if let Some(t) = problems.check(t) {
+                targets.push(t);
+            }
         }
         if let Some(list) = &self.hosts {
             targets.extend(hosts_file(list, problems));
@@ -1210,6 +1212,137 @@ mod tests {
             Err(e) => panic!("expected a usage error about {what:?}, got {e:?}"),
             Ok(_) => panic!("expected a usage error about {what:?}, got a configuration"),
         }
+    }
+
+    fn plan(args: &[&str]) -> Result<SendPlan, XferError> {
+        let argv = std::iter::once("sender").chain(args.iter().copied());
+        SenderArgs::try_parse_from(argv).expect("parses").plan()
+    }
+
+    fn remote_plan(args: &[&str]) -> RemotePlan {
+        match plan(args) {
+            Ok(SendPlan::Remote(p)) => p,
+            Ok(SendPlan::Direct { .. }) => panic!("{args:?}: the direct form"),
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    /// The last operands decide the form: `[USER@]HOST:DIR` targets make
+    /// it the one-command form, whose files come first.
+    #[test]
+    fn the_one_command_form_is_told_by_its_last_operands() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f.bin");
+        std::fs::write(&f, b"x").unwrap();
+        let f = f.to_str().unwrap();
+        let p = remote_plan(&[f, "node01:/ckpt/"]);
+        assert_eq!(p.files, [PathBuf::from(f)]);
+        assert_eq!(p.targets.len(), 1);
+        assert_eq!(
+            (p.targets[0].login.as_str(), p.targets[0].dir.as_str()),
+            ("node01", "/ckpt/")
+        );
+        // A one-time token per target: SHA-256, no engine retries (each
+        // attempt is a new receiver), and ssh by default.
+        assert_eq!(p.cfg.verify, DigestAlg::Sha256);
+        assert!(p.cfg.token.is_none() && p.cfg.retries == 0);
+        assert_eq!(p.launch.rsh, ["ssh"]);
+        assert_eq!(p.launch.remote_receiver, "receiver");
+        let p = remote_plan(&[
+            "--retry=2",
+            "-e",
+            "ssh -p 2222",
+            "--remote-receiver",
+            "/opt/r",
+            "--remote-bind",
+            "10.0.0.1",
+            "--parallel",
+            "3",
+            f,
+            f,
+            "a:/d",
+            "me@b:",
+            "[fd00::1]:/x",
+        ]);
+        assert_eq!(p.files.len(), 2);
+        let logins: Vec<&str> = p.targets.iter().map(|t| t.login.as_str()).collect();
+        assert_eq!(logins, ["a", "me@b", "fd00::1"]);
+        assert_eq!((p.parallel, p.retries), (3, 2));
+        assert!(p.cfg.resume, "--retry continues what a receiver kept");
+        assert_eq!(p.launch.rsh, ["ssh", "-p", "2222"]);
+        assert_eq!(p.launch.receiver_args, ["--bind", "10.0.0.1"]);
+        // --hosts adds targets, one a line.
+        let hosts = dir.path().join("hosts");
+        std::fs::write(&hosts, "# nodes\nn1:/d\n\n  me@n2:/e  \n").unwrap();
+        let p = remote_plan(&["--hosts", hosts.to_str().unwrap(), f]);
+        let logins: Vec<&str> = p.targets.iter().map(|t| t.login.as_str()).collect();
+        assert_eq!(logins, ["n1", "me@n2"]);
+        // The direct form is untouched: ADDR first, HOST:PORT is an address.
+        assert!(matches!(
+            plan(&["10.0.0.1:7471", f]),
+            Ok(SendPlan::Direct { .. })
+        ));
+        assert!(matches!(
+            plan(&["127.0.0.1", f]),
+            Ok(SendPlan::Direct { .. })
+        ));
+    }
+
+    #[test]
+    fn the_one_command_form_refuses_what_cannot_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f.bin");
+        std::fs::write(&f, b"x").unwrap();
+        let f = f.to_str().unwrap();
+        let token = token_file(dir.path(), b"sixteen-bytes-ok");
+        for (args, says) in [
+            (vec!["h:/d"], "no files to send"),
+            (vec!["-", "a:/d", "b:/d"], "standard input (-) is read once"),
+            (vec!["other:/x", f, "h:/d"], "the sender sends local files"),
+            (
+                vec!["--port", "9", f, "h:/d"],
+                "--port is for a running receiver",
+            ),
+            (
+                vec!["--token-file", &token, f, "h:/d"],
+                "--token-file is for a running receiver",
+            ),
+            (vec!["--verify", "crc32", f, "h:/d"], "--verify crc32"),
+            (vec!["-e", "ssh 'x", f, "h:/d"], "not a command"),
+            (
+                vec!["--", f, "-oProxyCommand=x:/d"],
+                "may not start with '-'",
+            ),
+            (
+                vec!["-e", "ssh", "127.0.0.1", f],
+                "--rsh is for [USER@]HOST:DIR targets",
+            ),
+            (
+                vec!["--remote-bind", "x", "127.0.0.1", f],
+                "--remote-bind is for",
+            ),
+            (vec!["127.0.0.1"], "no files to send"),
+        ] {
+            usage(plan(&args), says);
+        }
+        let hosts = dir.path().join("hosts");
+        std::fs::write(&hosts, "n1:/d\nnot-a-target\n").unwrap();
+        usage(
+            plan(&["--hosts", hosts.to_str().unwrap(), f]),
+            "line 2: \"not-a-target\"",
+        );
+        std::fs::write(&hosts, "# none\n").unwrap();
+        usage(
+            plan(&["--hosts", hosts.to_str().unwrap(), f]),
+            "lists no targets",
+        );
+        usage(
+            plan(&["--hosts", "/no/such/list", f]),
+            "--hosts /no/such/list",
+        );
+        // Over ssh RDMA_XFER_TOKEN does not apply: the one-time token does.
+        let p = remote_plan(&[f, "h:/d"]);
+        assert!(p.cfg.token.is_none());
     }
 
     fn token_file(dir: &std::path::Path, content: &[u8]) -> String {
