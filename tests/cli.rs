@@ -938,3 +938,90 @@ fn terminals_are_not_data_streams() {
         "{screen}"
     );
 }
+
+/// The one-command form's failures before any RDMA, through a stand-in
+/// for ssh that runs the remote command here (`-e`): each says where it
+/// happened, with the remote's words and an exit code of its class.
+#[test]
+fn one_command_failures_say_where_they_are() {
+    if has_rdma_device() {
+        skip(
+            "this host has RDMA: the remote receiver would not fail",
+            false,
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f.bin");
+    std::fs::write(&file, b"data").unwrap();
+    let file = file.to_str().unwrap();
+    // HOST COMMAND -> sh -c COMMAND, with the built receiver on the PATH.
+    let rsh = dir.path().join("here-rsh");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec sh -c \"$*\"\n").unwrap();
+    let made = Command::new("chmod").arg("755").arg(&rsh).status().unwrap();
+    assert!(made.success());
+    let rsh = rsh.to_str().unwrap();
+    let bin_dir = Path::new(receiver_bin()).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let sender_via = |rsh: &str, args: &[&str]| {
+        let out = Command::new(sender_bin())
+            .args(args)
+            .env("PATH", &path)
+            .env("RDMA_XFER_RSH", rsh)
+            .env_remove("RDMA_XFER_TOKEN")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let sender = |args: &[&str]| sender_via(rsh, args);
+    let target = format!("node01:{}", dir.path().display());
+    // No RDMA device there: exit 8, the remote's message, its host.
+    let (code, err) = sender(&[file, &target]);
+    assert_eq!(code, 8, "{err}");
+    assert!(
+        err.contains(
+            "sender: error: node01: the receiver on node01 exited with status 8: no RDMA device"
+        ),
+        "{err}"
+    );
+    // Said once: the remote's own error line is not repeated.
+    assert_eq!(err.matches("no RDMA device").count(), 1, "{err}");
+    // No such directory there: exit 2.
+    let (code, err) = sender(&[file, "node01:/no/such/dir"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("output directory /no/such/dir"), "{err}");
+    // No receiver program there: exit 2 with the hint.
+    let (code, err) = sender(&["--remote-receiver", "/no/such/receiver", file, &target]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("name it with --remote-receiver PATH"), "{err}");
+    // The remote shell cannot log in (ssh's 255): exit 3.
+    let (code, err) = sender_via(
+        "sh -c 'echo no route to host >&2; exit 255' x",
+        &[file, &target],
+    );
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("ssh to node01 failed: no route to host"),
+        "{err}"
+    );
+    // Several targets: each failure labelled, the highest status.
+    let (code, err) = sender(&[file, &target, "node02:/no/such/dir"]);
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("sender: error: node02: "), "{err}");
+    assert!(err.contains("2 of 2 targets failed"), "{err}");
+    // Started by hand, the remote side refuses to run without its token.
+    let out = Command::new(receiver_bin())
+        .args(["--ssh-session", dir.path().to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not meant to be started by hand"));
+}
