@@ -9,16 +9,32 @@ use std::process::Command;
 use std::time::Duration;
 use support::*;
 
-/// The guest's sshd listens on both addresses (root logs in with a key).
+/// The guest's sshd, started once for this run (scripts/guest/sshd.sh)
+/// under a stock host's 8 MiB memlock limit, listening on both addresses;
+/// root (and root as the user rxfer) log in with a key.
 fn ssh_net() -> Option<Net> {
     let net = rdma_net()?;
-    if !in_guest() {
+    let dir = std::env::var("RXFER_SSHD_DIR").unwrap_or_default();
+    if !in_guest() || dir.is_empty() {
         skip(
             "needs the guest's sshd (scripts/guest/sshd.sh)",
             everything_required(),
         );
         return None;
     }
+    static STARTED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    STARTED.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/guest/sshd.sh");
+        let addrs = [Some(net.addr_a.clone()), net.addr_b.clone()];
+        let out = Command::new("bash")
+            .args(["-c", "ulimit -l 8192 && exec \"$0\" start \"$@\""])
+            .arg(script)
+            .arg(&dir)
+            .args(addrs.iter().flatten())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "cannot start sshd: {out:?}");
+    });
     Some(net)
 }
 

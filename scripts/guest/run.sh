@@ -17,12 +17,11 @@
 # Inside the guest: RXFER_ADDR_A=10.77.0.1 RXFER_DEV_A=rxe0 RXFER_NETDEV_A=veth0
 #   RXFER_ADDR_B=10.77.0.2 RXFER_DEV_B=rxe1 RXFER_NETDEV_B=veth1
 #   RDMA_XFER_REQUIRE_RDMA=1 IN_RXFER_GUEST=1 RXFER_GUEST_KERNEL=6.1|6.12,
-#   an sshd on both addresses (scripts/guest/sshd.sh: root and user rxfer
-#   log in with keys, BatchMode),
+#   RXFER_SSHD_DIR (an unpacked sshd that tests start with
+#   scripts/guest/sshd.sh),
 #   plus PATH, HOME, CI (if set)
 #   and any RXFER_*/RDMA_XFER_* variables of the host.
 # Host env: RXFER_GUEST_KERNEL (see -k), RXFER_GUEST_DIR (cache dir),
-#   RXFER_GUEST_SSHD_MEMLOCK (sshd's RLIMIT_MEMLOCK in KiB, default 8192),
 #   RXFER_GUEST_CPU (QEMU -cpu model),
 #   RXFER_GUEST_KEEP=1 (keep the per-run dir), RXFER_GUEST_ROOT_CACHE
 #   (9p cache mode of the root share: loose (default) or none).
@@ -99,11 +98,6 @@ EOF
     gfail "rxe ports not ACTIVE after 20 s: rxe0='$st0' rxe1='$st1'"
   [[ $g0 == *:ffff:0a4d:0001 && $g1 == *:ffff:0a4d:0002 ]] ||
     gfail "rxe IPv4 GIDs (index 1) missing: rxe0='$g0' rxe1='$g1'"
-  # sshd for the one-command form (scripts/guest/sshd.sh), under a stock
-  # host's 8 MiB memlock limit (KiB; RXFER_GUEST_SSHD_MEMLOCK): what a
-  # receiver started over ssh gets.
-  (ulimit -l "${SSHD_MEMLOCK:-8192}" && "${GUEST_INIT%/*}/sshd.sh" start "$SSHD_DIR" "$ADDR_A" "$ADDR_B") ||
-    gfail "cannot start sshd"
   ulimit -l unlimited || gfail "ulimit -l unlimited"
   ulimit -n 65536 2>/dev/null
   echo "rxfer-guest: set-up done (uptime $(</proc/uptime)); running command"
@@ -171,8 +165,9 @@ GDIR=${RXFER_GUEST_DIR:-$REPO/target/guest}
 export RXFER_GUEST_DIR=$GDIR RXFER_GUEST_KERNEL=$KSEL
 
 "$SCRIPT_DIR/prepare.sh" -q -k "$KSEL" || { echo "run.sh: prepare.sh -k $KSEL failed" >&2; exit 125; }
-SSHD_DIR=$GDIR/openssh
-"$SCRIPT_DIR/sshd.sh" prepare "$SSHD_DIR" || { echo "run.sh: sshd.sh prepare failed" >&2; exit 125; }
+# An sshd for the tests of the one-command form to start (tests/ssh.rs).
+export RXFER_SSHD_DIR=$GDIR/openssh
+"$SCRIPT_DIR/sshd.sh" prepare "$RXFER_SSHD_DIR" || { echo "run.sh: sshd.sh prepare failed" >&2; exit 125; }
 # shellcheck source=/dev/null
 . "$GDIR/$KSEL/current.env"
 
@@ -192,8 +187,6 @@ sq() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
   echo "MODDIR=$(sq "$MODDIR")"
   echo "GUEST_INIT=$(sq "$SELF")"
   echo "SHOW_HOST_DIR=$(sq "$SHOW_HOST_DIR")"
-  echo "SSHD_DIR=$(sq "$SSHD_DIR")"
-  echo "SSHD_MEMLOCK=$(sq "${RXFER_GUEST_SSHD_MEMLOCK:-8192}")"
 } >"$IO/boot.conf"
 
 # Environment for the command: PATH as on the host (with ~/.cargo/bin),

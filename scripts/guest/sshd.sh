@@ -7,7 +7,8 @@
 #          with dpkg -x: nothing is installed on the host and no daemon
 #          starts there. Idempotent; fast once done.
 #        scripts/guest/sshd.sh start DIR ADDR...
-#          (guest, root) starts that sshd listening on each ADDR, key
+#          (guest, root; tests/ssh.rs, under a stock 8 MiB memlock limit)
+#          starts that sshd, unless it runs already, listening on each ADDR, key
 #          log-in only; root gets a key, authorized_keys, known_hosts for
 #          every ADDR, and an ssh config with BatchMode (no prompts). The
 #          test user `rxfer` (uid 4242) gets the same, and root may log in
@@ -57,6 +58,9 @@ start() {
   local dir=$1 conf=/etc/rxfer-sshd a
   shift
   [[ -x $dir/usr/sbin/sshd ]] || die "no sshd under $dir (run: sshd.sh prepare $dir)"
+  if [[ -f /run/rxfer-sshd.pid ]] && kill -0 "$(</run/rxfer-sshd.pid)" 2>/dev/null; then
+    return 0
+  fi
   grep -q '^sshd:' /etc/passwd || echo 'sshd:x:101:65534::/run/sshd:/usr/sbin/nologin' >>/etc/passwd
   grep -q '^rxfer:' /etc/passwd || {
     echo 'rxfer:x:4242:4242::/home/rxfer:/bin/bash' >>/etc/passwd

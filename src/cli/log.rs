@@ -81,10 +81,28 @@ where
                 writer.write_str(": ")?;
             }
         }
+        // Several targets (cli::targets): every line says its host.
+        if !self.verbose
+            && let Some(scope) = ctx.event_scope()
+        {
+            for span in scope.from_root().filter(|s| s.name() == TARGET_SPAN) {
+                let ext = span.extensions();
+                if let Some(host) = ext
+                    .get::<FormattedFields<N>>()
+                    .and_then(|f| f.fields.strip_prefix("host="))
+                {
+                    write!(writer, "{host}: ")?;
+                }
+            }
+        }
         ctx.field_format().format_fields(writer.by_ref(), event)?;
         writeln!(writer)
     }
 }
+
+/// The span a target's work runs in when there are several (its `host`
+/// field starts each text line).
+pub const TARGET_SPAN: &str = "target";
 
 /// Logs go to stderr (around the progress bars, if any); stdout stays free
 /// for data. Default shows warnings, `-v` info, `-vv` debug, `-q` only

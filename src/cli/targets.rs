@@ -90,7 +90,12 @@ fn one_target(
     labelled: bool,
     summary: bool,
 ) -> Result<(), XferError> {
-    let span = tracing::info_span!("target", host = %target.host);
+    // Several targets: log lines say which (see `log::TARGET_SPAN`).
+    let span = if labelled {
+        tracing::error_span!(super::log::TARGET_SPAN, host = %crate::proto::escaped(&target.host))
+    } else {
+        tracing::Span::none()
+    };
     let _enter = span.enter();
     let label = HostLabel {
         host: target.host.clone(),
