@@ -65,8 +65,9 @@ pub struct CommonArgs {
     #[arg(long, help_heading = FORMAT)]
     pub json: bool,
     /// File holding the shared secret that authenticates both ends to each
-    /// other (trailing whitespace ignored; at least 16 bytes). Overrides
-    /// RDMA_XFER_TOKEN.
+    /// other (trailing whitespace ignored; at least 16 bytes; make one with
+    /// `rdma-xfer-gen token FILE`). Overrides RDMA_XFER_TOKEN. A receiver
+    /// needs one unless --insecure.
     #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath, help_heading = SECURITY)]
     pub token_file: Option<PathBuf>,
 }
@@ -1068,9 +1069,13 @@ mod tests {
             "dir/",
             ".",
             "x\u{1}y",
+            "evil\u{202e}txt.exe",
+            ".RDMA-XFER-1.part",
         ] {
             usage(sender(&["--name", bad, "h", "-"]), "invalid --name");
         }
+        // A dotfile is the receiver's to refuse (--allow-dotfiles).
+        assert!(sender(&["--name", ".config/app.toml", "127.0.0.1", "-"]).is_ok());
         usage(sender(&["", "f"]), "address is empty");
         let dir = tempfile::tempdir().unwrap();
         let empty = token_file(dir.path(), b"\n");
