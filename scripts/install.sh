@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the built tools with their man pages, shell completions and the
 # receiver's systemd unit (`make install` runs it after building):
-#   $DESTDIR$PREFIX/bin/sender, receiver
+#   $DESTDIR$PREFIX/bin/sender, receiver, rdma-xfer-gen (makes tokens)
 #   $DESTDIR$PREFIX/share/man/man1/sender.1, receiver.1
 #   $DESTDIR$PREFIX/share/bash-completion/completions/sender, receiver
 #   $DESTDIR$PREFIX/share/zsh/site-functions/_sender, _receiver
@@ -44,7 +44,7 @@ esac
 # Every installed file, relative to $root (the one list install and
 # uninstall share).
 files=(
-  bin/sender bin/receiver
+  bin/sender bin/receiver bin/rdma-xfer-gen
   share/man/man1/sender.1 share/man/man1/receiver.1
   share/bash-completion/completions/sender share/bash-completion/completions/receiver
   share/zsh/site-functions/_sender share/zsh/site-functions/_receiver
@@ -74,7 +74,7 @@ trap 'rm -rf "$tmp"' EXIT
 stage=$tmp/tree
 mkdir -p "$stage/bin" "$stage/share/man/man1" "$stage/share/bash-completion/completions" \
   "$stage/share/zsh/site-functions" "$stage/share/fish/vendor_completions.d" "$stage/$unit_dir"
-cp "$build/sender" "$build/receiver" "$stage/bin/"
+cp "$build/sender" "$build/receiver" "$build/rdma-xfer-gen" "$stage/bin/"
 "$build/rdma-xfer-gen" man --unit "$prefix/$unit_dir/$unit" "$stage/share/man/man1" >/dev/null
 "$build/rdma-xfer-gen" completions bash "$stage/share/bash-completion/completions" >/dev/null
 "$build/rdma-xfer-gen" completions zsh "$stage/share/zsh/site-functions" >/dev/null
@@ -92,7 +92,7 @@ for f in "${files[@]}"; do
   [[ $f == bin/* ]] && mode=0755
   install -D -m "$mode" "$stage/$f" "$root/$f"
 done
-echo "installed sender and receiver (binaries, man pages, bash/zsh/fish completions) under $root"
+echo "installed sender and receiver (binaries, man pages, bash/zsh/fish completions) and rdma-xfer-gen under $root"
 echo "systemd unit (not enabled): $root/$unit_dir/$unit"
 if [[ $unit_dir != lib/systemd/system ]]; then
   echo "  systemd does not look there: copy it to /etc/systemd/system to use it"

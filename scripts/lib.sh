@@ -154,10 +154,14 @@ rx_xfer_cleanup() {
 
 # Starts `receiver --once --bind RX_A --port RX_PORT "$@"` in the background
 # with its stderr in $RX_WORK/receiver.log (stdin and stdout closed) and
-# waits (bounded, 30 s) until it listens. Sets RX_RPID.
+# waits (bounded, 30 s) until it listens. Sets RX_RPID. Without
+# --token-file in "$@" the receiver runs --insecure: these transfers run
+# on a private link (SoftRoCE on this host, or the guest's veth wire) and
+# measure the unauthenticated path (a token makes sha256 the digest).
 rx_start_receiver() {
-  local w
-  "$RX_BIN/receiver" --once --bind "$RX_A" --port "$RX_PORT" "$@" \
+  local w auth=(--insecure) a
+  for a in "$@"; do [[ $a == --token-file ]] && auth=(); done
+  "$RX_BIN/receiver" --once --bind "$RX_A" --port "$RX_PORT" "${auth[@]}" "$@" \
     </dev/null >/dev/null 2>"$RX_WORK/receiver.log" &
   RX_RPID=$!
   for ((w = 0; w < 600; w++)); do

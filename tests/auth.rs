@@ -114,7 +114,7 @@ fn same_token_file_on_one_side_env_on_the_other() {
     assert_eq!(sha256_file(&dst.path().join("a.bin")), sum);
     assert!(!sent.stderr.contains("does not require"), "{}", sent.stderr);
     let log = receiver.wait_for_stderr("sender authenticated", LOG_WAIT);
-    assert!(!log.contains("no token:"), "{log}");
+    assert!(!log.contains("UNAUTHENTICATED"), "{log}");
     assert!(!log.contains(TOKEN), "token leaked: {log}");
     drop(receiver);
 
@@ -190,31 +190,107 @@ fn sender_without_token_is_refused_and_the_receiver_keeps_serving() {
     );
 }
 
+/// Closed by default: a receiver without a token (and without
+/// --insecure) does not start: exit 2, saying how to make a token and
+/// that --insecure exists; --insecure takes no --exec, --link-dest or
+/// --overwrite.
 #[test]
-fn receiver_without_token_warns_that_it_accepts_anyone() {
+fn a_receiver_without_a_token_refuses_to_start() {
     let Some(net) = rdma_net() else { return };
-    let (src, dst) = dirs();
-    let port = next_port();
-    let mut receiver = start_receiver_env(&net, port, dst.path(), &[], &[]);
-    let warning = format!(
-        "no token: anyone who can reach this port may write into {} (set one with \
-         --token-file or RDMA_XFER_TOKEN; limit who may connect with --allow)",
-        std::fs::canonicalize(dst.path()).expect("dir").display()
-    );
-    let log = receiver.wait_for_stderr(&warning, LOG_WAIT);
-    assert!(log.contains(&warning), "{log}");
-    // Only once start-up succeeded.
-    assert!(
-        log.find("listening") < log.find(&warning),
-        "warning before start-up:\n{log}"
-    );
-    // A sender without a token gets through.
-    let second = src.path().join("open2.bin");
-    let sum = make_file(&second, 10, 32);
-    let sent = run_sender_with(&net, port, std::slice::from_ref(&second), SenderToken::None);
-    assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert_eq!(sha256_file(&dst.path().join("open2.bin")), sum);
-    drop(receiver);
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port().to_string();
+    let base = [
+        "--bind",
+        net.addr_a.as_str(),
+        "--port",
+        port.as_str(),
+        "--once",
+    ];
+    for (extra, says) in [
+        (&[][..], "needs a token"),
+        (
+            &["--insecure", "--exec", "cat"],
+            "--exec would run its command",
+        ),
+        (
+            &["--insecure", "--link-dest", "/"],
+            "--link-dest would link files",
+        ),
+        (&["--insecure", "--overwrite"], "--overwrite would replace"),
+    ] {
+        let mut cmd = std::process::Command::new(receiver_bin());
+        cmd.args(base).args(extra).arg(dst.path());
+        token_env(&mut cmd, None);
+        let done = Running::spawn("receiver", cmd).wait(Duration::from_secs(60));
+        assert_eq!(done.code(), 2, "{extra:?}: {}", done.stderr);
+        assert!(done.stderr.contains(says), "{extra:?}: {}", done.stderr);
+        assert!(!done.stderr.contains("listening"), "{}", done.stderr);
+        if extra.is_empty() {
+            for hint in [
+                "rdma-xfer-gen token FILE",
+                "receiver --token-file FILE",
+                "sender --token-file FILE",
+                "receiver --insecure",
+            ] {
+                assert!(done.stderr.contains(hint), "{hint:?}: {}", done.stderr);
+            }
+        }
+    }
+}
+
+/// `receiver --insecure` serves senders without a token, and says so
+/// even with -q: its listening line is a warning starting UNAUTHENTICATED
+/// with who may do what (text), a WARN record saying so (JSON logs).
+#[test]
+fn an_insecure_receiver_says_unauthenticated_even_with_q() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("src");
+    for json in [false, true] {
+        let dst = tempfile::tempdir().expect("dst");
+        let dir = std::fs::canonicalize(dst.path()).expect("dir");
+        let port = next_port();
+        let mut cmd = std::process::Command::new(receiver_bin());
+        cmd.args(["--bind", &net.addr_a, "--port", &port.to_string()])
+            .args(["--once", "--insecure", "-q"])
+            .arg(dst.path());
+        if json {
+            cmd.args(["--log-format", "json"]);
+        }
+        token_env(&mut cmd, None);
+        let mut receiver = Running::spawn("receiver", cmd);
+        let log = receiver.wait_for_stderr("UNAUTHENTICATED", LOG_WAIT);
+        let line = log
+            .lines()
+            .find(|l| l.contains("UNAUTHENTICATED"))
+            .expect("the line");
+        let exposure = format!(
+            "anyone who can reach this port may write into {}",
+            dir.display()
+        );
+        if json {
+            let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
+            assert_eq!(v["level"], "WARN", "{line}");
+            assert_eq!(v["fields"]["authenticated"], false, "{line}");
+            assert_eq!(v["fields"]["exposure"], exposure.as_str(), "{line}");
+            assert_eq!(v["fields"]["port"], port, "{line}");
+        } else {
+            let start = format!(
+                "receiver: warning: UNAUTHENTICATED: listening on {}:{port} (",
+                net.addr_a
+            );
+            assert!(line.starts_with(&start), "{line}");
+            assert!(line.contains(&exposure), "{line}");
+        }
+        let input = src.path().join("open.bin");
+        let sum = make_file(&input, MIB + 3, 31);
+        let sent = run_sender_with(&net, port, std::slice::from_ref(&input), SenderToken::None);
+        assert_eq!(sent.code(), 0, "{}", sent.stderr);
+        assert_eq!(sha256_file(&dst.path().join("open.bin")), sum);
+        let done = receiver.wait(Duration::from_secs(60));
+        assert_eq!(done.code(), 0, "{}", done.stderr);
+        // -q: nothing else (no per-file line).
+        assert_eq!(done.stderr.lines().count(), 1, "{}", done.stderr);
+    }
 }
 
 /// The downgrade: a sender with a token refuses a receiver that does not
@@ -284,7 +360,7 @@ fn auth_short_token_is_refused_before_connecting() {
     assert_eq!(sent.code(), 2, "{}", sent.stderr);
     assert!(
         sent.stderr.contains("at least 16 bytes")
-            && sent.stderr.contains("head -c 32 /dev/urandom | base64"),
+            && sent.stderr.contains("rdma-xfer-gen token FILE"),
         "{}",
         sent.stderr
     );

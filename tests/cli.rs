@@ -165,7 +165,12 @@ fn check_completions(bash: &Path, zsh: &Path, fish: &Path) {
         );
         assert_eq!(complete(&[name, "--timeout"]).trim(), "loc", "{name}");
         if name == "sender" {
-            for words in [&["sender"][..], &["sender", "-r", "--depth", "4"]] {
+            // The operands are files first (FILE... HOST:DIR); the remote
+            // receiver's address is a host.
+            for words in [
+                &["sender", "--remote-bind"][..],
+                &["sender", "-r", "--source"],
+            ] {
                 assert!(
                     complete(words).lines().any(|l| l == "localhost"),
                     "{words:?}: {}",
@@ -202,8 +207,8 @@ fn check_completions(bash: &Path, zsh: &Path, fish: &Path) {
 #[test]
 fn generator_writes_man_pages_and_completions() {
     let dir = tempfile::tempdir().expect("dir");
-    let man = dir.path().join("man1");
-    std::fs::create_dir(&man).expect("mkdir");
+    // Directories are created as needed.
+    let man = dir.path().join("share/man/man1");
     let (code, out, err) = run(gen_bin(), &["man", man.to_str().expect("utf8")]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 2, "{out}");
@@ -212,8 +217,7 @@ fn generator_writes_man_pages_and_completions() {
     }
     let mut dirs = Vec::new();
     for shell in ["bash", "zsh", "fish"] {
-        let d = dir.path().join(shell);
-        std::fs::create_dir(&d).expect("mkdir");
+        let d = dir.path().join(shell).join("completions");
         let (code, _, err) = run(
             gen_bin(),
             &["completions", shell, d.to_str().expect("utf8")],
@@ -222,10 +226,96 @@ fn generator_writes_man_pages_and_completions() {
         dirs.push(d);
     }
     check_completions(&dirs[0], &dirs[1], &dirs[2]);
-    // A directory that cannot be written is an I/O error, with its name.
-    let (code, _, err) = run(gen_bin(), &["man", "/nonexistent/man1"]);
+    // A directory that cannot be made (below a file) is an I/O error,
+    // with its name.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").expect("write");
+    let below = file.join("man1");
+    let (code, _, err) = run(gen_bin(), &["man", below.to_str().expect("utf8")]);
     assert_eq!(code, 6, "{err}");
-    assert!(err.contains("/nonexistent/man1"), "{err}");
+    assert!(err.contains(below.to_str().expect("utf8")), "{err}");
+}
+
+/// `rdma-xfer-gen token FILE`: a new token only the owner can read, one
+/// line on stderr saying how both tools use it, nothing on stdout; never
+/// over an existing file, never in a missing directory (exit 2 each).
+#[test]
+fn generator_makes_tokens() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let token = dir.path().join("token");
+    let path = token.to_str().expect("utf8");
+    let (code, out, err) = run(gen_bin(), &["token", path]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for says in [
+        path.to_string(),
+        format!("receiver --token-file {path}"),
+        format!("sender --token-file {path}"),
+    ] {
+        assert!(err.contains(&says), "{says:?} not in {err}");
+    }
+    let text = std::fs::read_to_string(&token).expect("token");
+    assert!(text.len() == 65 && text.ends_with('\n'), "{text:?}");
+    let mode = std::fs::metadata(&token)
+        .expect("meta")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "{mode:o}");
+    let (code, _, err) = run(gen_bin(), &["token", path]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("exists"), "{err}");
+    assert_eq!(std::fs::read_to_string(&token).expect("token"), text);
+    let missing = dir.path().join("missing/token");
+    let (code, _, err) = run(gen_bin(), &["token", missing.to_str().expect("utf8")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!missing.exists());
+}
+
+/// Closed by default, before any RDMA: a receiver without a token exits
+/// 2 saying how to make one and that --insecure exists; --insecure takes
+/// no --exec, --link-dest or --overwrite, and no token.
+#[test]
+fn receiver_without_a_token_refuses_to_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let d = dir.path().to_str().expect("utf8");
+    let receiver = |args: &[&str]| {
+        let out = Command::new(receiver_bin())
+            .args(args)
+            .env_remove("RDMA_XFER_TOKEN")
+            .output()
+            .expect("run receiver");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), err)
+    };
+    let (code, err) = receiver(&["--once", d]);
+    assert_eq!(code, 2, "{err}");
+    for says in [
+        "needs a token",
+        "rdma-xfer-gen token FILE",
+        "receiver --token-file FILE",
+        "receiver --insecure",
+    ] {
+        assert!(err.contains(says), "{says:?} not in {err}");
+    }
+    for (extra, says) in [
+        (&["--exec", "cat"][..], "--exec would run its command"),
+        (&["--link-dest", "/"], "--link-dest would link files"),
+        (&["--overwrite"], "--overwrite would replace existing files"),
+    ] {
+        let mut args = vec!["--insecure", "--once", d];
+        args.extend(extra);
+        let (code, err) = receiver(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(says), "{says:?} not in {err}");
+    }
+    let token = dir.path().join("token");
+    std::fs::write(&token, "sixteen-bytes-ok").expect("token");
+    let (code, err) = receiver(&["--insecure", "--token-file", token.to_str().unwrap(), d]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("but a token is given"), "{err}");
 }
 
 /// `make install DESTDIR=... PREFIX=/usr` with the binaries this test run
@@ -266,6 +356,7 @@ fn make_install_respects_destdir_and_prefix() {
     assert_eq!(
         found,
         [
+            "bin/rdma-xfer-gen",
             "bin/receiver",
             "bin/sender",
             "lib/systemd/system/rdma-xfer-receiver.service",
@@ -343,7 +434,10 @@ fn json_summary_of_a_receiver_without_a_device() {
     }
     let dir = tempfile::tempdir().expect("dir");
     let out_dir = dir.path().to_str().expect("utf8");
-    let (code, out, err) = run(receiver_bin(), &["--once", "--json", "--dir", out_dir]);
+    let (code, out, err) = run(
+        receiver_bin(),
+        &["--insecure", "--once", "--json", "--dir", out_dir],
+    );
     assert_eq!(code, 8, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
     assert_eq!(
@@ -351,12 +445,12 @@ fn json_summary_of_a_receiver_without_a_device() {
         (Some("no_device"), Some(8))
     );
     assert_eq!(v["retryable"], false, "{v}");
-    // The no-token warning comes only once the receiver listens: a receiver
-    // that cannot start says only why.
-    assert!(!err.contains("no token"), "{err:?}");
+    // UNAUTHENTICATED comes with the listening line: a receiver that
+    // cannot start says only why.
+    assert!(!err.contains("UNAUTHENTICATED"), "{err:?}");
     assert!(!err.contains('\x1b'), "colours on a pipe: {err:?}");
     // A serving receiver prints no summary (it reports per file only).
-    let (code, out, _) = run(receiver_bin(), &["--json", "--dir", out_dir]);
+    let (code, out, _) = run(receiver_bin(), &["--insecure", "--json", "--dir", out_dir]);
     assert_eq!((code, out.as_str()), (8, ""));
 }
 
@@ -493,7 +587,12 @@ fn no_rdma_device_exits_8_with_what_to_run() {
     }
     let (code, _, err) = run(
         receiver_bin(),
-        &["--once", "--dir", dir.path().to_str().expect("utf8")],
+        &[
+            "--insecure",
+            "--once",
+            "--dir",
+            dir.path().to_str().expect("utf8"),
+        ],
     );
     assert_eq!(code, 8, "{err}");
     assert!(err.contains("no RDMA device found"), "{err}");
@@ -675,22 +774,25 @@ fn token_file_readable_by_others_warns_but_is_used() {
 }
 
 #[test]
-fn receiver_that_cannot_start_does_not_warn_about_its_token() {
+fn receiver_that_cannot_start_does_not_say_unauthenticated() {
     if has_rdma_device() {
         // The receiver would start serving; tests/auth.rs checks the
-        // warning there.
+        // UNAUTHENTICATED line there.
         skip("this machine has an RDMA device (see tests/auth.rs)", false);
         return;
     }
     let dir = tempfile::tempdir().expect("dir");
     let out = dir.path().to_str().expect("utf8");
-    // The warning belongs to a receiver that serves; this one fails first
-    // and says only why.
-    for token in [None, Some("a-token-of-sixteen-or-more")] {
-        let (code, err) = run_env(receiver_bin(), &["--once", "--dir", out], token);
+    // The warning is the listening line of a receiver that serves; this
+    // one fails first and says only why.
+    for (token, insecure) in [
+        (None, "--insecure"),
+        (Some("a-token-of-sixteen-or-more"), "-q"),
+    ] {
+        let (code, err) = run_env(receiver_bin(), &[insecure, "--once", "--dir", out], token);
         assert_eq!(code, 8, "{err}");
         assert!(err.contains("no RDMA device"), "{err}");
-        assert!(!err.contains("no token"), "{err}");
+        assert!(!err.contains("UNAUTHENTICATED"), "{err}");
     }
 }
 
@@ -710,10 +812,7 @@ fn short_token_is_a_usage_error_before_connecting() {
         let (code, err) = run_env(bin, &args, Some("fifteen-bytes!!"));
         assert_eq!(code, 2, "{bin}: {err}");
         assert!(err.contains("at least 16 bytes"), "{bin}: {err}");
-        assert!(
-            err.contains("head -c 32 /dev/urandom | base64"),
-            "{bin}: {err}"
-        );
+        assert!(err.contains("rdma-xfer-gen token FILE"), "{bin}: {err}");
         assert!(!err.contains("fifteen"), "{bin}: token leaked: {err}");
         assert!(
             !err.contains("connected") && !err.contains("listening"),

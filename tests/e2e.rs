@@ -201,7 +201,15 @@ fn existing_file_is_refused_without_overwrite_and_replaced_with_it() {
     assert_eq!(std::fs::read(&existing).expect("read"), b"old content");
     assert_no_temp_files(dst.path());
 
-    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &["--overwrite"], files, &[]);
+    let overwrite = args(&["--overwrite"], &token_args());
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &overwrite,
+        files,
+        &token_args(),
+    );
     assert_both_ok(&sent, &received);
     assert_eq!(sha256_file(&existing), sum);
     assert_no_temp_files(dst.path());
@@ -512,10 +520,11 @@ fn a_file_that_shrinks_while_sent_fails_clearly_and_leaves_nothing() {
     assert_no_temp_files(dst.path());
 }
 
-/// A new user's first run: the receiver, quiet by default, says once
-/// where it listens (device and port) and where files go, before any
-/// warning; `sender HOST:PORT FILE` reaches it; `receiver DIR` works as
-/// `--dir DIR`; the per-file line shows human sizes.
+/// A new user's first run (on a trusted link, --insecure): the receiver,
+/// quiet by default, says once where it listens (device and port), where
+/// files go, and that anyone who reaches it may write there; `sender
+/// HOST:PORT FILE` reaches it; `receiver DIR` works as `--dir DIR`; the
+/// per-file line shows human sizes.
 #[test]
 fn the_receiver_says_where_it_listens_and_host_port_reaches_it() {
     let Some(net) = rdma_net() else { return };
@@ -523,12 +532,16 @@ fn the_receiver_says_where_it_listens_and_host_port_reaches_it() {
     let port = next_port();
     let mut cmd = std::process::Command::new(receiver_bin());
     cmd.args(["--bind", &net.addr_a, "--port", &port.to_string(), "--once"])
+        .arg("--insecure")
         .arg(dst.path())
         .env_remove("RDMA_XFER_ACK_TIMEOUT");
     token_env(&mut cmd, None);
     let mut receiver = Running::spawn("receiver", cmd);
-    let log = receiver.wait_for_stderr("no token", Duration::from_secs(60));
-    let listening = format!("receiver: listening on {}:{port} (", net.addr_a);
+    let log = receiver.wait_for_stderr("listening", Duration::from_secs(60));
+    let listening = format!(
+        "receiver: warning: UNAUTHENTICATED: listening on {}:{port} (",
+        net.addr_a
+    );
     let line = log
         .lines()
         .find(|l| l.starts_with(&listening))
@@ -545,13 +558,17 @@ fn the_receiver_says_where_it_listens_and_host_port_reaches_it() {
         }),
         "{line}"
     );
+    let d = dir.display();
     assert!(
-        line.ends_with(&format!("), writing to {}", dir.display())),
+        line.contains(&format!(
+            "), writing to {d}; anyone who can reach this port may write into {d} (--insecure"
+        )),
         "{line}"
     );
-    assert!(
-        log.find(&listening) < log.find("receiver: warning: no token"),
-        "the warning before the listening line:\n{log}"
+    assert_eq!(
+        log.lines().filter(|l| l.contains("warning")).count(),
+        1,
+        "{log}"
     );
     let input = src.path().join("first.bin");
     let sum = make_file(&input, 3 * MIB + 5, 77);

@@ -47,11 +47,11 @@ use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
     AUTH_REQUIRED, Ack, AckStatus, Challenge, Channel, ChannelError, ConnectionId,
     DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin, Have, HaveKind, Hello, MAX_BATCH_FILES,
-    MAX_MESSAGE, MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN, OfferKind,
-    PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent,
+    MAX_MESSAGE, MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN, NameRules,
+    OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent,
     ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role, SEAL_LEN,
     SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict, decode,
-    encode_to_vec, hello_flags, validate_path,
+    encode_to_vec, hello_flags, is_invisible, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -143,6 +143,16 @@ fn name() -> impl Strategy<Value = String> {
         "\u{7f}",
         "\u{85}",
         "back\\slash",
+        ".bashrc",
+        "d/.ssh/authorized_keys",
+        ".RDMA-XFER-1.part",
+        "d/.Rdma-Xfer-partial-00",
+        "evil\u{202e}txt.exe",
+        "a\u{200b}b",
+        "a\u{2028}b",
+        "\u{feff}x",
+        "\u{61c}",
+        "d/\u{2066}y",
     ])
     .prop_map(str::to_owned);
     prop_oneof![
@@ -749,6 +759,7 @@ fn check_handshake(
         max_size: u64::MAX,
         max_files: DEFAULT_MAX_FILES,
         max_session_bytes: u64::MAX,
+        names: NameRules::default(),
     };
     let mut r = ReceiverSession::with_auth(cfg, token.clone(), r_nonce, conn);
     let sender_conn = match &interference {
@@ -1631,7 +1642,12 @@ fn check_receiver(
                         prop_assert_eq!(h.version, PROTOCOL_VERSION);
                         prop_assert_eq!(h.caps & !hello_flags::KNOWN, 0);
                         prop_assert!(!(h.is_stream() && h.is_directory()));
-                        prop_assert!(validate_path(&h.name).is_ok(), "accepted path {:?}", h.name);
+                        prop_assert!(
+                            validate_path(&h.name, cfg.names).is_ok(),
+                            "accepted path {:?}",
+                            h.name
+                        );
+                        check_accepted_name(&h.name, cfg.names)?;
                         // Nothing that could climb out of the directory.
                         prop_assert!(
                             !h.name.starts_with('/')
@@ -1673,10 +1689,11 @@ fn check_receiver(
                             prop_assert!(!h.is_stream() && !h.is_directory());
                             prop_assert_eq!(h.caps & hello_flags::RESUME, 0);
                             prop_assert!(
-                                validate_path(&h.name).is_ok(),
+                                validate_path(&h.name, cfg.names).is_ok(),
                                 "accepted path {:?}",
                                 h.name
                             );
+                            check_accepted_name(&h.name, cfg.names)?;
                             prop_assert!(names.insert(h.name.clone()), "a name twice");
                             prop_assert!(h.size <= cfg.max_size);
                             prop_assert_eq!(h.digest, members[0].digest);
@@ -2120,6 +2137,30 @@ fn check_receiver(
     Ok(())
 }
 
+/// What an accepted name never is, said without `validate_path`: a
+/// dotfile (unless allowed), one of the receiver's own names in any case,
+/// or one with an invisible character.
+fn check_accepted_name(name: &str, rules: NameRules) -> Result<(), TestCaseError> {
+    for c in name.split('/') {
+        prop_assert!(
+            rules.allow_dotfiles || !c.starts_with('.'),
+            "accepted dotfile {:?}",
+            name
+        );
+        prop_assert!(
+            !c.to_ascii_lowercase().starts_with(".rdma-xfer-"),
+            "accepted reserved {:?}",
+            name
+        );
+    }
+    prop_assert!(
+        !name.chars().any(is_invisible),
+        "accepted invisible {:?}",
+        name
+    );
+    Ok(())
+}
+
 #[test]
 fn machine_receiver() {
     let cfg = (
@@ -2128,15 +2169,19 @@ fn machine_receiver() {
         0u32..10,
         prop_oneof![3 => Just(u64::MAX), 1 => 0u64..300],
         prop_oneof![3 => Just(DEFAULT_MAX_FILES), 1 => 1u64..4],
+        any::<bool>(),
     )
         .prop_map(
-            |(slot_size, slot_count, credit_batch, max_size, max_files)| ReceiverConfig {
-                slot_size,
-                slot_count,
-                credit_batch,
-                max_size,
-                max_files,
-                max_session_bytes: u64::MAX,
+            |(slot_size, slot_count, credit_batch, max_size, max_files, allow_dotfiles)| {
+                ReceiverConfig {
+                    slot_size,
+                    slot_count,
+                    credit_batch,
+                    max_size,
+                    max_files,
+                    max_session_bytes: u64::MAX,
+                    names: NameRules { allow_dotfiles },
+                }
             },
         );
     let strategy = (cfg, auth_key(), sequence(rx_action(), RxAction::Legal, 300));

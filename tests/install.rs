@@ -18,9 +18,10 @@ use support::{everything_required, have, skip};
 const UNIT: &str = "rdma-xfer-receiver.service";
 
 /// Every file an install puts under its prefix but the unit.
-const FILES: [&str; 10] = [
+const FILES: [&str; 11] = [
     "bin/sender",
     "bin/receiver",
+    "bin/rdma-xfer-gen",
     "share/man/man1/sender.1",
     "share/man/man1/receiver.1",
     "share/bash-completion/completions/sender",

@@ -216,7 +216,7 @@ fn progress_bars_only_on_a_terminal() {
         // The receiver on a terminal too, logging (around its bars) unless -q.
         let logs = if sender_extra == "-q" { "" } else { "-v" };
         let receiver_line = format!(
-            "{} --bind {} --port {port} --dir {} --once {logs} {sender_extra}",
+            "{} --bind {} --port {port} --dir {} --once --insecure {logs} {sender_extra}",
             receiver_bin(),
             net.addr_a,
             dst.path().display()

@@ -30,7 +30,7 @@ fn stages(stderr: &str) -> Vec<i32> {
 fn receiver_to(net: &Net, port: u16, tail: &str, extra: &[&str]) -> Running {
     let extra: Vec<String> = extra.iter().map(q).collect();
     let script = format!(
-        "{} --bind {} --port {port} -v --once --stdout {} | {tail}",
+        "{} --bind {} --port {port} -v --once --stdout --insecure {} | {tail}",
         q(receiver_bin()),
         q(&net.addr_a),
         extra.join(" ")

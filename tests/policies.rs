@@ -42,11 +42,11 @@ fn make_tree(root: &Path, files: u64) -> Vec<String> {
 }
 
 /// Sends `input` with the fault-injection sender under `fault`
-/// (`RDMA_XFER_FAULT`), to its end.
-fn send_with_fault(net: &Net, port: u16, input: &Path, fault: &str) -> Finished {
+/// (`RDMA_XFER_FAULT`) and `extra`, to its end.
+fn send_with_fault(net: &Net, port: u16, input: &Path, fault: &str, extra: &[&str]) -> Finished {
     let sender = fault_injection_bin("sender");
     let files = [input.to_path_buf()];
-    let mut cmd = sender_cmd_with(&sender, net, port, Path_::Wire, &files, &[]);
+    let mut cmd = sender_cmd_with(&sender, net, port, Path_::Wire, &files, extra);
     cmd.env("RDMA_XFER_FAULT", fault);
     Running::spawn("sender", cmd).wait(Duration::from_secs(120))
 }
@@ -127,7 +127,7 @@ fn discard_still_fails_a_corrupted_chunk_and_a_wrong_digest_with_exit_5() {
     ] {
         let port = next_port();
         let mut receiver = start_receiver(&net, port, dst.path(), &["--discard"]);
-        let sent = send_with_fault(&net, port, &input, fault);
+        let sent = send_with_fault(&net, port, &input, fault, &[]);
         assert_eq!(sent.code(), 5, "{fault}: {}", sent.stderr);
         // The receiver logs the failed file after its ACK went out: wait.
         receiver.wait_for_stderr(says, Duration::from_secs(30));
@@ -153,9 +153,9 @@ fn exec_compresses_a_tree_of_50_files_as_they_arrive() {
         &net,
         Path_::Wire,
         dst.path(),
-        &["--exec", ZSTD_EACH, "--json"],
+        &args(&["--exec", ZSTD_EACH, "--json"], &token_args()),
         std::slice::from_ref(&tree),
-        &["-r", "--json"],
+        &args(&["-r", "--json"], &token_args()),
     );
     assert_both_ok(&sent, &received);
     let told = acknowledged("sender", &sent);
@@ -207,13 +207,14 @@ fn exec_failing_on_the_third_file_fails_that_file_only_with_its_status() {
         ),
     ] {
         let port = next_port();
-        let receiver = start_receiver(&net, port, dst.path(), &["--exec", cmd]);
+        let receiver_extra = args(&["--exec", cmd], &token_args());
+        let receiver = start_receiver(&net, port, dst.path(), &receiver_extra);
         let sent = run_sender(
             &net,
             port,
             Path_::Wire,
             std::slice::from_ref(&tree),
-            &["-r"],
+            &args(&["-r"], &token_args()),
         );
         assert_eq!(sent.code(), 6, "{how}: {}", sent.transcript());
         let failure = sent
@@ -250,9 +251,9 @@ fn exec_slower_than_the_link_holds_the_sender_back_in_bounded_memory() {
         &net,
         Path_::Wire,
         dst.path(),
-        &["--exec", slow, "-v"],
+        &args(&["--exec", slow, "-v"], &token_args()),
         std::slice::from_ref(&input),
-        &[],
+        &token_args(),
     );
     assert_both_ok(&sent, &received);
     let took = started.elapsed();
@@ -283,9 +284,12 @@ fn exec_never_lets_its_command_finish_on_data_that_failed_its_check() {
             &net,
             port,
             dst.path(),
-            &["--exec", r#"cat > "$RDMA_XFER_NAME" && touch complete"#],
+            &args(
+                &["--exec", r#"cat > "$RDMA_XFER_NAME" && touch complete"#],
+                &token_args(),
+            ),
         );
-        let sent = send_with_fault(&net, port, &input, fault);
+        let sent = send_with_fault(&net, port, &input, fault, &token_args());
         assert_eq!(sent.code(), 5, "{fault}: {}", sent.stderr);
         receiver.wait_for_stderr("bad.bin", Duration::from_secs(30));
         assert!(
@@ -293,7 +297,8 @@ fn exec_never_lets_its_command_finish_on_data_that_failed_its_check() {
             "{fault}: the command saw a clean end"
         );
         // The receiver serves on, and the next good file is taken whole.
-        let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+        let files = std::slice::from_ref(&input);
+        let sent = run_sender(&net, port, Path_::Wire, files, &token_args());
         assert_eq!(sent.code(), 0, "{fault}: {}", sent.stderr);
         assert!(dst.path().join("complete").exists());
         assert_eq!(
@@ -361,9 +366,9 @@ fn link_dest_links_a_200_mib_file_without_sending_it_and_sends_a_changed_one() {
         &net,
         Path_::Wire,
         dst.path(),
-        &["--link-dest", ld, "--json"],
+        &args(&["--link-dest", ld, "--json"], &token_args()),
         &[big.clone(), changed.clone()],
-        &["--checksum", "-p", "--json"],
+        &args(&["--checksum", "-p", "--json"], &token_args()),
     );
     assert_both_ok(&sent, &received);
     let on_wire = match (before, wire.as_deref()) {
@@ -440,9 +445,9 @@ fn link_dest_copies_what_it_cannot_link_and_never_follows_a_link() {
         &net,
         Path_::Wire,
         dst.path(),
-        &["--link-dest", ld, "--json"],
+        &args(&["--link-dest", ld, "--json"], &token_args()),
         std::slice::from_ref(&tree),
-        &["-r", "--checksum", "--json"],
+        &args(&["-r", "--checksum", "--json"], &token_args()),
     );
     assert_both_ok(&sent, &received);
     let copy = dst.path().join("t/private.bin");
@@ -476,9 +481,9 @@ fn link_dest_copies_what_it_cannot_link_and_never_follows_a_link() {
         &net,
         Path_::Wire,
         dst2.path(),
-        &["--link-dest", ld, "--json"],
+        &args(&["--link-dest", ld, "--json"], &token_args()),
         std::slice::from_ref(&tree),
-        &["-r", "--json"],
+        &args(&["-r", "--json"], &token_args()),
     );
     assert_both_ok(&sent, &received);
     assert_eq!(summary("receiver", &received)["sent"], 5 * MIB);
@@ -503,9 +508,9 @@ fn exec_commands_see_only_path_and_the_file_and_its_digest_with_checksum() {
             &net,
             Path_::Wire,
             dst.path(),
-            &["--exec", cmd],
+            &args(&["--exec", cmd], &token_args()),
             std::slice::from_ref(&tree),
-            sender_extra,
+            &args(sender_extra, &token_args()),
         );
         assert_both_ok(&sent, &received);
         assert_eq!(sha256_file(&dst.path().join("t/a 'quoted' $(name)")), sum);
@@ -536,4 +541,112 @@ fn exec_commands_see_only_path_and_the_file_and_its_digest_with_checksum() {
         );
         std::fs::remove_dir_all(dst.path().join("t")).unwrap();
     }
+}
+
+/// Every regular file under `dir` and what it holds, as relative paths.
+fn files_under(dir: &Path) -> Vec<String> {
+    everything_under(dir)
+        .into_iter()
+        .filter(|p| dir.join(p).is_file())
+        .collect()
+}
+
+/// Dotfiles (`.bashrc`, and `dir/.ssh/authorized_keys` in a tree) are
+/// offered by the sender and refused by the receiver with its reason on
+/// the sender's per-file line, nothing of them written, the rest of the
+/// tree received; with --allow-dotfiles they arrive.
+#[test]
+fn dotfiles_are_refused_with_the_reason_unless_allowed() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().unwrap();
+    let bashrc = src.path().join(".bashrc");
+    make_file(&bashrc, 100, 1);
+    let tree = src.path().join("dir");
+    std::fs::create_dir_all(tree.join(".ssh")).unwrap();
+    make_file(&tree.join(".ssh/authorized_keys"), 200, 2);
+    make_file(&tree.join("plain.txt"), 300, 3);
+    let files = [bashrc.clone(), tree.clone()];
+    let reason = "names starting with '.' are refused; the receiver allows them with \
+                  --allow-dotfiles";
+
+    let dst = tempfile::tempdir().unwrap();
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], &files, &["-r"]);
+    assert_eq!(sent.code(), 4, "{}", sent.transcript());
+    for name in [".bashrc", "dir/.ssh"] {
+        let line = sent
+            .stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("sender: error: {name}: ")))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{}", sent.stderr));
+        assert!(
+            line.contains("rejected by the receiver (bad file name)"),
+            "{line}"
+        );
+        assert!(line.ends_with(reason), "{line}");
+    }
+    assert!(
+        sent.stderr
+            .contains("sender: error: dir/.ssh/authorized_keys: "),
+        "{}",
+        sent.stderr
+    );
+    assert_eq!(
+        files_under(dst.path()),
+        ["dir/plain.txt"],
+        "{}",
+        received.stderr
+    );
+    assert_eq!(everything_under(dst.path()), ["dir", "dir/plain.txt"]);
+    assert_no_temp_files(dst.path());
+
+    let dst = tempfile::tempdir().unwrap();
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &["--allow-dotfiles"],
+        &files,
+        &["-r"],
+    );
+    assert_both_ok(&sent, &received);
+    assert_eq!(
+        files_under(dst.path()),
+        [".bashrc", "dir/.ssh/authorized_keys", "dir/plain.txt"]
+    );
+    assert_eq!(
+        sha256_file(&dst.path().join("dir/.ssh/authorized_keys")),
+        sha256_file(&tree.join(".ssh/authorized_keys"))
+    );
+}
+
+/// A name with a right-to-left override (shows as `evilexe.txt`) is
+/// refused whatever the options, shown escaped on the sender's line, and
+/// nothing is written; the next file arrives.
+#[test]
+fn a_name_with_a_bidi_override_is_refused_and_shown_escaped() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let evil = src.path().join("evil\u{202e}txt.exe");
+    make_file(&evil, 1000, 7);
+    let good = src.path().join("good.bin");
+    let sum = make_file(&good, 1000, 8);
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &["--allow-dotfiles"],
+        &[evil, good],
+        &[],
+    );
+    assert_eq!(sent.code(), 4, "{}", sent.transcript());
+    let line = sent
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("sender: error: evil\\u{202e}txt.exe: "))
+        .unwrap_or_else(|| panic!("no escaped line:\n{}", sent.stderr));
+    assert!(line.contains("U+202E, an invisible character"), "{line}");
+    assert!(!sent.stderr.contains('\u{202e}'), "{}", sent.stderr);
+    assert!(!received.stderr.contains('\u{202e}'), "{}", received.stderr);
+    assert_eq!(files_under(dst.path()), ["good.bin"]);
+    assert_eq!(sha256_file(&dst.path().join("good.bin")), sum);
 }

@@ -710,8 +710,19 @@ fn a_complete_copy_is_compared_and_skipped_or_replaced() {
 
     // With --overwrite: the others are sent whole.
     let port = next_port();
-    let _receiver = start_receiver(&net, port, dst.path(), &["--overwrite"]);
-    let sent = run_sender(&net, port, Path_::Wire, &paths, &["--resume", "--json"]);
+    let _receiver = start_receiver(
+        &net,
+        port,
+        dst.path(),
+        &args(&["--overwrite"], &token_args()),
+    );
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        &paths,
+        &args(&["--resume", "--json"], &token_args()),
+    );
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
     assert_eq!(file_result(&sent, "same.bin")["skipped"], true);
     for name in ["differs.bin", "touched.bin"] {
@@ -743,14 +754,15 @@ fn an_interrupted_overwrite_resumes_its_kept_part() {
     let sum = make_file(&input, size, 46);
     make_file(&dst.path().join("img.bin"), 10 * MIB, 48);
     let port = next_port();
-    let mut receiver = start_receiver(&net, port, dst.path(), &["--overwrite", "--timeout", "10"]);
+    let receiver_extra = args(&["--overwrite", "--timeout", "10"], &token_args());
+    let mut receiver = start_receiver(&net, port, dst.path(), &receiver_extra);
     let kept = kill_sender_at(
         &net,
         port,
         &mut receiver,
         dst.path(),
         (&input, 32 * MIB),
-        &[],
+        &token_args(),
     );
     assert!(kept >= 2 * CHUNK, "kept {kept}");
     let sent = run_sender(
@@ -758,7 +770,7 @@ fn an_interrupted_overwrite_resumes_its_kept_part() {
         port,
         Path_::Wire,
         std::slice::from_ref(&input),
-        &["--resume", "--json"],
+        &args(&["--resume", "--json"], &token_args()),
     );
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
     let resumed_from = file_result(&sent, "img.bin")["resumed_from"]

@@ -218,16 +218,19 @@ fn allow_refuses_peers_outside_the_list() {
             &net,
             port,
             dst.path(),
-            &[
-                "--once",
-                "--overwrite",
-                "--allow",
-                "192.0.2.1",
-                "--allow",
-                &rule,
-            ],
+            &args(
+                &[
+                    "--once",
+                    "--overwrite",
+                    "--allow",
+                    "192.0.2.1",
+                    "--allow",
+                    &rule,
+                ],
+                &token_args(),
+            ),
         );
-        let sent = run_sender(&net, port, Path_::Wire, files, &[]);
+        let sent = run_sender(&net, port, Path_::Wire, files, &token_args());
         let received = receiver.wait(Duration::from_secs(60));
         assert_both_ok(&sent, &received);
         assert_eq!(

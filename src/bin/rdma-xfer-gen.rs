@@ -1,26 +1,39 @@
-//! `rdma-xfer-gen`: writes the man pages and shell completions of `sender`
-//! and `receiver` from their clap definitions (`make install` runs it).
+//! `rdma-xfer-gen`: makes a token for both tools, and writes the man pages
+//! and shell completions of `sender` and `receiver` from their clap
+//! definitions (`make install` runs it).
 #![forbid(unsafe_code)]
 
 use clap::Parser;
 use clap_complete::Shell;
+use rdma_xfer::cli::create_token_file;
 use rdma_xfer::cli::generate::{write_completions, write_man_pages};
-use std::path::PathBuf;
+use rdma_xfer::{ExitCode, XferError};
+use std::path::{Path, PathBuf};
 
 #[derive(Parser, Debug)]
 #[command(
     name = "rdma-xfer-gen",
     version,
-    about = "Write the man pages and shell completions of `sender` and `receiver`.",
+    about = "Make a token for `sender` and `receiver`; write their man pages and shell completions.",
     after_help = "Examples:\n  \
+rdma-xfer-gen token /etc/rdma-xfer/token\n  \
 rdma-xfer-gen man /usr/local/share/man/man1\n  \
 rdma-xfer-gen man --unit /usr/local/lib/systemd/system/rdma-xfer-receiver.service DIR\n  \
 rdma-xfer-gen completions bash /usr/local/share/bash-completion/completions\n  \
 rdma-xfer-gen completions zsh /usr/local/share/zsh/site-functions\n  \
-rdma-xfer-gen completions fish /usr/local/share/fish/vendor_completions.d"
+rdma-xfer-gen completions fish /usr/local/share/fish/vendor_completions.d\n\n\
+Exit codes: 0 done, 2 usage (FILE exists, its directory does not), 6 I/O error."
 )]
 enum Gen {
-    /// Write sender.1 and receiver.1 into DIR.
+    /// Write a new random token (64 hex digits) into FILE, created with
+    /// mode 0600; an existing FILE is never replaced. Give it to both
+    /// tools: `receiver --token-file FILE`, and a copy on the sending host
+    /// to `sender --token-file FILE`.
+    Token {
+        #[arg(value_hint = clap::ValueHint::FilePath)]
+        file: PathBuf,
+    },
+    /// Write sender.1 and receiver.1 into DIR (created if missing).
     Man {
         #[arg(value_hint = clap::ValueHint::DirPath)]
         dir: PathBuf,
@@ -29,8 +42,9 @@ enum Gen {
         #[arg(long, value_name = "PATH")]
         unit: Option<PathBuf>,
     },
-    /// Write both tools' completion scripts for SHELL into DIR (bash:
-    /// `sender`, zsh: `_sender`, fish: `sender.fish`; same for receiver).
+    /// Write both tools' completion scripts for SHELL into DIR (created if
+    /// missing; bash: `sender`, zsh: `_sender`, fish: `sender.fish`; same
+    /// for receiver).
     Completions {
         shell: Shell,
         #[arg(value_hint = clap::ValueHint::DirPath)]
@@ -38,21 +52,46 @@ enum Gen {
     },
 }
 
-fn main() -> std::process::ExitCode {
-    let (result, dir) = match Gen::parse() {
-        Gen::Man { dir, unit } => (write_man_pages(&dir, unit.as_deref()), dir),
-        Gen::Completions { shell, dir } => (write_completions(shell, &dir), dir),
-    };
-    match result {
-        Ok(files) => {
-            for f in files {
-                println!("{}", f.display());
-            }
-            std::process::ExitCode::SUCCESS
+/// Writes into `dir`, created first if missing (with its parents).
+fn into_dir(
+    dir: &Path,
+    write: impl FnOnce(&Path) -> std::io::Result<Vec<PathBuf>>,
+) -> Result<Vec<PathBuf>, XferError> {
+    let ctx = || format!("cannot write into {}", dir.display());
+    std::fs::create_dir_all(dir).map_err(|e| XferError::io(ctx(), e))?;
+    write(dir).map_err(|e| XferError::io(ctx(), e))
+}
+
+fn run(command: Gen) -> Result<(), XferError> {
+    let files = match command {
+        Gen::Token { file } => {
+            create_token_file(&file)?;
+            let f = file.display();
+            eprintln!(
+                "rdma-xfer-gen: new token in {f} (mode 600): run `receiver --token-file {f}` \
+                 here and `sender --token-file {f}` with a copy of it on the sending host"
+            );
+            return Ok(());
         }
+        Gen::Man { dir, unit } => into_dir(&dir, |d| write_man_pages(d, unit.as_deref()))?,
+        Gen::Completions { shell, dir } => into_dir(&dir, |d| write_completions(shell, d))?,
+    };
+    for f in files {
+        println!("{}", f.display());
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Gen::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rdma-xfer-gen: cannot write into {}: {e}", dir.display());
-            std::process::ExitCode::from(6)
+            eprintln!("rdma-xfer-gen: error: {e}");
+            let code = match e.exit_code() {
+                ExitCode::Usage => ExitCode::Usage,
+                _ => ExitCode::Io,
+            };
+            std::process::ExitCode::from(code as u8)
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
 use crate::error::{Problems, XferError};
 use crate::proto::DEFAULT_MAX_FILES;
-use crate::proto::{DigestAlg, validate_path};
+use crate::proto::{DigestAlg, NameRules, Token, validate_path};
 use clap::{CommandFactory, ValueHint};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -65,8 +65,9 @@ pub struct CommonArgs {
     #[arg(long, help_heading = FORMAT)]
     pub json: bool,
     /// File holding the shared secret that authenticates both ends to each
-    /// other (trailing whitespace ignored; at least 16 bytes). Overrides
-    /// RDMA_XFER_TOKEN.
+    /// other (trailing whitespace ignored; at least 16 bytes; make one with
+    /// `rdma-xfer-gen token FILE`). Overrides RDMA_XFER_TOKEN. A receiver
+    /// needs one unless --insecure.
     #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath, help_heading = SECURITY)]
     pub token_file: Option<PathBuf>,
 }
@@ -103,7 +104,7 @@ macro_rules! environment_help {
 #[command(
     name = "sender",
     version,
-    about = "Send files over RDMA: to HOST:DIR (a receiver started there over ssh), or to a running `receiver`.",
+    about = "Send files over RDMA to HOST:DIR (over ssh) or a running `receiver`.",
     override_usage = "sender [OPTIONS] FILE... [USER@]HOST:DIR...\n       sender [OPTIONS] --hosts LIST FILE...\n       sender [OPTIONS] ADDR FILE...",
     long_about = "Send files over RDMA. `sender FILE... HOST:DIR` starts a receiver on HOST over \
 ssh (honouring ~/.ssh/config) with a one-time key, sends, and ends it: nothing to set up there \
@@ -253,20 +254,21 @@ impl From<Verify> for DigestAlg {
     long_about = "Receive files over RDMA from `sender`. Each file is written to a temporary \
 file in DIR, fsynced, checked against the sender's digest and only then renamed to its \
 final name. Without --once it serves senders (several at once) until SIGINT/SIGTERM. It prints \
-one line when it is ready: where it listens and where files go.",
+one line when it is ready: where it listens and where files go. Senders must prove a shared \
+token: make one with `rdma-xfer-gen token FILE` and give it to both tools (--token-file FILE); \
+--insecure accepts anyone instead.",
     after_help = concat!(
         "Examples:\n",
-        "  receiver /data/incoming\n",
-        "  receiver --once --bind 10.0.0.1 --port 7471 --dir .\n",
-        "  receiver --token-file /etc/rdma-xfer/token --dir /data/incoming\n",
-        "  receiver --max-size 100G --max-sessions 4 --dir /data/incoming\n",
-        "  receiver --allow 10.0.0.0/24 --dir /data/incoming\n",
-        "  receiver --once --json --dir /data/incoming > results.jsonl\n",
-        "  receiver --stdout | tar -C dst -xpf -\n",
-        "  receiver --once --discard\n",
-        "  receiver --link-dest /data/yesterday /data/today\n",
-        "  receiver --exec 'mkdir -p -- \"$(dirname -- \"$RDMA_XFER_NAME\")\" && zstd -q -o \"$RDMA_XFER_NAME.zst\"' /data/in\n",
-        "  receiver --exec 'python3 /opt/ingest.py' /data/in\n\n",
+        "  receiver --token-file /etc/rdma-xfer/token /data/incoming\n",
+        "  receiver --token-file token --once --bind 10.0.0.1 --port 7471 --dir .\n",
+        "  receiver --token-file token --max-size 100G --max-sessions 4 --dir /data/incoming\n",
+        "  receiver --token-file token --allow 10.0.0.0/24 --dir /data/incoming\n",
+        "  receiver --token-file token --once --json --dir /data/incoming > results.jsonl\n",
+        "  receiver --token-file token --stdout | tar -C dst -xpf -\n",
+        "  receiver --insecure --bind 127.0.0.1 --once --discard\n",
+        "  receiver --token-file token --link-dest /data/yesterday /data/today\n",
+        "  receiver --token-file token --exec 'mkdir -p -- \"$(dirname -- \"$RDMA_XFER_NAME\")\" && zstd -q -o \"$RDMA_XFER_NAME.zst\"' /data/in\n",
+        "  receiver --token-file token --exec 'python3 /opt/ingest.py' /data/in\n\n",
         output_help!(),
         "\n\n",
         environment_help!(),
@@ -350,6 +352,17 @@ pub struct ReceiverArgs {
     /// before anything is sent to them. Default: from anywhere.
     #[arg(long, value_name = "ADDR[/PREFIX]", value_hint = ValueHint::Other, help_heading = SECURITY)]
     pub allow: Vec<AllowedNet>,
+    /// Accept senders without a token: anyone who can reach the port may
+    /// send (the listening line says UNAUTHENTICATED, even with -q). Not
+    /// with --exec, --link-dest or --overwrite. Without it the receiver
+    /// needs a token (rdma-xfer-gen token FILE).
+    #[arg(long, help_heading = SECURITY)]
+    pub insecure: bool,
+    /// Accept names starting with '.' (`.bashrc`, `dir/.ssh/...`), which
+    /// are refused by default: a dotfile configures whoever uses the
+    /// directory and does not show in `ls`.
+    #[arg(long, help_heading = SECURITY)]
+    pub allow_dotfiles: bool,
     /// Refuse files larger than this (e.g. 100G); default: no limit
     /// besides the free space of the directory.
     #[arg(long, value_parser = parse_size_arg, value_name = "SIZE", value_hint = ValueHint::Other,
@@ -613,7 +626,7 @@ impl SenderArgs {
                     "--name names standard input, which is sent only when `-` is among the files",
                 );
             }
-            if let Err(e) = validate_path(name) {
+            if let Err(e) = validate_path(name, NameRules::ANY_RECEIVER) {
                 problems.add(format!("invalid --name {name:?}: {e}"));
             }
         }
@@ -780,7 +793,9 @@ impl SenderArgs {
     /// How the targets' receivers are started: the sender's timeout, and
     /// its verbosity (warnings and errors; with -vv, info too).
     fn launch_options(&self, rsh: Vec<String>) -> LaunchOptions {
-        let mut receiver_args = Vec::new();
+        // The sender logged in with ssh as the user the receiver writes
+        // as: its dotfiles (a tree's .git, say) are its to send, as scp's.
+        let mut receiver_args = vec!["--allow-dotfiles".to_string()];
         if let Some(bind) = &self.remote_bind {
             receiver_args.extend(["--bind".to_string(), bind.clone()]);
         }
@@ -886,8 +901,9 @@ impl ReceiverArgs {
     /// timeout, port, `--bind` (resolved), the output directory (it must
     /// exist), `--stdout` (implies --once; takes no directory and no
     /// --overwrite; never onto a terminal), `--max-sessions` at least 1,
-    /// and the token (`--token-file` or RDMA_XFER_TOKEN). The progress
-    /// observer is left at its default.
+    /// and the token (`--token-file` or RDMA_XFER_TOKEN), required unless
+    /// --insecure (see `check_authentication`). The progress observer is
+    /// left at its default.
     pub fn to_config(&self) -> Result<ReceiverConfig, XferError> {
         self.to_config_with(std::io::IsTerminal::is_terminal(&std::io::stdout()))
     }
@@ -1047,12 +1063,17 @@ impl ReceiverArgs {
             ),
         };
         // Over ssh the one-time token, read from standard input by the
-        // tool, is the only one.
-        let token = if self.ssh_session {
-            None
+        // tool, is the only one; otherwise a token that fails to load is a
+        // problem of its own, not a missing token.
+        let loaded = if self.ssh_session {
+            Some(None)
         } else {
-            problems.check(self.common.token()).flatten()
+            problems.check(self.common.token())
         };
+        if let Some(token) = &loaded {
+            self.check_authentication(token, &mut problems);
+        }
+        let token = loaded.flatten();
         let ack_timeout = problems.check(self.common.ack_timeout());
         problems.into_result()?;
         let (Some((chunk_size, slots)), Some(bind), Some(ack_timeout)) =
@@ -1087,7 +1108,59 @@ impl ReceiverArgs {
         cfg.allow = self.allow.clone();
         cfg.partial_ttl = self.partial_ttl;
         cfg.threads = usize::from(self.threads);
+        cfg.allow_dotfiles = self.allow_dotfiles;
         Ok(cfg)
+    }
+
+    /// Whether senders will have to prove a token: one was loaded
+    /// (`--token-file`, RDMA_XFER_TOKEN).
+    fn has_token_source(&self, token: &Option<Token>) -> bool {
+        // --ssh-session: the sender's one-time token, read from stdin.
+        token.is_some() || self.ssh_session
+    }
+
+    /// Closed by default: the one place deciding whether this receiver may
+    /// run without a token. Without one it needs --insecure, which takes
+    /// no option that lets a sender run commands or touch existing files;
+    /// --insecure with a token is a contradiction.
+    fn check_authentication(&self, token: &Option<Token>, problems: &mut Problems) {
+        match (self.has_token_source(token), self.insecure) {
+            (true, false) => {}
+            (true, true) => problems.add(
+                "--insecure accepts senders without a token, but a token is given (--token-file \
+                 or RDMA_XFER_TOKEN): drop one of them",
+            ),
+            (false, false) => problems.add(
+                "the receiver needs a token, so that only senders holding it may send: make one \
+                 with `rdma-xfer-gen token FILE`, then run `receiver --token-file FILE ...` here \
+                 and `sender --token-file FILE ...` with a copy of FILE on the sending host (or \
+                 set RDMA_XFER_TOKEN on both); to accept anyone who can reach the port instead, \
+                 run `receiver --insecure`",
+            ),
+            (false, true) => {
+                for (given, what) in [
+                    (
+                        self.exec.is_some(),
+                        "--exec would run its command on data and names",
+                    ),
+                    (
+                        self.link_dest.is_some(),
+                        "--link-dest would link files by names",
+                    ),
+                    (
+                        self.overwrite,
+                        "--overwrite would replace existing files by names",
+                    ),
+                ] {
+                    if given {
+                        problems.add(format!(
+                            "{what} chosen by anyone who can reach the port: it needs a token, \
+                             not --insecure (make one with `rdma-xfer-gen token FILE`)"
+                        ));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -1270,7 +1343,10 @@ mod tests {
         assert_eq!((p.parallel, p.retries), (3, 2));
         assert!(p.cfg.resume, "--retry continues what a receiver kept");
         assert_eq!(p.launch.rsh, ["ssh", "-p", "2222"]);
-        assert_eq!(p.launch.receiver_args, ["--bind", "10.0.0.1"]);
+        assert_eq!(
+            p.launch.receiver_args,
+            ["--allow-dotfiles", "--bind", "10.0.0.1"]
+        );
         // --hosts adds targets, one a line.
         let hosts = dir.path().join("hosts");
         std::fs::write(&hosts, "# nodes\nn1:/d\n\n  me@n2:/e  \n").unwrap();
@@ -1481,9 +1557,13 @@ mod tests {
             "dir/",
             ".",
             "x\u{1}y",
+            "evil\u{202e}txt.exe",
+            ".RDMA-XFER-1.part",
         ] {
             usage(sender(&["--name", bad, "h", "-"]), "invalid --name");
         }
+        // A dotfile is the receiver's to refuse (--allow-dotfiles).
+        assert!(sender(&["--name", ".config/app.toml", "127.0.0.1", "-"]).is_ok());
         usage(sender(&["", "f"]), "address is empty");
         let dir = tempfile::tempdir().unwrap();
         let empty = token_file(dir.path(), b"\n");
@@ -1559,14 +1639,20 @@ mod tests {
         assert_eq!((cfg.max_files, cfg.max_session_bytes), (10, 2 << 30));
         assert_eq!(cfg.timeout, Duration::from_secs(9));
         assert!(cfg.token.is_some());
-        let cfg = receiver(&[]).unwrap();
+        let cfg = receiver(&["--insecure"]).unwrap();
         assert_eq!(cfg.bind, "0.0.0.0:7471".parse().unwrap());
+        assert!(cfg.token.is_none() && !cfg.allow_dotfiles);
+        assert!(
+            receiver(&["--insecure", "--allow-dotfiles"])
+                .unwrap()
+                .allow_dotfiles
+        );
         assert_eq!(
             (cfg.slots, cfg.chunk_size),
             (DEFAULT_SLOTS, crate::engine::DEFAULT_CHUNK_SIZE)
         );
         assert_eq!(cfg.given, Given::default());
-        let cfg = receiver(&["--slots", "16"]).unwrap();
+        let cfg = receiver(&["--insecure", "--slots", "16"]).unwrap();
         let slots = Given {
             count: true,
             chunk_size: false,
@@ -1603,6 +1689,60 @@ mod tests {
         args.max_sessions = 1;
         args.common.timeout = Duration::ZERO;
         usage(args.to_config(), "--timeout");
+    }
+
+    /// Closed by default: no token is a usage error that says how to make
+    /// one and that --insecure exists; --insecure takes no option that lets
+    /// a sender run commands or touch existing files, and no token.
+    #[test]
+    fn a_receiver_needs_a_token_or_insecure() {
+        if std::env::var_os(crate::cli::TOKEN_ENV).is_some() {
+            return; // this test's own environment decides, not the caller's
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_str().unwrap();
+        let err = receiver(&[path]).unwrap_err();
+        assert_eq!(err.exit_code(), crate::ExitCode::Usage, "{err}");
+        for says in [
+            "needs a token",
+            "rdma-xfer-gen token FILE",
+            "receiver --token-file FILE",
+            "sender --token-file FILE",
+            "receiver --insecure",
+        ] {
+            assert!(err.to_string().contains(says), "{says:?} not in {err}");
+        }
+        let cfg = receiver(&["--insecure", path]).unwrap();
+        assert!(cfg.token.is_none());
+        let token = token_file(dir.path(), b"sixteen-bytes-ok");
+        assert!(
+            receiver(&["--token-file", &token, path])
+                .unwrap()
+                .token
+                .is_some()
+        );
+        usage(
+            receiver(&["--insecure", "--token-file", &token, path]),
+            "--insecure accepts senders without a token, but a token is given",
+        );
+        for (args, says) in [
+            (&["--exec", "cat"][..], "--exec would run its command"),
+            (&["--link-dest", "/"], "--link-dest would link files"),
+            (&["--overwrite"], "--overwrite would replace existing files"),
+        ] {
+            let mut argv = vec!["--insecure", path];
+            argv.extend(args);
+            usage(receiver(&argv), says);
+            usage(receiver(&argv), "it needs a token, not --insecure");
+            argv.remove(0);
+            argv.extend(["--token-file", &token]);
+            assert!(receiver(&argv).is_ok(), "{argv:?}");
+        }
+        // A token that fails to load is said as such, not as a missing one.
+        let short = dir.path().join("short");
+        std::fs::write(&short, "short").unwrap();
+        let err = receiver(&["--token-file", short.to_str().unwrap(), path]).unwrap_err();
+        assert!(!err.to_string().contains("needs a token"), "{err}");
     }
 
     #[test]
@@ -1742,13 +1882,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().to_str().unwrap();
         // DIR works as --dir; both at once is refused by clap.
-        assert_eq!(receiver(&[path]).unwrap().dir, dir.path());
-        assert_eq!(receiver(&["--dir", path]).unwrap().dir, dir.path());
+        assert_eq!(receiver(&["--insecure", path]).unwrap().dir, dir.path());
+        assert_eq!(
+            receiver(&["--insecure", "--dir", path]).unwrap().dir,
+            dir.path()
+        );
         assert!(ReceiverArgs::try_parse_from(["receiver", path, "--dir", path]).is_err());
         // --stdout implies --once, takes no directory or --overwrite, and
-        // refuses a terminal.
+        // refuses a terminal. (With a token: --exec, --link-dest and
+        // --overwrite need one.)
+        let token = token_file(dir.path(), b"sixteen-bytes-ok");
         let parse = |args: &[&str]| {
-            let argv = std::iter::once("receiver").chain(args.iter().copied());
+            let argv = ["receiver", "--token-file", &token]
+                .into_iter()
+                .chain(args.iter().copied());
             ReceiverArgs::try_parse_from(argv).expect("parses")
         };
         let cfg = parse(&["--stdout"]).to_config_with(false).unwrap();
@@ -1815,7 +1962,7 @@ mod tests {
             usage(parse(args).to_config_with(false), says);
         }
         // --bind takes a host name as the sender's ADDR does.
-        let cfg = receiver(&["--bind", "localhost", "--port", "9"]).unwrap();
+        let cfg = receiver(&["--insecure", "--bind", "localhost", "--port", "9"]).unwrap();
         assert!(
             cfg.bind.ip().is_loopback() && cfg.bind.port() == 9,
             "{}",

@@ -210,8 +210,11 @@ fn files_section(name: &str, unit: Option<&Path>) -> Section {
             roff::roman(" of "),
             roff::bold("--token-file"),
         ],
-        "The shared secret: at least 16 bytes, trailing whitespace ignored. Keep it to its owner \
-         (chmod 600); a file that group or others can read is used, with a warning.",
+        "The shared secret: at least 16 bytes, trailing whitespace ignored; rdma-xfer-gen token \
+         FILE makes one (32 random bytes as hex, mode 600, never over an existing file), to be \
+         given to both tools. Keep it to its owner (chmod 600); a file that group or others can \
+         read is used, with a warning. The receiver refuses to start without a token unless \
+         --insecure.",
     );
     if name != "receiver" {
         return s;
@@ -452,6 +455,7 @@ mod tests {
                 assert!(text.contains(&format!("\\fB{r}\\fR(")), "{r}: {text}");
             }
             assert!(text.contains("\\fB\\-\\-token\\-file\\fR"), "{text}");
+            assert!(text.contains("rdma\\-xfer\\-gen token FILE"), "{text}");
             // Without a unit, none is named.
             assert!(!text.contains("rdma\\-xfer\\-receiver.service"), "{text}");
         }

@@ -25,7 +25,7 @@ fn level_word(level: Level) -> &'static str {
 
 /// `tool: level: `, the start of every message in text, the level in
 /// colour when `ansi` (errors bold red, warnings yellow).
-fn text_prefix(tool: &str, level: Level, ansi: bool) -> String {
+pub(super) fn text_prefix(tool: &str, level: Level, ansi: bool) -> String {
     let word = level_word(level);
     let colour = match level {
         Level::ERROR => "\x1b[1;31m",
@@ -142,7 +142,7 @@ pub fn init_logging(tool: &'static str, args: &CommonArgs, ui: &ui::Ui) {
 }
 
 /// Colours only on a terminal, and not with NO_COLOR set (no-color.org).
-fn colours_on_stderr() -> bool {
+pub(super) fn colours_on_stderr() -> bool {
     std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }

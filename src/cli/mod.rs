@@ -81,15 +81,82 @@ pub fn load_token(file: Option<&Path>, env: Option<OsString>) -> Result<Option<T
         bytes.fill(0);
         return Err(XferError::Usage(format!(
             "{source} holds a token of {len} bytes: a token must be at least {MIN_TOKEN_LEN} \
-             bytes; make a good one with `head -c 32 /dev/urandom | base64`"
+             bytes; make a good one with `rdma-xfer-gen token FILE`"
         )));
     }
     match Token::new(bytes) {
         Some(token) => Ok(Some(token)),
         None => Err(XferError::Usage(format!(
-            "{source} is empty: the token must not be empty (or leave it unset to run without authentication)"
+            "{source} is empty: the token must not be empty (make one with `rdma-xfer-gen token FILE`)"
         ))),
     }
+}
+
+/// Bytes of randomness in a token made by [`create_token_file`].
+pub const NEW_TOKEN_BYTES: usize = 32;
+
+/// Makes a new token (`rdma-xfer-gen token FILE`): 32 random bytes as 64
+/// lowercase hex digits and a newline, in a file created with mode 0600
+/// (O_CREAT|O_EXCL with the mode: never a moment with a wider one). An
+/// existing file is never replaced (a usage error: it may be the token
+/// in use); the directory must exist.
+pub fn create_token_file(path: &Path) -> Result<(), XferError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut secret = [0u8; NEW_TOKEN_BYTES];
+    getrandom::fill(&mut secret)
+        .map_err(|e| XferError::Internal(format!("no random bytes for a token: {e}")))?;
+    let mut text: Vec<u8> = secret
+        .iter()
+        .flat_map(|b| format!("{b:02x}").into_bytes())
+        .chain([b'\n'])
+        .collect();
+    secret.fill(0);
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    let mut file = match created {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            text.fill(0);
+            return Err(XferError::Usage(format!(
+                "{} exists: a token file is never replaced (it may be the token in use); \
+                 remove it first or give another name",
+                path.display()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            text.fill(0);
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.display().to_string(),
+                _ => ".".into(),
+            };
+            return Err(XferError::Usage(format!(
+                "cannot create token file {}: directory {parent} does not exist",
+                path.display()
+            )));
+        }
+        Err(e) => {
+            text.fill(0);
+            return Err(XferError::io(
+                format!("cannot create token file {}", path.display()),
+                e,
+            ));
+        }
+    };
+    let written = file.write_all(&text).and_then(|()| file.sync_all());
+    text.fill(0);
+    if let Err(e) = written {
+        // Half a token is no token: nothing is left to be mistaken for one.
+        let _ = std::fs::remove_file(path);
+        return Err(XferError::io(
+            format!("cannot write token file {}", path.display()),
+            e,
+        ));
+    }
+    Ok(())
 }
 
 /// Whether file permission bits let group or others read the file.
@@ -223,7 +290,7 @@ mod tests {
             assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
             let msg = err.to_string();
             assert!(msg.contains("at least 16 bytes"), "{msg}");
-            assert!(msg.contains("head -c 32 /dev/urandom | base64"), "{msg}");
+            assert!(msg.contains("rdma-xfer-gen token FILE"), "{msg}");
             assert!(!msg.contains("fifteen"), "token leaked: {msg}");
         }
         let err = load_token(None, env("short-secret")).unwrap_err();
@@ -297,6 +364,39 @@ mod tests {
         let f = write_token(dir.path(), "s", b"my-secret-of-many-bytes", 0o644);
         let t = load_token(Some(&f), None).unwrap().unwrap();
         assert!(!format!("{t:?}").contains("my-secret"));
+    }
+
+    /// A new token: 64 lowercase hex digits and a newline, mode 0600 from
+    /// creation, loadable, different each time; never over an existing
+    /// file; a missing directory said as such.
+    #[test]
+    fn new_token_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        create_token_file(&a).unwrap();
+        let text = std::fs::read_to_string(&a).unwrap();
+        assert_eq!(text.len(), 2 * NEW_TOKEN_BYTES + 1, "{text:?}");
+        let hex = text.strip_suffix('\n').unwrap();
+        assert!(
+            hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+            "{text}"
+        );
+        let mode = std::fs::metadata(&a).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & !0o600, 0, "{mode:o}");
+        assert!(load_token(Some(&a), None).unwrap().is_some());
+        let b = dir.path().join("b");
+        create_token_file(&b).unwrap();
+        assert_ne!(std::fs::read(&b).unwrap(), text.as_bytes());
+        // An existing file (even an empty one) is left as it is.
+        let err = create_token_file(&a).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
+        assert!(err.to_string().contains("exists"), "{err}");
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), text);
+        let missing = dir.path().join("no/such/dir/token");
+        let err = create_token_file(&missing).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        assert!(err.to_string().contains("no/such/dir"), "{err}");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use crate::engine::sender::SessionOutcome;
 use crate::engine::{FileEvent, FileFailure, FileReport, Listening, Outcome, Phases, Totals};
 use crate::error::{ExitCode, XferError};
-use crate::proto::Digest;
+use crate::proto::{Digest, escaped};
 use crate::units::{format_bytes, mib_per_sec};
 use serde_json::json;
 use std::time::Duration;
@@ -35,10 +35,12 @@ fn phases_json(p: &Phases) -> serde_json::Value {
 }
 
 /// The receiver's line once it is ready: where it listens, on which
-/// device, and where files go. Text, or tracing's JSON shape.
-pub fn listening_line(ready: &Listening, json: bool) -> String {
+/// device, and where files go. Text, or tracing's JSON shape. Without a
+/// token it is a warning that starts with UNAUTHENTICATED and says who
+/// may do what (`ansi`: the level in colour, as log lines have it).
+pub fn listening_line(ready: &Listening, json: bool, ansi: bool) -> String {
     if json {
-        let fields = json!({
+        let mut fields = json!({
             "tool": "receiver",
             "address": ready.bind.ip().to_string(),
             "port": ready.bind.port(),
@@ -46,17 +48,31 @@ pub fn listening_line(ready: &Listening, json: bool) -> String {
             "device_port": ready.device.as_ref().map(|(_, port)| port),
             "devices": ready.devices,
             "output": ready.output_name,
+            "authenticated": ready.unauthenticated.is_none(),
         });
-        return crate::cli::log::json_message(tracing::Level::INFO, "listening", fields);
+        let Some(exposure) = &ready.unauthenticated else {
+            return crate::cli::log::json_message(tracing::Level::INFO, "listening", fields);
+        };
+        fields["exposure"] = exposure.as_str().into();
+        return crate::cli::log::json_message(
+            tracing::Level::WARN,
+            "listening UNAUTHENTICATED (--insecure)",
+            fields,
+        );
     }
     let device = match &ready.device {
         Some((name, port)) => format!("{name} port {port}"),
         None => format!("any RDMA device: {}", ready.devices.join(", ")),
     };
-    format!(
-        "receiver: listening on {} ({device}), {}",
-        ready.bind, ready.output
-    )
+    let listening = format!("listening on {} ({device}), {}", ready.bind, ready.output);
+    match &ready.unauthenticated {
+        None => format!("receiver: {listening}"),
+        Some(exposure) => format!(
+            "{}UNAUTHENTICATED: {listening}; {exposure} (--insecure: no token; limit who may \
+             connect with --allow)",
+            crate::cli::log::text_prefix("receiver", tracing::Level::WARN, ansi)
+        ),
+    }
 }
 
 /// An acknowledged file's line of text on stderr: human sizes and its
@@ -73,14 +89,14 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
         Outcome::Skipped => {
             return format!(
                 "{}: {}{exact}, skipped: the receiver has it complete ({digest})",
-                r.name,
+                escaped(&r.name),
                 format_bytes(r.bytes),
             );
         }
         Outcome::Linked => {
             return format!(
                 "{}: {}{exact}, linked: the receiver had it under --link-dest ({digest})",
-                r.name,
+                escaped(&r.name),
                 format_bytes(r.bytes),
             );
         }
@@ -97,7 +113,7 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
     };
     let mut line = format!(
         "{}: {}{exact}{resumed} in {}, {:.1} MiB/s ({digest})",
-        r.name,
+        escaped(&r.name),
         format_bytes(r.bytes),
         format_secs(secs),
         mib_per_sec(r.moved(), secs),
@@ -145,7 +161,7 @@ pub fn file_log_json(r: &FileReport) -> serde_json::Value {
     let secs = r.elapsed.as_secs_f64();
     json!({
         "event": "file done",
-        "file": r.name,
+        "file": escaped(&r.name).to_string(),
         "bytes": r.bytes,
         "resumed_from": r.resumed_from,
         "skipped": r.outcome == Outcome::Skipped,
@@ -173,13 +189,17 @@ pub fn summary_for_log(report: &FileReport, json: bool, phases: bool) -> String 
 pub fn failure_for_log(f: &FileFailure, json: bool) -> String {
     if json {
         json!({
-            "event": "file failed", "file": f.name,
+            "event": "file failed", "file": escaped(&f.name).to_string(),
             "exit_code": f.exit_code as u8, "message": f.reason,
         })
         .to_string()
     } else {
         // Only the sender prints these (the receiver logs its refusals).
-        format!("sender: error: {}: {}", f.name, f.reason)
+        format!(
+            "sender: error: {}: {}",
+            escaped(&f.name),
+            escaped(&f.reason)
+        )
     }
 }
 
@@ -463,6 +483,93 @@ mod tests {
         );
         assert!(ok.get("reason").is_none());
         assert_eq!(ok["mib_per_s"], 0.0);
+    }
+
+    /// Names from the disk or the peer are shown escaped on stderr (text
+    /// and JSON logs; bars take the same), exactly in `--json` results.
+    #[test]
+    fn names_in_lines_and_logs_are_escaped() {
+        let name = "evil\u{202e}txt.exe\u{200b}\u{2028}\u{1b}[31m";
+        let shown = "evil\\u{202e}txt.exe\\u{200b}\\u{2028}\\u{1b}[31m";
+        let r = report(name, 10, 1.0);
+        assert!(file_line(&r, false).starts_with(&format!("{shown}: ")));
+        let log: serde_json::Value =
+            serde_json::from_str(&summary_for_log(&r, true, false)).unwrap();
+        assert_eq!(log["file"], shown);
+        assert_eq!(report_json(&r)["name"], name);
+        let err = XferError::Rejected {
+            code: Some(crate::proto::RejectCode::BadName),
+            reason: "names starting with '.' are refused".into(),
+        };
+        let f = FileFailure::new(
+            name,
+            9,
+            DigestAlg::Crc32,
+            Duration::ZERO,
+            Duration::ZERO,
+            &err,
+            false,
+        );
+        let line = failure_for_log(&f, false);
+        assert!(
+            line.starts_with(&format!("sender: error: {shown}: ")),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("names starting with '.' are refused"),
+            "{line}"
+        );
+        let log: serde_json::Value = serde_json::from_str(&failure_for_log(&f, true)).unwrap();
+        assert_eq!(log["file"], shown);
+        assert_eq!(failure_json(&f)["name"], name);
+    }
+
+    /// With a token: an info line, hidden by -q (see `Ui::listening`).
+    /// Without: a warning starting UNAUTHENTICATED that says who may do
+    /// what, in text and in JSON.
+    #[test]
+    fn listening_lines() {
+        let mut ready = Listening {
+            bind: "10.0.0.1:7471".parse().unwrap(),
+            device: Some(("rxe0".into(), 1)),
+            devices: vec!["rxe0".into()],
+            output: "writing to /in".into(),
+            output_name: "/in".into(),
+            unauthenticated: None,
+        };
+        assert_eq!(
+            listening_line(&ready, false, false),
+            "receiver: listening on 10.0.0.1:7471 (rxe0 port 1), writing to /in"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&listening_line(&ready, true, false)).unwrap();
+        assert_eq!(
+            (v["level"].as_str(), v["fields"]["message"].as_str()),
+            (Some("INFO"), Some("listening"))
+        );
+        assert_eq!(v["fields"]["authenticated"], true);
+        ready.unauthenticated = Some("anyone who can reach this port may write into /in".into());
+        assert_eq!(
+            listening_line(&ready, false, false),
+            "receiver: warning: UNAUTHENTICATED: listening on 10.0.0.1:7471 (rxe0 port 1), \
+             writing to /in; anyone who can reach this port may write into /in (--insecure: no \
+             token; limit who may connect with --allow)"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&listening_line(&ready, true, false)).unwrap();
+        assert_eq!(v["level"], "WARN");
+        assert!(
+            v["fields"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("UNAUTHENTICATED"),
+            "{v}"
+        );
+        assert_eq!(v["fields"]["authenticated"], false);
+        assert_eq!(
+            v["fields"]["exposure"],
+            "anyone who can reach this port may write into /in"
+        );
     }
 
     #[test]

@@ -199,6 +199,8 @@ impl Progress for Ui {
         }
     }
 
+    /// The listening line; an unauthenticated receiver's is a warning
+    /// that -q does not hide (nobody should run one unawares).
     fn listening(&self, ready: &Listening) {
         if self.ready_line {
             let mut out = io::stdout().lock();
@@ -207,10 +209,11 @@ impl Progress for Ui {
                 tracing::warn!("cannot tell the sender where to connect: {e}");
             }
         }
-        if self.quiet {
+        if self.quiet && ready.unauthenticated.is_none() {
             return;
         }
-        self.eprintln(&listening_line(ready, self.log_json));
+        let ansi = super::log::colours_on_stderr();
+        self.eprintln(&listening_line(ready, self.log_json, ansi));
     }
 }
 
@@ -381,7 +384,7 @@ impl Bars {
         overall.set_prefix(overall_prefix(&o));
         let bar = ProgressBar::new(size)
             .with_style(style(FILE_TEMPLATE))
-            .with_prefix(name.to_string());
+            .with_prefix(crate::proto::escaped(name).to_string());
         let bar = self.multi.insert_before(&overall, bar);
         FileBar {
             bars: Arc::clone(self),

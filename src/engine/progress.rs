@@ -42,6 +42,9 @@ pub struct Listening {
     pub output: String,
     /// The same for JSON: the directory, "standard output" or "discard".
     pub output_name: String,
+    /// Without a token: who may do what here ("anyone who can reach this
+    /// port may write into DIR"); None when senders must prove the token.
+    pub unauthenticated: Option<String>,
 }
 
 /// Progress of one file.

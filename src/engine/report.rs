@@ -4,7 +4,7 @@
 //! `cli::render`'s business.
 
 use crate::error::{ExitCode, XferError};
-use crate::proto::{Digest, DigestAlg};
+use crate::proto::{Digest, DigestAlg, escaped};
 use std::time::Duration;
 
 /// A file the receiver acknowledged (verified, fsynced and renamed).
@@ -140,7 +140,7 @@ impl Phases {
     /// Logs the phases as structured fields (JSON logs carry them).
     pub fn log(&self, name: &str, bytes: u64) {
         tracing::info!(
-            file = name,
+            file = %escaped(name),
             bytes,
             connect_s = self.connect.as_secs_f64(),
             mr_exchange_s = self.mr_exchange.as_secs_f64(),

@@ -13,8 +13,8 @@ pub use auth::{
     SEAL_LEN, SessionKey, Token,
 };
 pub use names::{
-    Escaped, MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, PathError, escaped, validate_name,
-    validate_path,
+    Escaped, MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, NameRules, PathError, escaped,
+    is_invisible, validate_name, validate_path,
 };
 pub use receiver::{
     AUTH_TIMEOUT, AuthFailure, ChunkPlacement, DEFAULT_MAX_FILES, MAX_REFUSALS_IN_A_ROW,
@@ -677,6 +677,7 @@ mod tests {
                 max_size: u64::MAX,
                 max_files: DEFAULT_MAX_FILES,
                 max_session_bytes: u64::MAX,
+                names: NameRules::DEFAULT,
             };
             // Half of the sessions authenticate (and seal everything after).
             let token = Token::new(b"sim".to_vec()).unwrap();

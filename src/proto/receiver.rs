@@ -19,7 +19,7 @@ use thiserror::Error;
 use super::auth::{
     AUTH_REQUIRED, Channel, ChannelError, ConnectionId, NONCE_LEN, Role, SessionKey, Token,
 };
-use super::names::{escaped, validate_path};
+use super::names::{NameRules, escaped, validate_path};
 use super::wire::{
     Ack, AckStatus, Challenge, DigestAlg, Fin, Have, HaveKind, Hello, Message, Prove, Reject,
     RejectCode, RingInfo, WireError, hello_flags,
@@ -92,6 +92,8 @@ pub struct ReceiverConfig {
     /// Most bytes one session may bring, over all its files and streams;
     /// `u64::MAX` = no limit.
     pub max_session_bytes: u64,
+    /// What names the receiver's options allow (`--allow-dotfiles`).
+    pub names: NameRules,
 }
 
 /// Default of `ReceiverConfig::max_files` (`receiver --max-files`).
@@ -710,7 +712,7 @@ impl ReceiverSession {
                         ),
                     )));
                 }
-                check_hello(&h, self.cfg.max_size).map_err(|r| {
+                check_hello(&h, &self.cfg).map_err(|r| {
                     // Another version (or flags this version does not know)
                     // is no single entry's problem: the session ends.
                     if r.code == RejectCode::Version {
@@ -852,7 +854,7 @@ impl ReceiverSession {
         let mut total = 0u64;
         let mut names = std::collections::HashSet::with_capacity(members.len());
         for h in &members {
-            check_hello(h, self.cfg.max_size).map_err(|r| {
+            check_hello(h, &self.cfg).map_err(|r| {
                 if r.code == RejectCode::Version {
                     RecvError::Version(r)
                 } else {
@@ -1190,7 +1192,8 @@ pub fn busy_refusal(max_sessions: usize) -> Reject {
 }
 
 /// The checks that need no file system: version, flags, name or path, size.
-fn check_hello(h: &Hello, max_size: u64) -> Result<(), Reject> {
+fn check_hello(h: &Hello, cfg: &ReceiverConfig) -> Result<(), Reject> {
+    let max_size = cfg.max_size;
     if h.version != PROTOCOL_VERSION {
         let which = if h.version < PROTOCOL_VERSION {
             "an older sender: upgrade it"
@@ -1244,7 +1247,7 @@ fn check_hello(h: &Hello, max_size: u64) -> Result<(), Reject> {
                  known before its data, a directory has none",
             ));
         }
-        if let Err(e) = validate_path(&h.name) {
+        if let Err(e) = validate_path(&h.name, cfg.names) {
             return Err(Reject::new(RejectCode::BadName, e.to_string()));
         }
     }
@@ -1275,6 +1278,7 @@ mod tests {
             max_size: u64::MAX,
             max_files: DEFAULT_MAX_FILES,
             max_session_bytes: u64::MAX,
+            names: NameRules::DEFAULT,
         }
     }
 
@@ -1865,6 +1869,58 @@ mod tests {
                 assert_eq!(r.state(), next);
                 assert_eq!(fail, Ok(Message::Ack(Ack::new(AckStatus::Io, "disk full"))));
             }
+        }
+    }
+
+    /// A dotfile (file, directory, or below one) is refused with the
+    /// reason the sender shows, unless the receiver's rules allow it; an
+    /// invisible character or the reserved prefix in any case never is.
+    #[test]
+    fn dotfiles_follow_the_rules_and_invisible_names_never_pass() {
+        for (name, caps) in [
+            (".bashrc", 0),
+            ("dir/.ssh/authorized_keys", 0),
+            (".ssh", hello_flags::DIRECTORY),
+        ] {
+            let mut r = ReceiverSession::new(cfg(100, 4, 1));
+            let Err(RecvError::Reject(j)) = r.on_message(Message::Hello(hello_v2(name, caps, 0)))
+            else {
+                panic!("{name:?} not rejected");
+            };
+            assert_eq!(j.code, RejectCode::BadName, "{name:?}");
+            assert!(
+                j.reason.ends_with(
+                    "names starting with '.' are refused; the receiver allows them with \
+                     --allow-dotfiles"
+                ),
+                "{}",
+                j.reason
+            );
+            assert_eq!(r.state(), ReceiverState::AwaitHello);
+            let mut r = ReceiverSession::new(ReceiverConfig {
+                names: NameRules {
+                    allow_dotfiles: true,
+                },
+                ..cfg(100, 4, 1)
+            });
+            let h = hello_v2(name, caps, 0);
+            assert_eq!(
+                r.on_message(Message::Hello(h.clone())),
+                Ok(ReceiverEvent::Offer(h))
+            );
+        }
+        for name in ["evil\u{202e}txt.exe", "a\u{200b}b", "d/.RDMA-XFER-1.part"] {
+            let mut r = ReceiverSession::new(ReceiverConfig {
+                names: NameRules {
+                    allow_dotfiles: true,
+                },
+                ..cfg(100, 4, 1)
+            });
+            let Err(RecvError::Reject(j)) = r.on_message(Message::Hello(hello_v2(name, 0, 0)))
+            else {
+                panic!("{name:?} not rejected");
+            };
+            assert_eq!(j.code, RejectCode::BadName, "{name:?}");
         }
     }
 

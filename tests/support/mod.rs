@@ -583,6 +583,11 @@ fn receiver_args(
         .arg(dir)
         .arg("-v")
         .args(extra);
+    // A receiver needs a token or --insecure: tests that give no token
+    // run the insecure receiver.
+    if needs_insecure(extra, env) {
+        cmd.arg("--insecure");
+    }
     token_env(&mut cmd, None);
     // The tools' defaults are under test, not the developer's shell.
     cmd.env_remove("RDMA_XFER_ACK_TIMEOUT");
@@ -590,6 +595,15 @@ fn receiver_args(
         cmd.env(k, v);
     }
     cmd
+}
+
+/// Whether a receiver started with `extra` and `env` has neither a token
+/// (`--token-file`, RDMA_XFER_TOKEN) nor --insecure.
+pub fn needs_insecure(extra: &[&str], env: &[(&str, &str)]) -> bool {
+    !extra
+        .iter()
+        .any(|a| matches!(*a, "--token-file" | "--insecure"))
+        && !env.iter().any(|(k, _)| *k == "RDMA_XFER_TOKEN")
 }
 
 /// As `start_receiver`, run with the given umask (through `sh -c`, so
@@ -685,6 +699,34 @@ pub fn assert_both_ok(sent: &Finished, received: &Finished) {
         received.stderr
     );
     assert_eq!(received.code(), 0, "receiver:\n{}", received.stderr);
+}
+
+/// `--token-file FILE` with a token made once per test process: for
+/// receivers that need one (--exec, --link-dest and --overwrite are
+/// refused with --insecure) and the senders that talk to them. (A token
+/// makes sha256 the default digest.)
+pub fn token_args() -> [&'static str; 2] {
+    use std::os::unix::fs::OpenOptionsExt;
+    static FILE: std::sync::OnceLock<(TempDir, String)> = std::sync::OnceLock::new();
+    let (_, path) = FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("token dir");
+        let path = dir.path().join("token");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .expect("token file");
+        f.write_all(b"a token the tests share, long enough\n")
+            .expect("write token");
+        (dir, path.to_str().expect("utf8").to_string())
+    });
+    ["--token-file", path]
+}
+
+/// `a` and `b` as one argument list.
+pub fn args<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    a.iter().chain(b).copied().collect()
 }
 
 /// Sets RDMA_XFER_TOKEN to `token` for `cmd`, or removes it.

@@ -26,8 +26,8 @@ use crate::engine::report::FileEvent;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, Message, NONCE_LEN, ReceiverConfig as MachineConfig, ReceiverSession, Role,
-    Token, busy_refusal,
+    AUTH_TIMEOUT, Message, NONCE_LEN, NameRules, ReceiverConfig as MachineConfig, ReceiverSession,
+    Role, Token, busy_refusal,
 };
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
@@ -89,6 +89,9 @@ pub struct ReceiverConfig {
     /// Threads per session that write checked chunks into files (0: the
     /// session's own thread writes them).
     pub threads: usize,
+    /// Names starting with `.` are accepted (`--allow-dotfiles`; the
+    /// protocol machine decides, see `proto::NameRules`).
+    pub allow_dotfiles: bool,
 }
 
 /// What the receiver does with the files it accepts. Every output checks
@@ -158,6 +161,7 @@ impl ReceiverConfig {
             umask: crate::sys::os::process_umask(),
             partial_ttl: DEFAULT_PARTIAL_TTL,
             threads: DEFAULT_WRITER_THREADS as usize,
+            allow_dotfiles: false,
         }
     }
 }
@@ -242,14 +246,8 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     info!(bind = %bound, dir = %cfg.dir.display(), max_sessions = cfg.max_sessions, "listening");
     // The directory as an absolute path: what the user sees is where files go.
     let shown_dir = std::fs::canonicalize(&cfg.dir).unwrap_or(cfg.dir.clone());
-    cfg.progress.listening(&Listening {
-        bind: bound,
-        device: listener.bound_device(),
-        devices,
-        output: cfg.output.describe(&shown_dir),
-        output_name: cfg.output.json_name(&shown_dir),
-    });
-    if cfg.token.is_none() {
+    // Without a token, the listening line says who may do what here.
+    let unauthenticated = cfg.token.is_none().then(|| {
         let who = if cfg.allow.is_empty() {
             "anyone who can reach this port".to_string()
         } else {
@@ -265,11 +263,16 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 shown_dir.display()
             ),
         };
-        warn!(
-            "no token: {who} may {what} (set one with --token-file or \
-             RDMA_XFER_TOKEN; limit who may connect with --allow)"
-        );
-    }
+        format!("{who} may {what}")
+    });
+    cfg.progress.listening(&Listening {
+        bind: bound,
+        device: listener.bound_device(),
+        devices,
+        output: cfg.output.describe(&shown_dir),
+        output_name: cfg.output.json_name(&shown_dir),
+        unauthenticated,
+    });
     // --once serves one session: no other waits for a slot meanwhile.
     let slots = SessionSlots::new(if cfg.once { 1 } else { cfg.max_sessions });
     #[cfg(feature = "fault-injection")]
@@ -601,6 +604,9 @@ fn new_machine(cfg: &ReceiverConfig, ep: &Endpoint) -> Result<ReceiverSession, X
         max_size: cfg.max_size,
         max_files: cfg.max_files,
         max_session_bytes: cfg.max_session_bytes,
+        names: NameRules {
+            allow_dotfiles: cfg.allow_dotfiles,
+        },
     };
     let Some(token) = &cfg.token else {
         return Ok(ReceiverSession::new(machine_cfg));

@@ -19,7 +19,7 @@ use crate::engine::{DEFAULT_TIMEOUT, wr};
 use crate::error::XferError;
 use crate::proto::{
     AckStatus, DigestAlg, FileOffer, NONCE_LEN, OfferKind, ProtocolError, Role, SenderAuth,
-    SenderEvent, SenderSession, SenderState, Token,
+    SenderEvent, SenderSession, SenderState, Token, escaped,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{
@@ -550,7 +550,7 @@ impl Connection {
                 Err(FileError::Fatal(e)) => {
                     // Where the file stood, for whoever reads the logs.
                     info!(
-                        file = %name,
+                        file = %escaped(&name),
                         bytes_done = self.session.bytes_planned(),
                         "file abandoned: {e}"
                     );

@@ -13,7 +13,7 @@ use crate::engine::wr;
 use crate::error::XferError;
 use crate::proto::{
     Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, Message, OfferKind, Pending, RejectCode,
-    SenderEvent, SenderState, Verdict, hello_flags, keepalive_interval,
+    SenderEvent, SenderState, Verdict, escaped, hello_flags, keepalive_interval,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{Buffer, BufferPool, Completion, RemoteTarget};
@@ -115,9 +115,9 @@ impl Connection {
         // A stream's size is unknown (0 here: its bar grows as it goes).
         let size = offer.size;
         let span = if stream {
-            error_span!("file", file = %name, size = "unknown")
+            error_span!("file", file = %escaped(&name), size = "unknown")
         } else {
-            error_span!("file", file = %name, size = offer.size)
+            error_span!("file", file = %escaped(&name), size = offer.size)
         };
         let _enter = span.enter();
         let started = Instant::now();
@@ -243,10 +243,10 @@ impl Connection {
                         compared.ok_or_else(|| unexpected(&SenderEvent::Same(ack.clone())))?;
                     let digest = Digest::Sha256(sha256);
                     if asked == HaveKind::Digest {
-                        info!(file = %name, "linked: the receiver had it under --link-dest");
+                        info!(file = %escaped(name), "linked: the receiver had it under --link-dest");
                         return Ok(Start::Answered(Outcome::Linked, digest, ack));
                     }
-                    info!(file = %name, "skipped: the receiver's copy is the same");
+                    info!(file = %escaped(name), "skipped: the receiver's copy is the same");
                     return Ok(Start::Answered(Outcome::Skipped, digest, ack));
                 }
                 SenderEvent::Keepalive => debug!("the receiver reads its copy"),
@@ -297,12 +297,12 @@ impl Connection {
         match have.kind {
             HaveKind::Nothing if have.note.is_empty() => Ok(Answer::From(0, None)),
             HaveKind::Nothing => {
-                warn!(file = %name, "starting from zero: {}", crate::proto::escaped(&have.note));
+                warn!(file = %escaped(name), "starting from zero: {}", escaped(&have.note));
                 Ok(Answer::From(0, None))
             }
             HaveKind::Prefix if have.chunk_len > cfg.chunk_size => {
                 warn!(
-                    file = %name,
+                    file = %escaped(name),
                     "starting from zero: the receiver kept {} bytes in chunks of {}, larger than \
                      this sender's --chunk-size {}",
                     have.bytes, have.chunk_len, cfg.chunk_size
@@ -319,11 +319,11 @@ impl Connection {
                     tracker,
                 )?;
                 if Digest::Sha256(read.crc_digest) == have.digest {
-                    info!(file = %name, bytes = have.bytes, "continuing after the part the receiver kept");
+                    info!(file = %escaped(name), bytes = have.bytes, "continuing after the part the receiver kept");
                     Ok(Answer::From(have.bytes, Some((have.bytes, read.hasher))))
                 } else {
                     warn!(
-                        file = %name,
+                        file = %escaped(name),
                         "starting from zero: the source changed within the {} bytes the receiver kept",
                         have.bytes
                     );
@@ -463,7 +463,7 @@ impl Connection {
             }
         };
         debug!(
-            file = %name,
+            file = %escaped(name),
             bytes = self.session.bytes_planned(),
             wait_reader_s = time.wait_reader.as_secs_f64(),
             wait_cq_s = time.wait_cq.as_secs_f64(),
@@ -491,7 +491,7 @@ impl Connection {
         let fin = self.session.finish(report.digest);
         let fin = fin.map_err(proto_err)?;
         self.control.send(&self.ep, &fin)?;
-        debug!(file = %report.name, bytes = report.bytes, "FIN sent");
+        debug!(file = %escaped(&report.name), bytes = report.bytes, "FIN sent");
         tracker.await_verdict(tag, report, progress);
         Ok(())
     }

@@ -5,7 +5,7 @@ use super::{FileError, SessionOutcome, ack_error};
 use crate::engine::progress::FileProgress;
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
 use crate::error::XferError;
-use crate::proto::{AckStatus, DigestAlg, Pending, Verdict};
+use crate::proto::{AckStatus, DigestAlg, Pending, Verdict, escaped};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tracing::debug;
@@ -63,7 +63,7 @@ impl Tracker<'_> {
     pub(super) fn fail(&mut self, name: &str, bytes: u64, started: Option<Instant>, e: XferError) {
         // The tool prints the failure (`sender: error: NAME: ...`); the
         // log keeps it for -v and JSON logs.
-        tracing::info!(file = %name, "failed: {e}");
+        tracing::info!(file = %escaped(name), "failed: {e}");
         self.report(name, bytes, started, &e, false);
         self.outcome.first_error.get_or_insert(e);
     }
