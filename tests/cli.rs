@@ -913,11 +913,12 @@ fn scp_habits_get_hints() {
     let file = dir.path().join("data.bin");
     std::fs::write(&file, b"x").expect("write");
     let f = file.to_str().expect("utf8");
-    // host:/path: the receiver decides where files go.
+    // host:/path first: targets come last, and nothing is fetched.
     let (code, _, err) = run(sender_bin(), &["recv-host:/data/in", f]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("takes no remote path"), "{err}");
-    assert!(err.contains("receiver --dir /data/in"), "{err}");
+    assert!(err.contains("targets come after the files"), "{err}");
+    assert!(err.contains("sender FILE... recv-host:/data/in"), "{err}");
+    assert!(err.contains("cannot fetch"), "{err}");
     // Swapped arguments.
     let (code, _, err) = run(sender_bin(), &[f, "recv-host"]);
     assert_eq!(code, 2, "{err}");
@@ -1123,4 +1124,23 @@ fn one_command_failures_say_where_they_are() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not meant to be started by hand"));
+}
+
+/// A local file whose name looks like HOST:DIR is sent as a file, never
+/// taken for an ssh target (no ssh is started: the direct form fails for
+/// want of RDMA here, or of a receiver).
+#[test]
+fn a_local_file_named_like_a_target_is_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("run-12:00.log"), b"log").unwrap();
+    let out = Command::new(sender_bin())
+        .args(["--timeout", "2s", "127.0.0.1", "run-12:00.log"])
+        .current_dir(dir.path())
+        .env("RDMA_XFER_RSH", "false")
+        .env_remove("RDMA_XFER_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("ssh") && !err.contains("run-12:"), "{err}");
+    assert!(matches!(out.status.code(), Some(3 | 8)), "{err}");
 }

@@ -584,12 +584,6 @@ fn dotfiles_are_refused_with_the_reason_unless_allowed() {
         );
         assert!(line.ends_with(reason), "{line}");
     }
-    assert!(
-        sent.stderr
-            .contains("sender: error: dir/.ssh/authorized_keys: "),
-        "{}",
-        sent.stderr
-    );
     assert_eq!(
         files_under(dst.path()),
         ["dir/plain.txt"],
@@ -649,4 +643,37 @@ fn a_name_with_a_bidi_override_is_refused_and_shown_escaped() {
     assert!(!received.stderr.contains('\u{202e}'), "{}", received.stderr);
     assert_eq!(files_under(dst.path()), ["good.bin"]);
     assert_eq!(sha256_file(&dst.path().join("good.bin")), sum);
+}
+
+/// A tree with a refused directory of many files (a `.git`): what lies
+/// below it is not offered once the refusal is in, so the session goes
+/// on to the other files instead of ending at the receiver's limit of
+/// refusals in a row.
+#[test]
+fn a_refused_directory_is_not_offered_file_by_file() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().unwrap();
+    let repo = src.path().join("repo");
+    std::fs::create_dir_all(repo.join(".git/objects")).unwrap();
+    for i in 0..300 {
+        std::fs::write(repo.join(format!(".git/objects/o{i:03}")), [i as u8]).unwrap();
+    }
+    make_file(&repo.join("zz-main.rs"), 1000, 4);
+    let dst = tempfile::tempdir().unwrap();
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], &[repo], &["-r"]);
+    // The refusal of .git decides the status; the other file arrives.
+    assert_eq!(sent.code(), 4, "{}", sent.transcript());
+    assert!(
+        sent.stderr.contains("sender: error: repo/.git: "),
+        "{}",
+        sent.stderr
+    );
+    assert_eq!(
+        files_under(dst.path()),
+        ["repo/zz-main.rs"],
+        "{}",
+        received.stderr
+    );
+    let refused = sent.stderr.matches("sender: error: repo/.git").count();
+    assert!(refused < 50, "{refused} refusals:\n{}", sent.stderr);
 }

@@ -196,6 +196,26 @@ fn three_targets_in_one_command_each_with_its_result() {
         1,
         "{records:?}"
     );
+    // One record per target, the failed one with its reason.
+    let targets: Vec<u64> = records
+        .iter()
+        .filter(|r| r["event"] == "target" && r["host"].is_string())
+        .map(|r| r["exit_code"].as_u64().unwrap_or(99))
+        .collect();
+    assert_eq!(targets.len(), 3, "{records:?}");
+    assert_eq!(
+        targets.iter().filter(|c| **c == 0).count(),
+        2,
+        "{records:?}"
+    );
+    assert!(
+        records.iter().any(|r| r["event"] == "target"
+            && r["exit_code"] == 2
+            && r["reason"]
+                .as_str()
+                .is_some_and(|m| m.contains("no/such/dir"))),
+        "{records:?}"
+    );
     // Every text line about a target names it.
     let err = &sent.stderr;
     assert!(

@@ -301,7 +301,7 @@ pub struct ReceiverArgs {
     /// in on (or --bind), print where on standard output, serve that one
     /// session (waiting at most --timeout for it), and end when it ends or
     /// standard input closes.
-    #[arg(long, help_heading = CONNECTION)]
+    #[arg(long, hide = true)]
     pub ssh_session: bool,
     /// Sessions served at once, 1-65535 (each has its own queue pair and
     /// ring); further senders are refused as "busy".
@@ -448,11 +448,11 @@ pub fn parse_addr(addr: &str) -> Result<(String, Option<u16>), XferError> {
     if !a.starts_with('[')
         && let Some((user, rest)) = a.split_once('@')
     {
-        let why = format!("{addr:?}: the sender logs in nowhere, drop `{user}@`");
-        return Err(XferError::Usage(match parse_addr(rest) {
-            Ok(_) => format!("{why} (sender {rest} FILE...)"),
-            Err(e) => format!("{why}; and {e}"),
-        }));
+        return Err(XferError::Usage(format!(
+            "{addr:?}: a running receiver is given by its address alone (sender {rest} FILE...); \
+             to log in as {user} and start one there, put the target last: sender FILE... \
+             {user}@{rest}:DIR"
+        )));
     }
     if let Some(rest) = a.strip_prefix('[') {
         let Some((host, after)) = rest.split_once(']') else {
@@ -477,9 +477,8 @@ pub fn parse_addr(addr: &str) -> Result<(String, Option<u16>), XferError> {
             Ok((host.to_string(), port(p)?))
         }
         Some((host, path)) => Err(XferError::Usage(format!(
-            "{addr:?} looks like scp's HOST:PATH, but the sender takes no remote path: where \
-             files go is the receiver's directory (run `receiver --dir {}` on {host}, then \
-             `sender {host} FILE...`; `--name` picks a relative name for standard input)",
+            "{addr:?} is a HOST:DIR target: targets come after the files (sender FILE... \
+             {host}:{}); the sender sends local files only, it cannot fetch from a host",
             if path.is_empty() { "DIR" } else { path }
         ))),
         None => Ok((a.to_string(), None)),
@@ -519,7 +518,14 @@ impl SenderArgs {
         let all: Vec<PathBuf> = std::iter::once(PathBuf::from(&self.addr))
             .chain(self.files.iter().cloned())
             .collect();
-        let target_of = |p: &PathBuf| p.to_str().and_then(Target::parse);
+        // A local file is never a target, whatever its name (`12:00.log`,
+        // or one planted as `evil.example:x` in a directory sent with *).
+        let target_of = |p: &PathBuf| {
+            if p.symlink_metadata().is_ok() {
+                return None;
+            }
+            p.to_str().and_then(Target::parse)
+        };
         let trailing = all
             .iter()
             .rev()
@@ -726,8 +732,9 @@ impl SenderArgs {
         } else {
             None
         };
-        if !problems.is_empty() {
-            // Bad options: report the inputs' problems in the same run.
+        // Bad options: report the inputs' problems in the same run. In the
+        // one-command form always: before any host is logged in to.
+        if !problems.is_empty() || remote {
             problems.check(entries::check_arguments(&files, &walk));
         }
         problems.into_result()?;
@@ -1321,6 +1328,9 @@ mod tests {
         assert!(p.cfg.token.is_none() && p.cfg.retries == 0);
         assert_eq!(p.launch.rsh, ["ssh"]);
         assert_eq!(p.launch.remote_receiver, "receiver");
+        let g = dir.path().join("g.bin");
+        std::fs::write(&g, b"y").unwrap();
+        let g = g.to_str().unwrap();
         let p = remote_plan(&[
             "--retry=2",
             "-e",
@@ -1332,7 +1342,7 @@ mod tests {
             "--parallel",
             "3",
             f,
-            f,
+            g,
             "a:/d",
             "me@b:",
             "[fd00::1]:/x",
@@ -1765,13 +1775,12 @@ mod tests {
             ("[fd00::1", "closing `]`"),
             ("[fd00::1]x", "[IPV6]:PORT"),
             ("[fd00::1]:x", "between 1 and 65535"),
-            ("host:/data/in", "receiver --dir /data/in"),
-            ("host:", "receiver --dir DIR"),
-            ("host:~/in", "takes no remote path"),
-            ("host:in", "takes no remote path"),
-            ("me@host", "drop `me@` (sender host FILE...)"),
-            ("me@host:/data", "receiver --dir /data"),
-            ("me@host:/data", "drop `me@`"),
+            ("host:/data/in", "sender FILE... host:/data/in"),
+            ("host:", "sender FILE... host:DIR"),
+            ("host:~/in", "targets come after the files"),
+            ("host:in", "it cannot fetch from a host"),
+            ("me@host", "address alone (sender host FILE...)"),
+            ("me@host", "sender FILE... me@host:DIR"),
         ] {
             usage(parse_addr(bad), what);
         }

@@ -24,6 +24,7 @@ pub fn send_to_targets(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result
     let results: Mutex<Vec<Option<Result<(), XferError>>>> =
         Mutex::new(plan.targets.iter().map(|_| None).collect());
     let workers = plan.parallel.clamp(1, plan.targets.len().max(1));
+    let workers = within_memlock(workers, &plan.cfg);
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
@@ -32,7 +33,13 @@ pub fn send_to_targets(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result
                     let Some(target) = plan.targets.get(i) else {
                         break;
                     };
-                    let result = one_target(plan, target, ui, labelled, summary);
+                    // After Ctrl-C no new target is started.
+                    let result = if shutdown_requested() {
+                        Err(crate::sys::SysError::Interrupted.into())
+                    } else {
+                        one_target(plan, target, ui, labelled, summary)
+                    };
+                    ui.target_ended(&target.host, result.as_ref().map(|_| ()));
                     if labelled && let Err(e) = &result {
                         // A target's end is an error line of its own; the
                         // tool's final error sums them up.
@@ -69,6 +76,28 @@ pub fn send_to_targets(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result
             })
         }
     }
+}
+
+/// Targets served at once, fewer where the locked-memory limit holds the
+/// staging buffers of only some sessions at once (each fits its buffers
+/// to what is left: a second one at the same time would find nothing).
+fn within_memlock(workers: usize, cfg: &crate::engine::sender::SenderConfig) -> usize {
+    let Some(room) = crate::sys::os::memlock_room().available() else {
+        return workers;
+    };
+    let per_session = u64::from(cfg.chunk_size) * u64::from(cfg.depth);
+    let fit = usize::try_from(room / per_session.max(1))
+        .unwrap_or(usize::MAX)
+        .max(1);
+    if fit < workers {
+        tracing::warn!(
+            "the locked-memory limit (RLIMIT_MEMLOCK, {} free) holds the buffers of {fit} \
+             session(s) at once: serving {fit} target(s) at a time instead of {workers}; raise \
+             the limit (`ulimit -l unlimited` as root) for more",
+            crate::units::format_bytes(room)
+        );
+    }
+    workers.min(fit)
 }
 
 /// A target's error without its host in front (the line adds it).
@@ -130,8 +159,16 @@ fn one_target(
             }
             Err(e) => Err(e),
         };
+        // A stream cannot be read again: what the first attempt took from
+        // standard input is gone.
+        let rereadable = !plan.files.iter().any(|f| f.as_os_str() == "-");
         match result {
-            Err(e) if e.is_transient() && attempt < plan.retries && !shutdown_requested() => {
+            Err(e)
+                if e.is_transient()
+                    && attempt < plan.retries
+                    && rereadable
+                    && !shutdown_requested() =>
+            {
                 attempt += 1;
                 let pause = retry_pause(attempt);
                 tracing::warn!(
@@ -139,7 +176,10 @@ fn one_target(
                     pause.as_secs(),
                     plan.retries
                 );
-                std::thread::sleep(pause);
+                let until = std::time::Instant::now() + pause;
+                while std::time::Instant::now() < until && !shutdown_requested() {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
             }
             other => return other,
         }

@@ -137,6 +137,27 @@ impl Ui {
         }
     }
 
+    /// With `--json`, one record for a target of the one-command form
+    /// once it is done: its host, status and exit code (and why it failed):
+    /// a host that failed before any file is in the results too.
+    pub fn target_ended(&self, host: &str, result: Result<(), &XferError>) {
+        if !self.json {
+            return;
+        }
+        let code = result.map_or_else(|e| e.exit_code(), |()| crate::error::ExitCode::Ok);
+        let mut record = serde_json::json!({
+            "host": host,
+            "event": "target",
+            "status": code.as_str(),
+            "exit_code": code as u8,
+        });
+        if let (Err(e), Some(fields)) = (result, record.as_object_mut()) {
+            fields.insert("retryable".into(), e.is_transient().into());
+            fields.insert("reason".into(), e.to_string().into());
+        }
+        self.print_json(&record);
+    }
+
     /// Files reported so far (acknowledged and failed), and how many of
     /// them failed.
     pub fn file_counts(&self) -> (u64, u64) {

@@ -37,6 +37,58 @@ pub const REMOTE_EXIT_GRACE: Duration = Duration::from_secs(5);
 /// Lines of the remote's stderr kept to explain a failure.
 const STDERR_TAIL: usize = 20;
 
+/// Longest line kept from the remote's output (the rest of a longer one
+/// is dropped): a hostile or broken remote cannot grow our memory.
+const MAX_REMOTE_LINE: usize = 4096;
+
+/// How long the sender waits for its readers of ssh's output once ssh is
+/// gone (a grandchild may hold the pipes open).
+const READERS_GRACE: Duration = Duration::from_secs(1);
+
+/// Calls `each` with every line of `pipe` (lossy UTF-8, at most
+/// `MAX_REMOTE_LINE` bytes kept of each) until its end or an error; it
+/// never stops early, so the remote never blocks on a full pipe.
+fn each_line(pipe: impl Read, mut each: impl FnMut(String)) {
+    let mut input = BufReader::new(pipe);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut input)
+            .take(MAX_REMOTE_LINE as u64)
+            .read_until(b'\n', &mut line)
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.last() != Some(&b'\n') {
+            // Too long: skip to the end of it, a buffer at a time.
+            loop {
+                let skipped = match input.fill_buf() {
+                    Ok([]) | Err(_) => return each(lossy(&line)),
+                    Ok(buf) => match buf.iter().position(|&b| b == b'\n') {
+                        Some(i) => Err(i + 1),
+                        None => Ok(buf.len()),
+                    },
+                };
+                match skipped {
+                    Ok(n) => input.consume(n),
+                    Err(n) => {
+                        input.consume(n);
+                        break;
+                    }
+                }
+            }
+        }
+        each(lossy(&line));
+    }
+}
+
+fn lossy(line: &[u8]) -> String {
+    String::from_utf8_lossy(line)
+        .trim_end_matches(['\n', '\r'])
+        .to_string()
+}
+
 /// One `[USER@]HOST:DIR` target as the user wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -88,10 +140,15 @@ impl Target {
         if host.starts_with('-') || user.is_some_and(|u| u.is_empty() || u.starts_with('-')) {
             return bad("a host or user may not start with '-' (or be empty)");
         }
-        if host.chars().any(|c| c.is_whitespace() || c.is_control())
-            || user.is_some_and(|u| u.chars().any(|c| c.is_whitespace() || c.is_control()))
-        {
-            return bad("spaces or control characters in the host or user");
+        // Host names, IPv4 and IPv6 literals, portable user names only:
+        // ssh configurations expand %h and %r into commands.
+        let host_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':');
+        let user_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+        if !host.chars().all(host_ok) || !user.unwrap_or("").chars().all(user_ok) {
+            return bad(
+                "a host may hold letters, digits, '.', '-', '_' (and ':' in [IPV6]); a user \
+                 letters, digits, '.', '-', '_'",
+            );
         }
         if dir.contains('\0') || dir.contains('\n') {
             return bad("the directory holds a NUL or newline");
@@ -187,6 +244,8 @@ pub struct LaunchOptions {
 /// within `REMOTE_EXIT_GRACE`.
 pub struct RemoteReceiver {
     host: String,
+    /// The remote receiver program, for messages.
+    program: String,
     child: Child,
     /// Held open for the whole session: its end ends the remote receiver.
     stdin: Option<ChildStdin>,
@@ -248,6 +307,7 @@ pub fn launch(
     let stderr = Arc::new(Mutex::new(Vec::new()));
     let mut remote = RemoteReceiver {
         host: target.host.clone(),
+        program: opts.remote_receiver.clone(),
         child,
         stdin,
         addr: SocketAddr::from(([0, 0, 0, 0], 0)),
@@ -263,7 +323,7 @@ pub fn launch(
         let host = target.host.clone();
         let listening = listening.clone();
         remote.readers.push(std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            each_line(pipe, |line| {
                 let held = line.starts_with("receiver: error: ")
                     && !listening.load(std::sync::atomic::Ordering::SeqCst);
                 if !held {
@@ -274,7 +334,7 @@ pub fn launch(
                     tail.remove(0);
                 }
                 tail.push(line);
-            }
+            })
         }));
     }
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -282,13 +342,13 @@ pub fn launch(
         let listening = listening.clone();
         remote.readers.push(std::thread::spawn(move || {
             let mut told = false;
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            each_line(pipe, |line| {
                 if !told && let Some(addr) = parse_ready_line(&line) {
                     told = true;
                     listening.store(true, std::sync::atomic::Ordering::SeqCst);
                     let _ = ready_tx.send(addr);
                 }
-            }
+            })
         }));
     }
     // ssh may already have failed (EPIPE): its status says why.
@@ -313,8 +373,20 @@ pub fn launch(
         }
     };
     match answer {
+        // A wildcard says nothing about where to connect.
+        Ok(addr) if addr.ip().is_unspecified() => Err(XferError::Remote {
+            host: target.host.clone(),
+            code: ExitCode::Usage,
+            message: format!(
+                "the receiver on {} listens on {addr}, every address: give --remote-bind the \
+                 one to connect to",
+                target.host
+            ),
+        }),
         Ok(addr) => {
             remote.addr = addr;
+            // From now on its errors are the session's: shown as they come.
+            listening.store(true, std::sync::atomic::Ordering::SeqCst);
             Ok(remote)
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => Err(remote.failed_to_start(&target.login)),
@@ -336,14 +408,31 @@ impl RemoteReceiver {
     /// thing it (or the remote receiver) said.
     fn failed_to_start(&mut self, login: &str) -> XferError {
         self.stdin = None;
-        let status = wait_until(&mut self.child, Instant::now() + REMOTE_EXIT_GRACE);
+        let mut status = wait_until(&mut self.child, Instant::now() + REMOTE_EXIT_GRACE);
+        if status.is_none() {
+            let _ = self.child.kill();
+            status = self.child.wait().ok();
+        }
         self.ended = true;
         self.join_readers();
         let tail = self.stderr_tail();
-        let said = last_error_line(&tail);
+        // What the remote says is shown, never obeyed (escape sequences).
+        let said = last_error_line(&tail).map(|l| crate::proto::escaped(l).to_string());
+        let said = said.as_deref();
         let (code, message) = match status.and_then(|s| s.code()) {
+            // It ended well, but never said where it listens: not ours.
+            Some(0) => (
+                ExitCode::Other,
+                format!(
+                    "the receiver on {} ended without saying where it listens (is `{}` there \
+                     rdma-xfer's receiver? does a start-up file of the remote shell exit?){}",
+                    self.host,
+                    self.program,
+                    said.map(|s| format!(": {s}")).unwrap_or_default()
+                ),
+            ),
             Some(255) => (
-                ExitCode::CannotConnect,
+                ssh_failure_class(said.unwrap_or("")),
                 format!(
                     "ssh to {login} failed: {}",
                     said.unwrap_or("no reason given")
@@ -442,9 +531,18 @@ impl RemoteReceiver {
         status
     }
 
+    /// Waits a little for the readers of ssh's output; a grandchild of
+    /// ssh (a ProxyCommand, say) may hold the pipes open, and then they
+    /// are left to end on their own.
     fn join_readers(&mut self) {
+        let deadline = Instant::now() + READERS_GRACE;
         for r in self.readers.drain(..) {
-            let _ = r.join();
+            while !r.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if r.is_finished() {
+                let _ = r.join();
+            }
         }
     }
 }
@@ -463,6 +561,23 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::Exit
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => return None,
         }
+    }
+}
+
+/// What kind of failure ssh's own exit (255) was, by its message: a
+/// name that does not resolve is a usage error (as in the direct form),
+/// a refused log-in or host key a rejection; neither is worth retrying.
+/// Anything else (refused, unreachable, timed out) is "cannot connect".
+fn ssh_failure_class(said: &str) -> ExitCode {
+    if said.contains("Could not resolve hostname") || said.contains("Name or service not known") {
+        ExitCode::Usage
+    } else if said.contains("Permission denied")
+        || said.contains("Host key verification failed")
+        || said.contains("REMOTE HOST IDENTIFICATION HAS CHANGED")
+    {
+        ExitCode::Rejected
+    } else {
+        ExitCode::CannotConnect
     }
 }
 
@@ -675,6 +790,11 @@ mod tests {
             "-u@h:/d",
             "a b:/d",
             "h:/x\ny",
+            "h`id`:/d",
+            "h$(id):/d",
+            "h;x:/d",
+            "u@h@x:/d",
+            "u%x@h:/d",
         ] {
             assert!(
                 matches!(Target::parse(bad), Some(Err(XferError::Usage(_)))),
@@ -797,6 +917,41 @@ mod tests {
         let tail = vec!["ssh: connect to host x port 22: Connection refused".to_string()];
         assert_eq!(last_error_line(&tail), Some(tail[0].as_str()));
         assert_eq!(exit_code_from(8), ExitCode::NoDevice);
+        for (said, class) in [
+            (
+                "ssh: Could not resolve hostname nodo01: Name or service not known",
+                ExitCode::Usage,
+            ),
+            (
+                "me@node01: Permission denied (publickey).",
+                ExitCode::Rejected,
+            ),
+            ("Host key verification failed.", ExitCode::Rejected),
+            (
+                "ssh: connect to host x port 22: Connection refused",
+                ExitCode::CannotConnect,
+            ),
+            (
+                "ssh: connect to host x port 22: No route to host",
+                ExitCode::CannotConnect,
+            ),
+        ] {
+            assert_eq!(ssh_failure_class(said), class, "{said}");
+        }
         assert_eq!(exit_code_from(99), ExitCode::Other);
+    }
+
+    #[test]
+    fn remote_output_is_read_in_bounded_lossy_lines() {
+        let mut input = b"short\r\n".to_vec();
+        input.extend(vec![b'x'; 3 * MAX_REMOTE_LINE]);
+        input.extend(b"\n\xff\xfe bytes\nlast");
+        let mut got = Vec::new();
+        each_line(&input[..], |l| got.push(l));
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[0], "short");
+        assert_eq!(got[1].len(), MAX_REMOTE_LINE);
+        assert_eq!(got[2], "\u{fffd}\u{fffd} bytes");
+        assert_eq!(got[3], "last");
     }
 }

@@ -134,6 +134,13 @@ fn fit_staging(cfg: &SenderConfig) -> Result<SenderConfig, XferError> {
 const RECV_BUFFERS: usize = 64;
 const SEND_BUFFERS: usize = 8;
 
+/// Whether `name` lies below one of `dirs` (relative paths, `/`-joined).
+fn below_any(name: &str, dirs: &[String]) -> bool {
+    dirs.iter().any(|d| {
+        name.len() > d.len() && name.starts_with(d.as_str()) && name.as_bytes()[d.len()] == b'/'
+    })
+}
+
 /// The pause before retry number `n` (from 1): 1 s, 2 s, 4 s ... 30 s.
 pub fn retry_pause(n: u32) -> Duration {
     Duration::from_secs((1u64 << n.saturating_sub(1).min(5)).min(30))
@@ -347,6 +354,7 @@ fn try_session(
             on_file: &mut on_file,
             connect: conn.connect_time,
             digest_alg: cfg.verify,
+            refused_dirs: Vec::new(),
         };
         let result = conn.run(cfg, plan.entries, &mut pipe, &mut tracker);
         if let Err(e) = result {
@@ -509,7 +517,28 @@ impl Connection {
         // Files of a refused batch, at the front of the queue: they go one
         // by one.
         let mut unbatched = 0usize;
+        let mut pruned = 0usize;
         while let Some(entry) = queue.pop_front() {
+            // What lies below a refused directory would be refused too.
+            if tracker.refused_dirs.len() > pruned {
+                let dirs = &tracker.refused_dirs[pruned..];
+                let before = queue.len();
+                queue.retain(|e| !below_any(e.name(), dirs));
+                let dropped = before - queue.len();
+                if dropped > 0 {
+                    info!(
+                        dropped,
+                        "not offered: below a directory the receiver refused"
+                    );
+                }
+                tracker.outcome.skipped += dropped;
+                pruned = tracker.refused_dirs.len();
+            }
+            if below_any(entry.name(), &tracker.refused_dirs) {
+                tracker.outcome.skipped += 1;
+                unbatched = unbatched.saturating_sub(1);
+                continue;
+            }
             // Room in the pipeline: wait for the oldest verdicts.
             while !self.session.can_start() {
                 fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's verdicts"))?;
@@ -934,5 +963,16 @@ mod tests {
     fn retries_pause_longer_each_time_up_to_30_s() {
         let pauses: Vec<u64> = (1..=8).map(|n| super::retry_pause(n).as_secs()).collect();
         assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+
+    #[test]
+    fn below_a_refused_directory_is_by_path_component() {
+        let dirs = vec!["repo/.git".to_string()];
+        assert!(super::below_any("repo/.git/HEAD", &dirs));
+        assert!(super::below_any("repo/.git/objects/ab/cd", &dirs));
+        assert!(!super::below_any("repo/.git", &dirs));
+        assert!(!super::below_any("repo/.gitignore", &dirs));
+        assert!(!super::below_any("repo/src/x", &dirs));
+        assert!(!super::below_any("repo/.git", &[]));
     }
 }

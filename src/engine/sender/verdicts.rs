@@ -55,6 +55,9 @@ pub(super) struct Tracker<'f> {
     /// For failure reports: the session's connection set-up, the digest.
     pub(super) connect: Duration,
     pub(super) digest_alg: DigestAlg,
+    /// Directories the receiver refused: what is below them is not
+    /// offered (a refused `.git` would be refused thousands of times).
+    pub(super) refused_dirs: Vec<String>,
 }
 
 impl Tracker<'_> {
@@ -189,6 +192,7 @@ impl Tracker<'_> {
                         reason: rej.reason,
                     },
                 };
+                self.refused_dirs.push(name.clone());
                 self.fail(&name, 0, Some(started), err);
             }
             _ => return Err(mismatch()),
