@@ -656,9 +656,10 @@ pub fn watch_hangup() {
 
 /// Where a receiver started over ssh listens, in order of preference:
 /// the address the ssh connection came in on (SSH_CONNECTION), the one
-/// this host would use towards the sender, then every address an RDMA
-/// device has (RoCE GIDs). The caller keeps the first that binds to an
-/// RDMA device.
+/// this host would use towards the sender, every address in the RDMA
+/// devices' GID tables (RoCE), then every other interface address (IPoIB
+/// on InfiniBand), IPv4 first. The caller keeps the first that binds to
+/// an RDMA device.
 pub fn bind_candidates(ssh_connection: Option<&str>) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = Vec::new();
     let mut add = |ip: IpAddr| {
@@ -679,7 +680,25 @@ pub fn bind_candidates(ssh_connection: Option<&str>) -> Vec<IpAddr> {
     for ip in rdma_gid_addresses() {
         add(ip);
     }
+    // InfiniBand GIDs are no IP addresses: its IPoIB interfaces' are, as
+    // are any others (the caller keeps those an RDMA device has).
+    let mut others: Vec<IpAddr> = crate::sys::os::interface_addresses()
+        .into_iter()
+        .map(|(_, ip)| ip)
+        .filter(|ip| !ip.is_loopback() && !is_link_local(ip))
+        .collect();
+    others.sort_by_key(|ip| ip.is_ipv6());
+    for ip in others {
+        add(ip);
+    }
     out
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    }
 }
 
 /// The source address the routing table picks towards `peer` (a UDP

@@ -348,6 +348,55 @@ pub fn process_umask() -> u32 {
     }) & 0o777
 }
 
+/// The IP addresses of this host's network interfaces, as (interface,
+/// address), in the order the kernel lists them.
+pub fn interface_addresses() -> Vec<(String, std::net::IpAddr)> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: head is a valid out-pointer; on success the list it gets is
+    // freed below, once, with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut node = head;
+    while !node.is_null() {
+        // SAFETY: node is an element of the list getifaddrs returned, alive
+        // until freeifaddrs below; nothing here keeps a reference past it.
+        let ifa = unsafe { &*node };
+        node = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr is non-NULL and points to a sockaddr whose
+        // sa_family tells its real type, read only as that type below.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let ip = match family {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
+        // SAFETY: ifa_name is a non-NULL NUL-terminated string of the
+        // list, copied out at once.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        out.push((name, ip));
+    }
+    // SAFETY: head came from a successful getifaddrs and is freed once;
+    // no reference into the list outlives this call.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
 /// Peak resident set size of this process in bytes (0 if unknown).
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -564,5 +613,14 @@ mod tests {
         ] {
             assert!(msg.contains(part), "{part}: {msg}");
         }
+    }
+
+    #[test]
+    fn interface_addresses_include_loopback() {
+        let all = interface_addresses();
+        assert!(
+            all.iter().any(|(_, ip)| ip.is_loopback()),
+            "no loopback among {all:?}"
+        );
     }
 }
