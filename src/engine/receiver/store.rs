@@ -14,7 +14,7 @@ use super::{Output, ReceiverConfig};
 use crate::engine::digest::FileHasher;
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
-use crate::sys::dirfd::{DirFd, EntryKind};
+use crate::sys::dirfd::{DirFd, EntryKind, OwnFileError};
 use crate::sys::os::{free_space, reserve_blocks};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -369,15 +369,16 @@ impl FileStore {
                 };
                 let promise =
                     ledger.promise(&hello.name, size - kept.min(size), || free_space(dir))?;
+                let plain_temp = || {
+                    let temp = temp_name();
+                    // Marked before it exists: the sweep never sees it
+                    // unmarked.
+                    let in_use = TempInUse::new(&parent, &temp).map_err(cannot_create)?;
+                    let file = parent.create_new(&temp, 0o600).map_err(cannot_create)?;
+                    Ok::<_, Refusal>((temp, file, None, Some(in_use)))
+                };
                 let (temp, file, resumable, in_use) = match resume {
-                    Resume::No => {
-                        let temp = temp_name();
-                        // Marked before it exists: the sweep never sees it
-                        // unmarked.
-                        let in_use = TempInUse::new(&parent, &temp).map_err(cannot_create)?;
-                        let file = parent.create_new(&temp, 0o600).map_err(cannot_create)?;
-                        (temp, file, None, Some(in_use))
-                    }
+                    Resume::No => plain_temp()?,
                     Resume::Fresh(claim) => {
                         let identity = Identity::of_offer(hello, 0).ok_or_else(|| {
                             (
@@ -388,9 +389,16 @@ impl FileStore {
                                 ),
                             )
                         })?;
-                        let (r, file) = Resumable::start(&parent, &leaf, identity, claim)
-                            .map_err(cannot_create)?;
-                        (r.names().0.to_string(), file, Some(r), None)
+                        match Resumable::start(&parent, &leaf, identity, claim) {
+                            Ok((r, file)) => (r.names().0.to_string(), file, Some(r), None),
+                            // Never replaced nor written: received whole
+                            // under a temporary name, not kept if it fails.
+                            Err(e @ OwnFileError::Foreign { .. }) => {
+                                warn!(file = %hello.name, "received from the start under a temporary name, not resumable: {e}");
+                                plain_temp()?
+                            }
+                            Err(OwnFileError::Io(e)) => return Err(cannot_create(e)),
+                        }
                     }
                     Resume::Continue(sidecar, claim) => {
                         let (r, file) =
@@ -1740,6 +1748,120 @@ mod tests {
         assert!(!root.path().join("f.bin").exists());
         assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
         assert_eq!(std::fs::read(root.path().join("moved")).unwrap(), data);
+    }
+
+    #[test]
+    fn a_kept_partial_file_that_is_not_the_receivers_own_is_never_written() {
+        use std::os::unix::fs::MetadataExt;
+        let root = tempfile::tempdir().unwrap();
+        // Files of the receiver's user elsewhere, that a planted name
+        // would lead to.
+        let home = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 11) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let (partial, meta) = partial::partial_names("f.bin");
+        let at = |n: &str| root.path().join(n);
+        let holds = |s: &FileStore| {
+            s.holding(&h, (100, false), Duration::ZERO, &mut || Ok(()))
+                .unwrap()
+        };
+        // A genuine attempt that kept 500 bytes and their records.
+        let keep_500 = |s: &mut FileStore| {
+            for n in [&partial, &meta, &"f.bin".to_string()] {
+                let _ = std::fs::remove_file(at(n));
+            }
+            let claim = holds(s).1.unwrap();
+            let mut sink = s
+                .create(&h, false, root.path(), Resume::Fresh(claim))
+                .unwrap();
+            write_chunks(&mut sink, &data[..500], 0, 100);
+            drop(sink);
+            assert_eq!(holds(s).0.have.bytes, 500, "kept and resumable");
+        };
+        // `name` replaced by a hard link to a file of the same bytes in
+        // `home`: the victim.
+        let plant_link = |name: &str| {
+            let victim = home.path().join(name);
+            let _ = std::fs::remove_file(&victim);
+            std::fs::copy(at(name), &victim).unwrap();
+            std::fs::remove_file(at(name)).unwrap();
+            std::fs::hard_link(&victim, at(name)).unwrap();
+            victim
+        };
+        let plant_symlink = |name: &str| {
+            let victim = home.path().join(name);
+            let _ = std::fs::remove_file(&victim);
+            std::fs::rename(at(name), &victim).unwrap();
+            std::os::unix::fs::symlink(&victim, at(name)).unwrap();
+            victim
+        };
+        let as_root = rustix::process::geteuid().is_root();
+        /// A way to plant a file; returns the file planted at.
+        type Plant<'a> = Box<dyn Fn() -> std::path::PathBuf + 'a>;
+        let mut cases: Vec<(&str, Plant)> = vec![
+            (
+                "a hard link as the partial",
+                Box::new(|| plant_link(&partial)),
+            ),
+            ("a hard link as the record", Box::new(|| plant_link(&meta))),
+            (
+                "a symbolic link as the partial",
+                Box::new(|| plant_symlink(&partial)),
+            ),
+            (
+                "a symbolic link as the record",
+                Box::new(|| plant_symlink(&meta)),
+            ),
+        ];
+        if as_root {
+            cases.push((
+                "a partial of another owner",
+                Box::new(|| {
+                    std::os::unix::fs::chown(at(&partial), Some(65534), Some(65534)).unwrap();
+                    at(&partial)
+                }),
+            ));
+        } else {
+            eprintln!(
+                "not root: the case of a partial file of another owner is skipped (chown needs root)"
+            );
+        }
+        for (case, plant) in &cases {
+            keep_500(&mut s);
+            let planted = plant();
+            let before = std::fs::read(&planted).unwrap();
+            let inode = std::fs::metadata(&planted).unwrap().ino();
+            // Not resumed, and why (no uid or path told to the sender).
+            let (held, claim) = holds(&s);
+            assert!(held.kept.is_none(), "{case}: resumed");
+            assert_eq!(
+                held.have,
+                crate::proto::Have::nothing(
+                    "the kept partial file is not the receiver's own: not resumed"
+                ),
+                "{case}"
+            );
+            // Received from zero under a temporary name, committed.
+            let mut sink = s
+                .create(&h, false, root.path(), Resume::Fresh(claim.unwrap()))
+                .unwrap();
+            let Sink::Temp(t) = &sink else { panic!() };
+            assert!(t.temp.ends_with(".part"), "{case}: {}", t.temp);
+            write_chunks(&mut sink, &data, 0, 100);
+            sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
+            drop(sink);
+            assert_eq!(std::fs::read(at("f.bin")).unwrap(), data, "{case}");
+            // The planted file: never truncated, written, nor replaced.
+            assert_eq!(std::fs::read(&planted).unwrap(), before, "{case}");
+            assert_eq!(std::fs::metadata(&planted).unwrap().ino(), inode, "{case}");
+            assert_ne!(
+                std::fs::metadata(at("f.bin")).unwrap().ino(),
+                inode,
+                "{case}"
+            );
+        }
     }
 
     #[test]

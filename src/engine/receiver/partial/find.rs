@@ -4,6 +4,7 @@
 
 use super::sidecar::*;
 use crate::proto::{DigestAlg, Hello};
+use crate::sys::dirfd::OwnFileError;
 
 /// Records past this many bytes of a sidecar are not read (a 2 TB file in
 /// 1 MiB chunks needs 16 MiB of records).
@@ -124,10 +125,15 @@ pub(crate) fn kept_prefix(
     let (partial, meta) = partial_names(leaf);
     // Both are opened for writing too: a transfer that continues them
     // writes through these descriptors.
-    let side = match parent.open_file(&meta, true) {
+    // Only the receiver's own files (one link, its uid, never through a
+    // symbolic link): continuing one truncates and writes it.
+    let side = match parent.open_own_file(&meta) {
         Ok(f) => f,
         // Nothing kept: nothing to explain (an empty note).
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holding::nothing(""),
+        Err(OwnFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Holding::nothing("");
+        }
+        Err(e @ OwnFileError::Foreign { .. }) => return not_own(hello, &e),
         Err(e) => {
             return Holding::nothing(format!("cannot open the partial file's record: {e}"));
         }
@@ -166,8 +172,9 @@ pub(crate) fn kept_prefix(
             identity.chunk_len
         ));
     }
-    let file = match parent.open_file(&partial, true) {
+    let file = match parent.open_own_file(&partial) {
         Ok(f) => f,
+        Err(e @ OwnFileError::Foreign { .. }) => return not_own(hello, &e),
         Err(e) => return Holding::nothing(format!("cannot open the partial file: {e}")),
     };
     let len = match file.metadata() {
@@ -232,6 +239,14 @@ pub(crate) fn kept_prefix(
         },
         Err(e) => Holding::nothing(format!("the partial file cannot be continued: {e}")),
     }
+}
+
+/// A kept partial file or record that is not the receiver's own: never
+/// continued (a fresh transfer leaves it alone too, see
+/// `Resumable::start`). The details go to the log, not to the sender.
+fn not_own(hello: &Hello, e: &OwnFileError) -> Holding {
+    tracing::warn!(file = %hello.name, "the kept partial file is not resumed: {e}");
+    Holding::nothing("the kept partial file is not the receiver's own: not resumed")
 }
 
 /// SHA-256 of the complete copy `find` held (`Holding::copy`), read

@@ -3,6 +3,7 @@
 
 use super::find::OpenSidecar;
 use super::sidecar::*;
+use crate::sys::dirfd::OwnFileError;
 
 /// Chunks written between two syncs of a resumable file (and so the most
 /// that a crash of the receiver can cost a resumed transfer, besides the
@@ -121,18 +122,22 @@ pub(crate) struct Resumable {
 impl Resumable {
     /// Starts over: a new, empty partial file and sidecar for `identity`
     /// (whose chunk length may be 0: the first chunk's), old ones removed.
-    /// Returns the partial file for the chunks' writes.
+    /// Returns the partial file for the chunks' writes. Old ones that are
+    /// not the receiver's own (see `DirFd::open_own_file`) are left alone
+    /// and refused (`OwnFileError::Foreign`): the caller receives the file
+    /// under a temporary name instead.
     pub fn start(
         parent: &crate::sys::dirfd::DirFd,
         leaf: &str,
         identity: Identity,
         claim: Claim,
-    ) -> std::io::Result<(Self, std::fs::File)> {
+    ) -> Result<(Self, std::fs::File), OwnFileError> {
         let (partial, meta) = partial_names(leaf);
         for name in [&partial, &meta] {
-            match parent.unlink(name) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
+            match parent.open_own_file(name) {
+                Ok(_) => parent.unlink(name)?,
+                Err(OwnFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
             }
         }
         let file = parent.create_new(&partial, 0o600)?;
@@ -140,7 +145,7 @@ impl Resumable {
             Ok(f) => f,
             Err(e) => {
                 let _ = parent.unlink(&partial);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let writes = file.try_clone()?;
