@@ -7,7 +7,9 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 use super::exec::ExecSpec;
-use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable, TempInUse};
+use super::partial::{
+    self, Claim, Holding, Identity, OpenSidecar, Resumable, SidecarKey, TempInUse,
+};
 use super::sink::Sink;
 use super::space::{Promise, SpaceLedger};
 use super::{Output, ReceiverConfig};
@@ -299,8 +301,13 @@ impl FileStore {
             return Ok((Holding::copy(hello.size, copy), Some(claim)));
         }
         check_final_name(&parent, &leaf, &hello.name, overwrite)?;
+        // Without a usable key no record is trusted: nothing is kept.
+        let key = SidecarKey::load(root).unwrap_or_else(|e| {
+            warn!(file = %hello.name, "{e}");
+            None
+        });
         Ok((
-            partial::kept_prefix(&parent, &leaf, hello, chunk_len, tick),
+            partial::kept_prefix(&parent, &leaf, hello, chunk_len, key.as_ref(), tick),
             Some(claim),
         ))
     }
@@ -389,15 +396,26 @@ impl FileStore {
                                 ),
                             )
                         })?;
-                        match Resumable::start(&parent, &leaf, identity, claim) {
-                            Ok((r, file)) => (r.names().0.to_string(), file, Some(r), None),
-                            // Never replaced nor written: received whole
-                            // under a temporary name, not kept if it fails.
-                            Err(e @ OwnFileError::Foreign { .. }) => {
-                                warn!(file = %hello.name, "received from the start under a temporary name, not resumable: {e}");
+                        let started = SidecarKey::get_or_create(root)
+                            .map(|key| Resumable::start(&parent, &leaf, identity, key, claim));
+                        // Without a key, or with kept files that are not
+                        // the receiver's own (never replaced nor written):
+                        // received whole under a temporary name, not kept
+                        // if it fails.
+                        let not_resumable = |e: &dyn std::fmt::Display| {
+                            warn!(file = %hello.name, "received from the start under a temporary name, not resumable: {e}");
+                        };
+                        match started {
+                            Ok(Ok((r, file))) => (r.names().0.to_string(), file, Some(r), None),
+                            Ok(Err(e @ OwnFileError::Foreign { .. })) => {
+                                not_resumable(&e);
                                 plain_temp()?
                             }
-                            Err(OwnFileError::Io(e)) => return Err(cannot_create(e)),
+                            Ok(Err(OwnFileError::Io(e))) => return Err(cannot_create(e)),
+                            Err(e) => {
+                                not_resumable(&e);
+                                plain_temp()?
+                            }
                         }
                     }
                     Resume::Continue(sidecar, claim) => {
@@ -1002,7 +1020,7 @@ fn cannot_create(e: std::io::Error) -> Refusal {
 }
 
 /// A temporary name that does not depend on the (up to 255-byte) final name.
-fn temp_name() -> String {
+pub(super) fn temp_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1657,7 +1675,11 @@ mod tests {
         let (kept, claim) = holds(&s);
         assert_eq!(kept.have.bytes, 700);
         let prefix = kept.kept.expect("the verified prefix");
-        assert_eq!(entries(root.path()).len(), 2, "the partial and its record");
+        assert_eq!(
+            entries(root.path()).len(),
+            3,
+            "the partial, its record and the directory's key"
+        );
         // The second continues it; committed, it is the file, nothing else.
         let mut sink = s
             .create(
@@ -1670,7 +1692,7 @@ mod tests {
         write_chunks(&mut sink, &data, 700, 100);
         sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
         drop(sink);
-        assert_eq!(entries(root.path()), ["f.bin"]);
+        assert_eq!(entries(root.path()), [".rdma-xfer-key", "f.bin"]);
         assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
         // Now the receiver has it complete.
         assert_eq!(holds(&s).0.have.kind, crate::proto::HaveKind::Complete);
@@ -1703,7 +1725,7 @@ mod tests {
         let Sink::Temp(t) = &mut sink else { panic!() };
         t.discard();
         drop(sink);
-        assert_eq!(entries(root.path()), ["f.bin"]);
+        assert_eq!(entries(root.path()), [".rdma-xfer-key", "f.bin"]);
     }
 
     #[test]
@@ -1865,6 +1887,74 @@ mod tests {
     }
 
     #[test]
+    fn a_record_written_without_the_directorys_key_is_as_good_as_none() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let holds = |s: &FileStore| {
+            s.holding(&h, (100, false), Duration::ZERO, &mut || Ok(()))
+                .unwrap()
+        };
+        // The directory has its key (an earlier resumable file made it).
+        let claim = holds(&s).1.unwrap();
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
+        write_chunks(&mut sink, &data[..300], 0, 100);
+        drop(sink);
+        assert_eq!(holds(&s).0.have.bytes, 300);
+        // Someone who can write the directory but not read the key puts a
+        // partial file of their choice there, with a record of its chunks
+        // as the unkeyed format had it (CRC32 checks anyone can compute).
+        let (partial, meta) = partial::partial_names("f.bin");
+        let chosen = vec![0x5au8; 500];
+        std::fs::write(root.path().join(&partial), &chosen).unwrap();
+        let forge = |magic: &[u8; 8]| {
+            let mut b = magic.to_vec();
+            b.extend_from_slice(&5u16.to_be_bytes());
+            b.extend_from_slice(&1000u64.to_be_bytes());
+            b.extend_from_slice(&1_000_000_000i64.to_be_bytes());
+            b.extend_from_slice(&5u32.to_be_bytes());
+            b.push(h.digest as u8);
+            b.extend_from_slice(&100u32.to_be_bytes());
+            b.extend_from_slice(b"f.bin");
+            let check = crc32fast::hash(&b);
+            b.extend_from_slice(&check.to_be_bytes());
+            for (i, c) in chosen.chunks(100).enumerate() {
+                let crc = crc32fast::hash(c);
+                let mut check = crc32fast::Hasher::new();
+                check.update(&(i as u64).to_be_bytes());
+                check.update(&crc.to_be_bytes());
+                b.extend_from_slice(&crc.to_be_bytes());
+                b.extend_from_slice(&check.finalize().to_be_bytes());
+            }
+            std::fs::write(root.path().join(&meta), b).unwrap();
+        };
+        for (magic, note) in [
+            (b"RXFRPT1\n", "older, unkeyed format"),
+            (b"RXFRPT2\n", "does not check with this directory's key"),
+        ] {
+            forge(magic);
+            let (held, claim) = holds(&s);
+            assert!(held.kept.is_none(), "{note}: resumed");
+            assert_eq!(held.have.kind, crate::proto::HaveKind::Nothing);
+            assert!(held.have.note.contains(note), "{:?}", held.have.note);
+            // Received from zero: the chosen bytes are not kept.
+            let mut sink = s
+                .create(&h, true, root.path(), Resume::Fresh(claim.unwrap()))
+                .unwrap();
+            write_chunks(&mut sink, &data, 0, 100);
+            sink.commit(&h.name, 0o640, h.mtime, true).unwrap();
+            drop(sink);
+            assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
+            std::fs::remove_file(root.path().join("f.bin")).unwrap();
+            std::fs::write(root.path().join(&partial), &chosen).unwrap();
+        }
+    }
+
+    #[test]
     fn after_a_failed_write_no_record_is_kept_past_the_last_sync() {
         let root = tempfile::tempdir().unwrap();
         let mut s = store(root.path());
@@ -1893,7 +1983,11 @@ mod tests {
         drop(sink);
         // Kept: only what the last good sync recorded.
         let (_, meta) = partial::partial_names("f.bin");
-        let side = partial::Sidecar::decode(&std::fs::read(root.path().join(meta)).unwrap());
+        let key = SidecarKey::load(&DirFd::open(root.path()).unwrap());
+        let side = partial::Sidecar::decode(
+            &std::fs::read(root.path().join(meta)).unwrap(),
+            &key.unwrap().unwrap(),
+        );
         let side = side.unwrap();
         assert_eq!(side.crcs.len(), partial::SYNC_EVERY);
     }
@@ -1985,7 +2079,7 @@ mod tests {
             assert_eq!(allocated(&f), 0, "resumable: {resumable}");
         }
         let (partial, meta) = partial::partial_names("f.bin");
-        let mut want = vec![partial, meta];
+        let mut want = vec![partial, meta, partial::KEY_NAME.to_string()];
         want.sort();
         assert_eq!(entries(root.path()), want);
     }

@@ -2,12 +2,13 @@
 //! or a kept partial file whose prefix is read back and checked against
 //! its record.
 
+use super::key::SidecarKey;
 use super::sidecar::*;
 use crate::proto::{DigestAlg, Hello};
 use crate::sys::dirfd::OwnFileError;
 
 /// Records past this many bytes of a sidecar are not read (a 2 TB file in
-/// 1 MiB chunks needs 16 MiB of records).
+/// 1 MiB chunks needs 72 MiB of records).
 const MAX_SIDECAR: u64 = 256 << 20;
 
 /// What the receiver holds of a file offered with RESUME: the HAVE to
@@ -36,6 +37,8 @@ pub(crate) struct OpenSidecar {
     pub partial: std::fs::File,
     /// The sidecar (open for reading and writing).
     pub meta: std::fs::File,
+    /// The key its records checked with, to tag the next ones.
+    pub key: SidecarKey,
 }
 
 impl std::ops::Deref for OpenSidecar {
@@ -73,11 +76,12 @@ pub(crate) fn find(
     leaf: &str,
     hello: &Hello,
     chunk_len: u32,
+    key: Option<&SidecarKey>,
     tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> Holding {
     match copy_of(parent, leaf, hello) {
         Some(copy) => Holding::copy(hello.size, copy),
-        None => kept_prefix(parent, leaf, hello, chunk_len, tick),
+        None => kept_prefix(parent, leaf, hello, chunk_len, key, tick),
     }
 }
 
@@ -110,7 +114,9 @@ pub(crate) fn copy_of(
 
 /// The prefix of a partial file kept from an earlier attempt at `hello`'s
 /// file under `parent` with final name `leaf`, read back and checked
-/// against its record, or nothing, with the reason. `tick` is called
+/// against its record, or nothing, with the reason. The record must be
+/// tagged with `key`, the directory's (None: it has none, or none that
+/// can be used, so nothing kept can be trusted). `tick` is called
 /// once per chunk read (the engine keeps the sender informed while a
 /// large file is read) and may stop the read with an error.
 pub(crate) fn kept_prefix(
@@ -118,6 +124,7 @@ pub(crate) fn kept_prefix(
     leaf: &str,
     hello: &Hello,
     chunk_len: u32,
+    key: Option<&SidecarKey>,
     tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> Holding {
     use crate::engine::digest::read_prefix;
@@ -149,9 +156,12 @@ pub(crate) fn kept_prefix(
             return Holding::nothing(format!("cannot inspect the partial file's record: {e}"));
         }
     }
+    let Some(key) = key else {
+        return Holding::nothing("the receiver has no usable key for its partial-file records");
+    };
     // Streamed: the header first, the records only once it is acceptable.
     let mut reader = std::io::BufReader::new(&side);
-    let identity = match read_header(&mut reader) {
+    let identity = match read_header(&mut reader, key) {
         Ok(id) => id,
         Err(e) => return Holding::nothing(e.to_string()),
     };
@@ -187,8 +197,8 @@ pub(crate) fn kept_prefix(
     let max = identity
         .chunks()
         .min(len.div_ceil(u64::from(identity.chunk_len)) + 1)
-        .min(MAX_SIDECAR / 8);
-    let crcs = match read_records(&mut reader, max) {
+        .min(MAX_SIDECAR / RECORD_LEN as u64);
+    let crcs = match read_records(&mut reader, max, &identity.records_key(key)) {
         Ok(crcs) => crcs,
         Err(e) => return Holding::nothing(format!("cannot read the partial file's record: {e}")),
     };
@@ -232,6 +242,7 @@ pub(crate) fn kept_prefix(
                     record: sidecar,
                     partial: file,
                     meta: side,
+                    key: key.clone(),
                 },
                 hasher: read.hasher,
             }),
@@ -295,14 +306,33 @@ mod tests {
         let (partial, meta) = partial_names("f.bin");
         std::fs::write(dir.join(&partial), &data[..have]).unwrap();
         let id = Identity::of_offer(hello, chunk).unwrap();
-        let mut side = id.header();
+        let key = key_of(dir);
+        let mut side = id.header(&key);
+        let records = id.records_key(&key);
         for (i, c) in data[..have].chunks_exact(chunk as usize).enumerate() {
-            side.extend_from_slice(&record(i as u64, crc32fast::hash(c)));
+            side.extend_from_slice(&records.record(i as u64, crc32fast::hash(c)));
         }
         std::fs::write(dir.join(meta), side).unwrap();
     }
 
     use std::path::Path;
+
+    /// The key of the directory `dir` (created the first time).
+    fn key_of(dir: &Path) -> SidecarKey {
+        SidecarKey::get_or_create(&DirFd::open(dir).unwrap()).unwrap()
+    }
+
+    /// `find` with the key of `parent`'s directory.
+    fn find(
+        parent: &DirFd,
+        leaf: &str,
+        hello: &Hello,
+        chunk_len: u32,
+        tick: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> Holding {
+        let key = SidecarKey::load(parent).unwrap();
+        super::find(parent, leaf, hello, chunk_len, key.as_ref(), tick)
+    }
 
     fn holds(parent: &DirFd, hello: &Hello) -> crate::proto::Have {
         find(parent, "f.bin", hello, 100, &mut || Ok(())).have
