@@ -422,8 +422,9 @@ fn link_dest_copies_what_it_cannot_link_and_never_follows_a_link() {
     make_file(&private, 3 * MIB, 71);
     let linked = tree.join("sub/via-link.bin");
     make_file(&linked, 2 * MIB, 72);
-    // Offered without -p: the receiver's umask decides the mode (0644 or
-    // stricter), which the earlier copy at 0600 does not have: copied.
+    // Offered with -p (mode 0644 and the source's time): the earlier copy
+    // has another time (it was copied later), so it is copied, and keeps
+    // its own mode, 0600, never the sender's.
     std::fs::create_dir_all(earlier.path().join("t")).unwrap();
     std::fs::copy(&private, earlier.path().join("t/private.bin")).unwrap();
     std::fs::set_permissions(
@@ -442,12 +443,15 @@ fn link_dest_copies_what_it_cannot_link_and_never_follows_a_link() {
         dst.path(),
         &["--link-dest", ld, "--json"],
         std::slice::from_ref(&tree),
-        &["-r", "--checksum", "--json"],
+        &["-r", "-p", "--checksum", "--json"],
     );
     assert_both_ok(&sent, &received);
     let copy = dst.path().join("t/private.bin");
     assert_eq!(sha256_file(&copy), sha256_file(&private));
     assert_ne!(inode(&copy), inode(&earlier.path().join("t/private.bin")));
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&copy).unwrap().permissions());
+    assert_eq!(mode & 0o7777, 0o600, "the copy's mode: {mode:o}");
     assert_eq!(
         sha256_file(&dst.path().join("t/sub/via-link.bin")),
         sha256_file(&linked)

@@ -601,6 +601,7 @@ fn new_machine(cfg: &ReceiverConfig, ep: &Endpoint) -> Result<ReceiverSession, X
         max_size: cfg.max_size,
         max_files: cfg.max_files,
         max_session_bytes: cfg.max_session_bytes,
+        digest_budget: crate::proto::DigestBudget::DEFAULT,
     };
     let Some(token) = &cfg.token else {
         return Ok(ReceiverSession::new(machine_cfg));

@@ -471,16 +471,38 @@ pub(super) struct LinkCandidate {
     /// Open without following a link: what is hashed is what is linked
     /// (checked after the link, by device and inode).
     pub(super) file: File,
-    /// Its size and modification time before it was hashed: unchanged
-    /// after the link, the linked data is the hashed data.
-    seen: (u64, i64, i64),
+    /// Its size and times before it was hashed: unchanged just before
+    /// the link, the linked data is the hashed data.
+    seen: Seen,
 }
 
-/// Size and modification time, to tell a file changed in place.
-fn size_and_time(file: &File) -> std::io::Result<(u64, i64, i64)> {
+/// A file's size, modification time and inode change time: a write that
+/// keeps the size and sets the modification time back still changes the
+/// inode's (which nobody can set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// What `Seen` records of `file` now.
+fn seen(file: &File) -> std::io::Result<Seen> {
     use std::os::unix::fs::MetadataExt;
     let m = file.metadata()?;
-    Ok((m.len(), m.mtime(), m.mtime_nsec()))
+    Ok(Seen {
+        size: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
+}
+
+/// Why a failed hard link may become a copy, if it may: only across file
+/// systems (EXDEV). Any other failure, EPERM above all (the kernel's
+/// protected_hardlinks refusing a file the receiver does not own, an
+/// immutable file), is an answer, never worked around by copying.
+fn copy_instead_of_link(e: &std::io::Error) -> Option<String> {
+    (e.raw_os_error() == Some(libc::EXDEV)).then(|| format!("it is on another file system ({e})"))
 }
 
 /// How a file from --link-dest was put in place.
@@ -511,8 +533,8 @@ impl FileStore {
         check_final_name(&parent, &leaf, &hello.name, overwrite).ok()?;
         let (parent, leaf) = open_parent(dest, &hello.name).ok()?;
         let file = parent.open_file(&leaf, false).ok()?;
-        let seen = size_and_time(&file).ok()?;
-        (seen.0 == hello.size).then_some(LinkCandidate {
+        let seen = seen(&file).ok()?;
+        (seen.size == hello.size).then_some(LinkCandidate {
             parent,
             leaf,
             file,
@@ -521,11 +543,13 @@ impl FileStore {
     }
 
     /// Puts `candidate`, whose SHA-256 is the offer's `sha256`, under the
-    /// offer's name: a hard link when its mode and modification time are
-    /// what the offer's would be (a link shares them with --link-dest's
-    /// file), else, or across file systems, a copy made and committed like
-    /// a received file (its SHA-256 checked again). `tick` is called
-    /// between the copy's pieces. Durable when it returns Ok.
+    /// offer's name: a hard link when its modification time is the offer's
+    /// (a link shares it with --link-dest's file), else, or across file
+    /// systems, a copy made and committed like a received file (its
+    /// SHA-256 checked again). Either way the file has the candidate's own
+    /// permissions, never the offer's mode: a sender that knows a file's
+    /// digest gets no wider access to it than its owner gave. `tick` is
+    /// called between the copy's pieces. Durable when it returns Ok.
     pub(super) fn link_into_place(
         &mut self,
         hello: &Hello,
@@ -534,18 +558,14 @@ impl FileStore {
         (overwrite, chunk_len, dir): (bool, u32, &Path),
         tick: &mut dyn FnMut() -> std::io::Result<()>,
     ) -> Result<Linked, String> {
-        let FileStore::Tree { root, umask, .. } = self else {
+        let FileStore::Tree { root, .. } = self else {
             return Err("no directory to link into".into());
         };
-        let mode = hello.received_mode(*umask);
         let (parent, leaf) = open_parent(root, &hello.name).map_err(|(_, why)| why)?;
         let meta = candidate.file.metadata().map_err(|e| e.to_string())?;
-        let why_copy = if meta.permissions().mode() & 0o7777 != mode {
-            Some(format!(
-                "its mode is {:o}, the offer's {mode:o}",
-                meta.permissions().mode() & 0o7777
-            ))
-        } else if hello.mtime.is_some_and(|m| {
+        // The permission bits only: no set-id bit is copied.
+        let mode = meta.permissions().mode() & 0o777;
+        let why_copy = if hello.mtime.is_some_and(|m| {
             use std::os::unix::fs::MetadataExt;
             (meta.mtime(), meta.mtime_nsec()) != (m.secs, i64::from(m.nanos))
         }) {
@@ -557,15 +577,10 @@ impl FileStore {
             Some(why) => why,
             None => match hard_link(candidate, &parent, &leaf, overwrite) {
                 Ok(()) => return Ok(Linked::HardLink),
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EXDEV | libc::EMLINK | libc::EPERM)
-                    ) =>
-                {
-                    format!("it cannot be linked: {e}")
-                }
-                Err(e) => return Err(format!("cannot link it: {e}")),
+                Err(e) => match copy_instead_of_link(&e) {
+                    Some(why) => why,
+                    None => return Err(format!("cannot link it: {e}")),
+                },
             },
         };
         let mut sink = self
@@ -599,13 +614,19 @@ fn hard_link(
         candidate.file.sync_all()?;
         return parent.sync();
     }
+    // The inode hashed, unchanged since (its change time too: the link
+    // below changes that one): the data hashed. A write after the link
+    // would change both names alike, as it would any hard link's.
+    if seen(&candidate.file)? != candidate.seen {
+        return Err(changed());
+    }
     let temp = temp_name();
     // Marked before it exists: the sweep never sees it unmarked.
     let _in_use = TempInUse::new(parent, &temp)?;
     candidate.parent.link_to(&candidate.leaf, parent, &temp)?;
     let linked = parent.is_same(&temp, &candidate.file).and_then(|same| {
-        // The inode hashed, unchanged since: the data hashed.
-        if !same || size_and_time(&candidate.file)? != candidate.seen {
+        let now = seen(&candidate.file)?;
+        if !same || (now.size, now.mtime) != (candidate.seen.size, candidate.seen.mtime) {
             return Err(changed());
         }
         // What the ACK promises must survive a crash: the data, then the
@@ -1442,17 +1463,24 @@ mod tests {
         let again = s.link_into_place(&h, &c, sha, (true, 1 << 20, root.path()), &mut || Ok(()));
         assert!(matches!(again, Ok(Linked::HardLink)));
         assert_eq!(entries(&root.path().join("d")), ["f"]);
-        // Another mode: a copy with the offer's mode, checked.
+        // Another mode offered: still a link (with the file's own mode).
         std::fs::remove_file(root.path().join("d/f")).unwrap();
         std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = s.link_candidate(&h, false).unwrap();
+        let linked = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(linked, Linked::HardLink));
+        std::fs::remove_file(root.path().join("d/f")).unwrap();
+        // Another modification time offered: a copy, checked, with the
+        // offer's time.
+        let h = hello("d/f", 3);
         let c = s.link_candidate(&h, false).unwrap();
         let copied = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
         assert!(matches!(copied, Linked::Copy(_)));
         let placed = root.path().join("d/f");
         assert_ne!(ino(&placed), ino(&e.join("d/f")));
         assert_eq!(std::fs::read(&placed).unwrap(), b"abc");
-        let placed_mode = std::fs::metadata(&placed).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(placed_mode, mode);
+        let placed_mtime = std::fs::metadata(&placed).unwrap().modified().unwrap();
+        assert_eq!(Some(placed_mtime), system_time(h.mtime.unwrap()));
         // A digest that is not the file's: refused, nothing left behind.
         std::fs::remove_file(&placed).unwrap();
         let c = s.link_candidate(&h, false).unwrap();
@@ -1461,6 +1489,117 @@ mod tests {
                 .is_err()
         );
         assert_eq!(entries(&root.path().join("d")), Vec::<String>::new());
+    }
+
+    /// A store with --link-dest `earlier` writing into `root`, and the
+    /// file `name` in `earlier` holding `bytes` with `mode`.
+    fn link_dest_store(
+        root: &Path,
+        earlier: &Path,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> FileStore {
+        let mut cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), root.into());
+        cfg.link_dest = Some(earlier.into());
+        std::fs::write(earlier.join(name), bytes).unwrap();
+        std::fs::set_permissions(earlier.join(name), std::fs::Permissions::from_mode(mode))
+            .unwrap();
+        FileStore::open(&cfg, &Arc::default()).unwrap()
+    }
+
+    #[test]
+    fn a_link_dest_copy_keeps_the_files_own_mode_never_the_offers() {
+        let (root, earlier) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut s = link_dest_store(root.path(), earlier.path(), "f", b"secret", 0o600);
+        // The sender asks for a mode open to all, and another time (so
+        // that a copy is made, with the offer's time).
+        let mut h = hello("f", 6);
+        h.mode = 0o666;
+        let c = s.link_candidate(&h, false).unwrap();
+        let sha = partial::copy_digest(&c.file, 6, 1 << 20, &mut || Ok(())).unwrap();
+        let how = (false, 1 << 20, root.path());
+        let placed = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(placed, Linked::Copy(_)));
+        let mode = std::fs::metadata(root.path().join("f"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o600, "{mode:o}");
+        // A linked one shares the file's mode anyway.
+        std::fs::remove_file(root.path().join("f")).unwrap();
+        h.mtime = None;
+        let c = s.link_candidate(&h, false).unwrap();
+        let placed = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(placed, Linked::HardLink));
+        let mode = std::fs::metadata(root.path().join("f"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o600, "{mode:o}");
+    }
+
+    #[test]
+    fn a_link_dest_file_changed_with_its_time_set_back_is_never_linked() {
+        let (root, earlier) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // The offer's mode (0640 under the umask 022): linked, were it not
+        // for the change.
+        let mut s = link_dest_store(root.path(), earlier.path(), "f", b"hashed", 0o640);
+        let mut h = hello("f", 6);
+        h.mtime = None;
+        let c = s.link_candidate(&h, false).unwrap();
+        let sha = partial::copy_digest(&c.file, 6, 1 << 20, &mut || Ok(())).unwrap();
+        // Hashed, then rewritten in place: same size, the old time set
+        // back. Only the inode's change time tells.
+        let path = earlier.path().join("f");
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(&path, b"other!").unwrap();
+        let f = File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+        let how = (false, 1 << 20, root.path());
+        let placed = s.link_into_place(&h, &c, sha, how, &mut || Ok(()));
+        let why = placed.err().expect("linked a changed file");
+        assert!(why.contains("changed meanwhile"), "{why}");
+        assert_eq!(entries(root.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn only_a_link_across_file_systems_becomes_a_copy() {
+        let e = |n| std::io::Error::from_raw_os_error(n);
+        assert!(copy_instead_of_link(&e(libc::EXDEV)).is_some());
+        for refused in [libc::EPERM, libc::EMLINK, libc::EACCES] {
+            assert_eq!(copy_instead_of_link(&e(refused)), None, "{refused}");
+        }
+        // A real EPERM: an immutable file (root, and a file system with
+        // the flag, needed).
+        let (root, earlier) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut s = link_dest_store(root.path(), earlier.path(), "f", b"fixed", 0o644);
+        let path = earlier.path().join("f");
+        let chattr = |flag: &str| {
+            std::process::Command::new("chattr")
+                .arg(flag)
+                .arg(&path)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !chattr("+i") {
+            eprintln!(
+                "chattr +i failed (not root, or no such flag here): the real EPERM case is skipped"
+            );
+            return;
+        }
+        let mut h = hello("f", 5);
+        h.mtime = None;
+        let placed = s.link_candidate(&h, false).map(|c| {
+            let sha = partial::copy_digest(&c.file, 5, 1 << 20, &mut || Ok(())).unwrap();
+            s.link_into_place(&h, &c, sha, (false, 1 << 20, root.path()), &mut || Ok(()))
+        });
+        assert!(chattr("-i"), "chattr -i {}", path.display());
+        let why = placed.expect("a candidate").err().expect("copied instead");
+        assert!(why.contains("cannot link it"), "{why}");
+        assert_eq!(entries(root.path()), Vec::<String>::new());
     }
 
     #[test]
