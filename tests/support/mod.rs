@@ -593,19 +593,20 @@ fn receiver_args(
     cmd
 }
 
-/// As `start_receiver`, run with the given umask (through `sh -c`, so
-/// the test controls what received modes are masked with).
+/// As `start_receiver_env`, run with the given umask (through `sh -c`,
+/// so the test controls what received modes are masked with).
 pub fn start_receiver_umask(
     net: &Net,
     port: u16,
     dir: &Path,
     extra: &[&str],
     umask: &str,
+    env: &[(&str, &str)],
 ) -> Running {
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
         .arg(receiver_bin());
-    spawn_receiver(cmd, net, port, dir, extra, &[])
+    spawn_receiver(cmd, net, port, dir, extra, env)
 }
 
 /// How the sender reaches the receiver.

@@ -79,9 +79,12 @@ pub struct ReceiverConfig {
     pub progress: ProgressSink,
     /// Networks peers may connect from (`--allow`); empty: everyone.
     pub allow: Vec<AllowedNet>,
-    /// Masks received modes unless the sender keeps them (`sender -p`);
-    /// the process's umask by default.
+    /// Masks received modes unless the sender keeps them (`sender -p`)
+    /// and `keep_modes` lets it; the process's umask by default.
     pub umask: u32,
+    /// `--keep-modes`: the modes of `sender -p` are kept as they are, not
+    /// masked with `umask`.
+    pub keep_modes: bool,
     /// Partial files kept for `sender --resume` (and temporary files left
     /// by a crash) that were not modified for this long are removed, at
     /// start-up and then periodically (see `SWEEP_EVERY`).
@@ -156,6 +159,7 @@ impl ReceiverConfig {
             progress: ProgressSink::default(),
             allow: Vec::new(),
             umask: crate::sys::os::process_umask(),
+            keep_modes: false,
             partial_ttl: DEFAULT_PARTIAL_TTL,
             threads: DEFAULT_WRITER_THREADS as usize,
         }

@@ -634,10 +634,12 @@ impl Session<'_, '_> {
                     h.name
                 ),
             )),
-            None => {
-                self.store
-                    .create_batch(&members, self.cfg.overwrite, &self.cfg.dir, self.cfg.umask)
-            }
+            None => self.store.create_batch(
+                &members,
+                self.cfg.overwrite,
+                &self.cfg.dir,
+                (self.cfg.umask, self.cfg.keep_modes),
+            ),
         }
         .and_then(|batch| Ok((batch, self.ring_for_offer()?)));
         let (batch, ring) = match prepared {
@@ -973,7 +975,7 @@ impl Session<'_, '_> {
             size: hello.size,
             digest_alg: hello.digest,
             sink,
-            mode: hello.received_mode(self.cfg.umask),
+            mode: hello.received_mode(self.cfg.umask, self.cfg.keep_modes),
             mtime: hello.mtime,
             hasher: FileHasher::new(hello.digest),
             written: 0,

@@ -38,8 +38,10 @@ pub(super) enum FileStore {
         /// would be changed by the entries created inside, and a mode
         /// without owner write/search would forbid creating them.
         deferred: Vec<DirAttrs>,
-        /// The receiver's umask (see `Hello::received_mode`).
+        /// The receiver's umask, and whether it lets `sender -p` keep its
+        /// modes (see `Hello::received_mode`).
         umask: u32,
+        keep_modes: bool,
         /// Space promised to the files all sessions are receiving.
         ledger: Arc<SpaceLedger>,
         /// --link-dest: where files the sender's digest matches are
@@ -107,6 +109,7 @@ impl FileStore {
             root,
             deferred: Vec::new(),
             umask: cfg.umask,
+            keep_modes: cfg.keep_modes,
             ledger: Arc::clone(ledger),
             link_dest,
         })
@@ -164,13 +167,14 @@ impl FileStore {
     /// arrive, see `FileStore::Tree::deferred`), or accepts an existing one
     /// as it is.
     pub(super) fn make_dir(&mut self, hello: &Hello) -> Result<(), Refusal> {
-        let (root, deferred, umask) = match self {
+        let (root, deferred, umask, keep_modes) = match self {
             FileStore::Tree {
                 root,
                 deferred,
                 umask,
+                keep_modes,
                 ..
-            } => (root, deferred, umask),
+            } => (root, deferred, umask, keep_modes),
             // Accepted: its entries are checked and dropped like any.
             FileStore::Discard => return Ok(()),
             // The commands make what they need; the name must not lead
@@ -222,7 +226,7 @@ impl FileStore {
         parent
             .mkdir(&leaf, 0o700)
             .map_err(|e| io("cannot create directory", e))?;
-        let mode = hello.received_mode(*umask);
+        let mode = hello.received_mode(*umask, *keep_modes);
         // Owner write and search are needed while entries are created inside.
         let now = if mode & 0o300 == 0o300 {
             mode
@@ -682,7 +686,7 @@ impl FileStore {
         members: &[Hello],
         overwrite: bool,
         dir: &Path,
-        umask: u32,
+        modes: (u32, bool),
     ) -> Result<BatchSink, Refusal> {
         let (root, ledger) = match self {
             FileStore::Tree { root, ledger, .. } => (root, ledger),
@@ -702,7 +706,7 @@ impl FileStore {
             FileStore::Discard => {
                 let mut batch = BatchSink::new(None);
                 for h in members {
-                    batch.push(h, umask, None);
+                    batch.push(h, modes, None);
                 }
                 return Ok(batch);
             }
@@ -759,7 +763,7 @@ impl FileStore {
                 discard: false,
                 _in_use: Some(in_use),
             };
-            batch.push(h, umask, Some(Box::new(t)));
+            batch.push(h, modes, Some(Box::new(t)));
         }
         Ok(batch)
     }
@@ -1229,12 +1233,17 @@ impl BatchSink {
     }
 
     /// Adds the next file: its bytes follow the previous file's.
-    fn push(&mut self, hello: &Hello, umask: u32, temp: Option<Box<TempFile>>) {
+    fn push(
+        &mut self,
+        hello: &Hello,
+        (umask, keep_modes): (u32, bool),
+        temp: Option<Box<TempFile>>,
+    ) {
         self.members.push(BatchMember {
             name: hello.name.clone(),
             start: self.len,
             size: hello.size,
-            mode: hello.received_mode(umask),
+            mode: hello.received_mode(umask, keep_modes),
             mtime: hello.mtime,
             temp,
             hasher: Some(FileHasher::new(hello.digest)),
@@ -1447,7 +1456,7 @@ mod tests {
         // Same mode and time (none offered): a hard link.
         let mut h = hello("d/f", 3);
         h.mtime = None;
-        let mode = h.received_mode(cfg.umask);
+        let mode = h.received_mode(cfg.umask, false);
         std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(mode)).unwrap();
         let c = s.link_candidate(&h, false).unwrap();
         let sha = partial::copy_digest(&c.file, 3, 1 << 20, &mut || Ok(())).unwrap();
@@ -1637,7 +1646,9 @@ mod tests {
         sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
         assert_eq!(sink.outcome(), crate::engine::Outcome::Discarded);
         let members = [hello("a", 2), hello("d/b", 1)];
-        let batch = s.create_batch(&members, false, root.path(), 0o022).unwrap();
+        let batch = s
+            .create_batch(&members, false, root.path(), (0o022, false))
+            .unwrap();
         let mut sink = Sink::Batch(Box::new(batch));
         assert!(sink.write(b"xyz", 0, 0, 0).is_ok());
         sink.commit("batch", 0, None, false).unwrap();
@@ -1684,7 +1695,9 @@ mod tests {
         chunk: usize,
     ) -> Sink {
         let members: Vec<_> = files.iter().map(|(n, size)| hello(n, *size)).collect();
-        let mut b = s.create_batch(&members, false, root, 0o022).unwrap();
+        let mut b = s
+            .create_batch(&members, false, root, (0o022, false))
+            .unwrap();
         for (k, c) in data.chunks(chunk).enumerate() {
             b.write_chunk(c, (k * chunk) as u64).unwrap();
         }
@@ -1723,7 +1736,7 @@ mod tests {
             .unwrap()
             .permissions()
             .mode();
-        assert_eq!(mode & 0o777, hello("b", 3).received_mode(0o022));
+        assert_eq!(mode & 0o777, hello("b", 3).received_mode(0o022, false));
     }
 
     #[test]
@@ -1735,7 +1748,10 @@ mod tests {
         std::fs::write(root.path().join("there"), b"x").unwrap();
         for files in [[("a", 1), ("there", 1)], [("b", 1), ("no/dir", 1)]] {
             let members: Vec<_> = files.iter().map(|(n, size)| hello(n, *size)).collect();
-            assert!(s.create_batch(&members, false, root.path(), 0).is_err());
+            assert!(
+                s.create_batch(&members, false, root.path(), (0, false))
+                    .is_err()
+            );
             assert_eq!(entries(root.path()), ["there"]);
         }
         std::fs::remove_file(root.path().join("there")).unwrap();
@@ -1755,7 +1771,9 @@ mod tests {
         assert_eq!(std::fs::read(root.path().join("z")).unwrap(), b"theirs");
         // With --overwrite it is replaced, with the rest of the batch.
         let members = [hello("w", 3), hello("z", 3)];
-        let mut b = s.create_batch(&members, true, root.path(), 0).unwrap();
+        let mut b = s
+            .create_batch(&members, true, root.path(), (0, false))
+            .unwrap();
         b.write_chunk(&data, 0).unwrap();
         let mut sink = Sink::Batch(Box::new(b));
         sink.commit("batch", 0, None, true).unwrap();
@@ -2281,5 +2299,49 @@ mod tests {
         s.finish_dirs();
         assert_eq!(mode("sub"), 0o500);
         assert!(entries(outside.path()).is_empty());
+    }
+
+    #[test]
+    fn sender_modes_are_kept_only_when_the_receiver_keeps_modes() {
+        let mode = |root: &Path, p: &str| {
+            std::fs::metadata(root.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        // `sender -p` of a directory open to all, under umask 022.
+        let mut d = hello("open", 0);
+        d.mode = 0o777;
+        d.caps |= crate::proto::hello_flags::KEEP_MODE;
+        for (keep_modes, want) in [(false, 0o755), (true, 0o777)] {
+            let root = tempfile::tempdir().unwrap();
+            let mut cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), root.path().into());
+            (cfg.umask, cfg.keep_modes) = (0o022, keep_modes);
+            let mut s = FileStore::open(&cfg, &Arc::default()).unwrap();
+            s.make_dir(&d).unwrap();
+            s.finish_dirs();
+            assert_eq!(
+                mode(root.path(), "open"),
+                want,
+                "--keep-modes: {keep_modes}"
+            );
+            // And the files of a batch.
+            let mut f = hello("f", 3);
+            f.mode = 0o666;
+            f.caps |= crate::proto::hello_flags::KEEP_MODE;
+            let mut b = s
+                .create_batch(
+                    std::slice::from_ref(&f),
+                    false,
+                    root.path(),
+                    (cfg.umask, keep_modes),
+                )
+                .unwrap();
+            b.write_chunk(b"abc", 0).unwrap();
+            b.commit(false).unwrap();
+            let want = want & 0o666;
+            assert_eq!(mode(root.path(), "f"), want, "--keep-modes: {keep_modes}");
+        }
     }
 }
