@@ -1025,3 +1025,110 @@ fn one_command_failures_say_where_they_are() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not meant to be started by hand"));
 }
+
+/// A token of the tests below: long enough, and easy to find.
+const ENV_TOKEN: &str = "env-token-that-must-vanish-0123";
+
+/// Whether `bytes` (an environment, NUL-separated) still shows the token:
+/// its variable's name or its value.
+fn shows_the_token(bytes: &[u8]) -> bool {
+    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    has(b"RDMA_XFER_TOKEN") || has(ENV_TOKEN.as_bytes())
+}
+
+/// The entries of an environment that show the token (only those: the
+/// rest of the test's environment is nobody's business).
+fn token_entries(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|&b| b == 0 || b == b'\n')
+        .filter(|e| shows_the_token(e))
+        .map(|e| String::from_utf8_lossy(e).into_owned())
+        .collect()
+}
+
+/// The receiver takes RDMA_XFER_TOKEN out of its environment as it
+/// starts: /proc/PID/environ (the block the kernel wrote at exec, which
+/// unsetenv alone leaves as it was) no longer shows it, while the
+/// receiver still runs (`--ssh-session` waits for its one-time token on
+/// standard input, before anything needs RDMA).
+#[test]
+fn the_token_leaves_the_receivers_environment_at_start_up() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let mut receiver = Command::new(receiver_bin())
+        .args(["--ssh-session", "--dir"])
+        .arg(dir.path())
+        .env("RDMA_XFER_TOKEN", ENV_TOKEN)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let environ = format!("/proc/{}/environ", receiver.id());
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut seen = std::fs::read(&environ).unwrap_or_default();
+    while shows_the_token(&seen) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        seen = std::fs::read(&environ).unwrap_or_default();
+    }
+    let running = receiver.try_wait().unwrap().is_none();
+    let _ = receiver.kill();
+    let _ = receiver.wait();
+    assert!(running, "the receiver ended before it was looked at");
+    assert!(
+        !shows_the_token(&seen),
+        "{environ} still shows the token: {:?}",
+        token_entries(&seen)
+    );
+    assert!(
+        seen.windows(5).any(|w| w == b"PATH="),
+        "the rest of the environment stays"
+    );
+}
+
+/// The sender takes RDMA_XFER_TOKEN out of its environment as it starts:
+/// the remote shell it runs for HOST:DIR (a stand-in that records what it
+/// can see, then fails as ssh does) inherits none, and finds none in its
+/// parent's /proc/PID/environ.
+#[test]
+fn the_token_leaves_the_senders_environment_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f.bin");
+    std::fs::write(&file, b"data").unwrap();
+    let rsh = dir.path().join("recording-rsh");
+    let parent_env = dir.path().join("parent.env");
+    let own_env = dir.path().join("own.env");
+    std::fs::write(
+        &rsh,
+        format!(
+            "#!/bin/sh\ncat /proc/$PPID/environ > '{}'\nenv > '{}'\nexit 255\n",
+            parent_env.display(),
+            own_env.display()
+        ),
+    )
+    .unwrap();
+    let made = Command::new("chmod").arg("755").arg(&rsh).status().unwrap();
+    assert!(made.success());
+    let out = Command::new(sender_bin())
+        .arg(&file)
+        .arg(format!("node01:{}", dir.path().display()))
+        .env("RDMA_XFER_RSH", &rsh)
+        .env("RDMA_XFER_TOKEN", ENV_TOKEN)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ssh to node01 failed"), "{err}");
+    let parent = std::fs::read(&parent_env).expect("the stand-in ran");
+    assert!(!parent.is_empty(), "the sender's environment was read");
+    assert!(
+        !shows_the_token(&parent),
+        "the sender's /proc/PID/environ: {:?}",
+        token_entries(&parent)
+    );
+    let own = std::fs::read(&own_env).unwrap();
+    assert!(
+        !shows_the_token(&own),
+        "inherited: {:?}",
+        token_entries(&own)
+    );
+}

@@ -541,3 +541,61 @@ fn exec_commands_see_only_path_and_the_file_and_its_digest_with_checksum() {
         std::fs::remove_dir_all(dst.path().join("t")).unwrap();
     }
 }
+
+/// The token never reaches an --exec command: the receiver takes
+/// RDMA_XFER_TOKEN out of its environment as it starts (its
+/// /proc/PID/environ no longer shows it), its commands get a clean
+/// environment, and the receiver is not dumpable while they run, so a
+/// command that reads /proc/$PPID/environ (its parent: the receiver, whose
+/// `sh -c` it is) finds nothing, or is refused.
+#[test]
+fn exec_commands_cannot_find_the_token_in_the_receivers_environment() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    const TOKEN: &str = "exec-test-token-that-must-vanish";
+    let seen = tempfile::tempdir().unwrap();
+    let input = src.path().join("f.bin");
+    make_file(&input, MIB + 5, 91);
+    let cmd = format!(
+        "cat > /dev/null; tr '\\0' '\\n' < /proc/$PPID/environ > '{0}/parent.env' 2>&1; \
+         env > '{0}/own.env'; echo \"$PPID\" > '{0}/ppid'",
+        seen.path().display()
+    );
+    let port = next_port();
+    let receiver = start_receiver_env(
+        &net,
+        port,
+        dst.path(),
+        &["--once", "--exec", &cmd],
+        &[("RDMA_XFER_TOKEN", TOKEN)],
+    );
+    let shows = |bytes: &[u8]| {
+        let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+        has(b"RDMA_XFER_TOKEN") || has(TOKEN.as_bytes())
+    };
+    // Looked at from here too, while it listens.
+    let receiver_pid = receiver.pid();
+    let environ = std::fs::read(format!("/proc/{receiver_pid}/environ")).unwrap_or_default();
+    assert!(
+        !shows(&environ),
+        "the receiver's /proc/PID/environ shows the token"
+    );
+    let mut sender = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+    token_env(&mut sender, Some(TOKEN));
+    let sent = Running::spawn("sender", sender).wait(Duration::from_secs(120));
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_both_ok(&sent, &received);
+    let ppid = std::fs::read_to_string(seen.path().join("ppid")).expect("the command ran");
+    assert_eq!(
+        ppid.trim(),
+        receiver_pid.to_string(),
+        "the command's parent is the receiver"
+    );
+    let parent = std::fs::read(seen.path().join("parent.env")).unwrap();
+    assert!(
+        !shows(&parent),
+        "the command found the token in /proc/$PPID/environ"
+    );
+    let own = std::fs::read(seen.path().join("own.env")).unwrap();
+    assert!(!shows(&own), "the command inherited the token");
+}

@@ -69,6 +69,10 @@ pub struct CommonArgs {
     /// RDMA_XFER_TOKEN.
     #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath, help_heading = SECURITY)]
     pub token_file: Option<PathBuf>,
+    /// RDMA_XFER_TOKEN, once the tool took it out of its environment
+    /// (`cli::take_token_env`).
+    #[arg(skip)]
+    pub taken_token: super::TakenToken,
 }
 
 /// What both tools' `--help` says about their output.

@@ -133,6 +133,83 @@ pub fn confine_command(cmd: &mut std::process::Command, dir: std::fs::File) {
     }
 }
 
+/// Takes the variable `name` out of the process environment for good: its
+/// value is returned, the variable removed (no child inherits it, no
+/// later `getenv` finds it), and its bytes in the environment block the
+/// kernel wrote at exec — what `/proc/PID/environ` shows to whoever may
+/// read it, long after `unsetenv` — overwritten with zeros. Meant for a
+/// secret (the token), first thing in `main`.
+///
+/// Changing the environment is unsound while another thread may read it
+/// (hence `std::env::remove_var` is `unsafe`): this checks that the
+/// process runs exactly one thread, this one (which then cannot start
+/// another meanwhile), and otherwise changes nothing and says why.
+pub fn take_env_var(name: &str) -> std::io::Result<Option<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(value) = std::env::var_os(name) else {
+        return Ok(None);
+    };
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    if threads != 1 {
+        return Err(std::io::Error::other(format!(
+            "{threads} threads run: {name} cannot be removed from the environment safely"
+        )));
+    }
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| std::io::Error::other(format!("{name:?} holds a NUL byte")))?;
+    // SAFETY: getenv only reads the environment, and this is the process's
+    // only thread (checked above): nothing changes it meanwhile.
+    let found = unsafe { libc::getenv(cname.as_ptr()) };
+    // The whole `NAME=value` entry, if it lies in the exec-time block (an
+    // entry set later lives in memory the C library owns: left alone).
+    let entry_len = name.len() + 1 + value.as_bytes().len();
+    let entry = (!found.is_null())
+        .then(|| found.cast::<u8>().wrapping_sub(name.len() + 1))
+        .filter(|start| {
+            exec_env_block().is_some_and(|(from, to)| {
+                start.addr() >= from && start.addr().saturating_add(entry_len) <= to
+            })
+        });
+    // SAFETY: as above, the only thread: no other reads or writes the
+    // environment while it changes.
+    unsafe { std::env::remove_var(name) };
+    if let Some(start) = entry {
+        // SAFETY: [start, start + entry_len) lies inside the environment
+        // block the kernel wrote on the initial stack at exec (checked
+        // against /proc/self/stat): mapped and writable for the life of the
+        // process, owned by no allocator (the C library never frees it),
+        // and no longer listed in `environ` (removed just above). It holds
+        // `NAME=value`: `found` was the value getenv returned, right after
+        // `NAME=`, and the value is `entry_len` - `NAME=` bytes long. No
+        // Rust reference to these bytes exists, and no other thread runs.
+        unsafe { std::ptr::write_bytes(start, 0, entry_len) };
+    }
+    Ok(Some(value))
+}
+
+/// Where the kernel put the environment strings at exec: fields 50 and 51
+/// (env_start, env_end) of /proc/self/stat, after the command name (which
+/// may hold spaces and parentheses, hence from the last `)`).
+fn exec_env_block() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, after_name) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Field 3 (the state) comes first.
+    let field = |n: usize| fields.get(n - 3)?.parse::<usize>().ok();
+    Some((field(50)?, field(51)?))
+}
+
+/// Makes the process not dumpable (`PR_SET_DUMPABLE` 0): no core dump,
+/// and its `/proc/PID` files (`environ`, `mem`, ...) and ptrace refused to
+/// processes of the same user without CAP_SYS_PTRACE, such as the
+/// commands it starts. Also reset by the kernel at an exec of a setuid
+/// program; never set back here.
+pub fn set_not_dumpable() -> std::io::Result<()> {
+    Ok(rustix::process::set_dumpable_behavior(
+        rustix::process::DumpableBehavior::NotDumpable,
+    )?)
+}
+
 /// Bytes written to the pipe `fd` and not read yet.
 pub fn pipe_unread(fd: impl AsFd) -> std::io::Result<u64> {
     Ok(rustix::io::ioctl_fionread(fd)?)
@@ -433,6 +510,32 @@ pub fn set_pipe_size(fd: &impl AsFd, bytes: usize) -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_environment_is_left_alone_while_other_threads_run() {
+        // The test harness runs this test on a thread of its own: more
+        // than one thread, so nothing is removed.
+        assert_eq!(take_env_var("RDMA_XFER_TEST_NEVER_SET").unwrap(), None);
+        let path = std::env::var_os("PATH").expect("PATH is set");
+        let e = take_env_var("PATH").unwrap_err();
+        assert!(e.to_string().contains("threads run"), "{e}");
+        assert_eq!(std::env::var_os("PATH"), Some(path));
+    }
+
+    #[test]
+    fn the_exec_environment_block_is_found() {
+        let (from, to) = exec_env_block().expect("/proc/self/stat fields 50, 51");
+        assert!(from < to, "{from:x}..{to:x}");
+    }
+
+    #[test]
+    fn a_process_can_be_made_not_dumpable() {
+        use rustix::process::{DumpableBehavior, dumpable_behavior, set_dumpable_behavior};
+        let before = dumpable_behavior().unwrap();
+        set_not_dumpable().unwrap();
+        assert_eq!(dumpable_behavior().unwrap(), DumpableBehavior::NotDumpable);
+        set_dumpable_behavior(before).unwrap();
+    }
 
     #[test]
     fn peak_rss_is_read_from_proc() {

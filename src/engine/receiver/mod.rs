@@ -234,6 +234,17 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             )));
         }
     }
+    if matches!(cfg.output, Output::Exec(_)) {
+        // The commands run as the receiver's user: without this they could
+        // read its memory and environment (the token) in /proc/PPID/mem
+        // and /proc/PPID/environ, or ptrace it.
+        crate::sys::os::set_not_dumpable().map_err(|e| {
+            XferError::io(
+                "cannot make the receiver non-dumpable (PR_SET_DUMPABLE), which keeps its --exec commands out of its memory",
+                e,
+            )
+        })?;
+    }
     let devices = probe_devices()?;
     info!("RDMA devices: {}", devices.join(", "));
     let cfg = &fit_ring(cfg)?;
