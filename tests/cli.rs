@@ -1132,3 +1132,85 @@ fn the_token_leaves_the_senders_environment_at_start_up() {
         token_entries(&own)
     );
 }
+
+/// The receiver's binary started as an --exec command's trampoline
+/// (argv[0] `rdma-xfer-exec`, see `sys::os::confined_command`) becomes the
+/// command in place (the same process: its parent is the receiver's), and
+/// refuses to start one for a parent that is gone.
+#[test]
+fn the_exec_trampoline_becomes_the_command_of_a_live_parent_only() {
+    use std::os::unix::process::CommandExt;
+    let me = std::process::id().to_string();
+    let out = Command::new(receiver_bin())
+        .arg0("rdma-xfer-exec")
+        .args([me.as_str(), "/bin/sh", "-c", "echo \"$PPID\""])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), me);
+    // Pid 1 did not start it: nothing runs.
+    let out = Command::new(receiver_bin())
+        .arg0("rdma-xfer-exec")
+        .args(["1", "/bin/sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{err}");
+    assert!(out.stdout.is_empty(), "the command ran");
+    assert!(
+        err.contains("the receiver that started it is gone"),
+        "{err}"
+    );
+}
+
+/// An --exec command started through the trampoline is killed when what
+/// started it dies (its parent-death signal survives the exec): here a
+/// shell stands in for the receiver, starts the trampoline in the
+/// background, and is killed with SIGKILL.
+#[test]
+fn the_exec_trampolines_command_dies_with_its_parent() {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    if !have("bash") {
+        skip("no bash for `exec -a`", false);
+        return;
+    }
+    let mut parent = Command::new("bash")
+        .args([
+            "-c",
+            r#"exec -a rdma-xfer-exec "$0" "$$" /bin/sleep 120 & echo $!; wait"#,
+            receiver_bin(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(parent.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
+    let state = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let comm_and_state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        Some((comm.trim().to_string(), comm_and_state))
+    };
+    // Until it became the command (its signal armed before that).
+    let until = Instant::now() + Duration::from_secs(10);
+    while state(pid).is_none_or(|(comm, _)| comm != "sleep") && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(state(pid).map(|s| s.0).as_deref(), Some("sleep"));
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let alive = |pid| state(pid).is_some_and(|(_, s)| s != 'Z' && s != 'X');
+    while alive(pid) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let still = alive(pid);
+    if still {
+        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+    }
+    assert!(!still, "the command outlived its parent");
+}

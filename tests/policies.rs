@@ -599,3 +599,86 @@ fn exec_commands_cannot_find_the_token_in_the_receivers_environment() {
     let own = std::fs::read(seen.path().join("own.env")).unwrap();
     assert!(!shows(&own), "the command inherited the token");
 }
+
+/// --exec starts its commands without a fork of the receiver, which holds
+/// registered (pinned) memory: seen with `strace -f -b execve` (children
+/// followed until their exec), every process the receiver creates is a
+/// clone with CLONE_VFORK (posix_spawn), never a fork; the others are its
+/// threads.
+#[test]
+fn exec_commands_are_started_without_a_fork_of_the_receiver() {
+    let Some(net) = rdma_net() else { return };
+    if !have("strace") {
+        skip("strace is needed to see how commands start", false);
+        return;
+    }
+    const TOKEN: &str = "spawn-test-token-0123456789abcd";
+    let (src, dst) = dirs();
+    let tree = src.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..3u64 {
+        make_file(&tree.join(format!("f{i}")), 10_000 + i, 95 + i);
+    }
+    let trace = tempfile::tempdir().unwrap();
+    let log = trace.path().join("clones.log");
+    let port = next_port();
+    let receiver = receiver_cmd(
+        &net,
+        port,
+        dst.path(),
+        &["--once", "--exec", "cat > /dev/null"],
+        &[("RDMA_XFER_TOKEN", TOKEN)],
+    );
+    let mut traced = std::process::Command::new("strace");
+    traced
+        .args([
+            "-f",
+            "-qq",
+            "-b",
+            "execve",
+            "-e",
+            "trace=clone,clone3,fork,vfork",
+            "-o",
+        ])
+        .arg(&log)
+        .arg(receiver.get_program())
+        .args(receiver.get_args());
+    for (key, value) in receiver.get_envs() {
+        match value {
+            Some(v) => traced.env(key, v),
+            None => traced.env_remove(key),
+        };
+    }
+    let receiver = start_receiver_cmd(traced);
+    let mut sender = sender_cmd(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&tree),
+        &["-r"],
+    );
+    token_env(&mut sender, Some(TOKEN));
+    let sent = Running::spawn("sender", sender).wait(Duration::from_secs(300));
+    let received = receiver.wait(Duration::from_secs(300));
+    assert_both_ok(&sent, &received);
+    let log = std::fs::read_to_string(&log).unwrap();
+    // The first line of each call (a call another thread interrupts goes
+    // on in a `resumed` line, without the flags).
+    let calls: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            ["clone(", "clone3(", "fork(", "vfork("]
+                .iter()
+                .any(|c| l.contains(c))
+        })
+        .filter(|l| !l.contains("resumed>"))
+        .collect();
+    let spawned = calls.iter().filter(|l| l.contains("CLONE_VFORK")).count();
+    assert!(spawned >= 3, "one spawn per file, saw {spawned}:\n{log}");
+    let forks: Vec<&&str> = calls
+        .iter()
+        .filter(|l| !l.contains("CLONE_THREAD") && !l.contains("CLONE_VFORK"))
+        .filter(|l| !l.contains("vfork("))
+        .collect();
+    assert!(forks.is_empty(), "the receiver forked: {forks:#?}\n{log}");
+}

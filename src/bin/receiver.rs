@@ -30,7 +30,9 @@ fn run(args: &ReceiverArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
 }
 
 fn main() -> std::process::ExitCode {
-    // First, while this is the only thread (see `take_token_env`).
+    // Started as an --exec command's trampoline: becomes the command.
+    rdma_xfer::sys::os::exec_trampoline_or_continue();
+    // Then, while this is the only thread (see `take_token_env`).
     let taken_token = take_token_env();
     let mut args = ReceiverArgs::parse();
     args.common.taken_token = taken_token;

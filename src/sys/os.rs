@@ -108,29 +108,93 @@ pub fn signal_group(child: &std::process::Child, sig: GroupSignal) -> std::io::R
     }
 }
 
-/// Prepares `cmd`'s child to run in the directory open as `dir` (by
-/// descriptor: the directory that was checked, not a path looked up
-/// again) and to be killed (SIGKILL) when the thread that starts it ends:
-/// if the receiver dies mid-file, the command must not take the end of
-/// its input for a complete file.
-pub fn confine_command(cmd: &mut std::process::Command, dir: std::fs::File) {
-    use std::os::unix::process::CommandExt;
-    let parent = rustix::process::getpid();
-    // SAFETY: the closure runs in the child between fork and exec. It makes
-    // three system calls through rustix (prctl, getppid, fchdir), which are
-    // async-signal-safe, and allocates nothing: its errors are errno
-    // values, and `dir` was opened before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-            // The parent may have died before the signal was armed.
-            if rustix::process::getppid() != Some(parent) {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            rustix::process::fchdir(&dir)?;
-            Ok(())
-        });
+/// argv[0] of the receiver's own binary started as the trampoline of an
+/// `--exec` command (see `confined_command`).
+pub const EXEC_TRAMPOLINE: &str = "rdma-xfer-exec";
+
+/// Set once the running binary serves as the trampoline
+/// (`exec_trampoline_or_continue` was called in its `main`).
+static TRAMPOLINE_READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The first call of the receiver's `main`. Started as the trampoline
+/// (argv[0] is `EXEC_TRAMPOLINE`: `confined_command` started it), this
+/// process arms its parent-death signal and becomes the command (never
+/// returns). Otherwise it notes that this binary can serve as the
+/// trampoline, and returns.
+pub fn exec_trampoline_or_continue() {
+    let mut args = std::env::args_os();
+    if args.next().as_deref() != Some(std::ffi::OsStr::new(EXEC_TRAMPOLINE)) {
+        TRAMPOLINE_READY.store(true, std::sync::atomic::Ordering::Relaxed);
+        return;
     }
+    let why = become_the_command(args);
+    eprintln!("receiver: error: cannot start the --exec command: {why}");
+    std::process::exit(127)
+}
+
+/// The trampoline: `PARENT_PID PROGRAM ARGS...`. Killed (SIGKILL) when the
+/// thread that started it ends, checked to still have that parent, then
+/// replaced by PROGRAM (same process: the signal stays armed). Returns
+/// only why it could not.
+fn become_the_command(mut args: std::env::ArgsOs) -> String {
+    use std::os::unix::process::CommandExt;
+    let parent = args
+        .next()
+        .and_then(|p| p.to_str()?.parse::<i32>().ok())
+        .and_then(rustix::process::Pid::from_raw);
+    let (Some(parent), Some(program)) = (parent, args.next()) else {
+        return format!("usage: {EXEC_TRAMPOLINE} PARENT_PID PROGRAM [ARGS...]");
+    };
+    let kill = Some(rustix::process::Signal::KILL);
+    if let Err(e) = rustix::process::set_parent_process_death_signal(kill) {
+        return format!("cannot arm the parent-death signal: {e}");
+    }
+    // The parent may have died before the signal was armed.
+    if rustix::process::getppid() != Some(parent) {
+        return "the receiver that started it is gone".into();
+    }
+    std::process::Command::new(program)
+        .args(args)
+        .exec()
+        .to_string()
+}
+
+/// A command that runs `program` in the directory open as `dir` (by
+/// descriptor: the directory that was checked, not a path looked up
+/// again) and is killed (SIGKILL) when the thread that starts it ends: if
+/// the receiver dies mid-file, the command must not take the end of its
+/// input for a complete file. `dir` must stay open until the command is
+/// spawned.
+///
+/// Started without a fork of the receiver: a fork would copy the page
+/// tables of a process that holds registered (pinned) memory, and the
+/// kernel copies pinned pages for the child at once (or, on kernels
+/// before 5.9 without `ibv_fork_init`, the parent's next write to a
+/// registered page can leave the NIC writing to the child's copy). So the
+/// command carries no `pre_exec` code: std then starts it with
+/// posix_spawn (clone with CLONE_VM and CLONE_VFORK: nothing copied, the
+/// receiver's thread waits until the exec); its directory is a spawn
+/// file action (chdir to `/proc/self/fd/N`, resolved in the child, where
+/// N is still open: exactly `dir`), its process group a spawn attribute
+/// (`process_group`); and the parent-death signal, which only the child
+/// can arm, is armed after an exec, by the receiver's own binary started
+/// as a trampoline (`EXEC_TRAMPOLINE`) that then becomes `program`. A
+/// binary that never called `exec_trampoline_or_continue` (tests, other
+/// users of the library) runs `program` directly, without that signal.
+pub fn confined_command(program: &str, dir: &std::fs::File) -> std::process::Command {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = if TRAMPOLINE_READY.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.arg0(EXEC_TRAMPOLINE)
+            .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+            .arg(program);
+        cmd
+    } else {
+        std::process::Command::new(program)
+    };
+    cmd.current_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    cmd
 }
 
 /// Takes the variable `name` out of the process environment for good: its
