@@ -1144,3 +1144,192 @@ fn a_local_file_named_like_a_target_is_a_file() {
     assert!(!err.contains("ssh") && !err.contains("run-12:"), "{err}");
     assert!(matches!(out.status.code(), Some(3 | 8)), "{err}");
 }
+
+/// A token of the tests below: long enough, and easy to find.
+const ENV_TOKEN: &str = "env-token-that-must-vanish-0123";
+
+/// Whether `bytes` (an environment, NUL-separated) still shows the token:
+/// its variable's name or its value.
+fn shows_the_token(bytes: &[u8]) -> bool {
+    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    has(b"RDMA_XFER_TOKEN") || has(ENV_TOKEN.as_bytes())
+}
+
+/// The entries of an environment that show the token (only those: the
+/// rest of the test's environment is nobody's business).
+fn token_entries(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|&b| b == 0 || b == b'\n')
+        .filter(|e| shows_the_token(e))
+        .map(|e| String::from_utf8_lossy(e).into_owned())
+        .collect()
+}
+
+/// The receiver takes RDMA_XFER_TOKEN out of its environment as it
+/// starts: /proc/PID/environ (the block the kernel wrote at exec, which
+/// unsetenv alone leaves as it was) no longer shows it, while the
+/// receiver still runs (`--ssh-session` waits for its one-time token on
+/// standard input, before anything needs RDMA).
+#[test]
+fn the_token_leaves_the_receivers_environment_at_start_up() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let mut receiver = Command::new(receiver_bin())
+        .args(["--ssh-session", "--dir"])
+        .arg(dir.path())
+        .env("RDMA_XFER_TOKEN", ENV_TOKEN)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let environ = format!("/proc/{}/environ", receiver.id());
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut seen = std::fs::read(&environ).unwrap_or_default();
+    while shows_the_token(&seen) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        seen = std::fs::read(&environ).unwrap_or_default();
+    }
+    let running = receiver.try_wait().unwrap().is_none();
+    let _ = receiver.kill();
+    let _ = receiver.wait();
+    assert!(running, "the receiver ended before it was looked at");
+    assert!(
+        !shows_the_token(&seen),
+        "{environ} still shows the token: {:?}",
+        token_entries(&seen)
+    );
+    assert!(
+        seen.windows(5).any(|w| w == b"PATH="),
+        "the rest of the environment stays"
+    );
+}
+
+/// The sender takes RDMA_XFER_TOKEN out of its environment as it starts:
+/// the remote shell it runs for HOST:DIR (a stand-in that records what it
+/// can see, then fails as ssh does) inherits none, and finds none in its
+/// parent's /proc/PID/environ.
+#[test]
+fn the_token_leaves_the_senders_environment_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f.bin");
+    std::fs::write(&file, b"data").unwrap();
+    let rsh = dir.path().join("recording-rsh");
+    let parent_env = dir.path().join("parent.env");
+    let own_env = dir.path().join("own.env");
+    std::fs::write(
+        &rsh,
+        format!(
+            "#!/bin/sh\ncat /proc/$PPID/environ > '{}'\nenv > '{}'\nexit 255\n",
+            parent_env.display(),
+            own_env.display()
+        ),
+    )
+    .unwrap();
+    let made = Command::new("chmod").arg("755").arg(&rsh).status().unwrap();
+    assert!(made.success());
+    let out = Command::new(sender_bin())
+        .arg(&file)
+        .arg(format!("node01:{}", dir.path().display()))
+        .env("RDMA_XFER_RSH", &rsh)
+        .env("RDMA_XFER_TOKEN", ENV_TOKEN)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ssh to node01 failed"), "{err}");
+    let parent = std::fs::read(&parent_env).expect("the stand-in ran");
+    assert!(!parent.is_empty(), "the sender's environment was read");
+    assert!(
+        !shows_the_token(&parent),
+        "the sender's /proc/PID/environ: {:?}",
+        token_entries(&parent)
+    );
+    let own = std::fs::read(&own_env).unwrap();
+    assert!(
+        !shows_the_token(&own),
+        "inherited: {:?}",
+        token_entries(&own)
+    );
+}
+
+/// The receiver's binary started as an --exec command's trampoline
+/// (argv[0] `rdma-xfer-exec`, see `sys::os::confined_command`) becomes the
+/// command in place (the same process: its parent is the receiver's), and
+/// refuses to start one for a parent that is gone.
+#[test]
+fn the_exec_trampoline_becomes_the_command_of_a_live_parent_only() {
+    use std::os::unix::process::CommandExt;
+    let me = std::process::id().to_string();
+    let out = Command::new(receiver_bin())
+        .arg0("rdma-xfer-exec")
+        .args([me.as_str(), "/bin/sh", "-c", "echo \"$PPID\""])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), me);
+    // Pid 1 did not start it: nothing runs.
+    let out = Command::new(receiver_bin())
+        .arg0("rdma-xfer-exec")
+        .args(["1", "/bin/sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{err}");
+    assert!(out.stdout.is_empty(), "the command ran");
+    assert!(
+        err.contains("the receiver that started it is gone"),
+        "{err}"
+    );
+}
+
+/// An --exec command started through the trampoline is killed when what
+/// started it dies (its parent-death signal survives the exec): here a
+/// shell stands in for the receiver, starts the trampoline in the
+/// background, and is killed with SIGKILL.
+#[test]
+fn the_exec_trampolines_command_dies_with_its_parent() {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    if !have("bash") {
+        skip("no bash for `exec -a`", false);
+        return;
+    }
+    let mut parent = Command::new("bash")
+        .args([
+            "-c",
+            r#"exec -a rdma-xfer-exec "$0" "$$" /bin/sleep 120 & echo $!; wait"#,
+            receiver_bin(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(parent.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
+    let state = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let comm_and_state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        Some((comm.trim().to_string(), comm_and_state))
+    };
+    // Until it became the command (its signal armed before that).
+    let until = Instant::now() + Duration::from_secs(10);
+    while state(pid).is_none_or(|(comm, _)| comm != "sleep") && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(state(pid).map(|s| s.0).as_deref(), Some("sleep"));
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let alive = |pid| state(pid).is_some_and(|(_, s)| s != 'Z' && s != 'X');
+    while alive(pid) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let still = alive(pid);
+    if still {
+        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+    }
+    assert!(!still, "the command outlived its parent");
+}

@@ -423,10 +423,12 @@ fn text_summary_shows_phase_timings() {
 }
 
 /// As scp: without -p received modes are the sender's masked with the
-/// receiver's umask; with -p they are kept; setuid, setgid and sticky
-/// never are. Files and directories alike.
+/// receiver's umask; -p keeps them only if the receiver lets it
+/// (`--keep-modes`): a sender alone never makes a file more open than the
+/// receiver's umask (0666 arrives 0644 under umask 022). Setuid, setgid
+/// and sticky are never kept. Files and directories alike.
 #[test]
-fn modes_follow_the_receivers_umask_unless_kept() {
+fn modes_follow_the_receivers_umask_unless_both_keep_them() {
     use std::os::unix::fs::PermissionsExt;
     let Some(net) = rdma_net() else { return };
     let (src, _) = dirs();
@@ -448,16 +450,29 @@ fn modes_follow_the_receivers_umask_unless_kept() {
     std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
     std::fs::set_permissions(&tree, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     let mode_of = |p: PathBuf| std::fs::metadata(&p).expect("meta").permissions().mode() & 0o7777;
-    for (flag, want) in [
-        (None, [0o644, 0o755, 0o755, 0o600, 0o755, 0o755]),
-        (Some("-p"), [0o666, 0o777, 0o755, 0o600, 0o777, 0o777]),
+    let masked = [0o644, 0o755, 0o755, 0o600, 0o755, 0o755];
+    const TOKEN: &str = "modes-test-token-0123456789";
+    for (receiver_flag, flag, want) in [
+        (None, None, masked),
+        (None, Some("-p"), masked),
+        (Some("--keep-modes"), None, masked),
+        (
+            Some("--keep-modes"),
+            Some("-p"),
+            [0o666, 0o777, 0o755, 0o600, 0o777, 0o777],
+        ),
     ] {
         let dst = tempfile::tempdir().expect("tempdir");
         let port = next_port();
-        let receiver = start_receiver_umask(&net, port, dst.path(), &["--once"], "022");
+        let mut receiver_extra = vec!["--once"];
+        receiver_extra.extend(receiver_flag);
+        let token = [("RDMA_XFER_TOKEN", TOKEN)];
+        let receiver = start_receiver_umask(&net, port, dst.path(), &receiver_extra, "022", &token);
         let mut extra = vec!["-r"];
         extra.extend(flag);
-        let sent = run_sender(&net, port, Path_::Wire, std::slice::from_ref(&tree), &extra);
+        let mut cmd = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&tree), &extra);
+        token_env(&mut cmd, Some(TOKEN));
+        let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(600));
         let received = receiver.wait(Duration::from_secs(120));
         assert_both_ok(&sent, &received);
         let got = dst.path().join("modes");
@@ -472,7 +487,8 @@ fn modes_follow_the_receivers_umask_unless_kept() {
         assert_eq!(
             seen.map(|m| format!("{m:o}")),
             want.map(|m| format!("{m:o}")),
-            "modes with {flag:?} (rw-all rwx-all setuid private open/ modes/)"
+            "modes with {flag:?} to a receiver with {receiver_flag:?} (rw-all rwx-all setuid \
+             private open/ modes/)"
         );
         assert_no_temp_files(&got);
     }

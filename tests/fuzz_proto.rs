@@ -46,12 +46,12 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
     AUTH_REQUIRED, Ack, AckStatus, Challenge, Channel, ChannelError, ConnectionId,
-    DEFAULT_MAX_FILES, Digest, DigestAlg, FileOffer, Fin, Have, HaveKind, Hello, MAX_BATCH_FILES,
-    MAX_MESSAGE, MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN, NameRules,
-    OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent,
-    ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role, SEAL_LEN,
-    SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict, decode,
-    encode_to_vec, hello_flags, is_invisible, validate_path,
+    DEFAULT_MAX_FILES, Digest, DigestAlg, DigestBudget, FileOffer, Fin, Have, HaveKind, Hello,
+    MAX_BATCH_FILES, MAX_MESSAGE, MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN,
+    NameRules, OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig,
+    ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role,
+    SEAL_LEN, SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict,
+    decode, encode_to_vec, hello_flags, is_invisible, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,11 +59,11 @@ use std::time::Instant;
 
 /// How deep the generated inputs got (printed with the counts, so a weak
 /// generator shows): frames decoded, chunks placed, files verified, ...
-struct Reached([AtomicU64; 12]);
+struct Reached([AtomicU64; 13]);
 
 impl Reached {
     const fn new() -> Self {
-        Reached([const { AtomicU64::new(0) }; 12])
+        Reached([const { AtomicU64::new(0) }; 13])
     }
     fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, Ordering::Relaxed);
@@ -760,6 +760,7 @@ fn check_handshake(
         max_files: DEFAULT_MAX_FILES,
         max_session_bytes: u64::MAX,
         names: NameRules::default(),
+        digest_budget: DigestBudget::DEFAULT,
     };
     let mut r = ReceiverSession::with_auth(cfg, token.clone(), r_nonce, conn);
     let sender_conn = match &interference {
@@ -1124,6 +1125,19 @@ struct RxModel {
     have: Option<Have>,
     /// Where the current file's data starts: bytes, chunks, chunk length.
     base: (u64, u64, u32),
+    /// Digest questions (HAVE of a complete copy or of a digest) asked in
+    /// the session, and their files' bytes.
+    digest_questions: u32,
+    digest_bytes: u64,
+}
+
+/// Whether the session's budget has room for one more digest question
+/// about `bytes`.
+fn within_budget(m: &RxModel, budget: DigestBudget, bytes: u64) -> bool {
+    m.digest_questions < budget.questions
+        && m.digest_bytes
+            .checked_add(bytes)
+            .is_some_and(|b| b <= budget.bytes)
 }
 
 /// The current offer asked to resume.
@@ -1156,6 +1170,16 @@ fn comparable(have: Option<HaveKind>) -> bool {
 }
 
 impl RxModel {
+    /// A model for the next offer: only what counts for the whole session
+    /// is carried over.
+    fn session_wide(&self) -> RxModel {
+        RxModel {
+            digest_questions: self.digest_questions,
+            digest_bytes: self.digest_bytes,
+            ..RxModel::default()
+        }
+    }
+
     fn is_stream(&self) -> bool {
         self.offer.as_ref().is_some_and(Hello::is_stream)
     }
@@ -1669,7 +1693,7 @@ fn check_receiver(
                             offer: Some(h),
                             files,
                             stream_len: (files * 37) % 300,
-                            ..RxModel::default()
+                            ..m.session_wide()
                         };
                     }
                     Ok(ReceiverEvent::Batch(members)) => {
@@ -1715,7 +1739,7 @@ fn check_receiver(
                             }),
                             files,
                             batch_files: members.len() as u64,
-                            ..RxModel::default()
+                            ..m.session_wide()
                         };
                         RX.hit(9);
                     }
@@ -1959,9 +1983,14 @@ fn check_receiver(
                     have.bytes = have.bytes.wrapping_add(u64::from(n % 7) + 1);
                 }
                 let fits = have.fits(size) && have.chunk_len <= cfg.slot_size;
+                // A complete copy or a digest: within the session's budget.
+                let compares = matches!(have.kind, HaveKind::Complete | HaveKind::Digest);
+                let within = within_budget(&m, cfg.digest_budget, have.bytes);
+                prop_assert_eq!(r.may_compare(have.bytes), within);
                 // From Comparing (the copy differs) only a HAVE of nothing.
-                let allowed = (before == AwaitDecision && may_have(&m, have.kind))
-                    || (before == Comparing && have.kind == HaveKind::Nothing);
+                let allowed =
+                    (before == AwaitDecision && may_have(&m, have.kind) && (!compares || within))
+                        || (before == Comparing && have.kind == HaveKind::Nothing);
                 match r.have(have.clone()) {
                     Ok(msg) => {
                         prop_assert!(
@@ -1983,12 +2012,24 @@ fn check_receiver(
                             _ => prop_assert!(resumable(&m), "HAVE without RESUME"),
                         }
                         prop_assert!(fits, "an unfit HAVE: {:?}", have);
+                        if compares {
+                            m.digest_questions += 1;
+                            m.digest_bytes += have.bytes;
+                        }
                         prop_assert_eq!(msg, Message::Have(have.clone()));
                         prop_assert_eq!(r.state(), AwaitFrom);
                         m.have = Some(have);
                     }
                     Err(_) => {
                         prop_assert!(!allowed || !fits, "a fitting HAVE refused: {:?}", have);
+                        if before == AwaitDecision
+                            && may_have(&m, have.kind)
+                            && fits
+                            && compares
+                            && !within
+                        {
+                            RX.hit(12);
+                        }
                         prop_assert_eq!(r.state(), before);
                     }
                 }
@@ -2025,7 +2066,7 @@ fn check_receiver(
                             RX.hit(8);
                             m = RxModel {
                                 files: m.files,
-                                ..RxModel::default()
+                                ..m.session_wide()
                             };
                         }
                         Err(_) => {
@@ -2062,7 +2103,7 @@ fn check_receiver(
                     RX.hit(3);
                     m = RxModel {
                         files: m.files,
-                        ..RxModel::default()
+                        ..m.session_wide()
                     };
                 }
                 Err(_) => prop_assert_eq!(r.state(), before),
@@ -2075,7 +2116,7 @@ fn check_receiver(
                     prop_assert_eq!(r.state(), AwaitHello);
                     m = RxModel {
                         files: m.files,
-                        ..RxModel::default()
+                        ..m.session_wide()
                     };
                 }
                 Err(_) => prop_assert_eq!(r.state(), before),
@@ -2123,7 +2164,7 @@ fn check_receiver(
                     }
                     m = RxModel {
                         files: m.files,
-                        ..RxModel::default()
+                        ..m.session_wide()
                     };
                 }
                 Err(_) => prop_assert_eq!(r.state(), before),
@@ -2170,9 +2211,13 @@ fn machine_receiver() {
         prop_oneof![3 => Just(u64::MAX), 1 => 0u64..300],
         prop_oneof![3 => Just(DEFAULT_MAX_FILES), 1 => 1u64..4],
         any::<bool>(),
+        prop_oneof![
+            1 => Just(DigestBudget::DEFAULT),
+            3 => (0u32..4, 0u64..600).prop_map(|(questions, bytes)| DigestBudget { questions, bytes }),
+        ],
     )
         .prop_map(
-            |(slot_size, slot_count, credit_batch, max_size, max_files, allow_dotfiles)| {
+            |(slot_size, slot_count, credit_batch, max_size, max_files, allow_dotfiles, digest_budget)| {
                 ReceiverConfig {
                     slot_size,
                     slot_count,
@@ -2181,6 +2226,7 @@ fn machine_receiver() {
                     max_files,
                     max_session_bytes: u64::MAX,
                     names: NameRules { allow_dotfiles },
+                    digest_budget,
                 }
             },
         );
@@ -2195,7 +2241,7 @@ fn machine_receiver() {
                 "{} AUTHs verified ({} of them refused as busy), {} offers accepted ({} resuming \
                  a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
                  copies compared ({} the same), {} batches passed, {} digests asked ({} the \
-                 same)",
+                 same), {} digest questions past the budget refused",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -2207,7 +2253,8 @@ fn machine_receiver() {
                 RX.get(8),
                 RX.get(9),
                 RX.get(10),
-                RX.get(11)
+                RX.get(11),
+                RX.get(12)
             )
         },
     );

@@ -427,8 +427,9 @@ fn link_dest_copies_what_it_cannot_link_and_never_follows_a_link() {
     make_file(&private, 3 * MIB, 71);
     let linked = tree.join("sub/via-link.bin");
     make_file(&linked, 2 * MIB, 72);
-    // Offered without -p: the receiver's umask decides the mode (0644 or
-    // stricter), which the earlier copy at 0600 does not have: copied.
+    // Offered with -p (mode 0644 and the source's time): the earlier copy
+    // has another time (it was copied later), so it is copied, and keeps
+    // its own mode, 0600, never the sender's.
     std::fs::create_dir_all(earlier.path().join("t")).unwrap();
     std::fs::copy(&private, earlier.path().join("t/private.bin")).unwrap();
     std::fs::set_permissions(
@@ -447,12 +448,15 @@ fn link_dest_copies_what_it_cannot_link_and_never_follows_a_link() {
         dst.path(),
         &args(&["--link-dest", ld, "--json"], &token_args()),
         std::slice::from_ref(&tree),
-        &args(&["-r", "--checksum", "--json"], &token_args()),
+        &args(&["-r", "-p", "--checksum", "--json"], &token_args()),
     );
     assert_both_ok(&sent, &received);
     let copy = dst.path().join("t/private.bin");
     assert_eq!(sha256_file(&copy), sha256_file(&private));
     assert_ne!(inode(&copy), inode(&earlier.path().join("t/private.bin")));
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&copy).unwrap().permissions());
+    assert_eq!(mode & 0o7777, 0o600, "the copy's mode: {mode:o}");
     assert_eq!(
         sha256_file(&dst.path().join("t/sub/via-link.bin")),
         sha256_file(&linked)
@@ -676,4 +680,145 @@ fn a_refused_directory_is_not_offered_file_by_file() {
     );
     let refused = sent.stderr.matches("sender: error: repo/.git").count();
     assert!(refused < 50, "{refused} refusals:\n{}", sent.stderr);
+}
+
+/// The token never reaches an --exec command: the receiver takes
+/// RDMA_XFER_TOKEN out of its environment as it starts (its
+/// /proc/PID/environ no longer shows it), its commands get a clean
+/// environment, and the receiver is not dumpable while they run, so a
+/// command that reads /proc/$PPID/environ (its parent: the receiver, whose
+/// `sh -c` it is) finds nothing, or is refused.
+#[test]
+fn exec_commands_cannot_find_the_token_in_the_receivers_environment() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    const TOKEN: &str = "exec-test-token-that-must-vanish";
+    let seen = tempfile::tempdir().unwrap();
+    let input = src.path().join("f.bin");
+    make_file(&input, MIB + 5, 91);
+    let cmd = format!(
+        "cat > /dev/null; tr '\\0' '\\n' < /proc/$PPID/environ > '{0}/parent.env' 2>&1; \
+         env > '{0}/own.env'; echo \"$PPID\" > '{0}/ppid'",
+        seen.path().display()
+    );
+    let port = next_port();
+    let receiver = start_receiver_env(
+        &net,
+        port,
+        dst.path(),
+        &["--once", "--exec", &cmd],
+        &[("RDMA_XFER_TOKEN", TOKEN)],
+    );
+    let shows = |bytes: &[u8]| {
+        let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+        has(b"RDMA_XFER_TOKEN") || has(TOKEN.as_bytes())
+    };
+    // Looked at from here too, while it listens.
+    let receiver_pid = receiver.pid();
+    let environ = std::fs::read(format!("/proc/{receiver_pid}/environ")).unwrap_or_default();
+    assert!(
+        !shows(&environ),
+        "the receiver's /proc/PID/environ shows the token"
+    );
+    let mut sender = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+    token_env(&mut sender, Some(TOKEN));
+    let sent = Running::spawn("sender", sender).wait(Duration::from_secs(120));
+    let received = receiver.wait(Duration::from_secs(120));
+    assert_both_ok(&sent, &received);
+    let ppid = std::fs::read_to_string(seen.path().join("ppid")).expect("the command ran");
+    assert_eq!(
+        ppid.trim(),
+        receiver_pid.to_string(),
+        "the command's parent is the receiver"
+    );
+    let parent = std::fs::read(seen.path().join("parent.env")).unwrap();
+    assert!(
+        !shows(&parent),
+        "the command found the token in /proc/$PPID/environ"
+    );
+    let own = std::fs::read(seen.path().join("own.env")).unwrap();
+    assert!(!shows(&own), "the command inherited the token");
+}
+
+/// --exec starts its commands without a fork of the receiver, which holds
+/// registered (pinned) memory: seen with `strace -f -b execve` (children
+/// followed until their exec), every process the receiver creates is a
+/// clone with CLONE_VFORK (posix_spawn), never a fork; the others are its
+/// threads.
+#[test]
+fn exec_commands_are_started_without_a_fork_of_the_receiver() {
+    let Some(net) = rdma_net() else { return };
+    if !have("strace") {
+        skip("strace is needed to see how commands start", false);
+        return;
+    }
+    const TOKEN: &str = "spawn-test-token-0123456789abcd";
+    let (src, dst) = dirs();
+    let tree = src.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..3u64 {
+        make_file(&tree.join(format!("f{i}")), 10_000 + i, 95 + i);
+    }
+    let trace = tempfile::tempdir().unwrap();
+    let log = trace.path().join("clones.log");
+    let port = next_port();
+    let receiver = receiver_cmd(
+        &net,
+        port,
+        dst.path(),
+        &["--once", "--exec", "cat > /dev/null"],
+        &[("RDMA_XFER_TOKEN", TOKEN)],
+    );
+    let mut traced = std::process::Command::new("strace");
+    traced
+        .args([
+            "-f",
+            "-qq",
+            "-b",
+            "execve",
+            "-e",
+            "trace=clone,clone3,fork,vfork",
+            "-o",
+        ])
+        .arg(&log)
+        .arg(receiver.get_program())
+        .args(receiver.get_args());
+    for (key, value) in receiver.get_envs() {
+        match value {
+            Some(v) => traced.env(key, v),
+            None => traced.env_remove(key),
+        };
+    }
+    let receiver = start_receiver_cmd(traced);
+    let mut sender = sender_cmd(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&tree),
+        &["-r"],
+    );
+    token_env(&mut sender, Some(TOKEN));
+    let sent = Running::spawn("sender", sender).wait(Duration::from_secs(300));
+    let received = receiver.wait(Duration::from_secs(300));
+    assert_both_ok(&sent, &received);
+    let log = std::fs::read_to_string(&log).unwrap();
+    // The first line of each call (a call another thread interrupts goes
+    // on in a `resumed` line, without the flags).
+    let calls: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            ["clone(", "clone3(", "fork(", "vfork("]
+                .iter()
+                .any(|c| l.contains(c))
+        })
+        .filter(|l| !l.contains("resumed>"))
+        .collect();
+    let spawned = calls.iter().filter(|l| l.contains("CLONE_VFORK")).count();
+    assert!(spawned >= 3, "one spawn per file, saw {spawned}:\n{log}");
+    let forks: Vec<&&str> = calls
+        .iter()
+        .filter(|l| !l.contains("CLONE_THREAD") && !l.contains("CLONE_VFORK"))
+        .filter(|l| !l.contains("vfork("))
+        .collect();
+    assert!(forks.is_empty(), "the receiver forked: {forks:#?}\n{log}");
 }

@@ -4,7 +4,7 @@
 use clap::Parser;
 use rdma_xfer::XferError;
 use rdma_xfer::cli::ui::Ui;
-use rdma_xfer::cli::{ReceiverArgs, finish, init_logging};
+use rdma_xfer::cli::{ReceiverArgs, finish, init_logging, take_token_env};
 use rdma_xfer::engine::ProgressSink;
 use rdma_xfer::engine::receiver::{first_rdma_address, serve};
 use rdma_xfer::engine::remote;
@@ -30,7 +30,12 @@ fn run(args: &ReceiverArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = ReceiverArgs::parse();
+    // Started as an --exec command's trampoline: becomes the command.
+    rdma_xfer::sys::os::exec_trampoline_or_continue();
+    // Then, while this is the only thread (see `take_token_env`).
+    let taken_token = take_token_env();
+    let mut args = ReceiverArgs::parse();
+    args.common.taken_token = taken_token;
     let mut ui = Ui::new(&args.common, false);
     if args.ssh_session {
         ui = ui.with_ready_line();

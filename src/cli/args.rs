@@ -70,6 +70,10 @@ pub struct CommonArgs {
     /// needs one unless --insecure.
     #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath, help_heading = SECURITY)]
     pub token_file: Option<PathBuf>,
+    /// RDMA_XFER_TOKEN, once the tool took it out of its environment
+    /// (`cli::take_token_env`).
+    #[arg(skip)]
+    pub taken_token: super::TakenToken,
 }
 
 /// What both tools' `--help` says about their output.
@@ -194,9 +198,9 @@ pub struct SenderArgs {
     /// command line are always followed).
     #[arg(long, help_heading = OUTPUT)]
     pub follow_links: bool,
-    /// Keep modes and modification times of files and directories (without
-    /// it the receiver's umask applies, as with scp; setuid, setgid and
-    /// sticky bits are never kept).
+    /// Keep modification times of files and directories, and their modes
+    /// if the receiver runs with --keep-modes (otherwise its umask applies,
+    /// as with scp; setuid, setgid and sticky bits are never kept).
     #[arg(short, long, visible_alias = "preserve-times", help_heading = OUTPUT)]
     pub preserve: bool,
     /// Relative path standard input (`-`) arrives under [default: stdin].
@@ -341,6 +345,11 @@ pub struct ReceiverArgs {
     /// Replace existing files (default: refuse them).
     #[arg(long, help_heading = OUTPUT)]
     pub overwrite: bool,
+    /// Keep the permission bits `sender -p` sends as they are (default:
+    /// masked with this receiver's umask even with -p, so that no sender
+    /// makes a file more open than the umask allows).
+    #[arg(long, help_heading = OUTPUT)]
+    pub keep_modes: bool,
     /// Remove partial files kept for `sender --resume` (and temporary files
     /// left by a crash) once they were not written to for this long
     /// (s, m, h, d), at start-up and between sessions.
@@ -1099,6 +1108,7 @@ impl ReceiverArgs {
         cfg.output = output;
         cfg.link_dest = self.link_dest.clone();
         cfg.overwrite = self.overwrite;
+        cfg.keep_modes = self.keep_modes;
         cfg.max_size = self.max_size.unwrap_or(u64::MAX);
         cfg.max_sessions = self.max_sessions.into();
         cfg.max_files = self.max_files;
@@ -1671,6 +1681,12 @@ mod tests {
         assert_eq!(cfg.max_size, u64::MAX);
         assert_eq!(cfg.max_sessions, DEFAULT_MAX_SESSIONS);
         assert!(!cfg.once && cfg.output == Output::Dir && !cfg.overwrite);
+        assert!(!cfg.keep_modes, "sender -p modes masked by default");
+        assert!(
+            receiver(&["--insecure", "--keep-modes"])
+                .unwrap()
+                .keep_modes
+        );
         assert!(cfg.allow.is_empty(), "everyone by default");
         assert_eq!(
             (cfg.max_files, cfg.max_session_bytes),

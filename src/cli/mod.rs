@@ -25,10 +25,64 @@ use std::time::Duration;
 /// Environment variable holding the shared secret (`--token-file` wins).
 pub const TOKEN_ENV: &str = "RDMA_XFER_TOKEN";
 
+/// RDMA_XFER_TOKEN as the tool took it out of its environment at start-up
+/// (`take_token_env`), for `CommonArgs::token`. Wiped when dropped, never
+/// shown.
+#[derive(Default)]
+pub struct TakenToken {
+    /// The variable's value when taken; None: not taken (the environment
+    /// is read then, as in tests).
+    value: Option<Option<Vec<u8>>>,
+    /// Why it could not be taken out of the environment, if so.
+    left: Option<String>,
+}
+
+impl std::fmt::Debug for TakenToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TakenToken(<redacted>)")
+    }
+}
+
+impl Drop for TakenToken {
+    fn drop(&mut self) {
+        if let Some(Some(bytes)) = &mut self.value {
+            // Best effort; black_box keeps the stores from being elided.
+            bytes.fill(0);
+            std::hint::black_box(&bytes);
+        }
+    }
+}
+
+/// Takes RDMA_XFER_TOKEN out of the process environment
+/// (`sys::os::take_env_var`: removed, and its bytes in the environment
+/// block wiped): the first thing both tools do, while their main thread is
+/// their only one, so that no child process (an --exec command, ssh)
+/// inherits it and no process can read it in /proc/PID/environ.
+pub fn take_token_env() -> TakenToken {
+    match crate::sys::os::take_env_var(TOKEN_ENV) {
+        Ok(value) => TakenToken {
+            value: Some(value.map(OsString::into_vec)),
+            left: None,
+        },
+        Err(e) => TakenToken {
+            value: None,
+            left: Some(format!("{TOKEN_ENV} stays in the environment: {e}")),
+        },
+    }
+}
+
 impl CommonArgs {
-    /// The shared secret from `--token-file` or RDMA_XFER_TOKEN, if any.
+    /// The shared secret from `--token-file` or RDMA_XFER_TOKEN (as
+    /// `take_token_env` took it, else from the environment), if any.
     pub fn token(&self) -> Result<Option<Token>, XferError> {
-        load_token(self.token_file.as_deref(), std::env::var_os(TOKEN_ENV))
+        if let Some(why) = &self.taken_token.left {
+            tracing::warn!("{why}");
+        }
+        let env = match &self.taken_token.value {
+            Some(taken) => taken.clone().map(OsString::from_vec),
+            None => std::env::var_os(TOKEN_ENV),
+        };
+        load_token(self.token_file.as_deref(), env)
     }
 
     /// The ACK timeout from RDMA_XFER_ACK_TIMEOUT (a bad value is a usage

@@ -17,8 +17,9 @@ pub use names::{
     is_invisible, validate_name, validate_path,
 };
 pub use receiver::{
-    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, DEFAULT_MAX_FILES, MAX_REFUSALS_IN_A_ROW,
-    ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState, RecvError, busy_refusal,
+    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, DEFAULT_MAX_FILES, DigestBudget,
+    MAX_REFUSALS_IN_A_ROW, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
+    RecvError, busy_refusal,
 };
 pub use sender::{
     ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderAuth, SenderEvent,
@@ -678,6 +679,7 @@ mod tests {
                 max_files: DEFAULT_MAX_FILES,
                 max_session_bytes: u64::MAX,
                 names: NameRules::DEFAULT,
+                digest_budget: DigestBudget::DEFAULT,
             };
             // Half of the sessions authenticate (and seal everything after).
             let token = Token::new(b"sim".to_vec()).unwrap();

@@ -290,7 +290,11 @@ mod tests {
         assert_eq!(validate_name(".", ANY), Err(NameError::DotName));
         assert_eq!(validate_name("..", ANY), Err(NameError::DotName));
         // The receiver's own hidden files cannot be sent (nor then swept).
-        for own in [".rdma-xfer-partial-00ab", ".rdma-xfer-1-2-3.part"] {
+        for own in [
+            ".rdma-xfer-partial-00ab",
+            ".rdma-xfer-1-2-3.part",
+            ".rdma-xfer-key",
+        ] {
             assert_eq!(validate_name(own, ANY), Err(NameError::Reserved));
             assert!(validate_path(&format!("d/{own}"), ANY).is_err());
         }

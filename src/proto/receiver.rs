@@ -94,6 +94,33 @@ pub struct ReceiverConfig {
     pub max_session_bytes: u64,
     /// What names the receiver's options allow (`--allow-dotfiles`).
     pub names: NameRules,
+    /// How much comparing one session may ask of the receiver (see
+    /// `DigestBudget`).
+    pub digest_budget: DigestBudget,
+}
+
+/// How many digest questions one session may ask, and of how many bytes
+/// in all: HAVEs of a complete copy or asking for a file's SHA-256 (with
+/// CHECKSUM, for --link-dest or --exec), each followed by a COMPARE that
+/// makes the receiver read a whole file to hash it (or the sender read
+/// its file twice). Without a bound, a sender offering file after file of
+/// sizes the receiver holds would make it read them all for nothing; past
+/// it the engine asks no more (`ReceiverSession::may_compare`) and the
+/// files are sent whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DigestBudget {
+    /// Most digest questions.
+    pub questions: u32,
+    /// Most bytes the files asked about may add up to.
+    pub bytes: u64,
+}
+
+impl DigestBudget {
+    /// The receiver's budget per session: 65,536 questions, 1 TiB.
+    pub const DEFAULT: DigestBudget = DigestBudget {
+        questions: 1 << 16,
+        bytes: 1 << 40,
+    };
 }
 
 /// Default of `ReceiverConfig::max_files` (`receiver --max-files`).
@@ -296,6 +323,10 @@ pub struct ReceiverSession {
     /// Bytes this session brought so far: accepted files' sizes and the
     /// streams' bytes as they arrive.
     session_bytes: u64,
+    /// Digest questions asked so far, and the bytes of their files
+    /// (`DigestBudget`).
+    digest_questions: u32,
+    digest_bytes: u64,
 }
 
 impl ReceiverSession {
@@ -334,6 +365,8 @@ impl ReceiverSession {
             have: None,
             base: (0, 0, 0),
             session_bytes: 0,
+            digest_questions: 0,
+            digest_bytes: 0,
         }
     }
 
@@ -394,9 +427,32 @@ impl ReceiverSession {
                 reason: "inconsistent with the offer",
             });
         }
+        let asks_compare = matches!(have.kind, HaveKind::Complete | HaveKind::Digest);
+        if asks_compare {
+            if !self.may_compare(have.bytes) {
+                return Err(ProtocolError::BadHave {
+                    reason: "past the session's budget of digest questions",
+                });
+            }
+            self.digest_questions += 1;
+            self.digest_bytes += have.bytes;
+        }
         self.have = Some(have.clone());
         self.state = ReceiverState::AwaitFrom;
         Ok(Message::Have(have))
+    }
+
+    /// Whether the session's budget of digest questions (`DigestBudget`)
+    /// has room for one more, about a file of `size` bytes: a HAVE of a
+    /// complete copy or asking for a digest. Past it `have` refuses them;
+    /// the engine offers nothing instead (the file is sent whole).
+    pub fn may_compare(&self, size: u64) -> bool {
+        let budget = self.cfg.digest_budget;
+        self.digest_questions < budget.questions
+            && self
+                .digest_bytes
+                .checked_add(size)
+                .is_some_and(|b| b <= budget.bytes)
     }
 
     /// FROM: the sender starts at 0, continues the prefix HAVE offered, or
@@ -1279,6 +1335,7 @@ mod tests {
             max_files: DEFAULT_MAX_FILES,
             max_session_bytes: u64::MAX,
             names: NameRules::DEFAULT,
+            digest_budget: DigestBudget::DEFAULT,
         }
     }
 
@@ -3212,6 +3269,60 @@ mod tests {
 
     fn checksummed(size: u64) -> Hello {
         hello_v2("c.bin", hello_flags::CHECKSUM, size)
+    }
+
+    /// Digest questions (HAVE of a digest or of a complete copy) stop at
+    /// the session's budget, in questions and in bytes: past it `have`
+    /// refuses them, and the offer can still be received.
+    #[test]
+    fn digest_questions_stop_at_the_sessions_budget() {
+        let mut c = cfg(100, 4, 1);
+        c.digest_budget = DigestBudget {
+            questions: 3,
+            bytes: 1500,
+        };
+        let mut r = ReceiverSession::new(c);
+        sent(&mut r);
+        let offer = |r: &mut ReceiverSession, h: Hello| {
+            let got = r.on_message(Message::Hello(h));
+            assert!(matches!(got, Ok(ReceiverEvent::Offer(_))), "{got:?}");
+        };
+        // Asked, compared, the same: done without data.
+        let compared = |r: &mut ReceiverSession, have: Have| {
+            assert!(r.have(have).is_ok());
+            assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_ok());
+            assert!(r.same().is_ok());
+            assert_eq!(r.state(), ReceiverState::AwaitHello);
+        };
+        offer(&mut r, checksummed(1000));
+        assert!(r.may_compare(1000));
+        compared(&mut r, Have::ask_digest(1000));
+        // 1000 + 600 bytes: past the budget's bytes.
+        offer(&mut r, checksummed(600));
+        assert!(!r.may_compare(600));
+        assert!(r.have(Have::ask_digest(600)).is_err());
+        assert_eq!(r.state(), ReceiverState::AwaitDecision);
+        assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
+        // 500 more fit exactly, a complete copy as well as a digest.
+        offer(&mut r, resumable(500));
+        assert!(r.may_compare(500) && !r.may_compare(501));
+        compared(&mut r, Have::complete(500));
+        // The bytes are spent: only an empty file may still be asked
+        // about, once (the third question), then none.
+        offer(&mut r, checksummed(1));
+        assert!(r.have(Have::ask_digest(1)).is_err());
+        assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
+        offer(&mut r, checksummed(0));
+        compared(&mut r, Have::ask_digest(0));
+        offer(&mut r, checksummed(0));
+        assert!(!r.may_compare(0));
+        assert!(r.have(Have::ask_digest(0)).is_err());
+        assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
+        // A HAVE of nothing needs no budget: the file is received.
+        offer(&mut r, resumable(0));
+        assert!(!r.may_compare(0));
+        assert!(r.have(Have::complete(0)).is_err());
+        assert!(r.have(Have::nothing("")).is_ok());
     }
 
     /// An offer with CHECKSUM: asked for its SHA-256 (HAVE of kind

@@ -1828,7 +1828,7 @@ mod tests {
             (kept.version, kept.caps, kept.mode),
             (PROTOCOL_VERSION, hello_flags::KEEP_MODE, 0o4777)
         );
-        assert_eq!(kept.received_mode(0o022), 0o777, "never setuid");
+        assert_eq!(kept.received_mode(0o022, true), 0o777, "never setuid");
         // Every HELLO encodes (the mtime flag matches the field).
         for h in [path, stream, dir, timed, kept] {
             assert!(crate::proto::encode_to_vec(&Message::Hello(h)).is_ok());

@@ -356,11 +356,13 @@ impl Hello {
     }
 
     /// The permission bits the received entry gets: the sender's, never
-    /// setuid, setgid or sticky, masked with the receiver's `umask` unless
-    /// the sender asked to keep them (`sender -p`), as scp does.
-    pub const fn received_mode(&self, umask: u32) -> u32 {
+    /// setuid, setgid or sticky, masked with the receiver's `umask`, unless
+    /// the sender asked to keep them (`sender -p`, as scp does) and the
+    /// receiver lets it (`keep_modes`, `receiver --keep-modes`): a sender
+    /// alone never makes a file more open than the receiver's umask.
+    pub const fn received_mode(&self, umask: u32, keep_modes: bool) -> u32 {
         let mode = self.mode & 0o777;
-        if self.caps & hello_flags::KEEP_MODE != 0 {
+        if keep_modes && self.caps & hello_flags::KEEP_MODE != 0 {
             mode
         } else {
             mode & !umask
@@ -1999,17 +2001,24 @@ pub(crate) mod tests {
             }
         };
         // As scp without -p: the receiver's umask applies.
-        assert_eq!(with(0o666, 0).received_mode(0o022), 0o644);
-        assert_eq!(with(0o777, 0).received_mode(0o022), 0o755);
-        assert_eq!(with(0o777, 0).received_mode(0o077), 0o700);
-        assert_eq!(with(0o600, 0).received_mode(0), 0o600);
-        // -p keeps them; setuid, setgid and sticky are never kept.
+        for kept in [false, true] {
+            assert_eq!(with(0o666, 0).received_mode(0o022, kept), 0o644);
+            assert_eq!(with(0o777, 0).received_mode(0o022, kept), 0o755);
+            assert_eq!(with(0o777, 0).received_mode(0o077, kept), 0o700);
+            assert_eq!(with(0o600, 0).received_mode(0, kept), 0o600);
+            assert_eq!(with(0o7777, 0).received_mode(0o022, kept), 0o755);
+            assert_eq!(with(u32::MAX, 0).received_mode(0o777, kept), 0);
+        }
+        // -p alone: the receiver's umask still applies.
         let keep = hello_flags::KEEP_MODE;
-        assert_eq!(with(0o666, keep).received_mode(0o022), 0o666);
-        assert_eq!(with(0o7777, keep).received_mode(0o022), 0o777);
-        assert_eq!(with(0o7777, 0).received_mode(0o022), 0o755);
-        assert_eq!(with(u32::MAX, keep).received_mode(0o777), 0o777);
-        assert_eq!(with(u32::MAX, 0).received_mode(0o777), 0);
+        assert_eq!(with(0o666, keep).received_mode(0o022, false), 0o644);
+        assert_eq!(with(0o777, keep).received_mode(0o022, false), 0o755);
+        assert_eq!(with(0o600, keep).received_mode(0o022, false), 0o600);
+        // -p to a receiver with --keep-modes keeps them; setuid, setgid and
+        // sticky are never kept.
+        assert_eq!(with(0o666, keep).received_mode(0o022, true), 0o666);
+        assert_eq!(with(0o7777, keep).received_mode(0o022, true), 0o777);
+        assert_eq!(with(u32::MAX, keep).received_mode(0o777, true), 0o777);
     }
 
     #[test]

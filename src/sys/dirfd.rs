@@ -33,6 +33,40 @@ pub struct DirFd {
     fd: OwnedFd,
 }
 
+/// Why a file the receiver would write to is not to be trusted with it.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnFileError {
+    /// It could not be looked at or opened (`NotFound`: nothing there).
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// It is there, but not the receiver's own file (see `open_own_file`).
+    #[error("{name} is not the receiver's own file ({why})")]
+    Foreign {
+        /// Its name in the directory.
+        name: String,
+        /// Which check it failed.
+        why: String,
+    },
+}
+
+/// Why the file `st` describes is not the receiver's own: not a regular
+/// file, more than one link, or another owner than the effective uid.
+fn not_own(st: &rustix::fs::Stat) -> Option<String> {
+    let euid = rustix::process::geteuid().as_raw();
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Symlink => return Some("a symbolic link".into()),
+        _ => return Some("not a regular file".into()),
+    }
+    if st.st_nlink != 1 {
+        return Some(format!("{} hard links, not 1", st.st_nlink));
+    }
+    if st.st_uid != euid {
+        return Some(format!("owned by uid {}, not {euid}", st.st_uid));
+    }
+    None
+}
+
 /// A single component: no separator, not empty, not `.` or `..` (the
 /// protocol layer already refuses such names; this is the last line). A
 /// NUL inside is refused by rustix when it builds the C string.
@@ -188,6 +222,44 @@ impl DirFd {
         Ok(file)
     }
 
+    /// Opens the existing file `name` for reading and writing only if it
+    /// is the receiver's own: a regular file with exactly one link, owned
+    /// by the effective uid. The name is looked at without following a
+    /// link (nothing else is even opened), and the verdict is the opened
+    /// descriptor's (`fstat`), so a name swapped in between is caught. A
+    /// file that is there but fails a check is `OwnFileError::Foreign`:
+    /// writing to it (a planted hard link, another user's file) could
+    /// change a file the receiver was never given.
+    pub fn open_own_file(&self, name: &str) -> Result<File, OwnFileError> {
+        let foreign = |why: String| OwnFileError::Foreign {
+            name: name.to_string(),
+            why,
+        };
+        let seen = rustix::fs::statat(&self.fd, component(name)?, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(io::Error::from)?;
+        if let Some(why) = not_own(&seen) {
+            return Err(foreign(why));
+        }
+        let fd = rustix::fs::openat(
+            &self.fd,
+            component(name)?,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => foreign("a symbolic link".into()),
+            e => OwnFileError::Io(e.into()),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(io::Error::from)?;
+        if let Some(why) = not_own(&st) {
+            return Err(foreign(why));
+        }
+        if (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino) {
+            return Err(foreign("replaced while it was opened".into()));
+        }
+        Ok(File::from(fd))
+    }
+
     /// Renames `from` to `to`, both in this directory. Neither is followed
     /// if it is a link (a link at `to` is replaced, never written through).
     /// With `noreplace`, an existing `to` fails with AlreadyExists.
@@ -266,6 +338,41 @@ mod tests {
         assert!(d.open_file("d", false).is_err(), "a directory");
         assert!(d.open_file("missing", false).is_err());
         assert!(d.open_file("../f", false).is_err(), "not one component");
+    }
+
+    #[test]
+    fn own_files_are_regular_single_linked_and_the_euids() {
+        let root = tempfile::tempdir().unwrap();
+        let p = |n: &str| root.path().join(n);
+        std::fs::write(p("own"), b"abc").unwrap();
+        std::fs::write(p("linked"), b"abc").unwrap();
+        std::fs::hard_link(p("linked"), p("second")).unwrap();
+        std::os::unix::fs::symlink(p("own"), p("symlink")).unwrap();
+        std::fs::create_dir(p("dir")).unwrap();
+        let d = DirFd::open(root.path()).unwrap();
+        assert!(d.open_own_file("own").is_ok());
+        let foreign = |n: &str| match d.open_own_file(n) {
+            Err(OwnFileError::Foreign { why, .. }) => why,
+            other => panic!("{n}: {other:?}"),
+        };
+        assert_eq!(foreign("linked"), "2 hard links, not 1");
+        assert_eq!(foreign("second"), "2 hard links, not 1");
+        assert_eq!(foreign("symlink"), "a symbolic link");
+        assert_eq!(foreign("dir"), "not a regular file");
+        assert!(matches!(
+            d.open_own_file("missing"),
+            Err(OwnFileError::Io(e)) if e.kind() == io::ErrorKind::NotFound
+        ));
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(p("own"), Some(65534), None).unwrap();
+            assert_eq!(foreign("own"), "owned by uid 65534, not 0");
+        } else {
+            eprintln!(
+                "not root: the case of a file of another owner is skipped (chown needs root)"
+            );
+        }
+        // Nothing was written through any of them.
+        assert_eq!(std::fs::read(p("linked")).unwrap(), b"abc");
     }
 
     #[test]

@@ -108,29 +108,170 @@ pub fn signal_group(child: &std::process::Child, sig: GroupSignal) -> std::io::R
     }
 }
 
-/// Prepares `cmd`'s child to run in the directory open as `dir` (by
-/// descriptor: the directory that was checked, not a path looked up
-/// again) and to be killed (SIGKILL) when the thread that starts it ends:
-/// if the receiver dies mid-file, the command must not take the end of
-/// its input for a complete file.
-pub fn confine_command(cmd: &mut std::process::Command, dir: std::fs::File) {
-    use std::os::unix::process::CommandExt;
-    let parent = rustix::process::getpid();
-    // SAFETY: the closure runs in the child between fork and exec. It makes
-    // three system calls through rustix (prctl, getppid, fchdir), which are
-    // async-signal-safe, and allocates nothing: its errors are errno
-    // values, and `dir` was opened before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-            // The parent may have died before the signal was armed.
-            if rustix::process::getppid() != Some(parent) {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            rustix::process::fchdir(&dir)?;
-            Ok(())
-        });
+/// argv[0] of the receiver's own binary started as the trampoline of an
+/// `--exec` command (see `confined_command`).
+pub const EXEC_TRAMPOLINE: &str = "rdma-xfer-exec";
+
+/// Set once the running binary serves as the trampoline
+/// (`exec_trampoline_or_continue` was called in its `main`).
+static TRAMPOLINE_READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The first call of the receiver's `main`. Started as the trampoline
+/// (argv[0] is `EXEC_TRAMPOLINE`: `confined_command` started it), this
+/// process arms its parent-death signal and becomes the command (never
+/// returns). Otherwise it notes that this binary can serve as the
+/// trampoline, and returns.
+pub fn exec_trampoline_or_continue() {
+    let mut args = std::env::args_os();
+    if args.next().as_deref() != Some(std::ffi::OsStr::new(EXEC_TRAMPOLINE)) {
+        TRAMPOLINE_READY.store(true, std::sync::atomic::Ordering::Relaxed);
+        return;
     }
+    let why = become_the_command(args);
+    eprintln!("receiver: error: cannot start the --exec command: {why}");
+    std::process::exit(127)
+}
+
+/// The trampoline: `PARENT_PID PROGRAM ARGS...`. Killed (SIGKILL) when the
+/// thread that started it ends, checked to still have that parent, then
+/// replaced by PROGRAM (same process: the signal stays armed). Returns
+/// only why it could not.
+fn become_the_command(mut args: std::env::ArgsOs) -> String {
+    use std::os::unix::process::CommandExt;
+    let parent = args
+        .next()
+        .and_then(|p| p.to_str()?.parse::<i32>().ok())
+        .and_then(rustix::process::Pid::from_raw);
+    let (Some(parent), Some(program)) = (parent, args.next()) else {
+        return format!("usage: {EXEC_TRAMPOLINE} PARENT_PID PROGRAM [ARGS...]");
+    };
+    let kill = Some(rustix::process::Signal::KILL);
+    if let Err(e) = rustix::process::set_parent_process_death_signal(kill) {
+        return format!("cannot arm the parent-death signal: {e}");
+    }
+    // The parent may have died before the signal was armed.
+    if rustix::process::getppid() != Some(parent) {
+        return "the receiver that started it is gone".into();
+    }
+    std::process::Command::new(program)
+        .args(args)
+        .exec()
+        .to_string()
+}
+
+/// A command that runs `program` in the directory open as `dir` (by
+/// descriptor: the directory that was checked, not a path looked up
+/// again) and is killed (SIGKILL) when the thread that starts it ends: if
+/// the receiver dies mid-file, the command must not take the end of its
+/// input for a complete file. `dir` must stay open until the command is
+/// spawned.
+///
+/// Started without a fork of the receiver: a fork would copy the page
+/// tables of a process that holds registered (pinned) memory, and the
+/// kernel copies pinned pages for the child at once (or, on kernels
+/// before 5.9 without `ibv_fork_init`, the parent's next write to a
+/// registered page can leave the NIC writing to the child's copy). So the
+/// command carries no `pre_exec` code: std then starts it with
+/// posix_spawn (clone with CLONE_VM and CLONE_VFORK: nothing copied, the
+/// receiver's thread waits until the exec); its directory is a spawn
+/// file action (chdir to `/proc/self/fd/N`, resolved in the child, where
+/// N is still open: exactly `dir`), its process group a spawn attribute
+/// (`process_group`); and the parent-death signal, which only the child
+/// can arm, is armed after an exec, by the receiver's own binary started
+/// as a trampoline (`EXEC_TRAMPOLINE`) that then becomes `program`. A
+/// binary that never called `exec_trampoline_or_continue` (tests, other
+/// users of the library) runs `program` directly, without that signal.
+pub fn confined_command(program: &str, dir: &std::fs::File) -> std::process::Command {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = if TRAMPOLINE_READY.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.arg0(EXEC_TRAMPOLINE)
+            .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+            .arg(program);
+        cmd
+    } else {
+        std::process::Command::new(program)
+    };
+    cmd.current_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    cmd
+}
+
+/// Takes the variable `name` out of the process environment for good: its
+/// value is returned, the variable removed (no child inherits it, no
+/// later `getenv` finds it), and its bytes in the environment block the
+/// kernel wrote at exec — what `/proc/PID/environ` shows to whoever may
+/// read it, long after `unsetenv` — overwritten with zeros. Meant for a
+/// secret (the token), first thing in `main`.
+///
+/// Changing the environment is unsound while another thread may read it
+/// (hence `std::env::remove_var` is `unsafe`): this checks that the
+/// process runs exactly one thread, this one (which then cannot start
+/// another meanwhile), and otherwise changes nothing and says why.
+pub fn take_env_var(name: &str) -> std::io::Result<Option<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(value) = std::env::var_os(name) else {
+        return Ok(None);
+    };
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    if threads != 1 {
+        return Err(std::io::Error::other(format!(
+            "{threads} threads run: {name} cannot be removed from the environment safely"
+        )));
+    }
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| std::io::Error::other(format!("{name:?} holds a NUL byte")))?;
+    // SAFETY: getenv only reads the environment, and this is the process's
+    // only thread (checked above): nothing changes it meanwhile.
+    let found = unsafe { libc::getenv(cname.as_ptr()) };
+    // The whole `NAME=value` entry, if it lies in the exec-time block (an
+    // entry set later lives in memory the C library owns: left alone).
+    let entry_len = name.len() + 1 + value.as_bytes().len();
+    let entry = (!found.is_null())
+        .then(|| found.cast::<u8>().wrapping_sub(name.len() + 1))
+        .filter(|start| {
+            exec_env_block().is_some_and(|(from, to)| {
+                start.addr() >= from && start.addr().saturating_add(entry_len) <= to
+            })
+        });
+    // SAFETY: as above, the only thread: no other reads or writes the
+    // environment while it changes.
+    unsafe { std::env::remove_var(name) };
+    if let Some(start) = entry {
+        // SAFETY: [start, start + entry_len) lies inside the environment
+        // block the kernel wrote on the initial stack at exec (checked
+        // against /proc/self/stat): mapped and writable for the life of the
+        // process, owned by no allocator (the C library never frees it),
+        // and no longer listed in `environ` (removed just above). It holds
+        // `NAME=value`: `found` was the value getenv returned, right after
+        // `NAME=`, and the value is `entry_len` - `NAME=` bytes long. No
+        // Rust reference to these bytes exists, and no other thread runs.
+        unsafe { std::ptr::write_bytes(start, 0, entry_len) };
+    }
+    Ok(Some(value))
+}
+
+/// Where the kernel put the environment strings at exec: fields 50 and 51
+/// (env_start, env_end) of /proc/self/stat, after the command name (which
+/// may hold spaces and parentheses, hence from the last `)`).
+fn exec_env_block() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, after_name) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Field 3 (the state) comes first.
+    let field = |n: usize| fields.get(n - 3)?.parse::<usize>().ok();
+    Some((field(50)?, field(51)?))
+}
+
+/// Makes the process not dumpable (`PR_SET_DUMPABLE` 0): no core dump,
+/// and its `/proc/PID` files (`environ`, `mem`, ...) and ptrace refused to
+/// processes of the same user without CAP_SYS_PTRACE, such as the
+/// commands it starts. Also reset by the kernel at an exec of a setuid
+/// program; never set back here.
+pub fn set_not_dumpable() -> std::io::Result<()> {
+    Ok(rustix::process::set_dumpable_behavior(
+        rustix::process::DumpableBehavior::NotDumpable,
+    )?)
 }
 
 /// Bytes written to the pipe `fd` and not read yet.
@@ -482,6 +623,32 @@ pub fn set_pipe_size(fd: &impl AsFd, bytes: usize) -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_environment_is_left_alone_while_other_threads_run() {
+        // The test harness runs this test on a thread of its own: more
+        // than one thread, so nothing is removed.
+        assert_eq!(take_env_var("RDMA_XFER_TEST_NEVER_SET").unwrap(), None);
+        let path = std::env::var_os("PATH").expect("PATH is set");
+        let e = take_env_var("PATH").unwrap_err();
+        assert!(e.to_string().contains("threads run"), "{e}");
+        assert_eq!(std::env::var_os("PATH"), Some(path));
+    }
+
+    #[test]
+    fn the_exec_environment_block_is_found() {
+        let (from, to) = exec_env_block().expect("/proc/self/stat fields 50, 51");
+        assert!(from < to, "{from:x}..{to:x}");
+    }
+
+    #[test]
+    fn a_process_can_be_made_not_dumpable() {
+        use rustix::process::{DumpableBehavior, dumpable_behavior, set_dumpable_behavior};
+        let before = dumpable_behavior().unwrap();
+        set_not_dumpable().unwrap();
+        assert_eq!(dumpable_behavior().unwrap(), DumpableBehavior::NotDumpable);
+        set_dumpable_behavior(before).unwrap();
+    }
 
     #[test]
     fn peak_rss_is_read_from_proc() {

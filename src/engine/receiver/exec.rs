@@ -8,11 +8,11 @@
 //! credits: nothing is buffered beyond the pipe.
 
 use crate::sys::dirfd::DirFd;
-use crate::sys::os::{GroupSignal, confine_command, pipe_unread, signal_group, wait_writable};
+use crate::sys::os::{GroupSignal, confined_command, pipe_unread, signal_group, wait_writable};
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -75,7 +75,9 @@ impl ExecSpec {
     ) -> std::io::Result<ExecSink> {
         let path =
             std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-        let mut cmd = Command::new("/bin/sh");
+        // Kept open until the command is spawned (see `confined_command`).
+        let dir = dir.as_file()?;
+        let mut cmd = confined_command("/bin/sh", &dir);
         cmd.arg("-c")
             .arg(&self.command)
             .env_clear()
@@ -95,12 +97,12 @@ impl ExecSpec {
         if let Some(size) = size {
             cmd.env("RDMA_XFER_SIZE", size.to_string());
         }
-        confine_command(&mut cmd, dir.as_file()?);
         if let Some(sha256) = sha256 {
             let hex = crate::engine::digest::digest_hex(&crate::proto::Digest::Sha256(sha256));
             cmd.env("RDMA_XFER_DIGEST", format!("sha256:{hex}"));
         }
         let mut child = cmd.spawn()?;
+        drop(dir);
         let stdin = child.stdin.take();
         if let Some(s) = &stdin {
             crate::engine::stdio::grow_pipe(s, self.pipe_bytes);

@@ -79,9 +79,12 @@ pub struct ReceiverConfig {
     pub progress: ProgressSink,
     /// Networks peers may connect from (`--allow`); empty: everyone.
     pub allow: Vec<AllowedNet>,
-    /// Masks received modes unless the sender keeps them (`sender -p`);
-    /// the process's umask by default.
+    /// Masks received modes unless the sender keeps them (`sender -p`)
+    /// and `keep_modes` lets it; the process's umask by default.
     pub umask: u32,
+    /// `--keep-modes`: the modes of `sender -p` are kept as they are, not
+    /// masked with `umask`.
+    pub keep_modes: bool,
     /// Partial files kept for `sender --resume` (and temporary files left
     /// by a crash) that were not modified for this long are removed, at
     /// start-up and then periodically (see `SWEEP_EVERY`).
@@ -159,6 +162,7 @@ impl ReceiverConfig {
             progress: ProgressSink::default(),
             allow: Vec::new(),
             umask: crate::sys::os::process_umask(),
+            keep_modes: false,
             partial_ttl: DEFAULT_PARTIAL_TTL,
             threads: DEFAULT_WRITER_THREADS as usize,
             allow_dotfiles: false,
@@ -233,6 +237,17 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 cfg.dir.display()
             )));
         }
+    }
+    if matches!(cfg.output, Output::Exec(_)) {
+        // The commands run as the receiver's user: without this they could
+        // read its memory and environment (the token) in /proc/PPID/mem
+        // and /proc/PPID/environ, or ptrace it.
+        crate::sys::os::set_not_dumpable().map_err(|e| {
+            XferError::io(
+                "cannot make the receiver non-dumpable (PR_SET_DUMPABLE), which keeps its --exec commands out of its memory",
+                e,
+            )
+        })?;
     }
     let devices = probe_devices()?;
     info!("RDMA devices: {}", devices.join(", "));
@@ -607,6 +622,7 @@ fn new_machine(cfg: &ReceiverConfig, ep: &Endpoint) -> Result<ReceiverSession, X
         names: NameRules {
             allow_dotfiles: cfg.allow_dotfiles,
         },
+        digest_budget: crate::proto::DigestBudget::DEFAULT,
     };
     let Some(token) = &cfg.token else {
         return Ok(ReceiverSession::new(machine_cfg));

@@ -565,6 +565,10 @@ impl Session<'_, '_> {
         if hello.caps & hello_flags::CHECKSUM == 0 || self.compared.contains(&hello.name) {
             return None;
         }
+        if !self.machine.may_compare(hello.size) {
+            debug!(file = %hello.name, "the session's budget of digest questions is spent: its SHA-256 is not asked");
+            return None;
+        }
         if self.store.starts_commands() {
             return Some(DigestFor::Command);
         }
@@ -630,10 +634,12 @@ impl Session<'_, '_> {
                     h.name
                 ),
             )),
-            None => {
-                self.store
-                    .create_batch(&members, self.cfg.overwrite, &self.cfg.dir, self.cfg.umask)
-            }
+            None => self.store.create_batch(
+                &members,
+                self.cfg.overwrite,
+                &self.cfg.dir,
+                (self.cfg.umask, self.cfg.keep_modes),
+            ),
         }
         .and_then(|batch| Ok((batch, self.ring_for_offer()?)));
         let (batch, ring) = match prepared {
@@ -700,6 +706,11 @@ impl Session<'_, '_> {
         };
         if holding.have.kind == HaveKind::Complete && !self.compared.insert(hello.name.clone()) {
             holding = Holding::nothing("its copy was compared once in this session already");
+        }
+        if holding.have.kind == HaveKind::Complete && !self.machine.may_compare(hello.size) {
+            holding = Holding::nothing(
+                "the session's budget of compared copies is spent: sent whole, a later session compares it",
+            );
         }
         // Nothing kept here: --link-dest may still have it.
         if holding.have.kind == HaveKind::Nothing
@@ -964,7 +975,7 @@ impl Session<'_, '_> {
             size: hello.size,
             digest_alg: hello.digest,
             sink,
-            mode: hello.received_mode(self.cfg.umask),
+            mode: hello.received_mode(self.cfg.umask, self.cfg.keep_modes),
             mtime: hello.mtime,
             hasher: FileHasher::new(hello.digest),
             written: 0,

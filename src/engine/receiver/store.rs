@@ -7,14 +7,16 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 use super::exec::ExecSpec;
-use super::partial::{self, Claim, Holding, Identity, OpenSidecar, Resumable, TempInUse};
+use super::partial::{
+    self, Claim, Holding, Identity, OpenSidecar, Resumable, SidecarKey, TempInUse,
+};
 use super::sink::Sink;
 use super::space::{Promise, SpaceLedger};
 use super::{Output, ReceiverConfig};
 use crate::engine::digest::FileHasher;
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, RejectCode};
-use crate::sys::dirfd::{DirFd, EntryKind};
+use crate::sys::dirfd::{DirFd, EntryKind, OwnFileError};
 use crate::sys::os::{free_space, reserve_blocks};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -36,8 +38,10 @@ pub(super) enum FileStore {
         /// would be changed by the entries created inside, and a mode
         /// without owner write/search would forbid creating them.
         deferred: Vec<DirAttrs>,
-        /// The receiver's umask (see `Hello::received_mode`).
+        /// The receiver's umask, and whether it lets `sender -p` keep its
+        /// modes (see `Hello::received_mode`).
         umask: u32,
+        keep_modes: bool,
         /// Space promised to the files all sessions are receiving.
         ledger: Arc<SpaceLedger>,
         /// --link-dest: where files the sender's digest matches are
@@ -105,6 +109,7 @@ impl FileStore {
             root,
             deferred: Vec::new(),
             umask: cfg.umask,
+            keep_modes: cfg.keep_modes,
             ledger: Arc::clone(ledger),
             link_dest,
         })
@@ -162,13 +167,14 @@ impl FileStore {
     /// arrive, see `FileStore::Tree::deferred`), or accepts an existing one
     /// as it is.
     pub(super) fn make_dir(&mut self, hello: &Hello) -> Result<(), Refusal> {
-        let (root, deferred, umask) = match self {
+        let (root, deferred, umask, keep_modes) = match self {
             FileStore::Tree {
                 root,
                 deferred,
                 umask,
+                keep_modes,
                 ..
-            } => (root, deferred, umask),
+            } => (root, deferred, umask, keep_modes),
             // Accepted: its entries are checked and dropped like any.
             FileStore::Discard => return Ok(()),
             // The commands make what they need; the name must not lead
@@ -220,7 +226,7 @@ impl FileStore {
         parent
             .mkdir(&leaf, 0o700)
             .map_err(|e| io("cannot create directory", e))?;
-        let mode = hello.received_mode(*umask);
+        let mode = hello.received_mode(*umask, *keep_modes);
         // Owner write and search are needed while entries are created inside.
         let now = if mode & 0o300 == 0o300 {
             mode
@@ -299,8 +305,13 @@ impl FileStore {
             return Ok((Holding::copy(hello.size, copy), Some(claim)));
         }
         check_final_name(&parent, &leaf, &hello.name, overwrite)?;
+        // Without a usable key no record is trusted: nothing is kept.
+        let key = SidecarKey::load(root).unwrap_or_else(|e| {
+            warn!(file = %hello.name, "{e}");
+            None
+        });
         Ok((
-            partial::kept_prefix(&parent, &leaf, hello, chunk_len, tick),
+            partial::kept_prefix(&parent, &leaf, hello, chunk_len, key.as_ref(), tick),
             Some(claim),
         ))
     }
@@ -369,15 +380,16 @@ impl FileStore {
                 };
                 let promise =
                     ledger.promise(&hello.name, size - kept.min(size), || free_space(dir))?;
+                let plain_temp = || {
+                    let temp = temp_name();
+                    // Marked before it exists: the sweep never sees it
+                    // unmarked.
+                    let in_use = TempInUse::new(&parent, &temp).map_err(cannot_create)?;
+                    let file = parent.create_new(&temp, 0o600).map_err(cannot_create)?;
+                    Ok::<_, Refusal>((temp, file, None, Some(in_use)))
+                };
                 let (temp, file, resumable, in_use) = match resume {
-                    Resume::No => {
-                        let temp = temp_name();
-                        // Marked before it exists: the sweep never sees it
-                        // unmarked.
-                        let in_use = TempInUse::new(&parent, &temp).map_err(cannot_create)?;
-                        let file = parent.create_new(&temp, 0o600).map_err(cannot_create)?;
-                        (temp, file, None, Some(in_use))
-                    }
+                    Resume::No => plain_temp()?,
                     Resume::Fresh(claim) => {
                         let identity = Identity::of_offer(hello, 0).ok_or_else(|| {
                             (
@@ -388,9 +400,27 @@ impl FileStore {
                                 ),
                             )
                         })?;
-                        let (r, file) = Resumable::start(&parent, &leaf, identity, claim)
-                            .map_err(cannot_create)?;
-                        (r.names().0.to_string(), file, Some(r), None)
+                        let started = SidecarKey::get_or_create(root)
+                            .map(|key| Resumable::start(&parent, &leaf, identity, key, claim));
+                        // Without a key, or with kept files that are not
+                        // the receiver's own (never replaced nor written):
+                        // received whole under a temporary name, not kept
+                        // if it fails.
+                        let not_resumable = |e: &dyn std::fmt::Display| {
+                            warn!(file = %hello.name, "received from the start under a temporary name, not resumable: {e}");
+                        };
+                        match started {
+                            Ok(Ok((r, file))) => (r.names().0.to_string(), file, Some(r), None),
+                            Ok(Err(e @ OwnFileError::Foreign { .. })) => {
+                                not_resumable(&e);
+                                plain_temp()?
+                            }
+                            Ok(Err(OwnFileError::Io(e))) => return Err(cannot_create(e)),
+                            Err(e) => {
+                                not_resumable(&e);
+                                plain_temp()?
+                            }
+                        }
                     }
                     Resume::Continue(sidecar, claim) => {
                         let (r, file) =
@@ -445,16 +475,38 @@ pub(super) struct LinkCandidate {
     /// Open without following a link: what is hashed is what is linked
     /// (checked after the link, by device and inode).
     pub(super) file: File,
-    /// Its size and modification time before it was hashed: unchanged
-    /// after the link, the linked data is the hashed data.
-    seen: (u64, i64, i64),
+    /// Its size and times before it was hashed: unchanged just before
+    /// the link, the linked data is the hashed data.
+    seen: Seen,
 }
 
-/// Size and modification time, to tell a file changed in place.
-fn size_and_time(file: &File) -> std::io::Result<(u64, i64, i64)> {
+/// A file's size, modification time and inode change time: a write that
+/// keeps the size and sets the modification time back still changes the
+/// inode's (which nobody can set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// What `Seen` records of `file` now.
+fn seen(file: &File) -> std::io::Result<Seen> {
     use std::os::unix::fs::MetadataExt;
     let m = file.metadata()?;
-    Ok((m.len(), m.mtime(), m.mtime_nsec()))
+    Ok(Seen {
+        size: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
+}
+
+/// Why a failed hard link may become a copy, if it may: only across file
+/// systems (EXDEV). Any other failure, EPERM above all (the kernel's
+/// protected_hardlinks refusing a file the receiver does not own, an
+/// immutable file), is an answer, never worked around by copying.
+fn copy_instead_of_link(e: &std::io::Error) -> Option<String> {
+    (e.raw_os_error() == Some(libc::EXDEV)).then(|| format!("it is on another file system ({e})"))
 }
 
 /// How a file from --link-dest was put in place.
@@ -485,8 +537,8 @@ impl FileStore {
         check_final_name(&parent, &leaf, &hello.name, overwrite).ok()?;
         let (parent, leaf) = open_parent(dest, &hello.name).ok()?;
         let file = parent.open_file(&leaf, false).ok()?;
-        let seen = size_and_time(&file).ok()?;
-        (seen.0 == hello.size).then_some(LinkCandidate {
+        let seen = seen(&file).ok()?;
+        (seen.size == hello.size).then_some(LinkCandidate {
             parent,
             leaf,
             file,
@@ -495,11 +547,13 @@ impl FileStore {
     }
 
     /// Puts `candidate`, whose SHA-256 is the offer's `sha256`, under the
-    /// offer's name: a hard link when its mode and modification time are
-    /// what the offer's would be (a link shares them with --link-dest's
-    /// file), else, or across file systems, a copy made and committed like
-    /// a received file (its SHA-256 checked again). `tick` is called
-    /// between the copy's pieces. Durable when it returns Ok.
+    /// offer's name: a hard link when its modification time is the offer's
+    /// (a link shares it with --link-dest's file), else, or across file
+    /// systems, a copy made and committed like a received file (its
+    /// SHA-256 checked again). Either way the file has the candidate's own
+    /// permissions, never the offer's mode: a sender that knows a file's
+    /// digest gets no wider access to it than its owner gave. `tick` is
+    /// called between the copy's pieces. Durable when it returns Ok.
     pub(super) fn link_into_place(
         &mut self,
         hello: &Hello,
@@ -508,18 +562,14 @@ impl FileStore {
         (overwrite, chunk_len, dir): (bool, u32, &Path),
         tick: &mut dyn FnMut() -> std::io::Result<()>,
     ) -> Result<Linked, String> {
-        let FileStore::Tree { root, umask, .. } = self else {
+        let FileStore::Tree { root, .. } = self else {
             return Err("no directory to link into".into());
         };
-        let mode = hello.received_mode(*umask);
         let (parent, leaf) = open_parent(root, &hello.name).map_err(|(_, why)| why)?;
         let meta = candidate.file.metadata().map_err(|e| e.to_string())?;
-        let why_copy = if meta.permissions().mode() & 0o7777 != mode {
-            Some(format!(
-                "its mode is {:o}, the offer's {mode:o}",
-                meta.permissions().mode() & 0o7777
-            ))
-        } else if hello.mtime.is_some_and(|m| {
+        // The permission bits only: no set-id bit is copied.
+        let mode = meta.permissions().mode() & 0o777;
+        let why_copy = if hello.mtime.is_some_and(|m| {
             use std::os::unix::fs::MetadataExt;
             (meta.mtime(), meta.mtime_nsec()) != (m.secs, i64::from(m.nanos))
         }) {
@@ -531,15 +581,10 @@ impl FileStore {
             Some(why) => why,
             None => match hard_link(candidate, &parent, &leaf, overwrite) {
                 Ok(()) => return Ok(Linked::HardLink),
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EXDEV | libc::EMLINK | libc::EPERM)
-                    ) =>
-                {
-                    format!("it cannot be linked: {e}")
-                }
-                Err(e) => return Err(format!("cannot link it: {e}")),
+                Err(e) => match copy_instead_of_link(&e) {
+                    Some(why) => why,
+                    None => return Err(format!("cannot link it: {e}")),
+                },
             },
         };
         let mut sink = self
@@ -573,13 +618,19 @@ fn hard_link(
         candidate.file.sync_all()?;
         return parent.sync();
     }
+    // The inode hashed, unchanged since (its change time too: the link
+    // below changes that one): the data hashed. A write after the link
+    // would change both names alike, as it would any hard link's.
+    if seen(&candidate.file)? != candidate.seen {
+        return Err(changed());
+    }
     let temp = temp_name();
     // Marked before it exists: the sweep never sees it unmarked.
     let _in_use = TempInUse::new(parent, &temp)?;
     candidate.parent.link_to(&candidate.leaf, parent, &temp)?;
     let linked = parent.is_same(&temp, &candidate.file).and_then(|same| {
-        // The inode hashed, unchanged since: the data hashed.
-        if !same || size_and_time(&candidate.file)? != candidate.seen {
+        let now = seen(&candidate.file)?;
+        if !same || (now.size, now.mtime) != (candidate.seen.size, candidate.seen.mtime) {
             return Err(changed());
         }
         // What the ACK promises must survive a crash: the data, then the
@@ -635,7 +686,7 @@ impl FileStore {
         members: &[Hello],
         overwrite: bool,
         dir: &Path,
-        umask: u32,
+        modes: (u32, bool),
     ) -> Result<BatchSink, Refusal> {
         let (root, ledger) = match self {
             FileStore::Tree { root, ledger, .. } => (root, ledger),
@@ -655,7 +706,7 @@ impl FileStore {
             FileStore::Discard => {
                 let mut batch = BatchSink::new(None);
                 for h in members {
-                    batch.push(h, umask, None);
+                    batch.push(h, modes, None);
                 }
                 return Ok(batch);
             }
@@ -712,7 +763,7 @@ impl FileStore {
                 discard: false,
                 _in_use: Some(in_use),
             };
-            batch.push(h, umask, Some(Box::new(t)));
+            batch.push(h, modes, Some(Box::new(t)));
         }
         Ok(batch)
     }
@@ -994,7 +1045,7 @@ fn cannot_create(e: std::io::Error) -> Refusal {
 }
 
 /// A temporary name that does not depend on the (up to 255-byte) final name.
-fn temp_name() -> String {
+pub(super) fn temp_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1182,12 +1233,17 @@ impl BatchSink {
     }
 
     /// Adds the next file: its bytes follow the previous file's.
-    fn push(&mut self, hello: &Hello, umask: u32, temp: Option<Box<TempFile>>) {
+    fn push(
+        &mut self,
+        hello: &Hello,
+        (umask, keep_modes): (u32, bool),
+        temp: Option<Box<TempFile>>,
+    ) {
         self.members.push(BatchMember {
             name: hello.name.clone(),
             start: self.len,
             size: hello.size,
-            mode: hello.received_mode(umask),
+            mode: hello.received_mode(umask, keep_modes),
             mtime: hello.mtime,
             temp,
             hasher: Some(FileHasher::new(hello.digest)),
@@ -1400,7 +1456,7 @@ mod tests {
         // Same mode and time (none offered): a hard link.
         let mut h = hello("d/f", 3);
         h.mtime = None;
-        let mode = h.received_mode(cfg.umask);
+        let mode = h.received_mode(cfg.umask, false);
         std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(mode)).unwrap();
         let c = s.link_candidate(&h, false).unwrap();
         let sha = partial::copy_digest(&c.file, 3, 1 << 20, &mut || Ok(())).unwrap();
@@ -1416,17 +1472,24 @@ mod tests {
         let again = s.link_into_place(&h, &c, sha, (true, 1 << 20, root.path()), &mut || Ok(()));
         assert!(matches!(again, Ok(Linked::HardLink)));
         assert_eq!(entries(&root.path().join("d")), ["f"]);
-        // Another mode: a copy with the offer's mode, checked.
+        // Another mode offered: still a link (with the file's own mode).
         std::fs::remove_file(root.path().join("d/f")).unwrap();
         std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = s.link_candidate(&h, false).unwrap();
+        let linked = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(linked, Linked::HardLink));
+        std::fs::remove_file(root.path().join("d/f")).unwrap();
+        // Another modification time offered: a copy, checked, with the
+        // offer's time.
+        let h = hello("d/f", 3);
         let c = s.link_candidate(&h, false).unwrap();
         let copied = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
         assert!(matches!(copied, Linked::Copy(_)));
         let placed = root.path().join("d/f");
         assert_ne!(ino(&placed), ino(&e.join("d/f")));
         assert_eq!(std::fs::read(&placed).unwrap(), b"abc");
-        let placed_mode = std::fs::metadata(&placed).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(placed_mode, mode);
+        let placed_mtime = std::fs::metadata(&placed).unwrap().modified().unwrap();
+        assert_eq!(Some(placed_mtime), system_time(h.mtime.unwrap()));
         // A digest that is not the file's: refused, nothing left behind.
         std::fs::remove_file(&placed).unwrap();
         let c = s.link_candidate(&h, false).unwrap();
@@ -1435,6 +1498,117 @@ mod tests {
                 .is_err()
         );
         assert_eq!(entries(&root.path().join("d")), Vec::<String>::new());
+    }
+
+    /// A store with --link-dest `earlier` writing into `root`, and the
+    /// file `name` in `earlier` holding `bytes` with `mode`.
+    fn link_dest_store(
+        root: &Path,
+        earlier: &Path,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> FileStore {
+        let mut cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), root.into());
+        cfg.link_dest = Some(earlier.into());
+        std::fs::write(earlier.join(name), bytes).unwrap();
+        std::fs::set_permissions(earlier.join(name), std::fs::Permissions::from_mode(mode))
+            .unwrap();
+        FileStore::open(&cfg, &Arc::default()).unwrap()
+    }
+
+    #[test]
+    fn a_link_dest_copy_keeps_the_files_own_mode_never_the_offers() {
+        let (root, earlier) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut s = link_dest_store(root.path(), earlier.path(), "f", b"secret", 0o600);
+        // The sender asks for a mode open to all, and another time (so
+        // that a copy is made, with the offer's time).
+        let mut h = hello("f", 6);
+        h.mode = 0o666;
+        let c = s.link_candidate(&h, false).unwrap();
+        let sha = partial::copy_digest(&c.file, 6, 1 << 20, &mut || Ok(())).unwrap();
+        let how = (false, 1 << 20, root.path());
+        let placed = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(placed, Linked::Copy(_)));
+        let mode = std::fs::metadata(root.path().join("f"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o600, "{mode:o}");
+        // A linked one shares the file's mode anyway.
+        std::fs::remove_file(root.path().join("f")).unwrap();
+        h.mtime = None;
+        let c = s.link_candidate(&h, false).unwrap();
+        let placed = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(placed, Linked::HardLink));
+        let mode = std::fs::metadata(root.path().join("f"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o600, "{mode:o}");
+    }
+
+    #[test]
+    fn a_link_dest_file_changed_with_its_time_set_back_is_never_linked() {
+        let (root, earlier) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // The offer's mode (0640 under the umask 022): linked, were it not
+        // for the change.
+        let mut s = link_dest_store(root.path(), earlier.path(), "f", b"hashed", 0o640);
+        let mut h = hello("f", 6);
+        h.mtime = None;
+        let c = s.link_candidate(&h, false).unwrap();
+        let sha = partial::copy_digest(&c.file, 6, 1 << 20, &mut || Ok(())).unwrap();
+        // Hashed, then rewritten in place: same size, the old time set
+        // back. Only the inode's change time tells.
+        let path = earlier.path().join("f");
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(&path, b"other!").unwrap();
+        let f = File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+        let how = (false, 1 << 20, root.path());
+        let placed = s.link_into_place(&h, &c, sha, how, &mut || Ok(()));
+        let why = placed.err().expect("linked a changed file");
+        assert!(why.contains("changed meanwhile"), "{why}");
+        assert_eq!(entries(root.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn only_a_link_across_file_systems_becomes_a_copy() {
+        let e = |n| std::io::Error::from_raw_os_error(n);
+        assert!(copy_instead_of_link(&e(libc::EXDEV)).is_some());
+        for refused in [libc::EPERM, libc::EMLINK, libc::EACCES] {
+            assert_eq!(copy_instead_of_link(&e(refused)), None, "{refused}");
+        }
+        // A real EPERM: an immutable file (root, and a file system with
+        // the flag, needed).
+        let (root, earlier) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut s = link_dest_store(root.path(), earlier.path(), "f", b"fixed", 0o644);
+        let path = earlier.path().join("f");
+        let chattr = |flag: &str| {
+            std::process::Command::new("chattr")
+                .arg(flag)
+                .arg(&path)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !chattr("+i") {
+            eprintln!(
+                "chattr +i failed (not root, or no such flag here): the real EPERM case is skipped"
+            );
+            return;
+        }
+        let mut h = hello("f", 5);
+        h.mtime = None;
+        let placed = s.link_candidate(&h, false).map(|c| {
+            let sha = partial::copy_digest(&c.file, 5, 1 << 20, &mut || Ok(())).unwrap();
+            s.link_into_place(&h, &c, sha, (false, 1 << 20, root.path()), &mut || Ok(()))
+        });
+        assert!(chattr("-i"), "chattr -i {}", path.display());
+        let why = placed.expect("a candidate").err().expect("copied instead");
+        assert!(why.contains("cannot link it"), "{why}");
+        assert_eq!(entries(root.path()), Vec::<String>::new());
     }
 
     #[test]
@@ -1472,7 +1646,9 @@ mod tests {
         sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
         assert_eq!(sink.outcome(), crate::engine::Outcome::Discarded);
         let members = [hello("a", 2), hello("d/b", 1)];
-        let batch = s.create_batch(&members, false, root.path(), 0o022).unwrap();
+        let batch = s
+            .create_batch(&members, false, root.path(), (0o022, false))
+            .unwrap();
         let mut sink = Sink::Batch(Box::new(batch));
         assert!(sink.write(b"xyz", 0, 0, 0).is_ok());
         sink.commit("batch", 0, None, false).unwrap();
@@ -1519,7 +1695,9 @@ mod tests {
         chunk: usize,
     ) -> Sink {
         let members: Vec<_> = files.iter().map(|(n, size)| hello(n, *size)).collect();
-        let mut b = s.create_batch(&members, false, root, 0o022).unwrap();
+        let mut b = s
+            .create_batch(&members, false, root, (0o022, false))
+            .unwrap();
         for (k, c) in data.chunks(chunk).enumerate() {
             b.write_chunk(c, (k * chunk) as u64).unwrap();
         }
@@ -1558,7 +1736,7 @@ mod tests {
             .unwrap()
             .permissions()
             .mode();
-        assert_eq!(mode & 0o777, hello("b", 3).received_mode(0o022));
+        assert_eq!(mode & 0o777, hello("b", 3).received_mode(0o022, false));
     }
 
     #[test]
@@ -1570,7 +1748,10 @@ mod tests {
         std::fs::write(root.path().join("there"), b"x").unwrap();
         for files in [[("a", 1), ("there", 1)], [("b", 1), ("no/dir", 1)]] {
             let members: Vec<_> = files.iter().map(|(n, size)| hello(n, *size)).collect();
-            assert!(s.create_batch(&members, false, root.path(), 0).is_err());
+            assert!(
+                s.create_batch(&members, false, root.path(), (0, false))
+                    .is_err()
+            );
             assert_eq!(entries(root.path()), ["there"]);
         }
         std::fs::remove_file(root.path().join("there")).unwrap();
@@ -1590,7 +1771,9 @@ mod tests {
         assert_eq!(std::fs::read(root.path().join("z")).unwrap(), b"theirs");
         // With --overwrite it is replaced, with the rest of the batch.
         let members = [hello("w", 3), hello("z", 3)];
-        let mut b = s.create_batch(&members, true, root.path(), 0).unwrap();
+        let mut b = s
+            .create_batch(&members, true, root.path(), (0, false))
+            .unwrap();
         b.write_chunk(&data, 0).unwrap();
         let mut sink = Sink::Batch(Box::new(b));
         sink.commit("batch", 0, None, true).unwrap();
@@ -1649,7 +1832,11 @@ mod tests {
         let (kept, claim) = holds(&s);
         assert_eq!(kept.have.bytes, 700);
         let prefix = kept.kept.expect("the verified prefix");
-        assert_eq!(entries(root.path()).len(), 2, "the partial and its record");
+        assert_eq!(
+            entries(root.path()).len(),
+            3,
+            "the partial, its record and the directory's key"
+        );
         // The second continues it; committed, it is the file, nothing else.
         let mut sink = s
             .create(
@@ -1662,7 +1849,7 @@ mod tests {
         write_chunks(&mut sink, &data, 700, 100);
         sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
         drop(sink);
-        assert_eq!(entries(root.path()), ["f.bin"]);
+        assert_eq!(entries(root.path()), [".rdma-xfer-key", "f.bin"]);
         assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
         // Now the receiver has it complete.
         assert_eq!(holds(&s).0.have.kind, crate::proto::HaveKind::Complete);
@@ -1695,7 +1882,7 @@ mod tests {
         let Sink::Temp(t) = &mut sink else { panic!() };
         t.discard();
         drop(sink);
-        assert_eq!(entries(root.path()), ["f.bin"]);
+        assert_eq!(entries(root.path()), [".rdma-xfer-key", "f.bin"]);
     }
 
     #[test]
@@ -1743,6 +1930,188 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_partial_file_that_is_not_the_receivers_own_is_never_written() {
+        use std::os::unix::fs::MetadataExt;
+        let root = tempfile::tempdir().unwrap();
+        // Files of the receiver's user elsewhere, that a planted name
+        // would lead to.
+        let home = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 11) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let (partial, meta) = partial::partial_names("f.bin");
+        let at = |n: &str| root.path().join(n);
+        let holds = |s: &FileStore| {
+            s.holding(&h, (100, false), Duration::ZERO, &mut || Ok(()))
+                .unwrap()
+        };
+        // A genuine attempt that kept 500 bytes and their records.
+        let keep_500 = |s: &mut FileStore| {
+            for n in [&partial, &meta, &"f.bin".to_string()] {
+                let _ = std::fs::remove_file(at(n));
+            }
+            let claim = holds(s).1.unwrap();
+            let mut sink = s
+                .create(&h, false, root.path(), Resume::Fresh(claim))
+                .unwrap();
+            write_chunks(&mut sink, &data[..500], 0, 100);
+            drop(sink);
+            assert_eq!(holds(s).0.have.bytes, 500, "kept and resumable");
+        };
+        // `name` replaced by a hard link to a file of the same bytes in
+        // `home`: the victim.
+        let plant_link = |name: &str| {
+            let victim = home.path().join(name);
+            let _ = std::fs::remove_file(&victim);
+            std::fs::copy(at(name), &victim).unwrap();
+            std::fs::remove_file(at(name)).unwrap();
+            std::fs::hard_link(&victim, at(name)).unwrap();
+            victim
+        };
+        let plant_symlink = |name: &str| {
+            let victim = home.path().join(name);
+            let _ = std::fs::remove_file(&victim);
+            std::fs::rename(at(name), &victim).unwrap();
+            std::os::unix::fs::symlink(&victim, at(name)).unwrap();
+            victim
+        };
+        let as_root = rustix::process::geteuid().is_root();
+        /// A way to plant a file; returns the file planted at.
+        type Plant<'a> = Box<dyn Fn() -> std::path::PathBuf + 'a>;
+        let mut cases: Vec<(&str, Plant)> = vec![
+            (
+                "a hard link as the partial",
+                Box::new(|| plant_link(&partial)),
+            ),
+            ("a hard link as the record", Box::new(|| plant_link(&meta))),
+            (
+                "a symbolic link as the partial",
+                Box::new(|| plant_symlink(&partial)),
+            ),
+            (
+                "a symbolic link as the record",
+                Box::new(|| plant_symlink(&meta)),
+            ),
+        ];
+        if as_root {
+            cases.push((
+                "a partial of another owner",
+                Box::new(|| {
+                    std::os::unix::fs::chown(at(&partial), Some(65534), Some(65534)).unwrap();
+                    at(&partial)
+                }),
+            ));
+        } else {
+            eprintln!(
+                "not root: the case of a partial file of another owner is skipped (chown needs root)"
+            );
+        }
+        for (case, plant) in &cases {
+            keep_500(&mut s);
+            let planted = plant();
+            let before = std::fs::read(&planted).unwrap();
+            let inode = std::fs::metadata(&planted).unwrap().ino();
+            // Not resumed, and why (no uid or path told to the sender).
+            let (held, claim) = holds(&s);
+            assert!(held.kept.is_none(), "{case}: resumed");
+            assert_eq!(
+                held.have,
+                crate::proto::Have::nothing(
+                    "the kept partial file is not the receiver's own: not resumed"
+                ),
+                "{case}"
+            );
+            // Received from zero under a temporary name, committed.
+            let mut sink = s
+                .create(&h, false, root.path(), Resume::Fresh(claim.unwrap()))
+                .unwrap();
+            let Sink::Temp(t) = &sink else { panic!() };
+            assert!(t.temp.ends_with(".part"), "{case}: {}", t.temp);
+            write_chunks(&mut sink, &data, 0, 100);
+            sink.commit(&h.name, 0o640, h.mtime, false).unwrap();
+            drop(sink);
+            assert_eq!(std::fs::read(at("f.bin")).unwrap(), data, "{case}");
+            // The planted file: never truncated, written, nor replaced.
+            assert_eq!(std::fs::read(&planted).unwrap(), before, "{case}");
+            assert_eq!(std::fs::metadata(&planted).unwrap().ino(), inode, "{case}");
+            assert_ne!(
+                std::fs::metadata(at("f.bin")).unwrap().ino(),
+                inode,
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_written_without_the_directorys_key_is_as_good_as_none() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = store(root.path());
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13) as u8).collect();
+        let mut h = hello("f.bin", 1000);
+        h.caps |= crate::proto::hello_flags::RESUME;
+        let holds = |s: &FileStore| {
+            s.holding(&h, (100, false), Duration::ZERO, &mut || Ok(()))
+                .unwrap()
+        };
+        // The directory has its key (an earlier resumable file made it).
+        let claim = holds(&s).1.unwrap();
+        let mut sink = s
+            .create(&h, false, root.path(), Resume::Fresh(claim))
+            .unwrap();
+        write_chunks(&mut sink, &data[..300], 0, 100);
+        drop(sink);
+        assert_eq!(holds(&s).0.have.bytes, 300);
+        // Someone who can write the directory but not read the key puts a
+        // partial file of their choice there, with a record of its chunks
+        // as the unkeyed format had it (CRC32 checks anyone can compute).
+        let (partial, meta) = partial::partial_names("f.bin");
+        let chosen = vec![0x5au8; 500];
+        std::fs::write(root.path().join(&partial), &chosen).unwrap();
+        let forge = |magic: &[u8; 8]| {
+            let mut b = magic.to_vec();
+            b.extend_from_slice(&5u16.to_be_bytes());
+            b.extend_from_slice(&1000u64.to_be_bytes());
+            b.extend_from_slice(&1_000_000_000i64.to_be_bytes());
+            b.extend_from_slice(&5u32.to_be_bytes());
+            b.push(h.digest as u8);
+            b.extend_from_slice(&100u32.to_be_bytes());
+            b.extend_from_slice(b"f.bin");
+            let check = crc32fast::hash(&b);
+            b.extend_from_slice(&check.to_be_bytes());
+            for (i, c) in chosen.chunks(100).enumerate() {
+                let crc = crc32fast::hash(c);
+                let mut check = crc32fast::Hasher::new();
+                check.update(&(i as u64).to_be_bytes());
+                check.update(&crc.to_be_bytes());
+                b.extend_from_slice(&crc.to_be_bytes());
+                b.extend_from_slice(&check.finalize().to_be_bytes());
+            }
+            std::fs::write(root.path().join(&meta), b).unwrap();
+        };
+        for (magic, note) in [
+            (b"RXFRPT1\n", "older, unkeyed format"),
+            (b"RXFRPT2\n", "does not check with this directory's key"),
+        ] {
+            forge(magic);
+            let (held, claim) = holds(&s);
+            assert!(held.kept.is_none(), "{note}: resumed");
+            assert_eq!(held.have.kind, crate::proto::HaveKind::Nothing);
+            assert!(held.have.note.contains(note), "{:?}", held.have.note);
+            // Received from zero: the chosen bytes are not kept.
+            let mut sink = s
+                .create(&h, true, root.path(), Resume::Fresh(claim.unwrap()))
+                .unwrap();
+            write_chunks(&mut sink, &data, 0, 100);
+            sink.commit(&h.name, 0o640, h.mtime, true).unwrap();
+            drop(sink);
+            assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
+            std::fs::remove_file(root.path().join("f.bin")).unwrap();
+            std::fs::write(root.path().join(&partial), &chosen).unwrap();
+        }
+    }
+
+    #[test]
     fn after_a_failed_write_no_record_is_kept_past_the_last_sync() {
         let root = tempfile::tempdir().unwrap();
         let mut s = store(root.path());
@@ -1771,7 +2140,11 @@ mod tests {
         drop(sink);
         // Kept: only what the last good sync recorded.
         let (_, meta) = partial::partial_names("f.bin");
-        let side = partial::Sidecar::decode(&std::fs::read(root.path().join(meta)).unwrap());
+        let key = SidecarKey::load(&DirFd::open(root.path()).unwrap());
+        let side = partial::Sidecar::decode(
+            &std::fs::read(root.path().join(meta)).unwrap(),
+            &key.unwrap().unwrap(),
+        );
         let side = side.unwrap();
         assert_eq!(side.crcs.len(), partial::SYNC_EVERY);
     }
@@ -1863,7 +2236,7 @@ mod tests {
             assert_eq!(allocated(&f), 0, "resumable: {resumable}");
         }
         let (partial, meta) = partial::partial_names("f.bin");
-        let mut want = vec![partial, meta];
+        let mut want = vec![partial, meta, partial::KEY_NAME.to_string()];
         want.sort();
         assert_eq!(entries(root.path()), want);
     }
@@ -1926,5 +2299,49 @@ mod tests {
         s.finish_dirs();
         assert_eq!(mode("sub"), 0o500);
         assert!(entries(outside.path()).is_empty());
+    }
+
+    #[test]
+    fn sender_modes_are_kept_only_when_the_receiver_keeps_modes() {
+        let mode = |root: &Path, p: &str| {
+            std::fs::metadata(root.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        // `sender -p` of a directory open to all, under umask 022.
+        let mut d = hello("open", 0);
+        d.mode = 0o777;
+        d.caps |= crate::proto::hello_flags::KEEP_MODE;
+        for (keep_modes, want) in [(false, 0o755), (true, 0o777)] {
+            let root = tempfile::tempdir().unwrap();
+            let mut cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), root.path().into());
+            (cfg.umask, cfg.keep_modes) = (0o022, keep_modes);
+            let mut s = FileStore::open(&cfg, &Arc::default()).unwrap();
+            s.make_dir(&d).unwrap();
+            s.finish_dirs();
+            assert_eq!(
+                mode(root.path(), "open"),
+                want,
+                "--keep-modes: {keep_modes}"
+            );
+            // And the files of a batch.
+            let mut f = hello("f", 3);
+            f.mode = 0o666;
+            f.caps |= crate::proto::hello_flags::KEEP_MODE;
+            let mut b = s
+                .create_batch(
+                    std::slice::from_ref(&f),
+                    false,
+                    root.path(),
+                    (cfg.umask, keep_modes),
+                )
+                .unwrap();
+            b.write_chunk(b"abc", 0).unwrap();
+            b.commit(false).unwrap();
+            let want = want & 0o666;
+            assert_eq!(mode(root.path(), "f"), want, "--keep-modes: {keep_modes}");
+        }
     }
 }

@@ -2,11 +2,13 @@
 //! or a kept partial file whose prefix is read back and checked against
 //! its record.
 
+use super::key::SidecarKey;
 use super::sidecar::*;
 use crate::proto::{DigestAlg, Hello};
+use crate::sys::dirfd::OwnFileError;
 
 /// Records past this many bytes of a sidecar are not read (a 2 TB file in
-/// 1 MiB chunks needs 16 MiB of records).
+/// 1 MiB chunks needs 72 MiB of records).
 const MAX_SIDECAR: u64 = 256 << 20;
 
 /// What the receiver holds of a file offered with RESUME: the HAVE to
@@ -35,6 +37,8 @@ pub(crate) struct OpenSidecar {
     pub partial: std::fs::File,
     /// The sidecar (open for reading and writing).
     pub meta: std::fs::File,
+    /// The key its records checked with, to tag the next ones.
+    pub key: SidecarKey,
 }
 
 impl std::ops::Deref for OpenSidecar {
@@ -72,11 +76,12 @@ pub(crate) fn find(
     leaf: &str,
     hello: &Hello,
     chunk_len: u32,
+    key: Option<&SidecarKey>,
     tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> Holding {
     match copy_of(parent, leaf, hello) {
         Some(copy) => Holding::copy(hello.size, copy),
-        None => kept_prefix(parent, leaf, hello, chunk_len, tick),
+        None => kept_prefix(parent, leaf, hello, chunk_len, key, tick),
     }
 }
 
@@ -109,7 +114,9 @@ pub(crate) fn copy_of(
 
 /// The prefix of a partial file kept from an earlier attempt at `hello`'s
 /// file under `parent` with final name `leaf`, read back and checked
-/// against its record, or nothing, with the reason. `tick` is called
+/// against its record, or nothing, with the reason. The record must be
+/// tagged with `key`, the directory's (None: it has none, or none that
+/// can be used, so nothing kept can be trusted). `tick` is called
 /// once per chunk read (the engine keeps the sender informed while a
 /// large file is read) and may stop the read with an error.
 pub(crate) fn kept_prefix(
@@ -117,6 +124,7 @@ pub(crate) fn kept_prefix(
     leaf: &str,
     hello: &Hello,
     chunk_len: u32,
+    key: Option<&SidecarKey>,
     tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> Holding {
     use crate::engine::digest::read_prefix;
@@ -124,10 +132,15 @@ pub(crate) fn kept_prefix(
     let (partial, meta) = partial_names(leaf);
     // Both are opened for writing too: a transfer that continues them
     // writes through these descriptors.
-    let side = match parent.open_file(&meta, true) {
+    // Only the receiver's own files (one link, its uid, never through a
+    // symbolic link): continuing one truncates and writes it.
+    let side = match parent.open_own_file(&meta) {
         Ok(f) => f,
         // Nothing kept: nothing to explain (an empty note).
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holding::nothing(""),
+        Err(OwnFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Holding::nothing("");
+        }
+        Err(e @ OwnFileError::Foreign { .. }) => return not_own(hello, &e),
         Err(e) => {
             return Holding::nothing(format!("cannot open the partial file's record: {e}"));
         }
@@ -143,9 +156,12 @@ pub(crate) fn kept_prefix(
             return Holding::nothing(format!("cannot inspect the partial file's record: {e}"));
         }
     }
+    let Some(key) = key else {
+        return Holding::nothing("the receiver has no usable key for its partial-file records");
+    };
     // Streamed: the header first, the records only once it is acceptable.
     let mut reader = std::io::BufReader::new(&side);
-    let identity = match read_header(&mut reader) {
+    let identity = match read_header(&mut reader, key) {
         Ok(id) => id,
         Err(e) => return Holding::nothing(e.to_string()),
     };
@@ -166,8 +182,9 @@ pub(crate) fn kept_prefix(
             identity.chunk_len
         ));
     }
-    let file = match parent.open_file(&partial, true) {
+    let file = match parent.open_own_file(&partial) {
         Ok(f) => f,
+        Err(e @ OwnFileError::Foreign { .. }) => return not_own(hello, &e),
         Err(e) => return Holding::nothing(format!("cannot open the partial file: {e}")),
     };
     let len = match file.metadata() {
@@ -180,8 +197,8 @@ pub(crate) fn kept_prefix(
     let max = identity
         .chunks()
         .min(len.div_ceil(u64::from(identity.chunk_len)) + 1)
-        .min(MAX_SIDECAR / 8);
-    let crcs = match read_records(&mut reader, max) {
+        .min(MAX_SIDECAR / RECORD_LEN as u64);
+    let crcs = match read_records(&mut reader, max, &identity.records_key(key)) {
         Ok(crcs) => crcs,
         Err(e) => return Holding::nothing(format!("cannot read the partial file's record: {e}")),
     };
@@ -225,6 +242,7 @@ pub(crate) fn kept_prefix(
                     record: sidecar,
                     partial: file,
                     meta: side,
+                    key: key.clone(),
                 },
                 hasher: read.hasher,
             }),
@@ -232,6 +250,14 @@ pub(crate) fn kept_prefix(
         },
         Err(e) => Holding::nothing(format!("the partial file cannot be continued: {e}")),
     }
+}
+
+/// A kept partial file or record that is not the receiver's own: never
+/// continued (a fresh transfer leaves it alone too, see
+/// `Resumable::start`). The details go to the log, not to the sender.
+fn not_own(hello: &Hello, e: &OwnFileError) -> Holding {
+    tracing::warn!(file = %hello.name, "the kept partial file is not resumed: {e}");
+    Holding::nothing("the kept partial file is not the receiver's own: not resumed")
 }
 
 /// SHA-256 of the complete copy `find` held (`Holding::copy`), read
@@ -280,14 +306,33 @@ mod tests {
         let (partial, meta) = partial_names("f.bin");
         std::fs::write(dir.join(&partial), &data[..have]).unwrap();
         let id = Identity::of_offer(hello, chunk).unwrap();
-        let mut side = id.header();
+        let key = key_of(dir);
+        let mut side = id.header(&key);
+        let records = id.records_key(&key);
         for (i, c) in data[..have].chunks_exact(chunk as usize).enumerate() {
-            side.extend_from_slice(&record(i as u64, crc32fast::hash(c)));
+            side.extend_from_slice(&records.record(i as u64, crc32fast::hash(c)));
         }
         std::fs::write(dir.join(meta), side).unwrap();
     }
 
     use std::path::Path;
+
+    /// The key of the directory `dir` (created the first time).
+    fn key_of(dir: &Path) -> SidecarKey {
+        SidecarKey::get_or_create(&DirFd::open(dir).unwrap()).unwrap()
+    }
+
+    /// `find` with the key of `parent`'s directory.
+    fn find(
+        parent: &DirFd,
+        leaf: &str,
+        hello: &Hello,
+        chunk_len: u32,
+        tick: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> Holding {
+        let key = SidecarKey::load(parent).unwrap();
+        super::find(parent, leaf, hello, chunk_len, key.as_ref(), tick)
+    }
 
     fn holds(parent: &DirFd, hello: &Hello) -> crate::proto::Have {
         find(parent, "f.bin", hello, 100, &mut || Ok(())).have

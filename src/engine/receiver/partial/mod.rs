@@ -3,28 +3,33 @@
 //! one, and a sidecar that says which source it came from and which prefix
 //! of it was verified (one CRC32 per chunk, in order).
 //!
-//! The sidecar is a header, then one 8-byte record per verified chunk
-//! (its CRC32 and a check value over its number and CRC), appended as the
+//! The sidecar is a header, then one record per verified chunk (its
+//! CRC32 and an HMAC-SHA256 over its number and CRC, keyed with the
+//! directory's secret, see `key`), appended as the
 //! chunks are made durable: the partial file is fsynced before the records
 //! that cover it are appended (and the sidecar fsynced), so a record never
 //! promises bytes the disk may not have. A torn or damaged record ends the
 //! prefix there; a damaged header makes the whole sidecar unusable.
 //!
-//! `sidecar`: the record's format; `find`: what is held for an offer;
+//! `sidecar`: the record's format; `key`: the secret that tags it; `find`:
+//! what is held for an offer;
 //! `resumable`: writing a partial file (and the claim on it); `sweep`:
 //! removing old leftovers.
 
 mod find;
+mod key;
 mod resumable;
 mod sidecar;
 mod sweep;
 
 pub(super) use find::{Holding, KeptPrefix, OpenSidecar, copy_digest, copy_of, kept_prefix};
+pub(super) use key::SidecarKey;
 pub(super) use resumable::{Claim, Resumable, TempInUse, remove};
 pub(super) use sidecar::Identity;
 pub(super) use sweep::sweep;
 #[cfg(test)]
 pub(super) use {
+    key::KEY_NAME,
     resumable::SYNC_EVERY,
     sidecar::{Sidecar, partial_names},
 };

@@ -2,7 +2,9 @@
 //! the claim that keeps every other session away from them.
 
 use super::find::OpenSidecar;
+use super::key::SidecarKey;
 use super::sidecar::*;
+use crate::sys::dirfd::OwnFileError;
 
 /// Chunks written between two syncs of a resumable file (and so the most
 /// that a crash of the receiver can cost a resumed transfer, besides the
@@ -98,6 +100,8 @@ pub(crate) struct Resumable {
     /// The partial file, to make it durable before records promise it.
     file: std::fs::File,
     sidecar: std::fs::File,
+    /// The directory's key, that tags the records.
+    key: SidecarKey,
     /// The source and chunking; a fresh partial learns its chunk length
     /// from the first chunk (the header is written at the first sync).
     identity: Identity,
@@ -121,18 +125,23 @@ pub(crate) struct Resumable {
 impl Resumable {
     /// Starts over: a new, empty partial file and sidecar for `identity`
     /// (whose chunk length may be 0: the first chunk's), old ones removed.
-    /// Returns the partial file for the chunks' writes.
+    /// Returns the partial file for the chunks' writes. Old ones that are
+    /// not the receiver's own (see `DirFd::open_own_file`) are left alone
+    /// and refused (`OwnFileError::Foreign`): the caller receives the file
+    /// under a temporary name instead.
     pub fn start(
         parent: &crate::sys::dirfd::DirFd,
         leaf: &str,
         identity: Identity,
+        key: SidecarKey,
         claim: Claim,
-    ) -> std::io::Result<(Self, std::fs::File)> {
+    ) -> Result<(Self, std::fs::File), OwnFileError> {
         let (partial, meta) = partial_names(leaf);
         for name in [&partial, &meta] {
-            match parent.unlink(name) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
+            match parent.open_own_file(name) {
+                Ok(_) => parent.unlink(name)?,
+                Err(OwnFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
             }
         }
         let file = parent.create_new(&partial, 0o600)?;
@@ -140,7 +149,7 @@ impl Resumable {
             Ok(f) => f,
             Err(e) => {
                 let _ = parent.unlink(&partial);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let writes = file.try_clone()?;
@@ -151,6 +160,7 @@ impl Resumable {
                 meta,
                 file,
                 sidecar,
+                key,
                 identity,
                 header_written: false,
                 recorded: 0,
@@ -179,7 +189,7 @@ impl Resumable {
         let mut side = sidecar.meta.try_clone()?;
         let prefix = sidecar.prefix_chunks();
         file.set_len(sidecar.prefix_bytes())?;
-        let keep = sidecar.identity.header().len() as u64 + prefix * 8;
+        let keep = sidecar.identity.header_len() + prefix * RECORD_LEN as u64;
         side.set_len(keep)?;
         side.sync_data()?;
         // Records are appended after the kept ones.
@@ -192,6 +202,7 @@ impl Resumable {
                 meta,
                 file,
                 sidecar: side,
+                key: sidecar.key.clone(),
                 identity: sidecar.identity.clone(),
                 header_written: true,
                 recorded: prefix,
@@ -256,12 +267,13 @@ impl Resumable {
         self.file.sync_data()?;
         let first = !self.header_written;
         let mut records = if first {
-            self.identity.header()
+            self.identity.header(&self.key)
         } else {
-            Vec::with_capacity(self.unsynced.len() * 8)
+            Vec::with_capacity(self.unsynced.len() * RECORD_LEN)
         };
+        let records_key = self.identity.records_key(&self.key);
         for (k, crc) in self.unsynced.iter().enumerate() {
-            records.extend_from_slice(&record(self.recorded + k as u64, *crc));
+            records.extend_from_slice(&records_key.record(self.recorded + k as u64, *crc));
         }
         std::io::Write::write_all(&mut self.sidecar, &records)?;
         self.sidecar.sync_data()?;
@@ -309,7 +321,7 @@ impl Resumable {
         if self.failed {
             // A failed append may have left records whose bytes are cut
             // below: they go too.
-            let len = self.identity.header().len() as u64 + self.recorded * 8;
+            let len = self.identity.header_len() + self.recorded * RECORD_LEN as u64;
             if let Err(e) = self.sidecar.set_len(len) {
                 first.get_or_insert(e);
             }
@@ -373,8 +385,9 @@ mod tests {
     fn records_follow_the_data_and_a_resume_drops_what_is_past_the_prefix() {
         let tmp = tempfile::tempdir().unwrap();
         let parent = DirFd::open(tmp.path()).unwrap();
+        let key = SidecarKey::for_tests(3);
         let claim = || Claim::try_take(&parent, "f.bin").unwrap().expect("free");
-        let (mut r, file) = Resumable::start(&parent, "f.bin", id(), claim()).unwrap();
+        let (mut r, file) = Resumable::start(&parent, "f.bin", id(), key.clone(), claim()).unwrap();
         // One session at a time.
         assert!(Claim::try_take(&parent, "f.bin").unwrap().is_none());
         assert!(Claim::try_take(&parent, "g.bin").unwrap().is_some());
@@ -388,12 +401,12 @@ mod tests {
             r.chunk_written(crc32fast::hash(c), 10).unwrap();
         }
         // One sync so far: SYNC_EVERY records; 3 chunks wait for the next.
-        let side = Sidecar::decode(&read_side()).unwrap();
+        let side = Sidecar::decode(&read_side(), &key).unwrap();
         assert_eq!(side.crcs.len(), SYNC_EVERY);
         // The chunk length came from the first chunk.
         assert_eq!(side.identity.chunk_len, 10);
         r.sync().unwrap();
-        let side = Sidecar::decode(&read_side()).unwrap();
+        let side = Sidecar::decode(&read_side(), &key).unwrap();
         assert_eq!(side.crcs.len(), SYNC_EVERY + 3);
         assert_eq!(
             side.identity,
@@ -413,6 +426,7 @@ mod tests {
             record: short,
             partial: parent.open_file(&partial, true).unwrap(),
             meta: parent.open_file(&meta, true).unwrap(),
+            key: key.clone(),
         };
         let (mut r, file) = Resumable::resume(&parent, "f.bin", &short, claim()).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 200);
@@ -420,7 +434,7 @@ mod tests {
         file.write_all_at(c, 200).unwrap();
         r.chunk_written(crc32fast::hash(c), 10).unwrap();
         r.sync().unwrap();
-        let again = Sidecar::decode(&read_side()).unwrap();
+        let again = Sidecar::decode(&read_side(), &key).unwrap();
         assert_eq!(again.crcs.len(), 21);
         assert_eq!(again.crcs[20], crc32fast::hash(c));
         // Done: the partial is renamed by the commit, the sidecar goes.
@@ -429,7 +443,7 @@ mod tests {
         assert!(!tmp.path().join(&meta).exists());
         // Starting over replaces whatever was kept; discarding removes both.
         std::fs::write(tmp.path().join(&meta), b"junk").unwrap();
-        let (r, _) = Resumable::start(&parent, "f.bin", id(), claim()).unwrap();
+        let (r, _) = Resumable::start(&parent, "f.bin", id(), key.clone(), claim()).unwrap();
         assert!(read_side().is_empty());
         r.discard();
         assert!(!tmp.path().join(&meta).exists() && !tmp.path().join(&partial).exists());
@@ -439,11 +453,12 @@ mod tests {
     fn after_a_failed_sync_nothing_more_is_recorded() {
         let tmp = tempfile::tempdir().unwrap();
         let parent = DirFd::open(tmp.path()).unwrap();
+        let key = SidecarKey::for_tests(3);
         let claim = Claim::try_take(&parent, "f.bin").unwrap().unwrap();
-        let (mut r, file) = Resumable::start(&parent, "f.bin", id(), claim).unwrap();
+        let (mut r, file) = Resumable::start(&parent, "f.bin", id(), key.clone(), claim).unwrap();
         let meta = tmp.path().join(r.names().1);
         let records = || {
-            Sidecar::decode(&std::fs::read(&meta).unwrap())
+            Sidecar::decode(&std::fs::read(&meta).unwrap(), &key)
                 .unwrap()
                 .crcs
         };
@@ -466,7 +481,7 @@ mod tests {
         assert_eq!(records().len(), 1);
         // A failed write of the partial file poisons it the same way.
         let claim = Claim::try_take(&parent, "g.bin").unwrap().unwrap();
-        let (mut r, _) = Resumable::start(&parent, "g.bin", id(), claim).unwrap();
+        let (mut r, _) = Resumable::start(&parent, "g.bin", id(), key.clone(), claim).unwrap();
         r.chunk_written(1, 10).unwrap();
         r.write_failed();
         assert!(r.sync().is_err() && r.chunk_written(2, 10).is_err());

@@ -1,16 +1,31 @@
 //! The sidecar of a partial file: its format (header and records), read
 //! back and written, and the hidden names of both files.
 
+use super::key::{SidecarKey, TAG_LEN};
 use crate::proto::{DigestAlg, Hello, Mtime};
+use hmac::Mac as _;
 use sha2::{Digest as _, Sha256};
 
 /// The sidecar's first bytes (and its format version).
-const MAGIC: &[u8; 8] = b"RXFRPT1\n";
+const MAGIC: &[u8; 8] = b"RXFRPT2\n";
+
+/// The first bytes of the unkeyed format before it: such a sidecar is
+/// never used (anyone could have written it).
+const UNKEYED_MAGIC: &[u8; 8] = b"RXFRPT1\n";
 
 /// Header after the magic: name length (u16), size (u64), mtime seconds
 /// (i64) and nanoseconds (u32), digest algorithm (u8), chunk length (u32),
-/// then the name, then a CRC32 of everything before it.
+/// then the name, then the tag (HMAC-SHA256 under the directory's key) of
+/// everything before it.
 const HEADER_FIXED: usize = MAGIC.len() + 2 + 8 + 8 + 4 + 1 + 4;
+
+/// A record: the chunk's CRC32 and its tag.
+pub(crate) const RECORD_LEN: usize = 4 + TAG_LEN;
+
+/// What each tag's input starts with, so that no header's tag is a
+/// record's and the reverse.
+const HEADER_DOMAIN: &[u8] = b"rdma-xfer sidecar header";
+const RECORD_DOMAIN: &[u8] = b"rdma-xfer sidecar record";
 
 /// The identity of a source file and the chunking of its transfer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +50,12 @@ pub(crate) struct Sidecar {
 pub(crate) enum SidecarError {
     #[error("the partial file's record is damaged ({0})")]
     Damaged(&'static str),
+    #[error("the partial file's record is of an older, unkeyed format: not used")]
+    Unkeyed,
+    #[error(
+        "the partial file's record is damaged or not the receiver's (it does not check with this directory's key): not used"
+    )]
+    Forged,
     #[error("cannot read the partial file's record: {0}")]
     Read(#[from] std::io::Error),
 }
@@ -52,9 +73,22 @@ impl Identity {
         })
     }
 
-    /// The sidecar's header for this identity.
-    pub fn header(&self) -> Vec<u8> {
-        let mut h = Vec::with_capacity(HEADER_FIXED + self.name.len() + 4);
+    /// The sidecar's header for this identity, tagged with `key`.
+    pub fn header(&self, key: &SidecarKey) -> Vec<u8> {
+        let mut h = self.header_fields();
+        let tag = key.tag(&[HEADER_DOMAIN, &h]);
+        h.extend_from_slice(&tag);
+        h
+    }
+
+    /// The header's length in bytes.
+    pub fn header_len(&self) -> u64 {
+        (HEADER_FIXED + self.name.len() + TAG_LEN) as u64
+    }
+
+    /// What the header's tag covers.
+    fn header_fields(&self) -> Vec<u8> {
+        let mut h = Vec::with_capacity(HEADER_FIXED + self.name.len() + TAG_LEN);
         h.extend_from_slice(MAGIC);
         // Names are at most 4096 bytes (validated paths).
         h.extend_from_slice(&(self.name.len().min(u16::MAX.into()) as u16).to_be_bytes());
@@ -64,9 +98,17 @@ impl Identity {
         h.push(self.digest as u8);
         h.extend_from_slice(&self.chunk_len.to_be_bytes());
         h.extend_from_slice(self.name.as_bytes());
-        let check = crc32fast::hash(&h);
-        h.extend_from_slice(&check.to_be_bytes());
         h
+    }
+
+    /// The key of this identity's records: each record's tag covers the
+    /// header's, so that no record counts under another header.
+    pub fn records_key(&self, key: &SidecarKey) -> RecordsKey {
+        let header = self.header(key);
+        let tag = &header[header.len() - TAG_LEN..];
+        RecordsKey {
+            mac: key.mac_of(&[RECORD_DOMAIN, tag]),
+        }
     }
 
     /// Why a partial kept for `self` cannot continue a transfer of `now`
@@ -94,15 +136,36 @@ impl Identity {
     }
 }
 
-/// The record of verified chunk `index` with CRC32 `crc`.
-pub(crate) fn record(index: u64, crc: u32) -> [u8; 8] {
-    let mut r = [0u8; 8];
-    r[..4].copy_from_slice(&crc.to_be_bytes());
-    let mut check = crc32fast::Hasher::new();
-    check.update(&index.to_be_bytes());
-    check.update(&crc.to_be_bytes());
-    r[4..].copy_from_slice(&check.finalize().to_be_bytes());
-    r
+/// The key of one sidecar's records (see `Identity::records_key`).
+pub(crate) struct RecordsKey {
+    mac: hmac::Hmac<Sha256>,
+}
+
+impl RecordsKey {
+    /// The record of verified chunk `index` with CRC32 `crc`: the CRC and
+    /// the tag of (its number as u64, the CRC).
+    pub fn record(&self, index: u64, crc: u32) -> [u8; RECORD_LEN] {
+        let mut r = [0u8; RECORD_LEN];
+        r[..4].copy_from_slice(&crc.to_be_bytes());
+        r[4..].copy_from_slice(&self.tag(index, crc).finalize().into_bytes());
+        r
+    }
+
+    fn tag(&self, index: u64, crc: u32) -> hmac::Hmac<Sha256> {
+        let mut m = self.mac.clone();
+        m.update(&index.to_be_bytes());
+        m.update(&crc.to_be_bytes());
+        m
+    }
+
+    /// Whether `rec` is the record of chunk `index` (in constant time).
+    fn checks(&self, index: u64, rec: &[u8; RECORD_LEN]) -> Option<u32> {
+        let crc = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
+        self.tag(index, crc)
+            .verify_slice(&rec[4..])
+            .is_ok()
+            .then_some(crc)
+    }
 }
 
 impl Identity {
@@ -114,11 +177,17 @@ impl Identity {
 }
 
 /// Reads a sidecar's header from `r` (and nothing past it): the identity
-/// it records, if intact.
-pub(crate) fn read_header(r: &mut impl std::io::Read) -> Result<Identity, SidecarError> {
+/// it records, if intact and tagged with `key`.
+pub(crate) fn read_header(
+    r: &mut impl std::io::Read,
+    key: &SidecarKey,
+) -> Result<Identity, SidecarError> {
     let damaged = SidecarError::Damaged;
     let mut fixed = [0u8; HEADER_FIXED];
     read_all(r, &mut fixed, "not a partial-file record")?;
+    if &fixed[..MAGIC.len()] == UNKEYED_MAGIC {
+        return Err(SidecarError::Unkeyed);
+    }
     if &fixed[..MAGIC.len()] != MAGIC {
         return Err(damaged("not a partial-file record"));
     }
@@ -139,13 +208,10 @@ pub(crate) fn read_header(r: &mut impl std::io::Read) -> Result<Identity, Sideca
     // At most 64 KiB: the length is a u16.
     let mut name = vec![0u8; name_len];
     read_all(r, &mut name, "short header")?;
-    let mut check = [0u8; 4];
-    read_all(r, &mut check, "short header")?;
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&fixed);
-    crc.update(&name);
-    if crc.finalize() != u32::from_be_bytes(check) {
-        return Err(damaged("header checksum"));
+    let mut tag = [0u8; TAG_LEN];
+    read_all(r, &mut tag, "short header")?;
+    if !key.verify(&[HEADER_DOMAIN, &fixed, &name], &tag) {
+        return Err(SidecarError::Forged);
     }
     let name = String::from_utf8(name).map_err(|_| damaged("name not UTF-8"))?;
     let digest = DigestAlg::from_u8(alg).ok_or(damaged("unknown digest"))?;
@@ -175,20 +241,24 @@ fn read_all(
 
 /// Reads the records that follow the header, at most `max` of them (read
 /// one at a time: the count is never trusted for an allocation), up to
-/// the first torn or damaged one.
-pub(crate) fn read_records(r: &mut impl std::io::Read, max: u64) -> std::io::Result<Vec<u32>> {
+/// the first torn, damaged or forged one (whose tag does not check under
+/// `key`).
+pub(crate) fn read_records(
+    r: &mut impl std::io::Read,
+    max: u64,
+    key: &RecordsKey,
+) -> std::io::Result<Vec<u32>> {
     let mut crcs = Vec::new();
-    let mut rec = [0u8; 8];
+    let mut rec = [0u8; RECORD_LEN];
     for index in 0..max {
         match r.read_exact(&mut rec) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
             Err(e) => return Err(e),
         }
-        let crc = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
-        if record(index, crc) != rec {
+        let Some(crc) = key.checks(index, &rec) else {
             break;
-        }
+        };
         crcs.push(crc);
     }
     Ok(crcs)
@@ -199,10 +269,10 @@ impl Sidecar {
     /// the first torn or damaged one, and never past the file's last chunk.
     /// (`find` streams the same from the file.)
     #[cfg(test)]
-    pub fn decode(bytes: &[u8]) -> Result<Self, SidecarError> {
+    pub fn decode(bytes: &[u8], key: &SidecarKey) -> Result<Self, SidecarError> {
         let mut r = bytes;
-        let identity = read_header(&mut r)?;
-        let crcs = read_records(&mut r, identity.chunks())?;
+        let identity = read_header(&mut r, key)?;
+        let crcs = read_records(&mut r, identity.chunks(), &identity.records_key(key))?;
         Ok(Self { identity, crcs })
     }
 
@@ -276,19 +346,28 @@ mod tests {
         }
     }
 
+    fn key() -> SidecarKey {
+        SidecarKey::for_tests(1)
+    }
+
     fn sidecar_bytes(id: &Identity, crcs: &[u32]) -> Vec<u8> {
-        let mut b = id.header();
+        let mut b = id.header(&key());
+        let records = id.records_key(&key());
         for (i, c) in crcs.iter().enumerate() {
-            b.extend_from_slice(&record(i as u64, *c));
+            b.extend_from_slice(&records.record(i as u64, *c));
         }
         b
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Sidecar, SidecarError> {
+        Sidecar::decode(bytes, &key())
     }
 
     #[test]
     fn a_sidecar_reads_back_what_was_written() {
         let id = identity();
         let crcs: Vec<u32> = (0..7).map(|i| 0xabc0_0000 + i).collect();
-        let s = Sidecar::decode(&sidecar_bytes(&id, &crcs)).unwrap();
+        let s = decode(&sidecar_bytes(&id, &crcs)).unwrap();
         assert_eq!(s.identity, id);
         assert_eq!(s.crcs, crcs);
         assert_eq!((s.prefix_chunks(), s.prefix_bytes()), (7, 700));
@@ -302,31 +381,69 @@ mod tests {
         let crcs = [1u32, 2, 3, 4];
         let mut b = sidecar_bytes(&id, &crcs);
         // A torn last record (half written).
-        b.extend_from_slice(&record(4, 5)[..5]);
-        assert_eq!(Sidecar::decode(&b).unwrap().crcs, crcs);
+        let records = id.records_key(&key());
+        b.extend_from_slice(&records.record(4, 5)[..5]);
+        assert_eq!(decode(&b).unwrap().crcs, crcs);
         // A flipped bit in record 2: the prefix is records 0 and 1.
-        let at = b.len() - 5 - 2 * 8 + 1;
+        let at = b.len() - 5 - 2 * RECORD_LEN + 1;
         b[at] ^= 0x10;
-        assert_eq!(Sidecar::decode(&b).unwrap().crcs, [1, 2]);
+        assert_eq!(decode(&b).unwrap().crcs, [1, 2]);
         // Records in the wrong order do not check.
-        let mut swapped = id.header();
-        swapped.extend_from_slice(&record(1, 2));
-        swapped.extend_from_slice(&record(0, 1));
-        assert_eq!(Sidecar::decode(&swapped).unwrap().crcs, Vec::<u32>::new());
+        let mut swapped = id.header(&key());
+        swapped.extend_from_slice(&records.record(1, 2));
+        swapped.extend_from_slice(&records.record(0, 1));
+        assert_eq!(decode(&swapped).unwrap().crcs, Vec::<u32>::new());
     }
 
     #[test]
     fn a_damaged_header_makes_the_sidecar_unusable() {
         let b = sidecar_bytes(&identity(), &[1, 2]);
-        for at in 0..identity().header().len() {
+        for at in 0..identity().header(&key()).len() {
             let mut d = b.clone();
             d[at] ^= 0x01;
-            assert!(Sidecar::decode(&d).is_err(), "byte {at}");
+            assert!(decode(&d).is_err(), "byte {at}");
         }
-        for cut in 0..identity().header().len() {
-            assert!(Sidecar::decode(&b[..cut]).is_err(), "cut at {cut}");
+        for cut in 0..identity().header(&key()).len() {
+            assert!(decode(&b[..cut]).is_err(), "cut at {cut}");
         }
-        assert!(Sidecar::decode(b"").is_err());
+        assert!(decode(b"").is_err());
+    }
+
+    #[test]
+    fn records_count_only_under_the_key_and_header_they_were_written_with() {
+        let id = identity();
+        let crcs = [1u32, 2, 3];
+        let good = sidecar_bytes(&id, &crcs);
+        assert_eq!(decode(&good).unwrap().crcs, crcs);
+        // Another directory's key: the whole sidecar is refused.
+        let other = SidecarKey::for_tests(2);
+        assert!(matches!(
+            Sidecar::decode(&good, &other),
+            Err(SidecarError::Forged)
+        ));
+        // Forged by someone without the key: the header as the unkeyed
+        // format computed its check, under the keyed magic.
+        let mut forged = good[..HEADER_FIXED + id.name.len()].to_vec();
+        let crc = crc32fast::hash(&forged);
+        forged.extend_from_slice(&crc.to_be_bytes());
+        forged.resize(id.header_len() as usize, 0);
+        assert!(matches!(decode(&forged), Err(SidecarError::Forged)));
+        // Records of another header (another source, same name) do not
+        // count under this one.
+        let moved = Identity {
+            size: id.size + 1,
+            ..identity()
+        };
+        let mut mixed = id.header(&key());
+        let theirs = moved.records_key(&key());
+        for (i, c) in crcs.iter().enumerate() {
+            mixed.extend_from_slice(&theirs.record(i as u64, *c));
+        }
+        assert_eq!(decode(&mixed).unwrap().crcs, Vec::<u32>::new());
+        // A sidecar of the older, unkeyed format: never used.
+        let mut old = good.clone();
+        old[..8].copy_from_slice(UNKEYED_MAGIC);
+        assert!(matches!(decode(&old), Err(SidecarError::Unkeyed)));
     }
 
     #[test]
@@ -334,14 +451,14 @@ mod tests {
         // 1037 bytes in chunks of 100: 10 whole chunks and a short one.
         let id = identity();
         let all: Vec<u32> = (0..11).collect();
-        let s = Sidecar::decode(&sidecar_bytes(&id, &all)).unwrap();
+        let s = decode(&sidecar_bytes(&id, &all)).unwrap();
         assert_eq!(s.prefix_chunks(), 10);
         // 1000 bytes: 10 whole chunks, the last of them is the file's end.
         let even = Identity {
             size: 1000,
             ..identity()
         };
-        let s = Sidecar::decode(&sidecar_bytes(&even, &all)).unwrap();
+        let s = decode(&sidecar_bytes(&even, &all)).unwrap();
         assert_eq!(s.crcs.len(), 10, "no more records than chunks");
         assert_eq!(s.prefix_chunks(), 9);
     }

@@ -197,6 +197,8 @@ mod tests {
             r.join("a/b/.rdma-xfer-partial-notes.meta"),
             r.join("a/.rdma-xfer-my-notes.part"),
             r.join("a/.rdma-xfer-12-0-0000abcd.part.txt"),
+            // The directory's key of partial-file records: never swept.
+            r.join(super::super::key::KEY_NAME),
         ];
         for p in old.iter().chain([&young_one]).chain(&other) {
             std::fs::write(p, b"x").unwrap();
