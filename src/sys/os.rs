@@ -197,6 +197,9 @@ pub fn confined_command(program: &str, dir: &std::fs::File) -> std::process::Com
     cmd
 }
 
+/// statfs's f_type of procfs (linux/magic.h).
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+
 /// Takes the variable `name` out of the process environment for good: its
 /// value is returned, the variable removed (no child inherits it, no
 /// later `getenv` finds it), and its bytes in the environment block the
@@ -213,6 +216,13 @@ pub fn take_env_var(name: &str) -> std::io::Result<Option<std::ffi::OsString>> {
     let Some(value) = std::env::var_os(name) else {
         return Ok(None);
     };
+    // /proc answers for this process below (threads, the block's bounds):
+    // only the kernel's procfs may be believed.
+    if !rustix::fs::statfs("/proc/self").is_ok_and(|s| s.f_type == PROC_SUPER_MAGIC) {
+        return Err(std::io::Error::other(format!(
+            "/proc is not procfs: {name} cannot be removed from the environment safely"
+        )));
+    }
     let threads = std::fs::read_dir("/proc/self/task")?.count();
     if threads != 1 {
         return Err(std::io::Error::other(format!(

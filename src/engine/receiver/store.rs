@@ -510,6 +510,7 @@ fn copy_instead_of_link(e: &std::io::Error) -> Option<String> {
 }
 
 /// How a file from --link-dest was put in place.
+#[derive(Debug)]
 pub(super) enum Linked {
     /// A hard link to the same inode.
     HardLink,
@@ -562,18 +563,32 @@ impl FileStore {
         (overwrite, chunk_len, dir): (bool, u32, &Path),
         tick: &mut dyn FnMut() -> std::io::Result<()>,
     ) -> Result<Linked, String> {
-        let FileStore::Tree { root, .. } = self else {
+        let FileStore::Tree { root, umask, .. } = self else {
             return Err("no directory to link into".into());
         };
+        let umask = *umask;
         let (parent, leaf) = open_parent(root, &hello.name).map_err(|(_, why)| why)?;
         let meta = candidate.file.metadata().map_err(|e| e.to_string())?;
-        // The permission bits only: no set-id bit is copied.
-        let mode = meta.permissions().mode() & 0o777;
-        let why_copy = if hello.mtime.is_some_and(|m| {
-            use std::os::unix::fs::MetadataExt;
-            (meta.mtime(), meta.mtime_nsec()) != (m.secs, i64::from(m.nanos))
-        }) {
+        use std::os::unix::fs::MetadataExt;
+        // A copy is the receiver's file: the candidate's permission bits
+        // (no set-id bit), never more open than the receiver's umask, and
+        // no group bits for a group that is not the receiver's.
+        let mut mode = meta.permissions().mode() & 0o777 & !umask;
+        if meta.gid() != rustix::process::getegid().as_raw() {
+            mode &= !0o070;
+        }
+        // A link is the candidate itself: only one of the receiver's own
+        // that nobody else may write, or a "received" file could change
+        // under it later.
+        let not_own = meta.uid() != rustix::process::geteuid().as_raw()
+            || meta.permissions().mode() & 0o022 != 0;
+        let why_copy = if hello
+            .mtime
+            .is_some_and(|m| (meta.mtime(), meta.mtime_nsec()) != (m.secs, i64::from(m.nanos)))
+        {
             Some("its modification time is not the offer's".to_string())
+        } else if not_own {
+            Some("it is not the receiver's own, or others may write it".to_string())
         } else {
             None
         };
@@ -1479,6 +1494,20 @@ mod tests {
         let linked = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
         assert!(matches!(linked, Linked::HardLink));
         std::fs::remove_file(root.path().join("d/f")).unwrap();
+        // A file others may write is never linked: copied, with the
+        // receiver's umask (022 here) on its mode.
+        std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(0o666)).unwrap();
+        let c = s.link_candidate(&h, false).unwrap();
+        let copied = s.link_into_place(&h, &c, sha, how, &mut || Ok(())).unwrap();
+        assert!(matches!(copied, Linked::Copy(_)), "{copied:?}");
+        let placed = root.path().join("d/f");
+        assert_ne!(ino(&placed), ino(&e.join("d/f")));
+        assert_eq!(
+            std::fs::metadata(&placed).unwrap().permissions().mode() & 0o777,
+            0o666 & !cfg.umask
+        );
+        std::fs::remove_file(&placed).unwrap();
+        std::fs::set_permissions(e.join("d/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
         // Another modification time offered: a copy, checked, with the
         // offer's time.
         let h = hello("d/f", 3);
