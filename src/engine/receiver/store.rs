@@ -1597,7 +1597,7 @@ mod tests {
         f.set_modified(mtime).unwrap();
         let how = (false, 1 << 20, root.path());
         let placed = s.link_into_place(&h, &c, sha, how, &mut || Ok(()));
-        let why = placed.err().expect("linked a changed file");
+        let why = placed.expect_err("linked a changed file");
         assert!(why.contains("changed meanwhile"), "{why}");
         assert_eq!(entries(root.path()), Vec::<String>::new());
     }
