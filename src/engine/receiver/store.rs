@@ -1635,7 +1635,7 @@ mod tests {
             s.link_into_place(&h, &c, sha, (false, 1 << 20, root.path()), &mut || Ok(()))
         });
         assert!(chattr("-i"), "chattr -i {}", path.display());
-        let why = placed.expect("a candidate").err().expect("copied instead");
+        let why = placed.expect("a candidate").expect_err("copied instead");
         assert!(why.contains("cannot link it"), "{why}");
         assert_eq!(entries(root.path()), Vec::<String>::new());
     }
