@@ -9,7 +9,7 @@ use super::render::session_summary;
 use super::ui::{HostLabel, HostProgress, Ui};
 use crate::engine::ProgressSink;
 use crate::engine::remote::{self, Target};
-use crate::engine::sender::{SessionOutcome, retry_pause, send_files};
+use crate::engine::sender::{SessionOutcome, pause_unless_interrupted, retry_pause, send_files};
 use crate::error::XferError;
 use crate::sys::os::shutdown_requested;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -176,9 +176,8 @@ fn one_target(
                     pause.as_secs(),
                     plan.retries
                 );
-                let until = std::time::Instant::now() + pause;
-                while std::time::Instant::now() < until && !shutdown_requested() {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
+                if !pause_unless_interrupted(pause) {
+                    return Err(crate::sys::SysError::Interrupted.into());
                 }
             }
             other => return other,

@@ -241,7 +241,7 @@ pub fn send_files(
 }
 
 /// Sleeps for `pause`; false if SIGINT or SIGTERM came meanwhile.
-fn pause_unless_interrupted(pause: Duration) -> bool {
+pub fn pause_unless_interrupted(pause: Duration) -> bool {
     let until = Instant::now() + pause;
     while Instant::now() < until {
         if crate::sys::os::shutdown_requested() {
