@@ -1185,6 +1185,13 @@ fn the_token_leaves_the_receivers_environment_at_start_up() {
         .unwrap();
     let environ = format!("/proc/{}/environ", receiver.id());
     let until = Instant::now() + Duration::from_secs(10);
+    // Only once the receiver runs (posix_spawn's child shows this test's
+    // own environment until its exec).
+    let cmdline = format!("/proc/{}/cmdline", receiver.id());
+    let started = |b: &[u8]| b.windows(13).any(|w| w == b"--ssh-session");
+    while !started(&std::fs::read(&cmdline).unwrap_or_default()) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut seen = std::fs::read(&environ).unwrap_or_default();
     while shows_the_token(&seen) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50));
