@@ -5,16 +5,17 @@
 //! -> private copy -> CRC32 check -> pwrite into the page cache, digest):
 //! the functions the tools call, with page-aligned heap memory standing in
 //! for the registered slots (registration does not change the CPU cost).
-//! memcpy,
-//! the ring copy, CRC32, SHA-256, pread and pwrite alone are printed beside
-//! them. Figures are GB/s (10^9 bytes/s), the median of several timed
+//! With `tagged=yes` each chunk is authenticated too, as with a token
+//! (`per_byte::tag_chunk` on the sender, the tag check in `receive_chunk`:
+//! keyed BLAKE3 over the chunk). memcpy, the ring copy, CRC32, SHA-256,
+//! the chunk tag, pread and pwrite alone are printed beside them. Figures are GB/s (10^9 bytes/s), the median of several timed
 //! repetitions after a warm-up; the bench fails (exit 1) if a path produced
 //! wrong bytes or checksums, never because of its speed.
 
-use rdma_xfer::engine::per_byte::{fill_chunk, receive_chunk};
+use rdma_xfer::engine::per_byte::{TagCheck, fill_chunk, receive_chunk, tag_chunk};
 use rdma_xfer::engine::receiver::write_behind::WriteBehind;
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, FileHasher};
-use rdma_xfer::proto::{Digest, DigestAlg};
+use rdma_xfer::proto::{CHUNK_TAG_LEN, ChunkAuth, ChunkKey, Digest, DigestAlg};
 use rdma_xfer::sys::rdma::ring_copy;
 use sha2::{Digest as _, Sha256};
 use std::fs::File;
@@ -56,14 +57,18 @@ enum Step {
     RingCopy,
     Crc32,
     Sha256,
+    /// A chunk's tag (keyed BLAKE3), as the sender computes it with a token.
+    Tag,
     /// Input file (page cache) -> slots.
     Pread,
     /// Slots -> a new output file (page cache), as the receiver writes.
     Pwrite,
     /// Slots -> the same output file again (its pages already there).
     PwriteOverwrite,
-    SenderPath(DigestAlg),
-    ReceiverPath(DigestAlg),
+    /// The sender's path; `true`: each chunk tagged too (a token).
+    SenderPath(DigestAlg, bool),
+    /// The receiver's path; `true`: each chunk's tag checked too.
+    ReceiverPath(DigestAlg, bool),
     /// The receiver's path with writer threads (`receiver --threads N`,
     /// `engine::receiver::write_behind`): this thread copies and checks,
     /// N threads write. Its CPU time is the whole process's.
@@ -81,15 +86,36 @@ impl Step {
             Step::RingCopy => "ring_copy".into(),
             Step::Crc32 => "crc32fast".into(),
             Step::Sha256 => "sha256".into(),
+            Step::Tag => "chunk_tag".into(),
             Step::Pread => "pread".into(),
             Step::Pwrite => "pwrite".into(),
             Step::PwriteOverwrite => "pwrite_overwrite".into(),
-            Step::SenderPath(alg) => format!("sender_path digest={}", digest(alg)),
-            Step::ReceiverPath(alg) => format!("receiver_path digest={}", digest(alg)),
+            Step::SenderPath(alg, tagged) => {
+                format!("sender_path digest={} tagged={}", digest(alg), yes(tagged))
+            }
+            Step::ReceiverPath(alg, tagged) => {
+                format!(
+                    "receiver_path digest={} tagged={}",
+                    digest(alg),
+                    yes(tagged)
+                )
+            }
             Step::ReceiverThreads(alg, n) => {
                 format!("receiver_path digest={} writers={n}", digest(alg))
             }
         }
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+/// The key of the tagged paths (any key costs the same).
+fn bench_auth() -> ChunkAuth {
+    ChunkAuth {
+        key: ChunkKey::from_bytes([0x42; 32]),
+        offer: 1,
     }
 }
 
@@ -188,6 +214,10 @@ struct Worker<'a> {
     /// CRC32 of each chunk of what the step reads: the input file's (the
     /// sender path) or the slots' (the receiver path).
     crcs: Vec<u32>,
+    /// The tag of each chunk the receiver path takes (chunk i: slot
+    /// i % SLOTS at offset i * chunk), when tagged.
+    tags: Vec<[u8; CHUNK_TAG_LEN]>,
+    auth: ChunkAuth,
     /// The digest the last repetition computed.
     digest: Option<Digest>,
     /// The writer threads of `ReceiverThreads`, started once (as a
@@ -201,8 +231,18 @@ impl<'a> Worker<'a> {
         lane.input
             .read_exact_at(&mut slots[..], 0)
             .map_err(|e| format!("reading the input: {e}"))?;
+        let auth = bench_auth();
+        let tags = match step {
+            Step::ReceiverPath(_, true) => (0..FILE_BYTES / chunk)
+                .map(|i| {
+                    let slot = (i % SLOTS) * chunk;
+                    auth.tag((i * chunk) as u64, &slots[slot..slot + chunk])
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let crcs = match step {
-            Step::SenderPath(_) => {
+            Step::SenderPath(..) => {
                 let mut crcs = Vec::with_capacity(FILE_BYTES / chunk);
                 let mut buf = vec![0u8; chunk];
                 for at in (0..FILE_BYTES).step_by(chunk) {
@@ -222,6 +262,8 @@ impl<'a> Worker<'a> {
             slots,
             copy: vec![0u8; chunk],
             crcs,
+            tags,
+            auth,
             digest: None,
             behind: match step {
                 Step::ReceiverThreads(_, n) => {
@@ -236,7 +278,7 @@ impl<'a> Worker<'a> {
     fn prepare(&mut self) -> Outcome<()> {
         if matches!(
             self.step,
-            Step::Pwrite | Step::ReceiverPath(_) | Step::ReceiverThreads(..)
+            Step::Pwrite | Step::ReceiverPath(..) | Step::ReceiverThreads(..)
         ) {
             // A new file each time, as a transfer writes: its pages are
             // allocated in the timed part.
@@ -257,6 +299,8 @@ impl<'a> Worker<'a> {
             slots,
             copy,
             crcs,
+            tags,
+            auth,
             behind,
             ..
         } = self;
@@ -289,6 +333,11 @@ impl<'a> Worker<'a> {
                 }
                 black_box(sha.finalize());
             }
+            Step::Tag => {
+                for (_, at, slot) in slot_ranges {
+                    black_box(auth.tag(at, &slots[slot]));
+                }
+            }
             Step::Pread => {
                 for (_, at, slot) in slot_ranges {
                     lane.input
@@ -303,11 +352,16 @@ impl<'a> Worker<'a> {
                         .map_err(|e| format!("pwrite at {at}: {e}"))?;
                 }
             }
-            Step::SenderPath(alg) => {
+            Step::SenderPath(alg, tagged) => {
                 let mut hasher = FileHasher::new(alg);
+                let auth = tagged.then_some(&*auth);
+                let mut tag = [0u8; CHUNK_TAG_LEN];
                 for (i, at, slot) in slot_ranges {
-                    let crc = fill_chunk(&lane.input, at, &mut slots[slot], &mut hasher)
+                    let data = &mut slots[slot];
+                    let crc = fill_chunk(&lane.input, at, data, &mut hasher)
                         .map_err(|e| format!("sender path at {at}: {e}"))?;
+                    tag_chunk(auth, at, data, &mut tag);
+                    black_box(&tag);
                     if crc != crcs[i] {
                         return Err(format!(
                             "sender path: chunk {i} has CRC32 {crc:08x}, the file's is {:08x}",
@@ -317,14 +371,20 @@ impl<'a> Worker<'a> {
                 }
                 self.digest = Some(hasher.finish());
             }
-            Step::ReceiverPath(alg) => {
+            Step::ReceiverPath(alg, tagged) => {
                 let mut hasher = FileHasher::new(alg);
                 for (i, at, slot) in slot_ranges {
                     let expected_crc = crcs[i % SLOTS];
+                    let check = tags.get(i).filter(|_| tagged).map(|&tag| TagCheck {
+                        auth,
+                        offset: at,
+                        tag,
+                    });
                     let received = receive_chunk(
                         |chunk| ring_copy(&mut slots[slot], chunk),
                         copy,
                         expected_crc,
+                        check.as_ref(),
                         |data, _crc| lane.output.write_all_at(data, at),
                         &mut hasher,
                     );
@@ -350,6 +410,7 @@ impl<'a> Worker<'a> {
                         |chunk| ring_copy(&mut slots[slot], chunk),
                         &mut buf,
                         expected_crc,
+                        None,
                         |_, _| Ok::<(), ()>(()),
                         &mut hasher,
                     );
@@ -376,7 +437,7 @@ impl<'a> Worker<'a> {
     fn verify(&self) -> Outcome<()> {
         let wrong = |what: &str| Err(format!("{}: wrong {what}", self.step.name()));
         match self.step {
-            Step::SenderPath(alg) => {
+            Step::SenderPath(alg, _) => {
                 let want = match alg {
                     DigestAlg::Crc32 => Digest::Crc32(self.lane.input_crc32),
                     DigestAlg::Sha256 => Digest::Sha256(self.lane.input_sha256),
@@ -385,7 +446,7 @@ impl<'a> Worker<'a> {
                     return wrong("whole-file digest");
                 }
             }
-            Step::ReceiverPath(alg) | Step::ReceiverThreads(alg, _) => {
+            Step::ReceiverPath(alg, _) | Step::ReceiverThreads(alg, _) => {
                 // The output must be the slots in turn, chunk i at offset
                 // i * chunk, and the digest that of those bytes.
                 let mut want = crc32fast::Hasher::new();
@@ -627,17 +688,22 @@ fn run() -> Outcome<()> {
     describe_host(&dir);
     let lanes = [Lane::new(&dir, 0x5eed_0001)?, Lane::new(&dir, 0x5eed_0002)?];
     let one = &lanes[..1];
+    // Without a token (CRC32 or SHA-256), and as with one: SHA-256 (a
+    // receiver with a token takes no other) and every chunk tagged.
     let paths = [
-        Step::SenderPath(DigestAlg::Crc32),
-        Step::SenderPath(DigestAlg::Sha256),
-        Step::ReceiverPath(DigestAlg::Crc32),
-        Step::ReceiverPath(DigestAlg::Sha256),
+        Step::SenderPath(DigestAlg::Crc32, false),
+        Step::SenderPath(DigestAlg::Sha256, false),
+        Step::SenderPath(DigestAlg::Sha256, true),
+        Step::ReceiverPath(DigestAlg::Crc32, false),
+        Step::ReceiverPath(DigestAlg::Sha256, false),
+        Step::ReceiverPath(DigestAlg::Sha256, true),
     ];
     let references = [
         Step::Memcpy,
         Step::RingCopy,
         Step::Crc32,
         Step::Sha256,
+        Step::Tag,
         Step::Pread,
         Step::Pwrite,
         Step::PwriteOverwrite,
@@ -663,7 +729,7 @@ fn run() -> Outcome<()> {
     for alg in [DigestAlg::Crc32, DigestAlg::Sha256] {
         let single = per_core
             .iter()
-            .find(|(step, _)| *step == Step::ReceiverPath(alg))
+            .find(|(step, _)| *step == Step::ReceiverPath(alg, false))
             .map(|(_, rate)| rate.wall);
         for writers in [1, 2] {
             report(

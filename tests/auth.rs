@@ -435,6 +435,53 @@ fn send_from_a_in_time(
     assert_eq!(sha256_file(&dst.join(name)), sum);
 }
 
+/// Without a token (`--insecure`) there is nothing to prove, and a
+/// connection takes a session slot as it arrives: one address holds at
+/// most half of them. With --max-sessions 4, eight idle connections from
+/// B take two slots and are told why the other six are refused; a sender
+/// from A still gets in, in under 10 s.
+#[test]
+fn an_insecure_receiver_gives_one_address_half_of_its_sessions() {
+    let Some(net) = net_with_two_addresses() else {
+        return;
+    };
+    let (src, dst) = dirs();
+    let port = next_port();
+    let mut receiver = start_receiver(&net, port, dst.path(), &["--max-sessions", "4"]);
+    let idle = idle_connections(&net, port, 8);
+    let log = receiver.wait_for(
+        Stream::Stderr,
+        "six connections from B refused",
+        Duration::from_secs(60),
+        |log| (log.matches("sessions from your address").count() >= 6).then(|| log.to_string()),
+    );
+    assert!(
+        log.contains("2 sessions from your address are running"),
+        "{log}"
+    );
+    let input = src.path().join("through.bin");
+    let sum = make_file(&input, 3 * MIB, 42);
+    let started = std::time::Instant::now();
+    let cmd = sender_cmd(
+        &net,
+        port,
+        Path_::Loopback,
+        std::slice::from_ref(&input),
+        &[],
+    );
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
+    assert_eq!(
+        sent.code(),
+        0,
+        "{}\nreceiver:\n{}",
+        sent.stderr,
+        receiver.stderr_so_far()
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(sha256_file(&dst.path().join("through.bin")), sum);
+    drop(idle);
+}
+
 /// Connections that never prove the token wait in a pool of their own (at
 /// most 4 from one address), not in a session slot. With --max-sessions 2,
 /// eight of them from one address (the wire's B side) do not keep an

@@ -45,7 +45,7 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
-    AUTH_REQUIRED, Ack, AckStatus, Challenge, Channel, ChannelError, ConnectionId,
+    AUTH_REQUIRED, Ack, AckStatus, CHUNK_TAG_LEN, Challenge, Channel, ChannelError, ConnectionId,
     DEFAULT_MAX_FILES, Digest, DigestAlg, DigestBudget, FileOffer, Fin, Have, HaveKind, Hello,
     MAX_BATCH_FILES, MAX_MESSAGE, MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN,
     NameRules, OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig,
@@ -1479,7 +1479,20 @@ fn check_receiver(
             nonce,
         })
     });
+    // With a token every write carries its chunk, then the chunk's tag: a
+    // slot holds the configured chunk room and a tag.
+    let tag_len = if auth.is_some() {
+        CHUNK_TAG_LEN as u32
+    } else {
+        0
+    };
+    let cfg = ReceiverConfig {
+        slot_size: cfg.slot_size.saturating_add(tag_len),
+        ..cfg
+    };
+    let room = cfg.slot_size - tag_len;
     let mut r = RxAuth::session(&auth, cfg);
+    prop_assert_eq!(r.tag_len(), tag_len);
     let mut m = RxModel::default();
     // Authenticated in this session (or no token configured).
     let mut admitted = auth.is_none();
@@ -1856,11 +1869,12 @@ fn check_receiver(
                 }
             }
             RxAction::Chunk(len, imm) => {
-                let slot = u64::from(cfg.slot_size);
+                let slot = u64::from(room);
                 let rest = m.data_len().saturating_sub(m.bytes);
+                // What the write carries: the chunk and its tag.
                 let len = match len {
                     ChunkLen::Slot => cfg.slot_size,
-                    ChunkLen::Rest => rest.min(slot) as u32,
+                    ChunkLen::Rest => rest.min(slot) as u32 + tag_len,
                     ChunkLen::Zero => 0,
                     ChunkLen::SlotPlus(d) => cfg.slot_size.saturating_add(d),
                     ChunkLen::Any(v) => v,
@@ -1879,8 +1893,10 @@ fn check_receiver(
                         } else {
                             m.offer.as_ref().map_or(0, |h| h.size)
                         };
-                        // Inside the ring, inside its slot.
-                        prop_assert!(p.len > 0 && p.len <= ring.slot_size);
+                        // Inside the ring, inside its slot, with its tag.
+                        prop_assert!(p.len > 0 && p.len + tag_len <= ring.slot_size);
+                        prop_assert_eq!(p.len + tag_len, len);
+                        prop_assert_eq!(p.auth.is_some(), tag_len > 0);
                         prop_assert!(p.slot < ring.slot_count);
                         prop_assert_eq!(
                             p.slot_offset,
@@ -1911,7 +1927,7 @@ fn check_receiver(
                         prop_assert_eq!(option, "--max-size");
                         prop_assert!(m.is_stream());
                         prop_assert_eq!(limit, cfg.max_size);
-                        prop_assert!(m.bytes + u64::from(len) > cfg.max_size);
+                        prop_assert!(m.bytes + u64::from(len - tag_len) > cfg.max_size);
                         prop_assert_eq!(r.state(), Closed);
                     }
                     Err(
@@ -1965,13 +1981,13 @@ fn check_receiver(
             }
             RxAction::Have(kind, n, off) => {
                 let size = m.offer.as_ref().map_or(0, |h| h.size);
-                let chunk = u64::from(cfg.slot_size);
+                let chunk = u64::from(room);
                 let mut have = match kind {
                     0 => Have::nothing("fuzz"),
                     1 => Have {
                         kind: HaveKind::Prefix,
                         bytes: (u64::from(n) % size.div_ceil(chunk).max(1)) * chunk,
-                        chunk_len: cfg.slot_size,
+                        chunk_len: room,
                         digest: Digest::Sha256([n as u8; 32]),
                         note: String::new(),
                     },
@@ -1982,7 +1998,7 @@ fn check_receiver(
                 if off {
                     have.bytes = have.bytes.wrapping_add(u64::from(n % 7) + 1);
                 }
-                let fits = have.fits(size) && have.chunk_len <= cfg.slot_size;
+                let fits = have.fits(size) && have.chunk_len <= room;
                 // A complete copy or a digest: within the session's budget.
                 let compares = matches!(have.kind, HaveKind::Complete | HaveKind::Digest);
                 let within = within_budget(&m, cfg.digest_budget, have.bytes);
@@ -2361,6 +2377,9 @@ struct TxModel {
     base_len: u32,
     /// The current file was offered with CHECKSUM.
     checksum: bool,
+    /// Bytes of a chunk's tag after it: `CHUNK_TAG_LEN` once the receiver
+    /// proved the token.
+    tag_len: u32,
 }
 
 /// The sender's offers: a file with CHECKSUM (`--checksum`) now and then;
@@ -2464,7 +2483,7 @@ fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         AwaitRing => TxAction::Msg(Message::Mr(RingInfo {
             addr: u64::from(seed) << 12,
             rkey: seed,
-            slot_size: 1 + seed % 64,
+            slot_size: m.tag_len + 1 + seed % 64,
             slot_count: 1 + (seed / 64) % 8,
         })),
         Sending if m.stream && m.credits > 0 && !m.short && !seed.is_multiple_of(8) => {
@@ -2787,6 +2806,8 @@ fn check_sender(
                         prop_assert_eq!(s.state(), Idle);
                         prop_assert!(s.take_channel().is_some());
                         proven = true;
+                        m.tag_len = CHUNK_TAG_LEN as u32;
+                        prop_assert_eq!(s.tag_len(), m.tag_len);
                     }
                     Ok(SenderEvent::Keepalive) => {
                         // Only while the receiver reads its copy: before
@@ -2851,7 +2872,8 @@ fn check_sender(
                         prop_assert_eq!(before, AwaitRing);
                         // Only once every earlier entry is answered.
                         prop_assert!(m.pending.is_empty());
-                        prop_assert!(ring.slot_size > 0 && ring.slot_count > 0);
+                        // A slot holds at least one byte besides a tag.
+                        prop_assert!(ring.slot_size > m.tag_len && ring.slot_count > 0);
                         prop_assert!(ring.addr.checked_add(ring.len_bytes()).is_some());
                         prop_assert_eq!(s.state(), Sending);
                         prop_assert_eq!(s.credits(), ring.slot_count);
@@ -2922,8 +2944,8 @@ fn check_sender(
                 let full = m.ring.map_or(0, |r| match chunk_size {
                     // A resumed file keeps its prefix's chunk length.
                     _ if m.base_len > 0 => m.base_len,
-                    0 => r.slot_size,
-                    c => c.min(r.slot_size),
+                    0 => r.slot_size - m.tag_len,
+                    c => c.min(r.slot_size - m.tag_len),
                 });
                 // A file's next chunk must be exactly what is left of it,
                 // up to a full chunk; a stream's at most a full chunk, and
@@ -3132,7 +3154,9 @@ fn check_plan(
     let ring = m
         .ring
         .ok_or_else(|| TestCaseError::fail("chunk without ring"))?;
-    prop_assert!(p.len > 0 && p.len <= ring.slot_size);
+    // The write carries the chunk, then its tag, within its slot.
+    prop_assert!(p.len > 0 && p.len + m.tag_len <= ring.slot_size);
+    prop_assert_eq!(p.write_len, p.len + m.tag_len);
     if chunk_size > 0 {
         prop_assert!(p.len <= chunk_size);
     }
@@ -3142,7 +3166,7 @@ fn check_plan(
         p.remote_addr,
         ring.addr + u64::from(p.slot) * u64::from(ring.slot_size)
     );
-    prop_assert!(p.remote_addr + u64::from(p.len) <= ring.addr + ring.len_bytes());
+    prop_assert!(p.remote_addr + u64::from(p.write_len) <= ring.addr + ring.len_bytes());
     prop_assert_eq!(p.rkey, ring.rkey);
     prop_assert_eq!(p.seq, m.chunks);
     prop_assert_eq!(p.file_offset, m.planned);

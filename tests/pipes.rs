@@ -637,3 +637,69 @@ fn corruption_seen_on_stdout_exits_5() {
     );
     assert_eq!(std::fs::metadata(&out).expect("out").len(), 3 * MIB);
 }
+
+/// The chunks' tags: what an on-path injector who knows the ring's rkey
+/// and the queue pair's numbers (they travel in the clear) writes into the
+/// ring, with a CRC32 of its own bytes as the immediate, passes every
+/// chunk check but the tag. Without a token the forged chunk reaches the
+/// consumer (only the whole-stream digest at the end says so); with one
+/// the receiver stops before it: the consumer gets the chunks before it,
+/// never a forged byte.
+#[test]
+fn with_a_token_a_forged_chunk_never_reaches_standard_output() {
+    let Some(net) = rdma_net() else { return };
+    let dir = tempfile::tempdir().expect("dir");
+    let input = dir.path().join("input.bin");
+    make_file(&input, 6 * MIB, 0xf0f);
+    let fault_sender = fault_injection_bin("sender");
+    let forged = |out: &Path| {
+        std::fs::read(out)
+            .expect("out")
+            .windows(12)
+            .any(|w| w == b"FORGEDFORGED")
+    };
+
+    // Without a token: the forged chunk is delivered, then caught.
+    let open = dir.path().join("open.bin");
+    let port = next_port();
+    let receiver = receiver_to(&net, port, &format!("cat > {}", qp(&open)), &[]);
+    let script = format!(
+        "cat {} | RDMA_XFER_FAULT=forge-chunk:3 {}",
+        qp(&input),
+        sender_line(&fault_sender, &net, port, &[], &["-"])
+    );
+    let sent = pipeline("sender", &script, 1).wait(Duration::from_secs(120));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(stages(&received.stderr)[0], 5, "{}", received.stderr);
+    assert_eq!(stages(&sent.stderr)[1], 5, "{}", sent.stderr);
+    assert!(forged(&open), "the fault forged nothing");
+
+    // With a token: stopped at the forged chunk, before its first byte.
+    let sealed = dir.path().join("sealed.bin");
+    let port = next_port();
+    let token = "forge-test-token-0123456789abcdef";
+    let script = format!(
+        "RDMA_XFER_TOKEN={token} {} --bind {} --port {port} -v --once --stdout | cat > {}",
+        q(receiver_bin()),
+        q(&net.addr_a),
+        qp(&sealed)
+    );
+    let mut receiver = pipeline("receiver pipeline", &script, 0);
+    receiver.wait_for_stderr("listening", Duration::from_secs(60));
+    let script = format!(
+        "cat {} | RDMA_XFER_FAULT=forge-chunk:3 RDMA_XFER_TOKEN={token} {}",
+        qp(&input),
+        sender_line(&fault_sender, &net, port, &[], &["-"])
+    );
+    let sent = pipeline("sender", &script, 1).wait(Duration::from_secs(120));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(stages(&received.stderr)[0], 5, "{}", received.stderr);
+    assert!(
+        received.stderr.contains("chunk 3 of") && received.stderr.contains("authentication tag"),
+        "{}",
+        received.stderr
+    );
+    assert_eq!(stages(&sent.stderr)[1], 5, "{}", sent.stderr);
+    assert!(!forged(&sealed), "a forged byte reached the consumer");
+    assert_eq!(std::fs::metadata(&sealed).expect("out").len(), 3 * MIB);
+}

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::*;
 
+const TOKEN: &str = "sessions-test-token-0123456789";
+
 /// Open descriptors and resident memory of a process we started.
 fn fds_and_rss(pid: u32) -> (usize, u64) {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -51,15 +53,17 @@ fn eight_senders_at_once_all_arrive_intact() {
         })
         .collect();
     let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    // With a token: an --insecure receiver gives one address (these
+    // senders share one) only half of its sessions.
+    let env = [("RDMA_XFER_TOKEN", TOKEN)];
+    let receiver = start_receiver_env(&net, port, dst.path(), &[], &env);
     let started = Instant::now();
     let senders: Vec<Running> = inputs
         .iter()
         .map(|(p, _)| {
-            Running::spawn(
-                "sender",
-                sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(p), &[]),
-            )
+            let mut cmd = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(p), &[]);
+            token_env(&mut cmd, Some(TOKEN));
+            Running::spawn("sender", cmd)
         })
         .collect();
     for (i, s) in senders.into_iter().enumerate() {

@@ -308,7 +308,8 @@ pub struct ReceiverArgs {
     #[arg(long, hide = true)]
     pub ssh_session: bool,
     /// Sessions served at once, 1-65535 (each has its own queue pair and
-    /// ring); further senders are refused as "busy".
+    /// ring); further senders are refused as "busy". With --insecure one
+    /// address holds at most half of them.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS as u16,
           value_parser = clap::value_parser!(u16).range(1..), value_hint = ValueHint::Other,
           help_heading = CONNECTION)]

@@ -4,6 +4,11 @@
 //!
 //! - `corrupt-chunk:N` — the sender flips one byte of chunk N after its CRC
 //!   was computed, as a bit error the transport did not catch would.
+//! - `forge-chunk:N` — the sender replaces chunk N's bytes after its
+//!   checksums and tag were computed, and gives the new bytes their own
+//!   CRC32: what an on-path injector that knows the ring's rkey and the
+//!   queue pair's numbers (they travel in the clear) can write. Only the
+//!   chunk's tag (with a token) tells.
 //! - `handshake-pool:N` — the receiver's pool of handshakes holds N places
 //!   (instead of 32), so that a test fills it with a few connections.
 //! - `fail-write:OFFSET` — the receiver's writer threads fail (EIO) the
@@ -18,6 +23,7 @@ use std::sync::OnceLock;
 enum Fault {
     None,
     CorruptChunk(u64),
+    ForgeChunk(u64),
     HandshakePool(usize),
     FailWrite(u64),
     CorruptDigest,
@@ -38,6 +44,7 @@ fn fault() -> Fault {
 fn parse(spec: &str) -> Fault {
     match spec.split_once(':') {
         Some(("corrupt-chunk", n)) => n.parse().map_or(Fault::None, Fault::CorruptChunk),
+        Some(("forge-chunk", n)) => n.parse().map_or(Fault::None, Fault::ForgeChunk),
         Some(("handshake-pool", n)) => n.parse().map_or(Fault::None, Fault::HandshakePool),
         Some(("fail-write", n)) => n.parse().map_or(Fault::None, Fault::FailWrite),
         None if spec == "corrupt-digest" => Fault::CorruptDigest,
@@ -45,12 +52,25 @@ fn parse(spec: &str) -> Fault {
     }
 }
 
-/// Called by the sender's reader with each chunk after its checksums.
-pub fn after_checksum(seq: u64, data: &mut [u8]) {
-    if fault() == Fault::CorruptChunk(seq)
-        && let Some(b) = data.get_mut(data.len() / 2)
-    {
-        *b ^= 0x5a;
+/// The bytes a forged chunk carries: "FORGED" over and over.
+pub const FORGED: &[u8] = b"FORGED";
+
+/// Called by the sender's reader with each chunk (and its CRC32, the
+/// write's immediate) after its checksums and tag.
+pub fn after_checksum(seq: u64, data: &mut [u8], crc: &mut u32) {
+    match fault() {
+        Fault::CorruptChunk(n) if n == seq => {
+            if let Some(b) = data.get_mut(data.len() / 2) {
+                *b ^= 0x5a;
+            }
+        }
+        Fault::ForgeChunk(n) if n == seq => {
+            for (b, f) in data.iter_mut().zip(FORGED.iter().cycle()) {
+                *b = *f;
+            }
+            *crc = crc32fast::hash(data);
+        }
+        _ => {}
     }
 }
 
@@ -90,6 +110,7 @@ mod tests {
     fn parses_the_corrupt_chunk_switch() {
         assert_eq!(parse("corrupt-chunk:3"), Fault::CorruptChunk(3));
         assert_eq!(parse("corrupt-chunk:x"), Fault::None);
+        assert_eq!(parse("forge-chunk:1"), Fault::ForgeChunk(1));
         assert_eq!(parse(""), Fault::None);
         assert_eq!(parse("other:1"), Fault::None);
         assert_eq!(parse("handshake-pool:4"), Fault::HandshakePool(4));

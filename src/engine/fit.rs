@@ -64,9 +64,12 @@ impl Overhead {
         }
     }
 
-    /// Bytes pinned with `buffers` (registrations take whole pages).
+    /// Bytes pinned with `buffers` (registrations take whole pages). Each
+    /// buffer has room for its chunk's tag after the chunk (with a token;
+    /// counted always).
     pub fn total(&self, buffers: Buffers) -> u64 {
-        let pool = u64::from(buffers.count) * u64::from(buffers.chunk_size);
+        let buffer = u64::from(buffers.chunk_size) + crate::proto::CHUNK_TAG_LEN as u64;
+        let pool = u64::from(buffers.count) * buffer;
         pool.div_ceil(4096)
             .saturating_mul(4096)
             .saturating_add(self.fixed)
@@ -260,21 +263,22 @@ mod tests {
 
     #[test]
     fn the_overhead_counts_pages_control_buffers_and_headroom() {
+        // 16 buffers of 1 MiB, each with room for its tag: one page more.
         assert_eq!(
             sender().total(DEFAULTS),
-            16 * MIB + 72 * 4096 + PROVIDER_HEADROOM
+            16 * MIB + 4096 + 72 * 4096 + PROVIDER_HEADROOM
         );
         assert_eq!(
             receiver().total(DEFAULTS),
-            16 * MIB + (32 + 16) * 4096 + PROVIDER_HEADROOM
+            16 * MIB + 4096 + (32 + 16) * 4096 + PROVIDER_HEADROOM
         );
-        // A pool of 3 x 5000 bytes pins 4 pages.
+        // A pool of 3 x (5000 + 32) bytes pins 4 pages.
         let bare = Overhead {
             fixed: 0,
             per_buffer: 0,
         };
         assert_eq!(bare.total(b(3, 5000)), 4 * 4096);
-        assert_eq!(bare.total(b(1024, 64 << 20)), 64 << 30);
+        assert_eq!(bare.total(b(1024, 64 << 20)), (64 << 30) + (32 << 10));
     }
 
     #[test]
@@ -418,7 +422,7 @@ mod tests {
                 b(16, 16 * KIB),
                 chunk,
                 sender(),
-                Some(sender().fixed + 12 * 16 * 1024)
+                Some(sender().total(b(12, 16 * KIB)))
             ),
             Ok(b(12, 16 * KIB))
         );

@@ -1,10 +1,12 @@
 //! The work each side does for every byte, one function a side, so that
 //! `make bench-native` (benches/per_byte.rs) times the code the tools run:
 //! the sender's reader thread calls `fill_chunk`, the receiver's session
-//! `receive_chunk`. What else a chunk costs (posting, completions, credits)
-//! is paid per chunk, not per byte.
+//! `receive_chunk`; with a token, `tag_chunk` and the tag check in
+//! `receive_chunk` too. What else a chunk costs (posting, completions,
+//! credits) is paid per chunk, not per byte.
 
 use super::digest::FileHasher;
+use crate::proto::{CHUNK_TAG_LEN, ChunkAuth};
 use crate::sys::SysError;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -31,6 +33,23 @@ pub fn checksum_chunk(chunk: &[u8], hasher: &mut FileHasher) -> u32 {
     crc
 }
 
+/// With a token: writes the tag of `data` (the chunk at `offset` of the
+/// offer `auth` names) into `tag`, the slot's bytes right after the chunk,
+/// so that one write carries both. Without a token there is no tag.
+pub fn tag_chunk(auth: Option<&ChunkAuth>, offset: u64, data: &[u8], tag: &mut [u8]) {
+    if let (Some(auth), Some(space)) = (auth, tag.get_mut(..CHUNK_TAG_LEN)) {
+        space.copy_from_slice(&auth.tag(offset, data));
+    }
+}
+
+/// A chunk's tag as copied out of the ring, with what checks it.
+pub struct TagCheck<'a> {
+    pub auth: &'a ChunkAuth,
+    /// The chunk's offset in its offer's data.
+    pub offset: u64,
+    pub tag: [u8; CHUNK_TAG_LEN],
+}
+
 /// Why the receiver did not store a chunk.
 #[derive(Debug)]
 pub enum ChunkRefused<E> {
@@ -38,6 +57,9 @@ pub enum ChunkRefused<E> {
     Copy(SysError),
     /// Its bytes do not have the CRC32 the sender sent; nothing was written.
     Crc { computed: u32 },
+    /// Its bytes (with a token) do not have the tag that came with them:
+    /// someone without the key wrote them; nothing was written.
+    Forged,
     /// The sink did not take it.
     Write(E),
 }
@@ -45,12 +67,14 @@ pub enum ChunkRefused<E> {
 /// The receiver's work on one chunk: `copy_out` copies it out of the ring
 /// into `chunk` (the private copy that is checked, written and hashed, so
 /// what is verified is what is written), its CRC32 is checked against
-/// `expected_crc`, `write` stores it (given the bytes and their CRC32), and
-/// it is added to the whole-file digest.
+/// `expected_crc` and, with a token, its tag (`tag`, copied out of the
+/// ring before), `write` stores it (given the bytes and their CRC32), and
+/// it is added to the whole-file digest. No byte reaches `write` unchecked.
 pub fn receive_chunk<E>(
     copy_out: impl FnOnce(&mut [u8]) -> Result<(), SysError>,
     chunk: &mut [u8],
     expected_crc: u32,
+    tag: Option<&TagCheck<'_>>,
     write: impl FnOnce(&[u8], u32) -> Result<(), E>,
     hasher: &mut FileHasher,
 ) -> Result<(), ChunkRefused<E>> {
@@ -58,6 +82,11 @@ pub fn receive_chunk<E>(
     let crc = crc32fast::hash(chunk);
     if crc != expected_crc {
         return Err(ChunkRefused::Crc { computed: crc });
+    }
+    if let Some(t) = tag
+        && !t.auth.verify(t.offset, chunk, &t.tag)
+    {
+        return Err(ChunkRefused::Forged);
     }
     write(chunk, crc).map_err(ChunkRefused::Write)?;
     hasher.update(chunk, crc);
@@ -111,7 +140,7 @@ mod tests {
         // The CRC the sender sent does not match: a typed error, nothing
         // written or hashed.
         let wrong = crc32fast::hash(slot) ^ 1;
-        match receive_chunk(copy, &mut chunk, wrong, write, &mut hasher) {
+        match receive_chunk(copy, &mut chunk, wrong, None, write, &mut hasher) {
             Err(ChunkRefused::Crc { computed }) => assert_eq!(computed, wrong ^ 1),
             other => panic!("expected a CRC mismatch, got {other:?}"),
         }
@@ -122,7 +151,15 @@ mod tests {
             given = Some(crc);
             file.write_all_at(data, 4096)
         };
-        receive_chunk(copy, &mut chunk, crc32fast::hash(slot), write, &mut hasher).unwrap();
+        receive_chunk(
+            copy,
+            &mut chunk,
+            crc32fast::hash(slot),
+            None,
+            write,
+            &mut hasher,
+        )
+        .unwrap();
         assert_eq!(given, Some(crc32fast::hash(slot)));
         let mut back = vec![0u8; 4196];
         file.read_exact_at(&mut back, 0).unwrap();
@@ -138,7 +175,7 @@ mod tests {
         let mut hasher = FileHasher::new(DigestAlg::Crc32);
         let no_copy = |_: &mut [u8]| Err(SysError::Invalid("outside the ring".into()));
         let never = |_: &[u8], _: u32| -> Result<(), ()> { panic!("written") };
-        let copied = receive_chunk(no_copy, &mut chunk, 0, never, &mut hasher);
+        let copied = receive_chunk(no_copy, &mut chunk, 0, None, never, &mut hasher);
         assert!(matches!(copied, Err(ChunkRefused::Copy(_))));
         let zeros = |dst: &mut [u8]| {
             dst.fill(0);
@@ -146,8 +183,97 @@ mod tests {
         };
         let crc = crc32fast::hash(&chunk);
         let full = |_: &[u8], _: u32| Err("disk full");
-        let written = receive_chunk(zeros, &mut chunk, crc, full, &mut hasher);
+        let written = receive_chunk(zeros, &mut chunk, crc, None, full, &mut hasher);
         assert!(matches!(written, Err(ChunkRefused::Write("disk full"))));
         assert_eq!(hasher.finish(), Digest::Crc32(0));
+    }
+
+    #[test]
+    fn with_a_token_only_chunks_with_their_tag_are_written() {
+        let auth = ChunkAuth {
+            key: crate::proto::ChunkKey::from_bytes([7; 32]),
+            offer: 2,
+        };
+        // The sender's slot: the chunk, then its tag.
+        let data = pattern(300);
+        let mut slot = vec![0u8; 300 + CHUNK_TAG_LEN];
+        slot[..300].copy_from_slice(&data);
+        let (bytes, tag_space) = slot.split_at_mut(300);
+        tag_chunk(Some(&auth), 4096, bytes, tag_space);
+        let tag: [u8; CHUNK_TAG_LEN] = slot[300..].try_into().unwrap();
+        assert_eq!(tag, auth.tag(4096, &data));
+        // Without a token the space stays as it was.
+        let mut untouched = [0u8; CHUNK_TAG_LEN];
+        tag_chunk(None, 4096, &data, &mut untouched);
+        assert_eq!(untouched, [0; CHUNK_TAG_LEN]);
+
+        let mut chunk = vec![0u8; 300];
+        let mut hasher = FileHasher::new(DigestAlg::Crc32);
+        let mut written = Vec::new();
+        // Forged: other bytes with their own, right CRC32 (the immediate is
+        // not authenticated), under the sender's tag.
+        let forged = pattern(301)[1..].to_vec();
+        let copy_forged = |dst: &mut [u8]| {
+            dst.copy_from_slice(&forged);
+            Ok(())
+        };
+        let check = TagCheck {
+            auth: &auth,
+            offset: 4096,
+            tag,
+        };
+        let got = receive_chunk(
+            copy_forged,
+            &mut chunk,
+            crc32fast::hash(&forged),
+            Some(&check),
+            |d: &[u8], _| -> Result<(), ()> {
+                written.extend_from_slice(d);
+                Ok(())
+            },
+            &mut hasher,
+        );
+        assert!(matches!(got, Err(ChunkRefused::Forged)), "{got:?}");
+        assert!(written.is_empty());
+        // The right bytes at another offset (replayed): refused too.
+        let copy_right = |dst: &mut [u8]| {
+            dst.copy_from_slice(&data);
+            Ok(())
+        };
+        let moved = TagCheck {
+            auth: &auth,
+            offset: 0,
+            tag,
+        };
+        let got = receive_chunk(
+            copy_right,
+            &mut chunk,
+            crc32fast::hash(&data),
+            Some(&moved),
+            |d: &[u8], _| -> Result<(), ()> {
+                written.extend_from_slice(d);
+                Ok(())
+            },
+            &mut hasher,
+        );
+        assert!(matches!(got, Err(ChunkRefused::Forged)));
+        assert!(written.is_empty());
+        assert_eq!(hasher.finish(), Digest::Crc32(0));
+        // The sender's bytes at their place: written and hashed.
+        let mut hasher = FileHasher::new(DigestAlg::Crc32);
+        receive_chunk(
+            copy_right,
+            &mut chunk,
+            crc32fast::hash(&data),
+            Some(&check),
+            |d: &[u8], _| -> Result<(), ()> {
+                written.extend_from_slice(d);
+                Ok(())
+            },
+            &mut hasher,
+        )
+        .unwrap();
+        assert_eq!(written, data);
+        assert_eq!(hasher.finish(), Digest::Crc32(crc32fast::hash(&data)));
     }
 }

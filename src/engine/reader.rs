@@ -1,11 +1,12 @@
 //! The sender's reader thread: fills registered staging slots with file data
-//! and computes each chunk's CRC32 and the whole-file digest, so that this
-//! CPU work overlaps with posting writes (where software RDMA does its own
-//! per-byte work in the posting thread's system calls).
+//! and computes each chunk's CRC32, its tag (with a token: right after the
+//! chunk in the slot) and the whole-file digest, so that this CPU work
+//! overlaps with posting writes (where software RDMA does its own per-byte
+//! work in the posting thread's system calls).
 
 use super::digest::FileHasher;
-use super::per_byte::{checksum_chunk, fill_chunk};
-use crate::proto::{Digest, DigestAlg};
+use super::per_byte::{checksum_chunk, fill_chunk, tag_chunk};
+use crate::proto::{CHUNK_TAG_LEN, ChunkAuth, Digest, DigestAlg};
 use crate::sys::SysError;
 use crate::sys::os::wait_readable;
 use crate::sys::rdma::{Buffer, BufferFiller};
@@ -42,12 +43,27 @@ pub struct ReadJob {
     /// A file resumed after a prefix the receiver kept: where to start,
     /// and the whole-file digest over the bytes before it.
     pub resume: Option<(u64, FileHasher)>,
+    /// With a token: how each chunk is tagged (the offer's, from the
+    /// session machine).
+    pub auth: Option<ChunkAuth>,
+}
+
+impl ReadJob {
+    /// Bytes of a slot after each chunk: its tag, or nothing.
+    fn tag_len(&self) -> usize {
+        if self.auth.is_some() {
+            CHUNK_TAG_LEN
+        } else {
+            0
+        }
+    }
 }
 
 /// What the reader reports, in file order.
 pub enum ReaderMsg {
     /// The next chunk of the job (in order) is in the token's
-    /// slot. Every chunk but the last is `chunk_len` long.
+    /// slot (`len` bytes, then its tag if the job has `auth`). Every chunk
+    /// but the last is `chunk_len` long.
     Chunk { token: Buffer, len: u32, crc: u32 },
     /// Every chunk of the job was reported; the whole-file digest (of a
     /// batch: of all its bytes, then each file's own).
@@ -108,12 +124,15 @@ impl Reader<'_> {
             let len = (size - offset).min(job.chunk_len as u64) as u32;
             let result = self
                 .filler
-                .slot_mut(&mut token, len as usize)
+                .slot_mut(&mut token, len as usize + job.tag_len())
                 .map_err(std::io::Error::other)
-                .and_then(|data| {
-                    let crc = fill_chunk(file, offset, data, &mut hasher)?;
+                .and_then(|slot| {
+                    let (data, tag) = slot.split_at_mut(len as usize);
+                    #[allow(unused_mut)]
+                    let mut crc = fill_chunk(file, offset, data, &mut hasher)?;
+                    tag_chunk(job.auth.as_ref(), offset, data, tag);
                     #[cfg(feature = "fault-injection")]
-                    super::fault::after_checksum(offset / u64::from(job.chunk_len), data);
+                    super::fault::after_checksum(offset / u64::from(job.chunk_len), data, &mut crc);
                     Ok(crc)
                 });
             let msg = match result {
@@ -150,8 +169,11 @@ impl Reader<'_> {
                 return false;
             };
             let len = (total - offset).min(u64::from(job.chunk_len)) as u32;
-            let data = match self.filler.slot_mut(&mut token, len as usize) {
-                Ok(d) => d,
+            let (data, tag) = match self
+                .filler
+                .slot_mut(&mut token, len as usize + job.tag_len())
+            {
+                Ok(slot) => slot.split_at_mut(len as usize),
                 Err(e) => {
                     self.spare = Some(token);
                     let context = format!("cannot read {}", job.name);
@@ -181,9 +203,11 @@ impl Reader<'_> {
                     (index, at) = (index + 1, 0);
                 }
             }
-            let crc = checksum_chunk(data, &mut hasher);
+            #[allow(unused_mut)]
+            let mut crc = checksum_chunk(data, &mut hasher);
+            tag_chunk(job.auth.as_ref(), offset, data, tag);
             #[cfg(feature = "fault-injection")]
-            super::fault::after_checksum(offset / u64::from(job.chunk_len), data);
+            super::fault::after_checksum(offset / u64::from(job.chunk_len), data, &mut crc);
             if self.out.send(ReaderMsg::Chunk { token, len, crc }).is_err() {
                 return false;
             }
@@ -205,8 +229,12 @@ impl Reader<'_> {
             let Some(mut token) = self.next_slot() else {
                 return false;
             };
-            let data = match self.filler.slot_mut(&mut token, job.chunk_len as usize) {
-                Ok(d) => d,
+            let tag_len = job.tag_len();
+            let data = match self
+                .filler
+                .slot_mut(&mut token, job.chunk_len as usize + tag_len)
+            {
+                Ok(slot) => slot,
                 Err(e) => {
                     self.spare = Some(token);
                     let _ = self.out.send(ReaderMsg::Failed(
@@ -218,7 +246,8 @@ impl Reader<'_> {
             };
             let mut filled = 0usize;
             let mut eof = false;
-            while filled < data.len() {
+            let room = data.len() - tag_len;
+            while filled < room {
                 // Wait for input without blocking in read(), so that a
                 // session that ends meanwhile is not held up by a silent
                 // producer.
@@ -241,7 +270,7 @@ impl Reader<'_> {
                     // poll() itself failed: let read() block or say why.
                     Err(_) => {}
                 }
-                match file.read(&mut data[filled..]) {
+                match file.read(&mut data[filled..room]) {
                     Ok(0) => {
                         eof = true;
                         break;
@@ -261,10 +290,13 @@ impl Reader<'_> {
                 }
             }
             if filled > 0 {
-                let chunk = &mut data[..filled];
-                let crc = checksum_chunk(chunk, &mut hasher);
+                // The tag goes right after the chunk, short or not.
+                let (chunk, tag) = data.split_at_mut(filled);
+                #[allow(unused_mut)]
+                let mut crc = checksum_chunk(chunk, &mut hasher);
+                tag_chunk(job.auth.as_ref(), total, chunk, tag);
                 #[cfg(feature = "fault-injection")]
-                super::fault::after_checksum(total / u64::from(job.chunk_len), chunk);
+                super::fault::after_checksum(total / u64::from(job.chunk_len), chunk, &mut crc);
                 let msg = ReaderMsg::Chunk {
                     token,
                     len: filled as u32,

@@ -9,8 +9,12 @@
 //! order), so a proof made on one connection is useless on another.
 //! Afterwards every control message travels sealed ([`Channel`]): a MAC under
 //! a per-direction key derived from `K`, over a sequence number and the
-//! frame. Pure computation; the engine supplies the nonces (OS RNG), the
-//! token and the connection's identity.
+//! frame. The file data, written one-sided into the receiver's ring, is
+//! authenticated too: every chunk carries a tag ([`ChunkKey`]: keyed
+//! BLAKE3 under a key derived from `K`, over the offer's number in the
+//! session, the chunk's offset and its bytes), checked on the receiver's
+//! private copy before any byte is used. Pure computation; the engine
+//! supplies the nonces (OS RNG), the token and the connection's identity.
 //!
 //! The protocol-2 AUTH MAC ([`Token::mac`]) is kept only so that tests can
 //! play an old sender.
@@ -35,6 +39,10 @@ pub const RECEIVER_PROOF_LABEL: &[u8] = b"rdma-xfer v3 receiver proof\0";
 pub const SENDER_TO_RECEIVER_LABEL: &[u8] = b"rdma-xfer v3 sender to receiver\0";
 /// HKDF info of the key sealing receiver -> sender messages.
 pub const RECEIVER_TO_SENDER_LABEL: &[u8] = b"rdma-xfer v3 receiver to sender\0";
+/// HKDF info of the key of the chunks' tags (sender -> receiver data).
+pub const CHUNK_KEY_LABEL: &[u8] = b"rdma-xfer v5 chunk tags\0";
+/// Length of a chunk's tag, written right after its bytes.
+pub const CHUNK_TAG_LEN: usize = 32;
 /// Length of each side's nonce.
 pub const NONCE_LEN: usize = 32;
 /// Length of an HMAC-SHA256 tag (proofs and seals).
@@ -236,6 +244,14 @@ impl SessionKey {
         out
     }
 
+    /// The key of the chunks' tags (data flows from sender to receiver
+    /// only).
+    pub fn chunk_key(&self) -> ChunkKey {
+        ChunkKey {
+            key: self.direction_key(CHUNK_KEY_LABEL),
+        }
+    }
+
     /// The sealing channel of one side: it seals with its own direction's
     /// key and opens with the other's.
     pub fn channel(&self, role: Role) -> Channel {
@@ -264,6 +280,91 @@ impl Drop for SessionKey {
 impl fmt::Debug for SessionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("SessionKey(<redacted>)")
+    }
+}
+
+/// The key that authenticates the file data of one session: each chunk's
+/// tag is BLAKE3 in keyed mode over the offer's number in the session
+/// (every HELLO or BATCH counts, from 1), the chunk's offset in the
+/// offer's data and the chunk's bytes. So a tag is good for those bytes
+/// at that place of that offer of that session only: bytes written into
+/// the ring by anyone without the key, or replayed from another place,
+/// fail. Wiped on drop, redacted in `Debug`.
+#[derive(Clone)]
+pub struct ChunkKey {
+    key: [u8; 32],
+}
+
+impl ChunkKey {
+    /// The tag of `data` at byte `offset` of offer number `offer`.
+    pub fn tag(&self, offer: u64, offset: u64, data: &[u8]) -> [u8; CHUNK_TAG_LEN] {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(&offer.to_be_bytes());
+        h.update(&offset.to_be_bytes());
+        h.update(data);
+        *h.finalize().as_bytes()
+    }
+
+    /// Constant-time check of `tag` (blake3's `Hash` compares in constant
+    /// time).
+    pub fn verify(&self, offer: u64, offset: u64, data: &[u8], tag: &[u8; CHUNK_TAG_LEN]) -> bool {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(&offer.to_be_bytes());
+        h.update(&offset.to_be_bytes());
+        h.update(data);
+        h.finalize() == blake3::Hash::from_bytes(*tag)
+    }
+
+    /// A key from raw bytes: for the benchmarks and tests only (sessions
+    /// derive theirs with [`SessionKey::chunk_key`]).
+    pub fn from_bytes(key: [u8; 32]) -> Self {
+        Self { key }
+    }
+}
+
+impl Drop for ChunkKey {
+    fn drop(&mut self) {
+        self.key.fill(0);
+        std::hint::black_box(&self.key);
+    }
+}
+
+/// In constant time (for tests of the machines' placements; the tools
+/// never compare keys).
+impl PartialEq for ChunkKey {
+    fn eq(&self, other: &Self) -> bool {
+        blake3::Hash::from_bytes(self.key) == blake3::Hash::from_bytes(other.key)
+    }
+}
+
+impl Eq for ChunkKey {}
+
+impl fmt::Debug for ChunkKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ChunkKey(<redacted>)")
+    }
+}
+
+/// What a chunk of the current offer is authenticated with: the session's
+/// [`ChunkKey`] and the offer's number. Handed out by the machines with
+/// each offer (sender) and each chunk placement (receiver).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkAuth {
+    /// The session's key.
+    pub key: ChunkKey,
+    /// The offer's number in the session (from 1).
+    pub offer: u64,
+}
+
+impl ChunkAuth {
+    /// The tag of the chunk `data` at `offset` of this offer.
+    pub fn tag(&self, offset: u64, data: &[u8]) -> [u8; CHUNK_TAG_LEN] {
+        self.key.tag(self.offer, offset, data)
+    }
+
+    /// Whether `tag` is the tag of `data` at `offset` of this offer.
+    pub fn verify(&self, offset: u64, data: &[u8], tag: &[u8; CHUNK_TAG_LEN]) -> bool {
+        self.key.verify(self.offer, offset, data, tag)
     }
 }
 
@@ -467,47 +568,58 @@ mod tests {
     #[test]
     fn key_schedule_known_answers() {
         // Computed independently with Python's hmac/hashlib (HKDF written
-        // out per RFC 5869), protocol version 4: nonce_r = 00 01 .. 1f, nonce_s = 80 81 .. 9f.
+        // out per RFC 5869) and the blake3 package, protocol version 5:
+        // nonce_r = 00 01 .. 1f, nonce_s = 80 81 .. 9f. Per case: K, both
+        // proofs, the seals of BYE number 0 and 5, the chunk key and the
+        // tag of "the bytes of one chunk" at offset 4096 of offer 3.
         let (nr, ns) = nonces();
         let t = token(TOK);
         let cases = [
             (
                 conn("10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "ff6f1f9da0f297c0225ccacf02f788ebdd0bbc79eea48d8285452668342d48d9",
-                "e17fc0505126ec4ee9c1f7c5cd89a8bb1d77c7b37733dc9c8761e071f72441e6",
-                "92380b7ba7437ae9951a017697feb0cc05f9b671653976d4caedc197dbbef197",
-                "7735651312c6c16d919b5d3e8e88c23f7617670280867621e68aa98686dac085",
-                "9cbd4a4a3d4393054df3bb76f5caf54e7d2dda1430df2983ac45f82fc711e30c",
+                "be6f2187d25bd1051bc2d00a79315334c27c7a4efe5fb3efac92c59b0b157155",
+                "b38c61c46dda3e36f2cd67826d0513c0ed1fd68a62d62f9735e16a7cb91d28f7",
+                "ca3e95a02e0b3eb5618b376b24317d76b5a41b3c0118b7da54d3f6fbe148077e",
+                "a5af568bd83bfde2b7a0cc8b6efa4e1224b43455e979f9cf5f947b11e452aae7",
+                "a2b6e474309db00a194c84fa87e9902b9575c61be65bc091b8eaca2894713a6e",
+                "1b7ec3e9f49e4ec5797db8ad785f4964fc9b1c18f8cebddc0cfad015ee5e47df",
+                "6b74cca0167e915c5980a63fbf1a77092de24bece400782fbb5f1ef1b690911a",
             ),
             // The IPv4-mapped form of the same address: the same key.
             (
                 conn("::ffff:10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "ff6f1f9da0f297c0225ccacf02f788ebdd0bbc79eea48d8285452668342d48d9",
-                "e17fc0505126ec4ee9c1f7c5cd89a8bb1d77c7b37733dc9c8761e071f72441e6",
-                "92380b7ba7437ae9951a017697feb0cc05f9b671653976d4caedc197dbbef197",
-                "7735651312c6c16d919b5d3e8e88c23f7617670280867621e68aa98686dac085",
-                "9cbd4a4a3d4393054df3bb76f5caf54e7d2dda1430df2983ac45f82fc711e30c",
+                "be6f2187d25bd1051bc2d00a79315334c27c7a4efe5fb3efac92c59b0b157155",
+                "b38c61c46dda3e36f2cd67826d0513c0ed1fd68a62d62f9735e16a7cb91d28f7",
+                "ca3e95a02e0b3eb5618b376b24317d76b5a41b3c0118b7da54d3f6fbe148077e",
+                "a5af568bd83bfde2b7a0cc8b6efa4e1224b43455e979f9cf5f947b11e452aae7",
+                "a2b6e474309db00a194c84fa87e9902b9575c61be65bc091b8eaca2894713a6e",
+                "1b7ec3e9f49e4ec5797db8ad785f4964fc9b1c18f8cebddc0cfad015ee5e47df",
+                "6b74cca0167e915c5980a63fbf1a77092de24bece400782fbb5f1ef1b690911a",
             ),
             (
                 conn("fe80::1", 0x11, "fe80::2", 0x12),
-                "ca517a8c1d7af47ef662fbdd44c6c1462dc95db8a153678f6f7f1b85047c2787",
-                "3befe5ca2d79e0122bb67a1cb69e96c147e6e03eca6275d1672097094308686f",
-                "182d484d05f49278cf690095037d4860d6855f2b5ccce623252191482b74c425",
-                "f3d38c80a8f7e91882cc828e6b51536bff6ad7a906a611120a19b2fc3048564b",
-                "9c3782c3091f42905a5bc1d2afb431076d4907842121b997ea327b26dda12191",
+                "8c736161267c30348c6585df1cf509dcaaea6ade8ff44c5996bc1b2d82088051",
+                "493ca0adebf0a98f27a7024c6338191831eb716e594d8c8cd278cb05dae8fc9b",
+                "5346ef86bb50b0534b2968849a50aebc07ca4ca74c8f1c3039e7468ac4a387e2",
+                "83bc849d15d6bed38a8aa0d3f4ead4235f1283997868aa905c7017c52fab7421",
+                "b84cc283f0bf18949fd8eda7d8c804552102e3c339eac2e191f4a2d1a8536ac6",
+                "f64c3a3769f934dc2ad902192fb18bad30584b0066a13fe0033500fc563d6841",
+                "5e78c1ccef19e03c14e81073e1dd569d62691f277504e3bf977d4dbded204d0f",
             ),
             // Another receiver QPN: another key.
             (
                 conn("10.77.0.1", 0x13, "10.77.0.2", 0x12),
-                "6e0898b44076560f382ae4ca377df6d45e5641e15e319e3e90c138e1a7efded3",
-                "24491bc568bdd062f6de2ecc16807de7d4c9eda7e4066366a362ea337152fd86",
-                "ef14945c7d8d5054a859564acde0c5bb405ec746d8ce2ffe319a7427e4e8fd69",
-                "b6863319df0242d9f79af07ee5d0dabbfc8501269635a895c893be1f79349057",
-                "28878fdd15048d92a1029472a9deef4f76effdb2c955b76dc4628a26b1e6b0c6",
+                "e267ad3c697b1df722c42d31c2101184f2499b9ae3577073d2c1ceb4730eb9f5",
+                "924b10ba06c21dc8a677a8a0fdea88ffb0a6b3a0d77454d89f91c51aa2b054bc",
+                "889a45eac1ceb76a645554b820256b8b5a1266fc62510b51391bdf89b1ddafc9",
+                "993b67be2e003ca356678d16ff058f0b89a157c1d329a3dc06b62b7caa11bc3c",
+                "5d29540bfcc778c621e9ba5b0c0c007b079495971d845028ca80e4d483189b43",
+                "aafe79ccacd34ae44aba19aa40eed3e1020df6f814312899ecebbf19d80949b3",
+                "9c2ff1a84c59c404dc1b4f8acfdda15ae61dd086031d386486aafa5099fcb4fa",
             ),
         ];
         let bye = unhex("525846520107000000000000");
-        for (c, k, ps, pr, seal0, seal5) in cases {
+        for (c, k, ps, pr, seal0, seal5, chunk_key, chunk_tag) in cases {
             let key = SessionKey::derive(&t, &nr, &ns, &c);
             assert_eq!(key.key.to_vec(), unhex(k), "{c:?}");
             assert_eq!(key.sender_proof().to_vec(), unhex(ps), "{c:?}");
@@ -523,6 +635,10 @@ mod tests {
             let sealed = ch.seal(&bye).unwrap();
             assert_eq!(&sealed[12..20], &5u64.to_be_bytes());
             assert_eq!(sealed[20..].to_vec(), unhex(seal5));
+            let chunks = key.chunk_key();
+            assert_eq!(chunks.key.to_vec(), unhex(chunk_key), "{c:?}");
+            let tag = chunks.tag(3, 4096, b"the bytes of one chunk");
+            assert_eq!(tag.to_vec(), unhex(chunk_tag), "{c:?}");
         }
     }
 
@@ -706,6 +822,37 @@ mod tests {
         let shown = format!("{:?}", key.channel(Role::Sender));
         assert!(shown.starts_with("Channel {"), "{shown}");
         assert!(!shown.contains("key"), "{shown}");
+    }
+
+    #[test]
+    fn chunk_tags_bind_the_bytes_the_offer_the_offset_and_the_session() {
+        let (nr, ns) = nonces();
+        let c = conn("10.0.0.1", 1, "10.0.0.2", 2);
+        let key = SessionKey::derive(&token(TOK), &nr, &ns, &c).chunk_key();
+        let data = b"the bytes of one chunk".to_vec();
+        let tag = key.tag(3, 4096, &data);
+        assert!(key.verify(3, 4096, &data, &tag));
+        // Any byte changed, or another place (offer, offset), fails.
+        for i in 0..data.len() {
+            let mut bad = data.clone();
+            bad[i] ^= 0x20;
+            assert!(!key.verify(3, 4096, &bad, &tag), "byte {i}");
+        }
+        assert!(!key.verify(4, 4096, &data, &tag));
+        assert!(!key.verify(3, 0, &data, &tag));
+        assert!(!key.verify(3, 4096, &data[1..], &tag));
+        let mut bad_tag = tag;
+        bad_tag[31] ^= 1;
+        assert!(!key.verify(3, 4096, &data, &bad_tag));
+        // Another session (another nonce) has another key.
+        let other = SessionKey::derive(&token(TOK), &nonce(9), &ns, &c).chunk_key();
+        assert!(!other.verify(3, 4096, &data, &tag));
+        // Not a plain hash: the key is needed, and it is not a channel key.
+        assert_ne!(tag, *blake3::hash(&data).as_bytes());
+        let auth = ChunkAuth { key, offer: 3 };
+        assert_eq!(auth.tag(4096, &data), tag);
+        assert!(auth.verify(4096, &data, &tag));
+        assert_eq!(format!("{:?}", auth.key), "ChunkKey(<redacted>)");
     }
 
     #[test]

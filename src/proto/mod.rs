@@ -1,4 +1,4 @@
-//! rdma-xfer control protocol (session protocol 4): wire codec, name checks and the pure sender /
+//! rdma-xfer control protocol (session protocol 5): wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
 #![deny(missing_docs)]
 
@@ -9,15 +9,15 @@ pub mod sender;
 pub mod wire;
 
 pub use auth::{
-    AUTH_REQUIRED, Channel, ChannelError, ConnectionId, MAC_LEN, MIN_TOKEN_LEN, NONCE_LEN, Role,
-    SEAL_LEN, SessionKey, Token,
+    AUTH_REQUIRED, CHUNK_TAG_LEN, Channel, ChannelError, ChunkAuth, ChunkKey, ConnectionId,
+    MAC_LEN, MIN_TOKEN_LEN, NONCE_LEN, Role, SEAL_LEN, SessionKey, Token,
 };
 pub use names::{
     Escaped, MAX_NAME_BYTES, MAX_PATH_BYTES, NameError, NameRules, PathError, escaped,
     is_invisible, validate_name, validate_path,
 };
 pub use receiver::{
-    AUTH_TIMEOUT, AuthFailure, ChunkPlacement, DEFAULT_MAX_FILES, DigestBudget,
+    AUTH_TIMEOUT, AuthFailure, Busy, ChunkPlacement, DEFAULT_MAX_FILES, DigestBudget,
     MAX_REFUSALS_IN_A_ROW, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
     RecvError, busy_refusal,
 };
@@ -37,9 +37,11 @@ use thiserror::Error;
 /// HELLO flags (streams, directories, mtimes), relative paths and
 /// KEEPALIVE; version 3 the mutual, connection-bound authentication (PROVE,
 /// AUTH_OK) and sealed control messages; version 4 BATCH (small files
-/// offered, written and acknowledged together). Both sides speak exactly
+/// offered, written and acknowledged together); version 5 the chunks'
+/// tags with a token (each write carries its chunk, then the chunk's tag).
+/// Both sides speak exactly
 /// one version: a peer of another one is refused, naming both.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Most files one BATCH may offer.
 pub const MAX_BATCH_FILES: usize = 256;
@@ -344,6 +346,8 @@ mod tests {
         s_channel: Option<Channel>,
         r_channel: Option<Channel>,
         sealed: usize,
+        /// Chunks whose tag the receiver's placement checked.
+        tagged: usize,
     }
 
     impl Sim {
@@ -461,12 +465,18 @@ mod tests {
                 let start = p.file_offset as usize;
                 let chunk = data[start..start + p.len as usize].to_vec();
                 let off = (p.remote_addr - ADDR) as usize;
+                // The write: the chunk, then (with a token) its tag.
+                let mut write = chunk.clone();
+                if let Some(auth) = self.s.chunk_auth() {
+                    write.extend_from_slice(&auth.tag(p.file_offset, &chunk));
+                }
+                assert_eq!(write.len(), p.write_len as usize);
                 assert!(
-                    off + chunk.len() <= self.mem.len(),
+                    off + write.len() <= self.mem.len(),
                     "write outside the ring"
                 );
-                assert!(u64::from(p.len) <= u64::from(self.ring.slot_size));
-                self.mem[off..off + chunk.len()].copy_from_slice(&chunk);
+                assert!(u64::from(p.write_len) <= u64::from(self.ring.slot_size));
+                self.mem[off..off + write.len()].copy_from_slice(&write);
                 self.s2r.push_back(Wire::Chunk(p, crc(&chunk)));
             } else if done == data.len()
                 && (self.s.all_chunks_planned() || matches!(entry, SimEntry::Stream(_)))
@@ -492,7 +502,7 @@ mod tests {
             };
             match w {
                 Wire::Chunk(plan, imm) => {
-                    let p = self.r.on_chunk(plan.len, imm).unwrap();
+                    let p = self.r.on_chunk(plan.write_len, imm).unwrap();
                     assert_eq!(p.seq, plan.seq);
                     assert_eq!(p.slot, plan.slot);
                     assert_eq!(p.slot_offset, plan.remote_addr - ADDR);
@@ -552,6 +562,15 @@ mod tests {
             let bytes = &self.mem[off..off + p.len as usize];
             // A slot overwritten before consumption (credit bug) fails here.
             assert_eq!(crc(bytes), p.expected_crc, "slot {} clobbered", p.slot);
+            // With a token the tag after the bytes is theirs, at this place.
+            if let Some(auth) = &p.auth {
+                let at = off + p.len as usize;
+                let tag: [u8; auth::CHUNK_TAG_LEN] = self.mem[at..at + auth::CHUNK_TAG_LEN]
+                    .try_into()
+                    .expect("a tag's room");
+                assert!(auth.verify(p.file_offset, bytes, &tag), "bad tag");
+                self.tagged += 1;
+            }
             assert_eq!(
                 p.file_offset,
                 self.out.len() as u64,
@@ -640,6 +659,7 @@ mod tests {
         let mut total_rejected = 0;
         let mut deepest = 0;
         let mut streams = 0;
+        let mut tagged = 0;
         for round in 0..400 {
             let slot_size = 1 + rng.below(200) as u32;
             let slot_count = 1 + rng.below(8) as u32;
@@ -665,6 +685,14 @@ mod tests {
                 .iter()
                 .filter(|e| matches!(e, SimEntry::Stream(_)))
                 .count();
+            // Half of the sessions authenticate (and seal everything after,
+            // and tag every chunk: a slot holds a chunk and its tag).
+            let authenticated = rng.below(2) == 0;
+            let slot_size = if authenticated {
+                slot_size + auth::CHUNK_TAG_LEN as u32
+            } else {
+                slot_size
+            };
             let ring = RingInfo {
                 addr: ADDR,
                 rkey: round,
@@ -681,7 +709,6 @@ mod tests {
                 names: NameRules::DEFAULT,
                 digest_budget: DigestBudget::DEFAULT,
             };
-            // Half of the sessions authenticate (and seal everything after).
             let token = Token::new(b"sim".to_vec()).unwrap();
             let conn = ConnectionId {
                 receiver_addr: "10.0.0.1".parse().unwrap(),
@@ -689,8 +716,8 @@ mod tests {
                 sender_addr: "10.0.0.2".parse().unwrap(),
                 sender_qpn: round + 1,
             };
-            let (s, r) = match rng.below(2) {
-                0 => (
+            let (s, r) = match authenticated {
+                true => (
                     SenderSession::new(
                         chunk_size,
                         Some(SenderAuth {
@@ -701,7 +728,7 @@ mod tests {
                     ),
                     ReceiverSession::with_auth(rcfg, token, [round as u8; NONCE_LEN], conn),
                 ),
-                _ => (
+                false => (
                     SenderSession::new(chunk_size, None),
                     ReceiverSession::new(rcfg),
                 ),
@@ -731,6 +758,7 @@ mod tests {
                 s_channel: None,
                 r_channel: None,
                 sealed: 0,
+                tagged: 0,
             };
             let greeting = sim.r.poll_transmit().expect("the CHALLENGE comes first");
             assert!(matches!(greeting, Message::Challenge(_)));
@@ -754,9 +782,14 @@ mod tests {
             deepest = deepest.max(sim.max_pending);
             total_entries += entries.len();
             total_rejected += sim.rejected;
+            tagged += sim.tagged;
+            if !authenticated {
+                assert_eq!(sim.tagged, 0);
+            }
         }
         assert!(total_entries > 1000 && total_rejected > 50 && total_rejected < total_entries / 2);
         assert!(deepest >= 4, "pipelining barely exercised: depth {deepest}");
         assert!(streams > 100);
+        assert!(tagged > 1000, "{tagged} tagged chunks");
     }
 }

@@ -17,7 +17,8 @@ use std::time::Duration;
 use thiserror::Error;
 
 use super::auth::{
-    AUTH_REQUIRED, Channel, ChannelError, ConnectionId, NONCE_LEN, Role, SessionKey, Token,
+    AUTH_REQUIRED, CHUNK_TAG_LEN, Channel, ChannelError, ChunkAuth, ChunkKey, ConnectionId,
+    NONCE_LEN, Role, SessionKey, Token,
 };
 use super::names::{NameRules, escaped, validate_path};
 use super::wire::{
@@ -132,7 +133,7 @@ pub const DEFAULT_MAX_FILES: u64 = 1_000_000;
 pub const MAX_REFUSALS_IN_A_ROW: u32 = 100;
 
 /// Where an arrived chunk is in the ring and where it belongs in the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkPlacement {
     /// The chunk's sequence number in its file (0-based).
     pub seq: u64,
@@ -147,6 +148,11 @@ pub struct ChunkPlacement {
     /// The CRC32 the sender sent as the immediate data; the engine checks
     /// the slot's bytes against it.
     pub expected_crc: u32,
+    /// With a token: the chunk's tag follows its bytes in the slot
+    /// (`CHUNK_TAG_LEN` bytes at `slot_offset + len`), and the engine uses
+    /// no byte of it before the tag checks out with this (for the chunk's
+    /// offset, `file_offset`).
+    pub auth: Option<ChunkAuth>,
 }
 
 /// What a received message means for the engine.
@@ -280,6 +286,10 @@ pub struct ReceiverSession {
     /// The sealing channel once the sender has proven the token, until
     /// the engine takes it.
     channel: Option<Channel>,
+    /// The key of the chunks' tags, once the sender is admitted.
+    chunk_key: Option<ChunkKey>,
+    /// HELLOs and BATCHes received so far: the current offer's number.
+    offers: u64,
     state: ReceiverState,
     /// Replies the machine decided on, oldest first (`poll_transmit`).
     outbox: VecDeque<Message>,
@@ -343,6 +353,8 @@ impl ReceiverSession {
             auth: None,
             admitting: None,
             channel: None,
+            chunk_key: None,
+            offers: 0,
             state: ReceiverState::AwaitHello,
             outbox: VecDeque::new(),
             name: String::new(),
@@ -397,8 +409,25 @@ impl ReceiverSession {
             proof: key.receiver_proof(),
         });
         self.channel = Some(key.channel(Role::Receiver));
+        self.chunk_key = Some(key.chunk_key());
         self.state = ReceiverState::AwaitHello;
         Ok(())
+    }
+
+    /// Bytes of each chunk's tag: `CHUNK_TAG_LEN` with a token (every chunk
+    /// of an authenticated session carries one), else 0. The ring's slots
+    /// (`ReceiverConfig::slot_size`) hold a chunk and its tag.
+    pub fn tag_len(&self) -> u32 {
+        if self.auth.is_some() {
+            CHUNK_TAG_LEN as u32
+        } else {
+            0
+        }
+    }
+
+    /// The longest chunk a slot holds (with its tag).
+    fn chunk_room(&self) -> u32 {
+        self.cfg.slot_size.saturating_sub(self.tag_len())
     }
 
     /// Answers an offer with RESUME (state AwaitDecision, after the
@@ -421,7 +450,7 @@ impl ReceiverSession {
         if !(answering || comparing && have.kind == HaveKind::Nothing) {
             return Err(self.wrong_state("have"));
         }
-        let consistent = have.fits(self.size) && have.chunk_len <= self.cfg.slot_size;
+        let consistent = have.fits(self.size) && have.chunk_len <= self.chunk_room();
         if !consistent {
             return Err(ProtocolError::BadHave {
                 reason: "inconsistent with the offer",
@@ -527,7 +556,7 @@ impl ReceiverSession {
             return None;
         }
         self.admitting = None;
-        let reject = busy_refusal(max_sessions);
+        let reject = busy_refusal(Busy::Sessions(max_sessions));
         self.close_with(Message::Reject(reject.clone()), true);
         Some(reject)
     }
@@ -734,6 +763,7 @@ impl ReceiverSession {
             }
             (AwaitAuth, _) => Err(RecvError::Auth(AuthFailure::Required)),
             (AwaitHello, Message::Hello(h)) => {
+                self.offers += 1;
                 self.entries += 1;
                 if self.entries > self.cfg.max_files {
                     return Err(RecvError::SessionLimit(Reject::new(
@@ -867,6 +897,7 @@ impl ReceiverSession {
         // A batch counts as one entry when offered, refused or not (so
         // refused batches cannot go on for ever), its other files when
         // accepted.
+        self.offers += 1;
         self.entries = self.entries.saturating_add(1);
         let refuse = |code, reason: String| Err(RecvError::Reject(Reject::new(code, reason)));
         // Never the end of the session (the sender takes any REJECT of a
@@ -1108,18 +1139,34 @@ impl ReceiverSession {
         result
     }
 
-    fn place_chunk(&mut self, len: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
+    fn place_chunk(&mut self, written: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
         if self.state != ReceiverState::Receiving {
             return Err(self.unexpected("WRITE_WITH_IMM").into());
         }
         let seq = self.chunks;
+        // The write carries the chunk, then its tag (with a token).
+        let tag_len = self.tag_len();
+        let len = written.saturating_sub(tag_len);
         let bad = |reason| ProtocolError::BadChunk { seq, len, reason };
-        if len == 0 {
-            return Err(bad("empty chunk").into());
+        if written <= tag_len {
+            return Err(bad(if tag_len == 0 {
+                "empty chunk"
+            } else {
+                "no longer than a chunk's tag"
+            })
+            .into());
         }
-        if len > self.ring.slot_size {
+        if written > self.ring.slot_size {
             return Err(bad("larger than a ring slot").into());
         }
+        let auth = match (tag_len, &self.chunk_key) {
+            (0, _) => None,
+            (_, Some(key)) => Some(ChunkAuth {
+                key: key.clone(),
+                offer: self.offers,
+            }),
+            (_, None) => return Err(bad("data before the sender was admitted").into()),
+        };
         let in_flight = u64::from(self.unconsumed) + u64::from(self.pending);
         if in_flight >= u64::from(self.ring.slot_count) {
             return Err(ProtocolError::CreditOverrun {
@@ -1179,6 +1226,7 @@ impl ReceiverSession {
             file_offset: self.bytes,
             len,
             expected_crc: imm,
+            auth,
         };
         self.bytes = end;
         self.chunks += 1;
@@ -1235,16 +1283,30 @@ impl ReceiverSession {
 /// without the secret cannot keep all session slots busy for long.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The REJECT(busy) a receiver at its session limit sends: instead of the
-/// CHALLENGE without a token (no session machine exists for such a
+/// Why a receiver has no session for a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// `--max-sessions` sessions run.
+    Sessions(usize),
+    /// Without a token: this many sessions run from the connection's
+    /// address already (no address may hold more than half the slots).
+    FromAddress(usize),
+}
+
+/// The REJECT(busy) a receiver without a free session sends: instead of
+/// the CHALLENGE without a token (no session machine exists for such a
 /// connection), instead of AUTH_OK with one (`refuse_busy`).
-pub fn busy_refusal(max_sessions: usize) -> Reject {
-    Reject::new(
-        RejectCode::Busy,
-        format!(
-            "the receiver is busy: {max_sessions} sessions are running (its --max-sessions); try again later"
+pub fn busy_refusal(busy: Busy) -> Reject {
+    let reason = match busy {
+        Busy::Sessions(max) => format!(
+            "the receiver is busy: {max} sessions are running (its --max-sessions); try again later"
         ),
-    )
+        Busy::FromAddress(n) => format!(
+            "the receiver is busy: {n} sessions from your address are running (an --insecure \
+             receiver gives one address at most half of its --max-sessions); try again later"
+        ),
+    };
+    Reject::new(RejectCode::Busy, reason)
 }
 
 /// The checks that need no file system: version, flags, name or path, size.
@@ -1420,7 +1482,9 @@ mod tests {
     /// As `session_in`; with `auth` the session requires a token and every
     /// state past AwaitAuth is reached through a correct AUTH.
     fn session_in_auth(state: ReceiverState, auth: bool) -> ReceiverSession {
-        let c = cfg(100, 4, 2);
+        // With a token a slot holds a chunk of 100 and its tag.
+        let tag = if auth { CHUNK_TAG_LEN as u32 } else { 0 };
+        let c = cfg(100 + tag, 4, 2);
         let mut r = if auth {
             with_auth(c)
         } else {
@@ -1456,7 +1520,7 @@ mod tests {
             return r;
         }
         r.accept(ring(&c)).unwrap();
-        r.on_chunk(100, 0).unwrap();
+        r.on_chunk(100 + tag, 0).unwrap();
         if state == ReceiverState::Verifying {
             r.on_message(Message::Fin(fin(100, 1))).unwrap();
         }
@@ -1545,12 +1609,12 @@ mod tests {
             Message::Auth { .. } => Err(RecvError::Version(Reject::new(
                 RejectCode::Version,
                 "the sender speaks protocol version 2 or older (its AUTH is protocol 2's); \
-                 this receiver speaks protocol version 4: upgrade the sender",
+                 this receiver speaks protocol version 5: upgrade the sender",
             ))),
             Message::Prove(p) if p.version != PROTOCOL_VERSION => {
                 Err(RecvError::Version(Reject::new(
                     RejectCode::Version,
-                    "the sender speaks protocol version 3; this receiver speaks protocol version 4",
+                    "the sender speaks protocol version 4; this receiver speaks protocol version 5",
                 )))
             }
             Message::Prove(p) if p.proof.is_empty() => Err(RecvError::Auth(AuthFailure::NoToken)),
@@ -1876,7 +1940,7 @@ mod tests {
             }
             // Chunks are only legal while Receiving.
             let mut r = session_in_auth(state, auth);
-            let res = r.on_chunk(100, 0);
+            let res = r.on_chunk(100 + r.tag_len(), 0);
             if state == Receiving {
                 assert!(res.is_ok());
             } else {
@@ -2045,6 +2109,56 @@ mod tests {
     }
 
     #[test]
+    fn with_a_token_every_write_carries_its_chunk_then_its_tag() {
+        // Slots of 100 bytes hold chunks of up to 68 and their 32-byte tag.
+        let c = cfg(100, 4, 2);
+        let mut r = with_auth(c);
+        assert_eq!(r.tag_len(), CHUNK_TAG_LEN as u32);
+        assert_eq!(r.on_message(good_auth()), Ok(ReceiverEvent::Authenticated));
+        r.admit().unwrap();
+        let key = SessionKey::derive(&token(), &NONCE, &SENDER_NONCE, &conn()).chunk_key();
+        // A directory and a refused file are offers too: the file is the
+        // third, and its chunks are tagged as offer 3.
+        r.on_message(Message::Hello(hello_v2("d", hello_flags::DIRECTORY, 0)))
+            .unwrap();
+        r.accept_directory().unwrap();
+        r.on_message(Message::Hello(hello("no", 10))).unwrap();
+        r.reject(RejectCode::Exists, "exists".into()).unwrap();
+        r.on_message(Message::Hello(hello("f", 100))).unwrap();
+        r.accept(ring(&c)).unwrap();
+        let p = r.on_chunk(68 + 32, 1).unwrap();
+        assert_eq!((p.len, p.file_offset, p.slot_offset), (68, 0, 0));
+        assert_eq!(
+            p.auth,
+            Some(ChunkAuth {
+                key: key.clone(),
+                offer: 3
+            })
+        );
+        // A write with no room for a chunk besides its tag, or one larger
+        // than a slot, is a protocol error.
+        for bad in [32, 101] {
+            let mut r2 = r.clone();
+            assert!(
+                matches!(
+                    r2.on_chunk(bad, 0),
+                    Err(RecvError::Protocol(ProtocolError::BadChunk { .. }))
+                ),
+                "{bad}"
+            );
+        }
+        r.chunk_done();
+        let p = r.on_chunk(32 + 32, 2).unwrap();
+        assert_eq!((p.len, p.file_offset, p.slot_offset), (32, 68, 100));
+        assert_eq!(p.auth.map(|a| a.offer), Some(3));
+        // Without a token nothing is tagged and a write is all chunk.
+        let mut plain = receiving(c, 150);
+        assert_eq!(plain.tag_len(), 0);
+        let p = plain.on_chunk(100, 1).unwrap();
+        assert_eq!((p.len, p.auth), (100, None));
+    }
+
+    #[test]
     fn placement_wraps_and_last_chunk_is_short() {
         let c = cfg(100, 3, 1);
         let mut r = receiving(c, 750);
@@ -2060,6 +2174,7 @@ mod tests {
                     file_offset: i * 100,
                     len,
                     expected_crc: i as u32 + 7,
+                    auth: None,
                 }
             );
             assert_eq!(r.chunk_done(), Some(Message::Credit { count: 1 }));
@@ -2291,55 +2406,56 @@ mod tests {
             (v(2, 0, "f", 1), Some(RejectCode::Version)),
             (v(2, STREAM, "f", 0), Some(RejectCode::Version)),
             // Version 3: flags and relative paths.
-            (v(4, 0, "f", 1000), None),
-            (v(4, 0, "a/b/c", 1), None),
-            (v(4, STREAM, "stdin", 0), None),
-            (v(4, DIRECTORY, "top/sub", 0), None),
+            (v(5, 0, "f", 1000), None),
+            (v(5, 0, "a/b/c", 1), None),
+            (v(5, STREAM, "stdin", 0), None),
+            (v(5, DIRECTORY, "top/sub", 0), None),
             (
                 Hello {
                     mtime: t,
-                    ..v(4, DIRECTORY | MTIME, "top", 0)
+                    ..v(5, DIRECTORY | MTIME, "top", 0)
                 },
                 None,
             ),
-            (v(4, 0, "f", 1001), Some(RejectCode::TooLarge)),
-            (v(4, hello_flags::KEEP_MODE, "f", 1), None),
-            (v(4, 1 << 4, "f", 1), Some(RejectCode::Version)),
-            (v(4, 1 << 7, "f", 1), Some(RejectCode::Version)),
-            (v(4, hello_flags::CHECKSUM, "f", 1), None),
+            (v(5, 0, "f", 1001), Some(RejectCode::TooLarge)),
+            (v(5, hello_flags::KEEP_MODE, "f", 1), None),
+            (v(5, 1 << 4, "f", 1), Some(RejectCode::Version)),
+            (v(5, 1 << 7, "f", 1), Some(RejectCode::Version)),
+            (v(5, hello_flags::CHECKSUM, "f", 1), None),
             (
-                v(4, hello_flags::CHECKSUM | STREAM, "s", 0),
+                v(5, hello_flags::CHECKSUM | STREAM, "s", 0),
                 Some(RejectCode::Protocol),
             ),
             (
-                v(4, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
+                v(5, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
                 Some(RejectCode::Protocol),
             ),
             (
-                v(4, hello_flags::RESUME, "f", 1),
+                v(5, hello_flags::RESUME, "f", 1),
                 Some(RejectCode::Protocol),
             ),
-            (v(4, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
-            (v(4, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
-            (v(4, STREAM, "f", 5), Some(RejectCode::Protocol)),
-            (v(4, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
+            (v(5, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
+            (v(5, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
+            (v(5, STREAM, "f", 5), Some(RejectCode::Protocol)),
+            (v(5, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
             // Other versions.
             (v(0, 0, "f", 1), Some(RejectCode::Version)),
-            (v(5, 0, "f", 1), Some(RejectCode::Version)),
+            (v(6, 0, "f", 1), Some(RejectCode::Version)),
             (v(3, 0, "f", 1), Some(RejectCode::Version)),
+            (v(4, 0, "f", 1), Some(RejectCode::Version)),
             (v(u16::MAX, 0, "f", 1), Some(RejectCode::Version)),
         ] {
             assert_eq!(code(h.clone()), want, "{h:?}");
         }
         // A stream is not held to --max-size up front (its size is unknown).
-        assert_eq!(code(v(4, STREAM, "s", 0)), None);
+        assert_eq!(code(v(5, STREAM, "s", 0)), None);
         // The refusal names both versions.
         let mut r = ReceiverSession::new(c);
         let Err(RecvError::Version(j)) = r.on_message(Message::Hello(v(2, 0, "f", 1))) else {
             panic!("version 2 accepted");
         };
         assert!(
-            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 4"),
+            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 5"),
             "{}",
             j.reason
         );
@@ -3027,9 +3143,12 @@ mod tests {
         assert_eq!(r.wait_limit(t), ("the next HELLO or BYE", t));
         let r = session_in_auth(ReceiverState::Receiving, false);
         assert_eq!(r.wait_limit(t), ("data from the sender", t));
-        let busy = busy_refusal(3);
+        let busy = busy_refusal(Busy::Sessions(3));
         assert_eq!(busy.code, RejectCode::Busy);
         assert!(busy.reason.contains("3 sessions"));
+        let busy = busy_refusal(Busy::FromAddress(2));
+        assert_eq!(busy.code, RejectCode::Busy);
+        assert!(busy.reason.contains("2 sessions from your address"));
     }
 
     #[test]

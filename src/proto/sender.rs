@@ -18,7 +18,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::auth::{Channel, ConnectionId, NONCE_LEN, Role, SessionKey, Token};
+use super::auth::{
+    CHUNK_TAG_LEN, Channel, ChunkAuth, ChunkKey, ConnectionId, NONCE_LEN, Role, SessionKey, Token,
+};
 use super::names::escaped;
 use super::wire::{
     Ack, AckStatus, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime, Prove, Reject,
@@ -129,6 +131,8 @@ pub struct ChunkPlan {
     pub file_offset: u64,
     /// Length in bytes.
     pub len: u32,
+    /// Bytes the write carries: the chunk, then its tag (`tag_len`).
+    pub write_len: u32,
 }
 
 /// What the receiver's CHALLENGE asks of the engine before the first HELLO.
@@ -247,6 +251,10 @@ pub struct SenderSession {
     base_chunk_len: u32,
     /// Entries awaiting a verdict, oldest first, with their tags.
     pending: VecDeque<(u64, Pending)>,
+    /// The key of the chunks' tags, once the receiver proved the token.
+    chunk_key: Option<ChunkKey>,
+    /// HELLOs and BATCHes sent so far: the current offer's number.
+    offers: u64,
 }
 
 impl SenderSession {
@@ -274,6 +282,8 @@ impl SenderSession {
             checksum: false,
             base_chunk_len: 0,
             pending: VecDeque::new(),
+            chunk_key: None,
+            offers: 0,
         }
     }
 
@@ -293,6 +303,27 @@ impl SenderSession {
         self.credits
     }
 
+    /// Bytes of each chunk's tag in this session: `CHUNK_TAG_LEN` once the
+    /// receiver proved the token, else 0. A chunk's write carries its bytes
+    /// and then its tag; a ring slot holds both.
+    pub fn tag_len(&self) -> u32 {
+        if self.chunk_key.is_some() {
+            CHUNK_TAG_LEN as u32
+        } else {
+            0
+        }
+    }
+
+    /// How the current offer's chunks are tagged (None without a token):
+    /// valid from its HELLO or BATCH on, so that its data can be read (and
+    /// tagged) ahead of its MR.
+    pub fn chunk_auth(&self) -> Option<ChunkAuth> {
+        self.chunk_key.as_ref().map(|key| ChunkAuth {
+            key: key.clone(),
+            offer: self.offers,
+        })
+    }
+
     /// Ring of the current file (meaningful from `Sending` on).
     pub fn ring(&self) -> RingInfo {
         self.ring
@@ -307,7 +338,7 @@ impl SenderSession {
     /// an MR came already: the receiver sends the same ring for every
     /// entry of a session, so data can be read ahead of its MR.
     pub fn expected_chunk_len(&self) -> Option<u32> {
-        let slot = self.ring.slot_size;
+        let slot = self.ring.slot_size.saturating_sub(self.tag_len());
         match self.chunk_size {
             _ if slot == 0 => None,
             0 => Some(slot),
@@ -361,6 +392,7 @@ impl SenderSession {
                 self.state = SenderState::AwaitHave;
             }
         }
+        self.offers += 1;
         Ok(Message::Hello(hello))
     }
 
@@ -404,6 +436,7 @@ impl SenderSession {
             members.push(offer_hello(offer));
         }
         self.start_data(tag, total, false, digest);
+        self.offers += 1;
         Ok(Message::Batch(members))
     }
 
@@ -524,6 +557,7 @@ impl SenderSession {
                     return Err(ProtocolError::ReceiverProofFailed);
                 }
                 self.channel = Some(key.channel(Role::Sender));
+                self.chunk_key = Some(key.chunk_key());
                 self.key = None;
                 self.state = Idle;
                 Ok(SenderEvent::Authenticated)
@@ -627,17 +661,26 @@ impl SenderSession {
             }
             (AwaitRing, Message::Mr(ring)) if front.is_none() => {
                 check_ring(&ring)?;
+                // A slot holds a chunk and its tag.
+                let room = match ring.slot_size.checked_sub(self.tag_len()) {
+                    Some(room) if room > 0 => room,
+                    _ => {
+                        return Err(ProtocolError::BadRing {
+                            reason: "slots too small for a chunk and its tag",
+                        });
+                    }
+                };
                 self.ring = ring;
                 self.chunk_len = match (self.base_chunk_len, self.chunk_size) {
                     // A resumed file keeps its prefix's chunk length.
-                    (b, _) if b > ring.slot_size => {
+                    (b, _) if b > room => {
                         return Err(ProtocolError::BadRing {
                             reason: "slots smaller than the resumed prefix's chunks",
                         });
                     }
                     (b, _) if b > 0 => b,
-                    (_, 0) => ring.slot_size,
-                    (_, c) => c.min(ring.slot_size),
+                    (_, 0) => room,
+                    (_, c) => c.min(room),
                 };
                 // The ring is empty at a file boundary, so every slot is available.
                 self.credits = ring.slot_count;
@@ -687,6 +730,7 @@ impl SenderSession {
             rkey: self.ring.rkey,
             file_offset: self.planned,
             len,
+            write_len: len.checked_add(self.tag_len())?,
         };
         self.seq += 1;
         self.planned = planned;
@@ -1416,7 +1460,7 @@ mod tests {
                             (Message::Reject(r), st) if st != Closed && version_reject => {
                                 ProtocolError::VersionMismatch {
                                     detail: format!(
-                                        "this sender speaks protocol version 4; the receiver says: {}",
+                                        "this sender speaks protocol version 5; the receiver says: {}",
                                         r.reason
                                     ),
                                 }
@@ -1612,7 +1656,7 @@ mod tests {
         let mut s = session_in(Situation::AwaitAuthOk);
         let err = s.on_message(ack(AckStatus::Protocol)).unwrap_err();
         assert!(
-            err.to_string().contains("protocol version 4")
+            err.to_string().contains("protocol version 5")
                 && err.to_string().contains("2 or earlier"),
             "{err}"
         );
@@ -1622,13 +1666,13 @@ mod tests {
         let err = s
             .on_message(Message::Reject(Reject::new(
                 RejectCode::Version,
-                "protocol version 4 is not supported (receiver speaks 1 to 2)",
+                "protocol version 5 is not supported (receiver speaks 1 to 2)",
             )))
             .unwrap_err();
         assert!(matches!(err, ProtocolError::VersionMismatch { .. }));
         assert!(
             err.to_string()
-                .contains("this sender speaks protocol version 4")
+                .contains("this sender speaks protocol version 5")
                 && err.to_string().contains("1 to 2"),
             "{err}"
         );

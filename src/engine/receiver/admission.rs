@@ -6,10 +6,12 @@
 //! slots. So connections that never authenticate cannot lock out one that
 //! does.
 //! Without a token there is nothing to prove: a connection takes a slot as
-//! it arrives.
+//! it arrives, but one address holds at most half of the slots
+//! (`per_address_share`).
 
+use crate::proto::Busy;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -18,49 +20,118 @@ pub(super) const HANDSHAKE_POOL: usize = 32;
 /// Connections in their handshake at once from one address.
 pub(super) const HANDSHAKE_PER_ADDRESS: usize = 4;
 
-/// The `--max-sessions` slots: taken by admitted sessions only.
+/// The `--max-sessions` slots: taken by admitted sessions only. Sessions
+/// that nothing authenticated (no token) are counted per address too: one
+/// address holds at most `per_address` of them, so one host cannot take
+/// every slot of an open receiver.
 #[derive(Debug)]
 pub(super) struct SessionSlots {
-    running: AtomicUsize,
+    state: Mutex<SlotState>,
     max: usize,
+    per_address: usize,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    running: usize,
+    /// Unauthenticated sessions per address key (`address_key`).
+    by_address: Vec<(Option<IpAddr>, usize)>,
 }
 
 /// One taken session slot, given back on drop.
 #[derive(Debug)]
-pub(super) struct SessionSlot<'a>(&'a SessionSlots);
+pub(super) struct SessionSlot<'a> {
+    slots: &'a SessionSlots,
+    /// The address it counts against (unauthenticated sessions only).
+    address: Option<Option<IpAddr>>,
+}
+
+/// The share of `max` slots one address may hold unauthenticated: half,
+/// at least one.
+pub(super) fn per_address_share(max: usize) -> usize {
+    (max / 2).max(1)
+}
 
 impl SessionSlots {
     pub(super) fn new(max: usize) -> Self {
         Self {
-            running: AtomicUsize::new(0),
+            state: Mutex::new(SlotState::default()),
             max,
+            per_address: per_address_share(max),
         }
     }
 
-    /// A slot, unless `max` sessions run.
+    /// A slot for an authenticated session, unless `max` sessions run.
     pub(super) fn take(&self) -> Option<SessionSlot<'_>> {
-        self.running
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| SessionSlot(self))
+        let mut state = self.lock();
+        if state.running >= self.max {
+            return None;
+        }
+        state.running += 1;
+        Some(SessionSlot {
+            slots: self,
+            address: None,
+        })
+    }
+
+    /// A slot for a session from `from` that nothing authenticates,
+    /// unless `max` sessions run or `from` holds its share already.
+    pub(super) fn take_unauthenticated(
+        &self,
+        from: Option<IpAddr>,
+    ) -> Result<SessionSlot<'_>, Busy> {
+        let key = address_key(from);
+        let mut state = self.lock();
+        if state.running >= self.max {
+            return Err(Busy::Sessions(self.max));
+        }
+        let held = state
+            .by_address
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(0, |(_, n)| *n);
+        if held >= self.per_address {
+            return Err(Busy::FromAddress(held));
+        }
+        state.running += 1;
+        match state.by_address.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => *n += 1,
+            None => state.by_address.push((key, 1)),
+        }
+        Ok(SessionSlot {
+            slots: self,
+            address: Some(key),
+        })
     }
 
     /// Sessions admitted and not yet ended.
     pub(super) fn running(&self) -> usize {
-        self.running.load(Ordering::SeqCst)
+        self.lock().running
     }
 
     /// The `--max-sessions` limit.
     pub(super) fn max(&self) -> usize {
         self.max
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        // Counts only: a panic while holding the lock leaves them usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Drop for SessionSlot<'_> {
     fn drop(&mut self) {
-        self.0.running.fetch_sub(1, Ordering::SeqCst);
+        let mut state = self.slots.lock();
+        state.running = state.running.saturating_sub(1);
+        if let Some(key) = self.address {
+            if let Some((_, n)) = state.by_address.iter_mut().find(|(k, _)| *k == key) {
+                *n = n.saturating_sub(1);
+            }
+            state.by_address.retain(|(_, n)| *n > 0);
+        }
     }
 }
 
@@ -287,6 +358,45 @@ mod tests {
         let c = slots.take().expect("a slot given back is free");
         drop((b, c));
         assert_eq!(slots.running(), 0);
+    }
+
+    #[test]
+    fn unauthenticated_sessions_hold_half_the_slots_per_address() {
+        assert_eq!(
+            (1..=9).map(per_address_share).collect::<Vec<_>>(),
+            [1, 1, 1, 2, 2, 3, 3, 4, 4]
+        );
+        let slots = SessionSlots::new(4);
+        let a1 = slots.take_unauthenticated(addr("10.0.0.1")).unwrap();
+        let _a2 = slots.take_unauthenticated(addr("10.0.0.1")).unwrap();
+        assert_eq!(
+            slots.take_unauthenticated(addr("10.0.0.1")).unwrap_err(),
+            Busy::FromAddress(2)
+        );
+        // The same host by its IPv4-mapped address, or another address of
+        // its IPv6 /64, is the same address.
+        assert!(slots.take_unauthenticated(addr("::ffff:10.0.0.1")).is_err());
+        let _b1 = slots.take_unauthenticated(addr("fd00::1")).unwrap();
+        let _b2 = slots.take_unauthenticated(addr("fd00::2")).unwrap();
+        assert_eq!(
+            slots.take_unauthenticated(addr("fd00::3")).unwrap_err(),
+            Busy::Sessions(4)
+        );
+        drop(a1);
+        // A slot given back is free for that address again; an
+        // authenticated session is never counted per address.
+        let _a3 = slots.take_unauthenticated(addr("10.0.0.1")).unwrap();
+        assert_eq!(slots.running(), 4);
+        assert!(slots.take().is_none());
+        let slots = SessionSlots::new(1);
+        let only = slots.take_unauthenticated(None).unwrap();
+        assert_eq!(
+            slots.take_unauthenticated(addr("10.0.0.2")).unwrap_err(),
+            Busy::Sessions(1)
+        );
+        drop(only);
+        let _t1 = slots.take().unwrap();
+        assert_eq!(slots.running(), 1);
     }
 
     #[test]

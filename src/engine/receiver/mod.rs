@@ -26,8 +26,8 @@ use crate::engine::report::FileEvent;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, Message, NONCE_LEN, NameRules, ReceiverConfig as MachineConfig, ReceiverSession,
-    Role, Token, busy_refusal,
+    AUTH_TIMEOUT, Busy, Message, NONCE_LEN, NameRules, ReceiverConfig as MachineConfig,
+    ReceiverSession, Role, Token, busy_refusal,
 };
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
@@ -139,6 +139,16 @@ impl Output {
 }
 
 impl ReceiverConfig {
+    /// Bytes per ring slot: a chunk, and with a token its tag after it.
+    pub fn slot_size(&self) -> u32 {
+        let tag = if self.token.is_some() {
+            crate::proto::CHUNK_TAG_LEN as u32
+        } else {
+            0
+        };
+        self.chunk_size.saturating_add(tag)
+    }
+
     pub fn new(bind: SocketAddr, dir: PathBuf) -> Self {
         ReceiverConfig {
             bind,
@@ -404,13 +414,13 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                     slots: &slots,
                     deadline,
                 },
-                None => match slots.take() {
-                    Some(slot) => {
+                None => match slots.take_unauthenticated(from) {
+                    Ok(slot) => {
                         admitted = admitted.or(cfg.once.then_some(id));
                         Admission::Admitted { _slot: slot }
                     }
-                    None => {
-                        refuse_busy_unauthenticated(scope, cfg, conn, span, &refusals, id);
+                    Err(busy) => {
+                        refuse_busy_unauthenticated(scope, cfg, conn, span, &refusals, id, busy);
                         continue;
                     }
                 },
@@ -533,9 +543,11 @@ fn wait_for_end(reports: &mpsc::Receiver<SessionReport>, id: u64) -> Result<(), 
     )))
 }
 
-/// All session slots are taken and this connection has nothing to prove
-/// (no token): say why, on a thread of its own so the listener goes on; a
-/// flood beyond that is refused at the CM level (on drop).
+/// No session slot for this connection, which has nothing to prove (no
+/// token): all are taken, or its address holds its share. Say why, on a
+/// thread of its own so the listener goes on; a flood beyond that is
+/// refused at the CM level (on drop).
+#[allow(clippy::too_many_arguments)]
 fn refuse_busy_unauthenticated<'scope>(
     scope: &'scope std::thread::Scope<'scope, '_>,
     cfg: &'scope ReceiverConfig,
@@ -543,6 +555,7 @@ fn refuse_busy_unauthenticated<'scope>(
     span: tracing::Span,
     refusals: &'scope AtomicUsize,
     id: u64,
+    busy: Busy,
 ) {
     if refusals.fetch_add(1, Ordering::SeqCst) >= cfg.max_sessions {
         refusals.fetch_sub(1, Ordering::SeqCst);
@@ -554,7 +567,7 @@ fn refuse_busy_unauthenticated<'scope>(
         .name(format!("refuse-{id}"))
         .spawn_scoped(scope, move || {
             let _enter = span.enter();
-            refuse_busy(cfg, conn);
+            refuse_busy(cfg, conn, busy);
             refusals.fetch_sub(1, Ordering::SeqCst);
         });
     if let Err(e) = spawned {
@@ -584,9 +597,10 @@ fn run_logged(
 }
 
 /// Accepts a connection only to tell the sender that all sessions are
-/// taken (no token: the refusal takes the CHALLENGE's place).
-fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
-    let refusal = busy_refusal(cfg.max_sessions);
+/// taken, or its address holds its share (no token: the refusal takes the
+/// CHALLENGE's place).
+fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection, busy: Busy) {
+    let refusal = busy_refusal(busy);
     warn!("refused: {}", refusal.reason);
     let result = (|| -> Result<(), XferError> {
         let id = conn.into_id()?;
@@ -613,7 +627,7 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection) {
 /// else.
 fn new_machine(cfg: &ReceiverConfig, ep: &Endpoint) -> Result<ReceiverSession, XferError> {
     let machine_cfg = MachineConfig {
-        slot_size: cfg.chunk_size,
+        slot_size: cfg.slot_size(),
         slot_count: cfg.slots,
         credit_batch: (cfg.slots / 4).max(1),
         max_size: cfg.max_size,

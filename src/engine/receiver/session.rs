@@ -11,15 +11,15 @@ use super::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
-use crate::engine::per_byte::{self, ChunkRefused};
+use crate::engine::per_byte::{self, ChunkRefused, TagCheck};
 use crate::engine::progress::{FileProgress, Progress};
 use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
 use crate::engine::{wait_completions, wait_completions_until, wr};
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime,
-    ProtocolError, ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo, escaped,
-    hello_flags, keepalive_interval,
+    AUTH_TIMEOUT, AckStatus, AuthFailure, CHUNK_TAG_LEN, DigestAlg, Fin, Have, HaveKind, Hello,
+    Message, Mtime, ProtocolError, ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo,
+    escaped, hello_flags, keepalive_interval,
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::sync::Arc;
@@ -1011,12 +1011,12 @@ impl Session<'_, '_> {
 
     fn register_ring(&mut self) -> Result<(), XferError> {
         if self.ring.is_none() {
-            let len = self.cfg.slots as usize * self.cfg.chunk_size as usize;
+            let len = self.cfg.slots as usize * self.cfg.slot_size() as usize;
             let ring = RemoteRing::new(self.ep.pd(), len)?;
             debug!(
                 len,
                 slots = self.cfg.slots,
-                slot_size = self.cfg.chunk_size,
+                slot_size = self.cfg.slot_size(),
                 rkey = ring.rkey(),
                 "ring registered"
             );
@@ -1063,7 +1063,7 @@ impl Session<'_, '_> {
         Ok(RingInfo {
             addr: ring.remote_addr(),
             rkey: ring.rkey(),
-            slot_size: self.cfg.chunk_size,
+            slot_size: self.cfg.slot_size(),
             slot_count: self.cfg.slots,
         })
     }
@@ -1105,6 +1105,20 @@ impl Session<'_, '_> {
         if len > self.chunk.len() {
             return Err(XferError::Internal("chunk longer than a slot".into()));
         }
+        // With a token the chunk's tag follows it in the slot: copied out
+        // now, checked against the private copy of the bytes.
+        let tag = match &placement.auth {
+            None => None,
+            Some(auth) => {
+                let mut tag = [0u8; CHUNK_TAG_LEN];
+                ring.copy_out(placement.slot_offset as usize + len, &mut tag)?;
+                Some(TagCheck {
+                    auth,
+                    offset: placement.file_offset,
+                    tag,
+                })
+            }
+        };
         // When the chunk passed its check: copying and checking before,
         // writing and hashing after.
         let mut t1 = t0;
@@ -1128,6 +1142,7 @@ impl Session<'_, '_> {
                                 |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
                                 data,
                                 placement.expected_crc,
+                                tag.as_ref(),
                                 |_, _| {
                                     t1 = Instant::now();
                                     Ok(())
@@ -1165,6 +1180,7 @@ impl Session<'_, '_> {
                     |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
                     data,
                     placement.expected_crc,
+                    tag.as_ref(),
                     |data, crc| {
                         t1 = Instant::now();
                         file.sink
@@ -1193,6 +1209,16 @@ impl Session<'_, '_> {
                 if let Some(note) = file.sink.cut_short_note(file.written) {
                     msg.push_str(&note);
                 }
+                let err = XferError::Integrity(msg);
+                return Err(self.abort(AckStatus::Integrity, err));
+            }
+            Err(ChunkRefused::Forged) => {
+                let msg = format!(
+                    "chunk {} of {} (offset {}) does not carry its authentication tag: its \
+                     bytes were not written by the sender (forged on the way); nothing of it \
+                     was used",
+                    placement.seq, file.name, placement.file_offset
+                );
                 let err = XferError::Integrity(msg);
                 return Err(self.abort(AckStatus::Integrity, err));
             }

@@ -180,6 +180,7 @@ impl Connection {
                 chunk_len,
                 digest: cfg.verify,
                 resume: None,
+                auth: self.session.chunk_auth(),
             })?;
         }
         while self.session.state() == SenderState::AwaitRing {

@@ -73,6 +73,16 @@ pub struct SenderConfig {
 }
 
 impl SenderConfig {
+    /// Bytes per staging slot: a chunk, and with a token its tag after it.
+    pub fn slot_size(&self) -> u32 {
+        let tag = if self.token.is_some() {
+            crate::proto::CHUNK_TAG_LEN as u32
+        } else {
+            0
+        };
+        self.chunk_size.saturating_add(tag)
+    }
+
     pub fn new(addr: SocketAddr) -> Self {
         SenderConfig {
             addr,
@@ -444,7 +454,7 @@ impl Connection {
         let staging = ep
             .cm_id()
             .connect_while(cfg.timeout, || {
-                BufferPool::new(ep.pd(), cfg.chunk_size as usize, cfg.depth as usize)
+                BufferPool::new(ep.pd(), cfg.slot_size() as usize, cfg.depth as usize)
             })
             .map_err(connect_err)?
             .map_err(XferError::from)?;

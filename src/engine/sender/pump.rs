@@ -421,6 +421,7 @@ impl Connection {
                 chunk_len: self.session.chunk_len(),
                 digest: cfg.verify,
                 resume,
+                auth: self.session.chunk_auth(),
             };
             pipe.read(job)?;
         }
@@ -556,8 +557,15 @@ impl Connection {
             addr: plan.remote_addr,
             rkey: plan.rkey,
         };
-        self.ep
-            .post_write_imm(pipe.pool, token, len as usize, target, crc, wr_id)?;
+        // The chunk and, with a token, its tag after it.
+        self.ep.post_write_imm(
+            pipe.pool,
+            token,
+            plan.write_len as usize,
+            target,
+            crc,
+            wr_id,
+        )?;
         pipe.posted += 1;
         Ok(())
     }
