@@ -278,7 +278,9 @@ fn exec_never_lets_its_command_finish_on_data_that_failed_its_check() {
     let (src, dst) = dirs();
     let input = src.path().join("bad.bin");
     make_file(&input, 3 * MIB + 1, 9);
-    for fault in ["corrupt-digest", "corrupt-chunk:1"] {
+    // forge-chunk: new bytes with their own CRC32 (an on-path injector's):
+    // only the chunk's tag catches them, before the command reads a byte.
+    for fault in ["corrupt-digest", "corrupt-chunk:1", "forge-chunk:1"] {
         let port = next_port();
         let mut receiver = start_receiver(
             &net,
@@ -296,6 +298,16 @@ fn exec_never_lets_its_command_finish_on_data_that_failed_its_check() {
             !dst.path().join("complete").exists(),
             "{fault}: the command saw a clean end"
         );
+        if fault.starts_with("forge") {
+            let fed = std::fs::read(dst.path().join("bad.bin")).unwrap_or_default();
+            assert!(
+                !fed.windows(12).any(|w| w == b"FORGEDFORGED"),
+                "the command was fed forged bytes"
+            );
+            assert!(fed.len() as u64 <= MIB, "{} bytes fed", fed.len());
+            let log = receiver.wait_for_stderr("authentication tag", Duration::from_secs(30));
+            assert!(log.contains("chunk 1 of bad.bin"), "{log}");
+        }
         // The receiver serves on, and the next good file is taken whole.
         let files = std::slice::from_ref(&input);
         let sent = run_sender(&net, port, Path_::Wire, files, &token_args());
