@@ -37,6 +37,9 @@ pub fn checksum_chunk(chunk: &[u8], hasher: &mut FileHasher) -> u32 {
 /// offer `auth` names) into `tag`, the slot's bytes right after the chunk,
 /// so that one write carries both. Without a token there is no tag.
 pub fn tag_chunk(auth: Option<&ChunkAuth>, offset: u64, data: &[u8], tag: &mut [u8]) {
+    // Staging slots have room for a tag whenever the session has a key (a
+    // missing tag would still be refused by the receiver).
+    debug_assert!(auth.is_none() || tag.len() >= CHUNK_TAG_LEN);
     if let (Some(auth), Some(space)) = (auth, tag.get_mut(..CHUNK_TAG_LEN)) {
         space.copy_from_slice(&auth.tag(offset, data));
     }

@@ -6,8 +6,8 @@ use crate::{Args, Failure};
 use rdma_xfer::cli::resolve;
 use rdma_xfer::engine::wr;
 use rdma_xfer::proto::{
-    Channel, ConnectionId, MAX_MESSAGE, Message, NONCE_LEN, PROTOCOL_VERSION, Prove, RingInfo,
-    Role, SessionKey, Token, decode, encode_to_vec,
+    CHUNK_TAG_LEN, Channel, ChunkAuth, ChunkKey, ConnectionId, MAX_MESSAGE, Message, NONCE_LEN,
+    PROTOCOL_VERSION, Prove, RingInfo, Role, SessionKey, Token, decode, encode_to_vec,
 };
 use rdma_xfer::sys::SysError;
 use rdma_xfer::sys::rdma::{
@@ -51,6 +51,14 @@ pub(crate) struct Client {
     bad_mac: bool,
     /// Chunks written into the current ring (slot = seq % slot_count).
     seq: u64,
+    /// Bytes of chunks written for the current MR (the next chunk's
+    /// offset in its offer's data).
+    offset: u64,
+    /// Once the receiver proved itself: the key that tags each chunk an
+    /// honest sender writes (`writes` tags its chunks as one would).
+    chunk_key: Option<ChunkKey>,
+    /// HELLOs and BATCHes sent (the current offer's number).
+    offers: u64,
     inbox: VecDeque<Inbound>,
     /// Work requests of ours not completed yet (sends and writes).
     outstanding: u32,
@@ -104,6 +112,9 @@ impl Client {
             ring: None,
             nonce: None,
             seq: 0,
+            offset: 0,
+            chunk_key: None,
+            offers: 0,
             inbox: VecDeque::new(),
             outstanding: 0,
             disconnected: false,
@@ -117,6 +128,9 @@ impl Client {
         match step {
             Step::Raw(bytes) => self.send(bytes, "raw frame"),
             Step::Msg(msg) => {
+                if matches!(msg, Message::Hello(_) | Message::Batch(_)) {
+                    self.offers += 1;
+                }
                 let mut bytes = encode_to_vec(msg)
                     .map_err(|e| Failure::Usage(format!("cannot encode {}: {e}", msg.kind())))?;
                 let mut what = describe(msg);
@@ -205,12 +219,29 @@ impl Client {
         let ring = self
             .ring
             .ok_or_else(|| Failure::Usage("writes: no MR received yet".into()))?;
-        let len = len.unwrap_or(ring.slot_size) as usize;
+        // With a token a chunk is followed by its tag, as an honest
+        // sender's: LEN is the chunk's length (the slot's room by default).
+        let tag_len = if self.chunk_key.is_some() {
+            CHUNK_TAG_LEN as u32
+        } else {
+            0
+        };
+        let len = len.unwrap_or(ring.slot_size.saturating_sub(tag_len)) as usize;
         for _ in 0..count {
             let seq = self.seq;
             let (slot, remote) = slot_of(&ring, seq);
-            let imm = self.write(len, seq, remote, ring.rkey, imm)?;
+            let tag = self.chunk_key.clone().map(|key| {
+                (
+                    ChunkAuth {
+                        key,
+                        offer: self.offers,
+                    },
+                    self.offset,
+                )
+            });
+            let imm = self.write(len, seq, remote, ring.rkey, imm, tag)?;
             self.seq += 1;
+            self.offset += len as u64;
             eprintln!("raw-client: wrote chunk {seq} ({len} bytes, imm {imm:08x}) to slot {slot}");
             if self.broken.is_some() {
                 break;
@@ -235,7 +266,14 @@ impl Client {
         let len = len.unwrap_or(ring.slot_size) as usize;
         let mut done = 0;
         for _ in 0..count {
-            self.write(len, last.wrapping_add(1), remote, ring.rkey, Imm::None)?;
+            self.write(
+                len,
+                last.wrapping_add(1),
+                remote,
+                ring.rkey,
+                Imm::None,
+                None,
+            )?;
             if self.broken.is_some() {
                 break;
             }
@@ -273,7 +311,7 @@ impl Client {
         for i in 0..u64::from(count) {
             let remote = addr.wrapping_add(i.wrapping_mul(len as u64));
             eprintln!("raw-client: writing {len} bytes to {remote:#x} with rkey {rkey:#x}");
-            self.write(len, i, remote, rkey, imm)?;
+            self.write(len, i, remote, rkey, imm, None)?;
             if self.broken.is_some() {
                 break;
             }
@@ -284,9 +322,10 @@ impl Client {
         Ok(())
     }
 
-    /// One RDMA WRITE_WITH_IMM of `len` bytes of the pattern of chunk `seq`,
-    /// waited for (a failure sets `broken` and prints WR_FAILED); returns
-    /// the immediate sent.
+    /// One RDMA WRITE_WITH_IMM of `len` bytes of the pattern of chunk `seq`
+    /// (followed by its tag at `tag`'s offset, when given), waited for (a
+    /// failure sets `broken` and prints WR_FAILED); returns the immediate
+    /// sent.
     fn write(
         &mut self,
         len: usize,
@@ -294,7 +333,10 @@ impl Client {
         remote: u64,
         rkey: u32,
         imm: Imm,
+        tag: Option<(ChunkAuth, u64)>,
     ) -> Result<u32, Failure> {
+        let chunk_len = len;
+        let len = len + tag.as_ref().map_or(0, |_| CHUNK_TAG_LEN);
         if self
             .data
             .as_ref()
@@ -310,8 +352,12 @@ impl Client {
         let data = pool
             .bytes_mut(&mut buf, len)
             .map_err(|e| Failure::Usage(e.to_string()))?;
+        let (data, tag_space) = data.split_at_mut(chunk_len);
         for (i, b) in data.iter_mut().enumerate() {
             *b = (i as u64).wrapping_mul(31).wrapping_add(seq) as u8;
+        }
+        if let Some((auth, offset)) = &tag {
+            tag_space.copy_from_slice(&auth.tag(*offset, data));
         }
         let crc = crc32fast::hash(data);
         let value = match imm {
@@ -571,6 +617,7 @@ impl Client {
                                 Message::Mr(r) => {
                                     self.ring = Some(*r);
                                     self.seq = 0;
+                                    self.offset = 0;
                                 }
                                 Message::Challenge(c) => self.nonce = Some(c.nonce),
                                 Message::AuthOk { proof } => {
@@ -579,6 +626,7 @@ impl Client {
                                         say(&format!("AUTH_OK verified={verified}"));
                                         if verified {
                                             self.channel = Some(key.channel(Role::Sender));
+                                            self.chunk_key = Some(key.chunk_key());
                                         }
                                     }
                                 }

@@ -17,8 +17,10 @@ use std::time::Instant;
 
 /// Connections in their handshake at once, from all addresses.
 pub(super) const HANDSHAKE_POOL: usize = 32;
-/// Connections in their handshake at once from one address.
-pub(super) const HANDSHAKE_PER_ADDRESS: usize = 4;
+/// Connections in their handshake at once from one address: as many as
+/// the default `--max-sessions`, so that one host may start that many
+/// senders at once (`xargs -P8 sender ...`).
+pub(super) const HANDSHAKE_PER_ADDRESS: usize = 8;
 
 /// The `--max-sessions` slots: taken by admitted sessions only. Sessions
 /// that nothing authenticated (no token) are counted per address too: one

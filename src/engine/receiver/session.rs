@@ -238,7 +238,11 @@ pub(super) fn run(
         Some((deadline, _)) => {
             ep.cm_id().accept_until(deadline, &|| admission.evicted())?;
         }
-        None => ep.cm_id().accept(cfg.timeout)?,
+        // Nothing to prove (no token), but the slot was taken on the
+        // connection request's word: a peer that does not complete the
+        // connection (one round trip for a real sender) holds it at most
+        // AUTH_TIMEOUT.
+        None => ep.cm_id().accept(cfg.timeout.min(AUTH_TIMEOUT))?,
     }
     let connect_time = accept_started.elapsed();
     info!(
