@@ -18,6 +18,8 @@ use support::*;
 /// Both sides use it (a receiver without a token may soon refuse to
 /// start).
 const TOKEN: &str = "memlock-test-token-0123456789abcdef";
+/// With a token each ring slot holds a chunk and its tag.
+const TAG: u64 = rdma_xfer::proto::CHUNK_TAG_LEN as u64;
 /// More chunks than a fitted ring has slots: the credits go round.
 const SIZE: u64 = 5 * MIB + 12_345;
 /// Every slot of the ring has a receive buffer of this size besides it.
@@ -105,11 +107,11 @@ fn memlock_root_keeps_the_default_buffers_under_8_mib() {
     let received = receiver.wait(Duration::from_secs(120));
     assert_both_ok(&sent, &received);
     assert_eq!(sha256_file(&dst.path().join("data.bin")), sum);
-    // CAP_IPC_LOCK: 16 MiB pinned on each side under an 8 MiB limit, and
-    // nothing to say about it.
+    // CAP_IPC_LOCK: 16 MiB (and the chunks' tags) pinned on each side
+    // under an 8 MiB limit, and nothing to say about it.
     assert_eq!(
         number_after(&received.stderr, "ring registered", "len="),
-        Some(16 * MIB),
+        Some(16 * (MIB + TAG)),
         "{}",
         received.stderr
     );
@@ -182,7 +184,7 @@ fn memlock_a_plain_user_gets_buffers_that_fit_8_mib() {
     // ... and that is what was registered.
     assert_eq!(
         number_after(&received.stderr, "ring registered", "len="),
-        Some(slots * MIB),
+        Some(slots * (MIB + TAG)),
         "{}",
         received.stderr
     );

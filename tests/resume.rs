@@ -243,6 +243,57 @@ fn a_failed_write_keeps_only_what_came_before_it_and_resumes_from_there() {
     assert_no_temp_files(dst.path());
 }
 
+/// With a token, a chunk forged on the way (new bytes with their own
+/// CRC32: the sender's `forge-chunk` fault) is stopped by its tag before a
+/// writer thread (`--threads`) writes it or the resume record counts it:
+/// the receiver keeps at most the chunks before it, and a later `sender
+/// --resume` completes the file correctly from there.
+#[test]
+fn with_a_token_a_forged_chunk_is_never_written_nor_kept_for_resuming() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("f.bin");
+    let chunk = 64 * 1024u64;
+    let size = 128 * chunk + 777;
+    let sum = make_file(&input, size, 78);
+    let token = "resume-forge-token-0123456789abcdef";
+    let env = [("RDMA_XFER_TOKEN", token)];
+    let receiver_args = ["--chunk-size", "64K", "--slots", "8", "--threads", "3"];
+    let port = next_port();
+    let receiver = start_receiver_env(&net, port, dst.path(), &receiver_args, &env);
+    let sender = fault_injection_bin("sender");
+    let files = std::slice::from_ref(&input);
+    let mut cmd = sender_cmd_with(&sender, &net, port, Path_::Wire, files, &["--resume"]);
+    token_env(&mut cmd, Some(token));
+    cmd.env("RDMA_XFER_FAULT", "forge-chunk:100");
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 5, "{}", sent.stderr);
+    let log = wait_until(
+        "the receiver to say what it kept",
+        || receiver.stderr_so_far(),
+        |log| log.contains("kept the ") && log.contains("authentication tag"),
+        Duration::from_secs(30),
+    );
+    assert!(log.contains("chunk 100 of f.bin"), "{log}");
+    let kept = kept_bytes(&log);
+    assert!(kept <= 100 * chunk, "kept {kept} bytes: the forged chunk too");
+    assert!(!dst.path().join("f.bin").exists());
+    receiver.signal("TERM");
+    drop(receiver);
+
+    let port = next_port();
+    let _receiver = start_receiver_env(&net, port, dst.path(), &receiver_args, &env);
+    let mut cmd = sender_cmd(&net, port, Path_::Wire, files, &["--resume", "--json"]);
+    token_env(&mut cmd, Some(token));
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst.path().join("f.bin")), sum);
+    let result = file_result(&sent, "f.bin");
+    assert_eq!(result["resumed_from"].as_u64(), Some(kept), "{result}");
+    assert!(kept_files(dst.path()).is_empty());
+    assert_no_temp_files(dst.path());
+}
+
 #[test]
 fn a_restarted_receiver_resumes_from_the_record_on_disk() {
     let Some(net) = rdma_net() else { return };
