@@ -607,13 +607,18 @@ fn eight_senders_with_one_percent_loss_all_arrive_intact() {
         })
         .collect();
     let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--max-sessions", "8"]);
+    // With a token: an --insecure receiver gives one address (these
+    // senders share one) only half of its sessions.
+    let token = "lossy-senders-token-0123456789abcd";
+    let env = [("RDMA_XFER_TOKEN", token)];
+    let receiver = start_receiver_env(&net, port, dst.path(), &["--max-sessions", "8"], &env);
     let _netem = Netem::loss(&devs, "1%");
     let started = Instant::now();
     let senders: Vec<Running> = inputs
         .iter()
         .map(|(p, _)| {
             let mut cmd = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(p), &[]);
+            token_env(&mut cmd, Some(token));
             cmd.env("RUST_LOG", "rdma_xfer=debug");
             Running::spawn("sender", cmd)
         })
