@@ -276,7 +276,10 @@ fn with_a_token_a_forged_chunk_is_never_written_nor_kept_for_resuming() {
     );
     assert!(log.contains("chunk 100 of f.bin"), "{log}");
     let kept = kept_bytes(&log);
-    assert!(kept <= 100 * chunk, "kept {kept} bytes: the forged chunk too");
+    assert!(
+        kept <= 100 * chunk,
+        "kept {kept} bytes: the forged chunk too"
+    );
     assert!(!dst.path().join("f.bin").exists());
     receiver.signal("TERM");
     drop(receiver);
