@@ -1,5 +1,4 @@
 //! Human-friendly sizes and rates. All multipliers are binary (K = 1024).
-#![forbid(unsafe_code)]
 
 use thiserror::Error;
 
