@@ -298,21 +298,22 @@ pub struct ChunkKey {
 impl ChunkKey {
     /// The tag of `data` at byte `offset` of offer number `offer`.
     pub fn tag(&self, offer: u64, offset: u64, data: &[u8]) -> [u8; CHUNK_TAG_LEN] {
-        let mut h = blake3::Hasher::new_keyed(&self.key);
-        h.update(&offer.to_be_bytes());
-        h.update(&offset.to_be_bytes());
-        h.update(data);
-        *h.finalize().as_bytes()
+        *self.hash(offer, offset, data).as_bytes()
     }
 
     /// Constant-time check of `tag` (blake3's `Hash` compares in constant
     /// time).
     pub fn verify(&self, offer: u64, offset: u64, data: &[u8], tag: &[u8; CHUNK_TAG_LEN]) -> bool {
+        self.hash(offer, offset, data) == blake3::Hash::from_bytes(*tag)
+    }
+
+    /// Keyed BLAKE3 over offer ‖ offset ‖ data (integers big-endian).
+    fn hash(&self, offer: u64, offset: u64, data: &[u8]) -> blake3::Hash {
         let mut h = blake3::Hasher::new_keyed(&self.key);
         h.update(&offer.to_be_bytes());
         h.update(&offset.to_be_bytes());
         h.update(data);
-        h.finalize() == blake3::Hash::from_bytes(*tag)
+        h.finalize()
     }
 
     /// A key from raw bytes: for the benchmarks and tests only (sessions
