@@ -1,5 +1,6 @@
 //! Errors of a transfer and the exit codes they map to (documented in
 //! README and `--help`).
+#![forbid(unsafe_code)]
 
 use crate::proto::{ChannelError, ProtocolError, RejectCode, WireError, escaped};
 use crate::sys::SysError;

@@ -1,4 +1,5 @@
 //! Human-friendly sizes and rates. All multipliers are binary (K = 1024).
+#![forbid(unsafe_code)]
 
 use thiserror::Error;
 

@@ -159,6 +159,32 @@ fn posting_moves_the_buffer_until_its_completion_and_checks_what_it_cannot_prove
     let foreign = Endpoint::new(foreign_id, CAPS, false).expect("endpoint");
     let (foreign_pool, mut foreign_bufs) = BufferPool::new(foreign.pd(), 4096, 1).expect("pool");
 
+    // A failed post that the provider did not pin on our request (its
+    // `bad_wr`) may have been queued: rxe queues a SEND on a queue pair that
+    // is not connected yet, then its doorbell fails. Such a request keeps
+    // its buffer and its work request id until its completion or the QP's
+    // end, so the id cannot be reused meanwhile: the old completion would
+    // hand back the new buffer while the NIC may still use it.
+    let (early_pool, mut early) = BufferPool::new(foreign.pd(), 4096, 2).expect("pool");
+    let rxe = rdma_xfer::sys::rdma::probe_devices()
+        .expect("devices")
+        .iter()
+        .all(|d| d.starts_with("rxe"));
+    match foreign.post_send(&early_pool, early.pop().expect("buffer"), 8, 92) {
+        Err(SysError::PostHeld { call, .. }) => {
+            assert_eq!(call, "ibv_post_send");
+            let msg = is_invalid(
+                foreign.post_recv(&early_pool, early.pop().expect("buffer"), 92),
+                "the id of a request that may still run",
+            );
+            assert!(msg.contains("already in flight"), "{msg}");
+        }
+        other => assert!(
+            !rxe,
+            "rxe queues a SEND before connect and fails its doorbell: {other:?}"
+        ),
+    }
+
     // A buffer of one pool opens nothing in another.
     let mut stray = other_bufs.pop().expect("buffer");
     assert!(pool.bytes(&stray, 1).is_err());

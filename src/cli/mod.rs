@@ -2,6 +2,7 @@
 //! used to generate man pages and completions), logging set-up, progress
 //! bars (`ui`), how results look as text and JSON (`render`), argument
 //! parsers, and turning a result into an exit code with one clear message.
+#![forbid(unsafe_code)]
 
 pub mod args;
 pub mod generate;

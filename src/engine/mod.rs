@@ -2,6 +2,7 @@
 //! verbs wrapper and the file system: the sender's pipeline (file ->
 //! registered staging buffers -> RDMA WRITE WITH IMM, limited by credits)
 //! and the receiver's ring (completion -> CRC check -> pwrite -> credit).
+#![forbid(unsafe_code)]
 
 mod control;
 mod digest;

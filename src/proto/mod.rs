@@ -1,6 +1,7 @@
 //! rdma-xfer control protocol (session protocol 5): wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod names;

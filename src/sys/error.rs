@@ -1,4 +1,5 @@
 //! The one error type of the `sys` layer; the engine maps it to exit codes.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 
@@ -21,6 +22,20 @@ pub enum SysError {
         /// The library or system call.
         call: &'static str,
         /// What errno said.
+        source: std::io::Error,
+    },
+    /// A post call failed, but the provider did not name our request as
+    /// the one it refused (`bad_wr`): it may have queued it (rxe and siw
+    /// queue a request, then report a failed doorbell). Its buffer stays
+    /// with the queue pair, and its work request id in flight, until its
+    /// completion or the queue pair's end.
+    #[error(
+        "{call} failed: {source} (the request may still run: its buffer stays with the queue pair)"
+    )]
+    PostHeld {
+        /// The post call.
+        call: &'static str,
+        /// What it returned.
         source: std::io::Error,
     },
     /// `ibv_poll_cq` returned a negative value: not an errno, the CQ itself

@@ -311,15 +311,24 @@ fn peer_addr_of(raw: *mut rdma_cm_id) -> Option<SocketAddr> {
     // plain data of 128 bytes, read through a raw pointer into a
     // sockaddr_storage of the same size (read_unaligned: no alignment
     // assumption).
-    let storage: libc::sockaddr_storage = unsafe {
-        let union = std::ptr::addr_of!((*raw).route.addr.dst_addr_union);
-        const _: () = assert!(
-            std::mem::size_of::<rdma_addr__bindgen_ty_2>()
-                >= std::mem::size_of::<libc::sockaddr_storage>()
-        );
-        std::ptr::read_unaligned(union.cast::<libc::sockaddr_storage>())
-    };
+    let storage =
+        unsafe { read_sockaddr_union(std::ptr::addr_of!((*raw).route.addr.dst_addr_union)) };
     sockaddr_to_std(&storage)
+}
+
+/// Copies one of the route's address unions (`T`, the type of the field
+/// read) into a sockaddr_storage; that `T` is at least as large is checked
+/// at compile time, on `T` itself.
+///
+/// # Safety
+/// `union` must point to a live, initialised `T`.
+unsafe fn read_sockaddr_union<T>(union: *const T) -> libc::sockaddr_storage {
+    const {
+        assert!(std::mem::size_of::<T>() >= std::mem::size_of::<libc::sockaddr_storage>());
+    }
+    // SAFETY: the caller's pointer is to a live T of at least that many
+    // bytes (checked above); plain data, read unaligned.
+    unsafe { std::ptr::read_unaligned(union.cast::<libc::sockaddr_storage>()) }
 }
 
 /// Decodes an IPv4 or IPv6 socket address.
@@ -390,13 +399,8 @@ impl CmId {
         }
         // SAFETY: as in peer_addr_of, for the source half of the route's
         // address (a union as large as a sockaddr_storage).
-        let storage: libc::sockaddr_storage = unsafe {
-            let union = std::ptr::addr_of!((*self.raw).route.addr.src_addr_union);
-            const _: () = assert!(
-                std::mem::size_of::<rdma_addr__bindgen_ty_1>()
-                    >= std::mem::size_of::<libc::sockaddr_storage>()
-            );
-            std::ptr::read_unaligned(union.cast::<libc::sockaddr_storage>())
+        let storage = unsafe {
+            read_sockaddr_union(std::ptr::addr_of!((*self.raw).route.addr.src_addr_union))
         };
         sockaddr_to_std(&storage)
     }

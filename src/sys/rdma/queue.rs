@@ -101,6 +101,30 @@ impl CompletionQueue {
         Ok(out)
     }
 
+    /// Entries the CQ holds (what the provider made of the size asked).
+    fn entries(&self) -> u32 {
+        // SAFETY: self.cq is the live CQ this value owns; cqe is set at
+        // creation and by ibv_resize_cq, both through this value.
+        let cqe = unsafe { (*self.cq).cqe };
+        u32::try_from(cqe).unwrap_or(0)
+    }
+
+    /// Grows the CQ to at least `entries` (no-op when it holds as many).
+    fn grow_to(&self, entries: u32) -> Result<()> {
+        if self.entries() >= entries {
+            return Ok(());
+        }
+        let want = libc::c_int::try_from(entries)
+            .map_err(|_| SysError::Invalid(format!("{entries} CQ entries are too many")))?;
+        // SAFETY: self.cq is live and no completion is outstanding yet (the
+        // QP was just created and nothing is posted).
+        let rc = unsafe { ibv_resize_cq(self.cq, want) };
+        if rc != 0 {
+            return Err(SysError::from_ret("ibv_resize_cq", rc));
+        }
+        Ok(())
+    }
+
     /// Polls up to `max` completions without blocking; returns how many were
     /// appended. A failed work request is returned as an error, after the
     /// successful completions polled with it.
@@ -397,8 +421,18 @@ impl Endpoint {
         }
         // SAFETY: rdma_create_qp succeeded, so id->qp is set.
         let qp = unsafe { (*id.raw()).qp };
+        let qp = QpGuard { id: id.clone(), qp };
+        // The provider may grant more work requests than asked (rounded
+        // up, and its own minimum): the CQ must hold a completion for each
+        // one that can be outstanding, or it overruns. (On an error the QP
+        // is destroyed first: `qp` drops before `cq`.)
+        let granted = QpCaps {
+            max_send_wr: attr.cap.max_send_wr.max(caps.max_send_wr),
+            max_recv_wr: attr.cap.max_recv_wr.max(caps.max_recv_wr),
+        };
+        cq.grow_to(cq_entries(granted)?)?;
         Ok(Endpoint {
-            qp: QpGuard { id: id.clone(), qp },
+            qp,
             posted: RefCell::new(HashMap::new()),
             cq,
             pd,
@@ -450,15 +484,17 @@ impl Endpoint {
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        self.track(pool, buf, wr_id, || {
+        let ours: *mut ibv_recv_wr = &mut wr;
+        self.track(pool, buf, wr_id, "ibv_post_recv", || {
             // SAFETY: qp is live; wr and sge are valid for the call (the
             // provider copies them); the slot lies inside a registration of
             // this QP's PD that `track` keeps alive, and its only token is
-            // held by the endpoint until the completion, so safe code cannot
-            // touch the bytes while the NIC may write them.
-            unsafe { ibv_post_recv(self.qp.qp, &mut wr, &mut bad) }
+            // held by the endpoint until the completion (or the QP's end),
+            // so safe code cannot touch the bytes while the NIC may write
+            // them.
+            let rc = unsafe { ibv_post_recv(self.qp.qp, ours, &mut bad) };
+            (rc, std::ptr::eq(bad, ours))
         })
-        .map_err(|rc| SysError::from_ret("ibv_post_recv", rc))
     }
 
     /// Posts a two-sided SEND of the first `len` bytes of `buf`'s slot. The
@@ -534,13 +570,14 @@ impl Endpoint {
             }
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        self.track(pool, buf, wr_id, || {
+        let ours: *mut ibv_send_wr = &mut wr;
+        self.track(pool, buf, wr_id, "ibv_post_send", || {
             // SAFETY: as in post_recv: the provider copies wr and sge during
             // the call; the slot stays registered, allocated and out of
-            // reach of safe code until its completion.
-            unsafe { ibv_post_send(self.qp.qp, &mut wr, &mut bad) }
+            // reach of safe code until its completion (or the QP's end).
+            let rc = unsafe { ibv_post_send(self.qp.qp, ours, &mut bad) };
+            (rc, std::ptr::eq(bad, ours))
         })
-        .map_err(|rc| SysError::from_ret("ibv_post_send", rc))
     }
 
     /// The checks before any post: the buffer belongs to `pool`, `len` fits
@@ -569,15 +606,21 @@ impl Endpoint {
         Ok(sge)
     }
 
-    /// Records `buf` as posted under `wr_id`, then runs the post call; if
-    /// that fails, forgets it again (the NIC never saw it) and drops it.
+    /// Records `buf` as posted under `wr_id`, then runs the post call,
+    /// which returns its code and whether `bad_wr` names our request. A
+    /// failure that names it means the provider refused it: the NIC never
+    /// saw it, so it is forgotten again and dropped. Any other failure may
+    /// have left it queued (rxe and siw queue a request, then report a
+    /// failed doorbell with `bad_wr` unset), so the buffer and its id stay
+    /// tracked until a completion or the QP's end (`SysError::PostHeld`).
     fn track(
         &self,
         pool: &BufferPool,
         buf: Buffer,
         wr_id: u64,
-        post: impl FnOnce() -> libc::c_int,
-    ) -> std::result::Result<(), i32> {
+        call: &'static str,
+        post: impl FnOnce() -> (libc::c_int, bool),
+    ) -> Result<()> {
         self.posted.borrow_mut().insert(
             wr_id,
             Posted {
@@ -585,12 +628,17 @@ impl Endpoint {
                 _memory: pool.registration().clone(),
             },
         );
-        let rc = post();
-        if rc != 0 {
-            self.posted.borrow_mut().remove(&wr_id);
-            return Err(rc);
+        match post() {
+            (0, _) => Ok(()),
+            (rc, true) => {
+                self.posted.borrow_mut().remove(&wr_id);
+                Err(SysError::from_ret(call, rc))
+            }
+            (rc, false) => Err(SysError::PostHeld {
+                call,
+                source: std::io::Error::from_raw_os_error(rc.saturating_abs()),
+            }),
         }
-        Ok(())
     }
 
     /// Polls up to `max` completions without blocking; returns how many were
