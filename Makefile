@@ -36,8 +36,7 @@ build: deps
 # the sourced scripts/lib.sh; -x follows the `source` directives.
 lint: lint-deps
 	find scripts .ci -type f \( -name '*.sh' -o -name run \) -print0 | sort -z | xargs -0 shellcheck -x
-	@! grep -rn 'allow(unsafe_code)' src --include='*.rs' | grep -v '^src/sys/mod.rs:' || \
-		{ echo "lint: unsafe_code may be allowed only in src/sys/mod.rs (for sys::rdma and sys::os)" >&2; exit 1; }
+	scripts/lint-unsafe.sh
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
 	$(CARGO) clippy --release --locked --features fault-injection --target-dir target/fault-injection --all-targets -- -D warnings

@@ -2,13 +2,14 @@
 //! the top of each case in tests/compile_fail/).
 //!
 //! Two checks. The property, with any stable compiler: each case fails to
-//! compile against this crate, with the error codes recorded in its
-//! .stderr file (`E0382`, `E0599`, ...: the codes name the rule broken, and
-//! do not change between releases the way the wording does). And, with the
-//! compiler the .stderr files were recorded with (`RECORDED_WITH`, the
-//! toolchain of the build machines and CI), the whole expected output
-//! (trybuild); `TRYBUILD=overwrite cargo test --test compile_fail`
-//! regenerates it after a deliberate change.
+//! compile against this crate with the errors recorded in its .stderr
+//! file, each by its code and the line of the case it points at (`E0382`
+//! at line 12: the code names the rule broken, the line the misuse, and
+//! neither changes between releases the way the wording does). And, with
+//! the compiler the .stderr files were recorded with (`RECORDED_WITH`, the
+//! toolchain of the build machines and CI: under CI any other fails), the
+//! whole expected output (trybuild); `TRYBUILD=overwrite cargo test --test
+//! compile_fail` regenerates it after a deliberate change.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -42,19 +43,40 @@ fn cases() -> Vec<PathBuf> {
     cases
 }
 
-/// The distinct error codes in a compiler's output (`error[E0382]`).
-fn error_codes(output: &str) -> BTreeSet<String> {
-    output
-        .match_indices("error[E")
-        .filter_map(|(at, _)| output.get(at + 6..at + 11))
-        .map(str::to_string)
-        .collect()
+/// The errors in a compiler's output, each as its code and the line of
+/// `case` it points at (`error[E0382]` then ` --> .../case.rs:12:5`); an
+/// error located elsewhere counts with line 0.
+fn errors(output: &str, case: &str) -> BTreeSet<(String, u32)> {
+    let mut found = BTreeSet::new();
+    let mut lines = output.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(code) = line
+            .strip_prefix("error[")
+            .and_then(|rest| rest.split_once(']'))
+            .map(|(code, _)| code.to_string())
+        else {
+            continue;
+        };
+        let at = lines
+            .peek()
+            .and_then(|l| l.trim_start().strip_prefix("--> "))
+            .and_then(|loc| {
+                let mut parts = loc.rsplitn(3, ':');
+                let (_col, line, path) = (parts.next()?, parts.next()?, parts.next()?);
+                path.ends_with(case).then(|| line.parse().ok()).flatten()
+            })
+            .unwrap_or(0);
+        found.insert((code, at));
+    }
+    found
 }
 
-/// This crate's library as the test binary was built against it: the
-/// newest `librdma_xfer-*.rlib` beside the test binary (target/PROFILE/deps).
-fn crate_rlib(deps: &Path) -> PathBuf {
-    std::fs::read_dir(deps)
+/// This crate's library as the test binaries link it: every
+/// `librdma_xfer-*.rlib` beside the test binary (target/PROFILE/deps).
+/// Usually one; if an older build left another, each case must fail
+/// against each (a stale library can only make the check fail, never pass).
+fn crate_rlibs(deps: &Path) -> Vec<PathBuf> {
+    let rlibs: Vec<PathBuf> = std::fs::read_dir(deps)
         .expect("deps dir")
         .filter_map(Result::ok)
         .map(|e| e.path())
@@ -63,59 +85,65 @@ fn crate_rlib(deps: &Path) -> PathBuf {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("librdma_xfer-") && n.ends_with(".rlib"))
         })
-        .max_by_key(|p| {
-            p.metadata()
-                .and_then(|m| m.modified())
-                .unwrap_or(std::time::UNIX_EPOCH)
-        })
-        .expect("librdma_xfer-*.rlib beside the test binary")
+        .collect();
+    assert!(
+        !rlibs.is_empty(),
+        "no librdma_xfer-*.rlib in {}",
+        deps.display()
+    );
+    rlibs
 }
 
 #[test]
 fn misuse_of_registered_memory_does_not_compile_with_any_compiler() {
     let exe = std::env::current_exe().expect("test binary");
     let deps = exe.parent().expect("deps dir").to_path_buf();
-    let rlib = crate_rlib(&deps);
     let out_dir = tempfile::tempdir().expect("temp dir");
     let mut failures = Vec::new();
-    for case in cases() {
-        let recorded = std::fs::read_to_string(case.with_extension("stderr"))
-            .unwrap_or_else(|e| panic!("{}: no .stderr: {e}", case.display()));
-        let want = error_codes(&recorded);
-        assert!(
-            !want.is_empty(),
-            "{}: no error code recorded",
-            case.display()
-        );
-        let out = Command::new(rustc())
-            .args([
-                "--edition",
-                "2024",
-                "--crate-type",
-                "bin",
-                "--emit=metadata",
-            ])
-            .arg("--extern")
-            .arg(format!("rdma_xfer={}", rlib.display()))
-            .arg("-L")
-            .arg(format!("dependency={}", deps.display()))
-            .arg("--out-dir")
-            .arg(out_dir.path())
-            .arg(&case)
-            .output()
-            .expect("run rustc");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let got = error_codes(&stderr);
-        if out.status.success() || got != want {
-            failures.push(format!(
-                "{}: want a failure with {want:?}, got {} with {got:?}:\n{stderr}",
-                case.display(),
-                if out.status.success() {
-                    "success"
-                } else {
-                    "a failure"
-                }
-            ));
+    for rlib in crate_rlibs(&deps) {
+        for case in cases() {
+            let name = case
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("case name")
+                .to_string();
+            let recorded = std::fs::read_to_string(case.with_extension("stderr"))
+                .unwrap_or_else(|e| panic!("{}: no .stderr: {e}", case.display()));
+            let want = errors(&recorded, &name);
+            assert!(
+                want.iter().any(|(_, line)| *line > 0),
+                "{name}: no error at a line of the case recorded"
+            );
+            let out = Command::new(rustc())
+                .args([
+                    "--edition",
+                    "2024",
+                    "--crate-type",
+                    "bin",
+                    "--emit=metadata",
+                ])
+                .arg("--extern")
+                .arg(format!("rdma_xfer={}", rlib.display()))
+                .arg("-L")
+                .arg(format!("dependency={}", deps.display()))
+                .arg("--out-dir")
+                .arg(out_dir.path())
+                .arg(&case)
+                .output()
+                .expect("run rustc");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let got = errors(&stderr, &name);
+            if out.status.success() || got != want {
+                failures.push(format!(
+                    "{name} against {}: want a failure with {want:?}, got {} with {got:?}:\n{stderr}",
+                    rlib.display(),
+                    if out.status.success() {
+                        "success"
+                    } else {
+                        "a failure"
+                    }
+                ));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -125,6 +153,13 @@ fn misuse_of_registered_memory_does_not_compile_with_any_compiler() {
 fn misuse_of_registered_memory_gives_the_recorded_errors() {
     let version = rustc_version();
     if !version.starts_with(RECORDED_WITH) {
+        // CI runs on the recording toolchain: there, a mismatch means the
+        // exact check would be skipped silently, so it fails instead.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must build with {RECORDED_WITH}x (the expected errors were recorded with it), \
+             not {version:?}"
+        );
         eprintln!(
             "not compared: the expected errors were recorded with {RECORDED_WITH}x and this \
              is {version:?}; the error codes were checked \
@@ -138,10 +173,20 @@ fn misuse_of_registered_memory_gives_the_recorded_errors() {
 }
 
 #[test]
-fn error_codes_are_read_from_compiler_output() {
-    let out = "error[E0382]: borrow of moved value\nerror[E0599]: no method\n\
-               error[E0382]: again\nwarning: unused";
-    let codes: Vec<String> = error_codes(out).into_iter().collect();
-    assert_eq!(codes, ["E0382", "E0599"]);
-    assert!(error_codes("warning: nothing").is_empty());
+fn errors_are_read_as_code_and_line_of_the_case() {
+    let out = "error[E0382]: borrow of moved value\n --> tests/compile_fail/a.rs:12:5\n  |\n\
+               error[E0599]: no method\n --> /abs/tests/compile_fail/a.rs:20:9\n\
+               error[E0382]: again\n --> tests/compile_fail/a.rs:12:7\n\
+               error[E0277]: elsewhere\n --> src/sys/rdma/queue.rs:3:1\n\
+               warning: unused";
+    let got: Vec<(String, u32)> = errors(out, "a.rs").into_iter().collect();
+    assert_eq!(
+        got,
+        [
+            ("E0277".to_string(), 0),
+            ("E0382".to_string(), 12),
+            ("E0599".to_string(), 20)
+        ]
+    );
+    assert!(errors("warning: nothing", "a.rs").is_empty());
 }

@@ -166,10 +166,10 @@ fn posting_moves_the_buffer_until_its_completion_and_checks_what_it_cannot_prove
     // end, so the id cannot be reused meanwhile: the old completion would
     // hand back the new buffer while the NIC may still use it.
     let (early_pool, mut early) = BufferPool::new(foreign.pd(), 4096, 2).expect("pool");
-    let rxe = rdma_xfer::sys::rdma::probe_devices()
-        .expect("devices")
-        .iter()
-        .all(|d| d.starts_with("rxe"));
+    let rxe = foreign
+        .cm_id()
+        .bound_device()
+        .is_some_and(|(name, _)| name.starts_with("rxe"));
     match foreign.post_send(&early_pool, early.pop().expect("buffer"), 8, 92) {
         Err(SysError::PostHeld { call, .. }) => {
             assert_eq!(call, "ibv_post_send");
@@ -184,6 +184,28 @@ fn posting_moves_the_buffer_until_its_completion_and_checks_what_it_cannot_prove
             "rxe queues a SEND before connect and fails its doorbell: {other:?}"
         ),
     }
+
+    // No queue takes more requests than it was sized for: the CQ holds a
+    // completion for each of those and no more (the provider may grant
+    // more than asked). The refused request leaves nothing behind: its id
+    // is free again.
+    let (full_pool, mut full) =
+        BufferPool::new(foreign.pd(), 4096, CAPS.max_recv_wr as usize + 2).expect("pool");
+    for i in 0..u64::from(CAPS.max_recv_wr) {
+        foreign
+            .post_recv(&full_pool, full.pop().expect("buffer"), 200 + i)
+            .expect("a receive within the queue's size");
+    }
+    let msg = is_invalid(
+        foreign.post_recv(&full_pool, full.pop().expect("buffer"), 300),
+        "a receive past the queue's size",
+    );
+    assert!(msg.contains("receive queue is full"), "{msg}");
+    let msg = is_invalid(
+        foreign.post_recv(&full_pool, full.pop().expect("buffer"), 300),
+        "a receive past the queue's size, again",
+    );
+    assert!(msg.contains("receive queue is full"), "{msg}");
 
     // A buffer of one pool opens nothing in another.
     let mut stray = other_bufs.pop().expect("buffer");
@@ -244,6 +266,44 @@ fn posting_moves_the_buffer_until_its_completion_and_checks_what_it_cannot_prove
     assert_eq!(got, want);
     ep.cm_id().disconnect(Duration::from_secs(2));
     server.join().expect("server thread");
+}
+
+#[test]
+fn each_id_on_a_shared_event_channel_gets_its_own_events() {
+    let Some(net) = support::rdma_net() else {
+        return;
+    };
+    let port = support::next_port();
+    let addr: SocketAddr = format!("{}:{port}", net.addr_a).parse().expect("address");
+    // A listener and another id on one channel.
+    let channel = EventChannel::new().expect("event channel");
+    let listener = CmId::new(&channel).expect("cm id");
+    listener.listen(addr, 4).expect("listen");
+    let bystander = CmId::new(&channel).expect("cm id");
+
+    let source: Option<std::net::IpAddr> =
+        net.addr_b.as_deref().map(|a| a.parse().expect("source"));
+    let client = std::thread::spawn(move || {
+        let channel = EventChannel::new().expect("event channel");
+        let id = CmId::new(&channel).expect("cm id");
+        id.resolve(source, addr, TIMEOUT).expect("resolve");
+        let ep = Endpoint::new(id, CAPS, false).expect("endpoint");
+        ep.cm_id().connect(TIMEOUT).expect("connect");
+        let _ = ep.cm_id().disconnected_within(TIMEOUT);
+    });
+
+    // The bystander waits for its own events: the connection request that
+    // arrives meanwhile is the listener's, and stays the listener's.
+    assert!(!bystander.disconnected_within(Duration::from_secs(2)));
+    let request = listener
+        .get_request(TIMEOUT)
+        .expect("get_request")
+        .expect("the request read while the bystander waited is kept for the listener");
+    let id = request.detach().expect("detach").into_id().expect("id");
+    let ep = Endpoint::new(id, CAPS, false).expect("endpoint");
+    ep.cm_id().accept(TIMEOUT).expect("accept");
+    ep.cm_id().disconnect(Duration::from_secs(2));
+    client.join().expect("client thread");
 }
 
 /// This process's memory mappings: (start, end, line) from /proc/self/maps.

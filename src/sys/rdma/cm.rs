@@ -103,13 +103,20 @@ impl fmt::Display for CmEventKind {
 struct CmEvent {
     kind: CmEventKind,
     status: i32,
+    /// The id the event is for: the listener for CONNECT_REQUEST, else the
+    /// event's own id.
+    owner: *mut rdma_cm_id,
     /// For CONNECT_REQUEST: the new id, owned by us from now on.
     new_id: *mut rdma_cm_id,
 }
 
 /// An rdma_cm event channel. Its fd is non-blocking and waited on with poll().
+/// Several ids may share it (a listener and the requests not yet moved to
+/// their own channel): each waits for its own events, and an event read
+/// while waiting for another id's is kept for its owner.
 pub struct EventChannel {
     raw: *mut rdma_event_channel,
+    kept: std::cell::RefCell<std::collections::VecDeque<CmEvent>>,
 }
 
 impl EventChannel {
@@ -127,7 +134,10 @@ impl EventChannel {
                 "rdma_create_event_channel",
             )));
         }
-        let ch = EventChannel { raw };
+        let ch = EventChannel {
+            raw,
+            kept: Default::default(),
+        };
         set_nonblocking(ch.fd(), "fcntl(event channel)")?;
         Ok(ch)
     }
@@ -140,9 +150,18 @@ impl EventChannel {
         unsafe { std::os::fd::BorrowedFd::borrow_raw((*self.raw).fd) }
     }
 
-    /// Next event within `timeout`, acknowledged immediately (all data we
-    /// need is copied out first).
-    fn next_event(&self, timeout: Duration, what: &str) -> Result<CmEvent> {
+    /// The next event for `owner` within `timeout`, acknowledged
+    /// immediately (all data we need is copied out first). Events for other
+    /// ids read meanwhile are kept for them.
+    fn next_event(&self, owner: *mut rdma_cm_id, timeout: Duration, what: &str) -> Result<CmEvent> {
+        {
+            let mut kept = self.kept.borrow_mut();
+            if let Some(at) = kept.iter().position(|ev| ev.owner == owner) {
+                if let Some(ev) = kept.remove(at) {
+                    return Ok(ev);
+                }
+            }
+        }
         let deadline = crate::sys::os::deadline_after(timeout);
         loop {
             let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
@@ -154,19 +173,24 @@ impl EventChannel {
                 let out = unsafe {
                     let kind = CmEventKind::from_raw((*ev).event);
                     let status = (*ev).status;
-                    let new_id = if kind == CmEventKind::ConnectRequest {
-                        (*ev).id
+                    let (owner, new_id) = if kind == CmEventKind::ConnectRequest {
+                        ((*ev).listen_id, (*ev).id)
                     } else {
-                        std::ptr::null_mut()
+                        ((*ev).id, std::ptr::null_mut())
                     };
                     rdma_ack_cm_event(ev);
                     CmEvent {
                         kind,
                         status,
+                        owner,
                         new_id,
                     }
                 };
-                return Ok(out);
+                if out.owner == owner {
+                    return Ok(out);
+                }
+                self.kept.borrow_mut().push_back(out);
+                continue;
             }
             let err = std::io::Error::last_os_error();
             if err.kind() != std::io::ErrorKind::WouldBlock
@@ -185,10 +209,36 @@ impl EventChannel {
             }
         }
     }
+
+    /// Takes out the kept events of `owner` (an id leaving this channel).
+    fn take_kept(&self, owner: *mut rdma_cm_id) -> std::collections::VecDeque<CmEvent> {
+        let mut kept = self.kept.borrow_mut();
+        let (theirs, rest) = std::mem::take(&mut *kept)
+            .into_iter()
+            .partition(|ev| ev.owner == owner);
+        *kept = rest;
+        theirs
+    }
+}
+
+/// Refuses and destroys the ids of connection requests never taken (kept
+/// for a listener that is gone).
+fn refuse_requests(events: impl IntoIterator<Item = CmEvent>) {
+    for ev in events {
+        if !ev.new_id.is_null() {
+            // SAFETY: new_id came with a CONNECT_REQUEST that was never
+            // handed out, so it is ours alone and not yet accepted.
+            unsafe {
+                rdma_reject(ev.new_id, std::ptr::null(), 0);
+                rdma_destroy_id(ev.new_id);
+            }
+        }
+    }
 }
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
+        refuse_requests(self.kept.get_mut().drain(..));
         // SAFETY: every CmId holds an Rc to its channel, so no id uses it now.
         unsafe { rdma_destroy_event_channel(self.raw) };
     }
@@ -235,8 +285,13 @@ impl ConnectRequest {
             self.id = Some(id);
             return Err(err);
         }
-        // The id now belongs to `channel`: take its pointer out of the
-        // CmId (whose drop then skips it) and let go of the listener's channel.
+        // The id now belongs to `channel`, and so do its events kept on the
+        // listener's: take its pointer out of the CmId (whose drop then
+        // skips it) and let go of the listener's channel.
+        channel
+            .kept
+            .borrow_mut()
+            .extend(id.channel.take_kept(id.raw));
         let raw = std::mem::replace(&mut id.raw, std::ptr::null_mut());
         drop(id);
         Ok(IncomingConnection {
@@ -505,7 +560,7 @@ impl CmId {
     /// Waits for the next incoming connection on a listening id. Returns
     /// Ok(None) on timeout so that a server can check for shutdown.
     pub fn get_request(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
-        let ev = match self.channel.next_event(timeout, "a connection") {
+        let ev = match self.channel.next_event(self.raw, timeout, "a connection") {
             Ok(ev) => ev,
             Err(SysError::Timeout { .. }) => return Ok(None),
             Err(e) => return Err(e),
@@ -679,7 +734,7 @@ impl CmId {
     /// is often followed by one when the peer died).
     pub fn disconnected_within(&self, timeout: Duration) -> bool {
         matches!(
-            self.channel.next_event(timeout, "disconnect"),
+            self.channel.next_event(self.raw, timeout, "disconnect"),
             Ok(CmEvent {
                 kind: CmEventKind::Disconnected | CmEventKind::DeviceRemoval,
                 ..
@@ -688,7 +743,7 @@ impl CmId {
     }
 
     fn expect(&self, want: CmEventKind, name: &'static str, timeout: Duration) -> Result<()> {
-        let ev = self.channel.next_event(timeout, name)?;
+        let ev = self.channel.next_event(self.raw, timeout, name)?;
         if ev.kind == want && ev.status == 0 {
             return Ok(());
         }
@@ -708,6 +763,9 @@ impl Drop for CmId {
         if self.raw.is_null() {
             return; // handed over (see ConnectRequest::detach)
         }
+        // Its kept events go with it (a later id could get its address);
+        // a listener's untaken requests are refused.
+        refuse_requests(self.channel.take_kept(self.raw));
         // SAFETY: the QP on this id (if any) was destroyed by Endpoint, which
         // holds an Rc of this id; all events were acked when read.
         unsafe { rdma_destroy_id(self.raw) };

@@ -101,30 +101,6 @@ impl CompletionQueue {
         Ok(out)
     }
 
-    /// Entries the CQ holds (what the provider made of the size asked).
-    fn entries(&self) -> u32 {
-        // SAFETY: self.cq is the live CQ this value owns; cqe is set at
-        // creation and by ibv_resize_cq, both through this value.
-        let cqe = unsafe { (*self.cq).cqe };
-        u32::try_from(cqe).unwrap_or(0)
-    }
-
-    /// Grows the CQ to at least `entries` (no-op when it holds as many).
-    fn grow_to(&self, entries: u32) -> Result<()> {
-        if self.entries() >= entries {
-            return Ok(());
-        }
-        let want = libc::c_int::try_from(entries)
-            .map_err(|_| SysError::Invalid(format!("{entries} CQ entries are too many")))?;
-        // SAFETY: self.cq is live and no completion is outstanding yet (the
-        // QP was just created and nothing is posted).
-        let rc = unsafe { ibv_resize_cq(self.cq, want) };
-        if rc != 0 {
-            return Err(SysError::from_ret("ibv_resize_cq", rc));
-        }
-        Ok(())
-    }
-
     /// Polls up to `max` completions without blocking; returns how many were
     /// appended. A failed work request is returned as an error, after the
     /// successful completions polled with it.
@@ -352,7 +328,43 @@ pub struct RemoteTarget {
 /// (kept registered and allocated until then, even if its pool is gone).
 struct Posted {
     buffer: Buffer,
+    queue: WorkQueue,
     _memory: Rc<Registration>,
+}
+
+/// The queue of the QP a request went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkQueue {
+    Send,
+    Recv,
+}
+
+/// The requests in flight, by id, and how many on each queue.
+#[derive(Default)]
+struct InFlight {
+    by_id: HashMap<u64, Posted>,
+    sends: u32,
+    recvs: u32,
+}
+
+impl InFlight {
+    fn count(&mut self, queue: WorkQueue) -> &mut u32 {
+        match queue {
+            WorkQueue::Send => &mut self.sends,
+            WorkQueue::Recv => &mut self.recvs,
+        }
+    }
+
+    fn insert(&mut self, wr_id: u64, posted: Posted) {
+        *self.count(posted.queue) += 1;
+        self.by_id.insert(wr_id, posted);
+    }
+
+    fn remove(&mut self, wr_id: u64) -> Option<Posted> {
+        let posted = self.by_id.remove(&wr_id)?;
+        *self.count(posted.queue) -= 1;
+        Some(posted)
+    }
 }
 
 /// One connected (or about to be connected) RC queue pair with its CQ and
@@ -361,7 +373,10 @@ struct Posted {
 /// the CM id.
 pub struct Endpoint {
     qp: QpGuard,
-    posted: RefCell<HashMap<u64, Posted>>,
+    posted: RefCell<InFlight>,
+    /// The queue sizes asked for: the CQ holds a completion for each, and
+    /// no more are ever in flight (the provider may grant more).
+    caps: QpCaps,
     cq: CompletionQueue,
     pd: Rc<ProtectionDomain>,
     id: Rc<CmId>,
@@ -421,19 +436,15 @@ impl Endpoint {
         }
         // SAFETY: rdma_create_qp succeeded, so id->qp is set.
         let qp = unsafe { (*id.raw()).qp };
-        let qp = QpGuard { id: id.clone(), qp };
         // The provider may grant more work requests than asked (rounded
-        // up, and its own minimum): the CQ must hold a completion for each
-        // one that can be outstanding, or it overruns. (On an error the QP
-        // is destroyed first: `qp` drops before `cq`.)
-        let granted = QpCaps {
-            max_send_wr: attr.cap.max_send_wr.max(caps.max_send_wr),
-            max_recv_wr: attr.cap.max_recv_wr.max(caps.max_recv_wr),
-        };
-        cq.grow_to(cq_entries(granted)?)?;
+        // up, its own minimum); the CQ holds completions for what was asked
+        // (resizing it is optional in verbs: siw, efa and others refuse),
+        // so `check_post` keeps at most that many in flight on each queue.
+        let qp = QpGuard { id: id.clone(), qp };
         Ok(Endpoint {
             qp,
-            posted: RefCell::new(HashMap::new()),
+            posted: RefCell::new(InFlight::default()),
+            caps,
             cq,
             pd,
             id,
@@ -477,7 +488,7 @@ impl Endpoint {
     /// Posts a receive into the whole of `buf`'s slot. The buffer comes back
     /// with the receive's completion.
     pub fn post_recv(&self, pool: &BufferPool, buf: Buffer, wr_id: u64) -> Result<()> {
-        let mut sge = self.check_post(pool, &buf, pool.slot_size(), wr_id)?;
+        let mut sge = self.check_post(pool, &buf, pool.slot_size(), wr_id, WorkQueue::Recv)?;
         // SAFETY: ibv_recv_wr is plain data; zeroed is valid.
         let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
@@ -485,7 +496,7 @@ impl Endpoint {
         wr.num_sge = 1;
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
         let ours: *mut ibv_recv_wr = &mut wr;
-        self.track(pool, buf, wr_id, "ibv_post_recv", || {
+        self.track(pool, buf, wr_id, WorkQueue::Recv, || {
             // SAFETY: qp is live; wr and sge are valid for the call (the
             // provider copies them); the slot lies inside a registration of
             // this QP's PD that `track` keeps alive, and its only token is
@@ -543,7 +554,7 @@ impl Endpoint {
         wr_id: u64,
         write: Option<(RemoteTarget, Option<u32>)>,
     ) -> Result<()> {
-        let mut sge = self.check_post(pool, &buf, len, wr_id)?;
+        let mut sge = self.check_post(pool, &buf, len, wr_id, WorkQueue::Send)?;
         // SAFETY: ibv_send_wr is plain data; zeroed is valid.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
@@ -571,7 +582,7 @@ impl Endpoint {
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         let ours: *mut ibv_send_wr = &mut wr;
-        self.track(pool, buf, wr_id, "ibv_post_send", || {
+        self.track(pool, buf, wr_id, WorkQueue::Send, || {
             // SAFETY: as in post_recv: the provider copies wr and sge during
             // the call; the slot stays registered, allocated and out of
             // reach of safe code until its completion (or the QP's end).
@@ -581,15 +592,17 @@ impl Endpoint {
     }
 
     /// The checks before any post: the buffer belongs to `pool`, `len` fits
-    /// its slot, the pool's memory is registered with this QP's PD, and
-    /// `wr_id` is not already in flight (its completion could not say which
-    /// buffer to give back).
+    /// its slot, the pool's memory is registered with this QP's PD, `wr_id`
+    /// is not already in flight (its completion could not say which buffer
+    /// to give back), and the queue has room within the sizes asked for
+    /// (the CQ holds a completion for each of those, no more).
     fn check_post(
         &self,
         pool: &BufferPool,
         buf: &Buffer,
         len: usize,
         wr_id: u64,
+        queue: WorkQueue,
     ) -> Result<ibv_sge> {
         let sge = pool.scatter_entry(buf, len)?;
         if !Rc::ptr_eq(pool.registration().pd(), &self.pd) {
@@ -598,9 +611,19 @@ impl Endpoint {
                     .into(),
             ));
         }
-        if self.posted.borrow().contains_key(&wr_id) {
+        let mut posted = self.posted.borrow_mut();
+        if posted.by_id.contains_key(&wr_id) {
             return Err(SysError::Invalid(format!(
                 "work request {wr_id:#x} is already in flight"
+            )));
+        }
+        let (in_flight, size, name) = match queue {
+            WorkQueue::Send => (*posted.count(queue), self.caps.max_send_wr, "send"),
+            WorkQueue::Recv => (*posted.count(queue), self.caps.max_recv_wr, "receive"),
+        };
+        if in_flight >= size {
+            return Err(SysError::Invalid(format!(
+                "the {name} queue is full: {in_flight} requests in flight, it was sized for {size}"
             )));
         }
         Ok(sge)
@@ -618,27 +641,37 @@ impl Endpoint {
         pool: &BufferPool,
         buf: Buffer,
         wr_id: u64,
-        call: &'static str,
+        queue: WorkQueue,
         post: impl FnOnce() -> (libc::c_int, bool),
     ) -> Result<()> {
+        let call = match queue {
+            WorkQueue::Send => "ibv_post_send",
+            WorkQueue::Recv => "ibv_post_recv",
+        };
         self.posted.borrow_mut().insert(
             wr_id,
             Posted {
                 buffer: buf,
+                queue,
                 _memory: pool.registration().clone(),
             },
         );
-        match post() {
-            (0, _) => Ok(()),
-            (rc, true) => {
-                self.posted.borrow_mut().remove(&wr_id);
-                Err(SysError::from_ret(call, rc))
-            }
-            (rc, false) => Err(SysError::PostHeld {
-                call,
-                source: std::io::Error::from_raw_os_error(rc.saturating_abs()),
-            }),
+        let (rc, refused_ours) = post();
+        if rc == 0 {
+            return Ok(());
         }
+        // Providers return an errno; siw returns -1 from a failed doorbell
+        // write with errno set.
+        let source = if rc > 0 {
+            std::io::Error::from_raw_os_error(rc)
+        } else {
+            std::io::Error::last_os_error()
+        };
+        if refused_ours {
+            self.posted.borrow_mut().remove(wr_id);
+            return Err(SysError::Call { call, source });
+        }
+        Err(SysError::PostHeld { call, source })
     }
 
     /// Polls up to `max` completions without blocking; returns how many were
@@ -676,7 +709,7 @@ impl Endpoint {
             opcode: wc.opcode,
             byte_len: wc.byte_len,
             imm: wc.imm,
-            buffer: posted.remove(&wc.wr_id).map(|p| p.buffer),
+            buffer: posted.remove(wc.wr_id).map(|p| p.buffer),
         }));
     }
 }
