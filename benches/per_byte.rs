@@ -13,7 +13,7 @@
 //! wrong bytes or checksums, never because of its speed.
 
 use rdma_xfer::engine::per_byte::{TagCheck, fill_chunk, receive_chunk, tag_chunk};
-use rdma_xfer::engine::receiver::write_behind::WriteBehind;
+use rdma_xfer::engine::receiver::storage::write_behind::WriteBehind;
 use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, FileHasher};
 use rdma_xfer::proto::{CHUNK_TAG_LEN, ChunkAuth, ChunkKey, Digest, DigestAlg};
 use rdma_xfer::sys::rdma::ring_copy;
@@ -70,7 +70,7 @@ enum Step {
     /// The receiver's path; `true`: each chunk's tag checked too.
     ReceiverPath(DigestAlg, bool),
     /// The receiver's path with writer threads (`receiver --threads N`,
-    /// `engine::receiver::write_behind`): this thread copies and checks,
+    /// `engine::receiver::storage::write_behind`): this thread copies and checks,
     /// N threads write. Its CPU time is the whole process's.
     ReceiverThreads(DigestAlg, usize),
 }

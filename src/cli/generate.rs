@@ -462,8 +462,8 @@ mod tests {
     }
 
     /// receiver.1's FILES names the leftovers in the forms the receiver
-    /// writes them (`temp_name` in engine/receiver/store.rs, `partial_names`
-    /// in engine/receiver/partial/sidecar.rs), and the unit when installed.
+    /// writes them (`temp_name` in engine/receiver/storage/temp_file.rs, `partial_names`
+    /// in engine/receiver/storage/partial/sidecar.rs), and the unit when installed.
     #[test]
     fn receiver_files_and_the_unit() {
         let dir = tempfile::tempdir().unwrap();

@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod generate;
+pub mod line;
 pub mod log;
 pub mod render;
 pub mod targets;
@@ -288,7 +289,7 @@ pub fn finish(
             });
             eprintln!(
                 "{}",
-                log::json_message(tracing::Level::INFO, "peak rss", fields)
+                line::json_message(tracing::Level::INFO, "peak rss", fields)
             );
         } else {
             eprintln!(

@@ -51,10 +51,10 @@ pub fn listening_line(ready: &Listening, json: bool, ansi: bool) -> String {
             "authenticated": ready.unauthenticated.is_none(),
         });
         let Some(exposure) = &ready.unauthenticated else {
-            return crate::cli::log::json_message(tracing::Level::INFO, "listening", fields);
+            return super::line::json_message(tracing::Level::INFO, "listening", fields);
         };
         fields["exposure"] = exposure.as_str().into();
-        return crate::cli::log::json_message(
+        return super::line::json_message(
             tracing::Level::WARN,
             "listening UNAUTHENTICATED (--insecure)",
             fields,
@@ -70,7 +70,7 @@ pub fn listening_line(ready: &Listening, json: bool, ansi: bool) -> String {
         Some(exposure) => format!(
             "{}UNAUTHENTICATED: {listening}; {exposure} (--insecure: no token; limit who may \
              connect with --allow)",
-            crate::cli::log::text_prefix("receiver", tracing::Level::WARN, ansi)
+            super::line::text_prefix("receiver", tracing::Level::WARN, ansi)
         ),
     }
 }

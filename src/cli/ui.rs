@@ -233,7 +233,7 @@ impl Progress for Ui {
         if self.quiet && ready.unauthenticated.is_none() {
             return;
         }
-        let ansi = super::log::colours_on_stderr();
+        let ansi = super::line::colours_on_stderr();
         self.eprintln(&listening_line(ready, self.log_json, ansi));
     }
 }

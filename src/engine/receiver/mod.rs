@@ -9,13 +9,8 @@
 
 mod admission;
 mod allow;
-mod exec;
-mod partial;
 mod session;
-mod sink;
-mod space;
-mod store;
-pub mod write_behind;
+pub mod storage;
 
 pub use allow::AllowedNet;
 
@@ -33,12 +28,12 @@ use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
 use crate::sys::rdma::{CmId, Endpoint, EventChannel, IncomingConnection, QpCaps, probe_devices};
 use admission::{Admission, HANDSHAKE_PER_ADDRESS, HANDSHAKE_POOL, HandshakePool, SessionSlots};
-use space::SpaceLedger;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
+use storage::space::SpaceLedger;
 use tracing::{debug, error, error_span, info, warn};
 
 #[derive(Debug, Clone)]
@@ -498,8 +493,12 @@ fn sweep_periodically(cfg: &ReceiverConfig, stop: &mpsc::Receiver<()>) {
     loop {
         match crate::sys::dirfd::DirFd::open(&cfg.dir) {
             Ok(root) => {
-                let swept =
-                    partial::sweep(&root, cfg.partial_ttl, std::time::SystemTime::now(), &go_on);
+                let swept = storage::partial::sweep(
+                    &root,
+                    cfg.partial_ttl,
+                    std::time::SystemTime::now(),
+                    &go_on,
+                );
                 debug!(
                     removed = swept.removed,
                     kept = swept.kept,

@@ -3,11 +3,13 @@
 //! the file store, from the greeting to BYE or the first fatal error.
 
 use super::admission::Admission;
-use super::partial::{Claim, Holding, KeptPrefix, copy_digest};
-use super::sink::{Sink, Unwritten};
-use super::space::SpaceLedger;
-use super::store::{FileStore, LinkCandidate, Linked, Refusal, Resume};
-use super::write_behind::WriteBehind;
+use super::storage::FileStore;
+use super::storage::link_dest::{LinkCandidate, Linked};
+use super::storage::partial::{Claim, Holding, KeptPrefix, copy_digest};
+use super::storage::sink::{Sink, Unwritten};
+use super::storage::space::SpaceLedger;
+use super::storage::temp_file::Resume;
+use super::storage::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::{FileHasher, digest_hex};
@@ -18,8 +20,8 @@ use crate::engine::{wait_completions, wait_completions_until, wr};
 use crate::error::XferError;
 use crate::proto::{
     AUTH_TIMEOUT, AckStatus, AuthFailure, CHUNK_TAG_LEN, DigestAlg, Fin, Have, HaveKind, Hello,
-    Message, Mtime, ProtocolError, ReceiverEvent, ReceiverSession, RecvError, RejectCode, RingInfo,
-    escaped, hello_flags, keepalive_interval,
+    Message, Mtime, ProtocolError, ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode,
+    RingInfo, escaped, hello_flags, keepalive_interval,
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::sync::Arc;
@@ -631,7 +633,7 @@ impl Session<'_, '_> {
         let prepared = match linkable {
             // Not a policy for every batch (not Protocol): the sender keeps
             // batching the others.
-            Some(h) => Err((
+            Some(h) => Err(Reject::new(
                 RejectCode::Exists,
                 format!(
                     "{} may be linked from --link-dest: the files come one by one",
@@ -649,7 +651,7 @@ impl Session<'_, '_> {
         let (batch, ring) = match prepared {
             Ok(p) => p,
             // Not final for its files: the sender offers them one by one.
-            Err((code, reason)) => {
+            Err(Reject { code, reason }) => {
                 info!(
                     code = code.as_str(),
                     "batch refused, its files come one by one: {}",
@@ -840,7 +842,7 @@ impl Session<'_, '_> {
     /// Reads what the store holds of an offer with RESUME; a KEEPALIVE
     /// goes out every `keepalive_interval` meanwhile, so that a large
     /// file's read does not time the sender out.
-    fn holding(&mut self, hello: &Hello) -> Result<(Holding, Option<Claim>), Refusal> {
+    fn holding(&mut self, hello: &Hello) -> Result<(Holding, Option<Claim>), Reject> {
         // An earlier session of the same file whose sender is gone ends
         // within its timeout (and records what it verified): worth waiting.
         let wait = self.cfg.timeout + Duration::from_secs(10);
@@ -940,7 +942,7 @@ impl Session<'_, '_> {
         &mut self,
         hello: &Hello,
         hello_at: Instant,
-        (code, reason): Refusal,
+        Reject { code, reason }: Reject,
     ) -> Result<(), XferError> {
         warn!(name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
         let err = XferError::Rejected {
@@ -964,7 +966,7 @@ impl Session<'_, '_> {
         hello: &Hello,
         resume: Resume<'_>,
         sha256: Option<[u8; 32]>,
-    ) -> Result<IncomingFile, Refusal> {
+    ) -> Result<IncomingFile, Reject> {
         let (overwrite, dir) = (self.cfg.overwrite, &self.cfg.dir);
         let sink = self
             .store
@@ -1048,10 +1050,10 @@ impl Session<'_, '_> {
 
     /// The ring for an accepted offer, or the refusal that tells the
     /// sender why it cannot be had.
-    fn ring_for_offer(&mut self) -> Result<RingInfo, Refusal> {
+    fn ring_for_offer(&mut self) -> Result<RingInfo, Reject> {
         self.ring_info().map_err(|e| {
             error!("cannot register the receive ring: {e}");
-            (
+            Reject::new(
                 RejectCode::Io,
                 format!("the receiver cannot register its ring: {e}"),
             )

@@ -156,10 +156,10 @@ impl EventChannel {
     fn next_event(&self, owner: *mut rdma_cm_id, timeout: Duration, what: &str) -> Result<CmEvent> {
         {
             let mut kept = self.kept.borrow_mut();
-            if let Some(at) = kept.iter().position(|ev| ev.owner == owner) {
-                if let Some(ev) = kept.remove(at) {
-                    return Ok(ev);
-                }
+            if let Some(at) = kept.iter().position(|ev| ev.owner == owner)
+                && let Some(ev) = kept.remove(at)
+            {
+                return Ok(ev);
             }
         }
         let deadline = crate::sys::os::deadline_after(timeout);

@@ -5,14 +5,13 @@
 //! is settled at once; elsewhere (tmpfs) it shrinks as the bytes are
 //! written, since written bytes are no longer free.
 
-use super::store::Refusal;
-use crate::proto::RejectCode;
+use crate::proto::{Reject, RejectCode};
 use crate::sys::os::FreeSpace;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Bytes promised to files being received and not written yet.
 #[derive(Debug, Default)]
-pub(super) struct SpaceLedger {
+pub(crate) struct SpaceLedger {
     outstanding: Mutex<u64>,
 }
 
@@ -20,23 +19,23 @@ impl SpaceLedger {
     /// Promises `bytes` for `name` if the file system (as `free` reads it,
     /// under the ledger's lock so no other promise slips in between) has
     /// them beyond what is promised already, and an inode for the file.
-    pub(super) fn promise(
+    pub(crate) fn promise(
         self: &Arc<Self>,
         name: &str,
         bytes: u64,
         free: impl FnOnce() -> std::io::Result<FreeSpace>,
-    ) -> Result<Promise, Refusal> {
+    ) -> Result<Promise, Reject> {
         self.promise_files(name, bytes, 1, free)
     }
 
     /// As `promise`, for `files` files at once (a batch): an inode each.
-    pub(super) fn promise_files(
+    pub(crate) fn promise_files(
         self: &Arc<Self>,
         name: &str,
         bytes: u64,
         files: u64,
         free: impl FnOnce() -> std::io::Result<FreeSpace>,
-    ) -> Result<Promise, Refusal> {
+    ) -> Result<Promise, Reject> {
         let mut outstanding = self
             .outstanding
             .lock()
@@ -51,13 +50,13 @@ impl SpaceLedger {
             }
         };
         if free.inodes == 0 {
-            return Err((
+            return Err(Reject::new(
                 RejectCode::NoSpace,
                 format!("no free inodes on the receiver's file system for {name}"),
             ));
         }
         if free.inodes < files {
-            return Err((
+            return Err(Reject::new(
                 RejectCode::NoSpace,
                 format!(
                     "{name} needs {files} inodes; the receiver's file system has {} free",
@@ -75,7 +74,7 @@ impl SpaceLedger {
             } else {
                 String::new()
             };
-            return Err((
+            return Err(Reject::new(
                 RejectCode::NoSpace,
                 format!(
                     "{name} needs {bytes} bytes but only {} are free{promised}",
@@ -107,14 +106,14 @@ impl SpaceLedger {
 /// Space promised to one file; what is left of it is released on drop
 /// (the file was committed or removed).
 #[derive(Debug)]
-pub(super) struct Promise {
+pub(crate) struct Promise {
     ledger: Arc<SpaceLedger>,
     left: u64,
 }
 
 impl Promise {
     /// Nothing promised (the space is someone else's to promise).
-    pub(super) fn none(ledger: &Arc<SpaceLedger>) -> Self {
+    pub(crate) fn none(ledger: &Arc<SpaceLedger>) -> Self {
         Promise {
             ledger: Arc::clone(ledger),
             left: 0,
@@ -123,7 +122,7 @@ impl Promise {
 
     /// `n` more bytes of the file were written: they are taken from the
     /// file system's free space now, no longer from the promise.
-    pub(super) fn wrote(&mut self, n: u64) {
+    pub(crate) fn wrote(&mut self, n: u64) {
         let n = n.min(self.left);
         if n > 0 {
             self.left -= n;
@@ -132,7 +131,7 @@ impl Promise {
     }
 
     /// The file system reserved the blocks itself: nothing is left to promise.
-    pub(super) fn settle(&mut self) {
+    pub(crate) fn settle(&mut self) {
         let left = std::mem::take(&mut self.left);
         self.ledger.release(left);
     }
@@ -157,7 +156,7 @@ mod tests {
         let ledger = Arc::new(SpaceLedger::default());
         let mut a = ledger.promise("a", 60, free(100, 10)).unwrap();
         // Nothing written yet: 100 free, 60 promised.
-        let (code, why) = ledger.promise("b", 60, free(100, 10)).unwrap_err();
+        let Reject { code, reason: why } = ledger.promise("b", 60, free(100, 10)).unwrap_err();
         assert_eq!(code, RejectCode::NoSpace);
         assert!(
             why.contains("b needs 60 bytes but only 100 are free (60 more are promised"),
@@ -202,7 +201,7 @@ mod tests {
     #[test]
     fn inodes_and_unknown_space() {
         let ledger = Arc::new(SpaceLedger::default());
-        let (code, why) = ledger.promise("f", 0, free(1 << 30, 0)).unwrap_err();
+        let Reject { code, reason: why } = ledger.promise("f", 0, free(1 << 30, 0)).unwrap_err();
         assert_eq!(code, RejectCode::NoSpace);
         assert!(why.contains("no free inodes"), "{why}");
         assert!(

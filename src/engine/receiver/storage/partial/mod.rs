@@ -22,13 +22,13 @@ mod resumable;
 mod sidecar;
 mod sweep;
 
-pub(super) use find::{Holding, KeptPrefix, OpenSidecar, copy_digest, copy_of, kept_prefix};
-pub(super) use key::SidecarKey;
-pub(super) use resumable::{Claim, Resumable, TempInUse, remove};
-pub(super) use sidecar::Identity;
-pub(super) use sweep::sweep;
+pub(crate) use find::{Holding, KeptPrefix, OpenSidecar, copy_digest, copy_of, kept_prefix};
+pub(crate) use key::SidecarKey;
+pub(crate) use resumable::{Claim, Resumable, TempInUse, remove};
+pub(crate) use sidecar::Identity;
+pub(crate) use sweep::sweep;
 #[cfg(test)]
-pub(super) use {
+pub(crate) use {
     key::KEY_NAME,
     resumable::SYNC_EVERY,
     sidecar::{Sidecar, partial_names},

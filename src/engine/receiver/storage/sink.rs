@@ -5,8 +5,9 @@
 //! failed its whole-file check, commit, end uncommitted. Naming,
 //! confinement and refusals happen before a sink exists (`FileStore`).
 
+use super::batch::{BatchMember, BatchSink};
 use super::exec::{ExecFailure, ExecSink};
-use super::store::{BatchMember, BatchSink, TempFile};
+use super::temp_file::TempFile;
 use super::write_behind::Retired;
 use crate::engine::Outcome;
 use crate::error::XferError;
@@ -14,7 +15,7 @@ use crate::proto::Mtime;
 use std::fs::File;
 use std::io::Write;
 
-pub(super) enum Sink {
+pub(crate) enum Sink {
     /// A temporary file next to the final name (see `TempFile`).
     Temp(Box<TempFile>),
     /// The files of a batch (see `BatchSink`).
@@ -28,7 +29,7 @@ pub(super) enum Sink {
 }
 
 /// Why a chunk that passed its check was not written.
-pub(super) enum Unwritten {
+pub(crate) enum Unwritten {
     /// A sink written strictly in order got a chunk at another offset.
     OutOfOrder,
     Failed(std::io::Error),
@@ -38,7 +39,7 @@ impl Sink {
     /// Writes the checked chunk `data` (CRC32 `crc`) at `offset`; `written`
     /// is how much of the file came before (in-order sinks need exactly
     /// that offset).
-    pub(super) fn write(
+    pub(crate) fn write(
         &mut self,
         data: &[u8],
         offset: u64,
@@ -58,7 +59,7 @@ impl Sink {
 
     /// The file for writer threads (`--threads`): only a temporary file
     /// takes them.
-    pub(super) fn temp_file(&mut self) -> Option<&mut TempFile> {
+    pub(crate) fn temp_file(&mut self) -> Option<&mut TempFile> {
         match self {
             Sink::Temp(t) => Some(t),
             _ => None,
@@ -68,7 +69,7 @@ impl Sink {
     /// Records chunks the writer threads are done with, in order: after
     /// the first that failed nothing more is (a kept prefix has no holes),
     /// and that failure is returned.
-    pub(super) fn chunks_written(&mut self, retired: Vec<Retired>) -> std::io::Result<()> {
+    pub(crate) fn chunks_written(&mut self, retired: Vec<Retired>) -> std::io::Result<()> {
         let Sink::Temp(t) = self else {
             return Ok(());
         };
@@ -87,13 +88,13 @@ impl Sink {
 
     /// Standard output: its reader may end the session by closing it, and
     /// what was written cannot be taken back.
-    pub(super) fn is_standard_output(&self) -> bool {
+    pub(crate) fn is_standard_output(&self) -> bool {
         matches!(self, Sink::Stdout(_))
     }
 
     /// What a failed chunk check (after `written` good bytes) leaves where
     /// the bytes went, if anything worth saying.
-    pub(super) fn cut_short_note(&self, written: u64) -> Option<String> {
+    pub(crate) fn cut_short_note(&self, written: u64) -> Option<String> {
         match self {
             Sink::Stdout(_) => Some(format!(
                 "; standard output got only the {written} bytes before it"
@@ -107,7 +108,7 @@ impl Sink {
 
     /// The data failed its whole-file check: nothing of it may be kept.
     /// Returns what the failure leaves behind that the reason must say.
-    pub(super) fn corrupt(&mut self) -> Option<&'static str> {
+    pub(crate) fn corrupt(&mut self) -> Option<&'static str> {
         match self {
             Sink::Temp(t) => {
                 t.discard();
@@ -131,7 +132,7 @@ impl Sink {
     /// standard output, fsync when it is a file. A batch: every file is
     /// fsynced before any is renamed, and each directory is fsynced once,
     /// after the last rename into it.
-    pub(super) fn commit(
+    pub(crate) fn commit(
         &mut self,
         name: &str,
         mode: u32,
@@ -159,7 +160,7 @@ impl Sink {
     /// The file failed or its session ended before it was committed: with
     /// RESUME its verified part is kept (the bytes returned), else what
     /// was written goes.
-    pub(super) fn end_failed(&mut self) -> u64 {
+    pub(crate) fn end_failed(&mut self) -> u64 {
         match self {
             Sink::Temp(t) => t.end_uncommitted(),
             Sink::Exec(e) => {
@@ -172,7 +173,7 @@ impl Sink {
     }
 
     /// The files of a batch, each reported on its own.
-    pub(super) fn members(&self) -> Option<&[BatchMember]> {
+    pub(crate) fn members(&self) -> Option<&[BatchMember]> {
         match self {
             Sink::Batch(b) => Some(&b.members),
             _ => None,
@@ -180,7 +181,7 @@ impl Sink {
     }
 
     /// The batch, for its members' digests.
-    pub(super) fn batch_mut(&mut self) -> Option<&mut BatchSink> {
+    pub(crate) fn batch_mut(&mut self) -> Option<&mut BatchSink> {
         match self {
             Sink::Batch(b) => Some(b),
             _ => None,
@@ -188,7 +189,7 @@ impl Sink {
     }
 
     /// What became of a file committed through this sink.
-    pub(super) fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         match self {
             Sink::Discard => Outcome::Discarded,
             Sink::Exec(_) => Outcome::Piped,

@@ -133,7 +133,7 @@ impl SidecarKey {
     }
 
     fn create(root: &DirFd, secret: &[u8; KEY_LEN]) -> std::io::Result<Self> {
-        let temp = super::super::store::temp_name();
+        let temp = super::super::temp_file::temp_name();
         // Marked before it exists: the sweep never sees it unmarked.
         let _in_use = super::TempInUse::new(root, &temp)?;
         let written = root.create_new(&temp, 0o600).and_then(|mut f| {
