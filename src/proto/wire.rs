@@ -60,40 +60,80 @@ pub mod hello_flags {
 /// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
 pub const MAX_REASON: usize = 1024;
 
-/// Wire type codes.
-pub mod msg_type {
-    /// [`Message::Hello`](super::Message::Hello).
-    pub const HELLO: u8 = 1;
-    /// [`Message::Mr`](super::Message::Mr).
-    pub const MR: u8 = 2;
-    /// [`Message::Reject`](super::Message::Reject).
-    pub const REJECT: u8 = 3;
-    /// [`Message::Credit`](super::Message::Credit).
-    pub const CREDIT: u8 = 4;
-    /// [`Message::Fin`](super::Message::Fin).
-    pub const FIN: u8 = 5;
-    /// [`Message::Ack`](super::Message::Ack).
-    pub const ACK: u8 = 6;
-    /// [`Message::Bye`](super::Message::Bye).
-    pub const BYE: u8 = 7;
-    /// [`Message::Challenge`](super::Message::Challenge).
-    pub const CHALLENGE: u8 = 8;
-    /// [`Message::Auth`](super::Message::Auth).
-    pub const AUTH: u8 = 9;
-    /// [`Message::Keepalive`](super::Message::Keepalive).
-    pub const KEEPALIVE: u8 = 10;
-    /// [`Message::Prove`](super::Message::Prove).
-    pub const PROVE: u8 = 11;
-    /// [`Message::AuthOk`](super::Message::AuthOk).
-    pub const AUTH_OK: u8 = 12;
-    /// [`Message::Have`](super::Message::Have).
-    pub const HAVE: u8 = 13;
-    /// [`Message::From`](super::Message::From).
-    pub const FROM: u8 = 14;
-    /// [`Message::Compare`](super::Message::Compare).
-    pub const COMPARE: u8 = 15;
-    /// [`Message::Batch`](super::Message::Batch).
-    pub const BATCH: u8 = 16;
+/// Declares [`MessageType`] from one table: each message's variant, its
+/// code in the frame header and its name. Everything else about types
+/// (the header code of a message, the name in logs, what a code decodes
+/// to) follows from it.
+macro_rules! message_types {
+    ($($(#[$doc:meta])* $variant:ident = $code:literal, $name:literal;)*) => {
+        /// The type of a control message: its code in the frame header and
+        /// its name.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum MessageType {
+            $($(#[$doc])* $variant = $code,)*
+        }
+
+        impl MessageType {
+            /// Every type, in code order.
+            pub const ALL: &'static [MessageType] = &[$(MessageType::$variant),*];
+
+            /// The code in the frame header.
+            pub const fn code(self) -> u8 {
+                self as u8
+            }
+
+            /// The name in upper case ("HELLO"), for messages and logs.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(MessageType::$variant => $name,)*
+                }
+            }
+
+            /// The type of a header code, if it is one.
+            pub const fn from_code(code: u8) -> Option<Self> {
+                match code {
+                    $($code => Some(MessageType::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+message_types! {
+    /// [`Message::Hello`].
+    Hello = 1, "HELLO";
+    /// [`Message::Mr`].
+    Mr = 2, "MR";
+    /// [`Message::Reject`].
+    Reject = 3, "REJECT";
+    /// [`Message::Credit`].
+    Credit = 4, "CREDIT";
+    /// [`Message::Fin`].
+    Fin = 5, "FIN";
+    /// [`Message::Ack`].
+    Ack = 6, "ACK";
+    /// [`Message::Bye`].
+    Bye = 7, "BYE";
+    /// [`Message::Challenge`].
+    Challenge = 8, "CHALLENGE";
+    /// [`Message::Auth`].
+    Auth = 9, "AUTH";
+    /// [`Message::Keepalive`].
+    Keepalive = 10, "KEEPALIVE";
+    /// [`Message::Prove`].
+    Prove = 11, "PROVE";
+    /// [`Message::AuthOk`].
+    AuthOk = 12, "AUTH_OK";
+    /// [`Message::Have`].
+    Have = 13, "HAVE";
+    /// [`Message::From`].
+    From = 14, "FROM";
+    /// [`Message::Compare`].
+    Compare = 15, "COMPARE";
+    /// [`Message::Batch`].
+    Batch = 16, "BATCH";
 }
 
 /// The whole-file digest a HELLO announces and its FIN carries (its wire
@@ -649,48 +689,36 @@ impl Have {
 }
 
 impl Message {
-    /// The message's name in upper case ("HELLO"), for messages and logs.
-    pub const fn kind(&self) -> &'static str {
+    /// The message's type (its code and name).
+    pub const fn message_type(&self) -> MessageType {
         match self {
-            Self::Hello(_) => "HELLO",
-            Self::Batch(_) => "BATCH",
-            Self::Mr(_) => "MR",
-            Self::Reject(_) => "REJECT",
-            Self::Credit { .. } => "CREDIT",
-            Self::Fin(_) => "FIN",
-            Self::Ack(_) => "ACK",
-            Self::Bye => "BYE",
-            Self::Challenge(_) => "CHALLENGE",
-            Self::Auth { .. } => "AUTH",
-            Self::Keepalive => "KEEPALIVE",
-            Self::Prove(_) => "PROVE",
-            Self::AuthOk { .. } => "AUTH_OK",
-            Self::Have(_) => "HAVE",
-            Self::From { .. } => "FROM",
-            Self::Compare { .. } => "COMPARE",
+            Self::Hello(_) => MessageType::Hello,
+            Self::Batch(_) => MessageType::Batch,
+            Self::Mr(_) => MessageType::Mr,
+            Self::Reject(_) => MessageType::Reject,
+            Self::Credit { .. } => MessageType::Credit,
+            Self::Fin(_) => MessageType::Fin,
+            Self::Ack(_) => MessageType::Ack,
+            Self::Bye => MessageType::Bye,
+            Self::Challenge(_) => MessageType::Challenge,
+            Self::Auth { .. } => MessageType::Auth,
+            Self::Keepalive => MessageType::Keepalive,
+            Self::Prove(_) => MessageType::Prove,
+            Self::AuthOk { .. } => MessageType::AuthOk,
+            Self::Have(_) => MessageType::Have,
+            Self::From { .. } => MessageType::From,
+            Self::Compare { .. } => MessageType::Compare,
         }
     }
 
-    /// The type code in the frame header ([`msg_type`]).
+    /// The message's name in upper case ("HELLO"), for messages and logs.
+    pub const fn kind(&self) -> &'static str {
+        self.message_type().name()
+    }
+
+    /// The type code in the frame header.
     pub const fn type_code(&self) -> u8 {
-        match self {
-            Self::Hello(_) => msg_type::HELLO,
-            Self::Batch(_) => msg_type::BATCH,
-            Self::Mr(_) => msg_type::MR,
-            Self::Reject(_) => msg_type::REJECT,
-            Self::Credit { .. } => msg_type::CREDIT,
-            Self::Fin(_) => msg_type::FIN,
-            Self::Ack(_) => msg_type::ACK,
-            Self::Bye => msg_type::BYE,
-            Self::Challenge(_) => msg_type::CHALLENGE,
-            Self::Auth { .. } => msg_type::AUTH,
-            Self::Keepalive => msg_type::KEEPALIVE,
-            Self::Prove(_) => msg_type::PROVE,
-            Self::AuthOk { .. } => msg_type::AUTH_OK,
-            Self::Have(_) => msg_type::HAVE,
-            Self::From { .. } => msg_type::FROM,
-            Self::Compare { .. } => msg_type::COMPARE,
-        }
+        self.message_type().code()
     }
 }
 
@@ -718,7 +746,7 @@ pub enum WireError {
     /// A framing version other than [`WIRE_VERSION`].
     #[error("unsupported wire version {0} (this build speaks {v})", v = WIRE_VERSION)]
     UnknownVersion(u8),
-    /// A type code not in [`msg_type`].
+    /// A type code not in [`MessageType`].
     #[error("unknown message type {0}")]
     UnknownType(u8),
     /// The header's reserved flags are not 0.
@@ -1222,25 +1250,8 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
     if flags != 0 {
         return Err(WireError::BadFlags(flags));
     }
-    let kind = match ty {
-        msg_type::HELLO => "HELLO",
-        msg_type::MR => "MR",
-        msg_type::REJECT => "REJECT",
-        msg_type::CREDIT => "CREDIT",
-        msg_type::FIN => "FIN",
-        msg_type::ACK => "ACK",
-        msg_type::BYE => "BYE",
-        msg_type::CHALLENGE => "CHALLENGE",
-        msg_type::AUTH => "AUTH",
-        msg_type::KEEPALIVE => "KEEPALIVE",
-        msg_type::PROVE => "PROVE",
-        msg_type::AUTH_OK => "AUTH_OK",
-        msg_type::HAVE => "HAVE",
-        msg_type::FROM => "FROM",
-        msg_type::COMPARE => "COMPARE",
-        msg_type::BATCH => "BATCH",
-        other => return Err(WireError::UnknownType(other)),
-    };
+    let ty = MessageType::from_code(ty).ok_or(WireError::UnknownType(ty))?;
+    let kind = ty.name();
     let declared = h.u32()?;
     let body_len = usize::try_from(declared)
         .ok()
@@ -1270,8 +1281,8 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         kind,
     };
     let msg = match ty {
-        msg_type::HELLO => Message::Hello(r.hello()?),
-        msg_type::BATCH => {
+        MessageType::Hello => Message::Hello(r.hello()?),
+        MessageType::Batch => {
             let count = r.u16()?;
             let mut members = Vec::with_capacity(count.min(64).into());
             for _ in 0..count {
@@ -1279,13 +1290,13 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
             }
             Message::Batch(members)
         }
-        msg_type::MR => Message::Mr(RingInfo {
+        MessageType::Mr => Message::Mr(RingInfo {
             addr: r.u64()?,
             rkey: r.u32()?,
             slot_size: r.u32()?,
             slot_count: r.u32()?,
         }),
-        msg_type::REJECT => {
+        MessageType::Reject => {
             let v = r.u16()?;
             let code = RejectCode::from_u16(v).ok_or(WireError::BadEnum {
                 field: "reject code",
@@ -1294,8 +1305,8 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
             let reason = r.string("REJECT reason")?;
             Message::Reject(Reject { code, reason })
         }
-        msg_type::CREDIT => Message::Credit { count: r.u32()? },
-        msg_type::FIN => {
+        MessageType::Credit => Message::Credit { count: r.u32()? },
+        MessageType::Fin => {
             let bytes = r.u64()?;
             let chunks = r.u64()?;
             let digest = r.digest()?;
@@ -1305,7 +1316,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
                 digest,
             })
         }
-        msg_type::ACK => {
+        MessageType::Ack => {
             let v = r.u16()?;
             let status = AckStatus::from_u16(v).ok_or(WireError::BadEnum {
                 field: "ack status",
@@ -1314,7 +1325,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
             let reason = r.string("ACK reason")?;
             Message::Ack(Ack { status, reason })
         }
-        msg_type::CHALLENGE => {
+        MessageType::Challenge => {
             let flags = r.u16()?;
             check_challenge_flags(flags)?;
             Message::Challenge(Challenge {
@@ -1322,13 +1333,13 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
                 nonce: r.array()?,
             })
         }
-        msg_type::AUTH => {
+        MessageType::Auth => {
             let mac = r.bytes16()?;
             check_mac_len(mac.len())?;
             Message::Auth { mac: mac.to_vec() }
         }
-        msg_type::KEEPALIVE => Message::Keepalive,
-        msg_type::PROVE => {
+        MessageType::Keepalive => Message::Keepalive,
+        MessageType::Prove => {
             let version = r.u16()?;
             let nonce = r.array()?;
             let proof = r.bytes16()?;
@@ -1339,8 +1350,8 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
                 proof: proof.to_vec(),
             })
         }
-        msg_type::AUTH_OK => Message::AuthOk { proof: r.array()? },
-        msg_type::HAVE => {
+        MessageType::AuthOk => Message::AuthOk { proof: r.array()? },
+        MessageType::Have => {
             let v = r.u8()?;
             let kind = HaveKind::from_u8(v).ok_or(WireError::BadEnum {
                 field: "HAVE kind",
@@ -1354,10 +1365,9 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
                 note: r.string("HAVE note")?,
             })
         }
-        msg_type::FROM => Message::From { offset: r.u64()? },
-        msg_type::COMPARE => Message::Compare { sha256: r.array()? },
-        // Only BYE is left: `kind` above rejected every other code.
-        _ => Message::Bye,
+        MessageType::From => Message::From { offset: r.u64()? },
+        MessageType::Compare => Message::Compare { sha256: r.array()? },
+        MessageType::Bye => Message::Bye,
     };
     r.finish()?;
     Ok(msg)
@@ -1366,6 +1376,37 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn one_table_gives_each_type_its_code_and_name_and_the_docs_agree() {
+        for (i, ty) in MessageType::ALL.iter().enumerate() {
+            assert_eq!(usize::from(ty.code()), i + 1, "{ty:?}: codes are 1, 2, ...");
+            assert_eq!(MessageType::from_code(ty.code()), Some(*ty));
+        }
+        assert_eq!(MessageType::from_code(0), None);
+        let past = u8::try_from(MessageType::ALL.len() + 1).unwrap();
+        assert_eq!(MessageType::from_code(past), None);
+        // docs/protocol.md's table of type codes lists exactly these.
+        let doc = include_str!("../../docs/protocol.md");
+        let table = doc
+            .split("### Type codes")
+            .nth(1)
+            .and_then(|t| t.split("\n## ").next())
+            .expect("docs/protocol.md has a table of type codes");
+        let listed: Vec<(u8, String)> = table
+            .lines()
+            .filter_map(|l| {
+                let mut cells = l.split('|').map(str::trim).skip(1);
+                let code = cells.next()?.parse().ok()?;
+                Some((code, cells.next()?.to_string()))
+            })
+            .collect();
+        let want: Vec<(u8, String)> = MessageType::ALL
+            .iter()
+            .map(|t| (t.code(), t.name().to_string()))
+            .collect();
+        assert_eq!(listed, want);
+    }
 
     fn sha() -> [u8; 32] {
         let mut b = [0u8; 32];
@@ -1593,7 +1634,7 @@ pub(crate) mod tests {
         ]);
         let buf = encode_to_vec(&m).unwrap();
         // Header, count 2, then each member exactly as a HELLO body.
-        assert_eq!(buf[5], msg_type::BATCH);
+        assert_eq!(buf[5], MessageType::Batch.code());
         assert_eq!(&buf[12..14], &[0, 2]);
         let Message::Batch(members) = &m else {
             unreachable!()
@@ -2200,7 +2241,7 @@ pub(crate) mod tests {
 
     /// An AUTH frame carrying `len` MAC bytes, built by hand.
     fn raw_auth(len: usize) -> Vec<u8> {
-        let mut b = vec![0x52, 0x58, 0x46, 0x52, 1, msg_type::AUTH, 0, 0];
+        let mut b = vec![0x52, 0x58, 0x46, 0x52, 1, MessageType::Auth.code(), 0, 0];
         b.extend_from_slice(&((2 + len) as u32).to_be_bytes());
         b.extend_from_slice(&(len as u16).to_be_bytes());
         b.extend(std::iter::repeat_n(0xab, len));
