@@ -28,8 +28,8 @@ pub use sender::{
 };
 pub use wire::{
     Ack, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello,
-    MAX_FRAME, MAX_MESSAGE, Message, MessageType, Mtime, Prove, Reject, RejectCode, RingInfo, WireError,
-    batch_member_len, decode, encode, encode_to_vec, hello_flags,
+    MAX_FRAME, MAX_MESSAGE, Message, MessageType, Mtime, Prove, Reject, RejectCode, RingInfo,
+    WireError, batch_member_len, decode, encode, encode_to_vec, hello_flags,
 };
 
 use thiserror::Error;
