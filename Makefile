@@ -26,7 +26,7 @@ lint-deps: deps
 	scripts/install-deps.sh --lint
 
 # The fault-injection build (test-only switches, and the rxfer-raw-client
-# binary of tests/hostile.rs) goes to its own target dir so that release
+# binary of tests/rdma/hostile.rs) goes to its own target dir so that release
 # binaries never contain it.
 build: deps
 	$(CARGO) build --release --locked --all-targets

@@ -776,9 +776,12 @@ fn token_file_readable_by_others_warns_but_is_used() {
 #[test]
 fn receiver_that_cannot_start_does_not_say_unauthenticated() {
     if has_rdma_device() {
-        // The receiver would start serving; tests/auth.rs checks the
+        // The receiver would start serving; tests/rdma/auth.rs checks the
         // UNAUTHENTICATED line there.
-        skip("this machine has an RDMA device (see tests/auth.rs)", false);
+        skip(
+            "this machine has an RDMA device (see tests/rdma/auth.rs)",
+            false,
+        );
         return;
     }
     let dir = tempfile::tempdir().expect("dir");

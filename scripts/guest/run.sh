@@ -165,7 +165,7 @@ GDIR=${RXFER_GUEST_DIR:-$REPO/target/guest}
 export RXFER_GUEST_DIR=$GDIR RXFER_GUEST_KERNEL=$KSEL
 
 "$SCRIPT_DIR/prepare.sh" -q -k "$KSEL" || { echo "run.sh: prepare.sh -k $KSEL failed" >&2; exit 125; }
-# An sshd for the tests of the one-command form to start (tests/ssh.rs).
+# An sshd for the tests of the one-command form to start (tests/rdma/ssh.rs).
 export RXFER_SSHD_DIR=$GDIR/openssh
 "$SCRIPT_DIR/sshd.sh" prepare "$RXFER_SSHD_DIR" || { echo "run.sh: sshd.sh prepare failed" >&2; exit 125; }
 # shellcheck source=/dev/null

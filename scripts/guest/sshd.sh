@@ -7,7 +7,7 @@
 #          with dpkg -x: nothing is installed on the host and no daemon
 #          starts there. Idempotent; fast once done.
 #        scripts/guest/sshd.sh start DIR ADDR...
-#          (guest, root; tests/ssh.rs, under a stock 8 MiB memlock limit)
+#          (guest, root; tests/rdma/ssh.rs, under a stock 8 MiB memlock limit)
 #          starts that sshd, unless it runs already, listening on each ADDR, key
 #          log-in only; root gets a key, authorized_keys, known_hosts for
 #          every ADDR, and an ssh config with BatchMode (no prompts). The

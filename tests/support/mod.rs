@@ -1,5 +1,5 @@
-//! The one helper module of the integration tests (tests/*.rs): skipping by
-//! name, the one wait loop (`wait_until`), the one process helper
+//! The one helper module of the integration tests (tests/rdma/,
+//! tests/cli.rs, tests/install.rs): skipping by name, the one wait loop (`wait_until`), the one process helper
 //! (`Running`, for every binary a test starts: receiver, sender, shell
 //! pipelines and the raw client), test data, and the command lines of the
 //! tools. The end-to-end tests drive the built binaries exactly as a user

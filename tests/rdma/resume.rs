@@ -4,11 +4,9 @@
 //! source or the kept data changed, skips what is complete, and that
 //! `--retry` reconnects by itself after transient failures only.
 
-mod support;
-
+use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::*;
 
 /// The receiver's ring with the default options (16 slots of 1 MiB): the
 /// most a resumed transfer may send again besides what did not arrive.

@@ -4,13 +4,11 @@
 //! included; no progress bar when stderr is not a terminal; and one under a
 //! pseudo-terminal (`script`).
 
-mod support;
-
+use crate::support::*;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use support::*;
 
 /// A progress bar redraws its line with \r or moves the cursor with ESC
 /// sequences; a log or summary line does neither.

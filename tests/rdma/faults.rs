@@ -4,11 +4,9 @@
 //! temporary file remains, and that the receiver then still serves a normal
 //! transfer.
 
-mod support;
-
+use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::*;
 
 /// A 300 MiB transfer caught in the middle of its data phase (32 MiB
 /// arrived), for injecting a fault.

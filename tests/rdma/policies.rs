@@ -2,11 +2,9 @@
 //! `make test`): `--discard` verifies and drops, and every check that
 //! guards the file store still guards it.
 
-mod support;
-
+use crate::support::*;
 use std::path::Path;
 use std::time::Duration;
-use support::*;
 
 /// Everything under `dir`, as relative paths (directories too), sorted.
 fn everything_under(dir: &Path) -> Vec<String> {

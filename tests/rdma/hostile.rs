@@ -10,11 +10,9 @@
 //! serves all cases of a test in a row (five receivers in all; ~50 s in the
 //! guest).
 
-mod support;
-
+use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
-use support::*;
 use tempfile::TempDir;
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);

@@ -6,8 +6,6 @@
 //! ring by offset, never by our heap address. tests/compile_fail.rs proves
 //! the rest at compile time.
 
-mod support;
-
 use rdma_xfer::sys::SysError;
 use rdma_xfer::sys::rdma::{
     BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, RemoteRing, RemoteTarget,
@@ -124,10 +122,10 @@ fn serve(addr: SocketAddr, ready: mpsc::Sender<RemoteTarget>, done: mpsc::Sender
 
 #[test]
 fn posting_moves_the_buffer_until_its_completion_and_checks_what_it_cannot_prove() {
-    let Some(net) = support::rdma_net() else {
+    let Some(net) = crate::support::rdma_net() else {
         return;
     };
-    let port = support::next_port();
+    let port = crate::support::next_port();
     let addr: SocketAddr = format!("{}:{port}", net.addr_a).parse().expect("address");
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel();
@@ -270,10 +268,10 @@ fn posting_moves_the_buffer_until_its_completion_and_checks_what_it_cannot_prove
 
 #[test]
 fn each_id_on_a_shared_event_channel_gets_its_own_events() {
-    let Some(net) = support::rdma_net() else {
+    let Some(net) = crate::support::rdma_net() else {
         return;
     };
-    let port = support::next_port();
+    let port = crate::support::next_port();
     let addr: SocketAddr = format!("{}:{port}", net.addr_a).parse().expect("address");
     // A listener and another id on one channel.
     let channel = EventChannel::new().expect("event channel");

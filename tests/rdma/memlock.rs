@@ -7,13 +7,11 @@
 //! the limit's numbers. Real RDMA in the SoftRoCE guest only: it opens
 //! /dev/infiniband/* to all users there.
 
-mod support;
-
+use crate::support::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use support::*;
 
 /// Both sides use it (a receiver without a token may soon refuse to
 /// start).

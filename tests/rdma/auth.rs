@@ -4,11 +4,9 @@
 //! registers its ring, and the receiver keeps serving; a receiver without a
 //! token says at start-up that it accepts anyone.
 
-mod support;
-
+use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use support::*;
 
 const TOKEN: &str = "correct horse battery staple";
 const WRONG: &str = "correct horse battery stapler";

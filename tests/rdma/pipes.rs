@@ -6,13 +6,11 @@
 //! --max-size on a stream, a slow producer kept alive, corruption seen on
 //! standard output.
 
-mod support;
-
+use crate::support::*;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::*;
 
 /// The statuses of a pipeline's stages.
 fn stages(stderr: &str) -> Vec<i32> {

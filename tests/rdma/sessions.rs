@@ -2,11 +2,9 @@
 //! refusal, and a soak of sequential transfers (no fd or memory growth).
 //! Real RDMA (the SoftRoCE guest under `make test`).
 
-mod support;
-
+use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::*;
 
 const TOKEN: &str = "sessions-test-token-0123456789";
 

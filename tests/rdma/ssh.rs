@@ -2,12 +2,10 @@
 //! starts its receiver over ssh (the guest's sshd, scripts/guest/sshd.sh),
 //! sends, and leaves nothing running and nothing unverified behind.
 
-mod support;
-
+use crate::support::*;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use support::*;
 
 /// The guest's sshd, started once for this run (scripts/guest/sshd.sh)
 /// under a stock host's 8 MiB memlock limit, listening on both addresses;

@@ -3,11 +3,9 @@
 //! Every case checks the output's SHA-256 against the input's and that no
 //! temporary file is left behind.
 
-mod support;
-
+use crate::support::*;
 use std::path::PathBuf;
 use std::time::Duration;
-use support::*;
 
 /// Sends `files` (name, size) in one session and checks every byte.
 fn transfer_and_check(
