@@ -1129,12 +1129,21 @@ struct RxModel {
     /// the session, and their files' bytes.
     digest_questions: u32,
     digest_bytes: u64,
+    /// Names whose copy was compared in the session: once each.
+    compared: std::collections::BTreeSet<String>,
 }
 
-/// Whether the session's budget has room for one more digest question
-/// about `bytes`.
+/// The current offer's name.
+fn offer_name(m: &RxModel) -> String {
+    m.offer.as_ref().map(|h| h.name.clone()).unwrap_or_default()
+}
+
+/// Whether the current offer may be compared: its name not compared yet
+/// in the session, and the session's budget has room for one more digest
+/// question about `bytes`.
 fn within_budget(m: &RxModel, budget: DigestBudget, bytes: u64) -> bool {
-    m.digest_questions < budget.questions
+    !m.compared.contains(&offer_name(m))
+        && m.digest_questions < budget.questions
         && m.digest_bytes
             .checked_add(bytes)
             .is_some_and(|b| b <= budget.bytes)
@@ -1176,6 +1185,7 @@ impl RxModel {
         RxModel {
             digest_questions: self.digest_questions,
             digest_bytes: self.digest_bytes,
+            compared: self.compared.clone(),
             ..RxModel::default()
         }
     }
@@ -2002,7 +2012,7 @@ fn check_receiver(
                 // A complete copy or a digest: within the session's budget.
                 let compares = matches!(have.kind, HaveKind::Complete | HaveKind::Digest);
                 let within = within_budget(&m, cfg.digest_budget, have.bytes);
-                prop_assert_eq!(r.may_compare(have.bytes), within);
+                prop_assert_eq!(r.may_compare(&offer_name(&m), have.bytes), within);
                 // From Comparing (the copy differs) only a HAVE of nothing.
                 let allowed =
                     (before == AwaitDecision && may_have(&m, have.kind) && (!compares || within))
@@ -2031,6 +2041,7 @@ fn check_receiver(
                         if compares {
                             m.digest_questions += 1;
                             m.digest_bytes += have.bytes;
+                            m.compared.insert(offer_name(&m));
                         }
                         prop_assert_eq!(msg, Message::Have(have.clone()));
                         prop_assert_eq!(r.state(), AwaitFrom);

@@ -106,7 +106,7 @@ pub struct ReceiverConfig {
 /// makes the receiver read a whole file to hash it (or the sender read
 /// its file twice). Without a bound, a sender offering file after file of
 /// sizes the receiver holds would make it read them all for nothing; past
-/// it the engine asks no more (`ReceiverSession::may_compare`) and the
+/// it the engine asks no more (`ReceiverSession::why_not_compare`) and the
 /// files are sent whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DigestBudget {
@@ -337,6 +337,11 @@ pub struct ReceiverSession {
     /// (`DigestBudget`).
     digest_questions: u32,
     digest_bytes: u64,
+    /// Names whose copy was compared in this session (a HAVE of a complete
+    /// copy or asking a digest): each at most once, so that a sender cannot
+    /// make the receiver read the same file again and again. At most one per
+    /// digest question (`DigestBudget`).
+    compared: std::collections::HashSet<String>,
 }
 
 impl ReceiverSession {
@@ -379,6 +384,7 @@ impl ReceiverSession {
             session_bytes: 0,
             digest_questions: 0,
             digest_bytes: 0,
+            compared: Default::default(),
         }
     }
 
@@ -458,30 +464,44 @@ impl ReceiverSession {
         }
         let asks_compare = matches!(have.kind, HaveKind::Complete | HaveKind::Digest);
         if asks_compare {
-            if !self.may_compare(have.bytes) {
-                return Err(ProtocolError::BadHave {
-                    reason: "past the session's budget of digest questions",
-                });
+            if let Some(reason) = self.why_not_compare(&self.name, have.bytes) {
+                return Err(ProtocolError::BadHave { reason });
             }
             self.digest_questions += 1;
             self.digest_bytes += have.bytes;
+            self.compared.insert(self.name.clone());
         }
         self.have = Some(have.clone());
         self.state = ReceiverState::AwaitFrom;
         Ok(Message::Have(have))
     }
 
-    /// Whether the session's budget of digest questions (`DigestBudget`)
-    /// has room for one more, about a file of `size` bytes: a HAVE of a
-    /// complete copy or asking for a digest. Past it `have` refuses them;
+    /// Whether the copy of the file `name` of `size` bytes may be compared
+    /// (a HAVE of a complete copy, or asking for a digest), and if not,
+    /// why: each name once per session, within the session's budget of
+    /// digest questions (`DigestBudget`). `have` refuses such a HAVE then;
     /// the engine offers nothing instead (the file is sent whole).
-    pub fn may_compare(&self, size: u64) -> bool {
+    pub fn why_not_compare(&self, name: &str, size: u64) -> Option<&'static str> {
+        if self.compared.contains(name) {
+            return Some("its copy was compared once in this session already");
+        }
         let budget = self.cfg.digest_budget;
-        self.digest_questions < budget.questions
+        let within = self.digest_questions < budget.questions
             && self
                 .digest_bytes
                 .checked_add(size)
-                .is_some_and(|b| b <= budget.bytes)
+                .is_some_and(|b| b <= budget.bytes);
+        if !within {
+            return Some(
+                "the session's budget of compared copies is spent: sent whole, a later session compares it",
+            );
+        }
+        None
+    }
+
+    /// `why_not_compare` found no reason.
+    pub fn may_compare(&self, name: &str, size: u64) -> bool {
+        self.why_not_compare(name, size).is_none()
     }
 
     /// FROM: the sender starts at 0, continues the prefix HAVE offered, or
@@ -3413,35 +3433,74 @@ mod tests {
             assert!(r.same().is_ok());
             assert_eq!(r.state(), ReceiverState::AwaitHello);
         };
-        offer(&mut r, checksummed(1000));
-        assert!(r.may_compare(1000));
+        // Each offer under its own name (a name is compared once).
+        let named = |h: Hello, name: &str| Hello {
+            name: name.into(),
+            ..h
+        };
+        offer(&mut r, named(checksummed(1000), "a"));
+        assert!(r.may_compare("a", 1000));
         compared(&mut r, Have::ask_digest(1000));
         // 1000 + 600 bytes: past the budget's bytes.
-        offer(&mut r, checksummed(600));
-        assert!(!r.may_compare(600));
+        offer(&mut r, named(checksummed(600), "b"));
+        assert!(!r.may_compare("b", 600));
         assert!(r.have(Have::ask_digest(600)).is_err());
         assert_eq!(r.state(), ReceiverState::AwaitDecision);
         assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
         // 500 more fit exactly, a complete copy as well as a digest.
-        offer(&mut r, resumable(500));
-        assert!(r.may_compare(500) && !r.may_compare(501));
+        offer(&mut r, named(resumable(500), "c"));
+        assert!(r.may_compare("c", 500) && !r.may_compare("c", 501));
         compared(&mut r, Have::complete(500));
         // The bytes are spent: only an empty file may still be asked
         // about, once (the third question), then none.
-        offer(&mut r, checksummed(1));
+        offer(&mut r, named(checksummed(1), "d"));
         assert!(r.have(Have::ask_digest(1)).is_err());
         assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
-        offer(&mut r, checksummed(0));
+        offer(&mut r, named(checksummed(0), "e"));
         compared(&mut r, Have::ask_digest(0));
-        offer(&mut r, checksummed(0));
-        assert!(!r.may_compare(0));
+        offer(&mut r, named(checksummed(0), "f"));
+        assert!(!r.may_compare("f", 0));
         assert!(r.have(Have::ask_digest(0)).is_err());
         assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
         // A HAVE of nothing needs no budget: the file is received.
-        offer(&mut r, resumable(0));
-        assert!(!r.may_compare(0));
+        offer(&mut r, named(resumable(0), "g"));
+        assert!(!r.may_compare("g", 0));
         assert!(r.have(Have::complete(0)).is_err());
         assert!(r.have(Have::nothing("")).is_ok());
+    }
+
+    /// A name's copy is compared at most once per session (a HAVE of a
+    /// complete copy or asking a digest), whatever the budget: a sender
+    /// offering the same file again and again cannot make the receiver
+    /// read it again and again. Other names still may be.
+    #[test]
+    fn each_name_is_compared_at_most_once_per_session() {
+        let mut r = ReceiverSession::new(cfg(100, 4, 1));
+        sent(&mut r);
+        let offer = |r: &mut ReceiverSession, h: Hello| {
+            let got = r.on_message(Message::Hello(h));
+            assert!(matches!(got, Ok(ReceiverEvent::Offer(_))), "{got:?}");
+        };
+        offer(&mut r, checksummed(10));
+        assert_eq!(r.why_not_compare("c.bin", 10), None);
+        assert!(r.have(Have::ask_digest(10)).is_ok());
+        assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_ok());
+        assert!(r.same().is_ok());
+        // The same name again, asked for its digest or held complete.
+        for again in [checksummed(10), resumable(10)] {
+            let again = Hello {
+                name: "c.bin".into(),
+                ..again
+            };
+            offer(&mut r, again);
+            let why = r.why_not_compare("c.bin", 10).expect("compared already");
+            assert!(why.contains("compared once"), "{why}");
+            assert!(r.have(Have::ask_digest(10)).is_err());
+            assert!(r.have(Have::complete(10)).is_err());
+            assert_eq!(r.state(), ReceiverState::AwaitDecision);
+            assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
+        }
+        assert!(r.may_compare("other.bin", 10));
     }
 
     /// An offer with CHECKSUM: asked for its SHA-256 (HAVE of kind

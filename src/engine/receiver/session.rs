@@ -98,9 +98,6 @@ struct Session<'a, 's> {
     /// Completions polled while a file was read for a HAVE (the sends are
     /// handled at once; anything else waits for the run loop).
     stashed: Vec<Completion>,
-    /// Names whose complete copy this session offered to compare: each is
-    /// read at most once per session, however often it is offered.
-    compared: std::collections::HashSet<String>,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -279,7 +276,6 @@ pub(super) fn run(
         output_closed: None,
         awaiting_from: None,
         stashed: Vec::new(),
-        compared: Default::default(),
     };
     let result = session.run();
     session.finish(result)
@@ -568,11 +564,11 @@ impl Session<'_, '_> {
     /// for --exec's command, or for the file --link-dest may hold. Only
     /// offers with CHECKSUM, each name once per session.
     fn digest_for(&self, hello: &Hello) -> Option<DigestFor> {
-        if hello.caps & hello_flags::CHECKSUM == 0 || self.compared.contains(&hello.name) {
+        if hello.caps & hello_flags::CHECKSUM == 0 {
             return None;
         }
-        if !self.machine.may_compare(hello.size) {
-            debug!(file = %hello.name, "the session's budget of digest questions is spent: its SHA-256 is not asked");
+        if let Some(why) = self.machine.why_not_compare(&hello.name, hello.size) {
+            debug!(file = %hello.name, "its SHA-256 is not asked: {why}");
             return None;
         }
         if self.store.starts_commands() {
@@ -601,7 +597,6 @@ impl Session<'_, '_> {
                 debug!(file = %hello.name, "its SHA-256 is asked for the --exec command")
             }
         }
-        self.compared.insert(hello.name.clone());
         let reply = self.machine.have(Have::ask_digest(hello.size))?;
         self.control.send(&self.ep, &reply)?;
         self.awaiting_from = Some(AwaitingFrom {
@@ -710,13 +705,10 @@ impl Session<'_, '_> {
             Ok(h) => h,
             Err(refusal) => return self.refuse(&hello, hello_at, refusal),
         };
-        if holding.have.kind == HaveKind::Complete && !self.compared.insert(hello.name.clone()) {
-            holding = Holding::nothing("its copy was compared once in this session already");
-        }
-        if holding.have.kind == HaveKind::Complete && !self.machine.may_compare(hello.size) {
-            holding = Holding::nothing(
-                "the session's budget of compared copies is spent: sent whole, a later session compares it",
-            );
+        if holding.have.kind == HaveKind::Complete
+            && let Some(why) = self.machine.why_not_compare(&hello.name, hello.size)
+        {
+            holding = Holding::nothing(why);
         }
         // Nothing kept here: --link-dest may still have it.
         if holding.have.kind == HaveKind::Nothing
