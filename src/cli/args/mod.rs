@@ -1,0 +1,416 @@
+//! The command lines of `sender` and `receiver`: one definition, used by the
+//! binaries to parse and by `rdma-xfer-gen` to write man pages and shell
+//! completions.
+//!
+//! The definitions are here (clap derives: flags, help, headings); turning
+//! parsed arguments into the engine's configuration is `config.rs`.
+
+mod config;
+#[cfg(test)]
+mod tests;
+
+pub use config::{MAX_TIMEOUT, RemotePlan, SendPlan, parse_addr};
+
+use super::{parse_size_arg, parse_timeout_arg};
+use crate::engine::receiver::{AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_THREADS};
+use crate::proto::DEFAULT_MAX_FILES;
+use crate::proto::DigestAlg;
+use clap::{CommandFactory, ValueHint};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The port both tools use unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7471;
+
+/// Headings `--help` groups the options under.
+const CONNECTION: &str = "Connection";
+const OUTPUT: &str = "Output";
+const SECURITY: &str = "Integrity and security";
+const PERFORMANCE: &str = "Performance";
+const FORMAT: &str = "Output format";
+const REMOTE: &str = "One command (receivers started over ssh)";
+
+/// How log lines (and the per-file lines) on stderr look.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Options both tools share (flattened into each tool's arguments).
+#[derive(clap::Args, Debug)]
+pub struct CommonArgs {
+    /// Spin on the completion queue instead of sleeping on events (lower
+    /// latency, one core busy).
+    #[arg(long, help_heading = PERFORMANCE)]
+    pub busy_poll: bool,
+    /// Time without progress (or to connect/accept) before giving up: a
+    /// number of seconds, or with s, m, h or d (at most 7d).
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout_arg, default_value = "30s",
+          value_hint = ValueHint::Other, help_heading = CONNECTION)]
+    pub timeout: Duration,
+    /// More log output: -v adds timestamps, the phases of each file, peak
+    /// memory and CPU time; -vv debug.
+    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet", help_heading = FORMAT)]
+    pub verbose: u8,
+    /// Only errors on stderr (no per-file lines, no progress bars).
+    #[arg(short, long, help_heading = FORMAT)]
+    pub quiet: bool,
+    /// Log lines as text, or as one JSON object per line (with the session
+    /// and file spans) for log collectors.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, help_heading = FORMAT)]
+    pub log_format: LogFormat,
+    /// Results for scripts: one JSON object per file on stdout (name, bytes,
+    /// seconds, mib_per_s, digest, status, exit_code, reason_code,
+    /// retryable), flushed at once, and a summary at the end.
+    #[arg(long, help_heading = FORMAT)]
+    pub json: bool,
+    /// File holding the shared secret that authenticates both ends to each
+    /// other (trailing whitespace ignored; at least 16 bytes; make one with
+    /// `rdma-xfer-gen token FILE`). Overrides RDMA_XFER_TOKEN. A receiver
+    /// needs one unless --insecure.
+    #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath, help_heading = SECURITY)]
+    pub token_file: Option<PathBuf>,
+    /// RDMA_XFER_TOKEN, once the tool took it out of its environment
+    /// (`cli::take_token_env`).
+    #[arg(skip)]
+    pub taken_token: super::TakenToken,
+}
+
+/// What both tools' `--help` says about their output.
+macro_rules! output_help {
+    () => {
+        concat!(
+            "Output:\n",
+            "  one line per file on stderr (none with -q); errors and warnings as\n",
+            "  `TOOL: error: ...` and `TOOL: warning: ...`;\n",
+            "  progress bars (per file and overall) while stderr is a terminal, not with -q\n",
+            "  or --log-format json;\n",
+            "  --json: one JSON object per file on stdout, flushed at once, and a summary."
+        )
+    };
+}
+
+/// Environment variables both tools read.
+macro_rules! environment_help {
+    () => {
+        concat!(
+            "Environment:\n",
+            "  RDMA_XFER_TOKEN        the shared secret (--token-file wins)\n",
+            "  RDMA_XFER_ACK_TIMEOUT  the RDMA ACK timeout exponent, 1-31 (4.096 us x 2^N),\n",
+            "                         0 for the kernel's choice; unset: chosen per device\n",
+            "  RUST_LOG               log filter, overrides -v and -q (e.g. RUST_LOG=debug)\n",
+            "  NO_COLOR               when set and not empty: no colours, even on a terminal"
+        )
+    };
+}
+
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "sender",
+    version,
+    about = "Send files over RDMA to HOST:DIR (over ssh) or a running `receiver`.",
+    override_usage = "sender [OPTIONS] FILE... [USER@]HOST:DIR...\n       sender [OPTIONS] --hosts LIST FILE...\n       sender [OPTIONS] ADDR FILE...",
+    long_about = "Send files over RDMA. `sender FILE... HOST:DIR` starts a receiver on HOST over \
+ssh (honouring ~/.ssh/config) with a one-time key, sends, and ends it: nothing to set up there \
+but rdma-xfer itself; several targets each get their own receiver and result. `sender ADDR \
+FILE...` sends to a receiver already running at ADDR (a service with a token). All files go in \
+one session, in order; each is acknowledged only after the receiver verified its digest, fsynced \
+it and renamed it into place. A refused file (say, it exists there) does not stop the others; the \
+exit code is the first failure's (with several targets, the highest of theirs).",
+    after_help = concat!(
+        "Examples:\n",
+        "  sender ckpt.pt node01:/ckpt/\n",
+        "  sender -r dataset/ node01:/data/ node02:/data/ node03:/data/\n",
+        "  sender --hosts nodes.txt --parallel 8 image.sqfs\n",
+        "  sender -e 'ssh -p 2222' --remote-receiver /opt/rdma-xfer/bin/receiver f.bin me@node01:in\n",
+        "  sender 10.0.0.1 data.bin\n",
+        "  sender recv-host:7471 a.bin b.bin\n",
+        "  sender --verify sha256 '[fd00::1]:7471' data.bin\n",
+        "  sender --source 10.0.0.2 10.0.0.1 data.bin\n",
+        "  sender --token-file /etc/rdma-xfer/token 10.0.0.1 data.bin\n",
+        "  sender -r 10.0.0.1 results/ notes.txt\n",
+        "  sender --resume --retry 10.0.0.1 checkpoint.pt\n",
+        "  tar -C src -cf - . | sender 10.0.0.1 - --name src.tar\n",
+        "  RDMA_XFER_TOKEN=\"$(cat token)\" sender 10.0.0.1 data.bin\n",
+        "  sender --json 10.0.0.1 a.bin b.bin | jq -c 'select(.status != \"ok\")'\n\n",
+        output_help!(),
+        "\n\n",
+        environment_help!(),
+        "\n\n",
+        crate::exit_codes_help!()
+    )
+)]
+pub struct SenderArgs {
+    /// The direct form's receiver address (IPv4, IPv6 or host name,
+    /// optionally HOST:PORT or [IPV6]:PORT); in the one-command form, the
+    /// first file.
+    #[arg(value_hint = ValueHint::AnyPath, value_name = "ADDR|FILE")]
+    pub addr: String,
+    /// Files to send, in order, in one session; `-` is standard input (of
+    /// any length), directories need -r (they arrive under their own name).
+    /// In the one-command form the last ones are the targets,
+    /// [USER@]HOST:DIR: a receiver is started there over ssh for each.
+    #[arg(value_hint = ValueHint::AnyPath, value_name = "FILE|[USER@]HOST:DIR")]
+    pub files: Vec<PathBuf>,
+    /// More targets, one [USER@]HOST:DIR a line (blank lines and lines
+    /// starting with # ignored).
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath, help_heading = REMOTE)]
+    pub hosts: Option<PathBuf>,
+    /// The remote shell that starts each target's receiver, split as a
+    /// shell would (e.g. 'ssh -p 2222'); overrides RDMA_XFER_RSH
+    /// [default: ssh].
+    #[arg(short = 'e', long, value_name = "CMD", value_hint = ValueHint::CommandString,
+          help_heading = REMOTE)]
+    pub rsh: Option<String>,
+    /// The receiver program on the targets, when it is not `receiver` on
+    /// their PATH.
+    #[arg(long, value_name = "PATH", default_value = "receiver", value_hint = ValueHint::Other,
+          help_heading = REMOTE)]
+    pub remote_receiver: String,
+    /// The address the targets' receivers listen on [default: the RDMA
+    /// address the ssh connection arrived at, else one towards the sender,
+    /// else the first RDMA address there].
+    #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = REMOTE)]
+    pub remote_bind: Option<String>,
+    /// Targets served at once, 1-256.
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=256), value_hint = ValueHint::Other,
+          help_heading = REMOTE)]
+    pub parallel: u16,
+    /// Receiver's port (also ADDR:PORT) [default: 7471].
+    #[arg(long, value_hint = ValueHint::Other, help_heading = CONNECTION)]
+    pub port: Option<u16>,
+    /// Local address to connect from (picks the RDMA device and port).
+    #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = CONNECTION)]
+    pub source: Option<String>,
+    /// After a failure that may be transient (peer lost, timeout, cannot
+    /// connect, busy), connect again up to N times, pausing 1, 2, 4 ... 30 s,
+    /// and send what was not acknowledged (implies --resume). Refusals and
+    /// integrity failures are never retried. --retry alone means 5.
+    #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "5",
+          default_value_t = 0, value_hint = ValueHint::Other, help_heading = CONNECTION)]
+    pub retry: u32,
+    /// Send directories as trees: every file and directory below them
+    /// (symbolic links inside are skipped unless --follow-links).
+    #[arg(short, long, help_heading = OUTPUT)]
+    pub recursive: bool,
+    /// Follow symbolic links inside trees (needs -r; links named on the
+    /// command line are always followed).
+    #[arg(long, help_heading = OUTPUT)]
+    pub follow_links: bool,
+    /// Keep modification times of files and directories, and their modes
+    /// if the receiver runs with --keep-modes (otherwise its umask applies,
+    /// as with scp; setuid, setgid and sticky bits are never kept).
+    #[arg(short, long, visible_alias = "preserve-times", help_heading = OUTPUT)]
+    pub preserve: bool,
+    /// Relative path standard input (`-`) arrives under [default: stdin].
+    #[arg(long, value_name = "NAME", value_hint = ValueHint::Other, help_heading = OUTPUT)]
+    pub name: Option<String>,
+    /// If the transfer fails, the receiver keeps what it verified; sent
+    /// again with --resume, a file continues where it stopped, and a file
+    /// the receiver has complete (same size, mtime and SHA-256) is skipped.
+    #[arg(long, help_heading = OUTPUT)]
+    pub resume: bool,
+    /// Whole-file digest checked by the receiver before it acknowledges
+    /// [default: crc32; sha256 with a token, which requires it].
+    #[arg(long, value_enum, help_heading = SECURITY)]
+    pub verify: Option<Verify>,
+    /// Send each file's SHA-256 when the receiver asks for it, read before
+    /// any data: a file its --link-dest has is linked there instead of
+    /// sent; its --exec command gets it as RDMA_XFER_DIGEST.
+    #[arg(long, help_heading = OUTPUT)]
+    pub checksum: bool,
+    /// RDMA writes kept in flight, 1-1024 (each uses one staging buffer);
+    /// unless given, fewer where the memlock limit is lower [default: 16]
+    #[arg(long, value_name = "N", value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
+    pub depth: Option<u32>,
+    /// Size of each staging buffer and write, 4K-64M; the receiver's slot
+    /// size caps it; unless given, smaller where the memlock limit does not
+    /// allow 2 buffers [default: 1M]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, value_hint = ValueHint::Other,
+          help_heading = PERFORMANCE)]
+    pub chunk_size: Option<u64>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `--verify`: the whole-file digest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Verify {
+    Crc32,
+    Sha256,
+}
+
+impl From<Verify> for DigestAlg {
+    fn from(v: Verify) -> Self {
+        match v {
+            Verify::Crc32 => DigestAlg::Crc32,
+            Verify::Sha256 => DigestAlg::Sha256,
+        }
+    }
+}
+
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "receiver",
+    version,
+    about = "Receive files over RDMA from `sender`.",
+    long_about = "Receive files over RDMA from `sender`. Each file is written to a temporary \
+file in DIR, fsynced, checked against the sender's digest and only then renamed to its \
+final name. Without --once it serves senders (several at once) until SIGINT/SIGTERM. It prints \
+one line when it is ready: where it listens and where files go. Senders must prove a shared \
+token: make one with `rdma-xfer-gen token FILE` and give it to both tools (--token-file FILE); \
+--insecure accepts anyone instead.",
+    after_help = concat!(
+        "Examples:\n",
+        "  receiver --token-file /etc/rdma-xfer/token /data/incoming\n",
+        "  receiver --token-file token --once --bind 10.0.0.1 --port 7471 --dir .\n",
+        "  receiver --token-file token --max-size 100G --max-sessions 4 --dir /data/incoming\n",
+        "  receiver --token-file token --allow 10.0.0.0/24 --dir /data/incoming\n",
+        "  receiver --token-file token --once --json --dir /data/incoming > results.jsonl\n",
+        "  receiver --token-file token --stdout | tar -C dst -xpf -\n",
+        "  receiver --insecure --bind 127.0.0.1 --once --discard\n",
+        "  receiver --token-file token --link-dest /data/yesterday /data/today\n",
+        "  receiver --token-file token --exec 'mkdir -p -- \"$(dirname -- \"$RDMA_XFER_NAME\")\" && zstd -q -o \"$RDMA_XFER_NAME.zst\"' /data/in\n",
+        "  receiver --token-file token --exec 'python3 /opt/ingest.py' /data/in\n\n",
+        output_help!(),
+        "\n\n",
+        environment_help!(),
+        "\n\n",
+        crate::exit_codes_help!()
+    )
+)]
+pub struct ReceiverArgs {
+    /// Output directory (as --dir).
+    #[arg(value_name = "DIR", value_hint = ValueHint::DirPath, conflicts_with = "dir")]
+    pub dir_arg: Option<PathBuf>,
+    /// Local address to listen on: IPv4, IPv6 or host name [default:
+    /// 0.0.0.0, every device].
+    #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = CONNECTION)]
+    pub bind: Option<String>,
+    /// Port to listen on.
+    #[arg(long, default_value_t = DEFAULT_PORT, value_hint = ValueHint::Other, help_heading = CONNECTION)]
+    pub port: u16,
+    /// Serve one session, then exit with its status.
+    #[arg(long, help_heading = CONNECTION)]
+    pub once: bool,
+    /// With --once: how long to wait for the first sender (s, m, h, d)
+    /// before giving up with exit 7 [default: forever].
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration,
+          value_hint = ValueHint::Other, help_heading = CONNECTION)]
+    pub wait: Option<Duration>,
+    /// How `sender FILE... HOST:DIR` starts its receiver over ssh, not
+    /// meant to be typed: read a one-time token from standard input,
+    /// listen on a free port of the RDMA address the ssh connection came
+    /// in on (or --bind), print where on standard output, serve that one
+    /// session (waiting at most --timeout for it), and end when it ends or
+    /// standard input closes.
+    #[arg(long, hide = true)]
+    pub ssh_session: bool,
+    /// Sessions served at once, 1-65535 (each has its own queue pair and
+    /// ring); further senders are refused as "busy". With --insecure one
+    /// address holds at most half of them.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS as u16,
+          value_parser = clap::value_parser!(u16).range(1..), value_hint = ValueHint::Other,
+          help_heading = CONNECTION)]
+    pub max_sessions: u16,
+    /// Output directory [default: the current directory].
+    #[arg(long, value_hint = ValueHint::DirPath, help_heading = OUTPUT)]
+    pub dir: Option<PathBuf>,
+    /// Write the one file or stream of a session to standard output
+    /// instead of a directory (logs stay on stderr); implies --once.
+    #[arg(long, conflicts_with = "json", help_heading = OUTPUT)]
+    pub stdout: bool,
+    /// Check every chunk and verify every file as usual, then drop it:
+    /// nothing is written anywhere (no temporary file, no space check; a
+    /// directory given is not used). Tells whether the network or the disk
+    /// limits a transfer.
+    #[arg(long, help_heading = OUTPUT)]
+    pub discard: bool,
+    /// Give each file to `sh -c CMD`, run in DIR, on its standard input (in
+    /// order, never through a file name in CMD): RDMA_XFER_NAME (its
+    /// checked relative path, chosen by the sender: quote it, never make
+    /// it code), RDMA_XFER_SIZE, RDMA_XFER_PEER and, from a
+    /// `sender --checksum`, RDMA_XFER_DIGEST (sha256:HEX) name it, in an
+    /// environment otherwise empty but for PATH. It is received only if its
+    /// digest matched and CMD exited 0; CMD sees the end of its input only
+    /// once the data is verified. Files come one by one.
+    #[arg(long, value_name = "CMD", value_hint = ValueHint::CommandString, help_heading = OUTPUT)]
+    pub exec: Option<String>,
+    /// As rsync's: a file the sender offers with --checksum whose size and
+    /// SHA-256 match the file at the same relative path under this
+    /// directory is hard-linked from there (copied if its mode or time
+    /// differ, or across file systems) instead of sent.
+    #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath, help_heading = OUTPUT)]
+    pub link_dest: Option<PathBuf>,
+    /// Replace existing files (default: refuse them).
+    #[arg(long, help_heading = OUTPUT)]
+    pub overwrite: bool,
+    /// Keep the permission bits `sender -p` sends as they are (default:
+    /// masked with this receiver's umask even with -p, so that no sender
+    /// makes a file more open than the umask allows).
+    #[arg(long, help_heading = OUTPUT)]
+    pub keep_modes: bool,
+    /// Remove partial files kept for `sender --resume` (and temporary files
+    /// left by a crash) once they were not written to for this long
+    /// (s, m, h, d), at start-up and between sessions.
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration, default_value = "24h",
+          value_hint = ValueHint::Other, help_heading = OUTPUT)]
+    pub partial_ttl: Duration,
+    /// Accept connections only from this address or network (repeatable,
+    /// e.g. --allow 10.0.0.0/24 --allow 10.0.1.7); others are refused
+    /// before anything is sent to them. Default: from anywhere.
+    #[arg(long, value_name = "ADDR[/PREFIX]", value_hint = ValueHint::Other, help_heading = SECURITY)]
+    pub allow: Vec<AllowedNet>,
+    /// Accept senders without a token: anyone who can reach the port may
+    /// send (the listening line says UNAUTHENTICATED, even with -q). Not
+    /// with --exec, --link-dest or --overwrite. Without it the receiver
+    /// needs a token (rdma-xfer-gen token FILE).
+    #[arg(long, help_heading = SECURITY)]
+    pub insecure: bool,
+    /// Accept names starting with '.' (`.bashrc`, `dir/.ssh/...`), which
+    /// are refused by default: a dotfile configures whoever uses the
+    /// directory and does not show in `ls`.
+    #[arg(long, help_heading = SECURITY)]
+    pub allow_dotfiles: bool,
+    /// Refuse files larger than this (e.g. 100G); default: no limit
+    /// besides the free space of the directory.
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE", value_hint = ValueHint::Other,
+          help_heading = SECURITY)]
+    pub max_size: Option<u64>,
+    /// Most entries (files and directories, refused ones included) one
+    /// session may offer; the one past it ends the session.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_FILES,
+          value_parser = clap::value_parser!(u64).range(1..), value_hint = ValueHint::Other,
+          help_heading = SECURITY)]
+    pub max_files: u64,
+    /// Most bytes one session may bring over all its files and streams
+    /// (e.g. 1T); default: no limit.
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE", value_hint = ValueHint::Other,
+          help_heading = SECURITY)]
+    pub max_session_size: Option<u64>,
+    /// Ring slots registered per session, 1-1024; unless given, fewer
+    /// where the memlock limit is lower [default: 16]
+    #[arg(long, value_name = "N", value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
+    pub slots: Option<u32>,
+    /// Ring slot size, 4K-64M; unless given, smaller where the memlock
+    /// limit does not allow 2 slots [default: 1M]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, value_hint = ValueHint::Other,
+          help_heading = PERFORMANCE)]
+    pub chunk_size: Option<u64>,
+    /// Threads per session that write checked chunks into files while the
+    /// session checks the next ones, 0-64 (0: the session's thread writes).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_WRITER_THREADS,
+          value_parser = clap::value_parser!(u16).range(0..=64), value_hint = ValueHint::Other,
+          help_heading = PERFORMANCE)]
+    pub threads: u16,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// The tools whose man pages and completions `rdma-xfer-gen` writes, by
+/// name, with their command definitions.
+pub fn commands() -> Vec<clap::Command> {
+    vec![SenderArgs::command(), ReceiverArgs::command()]
+}
