@@ -2,7 +2,7 @@
 //! README and `--help`).
 #![forbid(unsafe_code)]
 
-use crate::proto::{ChannelError, ProtocolError, RejectCode, WireError, escaped};
+use crate::proto::{ChannelError, ProtocolError, RejectCode, Role, WireError, escaped};
 use crate::sys::SysError;
 
 /// Process exit codes shared by both tools.
@@ -140,24 +140,24 @@ pub enum XferError {
     /// with, so the session ends as an authentication failure (exit 4).
     #[error("authentication failed: a control message from the {from} was rejected: {source}")]
     Forged {
-        /// "sender" or "receiver".
-        from: &'static str,
+        /// The peer that sent it.
+        from: Role,
         /// What the check found.
         source: ChannelError,
     },
     /// The peer sent a control message that does not decode.
     #[error("protocol error: malformed message from the {from}: {source}")]
     Malformed {
-        /// "sender" or "receiver".
-        from: &'static str,
+        /// The peer that sent it.
+        from: Role,
         /// What the decoder found.
         source: WireError,
     },
     /// The peer ended the session reporting a protocol error of ours.
     #[error("protocol error: the {from} reports: {}", escaped(reason))]
     PeerReported {
-        /// "sender" or "receiver".
-        from: &'static str,
+        /// The peer that sent it.
+        from: Role,
         /// The reason it gave.
         reason: String,
     },
@@ -312,7 +312,7 @@ mod tests {
             XferError::Integrity(evil.into()),
             XferError::PeerIo(evil.into()),
             XferError::PeerReported {
-                from: "receiver",
+                from: Role::Receiver,
                 reason: evil.into(),
             },
             XferError::from(ProtocolError::AuthFailed {
@@ -427,7 +427,7 @@ mod tests {
             (XferError::Auth("authentication failed: x".into()), 4),
             (
                 XferError::Forged {
-                    from: "receiver",
+                    from: Role::Receiver,
                     source: ChannelError::Replayed {
                         got: 1,
                         expected: 2,
@@ -449,14 +449,14 @@ mod tests {
             (XferError::from(ProtocolError::ZeroCredit), 1),
             (
                 XferError::Malformed {
-                    from: "sender",
+                    from: Role::Sender,
                     source: WireError::BadMagic(1),
                 },
                 1,
             ),
             (
                 XferError::PeerReported {
-                    from: "receiver",
+                    from: Role::Receiver,
                     reason: "x".into(),
                 },
                 1,

@@ -369,13 +369,31 @@ impl ChunkAuth {
     }
 }
 
-/// Which end of a session.
+/// Which end of a session: whose key seals a message, and who sent what
+/// in messages about the peer ("a control message from the receiver was
+/// rejected").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     /// The side that sends files.
     Sender,
     /// The side that receives them.
     Receiver,
+}
+
+impl Role {
+    /// The role's name, as the tools are named.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Role::Sender => "sender",
+            Role::Receiver => "receiver",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Why a sealed control message was refused. Every one ends the session.

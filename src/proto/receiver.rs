@@ -215,9 +215,22 @@ impl AuthFailure {
         }
     }
 
-    /// The REJECT that tells the sender.
+    /// Every failure.
+    pub const ALL: [AuthFailure; 3] = [Self::WrongToken, Self::NoToken, Self::Required];
+
+    /// The REJECT that tells the sender: code Auth, the detail as reason.
     pub fn reject(self) -> Reject {
-        Reject::new(RejectCode::Auth, self.to_string())
+        Reject::new(RejectCode::Auth, self.detail())
+    }
+
+    /// The failure a REJECT(auth)'s reason names, if it names one (a
+    /// receiver of this version sends the detail; an earlier build of
+    /// version 5 sent it after "authentication failed: ").
+    pub fn from_reason(reason: &str) -> Option<Self> {
+        let detail = reason
+            .strip_prefix("authentication failed: ")
+            .unwrap_or(reason);
+        Self::ALL.into_iter().find(|f| f.detail() == detail)
     }
 }
 
@@ -1404,6 +1417,19 @@ fn check_hello(h: &Hello, cfg: &ReceiverConfig) -> Result<(), Reject> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auth_failures_travel_as_their_detail_and_are_read_back_as_codes() {
+        for f in AuthFailure::ALL {
+            let r = f.reject();
+            assert_eq!(r.code, RejectCode::Auth);
+            assert_eq!(r.reason, f.detail());
+            assert_eq!(AuthFailure::from_reason(&r.reason), Some(f));
+            // What an earlier build of version 5 sent.
+            assert_eq!(AuthFailure::from_reason(&f.to_string()), Some(f));
+        }
+        assert_eq!(AuthFailure::from_reason("something else"), None);
+    }
     use crate::proto::wire::{Digest, Mtime};
 
     const ADDR: u64 = 0x2000;
@@ -1846,7 +1872,7 @@ mod tests {
         ] {
             assert_eq!(f.to_string(), reason);
             assert_eq!(RecvError::Auth(f).to_string(), reason);
-            assert_eq!(f.reject(), Reject::new(RejectCode::Auth, reason));
+            assert_eq!(f.reject(), Reject::new(RejectCode::Auth, f.detail()));
         }
     }
 

@@ -375,7 +375,7 @@ impl Session<'_, '_> {
                         warn!("control message from {} refused: {e}", self.peer);
                         let err = match self.machine.on_forged(e) {
                             RecvError::Forged(source) => XferError::Forged {
-                                from: "sender",
+                                from: crate::proto::Role::Sender,
                                 source,
                             },
                             other => XferError::Internal(format!("a forged message gave {other}")),
@@ -390,7 +390,7 @@ impl Session<'_, '_> {
                             },
                             RecvError::Protocol(ProtocolError::Malformed(source)) => {
                                 self.abandon(XferError::Malformed {
-                                    from: "sender",
+                                    from: crate::proto::Role::Sender,
                                     source,
                                 })
                             }
@@ -465,7 +465,7 @@ impl Session<'_, '_> {
             }
             Err(RecvError::Forged(source)) => {
                 return Err(self.abandon(XferError::Forged {
-                    from: "sender",
+                    from: crate::proto::Role::Sender,
                     source,
                 }));
             }

@@ -813,11 +813,11 @@ impl Connection {
                         .take_message(&self.ep, wc)?
                         .map_err(|undelivered| match undelivered {
                             Undelivered::Wire(source) => XferError::Malformed {
-                                from: "receiver",
+                                from: crate::proto::Role::Receiver,
                                 source,
                             },
                             Undelivered::Seal(source) => XferError::Forged {
-                                from: "receiver",
+                                from: crate::proto::Role::Receiver,
                                 source,
                             },
                         })?;
@@ -936,9 +936,7 @@ fn proto_err(e: ProtocolError) -> FileError {
 
 /// The receiver refused our AUTH (REJECT with code Auth and `reason`).
 fn auth_error(reason: &str) -> XferError {
-    let said = reason
-        .strip_prefix("authentication failed: ")
-        .unwrap_or(reason);
+    let said = crate::proto::AuthFailure::from_reason(reason).map_or(reason, |f| f.detail());
     XferError::Auth(format!(
         "authentication failed: the receiver says {said:?}; check that --token-file or \
          RDMA_XFER_TOKEN gives both hosts the same token"
@@ -961,7 +959,7 @@ fn ack_error(status: AckStatus, reason: String) -> XferError {
             reason,
         },
         AckStatus::Protocol => XferError::PeerReported {
-            from: "receiver",
+            from: crate::proto::Role::Receiver,
             reason,
         },
     }
