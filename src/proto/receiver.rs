@@ -288,6 +288,28 @@ struct AuthKey {
     conn: ConnectionId,
 }
 
+/// Where a file's data starts: after the verified prefix a resumed file
+/// keeps (FROM), or at 0. Its chunks keep their numbers, and so their ring
+/// slots, and their length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ResumeBase {
+    /// Bytes already held.
+    bytes: u64,
+    /// Whole chunks already held.
+    chunks: u64,
+    /// Their length (0: no prefix).
+    chunk_len: u32,
+}
+
+impl ResumeBase {
+    /// No prefix: the file starts at 0.
+    const START: ResumeBase = ResumeBase {
+        bytes: 0,
+        chunks: 0,
+        chunk_len: 0,
+    };
+}
+
 /// The receiver's side of one session: checks every message and chunk
 /// against the protocol and decides what to answer (pure; no I/O).
 #[derive(Debug, Clone)]
@@ -340,9 +362,8 @@ pub struct ReceiverSession {
     checksum: bool,
     /// What HAVE told the sender about the current offer.
     have: Option<Have>,
-    /// Where the current file's data starts (a resumed prefix): bytes,
-    /// whole chunks, and their length.
-    base: (u64, u64, u32),
+    /// Where the current file's data starts (a resumed prefix).
+    base: ResumeBase,
     /// Bytes this session brought so far: accepted files' sizes and the
     /// streams' bytes as they arrive.
     session_bytes: u64,
@@ -393,7 +414,7 @@ impl ReceiverSession {
             resume: false,
             checksum: false,
             have: None,
-            base: (0, 0, 0),
+            base: ResumeBase::START,
             session_bytes: 0,
             digest_questions: 0,
             digest_bytes: 0,
@@ -524,7 +545,11 @@ impl ReceiverSession {
         match (have.kind, offset) {
             (_, 0) => self.state = ReceiverState::AwaitDecision,
             (HaveKind::Prefix, o) if o == have.bytes => {
-                self.base = (o, o / u64::from(have.chunk_len), have.chunk_len);
+                self.base = ResumeBase {
+                    bytes: o,
+                    chunks: o / u64::from(have.chunk_len),
+                    chunk_len: have.chunk_len,
+                };
                 self.state = ReceiverState::AwaitDecision;
             }
             _ => {
@@ -567,7 +592,7 @@ impl ReceiverSession {
     pub fn keepalive(&self) -> Result<Message, ProtocolError> {
         let reading = self.state == ReceiverState::Comparing
             || self.state == ReceiverState::AwaitDecision
-                && (self.base.0 > 0 || (self.resume && self.have.is_none()));
+                && (self.base.bytes > 0 || (self.resume && self.have.is_none()));
         if !reading {
             return Err(self.wrong_state("keepalive"));
         }
@@ -577,7 +602,7 @@ impl ReceiverSession {
     /// Where the current file's data starts: its resumed prefix in bytes
     /// (0 unless FROM continued one).
     pub fn resumed_from(&self) -> u64 {
-        self.base.0
+        self.base.bytes
     }
 
     /// Refuses the authenticated sender (state AwaitAdmission) because
@@ -858,7 +883,7 @@ impl ReceiverSession {
                 self.resume = h.caps & hello_flags::RESUME != 0;
                 self.checksum = h.caps & hello_flags::CHECKSUM != 0;
                 self.have = None;
-                self.base = (0, 0, 0);
+                self.base = ResumeBase::START;
                 self.digest = h.digest;
                 self.reset_file();
                 self.state = AwaitDecision;
@@ -1030,7 +1055,7 @@ impl ReceiverSession {
         self.resume = false;
         self.checksum = false;
         self.have = None;
-        self.base = (0, 0, 0);
+        self.base = ResumeBase::START;
         self.digest = digest;
         self.reset_file();
         self.state = ReceiverState::AwaitDecision;
@@ -1109,14 +1134,13 @@ impl ReceiverSession {
             .saturating_add(self.batch_files.saturating_sub(1));
         // A resumed file continues its prefix: its chunks keep their
         // numbers (and so their slots) and their length.
-        let (base_bytes, base_chunks, base_len) = self.base;
-        self.bytes = base_bytes;
-        self.chunks = base_chunks;
-        self.chunk_len = base_len;
+        self.bytes = self.base.bytes;
+        self.chunks = self.base.chunks;
+        self.chunk_len = self.base.chunk_len;
         // A stream's bytes are counted as they arrive.
         self.session_bytes = self
             .session_bytes
-            .saturating_add(self.size.saturating_sub(base_bytes));
+            .saturating_add(self.size.saturating_sub(self.base.bytes));
         self.state = ReceiverState::Receiving;
         Ok(Message::Mr(ring))
     }
