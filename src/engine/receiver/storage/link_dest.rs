@@ -6,7 +6,8 @@ use super::partial::TempInUse;
 use super::paths::open_parent;
 use super::sink::Sink;
 use super::temp_file::{Resume, check_final_name, temp_name};
-use crate::proto::Hello;
+use crate::error::XferError;
+use crate::proto::{Hello, Reject};
 use crate::sys::dirfd::DirFd;
 use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
@@ -64,6 +65,33 @@ pub(crate) enum Linked {
     Copy(String),
 }
 
+/// Why a file from --link-dest could not be put in place: the offer is
+/// then received whole, with this as the note.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    /// Not a --dir receiver.
+    #[error("no directory to link into")]
+    NoDirectory,
+    /// The offer's name cannot take a file (a link on the way, ...).
+    #[error("{}", .0.reason)]
+    Refused(Reject),
+    /// The candidate could not be inspected.
+    #[error("cannot inspect it: {0}")]
+    Inspect(std::io::Error),
+    /// The hard link failed (and a copy would not help).
+    #[error("cannot link it: {0}")]
+    Link(std::io::Error),
+    /// Reading or writing the copy failed.
+    #[error("cannot copy it: {0}")]
+    Copy(std::io::Error),
+    /// The copy's SHA-256 is not the one the offer was matched by.
+    #[error("it changed while it was copied")]
+    Changed,
+    /// The copy could not be committed.
+    #[error("{0}")]
+    Commit(XferError),
+}
+
 impl FileStore {
     /// The file under --link-dest that a CHECKSUM offer might be, or None
     /// (no --link-dest, no such regular file of that size, a link on the
@@ -108,13 +136,13 @@ impl FileStore {
         sha256: [u8; 32],
         (overwrite, chunk_len, dir): (bool, u32, &Path),
         tick: &mut dyn FnMut() -> std::io::Result<()>,
-    ) -> Result<Linked, String> {
+    ) -> Result<Linked, LinkError> {
         let FileStore::Tree { root, umask, .. } = self else {
-            return Err("no directory to link into".into());
+            return Err(LinkError::NoDirectory);
         };
         let umask = *umask;
-        let (parent, leaf) = open_parent(root, &hello.name).map_err(|r| r.reason)?;
-        let meta = candidate.file.metadata().map_err(|e| e.to_string())?;
+        let (parent, leaf) = open_parent(root, &hello.name).map_err(LinkError::Refused)?;
+        let meta = candidate.file.metadata().map_err(LinkError::Inspect)?;
         use std::os::unix::fs::MetadataExt;
         // A copy is the receiver's file: the candidate's permission bits
         // (no set-id bit), never more open than the receiver's umask, and
@@ -144,20 +172,20 @@ impl FileStore {
                 Ok(()) => return Ok(Linked::HardLink),
                 Err(e) => match copy_instead_of_link(&e) {
                     Some(why) => why,
-                    None => return Err(format!("cannot link it: {e}")),
+                    None => return Err(LinkError::Link(e)),
                 },
             },
         };
         let mut sink = self
             .create(hello, overwrite, dir, Resume::No)
-            .map_err(|r| r.reason)?;
+            .map_err(LinkError::Refused)?;
         let copied = copy_verified(&candidate.file, &mut sink, hello.size, chunk_len, tick)
-            .map_err(|e| format!("cannot copy it: {e}"))?;
+            .map_err(LinkError::Copy)?;
         if copied != crate::proto::Digest::Sha256(sha256) {
-            return Err("it changed while it was copied".into());
+            return Err(LinkError::Changed);
         }
         sink.commit(&hello.name, mode, hello.mtime, overwrite)
-            .map_err(|e| e.to_string())?;
+            .map_err(LinkError::Commit)?;
         Ok(Linked::Copy(why_copy))
     }
 }
