@@ -3,7 +3,7 @@
 //! installed a channel (with a token), every message is sealed on its way
 //! out and opened on its way in (see `proto::Channel`).
 
-use super::wr;
+use super::{WrId, WrKind};
 use crate::error::XferError;
 use crate::proto::{Channel, ChannelError, MAX_MESSAGE, Message, WireError, decode, encode};
 use crate::sys::rdma::{Buffer, BufferPool, Completion, Endpoint};
@@ -15,11 +15,6 @@ use std::time::{Duration, Instant};
 /// not take our messages (it posts no receives): end the session rather than
 /// buffer without bound.
 const MAX_QUEUED: usize = 256;
-
-/// Where a receive's work-request id keeps the index of its pool (the
-/// buffer's index in the pool takes the low 32 bits).
-const RECV_POOL_SHIFT: u32 = 32;
-const RECV_POOL_MASK: u64 = 0xff;
 
 pub(super) struct Control {
     /// Receive buffers: a few at first, more once the peer may use them
@@ -70,7 +65,7 @@ impl Control {
             return Ok(());
         }
         let pool_index = self.recv_pools.len();
-        if pool_index > RECV_POOL_MASK as usize {
+        if pool_index >= WrId::RECV_POOLS {
             return Err(XferError::Internal("too many receive pools".into()));
         }
         let (pool, bufs) = BufferPool::new(ep.pd(), MAX_MESSAGE, count)?;
@@ -83,14 +78,14 @@ impl Control {
 
     /// Hands a receive buffer of pool `pool_index` back to the QP.
     fn repost(&self, ep: &Endpoint, pool_index: usize, buf: Buffer) -> Result<(), XferError> {
-        let wr_id = wr::RECV | (pool_index as u64) << RECV_POOL_SHIFT | buf.index() as u64;
+        let wr_id = WrId::recv(pool_index, buf.index()).raw();
         ep.post_recv(&self.recv_pools[pool_index], buf, wr_id)?;
         Ok(())
     }
 
     /// The index of the pool a receive's work-request id names.
     fn recv_pool_of(&self, wr_id: u64) -> Result<usize, XferError> {
-        let index = ((wr_id >> RECV_POOL_SHIFT) & RECV_POOL_MASK) as usize;
+        let index = WrId::from_raw(wr_id).recv_pool();
         if index < self.recv_pools.len() {
             Ok(index)
         } else {
@@ -182,7 +177,7 @@ impl Control {
             wcs.clear();
             ep.wait(&mut wcs, 16, Duration::from_millis(200), "the last sends")?;
             for wc in wcs.drain(..) {
-                if wr::kind(wc.wr_id) == wr::SEND {
+                if WrId::from_raw(wc.wr_id).kind() == WrKind::Send {
                     self.on_send_done(ep, wc)?;
                 }
             }
@@ -202,7 +197,7 @@ impl Control {
             self.send_pool
                 .bytes_mut(&mut buf, bytes.len())?
                 .copy_from_slice(&bytes);
-            let wr_id = wr::SEND | buf.index() as u64;
+            let wr_id = WrId::send(buf.index()).raw();
             ep.post_send(&self.send_pool, buf, bytes.len(), wr_id)?;
             self.posted_at.push_back(Instant::now());
         }

@@ -279,28 +279,100 @@ pub fn connection_id(
     })
 }
 
-/// Kinds of work requests, kept in the top byte of wr_id (the low bits
-/// name the buffer or the chunk). Public for the test tools that speak
-/// to a receiver the way the sender does.
-pub mod wr {
-    /// A posted receive.
-    pub const RECV: u64 = 1 << 56;
-    /// A control-message SEND.
-    pub const SEND: u64 = 2 << 56;
-    /// A data RDMA WRITE (WITH IMM).
-    pub const WRITE: u64 = 3 << 56;
-    /// The bits that hold the kind.
-    pub const KIND_MASK: u64 = 0xff << 56;
+/// A work request's id, as posted and as its completion brings it back:
+/// its kind in the top byte, and below it what the engine needs to find
+/// again (a receive's pool and buffer, a send's buffer, a write's chunk).
+/// Public for the test tools that speak to a receiver the way the sender
+/// does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrId(u64);
 
-    /// The kind of a work-request id.
-    pub fn kind(wr_id: u64) -> u64 {
-        wr_id & KIND_MASK
+/// What a work request was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrKind {
+    /// A posted receive.
+    Recv,
+    /// A control-message SEND.
+    Send,
+    /// A data RDMA WRITE (WITH IMM).
+    Write,
+    /// None of ours.
+    Unknown,
+}
+
+impl WrId {
+    const KIND_SHIFT: u32 = 56;
+    const POOL_SHIFT: u32 = 32;
+    /// Receive pools a receive's id can name.
+    pub const RECV_POOLS: usize = 0x100;
+    const LOW_MASK: u64 = (1 << Self::POOL_SHIFT) - 1;
+
+    fn of(kind: u64, low: u64) -> Self {
+        WrId(kind << Self::KIND_SHIFT | low & ((1 << Self::KIND_SHIFT) - 1))
+    }
+
+    /// A receive into buffer `buffer` of receive pool `pool` (below
+    /// `RECV_POOLS`).
+    pub fn recv(pool: usize, buffer: usize) -> Self {
+        let pool = pool as u64 & (Self::RECV_POOLS as u64 - 1);
+        Self::of(1, pool << Self::POOL_SHIFT | buffer as u64 & Self::LOW_MASK)
+    }
+
+    /// A SEND from buffer `buffer`.
+    pub fn send(buffer: usize) -> Self {
+        Self::of(2, buffer as u64 & Self::LOW_MASK)
+    }
+
+    /// A WRITE of the chunk or staging buffer `index` (below 2^56).
+    pub fn write(index: u64) -> Self {
+        Self::of(3, index)
+    }
+
+    /// The id a completion carries.
+    pub const fn from_raw(raw: u64) -> Self {
+        WrId(raw)
+    }
+
+    /// The id to post with.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// What the request was.
+    pub fn kind(self) -> WrKind {
+        match self.0 >> Self::KIND_SHIFT {
+            1 => WrKind::Recv,
+            2 => WrKind::Send,
+            3 => WrKind::Write,
+            _ => WrKind::Unknown,
+        }
+    }
+
+    /// The receive pool a receive's id names.
+    pub fn recv_pool(self) -> usize {
+        ((self.0 >> Self::POOL_SHIFT) & (Self::RECV_POOLS as u64 - 1)) as usize
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_request_ids_keep_their_kind_and_what_they_name() {
+        let r = WrId::recv(3, 17);
+        assert_eq!((r.kind(), r.recv_pool()), (WrKind::Recv, 3));
+        assert_eq!(WrId::from_raw(r.raw()), r);
+        assert_eq!(WrId::send(5).kind(), WrKind::Send);
+        assert_eq!(WrId::write(u64::MAX).kind(), WrKind::Write);
+        assert_eq!(
+            WrId::recv(WrId::RECV_POOLS - 1, usize::MAX).recv_pool(),
+            0xff
+        );
+        assert_eq!(WrId::from_raw(0).kind(), WrKind::Unknown);
+        assert_eq!(WrId::from_raw(9 << 56).kind(), WrKind::Unknown);
+        assert_ne!(WrId::send(1), WrId::write(1));
+    }
 
     #[test]
     fn kernel_release_strings_parse() {

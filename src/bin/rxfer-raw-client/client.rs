@@ -4,7 +4,7 @@ use crate::output::{describe, hex, say};
 use crate::steps::{Imm, Step};
 use crate::{Args, Failure};
 use rdma_xfer::cli::resolve;
-use rdma_xfer::engine::wr;
+use rdma_xfer::engine::{WrId, WrKind};
 use rdma_xfer::proto::{
     CHUNK_TAG_LEN, Channel, ChunkAuth, ChunkKey, ConnectionId, MAX_MESSAGE, Message, NONCE_LEN,
     PROTOCOL_VERSION, Prove, RingInfo, Role, SessionKey, Token, decode, encode_to_vec,
@@ -88,7 +88,7 @@ impl Client {
         // --no-receives: the receiver's messages can never be delivered
         // (its SENDs wait for receiver-not-ready retries forever).
         for buf in recv_bufs.into_iter().filter(|_| !args.no_receives) {
-            let wr_id = wr::RECV | buf.index() as u64;
+            let wr_id = WrId::recv(0, buf.index()).raw();
             ep.post_recv(&recv_pool, buf, wr_id).map_err(c)?;
         }
         ep.cm_id().connect(timeout).map_err(c)?;
@@ -206,7 +206,7 @@ impl Client {
             }
         }
         self.ep
-            .post_send(&self.send_pool, buf, bytes.len(), wr::SEND)
+            .post_send(&self.send_pool, buf, bytes.len(), WrId::send(0).raw())
             .map_err(|e| Failure::Ended(format!("cannot post a SEND: {e}")))?;
         self.outstanding += 1;
         eprintln!("raw-client: sent {what} ({} bytes)", bytes.len());
@@ -368,10 +368,12 @@ impl Client {
         };
         let target = RemoteTarget { addr: remote, rkey };
         let posted = match value {
-            None => self.ep.post_write(&pool, buf, len, target, wr::WRITE | seq),
+            None => self
+                .ep
+                .post_write(&pool, buf, len, target, WrId::write(seq).raw()),
             Some(v) => self
                 .ep
-                .post_write_imm(&pool, buf, len, target, v, wr::WRITE | seq),
+                .post_write_imm(&pool, buf, len, target, v, WrId::write(seq).raw()),
         }
         .map_err(|e| Failure::Ended(format!("cannot post a write: {e}")));
         // The buffer comes back with the completion (see on_completion).
@@ -576,18 +578,18 @@ impl Client {
     }
 
     fn on_completion(&mut self, wc: Completion) -> Result<(), Failure> {
-        match (wr::kind(wc.wr_id), wc.opcode) {
-            (wr::SEND, WcOpcode::Send) => {
+        match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
+            (WrKind::Send, WcOpcode::Send) => {
                 self.outstanding = self.outstanding.saturating_sub(1);
                 self.send_buf = wc.buffer;
             }
-            (wr::WRITE, WcOpcode::RdmaWrite) => {
+            (WrKind::Write, WcOpcode::RdmaWrite) => {
                 self.outstanding = self.outstanding.saturating_sub(1);
                 if let Some((_, slot)) = self.data.as_mut() {
                     *slot = wc.buffer;
                 }
             }
-            (wr::RECV, WcOpcode::Recv) => {
+            (WrKind::Recv, WcOpcode::Recv) => {
                 let Some(buf) = wc.buffer else {
                     return Err(Failure::Ended(
                         "a receive came back without its buffer".into(),
@@ -657,7 +659,7 @@ impl Client {
                 ));
             }
             (kind, opcode) => {
-                eprintln!("raw-client: unexpected completion {opcode:?} for kind {kind:#x}");
+                eprintln!("raw-client: unexpected completion {opcode:?} for kind {kind:?}");
             }
         }
         Ok(())

@@ -16,7 +16,7 @@ use crate::engine::digest::{FileHasher, digest_hex};
 use crate::engine::per_byte::{self, ChunkRefused, TagCheck};
 use crate::engine::progress::{FileProgress, Progress};
 use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
-use crate::engine::{wait_completions, wait_completions_until, wr};
+use crate::engine::{WrId, WrKind, wait_completions, wait_completions_until};
 use crate::error::XferError;
 use crate::proto::{
     AUTH_TIMEOUT, AckStatus, AuthFailure, CHUNK_TAG_LEN, DigestAlg, Fin, Have, HaveKind, Hello,
@@ -179,7 +179,7 @@ impl<'s> ReadTick<'s> {
         let mut wcs = Vec::new();
         self.ep.poll(&mut wcs, 16).map_err(std::io::Error::other)?;
         for wc in wcs {
-            if wr::kind(wc.wr_id) == wr::SEND && wc.opcode == WcOpcode::Send {
+            if WrId::from_raw(wc.wr_id).kind() == WrKind::Send && wc.opcode == WcOpcode::Send {
                 self.control
                     .on_send_done(self.ep, wc)
                     .map_err(std::io::Error::other)?;
@@ -356,9 +356,9 @@ impl Session<'_, '_> {
     }
 
     fn on_completion(&mut self, wc: Completion) -> Result<Flow, XferError> {
-        match (wr::kind(wc.wr_id), wc.opcode) {
-            (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
-            (wr::RECV, WcOpcode::RecvWithImm) => {
+        match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
+            (WrKind::Send, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
+            (WrKind::Recv, WcOpcode::RecvWithImm) => {
                 let (byte_len, imm) = (wc.byte_len, wc.imm);
                 // The receive buffer carried no data: hand it back at once.
                 self.control.recycle(&self.ep, wc)?;
@@ -367,7 +367,7 @@ impl Session<'_, '_> {
                 })?;
                 self.on_chunk(byte_len, imm)?;
             }
-            (wr::RECV, WcOpcode::Recv) => {
+            (WrKind::Recv, WcOpcode::Recv) => {
                 let decoded = self.control.take_message(&self.ep, wc)?;
                 let msg = match decoded {
                     Ok(m) => m,
@@ -404,7 +404,7 @@ impl Session<'_, '_> {
             }
             (kind, opcode) => {
                 return Err(XferError::Internal(format!(
-                    "unexpected completion {opcode:?} for work request kind {kind:#x}"
+                    "unexpected completion {opcode:?} for a work request of kind {kind:?}"
                 )));
             }
         }

@@ -15,7 +15,7 @@ use crate::engine::fit::{Buffers, Given, Overhead, Pool, fit_to_memlock};
 use crate::engine::progress::ProgressSink;
 use crate::engine::reader::{Input, Reader};
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
-use crate::engine::{DEFAULT_TIMEOUT, wr};
+use crate::engine::{DEFAULT_TIMEOUT, WrId, WrKind};
 use crate::error::XferError;
 use crate::proto::{
     AckStatus, DigestAlg, FileOffer, NONCE_LEN, OfferKind, ProtocolError, Role, SenderAuth,
@@ -804,10 +804,10 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
     ) -> Result<(), FileError> {
         for wc in wcs.drain(..) {
-            match (wr::kind(wc.wr_id), wc.opcode) {
-                (wr::WRITE, WcOpcode::RdmaWrite) => pipe.write_done(wc)?,
-                (wr::SEND, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
-                (wr::RECV, WcOpcode::Recv) => {
+            match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
+                (WrKind::Write, WcOpcode::RdmaWrite) => pipe.write_done(wc)?,
+                (WrKind::Send, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
+                (WrKind::Recv, WcOpcode::Recv) => {
                     let msg = self
                         .control
                         .take_message(&self.ep, wc)?
@@ -838,7 +838,7 @@ impl Connection {
                 }
                 (kind, opcode) => {
                     return Err(FileError::Fatal(XferError::Internal(format!(
-                        "unexpected completion {opcode:?} for work request kind {kind:#x}"
+                        "unexpected completion {opcode:?} for a work request of kind {kind:?}"
                     ))));
                 }
             }

@@ -5,11 +5,11 @@
 use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
 use crate::engine::Outcome;
+use crate::engine::WrId;
 use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
 use crate::engine::progress::FileProgress;
 use crate::engine::reader::{Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
-use crate::engine::wr;
 use crate::error::XferError;
 use crate::proto::{
     Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, Message, OfferKind, Pending, RejectCode,
@@ -552,7 +552,7 @@ impl Connection {
             .next_chunk(len)
             .map_err(proto_err)?
             .ok_or_else(|| XferError::Internal("no chunk to plan despite credit".into()))?;
-        let wr_id = wr::WRITE | token.index() as u64;
+        let wr_id = WrId::write(token.index() as u64).raw();
         let target = RemoteTarget {
             addr: plan.remote_addr,
             rkey: plan.rkey,
