@@ -50,8 +50,8 @@ use rdma_xfer::proto::{
     MAX_BATCH_FILES, MAX_MESSAGE, MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN,
     NameRules, OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig,
     ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role,
-    SEAL_LEN, SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict,
-    decode, encode_to_vec, hello_flags, is_invisible, validate_path,
+    SEAL_LEN, SameCopy, SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token,
+    Verdict, decode, encode_to_vec, hello_flags, is_invisible, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -2386,6 +2386,8 @@ struct TxModel {
     /// and the resumed prefix's chunk length (0: not resuming).
     have: Option<Have>,
     base_len: u32,
+    /// The SHA-256 the current file's COMPARE carried.
+    compared: Option<[u8; 32]>,
     /// The current file was offered with CHECKSUM.
     checksum: bool,
     /// Bytes of a chunk's tag after it: `CHUNK_TAG_LEN` once the receiver
@@ -2744,7 +2746,11 @@ fn check_sender(
                 if before == AwaitCompared && front.is_none() {
                     match &sent {
                         Message::Ack(a) if a.status == AckStatus::Ok => {
-                            prop_assert!(matches!(result, Ok(SenderEvent::Same(_))), "{:?}", result)
+                            prop_assert!(
+                                matches!(result, Ok(SenderEvent::Same { .. })),
+                                "{:?}",
+                                result
+                            )
                         }
                         Message::Have(h) => prop_assert_eq!(
                             result.is_ok(),
@@ -2861,16 +2867,26 @@ fn check_sender(
                         prop_assert_eq!(s.state(), AwaitFromDecision);
                         m.have = Some(h);
                     }
-                    Ok(SenderEvent::Same(a)) => {
+                    Ok(SenderEvent::Same {
+                        ack: a,
+                        copy,
+                        sha256,
+                    }) => {
                         // The receiver's copy is the file: its ACK is the
                         // verdict, nothing is sent and nothing is pending.
                         prop_assert_eq!(before, AwaitCompared);
                         prop_assert!(m.pending.is_empty());
                         let asked = m.have.as_ref().map(|h| h.kind);
                         prop_assert!(comparable(asked), "the same after {:?}", asked);
+                        // Whose copy: the one HAVE held, or --link-dest's
+                        // for a HAVE asking the digest; and the digest sent.
                         if asked == Some(HaveKind::Digest) {
+                            prop_assert_eq!(copy, SameCopy::LinkDest);
                             TX.hit(10);
+                        } else {
+                            prop_assert_eq!(copy, SameCopy::Kept);
                         }
+                        prop_assert_eq!(Some(sha256), m.compared);
                         prop_assert_eq!(a.status, AckStatus::Ok);
                         prop_assert_eq!(Message::Ack(a), sent);
                         prop_assert_eq!(s.state(), Idle);
@@ -3074,6 +3090,7 @@ fn check_sender(
                             prop_assert!(taken, "COMPARE in {:?} after {:?}", before, have);
                             prop_assert_eq!(msg, Message::Compare { sha256 });
                             prop_assert_eq!(s.state(), AwaitCompared);
+                            m.compared = Some(sha256);
                             prop_assert!(m.pending.is_empty());
                             prop_assert_eq!(s.bytes_planned(), m.planned);
                             TX.hit(7);

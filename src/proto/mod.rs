@@ -23,8 +23,8 @@ pub use receiver::{
     RecvError, busy_refusal,
 };
 pub use sender::{
-    ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SenderAuth, SenderEvent,
-    SenderSession, SenderState, Verdict, keepalive_interval,
+    ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy, SenderAuth,
+    SenderEvent, SenderSession, SenderState, Verdict, keepalive_interval,
 };
 pub use wire::{
     Ack, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello,
@@ -618,7 +618,7 @@ mod tests {
                 SenderEvent::Credit(_) => {}
                 SenderEvent::Have(h) => panic!("HAVE without RESUME: {h:?}"),
                 SenderEvent::Keepalive => panic!("KEEPALIVE without a resumed prefix"),
-                SenderEvent::Same(a) => panic!("ACK of a COMPARE never sent: {a:?}"),
+                SenderEvent::Same { ack, .. } => panic!("ACK of a COMPARE never sent: {ack:?}"),
                 SenderEvent::Rejected(_) => {
                     assert!(self.awaiting.is_empty(), "REJECT before earlier verdicts");
                     self.sending.take().expect("a rejected offer");

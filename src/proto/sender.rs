@@ -198,10 +198,16 @@ pub enum SenderEvent {
     /// The receiver reads a resumed file's prefix back before its MR, or
     /// its copy for a COMPARE: it is alive (progress for the timeout).
     Keepalive,
-    /// After COMPARE: the receiver's copy (kept, or under its --link-dest
-    /// for a HAVE of kind Digest) is the sender's file, nothing is sent;
-    /// this ACK is the file's verdict. Now Idle.
-    Same(Ack),
+    /// After COMPARE: the receiver's copy is the sender's file, nothing is
+    /// sent; the ACK is the file's verdict. Now Idle.
+    Same {
+        /// The receiver's ACK(ok).
+        ack: Ack,
+        /// Whose copy it was.
+        copy: SameCopy,
+        /// The SHA-256 sent in COMPARE (the file's digest).
+        sha256: [u8; 32],
+    },
     /// The verdict on the oldest pending entry, with the tag the engine
     /// gave it in `start_file`.
     Answered {
@@ -215,6 +221,17 @@ pub enum SenderEvent {
     /// The receiver gave up on the current file before its FIN (an ACK
     /// with a failure status): the session is Closed.
     Aborted(Ack),
+}
+
+/// Whose copy a COMPARE found to be the sender's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SameCopy {
+    /// The receiver's own, kept under the offer's name (a HAVE of a
+    /// complete copy): the file is skipped.
+    Kept,
+    /// A file under the receiver's --link-dest (a HAVE asking for the
+    /// digest): the file is linked or copied from there.
+    LinkDest,
 }
 
 /// The sender's side of one session: decides what to send and checks
@@ -244,6 +261,8 @@ pub struct SenderSession {
     tag: u64,
     /// The receiver's HAVE for the current file.
     have: Option<Have>,
+    /// The SHA-256 the current file's COMPARE carried.
+    compared: Option<[u8; 32]>,
     /// The current file was offered with CHECKSUM: a HAVE of kind Digest
     /// may come instead of its MR.
     checksum: bool,
@@ -279,6 +298,7 @@ impl SenderSession {
             planned: 0,
             tag: 0,
             have: None,
+            compared: None,
             checksum: false,
             base_chunk_len: 0,
             pending: VecDeque::new(),
@@ -466,6 +486,7 @@ impl SenderSession {
         self.seq = 0;
         self.planned = 0;
         self.have = None;
+        self.compared = None;
         self.checksum = false;
         self.base_chunk_len = 0;
         self.state = SenderState::AwaitRing;
@@ -634,9 +655,27 @@ impl SenderSession {
             }
             // The receiver's copy is the file: nothing is sent.
             (AwaitCompared, Message::Ack(a)) if front.is_none() && a.status == AckStatus::Ok => {
+                let (Some(sha256), Some(kind)) =
+                    (self.compared, self.have.as_ref().map(|h| h.kind))
+                else {
+                    // Unreachable: AwaitCompared comes only from `compare`,
+                    // after a HAVE.
+                    return Err(ProtocolError::Unexpected {
+                        msg: "ACK",
+                        state: self.state.as_str(),
+                    });
+                };
+                let copy = match kind {
+                    HaveKind::Digest => SameCopy::LinkDest,
+                    _ => SameCopy::Kept,
+                };
                 self.planned = self.size;
                 self.state = Idle;
-                Ok(SenderEvent::Same(a))
+                Ok(SenderEvent::Same {
+                    ack: a,
+                    copy,
+                    sha256,
+                })
             }
             // It differs: nothing to reuse, FROM 0 follows.
             (AwaitCompared, Message::Have(have)) if front.is_none() => {
@@ -785,6 +824,7 @@ impl SenderSession {
             return Err(self.wrong_state("compare"));
         }
         self.state = SenderState::AwaitCompared;
+        self.compared = Some(sha256);
         Ok(Message::Compare { sha256 })
     }
 
@@ -2601,7 +2641,11 @@ mod tests {
         let same = Ack::new(AckStatus::Ok, "");
         assert_eq!(
             s.on_message(Message::Ack(same.clone())),
-            Ok(SenderEvent::Same(same))
+            Ok(SenderEvent::Same {
+                ack: same,
+                copy: SameCopy::Kept,
+                sha256: [7; 32]
+            })
         );
         assert_eq!((s.state(), s.bytes_planned()), (SenderState::Idle, 1000));
         assert!(s.close().is_ok(), "nothing pending");
@@ -2720,7 +2764,11 @@ mod tests {
         let same = Ack::new(AckStatus::Ok, "");
         assert_eq!(
             s.on_message(Message::Ack(same.clone())),
-            Ok(SenderEvent::Same(same))
+            Ok(SenderEvent::Same {
+                ack: same,
+                copy: SameCopy::LinkDest,
+                sha256: [4; 32]
+            })
         );
         assert_eq!((s.state(), s.pending()), (SenderState::Idle, 0));
         assert!(s.close().is_ok());

@@ -13,7 +13,7 @@ use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
     Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, Message, OfferKind, Pending, RejectCode,
-    SenderEvent, SenderState, Verdict, escaped, hello_flags, keepalive_interval,
+    SameCopy, SenderEvent, SenderState, Verdict, escaped, hello_flags, keepalive_interval,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{Buffer, BufferPool, Completion, RemoteTarget};
@@ -211,8 +211,6 @@ impl Connection {
         tracker: &mut Tracker<'_>,
     ) -> Result<Start, FileError> {
         let mut start = Start::Data(None);
-        // The SHA-256 sent in COMPARE, and the kind of HAVE it answered.
-        let mut compared = None;
         loop {
             let what = match self.session.state() {
                 SenderState::AwaitRing => "the receiver's MR reply",
@@ -234,15 +232,12 @@ impl Connection {
                         Answer::Compare(sha256) => {
                             let msg = self.session.compare(sha256).map_err(proto_err)?;
                             self.control.send(&self.ep, &msg)?;
-                            compared = Some((sha256, have.kind));
                         }
                     }
                 }
-                SenderEvent::Same(ack) => {
-                    let (sha256, asked) =
-                        compared.ok_or_else(|| unexpected(&SenderEvent::Same(ack.clone())))?;
+                SenderEvent::Same { ack, copy, sha256 } => {
                     let digest = Digest::Sha256(sha256);
-                    if asked == HaveKind::Digest {
+                    if copy == SameCopy::LinkDest {
                         info!(file = %escaped(name), "linked: the receiver had it under --link-dest");
                         return Ok(Start::Answered(Outcome::Linked, digest, ack));
                     }
