@@ -48,7 +48,7 @@ unit: build
 	$(CARGO) test --release --locked --lib --bins --test cli --test fuzz_proto --test compile_fail --test install
 
 # Long property-based fuzzing of the codec and both session state machines
-# (tests/fuzz_proto.rs; `make unit` runs the same properties briefly):
+# (tests/fuzz_proto/; `make unit` runs the same properties briefly):
 # 4 decoder properties (sealed messages included) and the protocol 3
 # handshake (relays, other tokens, downgrades, mangled or foreign proofs)
 # x FUZZ_DECODE_CASES + 2 state-machine properties x FUZZ_MACHINE_CASES

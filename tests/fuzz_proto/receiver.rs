@@ -1,0 +1,1319 @@
+//! (b) The receiver machine against its model (`RxModel`).
+
+use super::strategies::*;
+use super::*;
+
+#[derive(Debug, Clone)]
+pub(crate) enum ChunkLen {
+    /// A whole slot.
+    Slot,
+    /// What is left of the file (at most a slot).
+    Rest,
+    Zero,
+    SlotPlus(u32),
+    Any(u32),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum RxAction {
+    /// Whatever a well-behaved sender / engine would do next (resolved from
+    /// the state; the seed picks sizes and choices). In a closed session it
+    /// starts a new one, so a case goes on after an error.
+    Legal(u32),
+    Msg(Message),
+    /// Bytes through the decoder; fed only if they decode.
+    Frame(Vec<u8>),
+    /// A FIN built from what arrived (deltas mostly 0, so Verifying is reached).
+    FinLike {
+        dbytes: i8,
+        dchunks: i8,
+        alg: Option<DigestAlg>,
+    },
+    Chunk(ChunkLen, u32),
+    Accept {
+        same_shape: bool,
+        addr: u64,
+        rkey: u32,
+    },
+    Reject(RejectCode),
+    /// The engine created the offered directory.
+    AcceptDir,
+    /// The engine's HAVE for an offer with RESUME: 0 nothing, 1 a prefix of
+    /// `n` slots (bounded by the size), 2 the complete file; for one with
+    /// CHECKSUM, 3 a request for its digest; then, for a bad one, some
+    /// bytes off.
+    Have(u8, u32, bool),
+    /// The engine comparing its copy (or --link-dest's) with the sender's SHA-256
+    /// (after COMPARE): 0 a KEEPALIVE while it reads, 1 the same (`same`),
+    /// 2 it differs (`have` of nothing).
+    Compared(u8),
+    ChunkDone,
+    Flush,
+    Complete(AckStatus),
+}
+
+pub(crate) fn rx_action() -> impl Strategy<Value = RxAction> {
+    let chunk_len = prop_oneof![
+        4 => Just(ChunkLen::Slot),
+        4 => Just(ChunkLen::Rest),
+        1 => Just(ChunkLen::Zero),
+        1 => (1u32..3).prop_map(ChunkLen::SlotPlus),
+        1 => any::<u32>().prop_map(ChunkLen::Any),
+    ];
+    let small = prop_oneof![8 => Just(0i8), 1 => -2i8..=2];
+    // Mostly acceptable offers, so sessions get deep.
+    let offer = hello().prop_map(|h| {
+        let version = if h.version == PROTOCOL_VERSION || h.caps.is_multiple_of(2) {
+            PROTOCOL_VERSION
+        } else {
+            h.version
+        };
+        let size = if h.caps.is_multiple_of(3) {
+            h.size
+        } else if h.is_stream() || h.is_directory() {
+            0
+        } else {
+            h.size % 300
+        };
+        RxAction::Msg(Message::Hello(Hello { version, size, ..h }))
+    });
+    // Batches of mostly plain, small files.
+    let batch = proptest::collection::vec(hello(), 0..4).prop_map(|hs| {
+        let members = hs
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let plain = h.caps % 4 != 0;
+                Hello {
+                    version: if plain { PROTOCOL_VERSION } else { h.version },
+                    caps: if plain { 0 } else { h.caps },
+                    mtime: if plain { None } else { h.mtime },
+                    name: if plain { format!("b/{i}") } else { h.name },
+                    size: if plain { h.size % 300 } else { h.size },
+                    digest: if plain { DigestAlg::Sha256 } else { h.digest },
+                    ..h
+                }
+            })
+            .collect();
+        RxAction::Msg(Message::Batch(members))
+    });
+    let alg = prop_oneof![4 => Just(None), 1 => digest_alg().prop_map(Some)];
+    let fin = (small.clone(), small, alg).prop_map(|(dbytes, dchunks, alg)| RxAction::FinLike {
+        dbytes,
+        dchunks,
+        alg,
+    });
+    let same_shape = prop_oneof![5 => Just(true), 1 => Just(false)];
+    let accept = (same_shape, any::<u64>(), any::<u32>()).prop_map(|(same_shape, addr, rkey)| {
+        RxAction::Accept {
+            same_shape,
+            addr: addr >> 1,
+            rkey,
+        }
+    });
+    prop_oneof![
+        2 => message().prop_map(RxAction::Msg),
+        3 => offer,
+        2 => batch,
+        1 => proptest::collection::vec(any::<u8>(), 0..40).prop_map(RxAction::Frame),
+        2 => fin,
+        8 => (chunk_len, any::<u32>()).prop_map(|(l, imm)| RxAction::Chunk(l, imm)),
+        3 => accept,
+        1 => reject_code().prop_map(RxAction::Reject),
+        1 => Just(RxAction::AcceptDir),
+        1 => (0u8..4, any::<u32>(), prop_oneof![9 => Just(false), 1 => Just(true)])
+            .prop_map(|(k, n, off)| RxAction::Have(k, n, off)),
+        1 => (0u8..3).prop_map(RxAction::Compared),
+        6 => Just(RxAction::ChunkDone),
+        1 => Just(RxAction::Flush),
+        2 => prop_oneof![3 => Just(AckStatus::Ok), 1 => ack_status()].prop_map(RxAction::Complete),
+    ]
+}
+
+/// What the harness knows about the session, to check the machine against.
+#[derive(Default)]
+pub(crate) struct RxModel {
+    /// The HELLO that passed the checks (AwaitDecision) or was accepted.
+    offer: Option<Hello>,
+    ring: Option<RingInfo>,
+    /// Next file offset / chunk sequence expected.
+    bytes: u64,
+    chunks: u64,
+    /// Received, not yet consumed.
+    unconsumed: u64,
+    /// Consumed, credit not yet returned.
+    pending: u64,
+    /// Length of the file's first chunk (0 before it).
+    chunk_len: u32,
+    /// Files offered so far (for names).
+    files: u64,
+    /// The current offer is a batch of this many files (0: it is not);
+    /// they count as entries once it is accepted.
+    batch_files: u64,
+    /// How long a legal sender makes the offered stream.
+    stream_len: u64,
+    /// The HAVE answering the current offer (with RESUME or CHECKSUM).
+    have: Option<Have>,
+    /// Where the current file's data starts: bytes, chunks, chunk length.
+    base: (u64, u64, u32),
+    /// Digest questions (HAVE of a complete copy or of a digest) asked in
+    /// the session, and their files' bytes.
+    digest_questions: u32,
+    digest_bytes: u64,
+    /// Names whose copy was compared in the session: once each.
+    compared: std::collections::BTreeSet<String>,
+}
+
+/// The current offer's name.
+pub(crate) fn offer_name(m: &RxModel) -> String {
+    m.offer.as_ref().map(|h| h.name.clone()).unwrap_or_default()
+}
+
+/// Whether the current offer may be compared: its name not compared yet
+/// in the session, and the session's budget has room for one more digest
+/// question about `bytes`.
+pub(crate) fn within_budget(m: &RxModel, budget: DigestBudget, bytes: u64) -> bool {
+    !m.compared.contains(&offer_name(m))
+        && m.digest_questions < budget.questions
+        && m.digest_bytes
+            .checked_add(bytes)
+            .is_some_and(|b| b <= budget.bytes)
+}
+
+/// The current offer asked to resume.
+pub(crate) fn resumable(m: &RxModel) -> bool {
+    m.offer
+        .as_ref()
+        .is_some_and(|h| h.caps & hello_flags::RESUME != 0)
+}
+
+/// The current offer's sender answers a request for its digest.
+pub(crate) fn checksummed(m: &RxModel) -> bool {
+    m.offer
+        .as_ref()
+        .is_some_and(|h| h.caps & hello_flags::CHECKSUM != 0)
+}
+
+/// Whether the engine may answer the current offer (AwaitDecision) with
+/// a HAVE of `kind`: once, Digest for CHECKSUM, the others for RESUME.
+pub(crate) fn may_have(m: &RxModel, kind: HaveKind) -> bool {
+    m.have.is_none()
+        && match kind {
+            HaveKind::Digest => checksummed(m),
+            _ => resumable(m),
+        }
+}
+
+/// A HAVE after which COMPARE may come.
+pub(crate) fn comparable(have: Option<HaveKind>) -> bool {
+    matches!(have, Some(HaveKind::Complete | HaveKind::Digest))
+}
+
+impl RxModel {
+    /// A model for the next offer: only what counts for the whole session
+    /// is carried over.
+    fn session_wide(&self) -> RxModel {
+        RxModel {
+            digest_questions: self.digest_questions,
+            digest_bytes: self.digest_bytes,
+            compared: self.compared.clone(),
+            ..RxModel::default()
+        }
+    }
+
+    fn is_stream(&self) -> bool {
+        self.offer.as_ref().is_some_and(Hello::is_stream)
+    }
+
+    /// What a legal sender sends for the current offer.
+    fn data_len(&self) -> u64 {
+        match &self.offer {
+            Some(h) if h.is_stream() => self.stream_len,
+            Some(h) => h.size,
+            None => 0,
+        }
+    }
+}
+
+/// The receiver's secret, as the harness knows it.
+#[derive(Clone)]
+pub(crate) struct RxAuth {
+    token: Token,
+    nonce: [u8; NONCE_LEN],
+}
+
+impl RxAuth {
+    fn session(auth: &Option<RxAuth>, cfg: ReceiverConfig) -> ReceiverSession {
+        match auth {
+            Some(a) => ReceiverSession::with_auth(cfg, a.token.clone(), a.nonce, test_conn()),
+            None => ReceiverSession::new(cfg),
+        }
+    }
+
+    /// The key an honest sender derives on the test connection.
+    fn key(&self) -> SessionKey {
+        SessionKey::derive(&self.token, &self.nonce, &S_NONCE, &test_conn())
+    }
+
+    /// An honest sender's PROVE.
+    fn good_prove(&self) -> Message {
+        Message::Prove(Prove {
+            version: PROTOCOL_VERSION,
+            nonce: S_NONCE,
+            proof: self.key().sender_proof().to_vec(),
+        })
+    }
+
+    /// PROVEs an attacker can make: the right token over another
+    /// connection (a relay), another nonce, another version.
+    fn bad_proves(&self, seed: u32) -> Message {
+        let other = ConnectionId {
+            sender_qpn: seed | 0x100,
+            ..test_conn()
+        };
+        let proof = match seed % 3 {
+            0 => SessionKey::derive(&self.token, &self.nonce, &S_NONCE, &other).sender_proof(),
+            1 => SessionKey::derive(
+                &self.token,
+                &[seed as u8; NONCE_LEN],
+                &S_NONCE,
+                &test_conn(),
+            )
+            .sender_proof(),
+            _ => self.key().receiver_proof(),
+        };
+        Message::Prove(Prove {
+            version: PROTOCOL_VERSION,
+            nonce: S_NONCE,
+            proof: proof.to_vec(),
+        })
+    }
+}
+
+/// Every reply the receiver queued.
+pub(crate) fn replies(r: &mut ReceiverSession) -> Vec<Message> {
+    std::iter::from_fn(|| r.poll_transmit()).collect()
+}
+
+/// The machine answers every error of the sender's with exactly one reply
+/// of its own making (the engine builds none), and nothing else: a REJECT
+/// for a refused offer, REJECT(auth) for a failed authentication, an ACK
+/// saying why for a broken session; nothing once the session is closed.
+pub(crate) fn replies_fit(
+    before: ReceiverState,
+    err: Option<&RecvError>,
+    replies: &[Message],
+) -> Result<(), TestCaseError> {
+    let Some(err) = err.filter(|_| before != ReceiverState::Closed) else {
+        prop_assert!(replies.is_empty(), "unasked replies {:?}", replies);
+        return Ok(());
+    };
+    prop_assert_eq!(replies.len(), 1, "{} answered with {:?}", err, replies);
+    match (err, &replies[0]) {
+        (RecvError::Reject(r), Message::Reject(m)) => prop_assert_eq!(r, m),
+        (RecvError::Version(r), Message::Reject(m)) => {
+            prop_assert_eq!(r, m);
+            prop_assert_eq!(m.code, RejectCode::Version);
+        }
+        (RecvError::Forged(_), Message::Ack(a)) => {
+            prop_assert_eq!(a.status, AckStatus::Protocol)
+        }
+        (RecvError::Auth(_), Message::Reject(m)) => prop_assert_eq!(m.code, RejectCode::Auth),
+        (RecvError::Protocol(_), Message::Ack(a)) => {
+            prop_assert_eq!(a.status, AckStatus::Protocol)
+        }
+        (RecvError::TooLarge { .. }, Message::Ack(a)) => {
+            prop_assert_eq!(a.status, AckStatus::Rejected)
+        }
+        (RecvError::SessionLimit(r), Message::Reject(m)) => prop_assert_eq!(r, m),
+        (e, m) => return Err(TestCaseError::fail(format!("{e} answered with {m:?}"))),
+    }
+    Ok(())
+}
+
+/// The legal next step of a sender / engine pair in state `state`.
+pub(crate) fn legal_rx(
+    state: ReceiverState,
+    m: &RxModel,
+    cfg: &ReceiverConfig,
+    auth: &Option<RxAuth>,
+    seed: u32,
+) -> RxAction {
+    use ReceiverState::*;
+    let slots = u64::from(cfg.slot_count);
+    match state {
+        AwaitAuth => match auth {
+            Some(a) if seed.is_multiple_of(8) => RxAction::Msg(a.bad_proves(seed / 8)),
+            Some(a) => RxAction::Msg(a.good_prove()),
+            None => RxAction::Msg(Message::Bye),
+        },
+        // Now and then a batch of small files (one to four).
+        AwaitHello if seed % 7 == 6 => {
+            let digest = if auth.is_some() || seed.is_multiple_of(2) {
+                DigestAlg::Sha256
+            } else {
+                DigestAlg::Crc32
+            };
+            let members = (0..1 + seed % 4)
+                .map(|i| Hello {
+                    version: PROTOCOL_VERSION,
+                    // Members of a --checksum run carry its flag.
+                    caps: if (seed / 7 + i).is_multiple_of(3) {
+                        hello_flags::CHECKSUM
+                    } else {
+                        0
+                    },
+                    name: format!("b{}/{i}", m.files),
+                    size: u64::from((seed / 7 + i * 13) % 300).min(cfg.max_size),
+                    mode: 0o644,
+                    digest,
+                    mtime: None,
+                })
+                .collect();
+            RxAction::Msg(Message::Batch(members))
+        }
+        AwaitHello => {
+            // Files (names or paths), streams, directories; now and then an
+            // older sender's HELLO.
+            let v = PROTOCOL_VERSION;
+            let (version, caps, name) = match seed % 9 {
+                4 if seed.is_multiple_of(8) => (
+                    v,
+                    hello_flags::RESUME | hello_flags::MTIME | hello_flags::CHECKSUM,
+                    format!("r{}", m.files),
+                ),
+                4 if seed.is_multiple_of(4) => (
+                    v,
+                    hello_flags::RESUME | hello_flags::MTIME,
+                    format!("r{}", m.files),
+                ),
+                5 | 6 if seed.is_multiple_of(2) => {
+                    (v, hello_flags::CHECKSUM, format!("c{}", m.files))
+                }
+                0 => (v, hello_flags::STREAM, format!("s{}", m.files)),
+                1 => (v, hello_flags::DIRECTORY, format!("d/{}", m.files)),
+                2 => (v, 0, format!("d/f{}", m.files)),
+                3 if seed.is_multiple_of(5) => (2, 0, format!("old{}", m.files)),
+                _ => (v, 0, format!("f{}", m.files)),
+            };
+            RxAction::Msg(Message::Hello(Hello {
+                version,
+                caps,
+                name,
+                size: match seed % 8 {
+                    _ if caps & (hello_flags::STREAM | hello_flags::DIRECTORY) != 0 => 0,
+                    // A file to resume spans a few chunks.
+                    _ if caps & hello_flags::RESUME != 0 => {
+                        u64::from(cfg.slot_size) * u64::from(2 + seed % 5) + u64::from(seed % 7)
+                    }
+                    0 => 0,
+                    1 => u64::from(cfg.slot_size) * u64::from(seed % 5),
+                    _ => u64::from(seed % 300),
+                }
+                .min(cfg.max_size),
+                mode: 0o644,
+                // With a token SHA-256 (CRC32 now and then, to be refused).
+                digest: if seed.is_multiple_of(3) || (auth.is_some() && !seed.is_multiple_of(11)) {
+                    DigestAlg::Sha256
+                } else {
+                    DigestAlg::Crc32
+                },
+                // RESUME needs the source's mtime.
+                mtime: (caps & hello_flags::MTIME != 0).then_some(Mtime {
+                    secs: i64::from(seed),
+                    nanos: 0,
+                }),
+            }))
+        }
+        AwaitDecision if seed.is_multiple_of(6) => RxAction::Reject(RejectCode::Exists),
+        // An offer with RESUME gets its HAVE first (with CHECKSUM too,
+        // now and then the request for its digest).
+        AwaitDecision if resumable(m) && m.have.is_none() => {
+            let kind = if checksummed(m) && seed % 4 == 3 {
+                3
+            } else {
+                (seed % 3) as u8
+            };
+            RxAction::Have(kind, seed / 3, false)
+        }
+        // One with CHECKSUM is asked for its digest (a copy under
+        // --link-dest), or not (none there: its MR at once).
+        AwaitDecision if checksummed(m) && m.have.is_none() && !seed.is_multiple_of(3) => {
+            RxAction::Have(3, seed, false)
+        }
+        AwaitDecision if m.offer.as_ref().is_some_and(Hello::is_directory) => RxAction::AcceptDir,
+        AwaitDecision => RxAction::Accept {
+            same_shape: true,
+            addr: u64::from(seed) << 12,
+            rkey: seed,
+        },
+        // Only a stream waits for its input.
+        Receiving if seed.is_multiple_of(50) && m.offer.as_ref().is_some_and(Hello::is_stream) => {
+            RxAction::Msg(Message::Keepalive)
+        }
+        Receiving => {
+            let size = m.data_len();
+            let full = m.unconsumed + m.pending >= slots;
+            if m.unconsumed > 0 && (full || seed.is_multiple_of(3)) {
+                RxAction::ChunkDone
+            } else if m.bytes < size && !full {
+                let len = match m.chunk_len {
+                    0 if seed.is_multiple_of(4) => 1 + seed % cfg.slot_size,
+                    0 => cfg.slot_size,
+                    l => l,
+                };
+                RxAction::Chunk(
+                    ChunkLen::Any((size - m.bytes).min(u64::from(len)) as u32),
+                    seed,
+                )
+            } else if m.bytes == size {
+                RxAction::FinLike {
+                    dbytes: 0,
+                    dchunks: 0,
+                    alg: None,
+                }
+            } else {
+                RxAction::Flush
+            }
+        }
+        Verifying if m.unconsumed > 0 => RxAction::ChunkDone,
+        Verifying if seed.is_multiple_of(10) => RxAction::Complete(AckStatus::Integrity),
+        Verifying => RxAction::Complete(AckStatus::Ok),
+        Closed => RxAction::Legal(seed),
+        // The sender reading its file to answer the HAVE says it is alive.
+        AwaitFrom if seed % 9 == 8 => RxAction::Msg(Message::Keepalive),
+        // A complete copy (or --link-dest's) is compared (the sender's
+        // SHA-256); now and then the sender sends it all anyway (FROM 0).
+        AwaitFrom if !seed.is_multiple_of(4) && comparable(m.have.as_ref().map(|h| h.kind)) => {
+            RxAction::Msg(Message::Compare {
+                sha256: [seed as u8; 32],
+            })
+        }
+        AwaitFrom => RxAction::Msg(Message::From {
+            offset: match m.have.as_ref().map(|h| h.kind) {
+                _ if seed.is_multiple_of(4) => 0,
+                Some(HaveKind::Prefix) => m.have.as_ref().map_or(0, |h| h.bytes),
+                _ => 0,
+            },
+        }),
+        // The engine reads its copy (KEEPALIVE now and then), then says
+        // whether it is the sender's file.
+        Comparing if seed.is_multiple_of(5) => RxAction::Compared(0),
+        Comparing if seed.is_multiple_of(2) => RxAction::Compared(1),
+        Comparing => RxAction::Compared(2),
+        // Never seen here: the engine decides as soon as the proof passed.
+        AwaitAdmission => RxAction::Msg(Message::Bye),
+    }
+}
+
+pub(crate) static RX: Reached = Reached::new();
+
+pub(crate) fn check_receiver(
+    cfg: ReceiverConfig,
+    key: Option<(Vec<u8>, [u8; NONCE_LEN])>,
+    actions: Vec<RxAction>,
+) -> Result<(), TestCaseError> {
+    use ReceiverState::*;
+    let auth = key.and_then(|(secret, nonce)| {
+        Some(RxAuth {
+            token: Token::new(secret)?,
+            nonce,
+        })
+    });
+    // With a token every write carries its chunk, then the chunk's tag: a
+    // slot holds the configured chunk room and a tag.
+    let tag_len = if auth.is_some() {
+        CHUNK_TAG_LEN as u32
+    } else {
+        0
+    };
+    let cfg = ReceiverConfig {
+        slot_size: cfg.slot_size.saturating_add(tag_len),
+        ..cfg
+    };
+    let room = cfg.slot_size - tag_len;
+    let mut r = RxAuth::session(&auth, cfg);
+    prop_assert_eq!(r.tag_len(), tag_len);
+    let mut m = RxModel::default();
+    // Authenticated in this session (or no token configured).
+    let mut admitted = auth.is_none();
+    // HELLOs the machine considered (AwaitHello, authenticated).
+    let mut hellos = 0u64;
+    // Offers refused since the last accepted one (machine or engine).
+    let mut refused = 0u32;
+    // The greeting: asks for AUTH exactly when a token is configured.
+    let Some(Message::Challenge(c)) = r.poll_transmit() else {
+        return Err(TestCaseError::fail("the first message is not a CHALLENGE"));
+    };
+    prop_assert!(replies(&mut r).is_empty());
+    prop_assert_eq!(c.auth_required(), auth.is_some());
+    prop_assert_eq!(r.state() == AwaitAuth, auth.is_some());
+    for action in actions {
+        let action = match action {
+            RxAction::Legal(seed) => match legal_rx(r.state(), &m, &cfg, &auth, seed) {
+                RxAction::Legal(_) => {
+                    // Closed: the next session (its CHALLENGE goes first).
+                    r = RxAuth::session(&auth, cfg);
+                    prop_assert!(matches!(r.poll_transmit(), Some(Message::Challenge(_))));
+                    m = RxModel::default();
+                    admitted = auth.is_none();
+                    hellos = 0;
+                    refused = 0;
+                    continue;
+                }
+                a => a,
+            },
+            a => a,
+        };
+        let before = r.state();
+        match action {
+            RxAction::Legal(_) => unreachable!(),
+            RxAction::Msg(_) | RxAction::Frame(_) | RxAction::FinLike { .. } => {
+                let msg = match action {
+                    RxAction::Msg(msg) => msg,
+                    RxAction::Frame(b) => match decode(&b) {
+                        Ok(msg) => msg,
+                        Err(e) => {
+                            // An undecodable frame ends the session with
+                            // the machine's own reply.
+                            let version =
+                                matches!(e, rdma_xfer::proto::WireError::UnknownVersion(_));
+                            let err = r.on_undecodable(e);
+                            let sent = replies(&mut r);
+                            replies_fit(before, Some(&err), &sent)?;
+                            prop_assert_eq!(version, matches!(err, RecvError::Reject(_)));
+                            prop_assert_eq!(r.state(), Closed);
+                            continue;
+                        }
+                    },
+                    RxAction::FinLike {
+                        dbytes,
+                        dchunks,
+                        alg,
+                    } => {
+                        let alg = alg
+                            .or(m.offer.as_ref().map(|h| h.digest))
+                            .unwrap_or(DigestAlg::Crc32);
+                        Message::Fin(Fin {
+                            bytes: r.bytes_received().wrapping_add_signed(dbytes.into()),
+                            chunks: r.chunks_received().wrapping_add_signed(dchunks.into()),
+                            digest: match alg {
+                                DigestAlg::Crc32 => Digest::Crc32(0),
+                                DigestAlg::Sha256 => Digest::Sha256([0; 32]),
+                            },
+                        })
+                    }
+                    _ => unreachable!(),
+                };
+                let kind = msg.kind();
+                let sent = msg.clone();
+                // A BATCH counts as one entry when offered, its other
+                // files when accepted.
+                if (kind == "HELLO" || kind == "BATCH") && before == AwaitHello && admitted {
+                    hellos += 1;
+                }
+                let result = r.on_message(msg);
+                // The engine's admission after a right proof: nothing is
+                // answered before it; a session is free unless the case's
+                // receiver nonce says otherwise (1 in 8: busy).
+                let refused_busy = match (&result, &auth) {
+                    (Ok(ReceiverEvent::Authenticated), Some(a)) => {
+                        prop_assert!(replies(&mut r).is_empty(), "an answer before admission");
+                        prop_assert_eq!(r.state(), AwaitAdmission);
+                        if a.nonce[0] % 8 == 0 {
+                            RX.hit(6);
+                            Some(
+                                r.refuse_busy(2)
+                                    .ok_or_else(|| TestCaseError::fail("not refused"))?,
+                            )
+                        } else {
+                            r.admit()
+                                .map_err(|e| TestCaseError::fail(format!("not admitted: {e}")))?;
+                            None
+                        }
+                    }
+                    _ => None,
+                };
+                let answered = replies(&mut r);
+                if let Some(busy) = &refused_busy {
+                    // REJECT(busy) instead of the proof, and nothing else.
+                    prop_assert_eq!(&answered, &vec![Message::Reject(busy.clone())]);
+                    prop_assert_eq!(busy.code, RejectCode::Busy);
+                    prop_assert!(r.take_channel().is_none(), "a channel for a refused sender");
+                } else if let Ok(ReceiverEvent::Authenticated) = result {
+                    // The receiver's proof, and nothing else.
+                    let a = auth
+                        .as_ref()
+                        .ok_or_else(|| TestCaseError::fail("no token"))?;
+                    prop_assert_eq!(
+                        answered,
+                        vec![Message::AuthOk {
+                            proof: a.key().receiver_proof()
+                        }]
+                    );
+                } else {
+                    replies_fit(before, result.as_ref().err(), &answered)?;
+                    prop_assert!(r.take_channel().is_none(), "a channel without AUTH_OK");
+                }
+                if before == Closed {
+                    prop_assert!(result.is_err(), "a closed session accepted {}", kind);
+                }
+                // What a HAVE allows the sender must be taken: FROM 0 or
+                // the prefix, COMPARE only of a complete copy.
+                let have_kind = m.have.as_ref().map(|h| h.kind);
+                if before == AwaitFrom {
+                    let allowed = match &sent {
+                        Message::From { offset: 0 } => true,
+                        Message::From { offset } => {
+                            have_kind == Some(HaveKind::Prefix)
+                                && m.have.as_ref().map(|h| h.bytes) == Some(*offset)
+                        }
+                        Message::Compare { .. } => comparable(have_kind),
+                        Message::Keepalive => true,
+                        _ => false,
+                    };
+                    prop_assert_eq!(result.is_ok(), allowed, "{} after {:?}", kind, m.have);
+                }
+                match result {
+                    Ok(ReceiverEvent::From { offset }) => {
+                        // Only where a HAVE offered it: 0 or its prefix.
+                        prop_assert_eq!(before, AwaitFrom);
+                        let have = m
+                            .have
+                            .clone()
+                            .ok_or_else(|| TestCaseError::fail("FROM without HAVE"))?;
+                        match (have.kind, offset) {
+                            (_, 0) => prop_assert_eq!(r.state(), AwaitDecision),
+                            (HaveKind::Prefix, o) if o == have.bytes => {
+                                prop_assert_eq!(r.state(), AwaitDecision);
+                                m.base = (o, o / u64::from(have.chunk_len), have.chunk_len);
+                                RX.hit(5);
+                            }
+                            _ => return Err(TestCaseError::fail(format!("FROM {offset} taken"))),
+                        }
+                        prop_assert_eq!(r.resumed_from(), m.base.0);
+                    }
+                    Ok(ReceiverEvent::Compare { sha256 }) => {
+                        // Only after a HAVE of a complete copy (or asking
+                        // for the digest), with the sender's SHA-256 as
+                        // sent; the engine compares.
+                        prop_assert_eq!(before, AwaitFrom);
+                        prop_assert!(comparable(have_kind), "COMPARE after {:?}", have_kind);
+                        prop_assert_eq!(Message::Compare { sha256 }, sent);
+                        prop_assert_eq!(r.state(), Comparing);
+                        prop_assert_eq!(r.resumed_from(), m.base.0);
+                        RX.hit(7);
+                    }
+                    Ok(ReceiverEvent::Offer(h)) => {
+                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert!(
+                            hellos <= cfg.max_files,
+                            "offer {} of {}",
+                            hellos,
+                            cfg.max_files
+                        );
+                        // Nothing is considered before authentication.
+                        prop_assert!(admitted, "HELLO considered before AUTH");
+                        let files = m.files + 1;
+                        prop_assert_eq!(Message::Hello(h.clone()), sent);
+                        // Exactly this protocol version.
+                        prop_assert_eq!(h.version, PROTOCOL_VERSION);
+                        prop_assert_eq!(h.caps & !hello_flags::KNOWN, 0);
+                        prop_assert!(!(h.is_stream() && h.is_directory()));
+                        prop_assert!(
+                            validate_path(&h.name, cfg.names).is_ok(),
+                            "accepted path {:?}",
+                            h.name
+                        );
+                        check_accepted_name(&h.name, cfg.names)?;
+                        // Nothing that could climb out of the directory.
+                        prop_assert!(
+                            !h.name.starts_with('/')
+                                && h.name.split('/').all(|c| !c.is_empty() && c != ".."),
+                            "accepted {:?}",
+                            h.name
+                        );
+                        prop_assert!(h.size <= cfg.max_size);
+                        // With a token the digest resists deliberate changes.
+                        if auth.is_some() && !h.is_directory() {
+                            prop_assert_eq!(h.digest, DigestAlg::Sha256);
+                        }
+                        if h.is_stream() || h.is_directory() {
+                            prop_assert_eq!(h.size, 0);
+                            prop_assert_eq!(h.caps & hello_flags::CHECKSUM, 0);
+                        }
+                        prop_assert_eq!(r.state(), AwaitDecision);
+                        m = RxModel {
+                            offer: Some(h),
+                            files,
+                            stream_len: (files * 37) % 300,
+                            ..m.session_wide()
+                        };
+                    }
+                    Ok(ReceiverEvent::Batch(members)) => {
+                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert!(admitted, "BATCH considered before AUTH");
+                        prop_assert_eq!(Message::Batch(members.clone()), sent);
+                        prop_assert!(!members.is_empty() && members.len() <= MAX_BATCH_FILES);
+                        prop_assert!(
+                            hellos - 1 + members.len() as u64 <= cfg.max_files,
+                            "a batch past --max-files"
+                        );
+                        let mut names = std::collections::HashSet::new();
+                        let mut total = 0u64;
+                        for h in &members {
+                            prop_assert_eq!(h.version, PROTOCOL_VERSION);
+                            prop_assert_eq!(h.caps & !hello_flags::KNOWN, 0);
+                            prop_assert!(!h.is_stream() && !h.is_directory());
+                            prop_assert_eq!(h.caps & hello_flags::RESUME, 0);
+                            prop_assert!(
+                                validate_path(&h.name, cfg.names).is_ok(),
+                                "accepted path {:?}",
+                                h.name
+                            );
+                            check_accepted_name(&h.name, cfg.names)?;
+                            prop_assert!(names.insert(h.name.clone()), "a name twice");
+                            prop_assert!(h.size <= cfg.max_size);
+                            prop_assert_eq!(h.digest, members[0].digest);
+                            if auth.is_some() {
+                                prop_assert_eq!(h.digest, DigestAlg::Sha256);
+                            }
+                            total += h.size;
+                        }
+                        prop_assert_eq!(r.state(), AwaitDecision);
+                        // Never asked, whatever its files carry.
+                        prop_assert!(r.clone().have(Have::ask_digest(total)).is_err());
+                        // From here on the batch is one file of its total size.
+                        let files = m.files + 1;
+                        m = RxModel {
+                            offer: Some(Hello {
+                                caps: 0,
+                                size: total,
+                                ..members[0].clone()
+                            }),
+                            files,
+                            batch_files: members.len() as u64,
+                            ..m.session_wide()
+                        };
+                        RX.hit(9);
+                    }
+                    Ok(ReceiverEvent::Fin(f)) => {
+                        prop_assert_eq!(before, Receiving);
+                        if !m.is_stream() {
+                            let size = m.offer.as_ref().map(|h| h.size);
+                            prop_assert_eq!(Some(f.bytes), size);
+                        }
+                        prop_assert_eq!(f.bytes, m.bytes);
+                        prop_assert_eq!(f.chunks, m.chunks);
+                        prop_assert_eq!(r.state(), Verifying);
+                        RX.hit(2);
+                    }
+                    Ok(ReceiverEvent::Closed) => {
+                        prop_assert_eq!(kind, "BYE");
+                        prop_assert!(matches!(before, AwaitHello | AwaitAuth));
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Ok(ReceiverEvent::Authenticated) => {
+                        prop_assert_eq!(before, AwaitAuth);
+                        let a = auth
+                            .as_ref()
+                            .ok_or_else(|| TestCaseError::fail("no token"))?;
+                        let Message::Prove(p) = &sent else {
+                            return Err(TestCaseError::fail(format!("{kind} authenticated")));
+                        };
+                        // Only a proof under this connection's key.
+                        let key = SessionKey::derive(&a.token, &a.nonce, &p.nonce, &test_conn());
+                        prop_assert!(key.verify_sender(&p.proof), "a wrong proof authenticated");
+                        prop_assert_eq!(p.version, PROTOCOL_VERSION);
+                        if refused_busy.is_some() {
+                            prop_assert_eq!(r.state(), Closed);
+                            continue;
+                        }
+                        prop_assert_eq!(r.state(), AwaitHello);
+                        // Both ends' channels talk to each other, one way only.
+                        let mut theirs = r
+                            .take_channel()
+                            .ok_or_else(|| TestCaseError::fail("no channel"))?;
+                        let mut mine = key.channel(Role::Sender);
+                        let sealed = mine
+                            .seal(b"HELLO")
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        prop_assert_eq!(theirs.open(&sealed).ok(), Some(&b"HELLO"[..]));
+                        prop_assert!(theirs.clone().open(&sealed).is_err(), "replay opened");
+                        admitted = true;
+                        RX.hit(4);
+                    }
+                    Ok(ReceiverEvent::Keepalive) => {
+                        // A stream waiting for its input, or the sender
+                        // reading its file to answer the HAVE.
+                        match before {
+                            Receiving => {
+                                prop_assert!(m.offer.as_ref().is_some_and(Hello::is_stream))
+                            }
+                            AwaitFrom => prop_assert!(m.have.is_some()),
+                            other => {
+                                return Err(TestCaseError::fail(format!("KEEPALIVE in {other:?}")));
+                            }
+                        }
+                        prop_assert_eq!(r.state(), before);
+                    }
+                    Err(RecvError::Auth(_)) => {
+                        prop_assert_eq!(before, AwaitAuth);
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Err(RecvError::Version(j)) => {
+                        // Another version: refused by name, session over.
+                        prop_assert!(
+                            matches!(kind, "HELLO" | "BATCH" | "PROVE" | "AUTH"),
+                            "{}",
+                            kind
+                        );
+                        prop_assert!(
+                            j.reason.contains("protocol version") || j.reason.contains("flags"),
+                            "{}",
+                            j.reason
+                        );
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Err(RecvError::Forged(_)) => {
+                        return Err(TestCaseError::fail("on_message reported a forgery"));
+                    }
+                    Err(RecvError::Reject(rej)) => {
+                        // A refused offer: the session goes on.
+                        refused += 1;
+                        prop_assert!(refused <= MAX_REFUSALS_IN_A_ROW);
+                        prop_assert!(kind == "HELLO" || kind == "BATCH", "{}", kind);
+                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert_eq!(r.state(), AwaitHello);
+                        prop_assert!(!rej.reason.is_empty());
+                    }
+                    Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
+                    Err(RecvError::SessionLimit(rej)) => {
+                        // Only the HELLO past --max-files, or after too many
+                        // refusals in a row, ends a session so.
+                        prop_assert!(kind == "HELLO" || kind == "BATCH", "{}", kind);
+                        prop_assert_eq!(before, AwaitHello);
+                        if rej.code == RejectCode::TooLarge {
+                            prop_assert_eq!(kind, "HELLO");
+                            // The first HELLO past the limit (batches past
+                            // it are refused without ending the session).
+                            prop_assert!(hellos > cfg.max_files, "{} of {}", hellos, cfg.max_files);
+                        } else {
+                            prop_assert_eq!(rej.code, RejectCode::Protocol);
+                            prop_assert_eq!(refused, MAX_REFUSALS_IN_A_ROW);
+                        }
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Err(RecvError::TooLarge { .. }) => {
+                        return Err(TestCaseError::fail("a message was too large"));
+                    }
+                }
+            }
+            RxAction::Chunk(len, imm) => {
+                let slot = u64::from(room);
+                let rest = m.data_len().saturating_sub(m.bytes);
+                // What the write carries: the chunk and its tag.
+                let len = match len {
+                    ChunkLen::Slot => cfg.slot_size,
+                    ChunkLen::Rest => rest.min(slot) as u32 + tag_len,
+                    ChunkLen::Zero => 0,
+                    ChunkLen::SlotPlus(d) => cfg.slot_size.saturating_add(d),
+                    ChunkLen::Any(v) => v,
+                };
+                let result = r.on_chunk(len, imm);
+                replies_fit(before, result.as_ref().err(), &replies(&mut r))?;
+                match result {
+                    Ok(p) => {
+                        prop_assert_eq!(before, Receiving);
+                        let ring = m
+                            .ring
+                            .ok_or_else(|| TestCaseError::fail("chunk without MR"))?;
+                        // A stream's only bound is --max-size.
+                        let size = if m.is_stream() {
+                            cfg.max_size
+                        } else {
+                            m.offer.as_ref().map_or(0, |h| h.size)
+                        };
+                        // Inside the ring, inside its slot, with its tag.
+                        prop_assert!(p.len > 0 && p.len + tag_len <= ring.slot_size);
+                        prop_assert_eq!(p.len + tag_len, len);
+                        prop_assert_eq!(p.auth.is_some(), tag_len > 0);
+                        prop_assert!(p.slot < ring.slot_count);
+                        prop_assert_eq!(
+                            p.slot_offset,
+                            u64::from(p.slot) * u64::from(ring.slot_size)
+                        );
+                        prop_assert!(p.slot_offset + u64::from(p.len) <= ring.len_bytes());
+                        prop_assert_eq!(u64::from(p.slot), p.seq % u64::from(ring.slot_count));
+                        // Contiguous, and never past the offered size.
+                        prop_assert_eq!(p.seq, m.chunks);
+                        prop_assert_eq!(p.file_offset, m.bytes);
+                        prop_assert!(p.file_offset + u64::from(p.len) <= size);
+                        prop_assert_eq!(p.expected_crc, imm);
+                        // Never more slots in use than the ring has.
+                        prop_assert!(m.unconsumed + m.pending < u64::from(ring.slot_count));
+                        m.bytes += u64::from(p.len);
+                        m.chunks += 1;
+                        m.unconsumed += 1;
+                        if m.chunk_len == 0 {
+                            m.chunk_len = p.len;
+                        }
+                        RX.hit(1);
+                        prop_assert_eq!(r.bytes_received(), m.bytes);
+                        prop_assert!(r.bytes_received() <= size);
+                    }
+                    Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
+                    Err(RecvError::TooLarge { limit, option }) => {
+                        // Only a stream, only past --max-size.
+                        prop_assert_eq!(option, "--max-size");
+                        prop_assert!(m.is_stream());
+                        prop_assert_eq!(limit, cfg.max_size);
+                        prop_assert!(m.bytes + u64::from(len - tag_len) > cfg.max_size);
+                        prop_assert_eq!(r.state(), Closed);
+                    }
+                    Err(
+                        RecvError::Reject(_)
+                        | RecvError::Auth(_)
+                        | RecvError::Version(_)
+                        | RecvError::Forged(_)
+                        | RecvError::SessionLimit(_),
+                    ) => {
+                        return Err(TestCaseError::fail("on_chunk returned a Reject"));
+                    }
+                }
+            }
+            RxAction::Accept {
+                same_shape,
+                addr,
+                rkey,
+            } => {
+                let ring = RingInfo {
+                    addr,
+                    rkey,
+                    slot_size: if same_shape {
+                        cfg.slot_size
+                    } else {
+                        cfg.slot_size ^ 1
+                    },
+                    slot_count: cfg.slot_count,
+                };
+                match r.accept(ring) {
+                    Ok(mr) => {
+                        // An accepted batch's other files count now.
+                        hellos += m.batch_files.saturating_sub(1);
+                        // No MR before an accepted HELLO (nor before AUTH).
+                        prop_assert_eq!(before, AwaitDecision);
+                        prop_assert!(admitted);
+                        prop_assert!(m.offer.is_some());
+                        // Never a ring for a directory.
+                        prop_assert!(!m.offer.as_ref().is_some_and(Hello::is_directory));
+                        prop_assert_eq!(mr, Message::Mr(ring));
+                        refused = 0;
+                        RX.hit(0);
+                        prop_assert_eq!(r.state(), Receiving);
+                        m.ring = Some(ring);
+                        // A resumed file continues its prefix.
+                        (m.bytes, m.chunks, m.chunk_len) = m.base;
+                        m.unconsumed = 0;
+                        m.pending = 0;
+                    }
+                    Err(_) => prop_assert_eq!(r.state(), before),
+                }
+            }
+            RxAction::Have(kind, n, off) => {
+                let size = m.offer.as_ref().map_or(0, |h| h.size);
+                let chunk = u64::from(room);
+                let mut have = match kind {
+                    0 => Have::nothing("fuzz"),
+                    1 => Have {
+                        kind: HaveKind::Prefix,
+                        bytes: (u64::from(n) % size.div_ceil(chunk).max(1)) * chunk,
+                        chunk_len: room,
+                        digest: Digest::Sha256([n as u8; 32]),
+                        note: String::new(),
+                    },
+                    // A complete copy discloses no digest: it is compared.
+                    2 => Have::complete(size),
+                    _ => Have::ask_digest(size),
+                };
+                if off {
+                    have.bytes = have.bytes.wrapping_add(u64::from(n % 7) + 1);
+                }
+                let fits = have.fits(size) && have.chunk_len <= room;
+                // A complete copy or a digest: within the session's budget.
+                let compares = matches!(have.kind, HaveKind::Complete | HaveKind::Digest);
+                let within = within_budget(&m, cfg.digest_budget, have.bytes);
+                prop_assert_eq!(r.may_compare(&offer_name(&m), have.bytes), within);
+                // From Comparing (the copy differs) only a HAVE of nothing.
+                let allowed =
+                    (before == AwaitDecision && may_have(&m, have.kind) && (!compares || within))
+                        || (before == Comparing && have.kind == HaveKind::Nothing);
+                match r.have(have.clone()) {
+                    Ok(msg) => {
+                        prop_assert!(
+                            allowed,
+                            "HAVE {:?} in {:?} (RESUME: {}, CHECKSUM: {}, after {:?})",
+                            have.kind,
+                            before,
+                            resumable(&m),
+                            checksummed(&m),
+                            m.have
+                        );
+                        match (before, have.kind) {
+                            (_, HaveKind::Digest) => {
+                                prop_assert!(checksummed(&m), "a digest asked without CHECKSUM");
+                                RX.hit(10);
+                            }
+                            // The copy differs (after RESUME's or CHECKSUM's COMPARE).
+                            (Comparing, _) => {}
+                            _ => prop_assert!(resumable(&m), "HAVE without RESUME"),
+                        }
+                        prop_assert!(fits, "an unfit HAVE: {:?}", have);
+                        if compares {
+                            m.digest_questions += 1;
+                            m.digest_bytes += have.bytes;
+                            m.compared.insert(offer_name(&m));
+                        }
+                        prop_assert_eq!(msg, Message::Have(have.clone()));
+                        prop_assert_eq!(r.state(), AwaitFrom);
+                        m.have = Some(have);
+                    }
+                    Err(_) => {
+                        prop_assert!(!allowed || !fits, "a fitting HAVE refused: {:?}", have);
+                        if before == AwaitDecision
+                            && may_have(&m, have.kind)
+                            && fits
+                            && compares
+                            && !within
+                        {
+                            RX.hit(12);
+                        }
+                        prop_assert_eq!(r.state(), before);
+                    }
+                }
+            }
+            RxAction::Compared(what) => {
+                let comparing = before == Comparing;
+                match what {
+                    // Reading its copy (or a kept prefix): the sender waits.
+                    0 => {
+                        let reading = comparing
+                            || (before == AwaitDecision
+                                && (m.base.0 > 0 || (resumable(&m) && m.have.is_none())));
+                        match r.keepalive() {
+                            Ok(msg) => {
+                                prop_assert!(reading, "KEEPALIVE in {:?}", before);
+                                prop_assert_eq!(msg, Message::Keepalive);
+                            }
+                            Err(_) => prop_assert!(!reading, "KEEPALIVE refused in {:?}", before),
+                        }
+                        prop_assert_eq!(r.state(), before);
+                    }
+                    // The same: the file is done without data, its ACK.
+                    1 => match r.same() {
+                        Ok(msg) => {
+                            prop_assert!(comparing, "same() in {:?}", before);
+                            let asked = m.have.as_ref().map(|h| h.kind);
+                            prop_assert!(comparable(asked), "same() after {:?}", asked);
+                            if asked == Some(HaveKind::Digest) {
+                                RX.hit(11);
+                            }
+                            prop_assert_eq!(msg, Message::Ack(Ack::new(AckStatus::Ok, "")));
+                            prop_assert_eq!(r.state(), AwaitHello);
+                            prop_assert!(replies(&mut r).is_empty());
+                            RX.hit(8);
+                            m = RxModel {
+                                files: m.files,
+                                ..m.session_wide()
+                            };
+                        }
+                        Err(_) => {
+                            prop_assert!(!comparing, "same() refused while comparing");
+                            prop_assert_eq!(r.state(), before);
+                        }
+                    },
+                    // It differs: HAVE of nothing, FROM 0 follows.
+                    _ => {
+                        let differs = Have::nothing("the receiver's copy differs");
+                        let answering = before == AwaitDecision && may_have(&m, HaveKind::Nothing);
+                        match r.have(differs.clone()) {
+                            Ok(msg) => {
+                                prop_assert!(comparing || answering, "have() in {:?}", before);
+                                prop_assert_eq!(msg, Message::Have(differs.clone()));
+                                prop_assert_eq!(r.state(), AwaitFrom);
+                                m.have = Some(differs);
+                            }
+                            Err(_) => {
+                                prop_assert!(!comparing && !answering, "nothing refused");
+                                prop_assert_eq!(r.state(), before);
+                            }
+                        }
+                    }
+                }
+            }
+            RxAction::AcceptDir => match r.accept_directory() {
+                Ok(msg) => {
+                    prop_assert_eq!(before, AwaitDecision);
+                    prop_assert!(m.offer.as_ref().is_some_and(Hello::is_directory));
+                    prop_assert_eq!(msg, Message::Ack(Ack::new(AckStatus::Ok, "")));
+                    prop_assert_eq!(r.state(), AwaitHello);
+                    refused = 0;
+                    RX.hit(3);
+                    m = RxModel {
+                        files: m.files,
+                        ..m.session_wide()
+                    };
+                }
+                Err(_) => prop_assert_eq!(r.state(), before),
+            },
+            RxAction::Reject(code) => match r.reject(code, "no".into()) {
+                Ok(msg) => {
+                    refused += 1;
+                    prop_assert_eq!(before, AwaitDecision);
+                    prop_assert!(matches!(msg, Message::Reject(_)));
+                    prop_assert_eq!(r.state(), AwaitHello);
+                    m = RxModel {
+                        files: m.files,
+                        ..m.session_wide()
+                    };
+                }
+                Err(_) => prop_assert_eq!(r.state(), before),
+            },
+            RxAction::ChunkDone => {
+                let credit = r.chunk_done();
+                if m.unconsumed > 0 {
+                    m.unconsumed -= 1;
+                    m.pending += 1;
+                }
+                if let Some(msg) = credit {
+                    let Message::Credit { count } = msg else {
+                        return Err(TestCaseError::fail("chunk_done returned a non-CREDIT"));
+                    };
+                    prop_assert_eq!(before, Receiving);
+                    prop_assert!(count > 0 && u64::from(count) <= m.pending);
+                    m.pending -= u64::from(count);
+                }
+            }
+            RxAction::Flush => {
+                if let Some(msg) = r.flush_credits() {
+                    let Message::Credit { count } = msg else {
+                        return Err(TestCaseError::fail("flush_credits returned a non-CREDIT"));
+                    };
+                    prop_assert_eq!(before, Receiving);
+                    prop_assert!(count > 0 && u64::from(count) <= m.pending);
+                    m.pending -= u64::from(count);
+                }
+            }
+            RxAction::Complete(status) => match r.complete(status, "why".into()) {
+                Ok(msg) => {
+                    prop_assert!(matches!(msg, Message::Ack(_)));
+                    match before {
+                        Verifying => {
+                            prop_assert_eq!(r.state(), AwaitHello);
+                            RX.hit(3);
+                        }
+                        Receiving | AwaitDecision => {
+                            prop_assert!(status != AckStatus::Ok);
+                            prop_assert_eq!(r.state(), Closed);
+                        }
+                        other => {
+                            return Err(TestCaseError::fail(format!("complete() in {other:?}")));
+                        }
+                    }
+                    m = RxModel {
+                        files: m.files,
+                        ..m.session_wide()
+                    };
+                }
+                Err(_) => prop_assert_eq!(r.state(), before),
+            },
+        }
+        // Closed is final.
+        if before == Closed {
+            prop_assert_eq!(r.state(), Closed);
+        }
+    }
+    Ok(())
+}
+
+/// What an accepted name never is, said without `validate_path`: a
+/// dotfile (unless allowed), one of the receiver's own names in any case,
+/// or one with an invisible character.
+pub(crate) fn check_accepted_name(name: &str, rules: NameRules) -> Result<(), TestCaseError> {
+    for c in name.split('/') {
+        prop_assert!(
+            rules.allow_dotfiles || !c.starts_with('.'),
+            "accepted dotfile {:?}",
+            name
+        );
+        prop_assert!(
+            !c.to_ascii_lowercase().starts_with(".rdma-xfer-"),
+            "accepted reserved {:?}",
+            name
+        );
+    }
+    prop_assert!(
+        !name.chars().any(is_invisible),
+        "accepted invisible {:?}",
+        name
+    );
+    Ok(())
+}
+
+#[test]
+pub(crate) fn machine_receiver() {
+    let cfg = (
+        1u32..64,
+        1u32..8,
+        0u32..10,
+        prop_oneof![3 => Just(u64::MAX), 1 => 0u64..300],
+        prop_oneof![3 => Just(DEFAULT_MAX_FILES), 1 => 1u64..4],
+        any::<bool>(),
+        prop_oneof![
+            1 => Just(DigestBudget::DEFAULT),
+            3 => (0u32..4, 0u64..600).prop_map(|(questions, bytes)| DigestBudget { questions, bytes }),
+        ],
+    )
+        .prop_map(
+            |(slot_size, slot_count, credit_batch, max_size, max_files, allow_dotfiles, digest_budget)| {
+                ReceiverConfig {
+                    slot_size,
+                    slot_count,
+                    credit_batch,
+                    max_size,
+                    max_files,
+                    max_session_bytes: u64::MAX,
+                    names: NameRules { allow_dotfiles },
+                    digest_budget,
+                }
+            },
+        );
+    let strategy = (cfg, auth_key(), sequence(rx_action(), RxAction::Legal, 300));
+    fuzz(
+        "machine_receiver",
+        strategy,
+        |(_, _, a)| a.len() as u64,
+        |(cfg, key, actions)| check_receiver(cfg, key, actions),
+        || {
+            format!(
+                "{} AUTHs verified ({} of them refused as busy), {} offers accepted ({} resuming \
+                 a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
+                 copies compared ({} the same), {} batches passed, {} digests asked ({} the \
+                 same), {} digest questions past the budget refused",
+                RX.get(4) + RX.get(6),
+                RX.get(6),
+                RX.get(0),
+                RX.get(5),
+                RX.get(1),
+                RX.get(2),
+                RX.get(3),
+                RX.get(7),
+                RX.get(8),
+                RX.get(9),
+                RX.get(10),
+                RX.get(11),
+                RX.get(12)
+            )
+        },
+    );
+}
