@@ -30,7 +30,10 @@ fn receiver_with_token_file(
     env: &[(&str, &str)],
 ) -> Running {
     let tf = token_file.to_str().expect("utf8");
-    start_receiver_env(net, port, dst, &["--token-file", tf], env)
+    ReceiverCommand::new(net, port, dst)
+        .args(&["--token-file", tf])
+        .env(env)
+        .start()
 }
 
 /// How the sender gets its token.
@@ -53,7 +56,10 @@ fn run_sender_with(net: &Net, port: u16, files: &[PathBuf], token: SenderToken) 
         SenderToken::Env(t) => Some(t),
         _ => None,
     };
-    let mut cmd = sender_cmd(net, port, Path_::Wire, files, extra);
+    let mut cmd = SenderCommand::new(net, port, Path_::Wire)
+        .files(files)
+        .args(extra)
+        .command();
     token_env(&mut cmd, env);
     Running::spawn("sender", cmd).wait(Duration::from_secs(300))
 }
@@ -120,7 +126,9 @@ fn same_token_file_on_one_side_env_on_the_other() {
     // a file; several files in the session.
     let dst2 = tempfile::tempdir().expect("dst2");
     let port = next_port();
-    let receiver = start_receiver_env(&net, port, dst2.path(), &[], &[("RDMA_XFER_TOKEN", TOKEN)]);
+    let receiver = ReceiverCommand::new(&net, port, dst2.path())
+        .env(&[("RDMA_XFER_TOKEN", TOKEN)])
+        .start();
     let second = src.path().join("b.bin");
     let sum2 = make_file(&second, 5, 12);
     let sent = run_sender_with(&net, port, &[input.clone(), second], SenderToken::File(&tf));
@@ -299,7 +307,9 @@ fn auth_downgrade_sender_with_token_refuses_receiver_without() {
     let Some(net) = rdma_net() else { return };
     let (src, dst) = dirs();
     let port = next_port();
-    let mut receiver = start_receiver_env(&net, port, dst.path(), &[], &[("RUST_LOG", "debug")]);
+    let mut receiver = ReceiverCommand::new(&net, port, dst.path())
+        .env(&[("RUST_LOG", "debug")])
+        .start();
     let input = src.path().join("never-sent.bin");
     make_file(&input, MIB, 33);
     let sent = run_sender_with(
@@ -346,7 +356,9 @@ fn auth_short_token_is_refused_before_connecting() {
     let Some(net) = rdma_net() else { return };
     let (src, dst) = dirs();
     let port = next_port();
-    let receiver = start_receiver_env(&net, port, dst.path(), &[], &[("RDMA_XFER_TOKEN", TOKEN)]);
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .env(&[("RDMA_XFER_TOKEN", TOKEN)])
+        .start();
     let input = src.path().join("short.bin");
     make_file(&input, 100, 34);
     let sent = run_sender_with(
@@ -412,13 +424,9 @@ fn send_from_a_in_time(
     let input = src.join(name);
     let sum = make_file(&input, size, 41);
     let started = std::time::Instant::now();
-    let mut cmd = sender_cmd(
-        net,
-        port,
-        Path_::Loopback,
-        std::slice::from_ref(&input),
-        &[],
-    );
+    let mut cmd = SenderCommand::new(net, port, Path_::Loopback)
+        .files(std::slice::from_ref(&input))
+        .command();
     token_env(&mut cmd, Some(TOKEN));
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
     let took = started.elapsed();
@@ -471,13 +479,9 @@ fn an_insecure_receiver_gives_one_address_half_of_its_sessions() {
     let input = src.path().join("through.bin");
     let sum = make_file(&input, 3 * MIB, 42);
     let started = std::time::Instant::now();
-    let cmd = sender_cmd(
-        &net,
-        port,
-        Path_::Loopback,
-        std::slice::from_ref(&input),
-        &[],
-    );
+    let cmd = SenderCommand::new(&net, port, Path_::Loopback)
+        .files(std::slice::from_ref(&input))
+        .command();
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
     assert_eq!(
         sent.code(),
@@ -507,7 +511,10 @@ fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
     let (src, dst) = dirs();
     let port = next_port();
     let env = [("RDMA_XFER_TOKEN", TOKEN)];
-    let mut receiver = start_receiver_env(&net, port, dst.path(), &["--max-sessions", "2"], &env);
+    let mut receiver = ReceiverCommand::new(&net, port, dst.path())
+        .args(&["--max-sessions", "2"])
+        .env(&env)
+        .start();
     let idle = idle_connections(&net, port, 12);
     let log = receiver.wait_for(
         Stream::Stderr,
@@ -556,7 +563,9 @@ fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
     make_file(&third, MIB, 60);
     let mut running = Vec::new();
     for big in bigs {
-        let mut cmd = sender_cmd(&net, port, Path_::Wire, &[big], &[]);
+        let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+            .files(&[big])
+            .command();
         token_env(&mut cmd, Some(TOKEN));
         running.push(Running::spawn("sender", cmd));
     }
@@ -566,13 +575,9 @@ fn unauthenticated_connections_cannot_lock_out_an_authenticated_sender() {
         Duration::from_secs(60),
         |log| (log.contains("big0.bin") && log.contains("big1.bin")).then_some(()),
     );
-    let mut cmd = sender_cmd(
-        &net,
-        port,
-        Path_::Loopback,
-        std::slice::from_ref(&third),
-        &[],
-    );
+    let mut cmd = SenderCommand::new(&net, port, Path_::Loopback)
+        .files(std::slice::from_ref(&third))
+        .command();
     token_env(&mut cmd, Some(TOKEN));
     let refused = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
     assert_eq!(refused.code(), 4, "{}", refused.stderr);
@@ -593,7 +598,10 @@ fn once_waits_for_an_authenticated_session() {
     let (src, dst) = dirs();
     let port = next_port();
     let env = [("RDMA_XFER_TOKEN", TOKEN)];
-    let receiver = start_receiver_env(&net, port, dst.path(), &["--once"], &env);
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .args(&["--once"])
+        .env(&env)
+        .start();
     // First a peer without the token, then one that proves nothing.
     let wrong = src.path().join("wrong.bin");
     make_file(&wrong, MIB, 70);
@@ -651,7 +659,10 @@ fn a_full_handshake_pool_makes_room_for_a_newcomer() {
         ("RDMA_XFER_FAULT", "handshake-pool:4"),
     ];
     let bin = fault_injection_bin("receiver");
-    let mut receiver = start_receiver_bin(&bin, &net, port, dst.path(), &[], &env);
+    let mut receiver = ReceiverCommand::new(&net, port, dst.path())
+        .bin(&bin)
+        .env(&env)
+        .start();
     let idle = idle_connections(&net, port, 4);
     receiver.wait_for(
         Stream::Stderr,

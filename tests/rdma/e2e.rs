@@ -465,10 +465,17 @@ fn modes_follow_the_receivers_umask_unless_both_keep_them() {
         let mut receiver_extra = vec!["--once"];
         receiver_extra.extend(receiver_flag);
         let token = [("RDMA_XFER_TOKEN", TOKEN)];
-        let receiver = start_receiver_umask(&net, port, dst.path(), &receiver_extra, "022", &token);
+        let receiver = ReceiverCommand::new(&net, port, dst.path())
+            .args(&receiver_extra)
+            .env(&token)
+            .umask("022")
+            .start();
         let mut extra = vec!["-r"];
         extra.extend(flag);
-        let mut cmd = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&tree), &extra);
+        let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+            .files(std::slice::from_ref(&tree))
+            .args(&extra)
+            .command();
         token_env(&mut cmd, Some(TOKEN));
         let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(600));
         let received = receiver.wait(Duration::from_secs(120));
@@ -505,7 +512,9 @@ fn a_file_that_shrinks_while_sent_fails_clearly_and_leaves_nothing() {
     let mut receiver = start_receiver(&net, port, dst.path(), &[]);
     let sender = Running::spawn(
         "sender",
-        sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]),
+        SenderCommand::new(&net, port, Path_::Wire)
+            .files(std::slice::from_ref(&input))
+            .command(),
     );
     receiver.wait_for_stderr("offer", Duration::from_secs(60));
     std::fs::OpenOptions::new()

@@ -31,13 +31,10 @@ fn start_big_transfer(
     let receiver = start_receiver(net, port, dst.path(), receiver_args);
     let sender = Running::spawn(
         "sender",
-        sender_cmd(
-            net,
-            port,
-            Path_::Wire,
-            std::slice::from_ref(&input),
-            sender_args,
-        ),
+        SenderCommand::new(net, port, Path_::Wire)
+            .files(std::slice::from_ref(&input))
+            .args(sender_args)
+            .command(),
     );
     wait_for_partial_file(dst.path(), 32 * MIB);
     MidTransfer {
@@ -249,13 +246,10 @@ fn wire_cut_with_resume_and_retry_finishes_by_itself() {
     let mut receiver = start_receiver(&net, port, dst.path(), &["--timeout", "5"]);
     let mut sender = Running::spawn(
         "sender",
-        sender_cmd(
-            &net,
-            port,
-            Path_::Wire,
-            &[exists, input],
-            &["--resume", "--retry", "--timeout", "5", "--json"],
-        ),
+        SenderCommand::new(&net, port, Path_::Wire)
+            .files(&[exists, input])
+            .args(&["--resume", "--retry", "--timeout", "5", "--json"])
+            .command(),
     );
     wait_for_partial_file(dst.path(), 64 * MIB);
     set_wire("down");
@@ -329,14 +323,10 @@ fn corrupted_chunk_is_caught_exit_5_nothing_written() {
     // With writer threads: chunks 0-2 may be in their hands when chunk 3
     // fails its check; nothing of the file may be left either way.
     let mut receiver = start_receiver(&net, port, dst.path(), &["--threads", "2"]);
-    let mut cmd = sender_cmd_with(
-        &sender,
-        &net,
-        port,
-        Path_::Wire,
-        std::slice::from_ref(&input),
-        &[],
-    );
+    let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+        .bin(&sender)
+        .files(std::slice::from_ref(&input))
+        .command();
     cmd.env("RDMA_XFER_FAULT", "corrupt-chunk:3");
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
     assert_eq!(sent.code(), 5, "{}", sent.stderr);
@@ -363,14 +353,11 @@ fn a_corrupted_batch_of_small_files_leaves_none_of_them() {
     }
     let port = next_port();
     let mut receiver = start_receiver(&net, port, dst.path(), &["-vv"]);
-    let mut cmd = sender_cmd_with(
-        &sender,
-        &net,
-        port,
-        Path_::Wire,
-        std::slice::from_ref(&tree),
-        &["-r", "--json"],
-    );
+    let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+        .bin(&sender)
+        .files(std::slice::from_ref(&tree))
+        .args(&["-r", "--json"])
+        .command();
     // The batch's first chunk (all 30 files share it) is corrupted.
     cmd.env("RDMA_XFER_FAULT", "corrupt-chunk:0");
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
@@ -446,7 +433,9 @@ fn output_filesystem_full_mid_file_sender_exits_6_with_the_reason() {
     // takes the space while the data flows.
     let sender = Running::spawn(
         "sender",
-        sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]),
+        SenderCommand::new(&net, port, Path_::Wire)
+            .files(std::slice::from_ref(&input))
+            .command(),
     );
     wait_for_partial_file(dst, 4 * MIB);
     let filler = dst.join("filler");
@@ -500,13 +489,10 @@ fn concurrent_sessions_cannot_both_take_the_same_free_space() {
     let receiver = start_receiver(&net, port, dst, &[]);
     let sender = Running::spawn(
         "sender",
-        sender_cmd(
-            &net,
-            port,
-            Path_::Wire,
-            std::slice::from_ref(&first),
-            &["--depth", "2"],
-        ),
+        SenderCommand::new(&net, port, Path_::Wire)
+            .files(std::slice::from_ref(&first))
+            .args(&["--depth", "2"])
+            .command(),
     );
     // The first file is being written; freeze its sender so that most of
     // its 60 MiB are still to come (free: ~90 MiB, promised: ~56 MiB).
@@ -609,13 +595,18 @@ fn eight_senders_with_one_percent_loss_all_arrive_intact() {
     // senders share one) only half of its sessions.
     let token = "lossy-senders-token-0123456789abcd";
     let env = [("RDMA_XFER_TOKEN", token)];
-    let receiver = start_receiver_env(&net, port, dst.path(), &["--max-sessions", "8"], &env);
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .args(&["--max-sessions", "8"])
+        .env(&env)
+        .start();
     let _netem = Netem::loss(&devs, "1%");
     let started = Instant::now();
     let senders: Vec<Running> = inputs
         .iter()
         .map(|(p, _)| {
-            let mut cmd = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(p), &[]);
+            let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+                .files(std::slice::from_ref(p))
+                .command();
             token_env(&mut cmd, Some(token));
             cmd.env("RUST_LOG", "rdma_xfer=debug");
             Running::spawn("sender", cmd)

@@ -49,7 +49,10 @@ fn serve_with(net: &Net, token: Option<&str>, timeout: &str) -> Served {
     std::fs::create_dir(&out).expect("mkdir out");
     let port = next_port();
     let env: Vec<(&str, &str)> = token.map(|t| ("RDMA_XFER_TOKEN", t)).into_iter().collect();
-    let receiver = start_receiver_env(net, port, &out, &["--timeout", timeout], &env);
+    let receiver = ReceiverCommand::new(net, port, &out)
+        .args(&["--timeout", timeout])
+        .env(&env)
+        .start();
     Served {
         tmp,
         out,
@@ -112,7 +115,9 @@ impl Served {
     fn assert_still_serves_with(&mut self, net: &Net, token: Option<&str>) {
         let input = self.src.path().join("after.bin");
         let sum = make_file(&input, 3 * CHUNK + 17, 0xa11ce);
-        let mut cmd = sender_cmd(net, self.port, Path_::Wire, &[input], &[]);
+        let mut cmd = SenderCommand::new(net, self.port, Path_::Wire)
+            .files(&[input])
+            .command();
         token_env(&mut cmd, token);
         let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(300));
         assert_eq!(

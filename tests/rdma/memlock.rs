@@ -50,14 +50,20 @@ fn receiver(net: &Net, port: u16, dst: &Path, extra: &[&str], serving: bool) -> 
         args.push("--once");
     }
     args.extend(extra);
-    receiver_cmd(net, port, dst, &args, &[("RDMA_XFER_TOKEN", TOKEN)])
+    ReceiverCommand::new(net, port, dst)
+        .args(&args)
+        .env(&[("RDMA_XFER_TOKEN", TOKEN)])
+        .command()
 }
 
 /// The sender's command line (across the wire), with the token and `-vv`.
 fn sender(net: &Net, port: u16, files: &[PathBuf], extra: &[&str]) -> Command {
     let mut args = vec!["-v"];
     args.extend(extra);
-    let mut cmd = sender_cmd(net, port, Path_::Wire, files, &args);
+    let mut cmd = SenderCommand::new(net, port, Path_::Wire)
+        .files(files)
+        .args(&args)
+        .command();
     token_env(&mut cmd, Some(TOKEN));
     cmd
 }

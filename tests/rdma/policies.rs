@@ -44,7 +44,11 @@ fn make_tree(root: &Path, files: u64) -> Vec<String> {
 fn send_with_fault(net: &Net, port: u16, input: &Path, fault: &str, extra: &[&str]) -> Finished {
     let sender = fault_injection_bin("sender");
     let files = [input.to_path_buf()];
-    let mut cmd = sender_cmd_with(&sender, net, port, Path_::Wire, &files, extra);
+    let mut cmd = SenderCommand::new(net, port, Path_::Wire)
+        .bin(&sender)
+        .files(&files)
+        .args(extra)
+        .command();
     cmd.env("RDMA_XFER_FAULT", fault);
     Running::spawn("sender", cmd).wait(Duration::from_secs(120))
 }
@@ -712,13 +716,10 @@ fn exec_commands_cannot_find_the_token_in_the_receivers_environment() {
         seen.path().display()
     );
     let port = next_port();
-    let receiver = start_receiver_env(
-        &net,
-        port,
-        dst.path(),
-        &["--once", "--exec", &cmd],
-        &[("RDMA_XFER_TOKEN", TOKEN)],
-    );
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .args(&["--once", "--exec", &cmd])
+        .env(&[("RDMA_XFER_TOKEN", TOKEN)])
+        .start();
     let shows = |bytes: &[u8]| {
         let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
         has(b"RDMA_XFER_TOKEN") || has(TOKEN.as_bytes())
@@ -730,7 +731,9 @@ fn exec_commands_cannot_find_the_token_in_the_receivers_environment() {
         !shows(&environ),
         "the receiver's /proc/PID/environ shows the token"
     );
-    let mut sender = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&input), &[]);
+    let mut sender = SenderCommand::new(&net, port, Path_::Wire)
+        .files(std::slice::from_ref(&input))
+        .command();
     token_env(&mut sender, Some(TOKEN));
     let sent = Running::spawn("sender", sender).wait(Duration::from_secs(120));
     let received = receiver.wait(Duration::from_secs(120));
@@ -772,13 +775,10 @@ fn exec_commands_are_started_without_a_fork_of_the_receiver() {
     let trace = tempfile::tempdir().unwrap();
     let log = trace.path().join("clones.log");
     let port = next_port();
-    let receiver = receiver_cmd(
-        &net,
-        port,
-        dst.path(),
-        &["--once", "--exec", "cat > /dev/null"],
-        &[("RDMA_XFER_TOKEN", TOKEN)],
-    );
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .args(&["--once", "--exec", "cat > /dev/null"])
+        .env(&[("RDMA_XFER_TOKEN", TOKEN)])
+        .command();
     let mut traced = std::process::Command::new("strace");
     traced
         .args([
@@ -800,13 +800,10 @@ fn exec_commands_are_started_without_a_fork_of_the_receiver() {
         };
     }
     let receiver = start_receiver_cmd(traced);
-    let mut sender = sender_cmd(
-        &net,
-        port,
-        Path_::Wire,
-        std::slice::from_ref(&tree),
-        &["-r"],
-    );
+    let mut sender = SenderCommand::new(&net, port, Path_::Wire)
+        .files(std::slice::from_ref(&tree))
+        .args(&["-r"])
+        .command();
     token_env(&mut sender, Some(TOKEN));
     let sent = Running::spawn("sender", sender).wait(Duration::from_secs(300));
     let received = receiver.wait(Duration::from_secs(300));

@@ -76,7 +76,10 @@ fn kill_sender_at(
     let args: Vec<&str> = ["--resume"].iter().chain(extra).copied().collect();
     let sender = Running::spawn(
         "sender",
-        sender_cmd(net, port, Path_::Wire, &[input.to_path_buf()], &args),
+        SenderCommand::new(net, port, Path_::Wire)
+            .files(&[input.to_path_buf()])
+            .args(&args)
+            .command(),
     );
     let said_before = receiver.stderr_so_far().matches("kept the ").count();
     wait_for_partial_file(dst, at);
@@ -182,14 +185,11 @@ fn a_failed_write_keeps_only_what_came_before_it_and_resumes_from_there() {
     let bin = fault_injection_bin("receiver");
     let fault = format!("fail-write:{failed_at}");
     let receiver_args = ["--chunk-size", "64K", "--slots", "8", "--threads", "3"];
-    let receiver = start_receiver_bin(
-        &bin,
-        &net,
-        port,
-        dst.path(),
-        &receiver_args,
-        &[("RDMA_XFER_FAULT", fault.as_str())],
-    );
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .bin(&bin)
+        .args(&receiver_args)
+        .env(&[("RDMA_XFER_FAULT", fault.as_str())])
+        .start();
     let sent = run_sender(
         &net,
         port,
@@ -258,10 +258,17 @@ fn with_a_token_a_forged_chunk_is_never_written_nor_kept_for_resuming() {
     let env = [("RDMA_XFER_TOKEN", token)];
     let receiver_args = ["--chunk-size", "64K", "--slots", "8", "--threads", "3"];
     let port = next_port();
-    let receiver = start_receiver_env(&net, port, dst.path(), &receiver_args, &env);
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .args(&receiver_args)
+        .env(&env)
+        .start();
     let sender = fault_injection_bin("sender");
     let files = std::slice::from_ref(&input);
-    let mut cmd = sender_cmd_with(&sender, &net, port, Path_::Wire, files, &["--resume"]);
+    let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+        .bin(&sender)
+        .files(files)
+        .args(&["--resume"])
+        .command();
     token_env(&mut cmd, Some(token));
     cmd.env("RDMA_XFER_FAULT", "forge-chunk:100");
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
@@ -283,8 +290,14 @@ fn with_a_token_a_forged_chunk_is_never_written_nor_kept_for_resuming() {
     drop(receiver);
 
     let port = next_port();
-    let _receiver = start_receiver_env(&net, port, dst.path(), &receiver_args, &env);
-    let mut cmd = sender_cmd(&net, port, Path_::Wire, files, &["--resume", "--json"]);
+    let _receiver = ReceiverCommand::new(&net, port, dst.path())
+        .args(&receiver_args)
+        .env(&env)
+        .start();
+    let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+        .files(files)
+        .args(&["--resume", "--json"])
+        .command();
     token_env(&mut cmd, Some(token));
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(120));
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
@@ -306,13 +319,10 @@ fn a_restarted_receiver_resumes_from_the_record_on_disk() {
     let receiver = start_receiver(&net, port, dst.path(), &[]);
     let sender = Running::spawn(
         "sender",
-        sender_cmd(
-            &net,
-            port,
-            Path_::Wire,
-            std::slice::from_ref(&input),
-            &["--resume", "--timeout", "10"],
-        ),
+        SenderCommand::new(&net, port, Path_::Wire)
+            .files(std::slice::from_ref(&input))
+            .args(&["--resume", "--timeout", "10"])
+            .command(),
     );
     wait_for_partial_file(dst.path(), 120 * MIB);
     receiver.signal("KILL");
@@ -458,13 +468,10 @@ fn an_interrupted_tree_resumed_skips_what_is_complete() {
     };
     let sender = Running::spawn(
         "sender",
-        sender_cmd(
-            &net,
-            port,
-            Path_::Wire,
-            std::slice::from_ref(&tree),
-            &["--resume", "-r"],
-        ),
+        SenderCommand::new(&net, port, Path_::Wire)
+            .files(std::slice::from_ref(&tree))
+            .args(&["--resume", "-r"])
+            .command(),
     );
     wait_until(
         "half of the tree",
@@ -557,20 +564,13 @@ fn retry_reconnects_only_after_transient_failures() {
 
     // A session refused (wrong token): exit 4 at once.
     let port = next_port();
-    let receiver = start_receiver_env(
-        &net,
-        port,
-        dst.path(),
-        &[],
-        &[("RDMA_XFER_TOKEN", "the-receivers-token-0123456789")],
-    );
-    let mut cmd = sender_cmd(
-        &net,
-        port,
-        Path_::Wire,
-        std::slice::from_ref(&input),
-        &["--retry"],
-    );
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .env(&[("RDMA_XFER_TOKEN", "the-receivers-token-0123456789")])
+        .start();
+    let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+        .files(std::slice::from_ref(&input))
+        .args(&["--retry"])
+        .command();
     token_env(&mut cmd, Some("another-token-entirely-0123456789"));
     let started = Instant::now();
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
@@ -581,14 +581,11 @@ fn retry_reconnects_only_after_transient_failures() {
     // at once, never retried.
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &[]);
-    let mut cmd = sender_cmd_with(
-        &fault_injection_bin("sender"),
-        &net,
-        port,
-        Path_::Wire,
-        &[input],
-        &["--retry"],
-    );
+    let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+        .bin(&fault_injection_bin("sender"))
+        .files(&[input])
+        .args(&["--retry"])
+        .command();
     cmd.env("RDMA_XFER_FAULT", "corrupt-chunk:1");
     let started = Instant::now();
     let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(60));
@@ -629,13 +626,10 @@ fn retry_reports_a_file_cut_short_when_no_attempt_is_left() {
     let receiver = start_receiver(&net, port, dst.path(), &[]);
     let sender = Running::spawn(
         "sender",
-        sender_cmd(
-            &net,
-            port,
-            Path_::Wire,
-            std::slice::from_ref(&input),
-            &["--retry=1", "--json", "--timeout", "5"],
-        ),
+        SenderCommand::new(&net, port, Path_::Wire)
+            .files(std::slice::from_ref(&input))
+            .args(&["--retry=1", "--json", "--timeout", "5"])
+            .command(),
     );
     wait_for_partial_file(dst.path(), 32 * MIB);
     receiver.signal("KILL");

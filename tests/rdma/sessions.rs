@@ -54,12 +54,16 @@ fn eight_senders_at_once_all_arrive_intact() {
     // With a token: an --insecure receiver gives one address (these
     // senders share one) only half of its sessions.
     let env = [("RDMA_XFER_TOKEN", TOKEN)];
-    let receiver = start_receiver_env(&net, port, dst.path(), &[], &env);
+    let receiver = ReceiverCommand::new(&net, port, dst.path())
+        .env(&env)
+        .start();
     let started = Instant::now();
     let senders: Vec<Running> = inputs
         .iter()
         .map(|(p, _)| {
-            let mut cmd = sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(p), &[]);
+            let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+                .files(std::slice::from_ref(p))
+                .command();
             token_env(&mut cmd, Some(TOKEN));
             Running::spawn("sender", cmd)
         })
@@ -105,7 +109,9 @@ fn beyond_max_sessions_a_sender_is_refused_with_a_reason() {
     let mut receiver = start_receiver(&net, port, dst.path(), &["--max-sessions", "1"]);
     let first = Running::spawn(
         "sender",
-        sender_cmd(&net, port, Path_::Wire, std::slice::from_ref(&big), &[]),
+        SenderCommand::new(&net, port, Path_::Wire)
+            .files(std::slice::from_ref(&big))
+            .command(),
     );
     receiver.wait_for_stderr("offer", Duration::from_secs(60));
 
