@@ -37,6 +37,7 @@ build: deps
 lint: lint-deps
 	find scripts .ci -type f \( -name '*.sh' -o -name run \) -print0 | sort -z | xargs -0 shellcheck -x
 	scripts/lint-unsafe.sh
+	scripts/check-architecture.sh
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
 	$(CARGO) clippy --release --locked --features fault-injection --target-dir target/fault-injection --all-targets -- -D warnings
