@@ -262,7 +262,7 @@ pub struct SenderSession {
     /// The receiver's HAVE for the current file.
     have: Option<Have>,
     /// The SHA-256 the current file's COMPARE carried.
-    compared: Option<[u8; 32]>,
+    compare_sha256: Option<[u8; 32]>,
     /// The current file was offered with CHECKSUM: a HAVE of kind Digest
     /// may come instead of its MR.
     checksum: bool,
@@ -298,7 +298,7 @@ impl SenderSession {
             planned: 0,
             tag: 0,
             have: None,
-            compared: None,
+            compare_sha256: None,
             checksum: false,
             base_chunk_len: 0,
             pending: VecDeque::new(),
@@ -486,7 +486,7 @@ impl SenderSession {
         self.seq = 0;
         self.planned = 0;
         self.have = None;
-        self.compared = None;
+        self.compare_sha256 = None;
         self.checksum = false;
         self.base_chunk_len = 0;
         self.state = SenderState::AwaitRing;
@@ -656,7 +656,7 @@ impl SenderSession {
             // The receiver's copy is the file: nothing is sent.
             (AwaitCompared, Message::Ack(a)) if front.is_none() && a.status == AckStatus::Ok => {
                 let (Some(sha256), Some(kind)) =
-                    (self.compared, self.have.as_ref().map(|h| h.kind))
+                    (self.compare_sha256, self.have.as_ref().map(|h| h.kind))
                 else {
                     // Unreachable: AwaitCompared comes only from `compare`,
                     // after a HAVE.
@@ -824,7 +824,7 @@ impl SenderSession {
             return Err(self.wrong_state("compare"));
         }
         self.state = SenderState::AwaitCompared;
-        self.compared = Some(sha256);
+        self.compare_sha256 = Some(sha256);
         Ok(Message::Compare { sha256 })
     }
 

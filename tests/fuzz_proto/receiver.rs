@@ -387,8 +387,12 @@ pub(crate) fn legal_rx(
                     hello_flags::RESUME | hello_flags::MTIME,
                     format!("r{}", m.files),
                 ),
+                // Now and then the same file again, under a name compared
+                // already in the session (once is all it gets).
                 5 | 6 if seed.is_multiple_of(2) => {
-                    (v, hello_flags::CHECKSUM, format!("c{}", m.files))
+                    let again = m.compared.iter().next().filter(|_| seed.is_multiple_of(5));
+                    let name = again.cloned().unwrap_or_else(|| format!("c{}", m.files));
+                    (v, hello_flags::CHECKSUM, name)
                 }
                 0 => (v, hello_flags::STREAM, format!("s{}", m.files)),
                 1 => (v, hello_flags::DIRECTORY, format!("d/{}", m.files)),
@@ -1087,6 +1091,9 @@ pub(crate) fn check_receiver(
                             && !within
                         {
                             RX.hit(12);
+                            if m.compared.contains(&offer_name(&m)) {
+                                RX.hit(13);
+                            }
                         }
                         prop_assert_eq!(r.state(), before);
                     }
@@ -1299,7 +1306,8 @@ pub(crate) fn machine_receiver() {
                 "{} AUTHs verified ({} of them refused as busy), {} offers accepted ({} resuming \
                  a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
                  copies compared ({} the same), {} batches passed, {} digests asked ({} the \
-                 same), {} digest questions past the budget refused",
+                 same), {} digest questions past the budget refused ({} about a name compared \
+                 already)",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -1312,7 +1320,8 @@ pub(crate) fn machine_receiver() {
                 RX.get(9),
                 RX.get(10),
                 RX.get(11),
-                RX.get(12)
+                RX.get(12),
+                RX.get(13)
             )
         },
     );

@@ -177,10 +177,13 @@ fn posting_moves_the_buffer_until_its_completion_and_checks_what_it_cannot_prove
             );
             assert!(msg.contains("already in flight"), "{msg}");
         }
-        other => assert!(
-            !rxe,
-            "rxe queues a SEND before connect and fails its doorbell: {other:?}"
-        ),
+        other => {
+            assert!(
+                !rxe,
+                "rxe queues a SEND before connect and fails its doorbell: {other:?}"
+            );
+            eprintln!("not rxe: the held post is not checked here ({other:?})");
+        }
     }
 
     // No queue takes more requests than it was sized for: the CQ holds a
@@ -281,17 +284,25 @@ fn each_id_on_a_shared_event_channel_gets_its_own_events() {
 
     let source: Option<std::net::IpAddr> =
         net.addr_b.as_deref().map(|a| a.parse().expect("source"));
+    let (requested_tx, requested_rx) = mpsc::channel();
     let client = std::thread::spawn(move || {
         let channel = EventChannel::new().expect("event channel");
         let id = CmId::new(&channel).expect("cm id");
         id.resolve(source, addr, TIMEOUT).expect("resolve");
         let ep = Endpoint::new(id, CAPS, false).expect("endpoint");
-        ep.cm_id().connect(TIMEOUT).expect("connect");
+        // Says when the request is on its way (rdma_connect returned).
+        ep.cm_id()
+            .connect_while(TIMEOUT, || requested_tx.send(()).expect("signal"))
+            .expect("connect");
         let _ = ep.cm_id().disconnected_within(TIMEOUT);
     });
 
-    // The bystander waits for its own events: the connection request that
-    // arrives meanwhile is the listener's, and stays the listener's.
+    // The bystander waits for its own events, from when the request is on
+    // its way: the connection request that arrives meanwhile is the
+    // listener's, and stays the listener's.
+    requested_rx
+        .recv_timeout(TIMEOUT)
+        .expect("the client's request");
     assert!(!bystander.disconnected_within(Duration::from_secs(2)));
     let request = listener
         .get_request(TIMEOUT)

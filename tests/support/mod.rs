@@ -5,10 +5,11 @@
 //! starts: receiver, sender, shell pipelines and the raw client);
 //! `tools.rs` the tools' command lines (`ReceiverCommand`,
 //! `SenderCommand`); `data.rs` test data; `limits.rs` memlock limits;
-//! `raw_client.rs` the hostile client; `faults.rs` faults injected into a
-//! transfer. The end-to-end tests drive the built binaries exactly as a user
-//! would, on a real RDMA stack (SoftRoCE in the QEMU guest of
-//! scripts/guest/run.sh, or a host that has an RDMA device).
+//! `raw_client.rs` the hostile client; `guest.rs` the guest's wire and
+//! devices, faults injected into a transfer. The end-to-end tests drive
+//! the built binaries exactly as a user would, on a real RDMA stack
+//! (SoftRoCE in the QEMU guest of scripts/guest/run.sh, or a host that has
+//! an RDMA device).
 #![allow(dead_code)]
 
 use sha2::{Digest, Sha256};
@@ -23,13 +24,13 @@ use tempfile::TempDir;
 
 // Each test binary uses a part of these.
 mod data;
-mod faults;
+mod guest;
 mod limits;
 mod process;
 mod raw_client;
 mod tools;
 #[allow(unused_imports)]
-pub use {data::*, faults::*, limits::*, process::*, raw_client::*, tools::*};
+pub use {data::*, guest::*, limits::*, process::*, raw_client::*, tools::*};
 
 pub const MIB: u64 = 1 << 20;
 /// Default chunk (slot) size of the tools.

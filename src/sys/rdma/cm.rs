@@ -189,7 +189,7 @@ impl EventChannel {
                 if out.owner == owner {
                     return Ok(out);
                 }
-                self.kept.borrow_mut().push_back(out);
+                self.keep(out);
                 continue;
             }
             let err = std::io::Error::last_os_error();
@@ -210,6 +210,22 @@ impl EventChannel {
         }
     }
 
+    /// Keeps an event read for another id. A connection request beyond
+    /// `MAX_KEPT_REQUESTS` is refused at once: reading a request frees its
+    /// place in the kernel's backlog, so keeping every one would let a
+    /// flood of requests hold ids without bound.
+    fn keep(&self, ev: CmEvent) {
+        let mut kept = self.kept.borrow_mut();
+        if !ev.new_id.is_null()
+            && kept.iter().filter(|k| !k.new_id.is_null()).count() >= MAX_KEPT_REQUESTS
+        {
+            drop(kept);
+            self.refuse(ev);
+            return;
+        }
+        kept.push_back(ev);
+    }
+
     /// Takes out the kept events of `owner` (an id leaving this channel).
     fn take_kept(&self, owner: *mut rdma_cm_id) -> std::collections::VecDeque<CmEvent> {
         let mut kept = self.kept.borrow_mut();
@@ -219,26 +235,43 @@ impl EventChannel {
         *kept = rest;
         theirs
     }
-}
 
-/// Refuses and destroys the ids of connection requests never taken (kept
-/// for a listener that is gone).
-fn refuse_requests(events: impl IntoIterator<Item = CmEvent>) {
-    for ev in events {
-        if !ev.new_id.is_null() {
-            // SAFETY: new_id came with a CONNECT_REQUEST that was never
-            // handed out, so it is ours alone and not yet accepted.
-            unsafe {
-                rdma_reject(ev.new_id, std::ptr::null(), 0);
-                rdma_destroy_id(ev.new_id);
-            }
+    /// Forgets the kept events of `owner` (an id about to be destroyed: a
+    /// later id could get its address); the connection requests among them
+    /// (a listener's, never taken) are refused.
+    fn forget(&self, owner: *mut rdma_cm_id) {
+        for ev in self.take_kept(owner) {
+            self.refuse(ev);
+        }
+    }
+
+    /// Refuses and destroys the id of a connection request never handed
+    /// out, and forgets the events kept for it.
+    fn refuse(&self, ev: CmEvent) {
+        if ev.new_id.is_null() {
+            return;
+        }
+        self.forget(ev.new_id);
+        // SAFETY: new_id came with a CONNECT_REQUEST that was never handed
+        // out, so it is ours alone, not accepted, and destroyed only here
+        // (its event is consumed by value).
+        unsafe {
+            rdma_reject(ev.new_id, std::ptr::null(), 0);
+            rdma_destroy_id(ev.new_id);
         }
     }
 }
 
+/// Connection requests kept for a listener while another id on its
+/// channel waits for its own events (see `EventChannel::keep`).
+const MAX_KEPT_REQUESTS: usize = 64;
+
 impl Drop for EventChannel {
     fn drop(&mut self) {
-        refuse_requests(self.kept.get_mut().drain(..));
+        let left: Vec<CmEvent> = self.kept.get_mut().drain(..).collect();
+        for ev in left {
+            self.refuse(ev);
+        }
         // SAFETY: every CmId holds an Rc to its channel, so no id uses it now.
         unsafe { rdma_destroy_event_channel(self.raw) };
     }
@@ -370,6 +403,15 @@ fn peer_addr_of(raw: *mut rdma_cm_id) -> Option<SocketAddr> {
         unsafe { read_sockaddr_union(std::ptr::addr_of!((*raw).route.addr.dst_addr_union)) };
     sockaddr_to_std(&storage)
 }
+
+// The two unions read, checked where `cargo check` sees it too (the
+// generic check fires only when the function is built).
+const _: () = assert!(
+    std::mem::size_of::<rdma_addr__bindgen_ty_1>() >= std::mem::size_of::<libc::sockaddr_storage>()
+);
+const _: () = assert!(
+    std::mem::size_of::<rdma_addr__bindgen_ty_2>() >= std::mem::size_of::<libc::sockaddr_storage>()
+);
 
 /// Copies one of the route's address unions (`T`, the type of the field
 /// read) into a sockaddr_storage; that `T` is at least as large is checked
@@ -765,7 +807,7 @@ impl Drop for CmId {
         }
         // Its kept events go with it (a later id could get its address);
         // a listener's untaken requests are refused.
-        refuse_requests(self.channel.take_kept(self.raw));
+        self.channel.forget(self.raw);
         // SAFETY: the QP on this id (if any) was destroyed by Endpoint, which
         // holds an Rc of this id; all events were acked when read.
         unsafe { rdma_destroy_id(self.raw) };

@@ -660,12 +660,11 @@ impl Endpoint {
         if rc == 0 {
             return Ok(());
         }
-        // Providers return an errno; siw returns -1 from a failed doorbell
-        // write with errno set.
-        let source = if rc > 0 {
-            std::io::Error::from_raw_os_error(rc)
-        } else {
-            std::io::Error::last_os_error()
+        // Providers return an errno (some negated); siw returns -1 from a
+        // failed doorbell write with errno set.
+        let source = match rc {
+            -1 => std::io::Error::last_os_error(),
+            rc => std::io::Error::from_raw_os_error(rc.saturating_abs()),
         };
         if refused_ours {
             self.posted.borrow_mut().remove(wr_id);

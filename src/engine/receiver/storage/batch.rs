@@ -25,11 +25,11 @@ pub(super) fn sync_dirs(members: &[BatchMember]) -> Result<(), XferError> {
 
 /// One file of a batch: where its bytes are in the batch's data, and where
 /// they go.
-pub(crate) struct BatchMember {
-    pub(crate) name: String,
+pub(in crate::engine::receiver) struct BatchMember {
+    pub(in crate::engine::receiver) name: String,
     /// Its first byte's offset in the batch's data.
     start: u64,
-    pub(crate) size: u64,
+    pub(in crate::engine::receiver) size: u64,
     mode: u32,
     mtime: Option<Mtime>,
     /// None: it is not stored (--discard).
@@ -40,8 +40,8 @@ pub(crate) struct BatchMember {
 
 /// The files of a BATCH: their bytes arrive back to back, as one file of
 /// their total size, and are committed together.
-pub(crate) struct BatchSink {
-    pub(crate) members: Vec<BatchMember>,
+pub(in crate::engine::receiver) struct BatchSink {
+    pub(in crate::engine::receiver) members: Vec<BatchMember>,
     /// The batch's bytes so far (the next member starts at or after it).
     len: u64,
     /// The free space promised to the whole batch (none: not stored).
@@ -78,7 +78,11 @@ impl BatchSink {
 
     /// Writes the batch's bytes at `offset` (of the batch's data) to the
     /// files they belong to.
-    pub(crate) fn write_chunk(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+    pub(in crate::engine::receiver) fn write_chunk(
+        &mut self,
+        data: &[u8],
+        offset: u64,
+    ) -> std::io::Result<()> {
         let end = offset + data.len() as u64;
         // Members are in order: skip those that end before the chunk.
         let first = self.members.partition_point(|m| m.start + m.size <= offset);
@@ -105,12 +109,12 @@ impl BatchSink {
     }
 
     /// Its files are verified and dropped (--discard), not stored.
-    pub(crate) fn discards(&self) -> bool {
+    pub(in crate::engine::receiver) fn discards(&self) -> bool {
         self.promise.is_none()
     }
 
     /// Every file's digest (in order), for the reports; once.
-    pub(crate) fn digests(&mut self) -> Vec<crate::proto::Digest> {
+    pub(in crate::engine::receiver) fn digests(&mut self) -> Vec<crate::proto::Digest> {
         self.members
             .iter_mut()
             .filter_map(|m| m.hasher.take().map(FileHasher::finish))
@@ -124,7 +128,7 @@ impl BatchSink {
     /// it are taken back without `overwrite`: nothing of a failed batch
     /// stays. With `overwrite` they replaced what was there; they stay,
     /// complete and verified, and their directories are fsynced.
-    pub(crate) fn commit(&mut self, overwrite: bool) -> Result<(), XferError> {
+    pub(in crate::engine::receiver) fn commit(&mut self, overwrite: bool) -> Result<(), XferError> {
         for m in &mut self.members {
             if let Some(temp) = m.temp.as_mut() {
                 temp.make_durable(&m.name, m.mode, m.mtime)?;

@@ -18,18 +18,18 @@ use tracing::{debug, warn};
 
 /// What every command of a receiver shares.
 #[derive(Debug, Clone)]
-pub(crate) struct ExecSpec {
+pub(in crate::engine::receiver) struct ExecSpec {
     /// The command line, run by `sh -c`.
-    pub(crate) command: String,
+    pub(in crate::engine::receiver) command: String,
     /// How long the command may take no input, or take to exit once its
     /// input ended, before it is stopped.
-    pub(crate) stall: Duration,
+    pub(in crate::engine::receiver) stall: Duration,
     /// Its pipe's size (a chunk, so that a write rarely waits twice).
-    pub(crate) pipe_bytes: usize,
+    pub(in crate::engine::receiver) pipe_bytes: usize,
 }
 
 /// The command under its file: started, fed, then judged.
-pub(crate) struct ExecSink {
+pub(in crate::engine::receiver) struct ExecSink {
     name: String,
     size: Option<u64>,
     stall: Duration,
@@ -54,7 +54,7 @@ pub(crate) struct ExecSink {
 const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// Why a command's file is not received.
-pub(crate) enum ExecFailure {
+pub(in crate::engine::receiver) enum ExecFailure {
     /// The data is not what the sender announced (RDMA_XFER_DIGEST).
     Integrity(String),
     /// The command failed, stopped early or took too long.
@@ -65,7 +65,7 @@ impl ExecSpec {
     /// Starts the command for the file `name` (`size`: None for a stream)
     /// from `peer`; `sha256` is the whole-file SHA-256 if the sender sent
     /// it before the data.
-    pub(crate) fn start(
+    pub(in crate::engine::receiver) fn start(
         &self,
         dir: &DirFd,
         name: &str,
@@ -143,7 +143,11 @@ impl ExecSink {
     /// Feeds the next bytes of the file (`written` came before). Waits
     /// while the pipe is full, up to the stall limit; a command that
     /// closed its input takes nothing more, and that is judged at commit.
-    pub(crate) fn write(&mut self, mut data: &[u8], written: u64) -> std::io::Result<()> {
+    pub(in crate::engine::receiver) fn write(
+        &mut self,
+        mut data: &[u8],
+        written: u64,
+    ) -> std::io::Result<()> {
         self.received = written + data.len() as u64;
         if let Some((_, hasher)) = self.announced.as_mut() {
             sha2::Digest::update(hasher, data);
@@ -194,7 +198,7 @@ impl ExecSink {
 
     /// The data is verified: the command sees the end of its input, and
     /// its exit decides. Ok only if it read every byte and exited 0.
-    pub(crate) fn finish(&mut self) -> Result<(), ExecFailure> {
+    pub(in crate::engine::receiver) fn finish(&mut self) -> Result<(), ExecFailure> {
         if let Some((announced, hasher)) = self.announced.take()
             && <[u8; 32]>::from(sha2::Digest::finalize(hasher)) != announced
         {
@@ -267,7 +271,7 @@ impl ExecSink {
     /// closes last. The group is signalled even when its first process is
     /// gone: another may hold the input (its id is not reused while any
     /// member lives).
-    pub(crate) fn stop(&mut self) {
+    pub(in crate::engine::receiver) fn stop(&mut self) {
         if let Err(e) = signal_group(&self.child, GroupSignal::Terminate) {
             warn!(file = %self.name, "cannot stop the --exec command: {e}");
         }

@@ -16,12 +16,12 @@ use std::path::Path;
 /// A regular file under --link-dest at an offered path, of the offered
 /// size: the offer is linked to it (or copied from it) if their SHA-256s
 /// are the same.
-pub(crate) struct LinkCandidate {
+pub(in crate::engine::receiver) struct LinkCandidate {
     parent: DirFd,
     leaf: String,
     /// Open without following a link: what is hashed is what is linked
     /// (checked after the link, by device and inode).
-    pub(crate) file: File,
+    pub(in crate::engine::receiver) file: File,
     /// Its size and times before it was hashed: unchanged just before
     /// the link, the linked data is the hashed data.
     seen: Seen,
@@ -58,7 +58,7 @@ pub(super) fn copy_instead_of_link(e: &std::io::Error) -> Option<String> {
 
 /// How a file from --link-dest was put in place.
 #[derive(Debug)]
-pub(crate) enum Linked {
+pub(in crate::engine::receiver) enum Linked {
     /// A hard link to the same inode.
     HardLink,
     /// A copy, checked against the sender's digest, because `why`.
@@ -68,7 +68,7 @@ pub(crate) enum Linked {
 /// Why a file from --link-dest could not be put in place: the offer is
 /// then received whole, with this as the note.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum LinkError {
+pub(in crate::engine::receiver) enum LinkError {
     /// Not a --dir receiver.
     #[error("no directory to link into")]
     NoDirectory,
@@ -96,7 +96,11 @@ impl FileStore {
     /// The file under --link-dest that a CHECKSUM offer might be, or None
     /// (no --link-dest, no such regular file of that size, a link on the
     /// way, or a final name the offer would be refused for anyway).
-    pub(crate) fn link_candidate(&self, hello: &Hello, overwrite: bool) -> Option<LinkCandidate> {
+    pub(in crate::engine::receiver) fn link_candidate(
+        &self,
+        hello: &Hello,
+        overwrite: bool,
+    ) -> Option<LinkCandidate> {
         let FileStore::Tree {
             root,
             link_dest: Some(dest),
@@ -129,7 +133,7 @@ impl FileStore {
     /// permissions, never the offer's mode: a sender that knows a file's
     /// digest gets no wider access to it than its owner gave. `tick` is
     /// called between the copy's pieces. Durable when it returns Ok.
-    pub(crate) fn link_into_place(
+    pub(in crate::engine::receiver) fn link_into_place(
         &mut self,
         hello: &Hello,
         candidate: &LinkCandidate,

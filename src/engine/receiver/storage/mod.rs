@@ -6,14 +6,14 @@
 //! by component from the output directory's descriptor, never through a
 //! link. No RDMA here: unit-tested with a temporary directory.
 
-pub(crate) mod batch;
-pub(crate) mod exec;
-pub(crate) mod link_dest;
-pub(crate) mod partial;
+pub(in crate::engine::receiver) mod batch;
+pub(in crate::engine::receiver) mod exec;
+pub(in crate::engine::receiver) mod link_dest;
+pub(in crate::engine::receiver) mod partial;
 mod paths;
-pub(crate) mod sink;
-pub(crate) mod space;
-pub(crate) mod temp_file;
+pub(in crate::engine::receiver) mod sink;
+pub(in crate::engine::receiver) mod space;
+pub(in crate::engine::receiver) mod temp_file;
 #[cfg(test)]
 mod tests;
 pub mod write_behind;
@@ -37,7 +37,7 @@ use std::time::Duration;
 use temp_file::{Resume, TempFile, cannot_create, check_final_name, temp_name};
 use tracing::{debug, warn};
 /// Where received entries go.
-pub(crate) enum FileStore {
+pub(in crate::engine::receiver) enum FileStore {
     /// Under --dir: every path resolved from this descriptor, component by
     /// component, never through a link.
     Tree {
@@ -71,14 +71,14 @@ pub(crate) enum FileStore {
     },
 }
 
-pub(crate) struct DirAttrs {
+pub(in crate::engine::receiver) struct DirAttrs {
     path: String,
     mode: Option<u32>,
     mtime: Option<Mtime>,
 }
 
 impl FileStore {
-    pub(crate) fn open(
+    pub(in crate::engine::receiver) fn open(
         cfg: &ReceiverConfig,
         ledger: &Arc<SpaceLedger>,
     ) -> Result<FileStore, XferError> {
@@ -134,7 +134,7 @@ impl FileStore {
     }
 
     /// The sender's address, for the commands of --exec.
-    pub(crate) fn set_peer(&mut self, address: &str) {
+    pub(in crate::engine::receiver) fn set_peer(&mut self, address: &str) {
         if let FileStore::Exec { peer, .. } = self {
             *peer = address.to_string();
         }
@@ -142,13 +142,13 @@ impl FileStore {
 
     /// A command is started per file (--exec): it must start only for an
     /// offer the session can take (its ring registered).
-    pub(crate) fn starts_commands(&self) -> bool {
+    pub(in crate::engine::receiver) fn starts_commands(&self) -> bool {
         matches!(self, FileStore::Exec { .. })
     }
 
     /// Applies the deferred directory attributes (best effort: a failure
     /// is logged, the data is already safe).
-    pub(crate) fn finish_dirs(&mut self) {
+    pub(in crate::engine::receiver) fn finish_dirs(&mut self) {
         let FileStore::Tree { root, deferred, .. } = self else {
             return;
         };
@@ -172,7 +172,7 @@ impl FileStore {
     /// Creates the directory `hello.name` (mode 0700 while its entries
     /// arrive, see `FileStore::Tree::deferred`), or accepts an existing one
     /// as it is.
-    pub(crate) fn make_dir(&mut self, hello: &Hello) -> Result<(), Reject> {
+    pub(in crate::engine::receiver) fn make_dir(&mut self, hello: &Hello) -> Result<(), Reject> {
         let (root, deferred, umask, keep_modes) = match self {
             FileStore::Tree {
                 root,
@@ -267,7 +267,7 @@ impl FileStore {
     ///
     /// Any other file under the final name is refused at once without
     /// `overwrite` (before a kept part is read for nothing).
-    pub(crate) fn holding(
+    pub(in crate::engine::receiver) fn holding(
         &self,
         hello: &Hello,
         (chunk_len, overwrite): (u32, bool),
@@ -326,7 +326,7 @@ impl FileStore {
     /// on the way) and opens where its bytes go: a new temporary file next
     /// to the final name (with RESUME a partial file kept if the transfer
     /// fails, or the kept one continued), or standard output.
-    pub(crate) fn create(
+    pub(in crate::engine::receiver) fn create(
         &mut self,
         hello: &Hello,
         overwrite: bool,
@@ -339,7 +339,7 @@ impl FileStore {
     /// As `create`, with the file's SHA-256 if its sender announced it
     /// before the data (`--exec` passes it on, and checks the data
     /// against it).
-    pub(crate) fn create_announced(
+    pub(in crate::engine::receiver) fn create_announced(
         &mut self,
         hello: &Hello,
         overwrite: bool,
@@ -478,7 +478,7 @@ impl FileStore {
     /// work shared by the batch: each directory opened once, the free
     /// space checked once for all of them, and no blocks reserved (small
     /// files; a write that finds the disk full fails the batch).
-    pub(crate) fn create_batch(
+    pub(in crate::engine::receiver) fn create_batch(
         &mut self,
         members: &[Hello],
         overwrite: bool,

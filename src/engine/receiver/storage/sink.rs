@@ -15,7 +15,7 @@ use crate::proto::Mtime;
 use std::fs::File;
 use std::io::Write;
 
-pub(crate) enum Sink {
+pub(in crate::engine::receiver) enum Sink {
     /// A temporary file next to the final name (see `TempFile`).
     Temp(Box<TempFile>),
     /// The files of a batch (see `BatchSink`).
@@ -29,7 +29,7 @@ pub(crate) enum Sink {
 }
 
 /// Why a chunk that passed its check was not written.
-pub(crate) enum Unwritten {
+pub(in crate::engine::receiver) enum Unwritten {
     /// A sink written strictly in order got a chunk at another offset.
     OutOfOrder,
     Failed(std::io::Error),
@@ -39,7 +39,7 @@ impl Sink {
     /// Writes the checked chunk `data` (CRC32 `crc`) at `offset`; `written`
     /// is how much of the file came before (in-order sinks need exactly
     /// that offset).
-    pub(crate) fn write(
+    pub(in crate::engine::receiver) fn write(
         &mut self,
         data: &[u8],
         offset: u64,
@@ -59,7 +59,7 @@ impl Sink {
 
     /// The file for writer threads (`--threads`): only a temporary file
     /// takes them.
-    pub(crate) fn temp_file(&mut self) -> Option<&mut TempFile> {
+    pub(in crate::engine::receiver) fn temp_file(&mut self) -> Option<&mut TempFile> {
         match self {
             Sink::Temp(t) => Some(t),
             _ => None,
@@ -69,7 +69,10 @@ impl Sink {
     /// Records chunks the writer threads are done with, in order: after
     /// the first that failed nothing more is (a kept prefix has no holes),
     /// and that failure is returned.
-    pub(crate) fn chunks_written(&mut self, retired: Vec<Retired>) -> std::io::Result<()> {
+    pub(in crate::engine::receiver) fn chunks_written(
+        &mut self,
+        retired: Vec<Retired>,
+    ) -> std::io::Result<()> {
         let Sink::Temp(t) = self else {
             return Ok(());
         };
@@ -88,13 +91,13 @@ impl Sink {
 
     /// Standard output: its reader may end the session by closing it, and
     /// what was written cannot be taken back.
-    pub(crate) fn is_standard_output(&self) -> bool {
+    pub(in crate::engine::receiver) fn is_standard_output(&self) -> bool {
         matches!(self, Sink::Stdout(_))
     }
 
     /// What a failed chunk check (after `written` good bytes) leaves where
     /// the bytes went, if anything worth saying.
-    pub(crate) fn cut_short_note(&self, written: u64) -> Option<String> {
+    pub(in crate::engine::receiver) fn cut_short_note(&self, written: u64) -> Option<String> {
         match self {
             Sink::Stdout(_) => Some(format!(
                 "; standard output got only the {written} bytes before it"
@@ -108,7 +111,7 @@ impl Sink {
 
     /// The data failed its whole-file check: nothing of it may be kept.
     /// Returns what the failure leaves behind that the reason must say.
-    pub(crate) fn corrupt(&mut self) -> Option<&'static str> {
+    pub(in crate::engine::receiver) fn corrupt(&mut self) -> Option<&'static str> {
         match self {
             Sink::Temp(t) => {
                 t.discard();
@@ -132,7 +135,7 @@ impl Sink {
     /// standard output, fsync when it is a file. A batch: every file is
     /// fsynced before any is renamed, and each directory is fsynced once,
     /// after the last rename into it.
-    pub(crate) fn commit(
+    pub(in crate::engine::receiver) fn commit(
         &mut self,
         name: &str,
         mode: u32,
@@ -160,7 +163,7 @@ impl Sink {
     /// The file failed or its session ended before it was committed: with
     /// RESUME its verified part is kept (the bytes returned), else what
     /// was written goes.
-    pub(crate) fn end_failed(&mut self) -> u64 {
+    pub(in crate::engine::receiver) fn end_failed(&mut self) -> u64 {
         match self {
             Sink::Temp(t) => t.end_uncommitted(),
             Sink::Exec(e) => {
@@ -173,7 +176,7 @@ impl Sink {
     }
 
     /// The files of a batch, each reported on its own.
-    pub(crate) fn members(&self) -> Option<&[BatchMember]> {
+    pub(in crate::engine::receiver) fn members(&self) -> Option<&[BatchMember]> {
         match self {
             Sink::Batch(b) => Some(&b.members),
             _ => None,
@@ -181,7 +184,7 @@ impl Sink {
     }
 
     /// The batch, for its members' digests.
-    pub(crate) fn batch_mut(&mut self) -> Option<&mut BatchSink> {
+    pub(in crate::engine::receiver) fn batch_mut(&mut self) -> Option<&mut BatchSink> {
         match self {
             Sink::Batch(b) => Some(b),
             _ => None,
@@ -189,7 +192,7 @@ impl Sink {
     }
 
     /// What became of a file committed through this sink.
-    pub(crate) fn outcome(&self) -> Outcome {
+    pub(in crate::engine::receiver) fn outcome(&self) -> Outcome {
         match self {
             Sink::Discard => Outcome::Discarded,
             Sink::Exec(_) => Outcome::Piped,

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// Bytes promised to files being received and not written yet.
 #[derive(Debug, Default)]
-pub(crate) struct SpaceLedger {
+pub(in crate::engine::receiver) struct SpaceLedger {
     outstanding: Mutex<u64>,
 }
 
@@ -19,7 +19,7 @@ impl SpaceLedger {
     /// Promises `bytes` for `name` if the file system (as `free` reads it,
     /// under the ledger's lock so no other promise slips in between) has
     /// them beyond what is promised already, and an inode for the file.
-    pub(crate) fn promise(
+    pub(in crate::engine::receiver) fn promise(
         self: &Arc<Self>,
         name: &str,
         bytes: u64,
@@ -29,7 +29,7 @@ impl SpaceLedger {
     }
 
     /// As `promise`, for `files` files at once (a batch): an inode each.
-    pub(crate) fn promise_files(
+    pub(in crate::engine::receiver) fn promise_files(
         self: &Arc<Self>,
         name: &str,
         bytes: u64,
@@ -106,14 +106,14 @@ impl SpaceLedger {
 /// Space promised to one file; what is left of it is released on drop
 /// (the file was committed or removed).
 #[derive(Debug)]
-pub(crate) struct Promise {
+pub(in crate::engine::receiver) struct Promise {
     ledger: Arc<SpaceLedger>,
     left: u64,
 }
 
 impl Promise {
     /// Nothing promised (the space is someone else's to promise).
-    pub(crate) fn none(ledger: &Arc<SpaceLedger>) -> Self {
+    pub(in crate::engine::receiver) fn none(ledger: &Arc<SpaceLedger>) -> Self {
         Promise {
             ledger: Arc::clone(ledger),
             left: 0,
@@ -122,7 +122,7 @@ impl Promise {
 
     /// `n` more bytes of the file were written: they are taken from the
     /// file system's free space now, no longer from the promise.
-    pub(crate) fn wrote(&mut self, n: u64) {
+    pub(in crate::engine::receiver) fn wrote(&mut self, n: u64) {
         let n = n.min(self.left);
         if n > 0 {
             self.left -= n;
@@ -131,7 +131,7 @@ impl Promise {
     }
 
     /// The file system reserved the blocks itself: nothing is left to promise.
-    pub(crate) fn settle(&mut self) {
+    pub(in crate::engine::receiver) fn settle(&mut self) {
         let left = std::mem::take(&mut self.left);
         self.ledger.release(left);
     }

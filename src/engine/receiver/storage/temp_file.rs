@@ -17,12 +17,12 @@ use tracing::warn;
 /// A temporary file next to the final name, removed on drop unless it was
 /// renamed into place, or, offered with RESUME, kept with its record of
 /// the verified chunks (see `partial`).
-pub(crate) struct TempFile {
+pub(in crate::engine::receiver) struct TempFile {
     /// Shared by the files of a batch in one directory.
     pub(super) parent: Arc<DirFd>,
     pub(super) temp: String,
     pub(super) leaf: String,
-    pub(crate) file: File,
+    pub(in crate::engine::receiver) file: File,
     pub(super) committed: bool,
     /// What is left of the space promised to this file.
     pub(super) promise: Promise,
@@ -38,7 +38,7 @@ pub(crate) struct TempFile {
 impl TempFile {
     /// Writes the next chunk (checked against its CRC32 `crc`) at its
     /// offset.
-    pub(crate) fn write_chunk(
+    pub(in crate::engine::receiver) fn write_chunk(
         &mut self,
         data: &[u8],
         offset: u64,
@@ -54,12 +54,16 @@ impl TempFile {
     /// A descriptor of the file for writer threads (`WriteBehind`), which
     /// write chunks at their offsets; each write is then `chunk_written`
     /// or `write_failed`, in the order of the chunks.
-    pub(crate) fn writer_handle(&self) -> std::io::Result<Arc<File>> {
+    pub(in crate::engine::receiver) fn writer_handle(&self) -> std::io::Result<Arc<File>> {
         Ok(Arc::new(self.file.try_clone()?))
     }
 
     /// The next chunk (`len` bytes, CRC32 `crc`) is written.
-    pub(crate) fn chunk_written(&mut self, len: u32, crc: u32) -> std::io::Result<()> {
+    pub(in crate::engine::receiver) fn chunk_written(
+        &mut self,
+        len: u32,
+        crc: u32,
+    ) -> std::io::Result<()> {
         self.promise.wrote(u64::from(len));
         if let Some(r) = self.resumable.as_mut() {
             r.chunk_written(crc, len)?;
@@ -68,21 +72,21 @@ impl TempFile {
     }
 
     /// Writing the next chunk failed: nothing from it on is recorded.
-    pub(crate) fn write_failed(&mut self) {
+    pub(in crate::engine::receiver) fn write_failed(&mut self) {
         if let Some(r) = self.resumable.as_mut() {
             r.write_failed();
         }
     }
 
     /// The data failed its whole-file check: nothing of it is kept.
-    pub(crate) fn discard(&mut self) {
+    pub(in crate::engine::receiver) fn discard(&mut self) {
         self.discard = true;
     }
 
     /// The transfer failed (or the file is dropped uncommitted): with
     /// RESUME what was written and checked is kept for a later attempt,
     /// else the file goes. Returns the bytes kept (0: nothing is left).
-    pub(crate) fn end_uncommitted(&mut self) -> u64 {
+    pub(in crate::engine::receiver) fn end_uncommitted(&mut self) -> u64 {
         if self.committed {
             return 0;
         }
@@ -115,7 +119,7 @@ impl Drop for TempFile {
 }
 
 /// How an offered file is written.
-pub(crate) enum Resume<'a> {
+pub(in crate::engine::receiver) enum Resume<'a> {
     /// A temporary file, removed if the transfer fails.
     No,
     /// Offered with RESUME, starting from zero: a partial file whose
@@ -163,7 +167,7 @@ pub(super) fn cannot_create(e: std::io::Error) -> Reject {
 }
 
 /// A temporary name that does not depend on the (up to 255-byte) final name.
-pub(crate) fn temp_name() -> String {
+pub(in crate::engine::receiver) fn temp_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -181,7 +185,7 @@ pub(crate) fn temp_name() -> String {
 impl TempFile {
     /// Makes the verified file durable: applies the mode (and mtime),
     /// fsyncs, renames it into place and fsyncs the directory.
-    pub(crate) fn commit(
+    pub(in crate::engine::receiver) fn commit(
         &mut self,
         name: &str,
         mode: u32,

@@ -22,13 +22,15 @@ mod resumable;
 mod sidecar;
 mod sweep;
 
-pub(crate) use find::{Holding, KeptPrefix, OpenSidecar, copy_digest, copy_of, kept_prefix};
-pub(crate) use key::SidecarKey;
-pub(crate) use resumable::{Claim, Resumable, TempInUse, remove};
-pub(crate) use sidecar::Identity;
-pub(crate) use sweep::sweep;
+pub(in crate::engine::receiver) use find::{
+    Holding, KeptPrefix, OpenSidecar, copy_digest, copy_of, kept_prefix,
+};
+pub(in crate::engine::receiver) use key::SidecarKey;
+pub(in crate::engine::receiver) use resumable::{Claim, Resumable, TempInUse, remove};
+pub(in crate::engine::receiver) use sidecar::Identity;
+pub(in crate::engine::receiver) use sweep::sweep;
 #[cfg(test)]
-pub(crate) use {
+pub(in crate::engine::receiver) use {
     key::KEY_NAME,
     resumable::SYNC_EVERY,
     sidecar::{Sidecar, partial_names},

@@ -1,4 +1,5 @@
-//! Faults injected into a running transfer (the guest's wire, its devices).
+//! The guest and its faults: the wire cut and restored, the devices' GSI
+//! queue pairs, partial files appearing, and shell pipelines run in it.
 
 use super::*;
 
