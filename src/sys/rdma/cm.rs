@@ -110,13 +110,50 @@ struct CmEvent {
     new_id: *mut rdma_cm_id,
 }
 
+/// Events read from a shared channel for ids other than the one waiting,
+/// kept for their owners (pure bookkeeping: the pointers are only
+/// compared, never followed, here).
+#[derive(Default)]
+struct KeptEvents {
+    events: std::collections::VecDeque<CmEvent>,
+}
+
+impl KeptEvents {
+    /// The oldest kept event of `owner`.
+    fn take_first(&mut self, owner: *mut rdma_cm_id) -> Option<CmEvent> {
+        let at = self.events.iter().position(|ev| ev.owner == owner)?;
+        self.events.remove(at)
+    }
+
+    /// Keeps `ev`, unless it is a connection request and
+    /// `MAX_KEPT_REQUESTS` are kept already: then it is handed back, to be
+    /// refused.
+    fn keep(&mut self, ev: CmEvent) -> Option<CmEvent> {
+        let requests = self.events.iter().filter(|k| !k.new_id.is_null()).count();
+        if !ev.new_id.is_null() && requests >= MAX_KEPT_REQUESTS {
+            return Some(ev);
+        }
+        self.events.push_back(ev);
+        None
+    }
+
+    /// Takes out every kept event of `owner`, oldest first.
+    fn take_all(&mut self, owner: *mut rdma_cm_id) -> std::collections::VecDeque<CmEvent> {
+        let (theirs, rest) = std::mem::take(&mut self.events)
+            .into_iter()
+            .partition(|ev| ev.owner == owner);
+        self.events = rest;
+        theirs
+    }
+}
+
 /// An rdma_cm event channel. Its fd is non-blocking and waited on with poll().
 /// Several ids may share it (a listener and the requests not yet moved to
 /// their own channel): each waits for its own events, and an event read
 /// while waiting for another id's is kept for its owner.
 pub struct EventChannel {
     raw: *mut rdma_event_channel,
-    kept: std::cell::RefCell<std::collections::VecDeque<CmEvent>>,
+    kept: std::cell::RefCell<KeptEvents>,
 }
 
 impl EventChannel {
@@ -154,13 +191,8 @@ impl EventChannel {
     /// immediately (all data we need is copied out first). Events for other
     /// ids read meanwhile are kept for them.
     fn next_event(&self, owner: *mut rdma_cm_id, timeout: Duration, what: &str) -> Result<CmEvent> {
-        {
-            let mut kept = self.kept.borrow_mut();
-            if let Some(at) = kept.iter().position(|ev| ev.owner == owner)
-                && let Some(ev) = kept.remove(at)
-            {
-                return Ok(ev);
-            }
+        if let Some(ev) = self.kept.borrow_mut().take_first(owner) {
+            return Ok(ev);
         }
         let deadline = crate::sys::os::deadline_after(timeout);
         loop {
@@ -215,25 +247,15 @@ impl EventChannel {
     /// place in the kernel's backlog, so keeping every one would let a
     /// flood of requests hold ids without bound.
     fn keep(&self, ev: CmEvent) {
-        let mut kept = self.kept.borrow_mut();
-        if !ev.new_id.is_null()
-            && kept.iter().filter(|k| !k.new_id.is_null()).count() >= MAX_KEPT_REQUESTS
-        {
-            drop(kept);
+        let refused = self.kept.borrow_mut().keep(ev);
+        if let Some(ev) = refused {
             self.refuse(ev);
-            return;
         }
-        kept.push_back(ev);
     }
 
     /// Takes out the kept events of `owner` (an id leaving this channel).
     fn take_kept(&self, owner: *mut rdma_cm_id) -> std::collections::VecDeque<CmEvent> {
-        let mut kept = self.kept.borrow_mut();
-        let (theirs, rest) = std::mem::take(&mut *kept)
-            .into_iter()
-            .partition(|ev| ev.owner == owner);
-        *kept = rest;
-        theirs
+        self.kept.borrow_mut().take_all(owner)
     }
 
     /// Forgets the kept events of `owner` (an id about to be destroyed: a
@@ -268,7 +290,7 @@ const MAX_KEPT_REQUESTS: usize = 64;
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
-        let left: Vec<CmEvent> = self.kept.get_mut().drain(..).collect();
+        let left: Vec<CmEvent> = self.kept.get_mut().events.drain(..).collect();
         for ev in left {
             self.refuse(ev);
         }
@@ -324,6 +346,7 @@ impl ConnectRequest {
         channel
             .kept
             .borrow_mut()
+            .events
             .extend(id.channel.take_kept(id.raw));
         let raw = std::mem::replace(&mut id.raw, std::ptr::null_mut());
         drop(id);
@@ -920,6 +943,68 @@ fn map_bind_error(err: SysError, addr: SocketAddr) -> SysError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pointer that names an id in the bookkeeping (never followed).
+    fn id(n: usize) -> *mut rdma_cm_id {
+        std::ptr::without_provenance_mut(n * 64)
+    }
+
+    fn event(kind: CmEventKind, owner: usize, new_id: usize) -> CmEvent {
+        CmEvent {
+            kind,
+            status: 0,
+            owner: id(owner),
+            new_id: if new_id == 0 {
+                std::ptr::null_mut()
+            } else {
+                id(new_id)
+            },
+        }
+    }
+
+    #[test]
+    fn kept_events_go_to_their_owner_oldest_first() {
+        let mut kept = KeptEvents::default();
+        assert!(kept.keep(event(CmEventKind::Established, 1, 0)).is_none());
+        assert!(
+            kept.keep(event(CmEventKind::ConnectRequest, 2, 10))
+                .is_none()
+        );
+        assert!(kept.keep(event(CmEventKind::Disconnected, 1, 0)).is_none());
+        assert!(kept.take_first(id(3)).is_none());
+        let first = kept.take_first(id(1)).expect("the owner's first event");
+        assert_eq!(first.kind, CmEventKind::Established);
+        // Leaving: every event of an id at once, the others stay.
+        let all = kept.take_all(id(1));
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].kind, CmEventKind::Disconnected);
+        let request = kept.take_first(id(2)).expect("the listener's request");
+        assert_eq!(request.new_id, id(10));
+        assert!(kept.events.is_empty());
+    }
+
+    #[test]
+    fn connection_requests_kept_are_bounded() {
+        let mut kept = KeptEvents::default();
+        for n in 0..MAX_KEPT_REQUESTS {
+            assert!(
+                kept.keep(event(CmEventKind::ConnectRequest, 1, 100 + n))
+                    .is_none()
+            );
+        }
+        // One more request is handed back (to be refused), other events
+        // are still kept.
+        let refused = kept.keep(event(CmEventKind::ConnectRequest, 1, 999));
+        assert_eq!(refused.map(|ev| ev.new_id), Some(id(999)));
+        assert!(kept.keep(event(CmEventKind::Established, 2, 0)).is_none());
+        assert_eq!(kept.events.len(), MAX_KEPT_REQUESTS + 1);
+        // Taking one out makes room again.
+        assert!(kept.take_first(id(1)).is_some());
+        assert!(
+            kept.keep(event(CmEventKind::ConnectRequest, 1, 1000))
+                .is_none()
+        );
+    }
 
     /// `what` stored at the start of a zeroed sockaddr_storage, as the
     /// kernel fills it.
