@@ -1,0 +1,349 @@
+//! A session's data: each chunk copied out of the ring, checked and
+//! written (or handed to the writers), and the FIN that ends a file.
+
+use super::*;
+
+impl Session<'_, '_> {
+    pub(super) fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), XferError> {
+        let placement = match self.machine.on_chunk(byte_len, imm) {
+            Ok(p) => p,
+            // The machine queued the ACK that tells the sender why.
+            Err(e @ RecvError::TooLarge { .. }) => {
+                let name = self.file.as_ref().map_or("?", |f| f.name.as_str());
+                return Err(self.abandon(XferError::Rejected {
+                    code: Some(RejectCode::TooLarge),
+                    reason: format!("{name}: {e}"),
+                }));
+            }
+            Err(RecvError::Protocol(source)) => {
+                return Err(self.abandon(XferError::Protocol {
+                    context: Some("bad data write".into()),
+                    source,
+                }));
+            }
+            Err(e) => {
+                let err = XferError::Internal(format!("a data write gave {e}"));
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+        };
+        if self
+            .file
+            .as_mut()
+            .is_some_and(|f| f.sink.temp_file().is_some())
+        {
+            self.start_writers();
+        }
+        let (Some(ring), Some(file)) = (self.ring.as_ref(), self.file.as_mut()) else {
+            return Err(XferError::Internal("data without an open file".into()));
+        };
+        let t0 = Instant::now();
+        let len = placement.len as usize;
+        if len > self.chunk.len() {
+            return Err(XferError::Internal("chunk longer than a slot".into()));
+        }
+        // With a token the chunk's tag follows it in the slot: copied out
+        // now, checked against the private copy of the bytes.
+        let tag = match &placement.auth {
+            None => None,
+            Some(auth) => {
+                let mut tag = [0u8; CHUNK_TAG_LEN];
+                ring.copy_out(placement.slot_offset as usize + len, &mut tag)?;
+                Some(TagCheck {
+                    auth,
+                    offset: placement.file_offset,
+                    tag,
+                })
+            }
+        };
+        // When the chunk passed its check: copying and checking before,
+        // writing and hashing after.
+        let mut t1 = t0;
+        let mut retired = Vec::new();
+        let received = match (self.behind.as_mut(), file.sink.temp_file()) {
+            // A file with writer threads: copied and checked here, written
+            // there (the slot is free once copied).
+            (Some(behind), Some(t)) => {
+                let handle = match &file.writer {
+                    Some(h) => Ok(h.clone()),
+                    None => t.writer_handle().inspect(|h| file.writer = Some(h.clone())),
+                };
+                match handle.and_then(|h| Ok((h, behind.buffer(&mut retired)?))) {
+                    Err(e) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
+                    Ok((handle, mut buf)) => {
+                        // The buffers are slot-sized and len fits a slot
+                        // (checked above); were it not so, the chunk fails
+                        // like a write, after what retired is recorded.
+                        let checked = match buf.get_mut(..len) {
+                            Some(data) => per_byte::receive_chunk(
+                                |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+                                data,
+                                placement.expected_crc,
+                                tag.as_ref(),
+                                |_, _| {
+                                    t1 = Instant::now();
+                                    Ok(())
+                                },
+                                &mut file.hasher,
+                            ),
+                            None => Err(ChunkRefused::Write(Unwritten::Failed(
+                                std::io::Error::other("chunk longer than its buffer"),
+                            ))),
+                        };
+                        match checked {
+                            Ok(()) => behind
+                                .submit(
+                                    &handle,
+                                    placement.file_offset,
+                                    buf,
+                                    len,
+                                    placement.expected_crc,
+                                )
+                                .map_err(|e| ChunkRefused::Write(Unwritten::Failed(e))),
+                            Err(refused) => {
+                                behind.give_back(buf);
+                                Err(refused)
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {
+                let data = self
+                    .chunk
+                    .get_mut(..len)
+                    .ok_or_else(|| XferError::Internal("chunk longer than a slot".into()))?;
+                per_byte::receive_chunk(
+                    |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+                    data,
+                    placement.expected_crc,
+                    tag.as_ref(),
+                    |data, crc| {
+                        t1 = Instant::now();
+                        file.sink
+                            .write(data, placement.file_offset, crc, file.written)
+                    },
+                    &mut file.hasher,
+                )
+            }
+        };
+        if let Some(behind) = self.behind.as_mut() {
+            behind.poll(&mut retired);
+        }
+        // Writes that failed meanwhile count as this chunk's failure.
+        let received = match (received, file.sink.chunks_written(retired)) {
+            (Ok(()), Err(e)) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
+            (received, _) => received,
+        };
+        let written = match received {
+            Ok(()) => Ok(()),
+            Err(ChunkRefused::Copy(e)) => return Err(e.into()),
+            Err(ChunkRefused::Crc { computed: crc }) => {
+                let mut msg = format!(
+                    "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
+                    placement.seq, file.name, placement.file_offset, placement.expected_crc
+                );
+                if let Some(note) = file.sink.cut_short_note(file.written) {
+                    msg.push_str(&note);
+                }
+                let err = XferError::Integrity(msg);
+                return Err(self.abort(AckStatus::Integrity, err));
+            }
+            Err(ChunkRefused::Forged) => {
+                let msg = format!(
+                    "chunk {} of {} (offset {}) does not carry its authentication tag: its \
+                     bytes were not written by the sender (forged on the way); nothing of it \
+                     was used",
+                    placement.seq, file.name, placement.file_offset
+                );
+                let err = XferError::Integrity(msg);
+                return Err(self.abort(AckStatus::Integrity, err));
+            }
+            Err(ChunkRefused::Write(Unwritten::OutOfOrder)) => {
+                let err = XferError::Internal(format!(
+                    "chunk {} of {} at offset {} is out of order ({} bytes written)",
+                    placement.seq, file.name, placement.file_offset, file.written
+                ));
+                return Err(self.abort(AckStatus::Protocol, err));
+            }
+            Err(ChunkRefused::Write(Unwritten::Failed(e))) => Err(e),
+        };
+        if let Err(e) = written {
+            let stdout = file.sink.is_standard_output();
+            if stdout && e.kind() == std::io::ErrorKind::BrokenPipe {
+                // The reader of our output is gone (`| head`, say): not an
+                // error of ours. Tell the sender why, and end quietly.
+                let msg = format!(
+                    "standard output was closed after {} bytes of {} (broken pipe): stopped receiving",
+                    file.written, file.name
+                );
+                let context = format!(
+                    "the receiver's standard output was closed by its reader after {} bytes",
+                    file.written
+                );
+                self.output_closed = Some(msg);
+                return Err(self.abort(AckStatus::Io, XferError::io(context, e)));
+            }
+            let what = if stdout {
+                format!("cannot write {} to standard output", file.name)
+            } else {
+                format!("cannot write {}", file.name)
+            };
+            return Err(self.abort(AckStatus::Io, XferError::io(what, e)));
+        }
+        file.written += u64::from(placement.len);
+        file.check_time += t1 - t0;
+        file.write_time += t1.elapsed();
+        file.progress.advance(placement.len.into());
+        if let Some(credit) = self.machine.chunk_done() {
+            self.control.send(&self.ep, &credit)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_fin(&mut self, fin: Fin) -> Result<(), XferError> {
+        // Every chunk written before anything is checked or committed.
+        if let Some(file) = self.file.as_mut()
+            && let Err(e) = settle_writes(self.behind.as_mut(), file)
+        {
+            let what = format!("cannot write {}", file.name);
+            return Err(self.abort(AckStatus::Io, XferError::io(what, e)));
+        }
+        let Some(mut file) = self.file.take() else {
+            return Err(XferError::Internal("FIN without an open file".into()));
+        };
+        let span = file.span.clone();
+        let _enter = span.enter();
+        file.phases.data = file.data_started.elapsed();
+        let fin_at = Instant::now();
+        let hasher = std::mem::replace(
+            &mut file.hasher,
+            FileHasher::new(crate::proto::DigestAlg::Crc32),
+        );
+        let digest = hasher.finish();
+        debug!(
+            file = %file.name,
+            elapsed_s = file.started.elapsed().as_secs_f64(),
+            crc_s = file.check_time.as_secs_f64(),
+            write_s = file.write_time.as_secs_f64(),
+            "all data received"
+        );
+        let outcome = file.sink.outcome();
+        let (status, reason, err) = if digest != fin.digest {
+            let mut reason = format!(
+                "whole-file digest mismatch for {}: received data hashes to {}, the sender's is {}",
+                file.name,
+                digest_hex(&digest),
+                digest_hex(&fin.digest)
+            );
+            // Which part is wrong is unknown: nothing of it is kept (and
+            // what cannot be taken back is said).
+            if let Some(note) = file.sink.corrupt() {
+                reason.push_str(note);
+            }
+            (
+                AckStatus::Integrity,
+                reason.clone(),
+                Some(XferError::Integrity(reason)),
+            )
+        } else if self.behind.as_ref().is_some_and(|b| !b.is_idle()) {
+            // settle_writes drained them: never commit with a write pending.
+            let e = XferError::Internal(format!("{}: writes still pending at FIN", file.name));
+            (AckStatus::Io, e.to_string(), Some(e))
+        } else {
+            match file
+                .sink
+                .commit(&file.name, file.mode, file.mtime, self.cfg.overwrite)
+            {
+                // The sender says what became of it too.
+                Ok(()) => (AckStatus::Ok, outcome.ack_note().to_string(), None),
+                Err(e @ XferError::Integrity(_)) => (AckStatus::Integrity, e.to_string(), Some(e)),
+                Err(e) => (AckStatus::Io, e.to_string(), Some(e)),
+            }
+        };
+        let ack = self
+            .machine
+            .complete(status, reason)
+            .map_err(XferError::from)?;
+        self.control.send(&self.ep, &ack)?;
+        match err {
+            None if file.sink.members().is_some() => {
+                file.phases.commit = fin_at.elapsed();
+                file.phases.log(&file.name, fin.bytes);
+                file.progress.finished();
+                let Some(batch) = file.sink.batch_mut() else {
+                    return Ok(());
+                };
+                let digests = batch.digests();
+                // Each file's share of the batch's time (`Phases::share`).
+                let n = u32::try_from(batch.members.len())
+                    .unwrap_or(u32::MAX)
+                    .max(1);
+                for (m, digest) in batch.members.iter().zip(digests) {
+                    let report = FileReport {
+                        name: m.name.clone(),
+                        bytes: m.size,
+                        elapsed: file.started.elapsed() / n,
+                        digest,
+                        phases: file.phases.share(n),
+                        resumed_from: 0,
+                        outcome,
+                    };
+                    (self.on_file)(FileEvent::Done(&report));
+                }
+            }
+            None => {
+                file.phases.commit = fin_at.elapsed();
+                file.phases.log(&file.name, fin.bytes);
+                let report = FileReport {
+                    name: file.name.clone(),
+                    bytes: fin.bytes,
+                    elapsed: file.started.elapsed(),
+                    digest,
+                    phases: file.phases,
+                    resumed_from: file.resumed_from,
+                    outcome,
+                };
+                file.progress.finished();
+                (self.on_file)(FileEvent::Done(&report));
+            }
+            Some(e) => {
+                error!(file = %file.name, "{e}");
+                self.report_file_failure(&file, &e, false);
+                self.first_error.get_or_insert(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits for the file's chunks in the writer threads and records them;
+/// the first write that failed is the error.
+pub(super) fn settle_writes(
+    behind: Option<&mut WriteBehind>,
+    file: &mut IncomingFile,
+) -> std::io::Result<()> {
+    let Some(behind) = behind else {
+        return Ok(());
+    };
+    let mut retired = Vec::new();
+    let drained = behind.drain(&mut retired);
+    file.sink.chunks_written(retired)?;
+    drained
+}
+
+/// Ends a file that failed: what it leaves for a later `sender --resume`
+/// (its verified part, on disk and recorded) is kept and said. Its
+/// chunks still with the writer threads are waited for first.
+pub(super) fn end_failed(file: &mut IncomingFile, behind: Option<&mut WriteBehind>) {
+    if let Err(e) = settle_writes(behind, file) {
+        debug!(file = %file.name, "a write failed as the file was abandoned: {e}");
+    }
+    let kept = file.sink.end_failed();
+    if kept > 0 {
+        warn!(
+            file = %file.name,
+            bytes = kept,
+            "kept the {kept} bytes verified so far for `sender --resume`"
+        );
+    }
+}

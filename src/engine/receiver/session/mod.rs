@@ -1,0 +1,576 @@
+//! One receiver session: the loop that drives the receiver's state machine
+//! over the connection (control messages, data completions, credits) and
+//! the file store, from the greeting to BYE or the first fatal error.
+
+mod data;
+mod offers;
+mod read_tick;
+
+use data::end_failed;
+
+use super::admission::Admission;
+use super::storage::FileStore;
+use super::storage::link_dest::{LinkCandidate, Linked};
+use super::storage::partial::{Claim, Holding, KeptPrefix, copy_digest};
+use super::storage::sink::{Sink, Unwritten};
+use super::storage::space::SpaceLedger;
+use super::storage::temp_file::Resume;
+use super::storage::write_behind::WriteBehind;
+use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
+use crate::engine::control::{Control, Undelivered};
+use crate::engine::digest::{FileHasher, digest_hex};
+use crate::engine::per_byte::{self, ChunkRefused, TagCheck};
+use crate::engine::progress::{FileProgress, Progress};
+use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
+use crate::engine::{WrId, WrKind, wait_completions, wait_completions_until};
+use crate::error::XferError;
+use crate::proto::{
+    AUTH_TIMEOUT, AckStatus, AuthFailure, CHUNK_TAG_LEN, DigestAlg, Fin, Have, HaveKind, Hello,
+    Message, Mtime, ProtocolError, ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode,
+    RingInfo, escaped, hello_flags, keepalive_interval,
+};
+use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, error_span, info, warn};
+
+/// The file or stream being received.
+struct IncomingFile {
+    name: String,
+    /// The offered size (0 for a stream: unknown).
+    size: u64,
+    digest_alg: DigestAlg,
+    sink: Sink,
+    mode: u32,
+    mtime: Option<Mtime>,
+    hasher: FileHasher,
+    /// Bytes written so far (standard output is written strictly in order),
+    /// counting a resumed prefix.
+    written: u64,
+    /// The kept prefix this transfer continued (bytes not sent again).
+    resumed_from: u64,
+    started: Instant,
+    /// The file's log span (name, size) and its phase timings so far.
+    span: tracing::Span,
+    phases: Phases,
+    data_started: Instant,
+    /// Time spent checking and writing chunks (logged for tuning).
+    check_time: Duration,
+    write_time: Duration,
+    progress: Box<dyn FileProgress>,
+    /// The descriptor the writer threads write a temporary file through
+    /// (opened at its first chunk).
+    writer: Option<Arc<std::fs::File>>,
+}
+
+struct Session<'a, 's> {
+    cfg: &'a ReceiverConfig,
+    /// Whether the sender got a session slot, or must prove the token first.
+    admission: &'a mut Admission<'s>,
+    /// Told when the sender is admitted (--once's listener listens).
+    on_admitted: &'a dyn Fn(),
+    /// Receives to post once the sender is admitted.
+    unposted_recvs: usize,
+    on_file: &'a OnFile<'a>,
+    /// The sender's address, for log messages.
+    peer: String,
+    /// How long accepting the connection took (a phase of every file).
+    connect_time: Duration,
+    ep: Endpoint,
+    control: Control,
+    /// Registered ahead of the first offer (`register_ring_ahead`), else at
+    /// the first accepted HELLO; reused for every file.
+    ring: Option<RemoteRing>,
+    /// `register_ring_ahead` ran (it tries once).
+    ring_tried_ahead: bool,
+    /// Private copy of the chunk being handled: what is checked is what is
+    /// written, whatever the peer does to the ring meanwhile.
+    chunk: Vec<u8>,
+    /// Writer threads for files (`--threads`; None: this thread writes).
+    /// Started at the first chunk of a file (`start_writers`).
+    behind: Option<WriteBehind>,
+    /// Starting the writer threads failed: this thread writes.
+    writers_failed: bool,
+    machine: ReceiverSession,
+    store: FileStore,
+    file: Option<IncomingFile>,
+    /// A per-file failure that did not end the session (--once reports it).
+    first_error: Option<XferError>,
+    /// Standard output was closed by its reader (EPIPE): the session ended
+    /// on purpose, quietly; what to log.
+    output_closed: Option<String>,
+    /// An offer with RESUME answered with HAVE: what FROM decides about.
+    awaiting_from: Option<AwaitingFrom>,
+    /// Completions polled while a file was read for a HAVE (the sends are
+    /// handled at once; anything else waits for the run loop).
+    stashed: Vec<Completion>,
+}
+
+/// An offer with RESUME between its HAVE and the sender's FROM.
+struct AwaitingFrom {
+    hello: Hello,
+    hello_at: Instant,
+    kept: Option<KeptPrefix>,
+    /// The complete copy HAVE announced, to compare (COMPARE).
+    copy: Option<std::fs::File>,
+    /// Why a HAVE(digest) asked for the file's SHA-256, if one did.
+    digest_for: Option<DigestFor>,
+    /// The SHA-256 the sender announced (COMPARE) for --exec's command.
+    announced: Option<[u8; 32]>,
+    /// The session's claim on the partial file (none: a plain temporary
+    /// file is written).
+    claim: Option<Claim>,
+}
+
+/// Why the receiver asks an offer with CHECKSUM for its SHA-256.
+enum DigestFor {
+    /// The file --link-dest may hold, linked if the digests match.
+    Link(LinkCandidate),
+    /// --exec's command gets it (RDMA_XFER_DIGEST).
+    Command,
+}
+
+/// Ends the session if SIGINT or SIGTERM came (a read for a resumed offer
+/// stopped early says nothing about what is held).
+fn interrupted() -> Result<(), XferError> {
+    if crate::sys::os::shutdown_requested() {
+        return Err(XferError::Sys(crate::sys::SysError::Interrupted));
+    }
+    Ok(())
+}
+
+/// Receives posted before the sender is admitted: PROVE or BYE is all it
+/// may send, and a few more cost little.
+const HANDSHAKE_RECVS: usize = 4;
+
+/// How often a handshake's wait looks whether the pool dropped it.
+const HANDSHAKE_CHECK: Duration = Duration::from_millis(100);
+
+/// What handling one completion decided.
+enum Flow {
+    Continue,
+    /// BYE: the sender is done.
+    Done,
+}
+
+/// Accepts the connection and runs its session to the end.
+pub(super) fn run(
+    cfg: &ReceiverConfig,
+    conn: IncomingConnection,
+    on_file: &OnFile<'_>,
+    ledger: &Arc<SpaceLedger>,
+    admission: &mut Admission<'_>,
+    on_admitted: &dyn Fn(),
+) -> Result<(), XferError> {
+    let mut store = FileStore::open(cfg, ledger)?;
+    let id = conn.into_id()?;
+    let recvs = cfg.slots + CONTROL_RECVS;
+    let caps = QpCaps {
+        max_send_wr: SEND_BUFFERS as u32 + 4,
+        max_recv_wr: recvs,
+    };
+    let ep = Endpoint::new(id, caps, cfg.busy_poll)?;
+    // Before its proof a peer may send only PROVE or BYE: a few receives
+    // (and so little registered memory) until it is admitted.
+    let first_recvs = match admission.handshake() {
+        Some(_) => HANDSHAKE_RECVS,
+        None => recvs as usize,
+    };
+    let control = Control::new(&ep, first_recvs, SEND_BUFFERS)?;
+    crate::engine::tune_ack_timeout(ep.cm_id(), cfg.ack_timeout);
+    let accept_started = Instant::now();
+    match admission.handshake() {
+        // A peer that has proven nothing yet holds a place only until the
+        // handshake's deadline, or until the pool needs it.
+        Some((deadline, _)) => {
+            ep.cm_id().accept_until(deadline, &|| admission.evicted())?;
+        }
+        // Nothing to prove (no token), but the slot was taken on the
+        // connection request's word: a peer that does not complete the
+        // connection (one round trip for a real sender) holds it at most
+        // AUTH_TIMEOUT.
+        None => ep.cm_id().accept(cfg.timeout.min(AUTH_TIMEOUT))?,
+    }
+    let connect_time = accept_started.elapsed();
+    info!(
+        connect_s = connect_time.as_secs_f64(),
+        "session established"
+    );
+    let machine = super::new_machine(cfg, &ep)?;
+    let peer = ep
+        .cm_id()
+        .peer_addr()
+        .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+    store.set_peer(&peer);
+    let mut session = Session {
+        cfg,
+        admission,
+        on_admitted,
+        unposted_recvs: recvs as usize - first_recvs,
+        on_file,
+        peer,
+        connect_time,
+        ep,
+        control,
+        ring: None,
+        ring_tried_ahead: false,
+        chunk: Vec::new(),
+        behind: None,
+        writers_failed: false,
+        machine,
+        store,
+        file: None,
+        first_error: None,
+        output_closed: None,
+        awaiting_from: None,
+        stashed: Vec::new(),
+    };
+    let result = session.run();
+    session.finish(result)
+}
+
+impl Session<'_, '_> {
+    /// Greets the sender and handles completions until BYE or an error.
+    fn run(&mut self) -> Result<(), XferError> {
+        // The CHALLENGE: always the first message, the sender waits for it.
+        self.transmit()?;
+        let mut wcs = Vec::with_capacity(16);
+        loop {
+            self.register_ring_ahead();
+            wcs.clear();
+            let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
+            if !self.stashed.is_empty() {
+                wcs.append(&mut self.stashed);
+            } else {
+                match self.admission.handshake() {
+                    Some((deadline, _)) => self.wait_handshake(&mut wcs, deadline, what)?,
+                    None => wait_completions(&self.ep, &mut wcs, timeout, what)?,
+                }
+            }
+            // A peer that takes none of our messages is not waited for
+            // forever, whatever it sends meanwhile.
+            self.control.check_sends(self.cfg.timeout)?;
+            for wc in wcs.drain(..) {
+                let flow = self.on_completion(wc);
+                // Whatever the machine replied goes out, even when the
+                // completion ended the session (it says why).
+                let sent = self.transmit();
+                if let Flow::Done = flow? {
+                    return Ok(());
+                }
+                sent?;
+            }
+        }
+    }
+
+    /// Waits for completions while the sender has proven nothing: until
+    /// the handshake's deadline at most, and no longer once the pool
+    /// dropped this connection for a newer one (checked every 100 ms).
+    fn wait_handshake(
+        &self,
+        wcs: &mut Vec<Completion>,
+        deadline: Instant,
+        what: &str,
+    ) -> Result<(), XferError> {
+        let admission = &*self.admission;
+        wait_completions_until(
+            &self.ep,
+            wcs,
+            deadline,
+            HANDSHAKE_CHECK,
+            what,
+            &|| {
+                admission.evicted().then(|| {
+                    XferError::PeerLost(
+                        "dropped from the full handshake pool for a newer connection".into(),
+                    )
+                })
+            },
+            &|| {
+                XferError::PeerLost(format!(
+                    "the sender did not authenticate within {}s of connecting",
+                    AUTH_TIMEOUT.as_secs()
+                ))
+            },
+        )
+    }
+
+    /// Sends what the state machine queued for the sender.
+    fn transmit(&mut self) -> Result<(), XferError> {
+        while let Some(msg) = self.machine.poll_transmit() {
+            self.control.send(&self.ep, &msg)?;
+        }
+        Ok(())
+    }
+
+    fn on_completion(&mut self, wc: Completion) -> Result<Flow, XferError> {
+        match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
+            (WrKind::Send, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
+            (WrKind::Recv, WcOpcode::RecvWithImm) => {
+                let (byte_len, imm) = (wc.byte_len, wc.imm);
+                // The receive buffer carried no data: hand it back at once.
+                self.control.recycle(&self.ep, wc)?;
+                let imm = imm.ok_or_else(|| {
+                    XferError::Internal("RDMA write completion without immediate data".into())
+                })?;
+                self.on_chunk(byte_len, imm)?;
+            }
+            (WrKind::Recv, WcOpcode::Recv) => {
+                let decoded = self.control.take_message(&self.ep, wc)?;
+                let msg = match decoded {
+                    Ok(m) => m,
+                    Err(Undelivered::Seal(e)) => {
+                        warn!("control message from {} refused: {e}", self.peer);
+                        let err = match self.machine.on_forged(e) {
+                            RecvError::Forged(source) => XferError::Forged {
+                                from: crate::proto::Role::Sender,
+                                source,
+                            },
+                            other => XferError::Internal(format!("a forged message gave {other}")),
+                        };
+                        return Err(self.abandon(err));
+                    }
+                    Err(Undelivered::Wire(e)) => {
+                        return Err(match self.machine.on_undecodable(e) {
+                            RecvError::Reject(r) => XferError::Rejected {
+                                code: Some(r.code),
+                                reason: r.reason,
+                            },
+                            RecvError::Protocol(ProtocolError::Malformed(source)) => {
+                                self.abandon(XferError::Malformed {
+                                    from: crate::proto::Role::Sender,
+                                    source,
+                                })
+                            }
+                            other => self.abandon(XferError::Internal(format!(
+                                "an undecodable message gave {other}"
+                            ))),
+                        });
+                    }
+                };
+                return self.on_message(msg);
+            }
+            (kind, opcode) => {
+                return Err(XferError::Internal(format!(
+                    "unexpected completion {opcode:?} for a work request of kind {kind:?}"
+                )));
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn on_message(&mut self, msg: Message) -> Result<Flow, XferError> {
+        let kind = msg.kind();
+        // What a refused offer is reported as (the machine takes the HELLO).
+        let offer = match &msg {
+            Message::Hello(h) => Some((h.name.clone(), h.size, h.digest)),
+            _ => None,
+        };
+        let batch = matches!(msg, Message::Batch(_));
+        match self.machine.on_message(msg) {
+            Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
+            Ok(ReceiverEvent::Batch(members)) => self.on_batch(members)?,
+            Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin)?,
+            Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
+            Ok(ReceiverEvent::Authenticated) => {
+                if let Err(max_sessions) = self.admission.admit() {
+                    // REJECT(busy) instead of AUTH_OK; the run loop sends it.
+                    let busy = self.machine.refuse_busy(max_sessions).ok_or_else(|| {
+                        XferError::Internal("a proof passed outside the handshake".into())
+                    })?;
+                    warn!("refused {}: {}", self.peer, busy.reason);
+                    return Err(XferError::Rejected {
+                        code: Some(busy.code),
+                        reason: busy.reason,
+                    });
+                }
+                self.machine.admit()?;
+                // The rest of the receives: the ring's writes and the
+                // messages of a pipelining sender may come now.
+                let more = std::mem::take(&mut self.unposted_recvs);
+                self.control.add_receives(&self.ep, more)?;
+                (self.on_admitted)();
+                info!("sender authenticated");
+                // AUTH_OK goes out as it is; everything after it is sealed.
+                self.transmit()?;
+                let channel = self
+                    .machine
+                    .take_channel()
+                    .ok_or_else(|| XferError::Internal("authenticated without a channel".into()))?;
+                self.control.install(channel);
+            }
+            Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
+            Ok(ReceiverEvent::From { offset }) => self.on_from(offset)?,
+            Ok(ReceiverEvent::Compare { sha256 }) => self.on_compare(sha256)?,
+            // The machine queued the sender's reply to each error.
+            Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
+            Err(RecvError::Version(reject)) => {
+                warn!("refused {}: {}", self.peer, reject.reason);
+                return Err(self.abandon(XferError::Rejected {
+                    code: Some(reject.code),
+                    reason: reject.reason,
+                }));
+            }
+            Err(RecvError::Forged(source)) => {
+                return Err(self.abandon(XferError::Forged {
+                    from: crate::proto::Role::Sender,
+                    source,
+                }));
+            }
+            // Not a verdict on any file: they come one by one next.
+            Err(RecvError::Reject(reject)) if batch => {
+                info!(
+                    code = reject.code.as_str(),
+                    "batch refused, its files come one by one: {}",
+                    escaped(&reject.reason)
+                );
+            }
+            Err(RecvError::Reject(reject)) => {
+                warn!(
+                    code = reject.code.as_str(),
+                    "refused: {}",
+                    escaped(&reject.reason)
+                );
+                let err = XferError::Rejected {
+                    code: Some(reject.code),
+                    reason: reject.reason.clone(),
+                };
+                if let Some((name, size, alg)) = offer {
+                    self.report_failure(&name, size, alg, Duration::ZERO, &err, false);
+                }
+                self.first_error.get_or_insert(err);
+            }
+            Err(RecvError::Protocol(e)) => {
+                return Err(self.abandon(XferError::Protocol {
+                    context: Some(format!("{kind} not allowed here")),
+                    source: e,
+                }));
+            }
+            Err(e @ RecvError::TooLarge { .. }) => {
+                return Err(self.abandon(XferError::Rejected {
+                    code: Some(RejectCode::TooLarge),
+                    reason: format!("{kind}: {e}"),
+                }));
+            }
+            Err(RecvError::SessionLimit(reject)) => {
+                warn!("session ended: {}", reject.reason);
+                let err = XferError::Rejected {
+                    code: Some(reject.code),
+                    reason: reject.reason,
+                };
+                if let Some((name, size, alg)) = offer {
+                    self.report_failure(&name, size, alg, Duration::ZERO, &err, true);
+                }
+                return Err(err);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// The sender did not prove the secret: tell it (best effort) and end
+    /// the session before anything is written or exposed.
+    fn auth_failed(&mut self, failure: AuthFailure) -> XferError {
+        warn!(
+            "authentication failed from {}: {}",
+            self.peer,
+            failure.detail()
+        );
+        self.file = None;
+        XferError::Auth(failure.to_string())
+    }
+}
+
+impl Session<'_, '_> {
+    /// A fatal error mid-session: tell the sender why (best effort), and
+    /// return the error. The temporary file is removed when `file` drops.
+    fn abort(&mut self, status: AckStatus, err: XferError) -> XferError {
+        if let Some(ack) = self.machine.abort(status, err.to_string()) {
+            let _ = self.control.send(&self.ep, &ack);
+        }
+        self.abandon(err)
+    }
+
+    /// The session ends with `err` under the open file (if any), whose
+    /// failure is reported; its temporary file goes (or, with RESUME, its
+    /// verified part is kept).
+    fn abandon(&mut self, err: XferError) -> XferError {
+        if let Some(mut file) = self.file.take() {
+            end_failed(&mut file, self.behind.as_mut());
+            self.report_file_failure(&file, &err, true);
+        }
+        err
+    }
+
+    /// Reports a file that was not received (`on_file`).
+    fn report_failure(
+        &self,
+        name: &str,
+        size: u64,
+        alg: DigestAlg,
+        elapsed: Duration,
+        err: &XferError,
+        session_ended: bool,
+    ) {
+        // A refused offer's name may hold anything the peer sent.
+        let name = escaped(name).to_string();
+        let failure = FileFailure::new(
+            &name,
+            size,
+            alg,
+            elapsed,
+            self.connect_time,
+            err,
+            session_ended,
+        );
+        (self.on_file)(FileEvent::Failed(&failure));
+    }
+
+    fn report_file_failure(&self, file: &IncomingFile, err: &XferError, session_ended: bool) {
+        let elapsed = file.started.elapsed();
+        if let Some(members) = file.sink.members() {
+            for m in members {
+                let alg = file.digest_alg;
+                self.report_failure(&m.name, m.size, alg, elapsed, err, session_ended);
+            }
+            return;
+        }
+        self.report_failure(
+            &file.name,
+            file.size,
+            file.digest_alg,
+            elapsed,
+            err,
+            session_ended,
+        );
+    }
+
+    /// Lets queued replies reach the sender, then disconnects.
+    fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
+        // Best effort: the session is over either way.
+        let _ = self.control.drain(&self.ep, Duration::from_secs(2));
+        if let (Err(e), Some(mut file)) = (&result, self.file.take()) {
+            // Where the file stood, for whoever reads the logs.
+            file.span.in_scope(|| {
+                info!(
+                    phase = "data",
+                    bytes_done = self.machine.bytes_received(),
+                    "file abandoned: {e}"
+                )
+            });
+            end_failed(&mut file, self.behind.as_mut());
+            self.report_file_failure(&file, e, true);
+        }
+        self.file = None;
+        self.store.finish_dirs();
+        self.ep.cm_id().disconnect(Duration::from_secs(1));
+        if let Some(msg) = self.output_closed.take() {
+            warn!("{msg}");
+            return Ok(());
+        }
+        result?;
+        match self.first_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,547 @@
+//! A session's offers: HELLO and BATCH checked against the file system and
+//! answered (accepted with the ring, refused, or asked about first: what is
+//! kept for RESUME, the digest for --link-dest or --exec), COMPARE and FROM.
+
+use super::read_tick::ReadTick;
+use super::*;
+
+impl Session<'_, '_> {
+    /// Checks that need the file system, then opens the temporary file and
+    /// exposes the ring (registered once per session). A directory is
+    /// created (or found) and answered at once.
+    pub(super) fn on_hello(&mut self, hello: Hello) -> Result<(), XferError> {
+        let hello_at = Instant::now();
+        if hello.is_directory() {
+            info!(dir = %hello.name, "directory");
+            return match self.store.make_dir(&hello) {
+                Ok(()) => {
+                    let reply = self.machine.accept_directory()?;
+                    self.control.send(&self.ep, &reply)
+                }
+                Err(refusal) => self.refuse(&hello, hello_at, refusal),
+            };
+        }
+        if hello.is_stream() {
+            info!(file = %hello.name, "offer of a stream (size unknown)");
+        } else {
+            info!(file = %hello.name, size = hello.size, "offer");
+        }
+        if hello.caps & hello_flags::RESUME != 0 {
+            return self.offer_holding(hello, hello_at);
+        }
+        if let Some(why) = self.digest_for(&hello) {
+            return self.ask_digest(hello, hello_at, why, None);
+        }
+        self.prepare_and_accept(&hello, hello_at, Resume::No, None, None)
+    }
+
+    /// Whether to ask an offer for its SHA-256 before its data, and why:
+    /// for --exec's command, or for the file --link-dest may hold. Only
+    /// offers with CHECKSUM, each name once per session.
+    pub(super) fn digest_for(&self, hello: &Hello) -> Option<DigestFor> {
+        if hello.caps & hello_flags::CHECKSUM == 0 {
+            return None;
+        }
+        if let Some(why) = self.machine.why_not_compare(&hello.name, hello.size) {
+            debug!(file = %hello.name, "its SHA-256 is not asked: {why}");
+            return None;
+        }
+        if self.store.starts_commands() {
+            return Some(DigestFor::Command);
+        }
+        self.store
+            .link_candidate(hello, self.cfg.overwrite)
+            .map(DigestFor::Link)
+    }
+
+    /// Asks the sender for the SHA-256 of an offer (HAVE digest): for the
+    /// file --link-dest may hold, or for --exec's command; its COMPARE
+    /// decides (`on_compare`).
+    pub(super) fn ask_digest(
+        &mut self,
+        hello: Hello,
+        hello_at: Instant,
+        why: DigestFor,
+        claim: Option<Claim>,
+    ) -> Result<(), XferError> {
+        match why {
+            DigestFor::Link(_) => {
+                info!(file = %hello.name, "--link-dest has a file of its size: its SHA-256 is asked")
+            }
+            DigestFor::Command => {
+                debug!(file = %hello.name, "its SHA-256 is asked for the --exec command")
+            }
+        }
+        let reply = self.machine.have(Have::ask_digest(hello.size))?;
+        self.control.send(&self.ep, &reply)?;
+        self.awaiting_from = Some(AwaitingFrom {
+            hello,
+            hello_at,
+            kept: None,
+            copy: None,
+            digest_for: Some(why),
+            announced: None,
+            claim,
+        });
+        Ok(())
+    }
+
+    /// A BATCH of small files: each is checked on disk and gets its
+    /// temporary file, and the batch gets the ring as one file would. If
+    /// any file is refused, the whole batch is (quietly: the sender then
+    /// offers each file on its own, and those offers get each file's own
+    /// answer, reported as usual).
+    pub(super) fn on_batch(&mut self, members: Vec<Hello>) -> Result<(), XferError> {
+        let hello_at = Instant::now();
+        // The machine checked that the sizes add up without overflow.
+        let total = members.iter().fold(0u64, |t, h| t.saturating_add(h.size));
+        info!(files = members.len(), bytes = total, "offer of a batch");
+        // A file --link-dest may hold is asked for its digest: alone.
+        let linkable = members
+            .iter()
+            .find(|h| matches!(self.digest_for(h), Some(DigestFor::Link(_))));
+        let prepared = match linkable {
+            // Not a policy for every batch (not Protocol): the sender keeps
+            // batching the others.
+            Some(h) => Err(Reject::new(
+                RejectCode::Exists,
+                format!(
+                    "{} may be linked from --link-dest: the files come one by one",
+                    h.name
+                ),
+            )),
+            None => self.store.create_batch(
+                &members,
+                self.cfg.overwrite,
+                &self.cfg.dir,
+                (self.cfg.umask, self.cfg.keep_modes),
+            ),
+        }
+        .and_then(|batch| Ok((batch, self.ring_for_offer()?)));
+        let (batch, ring) = match prepared {
+            Ok(p) => p,
+            // Not final for its files: the sender offers them one by one.
+            Err(Reject { code, reason }) => {
+                info!(
+                    code = code.as_str(),
+                    "batch refused, its files come one by one: {}",
+                    escaped(&reason)
+                );
+                let reply = self.machine.reject(code, reason)?;
+                return self.control.send(&self.ep, &reply);
+            }
+        };
+        let reply = self.machine.accept(ring).map_err(XferError::from)?;
+        self.control.send(&self.ep, &reply)?;
+        let name = format!(
+            "{} files from {}",
+            members.len(),
+            members.first().map_or("", |h| h.name.as_str())
+        );
+        let digest_alg = members.first().map_or(DigestAlg::Crc32, |h| h.digest);
+        self.file = Some(IncomingFile {
+            span: error_span!("batch", files = members.len(), size = total),
+            progress: self
+                .cfg
+                .progress
+                .batch_started(&name, total, members.len() as u64),
+            name,
+            size: total,
+            digest_alg,
+            sink: Sink::Batch(Box::new(batch)),
+            mode: 0,
+            mtime: None,
+            hasher: FileHasher::new(digest_alg),
+            written: 0,
+            resumed_from: 0,
+            started: hello_at,
+            phases: Phases {
+                connect: self.connect_time,
+                mr_exchange: hello_at.elapsed(),
+                ..Phases::default()
+            },
+            data_started: Instant::now(),
+            check_time: Duration::ZERO,
+            write_time: Duration::ZERO,
+            writer: None,
+        });
+        Ok(())
+    }
+
+    /// An offer with RESUME: what the receiver holds of it goes back in a
+    /// HAVE (reading the copy or the kept prefix, the sender kept
+    /// informed); the sender's FROM decides (`on_from`).
+    pub(super) fn offer_holding(
+        &mut self,
+        hello: Hello,
+        hello_at: Instant,
+    ) -> Result<(), XferError> {
+        let held = self.holding(&hello);
+        // A signal stopped the wait or the read: what is kept stays as it
+        // is, and nothing is answered about it.
+        interrupted()?;
+        let (mut holding, claim) = match held {
+            Ok(h) => h,
+            Err(refusal) => return self.refuse(&hello, hello_at, refusal),
+        };
+        if holding.have.kind == HaveKind::Complete
+            && let Some(why) = self.machine.why_not_compare(&hello.name, hello.size)
+        {
+            holding = Holding::nothing(why);
+        }
+        // Nothing kept here: --link-dest may still have it.
+        if holding.have.kind == HaveKind::Nothing
+            && let Some(why) = self.digest_for(&hello)
+        {
+            return self.ask_digest(hello, hello_at, why, claim);
+        }
+        let have = holding.have;
+        match have.kind {
+            HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),
+            HaveKind::Prefix => {
+                info!(file = %hello.name, bytes = have.bytes, "a verified part is kept")
+            }
+            HaveKind::Nothing if have.note.is_empty() => debug!(file = %hello.name, "nothing kept"),
+            HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
+            HaveKind::Digest => debug!(file = %hello.name, "its SHA-256 is asked"),
+        }
+        let reply = self.machine.have(have)?;
+        self.control.send(&self.ep, &reply)?;
+        self.awaiting_from = Some(AwaitingFrom {
+            hello,
+            hello_at,
+            kept: holding.kept,
+            copy: holding.copy,
+            digest_for: None,
+            announced: None,
+            claim,
+        });
+        Ok(())
+    }
+
+    /// The sender's COMPARE of the complete copy HAVE announced: the
+    /// same SHA-256 acknowledges the file without data; another (or a copy
+    /// that cannot be read) is a HAVE of nothing, and FROM 0 follows.
+    pub(super) fn on_compare(&mut self, sha256: [u8; 32]) -> Result<(), XferError> {
+        let Some(mut waiting) = self.awaiting_from.take() else {
+            return Err(XferError::Internal("COMPARE without a HAVE".into()));
+        };
+        let link = match waiting.digest_for.take() {
+            Some(DigestFor::Command) => {
+                // Known before the data: the command gets it (and the data
+                // is checked against it), then the data comes (FROM 0).
+                waiting.announced = Some(sha256);
+                let reply = self.machine.have(Have::nothing(""))?;
+                self.control.send(&self.ep, &reply)?;
+                self.awaiting_from = Some(waiting);
+                return Ok(());
+            }
+            Some(DigestFor::Link(link)) => Some(link),
+            None => None,
+        };
+        let copy = waiting.copy.take();
+        let Some(file) = copy.as_ref().or(link.as_ref().map(|l| &l.file)) else {
+            return Err(XferError::Internal("COMPARE without a copy".into()));
+        };
+        let whose = if link.is_some() {
+            "the --link-dest copy"
+        } else {
+            "the receiver's copy"
+        };
+        let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
+        let mut tick = ReadTick::new(
+            &mut self.control,
+            &self.ep,
+            &self.machine,
+            &mut self.stashed,
+            self.cfg.timeout,
+        );
+        let digest = copy_digest(file, size, chunk_len, &mut || tick.tick());
+        // A signal stopped the read: no verdict on the copy.
+        interrupted()?;
+        let name = waiting.hello.name.clone();
+        let mut differs = match digest {
+            Ok(d) if d == sha256 => None,
+            Ok(_) => Some(format!("{whose} differs from the source")),
+            Err(e) => Some(format!("cannot read {whose} of {name}: {e}")),
+        };
+        let mut outcome = crate::engine::Outcome::Skipped;
+        if let (None, Some(link)) = (&differs, &link) {
+            let how = (self.cfg.overwrite, chunk_len, self.cfg.dir.as_path());
+            match self
+                .store
+                .link_into_place(&waiting.hello, link, sha256, how, &mut || tick.tick())
+            {
+                Ok(Linked::HardLink) => info!(file = %name, "linked from --link-dest"),
+                Ok(Linked::Copy(why)) => {
+                    info!(file = %name, "copied from --link-dest ({why})")
+                }
+                Err(why) => differs = Some(format!("{whose} cannot be used: {why}")),
+            }
+            interrupted()?;
+            outcome = crate::engine::Outcome::Linked;
+        }
+        if let Some(note) = differs {
+            info!(file = %name, "{note}: received whole");
+            let reply = self.machine.have(crate::proto::Have::nothing(note))?;
+            self.control.send(&self.ep, &reply)?;
+            self.awaiting_from = Some(waiting);
+            return Ok(());
+        }
+        if link.is_none() {
+            info!(file = %name, "skipped: the receiver's copy is the same");
+        }
+        drop((copy, link));
+        let ack = self.machine.same()?;
+        self.control.send(&self.ep, &ack)?;
+        let report = FileReport {
+            name,
+            bytes: size,
+            elapsed: waiting.hello_at.elapsed(),
+            digest: crate::proto::Digest::Sha256(sha256),
+            phases: Phases {
+                connect: self.connect_time,
+                ..Phases::default()
+            },
+            resumed_from: 0,
+            outcome,
+        };
+        (self.on_file)(FileEvent::Done(&report));
+        Ok(())
+    }
+
+    /// Reads what the store holds of an offer with RESUME; a KEEPALIVE
+    /// goes out every `keepalive_interval` meanwhile, so that a large
+    /// file's read does not time the sender out.
+    pub(super) fn holding(&mut self, hello: &Hello) -> Result<(Holding, Option<Claim>), Reject> {
+        // An earlier session of the same file whose sender is gone ends
+        // within its timeout (and records what it verified): worth waiting.
+        let wait = self.cfg.timeout + Duration::from_secs(10);
+        let chunk_len = self.cfg.chunk_size;
+        let mut tick = ReadTick::new(
+            &mut self.control,
+            &self.ep,
+            &self.machine,
+            &mut self.stashed,
+            self.cfg.timeout,
+        );
+        self.store
+            .holding(hello, (chunk_len, self.cfg.overwrite), wait, &mut || {
+                tick.tick()
+            })
+    }
+
+    /// FROM answered our HAVE: receive from 0, continue the kept prefix,
+    /// or acknowledge the complete copy without any data.
+    pub(super) fn on_from(&mut self, offset: u64) -> Result<(), XferError> {
+        let Some(waiting) = self.awaiting_from.take() else {
+            return Err(XferError::Internal("FROM without a HAVE".into()));
+        };
+        let AwaitingFrom {
+            hello,
+            hello_at,
+            kept,
+            claim,
+            announced,
+            ..
+        } = waiting;
+        match (kept, claim) {
+            (Some(kept), Some(claim)) if offset > 0 => {
+                let KeptPrefix { sidecar, hasher } = kept;
+                let resume = Resume::Continue(&sidecar, claim);
+                let continued = Some((hasher, offset));
+                self.prepare_and_accept(&hello, hello_at, resume, continued, announced)
+            }
+            (_, Some(claim)) => {
+                let resume = Resume::Fresh(claim);
+                self.prepare_and_accept(&hello, hello_at, resume, None, announced)
+            }
+            (_, None) => self.prepare_and_accept(&hello, hello_at, Resume::No, None, announced),
+        }
+    }
+
+    /// Opens where an accepted offer goes and answers with the ring (MR),
+    /// or refuses it. `continued`: the whole-file digest over a kept
+    /// prefix and its length; `sha256`: the file's SHA-256 if the sender
+    /// announced it (for --exec's command).
+    pub(super) fn prepare_and_accept(
+        &mut self,
+        hello: &Hello,
+        hello_at: Instant,
+        resume: Resume<'_>,
+        continued: Option<(FileHasher, u64)>,
+        sha256: Option<[u8; 32]>,
+    ) -> Result<(), XferError> {
+        // The ring is normally registered ahead (`register_ring_ahead`);
+        // if that failed, it is tried again for an acceptable offer, and if
+        // that fails (memlock limit, say) the sender hears why instead of
+        // waiting for an MR that never comes.
+        let prepared = if self.store.starts_commands() {
+            // A command starts only for an offer the ring can take.
+            self.ring_for_offer()
+                .and_then(|ring| Ok((self.prepare_file(hello, resume, sha256)?, ring)))
+        } else {
+            self.prepare_file(hello, resume, sha256)
+                .and_then(|file| Ok((file, self.ring_for_offer()?)))
+        };
+        match prepared {
+            Ok((mut file, ring)) => {
+                if let Some((hasher, prefix)) = continued {
+                    file.hasher = hasher;
+                    file.written = prefix;
+                    file.resumed_from = prefix;
+                    info!(file = %hello.name, bytes = prefix, "continuing the kept part");
+                }
+                let reply = self.machine.accept(ring).map_err(XferError::from)?;
+                self.control.send(&self.ep, &reply)?;
+                // A file's time runs from its HELLO, like the sender's.
+                file.started = hello_at;
+                file.phases.connect = self.connect_time;
+                file.phases.mr_exchange = hello_at.elapsed();
+                file.data_started = Instant::now();
+                file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
+                file.progress.advance(file.resumed_from);
+                self.file = Some(file);
+                Ok(())
+            }
+            Err(refusal) => self.refuse(hello, hello_at, refusal),
+        }
+    }
+
+    /// Refuses an offer: logs and reports it, and sends the machine's REJECT.
+    pub(super) fn refuse(
+        &mut self,
+        hello: &Hello,
+        hello_at: Instant,
+        Reject { code, reason }: Reject,
+    ) -> Result<(), XferError> {
+        warn!(name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
+        let err = XferError::Rejected {
+            code: Some(code),
+            reason: reason.clone(),
+        };
+        // A directory has no size to report.
+        let size = if hello.is_directory() { 0 } else { hello.size };
+        let elapsed = hello_at.elapsed();
+        self.report_failure(&hello.name, size, hello.digest, elapsed, &err, false);
+        self.first_error.get_or_insert(err);
+        let reply = self.machine.reject(code, reason)?;
+        self.control.send(&self.ep, &reply)
+    }
+
+    /// Opens where the offered file goes (see `FileStore::create`) and
+    /// starts its bookkeeping.
+    /// `sha256`: the file's digest, if the sender announced it.
+    pub(super) fn prepare_file(
+        &mut self,
+        hello: &Hello,
+        resume: Resume<'_>,
+        sha256: Option<[u8; 32]>,
+    ) -> Result<IncomingFile, Reject> {
+        let (overwrite, dir) = (self.cfg.overwrite, &self.cfg.dir);
+        let sink = self
+            .store
+            .create_announced(hello, overwrite, dir, resume, sha256)?;
+        let span = if hello.is_stream() {
+            error_span!("file", file = %escaped(&hello.name), size = "unknown")
+        } else {
+            error_span!("file", file = %escaped(&hello.name), size = hello.size)
+        };
+        Ok(IncomingFile {
+            name: hello.name.clone(),
+            size: hello.size,
+            digest_alg: hello.digest,
+            sink,
+            mode: hello.received_mode(self.cfg.umask, self.cfg.keep_modes),
+            mtime: hello.mtime,
+            hasher: FileHasher::new(hello.digest),
+            written: 0,
+            resumed_from: 0,
+            started: Instant::now(),
+            span,
+            phases: Phases::default(),
+            data_started: Instant::now(),
+            check_time: Duration::ZERO,
+            write_time: Duration::ZERO,
+            // Replaced by the observer's once the offer is accepted.
+            progress: crate::engine::progress::NoProgress.file_started("", 0),
+            writer: None,
+        })
+    }
+
+    /// Starts the writer threads (`--threads`) if they are wanted and not
+    /// running; if they cannot start, says so once and this thread writes.
+    pub(super) fn start_writers(&mut self) {
+        if self.behind.is_some() || self.writers_failed || self.cfg.threads == 0 {
+            return;
+        }
+        match WriteBehind::new(self.cfg.threads, self.cfg.chunk_size as usize) {
+            Ok(behind) => self.behind = Some(behind),
+            Err(e) => {
+                warn!(
+                    "cannot start the writer threads ({e}): this session writes on its own thread"
+                );
+                self.writers_failed = true;
+            }
+        }
+    }
+
+    pub(super) fn register_ring(&mut self) -> Result<(), XferError> {
+        if self.ring.is_none() {
+            let len = self.cfg.slots as usize * self.cfg.slot_size() as usize;
+            let ring = RemoteRing::new(self.ep.pd(), len)?;
+            debug!(
+                len,
+                slots = self.cfg.slots,
+                slot_size = self.cfg.slot_size(),
+                rkey = ring.rkey(),
+                "ring registered"
+            );
+            self.ring = Some(ring);
+            self.chunk = vec![0; self.cfg.chunk_size as usize];
+        }
+        Ok(())
+    }
+
+    /// Registers the ring before the first offer: while the sender answers
+    /// the CHALLENGE, or as soon as it has proven the token, so that no
+    /// offer waits for the registration (tens of ms for 16 MiB on
+    /// SoftRoCE). Never before the proof: an unproven peer must not pin
+    /// the ring's memory. A failure here is not final: the first offer
+    /// tries again and tells the sender why.
+    pub(super) fn register_ring_ahead(&mut self) {
+        if self.ring.is_some() || self.ring_tried_ahead || self.admission.handshake().is_some() {
+            return;
+        }
+        self.ring_tried_ahead = true;
+        if let Err(e) = self.register_ring() {
+            debug!("ring not registered ahead of the first offer: {e}");
+        }
+    }
+
+    /// The ring for an accepted offer, or the refusal that tells the
+    /// sender why it cannot be had.
+    pub(super) fn ring_for_offer(&mut self) -> Result<RingInfo, Reject> {
+        self.ring_info().map_err(|e| {
+            error!("cannot register the receive ring: {e}");
+            Reject::new(
+                RejectCode::Io,
+                format!("the receiver cannot register its ring: {e}"),
+            )
+        })
+    }
+
+    pub(super) fn ring_info(&mut self) -> Result<RingInfo, XferError> {
+        self.register_ring()?;
+        let ring = self
+            .ring
+            .as_ref()
+            .ok_or_else(|| XferError::Internal("ring missing".into()))?;
+        Ok(RingInfo {
+            addr: ring.remote_addr(),
+            rkey: ring.rkey(),
+            slot_size: self.cfg.slot_size(),
+            slot_count: self.cfg.slots,
+        })
+    }
+}
