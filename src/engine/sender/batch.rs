@@ -186,7 +186,7 @@ impl Connection {
         while self.session.state() == SenderState::AwaitRing {
             let event = self
                 .next_event(cfg, pipe, tracker, "the receiver's MR reply")
-                .map_err(|e| super::pump::older_receiver(e, caps))?;
+                .map_err(|e| super::verdicts::older_receiver(e, caps))?;
             match event {
                 None | Some(SenderEvent::Ring(_)) => {}
                 Some(SenderEvent::Rejected(rej)) => {

@@ -12,8 +12,8 @@ use crate::engine::reader::{Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
-    Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, Message, OfferKind, Pending, RejectCode,
-    SameCopy, SenderEvent, SenderState, Verdict, escaped, hello_flags, keepalive_interval,
+    Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, Message, OfferKind, Pending, SameCopy,
+    SenderEvent, SenderState, Verdict, escaped, keepalive_interval,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{Buffer, BufferPool, Completion, RemoteTarget};
@@ -197,7 +197,7 @@ impl Connection {
         };
         self.control.send(&self.ep, &hello)?;
         self.await_answer(cfg, &name, input, pipe, tracker)
-            .map_err(|e| older_receiver(e, caps))
+            .map_err(|e| super::verdicts::older_receiver(e, caps))
     }
 
     /// The receiver's answers to the HELLO just sent, until its MR (or
@@ -566,84 +566,9 @@ impl Connection {
     }
 }
 
-/// A REJECT(version) of an offer (or a batch's members, `caps` OR-ed)
-/// with flags an older receiver of this protocol version does not know
-/// (it ends the session): says which option to drop. CHECKSUM is named
-/// first, being the newer flag.
-pub(super) fn older_receiver(e: FileError, caps: u32) -> FileError {
-    let reason = match e {
-        FileError::Fatal(XferError::Rejected {
-            code: Some(RejectCode::Version),
-            reason,
-        }) => reason,
-        other => return other,
-    };
-    let reason = if caps & hello_flags::CHECKSUM != 0 {
-        format!(
-            "the receiver cannot take digests (older version): send without --checksum ({reason})"
-        )
-    } else if caps & hello_flags::RESUME != 0 {
-        format!(
-            "the receiver cannot resume transfers (it runs an older version): upgrade it, or \
-             send without --resume and --retry ({reason})"
-        )
-    } else {
-        reason
-    };
-    FileError::Fatal(XferError::Rejected {
-        code: Some(RejectCode::Version),
-        reason,
-    })
-}
-
 /// Where the data phase spent its time (logged at debug level for tuning).
 #[derive(Default)]
 struct DataPathTimes {
     wait_reader: Duration,
     wait_cq: Duration,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn version_refusal() -> FileError {
-        FileError::Fatal(XferError::Rejected {
-            code: Some(RejectCode::Version),
-            reason: "the receiver says: HELLO flags 0x40 are not supported".into(),
-        })
-    }
-
-    fn reason(e: FileError) -> String {
-        match e {
-            FileError::Fatal(e) | FileError::Continue(e) => e.to_string(),
-        }
-    }
-
-    #[test]
-    fn an_older_receiver_is_named_with_the_option_to_drop() {
-        let checksum = reason(older_receiver(
-            version_refusal(),
-            hello_flags::CHECKSUM | hello_flags::RESUME | hello_flags::MTIME,
-        ));
-        assert!(
-            checksum.contains(
-                "the receiver cannot take digests (older version): send without --checksum"
-            ) && checksum.contains("0x40"),
-            "{checksum}"
-        );
-        let resume = reason(older_receiver(
-            version_refusal(),
-            hello_flags::RESUME | hello_flags::MTIME,
-        ));
-        assert!(resume.contains("cannot resume transfers"), "{resume}");
-        // Without either flag, or another refusal: as it came.
-        let plain = reason(older_receiver(version_refusal(), hello_flags::MTIME));
-        assert!(!plain.contains("--"), "{plain}");
-        let exists = FileError::Fatal(XferError::Rejected {
-            code: Some(RejectCode::Exists),
-            reason: "f exists".into(),
-        });
-        assert!(reason(older_receiver(exists, hello_flags::CHECKSUM)).ends_with(": f exists"));
-    }
 }

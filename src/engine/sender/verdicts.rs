@@ -5,7 +5,7 @@ use super::{FileError, SessionOutcome, ack_error};
 use crate::engine::progress::FileProgress;
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
 use crate::error::XferError;
-use crate::proto::{AckStatus, DigestAlg, Pending, Verdict, escaped};
+use crate::proto::{AckStatus, DigestAlg, Pending, RejectCode, Verdict, escaped, hello_flags};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tracing::debug;
@@ -198,5 +198,80 @@ impl Tracker<'_> {
             _ => return Err(mismatch()),
         }
         Ok(())
+    }
+}
+
+/// A REJECT(version) of an offer (or a batch's members, `caps` OR-ed)
+/// with flags an older receiver of this protocol version does not know
+/// (it ends the session): says which option to drop. CHECKSUM is named
+/// first, being the newer flag.
+pub(super) fn older_receiver(e: FileError, caps: u32) -> FileError {
+    let reason = match e {
+        FileError::Fatal(XferError::Rejected {
+            code: Some(RejectCode::Version),
+            reason,
+        }) => reason,
+        other => return other,
+    };
+    let reason = if caps & hello_flags::CHECKSUM != 0 {
+        format!(
+            "the receiver cannot take digests (older version): send without --checksum ({reason})"
+        )
+    } else if caps & hello_flags::RESUME != 0 {
+        format!(
+            "the receiver cannot resume transfers (it runs an older version): upgrade it, or \
+             send without --resume and --retry ({reason})"
+        )
+    } else {
+        reason
+    };
+    FileError::Fatal(XferError::Rejected {
+        code: Some(RejectCode::Version),
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version_refusal() -> FileError {
+        FileError::Fatal(XferError::Rejected {
+            code: Some(RejectCode::Version),
+            reason: "the receiver says: HELLO flags 0x40 are not supported".into(),
+        })
+    }
+
+    fn reason(e: FileError) -> String {
+        match e {
+            FileError::Fatal(e) | FileError::Continue(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn an_older_receiver_is_named_with_the_option_to_drop() {
+        let checksum = reason(older_receiver(
+            version_refusal(),
+            hello_flags::CHECKSUM | hello_flags::RESUME | hello_flags::MTIME,
+        ));
+        assert!(
+            checksum.contains(
+                "the receiver cannot take digests (older version): send without --checksum"
+            ) && checksum.contains("0x40"),
+            "{checksum}"
+        );
+        let resume = reason(older_receiver(
+            version_refusal(),
+            hello_flags::RESUME | hello_flags::MTIME,
+        ));
+        assert!(resume.contains("cannot resume transfers"), "{resume}");
+        // Without either flag, or another refusal: as it came.
+        let plain = reason(older_receiver(version_refusal(), hello_flags::MTIME));
+        assert!(!plain.contains("--"), "{plain}");
+        let exists = FileError::Fatal(XferError::Rejected {
+            code: Some(RejectCode::Exists),
+            reason: "f exists".into(),
+        });
+        assert!(reason(older_receiver(exists, hello_flags::CHECKSUM)).ends_with(": f exists"));
     }
 }

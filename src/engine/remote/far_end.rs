@@ -1,0 +1,155 @@
+//! The remote receiver's side of the ssh channel: the token line, the
+//! hang-up watch, where to listen (SSH_CONNECTION, the route, RoCE GIDs).
+
+use super::*;
+
+/// Reads the one-time token, the first line of standard input. The rest
+/// of the input is the hang-up watch's (`watch_hangup`).
+pub fn read_token_line(input: &mut impl BufRead) -> Result<Token, XferError> {
+    let mut line = Vec::new();
+    // Bounded: a token line is 64 characters.
+    input
+        .take(1024)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| XferError::io("cannot read the one-time token from standard input", e))?;
+    let ok = line.last() == Some(&b'\n');
+    line.pop();
+    let hex = line.len() == 2 * ONE_TIME_TOKEN_BYTES && line.iter().all(u8::is_ascii_hexdigit);
+    if !ok || !hex {
+        line.fill(0);
+        return Err(XferError::Usage(
+            "--ssh-session reads a one-time token from standard input, as `sender FILE \
+             HOST:DIR` writes it; it is not meant to be started by hand"
+                .into(),
+        ));
+    }
+    Token::new(line).ok_or_else(|| XferError::Internal("empty one-time token".into()))
+}
+
+/// Watches standard input on a thread of its own: its end (the sender
+/// finished, was killed, or ssh hung up) asks the receiver to shut down,
+/// as SIGTERM does.
+pub fn watch_hangup() {
+    let spawned = std::thread::Builder::new()
+        .name("ssh-hangup".into())
+        .spawn(|| {
+            let mut buf = [0u8; 256];
+            let mut input = std::io::stdin();
+            loop {
+                match input.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            tracing::debug!("the sender's ssh channel closed: ending");
+            crate::sys::os::request_shutdown();
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot watch the ssh channel: {e}");
+    }
+}
+
+/// Where a receiver started over ssh listens, in order of preference:
+/// the address the ssh connection came in on (SSH_CONNECTION), the one
+/// this host would use towards the sender, every address in the RDMA
+/// devices' GID tables (RoCE), then every other interface address (IPoIB
+/// on InfiniBand), IPv4 first. The caller keeps the first that binds to
+/// an RDMA device.
+pub fn bind_candidates(ssh_connection: Option<&str>) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::new();
+    let mut add = |ip: IpAddr| {
+        if !ip.is_unspecified() && !out.contains(&ip) {
+            out.push(ip);
+        }
+    };
+    // "CLIENT_IP CLIENT_PORT SERVER_IP SERVER_PORT"
+    let words: Vec<&str> = ssh_connection.unwrap_or("").split_whitespace().collect();
+    if let [client, _, server, _] = words[..] {
+        if let Ok(ip) = server.parse() {
+            add(ip);
+        }
+        if let Some(ip) = client.parse().ok().and_then(source_towards) {
+            add(ip);
+        }
+    }
+    for ip in rdma_gid_addresses() {
+        add(ip);
+    }
+    // InfiniBand GIDs are no IP addresses: its IPoIB interfaces' are, as
+    // are any others (the caller keeps those an RDMA device has).
+    let mut others: Vec<IpAddr> = crate::sys::os::interface_addresses()
+        .into_iter()
+        .map(|(_, ip)| ip)
+        .filter(|ip| !ip.is_loopback() && !is_link_local(ip))
+        .collect();
+    others.sort_by_key(|ip| ip.is_ipv6());
+    for ip in others {
+        add(ip);
+    }
+    out
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// The source address the routing table picks towards `peer` (a UDP
+/// socket's connect sends nothing).
+fn source_towards(peer: IpAddr) -> Option<IpAddr> {
+    let any: SocketAddr = match peer {
+        IpAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        IpAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    };
+    let socket = UdpSocket::bind(any).ok()?;
+    socket.connect(SocketAddr::new(peer, 9)).ok()?;
+    socket.local_addr().ok().map(|a| a.ip())
+}
+
+/// The IP addresses in the GID tables of this host's RDMA devices (RoCE:
+/// IPv4-mapped and global IPv6 GIDs), IPv4 first.
+fn rdma_gid_addresses() -> Vec<IpAddr> {
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    let Ok(devices) = std::fs::read_dir("/sys/class/infiniband") else {
+        return v4;
+    };
+    let mut gid_files = Vec::new();
+    for dev in devices.flatten() {
+        let Ok(ports) = std::fs::read_dir(dev.path().join("ports")) else {
+            continue;
+        };
+        for port in ports.flatten() {
+            if let Ok(gids) = std::fs::read_dir(port.path().join("gids")) {
+                gid_files.extend(gids.flatten().map(|g| g.path()));
+            }
+        }
+    }
+    gid_files.sort();
+    for path in gid_files {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        match parse_gid(text.trim()) {
+            Some(IpAddr::V4(a)) if !v4.contains(&IpAddr::V4(a)) => v4.push(IpAddr::V4(a)),
+            Some(IpAddr::V6(a)) if !v6.contains(&IpAddr::V6(a)) => v6.push(IpAddr::V6(a)),
+            _ => {}
+        }
+    }
+    v4.extend(v6);
+    v4
+}
+
+/// A GID as an IP address: IPv4-mapped ones as IPv4, global IPv6 as such;
+/// None for empty, link-local and IB (non-IP) GIDs.
+pub(super) fn parse_gid(text: &str) -> Option<IpAddr> {
+    let ip: std::net::Ipv6Addr = text.parse().ok()?;
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return (!v4.is_unspecified()).then_some(IpAddr::V4(v4));
+    }
+    let first = ip.segments()[0];
+    // Global unicast 2000::/3 and unique local fc00::/7 only.
+    ((first & 0xe000) == 0x2000 || (first & 0xfe00) == 0xfc00).then_some(IpAddr::V6(ip))
+}

@@ -1,0 +1,473 @@
+//! One connection to a receiver and its session: set-up (connect, the
+//! greeting, authentication), the loop over the entries, the events and
+//! completions that drive the machine, and the close.
+
+use super::*;
+
+pub(super) struct Connection {
+    pub(super) connect_time: Duration,
+    pub(super) ep: Endpoint,
+    pub(super) control: Control,
+    pub(super) session: SenderSession,
+    pub(super) wcs: Vec<Completion>,
+    /// State machine events not yet acted upon, in order.
+    pub(super) events: VecDeque<SenderEvent>,
+    /// The receiver refused a batch by policy (REJECT protocol: it takes
+    /// files one by one, e.g. --exec): no more batches this session.
+    pub(super) batches_refused: bool,
+}
+
+impl Connection {
+    /// Connects, and registers the staging pool while the receiver answers.
+    pub(super) fn open(
+        cfg: &SenderConfig,
+    ) -> Result<(Self, (BufferPool, Vec<crate::sys::rdma::Buffer>)), XferError> {
+        let connect_err = |source: SysError| match source {
+            SysError::NoDevice | SysError::NotRdmaAddress(_) | SysError::Memlock { .. } => {
+                XferError::Sys(source)
+            }
+            source => XferError::Connect {
+                addr: cfg.addr.to_string(),
+                source,
+            },
+        };
+        let connect_started = Instant::now();
+        let channel = EventChannel::new().map_err(connect_err)?;
+        let id = CmId::new(&channel).map_err(connect_err)?;
+        id.resolve(cfg.source, cfg.addr, cfg.timeout)
+            .map_err(connect_err)?;
+        let caps = QpCaps {
+            max_send_wr: cfg.depth + SEND_BUFFERS as u32,
+            max_recv_wr: RECV_BUFFERS as u32,
+        };
+        let ep = Endpoint::new(id, caps, cfg.busy_poll).map_err(connect_err)?;
+        let control = Control::new(&ep, RECV_BUFFERS, SEND_BUFFERS)?;
+        crate::engine::tune_ack_timeout(ep.cm_id(), cfg.ack_timeout);
+        let staging = ep
+            .cm_id()
+            .connect_while(cfg.timeout, || {
+                BufferPool::new(ep.pd(), cfg.slot_size() as usize, cfg.depth as usize)
+            })
+            .map_err(connect_err)?
+            .map_err(XferError::from)?;
+        debug!(
+            buffers = cfg.depth,
+            chunk_size = cfg.chunk_size,
+            "staging registered"
+        );
+        let connect_time = connect_started.elapsed();
+        info!(peer = %cfg.addr, connect_s = connect_time.as_secs_f64(), "connected");
+        let auth = match &cfg.token {
+            None => None,
+            Some(token) => {
+                let mut nonce = [0u8; NONCE_LEN];
+                getrandom::fill(&mut nonce).map_err(|e| {
+                    XferError::io(
+                        "cannot get random bytes for the authentication",
+                        std::io::Error::other(e),
+                    )
+                })?;
+                Some(SenderAuth {
+                    token: token.clone(),
+                    nonce,
+                    conn: crate::engine::connection_id(&ep, Role::Sender)?,
+                })
+            }
+        };
+        let conn = Connection {
+            connect_time,
+            ep,
+            control,
+            session: SenderSession::new(cfg.chunk_size, auth),
+            wcs: Vec::with_capacity(64),
+            events: VecDeque::new(),
+            batches_refused: false,
+        };
+        Ok((conn, staging))
+    }
+
+    /// The whole session: greeting, every entry (pipelined), the last
+    /// verdicts, BYE.
+    pub(super) fn run(
+        &mut self,
+        cfg: &SenderConfig,
+        entries: Vec<Entry>,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), XferError> {
+        let result = self.run_entries(cfg, entries, pipe, tracker);
+        if let Err(e) = &result {
+            // Entries sent but never answered: the session ended under them.
+            for entry in std::mem::take(&mut tracker.pending).into_values() {
+                for (name, bytes, started) in entry.names() {
+                    tracker.report(&name, bytes, Some(started), e, true);
+                }
+            }
+        }
+        result
+    }
+
+    pub(super) fn run_entries(
+        &mut self,
+        cfg: &SenderConfig,
+        entries: Vec<Entry>,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), XferError> {
+        fatal(self.greet(cfg, pipe, tracker))?;
+        let mut queue = VecDeque::from(entries);
+        // Files of a refused batch, at the front of the queue: they go one
+        // by one.
+        let mut unbatched = 0usize;
+        let mut pruned = 0usize;
+        while let Some(entry) = queue.pop_front() {
+            // What lies below a refused directory would be refused too.
+            if tracker.refused_dirs.len() > pruned {
+                let dirs = &tracker.refused_dirs[pruned..];
+                let before = queue.len();
+                queue.retain(|e| !below_any(e.name(), dirs));
+                let dropped = before - queue.len();
+                if dropped > 0 {
+                    info!(
+                        dropped,
+                        "not offered: below a directory the receiver refused"
+                    );
+                }
+                tracker.outcome.skipped += dropped;
+                pruned = tracker.refused_dirs.len();
+            }
+            if below_any(entry.name(), &tracker.refused_dirs) {
+                tracker.outcome.skipped += 1;
+                unbatched = unbatched.saturating_sub(1);
+                continue;
+            }
+            // Room in the pipeline: wait for the oldest verdicts.
+            while !self.session.can_start() {
+                fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's verdicts"))?;
+            }
+            let entry = if unbatched > 0 {
+                unbatched -= 1;
+                entry
+            } else if batch::batchable(cfg, &entry)
+                && !self.batches_refused
+                // The session's first file goes alone: its HELLO checks
+                // the receiver's version, its MR makes the ring known (a
+                // batch is then read while the receiver prepares it).
+                && self.session.expected_chunk_len().is_some()
+            {
+                let mut files = batch::take_batch(cfg, entry, &mut queue);
+                if files.len() > 1 {
+                    let (batch::Batched::Sent { alone: back } | batch::Batched::Refused(back)) =
+                        self.send_batch(cfg, files, pipe, tracker)?;
+                    unbatched = back.len();
+                    for e in back.into_iter().rev() {
+                        queue.push_front(e);
+                    }
+                    continue;
+                }
+                match files.pop() {
+                    Some(e) => e,
+                    None => continue,
+                }
+            } else {
+                entry
+            };
+            let name = entry.name().to_string();
+            let size = entry.size();
+            let started = Instant::now();
+            match self.send_entry(cfg, entry, pipe, tracker) {
+                Ok(()) => {}
+                Err(FileError::Continue(e)) => tracker.fail(&name, size, Some(started), e),
+                Err(FileError::Fatal(e)) => {
+                    // Where the file stood, for whoever reads the logs.
+                    info!(
+                        file = %escaped(&name),
+                        bytes_done = self.session.bytes_planned(),
+                        "file abandoned: {e}"
+                    );
+                    tracker.report(&name, size, Some(started), &e, true);
+                    return Err(e);
+                }
+            }
+        }
+        while self.session.pending() > 0 {
+            fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's ACK"))?;
+        }
+        self.close(cfg, pipe, tracker)
+    }
+
+    /// Waits for the receiver's greeting: CHALLENGE (answered with AUTH when
+    /// it requires authentication; the first HELLO follows without waiting)
+    /// or a REJECT that refuses the session.
+    pub(super) fn greet(
+        &mut self,
+        cfg: &SenderConfig,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), FileError> {
+        while matches!(
+            self.session.state(),
+            SenderState::AwaitChallenge | SenderState::AwaitAuthOk
+        ) {
+            let what = match self.session.state() {
+                SenderState::AwaitAuthOk => "the receiver's proof (AUTH_OK)",
+                _ => "the receiver's greeting",
+            };
+            match self.next_event(cfg, pipe, tracker, what)? {
+                None => {}
+                Some(SenderEvent::Greeted(greeting)) => {
+                    if let Some(prove) = greeting.prove {
+                        debug!("the receiver requires authentication: PROVE sent");
+                        self.control.send(&self.ep, &prove)?;
+                    }
+                }
+                // The channel is installed already (handle_completions).
+                Some(SenderEvent::Authenticated) => info!("receiver authenticated"),
+                Some(other) => return Err(unexpected(&other)),
+            }
+        }
+        Ok(())
+    }
+
+    /// One wait in which only verdicts and credits may arrive.
+    pub(super) fn expect_nothing(
+        &mut self,
+        cfg: &SenderConfig,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+        what: &str,
+    ) -> Result<(), FileError> {
+        match self.next_event(cfg, pipe, tracker, what)? {
+            None => Ok(()),
+            Some(other) => Err(unexpected(&other)),
+        }
+    }
+
+    pub(super) fn send_entry(
+        &mut self,
+        cfg: &SenderConfig,
+        entry: Entry,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), FileError> {
+        let (offer, input) = match entry {
+            Entry::Dir { name, mode, mtime } => {
+                let offer = FileOffer {
+                    resume: false,
+                    checksum: false,
+                    name: name.clone(),
+                    size: 0,
+                    mode,
+                    digest: cfg.verify,
+                    kind: OfferKind::Directory,
+                    mtime,
+                    keep_mode: cfg.walk.preserve,
+                };
+                let tag = tracker.tag();
+                let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
+                self.control.send(&self.ep, &hello)?;
+                tracker.pending.insert(
+                    tag,
+                    PendingEntry::Dir {
+                        name,
+                        started: Instant::now(),
+                    },
+                );
+                return Ok(());
+            }
+            Entry::Stdin { name } => {
+                use std::os::fd::AsFd;
+                let stdin = std::io::stdin().as_fd().try_clone_to_owned().map_err(|e| {
+                    FileError::Fatal(XferError::io("cannot read standard input", e))
+                })?;
+                crate::engine::stdio::grow_pipe(&stdin, cfg.chunk_size as usize);
+                let offer = FileOffer {
+                    resume: false,
+                    // Its SHA-256 is not known before its data.
+                    checksum: false,
+                    name,
+                    size: 0,
+                    mode: 0o644,
+                    digest: cfg.verify,
+                    kind: OfferKind::Stream,
+                    mtime: None,
+                    keep_mode: false,
+                };
+                (offer, Input::Stream(File::from(stdin)))
+            }
+            Entry::File {
+                path,
+                name,
+                opened,
+                mtime,
+                ..
+            } => {
+                let (offer, file) =
+                    open_offer(cfg, &path, name, opened, mtime).map_err(FileError::Continue)?;
+                let size = offer.size;
+                (offer, Input::File { file, size })
+            }
+        };
+        self.send_data(cfg, offer, input, pipe, tracker)
+    }
+
+    /// Handles whatever completions are ready, without blocking. In the
+    /// data phase only credits and an abort may arrive.
+    pub(super) fn poll_events(
+        &mut self,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), FileError> {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        let polled = self.ep.poll(&mut wcs, 16);
+        let handled = self.handle_completions(&mut wcs, pipe);
+        self.wcs = wcs;
+        handled?;
+        if let Err(e) = polled {
+            return Err(self.failure(crate::engine::completion_error(&self.ep, e)));
+        }
+        match self.pop_event(tracker)? {
+            None => Ok(()),
+            Some(SenderEvent::Aborted(ack)) => {
+                Err(FileError::Fatal(ack_error(ack.status, ack.reason)))
+            }
+            Some(other) => Err(unexpected(&other)),
+        }
+    }
+
+    /// A completion failed (the receiver went away, typically): if the
+    /// receiver told why just before, that is the better error.
+    pub(super) fn failure(&mut self, err: XferError) -> FileError {
+        let said = self.events.iter().find_map(|e| match e {
+            SenderEvent::Aborted(ack) => Some(ack.clone()),
+            _ => None,
+        });
+        FileError::Fatal(match said {
+            Some(ack) => ack_error(ack.status, ack.reason),
+            None => err,
+        })
+    }
+
+    /// The next state machine event that needs the caller, waiting for
+    /// completions if none is queued. Verdicts on pending entries go to
+    /// `tracker` on the way (then None is returned); so do credits.
+    pub(super) fn next_event(
+        &mut self,
+        cfg: &SenderConfig,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+        what: &str,
+    ) -> Result<Option<SenderEvent>, FileError> {
+        if self.events.is_empty() {
+            let mut wcs = std::mem::take(&mut self.wcs);
+            wcs.clear();
+            let waited = crate::engine::wait_completions(&self.ep, &mut wcs, cfg.timeout, what);
+            // Completions polled before a failure still count.
+            let handled = self.handle_completions(&mut wcs, pipe);
+            self.wcs = wcs;
+            handled?;
+            if let Err(e) = waited {
+                return Err(self.failure(e));
+            }
+        }
+        self.pop_event(tracker)
+    }
+
+    pub(super) fn pop_event(
+        &mut self,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<Option<SenderEvent>, FileError> {
+        while let Some(event) = self.events.pop_front() {
+            match event {
+                SenderEvent::Answered {
+                    tag,
+                    entry,
+                    verdict,
+                } => tracker.answer(tag, entry, verdict)?,
+                other => return Ok(Some(other)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Applies completions: slots go back to the reader, messages through
+    /// the state machine (its events queue up in `events`, credits apart).
+    pub(super) fn handle_completions(
+        &mut self,
+        wcs: &mut Vec<Completion>,
+        pipe: &mut Pipeline<'_>,
+    ) -> Result<(), FileError> {
+        for wc in wcs.drain(..) {
+            match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
+                (WrKind::Write, WcOpcode::RdmaWrite) => pipe.write_done(wc)?,
+                (WrKind::Send, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
+                (WrKind::Recv, WcOpcode::Recv) => {
+                    let msg = self
+                        .control
+                        .take_message(&self.ep, wc)?
+                        .map_err(|undelivered| match undelivered {
+                            Undelivered::Wire(source) => XferError::Malformed {
+                                from: crate::proto::Role::Receiver,
+                                source,
+                            },
+                            Undelivered::Seal(source) => XferError::Forged {
+                                from: crate::proto::Role::Receiver,
+                                source,
+                            },
+                        })?;
+                    match self.session.on_message(msg).map_err(proto_err)? {
+                        // Already applied by the state machine.
+                        SenderEvent::Credit(_) => {}
+                        event @ SenderEvent::Authenticated => {
+                            // Sealed from the very next message on, in
+                            // both directions.
+                            let channel = self.session.take_channel().ok_or_else(|| {
+                                XferError::Internal("authenticated without a channel".into())
+                            })?;
+                            self.control.install(channel);
+                            self.events.push_back(event);
+                        }
+                        event => self.events.push_back(event),
+                    }
+                }
+                (kind, opcode) => {
+                    return Err(FileError::Fatal(XferError::Internal(format!(
+                        "unexpected completion {opcode:?} for a work request of kind {kind:?}"
+                    ))));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the session politely: BYE, wait until it is delivered, disconnect.
+    pub(super) fn close(
+        &mut self,
+        cfg: &SenderConfig,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<(), XferError> {
+        let bye = self.session.close().map_err(XferError::from)?;
+        self.control.send(&self.ep, &bye)?;
+        while self.control.busy() {
+            match self.expect_nothing(cfg, pipe, tracker, "delivery of BYE") {
+                Ok(()) => {}
+                // Every entry was answered already; a receiver that closes
+                // on BYE may tear the connection down before our send
+                // completes.
+                Err(FileError::Fatal(XferError::PeerLost(e))) => {
+                    debug!("the receiver closed while BYE was in flight: {e}");
+                    return Ok(());
+                }
+                Err(FileError::Fatal(e) | FileError::Continue(e)) => return Err(e),
+            }
+        }
+        self.ep.cm_id().disconnect(Duration::from_secs(2));
+        Ok(())
+    }
+
+    pub(super) fn abort(&mut self) {
+        self.ep.cm_id().disconnect(Duration::from_secs(1));
+    }
+}
