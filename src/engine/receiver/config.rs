@@ -1,7 +1,15 @@
 //! What a receiver is configured with (`ReceiverConfig`, built by
 //! cli/args/config.rs) and where its files go (`Output`).
 
-use super::*;
+use super::AllowedNet;
+use super::{DEFAULT_MAX_SESSIONS, DEFAULT_PARTIAL_TTL, DEFAULT_WRITER_THREADS};
+use crate::engine::fit::Given;
+use crate::engine::progress::ProgressSink;
+use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
+use crate::proto::Token;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {

@@ -17,21 +17,19 @@ pub use allow::AllowedNet;
 pub use config::{Output, ReceiverConfig};
 
 use crate::engine::control::Control;
-use crate::engine::fit::{Buffers, Given, Overhead, Pool, fit_to_memlock};
-use crate::engine::progress::{Listening, ProgressSink};
+use crate::engine::fit::{Buffers, Overhead, Pool, fit_to_memlock};
+use crate::engine::progress::Listening;
 use crate::engine::report::FileEvent;
-use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_SLOTS, DEFAULT_TIMEOUT};
 use crate::error::XferError;
 use crate::proto::{
     AUTH_TIMEOUT, Busy, Message, NONCE_LEN, NameRules, ReceiverConfig as MachineConfig,
-    ReceiverSession, Role, Token, busy_refusal,
+    ReceiverSession, Role, busy_refusal,
 };
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
 use crate::sys::rdma::{CmId, Endpoint, EventChannel, IncomingConnection, QpCaps, probe_devices};
 use admission::{Admission, HANDSHAKE_PER_ADDRESS, HANDSHAKE_POOL, HandshakePool, SessionSlots};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};

@@ -1,7 +1,11 @@
 //! The remote receiver's side of the ssh channel: the token line, the
 //! hang-up watch, where to listen (SSH_CONNECTION, the route, RoCE GIDs).
 
-use super::*;
+use super::ONE_TIME_TOKEN_BYTES;
+use crate::error::XferError;
+use crate::proto::Token;
+use std::io::{BufRead, Read};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 
 /// Reads the one-time token, the first line of standard input. The rest
 /// of the input is the hang-up watch's (`watch_hangup`).

@@ -23,7 +23,7 @@ pub use target::{Target, remote_word, rsh_command};
 use crate::error::{ExitCode, XferError};
 use crate::proto::Token;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};

@@ -2,7 +2,8 @@
 //! and the remote command line: quoting for the remote shell, the ssh
 //! command (`-e`, RDMA_XFER_RSH).
 
-use super::*;
+use super::RSH_ENV;
+use crate::error::XferError;
 
 /// One `[USER@]HOST:DIR` target as the user wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,7 +2,28 @@
 //! greeting, authentication), the loop over the entries, the events and
 //! completions that drive the machine, and the close.
 
-use super::*;
+use super::batch;
+use super::pump::Pipeline;
+use super::verdicts::{PendingEntry, Tracker};
+use super::{
+    FileError, RECV_BUFFERS, SEND_BUFFERS, SenderConfig, ack_error, below_any, fatal, open_offer,
+    proto_err, unexpected,
+};
+use crate::engine::control::{Control, Undelivered};
+use crate::engine::entries::Entry;
+use crate::engine::reader::Input;
+use crate::engine::{WrId, WrKind};
+use crate::error::XferError;
+use crate::proto::{
+    FileOffer, NONCE_LEN, OfferKind, Role, SenderAuth, SenderEvent, SenderSession, SenderState,
+    escaped,
+};
+use crate::sys::SysError;
+use crate::sys::rdma::{BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, WcOpcode};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::time::{Duration, Instant};
+use tracing::{debug, info};
 
 pub(super) struct Connection {
     pub(super) connect_time: Duration,

@@ -12,24 +12,18 @@ mod verdicts;
 
 use connection::Connection;
 
-use crate::engine::control::{Control, Undelivered};
+use crate::engine::DEFAULT_TIMEOUT;
 use crate::engine::entries::{self, Entry, WalkOptions};
 use crate::engine::fit::{Buffers, Given, Overhead, Pool, fit_to_memlock};
 use crate::engine::progress::ProgressSink;
-use crate::engine::reader::{Input, Reader};
+use crate::engine::reader::Reader;
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
-use crate::engine::{DEFAULT_TIMEOUT, WrId, WrKind};
 use crate::error::XferError;
-use crate::proto::{
-    AckStatus, DigestAlg, FileOffer, NONCE_LEN, OfferKind, ProtocolError, Role, SenderAuth,
-    SenderEvent, SenderSession, SenderState, Token, escaped,
-};
+use crate::proto::{AckStatus, DigestAlg, FileOffer, OfferKind, ProtocolError, SenderEvent, Token};
 use crate::sys::SysError;
-use crate::sys::rdma::{
-    BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, WcOpcode, probe_devices,
-};
+use crate::sys::rdma::probe_devices;
 use pump::Pipeline;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
@@ -37,8 +31,8 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tracing::{debug, error_span, info, warn};
-use verdicts::{PendingEntry, Tracker};
+use tracing::{error_span, info, warn};
+use verdicts::Tracker;
 
 #[derive(Debug, Clone)]
 pub struct SenderConfig {

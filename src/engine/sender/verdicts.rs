@@ -1,5 +1,6 @@
 //! The receiver's verdicts: entries sent but not yet answered (keyed by
-//! the tag each went out with) and the session's results so far.
+//! the tag each went out with), the session's results so far, and the
+//! wording of a REJECT(version) from an older receiver (`older_receiver`).
 
 use super::{FileError, SessionOutcome, ack_error};
 use crate::engine::progress::FileProgress;

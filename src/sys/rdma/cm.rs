@@ -129,12 +129,23 @@ impl KeptEvents {
     /// `MAX_KEPT_REQUESTS` are kept already: then it is handed back, to be
     /// refused.
     fn keep(&mut self, ev: CmEvent) -> Option<CmEvent> {
-        let requests = self.events.iter().filter(|k| !k.new_id.is_null()).count();
-        if !ev.new_id.is_null() && requests >= MAX_KEPT_REQUESTS {
+        if !ev.new_id.is_null()
+            && self.events.iter().filter(|k| !k.new_id.is_null()).count() >= MAX_KEPT_REQUESTS
+        {
             return Some(ev);
         }
         self.events.push_back(ev);
         None
+    }
+
+    /// Every kept event, oldest first (the channel's end).
+    fn drain_all(&mut self) -> Vec<CmEvent> {
+        self.events.drain(..).collect()
+    }
+
+    /// Takes in the kept events of an id moved onto this channel.
+    fn absorb(&mut self, events: std::collections::VecDeque<CmEvent>) {
+        self.events.extend(events);
     }
 
     /// Takes out every kept event of `owner`, oldest first.
@@ -290,7 +301,7 @@ const MAX_KEPT_REQUESTS: usize = 64;
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
-        let left: Vec<CmEvent> = self.kept.get_mut().events.drain(..).collect();
+        let left = self.kept.get_mut().drain_all();
         for ev in left {
             self.refuse(ev);
         }
@@ -346,8 +357,7 @@ impl ConnectRequest {
         channel
             .kept
             .borrow_mut()
-            .events
-            .extend(id.channel.take_kept(id.raw));
+            .absorb(id.channel.take_kept(id.raw));
         let raw = std::mem::replace(&mut id.raw, std::ptr::null_mut());
         drop(id);
         Ok(IncomingConnection {

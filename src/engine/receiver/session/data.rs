@@ -1,7 +1,16 @@
 //! A session's data: each chunk copied out of the ring, checked and
 //! written (or handed to the writers), and the FIN that ends a file.
 
-use super::*;
+use super::{IncomingFile, Session};
+use crate::engine::digest::{FileHasher, digest_hex};
+use crate::engine::per_byte::{self, ChunkRefused, TagCheck};
+use crate::engine::receiver::storage::sink::Unwritten;
+use crate::engine::receiver::storage::write_behind::WriteBehind;
+use crate::engine::report::{FileEvent, FileReport};
+use crate::error::XferError;
+use crate::proto::{AckStatus, CHUNK_TAG_LEN, Fin, RecvError, RejectCode};
+use std::time::Instant;
+use tracing::{debug, error, warn};
 
 impl Session<'_, '_> {
     pub(super) fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), XferError> {

@@ -10,29 +10,26 @@ use data::end_failed;
 
 use super::admission::Admission;
 use super::storage::FileStore;
-use super::storage::link_dest::{LinkCandidate, Linked};
-use super::storage::partial::{Claim, Holding, KeptPrefix, copy_digest};
-use super::storage::sink::{Sink, Unwritten};
+use super::storage::link_dest::LinkCandidate;
+use super::storage::partial::{Claim, KeptPrefix};
+use super::storage::sink::Sink;
 use super::storage::space::SpaceLedger;
-use super::storage::temp_file::Resume;
 use super::storage::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
-use crate::engine::digest::{FileHasher, digest_hex};
-use crate::engine::per_byte::{self, ChunkRefused, TagCheck};
-use crate::engine::progress::{FileProgress, Progress};
-use crate::engine::report::{FileEvent, FileFailure, FileReport, Phases};
+use crate::engine::digest::FileHasher;
+use crate::engine::progress::FileProgress;
+use crate::engine::report::{FileEvent, FileFailure, Phases};
 use crate::engine::{WrId, WrKind, wait_completions, wait_completions_until};
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, AckStatus, AuthFailure, CHUNK_TAG_LEN, DigestAlg, Fin, Have, HaveKind, Hello,
-    Message, Mtime, ProtocolError, ReceiverEvent, ReceiverSession, RecvError, Reject, RejectCode,
-    RingInfo, escaped, hello_flags, keepalive_interval,
+    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Hello, Message, Mtime, ProtocolError,
+    ReceiverEvent, ReceiverSession, RecvError, RejectCode, escaped,
 };
 use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{debug, error, error_span, info, warn};
+use tracing::{debug, info, warn};
 
 /// The file or stream being received.
 struct IncomingFile {

@@ -3,7 +3,22 @@
 //! kept for RESUME, the digest for --link-dest or --exec), COMPARE and FROM.
 
 use super::read_tick::ReadTick;
-use super::*;
+use super::{AwaitingFrom, DigestFor, IncomingFile, Session, interrupted};
+use crate::engine::digest::FileHasher;
+use crate::engine::progress::Progress;
+use crate::engine::receiver::storage::link_dest::Linked;
+use crate::engine::receiver::storage::partial::{Claim, Holding, KeptPrefix, copy_digest};
+use crate::engine::receiver::storage::sink::Sink;
+use crate::engine::receiver::storage::temp_file::Resume;
+use crate::engine::receiver::storage::write_behind::WriteBehind;
+use crate::engine::report::{FileEvent, FileReport, Phases};
+use crate::error::XferError;
+use crate::proto::{
+    DigestAlg, Have, HaveKind, Hello, Reject, RejectCode, RingInfo, escaped, hello_flags,
+};
+use crate::sys::rdma::RemoteRing;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, error_span, info, warn};
 
 impl Session<'_, '_> {
     /// Checks that need the file system, then opens the temporary file and

@@ -1,7 +1,11 @@
 //! The KEEPALIVEs that keep a sender waiting while the session reads a
 //! file of its own (a kept prefix, a complete copy, a --link-dest copy).
 
-use super::*;
+use crate::engine::control::Control;
+use crate::engine::{WrId, WrKind};
+use crate::proto::{ReceiverSession, keepalive_interval};
+use crate::sys::rdma::{Completion, Endpoint, WcOpcode};
+use std::time::{Duration, Instant};
 
 /// Keeps the sender informed while the session reads a file from disk
 /// for a resumed offer (a kept prefix, a complete copy): a KEEPALIVE every
