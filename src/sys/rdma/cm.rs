@@ -286,12 +286,22 @@ impl EventChannel {
         }
         self.forget(ev.new_id);
         // SAFETY: new_id came with a CONNECT_REQUEST that was never handed
-        // out, so it is ours alone, not accepted, and destroyed only here
-        // (its event is consumed by value).
-        unsafe {
-            rdma_reject(ev.new_id, std::ptr::null(), 0);
-            rdma_destroy_id(ev.new_id);
-        }
+        // out, so it is ours alone and not accepted; its event is consumed
+        // by value, so this is its only destruction.
+        unsafe { reject_and_destroy(ev.new_id) };
+    }
+}
+
+/// Refuses a connection request at the CM level and destroys its id.
+///
+/// # Safety
+/// `raw` is the id of a connection request that was never accepted, owned
+/// by the caller alone, and never used again.
+unsafe fn reject_and_destroy(raw: *mut rdma_cm_id) {
+    // SAFETY: the caller's promise: a live, unaccepted request id of ours.
+    unsafe {
+        rdma_reject(raw, std::ptr::null(), 0);
+        rdma_destroy_id(raw);
     }
 }
 
@@ -411,11 +421,9 @@ impl Drop for IncomingConnection {
     fn drop(&mut self) {
         if !self.raw.is_null() {
             // SAFETY: raw is a connect-request id that was never accepted and
-            // is owned by us alone; its channel is dropped after this.
-            unsafe {
-                rdma_reject(self.raw, std::ptr::null(), 0);
-                rdma_destroy_id(self.raw);
-            }
+            // is owned by us alone (dropped once, here); its channel is
+            // dropped after this.
+            unsafe { reject_and_destroy(self.raw) };
         }
     }
 }

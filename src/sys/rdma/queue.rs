@@ -339,6 +339,26 @@ enum WorkQueue {
     Recv,
 }
 
+impl WorkQueue {
+    /// The verbs call that posts to it, and its name in messages.
+    fn call_and_name(self) -> (&'static str, &'static str) {
+        match self {
+            WorkQueue::Send => ("ibv_post_send", "send"),
+            WorkQueue::Recv => ("ibv_post_recv", "receive"),
+        }
+    }
+}
+
+impl QpCaps {
+    /// Requests `queue` was sized for.
+    fn size_of(self, queue: WorkQueue) -> u32 {
+        match queue {
+            WorkQueue::Send => self.max_send_wr,
+            WorkQueue::Recv => self.max_recv_wr,
+        }
+    }
+}
+
 /// The requests in flight, by id, and how many on each queue.
 #[derive(Default)]
 struct InFlight {
@@ -617,11 +637,9 @@ impl Endpoint {
                 "work request {wr_id:#x} is already in flight"
             )));
         }
-        let (in_flight, size, name) = match queue {
-            WorkQueue::Send => (*posted.count(queue), self.caps.max_send_wr, "send"),
-            WorkQueue::Recv => (*posted.count(queue), self.caps.max_recv_wr, "receive"),
-        };
+        let (in_flight, size) = (*posted.count(queue), self.caps.size_of(queue));
         if in_flight >= size {
+            let (_, name) = queue.call_and_name();
             return Err(SysError::Invalid(format!(
                 "the {name} queue is full: {in_flight} requests in flight, it was sized for {size}"
             )));
@@ -644,10 +662,7 @@ impl Endpoint {
         queue: WorkQueue,
         post: impl FnOnce() -> (libc::c_int, bool),
     ) -> Result<()> {
-        let call = match queue {
-            WorkQueue::Send => "ibv_post_send",
-            WorkQueue::Recv => "ibv_post_recv",
-        };
+        let (call, _) = queue.call_and_name();
         self.posted.borrow_mut().insert(
             wr_id,
             Posted {
