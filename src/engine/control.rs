@@ -25,8 +25,7 @@ pub(super) struct Control {
     free_send: Vec<Buffer>,
     /// Encoded (and sealed) messages waiting for a free send buffer, in order.
     queued: VecDeque<Vec<u8>>,
-    /// Seals and opens every message once authenticated.
-    channel: Option<Channel>,
+    codec: Codec,
     /// When each posted SEND went out, oldest first (an RC queue pair
     /// completes them in that order).
     posted_at: VecDeque<Instant>,
@@ -51,7 +50,7 @@ impl Control {
             send_pool,
             free_send,
             queued: VecDeque::new(),
-            channel: None,
+            codec: Codec::default(),
             posted_at: VecDeque::new(),
         };
         control.add_receives(ep, recv_count)?;
@@ -98,7 +97,7 @@ impl Control {
     /// From now on, seal what is sent and open what is received (messages
     /// queued before keep the form they had).
     pub fn install(&mut self, channel: Channel) {
-        self.channel = Some(channel);
+        self.codec.install(channel);
     }
 
     /// A receive completed: opens (once a channel is installed) and decodes
@@ -114,13 +113,7 @@ impl Control {
         let buf = returned(wc.buffer)?;
         let len = wc.byte_len as usize;
         let decoded = match self.recv_pools[pool_index].bytes(&buf, len) {
-            Ok(bytes) => match self.channel.as_mut() {
-                Some(channel) => match channel.open(bytes) {
-                    Ok(frame) => decode(frame).map_err(Undelivered::Wire),
-                    Err(e) => Err(Undelivered::Seal(e)),
-                },
-                None => decode(bytes).map_err(Undelivered::Wire),
-            },
+            Ok(bytes) => self.codec.open(bytes),
             Err(_) => Err(Undelivered::Wire(WireError::Oversized { len })),
         };
         self.repost(ep, pool_index, buf)?;
@@ -142,16 +135,8 @@ impl Control {
                 self.queued.len()
             )));
         }
-        let mut buf = vec![0u8; MAX_MESSAGE];
-        let len = encode(msg, &mut buf)
-            .map_err(|e| XferError::Internal(format!("cannot encode {}: {e}", msg.kind())))?;
-        buf.truncate(len);
-        if let Some(channel) = self.channel.as_mut() {
-            buf = channel
-                .seal(&buf)
-                .map_err(|e| XferError::Internal(format!("cannot seal {}: {e}", msg.kind())))?;
-        }
-        self.queued.push_back(buf);
+        let bytes = self.codec.seal(msg)?;
+        self.queued.push_back(bytes);
         self.flush(ep)
     }
 
@@ -215,6 +200,45 @@ impl Control {
                 limit.as_secs()
             ))),
             _ => Ok(()),
+        }
+    }
+}
+
+/// Messages as they travel: encoded, and once the handshake installed a
+/// channel, sealed (what is received is opened, then decoded).
+#[derive(Default)]
+pub(super) struct Codec {
+    channel: Option<Channel>,
+}
+
+impl Codec {
+    /// From now on, seal and open every message.
+    pub fn install(&mut self, channel: Channel) {
+        self.channel = Some(channel);
+    }
+
+    /// The bytes that carry `msg`.
+    pub fn seal(&mut self, msg: &Message) -> Result<Vec<u8>, XferError> {
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        let len = encode(msg, &mut buf)
+            .map_err(|e| XferError::Internal(format!("cannot encode {}: {e}", msg.kind())))?;
+        buf.truncate(len);
+        match self.channel.as_mut() {
+            Some(channel) => channel
+                .seal(&buf)
+                .map_err(|e| XferError::Internal(format!("cannot seal {}: {e}", msg.kind()))),
+            None => Ok(buf),
+        }
+    }
+
+    /// The message `bytes` carry, or why they carry none.
+    pub fn open(&mut self, bytes: &[u8]) -> Result<Message, Undelivered> {
+        match self.channel.as_mut() {
+            Some(channel) => match channel.open(bytes) {
+                Ok(frame) => decode(frame).map_err(Undelivered::Wire),
+                Err(e) => Err(Undelivered::Seal(e)),
+            },
+            None => decode(bytes).map_err(Undelivered::Wire),
         }
     }
 }

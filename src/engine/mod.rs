@@ -156,7 +156,7 @@ pub fn check_buffers(chunk_size: u64, count: u64, what: &str) -> Result<(u32, u3
 
 /// How often a wait for completions also checks for a CM disconnect, so a
 /// vanished peer is noticed long before the no-progress timeout.
-const DISCONNECT_CHECK: Duration = Duration::from_millis(500);
+pub(crate) const DISCONNECT_CHECK: Duration = Duration::from_millis(500);
 
 /// Waits (at most `timeout` without progress) for completions on the
 /// endpoint's CQ, watching for the peer's disconnect meanwhile.

@@ -10,6 +10,7 @@
 mod admission;
 mod allow;
 mod config;
+mod link;
 mod session;
 pub mod storage;
 
@@ -23,7 +24,7 @@ use crate::engine::report::FileEvent;
 use crate::error::XferError;
 use crate::proto::{
     AUTH_TIMEOUT, Busy, Message, NONCE_LEN, NameRules, ReceiverConfig as MachineConfig,
-    ReceiverSession, Role, busy_refusal,
+    ReceiverSession, busy_refusal,
 };
 use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
@@ -484,8 +485,11 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection, busy: Busy) {
 
 /// The session's state machine; with a token, it requires a PROVE bound to
 /// a fresh nonce from the OS RNG and to this connection before anything
-/// else.
-fn new_machine(cfg: &ReceiverConfig, ep: &Endpoint) -> Result<ReceiverSession, XferError> {
+/// else; `conn` names the connection (asked only then).
+fn new_machine(
+    cfg: &ReceiverConfig,
+    conn: impl FnOnce() -> Result<crate::proto::ConnectionId, XferError>,
+) -> Result<ReceiverSession, XferError> {
     let machine_cfg = MachineConfig {
         slot_size: cfg.slot_size(),
         slot_count: cfg.slots,
@@ -508,7 +512,7 @@ fn new_machine(cfg: &ReceiverConfig, ep: &Endpoint) -> Result<ReceiverSession, X
             std::io::Error::other(e),
         )
     })?;
-    let conn = crate::engine::connection_id(ep, Role::Receiver)?;
+    let conn = conn()?;
     Ok(ReceiverSession::with_auth(
         machine_cfg,
         token.clone(),

@@ -42,9 +42,10 @@ impl Session<'_, '_> {
         {
             self.start_writers();
         }
-        let (Some(ring), Some(file)) = (self.ring.as_ref(), self.file.as_mut()) else {
+        let Some(file) = self.file.as_mut() else {
             return Err(XferError::Internal("data without an open file".into()));
         };
+        let link = &*self.link;
         let t0 = Instant::now();
         let len = placement.len as usize;
         if len > self.chunk.len() {
@@ -56,7 +57,7 @@ impl Session<'_, '_> {
             None => None,
             Some(auth) => {
                 let mut tag = [0u8; CHUNK_TAG_LEN];
-                ring.copy_out(placement.slot_offset as usize + len, &mut tag)?;
+                link.copy_out(placement.slot_offset as usize + len, &mut tag)?;
                 Some(TagCheck {
                     auth,
                     offset: placement.file_offset,
@@ -84,7 +85,7 @@ impl Session<'_, '_> {
                         // like a write, after what retired is recorded.
                         let checked = match buf.get_mut(..len) {
                             Some(data) => per_byte::receive_chunk(
-                                |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+                                |chunk| link.copy_out(placement.slot_offset as usize, chunk),
                                 data,
                                 placement.expected_crc,
                                 tag.as_ref(),
@@ -122,7 +123,7 @@ impl Session<'_, '_> {
                     .get_mut(..len)
                     .ok_or_else(|| XferError::Internal("chunk longer than a slot".into()))?;
                 per_byte::receive_chunk(
-                    |chunk| ring.copy_out(placement.slot_offset as usize, chunk),
+                    |chunk| link.copy_out(placement.slot_offset as usize, chunk),
                     data,
                     placement.expected_crc,
                     tag.as_ref(),
@@ -204,7 +205,7 @@ impl Session<'_, '_> {
         file.write_time += t1.elapsed();
         file.progress.advance(placement.len.into());
         if let Some(credit) = self.machine.chunk_done() {
-            self.control.send(&self.ep, &credit)?;
+            self.link.send(&credit)?;
         }
         Ok(())
     }
@@ -273,7 +274,7 @@ impl Session<'_, '_> {
             .machine
             .complete(status, reason)
             .map_err(XferError::from)?;
-        self.control.send(&self.ep, &ack)?;
+        self.link.send(&ack)?;
         match err {
             None if file.sink.members().is_some() => {
                 file.phases.commit = fin_at.elapsed();

@@ -5,10 +5,13 @@
 mod data;
 mod offers;
 mod read_tick;
+#[cfg(test)]
+mod tests;
 
 use data::end_failed;
 
 use super::admission::Admission;
+use super::link::{Delivery, ExposedRing, Link, RdmaLink, Until};
 use super::storage::FileStore;
 use super::storage::link_dest::LinkCandidate;
 use super::storage::partial::{Claim, KeptPrefix};
@@ -16,17 +19,17 @@ use super::storage::sink::Sink;
 use super::storage::space::SpaceLedger;
 use super::storage::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
+use crate::engine::DISCONNECT_CHECK;
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::FileHasher;
 use crate::engine::progress::FileProgress;
 use crate::engine::report::{FileEvent, FileFailure, Phases};
-use crate::engine::{WrId, WrKind, wait_completions, wait_completions_until};
 use crate::error::XferError;
 use crate::proto::{
     AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Hello, Message, Mtime, ProtocolError,
     ReceiverEvent, ReceiverSession, RecvError, RejectCode, escaped,
 };
-use crate::sys::rdma::{Completion, Endpoint, IncomingConnection, QpCaps, RemoteRing, WcOpcode};
+use crate::sys::rdma::{Endpoint, IncomingConnection, QpCaps};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -73,11 +76,10 @@ struct Session<'a, 's> {
     peer: String,
     /// How long accepting the connection took (a phase of every file).
     connect_time: Duration,
-    ep: Endpoint,
-    control: Control,
+    link: Box<dyn Link + 'a>,
     /// Registered ahead of the first offer (`register_ring_ahead`), else at
     /// the first accepted HELLO; reused for every file.
-    ring: Option<RemoteRing>,
+    ring: Option<ExposedRing>,
     /// `register_ring_ahead` ran (it tries once).
     ring_tried_ahead: bool,
     /// Private copy of the chunk being handled: what is checked is what is
@@ -98,9 +100,6 @@ struct Session<'a, 's> {
     output_closed: Option<String>,
     /// An offer with RESUME answered with HAVE: what FROM decides about.
     awaiting_from: Option<AwaitingFrom>,
-    /// Completions polled while a file was read for a HAVE (the sends are
-    /// handled at once; anything else waits for the run loop).
-    stashed: Vec<Completion>,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -159,7 +158,7 @@ pub(super) fn run(
     admission: &mut Admission<'_>,
     on_admitted: &dyn Fn(),
 ) -> Result<(), XferError> {
-    let mut store = FileStore::open(cfg, ledger)?;
+    let store = FileStore::open(cfg, ledger)?;
     let id = conn.into_id()?;
     let recvs = cfg.slots + CONTROL_RECVS;
     let caps = QpCaps {
@@ -193,22 +192,55 @@ pub(super) fn run(
         connect_s = connect_time.as_secs_f64(),
         "session established"
     );
-    let machine = super::new_machine(cfg, &ep)?;
+    let machine = super::new_machine(cfg, || {
+        crate::engine::connection_id(&ep, crate::proto::Role::Receiver)
+    })?;
     let peer = ep
         .cm_id()
         .peer_addr()
         .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
-    store.set_peer(&peer);
-    let mut session = Session {
+    let parts = Parts {
         cfg,
         admission,
         on_admitted,
-        unposted_recvs: recvs as usize - first_recvs,
         on_file,
+        unposted_recvs: recvs as usize - first_recvs,
         peer,
         connect_time,
-        ep,
-        control,
+    };
+    drive(parts, Box::new(RdmaLink::new(ep, control)), machine, store)
+}
+
+/// What a session is given besides its link, machine and store.
+pub(super) struct Parts<'a, 's> {
+    pub cfg: &'a ReceiverConfig,
+    pub admission: &'a mut Admission<'s>,
+    pub on_admitted: &'a dyn Fn(),
+    pub on_file: &'a OnFile<'a>,
+    /// Receives to post once the sender is admitted.
+    pub unposted_recvs: usize,
+    /// The sender's address, for log messages.
+    pub peer: String,
+    pub connect_time: Duration,
+}
+
+/// Runs a session over `link` from the greeting to its end.
+pub(super) fn drive<'a>(
+    parts: Parts<'a, '_>,
+    link: Box<dyn Link + 'a>,
+    machine: ReceiverSession,
+    mut store: FileStore,
+) -> Result<(), XferError> {
+    store.set_peer(&parts.peer);
+    let mut session = Session {
+        cfg: parts.cfg,
+        admission: parts.admission,
+        on_admitted: parts.on_admitted,
+        unposted_recvs: parts.unposted_recvs,
+        on_file: parts.on_file,
+        peer: parts.peer,
+        connect_time: parts.connect_time,
+        link,
         ring: None,
         ring_tried_ahead: false,
         chunk: Vec::new(),
@@ -220,7 +252,6 @@ pub(super) fn run(
         first_error: None,
         output_closed: None,
         awaiting_from: None,
-        stashed: Vec::new(),
     };
     let result = session.run();
     session.finish(result)
@@ -231,24 +262,29 @@ impl Session<'_, '_> {
     fn run(&mut self) -> Result<(), XferError> {
         // The CHALLENGE: always the first message, the sender waits for it.
         self.transmit()?;
-        let mut wcs = Vec::with_capacity(16);
         loop {
             self.register_ring_ahead();
-            wcs.clear();
             let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
-            if !self.stashed.is_empty() {
-                wcs.append(&mut self.stashed);
-            } else {
-                match self.admission.handshake() {
-                    Some((deadline, _)) => self.wait_handshake(&mut wcs, deadline, what)?,
-                    None => wait_completions(&self.ep, &mut wcs, timeout, what)?,
-                }
+            match self.admission.handshake() {
+                Some((deadline, _)) => self.wait_handshake(deadline, what)?,
+                None => self.link.wait(Until {
+                    deadline: crate::sys::os::deadline_after(timeout),
+                    slice: DISCONNECT_CHECK,
+                    what,
+                    give_up: &|| None,
+                    expired: &|| {
+                        XferError::PeerLost(format!(
+                            "no progress for {}s while waiting for {what}",
+                            timeout.as_secs()
+                        ))
+                    },
+                })?,
             }
             // A peer that takes none of our messages is not waited for
             // forever, whatever it sends meanwhile.
-            self.control.check_sends(self.cfg.timeout)?;
-            for wc in wcs.drain(..) {
-                let flow = self.on_completion(wc);
+            self.link.check_sends(self.cfg.timeout)?;
+            while let Some(delivery) = self.link.next()? {
+                let flow = self.on_delivery(delivery);
                 // Whatever the machine replied goes out, even when the
                 // completion ended the session (it says why).
                 let sent = self.transmit();
@@ -263,57 +299,40 @@ impl Session<'_, '_> {
     /// Waits for completions while the sender has proven nothing: until
     /// the handshake's deadline at most, and no longer once the pool
     /// dropped this connection for a newer one (checked every 100 ms).
-    fn wait_handshake(
-        &self,
-        wcs: &mut Vec<Completion>,
-        deadline: Instant,
-        what: &str,
-    ) -> Result<(), XferError> {
+    fn wait_handshake(&mut self, deadline: Instant, what: &str) -> Result<(), XferError> {
         let admission = &*self.admission;
-        wait_completions_until(
-            &self.ep,
-            wcs,
+        self.link.wait(Until {
             deadline,
-            HANDSHAKE_CHECK,
+            slice: HANDSHAKE_CHECK,
             what,
-            &|| {
+            give_up: &|| {
                 admission.evicted().then(|| {
                     XferError::PeerLost(
                         "dropped from the full handshake pool for a newer connection".into(),
                     )
                 })
             },
-            &|| {
+            expired: &|| {
                 XferError::PeerLost(format!(
                     "the sender did not authenticate within {}s of connecting",
                     AUTH_TIMEOUT.as_secs()
                 ))
             },
-        )
+        })
     }
 
     /// Sends what the state machine queued for the sender.
     fn transmit(&mut self) -> Result<(), XferError> {
         while let Some(msg) = self.machine.poll_transmit() {
-            self.control.send(&self.ep, &msg)?;
+            self.link.send(&msg)?;
         }
         Ok(())
     }
 
-    fn on_completion(&mut self, wc: Completion) -> Result<Flow, XferError> {
-        match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
-            (WrKind::Send, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
-            (WrKind::Recv, WcOpcode::RecvWithImm) => {
-                let (byte_len, imm) = (wc.byte_len, wc.imm);
-                // The receive buffer carried no data: hand it back at once.
-                self.control.recycle(&self.ep, wc)?;
-                let imm = imm.ok_or_else(|| {
-                    XferError::Internal("RDMA write completion without immediate data".into())
-                })?;
-                self.on_chunk(byte_len, imm)?;
-            }
-            (WrKind::Recv, WcOpcode::Recv) => {
-                let decoded = self.control.take_message(&self.ep, wc)?;
+    fn on_delivery(&mut self, delivery: Delivery) -> Result<Flow, XferError> {
+        match delivery {
+            Delivery::Chunk { byte_len, imm } => self.on_chunk(byte_len, imm)?,
+            Delivery::Message(decoded) => {
                 let msg = match decoded {
                     Ok(m) => m,
                     Err(Undelivered::Seal(e)) => {
@@ -346,11 +365,6 @@ impl Session<'_, '_> {
                     }
                 };
                 return self.on_message(msg);
-            }
-            (kind, opcode) => {
-                return Err(XferError::Internal(format!(
-                    "unexpected completion {opcode:?} for a work request of kind {kind:?}"
-                )));
             }
         }
         Ok(Flow::Continue)
@@ -385,7 +399,7 @@ impl Session<'_, '_> {
                 // The rest of the receives: the ring's writes and the
                 // messages of a pipelining sender may come now.
                 let more = std::mem::take(&mut self.unposted_recvs);
-                self.control.add_receives(&self.ep, more)?;
+                self.link.add_receives(more)?;
                 (self.on_admitted)();
                 info!("sender authenticated");
                 // AUTH_OK goes out as it is; everything after it is sealed.
@@ -394,7 +408,7 @@ impl Session<'_, '_> {
                     .machine
                     .take_channel()
                     .ok_or_else(|| XferError::Internal("authenticated without a channel".into()))?;
-                self.control.install(channel);
+                self.link.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
             Ok(ReceiverEvent::From { offset }) => self.on_from(offset)?,
@@ -482,7 +496,7 @@ impl Session<'_, '_> {
     /// return the error. The temporary file is removed when `file` drops.
     fn abort(&mut self, status: AckStatus, err: XferError) -> XferError {
         if let Some(ack) = self.machine.abort(status, err.to_string()) {
-            let _ = self.control.send(&self.ep, &ack);
+            let _ = self.link.send(&ack);
         }
         self.abandon(err)
     }
@@ -543,8 +557,7 @@ impl Session<'_, '_> {
 
     /// Lets queued replies reach the sender, then disconnects.
     fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
-        // Best effort: the session is over either way.
-        let _ = self.control.drain(&self.ep, Duration::from_secs(2));
+        self.link.close();
         if let (Err(e), Some(mut file)) = (&result, self.file.take()) {
             // Where the file stood, for whoever reads the logs.
             file.span.in_scope(|| {
@@ -559,7 +572,6 @@ impl Session<'_, '_> {
         }
         self.file = None;
         self.store.finish_dirs();
-        self.ep.cm_id().disconnect(Duration::from_secs(1));
         if let Some(msg) = self.output_closed.take() {
             warn!("{msg}");
             return Ok(());

@@ -6,6 +6,7 @@ use super::read_tick::ReadTick;
 use super::{AwaitingFrom, DigestFor, IncomingFile, Session, interrupted};
 use crate::engine::digest::FileHasher;
 use crate::engine::progress::Progress;
+use crate::engine::receiver::link::ExposedRing;
 use crate::engine::receiver::storage::link_dest::Linked;
 use crate::engine::receiver::storage::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use crate::engine::receiver::storage::sink::Sink;
@@ -16,7 +17,6 @@ use crate::error::XferError;
 use crate::proto::{
     DigestAlg, Have, HaveKind, Hello, Reject, RejectCode, RingInfo, escaped, hello_flags,
 };
-use crate::sys::rdma::RemoteRing;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
 
@@ -31,7 +31,7 @@ impl Session<'_, '_> {
             return match self.store.make_dir(&hello) {
                 Ok(()) => {
                     let reply = self.machine.accept_directory()?;
-                    self.control.send(&self.ep, &reply)
+                    self.link.send(&reply)
                 }
                 Err(refusal) => self.refuse(&hello, hello_at, refusal),
             };
@@ -88,7 +88,7 @@ impl Session<'_, '_> {
             }
         }
         let reply = self.machine.have(Have::ask_digest(hello.size))?;
-        self.control.send(&self.ep, &reply)?;
+        self.link.send(&reply)?;
         self.awaiting_from = Some(AwaitingFrom {
             hello,
             hello_at,
@@ -143,11 +143,11 @@ impl Session<'_, '_> {
                     escaped(&reason)
                 );
                 let reply = self.machine.reject(code, reason)?;
-                return self.control.send(&self.ep, &reply);
+                return self.link.send(&reply);
             }
         };
         let reply = self.machine.accept(ring).map_err(XferError::from)?;
-        self.control.send(&self.ep, &reply)?;
+        self.link.send(&reply)?;
         let name = format!(
             "{} files from {}",
             members.len(),
@@ -221,7 +221,7 @@ impl Session<'_, '_> {
             HaveKind::Digest => debug!(file = %hello.name, "its SHA-256 is asked"),
         }
         let reply = self.machine.have(have)?;
-        self.control.send(&self.ep, &reply)?;
+        self.link.send(&reply)?;
         self.awaiting_from = Some(AwaitingFrom {
             hello,
             hello_at,
@@ -247,7 +247,7 @@ impl Session<'_, '_> {
                 // is checked against it), then the data comes (FROM 0).
                 waiting.announced = Some(sha256);
                 let reply = self.machine.have(Have::nothing(""))?;
-                self.control.send(&self.ep, &reply)?;
+                self.link.send(&reply)?;
                 self.awaiting_from = Some(waiting);
                 return Ok(());
             }
@@ -264,13 +264,7 @@ impl Session<'_, '_> {
             "the receiver's copy"
         };
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
-        let mut tick = ReadTick::new(
-            &mut self.control,
-            &self.ep,
-            &self.machine,
-            &mut self.stashed,
-            self.cfg.timeout,
-        );
+        let mut tick = ReadTick::new(&mut *self.link, &self.machine, self.cfg.timeout);
         let digest = copy_digest(file, size, chunk_len, &mut || tick.tick());
         // A signal stopped the read: no verdict on the copy.
         interrupted()?;
@@ -299,7 +293,7 @@ impl Session<'_, '_> {
         if let Some(note) = differs {
             info!(file = %name, "{note}: received whole");
             let reply = self.machine.have(crate::proto::Have::nothing(note))?;
-            self.control.send(&self.ep, &reply)?;
+            self.link.send(&reply)?;
             self.awaiting_from = Some(waiting);
             return Ok(());
         }
@@ -308,7 +302,7 @@ impl Session<'_, '_> {
         }
         drop((copy, link));
         let ack = self.machine.same()?;
-        self.control.send(&self.ep, &ack)?;
+        self.link.send(&ack)?;
         let report = FileReport {
             name,
             bytes: size,
@@ -333,13 +327,7 @@ impl Session<'_, '_> {
         // within its timeout (and records what it verified): worth waiting.
         let wait = self.cfg.timeout + Duration::from_secs(10);
         let chunk_len = self.cfg.chunk_size;
-        let mut tick = ReadTick::new(
-            &mut self.control,
-            &self.ep,
-            &self.machine,
-            &mut self.stashed,
-            self.cfg.timeout,
-        );
+        let mut tick = ReadTick::new(&mut *self.link, &self.machine, self.cfg.timeout);
         self.store
             .holding(hello, (chunk_len, self.cfg.overwrite), wait, &mut || {
                 tick.tick()
@@ -408,7 +396,7 @@ impl Session<'_, '_> {
                     info!(file = %hello.name, bytes = prefix, "continuing the kept part");
                 }
                 let reply = self.machine.accept(ring).map_err(XferError::from)?;
-                self.control.send(&self.ep, &reply)?;
+                self.link.send(&reply)?;
                 // A file's time runs from its HELLO, like the sender's.
                 file.started = hello_at;
                 file.phases.connect = self.connect_time;
@@ -441,7 +429,7 @@ impl Session<'_, '_> {
         self.report_failure(&hello.name, size, hello.digest, elapsed, &err, false);
         self.first_error.get_or_insert(err);
         let reply = self.machine.reject(code, reason)?;
-        self.control.send(&self.ep, &reply)
+        self.link.send(&reply)
     }
 
     /// Opens where the offered file goes (see `FileStore::create`) and
@@ -501,21 +489,20 @@ impl Session<'_, '_> {
         }
     }
 
-    pub(super) fn register_ring(&mut self) -> Result<(), XferError> {
-        if self.ring.is_none() {
-            let len = self.cfg.slots as usize * self.cfg.slot_size() as usize;
-            let ring = RemoteRing::new(self.ep.pd(), len)?;
-            debug!(
-                len,
-                slots = self.cfg.slots,
-                slot_size = self.cfg.slot_size(),
-                rkey = ring.rkey(),
-                "ring registered"
-            );
-            self.ring = Some(ring);
-            self.chunk = vec![0; self.cfg.chunk_size as usize];
+    pub(super) fn register_ring(&mut self) -> Result<ExposedRing, XferError> {
+        if let Some(ring) = self.ring {
+            return Ok(ring);
         }
-        Ok(())
+        let len = self.cfg.slots as usize * self.cfg.slot_size() as usize;
+        let ring = self.link.expose_ring(len)?;
+        debug!(
+            len,
+            slots = self.cfg.slots,
+            slot_size = self.cfg.slot_size(),
+            "ring exposed"
+        );
+        self.chunk = vec![0; self.cfg.chunk_size as usize];
+        Ok(*self.ring.insert(ring))
     }
 
     /// Registers the ring before the first offer: while the sender answers
@@ -547,14 +534,10 @@ impl Session<'_, '_> {
     }
 
     pub(super) fn ring_info(&mut self) -> Result<RingInfo, XferError> {
-        self.register_ring()?;
-        let ring = self
-            .ring
-            .as_ref()
-            .ok_or_else(|| XferError::Internal("ring missing".into()))?;
+        let ring = self.register_ring()?;
         Ok(RingInfo {
-            addr: ring.remote_addr(),
-            rkey: ring.rkey(),
+            addr: ring.addr,
+            rkey: ring.rkey,
             slot_size: self.cfg.slot_size(),
             slot_count: self.cfg.slots,
         })

@@ -1,0 +1,414 @@
+//! Whole receiver sessions without RDMA: the session runs on its own
+//! thread over an in-memory link, the test plays the sender with the
+//! protocol's sender machine and looks at the result, the replies, the
+//! reported files and the directory.
+
+mod memory_link;
+mod peer;
+
+use super::{Parts, drive};
+use crate::engine::control::Codec;
+use crate::engine::receiver::ReceiverConfig;
+use crate::engine::receiver::admission::{Admission, SessionSlots};
+use crate::engine::receiver::storage::FileStore;
+use crate::engine::report::{FileEvent, Outcome};
+use crate::error::XferError;
+use crate::proto::{
+    AckStatus, ConnectionId, Digest, DigestAlg, Message, NONCE_LEN, RejectCode, SenderAuth,
+    SenderEvent, SenderSession, Token,
+};
+use memory_link::{Arrival, MemoryLink, SharedRing};
+use peer::{Peer, bytes, file};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+/// What the session reported about one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reported {
+    Done {
+        name: String,
+        bytes: u64,
+        outcome: Outcome,
+    },
+    Failed {
+        name: String,
+        reason: String,
+    },
+}
+
+/// How a session ended, and what the test's sender made of it.
+struct Ended<T> {
+    result: Result<(), XferError>,
+    played: T,
+    reported: Vec<Reported>,
+    /// The session closed its link.
+    closed: bool,
+}
+
+fn config(dir: &std::path::Path) -> ReceiverConfig {
+    let mut cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), dir.into());
+    // Small chunks and a short ring: files of a few chunks wait for credit.
+    cfg.chunk_size = 4096;
+    cfg.slots = 2;
+    cfg
+}
+
+fn token() -> Token {
+    Token::new(b"session-test".to_vec()).unwrap()
+}
+
+const CONN: ConnectionId = ConnectionId {
+    receiver_addr: std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)),
+    receiver_qpn: 17,
+    sender_addr: std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2)),
+    sender_qpn: 18,
+};
+
+/// Runs one session with `cfg` while `play` is its sender (with the
+/// token when `cfg` has one); the sender goes away when `play` returns.
+fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<T> {
+    let (to_session, from_peer) = mpsc::channel();
+    let (to_peer, from_session) = mpsc::channel();
+    let ring = SharedRing::default();
+    let closed = Arc::new(AtomicBool::new(false));
+    let link = MemoryLink {
+        codec: Codec::default(),
+        to_peer,
+        from_peer,
+        kept: VecDeque::new(),
+        ring: ring.clone(),
+        closed: closed.clone(),
+    };
+    let reported = Mutex::new(Vec::new());
+    let auth = cfg.token.clone().map(|token| SenderAuth {
+        token,
+        nonce: [9; NONCE_LEN],
+        conn: CONN,
+    });
+    let sha256 = auth.is_some();
+    let mut peer = Peer::new(SenderSession::new(0, auth), to_session, from_session, ring);
+    if sha256 {
+        peer.digest = DigestAlg::Sha256;
+    }
+    let (result, played) = std::thread::scope(|s| {
+        let running = s.spawn(|| {
+            let slots = SessionSlots::new(1);
+            let mut admission = Admission::Admitted {
+                _slot: slots.take().unwrap(),
+            };
+            let on_file = |event: FileEvent<'_>| {
+                let r = match event {
+                    FileEvent::Done(r) => Reported::Done {
+                        name: r.name.clone(),
+                        bytes: r.bytes,
+                        outcome: r.outcome,
+                    },
+                    FileEvent::Failed(f) => Reported::Failed {
+                        name: f.name.clone(),
+                        reason: f.reason.clone(),
+                    },
+                };
+                reported.lock().unwrap().push(r);
+            };
+            let parts = Parts {
+                cfg,
+                admission: &mut admission,
+                on_admitted: &|| {},
+                on_file: &on_file,
+                unposted_recvs: 0,
+                peer: "the test's sender".into(),
+                connect_time: Duration::ZERO,
+            };
+            let machine = crate::engine::receiver::new_machine(cfg, || Ok(CONN))?;
+            let store = FileStore::open(cfg, &Arc::default())?;
+            drive(parts, Box::new(link), machine, store)
+        });
+        let played = play(&mut peer);
+        drop(peer);
+        (running.join().expect("the session panicked"), played)
+    });
+    Ended {
+        result,
+        played,
+        reported: reported.into_inner().unwrap(),
+        closed: closed.load(Ordering::SeqCst),
+    }
+}
+
+/// The names in `dir`, sorted (temporary files included).
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn done(name: &str, bytes: u64) -> Reported {
+    Reported::Done {
+        name: name.into(),
+        bytes,
+        outcome: Outcome::Stored,
+    }
+}
+
+#[test]
+fn files_arrive_whole_and_each_is_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    // Five chunks through a ring of two: the sender waits for credits.
+    let (big, small) = (bytes(4096 * 4 + 100, 1), bytes(10, 2));
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        let acks = [
+            peer.send_file("big", &big),
+            peer.send_file("small", &small),
+            peer.send_file("empty", &[]),
+        ];
+        peer.bye();
+        acks
+    });
+    ended.result.unwrap();
+    for ack in &ended.played {
+        assert_eq!(ack.status, AckStatus::Ok, "{ack:?}");
+    }
+    assert_eq!(
+        ended.reported,
+        [done("big", 16484), done("small", 10), done("empty", 0)]
+    );
+    assert_eq!(listing(dir.path()), ["big", "empty", "small"]);
+    assert_eq!(std::fs::read(dir.path().join("big")).unwrap(), big);
+    assert_eq!(std::fs::read(dir.path().join("small")).unwrap(), small);
+    assert!(ended.closed);
+}
+
+#[test]
+fn with_a_token_every_message_is_sealed_and_every_chunk_tagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.token = Some(token());
+    let data = bytes(9000, 3);
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        assert!(peer.machine.chunk_auth().is_some());
+        let ack = peer.send_file("f", &data);
+        peer.bye();
+        ack
+    });
+    ended.result.unwrap();
+    assert_eq!(ended.played.status, AckStatus::Ok);
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+}
+
+#[test]
+fn a_forged_message_ends_the_session_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.token = Some(token());
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        let mut offer = file("f", 10);
+        offer.digest = DigestAlg::Sha256;
+        let hello = peer.machine.start_file(offer, 1).unwrap();
+        let mut sealed = peer.codec.seal(&hello).unwrap();
+        sealed[3] ^= 1;
+        peer.put(Arrival::Bytes(sealed));
+        // The session says why, and goes.
+        (peer.recv(), peer.recv())
+    });
+    assert!(
+        matches!(ended.result, Err(XferError::Forged { .. })),
+        "{:?}",
+        ended.result
+    );
+    let (Some(Message::Ack(ack)), None) = ended.played else {
+        panic!("{:?}", ended.played);
+    };
+    assert_eq!(ack.status, AckStatus::Protocol);
+    assert!(ack.reason.contains("failed its MAC check"), "{ack:?}");
+    assert!(listing(dir.path()).is_empty());
+}
+
+#[test]
+fn a_chunk_that_fails_its_crc_aborts_the_file_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let data = bytes(4096 * 3, 4);
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        assert!(matches!(
+            peer.offer(file("f", data.len() as u64)),
+            SenderEvent::Ring(_)
+        ));
+        peer.write_data(&data, Some(1));
+        peer.event()
+    });
+    assert!(
+        matches!(&ended.result, Err(XferError::Integrity(m)) if m.contains("chunk 1 of f")),
+        "{:?}",
+        ended.result
+    );
+    let SenderEvent::Aborted(ack) = ended.played else {
+        panic!("{:?}", ended.played);
+    };
+    assert_eq!(ack.status, AckStatus::Integrity);
+    assert!(matches!(&ended.reported[..], [Reported::Failed { name, .. }] if name == "f"));
+    assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
+}
+
+#[test]
+fn a_wrong_whole_file_digest_fails_that_file_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let (bad, good) = (bytes(5000, 5), bytes(300, 6));
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        assert!(matches!(
+            peer.offer(file("bad", 5000)),
+            SenderEvent::Ring(_)
+        ));
+        let Digest::Crc32(crc) = peer.write_data(&bad, None).finish() else {
+            unreachable!()
+        };
+        let acks = [
+            peer.finish(Digest::Crc32(!crc)),
+            peer.send_file("good", &good),
+        ];
+        peer.bye();
+        acks
+    });
+    assert_eq!(ended.played[0].status, AckStatus::Integrity);
+    assert!(ended.played[0].reason.contains("digest mismatch for bad"));
+    assert_eq!(ended.played[1].status, AckStatus::Ok);
+    // The session reports the file's failure at its end.
+    assert!(matches!(ended.result, Err(XferError::Integrity(_))));
+    assert!(matches!(&ended.reported[0], Reported::Failed { name, .. } if name == "bad"));
+    assert_eq!(ended.reported[1], done("good", 300));
+    assert_eq!(listing(dir.path()), ["good"]);
+}
+
+#[test]
+fn a_refused_name_is_reported_and_the_session_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        let refused = peer.offer(file(".bashrc", 10));
+        let ack = peer.send_file("ok", b"0123456789");
+        peer.bye();
+        (refused, ack)
+    });
+    let (SenderEvent::Rejected(reject), ack) = ended.played else {
+        panic!("{:?}", ended.played);
+    };
+    assert_eq!(reject.code, RejectCode::BadName);
+    assert_eq!(ack.status, AckStatus::Ok);
+    assert!(matches!(ended.result, Err(XferError::Rejected { .. })));
+    assert!(matches!(&ended.reported[0], Reported::Failed { name, .. } if name == ".bashrc"));
+    assert_eq!(listing(dir.path()), ["ok"]);
+}
+
+#[test]
+fn a_sender_that_vanishes_mid_file_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let data = bytes(4096, 7);
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        assert!(matches!(
+            peer.offer(file("f", 3 * 4096)),
+            SenderEvent::Ring(_)
+        ));
+        // One chunk of three, then the sender is gone.
+        peer.write_data(&data, None);
+    });
+    assert!(
+        matches!(ended.result, Err(XferError::PeerLost(_))),
+        "{:?}",
+        ended.result
+    );
+    assert!(matches!(&ended.reported[..], [Reported::Failed { name, .. }] if name == "f"));
+    assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
+    assert!(ended.closed);
+}
+
+#[test]
+fn a_silent_sender_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.timeout = Duration::from_secs(1);
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        assert!(matches!(peer.offer(file("f", 10)), SenderEvent::Ring(_)));
+        // The session gives up and goes: its link closes.
+        peer.recv()
+    });
+    assert!(
+        matches!(&ended.result, Err(XferError::PeerLost(m)) if m.contains("no progress for 1s")),
+        "{:?}",
+        ended.result
+    );
+    assert!(matches!(ended.played, None | Some(Message::Ack(_))));
+    assert!(listing(dir.path()).is_empty());
+}
+
+#[test]
+fn a_resumed_offer_is_asked_what_is_held_and_a_same_copy_is_not_sent_again() {
+    use crate::proto::{HaveKind, SameCopy};
+    use sha2::Digest as _;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let data = bytes(4096 * 2 + 7, 8);
+    let resumed = || {
+        let mut offer = file("f", data.len() as u64);
+        offer.resume = true;
+        offer
+    };
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        // Nothing held yet: everything, from 0.
+        let SenderEvent::Have(have) = peer.offer(resumed()) else {
+            panic!("no HAVE for a resumed offer");
+        };
+        assert_eq!(have.kind, HaveKind::Nothing);
+        let from = peer.machine.start_from(0).unwrap();
+        peer.send(&from);
+        assert!(matches!(peer.event(), SenderEvent::Ring(_)));
+        let hasher = peer.write_data(&data, None);
+        assert_eq!(peer.finish(hasher.finish()).status, AckStatus::Ok);
+        // Now the complete copy is held: compared, not sent.
+        let SenderEvent::Have(have) = peer.offer(resumed()) else {
+            panic!("no HAVE for a resumed offer");
+        };
+        assert_eq!(have.kind, HaveKind::Complete);
+        let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
+        let compare = peer.machine.compare(sha256).unwrap();
+        peer.send(&compare);
+        let same = peer.event();
+        peer.bye();
+        same
+    });
+    ended.result.unwrap();
+    assert!(
+        matches!(
+            ended.played,
+            SenderEvent::Same {
+                copy: SameCopy::Kept,
+                ..
+            }
+        ),
+        "{:?}",
+        ended.played
+    );
+    let skipped = Reported::Done {
+        name: "f".into(),
+        bytes: data.len() as u64,
+        outcome: Outcome::Skipped,
+    };
+    assert_eq!(ended.reported, [done("f", data.len() as u64), skipped]);
+    // RESUME keeps the key its records of kept parts are sealed with.
+    assert_eq!(listing(dir.path()), [".rdma-xfer-key", "f"]);
+}
