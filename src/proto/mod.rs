@@ -407,6 +407,13 @@ mod tests {
             self.max_pending = self.max_pending.max(self.s.pending());
         }
 
+        /// Sends what the receiver queued.
+        fn transmit_r(&mut self) {
+            while let Some(m) = self.r.poll_transmit() {
+                self.send_r(&m);
+            }
+        }
+
         fn step(&mut self) -> bool {
             let choice = self.rng.below(6);
             match choice {
@@ -414,9 +421,8 @@ mod tests {
                 1 => self.deliver_to_sender(),
                 2 => self.consume(),
                 3 if self.rng.below(8) == 0 => {
-                    if let Some(m) = self.r.flush_credits() {
-                        self.send_r(&m);
-                    }
+                    self.r.flush_credits();
+                    self.transmit_r();
                 }
                 3 => {}
                 4 => self.sender_work(),
@@ -521,7 +527,7 @@ mod tests {
                         let i = self.offered.pop_front().expect("an offered entry");
                         assert_eq!(h.name, format!("e/{i}"));
                         let refuse = self.rng.below(5) == 0;
-                        let m = match (&self.entries[i], refuse) {
+                        match (&self.entries[i], refuse) {
                             (_, true) => self.r.reject(RejectCode::Exists, h.name).unwrap(),
                             (SimEntry::Dir, false) => {
                                 assert!(h.is_directory());
@@ -533,8 +539,8 @@ mod tests {
                                 self.receiving = Some(i);
                                 self.r.accept(self.ring).unwrap()
                             }
-                        };
-                        self.send_r(&m);
+                        }
+                        self.transmit_r();
                     }
                     ReceiverEvent::Fin(f) => {
                         let i = self.receiving.expect("receiving");
@@ -578,9 +584,8 @@ mod tests {
                 "placements not contiguous"
             );
             self.out.extend_from_slice(bytes);
-            if let Some(m) = self.r.chunk_done() {
-                self.send_r(&m);
-            }
+            self.r.chunk_done();
+            self.transmit_r();
         }
 
         fn receiver_complete(&mut self) {
@@ -594,8 +599,8 @@ mod tests {
                 "placements must cover [0,size)"
             );
             self.delivered.push(i);
-            let m = self.r.complete(AckStatus::Ok, String::new()).unwrap();
-            self.send_r(&m);
+            self.r.complete(AckStatus::Ok, String::new()).unwrap();
+            self.transmit_r();
         }
 
         fn deliver_to_sender(&mut self) {

@@ -471,14 +471,14 @@ impl ReceiverSession {
     }
 
     /// Answers an offer with RESUME (state AwaitDecision, after the
-    /// engine's checks, once): what the receiver holds of it. Returns the
-    /// HAVE to send; the sender's FROM (or, for a complete copy, COMPARE)
+    /// engine's checks, once): what the receiver holds of it. Queues the
+    /// HAVE; the sender's FROM (or, for a complete copy, COMPARE)
     /// comes next. A HAVE of kind Digest asks an offer with CHECKSUM (with
     /// or without RESUME) for its SHA-256: COMPARE comes next.
     ///
     /// From Comparing (the sender's file differs from the copy) only a HAVE
     /// of nothing: the sender starts over with FROM 0.
-    pub fn have(&mut self, have: Have) -> Result<Message, ProtocolError> {
+    pub fn have(&mut self, have: Have) -> Result<(), ProtocolError> {
         let comparing = self.state == ReceiverState::Comparing;
         // Only the sender of a CHECKSUM offer knows what a Digest HAVE asks.
         let offered = match have.kind {
@@ -507,7 +507,8 @@ impl ReceiverSession {
         }
         self.have = Some(have.clone());
         self.state = ReceiverState::AwaitFrom;
-        Ok(Message::Have(have))
+        self.outbox.push_back(Message::Have(have));
+        Ok(())
     }
 
     /// Whether the copy of the file `name` of `size` bytes may be compared
@@ -575,8 +576,8 @@ impl ReceiverSession {
     }
 
     /// The copy is the sender's file (state Comparing): the file is done
-    /// without data (kept, or linked from --link-dest). Returns its ACK(ok).
-    pub fn same(&mut self) -> Result<Message, ProtocolError> {
+    /// without data (kept, or linked from --link-dest). Queues its ACK(ok).
+    pub fn same(&mut self) -> Result<(), ProtocolError> {
         if self.state != ReceiverState::Comparing {
             return Err(self.wrong_state("same"));
         }
@@ -588,15 +589,16 @@ impl ReceiverSession {
     /// While the engine reads its copy of an offer with RESUME from disk:
     /// a kept prefix before the HAVE or (to continue the whole-file
     /// digest) before the MR, or the complete file for a COMPARE. A
-    /// KEEPALIVE so that the sender, waiting, does not time out.
-    pub fn keepalive(&self) -> Result<Message, ProtocolError> {
+    /// KEEPALIVE (queued) so that the sender, waiting, does not time out.
+    pub fn keepalive(&mut self) -> Result<(), ProtocolError> {
         let reading = self.state == ReceiverState::Comparing
             || self.state == ReceiverState::AwaitDecision
                 && (self.base.bytes > 0 || (self.resume && self.have.is_none()));
         if !reading {
             return Err(self.wrong_state("keepalive"));
         }
-        Ok(Message::Keepalive)
+        self.outbox.push_back(Message::Keepalive);
+        Ok(())
     }
 
     /// Where the current file's data starts: its resumed prefix in bytes
@@ -791,15 +793,14 @@ impl ReceiverSession {
 
     /// The engine cannot go on with the current entry (a chunk failed its
     /// check, a write failed...): the session ends, and unless it had ended
-    /// already (the machine then replied itself), this is the ACK that tells
-    /// the sender why.
-    pub fn abort(&mut self, status: AckStatus, reason: String) -> Option<Message> {
+    /// already (the machine then replied itself), the ACK that tells the
+    /// sender why is queued. Whether it was.
+    pub fn abort(&mut self, status: AckStatus, reason: String) -> bool {
         if self.state == ReceiverState::Closed {
-            return None;
+            return false;
         }
-        self.state = ReceiverState::Closed;
-        self.reset_file();
-        Some(Message::Ack(Ack::new(status, reason)))
+        self.close_with(Message::Ack(Ack::new(status, reason)), true);
+        true
     }
 
     fn dispatch(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
@@ -1108,8 +1109,8 @@ impl ReceiverSession {
         self.stream
     }
 
-    /// AwaitDecision -> Receiving; returns the MR. `ring` must match the config's shape.
-    pub fn accept(&mut self, ring: RingInfo) -> Result<Message, ProtocolError> {
+    /// AwaitDecision -> Receiving; queues the MR. `ring` must match the config's shape.
+    pub fn accept(&mut self, ring: RingInfo) -> Result<(), ProtocolError> {
         if self.state != ReceiverState::AwaitDecision {
             return Err(self.wrong_state("accept"));
         }
@@ -1142,12 +1143,13 @@ impl ReceiverSession {
             .session_bytes
             .saturating_add(self.size.saturating_sub(self.base.bytes));
         self.state = ReceiverState::Receiving;
-        Ok(Message::Mr(ring))
+        self.outbox.push_back(Message::Mr(ring));
+        Ok(())
     }
 
     /// A directory offer was carried out (the directory exists now):
-    /// AwaitDecision -> AwaitHello; returns the ACK(ok).
-    pub fn accept_directory(&mut self) -> Result<Message, ProtocolError> {
+    /// AwaitDecision -> AwaitHello; queues the ACK(ok).
+    pub fn accept_directory(&mut self) -> Result<(), ProtocolError> {
         if self.state != ReceiverState::AwaitDecision {
             return Err(self.wrong_state("accept_directory"));
         }
@@ -1159,17 +1161,21 @@ impl ReceiverSession {
         }
         self.refused_in_a_row = 0;
         self.state = ReceiverState::AwaitHello;
-        Ok(Message::Ack(Ack::new(AckStatus::Ok, String::new())))
+        self.outbox
+            .push_back(Message::Ack(Ack::new(AckStatus::Ok, String::new())));
+        Ok(())
     }
 
-    /// AwaitDecision -> AwaitHello; returns the REJECT.
-    pub fn reject(&mut self, code: RejectCode, reason: String) -> Result<Message, ProtocolError> {
+    /// AwaitDecision -> AwaitHello; queues the REJECT.
+    pub fn reject(&mut self, code: RejectCode, reason: String) -> Result<(), ProtocolError> {
         if self.state != ReceiverState::AwaitDecision {
             return Err(self.wrong_state("reject"));
         }
         self.refused_in_a_row = self.refused_in_a_row.saturating_add(1);
         self.state = ReceiverState::AwaitHello;
-        Ok(Message::Reject(Reject::new(code, reason)))
+        self.outbox
+            .push_back(Message::Reject(Reject::new(code, reason)));
+        Ok(())
     }
 
     /// A WRITE_WITH_IMM completion (`imm` = CRC32 of the chunk). Returns where the
@@ -1291,39 +1297,35 @@ impl ReceiverSession {
         Ok(placement)
     }
 
-    /// The engine consumed the oldest received slot (verified and written). Returns
-    /// a CREDIT once `credit_batch` slots are free. Calls without an unconsumed
-    /// chunk are ignored; after FIN no credit is sent (the sender needs none).
-    pub fn chunk_done(&mut self) -> Option<Message> {
+    /// The engine consumed the oldest received slot (verified and written).
+    /// Queues a CREDIT once `credit_batch` slots are free. Calls without an
+    /// unconsumed chunk are ignored; after FIN no credit is sent (the sender
+    /// needs none).
+    pub fn chunk_done(&mut self) {
         if self.unconsumed == 0 {
-            return None;
+            return;
         }
         self.unconsumed -= 1;
         self.pending += 1;
         if self.state == ReceiverState::Receiving && self.pending >= self.batch() {
-            return self.flush_credits();
+            self.flush_credits();
         }
-        None
     }
 
-    /// Returns all pending credits now (e.g. when the engine goes idle).
-    pub fn flush_credits(&mut self) -> Option<Message> {
+    /// Queues all pending credits now (e.g. when the engine goes idle).
+    pub fn flush_credits(&mut self) {
         if self.state != ReceiverState::Receiving || self.pending == 0 {
-            return None;
+            return;
         }
         let count = self.pending;
         self.pending = 0;
-        Some(Message::Credit { count })
+        self.outbox.push_back(Message::Credit { count });
     }
 
-    /// Ends the current file with an ACK. From Verifying (any status) -> AwaitHello.
-    /// From Receiving / AwaitDecision it is an abort (non-OK status only) and the
-    /// session ends -> Closed.
-    pub fn complete(
-        &mut self,
-        status: AckStatus,
-        reason: String,
-    ) -> Result<Message, ProtocolError> {
+    /// Ends the current file with an ACK (queued). From Verifying (any
+    /// status) -> AwaitHello. From Receiving / AwaitDecision it is an abort
+    /// (non-OK status only) and the session ends -> Closed.
+    pub fn complete(&mut self, status: AckStatus, reason: String) -> Result<(), ProtocolError> {
         match self.state {
             ReceiverState::Verifying => self.state = ReceiverState::AwaitHello,
             ReceiverState::Receiving | ReceiverState::AwaitDecision if status != AckStatus::Ok => {
@@ -1332,7 +1334,9 @@ impl ReceiverSession {
             _ => return Err(self.wrong_state("complete")),
         }
         self.reset_file();
-        Ok(Message::Ack(Ack::new(status, reason)))
+        self.outbox
+            .push_back(Message::Ack(Ack::new(status, reason)));
+        Ok(())
     }
 }
 
@@ -1545,6 +1549,21 @@ mod tests {
     }
 
     /// Session of a 4x100 ring, batch 2, file of 1000 bytes (100 for Verifying).
+    /// What an engine call queued: its reply (the last message queued),
+    /// or why it was refused.
+    fn reply(
+        result: Result<(), ProtocolError>,
+        r: &mut ReceiverSession,
+    ) -> Result<Message, ProtocolError> {
+        result.map(|()| last_queued(r).expect("a reply"))
+    }
+
+    /// The last message queued (earlier ones, such as the CHALLENGE, are
+    /// dropped).
+    fn last_queued(r: &mut ReceiverSession) -> Option<Message> {
+        std::iter::from_fn(|| r.poll_transmit()).last()
+    }
+
     fn session_in(state: ReceiverState) -> ReceiverSession {
         session_in_auth(state, false)
     }
@@ -2036,15 +2055,18 @@ mod tests {
                     op,
                     state: state.as_str(),
                 };
-                assert_eq!(r.accept(ring(&c)), Err(e("accept")));
-                assert_eq!(r.reject(RejectCode::Busy, "b".into()), Err(e("reject")));
+                assert_eq!(reply(r.accept(ring(&c)), &mut r), Err(e("accept")));
+                assert_eq!(
+                    reply(r.reject(RejectCode::Busy, "b".into()), &mut r),
+                    Err(e("reject"))
+                );
                 assert_eq!(r.state(), state);
             }
             let mut r = session_in(state);
-            let ok = r.complete(AckStatus::Ok, String::new());
+            let ok = reply(r.complete(AckStatus::Ok, String::new()), &mut r);
             assert_eq!(ok.is_ok(), state == Verifying, "{}", state.as_str());
             let mut r = session_in(state);
-            let fail = r.complete(AckStatus::Io, "disk full".into());
+            let fail = reply(r.complete(AckStatus::Io, "disk full".into()), &mut r);
             assert_eq!(
                 fail.is_ok(),
                 matches!(state, Verifying | Receiving | AwaitDecision),
@@ -2143,7 +2165,7 @@ mod tests {
         );
         // Engine-side rejection returns to AwaitHello.
         assert_eq!(
-            r.reject(RejectCode::Exists, "exists".into()),
+            reply(r.reject(RejectCode::Exists, "exists".into()), &mut r),
             Ok(Message::Reject(Reject::new(RejectCode::Exists, "exists")))
         );
         assert_eq!(r.state(), ReceiverState::AwaitHello);
@@ -2167,7 +2189,7 @@ mod tests {
             Err(ProtocolError::BadRing { .. })
         ));
         assert_eq!(r.state(), ReceiverState::AwaitDecision);
-        assert_eq!(r.accept(ring(&c)), Ok(Message::Mr(ring(&c))));
+        assert_eq!(reply(r.accept(ring(&c)), &mut r), Ok(Message::Mr(ring(&c))));
         assert_eq!(r.state(), ReceiverState::Receiving);
     }
 
@@ -2175,6 +2197,8 @@ mod tests {
         let mut r = ReceiverSession::new(c);
         r.on_message(Message::Hello(hello("f", size))).unwrap();
         r.accept(ring(&c)).unwrap();
+        // The CHALLENGE and the MR: what comes next is the test's.
+        assert_eq!(sent(&mut r).len(), 2);
         r
     }
 
@@ -2247,7 +2271,8 @@ mod tests {
                     auth: None,
                 }
             );
-            assert_eq!(r.chunk_done(), Some(Message::Credit { count: 1 }));
+            r.chunk_done();
+            assert_eq!(last_queued(&mut r), Some(Message::Credit { count: 1 }));
         }
         assert_eq!(
             r.on_message(Message::Fin(fin(750, 8))),
@@ -2359,18 +2384,27 @@ mod tests {
                 slot_count: 4
             }))
         );
-        assert_eq!(r.chunk_done(), None);
-        assert_eq!(r.chunk_done(), None);
+        r.chunk_done();
+        assert_eq!(last_queued(&mut r), None);
+        r.chunk_done();
+        assert_eq!(last_queued(&mut r), None);
         // Consumed but not yet credited slots still count as in flight.
         assert!(r.clone().on_chunk(10, 0).is_err());
-        assert_eq!(r.chunk_done(), Some(Message::Credit { count: 3 }));
-        assert_eq!(r.flush_credits(), None);
-        assert_eq!(r.chunk_done(), None);
-        assert_eq!(r.flush_credits(), Some(Message::Credit { count: 1 }));
-        assert_eq!(r.flush_credits(), None);
+        r.chunk_done();
+        assert_eq!(last_queued(&mut r), Some(Message::Credit { count: 3 }));
+        r.flush_credits();
+        assert_eq!(last_queued(&mut r), None);
+        r.chunk_done();
+        assert_eq!(last_queued(&mut r), None);
+        r.flush_credits();
+        assert_eq!(last_queued(&mut r), Some(Message::Credit { count: 1 }));
+        r.flush_credits();
+        assert_eq!(last_queued(&mut r), None);
         // Nothing left to consume: extra chunk_done calls are ignored.
-        assert_eq!(r.chunk_done(), None);
-        assert_eq!(r.flush_credits(), None);
+        r.chunk_done();
+        assert_eq!(last_queued(&mut r), None);
+        r.flush_credits();
+        assert_eq!(last_queued(&mut r), None);
         for _ in 0..4 {
             r.on_chunk(10, 0).unwrap();
         }
@@ -2386,7 +2420,8 @@ mod tests {
             r.on_chunk(10, 0).unwrap();
             let mut got = Vec::new();
             for _ in 0..2 {
-                got.extend(r.chunk_done());
+                r.chunk_done();
+                got.extend(last_queued(&mut r));
             }
             assert_eq!(
                 got.first(),
@@ -2403,13 +2438,16 @@ mod tests {
         r.on_chunk(10, 0).unwrap();
         r.on_chunk(10, 0).unwrap();
         r.on_message(Message::Fin(fin(20, 2))).unwrap();
-        assert_eq!(r.chunk_done(), None);
-        assert_eq!(r.flush_credits(), None);
+        r.chunk_done();
+        assert_eq!(last_queued(&mut r), None);
+        r.flush_credits();
+        assert_eq!(last_queued(&mut r), None);
         assert_eq!(
-            r.complete(AckStatus::Ok, String::new()),
+            reply(r.complete(AckStatus::Ok, String::new()), &mut r),
             Ok(Message::Ack(Ack::new(AckStatus::Ok, "")))
         );
-        assert_eq!(r.chunk_done(), None);
+        r.chunk_done();
+        assert_eq!(last_queued(&mut r), None);
     }
 
     #[test]
@@ -2597,17 +2635,20 @@ mod tests {
         // Refused (exists as a file, say) or created: back to AwaitHello.
         let mut refused = r.clone();
         assert_eq!(
-            refused.reject(RejectCode::Exists, "a file".into()),
+            reply(
+                refused.reject(RejectCode::Exists, "a file".into()),
+                &mut refused
+            ),
             Ok(Message::Reject(Reject::new(RejectCode::Exists, "a file")))
         );
         assert_eq!(refused.state(), ReceiverState::AwaitHello);
         assert_eq!(
-            r.accept_directory(),
+            reply(r.accept_directory(), &mut r),
             Ok(Message::Ack(Ack::new(AckStatus::Ok, "")))
         );
         assert_eq!(r.state(), ReceiverState::AwaitHello);
         assert_eq!(
-            r.accept_directory(),
+            reply(r.accept_directory(), &mut r),
             Err(ProtocolError::WrongState {
                 op: "accept_directory",
                 state: "AWAIT_HELLO"
@@ -2845,7 +2886,10 @@ mod tests {
         assert_eq!(members.len(), 3);
         assert_eq!(r.state(), ReceiverState::AwaitDecision);
         assert!(!r.offer_is_directory() && !r.offer_is_stream());
-        assert_eq!(r.accept(ring(&c)).unwrap(), Message::Mr(ring(&c)));
+        assert_eq!(
+            reply(r.accept(ring(&c)), &mut r).unwrap(),
+            Message::Mr(ring(&c))
+        );
         // 210 bytes back to back: chunks of 100, 100 and 10.
         for (len, offset) in [(100, 0), (100, 100), (10, 200)] {
             let p = r.on_chunk(len, 0).unwrap();
@@ -3101,7 +3145,7 @@ mod tests {
             r.on_undecodable(WireError::BadMagic(1)),
             RecvError::Protocol(ProtocolError::Malformed(WireError::BadMagic(1)))
         );
-        assert_eq!(r.abort(AckStatus::Io, "late".into()), None);
+        assert!(!r.abort(AckStatus::Io, "late".into()));
         assert!(sent(&mut r).is_empty());
     }
 
@@ -3171,6 +3215,7 @@ mod tests {
             slot_count: 4,
         })
         .unwrap();
+        assert!(matches!(&sent(&mut r)[..], [Message::Mr(_)]));
         r.on_chunk(100, 0).unwrap();
         assert_eq!(
             r.on_chunk(100, 0),
@@ -3187,16 +3232,16 @@ mod tests {
         // The engine's own failure (a CRC mismatch, say): one ACK from abort.
         let mut r = session_in_auth(ReceiverState::Receiving, false);
         sent(&mut r);
-        let ack = r.abort(AckStatus::Integrity, "bad CRC".into());
+        assert!(r.abort(AckStatus::Integrity, "bad CRC".into()));
         assert_eq!(
-            ack,
-            Some(Message::Ack(Ack::new(
+            sent(&mut r),
+            [Message::Ack(Ack::new(
                 AckStatus::Integrity,
                 "bad CRC".to_string()
-            )))
+            ))]
         );
         assert_eq!(r.state(), ReceiverState::Closed);
-        assert_eq!(r.abort(AckStatus::Io, "again".into()), None);
+        assert!(!r.abort(AckStatus::Io, "again".into()));
         assert!(sent(&mut r).is_empty());
     }
 
@@ -3287,9 +3332,9 @@ mod tests {
             Ok(ReceiverEvent::Offer(_))
         ));
         // Reading its copy for the HAVE may take a while.
-        assert_eq!(r.keepalive(), Ok(Message::Keepalive));
+        assert_eq!(reply(r.keepalive(), &mut r), Ok(Message::Keepalive));
         assert_eq!(
-            r.have(prefix(300, 100)).unwrap(),
+            reply(r.have(prefix(300, 100)), &mut r).unwrap(),
             Message::Have(prefix(300, 100))
         );
         assert_eq!(r.state(), ReceiverState::AwaitFrom);
@@ -3299,7 +3344,7 @@ mod tests {
         );
         assert_eq!(r.resumed_from(), 300);
         // Reading the prefix back takes a while: the sender is kept waiting.
-        assert_eq!(r.keepalive(), Ok(Message::Keepalive));
+        assert_eq!(reply(r.keepalive(), &mut r), Ok(Message::Keepalive));
         r.accept(ring(&c)).unwrap();
         assert!(r.keepalive().is_err(), "only while the prefix is read");
         for k in 3..10u64 {
@@ -3351,9 +3396,16 @@ mod tests {
             Ok(ReceiverEvent::Compare { sha256: [1; 32] })
         );
         assert_eq!(r.state(), ReceiverState::Comparing);
-        assert_eq!(r.keepalive(), Ok(Message::Keepalive), "reading its copy");
+        assert_eq!(
+            reply(r.keepalive(), &mut r),
+            Ok(Message::Keepalive),
+            "reading its copy"
+        );
         assert!(r.clone().have(complete.clone()).is_err());
-        assert_eq!(r.same().unwrap(), Message::Ack(Ack::new(AckStatus::Ok, "")));
+        assert_eq!(
+            reply(r.same(), &mut r).unwrap(),
+            Message::Ack(Ack::new(AckStatus::Ok, ""))
+        );
         assert_eq!(r.state(), ReceiverState::AwaitHello);
         // It differs: HAVE of nothing, FROM 0, everything is received.
         let mut r = start(complete.clone());
@@ -3569,7 +3621,7 @@ mod tests {
             ));
             let size = h.size;
             assert_eq!(
-                r.have(Have::ask_digest(size)),
+                reply(r.have(Have::ask_digest(size)), &mut r),
                 Ok(Message::Have(Have::ask_digest(size)))
             );
             assert_eq!(r.state(), ReceiverState::AwaitFrom);
@@ -3593,11 +3645,18 @@ mod tests {
                 Ok(ReceiverEvent::Compare { sha256: [9; 32] })
             );
             assert_eq!(r.state(), ReceiverState::Comparing);
-            assert_eq!(r.keepalive(), Ok(Message::Keepalive), "reading its copy");
+            assert_eq!(
+                reply(r.keepalive(), &mut r),
+                Ok(Message::Keepalive),
+                "reading its copy"
+            );
             for not_nothing in [Have::ask_digest(1000), Have::complete(1000)] {
                 assert!(r.clone().have(not_nothing).is_err());
             }
-            assert_eq!(r.same(), Ok(Message::Ack(Ack::new(AckStatus::Ok, ""))));
+            assert_eq!(
+                reply(r.same(), &mut r),
+                Ok(Message::Ack(Ack::new(AckStatus::Ok, "")))
+            );
             assert_eq!(r.state(), ReceiverState::AwaitHello);
             assert!(sent(&mut r).is_empty());
             // It differs: HAVE(nothing), FROM 0, everything is received.
@@ -3641,7 +3700,7 @@ mod tests {
             // Not asked (no copy under --link-dest): received as any file.
             let mut r = ReceiverSession::new(c);
             r.on_message(Message::Hello(offer.clone())).unwrap();
-            assert_eq!(r.accept(ring(&c)), Ok(Message::Mr(ring(&c))));
+            assert_eq!(reply(r.accept(ring(&c)), &mut r), Ok(Message::Mr(ring(&c))));
             assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
         }
         // With RESUME too, the other kinds still answer it.
@@ -3658,7 +3717,7 @@ mod tests {
             Ok(ReceiverEvent::Batch(_))
         ));
         assert!(r.clone().have(Have::ask_digest(30)).is_err());
-        assert_eq!(r.accept(ring(&c)), Ok(Message::Mr(ring(&c))));
+        assert_eq!(reply(r.accept(ring(&c)), &mut r), Ok(Message::Mr(ring(&c))));
     }
 
     /// A HAVE of kind Digest only for an offer with CHECKSUM, fitting it;

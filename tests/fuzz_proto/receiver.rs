@@ -295,6 +295,31 @@ pub(crate) fn replies(r: &mut ReceiverSession) -> Vec<Message> {
     std::iter::from_fn(|| r.poll_transmit()).collect()
 }
 
+/// What an engine call queued: its one reply, or (refused) nothing.
+fn queued<E: std::fmt::Debug>(
+    result: Result<(), E>,
+    r: &mut ReceiverSession,
+) -> Result<Message, E> {
+    let mut sent = replies(r);
+    match result {
+        Ok(()) => {
+            assert_eq!(sent.len(), 1, "one reply per call: {sent:?}");
+            Ok(sent.remove(0))
+        }
+        Err(e) => {
+            assert!(sent.is_empty(), "a refused call queued {sent:?} ({e:?})");
+            Err(e)
+        }
+    }
+}
+
+/// At most one queued reply (a credit's), taken.
+fn at_most_one(r: &mut ReceiverSession) -> Option<Message> {
+    let mut sent = replies(r);
+    assert!(sent.len() <= 1, "more than one reply: {sent:?}");
+    sent.pop()
+}
+
 /// The machine answers every error of the sender's with exactly one reply
 /// of its own making (the engine builds none), and nothing else: a REJECT
 /// for a refused offer, REJECT(auth) for a failed authentication, an ACK
@@ -1001,7 +1026,7 @@ pub(crate) fn check_receiver(
                     },
                     slot_count: cfg.slot_count,
                 };
-                match r.accept(ring) {
+                match queued(r.accept(ring), &mut r) {
                     Ok(mr) => {
                         // An accepted batch's other files count now.
                         hellos += m.batch_files.saturating_sub(1);
@@ -1052,7 +1077,7 @@ pub(crate) fn check_receiver(
                 let allowed =
                     (before == AwaitDecision && may_have(&m, have.kind) && (!compares || within))
                         || (before == Comparing && have.kind == HaveKind::Nothing);
-                match r.have(have.clone()) {
+                match queued(r.have(have.clone()), &mut r) {
                     Ok(msg) => {
                         prop_assert!(
                             allowed,
@@ -1107,7 +1132,7 @@ pub(crate) fn check_receiver(
                         let reading = comparing
                             || (before == AwaitDecision
                                 && (m.base.0 > 0 || (resumable(&m) && m.have.is_none())));
-                        match r.keepalive() {
+                        match queued(r.keepalive(), &mut r) {
                             Ok(msg) => {
                                 prop_assert!(reading, "KEEPALIVE in {:?}", before);
                                 prop_assert_eq!(msg, Message::Keepalive);
@@ -1117,7 +1142,7 @@ pub(crate) fn check_receiver(
                         prop_assert_eq!(r.state(), before);
                     }
                     // The same: the file is done without data, its ACK.
-                    1 => match r.same() {
+                    1 => match queued(r.same(), &mut r) {
                         Ok(msg) => {
                             prop_assert!(comparing, "same() in {:?}", before);
                             let asked = m.have.as_ref().map(|h| h.kind);
@@ -1143,7 +1168,7 @@ pub(crate) fn check_receiver(
                     _ => {
                         let differs = Have::nothing("the receiver's copy differs");
                         let answering = before == AwaitDecision && may_have(&m, HaveKind::Nothing);
-                        match r.have(differs.clone()) {
+                        match queued(r.have(differs.clone()), &mut r) {
                             Ok(msg) => {
                                 prop_assert!(comparing || answering, "have() in {:?}", before);
                                 prop_assert_eq!(msg, Message::Have(differs.clone()));
@@ -1158,7 +1183,7 @@ pub(crate) fn check_receiver(
                     }
                 }
             }
-            RxAction::AcceptDir => match r.accept_directory() {
+            RxAction::AcceptDir => match queued(r.accept_directory(), &mut r) {
                 Ok(msg) => {
                     prop_assert_eq!(before, AwaitDecision);
                     prop_assert!(m.offer.as_ref().is_some_and(Hello::is_directory));
@@ -1173,7 +1198,7 @@ pub(crate) fn check_receiver(
                 }
                 Err(_) => prop_assert_eq!(r.state(), before),
             },
-            RxAction::Reject(code) => match r.reject(code, "no".into()) {
+            RxAction::Reject(code) => match queued(r.reject(code, "no".into()), &mut r) {
                 Ok(msg) => {
                     refused += 1;
                     prop_assert_eq!(before, AwaitDecision);
@@ -1187,7 +1212,8 @@ pub(crate) fn check_receiver(
                 Err(_) => prop_assert_eq!(r.state(), before),
             },
             RxAction::ChunkDone => {
-                let credit = r.chunk_done();
+                r.chunk_done();
+                let credit = at_most_one(&mut r);
                 if m.unconsumed > 0 {
                     m.unconsumed -= 1;
                     m.pending += 1;
@@ -1202,7 +1228,8 @@ pub(crate) fn check_receiver(
                 }
             }
             RxAction::Flush => {
-                if let Some(msg) = r.flush_credits() {
+                r.flush_credits();
+                if let Some(msg) = at_most_one(&mut r) {
                     let Message::Credit { count } = msg else {
                         return Err(TestCaseError::fail("flush_credits returned a non-CREDIT"));
                     };
@@ -1211,7 +1238,7 @@ pub(crate) fn check_receiver(
                     m.pending -= u64::from(count);
                 }
             }
-            RxAction::Complete(status) => match r.complete(status, "why".into()) {
+            RxAction::Complete(status) => match queued(r.complete(status, "why".into()), &mut r) {
                 Ok(msg) => {
                     prop_assert!(matches!(msg, Message::Ack(_)));
                     match before {

@@ -77,9 +77,11 @@ pub(super) trait Link {
     /// Copies `dst.len()` bytes at `offset` out of the ring.
     fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<(), SysError>;
 
-    /// Lets queued replies reach the sender (best effort, briefly), then
-    /// disconnects.
-    fn close(&mut self);
+    /// Lets queued replies reach the sender (best effort, briefly).
+    fn drain(&mut self);
+
+    /// Ends the connection.
+    fn disconnect(&mut self);
 }
 
 /// The link over a connected queue pair.
@@ -204,9 +206,12 @@ impl Link for RdmaLink {
         }
     }
 
-    fn close(&mut self) {
+    fn drain(&mut self) {
         // Best effort: the session is over either way.
         let _ = self.control.drain(&self.ep, Duration::from_secs(2));
+    }
+
+    fn disconnect(&mut self) {
         self.ep.cm_id().disconnect(Duration::from_secs(1));
     }
 }

@@ -204,9 +204,7 @@ impl Session<'_, '_> {
         file.check_time += t1 - t0;
         file.write_time += t1.elapsed();
         file.progress.advance(placement.len.into());
-        if let Some(credit) = self.machine.chunk_done() {
-            self.link.send(&credit)?;
-        }
+        self.machine.chunk_done();
         Ok(())
     }
 
@@ -270,11 +268,9 @@ impl Session<'_, '_> {
                 Err(e) => (AckStatus::Io, e.to_string(), Some(e)),
             }
         };
-        let ack = self
-            .machine
+        self.machine
             .complete(status, reason)
             .map_err(XferError::from)?;
-        self.link.send(&ack)?;
         match err {
             None if file.sink.members().is_some() => {
                 file.phases.commit = fin_at.elapsed();

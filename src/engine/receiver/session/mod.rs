@@ -495,9 +495,9 @@ impl Session<'_, '_> {
     /// A fatal error mid-session: tell the sender why (best effort), and
     /// return the error. The temporary file is removed when `file` drops.
     fn abort(&mut self, status: AckStatus, err: XferError) -> XferError {
-        if let Some(ack) = self.machine.abort(status, err.to_string()) {
-            let _ = self.link.send(&ack);
-        }
+        self.machine.abort(status, err.to_string());
+        // Best effort: the session ends with `err` either way.
+        let _ = self.transmit();
         self.abandon(err)
     }
 
@@ -557,7 +557,7 @@ impl Session<'_, '_> {
 
     /// Lets queued replies reach the sender, then disconnects.
     fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
-        self.link.close();
+        self.link.drain();
         if let (Err(e), Some(mut file)) = (&result, self.file.take()) {
             // Where the file stood, for whoever reads the logs.
             file.span.in_scope(|| {
@@ -571,7 +571,10 @@ impl Session<'_, '_> {
             self.report_file_failure(&file, e, true);
         }
         self.file = None;
+        // Directories get their attributes before the sender, waiting for
+        // the disconnect, looks.
         self.store.finish_dirs();
+        self.link.disconnect();
         if let Some(msg) = self.output_closed.take() {
             warn!("{msg}");
             return Ok(());

@@ -30,8 +30,8 @@ impl Session<'_, '_> {
             info!(dir = %hello.name, "directory");
             return match self.store.make_dir(&hello) {
                 Ok(()) => {
-                    let reply = self.machine.accept_directory()?;
-                    self.link.send(&reply)
+                    self.machine.accept_directory()?;
+                    Ok(())
                 }
                 Err(refusal) => self.refuse(&hello, hello_at, refusal),
             };
@@ -87,8 +87,7 @@ impl Session<'_, '_> {
                 debug!(file = %hello.name, "its SHA-256 is asked for the --exec command")
             }
         }
-        let reply = self.machine.have(Have::ask_digest(hello.size))?;
-        self.link.send(&reply)?;
+        self.machine.have(Have::ask_digest(hello.size))?;
         self.awaiting_from = Some(AwaitingFrom {
             hello,
             hello_at,
@@ -142,12 +141,11 @@ impl Session<'_, '_> {
                     "batch refused, its files come one by one: {}",
                     escaped(&reason)
                 );
-                let reply = self.machine.reject(code, reason)?;
-                return self.link.send(&reply);
+                self.machine.reject(code, reason)?;
+                return Ok(());
             }
         };
-        let reply = self.machine.accept(ring).map_err(XferError::from)?;
-        self.link.send(&reply)?;
+        self.machine.accept(ring).map_err(XferError::from)?;
         let name = format!(
             "{} files from {}",
             members.len(),
@@ -220,8 +218,7 @@ impl Session<'_, '_> {
             HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
             HaveKind::Digest => debug!(file = %hello.name, "its SHA-256 is asked"),
         }
-        let reply = self.machine.have(have)?;
-        self.link.send(&reply)?;
+        self.machine.have(have)?;
         self.awaiting_from = Some(AwaitingFrom {
             hello,
             hello_at,
@@ -246,8 +243,7 @@ impl Session<'_, '_> {
                 // Known before the data: the command gets it (and the data
                 // is checked against it), then the data comes (FROM 0).
                 waiting.announced = Some(sha256);
-                let reply = self.machine.have(Have::nothing(""))?;
-                self.link.send(&reply)?;
+                self.machine.have(Have::nothing(""))?;
                 self.awaiting_from = Some(waiting);
                 return Ok(());
             }
@@ -264,7 +260,7 @@ impl Session<'_, '_> {
             "the receiver's copy"
         };
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
-        let mut tick = ReadTick::new(&mut *self.link, &self.machine, self.cfg.timeout);
+        let mut tick = ReadTick::new(&mut *self.link, &mut self.machine, self.cfg.timeout);
         let digest = copy_digest(file, size, chunk_len, &mut || tick.tick());
         // A signal stopped the read: no verdict on the copy.
         interrupted()?;
@@ -292,8 +288,7 @@ impl Session<'_, '_> {
         }
         if let Some(note) = differs {
             info!(file = %name, "{note}: received whole");
-            let reply = self.machine.have(crate::proto::Have::nothing(note))?;
-            self.link.send(&reply)?;
+            self.machine.have(crate::proto::Have::nothing(note))?;
             self.awaiting_from = Some(waiting);
             return Ok(());
         }
@@ -301,8 +296,7 @@ impl Session<'_, '_> {
             info!(file = %name, "skipped: the receiver's copy is the same");
         }
         drop((copy, link));
-        let ack = self.machine.same()?;
-        self.link.send(&ack)?;
+        self.machine.same()?;
         let report = FileReport {
             name,
             bytes: size,
@@ -327,7 +321,7 @@ impl Session<'_, '_> {
         // within its timeout (and records what it verified): worth waiting.
         let wait = self.cfg.timeout + Duration::from_secs(10);
         let chunk_len = self.cfg.chunk_size;
-        let mut tick = ReadTick::new(&mut *self.link, &self.machine, self.cfg.timeout);
+        let mut tick = ReadTick::new(&mut *self.link, &mut self.machine, self.cfg.timeout);
         self.store
             .holding(hello, (chunk_len, self.cfg.overwrite), wait, &mut || {
                 tick.tick()
@@ -395,8 +389,7 @@ impl Session<'_, '_> {
                     file.resumed_from = prefix;
                     info!(file = %hello.name, bytes = prefix, "continuing the kept part");
                 }
-                let reply = self.machine.accept(ring).map_err(XferError::from)?;
-                self.link.send(&reply)?;
+                self.machine.accept(ring).map_err(XferError::from)?;
                 // A file's time runs from its HELLO, like the sender's.
                 file.started = hello_at;
                 file.phases.connect = self.connect_time;
@@ -428,8 +421,8 @@ impl Session<'_, '_> {
         let elapsed = hello_at.elapsed();
         self.report_failure(&hello.name, size, hello.digest, elapsed, &err, false);
         self.first_error.get_or_insert(err);
-        let reply = self.machine.reject(code, reason)?;
-        self.link.send(&reply)
+        self.machine.reject(code, reason)?;
+        Ok(())
     }
 
     /// Opens where the offered file goes (see `FileStore::create`) and

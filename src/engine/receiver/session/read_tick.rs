@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 /// for the run loop.
 pub(super) struct ReadTick<'s> {
     link: &'s mut dyn Link,
-    machine: &'s ReceiverSession,
+    machine: &'s mut ReceiverSession,
     interval: Duration,
     last: Instant,
 }
@@ -20,7 +20,7 @@ pub(super) struct ReadTick<'s> {
 impl<'s> ReadTick<'s> {
     pub(super) fn new(
         link: &'s mut dyn Link,
-        machine: &'s ReceiverSession,
+        machine: &'s mut ReceiverSession,
         timeout: Duration,
     ) -> Self {
         Self {
@@ -39,8 +39,10 @@ impl<'s> ReadTick<'s> {
             return Ok(());
         }
         self.last = Instant::now();
-        let keepalive = self.machine.keepalive().map_err(std::io::Error::other)?;
-        self.link.send(&keepalive).map_err(std::io::Error::other)?;
+        self.machine.keepalive().map_err(std::io::Error::other)?;
+        while let Some(msg) = self.machine.poll_transmit() {
+            self.link.send(&msg).map_err(std::io::Error::other)?;
+        }
         self.link.poll().map_err(std::io::Error::other)
     }
 }

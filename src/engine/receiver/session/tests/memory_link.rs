@@ -33,7 +33,7 @@ pub(super) struct MemoryLink {
     pub from_peer: Receiver<Arrival>,
     pub kept: VecDeque<Arrival>,
     pub ring: SharedRing,
-    /// Set by `close`.
+    /// Set by `disconnect`.
     pub closed: Arc<AtomicBool>,
 }
 
@@ -135,7 +135,9 @@ impl Link for MemoryLink {
         Ok(())
     }
 
-    fn close(&mut self) {
+    fn drain(&mut self) {}
+
+    fn disconnect(&mut self) {
         self.closed.store(true, Ordering::SeqCst);
     }
 }
