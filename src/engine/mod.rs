@@ -10,6 +10,9 @@ pub mod entries;
 #[cfg(feature = "fault-injection")]
 mod fault;
 pub mod fit;
+mod link;
+#[cfg(test)]
+mod memory_wire;
 pub mod per_byte;
 pub mod progress;
 mod reader;
@@ -156,31 +159,7 @@ pub fn check_buffers(chunk_size: u64, count: u64, what: &str) -> Result<(u32, u3
 
 /// How often a wait for completions also checks for a CM disconnect, so a
 /// vanished peer is noticed long before the no-progress timeout.
-pub(crate) const DISCONNECT_CHECK: Duration = Duration::from_millis(500);
-
-/// Waits (at most `timeout` without progress) for completions on the
-/// endpoint's CQ, watching for the peer's disconnect meanwhile.
-fn wait_completions(
-    ep: &crate::sys::rdma::Endpoint,
-    wcs: &mut Vec<crate::sys::rdma::Completion>,
-    timeout: Duration,
-    what: &str,
-) -> Result<(), XferError> {
-    wait_completions_until(
-        ep,
-        wcs,
-        crate::sys::os::deadline_after(timeout),
-        DISCONNECT_CHECK,
-        what,
-        &|| None,
-        &|| {
-            XferError::PeerLost(format!(
-                "no progress for {}s while waiting for {what}",
-                timeout.as_secs()
-            ))
-        },
-    )
-}
+const DISCONNECT_CHECK: Duration = Duration::from_millis(500);
 
 /// Waits for completions on the endpoint's CQ until `deadline`, in slices
 /// of at most `slice`; after each empty slice it looks whether the peer

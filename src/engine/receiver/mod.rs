@@ -10,8 +10,9 @@
 mod admission;
 mod allow;
 mod config;
-mod link;
 mod session;
+#[cfg(test)]
+pub(crate) use session::tests::{Reported, reported, sender_auth, serve as serve_over};
 pub mod storage;
 
 pub use allow::AllowedNet;

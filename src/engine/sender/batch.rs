@@ -169,7 +169,7 @@ impl Connection {
             Message::Batch(hellos) => hellos.iter().fold(0, |caps, h| caps | h.caps),
             _ => 0,
         };
-        self.control.send(&self.ep, &msg)?;
+        self.link.send(&msg)?;
         let mut input = Some(Input::Batch(files));
         if let Some(chunk_len) = read_ahead
             && let Some(files) = input.take()
@@ -259,7 +259,7 @@ impl Connection {
         #[cfg(feature = "fault-injection")]
         let digest = crate::engine::fault::fin_digest(digest);
         let fin = self.session.finish(digest).map_err(proto_err)?;
-        self.control.send(&self.ep, &fin)?;
+        self.link.send(&fin)?;
         debug!(files = members.len(), bytes = total, "FIN sent");
         tracker.await_batch_verdict(tag, reports, progress);
         Ok(Batched::Sent { alone: Vec::new() })

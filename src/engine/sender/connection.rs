@@ -11,15 +11,15 @@ use super::{
 };
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::entries::Entry;
+use crate::engine::link::{Delivery, RdmaLink, WriteLink};
 use crate::engine::reader::Input;
-use crate::engine::{WrId, WrKind};
 use crate::error::XferError;
 use crate::proto::{
     FileOffer, NONCE_LEN, OfferKind, Role, SenderAuth, SenderEvent, SenderSession, SenderState,
     escaped,
 };
 use crate::sys::SysError;
-use crate::sys::rdma::{BufferPool, CmId, Completion, Endpoint, EventChannel, QpCaps, WcOpcode};
+use crate::sys::rdma::{BufferPool, CmId, Endpoint, EventChannel, QpCaps};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::time::{Duration, Instant};
@@ -27,10 +27,8 @@ use tracing::{debug, info};
 
 pub(super) struct Connection {
     pub(super) connect_time: Duration,
-    pub(super) ep: Endpoint,
-    pub(super) control: Control,
+    pub(super) link: Box<dyn WriteLink>,
     pub(super) session: SenderSession,
-    pub(super) wcs: Vec<Completion>,
     /// State machine events not yet acted upon, in order.
     pub(super) events: VecDeque<SenderEvent>,
     /// The receiver refused a batch by policy (REJECT protocol: it takes
@@ -95,16 +93,24 @@ impl Connection {
                 })
             }
         };
-        let conn = Connection {
+        let session = SenderSession::new(cfg.chunk_size, auth);
+        let conn = Connection::new(connect_time, Box::new(RdmaLink::new(ep, control)), session);
+        Ok((conn, staging))
+    }
+
+    /// A session's connection over `link`, before the greeting.
+    pub(super) fn new(
+        connect_time: Duration,
+        link: Box<dyn WriteLink>,
+        session: SenderSession,
+    ) -> Self {
+        Connection {
             connect_time,
-            ep,
-            control,
-            session: SenderSession::new(cfg.chunk_size, auth),
-            wcs: Vec::with_capacity(64),
+            link,
+            session,
             events: VecDeque::new(),
             batches_refused: false,
-        };
-        Ok((conn, staging))
+        }
     }
 
     /// The whole session: greeting, every entry (pipelined), the last
@@ -239,7 +245,7 @@ impl Connection {
                 Some(SenderEvent::Greeted(greeting)) => {
                     if let Some(prove) = greeting.prove {
                         debug!("the receiver requires authentication: PROVE sent");
-                        self.control.send(&self.ep, &prove)?;
+                        self.link.send(&prove)?;
                     }
                 }
                 // The channel is installed already (handle_completions).
@@ -286,7 +292,7 @@ impl Connection {
                 };
                 let tag = tracker.tag();
                 let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
-                self.control.send(&self.ep, &hello)?;
+                self.link.send(&hello)?;
                 tracker.pending.insert(
                     tag,
                     PendingEntry::Dir {
@@ -339,14 +345,10 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), FileError> {
-        let mut wcs = std::mem::take(&mut self.wcs);
-        wcs.clear();
-        let polled = self.ep.poll(&mut wcs, 16);
-        let handled = self.handle_completions(&mut wcs, pipe);
-        self.wcs = wcs;
-        handled?;
+        let polled = self.link.poll();
+        self.handle_deliveries(pipe)?;
         if let Err(e) = polled {
-            return Err(self.failure(crate::engine::completion_error(&self.ep, e)));
+            return Err(self.failure(e));
         }
         match self.pop_event(tracker)? {
             None => Ok(()),
@@ -381,13 +383,9 @@ impl Connection {
         what: &str,
     ) -> Result<Option<SenderEvent>, FileError> {
         if self.events.is_empty() {
-            let mut wcs = std::mem::take(&mut self.wcs);
-            wcs.clear();
-            let waited = crate::engine::wait_completions(&self.ep, &mut wcs, cfg.timeout, what);
-            // Completions polled before a failure still count.
-            let handled = self.handle_completions(&mut wcs, pipe);
-            self.wcs = wcs;
-            handled?;
+            let waited = self.link.wait_for(cfg.timeout, what);
+            // What came before a failure still counts.
+            self.handle_deliveries(pipe)?;
             if let Err(e) = waited {
                 return Err(self.failure(e));
             }
@@ -412,31 +410,24 @@ impl Connection {
         Ok(None)
     }
 
-    /// Applies completions: slots go back to the reader, messages through
-    /// the state machine (its events queue up in `events`, credits apart).
-    pub(super) fn handle_completions(
-        &mut self,
-        wcs: &mut Vec<Completion>,
-        pipe: &mut Pipeline<'_>,
-    ) -> Result<(), FileError> {
-        for wc in wcs.drain(..) {
-            match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
-                (WrKind::Write, WcOpcode::RdmaWrite) => pipe.write_done(wc)?,
-                (WrKind::Send, WcOpcode::Send) => self.control.on_send_done(&self.ep, wc)?,
-                (WrKind::Recv, WcOpcode::Recv) => {
-                    let msg = self
-                        .control
-                        .take_message(&self.ep, wc)?
-                        .map_err(|undelivered| match undelivered {
-                            Undelivered::Wire(source) => XferError::Malformed {
-                                from: crate::proto::Role::Receiver,
-                                source,
-                            },
-                            Undelivered::Seal(source) => XferError::Forged {
-                                from: crate::proto::Role::Receiver,
-                                source,
-                            },
-                        })?;
+    /// Applies what the link delivered: slots go back to the reader,
+    /// messages through the state machine (its events queue up in
+    /// `events`, credits apart).
+    pub(super) fn handle_deliveries(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
+        while let Some(delivery) = self.link.next()? {
+            match delivery {
+                Delivery::Written(token) => pipe.write_done(token),
+                Delivery::Message(decoded) => {
+                    let msg = decoded.map_err(|undelivered| match undelivered {
+                        Undelivered::Wire(source) => XferError::Malformed {
+                            from: crate::proto::Role::Receiver,
+                            source,
+                        },
+                        Undelivered::Seal(source) => XferError::Forged {
+                            from: crate::proto::Role::Receiver,
+                            source,
+                        },
+                    })?;
                     match self.session.on_message(msg).map_err(proto_err)? {
                         // Already applied by the state machine.
                         SenderEvent::Credit(_) => {}
@@ -446,16 +437,17 @@ impl Connection {
                             let channel = self.session.take_channel().ok_or_else(|| {
                                 XferError::Internal("authenticated without a channel".into())
                             })?;
-                            self.control.install(channel);
+                            self.link.install(channel);
                             self.events.push_back(event);
                         }
                         event => self.events.push_back(event),
                     }
                 }
-                (kind, opcode) => {
-                    return Err(FileError::Fatal(XferError::Internal(format!(
-                        "unexpected completion {opcode:?} for a work request of kind {kind:?}"
-                    ))));
+                // The receiver's ring is not ours.
+                Delivery::Chunk { .. } => {
+                    return Err(FileError::Fatal(XferError::Internal(
+                        "a data write into the sender".into(),
+                    )));
                 }
             }
         }
@@ -470,8 +462,8 @@ impl Connection {
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
         let bye = self.session.close().map_err(XferError::from)?;
-        self.control.send(&self.ep, &bye)?;
-        while self.control.busy() {
+        self.link.send(&bye)?;
+        while self.link.busy() {
             match self.expect_nothing(cfg, pipe, tracker, "delivery of BYE") {
                 Ok(()) => {}
                 // Every entry was answered already; a receiver that closes
@@ -484,11 +476,11 @@ impl Connection {
                 Err(FileError::Fatal(e) | FileError::Continue(e)) => return Err(e),
             }
         }
-        self.ep.cm_id().disconnect(Duration::from_secs(2));
+        self.link.disconnect(Duration::from_secs(2));
         Ok(())
     }
 
     pub(super) fn abort(&mut self) {
-        self.ep.cm_id().disconnect(Duration::from_secs(1));
+        self.link.disconnect(Duration::from_secs(1));
     }
 }

@@ -7,6 +7,8 @@
 
 mod batch;
 mod connection;
+#[cfg(test)]
+mod memory_transfers;
 mod pump;
 mod verdicts;
 
@@ -21,7 +23,7 @@ use crate::engine::report::{FileEvent, FileFailure, FileReport};
 use crate::error::XferError;
 use crate::proto::{AckStatus, DigestAlg, FileOffer, OfferKind, ProtocolError, SenderEvent, Token};
 use crate::sys::SysError;
-use crate::sys::rdma::probe_devices;
+use crate::sys::rdma::{Buffer, BufferPool, probe_devices};
 use pump::Pipeline;
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
@@ -306,7 +308,7 @@ fn try_session(
     cfg: &SenderConfig,
     paths: &[PathBuf],
     settled: &HashSet<String>,
-    mut on_file: impl FnMut(FileEvent<'_>),
+    on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, SessionEnded> {
     let mut plan = entries::plan(paths, &cfg.walk)?;
     plan.entries
@@ -320,7 +322,21 @@ fn try_session(
     let started = Instant::now();
     // The pool is dropped before `conn`, but a slot still posted keeps its
     // memory registered and allocated until the endpoint's QP is destroyed.
-    let (mut conn, (pool, tokens)) = Connection::open(cfg)?;
+    let (conn, (pool, tokens)) = Connection::open(cfg)?;
+    drive(cfg, plan, conn, &pool, tokens, on_file, started)
+}
+
+/// Runs the session of `plan` over `conn`, the reader thread filling
+/// `pool`'s slots (`tokens`, one per slot) as their writes complete.
+fn drive(
+    cfg: &SenderConfig,
+    plan: entries::Plan,
+    mut conn: Connection,
+    pool: &BufferPool,
+    tokens: Vec<Buffer>,
+    mut on_file: impl FnMut(FileEvent<'_>),
+    started: Instant,
+) -> Result<SessionOutcome, SessionEnded> {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (job_tx, job_rx) = mpsc::channel();
@@ -339,7 +355,7 @@ fn try_session(
         };
         scope.spawn(move || reader.run());
         let mut pipe = Pipeline {
-            pool: &pool,
+            pool,
             jobs: job_tx,
             free: free_tx,
             filled: out_rx,

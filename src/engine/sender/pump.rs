@@ -5,7 +5,6 @@
 use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
 use crate::engine::Outcome;
-use crate::engine::WrId;
 use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
 use crate::engine::progress::FileProgress;
 use crate::engine::reader::{Input, ReadJob, ReaderMsg};
@@ -16,7 +15,7 @@ use crate::proto::{
     SenderEvent, SenderState, Verdict, escaped, keepalive_interval,
 };
 use crate::sys::SysError;
-use crate::sys::rdma::{Buffer, BufferPool, Completion, RemoteTarget};
+use crate::sys::rdma::{Buffer, BufferPool, RemoteTarget};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -87,14 +86,10 @@ impl Pipeline<'_> {
     }
 
     /// A write completed: its slot goes back to the reader.
-    pub(super) fn write_done(&mut self, wc: Completion) -> Result<(), XferError> {
-        let token = wc.buffer.ok_or_else(|| {
-            XferError::Internal(format!("write completion {:#x} without its slot", wc.wr_id))
-        })?;
+    pub(super) fn write_done(&mut self, token: Buffer) {
         self.posted = self.posted.saturating_sub(1);
         // The reader may already be gone (session ending): nothing to do then.
         let _ = self.free.send(token);
-        Ok(())
     }
 }
 
@@ -195,7 +190,7 @@ impl Connection {
             Message::Hello(h) => h.caps,
             _ => 0,
         };
-        self.control.send(&self.ep, &hello)?;
+        self.link.send(&hello)?;
         self.await_answer(cfg, &name, input, pipe, tracker)
             .map_err(|e| super::verdicts::older_receiver(e, caps))
     }
@@ -226,12 +221,12 @@ impl Connection {
                     match self.answer(cfg, name, &have, input, pipe, tracker)? {
                         Answer::From(offset, resume) => {
                             let from = self.session.start_from(offset).map_err(proto_err)?;
-                            self.control.send(&self.ep, &from)?;
+                            self.link.send(&from)?;
                             start = Start::Data(resume);
                         }
                         Answer::Compare(sha256) => {
                             let msg = self.session.compare(sha256).map_err(proto_err)?;
-                            self.control.send(&self.ep, &msg)?;
+                            self.link.send(&msg)?;
                         }
                     }
                 }
@@ -371,7 +366,7 @@ impl Connection {
                 .session
                 .keepalive()
                 .map_err(proto_err)
-                .and_then(|k| Ok(self.control.send(&self.ep, &k)?))
+                .and_then(|k| Ok(self.link.send(&k)?))
                 .and_then(|()| self.poll_events(pipe, tracker));
             match sent {
                 Ok(()) => Ok(()),
@@ -486,7 +481,7 @@ impl Connection {
         #[cfg(not(feature = "fault-injection"))]
         let fin = self.session.finish(report.digest);
         let fin = fin.map_err(proto_err)?;
-        self.control.send(&self.ep, &fin)?;
+        self.link.send(&fin)?;
         debug!(file = %escaped(&report.name), bytes = report.bytes, "FIN sent");
         tracker.await_verdict(tag, report, progress);
         Ok(())
@@ -520,7 +515,7 @@ impl Connection {
                 if last_sign.elapsed() >= crate::proto::keepalive_interval(cfg.timeout) {
                     debug!("waiting for input: KEEPALIVE sent");
                     let keepalive = self.session.keepalive().map_err(proto_err)?;
-                    self.control.send(&self.ep, &keepalive)?;
+                    self.link.send(&keepalive)?;
                     last_sign = Instant::now();
                 }
             } else if started.elapsed() >= cfg.timeout {
@@ -547,20 +542,13 @@ impl Connection {
             .next_chunk(len)
             .map_err(proto_err)?
             .ok_or_else(|| XferError::Internal("no chunk to plan despite credit".into()))?;
-        let wr_id = WrId::write(token.index() as u64).raw();
         let target = RemoteTarget {
             addr: plan.remote_addr,
             rkey: plan.rkey,
         };
         // The chunk and, with a token, its tag after it.
-        self.ep.post_write_imm(
-            pipe.pool,
-            token,
-            plan.write_len as usize,
-            target,
-            crc,
-            wr_id,
-        )?;
+        self.link
+            .post_write(pipe.pool, token, plan.write_len as usize, target, crc)?;
         pipe.posted += 1;
         Ok(())
     }

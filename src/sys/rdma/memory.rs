@@ -178,10 +178,45 @@ impl Drop for Registration {
 /// cut into `count` slots of `slot_size` bytes. Each slot is owned by one
 /// [`Buffer`]; the pool hands out a slot's bytes only against its buffer.
 pub struct BufferPool {
-    mem: Rc<Registration>,
+    mem: PoolMemory,
     slot_size: usize,
     count: usize,
     id: u64,
+}
+
+/// A pool's memory: registered with a protection domain, or (for the
+/// engine's unit tests, which have no device) plain memory that no work
+/// request can use.
+enum PoolMemory {
+    Registered(Rc<Registration>),
+    #[cfg(test)]
+    Plain(PlainMemory),
+}
+
+impl PoolMemory {
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            PoolMemory::Registered(r) => r.ptr,
+            #[cfg(test)]
+            PoolMemory::Plain(p) => p.ptr,
+        }
+    }
+}
+
+/// A zeroed heap allocation, registered with nothing.
+#[cfg(test)]
+struct PlainMemory {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+#[cfg(test)]
+impl Drop for PlainMemory {
+    fn drop(&mut self) {
+        // SAFETY: ptr/layout are those of the allocation in
+        // `BufferPool::in_memory`, which no device ever knew.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
 }
 
 /// The exclusive right to one slot of one [`BufferPool`]. Not `Clone`:
@@ -208,7 +243,6 @@ impl BufferPool {
         slot_size: usize,
         count: usize,
     ) -> Result<(Self, Vec<Buffer>)> {
-        static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
         if slot_size == 0 || count == 0 {
             return Err(SysError::Invalid("a buffer pool needs slots".into()));
         }
@@ -216,17 +250,47 @@ impl BufferPool {
             .checked_mul(count)
             .ok_or_else(|| SysError::Invalid("buffer pool too large".into()))?;
         let mem = Rc::new(Registration::new(pd, len, Access::Local)?);
+        Ok(Self::with_buffers(
+            PoolMemory::Registered(mem),
+            slot_size,
+            count,
+        ))
+    }
+
+    /// A pool in plain memory, for unit tests without a device: its
+    /// buffers are filled and read as a registered pool's, and every post
+    /// of one is refused.
+    #[cfg(test)]
+    pub fn in_memory(slot_size: usize, count: usize) -> Result<(Self, Vec<Buffer>)> {
+        let len = slot_size
+            .checked_mul(count)
+            .filter(|&len| len > 0)
+            .ok_or_else(|| SysError::Invalid("a buffer pool needs slots".into()))?;
+        let layout = Layout::from_size_align(len, PAGE)
+            .map_err(|e| SysError::Invalid(format!("buffer of {len} bytes: {e}")))?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(SysError::Invalid(format!(
+                "out of memory allocating {len} bytes"
+            )));
+        }
+        let mem = PoolMemory::Plain(PlainMemory { ptr, layout });
+        Ok(Self::with_buffers(mem, slot_size, count))
+    }
+
+    /// The pool over `mem` (`slot_size * count` bytes) and one buffer per slot.
+    fn with_buffers(mem: PoolMemory, slot_size: usize, count: usize) -> (Self, Vec<Buffer>) {
+        static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
         let buffers = (0..count).map(|index| Buffer { index, pool: id }).collect();
-        Ok((
-            BufferPool {
-                mem,
-                slot_size,
-                count,
-                id,
-            },
-            buffers,
-        ))
+        let pool = BufferPool {
+            mem,
+            slot_size,
+            count,
+            id,
+        };
+        (pool, buffers)
     }
 
     /// Size of each slot in bytes.
@@ -263,7 +327,7 @@ impl BufferPool {
     /// bounded by a borrow of the pool.
     pub fn filler(&self) -> BufferFiller<'_> {
         BufferFiller {
-            base: self.mem.ptr,
+            base: self.mem.ptr(),
             slot_size: self.slot_size,
             count: self.count,
             id: self.id,
@@ -276,7 +340,7 @@ impl BufferPool {
     fn slot_ptr(&self, buf: &Buffer, len: usize) -> Result<*mut u8> {
         let offset = self.offset(buf, len)?;
         // SAFETY: offset + len <= slot_size * count, the allocation's size.
-        Ok(unsafe { self.mem.ptr.add(offset) })
+        Ok(unsafe { self.mem.ptr().add(offset) })
     }
 
     /// Byte offset of `buf`'s slot, after the same checks.
@@ -287,19 +351,26 @@ impl BufferPool {
     /// The scatter entry for the first `len` bytes of `buf`'s slot.
     pub(super) fn scatter_entry(&self, buf: &Buffer, len: usize) -> Result<ibv_sge> {
         let offset = self.offset(buf, len)?;
-        self.mem.check(offset, len)?;
+        let mem = self.registration()?;
+        mem.check(offset, len)?;
         let length = u32::try_from(len)
             .map_err(|_| SysError::Invalid(format!("{len} bytes exceed one work request")))?;
         Ok(ibv_sge {
-            addr: self.mem.ptr as u64 + offset as u64,
+            addr: mem.ptr as u64 + offset as u64,
             length,
-            lkey: self.mem.lkey(),
+            lkey: mem.lkey(),
         })
     }
 
     /// The registration, kept alive by a posted request until it completes.
-    pub(super) fn registration(&self) -> &Rc<Registration> {
-        &self.mem
+    pub(super) fn registration(&self) -> Result<&Rc<Registration>> {
+        match &self.mem {
+            PoolMemory::Registered(r) => Ok(r),
+            #[cfg(test)]
+            PoolMemory::Plain(_) => Err(SysError::Invalid(
+                "a buffer in plain memory cannot be posted".into(),
+            )),
+        }
     }
 }
 

@@ -625,7 +625,7 @@ impl Endpoint {
         queue: WorkQueue,
     ) -> Result<ibv_sge> {
         let sge = pool.scatter_entry(buf, len)?;
-        if !Rc::ptr_eq(pool.registration().pd(), &self.pd) {
+        if !Rc::ptr_eq(pool.registration()?.pd(), &self.pd) {
             return Err(SysError::Invalid(
                 "the buffer is registered with another protection domain than this queue pair's"
                     .into(),
@@ -663,12 +663,13 @@ impl Endpoint {
         post: impl FnOnce() -> (libc::c_int, bool),
     ) -> Result<()> {
         let (call, _) = queue.call_and_name();
+        let memory = pool.registration()?.clone();
         self.posted.borrow_mut().insert(
             wr_id,
             Posted {
                 buffer: buf,
                 queue,
-                _memory: pool.registration().clone(),
+                _memory: memory,
             },
         );
         let (rc, refused_ours) = post();

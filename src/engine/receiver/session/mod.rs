@@ -6,12 +6,11 @@ mod data;
 mod offers;
 mod read_tick;
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 
 use data::end_failed;
 
 use super::admission::Admission;
-use super::link::{Delivery, ExposedRing, Link, RdmaLink, Until};
 use super::storage::FileStore;
 use super::storage::link_dest::LinkCandidate;
 use super::storage::partial::{Claim, KeptPrefix};
@@ -19,9 +18,9 @@ use super::storage::sink::Sink;
 use super::storage::space::SpaceLedger;
 use super::storage::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
-use crate::engine::DISCONNECT_CHECK;
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::FileHasher;
+use crate::engine::link::{Delivery, ExposedRing, RdmaLink, RingLink, Until};
 use crate::engine::progress::FileProgress;
 use crate::engine::report::{FileEvent, FileFailure, Phases};
 use crate::error::XferError;
@@ -76,7 +75,7 @@ struct Session<'a, 's> {
     peer: String,
     /// How long accepting the connection took (a phase of every file).
     connect_time: Duration,
-    link: Box<dyn Link + 'a>,
+    link: Box<dyn RingLink + 'a>,
     /// Registered ahead of the first offer (`register_ring_ahead`), else at
     /// the first accepted HELLO; reused for every file.
     ring: Option<ExposedRing>,
@@ -227,7 +226,7 @@ pub(super) struct Parts<'a, 's> {
 /// Runs a session over `link` from the greeting to its end.
 pub(super) fn drive<'a>(
     parts: Parts<'a, '_>,
-    link: Box<dyn Link + 'a>,
+    link: Box<dyn RingLink + 'a>,
     machine: ReceiverSession,
     mut store: FileStore,
 ) -> Result<(), XferError> {
@@ -267,18 +266,7 @@ impl Session<'_, '_> {
             let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
             match self.admission.handshake() {
                 Some((deadline, _)) => self.wait_handshake(deadline, what)?,
-                None => self.link.wait(Until {
-                    deadline: crate::sys::os::deadline_after(timeout),
-                    slice: DISCONNECT_CHECK,
-                    what,
-                    give_up: &|| None,
-                    expired: &|| {
-                        XferError::PeerLost(format!(
-                            "no progress for {}s while waiting for {what}",
-                            timeout.as_secs()
-                        ))
-                    },
-                })?,
+                None => self.link.wait_for(timeout, what)?,
             }
             // A peer that takes none of our messages is not waited for
             // forever, whatever it sends meanwhile.
@@ -332,6 +320,12 @@ impl Session<'_, '_> {
     fn on_delivery(&mut self, delivery: Delivery) -> Result<Flow, XferError> {
         match delivery {
             Delivery::Chunk { byte_len, imm } => self.on_chunk(byte_len, imm)?,
+            // A receiver posts no writes.
+            Delivery::Written(_) => {
+                return Err(XferError::Internal(
+                    "a write completion on the receiver's queue pair".into(),
+                ));
+            }
             Delivery::Message(decoded) => {
                 let msg = match decoded {
                     Ok(m) => m,
@@ -574,7 +568,7 @@ impl Session<'_, '_> {
         // Directories get their attributes before the sender, waiting for
         // the disconnect, looks.
         self.store.finish_dirs();
-        self.link.disconnect();
+        self.link.disconnect(Duration::from_secs(1));
         if let Some(msg) = self.output_closed.take() {
             warn!("{msg}");
             return Ok(());

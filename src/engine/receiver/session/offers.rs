@@ -5,8 +5,8 @@
 use super::read_tick::ReadTick;
 use super::{AwaitingFrom, DigestFor, IncomingFile, Session, interrupted};
 use crate::engine::digest::FileHasher;
+use crate::engine::link::ExposedRing;
 use crate::engine::progress::Progress;
-use crate::engine::receiver::link::ExposedRing;
 use crate::engine::receiver::storage::link_dest::Linked;
 use crate::engine::receiver::storage::partial::{Claim, Holding, KeptPrefix, copy_digest};
 use crate::engine::receiver::storage::sink::Sink;

@@ -1,7 +1,7 @@
 //! The KEEPALIVEs that keep a sender waiting while the session reads a
 //! file of its own (a kept prefix, a complete copy, a --link-dest copy).
 
-use crate::engine::receiver::link::Link;
+use crate::engine::link::RingLink;
 use crate::proto::{ReceiverSession, keepalive_interval};
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// complete at once; what the sender delivers meanwhile waits in the link
 /// for the run loop.
 pub(super) struct ReadTick<'s> {
-    link: &'s mut dyn Link,
+    link: &'s mut dyn RingLink,
     machine: &'s mut ReceiverSession,
     interval: Duration,
     last: Instant,
@@ -19,7 +19,7 @@ pub(super) struct ReadTick<'s> {
 
 impl<'s> ReadTick<'s> {
     pub(super) fn new(
-        link: &'s mut dyn Link,
+        link: &'s mut dyn RingLink,
         machine: &'s mut ReceiverSession,
         timeout: Duration,
     ) -> Self {

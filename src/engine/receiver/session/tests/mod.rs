@@ -3,11 +3,11 @@
 //! protocol's sender machine and looks at the result, the replies, the
 //! reported files and the directory.
 
-mod memory_link;
 mod peer;
 
 use super::{Parts, drive};
-use crate::engine::control::Codec;
+use crate::engine::memory_wire::{self, ReceiverEnd};
+use crate::engine::receiver::OnFile;
 use crate::engine::receiver::ReceiverConfig;
 use crate::engine::receiver::admission::{Admission, SessionSlots};
 use crate::engine::receiver::storage::FileStore;
@@ -17,16 +17,14 @@ use crate::proto::{
     AckStatus, ConnectionId, Digest, DigestAlg, Message, NONCE_LEN, RejectCode, SenderAuth,
     SenderEvent, SenderSession, Token,
 };
-use memory_link::{Arrival, MemoryLink, SharedRing};
 use peer::{Peer, bytes, file};
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What the session reported about one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Reported {
+pub(crate) enum Reported {
     Done {
         name: String,
         bytes: u64,
@@ -66,64 +64,72 @@ const CONN: ConnectionId = ConnectionId {
     sender_qpn: 18,
 };
 
-/// Runs one session with `cfg` while `play` is its sender (with the
-/// token when `cfg` has one); the sender goes away when `play` returns.
-fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<T> {
-    let (to_session, from_peer) = mpsc::channel();
-    let (to_peer, from_session) = mpsc::channel();
-    let ring = SharedRing::default();
-    let closed = Arc::new(AtomicBool::new(false));
-    let link = MemoryLink {
-        codec: Codec::default(),
-        to_peer,
-        from_peer,
-        kept: VecDeque::new(),
-        ring: ring.clone(),
-        closed: closed.clone(),
+/// Serves one session with `cfg` over `end` (admitted at once; with a
+/// token, bound to `CONN`).
+pub(crate) fn serve(
+    cfg: &ReceiverConfig,
+    end: ReceiverEnd,
+    on_file: &OnFile<'_>,
+) -> Result<(), XferError> {
+    let slots = SessionSlots::new(1);
+    let mut admission = Admission::Admitted {
+        _slot: slots.take().expect("a free slot"),
     };
-    let reported = Mutex::new(Vec::new());
-    let auth = cfg.token.clone().map(|token| SenderAuth {
+    let parts = Parts {
+        cfg,
+        admission: &mut admission,
+        on_admitted: &|| {},
+        on_file,
+        unposted_recvs: 0,
+        peer: "the test's sender".into(),
+        connect_time: Duration::ZERO,
+    };
+    let machine = crate::engine::receiver::new_machine(cfg, || Ok(CONN))?;
+    let store = FileStore::open(cfg, &Arc::default())?;
+    drive(parts, Box::new(end), machine, store)
+}
+
+/// What the session reported, as the tests compare it.
+pub(crate) fn reported(event: FileEvent<'_>) -> Reported {
+    match event {
+        FileEvent::Done(r) => Reported::Done {
+            name: r.name.clone(),
+            bytes: r.bytes,
+            outcome: r.outcome,
+        },
+        FileEvent::Failed(f) => Reported::Failed {
+            name: f.name.clone(),
+            reason: f.reason.clone(),
+        },
+    }
+}
+
+/// The sender's authentication for a receiver with `cfg`'s token.
+pub(crate) fn sender_auth(cfg: &ReceiverConfig) -> Option<SenderAuth> {
+    cfg.token.clone().map(|token| SenderAuth {
         token,
         nonce: [9; NONCE_LEN],
         conn: CONN,
-    });
+    })
+}
+
+/// Runs one session with `cfg` while `play` is its sender (with the
+/// token when `cfg` has one); the sender goes away when `play` returns.
+fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<T> {
+    let (sender_end, receiver_end) = memory_wire::pair();
+    let disconnected = receiver_end.disconnected.clone();
+    let log = Mutex::new(Vec::new());
+    let auth = sender_auth(cfg);
     let sha256 = auth.is_some();
-    let mut peer = Peer::new(SenderSession::new(0, auth), to_session, from_session, ring);
+    let slot_size = cfg.slot_size() as usize;
+    let mut peer = Peer::new(SenderSession::new(0, auth), sender_end, slot_size);
     if sha256 {
         peer.digest = DigestAlg::Sha256;
     }
     let (result, played) = std::thread::scope(|s| {
         let running = s.spawn(|| {
-            let slots = SessionSlots::new(1);
-            let mut admission = Admission::Admitted {
-                _slot: slots.take().unwrap(),
-            };
-            let on_file = |event: FileEvent<'_>| {
-                let r = match event {
-                    FileEvent::Done(r) => Reported::Done {
-                        name: r.name.clone(),
-                        bytes: r.bytes,
-                        outcome: r.outcome,
-                    },
-                    FileEvent::Failed(f) => Reported::Failed {
-                        name: f.name.clone(),
-                        reason: f.reason.clone(),
-                    },
-                };
-                reported.lock().unwrap().push(r);
-            };
-            let parts = Parts {
-                cfg,
-                admission: &mut admission,
-                on_admitted: &|| {},
-                on_file: &on_file,
-                unposted_recvs: 0,
-                peer: "the test's sender".into(),
-                connect_time: Duration::ZERO,
-            };
-            let machine = crate::engine::receiver::new_machine(cfg, || Ok(CONN))?;
-            let store = FileStore::open(cfg, &Arc::default())?;
-            drive(parts, Box::new(link), machine, store)
+            let on_file = |event: FileEvent<'_>| log.lock().unwrap().push(reported(event));
+            serve(cfg, receiver_end, &on_file)
         });
         let played = play(&mut peer);
         drop(peer);
@@ -132,8 +138,8 @@ fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<
     Ended {
         result,
         played,
-        reported: reported.into_inner().unwrap(),
-        closed: closed.load(Ordering::SeqCst),
+        reported: log.into_inner().unwrap(),
+        closed: disconnected.load(Ordering::SeqCst),
     }
 }
 
@@ -213,9 +219,9 @@ fn a_forged_message_ends_the_session_before_anything_is_written() {
         let mut offer = file("f", 10);
         offer.digest = DigestAlg::Sha256;
         let hello = peer.machine.start_file(offer, 1).unwrap();
-        let mut sealed = peer.codec.seal(&hello).unwrap();
+        let mut sealed = peer.end.codec.seal(&hello).unwrap();
         sealed[3] ^= 1;
-        peer.put(Arrival::Bytes(sealed));
+        peer.end.send_raw(sealed);
         // The session says why, and goes.
         (peer.recv(), peer.recv())
     });

@@ -1,26 +1,28 @@
 //! The test's sender: the protocol's own sender machine, speaking to a
-//! session over a `MemoryLink` the way the sender engine does over RDMA.
+//! session over the memory wire the way the sender engine does over RDMA.
 
-use super::memory_link::{Arrival, RING_ADDR, SharedRing};
-use crate::engine::control::Codec;
 use crate::engine::digest::FileHasher;
+use crate::engine::link::{Delivery, Link, Until, WriteLink};
+use crate::engine::memory_wire::SenderEnd;
 use crate::engine::per_byte::tag_chunk;
 use crate::proto::{
     Ack, CHUNK_TAG_LEN, Digest, DigestAlg, FileOffer, Message, Mtime, OfferKind, SenderEvent,
     SenderSession, Verdict,
 };
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::time::Duration;
+use crate::sys::rdma::{Buffer, BufferPool, RemoteTarget};
+use std::time::{Duration, Instant};
 
 /// Longest a test waits for the session's next message.
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// Staging slots: enough for any test's chunks in flight.
+const STAGING: usize = 4;
+
 pub(super) struct Peer {
     pub machine: SenderSession,
-    pub codec: Codec,
-    pub to_session: Sender<Arrival>,
-    pub from_session: Receiver<Vec<u8>>,
-    pub ring: SharedRing,
+    pub end: SenderEnd,
+    pool: BufferPool,
+    free: Vec<Buffer>,
     /// The whole-file digest of every offer (a receiver with a token
     /// takes only SHA-256).
     pub digest: DigestAlg,
@@ -53,43 +55,51 @@ pub(super) fn bytes(len: usize, seed: u8) -> Vec<u8> {
 }
 
 impl Peer {
-    pub fn new(
-        machine: SenderSession,
-        to_session: Sender<Arrival>,
-        from_session: Receiver<Vec<u8>>,
-        ring: SharedRing,
-    ) -> Self {
+    /// A sender whose slots hold `slot_size` bytes (a chunk and its tag).
+    pub fn new(machine: SenderSession, end: SenderEnd, slot_size: usize) -> Self {
+        let (pool, free) = BufferPool::in_memory(slot_size, STAGING).expect("staging");
         Self {
             machine,
-            codec: Codec::default(),
-            to_session,
-            from_session,
-            ring,
+            end,
+            pool,
+            free,
             digest: DigestAlg::Crc32,
             tags: 0,
         }
     }
 
     pub fn send(&mut self, msg: &Message) {
-        let bytes = self.codec.seal(msg).expect("a message seals");
-        self.put(Arrival::Bytes(bytes));
+        self.end.send(msg).expect("a message seals");
     }
 
-    pub fn put(&self, arrival: Arrival) {
-        // A session that ended takes nothing more; the test looks at how.
-        let _ = self.to_session.send(arrival);
+    /// The next delivery; None once the session ended (its end is gone).
+    fn delivery(&mut self) -> Option<Delivery> {
+        loop {
+            let waited = self.end.wait(Until {
+                deadline: Instant::now() + PATIENCE,
+                slice: PATIENCE,
+                what: "the session",
+                give_up: &|| None,
+                expired: &|| panic!("the session said nothing for {PATIENCE:?}"),
+            });
+            if waited.is_err() {
+                return None;
+            }
+            if let Some(d) = self.end.next().expect("the wire delivers") {
+                return Some(d);
+            }
+        }
     }
 
-    /// The session's next message; None once it ended (its link is gone).
+    /// The session's next message; None once it ended. Completed writes
+    /// give their slots back on the way.
     pub fn recv(&mut self) -> Option<Message> {
-        match self.from_session.recv_timeout(PATIENCE) {
-            Ok(bytes) => Some(
-                self.codec
-                    .open(&bytes)
-                    .expect("the session's messages open"),
-            ),
-            Err(RecvTimeoutError::Disconnected) => None,
-            Err(RecvTimeoutError::Timeout) => panic!("the session said nothing for {PATIENCE:?}"),
+        loop {
+            match self.delivery()? {
+                Delivery::Message(m) => return Some(m.expect("the session's messages open")),
+                Delivery::Written(buf) => self.free.push(buf),
+                Delivery::Chunk { .. } => panic!("a write into the sender"),
+            }
         }
     }
 
@@ -120,7 +130,7 @@ impl Peer {
                 .machine
                 .take_channel()
                 .expect("a channel once authenticated");
-            self.codec.install(channel);
+            self.end.install(channel);
         }
     }
 
@@ -132,6 +142,26 @@ impl Peer {
         let hello = self.machine.start_file(offer, self.tags).expect("Idle");
         self.send(&hello);
         self.event()
+    }
+
+    /// A free staging slot, once one of our writes completed.
+    fn slot(&mut self) -> Buffer {
+        loop {
+            if let Some(buf) = self.free.pop() {
+                return buf;
+            }
+            match self.delivery().expect("the session ended early") {
+                Delivery::Written(buf) => return buf,
+                Delivery::Message(m) => {
+                    let m = m.expect("the session's messages open");
+                    match self.machine.on_message(m) {
+                        Ok(SenderEvent::Credit(_)) => {}
+                        other => panic!("waiting for a slot: {other:?}"),
+                    }
+                }
+                Delivery::Chunk { .. } => panic!("a write into the sender"),
+            }
+        }
     }
 
     /// Writes `data` into the ring chunk by chunk as credits allow; the
@@ -150,22 +180,31 @@ impl Peer {
                     Err(e) => panic!("no chunk to plan: {e}"),
                 }
             };
-            let at = (plan.remote_addr - RING_ADDR) as usize;
-            {
-                let mut ring = self.ring.lock().unwrap();
-                ring[at..at + chunk.len()].copy_from_slice(chunk);
-                if let Some(auth) = self.machine.chunk_auth() {
-                    let tag = &mut ring[at + chunk.len()..at + chunk.len() + CHUNK_TAG_LEN];
-                    tag_chunk(Some(&auth), plan.file_offset, chunk, tag);
-                }
+            let mut buf = self.slot();
+            let slot = self
+                .pool
+                .bytes_mut(&mut buf, plan.write_len as usize)
+                .expect("a slot");
+            let (data, tag) = slot.split_at_mut(chunk.len());
+            data.copy_from_slice(chunk);
+            if let Some(auth) = self.machine.chunk_auth() {
+                tag_chunk(
+                    Some(&auth),
+                    plan.file_offset,
+                    chunk,
+                    &mut tag[..CHUNK_TAG_LEN],
+                );
             }
             let crc = crc32fast::hash(chunk);
             hasher.update(chunk, crc);
             let imm = if bad_crc == Some(plan.seq) { !crc } else { crc };
-            self.put(Arrival::Write {
-                byte_len: plan.write_len,
-                imm,
-            });
+            let target = RemoteTarget {
+                addr: plan.remote_addr,
+                rkey: plan.rkey,
+            };
+            self.end
+                .post_write(&self.pool, buf, plan.write_len as usize, target, imm)
+                .expect("the write fits the ring");
         }
         hasher
     }

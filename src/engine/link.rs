@@ -1,26 +1,32 @@
-//! What a receiver session needs of its connection, as a trait: send a
-//! control message, wait for what the sender delivered (messages and data
-//! writes), expose the ring and copy chunks out of it. `RdmaLink` is the
-//! real one (a queue pair, its control buffers and the registered ring);
-//! the session's unit tests drive whole sessions over an in-memory one.
+//! What a session needs of its connection, as traits: `Link` sends and
+//! receives control messages; a receiver's `RingLink` also exposes the ring
+//! and copies chunks out of it, a sender's `WriteLink` writes chunks into
+//! the peer's ring. `RdmaLink` is the real one (a queue pair, its control
+//! buffers, the ring); the engines' unit tests drive whole sessions over
+//! in-memory ones.
 
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::{WrId, WrKind, completion_error};
 use crate::error::XferError;
 use crate::proto::{Channel, Message};
 use crate::sys::SysError;
-use crate::sys::rdma::{Completion, Endpoint, RemoteRing, WcOpcode};
+use crate::sys::rdma::{
+    Buffer, BufferPool, Completion, Endpoint, RemoteRing, RemoteTarget, WcOpcode,
+};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tracing::debug;
 
-/// What the sender delivered.
+/// What the connection delivered.
 #[derive(Debug)]
 pub(super) enum Delivery {
-    /// A control message, or why it could not be read.
+    /// A control message from the peer, or why it could not be read.
     Message(Result<Message, Undelivered>),
-    /// A data write landed in the ring: its length and its immediate.
+    /// The peer's data write landed in our ring (a receiver's): its length
+    /// and its immediate.
     Chunk { byte_len: u32, imm: u32 },
+    /// Our data write completed (a sender's): its staging buffer is back.
+    Written(Buffer),
 }
 
 /// How long a wait may last and how it ends early.
@@ -43,45 +49,84 @@ pub(super) struct ExposedRing {
     pub rkey: u32,
 }
 
-/// A receiver session's connection to its sender.
+/// A session's connection to its peer: control messages.
 pub(super) trait Link {
     /// Sends `msg` now, or as soon as a send buffer is free (order kept).
     fn send(&mut self, msg: &Message) -> Result<(), XferError>;
 
-    /// Waits until the sender delivered something, unless something
+    /// Waits until the peer delivered something, unless something
     /// delivered waits already (`next`); may return with nothing when
-    /// only our own sends completed.
+    /// only our own sends completed. What came before a failure is kept
+    /// for `next` all the same.
     fn wait(&mut self, until: Until<'_>) -> Result<(), XferError>;
+
+    /// `wait` for at most `timeout` without progress, watching for the
+    /// peer's disconnect meanwhile.
+    fn wait_for(&mut self, timeout: Duration, what: &str) -> Result<(), XferError> {
+        self.wait(Until {
+            deadline: crate::sys::os::deadline_after(timeout),
+            slice: crate::engine::DISCONNECT_CHECK,
+            what,
+            give_up: &|| None,
+            expired: &|| {
+                XferError::PeerLost(format!(
+                    "no progress for {}s while waiting for {what}",
+                    timeout.as_secs()
+                ))
+            },
+        })
+    }
 
     /// The oldest delivery not handled yet. A message is opened and decoded
     /// only now, so that a channel installed for the one before applies.
     fn next(&mut self) -> Result<Option<Delivery>, XferError>;
 
     /// Takes what has come without waiting: our sends' completions free
-    /// their buffers, deliveries wait for `next`.
+    /// their buffers, deliveries wait for `next` (also when it fails).
     fn poll(&mut self) -> Result<(), XferError>;
 
     /// From now on every message is sealed and opened with `channel`.
     fn install(&mut self, channel: Channel);
 
-    /// `count` more receives for the sender's messages and writes.
-    fn add_receives(&mut self, count: usize) -> Result<(), XferError>;
-
     /// Fails when the oldest of our messages has waited longer than
     /// `limit` to be taken (the peer posts no receives).
     fn check_sends(&self, limit: Duration) -> Result<(), XferError>;
+
+    /// Whether some message of ours is queued or not yet completed.
+    fn busy(&self) -> bool;
+
+    /// Lets queued messages reach the peer (best effort, briefly).
+    fn drain(&mut self);
+
+    /// Ends the connection, waiting at most `within` for the peer's part.
+    fn disconnect(&mut self, within: Duration);
+}
+
+/// A receiver's link: the sender writes into its ring.
+pub(super) trait RingLink: Link {
+    /// `count` more receives for the sender's messages and writes.
+    fn add_receives(&mut self, count: usize) -> Result<(), XferError>;
 
     /// Registers the ring of `len` bytes (once; later calls give the same).
     fn expose_ring(&mut self, len: usize) -> Result<ExposedRing, XferError>;
 
     /// Copies `dst.len()` bytes at `offset` out of the ring.
     fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<(), SysError>;
+}
 
-    /// Lets queued replies reach the sender (best effort, briefly).
-    fn drain(&mut self);
-
-    /// Ends the connection.
-    fn disconnect(&mut self);
+/// A sender's link: it writes chunks into the receiver's ring.
+pub(super) trait WriteLink: Link {
+    /// Writes the first `len` bytes of `buf`'s slot of `pool` to `target`
+    /// with `imm`; the buffer comes back with its completion
+    /// (`Delivery::Written`).
+    fn post_write(
+        &mut self,
+        pool: &BufferPool,
+        buf: Buffer,
+        len: usize,
+        target: RemoteTarget,
+        imm: u32,
+    ) -> Result<(), SysError>;
 }
 
 /// The link over a connected queue pair.
@@ -89,13 +134,13 @@ pub(super) struct RdmaLink {
     ep: Endpoint,
     control: Control,
     ring: Option<RemoteRing>,
-    /// The sender's completions not handed out yet (`next`), oldest first.
+    /// The peer's and our writes' completions not handed out yet (`next`), oldest first.
     kept: VecDeque<Completion>,
     wcs: Vec<Completion>,
 }
 
 impl RdmaLink {
-    pub fn new(ep: Endpoint, control: Control) -> Self {
+    pub(super) fn new(ep: Endpoint, control: Control) -> Self {
         Self {
             ep,
             control,
@@ -137,8 +182,10 @@ impl Link for RdmaLink {
             until.expired,
         );
         self.wcs = wcs;
+        // Completions polled before a failure still count.
+        let sorted = self.sort_completions();
         waited?;
-        self.sort_completions()
+        sorted
     }
 
     fn next(&mut self) -> Result<Option<Delivery>, XferError> {
@@ -159,6 +206,15 @@ impl Link for RdmaLink {
                 let decoded = self.control.take_message(&self.ep, wc)?;
                 Ok(Some(Delivery::Message(decoded)))
             }
+            (WrKind::Write, WcOpcode::RdmaWrite) => {
+                let buf = wc.buffer.ok_or_else(|| {
+                    XferError::Internal(format!(
+                        "write completion {:#x} without its slot",
+                        wc.wr_id
+                    ))
+                })?;
+                Ok(Some(Delivery::Written(buf)))
+            }
             (kind, opcode) => Err(XferError::Internal(format!(
                 "unexpected completion {opcode:?} for a work request of kind {kind:?}"
             ))),
@@ -166,22 +222,36 @@ impl Link for RdmaLink {
     }
 
     fn poll(&mut self) -> Result<(), XferError> {
-        self.ep
-            .poll(&mut self.wcs, 16)
-            .map_err(|e| completion_error(&self.ep, e))?;
-        self.sort_completions()
+        let polled = self.ep.poll(&mut self.wcs, 16);
+        self.sort_completions()?;
+        polled.map(drop).map_err(|e| completion_error(&self.ep, e))
     }
 
     fn install(&mut self, channel: Channel) {
         self.control.install(channel);
     }
 
-    fn add_receives(&mut self, count: usize) -> Result<(), XferError> {
-        self.control.add_receives(&self.ep, count)
-    }
-
     fn check_sends(&self, limit: Duration) -> Result<(), XferError> {
         self.control.check_sends(limit)
+    }
+
+    fn busy(&self) -> bool {
+        self.control.busy()
+    }
+
+    fn drain(&mut self) {
+        // Best effort: the session is over either way.
+        let _ = self.control.drain(&self.ep, Duration::from_secs(2));
+    }
+
+    fn disconnect(&mut self, within: Duration) {
+        self.ep.cm_id().disconnect(within);
+    }
+}
+
+impl RingLink for RdmaLink {
+    fn add_receives(&mut self, count: usize) -> Result<(), XferError> {
+        self.control.add_receives(&self.ep, count)
     }
 
     fn expose_ring(&mut self, len: usize) -> Result<ExposedRing, XferError> {
@@ -205,13 +275,18 @@ impl Link for RdmaLink {
             None => Err(SysError::Invalid("no ring is registered".into())),
         }
     }
+}
 
-    fn drain(&mut self) {
-        // Best effort: the session is over either way.
-        let _ = self.control.drain(&self.ep, Duration::from_secs(2));
-    }
-
-    fn disconnect(&mut self) {
-        self.ep.cm_id().disconnect(Duration::from_secs(1));
+impl WriteLink for RdmaLink {
+    fn post_write(
+        &mut self,
+        pool: &BufferPool,
+        buf: Buffer,
+        len: usize,
+        target: RemoteTarget,
+        imm: u32,
+    ) -> Result<(), SysError> {
+        let wr_id = WrId::write(buf.index() as u64).raw();
+        self.ep.post_write_imm(pool, buf, len, target, imm, wr_id)
     }
 }

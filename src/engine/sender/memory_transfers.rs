@@ -1,0 +1,225 @@
+//! Whole transfers without RDMA: the sender engine (reader thread,
+//! pipeline, verdicts) against the receiver engine's session, joined by the
+//! memory wire. The files are real, in temporary directories.
+
+use super::{Connection, SenderConfig, SessionOutcome, drive};
+use crate::engine::entries;
+use crate::engine::memory_wire;
+use crate::engine::receiver::{ReceiverConfig, Reported, reported, sender_auth, serve_over};
+use crate::engine::report::{FileEvent, Outcome};
+use crate::error::XferError;
+use crate::proto::{DigestAlg, SenderSession, Token};
+use crate::sys::rdma::BufferPool;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Both sides of one transfer.
+struct Transfer {
+    sent: Result<SessionOutcome, XferError>,
+    /// What the sender reported, file by file.
+    sender_saw: Vec<Reported>,
+    received: Result<(), XferError>,
+    receiver_saw: Vec<Reported>,
+}
+
+/// Small chunks and few of them: files of a few chunks wait for credit.
+fn configs(dest: &Path) -> (SenderConfig, ReceiverConfig) {
+    let mut cfg = SenderConfig::new("127.0.0.1:1".parse().unwrap());
+    cfg.chunk_size = 4096;
+    cfg.depth = 3;
+    cfg.walk.recursive = true;
+    let mut rcfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), dest.into());
+    rcfg.chunk_size = 4096;
+    rcfg.slots = 4;
+    (cfg, rcfg)
+}
+
+/// Sends `paths` with `cfg` to a receiver session with `rcfg`;
+/// `flip_write` corrupts one write on the way.
+fn transfer(
+    cfg: &SenderConfig,
+    rcfg: &ReceiverConfig,
+    paths: &[PathBuf],
+    flip_write: Option<u64>,
+) -> Transfer {
+    let (mut sender_end, receiver_end) = memory_wire::pair();
+    sender_end.flip_write = flip_write;
+    let receiver_log = Mutex::new(Vec::new());
+    let mut sender_saw = Vec::new();
+    let (sent, received) = std::thread::scope(|s| {
+        let receiving = s.spawn(|| {
+            let on_file = |e: FileEvent<'_>| receiver_log.lock().unwrap().push(reported(e));
+            serve_over(rcfg, receiver_end, &on_file)
+        });
+        let plan = entries::plan(paths, &cfg.walk).expect("a plan");
+        let (pool, tokens) =
+            BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).expect("staging");
+        let session = SenderSession::new(cfg.chunk_size, sender_auth(rcfg));
+        let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
+        let on_file = |e: FileEvent<'_>| sender_saw.push(reported(e));
+        let sent = drive(cfg, plan, conn, &pool, tokens, on_file, Instant::now())
+            .map_err(|ended| ended.0.0);
+        (sent, receiving.join().expect("the receiver panicked"))
+    });
+    Transfer {
+        sent,
+        sender_saw,
+        received,
+        receiver_saw: receiver_log.into_inner().unwrap(),
+    }
+}
+
+/// A tree of files of 0 bytes to a few chunks, and one more level.
+fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let files = [
+        ("t/empty", 0),
+        ("t/small", 10),
+        ("t/chunk", 4096),
+        ("t/sub/big", 4096 * 5 + 17),
+        ("t/sub/mid", 5000),
+    ];
+    files
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, len))| {
+            let data: Vec<u8> = (0..len).map(|b| (b * 7 + i) as u8).collect();
+            let path = root.join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &data).unwrap();
+            (name.to_string(), data)
+        })
+        .collect()
+}
+
+fn names(reports: &[Reported]) -> Vec<String> {
+    let mut names: Vec<String> = reports
+        .iter()
+        .map(|r| match r {
+            Reported::Done { name, .. } | Reported::Failed { name, .. } => name.clone(),
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_tree_arrives_whole_and_both_sides_report_each_file() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let files = tree(src.path());
+    let (cfg, rcfg) = configs(dest.path());
+    let t = transfer(&cfg, &rcfg, &[src.path().join("t")], None);
+    let outcome = t.sent.unwrap();
+    t.received.unwrap();
+    assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
+    assert_eq!(outcome.files.len(), files.len());
+    assert_eq!(outcome.directories, 2);
+    for (name, data) in &files {
+        assert_eq!(
+            &std::fs::read(dest.path().join(name)).unwrap(),
+            data,
+            "{name}"
+        );
+    }
+    let mut expected: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+    expected.sort();
+    assert_eq!(names(&t.sender_saw), expected);
+    assert_eq!(names(&t.receiver_saw), expected);
+}
+
+#[test]
+fn with_a_token_and_sha256_everything_is_sealed_tagged_and_verified() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let files = tree(src.path());
+    let (mut cfg, mut rcfg) = configs(dest.path());
+    let token = Token::new(b"engine-test".to_vec()).unwrap();
+    (cfg.token, rcfg.token) = (Some(token.clone()), Some(token));
+    cfg.verify = DigestAlg::Sha256;
+    let t = transfer(&cfg, &rcfg, &[src.path().join("t")], None);
+    t.sent.unwrap();
+    t.received.unwrap();
+    for (name, data) in &files {
+        assert_eq!(
+            &std::fs::read(dest.path().join(name)).unwrap(),
+            data,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_second_run_with_resume_sends_nothing_again() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let files = tree(src.path());
+    let (mut cfg, rcfg) = configs(dest.path());
+    cfg.resume = true;
+    cfg.walk.times = true;
+    transfer(&cfg, &rcfg, &[src.path().join("t")], None)
+        .sent
+        .unwrap();
+    let again = transfer(&cfg, &rcfg, &[src.path().join("t")], None);
+    let outcome = again.sent.unwrap();
+    again.received.unwrap();
+    assert_eq!(outcome.count(Outcome::Skipped), files.len());
+    for (name, data) in &files {
+        assert_eq!(
+            &std::fs::read(dest.path().join(name)).unwrap(),
+            data,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_file_the_receiver_refuses_fails_alone() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    tree(src.path());
+    std::fs::create_dir_all(dest.path().join("t")).unwrap();
+    std::fs::write(dest.path().join("t/small"), b"already here").unwrap();
+    let (cfg, rcfg) = configs(dest.path());
+    let t = transfer(&cfg, &rcfg, &[src.path().join("t")], None);
+    let outcome = t.sent.unwrap();
+    assert!(
+        matches!(&outcome.first_error, Some(XferError::Rejected { .. })),
+        "{:?}",
+        outcome.first_error
+    );
+    assert_eq!(outcome.files.len(), 4);
+    let failed: Vec<_> = t
+        .sender_saw
+        .iter()
+        .filter(|r| matches!(r, Reported::Failed { .. }))
+        .collect();
+    assert!(
+        matches!(&failed[..], [Reported::Failed { name, reason }] if name == "t/small" && reason.contains("exists")),
+        "{failed:?}"
+    );
+    assert_eq!(
+        std::fs::read(dest.path().join("t/small")).unwrap(),
+        b"already here"
+    );
+}
+
+#[test]
+fn a_chunk_corrupted_on_the_way_is_caught_and_nothing_of_it_stays() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..4096 * 4).map(|b| (b % 251) as u8).collect();
+    std::fs::write(src.path().join("f"), &data).unwrap();
+    let (cfg, rcfg) = configs(dest.path());
+    let t = transfer(&cfg, &rcfg, &[src.path().join("f")], Some(2));
+    // The sender hears it as the file's verdict, or as the session's end
+    // if that comes first.
+    let failure = match &t.sent {
+        Ok(outcome) => outcome.first_error.as_ref(),
+        Err(e) => Some(e),
+    };
+    assert!(
+        matches!(failure, Some(XferError::Integrity(m)) if m.contains("chunk 2 of f")),
+        "{failure:?}"
+    );
+    assert!(matches!(&t.sender_saw[..], [Reported::Failed { name, .. }] if name == "f"));
+    assert!(matches!(t.received, Err(XferError::Integrity(_))));
+    assert!(matches!(&t.receiver_saw[..], [Reported::Failed { name, .. }] if name == "f"));
+    let left: Vec<_> = std::fs::read_dir(dest.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
