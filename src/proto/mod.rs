@@ -520,7 +520,10 @@ mod tests {
                     self.max_outstanding = self.max_outstanding.max(in_flight);
                 }
                 Wire::Msg(b) => match self.r.on_message(open(&mut self.r_channel, &b)).unwrap() {
-                    ReceiverEvent::From { offset } => panic!("FROM without HAVE: {offset}"),
+                    ReceiverEvent::From {
+                        offset,
+                        waiting: (),
+                    } => panic!("FROM without HAVE: {offset}"),
                     ReceiverEvent::Compare { .. } => panic!("COMPARE without HAVE"),
                     ReceiverEvent::Batch(_) => panic!("a BATCH where none was offered"),
                     ReceiverEvent::Offer(h) => {
@@ -537,12 +540,12 @@ mod tests {
                                 assert_eq!(h.is_stream(), matches!(e, SimEntry::Stream(_)));
                                 self.out.clear();
                                 self.receiving = Some(i);
-                                self.r.accept(self.ring).unwrap()
+                                self.r.accept(self.ring, ()).unwrap()
                             }
                         }
                         self.transmit_r();
                     }
-                    ReceiverEvent::Fin(f) => {
+                    ReceiverEvent::Fin(f, ()) => {
                         let i = self.receiving.expect("receiving");
                         assert_eq!(f.bytes, self.entries[i].data().len() as u64);
                     }

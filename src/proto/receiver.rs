@@ -155,9 +155,10 @@ pub struct ChunkPlacement {
     pub auth: Option<ChunkAuth>,
 }
 
-/// What a received message means for the engine.
+/// What a received message means for the engine. `F` and `W` are the
+/// engine's data the machine carried for the offer (see `ReceiverSession`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReceiverEvent {
+pub enum ReceiverEvent<F = (), W = ()> {
     /// Version, name and size passed; the engine does its I/O checks and calls
     /// `accept` or `reject`.
     Offer(Hello),
@@ -167,8 +168,8 @@ pub enum ReceiverEvent {
     /// whole batch; the sender then offers each file on its own).
     Batch(Vec<Hello>),
     /// All data arrived; the engine verifies the digest, fsyncs, renames, then
-    /// calls `complete`.
-    Fin(Fin),
+    /// calls `complete`. The file's data given to `accept` comes back.
+    Fin(Fin, F),
     /// The sender said BYE.
     Closed,
     /// PROVE carried the right proof. The engine decides at once whether
@@ -184,12 +185,16 @@ pub enum ReceiverEvent {
     From {
         /// The first byte the sender will write.
         offset: u64,
+        /// What the engine gave `have`.
+        waiting: W,
     },
     /// COMPARE answered the HAVE of a complete copy: the engine computes
     /// its copy's SHA-256 and calls `same` or `have` (nothing).
     Compare {
         /// SHA-256 of the sender's file.
         sha256: [u8; 32],
+        /// What the engine gave `have`.
+        waiting: W,
     },
 }
 
@@ -312,8 +317,13 @@ impl ResumeBase {
 
 /// The receiver's side of one session: checks every message and chunk
 /// against the protocol and decides what to answer (pure; no I/O).
+///
+/// The machine carries the engine's data for the current offer, so that
+/// the engine keeps no state beside it: `F` (the file being written) from
+/// `accept` to the FIN that hands it back, `W` (what a HAVE was made of)
+/// from `have` to the FROM or COMPARE that answers it.
 #[derive(Debug, Clone)]
-pub struct ReceiverSession {
+pub struct ReceiverSession<F = (), W = ()> {
     cfg: ReceiverConfig,
     auth: Option<AuthKey>,
     /// The session key between a right PROVE and the engine's admission.
@@ -376,11 +386,35 @@ pub struct ReceiverSession {
     /// make the receiver read the same file again and again. At most one per
     /// digest question (`DigestBudget`).
     compared: std::collections::HashSet<String>,
+    /// The engine's data for the file being received (state Receiving),
+    /// until its FIN or until the engine takes it back (`take_file`).
+    file: Option<F>,
+    /// The engine's data for an offer answered with HAVE (state
+    /// AwaitFrom), until FROM or COMPARE.
+    waiting: Option<W>,
 }
 
 impl ReceiverSession {
-    /// A session that accepts any sender (no token configured).
+    /// A session that accepts any sender (no token configured), carrying
+    /// nothing for the engine.
     pub fn new(cfg: ReceiverConfig) -> Self {
+        Self::carrying(cfg)
+    }
+
+    /// `carrying_with_auth`, carrying nothing for the engine.
+    pub fn with_auth(
+        cfg: ReceiverConfig,
+        token: Token,
+        nonce: [u8; NONCE_LEN],
+        conn: ConnectionId,
+    ) -> Self {
+        Self::carrying_with_auth(cfg, token, nonce, conn)
+    }
+}
+
+impl<F, W> ReceiverSession<F, W> {
+    /// A session that accepts any sender (no token configured).
+    pub fn carrying(cfg: ReceiverConfig) -> Self {
         let mut s = Self::unannounced(cfg);
         s.outbox.push_back(s.challenge());
         s
@@ -419,13 +453,15 @@ impl ReceiverSession {
             digest_questions: 0,
             digest_bytes: 0,
             compared: Default::default(),
+            file: None,
+            waiting: None,
         }
     }
 
     /// A session that first requires a PROVE of `token`, bound to `nonce`
     /// (which must be fresh from the OS RNG for every session) and to
     /// `conn`, this connection's identity.
-    pub fn with_auth(
+    pub fn carrying_with_auth(
         cfg: ReceiverConfig,
         token: Token,
         nonce: [u8; NONCE_LEN],
@@ -478,7 +514,9 @@ impl ReceiverSession {
     ///
     /// From Comparing (the sender's file differs from the copy) only a HAVE
     /// of nothing: the sender starts over with FROM 0.
-    pub fn have(&mut self, have: Have) -> Result<(), ProtocolError> {
+    /// `waiting` comes back with the answer (`ReceiverEvent::From` or
+    /// `Compare`).
+    pub fn have(&mut self, have: Have, waiting: W) -> Result<(), ProtocolError> {
         let comparing = self.state == ReceiverState::Comparing;
         // Only the sender of a CHECKSUM offer knows what a Digest HAVE asks.
         let offered = match have.kind {
@@ -507,6 +545,7 @@ impl ReceiverSession {
         }
         self.have = Some(have.clone());
         self.state = ReceiverState::AwaitFrom;
+        self.waiting = Some(waiting);
         self.outbox.push_back(Message::Have(have));
         Ok(())
     }
@@ -541,7 +580,7 @@ impl ReceiverSession {
 
     /// FROM: the sender starts at 0, continues the prefix HAVE offered, or
     /// skips a complete copy; anything else is a protocol error.
-    fn on_from(&mut self, offset: u64) -> Result<ReceiverEvent, RecvError> {
+    fn on_from(&mut self, offset: u64) -> Result<ReceiverEvent<F, W>, RecvError> {
         let have = self.have.clone().ok_or_else(|| self.unexpected("FROM"))?;
         match (have.kind, offset) {
             (_, 0) => self.state = ReceiverState::AwaitDecision,
@@ -561,15 +600,23 @@ impl ReceiverSession {
                 .into());
             }
         }
-        Ok(ReceiverEvent::From { offset })
+        let waiting = self.take_waiting("FROM")?;
+        Ok(ReceiverEvent::From { offset, waiting })
+    }
+
+    /// What `have` was given: always there in AwaitFrom (`have` moves
+    /// there with it, FROM and COMPARE take it once).
+    fn take_waiting(&mut self, msg: &'static str) -> Result<W, ProtocolError> {
+        self.waiting.take().ok_or_else(|| self.unexpected(msg))
     }
 
     /// COMPARE: only after a HAVE of a complete copy or of kind Digest.
-    fn on_compare(&mut self, sha256: [u8; 32]) -> Result<ReceiverEvent, RecvError> {
+    fn on_compare(&mut self, sha256: [u8; 32]) -> Result<ReceiverEvent<F, W>, RecvError> {
         match &self.have {
             Some(h) if matches!(h.kind, HaveKind::Complete | HaveKind::Digest) => {
+                let waiting = self.take_waiting("COMPARE")?;
                 self.state = ReceiverState::Comparing;
-                Ok(ReceiverEvent::Compare { sha256 })
+                Ok(ReceiverEvent::Compare { sha256, waiting })
             }
             _ => Err(self.unexpected("COMPARE").into()),
         }
@@ -619,6 +666,23 @@ impl ReceiverSession {
         let reject = busy_refusal(Busy::Sessions(max_sessions));
         self.close_with(Message::Reject(reject.clone()), true);
         Some(reject)
+    }
+
+    /// The file being received (`accept`'s), until its FIN.
+    pub fn file(&self) -> Option<&F> {
+        self.file.as_ref()
+    }
+
+    /// The session ends under the file being received (an error, a
+    /// vanished sender): the engine takes the file's data back, to keep
+    /// what was verified and report the failure. A session that held one
+    /// is over (Closed).
+    pub fn take_file(&mut self) -> Option<F> {
+        let file = self.file.take();
+        if file.is_some() {
+            self.state = ReceiverState::Closed;
+        }
+        file
     }
 
     /// The sealing channel, once the sender is authenticated (taken once):
@@ -705,7 +769,7 @@ impl ReceiverSession {
     /// sender gets (`poll_transmit`): a REJECT for a refused offer (the
     /// session goes on), a REJECT(auth) or an ACK saying why for the others,
     /// which close the session.
-    pub fn on_message(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
+    pub fn on_message(&mut self, msg: Message) -> Result<ReceiverEvent<F, W>, RecvError> {
         let kind = msg.kind();
         let was_closed = self.state == ReceiverState::Closed;
         let result = self.dispatch(msg);
@@ -803,7 +867,7 @@ impl ReceiverSession {
         true
     }
 
-    fn dispatch(&mut self, msg: Message) -> Result<ReceiverEvent, RecvError> {
+    fn dispatch(&mut self, msg: Message) -> Result<ReceiverEvent<F, W>, RecvError> {
         use ReceiverState::*;
         match (self.state, msg) {
             (Closed, m) => Err(self.unexpected(m.kind()).into()),
@@ -927,8 +991,11 @@ impl ReceiverSession {
                     }
                     .into());
                 }
+                // `accept` moved to Receiving with the file; only the FIN
+                // and `take_file` take it.
+                let file = self.file.take().ok_or_else(|| self.unexpected("FIN"))?;
                 self.state = Verifying;
-                Ok(ReceiverEvent::Fin(f))
+                Ok(ReceiverEvent::Fin(f, file))
             }
             (AwaitFrom, Message::From { offset }) => self.on_from(offset),
             (AwaitFrom, Message::Compare { sha256 }) => self.on_compare(sha256),
@@ -952,7 +1019,7 @@ impl ReceiverSession {
     /// refuses the whole batch and is not final: the sender offers each
     /// file on its own, and those offers get each file's own answer (and
     /// count against `--max-files`; a refused batch does not).
-    fn on_batch(&mut self, members: Vec<Hello>) -> Result<ReceiverEvent, RecvError> {
+    fn on_batch(&mut self, members: Vec<Hello>) -> Result<ReceiverEvent<F, W>, RecvError> {
         // A batch counts as one entry when offered, refused or not (so
         // refused batches cannot go on for ever), its other files when
         // accepted.
@@ -1065,7 +1132,7 @@ impl ReceiverSession {
 
     /// PROVE: the sender's version, then its proof over this connection's
     /// transcript; a right one queues AUTH_OK and makes the channel.
-    fn on_prove(&mut self, p: Prove) -> Result<ReceiverEvent, RecvError> {
+    fn on_prove(&mut self, p: Prove) -> Result<ReceiverEvent<F, W>, RecvError> {
         let Some(auth) = &self.auth else {
             return Err(self.unexpected("PROVE").into());
         };
@@ -1109,8 +1176,10 @@ impl ReceiverSession {
         self.stream
     }
 
-    /// AwaitDecision -> Receiving; queues the MR. `ring` must match the config's shape.
-    pub fn accept(&mut self, ring: RingInfo) -> Result<(), ProtocolError> {
+    /// AwaitDecision -> Receiving; queues the MR. `ring` must match the
+    /// config's shape. The machine holds `file` until the FIN hands it
+    /// back (`ReceiverEvent::Fin`), or the engine takes it (`take_file`).
+    pub fn accept(&mut self, ring: RingInfo, file: F) -> Result<(), ProtocolError> {
         if self.state != ReceiverState::AwaitDecision {
             return Err(self.wrong_state("accept"));
         }
@@ -1143,6 +1212,7 @@ impl ReceiverSession {
             .session_bytes
             .saturating_add(self.size.saturating_sub(self.base.bytes));
         self.state = ReceiverState::Receiving;
+        self.file = Some(file);
         self.outbox.push_back(Message::Mr(ring));
         Ok(())
     }
@@ -1183,8 +1253,24 @@ impl ReceiverSession {
     /// Every error queues the ACK that tells the sender why
     /// (`poll_transmit`).
     pub fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
+        self.on_chunk_of(byte_len, imm)
+            .map(|(placement, _)| placement)
+    }
+
+    /// `on_chunk`, with the file the chunk belongs to (`accept`'s).
+    pub fn on_chunk_of(
+        &mut self,
+        byte_len: u32,
+        imm: u32,
+    ) -> Result<(ChunkPlacement, &mut F), RecvError> {
         let was_closed = self.state == ReceiverState::Closed;
-        let result = self.place_chunk(byte_len, imm);
+        // Only Receiving places chunks, and it holds the file.
+        let result = self
+            .place_chunk(byte_len, imm)
+            .and_then(|p| match self.file.is_some() {
+                true => Ok(p),
+                false => Err(self.unexpected("data write").into()),
+            });
         if let Err(e) = &result
             && !was_closed
         {
@@ -1199,7 +1285,16 @@ impl ReceiverSession {
             };
             self.close_with(Message::Ack(reply), true);
         }
-        result
+        let placement = result?;
+        let state = self.state.as_str();
+        match self.file.as_mut() {
+            Some(file) => Ok((placement, file)),
+            None => Err(ProtocolError::Unexpected {
+                msg: "data write",
+                state,
+            }
+            .into()),
+        }
     }
 
     fn place_chunk(&mut self, written: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
@@ -1608,7 +1703,7 @@ mod tests {
         if state == ReceiverState::AwaitDecision {
             return r;
         }
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         r.on_chunk(100 + tag, 0).unwrap();
         if state == ReceiverState::Verifying {
             r.on_message(Message::Fin(fin(100, 1))).unwrap();
@@ -1763,7 +1858,7 @@ mod tests {
             };
             assert_eq!(r.state(), next, "{}", msg.kind());
             // Failed or not, nothing may be placed or exposed yet.
-            assert!(r.clone().accept(ring(&cfg(100, 4, 2))).is_err());
+            assert!(r.clone().accept(ring(&cfg(100, 4, 2)), ()).is_err());
             assert!(r.clone().on_chunk(100, 0).is_err());
         }
         // No WRITE_WITH_IMM is legal before AUTH either.
@@ -1954,7 +2049,8 @@ mod tests {
         while let Some((r, authed, depth)) = stack.pop() {
             paths += 1;
             let mut probe = r.clone();
-            let exposed = probe.accept(ring(&c)).is_ok() || probe.clone().on_chunk(1, 0).is_ok();
+            let exposed =
+                probe.accept(ring(&c), ()).is_ok() || probe.clone().on_chunk(1, 0).is_ok();
             assert!(!exposed || authed, "ring exposed without AUTH: {r:?}");
             rings += u32::from(exposed);
             if depth == 3 {
@@ -1971,7 +2067,7 @@ mod tests {
                 // Engine: accept an offer when the machine hands one over.
                 if let Ok(ReceiverEvent::Offer(_)) = res {
                     assert!(now_authed, "offer before AUTH");
-                    assert!(next.accept(ring(&c)).is_ok());
+                    assert!(next.accept(ring(&c), ()).is_ok());
                     rings += 1;
                 }
                 stack.push((next, now_authed, depth + 1));
@@ -2055,7 +2151,7 @@ mod tests {
                     op,
                     state: state.as_str(),
                 };
-                assert_eq!(reply(r.accept(ring(&c)), &mut r), Err(e("accept")));
+                assert_eq!(reply(r.accept(ring(&c), ()), &mut r), Err(e("accept")));
                 assert_eq!(
                     reply(r.reject(RejectCode::Busy, "b".into()), &mut r),
                     Err(e("reject"))
@@ -2178,25 +2274,31 @@ mod tests {
         let mut other = ring(&c);
         other.slot_count = 5;
         assert!(matches!(
-            r.accept(other),
+            r.accept(other, ()),
             Err(ProtocolError::BadRing { .. })
         ));
         assert!(matches!(
-            r.accept(RingInfo {
-                addr: u64::MAX,
-                ..ring(&c)
-            }),
+            r.accept(
+                RingInfo {
+                    addr: u64::MAX,
+                    ..ring(&c)
+                },
+                ()
+            ),
             Err(ProtocolError::BadRing { .. })
         ));
         assert_eq!(r.state(), ReceiverState::AwaitDecision);
-        assert_eq!(reply(r.accept(ring(&c)), &mut r), Ok(Message::Mr(ring(&c))));
+        assert_eq!(
+            reply(r.accept(ring(&c), ()), &mut r),
+            Ok(Message::Mr(ring(&c)))
+        );
         assert_eq!(r.state(), ReceiverState::Receiving);
     }
 
     fn receiving(c: ReceiverConfig, size: u64) -> ReceiverSession {
         let mut r = ReceiverSession::new(c);
         r.on_message(Message::Hello(hello("f", size))).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         // The CHALLENGE and the MR: what comes next is the test's.
         assert_eq!(sent(&mut r).len(), 2);
         r
@@ -2219,7 +2321,7 @@ mod tests {
         r.on_message(Message::Hello(hello("no", 10))).unwrap();
         r.reject(RejectCode::Exists, "exists".into()).unwrap();
         r.on_message(Message::Hello(hello("f", 100))).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         let p = r.on_chunk(68 + 32, 1).unwrap();
         assert_eq!((p.len, p.file_offset, p.slot_offset), (68, 0, 0));
         assert_eq!(
@@ -2276,7 +2378,7 @@ mod tests {
         }
         assert_eq!(
             r.on_message(Message::Fin(fin(750, 8))),
-            Ok(ReceiverEvent::Fin(fin(750, 8)))
+            Ok(ReceiverEvent::Fin(fin(750, 8), ()))
         );
         assert_eq!(r.state(), ReceiverState::Verifying);
     }
@@ -2335,7 +2437,7 @@ mod tests {
             }
             assert_eq!(
                 r.on_message(Message::Fin(fin(size, n))),
-                Ok(ReceiverEvent::Fin(fin(size, n))),
+                Ok(ReceiverEvent::Fin(fin(size, n), ())),
                 "size {size}"
             );
         }
@@ -2456,7 +2558,7 @@ mod tests {
         let mut r = ReceiverSession::new(c);
         // File 1: zero bytes.
         r.on_message(Message::Hello(hello("empty", 0))).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         r.on_message(Message::Fin(fin(0, 0))).unwrap();
         r.complete(AckStatus::Ok, String::new()).unwrap();
         // File 2: rejected by the engine.
@@ -2464,7 +2566,7 @@ mod tests {
         r.reject(RejectCode::NoSpace, "full".into()).unwrap();
         // File 3: data; counters restart at 0.
         r.on_message(Message::Hello(hello("c", 15))).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         let p = r.on_chunk(10, 0).unwrap();
         assert_eq!((p.seq, p.slot, p.file_offset), (0, 0, 0));
         r.chunk_done();
@@ -2625,7 +2727,7 @@ mod tests {
         assert!(r.offer_is_directory() && !r.offer_is_stream());
         // No ring for a directory, and no data.
         assert_eq!(
-            r.clone().accept(ring(&c)),
+            r.clone().accept(ring(&c), ()),
             Err(ProtocolError::OfferKind {
                 op: "accept",
                 kind: "a directory"
@@ -2666,7 +2768,7 @@ mod tests {
                 kind: "not a directory"
             })
         );
-        assert!(r.accept(ring(&c)).is_ok());
+        assert!(r.accept(ring(&c), ()).is_ok());
         // A failed directory (complete with an error) aborts like a file.
         let mut r = ReceiverSession::new(c);
         r.on_message(Message::Hello(hello_v2("d", hello_flags::DIRECTORY, 0)))
@@ -2680,7 +2782,7 @@ mod tests {
         r.on_message(Message::Hello(hello_v2("s", hello_flags::STREAM, 0)))
             .unwrap();
         assert!(r.offer_is_stream());
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         r
     }
 
@@ -2697,7 +2799,7 @@ mod tests {
         let mut file = ReceiverSession::new(c);
         file.on_message(Message::Hello(hello_v2("f", 0, 250)))
             .unwrap();
-        file.accept(ring(&c)).unwrap();
+        file.accept(ring(&c), ()).unwrap();
         assert!(matches!(
             file.on_message(Message::Keepalive),
             Err(RecvError::Protocol(ProtocolError::Unexpected { .. }))
@@ -2746,7 +2848,7 @@ mod tests {
         }
         assert_eq!(
             r.on_message(Message::Fin(fin(742, 8))),
-            Ok(ReceiverEvent::Fin(fin(742, 8)))
+            Ok(ReceiverEvent::Fin(fin(742, 8), ()))
         );
         assert_eq!(r.state(), ReceiverState::Verifying);
         assert!(r.complete(AckStatus::Ok, String::new()).is_ok());
@@ -2758,7 +2860,7 @@ mod tests {
         let mut r = receiving_stream(c);
         assert_eq!(
             r.on_message(Message::Fin(fin(0, 0))),
-            Ok(ReceiverEvent::Fin(fin(0, 0)))
+            Ok(ReceiverEvent::Fin(fin(0, 0), ()))
         );
         let err = |r: &mut ReceiverSession, len| match r.on_chunk(len, 0) {
             Err(RecvError::Protocol(ProtocolError::BadChunk { reason, .. })) => reason,
@@ -2887,7 +2989,7 @@ mod tests {
         assert_eq!(r.state(), ReceiverState::AwaitDecision);
         assert!(!r.offer_is_directory() && !r.offer_is_stream());
         assert_eq!(
-            reply(r.accept(ring(&c)), &mut r).unwrap(),
+            reply(r.accept(ring(&c), ()), &mut r).unwrap(),
             Message::Mr(ring(&c))
         );
         // 210 bytes back to back: chunks of 100, 100 and 10.
@@ -2900,7 +3002,7 @@ mod tests {
         let mut r = ReceiverSession::new(c);
         sent(&mut r);
         r.on_message(batch(&["a", "b"], 70)).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         for len in [100, 40] {
             r.on_chunk(len, 0).unwrap();
             r.chunk_done();
@@ -2912,7 +3014,7 @@ mod tests {
         };
         assert_eq!(
             r.on_message(Message::Fin(fin.clone())),
-            Ok(ReceiverEvent::Fin(fin))
+            Ok(ReceiverEvent::Fin(fin, ()))
         );
         r.complete(AckStatus::Ok, String::new()).unwrap();
         assert_eq!(r.state(), ReceiverState::AwaitHello);
@@ -3015,7 +3117,7 @@ mod tests {
         r.reject(RejectCode::Exists, "b exists".into()).unwrap();
         // An accepted batch counts each of its files: 4 + 2 = 6, the limit.
         r.on_message(batch(&["a", "b"], 1)).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         r.on_chunk(2, 0).unwrap();
         r.chunk_done();
         let fin = Fin {
@@ -3079,7 +3181,7 @@ mod tests {
         let mut r = ReceiverSession::new(c);
         // 200 of 250: accepted and received.
         r.on_message(Message::Hello(hello_v2("a", 0, 200))).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         for _ in 0..2 {
             r.on_chunk(100, 0).unwrap();
             r.chunk_done();
@@ -3100,7 +3202,7 @@ mod tests {
         assert_eq!(r.state(), ReceiverState::AwaitHello, "the session goes on");
         // 50 fit exactly.
         r.on_message(Message::Hello(hello_v2("c", 0, 50))).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         r.on_chunk(50, 0).unwrap();
         r.chunk_done();
         // A stream is stopped once it passes what is left of the limit
@@ -3208,12 +3310,15 @@ mod tests {
         let mut h = hello("s", 0);
         h.caps = hello_flags::STREAM;
         r.on_message(Message::Hello(h)).unwrap();
-        r.accept(RingInfo {
-            addr: 0,
-            rkey: 1,
-            slot_size: 100,
-            slot_count: 4,
-        })
+        r.accept(
+            RingInfo {
+                addr: 0,
+                rkey: 1,
+                slot_size: 100,
+                slot_count: 4,
+            },
+            (),
+        )
         .unwrap();
         assert!(matches!(&sent(&mut r)[..], [Message::Mr(_)]));
         r.on_chunk(100, 0).unwrap();
@@ -3295,7 +3400,7 @@ mod tests {
             // Once closed, nothing more.
             r.on_forged(ChannelError::BadTag { seq: 3 });
             assert!(sent(&mut r).is_empty());
-            assert!(r.clone().accept(ring(&cfg(100, 4, 2))).is_err());
+            assert!(r.clone().accept(ring(&cfg(100, 4, 2)), ()).is_err());
         }
     }
 
@@ -3334,18 +3439,21 @@ mod tests {
         // Reading its copy for the HAVE may take a while.
         assert_eq!(reply(r.keepalive(), &mut r), Ok(Message::Keepalive));
         assert_eq!(
-            reply(r.have(prefix(300, 100)), &mut r).unwrap(),
+            reply(r.have(prefix(300, 100), ()), &mut r).unwrap(),
             Message::Have(prefix(300, 100))
         );
         assert_eq!(r.state(), ReceiverState::AwaitFrom);
         assert_eq!(
             r.on_message(Message::From { offset: 300 }),
-            Ok(ReceiverEvent::From { offset: 300 })
+            Ok(ReceiverEvent::From {
+                offset: 300,
+                waiting: ()
+            })
         );
         assert_eq!(r.resumed_from(), 300);
         // Reading the prefix back takes a while: the sender is kept waiting.
         assert_eq!(reply(r.keepalive(), &mut r), Ok(Message::Keepalive));
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         assert!(r.keepalive().is_err(), "only while the prefix is read");
         for k in 3..10u64 {
             let p = r.on_chunk(100, 0).unwrap();
@@ -3355,14 +3463,14 @@ mod tests {
         }
         assert!(matches!(
             r.on_message(Message::Fin(fin(1000, 10))),
-            Ok(ReceiverEvent::Fin(_))
+            Ok(ReceiverEvent::Fin(..))
         ));
         // A chunk of another length than the prefix's is refused.
         let mut r2 = ReceiverSession::new(c);
         r2.on_message(Message::Hello(resumable(1000))).unwrap();
-        r2.have(prefix(300, 50)).unwrap();
+        r2.have(prefix(300, 50), ()).unwrap();
         r2.on_message(Message::From { offset: 300 }).unwrap();
-        r2.accept(ring(&c)).unwrap();
+        r2.accept(ring(&c), ()).unwrap();
         assert!(
             r2.on_chunk(100, 0).is_err(),
             "longer than the prefix's chunks"
@@ -3379,13 +3487,13 @@ mod tests {
             let mut r = ReceiverSession::new(c);
             sent(&mut r);
             r.on_message(Message::Hello(resumable(1000))).unwrap();
-            r.have(have).unwrap();
+            r.have(have, ()).unwrap();
             r
         };
         let mut r = start(prefix(300, 100));
         r.on_message(Message::From { offset: 0 }).unwrap();
         assert_eq!(r.resumed_from(), 0);
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
         let complete = Have::complete(1000);
         // The same: ACK, the file is done.
@@ -3393,7 +3501,10 @@ mod tests {
         assert!(r.clone().same().is_err(), "not before COMPARE");
         assert_eq!(
             r.on_message(Message::Compare { sha256: [1; 32] }),
-            Ok(ReceiverEvent::Compare { sha256: [1; 32] })
+            Ok(ReceiverEvent::Compare {
+                sha256: [1; 32],
+                waiting: ()
+            })
         );
         assert_eq!(r.state(), ReceiverState::Comparing);
         assert_eq!(
@@ -3401,7 +3512,7 @@ mod tests {
             Ok(Message::Keepalive),
             "reading its copy"
         );
-        assert!(r.clone().have(complete.clone()).is_err());
+        assert!(r.clone().have(complete.clone(), ()).is_err());
         assert_eq!(
             reply(r.same(), &mut r).unwrap(),
             Message::Ack(Ack::new(AckStatus::Ok, ""))
@@ -3410,7 +3521,7 @@ mod tests {
         // It differs: HAVE of nothing, FROM 0, everything is received.
         let mut r = start(complete.clone());
         r.on_message(Message::Compare { sha256: [1; 32] }).unwrap();
-        r.have(Have::nothing("the receiver's copy differs"))
+        r.have(Have::nothing("the receiver's copy differs"), ())
             .unwrap();
         assert!(
             r.clone()
@@ -3419,7 +3530,7 @@ mod tests {
             "compared once"
         );
         r.on_message(Message::From { offset: 0 }).unwrap();
-        r.accept(ring(&c)).unwrap();
+        r.accept(ring(&c), ()).unwrap();
         assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
         // COMPARE only of a complete copy.
         for have in [prefix(300, 100), Have::nothing("none")] {
@@ -3500,12 +3611,12 @@ mod tests {
         ] {
             let mut r = ReceiverSession::new(c);
             r.on_message(Message::Hello(resumable(1000))).unwrap();
-            assert!(r.have(bad.clone()).is_err(), "{bad:?}");
+            assert!(r.have(bad.clone(), ()).is_err(), "{bad:?}");
         }
         // Not without RESUME.
         let mut r = ReceiverSession::new(c);
         r.on_message(Message::Hello(hello("f", 1000))).unwrap();
-        assert!(r.have(Have::nothing("")).is_err());
+        assert!(r.have(Have::nothing(""), ()).is_err());
     }
 
     fn checksummed(size: u64) -> Hello {
@@ -3530,7 +3641,7 @@ mod tests {
         };
         // Asked, compared, the same: done without data.
         let compared = |r: &mut ReceiverSession, have: Have| {
-            assert!(r.have(have).is_ok());
+            assert!(r.have(have, ()).is_ok());
             assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_ok());
             assert!(r.same().is_ok());
             assert_eq!(r.state(), ReceiverState::AwaitHello);
@@ -3546,7 +3657,7 @@ mod tests {
         // 1000 + 600 bytes: past the budget's bytes.
         offer(&mut r, named(checksummed(600), "b"));
         assert!(!r.may_compare("b", 600));
-        assert!(r.have(Have::ask_digest(600)).is_err());
+        assert!(r.have(Have::ask_digest(600), ()).is_err());
         assert_eq!(r.state(), ReceiverState::AwaitDecision);
         assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
         // 500 more fit exactly, a complete copy as well as a digest.
@@ -3556,19 +3667,19 @@ mod tests {
         // The bytes are spent: only an empty file may still be asked
         // about, once (the third question), then none.
         offer(&mut r, named(checksummed(1), "d"));
-        assert!(r.have(Have::ask_digest(1)).is_err());
+        assert!(r.have(Have::ask_digest(1), ()).is_err());
         assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
         offer(&mut r, named(checksummed(0), "e"));
         compared(&mut r, Have::ask_digest(0));
         offer(&mut r, named(checksummed(0), "f"));
         assert!(!r.may_compare("f", 0));
-        assert!(r.have(Have::ask_digest(0)).is_err());
+        assert!(r.have(Have::ask_digest(0), ()).is_err());
         assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
         // A HAVE of nothing needs no budget: the file is received.
         offer(&mut r, named(resumable(0), "g"));
         assert!(!r.may_compare("g", 0));
-        assert!(r.have(Have::complete(0)).is_err());
-        assert!(r.have(Have::nothing("")).is_ok());
+        assert!(r.have(Have::complete(0), ()).is_err());
+        assert!(r.have(Have::nothing(""), ()).is_ok());
     }
 
     /// A name's copy is compared at most once per session (a HAVE of a
@@ -3585,7 +3696,7 @@ mod tests {
         };
         offer(&mut r, checksummed(10));
         assert_eq!(r.why_not_compare("c.bin", 10), None);
-        assert!(r.have(Have::ask_digest(10)).is_ok());
+        assert!(r.have(Have::ask_digest(10), ()).is_ok());
         assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_ok());
         assert!(r.same().is_ok());
         // The same name again, asked for its digest or held complete.
@@ -3597,8 +3708,8 @@ mod tests {
             offer(&mut r, again);
             let why = r.why_not_compare("c.bin", 10).expect("compared already");
             assert!(why.contains("compared once"), "{why}");
-            assert!(r.have(Have::ask_digest(10)).is_err());
-            assert!(r.have(Have::complete(10)).is_err());
+            assert!(r.have(Have::ask_digest(10), ()).is_err());
+            assert!(r.have(Have::complete(10), ()).is_err());
             assert_eq!(r.state(), ReceiverState::AwaitDecision);
             assert!(r.reject(RejectCode::Exists, "no".into()).is_ok());
         }
@@ -3621,7 +3732,7 @@ mod tests {
             ));
             let size = h.size;
             assert_eq!(
-                reply(r.have(Have::ask_digest(size)), &mut r),
+                reply(r.have(Have::ask_digest(size), ()), &mut r),
                 Ok(Message::Have(Have::ask_digest(size)))
             );
             assert_eq!(r.state(), ReceiverState::AwaitFrom);
@@ -3642,7 +3753,10 @@ mod tests {
             assert!(r.clone().same().is_err(), "not before COMPARE");
             assert_eq!(
                 r.on_message(Message::Compare { sha256: [9; 32] }),
-                Ok(ReceiverEvent::Compare { sha256: [9; 32] })
+                Ok(ReceiverEvent::Compare {
+                    sha256: [9; 32],
+                    waiting: ()
+                })
             );
             assert_eq!(r.state(), ReceiverState::Comparing);
             assert_eq!(
@@ -3651,7 +3765,7 @@ mod tests {
                 "reading its copy"
             );
             for not_nothing in [Have::ask_digest(1000), Have::complete(1000)] {
-                assert!(r.clone().have(not_nothing).is_err());
+                assert!(r.clone().have(not_nothing, ()).is_err());
             }
             assert_eq!(
                 reply(r.same(), &mut r),
@@ -3662,7 +3776,7 @@ mod tests {
             // It differs: HAVE(nothing), FROM 0, everything is received.
             let mut r = asked(offer.clone());
             r.on_message(Message::Compare { sha256: [9; 32] }).unwrap();
-            r.have(Have::nothing("the --link-dest copy differs"))
+            r.have(Have::nothing("the --link-dest copy differs"), ())
                 .unwrap();
             assert_eq!(r.state(), ReceiverState::AwaitFrom);
             assert!(
@@ -3673,20 +3787,23 @@ mod tests {
             );
             assert_eq!(
                 r.on_message(Message::From { offset: 0 }),
-                Ok(ReceiverEvent::From { offset: 0 })
+                Ok(ReceiverEvent::From {
+                    offset: 0,
+                    waiting: ()
+                })
             );
             assert!(
-                r.clone().have(Have::ask_digest(1000)).is_err(),
+                r.clone().have(Have::ask_digest(1000), ()).is_err(),
                 "asked once"
             );
-            r.accept(ring(&c)).unwrap();
+            r.accept(ring(&c), ()).unwrap();
             assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
             // The sender may send it all instead of its digest (FROM 0).
             let mut r = asked(offer.clone());
             r.on_message(Message::From { offset: 0 }).unwrap();
             assert_eq!(r.state(), ReceiverState::AwaitDecision);
             assert_eq!(r.resumed_from(), 0);
-            r.accept(ring(&c)).unwrap();
+            r.accept(ring(&c), ()).unwrap();
             // Any other offset ends the session, saying why.
             for offset in [1, 1000, u64::MAX] {
                 let mut r = asked(offer.clone());
@@ -3700,14 +3817,17 @@ mod tests {
             // Not asked (no copy under --link-dest): received as any file.
             let mut r = ReceiverSession::new(c);
             r.on_message(Message::Hello(offer.clone())).unwrap();
-            assert_eq!(reply(r.accept(ring(&c)), &mut r), Ok(Message::Mr(ring(&c))));
+            assert_eq!(
+                reply(r.accept(ring(&c), ()), &mut r),
+                Ok(Message::Mr(ring(&c)))
+            );
             assert_eq!(r.on_chunk(100, 0).unwrap().file_offset, 0);
         }
         // With RESUME too, the other kinds still answer it.
         for have in [prefix(300, 100), Have::complete(1000), Have::nothing("")] {
             let mut r = ReceiverSession::new(c);
             r.on_message(Message::Hello(resumable_too.clone())).unwrap();
-            assert!(r.have(have.clone()).is_ok(), "{have:?}");
+            assert!(r.have(have.clone(), ()).is_ok(), "{have:?}");
         }
         // A batch's members may carry CHECKSUM; a batch is never asked.
         let mut r = ReceiverSession::new(c);
@@ -3716,8 +3836,11 @@ mod tests {
             r.on_message(Message::Batch(members)),
             Ok(ReceiverEvent::Batch(_))
         ));
-        assert!(r.clone().have(Have::ask_digest(30)).is_err());
-        assert_eq!(reply(r.accept(ring(&c)), &mut r), Ok(Message::Mr(ring(&c))));
+        assert!(r.clone().have(Have::ask_digest(30), ()).is_err());
+        assert_eq!(
+            reply(r.accept(ring(&c), ()), &mut r),
+            Ok(Message::Mr(ring(&c)))
+        );
     }
 
     /// A HAVE of kind Digest only for an offer with CHECKSUM, fitting it;
@@ -3759,18 +3882,18 @@ mod tests {
             ),
         ] {
             let mut r = offered(&offer);
-            assert!(r.have(have.clone()).is_err(), "{have:?} for {offer:?}");
+            assert!(r.have(have.clone(), ()).is_err(), "{have:?} for {offer:?}");
             assert_eq!(r.state(), ReceiverState::AwaitDecision, "nothing changed");
             assert!(sent(&mut r).is_empty());
         }
         // Asked once: not again after it.
         let mut r = offered(&checksummed(1000));
-        r.have(Have::ask_digest(1000)).unwrap();
-        assert!(r.clone().have(Have::ask_digest(1000)).is_err());
+        r.have(Have::ask_digest(1000), ()).unwrap();
+        assert!(r.clone().have(Have::ask_digest(1000), ()).is_err());
         // Not in any other state.
         for state in STATES {
             let mut r = session_in(state);
-            assert!(r.have(Have::ask_digest(1000)).is_err(), "{state:?}");
+            assert!(r.have(Have::ask_digest(1000), ()).is_err(), "{state:?}");
         }
         // CHECKSUM is for files only.
         for (caps, name) in [(CHECKSUM | STREAM, "s"), (CHECKSUM | DIRECTORY, "d")] {
@@ -3796,7 +3919,7 @@ mod tests {
                 ..resumable(1000)
             });
             if let Some(h) = have {
-                r.have(h).unwrap();
+                r.have(h, ()).unwrap();
             }
             assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_err());
             assert_eq!(r.state(), ReceiverState::Closed);

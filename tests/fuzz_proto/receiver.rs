@@ -162,7 +162,15 @@ pub(crate) struct RxModel {
     digest_bytes: u64,
     /// Names whose copy was compared in the session: once each.
     compared: std::collections::BTreeSet<String>,
+    /// The token the engine gave `accept`: the FIN hands it back.
+    file_token: Option<u64>,
+    /// The token the engine gave `have`: FROM or COMPARE hands it back.
+    waiting_token: Option<u64>,
 }
+
+/// The machine under test carries numbered tokens for the engine, so that
+/// what it hands back can be told apart.
+pub(crate) type Rx = ReceiverSession<u64, u64>;
 
 /// The current offer's name.
 pub(crate) fn offer_name(m: &RxModel) -> String {
@@ -243,10 +251,10 @@ pub(crate) struct RxAuth {
 }
 
 impl RxAuth {
-    fn session(auth: &Option<RxAuth>, cfg: ReceiverConfig) -> ReceiverSession {
+    fn session(auth: &Option<RxAuth>, cfg: ReceiverConfig) -> Rx {
         match auth {
-            Some(a) => ReceiverSession::with_auth(cfg, a.token.clone(), a.nonce, test_conn()),
-            None => ReceiverSession::new(cfg),
+            Some(a) => Rx::carrying_with_auth(cfg, a.token.clone(), a.nonce, test_conn()),
+            None => Rx::carrying(cfg),
         }
     }
 
@@ -291,15 +299,12 @@ impl RxAuth {
 }
 
 /// Every reply the receiver queued.
-pub(crate) fn replies(r: &mut ReceiverSession) -> Vec<Message> {
+pub(crate) fn replies(r: &mut Rx) -> Vec<Message> {
     std::iter::from_fn(|| r.poll_transmit()).collect()
 }
 
 /// What an engine call queued: its one reply, or (refused) nothing.
-fn queued<E: std::fmt::Debug>(
-    result: Result<(), E>,
-    r: &mut ReceiverSession,
-) -> Result<Message, E> {
+fn queued<E: std::fmt::Debug>(result: Result<(), E>, r: &mut Rx) -> Result<Message, E> {
     let mut sent = replies(r);
     match result {
         Ok(()) => {
@@ -314,7 +319,7 @@ fn queued<E: std::fmt::Debug>(
 }
 
 /// At most one queued reply (a credit's), taken.
-fn at_most_one(r: &mut ReceiverSession) -> Option<Message> {
+fn at_most_one(r: &mut Rx) -> Option<Message> {
     let mut sent = replies(r);
     assert!(sent.len() <= 1, "more than one reply: {sent:?}");
     sent.pop()
@@ -564,6 +569,8 @@ pub(crate) fn check_receiver(
     let mut r = RxAuth::session(&auth, cfg);
     prop_assert_eq!(r.tag_len(), tag_len);
     let mut m = RxModel::default();
+    // Tokens handed to the machine so far (each one a new number).
+    let mut tokens = 0u64;
     // Authenticated in this session (or no token configured).
     let mut admitted = auth.is_none();
     // HELLOs the machine considered (AwaitHello, authenticated).
@@ -704,9 +711,11 @@ pub(crate) fn check_receiver(
                     prop_assert_eq!(result.is_ok(), allowed, "{} after {:?}", kind, m.have);
                 }
                 match result {
-                    Ok(ReceiverEvent::From { offset }) => {
-                        // Only where a HAVE offered it: 0 or its prefix.
+                    Ok(ReceiverEvent::From { offset, waiting }) => {
+                        // Only where a HAVE offered it: 0 or its prefix,
+                        // with what the HAVE carried.
                         prop_assert_eq!(before, AwaitFrom);
+                        prop_assert_eq!(Some(waiting), m.waiting_token.take());
                         let have = m
                             .have
                             .clone()
@@ -722,7 +731,8 @@ pub(crate) fn check_receiver(
                         }
                         prop_assert_eq!(r.resumed_from(), m.base.0);
                     }
-                    Ok(ReceiverEvent::Compare { sha256 }) => {
+                    Ok(ReceiverEvent::Compare { sha256, waiting }) => {
+                        prop_assert_eq!(Some(waiting), m.waiting_token.take());
                         // Only after a HAVE of a complete copy (or asking
                         // for the digest), with the sender's SHA-256 as
                         // sent; the engine compares.
@@ -811,7 +821,7 @@ pub(crate) fn check_receiver(
                         }
                         prop_assert_eq!(r.state(), AwaitDecision);
                         // Never asked, whatever its files carry.
-                        prop_assert!(r.clone().have(Have::ask_digest(total)).is_err());
+                        prop_assert!(r.clone().have(Have::ask_digest(total), 0).is_err());
                         // From here on the batch is one file of its total size.
                         let files = m.files + 1;
                         m = RxModel {
@@ -826,8 +836,10 @@ pub(crate) fn check_receiver(
                         };
                         RX.hit(9);
                     }
-                    Ok(ReceiverEvent::Fin(f)) => {
+                    Ok(ReceiverEvent::Fin(f, token)) => {
                         prop_assert_eq!(before, Receiving);
+                        // The file `accept` was given, once.
+                        prop_assert_eq!(Some(token), m.file_token.take());
                         if !m.is_stream() {
                             let size = m.offer.as_ref().map(|h| h.size);
                             prop_assert_eq!(Some(f.bytes), size);
@@ -1026,8 +1038,10 @@ pub(crate) fn check_receiver(
                     },
                     slot_count: cfg.slot_count,
                 };
-                match queued(r.accept(ring), &mut r) {
+                tokens += 1;
+                match queued(r.accept(ring, tokens), &mut r) {
                     Ok(mr) => {
+                        prop_assert_eq!(m.file_token.replace(tokens), None);
                         // An accepted batch's other files count now.
                         hellos += m.batch_files.saturating_sub(1);
                         // No MR before an accepted HELLO (nor before AUTH).
@@ -1077,8 +1091,10 @@ pub(crate) fn check_receiver(
                 let allowed =
                     (before == AwaitDecision && may_have(&m, have.kind) && (!compares || within))
                         || (before == Comparing && have.kind == HaveKind::Nothing);
-                match queued(r.have(have.clone()), &mut r) {
+                tokens += 1;
+                match queued(r.have(have.clone(), tokens), &mut r) {
                     Ok(msg) => {
+                        m.waiting_token = Some(tokens);
                         prop_assert!(
                             allowed,
                             "HAVE {:?} in {:?} (RESUME: {}, CHECKSUM: {}, after {:?})",
@@ -1168,8 +1184,10 @@ pub(crate) fn check_receiver(
                     _ => {
                         let differs = Have::nothing("the receiver's copy differs");
                         let answering = before == AwaitDecision && may_have(&m, HaveKind::Nothing);
-                        match queued(r.have(differs.clone()), &mut r) {
+                        tokens += 1;
+                        match queued(r.have(differs.clone(), tokens), &mut r) {
                             Ok(msg) => {
+                                m.waiting_token = Some(tokens);
                                 prop_assert!(comparing || answering, "have() in {:?}", before);
                                 prop_assert_eq!(msg, Message::Have(differs.clone()));
                                 prop_assert_eq!(r.state(), AwaitFrom);

@@ -487,10 +487,10 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection, busy: Busy) {
 /// The session's state machine; with a token, it requires a PROVE bound to
 /// a fresh nonce from the OS RNG and to this connection before anything
 /// else; `conn` names the connection (asked only then).
-fn new_machine(
+fn new_machine<F, W>(
     cfg: &ReceiverConfig,
     conn: impl FnOnce() -> Result<crate::proto::ConnectionId, XferError>,
-) -> Result<ReceiverSession, XferError> {
+) -> Result<ReceiverSession<F, W>, XferError> {
     let machine_cfg = MachineConfig {
         slot_size: cfg.slot_size(),
         slot_count: cfg.slots,
@@ -504,7 +504,7 @@ fn new_machine(
         digest_budget: crate::proto::DigestBudget::DEFAULT,
     };
     let Some(token) = &cfg.token else {
-        return Ok(ReceiverSession::new(machine_cfg));
+        return Ok(ReceiverSession::carrying(machine_cfg));
     };
     let mut nonce = [0u8; NONCE_LEN];
     getrandom::fill(&mut nonce).map_err(|e| {
@@ -514,7 +514,7 @@ fn new_machine(
         )
     })?;
     let conn = conn()?;
-    Ok(ReceiverSession::with_auth(
+    Ok(ReceiverSession::carrying_with_auth(
         machine_cfg,
         token.clone(),
         nonce,

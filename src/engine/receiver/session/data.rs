@@ -8,56 +8,63 @@ use crate::engine::receiver::storage::sink::Unwritten;
 use crate::engine::receiver::storage::write_behind::WriteBehind;
 use crate::engine::report::{FileEvent, FileReport};
 use crate::error::XferError;
+use crate::proto::ChunkPlacement;
 use crate::proto::{AckStatus, CHUNK_TAG_LEN, Fin, RecvError, RejectCode};
 use std::time::Instant;
 use tracing::{debug, error, warn};
 
+/// How a chunk that was not received ends the session.
+enum ChunkEnd {
+    /// The machine said why (its ACK is queued).
+    Abandon(XferError),
+    /// The engine's reason, for the ACK that tells the sender.
+    Abort(AckStatus, XferError),
+    /// The link failed: nothing can be told.
+    Fatal(XferError),
+}
+
+impl From<XferError> for ChunkEnd {
+    fn from(e: XferError) -> Self {
+        ChunkEnd::Fatal(e)
+    }
+}
+
 impl Session<'_, '_> {
     pub(super) fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), XferError> {
-        let placement = match self.machine.on_chunk(byte_len, imm) {
-            Ok(p) => p,
-            // The machine queued the ACK that tells the sender why.
-            Err(e @ RecvError::TooLarge { .. }) => {
-                let name = self.file.as_ref().map_or("?", |f| f.name.as_str());
-                return Err(self.abandon(XferError::Rejected {
-                    code: Some(RejectCode::TooLarge),
-                    reason: format!("{name}: {e}"),
-                }));
-            }
-            Err(RecvError::Protocol(source)) => {
-                return Err(self.abandon(XferError::Protocol {
-                    context: Some("bad data write".into()),
-                    source,
-                }));
-            }
-            Err(e) => {
-                let err = XferError::Internal(format!("a data write gave {e}"));
-                return Err(self.abort(AckStatus::Protocol, err));
-            }
-        };
-        if self
-            .file
-            .as_mut()
-            .is_some_and(|f| f.sink.temp_file().is_some())
-        {
+        // The writer threads start with a temporary file's first chunk.
+        if self.machine.file().is_some_and(|f| f.sink.is_temp_file()) {
             self.start_writers();
         }
-        let Some(file) = self.file.as_mut() else {
-            return Err(XferError::Internal("data without an open file".into()));
+        match self.receive_chunk(byte_len, imm) {
+            Ok(()) => {
+                self.machine.chunk_done();
+                Ok(())
+            }
+            Err(ChunkEnd::Abandon(err)) => Err(self.abandon(err)),
+            Err(ChunkEnd::Abort(status, err)) => Err(self.abort(status, err)),
+            Err(ChunkEnd::Fatal(err)) => Err(err),
+        }
+    }
+
+    /// Copies the chunk the machine placed out of the ring, checks it and
+    /// writes it (or hands it to the writers).
+    fn receive_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), ChunkEnd> {
+        let (placement, file) = match self.machine.on_chunk_of(byte_len, imm) {
+            Ok(placed) => placed,
+            Err(e) => return Err(self.refused_chunk(e)),
         };
+        let placement: ChunkPlacement = placement;
         let link = &*self.link;
         let t0 = Instant::now();
         let len = placement.len as usize;
-        if len > self.chunk.len() {
-            return Err(XferError::Internal("chunk longer than a slot".into()));
-        }
         // With a token the chunk's tag follows it in the slot: copied out
         // now, checked against the private copy of the bytes.
         let tag = match &placement.auth {
             None => None,
             Some(auth) => {
                 let mut tag = [0u8; CHUNK_TAG_LEN];
-                link.copy_out(placement.slot_offset as usize + len, &mut tag)?;
+                link.copy_out(placement.slot_offset as usize + len, &mut tag)
+                    .map_err(|e| ChunkEnd::Fatal(e.into()))?;
                 Some(TagCheck {
                     auth,
                     offset: placement.file_offset,
@@ -118,13 +125,14 @@ impl Session<'_, '_> {
                 }
             }
             _ => {
-                let data = self
-                    .chunk
-                    .get_mut(..len)
-                    .ok_or_else(|| XferError::Internal("chunk longer than a slot".into()))?;
+                // The machine places no chunk longer than a slot, and the
+                // copy is slot-sized; were it not so, the chunk fails to copy.
+                if self.chunk.len() < len {
+                    self.chunk.resize(len, 0);
+                }
                 per_byte::receive_chunk(
                     |chunk| link.copy_out(placement.slot_offset as usize, chunk),
-                    data,
+                    &mut self.chunk[..len],
                     placement.expected_crc,
                     tag.as_ref(),
                     |data, crc| {
@@ -146,7 +154,7 @@ impl Session<'_, '_> {
         };
         let written = match received {
             Ok(()) => Ok(()),
-            Err(ChunkRefused::Copy(e)) => return Err(e.into()),
+            Err(ChunkRefused::Copy(e)) => return Err(ChunkEnd::Fatal(e.into())),
             Err(ChunkRefused::Crc { computed: crc }) => {
                 let mut msg = format!(
                     "chunk {} of {} (offset {}) has CRC32 {crc:08x}, the sender computed {:08x}",
@@ -156,7 +164,7 @@ impl Session<'_, '_> {
                     msg.push_str(&note);
                 }
                 let err = XferError::Integrity(msg);
-                return Err(self.abort(AckStatus::Integrity, err));
+                return Err(ChunkEnd::Abort(AckStatus::Integrity, err));
             }
             Err(ChunkRefused::Forged) => {
                 let msg = format!(
@@ -166,14 +174,14 @@ impl Session<'_, '_> {
                     placement.seq, file.name, placement.file_offset
                 );
                 let err = XferError::Integrity(msg);
-                return Err(self.abort(AckStatus::Integrity, err));
+                return Err(ChunkEnd::Abort(AckStatus::Integrity, err));
             }
             Err(ChunkRefused::Write(Unwritten::OutOfOrder)) => {
                 let err = XferError::Internal(format!(
                     "chunk {} of {} at offset {} is out of order ({} bytes written)",
                     placement.seq, file.name, placement.file_offset, file.written
                 ));
-                return Err(self.abort(AckStatus::Protocol, err));
+                return Err(ChunkEnd::Abort(AckStatus::Protocol, err));
             }
             Err(ChunkRefused::Write(Unwritten::Failed(e))) => Err(e),
         };
@@ -191,34 +199,50 @@ impl Session<'_, '_> {
                     file.written
                 );
                 self.output_closed = Some(msg);
-                return Err(self.abort(AckStatus::Io, XferError::io(context, e)));
+                return Err(ChunkEnd::Abort(AckStatus::Io, XferError::io(context, e)));
             }
             let what = if stdout {
                 format!("cannot write {} to standard output", file.name)
             } else {
                 format!("cannot write {}", file.name)
             };
-            return Err(self.abort(AckStatus::Io, XferError::io(what, e)));
+            return Err(ChunkEnd::Abort(AckStatus::Io, XferError::io(what, e)));
         }
         file.written += u64::from(placement.len);
         file.check_time += t1 - t0;
         file.write_time += t1.elapsed();
         file.progress.advance(placement.len.into());
-        self.machine.chunk_done();
         Ok(())
     }
 
-    pub(super) fn on_fin(&mut self, fin: Fin) -> Result<(), XferError> {
-        // Every chunk written before anything is checked or committed.
-        if let Some(file) = self.file.as_mut()
-            && let Err(e) = settle_writes(self.behind.as_mut(), file)
-        {
-            let what = format!("cannot write {}", file.name);
-            return Err(self.abort(AckStatus::Io, XferError::io(what, e)));
+    /// A data write the machine refused: it queued the ACK that tells the
+    /// sender why.
+    fn refused_chunk(&self, e: RecvError) -> ChunkEnd {
+        match e {
+            RecvError::TooLarge { .. } => {
+                let name = self.machine.file().map_or("?", |f| f.name.as_str());
+                ChunkEnd::Abandon(XferError::Rejected {
+                    code: Some(RejectCode::TooLarge),
+                    reason: format!("{name}: {e}"),
+                })
+            }
+            RecvError::Protocol(source) => ChunkEnd::Abandon(XferError::Protocol {
+                context: Some("bad data write".into()),
+                source,
+            }),
+            e => ChunkEnd::Abort(
+                AckStatus::Protocol,
+                XferError::Internal(format!("a data write gave {e}")),
+            ),
         }
-        let Some(mut file) = self.file.take() else {
-            return Err(XferError::Internal("FIN without an open file".into()));
-        };
+    }
+
+    pub(super) fn on_fin(&mut self, fin: Fin, mut file: IncomingFile) -> Result<(), XferError> {
+        // Every chunk written before anything is checked or committed.
+        if let Err(e) = settle_writes(self.behind.as_mut(), &mut file) {
+            let what = format!("cannot write {}", file.name);
+            return Err(self.abort_file(file, AckStatus::Io, XferError::io(what, e)));
+        }
         let span = file.span.clone();
         let _enter = span.enter();
         file.phases.data = file.data_started.elapsed();

@@ -33,8 +33,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
+/// The receiver's machine, carrying the file being received and what an
+/// offer's HAVE was made of.
+pub(super) type Machine = ReceiverSession<IncomingFile, AwaitingFrom>;
+
 /// The file or stream being received.
-struct IncomingFile {
+pub(super) struct IncomingFile {
     name: String,
     /// The offered size (0 for a stream: unknown).
     size: u64,
@@ -89,20 +93,17 @@ struct Session<'a, 's> {
     behind: Option<WriteBehind>,
     /// Starting the writer threads failed: this thread writes.
     writers_failed: bool,
-    machine: ReceiverSession,
+    machine: Machine,
     store: FileStore,
-    file: Option<IncomingFile>,
     /// A per-file failure that did not end the session (--once reports it).
     first_error: Option<XferError>,
     /// Standard output was closed by its reader (EPIPE): the session ended
     /// on purpose, quietly; what to log.
     output_closed: Option<String>,
-    /// An offer with RESUME answered with HAVE: what FROM decides about.
-    awaiting_from: Option<AwaitingFrom>,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
-struct AwaitingFrom {
+pub(super) struct AwaitingFrom {
     hello: Hello,
     hello_at: Instant,
     kept: Option<KeptPrefix>,
@@ -227,7 +228,7 @@ pub(super) struct Parts<'a, 's> {
 pub(super) fn drive<'a>(
     parts: Parts<'a, '_>,
     link: Box<dyn RingLink + 'a>,
-    machine: ReceiverSession,
+    machine: Machine,
     mut store: FileStore,
 ) -> Result<(), XferError> {
     store.set_peer(&parts.peer);
@@ -247,10 +248,8 @@ pub(super) fn drive<'a>(
         writers_failed: false,
         machine,
         store,
-        file: None,
         first_error: None,
         output_closed: None,
-        awaiting_from: None,
     };
     let result = session.run();
     session.finish(result)
@@ -375,7 +374,7 @@ impl Session<'_, '_> {
         match self.machine.on_message(msg) {
             Ok(ReceiverEvent::Offer(hello)) => self.on_hello(hello)?,
             Ok(ReceiverEvent::Batch(members)) => self.on_batch(members)?,
-            Ok(ReceiverEvent::Fin(fin)) => self.on_fin(fin)?,
+            Ok(ReceiverEvent::Fin(fin, file)) => self.on_fin(fin, file)?,
             Ok(ReceiverEvent::Closed) => return Ok(Flow::Done),
             Ok(ReceiverEvent::Authenticated) => {
                 if let Err(max_sessions) = self.admission.admit() {
@@ -405,8 +404,8 @@ impl Session<'_, '_> {
                 self.link.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
-            Ok(ReceiverEvent::From { offset }) => self.on_from(offset)?,
-            Ok(ReceiverEvent::Compare { sha256 }) => self.on_compare(sha256)?,
+            Ok(ReceiverEvent::From { offset, waiting }) => self.on_from(offset, waiting)?,
+            Ok(ReceiverEvent::Compare { sha256, waiting }) => self.on_compare(sha256, waiting)?,
             // The machine queued the sender's reply to each error.
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Version(reject)) => {
@@ -480,7 +479,6 @@ impl Session<'_, '_> {
             self.peer,
             failure.detail()
         );
-        self.file = None;
         XferError::Auth(failure.to_string())
     }
 }
@@ -499,11 +497,26 @@ impl Session<'_, '_> {
     /// failure is reported; its temporary file goes (or, with RESUME, its
     /// verified part is kept).
     fn abandon(&mut self, err: XferError) -> XferError {
-        if let Some(mut file) = self.file.take() {
-            end_failed(&mut file, self.behind.as_mut());
-            self.report_file_failure(&file, &err, true);
+        if let Some(file) = self.machine.take_file() {
+            self.end_file(file, &err);
         }
         err
+    }
+
+    /// `abort` when the machine has handed the file back already (FIN).
+    fn abort_file(&mut self, file: IncomingFile, status: AckStatus, err: XferError) -> XferError {
+        self.machine.abort(status, err.to_string());
+        // Best effort: the session ends with `err` either way.
+        let _ = self.transmit();
+        self.end_file(file, &err);
+        err
+    }
+
+    /// A file the session ends under: what it leaves for a resume is
+    /// kept, and its failure reported.
+    fn end_file(&mut self, mut file: IncomingFile, err: &XferError) {
+        end_failed(&mut file, self.behind.as_mut());
+        self.report_file_failure(&file, err, true);
     }
 
     /// Reports a file that was not received (`on_file`).
@@ -552,7 +565,7 @@ impl Session<'_, '_> {
     /// Lets queued replies reach the sender, then disconnects.
     fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
         self.link.drain();
-        if let (Err(e), Some(mut file)) = (&result, self.file.take()) {
+        if let (Err(e), Some(file)) = (&result, self.machine.take_file()) {
             // Where the file stood, for whoever reads the logs.
             file.span.in_scope(|| {
                 info!(
@@ -561,10 +574,8 @@ impl Session<'_, '_> {
                     "file abandoned: {e}"
                 )
             });
-            end_failed(&mut file, self.behind.as_mut());
-            self.report_file_failure(&file, e, true);
+            self.end_file(file, e);
         }
-        self.file = None;
         // Directories get their attributes before the sender, waiting for
         // the disconnect, looks.
         self.store.finish_dirs();

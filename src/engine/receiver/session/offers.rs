@@ -87,8 +87,8 @@ impl Session<'_, '_> {
                 debug!(file = %hello.name, "its SHA-256 is asked for the --exec command")
             }
         }
-        self.machine.have(Have::ask_digest(hello.size))?;
-        self.awaiting_from = Some(AwaitingFrom {
+        let size = hello.size;
+        let waiting = AwaitingFrom {
             hello,
             hello_at,
             kept: None,
@@ -96,7 +96,8 @@ impl Session<'_, '_> {
             digest_for: Some(why),
             announced: None,
             claim,
-        });
+        };
+        self.machine.have(Have::ask_digest(size), waiting)?;
         Ok(())
     }
 
@@ -145,14 +146,13 @@ impl Session<'_, '_> {
                 return Ok(());
             }
         };
-        self.machine.accept(ring).map_err(XferError::from)?;
         let name = format!(
             "{} files from {}",
             members.len(),
             members.first().map_or("", |h| h.name.as_str())
         );
         let digest_alg = members.first().map_or(DigestAlg::Crc32, |h| h.digest);
-        self.file = Some(IncomingFile {
+        let file = IncomingFile {
             span: error_span!("batch", files = members.len(), size = total),
             progress: self
                 .cfg
@@ -177,7 +177,8 @@ impl Session<'_, '_> {
             check_time: Duration::ZERO,
             write_time: Duration::ZERO,
             writer: None,
-        });
+        };
+        self.machine.accept(ring, file).map_err(XferError::from)?;
         Ok(())
     }
 
@@ -218,8 +219,7 @@ impl Session<'_, '_> {
             HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
             HaveKind::Digest => debug!(file = %hello.name, "its SHA-256 is asked"),
         }
-        self.machine.have(have)?;
-        self.awaiting_from = Some(AwaitingFrom {
+        let waiting = AwaitingFrom {
             hello,
             hello_at,
             kept: holding.kept,
@@ -227,24 +227,25 @@ impl Session<'_, '_> {
             digest_for: None,
             announced: None,
             claim,
-        });
+        };
+        self.machine.have(have, waiting)?;
         Ok(())
     }
 
     /// The sender's COMPARE of the complete copy HAVE announced: the
     /// same SHA-256 acknowledges the file without data; another (or a copy
     /// that cannot be read) is a HAVE of nothing, and FROM 0 follows.
-    pub(super) fn on_compare(&mut self, sha256: [u8; 32]) -> Result<(), XferError> {
-        let Some(mut waiting) = self.awaiting_from.take() else {
-            return Err(XferError::Internal("COMPARE without a HAVE".into()));
-        };
+    pub(super) fn on_compare(
+        &mut self,
+        sha256: [u8; 32],
+        mut waiting: AwaitingFrom,
+    ) -> Result<(), XferError> {
         let link = match waiting.digest_for.take() {
             Some(DigestFor::Command) => {
                 // Known before the data: the command gets it (and the data
                 // is checked against it), then the data comes (FROM 0).
                 waiting.announced = Some(sha256);
-                self.machine.have(Have::nothing(""))?;
-                self.awaiting_from = Some(waiting);
+                self.machine.have(Have::nothing(""), waiting)?;
                 return Ok(());
             }
             Some(DigestFor::Link(link)) => Some(link),
@@ -288,8 +289,8 @@ impl Session<'_, '_> {
         }
         if let Some(note) = differs {
             info!(file = %name, "{note}: received whole");
-            self.machine.have(crate::proto::Have::nothing(note))?;
-            self.awaiting_from = Some(waiting);
+            self.machine
+                .have(crate::proto::Have::nothing(note), waiting)?;
             return Ok(());
         }
         if link.is_none() {
@@ -330,10 +331,7 @@ impl Session<'_, '_> {
 
     /// FROM answered our HAVE: receive from 0, continue the kept prefix,
     /// or acknowledge the complete copy without any data.
-    pub(super) fn on_from(&mut self, offset: u64) -> Result<(), XferError> {
-        let Some(waiting) = self.awaiting_from.take() else {
-            return Err(XferError::Internal("FROM without a HAVE".into()));
-        };
+    pub(super) fn on_from(&mut self, offset: u64, waiting: AwaitingFrom) -> Result<(), XferError> {
         let AwaitingFrom {
             hello,
             hello_at,
@@ -389,7 +387,6 @@ impl Session<'_, '_> {
                     file.resumed_from = prefix;
                     info!(file = %hello.name, bytes = prefix, "continuing the kept part");
                 }
-                self.machine.accept(ring).map_err(XferError::from)?;
                 // A file's time runs from its HELLO, like the sender's.
                 file.started = hello_at;
                 file.phases.connect = self.connect_time;
@@ -397,7 +394,7 @@ impl Session<'_, '_> {
                 file.data_started = Instant::now();
                 file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
                 file.progress.advance(file.resumed_from);
-                self.file = Some(file);
+                self.machine.accept(ring, file).map_err(XferError::from)?;
                 Ok(())
             }
             Err(refusal) => self.refuse(hello, hello_at, refusal),

@@ -10,17 +10,17 @@ use std::time::{Duration, Instant};
 /// `interval`, so that the waiting sender does not time out. Our sends
 /// complete at once; what the sender delivers meanwhile waits in the link
 /// for the run loop.
-pub(super) struct ReadTick<'s> {
+pub(super) struct ReadTick<'s, F, W> {
     link: &'s mut dyn RingLink,
-    machine: &'s mut ReceiverSession,
+    machine: &'s mut ReceiverSession<F, W>,
     interval: Duration,
     last: Instant,
 }
 
-impl<'s> ReadTick<'s> {
+impl<'s, F, W> ReadTick<'s, F, W> {
     pub(super) fn new(
         link: &'s mut dyn RingLink,
-        machine: &'s mut ReceiverSession,
+        machine: &'s mut ReceiverSession<F, W>,
         timeout: Duration,
     ) -> Self {
         Self {
