@@ -274,6 +274,11 @@ pub struct SenderSession {
     chunk_key: Option<ChunkKey>,
     /// HELLOs and BATCHes sent so far: the current offer's number.
     offers: u64,
+    /// The current offer is a BATCH.
+    batching: bool,
+    /// The receiver refused a batch by policy (REJECT protocol: it takes
+    /// files one by one, e.g. --exec): no more batches this session.
+    batches_refused: bool,
 }
 
 impl SenderSession {
@@ -304,6 +309,8 @@ impl SenderSession {
             pending: VecDeque::new(),
             chunk_key: None,
             offers: 0,
+            batching: false,
+            batches_refused: false,
         }
     }
 
@@ -386,6 +393,15 @@ impl SenderSession {
         self.state == SenderState::Idle && self.pending.len() < MAX_PENDING
     }
 
+    /// Whether a BATCH may be offered now: not the session's first offer
+    /// (its HELLO checks the receiver's version, its MR makes the ring
+    /// known, so a batch is read while the receiver prepares it), and not
+    /// after the receiver refused a batch by policy (it would refuse the
+    /// next one too).
+    pub fn may_batch(&self) -> bool {
+        self.can_start() && !self.batches_refused && self.expected_chunk_len().is_some()
+    }
+
     fn wrong_state(&self, op: &'static str) -> ProtocolError {
         ProtocolError::WrongState {
             op,
@@ -456,6 +472,7 @@ impl SenderSession {
             members.push(offer_hello(offer));
         }
         self.start_data(tag, total, false, digest);
+        self.batching = true;
         self.offers += 1;
         Ok(Message::Batch(members))
     }
@@ -475,6 +492,7 @@ impl SenderSession {
 
     /// A file, stream or batch was offered: Idle -> AwaitRing.
     fn start_data(&mut self, tag: u64, size: u64, stream: bool, digest: DigestAlg) {
+        self.batching = false;
         self.tag = tag;
         self.size = size;
         self.stream = stream;
@@ -728,6 +746,10 @@ impl SenderSession {
             }
             (AwaitRing | AwaitHave | AwaitCompared, Message::Reject(r)) if front.is_none() => {
                 self.state = Idle;
+                // Not one file's problem but the receiver's way.
+                if self.batching && r.code == RejectCode::Protocol {
+                    self.batches_refused = true;
+                }
                 Ok(SenderEvent::Rejected(r))
             }
             // A REJECT at any other point is the receiver giving up on the session.
@@ -1197,6 +1219,36 @@ mod tests {
         assert_eq!(s.state(), SenderState::Idle);
         assert_eq!(s.pending(), 0);
         assert!(s.start_file(named("a", 1), 2).is_ok());
+    }
+
+    #[test]
+    fn the_first_offer_goes_alone_and_a_policy_refusal_ends_batching() {
+        let mut s = greeted(100);
+        // No ring known yet: the first file goes alone.
+        assert!(!s.may_batch());
+        s.start_file(named("first", 1), 1).unwrap();
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        s.next_chunk(1).unwrap().unwrap();
+        s.finish(Digest::Crc32(1)).unwrap();
+        s.on_message(ack(AckStatus::Ok)).unwrap();
+        assert!(s.may_batch());
+        // A batch refused for one of its files: batches go on.
+        s.start_batch(vec![named("a", 1), named("b", 1)], 2)
+            .unwrap();
+        let exists = Reject::new(RejectCode::Exists, "b exists");
+        s.on_message(Message::Reject(exists)).unwrap();
+        assert!(s.may_batch());
+        // A file refused by policy says nothing about batches.
+        s.start_file(named("c", 1), 3).unwrap();
+        let policy = Reject::new(RejectCode::Protocol, "no");
+        s.on_message(Message::Reject(policy.clone())).unwrap();
+        assert!(s.may_batch());
+        // A batch refused by policy: the receiver takes files one by one.
+        s.start_batch(vec![named("a", 1), named("b", 1)], 4)
+            .unwrap();
+        s.on_message(Message::Reject(policy)).unwrap();
+        assert!(!s.may_batch());
+        assert!(s.can_start());
     }
 
     #[test]

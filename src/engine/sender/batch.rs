@@ -198,11 +198,6 @@ impl Connection {
                     if input.is_none() {
                         self.discard_read(cfg, pipe, tracker)?;
                     }
-                    // Not one file's problem but the receiver's way: it
-                    // would refuse the next batch too.
-                    if rej.code == crate::proto::RejectCode::Protocol {
-                        self.batches_refused = true;
-                    }
                     let back = members.into_iter().map(Member::into_entry).collect();
                     return Ok(Batched::Refused(back));
                 }

@@ -31,9 +31,6 @@ pub(super) struct Connection {
     pub(super) session: SenderSession,
     /// State machine events not yet acted upon, in order.
     pub(super) events: VecDeque<SenderEvent>,
-    /// The receiver refused a batch by policy (REJECT protocol: it takes
-    /// files one by one, e.g. --exec): no more batches this session.
-    pub(super) batches_refused: bool,
 }
 
 impl Connection {
@@ -109,7 +106,6 @@ impl Connection {
             link,
             session,
             events: VecDeque::new(),
-            batches_refused: false,
         }
     }
 
@@ -175,13 +171,7 @@ impl Connection {
             let entry = if unbatched > 0 {
                 unbatched -= 1;
                 entry
-            } else if batch::batchable(cfg, &entry)
-                && !self.batches_refused
-                // The session's first file goes alone: its HELLO checks
-                // the receiver's version, its MR makes the ring known (a
-                // batch is then read while the receiver prepares it).
-                && self.session.expected_chunk_len().is_some()
-            {
+            } else if batch::batchable(cfg, &entry) && self.session.may_batch() {
                 let mut files = batch::take_batch(cfg, entry, &mut queue);
                 if files.len() > 1 {
                     let (batch::Batched::Sent { alone: back } | batch::Batched::Refused(back)) =
