@@ -573,6 +573,20 @@ impl<F, W> ReceiverSession<F, W> {
         None
     }
 
+    /// Whether the offer `hello` (the current one, or a batch's member)
+    /// may be asked for its SHA-256 before its data (a HAVE of kind
+    /// Digest), and if not, why: only an offer with CHECKSUM (its sender
+    /// answers), and as `why_not_compare` allows.
+    pub fn may_ask_digest(&self, hello: &Hello) -> Result<(), &'static str> {
+        if hello.caps & hello_flags::CHECKSUM == 0 {
+            return Err("it was not offered with CHECKSUM");
+        }
+        match self.why_not_compare(&hello.name, hello.size) {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
     /// `why_not_compare` found no reason.
     pub fn may_compare(&self, name: &str, size: u64) -> bool {
         self.why_not_compare(name, size).is_none()
@@ -3696,6 +3710,13 @@ mod tests {
         };
         offer(&mut r, checksummed(10));
         assert_eq!(r.why_not_compare("c.bin", 10), None);
+        assert_eq!(r.may_ask_digest(&checksummed(10)), Ok(()));
+        // Only an offer with CHECKSUM is asked: its sender answers.
+        let plain = Hello {
+            caps: 0,
+            ..checksummed(10)
+        };
+        assert!(r.may_ask_digest(&plain).unwrap_err().contains("CHECKSUM"));
         assert!(r.have(Have::ask_digest(10), ()).is_ok());
         assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_ok());
         assert!(r.same().is_ok());
@@ -3708,6 +3729,7 @@ mod tests {
             offer(&mut r, again);
             let why = r.why_not_compare("c.bin", 10).expect("compared already");
             assert!(why.contains("compared once"), "{why}");
+            assert_eq!(r.may_ask_digest(&checksummed(10)), Err(why));
             assert!(r.have(Have::ask_digest(10), ()).is_err());
             assert!(r.have(Have::complete(10), ()).is_err());
             assert_eq!(r.state(), ReceiverState::AwaitDecision);

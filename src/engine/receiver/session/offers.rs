@@ -51,13 +51,10 @@ impl Session<'_, '_> {
     }
 
     /// Whether to ask an offer for its SHA-256 before its data, and why:
-    /// for --exec's command, or for the file --link-dest may hold. Only
-    /// offers with CHECKSUM, each name once per session.
+    /// for --exec's command, or for the file --link-dest may hold, when
+    /// the machine allows the question (`may_ask_digest`).
     pub(super) fn digest_for(&self, hello: &Hello) -> Option<DigestFor> {
-        if hello.caps & hello_flags::CHECKSUM == 0 {
-            return None;
-        }
-        if let Some(why) = self.machine.why_not_compare(&hello.name, hello.size) {
+        if let Err(why) = self.machine.may_ask_digest(hello) {
             debug!(file = %hello.name, "its SHA-256 is not asked: {why}");
             return None;
         }
