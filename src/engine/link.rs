@@ -57,7 +57,8 @@ pub(super) trait Link {
     /// Waits until the peer delivered something, unless something
     /// delivered waits already (`next`); may return with nothing when
     /// only our own sends completed. What came before a failure is kept
-    /// for `next` all the same.
+    /// for `next` all the same (the sender takes it: a verdict may say why;
+    /// a receiver's session ends with the failure).
     fn wait(&mut self, until: Until<'_>) -> Result<(), XferError>;
 
     /// `wait` for at most `timeout` without progress, watching for the

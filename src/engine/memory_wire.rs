@@ -117,6 +117,9 @@ pub struct SenderEnd {
     /// The write of this number (from 0) arrives with its first byte
     /// flipped, as a fault on the way would leave it.
     pub flip_write: Option<u64>,
+    /// From the write of this number on, the connection is broken: the
+    /// write fails as a post on a dead queue pair does.
+    pub break_at_write: Option<u64>,
 }
 
 /// A sender's end and a receiver's end, joined.
@@ -131,6 +134,7 @@ pub fn pair() -> (SenderEnd, ReceiverEnd) {
         ring: ring.clone(),
         writes: 0,
         flip_write: None,
+        break_at_write: None,
     };
     let receiver = ReceiverEnd {
         codec: Codec::default(),
@@ -203,6 +207,9 @@ impl WriteLink for SenderEnd {
         target: RemoteTarget,
         imm: u32,
     ) -> Result<(), SysError> {
+        if self.break_at_write.is_some_and(|n| self.writes >= n) {
+            return Err(SysError::Disconnected);
+        }
         let bytes = pool.bytes(&buf, len)?;
         {
             let mut ring = ring_of(&self.ring);

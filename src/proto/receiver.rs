@@ -1278,13 +1278,12 @@ impl<F, W> ReceiverSession<F, W> {
         imm: u32,
     ) -> Result<(ChunkPlacement, &mut F), RecvError> {
         let was_closed = self.state == ReceiverState::Closed;
-        // Only Receiving places chunks, and it holds the file.
-        let result = self
-            .place_chunk(byte_len, imm)
-            .and_then(|p| match self.file.is_some() {
-                true => Ok(p),
-                false => Err(self.unexpected("data write").into()),
-            });
+        // Only Receiving places chunks, and it holds the file (`accept`
+        // moved there with it): checked before anything is counted.
+        let result = match self.file.is_some() {
+            true => self.place_chunk(byte_len, imm),
+            false => Err(self.unexpected("WRITE_WITH_IMM").into()),
+        };
         if let Err(e) = &result
             && !was_closed
         {

@@ -162,8 +162,6 @@ pub(crate) struct RxModel {
     digest_bytes: u64,
     /// Names whose copy was compared in the session: once each.
     compared: std::collections::BTreeSet<String>,
-    /// The token the engine gave `accept`: the FIN hands it back.
-    file_token: Option<u64>,
     /// The token the engine gave `have`: FROM or COMPARE hands it back.
     waiting_token: Option<u64>,
 }
@@ -571,6 +569,9 @@ pub(crate) fn check_receiver(
     let mut m = RxModel::default();
     // Tokens handed to the machine so far (each one a new number).
     let mut tokens = 0u64;
+    // The token the machine holds for the file being received, from
+    // `accept` to its FIN, or to `take_file` once the session is closed.
+    let mut file_token: Option<u64> = None;
     // Authenticated in this session (or no token configured).
     let mut admitted = auth.is_none();
     // HELLOs the machine considered (AwaitHello, authenticated).
@@ -592,6 +593,8 @@ pub(crate) fn check_receiver(
                     r = RxAuth::session(&auth, cfg);
                     prop_assert!(matches!(r.poll_transmit(), Some(Message::Challenge(_))));
                     m = RxModel::default();
+                    // The old session went with whatever it held.
+                    file_token = None;
                     admitted = auth.is_none();
                     hellos = 0;
                     refused = 0;
@@ -839,7 +842,7 @@ pub(crate) fn check_receiver(
                     Ok(ReceiverEvent::Fin(f, token)) => {
                         prop_assert_eq!(before, Receiving);
                         // The file `accept` was given, once.
-                        prop_assert_eq!(Some(token), m.file_token.take());
+                        prop_assert_eq!(Some(token), file_token.take());
                         if !m.is_stream() {
                             let size = m.offer.as_ref().map(|h| h.size);
                             prop_assert_eq!(Some(f.bytes), size);
@@ -1041,7 +1044,7 @@ pub(crate) fn check_receiver(
                 tokens += 1;
                 match queued(r.accept(ring, tokens), &mut r) {
                     Ok(mr) => {
-                        prop_assert_eq!(m.file_token.replace(tokens), None);
+                        prop_assert_eq!(file_token.replace(tokens), None);
                         // An accepted batch's other files count now.
                         hellos += m.batch_files.saturating_sub(1);
                         // No MR before an accepted HELLO (nor before AUTH).
@@ -1283,6 +1286,11 @@ pub(crate) fn check_receiver(
         // Closed is final.
         if before == Closed {
             prop_assert_eq!(r.state(), Closed);
+        }
+        // A closed session gives back the file it held, once.
+        if r.state() == Closed {
+            prop_assert_eq!(r.take_file(), file_token.take());
+            prop_assert_eq!(r.take_file(), None);
         }
     }
     Ok(())

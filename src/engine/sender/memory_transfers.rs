@@ -43,8 +43,18 @@ fn transfer(
     paths: &[PathBuf],
     flip_write: Option<u64>,
 ) -> Transfer {
-    let (mut sender_end, receiver_end) = memory_wire::pair();
-    sender_end.flip_write = flip_write;
+    let mut wire = memory_wire::pair();
+    wire.0.flip_write = flip_write;
+    transfer_over(cfg, rcfg, paths, wire)
+}
+
+/// `transfer` over the ends of `wire`.
+fn transfer_over(
+    cfg: &SenderConfig,
+    rcfg: &ReceiverConfig,
+    paths: &[PathBuf],
+    (sender_end, receiver_end): (memory_wire::SenderEnd, memory_wire::ReceiverEnd),
+) -> Transfer {
     let receiver_log = Mutex::new(Vec::new());
     let mut sender_saw = Vec::new();
     let (sent, received) = std::thread::scope(|s| {
@@ -222,4 +232,33 @@ fn a_chunk_corrupted_on_the_way_is_caught_and_nothing_of_it_stays() {
     assert!(matches!(&t.receiver_saw[..], [Reported::Failed { name, .. }] if name == "f"));
     let left: Vec<_> = std::fs::read_dir(dest.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_connection_broken_mid_file_keeps_the_verified_part_and_resume_continues_it() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..4096 * 6).map(|b| (b % 253) as u8).collect();
+    std::fs::write(src.path().join("f"), &data).unwrap();
+    let (mut cfg, rcfg) = configs(dest.path());
+    cfg.resume = true;
+    cfg.walk.times = true;
+    // Three chunks land, the fourth write finds the connection gone.
+    let mut broken = memory_wire::pair();
+    broken.0.break_at_write = Some(3);
+    let t = transfer_over(&cfg, &rcfg, &[src.path().join("f")], broken);
+    assert!(
+        matches!(t.sent, Err(XferError::PeerLost(_))),
+        "{:?}",
+        t.sent.as_ref().map(|_| ())
+    );
+    assert!(matches!(t.received, Err(XferError::PeerLost(_))));
+    assert!(matches!(&t.receiver_saw[..], [Reported::Failed { name, .. }] if name == "f"));
+    assert!(!dest.path().join("f").exists());
+    // The next run sends only what is missing.
+    let again = transfer(&cfg, &rcfg, &[src.path().join("f")], None);
+    let outcome = again.sent.unwrap();
+    again.received.unwrap();
+    assert_eq!(outcome.files.len(), 1);
+    assert_eq!(outcome.files[0].resumed_from, 3 * 4096);
+    assert_eq!(std::fs::read(dest.path().join("f")).unwrap(), data);
 }

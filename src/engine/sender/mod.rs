@@ -320,8 +320,8 @@ fn try_session(
     let span = error_span!("session", peer = %cfg.addr);
     let _enter = span.enter();
     let started = Instant::now();
-    // The pool is dropped before `conn`, but a slot still posted keeps its
-    // memory registered and allocated until the endpoint's QP is destroyed.
+    // `drive` ends `conn` before the pool goes; a slot still posted would
+    // keep its memory registered and allocated until the QP is destroyed.
     let (conn, (pool, tokens)) = Connection::open(cfg)?;
     drive(cfg, plan, conn, &pool, tokens, on_file, started)
 }

@@ -402,8 +402,8 @@ pub struct BufferFiller<'p> {
 
 // SAFETY: the filler hands out a slot only against a `&mut Buffer` of the
 // same pool, and each buffer exists once, so no two threads get the same
-// bytes; the pool borrow keeps the memory allocated and registered for as
-// long as the filler lives. It is not `Sync` (raw pointer field).
+// bytes; the pool borrow keeps the memory allocated (and registered, if it
+// is) for as long as the filler lives. It is not `Sync` (raw pointer field).
 unsafe impl Send for BufferFiller<'_> {}
 
 impl BufferFiller<'_> {

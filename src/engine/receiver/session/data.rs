@@ -31,10 +31,6 @@ impl From<XferError> for ChunkEnd {
 
 impl Session<'_, '_> {
     pub(super) fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<(), XferError> {
-        // The writer threads start with a temporary file's first chunk.
-        if self.machine.file().is_some_and(|f| f.sink.is_temp_file()) {
-            self.start_writers();
-        }
         match self.receive_chunk(byte_len, imm) {
             Ok(()) => {
                 self.machine.chunk_done();
@@ -125,14 +121,14 @@ impl Session<'_, '_> {
                 }
             }
             _ => {
-                // The machine places no chunk longer than a slot, and the
-                // copy is slot-sized; were it not so, the chunk fails to copy.
-                if self.chunk.len() < len {
-                    self.chunk.resize(len, 0);
-                }
+                // The machine places no chunk longer than a slot's, the
+                // size of the private copy.
+                let data = self.chunk.get_mut(..len).ok_or_else(|| {
+                    ChunkEnd::Fatal(XferError::Internal("chunk longer than a slot".into()))
+                })?;
                 per_byte::receive_chunk(
                     |chunk| link.copy_out(placement.slot_offset as usize, chunk),
-                    &mut self.chunk[..len],
+                    data,
                     placement.expected_crc,
                     tag.as_ref(),
                     |data, crc| {
@@ -295,6 +291,9 @@ impl Session<'_, '_> {
         self.machine
             .complete(status, reason)
             .map_err(XferError::from)?;
+        // The verdict goes out before the reports (which may wait on a
+        // terminal): a pipelining sender waits for it.
+        self.transmit()?;
         match err {
             None if file.sink.members().is_some() => {
                 file.phases.commit = fin_at.elapsed();

@@ -295,6 +295,8 @@ impl Session<'_, '_> {
         }
         drop((copy, link));
         self.machine.same()?;
+        // The verdict goes out before the report.
+        self.transmit()?;
         let report = FileReport {
             name,
             bytes: size,
@@ -391,6 +393,10 @@ impl Session<'_, '_> {
                 file.data_started = Instant::now();
                 file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
                 file.progress.advance(file.resumed_from);
+                // Writer threads (`--threads`) write temporary files.
+                if file.sink.is_temp_file() {
+                    self.start_writers();
+                }
                 self.machine.accept(ring, file).map_err(XferError::from)?;
                 Ok(())
             }

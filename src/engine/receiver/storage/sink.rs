@@ -57,13 +57,13 @@ impl Sink {
         .map_err(Unwritten::Failed)
     }
 
-    /// The file for writer threads (`--threads`): only a temporary file
-    /// takes them.
     /// Whether it writes a temporary file (the writer threads' work).
     pub(in crate::engine::receiver) fn is_temp_file(&self) -> bool {
         matches!(self, Sink::Temp(_))
     }
 
+    /// The file for writer threads (`--threads`): only a temporary file
+    /// takes them.
     pub(in crate::engine::receiver) fn temp_file(&mut self) -> Option<&mut TempFile> {
         match self {
             Sink::Temp(t) => Some(t),

@@ -357,8 +357,37 @@ fn a_silent_sender_times_out() {
         "{:?}",
         ended.result
     );
-    assert!(matches!(ended.played, None | Some(Message::Ack(_))));
+    // Nothing is said to a sender that says nothing.
+    assert_eq!(ended.played, None);
     assert!(listing(dir.path()).is_empty());
+}
+
+#[test]
+fn a_chunk_whose_tag_is_wrong_is_refused_though_its_crc_is_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.token = Some(token());
+    let data = bytes(4096 * 3, 9);
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        peer.flip_tag = Some(1);
+        assert!(matches!(
+            peer.offer(file("f", data.len() as u64)),
+            SenderEvent::Ring(_)
+        ));
+        peer.write_data(&data, None);
+        peer.event()
+    });
+    assert!(
+        matches!(&ended.result, Err(XferError::Integrity(m)) if m.contains("authentication tag")),
+        "{:?}",
+        ended.result
+    );
+    let SenderEvent::Aborted(ack) = ended.played else {
+        panic!("{:?}", ended.played);
+    };
+    assert_eq!(ack.status, AckStatus::Integrity);
+    assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
 }
 
 #[test]

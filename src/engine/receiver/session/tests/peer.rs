@@ -26,6 +26,8 @@ pub(super) struct Peer {
     /// The whole-file digest of every offer (a receiver with a token
     /// takes only SHA-256).
     pub digest: DigestAlg,
+    /// The chunk of this number carries a wrong tag (its CRC is right).
+    pub flip_tag: Option<u64>,
     tags: u64,
 }
 
@@ -64,6 +66,7 @@ impl Peer {
             pool,
             free,
             digest: DigestAlg::Crc32,
+            flip_tag: None,
             tags: 0,
         }
     }
@@ -188,12 +191,11 @@ impl Peer {
             let (data, tag) = slot.split_at_mut(chunk.len());
             data.copy_from_slice(chunk);
             if let Some(auth) = self.machine.chunk_auth() {
-                tag_chunk(
-                    Some(&auth),
-                    plan.file_offset,
-                    chunk,
-                    &mut tag[..CHUNK_TAG_LEN],
-                );
+                let tag = &mut tag[..CHUNK_TAG_LEN];
+                tag_chunk(Some(&auth), plan.file_offset, chunk, tag);
+                if self.flip_tag == Some(plan.seq) {
+                    tag[0] ^= 1;
+                }
             }
             let crc = crc32fast::hash(chunk);
             hasher.update(chunk, crc);
