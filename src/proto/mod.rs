@@ -395,8 +395,8 @@ mod tests {
                 checksum: i.is_multiple_of(3),
             };
             // The tag is the entry's index (offset so that 0 means nothing).
-            let m = self.s.start_file(offer, 1000 + i as u64).unwrap();
-            self.send_s(&m);
+            self.s.start_file(offer, 1000 + i as u64).unwrap();
+            self.transmit_s();
             self.offered.push_back(i);
             if kind == OfferKind::Directory {
                 self.awaiting.push_back(i);
@@ -405,6 +405,13 @@ mod tests {
             }
             self.next_entry += 1;
             self.max_pending = self.max_pending.max(self.s.pending());
+        }
+
+        /// Sends what the sender queued.
+        fn transmit_s(&mut self) {
+            while let Some(m) = self.s.poll_transmit() {
+                self.send_s(&m);
+            }
         }
 
         /// Sends what the receiver queued.
@@ -446,8 +453,8 @@ mod tests {
                     if more && may {
                         self.sender_start_next();
                     } else if !more && self.s.pending() == 0 {
-                        let m = self.s.close().unwrap();
-                        self.send_s(&m);
+                        self.s.close().unwrap();
+                        self.transmit_s();
                     }
                 }
                 SenderState::Sending => self.sender_data(),
@@ -491,8 +498,8 @@ mod tests {
                 let sum: [u8; 32] =
                     sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(data))
                         .into();
-                let m = self.s.finish(Digest::Sha256(sum)).unwrap();
-                self.send_s(&m);
+                self.s.finish(Digest::Sha256(sum)).unwrap();
+                self.transmit_s();
                 self.awaiting.push_back(i);
                 self.sending = None;
                 self.max_pending = self.max_pending.max(self.s.pending());
@@ -611,11 +618,7 @@ mod tests {
                 return;
             };
             match self.s.on_message(open(&mut self.s_channel, &b)).unwrap() {
-                SenderEvent::Greeted(g) => {
-                    if let Some(prove) = g.prove {
-                        self.send_s(&prove);
-                    }
-                }
+                SenderEvent::Greeted(_) => self.transmit_s(),
                 SenderEvent::Authenticated => {
                     self.s_channel = Some(self.s.take_channel().unwrap());
                 }

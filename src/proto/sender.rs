@@ -116,6 +116,30 @@ pub struct FileOffer {
     pub checksum: bool,
 }
 
+impl FileOffer {
+    /// The HELLO flags the offer goes out with.
+    pub fn caps(&self) -> u32 {
+        let mut caps = match self.kind {
+            OfferKind::File => 0,
+            OfferKind::Stream => hello_flags::STREAM,
+            OfferKind::Directory => hello_flags::DIRECTORY,
+        };
+        if self.mtime.is_some() {
+            caps |= hello_flags::MTIME;
+        }
+        if self.keep_mode {
+            caps |= hello_flags::KEEP_MODE;
+        }
+        if self.resume && self.kind == OfferKind::File && self.mtime.is_some() {
+            caps |= hello_flags::RESUME;
+        }
+        if self.checksum && self.kind == OfferKind::File {
+            caps |= hello_flags::CHECKSUM;
+        }
+        caps
+    }
+}
+
 /// Where the engine must RDMA-WRITE (with imm = CRC32 of the chunk) the next chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkPlan {
@@ -138,11 +162,11 @@ pub struct ChunkPlan {
 /// What the receiver's CHALLENGE asks of the engine before the first HELLO.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Greeting {
-    /// The PROVE to send (the receiver requires authentication); the
-    /// machine then waits for AUTH_OK before any HELLO. Its proof is empty
-    /// when this sender has no token, and the receiver will then refuse
-    /// with REJECT(Auth).
-    pub prove: Option<Message>,
+    /// The receiver requires authentication: the machine queued its PROVE
+    /// and waits for AUTH_OK before any HELLO. The proof is empty when
+    /// this sender has no token, and the receiver will then refuse with
+    /// REJECT(Auth).
+    pub proving: bool,
 }
 
 /// What a sender with a token needs to prove it on one connection.
@@ -178,8 +202,8 @@ pub enum Verdict {
 /// What a received message means for the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SenderEvent {
-    /// The receiver's CHALLENGE arrived: send `Greeting::prove` (if any;
-    /// then wait for `Authenticated`), else now Idle.
+    /// The receiver's CHALLENGE arrived: with `Greeting::proving`, the
+    /// PROVE is queued (then wait for `Authenticated`), else now Idle.
     Greeted(Greeting),
     /// The receiver proved the token (AUTH_OK): now Idle; install the
     /// channel (`take_channel`) before sending anything else.
@@ -239,6 +263,8 @@ pub enum SameCopy {
 #[derive(Debug, Clone)]
 pub struct SenderSession {
     state: SenderState,
+    /// Messages the machine decided on, oldest first (`poll_transmit`).
+    outbox: VecDeque<Message>,
     auth: Option<SenderAuth>,
     /// Derived when the CHALLENGE arrives (with a token).
     key: Option<SessionKey>,
@@ -288,6 +314,7 @@ impl SenderSession {
     pub fn new(chunk_size: u32, auth: Option<SenderAuth>) -> Self {
         Self {
             state: SenderState::AwaitChallenge,
+            outbox: VecDeque::new(),
             auth,
             key: None,
             channel: None,
@@ -410,12 +437,12 @@ impl SenderSession {
     }
 
     /// Idle -> AwaitRing (a file or stream) or Idle with one more pending
-    /// entry (a directory); returns the HELLO to send. The name is not
+    /// entry (a directory); queues the HELLO. The name is not
     /// checked here: the receiver is the authority and answers a bad one
     /// with REJECT. `tag` comes back with
     /// the entry's verdict (`SenderEvent::Answered`), for the engine's
     /// report.
-    pub fn start_file(&mut self, offer: FileOffer, tag: u64) -> Result<Message, ProtocolError> {
+    pub fn start_file(&mut self, offer: FileOffer, tag: u64) -> Result<(), ProtocolError> {
         self.check_can_start("start_file")?;
         let hello = offer_hello(offer);
         let resume = hello.caps & hello_flags::RESUME != 0;
@@ -429,7 +456,8 @@ impl SenderSession {
             }
         }
         self.offers += 1;
-        Ok(Message::Hello(hello))
+        self.outbox.push_back(Message::Hello(hello));
+        Ok(())
     }
 
     /// Idle -> AwaitRing for several plain files offered together (BATCH):
@@ -439,11 +467,7 @@ impl SenderSession {
     /// file on its own. Files only, without RESUME, all with the same
     /// digest, at most `MAX_BATCH_FILES` of them. Members keep CHECKSUM
     /// (a batch is never asked for digests; its files alone may be).
-    pub fn start_batch(
-        &mut self,
-        offers: Vec<FileOffer>,
-        tag: u64,
-    ) -> Result<Message, ProtocolError> {
+    pub fn start_batch(&mut self, offers: Vec<FileOffer>, tag: u64) -> Result<(), ProtocolError> {
         self.check_can_start("start_batch")?;
         let digest = offers
             .first()
@@ -474,7 +498,8 @@ impl SenderSession {
         self.start_data(tag, total, false, digest);
         self.batching = true;
         self.offers += 1;
-        Ok(Message::Batch(members))
+        self.outbox.push_back(Message::Batch(members));
+        Ok(())
     }
 
     fn check_can_start(&self, op: &'static str) -> Result<(), ProtocolError> {
@@ -563,7 +588,7 @@ impl SenderSession {
                         return Err(ProtocolError::NoAuthRequested);
                     }
                     self.state = Idle;
-                    return Ok(SenderEvent::Greeted(Greeting { prove: None }));
+                    return Ok(SenderEvent::Greeted(Greeting { proving: false }));
                 }
                 let prove = match &self.auth {
                     Some(a) => {
@@ -584,9 +609,8 @@ impl SenderSession {
                     },
                 };
                 self.state = AwaitAuthOk;
-                Ok(SenderEvent::Greeted(Greeting {
-                    prove: Some(Message::Prove(prove)),
-                }))
+                self.outbox.push_back(Message::Prove(prove));
+                Ok(SenderEvent::Greeted(Greeting { proving: true }))
             }
             (AwaitAuthOk, Message::AuthOk { proof }) => {
                 let Some(key) = &self.key else {
@@ -801,9 +825,8 @@ impl SenderSession {
 
     /// Answers the HAVE (state AwaitFromDecision) after the engine checked
     /// its file against it: 0 sends everything, HAVE's prefix continues
-    /// it (the engine verified the prefix's chunk CRCs). Returns the FROM
-    /// to send.
-    pub fn start_from(&mut self, offset: u64) -> Result<Message, ProtocolError> {
+    /// it (the engine verified the prefix's chunk CRCs). Queues the FROM.
+    pub fn start_from(&mut self, offset: u64) -> Result<(), ProtocolError> {
         if self.state != SenderState::AwaitFromDecision {
             return Err(self.wrong_state("start_from"));
         }
@@ -830,14 +853,15 @@ impl SenderSession {
                 });
             }
         }
-        Ok(Message::From { offset })
+        self.outbox.push_back(Message::From { offset });
+        Ok(())
     }
 
     /// Answers a HAVE of a complete copy or of kind Digest (state
     /// AwaitFromDecision) with the SHA-256 of the sender's file: the
     /// receiver compares and answers ACK (the same, `SenderEvent::Same`)
-    /// or HAVE of nothing (FROM 0 follows). Returns the COMPARE to send.
-    pub fn compare(&mut self, sha256: [u8; 32]) -> Result<Message, ProtocolError> {
+    /// or HAVE of nothing (FROM 0 follows). Queues the COMPARE.
+    pub fn compare(&mut self, sha256: [u8; 32]) -> Result<(), ProtocolError> {
         let asked = matches!(
             self.have.as_ref().map(|h| h.kind),
             Some(HaveKind::Complete | HaveKind::Digest)
@@ -847,7 +871,8 @@ impl SenderSession {
         }
         self.state = SenderState::AwaitCompared;
         self.compare_sha256 = Some(sha256);
-        Ok(Message::Compare { sha256 })
+        self.outbox.push_back(Message::Compare { sha256 });
+        Ok(())
     }
 
     /// Where the current file's data starts (its resumed prefix, in bytes).
@@ -918,10 +943,10 @@ impl SenderSession {
         self.state == SenderState::Sending && !self.stream && self.planned == self.size
     }
 
-    /// Sending -> Idle with the file pending; returns the FIN. A file of
+    /// Sending -> Idle with the file pending; queues the FIN. A file of
     /// known size must have every byte planned; a stream ends here, its
     /// size being what was planned.
-    pub fn finish(&mut self, digest: Digest) -> Result<Message, ProtocolError> {
+    pub fn finish(&mut self, digest: Digest) -> Result<(), ProtocolError> {
         if self.state != SenderState::Sending {
             return Err(self.wrong_state("finish"));
         }
@@ -939,18 +964,19 @@ impl SenderSession {
         }
         self.state = SenderState::Idle;
         self.pending.push_back((self.tag, Pending::File));
-        Ok(Message::Fin(Fin {
+        self.outbox.push_back(Message::Fin(Fin {
             bytes: self.planned,
             chunks: self.seq,
             digest,
-        }))
+        }));
+        Ok(())
     }
 
     /// While a stream waits for its input, or while the engine reads its
     /// file to compare it with a HAVE: a KEEPALIVE so that the receiver's
     /// no-progress timeout does not fire (due every `keepalive_interval`
     /// of silence). Nothing else may keep the receiver waiting.
-    pub fn keepalive(&self) -> Result<Message, ProtocolError> {
+    pub fn keepalive(&mut self) -> Result<(), ProtocolError> {
         let waiting = match self.state {
             SenderState::Sending => self.stream,
             // Reading its file for a HAVE's answer.
@@ -960,11 +986,18 @@ impl SenderSession {
         if !waiting {
             return Err(self.wrong_state("keepalive"));
         }
-        Ok(Message::Keepalive)
+        self.outbox.push_back(Message::Keepalive);
+        Ok(())
     }
 
-    /// Idle with nothing pending -> Closed; returns the BYE.
-    pub fn close(&mut self) -> Result<Message, ProtocolError> {
+    /// The next message the machine queued for the receiver, if any. The
+    /// engine sends them in this order.
+    pub fn poll_transmit(&mut self) -> Option<Message> {
+        self.outbox.pop_front()
+    }
+
+    /// Idle with nothing pending -> Closed; queues the BYE.
+    pub fn close(&mut self) -> Result<(), ProtocolError> {
         if self.state != SenderState::Idle {
             return Err(self.wrong_state("close"));
         }
@@ -974,7 +1007,8 @@ impl SenderSession {
             });
         }
         self.state = SenderState::Closed;
-        Ok(Message::Bye)
+        self.outbox.push_back(Message::Bye);
+        Ok(())
     }
 }
 
@@ -982,23 +1016,7 @@ impl SenderSession {
 /// stream or directory, RESUME only for a file with an mtime, CHECKSUM
 /// only for a file.
 fn offer_hello(offer: FileOffer) -> Hello {
-    let mut caps = match offer.kind {
-        OfferKind::File => 0,
-        OfferKind::Stream => hello_flags::STREAM,
-        OfferKind::Directory => hello_flags::DIRECTORY,
-    };
-    if offer.mtime.is_some() {
-        caps |= hello_flags::MTIME;
-    }
-    if offer.keep_mode {
-        caps |= hello_flags::KEEP_MODE;
-    }
-    if offer.resume && offer.kind == OfferKind::File && offer.mtime.is_some() {
-        caps |= hello_flags::RESUME;
-    }
-    if offer.checksum && offer.kind == OfferKind::File {
-        caps |= hello_flags::CHECKSUM;
-    }
+    let caps = offer.caps();
     let size = match offer.kind {
         OfferKind::File => offer.size,
         OfferKind::Stream | OfferKind::Directory => 0,
@@ -1157,6 +1175,19 @@ mod tests {
         })
     }
 
+    /// What an engine call queued: its message (the last one queued), or
+    /// why it was refused.
+    fn queued(
+        result: Result<(), ProtocolError>,
+        s: &mut SenderSession,
+    ) -> Result<Message, ProtocolError> {
+        result.map(|()| {
+            std::iter::from_fn(|| s.poll_transmit())
+                .last()
+                .expect("a message")
+        })
+    }
+
     fn named(name: &str, size: u64) -> FileOffer {
         FileOffer {
             name: name.into(),
@@ -1167,9 +1198,11 @@ mod tests {
     #[test]
     fn a_batch_is_one_offer_one_data_stream_and_one_verdict() {
         let mut s = greeted(100);
-        let msg = s
-            .start_batch(vec![named("a", 150), named("b", 0), named("c", 60)], 9)
-            .unwrap();
+        let msg = queued(
+            s.start_batch(vec![named("a", 150), named("b", 0), named("c", 60)], 9),
+            &mut s,
+        )
+        .unwrap();
         let Message::Batch(members) = msg else {
             panic!("{msg:?}")
         };
@@ -1488,9 +1521,7 @@ mod tests {
                 let expect: Option<(SenderEvent, SenderState)> = match (sit, &msg) {
                     _ if auth_reject || version_reject || sit == Closed => None,
                     (AwaitChallenge, Message::Challenge(c)) if c.auth_required() => Some((
-                        SenderEvent::Greeted(Greeting {
-                            prove: Some(expected_prove()),
-                        }),
+                        SenderEvent::Greeted(Greeting { proving: true }),
                         SenderState::AwaitAuthOk,
                     )),
                     (AwaitAuthOk, m) if *m == good_auth_ok() => {
@@ -1609,10 +1640,10 @@ mod tests {
         assert_eq!(s.state(), SenderState::AwaitChallenge);
         assert_eq!(
             s.on_message(challenge(AUTH_REQUIRED)),
-            Ok(SenderEvent::Greeted(Greeting {
-                prove: Some(expected_prove())
-            }))
+            Ok(SenderEvent::Greeted(Greeting { proving: true }))
         );
+        assert_eq!(s.poll_transmit(), Some(expected_prove()));
+        assert_eq!(s.poll_transmit(), None);
         assert_eq!(s.state(), SenderState::AwaitAuthOk);
         // No HELLO (no name, no size) before the receiver has proven itself.
         assert!(s.start_file(offer(1), 0).is_err());
@@ -1629,7 +1660,10 @@ mod tests {
             b"HELLO"
         );
         assert_eq!(mine.open(&theirs.seal(b"MR").unwrap()).unwrap(), b"MR");
-        assert!(matches!(s.start_file(offer(1), 0), Ok(Message::Hello(_))));
+        assert!(matches!(
+            queued(s.start_file(offer(1), 0), &mut s),
+            Ok(Message::Hello(_))
+        ));
         // A second CHALLENGE is a protocol error.
         assert_eq!(
             s.on_message(challenge(AUTH_REQUIRED)),
@@ -1641,10 +1675,11 @@ mod tests {
 
         // No token, auth required: an empty PROVE (the receiver says why).
         let mut s = SenderSession::new(10, None);
-        let Ok(SenderEvent::Greeted(Greeting {
-            prove: Some(Message::Prove(p)),
-        })) = s.on_message(challenge(AUTH_REQUIRED))
-        else {
+        assert_eq!(
+            s.on_message(challenge(AUTH_REQUIRED)),
+            Ok(SenderEvent::Greeted(Greeting { proving: true }))
+        );
+        let Some(Message::Prove(p)) = s.poll_transmit() else {
             panic!("no PROVE");
         };
         assert!(p.proof.is_empty());
@@ -1659,8 +1694,9 @@ mod tests {
         let mut s = SenderSession::new(10, None);
         assert_eq!(
             s.on_message(challenge(0)),
-            Ok(SenderEvent::Greeted(Greeting { prove: None }))
+            Ok(SenderEvent::Greeted(Greeting { proving: false }))
         );
+        assert_eq!(s.poll_transmit(), None);
         assert_eq!(s.state(), SenderState::Idle);
         assert!(s.take_channel().is_none());
     }
@@ -1726,13 +1762,15 @@ mod tests {
         }
         // The PROVE answers this nonce only.
         let mut s = SenderSession::new(10, Some(auth()));
-        let Ok(SenderEvent::Greeted(Greeting {
-            prove: Some(Message::Prove(p)),
-        })) = s.on_message(Message::Challenge(Challenge {
+        let greeted = s.on_message(Message::Challenge(Challenge {
             flags: AUTH_REQUIRED,
             nonce: [1; NONCE_LEN],
-        }))
-        else {
+        }));
+        assert_eq!(
+            greeted,
+            Ok(SenderEvent::Greeted(Greeting { proving: true }))
+        );
+        let Some(Message::Prove(p)) = s.poll_transmit() else {
             panic!("no PROVE");
         };
         assert!(!receiver_key().verify_sender(&p.proof));
@@ -1880,7 +1918,7 @@ mod tests {
             }
             // Only a stream waits for its input.
             if sit == SendingStream {
-                assert_eq!(s.keepalive(), Ok(Message::Keepalive));
+                assert_eq!(queued(s.keepalive(), &mut s), Ok(Message::Keepalive));
             } else {
                 assert_eq!(s.keepalive(), Err(wrong("keepalive")), "{sit:?}");
             }
@@ -1894,7 +1932,7 @@ mod tests {
     fn hello_contents_and_versions() {
         let hello = |o: FileOffer| {
             let mut s = greeted(10);
-            match s.start_file(o, 0).unwrap() {
+            match queued(s.start_file(o, 0), &mut s).unwrap() {
                 Message::Hello(h) => h,
                 other => panic!("{other:?}"),
             }
@@ -1973,7 +2011,9 @@ mod tests {
         let mut s = greeted(10);
         let mut o = offer(5);
         o.name = "../etc".into();
-        assert!(matches!(s.start_file(o, 0), Ok(Message::Hello(h)) if h.name == "../etc"));
+        assert!(
+            matches!(queued(s.start_file(o, 0), &mut s), Ok(Message::Hello(h)) if h.name == "../etc")
+        );
         assert_eq!(s.state(), SenderState::AwaitRing);
     }
 
@@ -2042,7 +2082,7 @@ mod tests {
             assert_eq!(p.file_offset, i64_ * 100);
             assert_eq!(p.len, if i == 10 { 50 } else { 100 });
         }
-        let fin = s.finish(Digest::Crc32(9)).unwrap();
+        let fin = queued(s.finish(Digest::Crc32(9)), &mut s).unwrap();
         assert_eq!(
             fin,
             Message::Fin(Fin {
@@ -2089,7 +2129,7 @@ mod tests {
             let got: Vec<u32> = plan_all(&mut s).iter().map(|p| p.len).collect();
             assert_eq!(got, lens, "size {size}");
             assert!(matches!(
-                s.finish(Digest::Crc32(0)),
+                queued(s.finish(Digest::Crc32(0)), &mut s),
                 Ok(Message::Fin(Fin { bytes, chunks, .. })) if bytes == size && chunks == lens.len() as u64
             ));
         }
@@ -2233,7 +2273,7 @@ mod tests {
         assert!(s.all_chunks_planned());
         assert_eq!(next_file(&mut s), None);
         assert_eq!(
-            s.finish(Digest::Crc32(0)).unwrap(),
+            queued(s.finish(Digest::Crc32(0)), &mut s).unwrap(),
             Message::Fin(Fin {
                 bytes: 0,
                 chunks: 0,
@@ -2278,7 +2318,7 @@ mod tests {
             "a stream's end is the engine's to say"
         );
         assert_eq!(
-            s.finish(Digest::Crc32(5)).unwrap(),
+            queued(s.finish(Digest::Crc32(5)), &mut s).unwrap(),
             Message::Fin(Fin {
                 bytes: 307,
                 chunks: 4,
@@ -2310,7 +2350,7 @@ mod tests {
         assert!(s.next_chunk(100).unwrap().is_some());
         assert!(s.next_chunk(100).unwrap().is_some());
         assert!(matches!(
-            s.finish(Digest::Crc32(0)),
+            queued(s.finish(Digest::Crc32(0)), &mut s),
             Ok(Message::Fin(Fin {
                 bytes: 200,
                 chunks: 2,
@@ -2320,7 +2360,7 @@ mod tests {
         // Zero bytes: FIN(0, 0) straight after the MR.
         let mut s = streaming(100, 4);
         assert_eq!(
-            s.finish(Digest::Crc32(0)).unwrap(),
+            queued(s.finish(Digest::Crc32(0)), &mut s).unwrap(),
             Message::Fin(Fin {
                 bytes: 0,
                 chunks: 0,
@@ -2470,7 +2510,7 @@ mod tests {
             Ok(SenderEvent::Rejected(rej))
         );
         assert_eq!(s.state(), SenderState::Idle);
-        assert_eq!(s.close(), Ok(Message::Bye));
+        assert_eq!(queued(s.close(), &mut s), Ok(Message::Bye));
     }
 
     #[test]
@@ -2563,7 +2603,7 @@ mod tests {
             );
             assert_eq!(s.state(), SenderState::Idle);
         }
-        assert_eq!(s.close(), Ok(Message::Bye));
+        assert_eq!(queued(s.close(), &mut s), Ok(Message::Bye));
         assert_eq!(s.state(), SenderState::Closed);
     }
 
@@ -2613,7 +2653,7 @@ mod tests {
     #[test]
     fn a_resumed_file_continues_its_prefix() {
         let mut s = greeted(100);
-        let Message::Hello(h) = s.start_file(resumable(1000), 1).unwrap() else {
+        let Message::Hello(h) = queued(s.start_file(resumable(1000), 1), &mut s).unwrap() else {
             panic!("no HELLO")
         };
         assert_eq!(h.caps, hello_flags::RESUME | hello_flags::MTIME);
@@ -2635,9 +2675,15 @@ mod tests {
         assert_eq!(s.state(), SenderState::AwaitFromDecision);
         assert!(s.clone().start_from(200).is_err());
         // Checking the prefix takes a while: the receiver is kept waiting.
-        assert_eq!(s.keepalive(), Ok(Message::Keepalive));
-        assert_eq!(s.start_from(300).unwrap(), Message::From { offset: 300 });
-        assert!(s.keepalive().is_err(), "a file does not wait for input");
+        assert_eq!(queued(s.keepalive(), &mut s), Ok(Message::Keepalive));
+        assert_eq!(
+            queued(s.start_from(300), &mut s).unwrap(),
+            Message::From { offset: 300 }
+        );
+        assert!(
+            queued(s.keepalive(), &mut s).is_err(),
+            "a file does not wait for input"
+        );
         // The receiver reads its prefix back: KEEPALIVE until its MR.
         assert_eq!(s.on_message(Message::Keepalive), Ok(SenderEvent::Keepalive));
         assert_eq!(s.state(), SenderState::AwaitRing);
@@ -2655,7 +2701,7 @@ mod tests {
             }
             planned += 50;
         }
-        let Message::Fin(fin) = s.finish(Digest::Crc32(0)).unwrap() else {
+        let Message::Fin(fin) = queued(s.finish(Digest::Crc32(0)), &mut s).unwrap() else {
             panic!("no FIN")
         };
         assert_eq!((fin.bytes, fin.chunks), (1000, 20));
@@ -2684,7 +2730,7 @@ mod tests {
         s.on_message(Message::Have(Have::complete(1000))).unwrap();
         assert!(s.clone().start_from(1000).is_err());
         assert_eq!(
-            s.compare([7; 32]).unwrap(),
+            queued(s.compare([7; 32]), &mut s).unwrap(),
             Message::Compare { sha256: [7; 32] }
         );
         assert_eq!(s.state(), SenderState::AwaitCompared);
@@ -2748,16 +2794,17 @@ mod tests {
         }
         // A stream or a file without mtime never asks to resume.
         let mut s = greeted(100);
-        let Message::Hello(h) = s
-            .start_file(
+        let Message::Hello(h) = queued(
+            s.start_file(
                 FileOffer {
                     mtime: None,
                     ..resumable(10)
                 },
                 1,
-            )
-            .unwrap()
-        else {
+            ),
+            &mut s,
+        )
+        .unwrap() else {
             panic!("no HELLO")
         };
         assert_eq!(h.caps & hello_flags::RESUME, 0);
@@ -2779,7 +2826,8 @@ mod tests {
     fn a_checksum_offer_is_compared_when_asked() {
         let start = || {
             let mut s = greeted(100);
-            let Message::Hello(h) = s.start_file(checksummed(1000), 3).unwrap() else {
+            let Message::Hello(h) = queued(s.start_file(checksummed(1000), 3), &mut s).unwrap()
+            else {
                 panic!("no HELLO")
             };
             assert_eq!(h.caps, hello_flags::CHECKSUM);
@@ -2805,10 +2853,10 @@ mod tests {
         );
         assert_eq!(s.state(), SenderState::AwaitFromDecision);
         // Hashing the file takes a while: the receiver is kept waiting.
-        assert_eq!(s.keepalive(), Ok(Message::Keepalive));
+        assert_eq!(queued(s.keepalive(), &mut s), Ok(Message::Keepalive));
         assert!(s.clone().start_from(1000).is_err());
         assert_eq!(
-            s.compare([4; 32]).unwrap(),
+            queued(s.compare([4; 32]), &mut s).unwrap(),
             Message::Compare { sha256: [4; 32] }
         );
         assert_eq!(s.state(), SenderState::AwaitCompared);
@@ -2831,7 +2879,10 @@ mod tests {
         s.on_message(Message::Have(Have::nothing("the --link-dest copy differs")))
             .unwrap();
         assert!(s.clone().compare([4; 32]).is_err(), "compared once");
-        assert_eq!(s.start_from(0).unwrap(), Message::From { offset: 0 });
+        assert_eq!(
+            queued(s.start_from(0), &mut s).unwrap(),
+            Message::From { offset: 0 }
+        );
         assert_eq!(s.state(), SenderState::AwaitRing);
         assert!(
             s.clone()
@@ -2889,7 +2940,7 @@ mod tests {
             ..resumable(1000)
         };
         let mut s = greeted(100);
-        let Message::Hello(h) = s.start_file(both.clone(), 1).unwrap() else {
+        let Message::Hello(h) = queued(s.start_file(both.clone(), 1), &mut s).unwrap() else {
             panic!("no HELLO")
         };
         assert_eq!(
@@ -2916,16 +2967,17 @@ mod tests {
         // Streams and directories never carry CHECKSUM; a batch's files do.
         for kind in [OfferKind::Stream, OfferKind::Directory] {
             let mut s = greeted(100);
-            let Message::Hello(h) = s
-                .start_file(
+            let Message::Hello(h) = queued(
+                s.start_file(
                     FileOffer {
                         kind,
                         ..checksummed(0)
                     },
                     1,
-                )
-                .unwrap()
-            else {
+                ),
+                &mut s,
+            )
+            .unwrap() else {
                 panic!("no HELLO")
             };
             assert_eq!(h.caps & hello_flags::CHECKSUM, 0, "{kind:?}");
@@ -2934,10 +2986,11 @@ mod tests {
             }
         }
         let mut s = greeted(100);
-        let Message::Batch(members) = s
-            .start_batch(vec![checksummed(1), checksummed(2)], 1)
-            .unwrap()
-        else {
+        let Message::Batch(members) = queued(
+            s.start_batch(vec![checksummed(1), checksummed(2)], 1),
+            &mut s,
+        )
+        .unwrap() else {
             panic!("no BATCH")
         };
         assert!(members.iter().all(|m| m.caps & hello_flags::CHECKSUM != 0));

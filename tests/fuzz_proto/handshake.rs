@@ -116,7 +116,11 @@ pub(crate) fn check_handshake(
         c.flags &= !AUTH_REQUIRED;
     }
     let prove = match s.on_message(Message::Challenge(c)) {
-        Ok(SenderEvent::Greeted(g)) => g.prove,
+        Ok(SenderEvent::Greeted(g)) => {
+            let prove = s.poll_transmit();
+            prop_assert_eq!(g.proving, prove.is_some());
+            prove
+        }
         Err(ProtocolError::NoAuthRequested) => {
             prop_assert!(matches!(interference, Interference::Downgrade));
             prop_assert!(!s.can_start(), "a HELLO after a downgrade");

@@ -296,7 +296,7 @@ pub(crate) fn check_sender(
                 let digest = offers.first().map_or(digest, |o| o.digest);
                 let tag = m.next_tag;
                 m.next_tag += 1;
-                match s.start_batch(offers, tag) {
+                match sent(s.start_batch(offers, tag), &mut s) {
                     Ok(msg) => {
                         prop_assert_eq!(before, Idle);
                         prop_assert!(token.is_none() || proven, "BATCH before AUTH_OK");
@@ -366,7 +366,7 @@ pub(crate) fn check_sender(
                 } | if checksum { hello_flags::CHECKSUM } else { 0 };
                 let tag = m.next_tag;
                 m.next_tag += 1;
-                match s.start_file(offer, tag) {
+                match sent(s.start_file(offer, tag), &mut s) {
                     Ok(msg) => {
                         prop_assert_eq!(before, Idle);
                         // With a token: no name, no size before AUTH_OK.
@@ -508,9 +508,12 @@ pub(crate) fn check_sender(
                         };
                         if c.auth_required() {
                             prop_assert_eq!(s.state(), AwaitAuthOk);
-                            let Some(Message::Prove(p)) = g.prove else {
+                            prop_assert!(g.proving);
+                            let sent = std::iter::from_fn(|| s.poll_transmit()).collect::<Vec<_>>();
+                            let [Message::Prove(p)] = &sent[..] else {
                                 return Err(TestCaseError::fail("no PROVE"));
                             };
+                            let p = p.clone();
                             prop_assert_eq!(p.version, PROTOCOL_VERSION);
                             match &token {
                                 Some(t) => {
@@ -526,7 +529,8 @@ pub(crate) fn check_sender(
                         } else {
                             // A token and no authentication asked: refused.
                             prop_assert!(token.is_none(), "downgrade accepted");
-                            prop_assert_eq!(g.prove, None);
+                            prop_assert!(!g.proving);
+                            prop_assert_eq!(s.poll_transmit(), None);
                             prop_assert_eq!(s.state(), Idle);
                         }
                         TX.hit(4);
@@ -754,7 +758,7 @@ pub(crate) fn check_sender(
                     DigestAlg::Crc32 => Digest::Crc32(7),
                     DigestAlg::Sha256 => Digest::Sha256([7; 32]),
                 };
-                match s.finish(digest) {
+                match sent(s.finish(digest), &mut s) {
                     Ok(Message::Fin(f)) => {
                         prop_assert_eq!(before, Sending);
                         prop_assert_eq!(f.bytes, m.planned);
@@ -783,7 +787,7 @@ pub(crate) fn check_sender(
                     }
                 }
             }
-            TxAction::Close => match s.close() {
+            TxAction::Close => match sent(s.close(), &mut s) {
                 Ok(msg) => {
                     prop_assert_eq!(before, Idle);
                     prop_assert!(m.pending.is_empty(), "BYE with entries unanswered");
@@ -800,7 +804,7 @@ pub(crate) fn check_sender(
                     // asking for the digest.
                     let sha256 = [seed as u8; 32];
                     let taken = before == AwaitFromDecision && complete;
-                    match s.compare(sha256) {
+                    match sent(s.compare(sha256), &mut s) {
                         Ok(msg) => {
                             prop_assert!(taken, "COMPARE in {:?} after {:?}", before, have);
                             prop_assert_eq!(msg, Message::Compare { sha256 });
@@ -855,7 +859,7 @@ pub(crate) fn check_from(
             && offset == h.bytes
             && (chunk_size == 0 || h.chunk_len <= chunk_size)
     };
-    match s.start_from(offset) {
+    match sent(s.start_from(offset), s) {
         Ok(msg) => {
             prop_assert_eq!(before, AwaitFromDecision);
             prop_assert_eq!(msg, Message::From { offset });
@@ -951,4 +955,23 @@ pub(crate) fn machine_sender() {
             )
         },
     );
+}
+
+/// What a call of the engine's queued: its one message, or (refused)
+/// nothing.
+fn sent<E: std::fmt::Debug>(result: Result<(), E>, s: &mut SenderSession) -> Result<Message, E> {
+    let mut queued: Vec<Message> = std::iter::from_fn(|| s.poll_transmit()).collect();
+    match result {
+        Ok(()) => {
+            assert_eq!(queued.len(), 1, "one message per call: {queued:?}");
+            Ok(queued.remove(0))
+        }
+        Err(e) => {
+            assert!(
+                queued.is_empty(),
+                "a refused call queued {queued:?} ({e:?})"
+            );
+            Err(e)
+        }
+    }
 }

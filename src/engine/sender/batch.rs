@@ -11,7 +11,7 @@ use crate::engine::reader::{BatchFile, Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
-    BATCH_ROOM, FileOffer, MAX_BATCH_FILES, Message, SenderEvent, SenderState, batch_member_len,
+    BATCH_ROOM, FileOffer, MAX_BATCH_FILES, SenderEvent, SenderState, batch_member_len,
 };
 use std::collections::VecDeque;
 use std::fs::File;
@@ -163,13 +163,10 @@ impl Connection {
         // receiver prepares for them: the MR only confirms the ring.
         let read_ahead = self.session.expected_chunk_len();
         let tag = tracker.tag();
-        let msg = self.session.start_batch(offers, tag).map_err(proto_err)?;
         // The members' flags, for an older receiver's refusal of them.
-        let caps = match &msg {
-            Message::Batch(hellos) => hellos.iter().fold(0, |caps, h| caps | h.caps),
-            _ => 0,
-        };
-        self.link.send(&msg)?;
+        let caps = offers.iter().fold(0, |caps, o| caps | o.caps());
+        self.session.start_batch(offers, tag).map_err(proto_err)?;
+        self.transmit()?;
         let mut input = Some(Input::Batch(files));
         if let Some(chunk_len) = read_ahead
             && let Some(files) = input.take()
@@ -253,8 +250,8 @@ impl Connection {
             .collect();
         #[cfg(feature = "fault-injection")]
         let digest = crate::engine::fault::fin_digest(digest);
-        let fin = self.session.finish(digest).map_err(proto_err)?;
-        self.link.send(&fin)?;
+        self.session.finish(digest).map_err(proto_err)?;
+        self.transmit()?;
         debug!(files = members.len(), bytes = total, "FIN sent");
         tracker.await_batch_verdict(tag, reports, progress);
         Ok(Batched::Sent { alone: Vec::new() })

@@ -233,10 +233,10 @@ impl Connection {
             match self.next_event(cfg, pipe, tracker, what)? {
                 None => {}
                 Some(SenderEvent::Greeted(greeting)) => {
-                    if let Some(prove) = greeting.prove {
+                    if greeting.proving {
                         debug!("the receiver requires authentication: PROVE sent");
-                        self.link.send(&prove)?;
                     }
+                    self.transmit()?;
                 }
                 // The channel is installed already (handle_completions).
                 Some(SenderEvent::Authenticated) => info!("receiver authenticated"),
@@ -281,8 +281,8 @@ impl Connection {
                     keep_mode: cfg.walk.preserve,
                 };
                 let tag = tracker.tag();
-                let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
-                self.link.send(&hello)?;
+                self.session.start_file(offer, tag).map_err(proto_err)?;
+                self.transmit()?;
                 tracker.pending.insert(
                     tag,
                     PendingEntry::Dir {
@@ -444,6 +444,14 @@ impl Connection {
         Ok(())
     }
 
+    /// Sends what the machine queued for the receiver, in order.
+    pub(super) fn transmit(&mut self) -> Result<(), XferError> {
+        while let Some(msg) = self.session.poll_transmit() {
+            self.link.send(&msg)?;
+        }
+        Ok(())
+    }
+
     /// Ends the session politely: BYE, wait until it is delivered, disconnect.
     pub(super) fn close(
         &mut self,
@@ -451,8 +459,8 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
-        let bye = self.session.close().map_err(XferError::from)?;
-        self.link.send(&bye)?;
+        self.session.close().map_err(XferError::from)?;
+        self.transmit()?;
         while self.link.busy() {
             match self.expect_nothing(cfg, pipe, tracker, "delivery of BYE") {
                 Ok(()) => {}

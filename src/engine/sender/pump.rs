@@ -11,8 +11,8 @@ use crate::engine::reader::{Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
-    Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, Message, OfferKind, Pending, SameCopy,
-    SenderEvent, SenderState, Verdict, escaped, keepalive_interval,
+    Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, OfferKind, Pending, SameCopy, SenderEvent,
+    SenderState, Verdict, escaped, keepalive_interval,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{Buffer, BufferPool, RemoteTarget};
@@ -185,12 +185,9 @@ impl Connection {
         tracker: &mut Tracker<'_>,
     ) -> Result<Start, FileError> {
         let name = offer.name.clone();
-        let hello = self.session.start_file(offer, tag).map_err(proto_err)?;
-        let caps = match &hello {
-            Message::Hello(h) => h.caps,
-            _ => 0,
-        };
-        self.link.send(&hello)?;
+        let caps = offer.caps();
+        self.session.start_file(offer, tag).map_err(proto_err)?;
+        self.transmit()?;
         self.await_answer(cfg, &name, input, pipe, tracker)
             .map_err(|e| super::verdicts::older_receiver(e, caps))
     }
@@ -220,13 +217,13 @@ impl Connection {
                 SenderEvent::Have(have) => {
                     match self.answer(cfg, name, &have, input, pipe, tracker)? {
                         Answer::From(offset, resume) => {
-                            let from = self.session.start_from(offset).map_err(proto_err)?;
-                            self.link.send(&from)?;
+                            self.session.start_from(offset).map_err(proto_err)?;
+                            self.transmit()?;
                             start = Start::Data(resume);
                         }
                         Answer::Compare(sha256) => {
-                            let msg = self.session.compare(sha256).map_err(proto_err)?;
-                            self.link.send(&msg)?;
+                            self.session.compare(sha256).map_err(proto_err)?;
+                            self.transmit()?;
                         }
                     }
                 }
@@ -366,7 +363,7 @@ impl Connection {
                 .session
                 .keepalive()
                 .map_err(proto_err)
-                .and_then(|k| Ok(self.link.send(&k)?))
+                .and_then(|()| Ok(self.transmit()?))
                 .and_then(|()| self.poll_events(pipe, tracker));
             match sent {
                 Ok(()) => Ok(()),
@@ -480,8 +477,8 @@ impl Connection {
             .finish(crate::engine::fault::fin_digest(report.digest));
         #[cfg(not(feature = "fault-injection"))]
         let fin = self.session.finish(report.digest);
-        let fin = fin.map_err(proto_err)?;
-        self.link.send(&fin)?;
+        fin.map_err(proto_err)?;
+        self.transmit()?;
         debug!(file = %escaped(&report.name), bytes = report.bytes, "FIN sent");
         tracker.await_verdict(tag, report, progress);
         Ok(())
@@ -514,8 +511,8 @@ impl Connection {
             if stream {
                 if last_sign.elapsed() >= crate::proto::keepalive_interval(cfg.timeout) {
                     debug!("waiting for input: KEEPALIVE sent");
-                    let keepalive = self.session.keepalive().map_err(proto_err)?;
-                    self.link.send(&keepalive)?;
+                    self.session.keepalive().map_err(proto_err)?;
+                    self.transmit()?;
                     last_sign = Instant::now();
                 }
             } else if started.elapsed() >= cfg.timeout {

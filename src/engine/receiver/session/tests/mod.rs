@@ -218,7 +218,8 @@ fn a_forged_message_ends_the_session_before_anything_is_written() {
         peer.greet();
         let mut offer = file("f", 10);
         offer.digest = DigestAlg::Sha256;
-        let hello = peer.machine.start_file(offer, 1).unwrap();
+        peer.machine.start_file(offer, 1).unwrap();
+        let hello = peer.machine.poll_transmit().unwrap();
         let mut sealed = peer.end.codec.seal(&hello).unwrap();
         sealed[3] ^= 1;
         peer.end.send_raw(sealed);
@@ -409,8 +410,8 @@ fn a_resumed_offer_is_asked_what_is_held_and_a_same_copy_is_not_sent_again() {
             panic!("no HAVE for a resumed offer");
         };
         assert_eq!(have.kind, HaveKind::Nothing);
-        let from = peer.machine.start_from(0).unwrap();
-        peer.send(&from);
+        peer.machine.start_from(0).unwrap();
+        peer.transmit();
         assert!(matches!(peer.event(), SenderEvent::Ring(_)));
         let hasher = peer.write_data(&data, None);
         assert_eq!(peer.finish(hasher.finish()).status, AckStatus::Ok);
@@ -420,8 +421,8 @@ fn a_resumed_offer_is_asked_what_is_held_and_a_same_copy_is_not_sent_again() {
         };
         assert_eq!(have.kind, HaveKind::Complete);
         let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
-        let compare = peer.machine.compare(sha256).unwrap();
-        peer.send(&compare);
+        peer.machine.compare(sha256).unwrap();
+        peer.transmit();
         let same = peer.event();
         peer.bye();
         same

@@ -71,8 +71,11 @@ impl Peer {
         }
     }
 
-    pub fn send(&mut self, msg: &Message) {
-        self.end.send(msg).expect("a message seals");
+    /// Sends what the machine queued.
+    pub fn transmit(&mut self) {
+        while let Some(msg) = self.machine.poll_transmit() {
+            self.end.send(&msg).expect("a message seals");
+        }
     }
 
     /// The next delivery; None once the session ended (its end is gone).
@@ -126,8 +129,8 @@ impl Peer {
         let SenderEvent::Greeted(greeting) = self.event() else {
             panic!("no CHALLENGE first");
         };
-        if let Some(prove) = greeting.prove {
-            self.send(&prove);
+        if greeting.proving {
+            self.transmit();
             assert_eq!(self.event(), SenderEvent::Authenticated);
             let channel = self
                 .machine
@@ -142,8 +145,8 @@ impl Peer {
     pub fn offer(&mut self, mut offer: FileOffer) -> SenderEvent {
         offer.digest = self.digest;
         self.tags += 1;
-        let hello = self.machine.start_file(offer, self.tags).expect("Idle");
-        self.send(&hello);
+        self.machine.start_file(offer, self.tags).expect("Idle");
+        self.transmit();
         self.event()
     }
 
@@ -213,8 +216,8 @@ impl Peer {
 
     /// Sends the FIN with `digest` and returns the file's verdict.
     pub fn finish(&mut self, digest: Digest) -> Ack {
-        let fin = self.machine.finish(digest).expect("every chunk planned");
-        self.send(&fin);
+        self.machine.finish(digest).expect("every chunk planned");
+        self.transmit();
         match self.event() {
             SenderEvent::Answered {
                 verdict: Verdict::Ack(ack),
@@ -235,7 +238,7 @@ impl Peer {
     }
 
     pub fn bye(&mut self) {
-        let bye = self.machine.close().expect("nothing pending");
-        self.send(&bye);
+        self.machine.close().expect("nothing pending");
+        self.transmit();
     }
 }
