@@ -8,7 +8,7 @@
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::{WrId, WrKind, completion_error};
 use crate::error::XferError;
-use crate::proto::{Channel, Message};
+use crate::proto::{Channel, ChunkPlan, Message};
 use crate::sys::SysError;
 use crate::sys::rdma::{
     Buffer, BufferPool, Completion, Endpoint, RemoteRing, RemoteTarget, WcOpcode,
@@ -115,18 +115,39 @@ pub(super) trait RingLink: Link {
     fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<(), SysError>;
 }
 
+/// One data write: the first `len` bytes of a staging slot to `target`,
+/// with `imm`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ChunkWrite {
+    pub len: usize,
+    pub target: RemoteTarget,
+    pub imm: u32,
+}
+
+impl ChunkWrite {
+    /// The write of a planned chunk: the chunk and, with a token, its tag
+    /// after it, to the slot the machine chose.
+    pub fn of(plan: &ChunkPlan, imm: u32) -> Self {
+        ChunkWrite {
+            len: plan.write_len as usize,
+            target: RemoteTarget {
+                addr: plan.remote_addr,
+                rkey: plan.rkey,
+            },
+            imm,
+        }
+    }
+}
+
 /// A sender's link: it writes chunks into the receiver's ring.
 pub(super) trait WriteLink: Link {
-    /// Writes the first `len` bytes of `buf`'s slot of `pool` to `target`
-    /// with `imm`; the buffer comes back with its completion
-    /// (`Delivery::Written`).
+    /// Writes from `buf`'s slot of `pool`; the buffer comes back with its
+    /// completion (`Delivery::Written`).
     fn post_write(
         &mut self,
         pool: &BufferPool,
         buf: Buffer,
-        len: usize,
-        target: RemoteTarget,
-        imm: u32,
+        write: ChunkWrite,
     ) -> Result<(), SysError>;
 }
 
@@ -283,11 +304,10 @@ impl WriteLink for RdmaLink {
         &mut self,
         pool: &BufferPool,
         buf: Buffer,
-        len: usize,
-        target: RemoteTarget,
-        imm: u32,
+        write: ChunkWrite,
     ) -> Result<(), SysError> {
         let wr_id = WrId::write(buf.index() as u64).raw();
+        let ChunkWrite { len, target, imm } = write;
         self.ep.post_write_imm(pool, buf, len, target, imm, wr_id)
     }
 }

@@ -5,11 +5,11 @@
 //! both sides. The engines' unit tests run whole sessions over it.
 
 use crate::engine::control::Codec;
-use crate::engine::link::{Delivery, ExposedRing, Link, RingLink, Until, WriteLink};
+use crate::engine::link::{ChunkWrite, Delivery, ExposedRing, Link, RingLink, Until, WriteLink};
 use crate::error::XferError;
 use crate::proto::{Channel, Message};
 use crate::sys::SysError;
-use crate::sys::rdma::{Buffer, BufferPool, RemoteTarget};
+use crate::sys::rdma::{Buffer, BufferPool};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The address the ring is exposed at, and its key.
-pub const RING_ADDR: u64 = 0x10_0000;
-pub const RING_KEY: u32 = 7;
+pub(super) const RING_ADDR: u64 = 0x10_0000;
+pub(super) const RING_KEY: u32 = 7;
 
 /// What reaches the receiver's end.
-pub enum ToReceiver {
+pub(super) enum ToReceiver {
     /// A control message's bytes.
     Bytes(Vec<u8>),
     /// A data write landed in the ring, announced as its completion is.
@@ -29,7 +29,7 @@ pub enum ToReceiver {
 }
 
 /// What reaches the sender's end.
-pub enum ToSender {
+pub(super) enum ToSender {
     /// A control message's bytes.
     Bytes(Vec<u8>),
     /// One of its writes completed.
@@ -93,55 +93,109 @@ impl<T> Inbox<T> {
 }
 
 /// The receiver's ring.
-pub type SharedRing = Arc<Mutex<Vec<u8>>>;
+pub(super) type SharedRing = Arc<Mutex<Vec<u8>>>;
 
-/// The receiver's end.
-pub struct ReceiverEnd {
-    codec: Codec,
-    to_sender: Sender<ToSender>,
-    inbox: Inbox<ToReceiver>,
-    ring: SharedRing,
-    /// Set by `disconnect`.
-    pub disconnected: Arc<AtomicBool>,
+/// One side of the wire: what reaches it, what it sends, and its own state.
+pub(super) trait Side {
+    /// What reaches this side.
+    type In;
+    /// What reaches the other side.
+    type Out;
+    /// A control message's bytes on their way to the other side.
+    fn message(bytes: Vec<u8>) -> Self::Out;
+    /// What `arrival` delivers.
+    fn delivery(codec: &mut Codec, arrival: Self::In) -> Delivery;
+    /// The session ended the connection.
+    fn disconnected(&mut self) {}
 }
 
-/// The sender's end.
-pub struct SenderEnd {
-    pub codec: Codec,
-    to_receiver: Sender<ToReceiver>,
-    /// The receiver's messages, and our own writes' completions.
-    inbox: Inbox<ToSender>,
+/// One end of the wire.
+pub(super) struct End<S: Side> {
+    pub(super) codec: Codec,
+    to_peer: Sender<S::Out>,
+    inbox: Inbox<S::In>,
     ring: SharedRing,
+    /// The side's own state (its faults, what it saw).
+    pub(super) side: S,
+}
+
+/// The sender's side: its writes, and the faults they meet.
+#[derive(Default)]
+pub(super) struct SenderSide {
     /// Writes made so far.
     writes: u64,
     /// The write of this number (from 0) arrives with its first byte
     /// flipped, as a fault on the way would leave it.
-    pub flip_write: Option<u64>,
+    pub(super) flip_write: Option<u64>,
     /// From the write of this number on, the connection is broken: the
     /// write fails as a post on a dead queue pair does.
-    pub break_at_write: Option<u64>,
+    pub(super) break_at_write: Option<u64>,
+}
+
+/// The receiver's side.
+#[derive(Default)]
+pub(super) struct ReceiverSide {
+    /// Set when the session disconnects.
+    pub(super) disconnected: Arc<AtomicBool>,
+}
+
+pub(super) type SenderEnd = End<SenderSide>;
+pub(super) type ReceiverEnd = End<ReceiverSide>;
+
+impl Side for SenderSide {
+    type In = ToSender;
+    type Out = ToReceiver;
+
+    fn message(bytes: Vec<u8>) -> ToReceiver {
+        ToReceiver::Bytes(bytes)
+    }
+
+    fn delivery(codec: &mut Codec, arrival: ToSender) -> Delivery {
+        match arrival {
+            ToSender::Bytes(bytes) => Delivery::Message(codec.open(&bytes)),
+            ToSender::Written(buf) => Delivery::Written(buf),
+        }
+    }
+}
+
+impl Side for ReceiverSide {
+    type In = ToReceiver;
+    type Out = ToSender;
+
+    fn message(bytes: Vec<u8>) -> ToSender {
+        ToSender::Bytes(bytes)
+    }
+
+    fn delivery(codec: &mut Codec, arrival: ToReceiver) -> Delivery {
+        match arrival {
+            ToReceiver::Bytes(bytes) => Delivery::Message(codec.open(&bytes)),
+            ToReceiver::Write { byte_len, imm } => Delivery::Chunk { byte_len, imm },
+        }
+    }
+
+    fn disconnected(&mut self) {
+        self.disconnected.store(true, Ordering::SeqCst);
+    }
 }
 
 /// A sender's end and a receiver's end, joined.
-pub fn pair() -> (SenderEnd, ReceiverEnd) {
+pub(super) fn pair() -> (SenderEnd, ReceiverEnd) {
     let (to_receiver, receiver_rx) = mpsc::channel();
     let (to_sender, sender_rx) = mpsc::channel();
     let ring = SharedRing::default();
-    let sender = SenderEnd {
+    let sender = End {
         codec: Codec::default(),
-        to_receiver,
+        to_peer: to_receiver,
         inbox: Inbox::new(sender_rx),
         ring: ring.clone(),
-        writes: 0,
-        flip_write: None,
-        break_at_write: None,
+        side: SenderSide::default(),
     };
-    let receiver = ReceiverEnd {
+    let receiver = End {
         codec: Codec::default(),
-        to_sender,
+        to_peer: to_sender,
         inbox: Inbox::new(receiver_rx),
         ring,
-        disconnected: Arc::default(),
+        side: ReceiverSide::default(),
     };
     (sender, receiver)
 }
@@ -150,15 +204,16 @@ fn ring_of(ring: &SharedRing) -> std::sync::MutexGuard<'_, Vec<u8>> {
     ring.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl SenderEnd {
+impl<S: Side> End<S> {
     /// Puts `bytes` on the wire as they are (a test's forgery).
-    pub fn send_raw(&self, bytes: Vec<u8>) {
-        // A receiver that went away takes nothing: the test looks at how.
-        let _ = self.to_receiver.send(ToReceiver::Bytes(bytes));
+    pub(super) fn send_raw(&self, bytes: Vec<u8>) {
+        // A peer that went away takes nothing: like a SEND that completes
+        // into the void, noticed by the next wait; the test looks at how.
+        let _ = self.to_peer.send(S::message(bytes));
     }
 }
 
-impl Link for SenderEnd {
+impl<S: Side> Link for End<S> {
     fn send(&mut self, msg: &Message) -> Result<(), XferError> {
         let bytes = self.codec.seal(msg)?;
         self.send_raw(bytes);
@@ -170,96 +225,10 @@ impl Link for SenderEnd {
     }
 
     fn next(&mut self) -> Result<Option<Delivery>, XferError> {
-        Ok(self.inbox.kept.pop_front().map(|t| match t {
-            ToSender::Bytes(bytes) => Delivery::Message(self.codec.open(&bytes)),
-            ToSender::Written(buf) => Delivery::Written(buf),
-        }))
-    }
-
-    fn poll(&mut self) -> Result<(), XferError> {
-        self.inbox.take_arrived();
-        Ok(())
-    }
-
-    fn install(&mut self, channel: Channel) {
-        self.codec.install(channel);
-    }
-
-    fn check_sends(&self, _limit: Duration) -> Result<(), XferError> {
-        Ok(())
-    }
-
-    fn busy(&self) -> bool {
-        false
-    }
-
-    fn drain(&mut self) {}
-
-    fn disconnect(&mut self, _within: Duration) {}
-}
-
-impl WriteLink for SenderEnd {
-    fn post_write(
-        &mut self,
-        pool: &BufferPool,
-        buf: Buffer,
-        len: usize,
-        target: RemoteTarget,
-        imm: u32,
-    ) -> Result<(), SysError> {
-        if self.break_at_write.is_some_and(|n| self.writes >= n) {
-            return Err(SysError::Disconnected);
-        }
-        let bytes = pool.bytes(&buf, len)?;
-        {
-            let mut ring = ring_of(&self.ring);
-            let at = target
-                .addr
-                .checked_sub(RING_ADDR)
-                .and_then(|a| usize::try_from(a).ok());
-            let slot = at
-                .filter(|_| target.rkey == RING_KEY)
-                .and_then(|at| ring.get_mut(at..at.checked_add(len)?))
-                .ok_or_else(|| {
-                    SysError::Invalid(format!(
-                        "a write of {len} bytes to {:#x} (key {}) outside the ring",
-                        target.addr, target.rkey
-                    ))
-                })?;
-            slot.copy_from_slice(bytes);
-            if self.flip_write == Some(self.writes)
-                && let Some(first) = slot.first_mut()
-            {
-                *first ^= 1;
-            }
-        }
-        self.writes += 1;
-        let byte_len =
-            u32::try_from(len).map_err(|_| SysError::Invalid("write too long".into()))?;
-        let _ = self.to_receiver.send(ToReceiver::Write { byte_len, imm });
-        self.inbox.kept.push_back(ToSender::Written(buf));
-        Ok(())
-    }
-}
-
-impl Link for ReceiverEnd {
-    fn send(&mut self, msg: &Message) -> Result<(), XferError> {
-        let bytes = self.codec.seal(msg)?;
-        // A sender that went away takes nothing: like a SEND that
-        // completes into the void, noticed by the next wait.
-        let _ = self.to_sender.send(ToSender::Bytes(bytes));
-        Ok(())
-    }
-
-    fn wait(&mut self, until: Until<'_>) -> Result<(), XferError> {
-        self.inbox.wait(until)
-    }
-
-    fn next(&mut self) -> Result<Option<Delivery>, XferError> {
-        Ok(self.inbox.kept.pop_front().map(|t| match t {
-            ToReceiver::Bytes(bytes) => Delivery::Message(self.codec.open(&bytes)),
-            ToReceiver::Write { byte_len, imm } => Delivery::Chunk { byte_len, imm },
-        }))
+        let Some(arrival) = self.inbox.kept.pop_front() else {
+            return Ok(None);
+        };
+        Ok(Some(S::delivery(&mut self.codec, arrival)))
     }
 
     fn poll(&mut self) -> Result<(), XferError> {
@@ -282,7 +251,51 @@ impl Link for ReceiverEnd {
     fn drain(&mut self) {}
 
     fn disconnect(&mut self, _within: Duration) {
-        self.disconnected.store(true, Ordering::SeqCst);
+        self.side.disconnected();
+    }
+}
+
+impl WriteLink for SenderEnd {
+    fn post_write(
+        &mut self,
+        pool: &BufferPool,
+        buf: Buffer,
+        write: ChunkWrite,
+    ) -> Result<(), SysError> {
+        let ChunkWrite { len, target, imm } = write;
+        let side = &mut self.side;
+        if side.break_at_write.is_some_and(|n| side.writes >= n) {
+            return Err(SysError::Disconnected);
+        }
+        let bytes = pool.bytes(&buf, len)?;
+        {
+            let mut ring = ring_of(&self.ring);
+            let at = target
+                .addr
+                .checked_sub(RING_ADDR)
+                .and_then(|a| usize::try_from(a).ok());
+            let slot = at
+                .filter(|_| target.rkey == RING_KEY)
+                .and_then(|at| ring.get_mut(at..at.checked_add(len)?))
+                .ok_or_else(|| {
+                    SysError::Invalid(format!(
+                        "a write of {len} bytes to {:#x} (key {}) outside the ring",
+                        target.addr, target.rkey
+                    ))
+                })?;
+            slot.copy_from_slice(bytes);
+            if side.flip_write == Some(side.writes)
+                && let Some(first) = slot.first_mut()
+            {
+                *first ^= 1;
+            }
+        }
+        side.writes += 1;
+        let byte_len =
+            u32::try_from(len).map_err(|_| SysError::Invalid("write too long".into()))?;
+        let _ = self.to_peer.send(ToReceiver::Write { byte_len, imm });
+        self.inbox.kept.push_back(ToSender::Written(buf));
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ mod allow;
 mod config;
 mod session;
 #[cfg(test)]
-pub(crate) use session::tests::{Reported, reported, sender_auth, serve as serve_over};
+pub(in crate::engine) use session::tests::{Reported, reported, sender_auth, serve as serve_over};
 pub mod storage;
 
 pub use allow::AllowedNet;

@@ -44,7 +44,7 @@ fn transfer(
     flip_write: Option<u64>,
 ) -> Transfer {
     let mut wire = memory_wire::pair();
-    wire.0.flip_write = flip_write;
+    wire.0.side.flip_write = flip_write;
     transfer_over(cfg, rcfg, paths, wire)
 }
 
@@ -102,6 +102,13 @@ fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// Each file of `files` is in `dest` with its bytes.
+fn assert_arrived(dest: &Path, files: &[(String, Vec<u8>)]) {
+    for (name, data) in files {
+        assert_eq!(&std::fs::read(dest.join(name)).unwrap(), data, "{name}");
+    }
+}
+
 fn names(reports: &[Reported]) -> Vec<String> {
     let mut names: Vec<String> = reports
         .iter()
@@ -124,13 +131,7 @@ fn a_tree_arrives_whole_and_both_sides_report_each_file() {
     assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
     assert_eq!(outcome.files.len(), files.len());
     assert_eq!(outcome.directories, 2);
-    for (name, data) in &files {
-        assert_eq!(
-            &std::fs::read(dest.path().join(name)).unwrap(),
-            data,
-            "{name}"
-        );
-    }
+    assert_arrived(dest.path(), &files);
     let mut expected: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
     expected.sort();
     assert_eq!(names(&t.sender_saw), expected);
@@ -148,13 +149,7 @@ fn with_a_token_and_sha256_everything_is_sealed_tagged_and_verified() {
     let t = transfer(&cfg, &rcfg, &[src.path().join("t")], None);
     t.sent.unwrap();
     t.received.unwrap();
-    for (name, data) in &files {
-        assert_eq!(
-            &std::fs::read(dest.path().join(name)).unwrap(),
-            data,
-            "{name}"
-        );
-    }
+    assert_arrived(dest.path(), &files);
 }
 
 #[test]
@@ -171,13 +166,7 @@ fn a_second_run_with_resume_sends_nothing_again() {
     let outcome = again.sent.unwrap();
     again.received.unwrap();
     assert_eq!(outcome.count(Outcome::Skipped), files.len());
-    for (name, data) in &files {
-        assert_eq!(
-            &std::fs::read(dest.path().join(name)).unwrap(),
-            data,
-            "{name}"
-        );
-    }
+    assert_arrived(dest.path(), &files);
 }
 
 #[test]
@@ -244,7 +233,7 @@ fn a_connection_broken_mid_file_keeps_the_verified_part_and_resume_continues_it(
     cfg.walk.times = true;
     // Three chunks land, the fourth write finds the connection gone.
     let mut broken = memory_wire::pair();
-    broken.0.break_at_write = Some(3);
+    broken.0.side.break_at_write = Some(3);
     let t = transfer_over(&cfg, &rcfg, &[src.path().join("f")], broken);
     assert!(
         matches!(t.sent, Err(XferError::PeerLost(_))),

@@ -6,6 +6,7 @@ use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
 use crate::engine::Outcome;
 use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
+use crate::engine::link::ChunkWrite;
 use crate::engine::progress::FileProgress;
 use crate::engine::reader::{Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
@@ -15,7 +16,7 @@ use crate::proto::{
     SenderState, Verdict, escaped, keepalive_interval,
 };
 use crate::sys::SysError;
-use crate::sys::rdma::{Buffer, BufferPool, RemoteTarget};
+use crate::sys::rdma::{Buffer, BufferPool};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -539,13 +540,8 @@ impl Connection {
             .next_chunk(len)
             .map_err(proto_err)?
             .ok_or_else(|| XferError::Internal("no chunk to plan despite credit".into()))?;
-        let target = RemoteTarget {
-            addr: plan.remote_addr,
-            rkey: plan.rkey,
-        };
-        // The chunk and, with a token, its tag after it.
         self.link
-            .post_write(pipe.pool, token, plan.write_len as usize, target, crc)?;
+            .post_write(pipe.pool, token, ChunkWrite::of(&plan, crc))?;
         pipe.posted += 1;
         Ok(())
     }

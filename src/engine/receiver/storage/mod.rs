@@ -15,7 +15,7 @@ pub(in crate::engine::receiver) mod sink;
 pub(in crate::engine::receiver) mod space;
 pub(in crate::engine::receiver) mod temp_file;
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 pub mod write_behind;
 
 use super::{Output, ReceiverConfig};

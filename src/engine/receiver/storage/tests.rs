@@ -77,7 +77,8 @@ fn write(sink: &mut Sink, bytes: &[u8]) {
     std::io::Write::write_all(&mut t.file, bytes).unwrap();
 }
 
-fn entries(dir: &Path) -> Vec<String> {
+/// The names in `dir`, sorted (temporary files included).
+pub(in crate::engine::receiver) fn entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -11,6 +11,8 @@ use crate::engine::receiver::OnFile;
 use crate::engine::receiver::ReceiverConfig;
 use crate::engine::receiver::admission::{Admission, SessionSlots};
 use crate::engine::receiver::storage::FileStore;
+// The names in a directory, sorted (temporary files included).
+use crate::engine::receiver::storage::tests::entries as listing;
 use crate::engine::report::{FileEvent, Outcome};
 use crate::error::XferError;
 use crate::proto::{
@@ -24,7 +26,7 @@ use std::time::Duration;
 
 /// What the session reported about one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reported {
+pub(in crate::engine) enum Reported {
     Done {
         name: String,
         bytes: u64,
@@ -66,7 +68,7 @@ const CONN: ConnectionId = ConnectionId {
 
 /// Serves one session with `cfg` over `end` (admitted at once; with a
 /// token, bound to `CONN`).
-pub(crate) fn serve(
+pub(in crate::engine) fn serve(
     cfg: &ReceiverConfig,
     end: ReceiverEnd,
     on_file: &OnFile<'_>,
@@ -90,7 +92,7 @@ pub(crate) fn serve(
 }
 
 /// What the session reported, as the tests compare it.
-pub(crate) fn reported(event: FileEvent<'_>) -> Reported {
+pub(in crate::engine) fn reported(event: FileEvent<'_>) -> Reported {
     match event {
         FileEvent::Done(r) => Reported::Done {
             name: r.name.clone(),
@@ -105,7 +107,7 @@ pub(crate) fn reported(event: FileEvent<'_>) -> Reported {
 }
 
 /// The sender's authentication for a receiver with `cfg`'s token.
-pub(crate) fn sender_auth(cfg: &ReceiverConfig) -> Option<SenderAuth> {
+pub(in crate::engine) fn sender_auth(cfg: &ReceiverConfig) -> Option<SenderAuth> {
     cfg.token.clone().map(|token| SenderAuth {
         token,
         nonce: [9; NONCE_LEN],
@@ -117,7 +119,7 @@ pub(crate) fn sender_auth(cfg: &ReceiverConfig) -> Option<SenderAuth> {
 /// token when `cfg` has one); the sender goes away when `play` returns.
 fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<T> {
     let (sender_end, receiver_end) = memory_wire::pair();
-    let disconnected = receiver_end.disconnected.clone();
+    let disconnected = receiver_end.side.disconnected.clone();
     let log = Mutex::new(Vec::new());
     let auth = sender_auth(cfg);
     let sha256 = auth.is_some();
@@ -141,16 +143,6 @@ fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<
         reported: log.into_inner().unwrap(),
         closed: disconnected.load(Ordering::SeqCst),
     }
-}
-
-/// The names in `dir`, sorted (temporary files included).
-fn listing(dir: &std::path::Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 fn done(name: &str, bytes: u64) -> Reported {

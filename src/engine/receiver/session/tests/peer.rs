@@ -2,14 +2,14 @@
 //! session over the memory wire the way the sender engine does over RDMA.
 
 use crate::engine::digest::FileHasher;
-use crate::engine::link::{Delivery, Link, Until, WriteLink};
+use crate::engine::link::{ChunkWrite, Delivery, Link, Until, WriteLink};
 use crate::engine::memory_wire::SenderEnd;
 use crate::engine::per_byte::tag_chunk;
 use crate::proto::{
     Ack, CHUNK_TAG_LEN, Digest, DigestAlg, FileOffer, Message, Mtime, OfferKind, SenderEvent,
     SenderSession, Verdict,
 };
-use crate::sys::rdma::{Buffer, BufferPool, RemoteTarget};
+use crate::sys::rdma::{Buffer, BufferPool};
 use std::time::{Duration, Instant};
 
 /// Longest a test waits for the session's next message.
@@ -203,12 +203,8 @@ impl Peer {
             let crc = crc32fast::hash(chunk);
             hasher.update(chunk, crc);
             let imm = if bad_crc == Some(plan.seq) { !crc } else { crc };
-            let target = RemoteTarget {
-                addr: plan.remote_addr,
-                rkey: plan.rkey,
-            };
             self.end
-                .post_write(&self.pool, buf, plan.write_len as usize, target, imm)
+                .post_write(&self.pool, buf, ChunkWrite::of(&plan, imm))
                 .expect("the write fits the ring");
         }
         hasher
