@@ -107,6 +107,10 @@ pub(super) trait Side {
     fn delivery(codec: &mut Codec, arrival: Self::In) -> Delivery;
     /// The session ended the connection.
     fn disconnected(&mut self) {}
+    /// The connection broke: nothing more goes out.
+    fn broken(&self) -> bool {
+        false
+    }
 }
 
 /// One end of the wire.
@@ -128,8 +132,10 @@ pub(super) struct SenderSide {
     /// flipped, as a fault on the way would leave it.
     pub(super) flip_write: Option<u64>,
     /// From the write of this number on, the connection is broken: the
-    /// write fails as a post on a dead queue pair does.
+    /// write fails as a post on a dead queue pair does, and so does every
+    /// later send; the receiver sees the peer go.
     pub(super) break_at_write: Option<u64>,
+    broken: bool,
 }
 
 /// The receiver's side.
@@ -155,6 +161,10 @@ impl Side for SenderSide {
             ToSender::Bytes(bytes) => Delivery::Message(codec.open(&bytes)),
             ToSender::Written(buf) => Delivery::Written(buf),
         }
+    }
+
+    fn broken(&self) -> bool {
+        self.broken
     }
 }
 
@@ -215,6 +225,9 @@ impl<S: Side> End<S> {
 
 impl<S: Side> Link for End<S> {
     fn send(&mut self, msg: &Message) -> Result<(), XferError> {
+        if self.side.broken() {
+            return Err(XferError::PeerLost("the connection broke".into()));
+        }
         let bytes = self.codec.seal(msg)?;
         self.send_raw(bytes);
         Ok(())
@@ -265,6 +278,9 @@ impl WriteLink for SenderEnd {
         let ChunkWrite { len, target, imm } = write;
         let side = &mut self.side;
         if side.break_at_write.is_some_and(|n| side.writes >= n) {
+            side.broken = true;
+            // The receiver's side of the connection goes too.
+            self.to_peer = mpsc::channel().0;
             return Err(SysError::Disconnected);
         }
         let bytes = pool.bytes(&buf, len)?;

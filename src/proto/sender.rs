@@ -539,7 +539,9 @@ impl SenderSession {
     pub fn on_message(&mut self, msg: Message) -> Result<SenderEvent, ProtocolError> {
         let result = self.dispatch(msg);
         if result.is_err() {
+            // Nothing queued goes out once the session is over.
             self.state = SenderState::Closed;
+            self.outbox.clear();
         }
         result
     }
@@ -1181,13 +1183,18 @@ mod tests {
         result: Result<(), ProtocolError>,
         s: &mut SenderSession,
     ) -> Result<Message, ProtocolError> {
-        result.map(|()| {
-            std::iter::from_fn(|| s.poll_transmit())
-                .last()
-                .expect("a message")
-        })
+        let mut sent: Vec<Message> = std::iter::from_fn(|| s.poll_transmit()).collect();
+        match result {
+            Ok(()) => {
+                assert_eq!(sent.len(), 1, "one message per call: {sent:?}");
+                Ok(sent.remove(0))
+            }
+            Err(e) => {
+                assert!(sent.is_empty(), "a refused call queued {sent:?}");
+                Err(e)
+            }
+        }
     }
-
     fn named(name: &str, size: u64) -> FileOffer {
         FileOffer {
             name: name.into(),
@@ -1224,7 +1231,7 @@ mod tests {
             assert_eq!(plan.file_offset, offset);
         }
         assert!(s.all_chunks_planned());
-        s.finish(Digest::Crc32(1)).unwrap();
+        queued(s.finish(Digest::Crc32(1)), &mut s).unwrap();
         assert_eq!(s.pending(), 1);
         let got = s.on_message(ack(AckStatus::Ok)).unwrap();
         assert!(
@@ -1243,8 +1250,7 @@ mod tests {
     #[test]
     fn a_refused_batch_leaves_the_session_idle() {
         let mut s = greeted(100);
-        s.start_batch(vec![named("a", 1), named("b", 1)], 1)
-            .unwrap();
+        queued(s.start_batch(vec![named("a", 1), named("b", 1)], 1), &mut s).unwrap();
         let got = s
             .on_message(Message::Reject(Reject::new(RejectCode::Exists, "b exists")))
             .unwrap();
@@ -1259,26 +1265,24 @@ mod tests {
         let mut s = greeted(100);
         // No ring known yet: the first file goes alone.
         assert!(!s.may_batch());
-        s.start_file(named("first", 1), 1).unwrap();
+        queued(s.start_file(named("first", 1), 1), &mut s).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         s.next_chunk(1).unwrap().unwrap();
-        s.finish(Digest::Crc32(1)).unwrap();
+        queued(s.finish(Digest::Crc32(1)), &mut s).unwrap();
         s.on_message(ack(AckStatus::Ok)).unwrap();
         assert!(s.may_batch());
         // A batch refused for one of its files: batches go on.
-        s.start_batch(vec![named("a", 1), named("b", 1)], 2)
-            .unwrap();
+        queued(s.start_batch(vec![named("a", 1), named("b", 1)], 2), &mut s).unwrap();
         let exists = Reject::new(RejectCode::Exists, "b exists");
         s.on_message(Message::Reject(exists)).unwrap();
         assert!(s.may_batch());
         // A file refused by policy says nothing about batches.
-        s.start_file(named("c", 1), 3).unwrap();
+        queued(s.start_file(named("c", 1), 3), &mut s).unwrap();
         let policy = Reject::new(RejectCode::Protocol, "no");
         s.on_message(Message::Reject(policy.clone())).unwrap();
         assert!(s.may_batch());
         // A batch refused by policy: the receiver takes files one by one.
-        s.start_batch(vec![named("a", 1), named("b", 1)], 4)
-            .unwrap();
+        queued(s.start_batch(vec![named("a", 1), named("b", 1)], 4), &mut s).unwrap();
         s.on_message(Message::Reject(policy)).unwrap();
         assert!(!s.may_batch());
         assert!(s.can_start());
@@ -1330,7 +1334,7 @@ mod tests {
         bad(vec![named("a", u64::MAX), named("b", 1)]);
         // Not while another offer waits for its ring.
         let mut s = greeted(100);
-        s.start_file(offer(1), 1).unwrap();
+        queued(s.start_file(offer(1), 1), &mut s).unwrap();
         let got = s.start_batch(vec![named("a", 1)], 2);
         assert!(
             matches!(got, Err(ProtocolError::WrongState { .. })),
@@ -1399,10 +1403,10 @@ mod tests {
     /// left), then FIN: the file is pending.
     fn file_pending() -> SenderSession {
         let mut s = greeted(100);
-        s.start_file(offer(100), 0).unwrap();
+        queued(s.start_file(offer(100), 0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         next_file(&mut s).unwrap();
-        s.finish(Digest::Crc32(1)).unwrap();
+        queued(s.finish(Digest::Crc32(1)), &mut s).unwrap();
         s
     }
 
@@ -1421,24 +1425,24 @@ mod tests {
         };
         match sit {
             Closed => {
-                s.close().unwrap();
+                queued(s.close(), &mut s).unwrap();
             }
             IdleDirPending | AwaitRingDirPending => {
-                s.start_file(dir_offer("d"), 0).unwrap();
+                queued(s.start_file(dir_offer("d"), 0), &mut s).unwrap();
             }
             _ => {}
         }
         match sit {
             AwaitRing | AwaitRingFilePending | AwaitRingDirPending => {
-                s.start_file(offer(1000), 0).unwrap();
+                queued(s.start_file(offer(1000), 0), &mut s).unwrap();
             }
             Sending => {
-                s.start_file(offer(1000), 0).unwrap();
+                queued(s.start_file(offer(1000), 0), &mut s).unwrap();
                 s.on_message(Message::Mr(ring(100, 4))).unwrap();
                 next_file(&mut s).unwrap();
             }
             SendingStream => {
-                s.start_file(stream_offer(), 0).unwrap();
+                queued(s.start_file(stream_offer(), 0), &mut s).unwrap();
                 s.on_message(Message::Mr(ring(100, 4))).unwrap();
                 s.next_chunk(100).unwrap().unwrap();
             }
@@ -1792,7 +1796,7 @@ mod tests {
         );
         // Without a token: it refuses our version-3 HELLO with REJECT(version).
         let mut s = greeted(10);
-        s.start_file(offer(1), 0).unwrap();
+        queued(s.start_file(offer(1), 0), &mut s).unwrap();
         let err = s
             .on_message(Message::Reject(Reject::new(
                 RejectCode::Version,
@@ -1865,7 +1869,7 @@ mod tests {
         assert!(s.close().is_err());
         // Also later in the session.
         let mut s = greeted(10);
-        s.start_file(dir_offer("d"), 0).unwrap();
+        queued(s.start_file(dir_offer("d"), 0), &mut s).unwrap();
         assert!(matches!(
             s.on_message(Message::Reject(Reject::new(RejectCode::Auth, reason))),
             Err(ProtocolError::AuthFailed { .. })
@@ -2068,7 +2072,7 @@ mod tests {
     #[test]
     fn placement_math_and_wraparound() {
         let mut s = greeted(100);
-        s.start_file(offer(1050), 0).unwrap();
+        queued(s.start_file(offer(1050), 0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         assert_eq!(s.chunk_len(), 100);
         let plans = plan_all(&mut s);
@@ -2099,7 +2103,7 @@ mod tests {
     fn chunk_len_is_min_of_own_and_slot() {
         for (own, slot, want) in [(64, 100, 64), (100, 64, 64), (0, 64, 64), (64, 64, 64)] {
             let mut s = greeted(own);
-            s.start_file(offer(1000), 0).unwrap();
+            queued(s.start_file(offer(1000), 0), &mut s).unwrap();
             s.on_message(Message::Mr(ring(slot, 2))).unwrap();
             assert_eq!(s.chunk_len(), want);
             let p = next_file(&mut s).unwrap();
@@ -2124,7 +2128,7 @@ mod tests {
             (200, vec![100, 100]),
         ] {
             let mut s = greeted(100);
-            s.start_file(offer(size), 0).unwrap();
+            queued(s.start_file(offer(size), 0), &mut s).unwrap();
             s.on_message(Message::Mr(ring(100, 3))).unwrap();
             let got: Vec<u32> = plan_all(&mut s).iter().map(|p| p.len).collect();
             assert_eq!(got, lens, "size {size}");
@@ -2138,7 +2142,7 @@ mod tests {
     #[test]
     fn credit_accounting() {
         let mut s = greeted(10);
-        s.start_file(offer(1000), 0).unwrap();
+        queued(s.start_file(offer(1000), 0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(10, 3))).unwrap();
         assert_eq!(s.credits(), 3);
         // Full credit already: any more overflows.
@@ -2211,7 +2215,7 @@ mod tests {
             Ok(SenderEvent::Credit(1))
         );
         // Also after the next HELLO went out.
-        s.start_file(offer(10), 0).unwrap();
+        queued(s.start_file(offer(10), 0), &mut s).unwrap();
         assert!(s.clone().on_message(Message::Credit { count: 1 }).is_err());
         assert!(matches!(
             s.on_message(ack(AckStatus::Ok)),
@@ -2237,7 +2241,7 @@ mod tests {
     #[test]
     fn finish_requires_everything_planned_and_matching_digest() {
         let mut s = greeted(10);
-        s.start_file(offer(25), 0).unwrap();
+        queued(s.start_file(offer(25), 0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(10, 8))).unwrap();
         next_file(&mut s).unwrap();
         assert_eq!(
@@ -2267,7 +2271,7 @@ mod tests {
     #[test]
     fn zero_byte_file() {
         let mut s = greeted(10);
-        s.start_file(offer(0), 0).unwrap();
+        queued(s.start_file(offer(0), 0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(10, 2))).unwrap();
         assert_eq!(s.state(), SenderState::Sending);
         assert!(s.all_chunks_planned());
@@ -2284,7 +2288,7 @@ mod tests {
 
     fn streaming(chunk: u32, slots: u32) -> SenderSession {
         let mut s = greeted(chunk);
-        s.start_file(stream_offer(), 0).unwrap();
+        queued(s.start_file(stream_offer(), 0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(chunk, slots))).unwrap();
         s
     }
@@ -2410,8 +2414,8 @@ mod tests {
         let mut s = greeted(100);
         let mut dir = offer(0);
         dir.kind = OfferKind::Directory;
-        s.start_file(dir, 7).unwrap();
-        s.start_file(offer(10), 8).unwrap();
+        queued(s.start_file(dir, 7), &mut s).unwrap();
+        queued(s.start_file(offer(10), 8), &mut s).unwrap();
         // No ring before the earlier entry's verdict.
         s.on_message(Message::Mr(RingInfo {
             addr: ADDR,
@@ -2424,8 +2428,8 @@ mod tests {
         let mut s = greeted(100);
         let mut dir = offer(0);
         dir.kind = OfferKind::Directory;
-        s.start_file(dir, 7).unwrap();
-        s.start_file(offer(10), 8).unwrap();
+        queued(s.start_file(dir, 7), &mut s).unwrap();
+        queued(s.start_file(offer(10), 8), &mut s).unwrap();
         // The directory's verdict comes first, then the ring.
         assert_eq!(
             s.on_message(ok()),
@@ -2443,7 +2447,7 @@ mod tests {
         }))
         .unwrap();
         s.next_chunk(10).unwrap().unwrap();
-        s.finish(Digest::Crc32(0)).unwrap();
+        queued(s.finish(Digest::Crc32(0)), &mut s).unwrap();
         assert!(matches!(
             s.on_message(ok()),
             Ok(SenderEvent::Answered {
@@ -2458,9 +2462,9 @@ mod tests {
     fn pipelined_entries_are_answered_in_order() {
         let mut s = greeted(10);
         // A directory, a file and another directory before any answer.
-        s.start_file(dir_offer("top"), 0).unwrap();
+        queued(s.start_file(dir_offer("top"), 0), &mut s).unwrap();
         assert_eq!(s.state(), SenderState::Idle);
-        s.start_file(offer(5), 0).unwrap();
+        queued(s.start_file(offer(5), 0), &mut s).unwrap();
         // The ring cannot come before the directory's verdict.
         assert_eq!(
             s.clone().on_message(Message::Mr(ring(10, 2))),
@@ -2479,9 +2483,9 @@ mod tests {
         );
         s.on_message(Message::Mr(ring(10, 2))).unwrap();
         next_file(&mut s).unwrap();
-        s.finish(Digest::Crc32(0)).unwrap();
-        s.start_file(dir_offer("top/sub"), 0).unwrap();
-        s.start_file(stream_offer(), 0).unwrap();
+        queued(s.finish(Digest::Crc32(0)), &mut s).unwrap();
+        queued(s.start_file(dir_offer("top/sub"), 0), &mut s).unwrap();
+        queued(s.start_file(stream_offer(), 0), &mut s).unwrap();
         assert_eq!(s.pending(), 2);
         // A failed verify of the file, then the directory refused: both
         // are verdicts, the session goes on.
@@ -2532,7 +2536,7 @@ mod tests {
         let mut s = greeted(10);
         for i in 0..MAX_PENDING {
             assert!(s.can_start());
-            s.start_file(dir_offer(&format!("d{i}")), 0).unwrap();
+            queued(s.start_file(dir_offer(&format!("d{i}")), 0), &mut s).unwrap();
         }
         assert!(!s.can_start());
         assert_eq!(
@@ -2575,7 +2579,7 @@ mod tests {
     fn multi_file_session_with_reject() {
         let mut s = greeted(10);
         // File 1: rejected.
-        s.start_file(offer(5), 0).unwrap();
+        queued(s.start_file(offer(5), 0), &mut s).unwrap();
         let rej = Reject::new(RejectCode::Exists, "exists");
         assert_eq!(
             s.on_message(Message::Reject(rej.clone())),
@@ -2585,13 +2589,13 @@ mod tests {
         // File 2 and 3: sent one after the other, each ACK awaited; credits
         // reset per file.
         for size in [25u64, 7] {
-            s.start_file(offer(size), 0).unwrap();
+            queued(s.start_file(offer(size), 0), &mut s).unwrap();
             s.on_message(Message::Mr(ring(10, 2))).unwrap();
             assert_eq!(s.credits(), 2);
             let plans = plan_all(&mut s);
             assert_eq!(plans[0].seq, 0);
             assert_eq!(plans[0].file_offset, 0);
-            s.finish(Digest::Crc32(0)).unwrap();
+            queued(s.finish(Digest::Crc32(0)), &mut s).unwrap();
             let a = Ack::new(AckStatus::Integrity, "bad");
             assert_eq!(
                 s.on_message(Message::Ack(a.clone())),
@@ -2714,7 +2718,7 @@ mod tests {
     fn from_starts_over_or_compares_and_bad_haves_are_refused() {
         let start = || {
             let mut s = greeted(100);
-            s.start_file(resumable(1000), 9).unwrap();
+            queued(s.start_file(resumable(1000), 9), &mut s).unwrap();
             s
         };
         let mut s = start();
@@ -2722,7 +2726,7 @@ mod tests {
             .unwrap();
         assert!(s.clone().start_from(u64::MAX).is_err());
         assert!(s.clone().compare([0; 32]).is_err(), "nothing to compare");
-        s.start_from(0).unwrap();
+        queued(s.start_from(0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         assert_eq!(s.next_chunk(100).unwrap().unwrap().file_offset, 0);
         // The same: ACK after COMPARE is the verdict, nothing is sent.
@@ -2750,20 +2754,20 @@ mod tests {
         // It differs: HAVE of nothing, then FROM 0 and everything is sent.
         let mut s = start();
         s.on_message(Message::Have(Have::complete(1000))).unwrap();
-        s.compare([7; 32]).unwrap();
+        queued(s.compare([7; 32]), &mut s).unwrap();
         let differs = Have::nothing("the receiver's copy differs");
         assert_eq!(
             s.on_message(Message::Have(differs.clone())),
             Ok(SenderEvent::Have(differs))
         );
         assert!(s.clone().compare([7; 32]).is_err(), "compared once");
-        s.start_from(0).unwrap();
+        queued(s.start_from(0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         assert_eq!(s.next_chunk(100).unwrap().unwrap().file_offset, 0);
         // After COMPARE only ACK or HAVE of nothing.
         let mut s = start();
         s.on_message(Message::Have(Have::complete(1000))).unwrap();
-        s.compare([7; 32]).unwrap();
+        queued(s.compare([7; 32]), &mut s).unwrap();
         assert!(s.on_message(Message::Have(Have::complete(1000))).is_err());
         assert_eq!(s.state(), SenderState::Closed);
         for bad in [
@@ -2875,7 +2879,7 @@ mod tests {
         // It differs: HAVE(nothing), FROM 0, everything is sent.
         let mut s = start();
         s.on_message(Message::Have(Have::ask_digest(1000))).unwrap();
-        s.compare([4; 32]).unwrap();
+        queued(s.compare([4; 32]), &mut s).unwrap();
         s.on_message(Message::Have(Have::nothing("the --link-dest copy differs")))
             .unwrap();
         assert!(s.clone().compare([4; 32]).is_err(), "compared once");
@@ -2895,12 +2899,12 @@ mod tests {
         // The engine may send the whole file instead (FROM 0).
         let mut s = start();
         s.on_message(Message::Have(Have::ask_digest(1000))).unwrap();
-        s.start_from(0).unwrap();
+        queued(s.start_from(0), &mut s).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         // Refused where it was not asked: the offer goes on.
         let mut s = start();
         s.on_message(Message::Have(Have::ask_digest(1000))).unwrap();
-        s.compare([4; 32]).unwrap();
+        queued(s.compare([4; 32]), &mut s).unwrap();
         s.on_message(Message::Reject(Reject::new(RejectCode::Exists, "x")))
             .unwrap();
         assert_eq!(s.state(), SenderState::Idle);
@@ -2912,7 +2916,7 @@ mod tests {
     fn digest_haves_are_refused_out_of_place() {
         let refused = |offer: FileOffer, have: Have| {
             let mut s = greeted(100);
-            s.start_file(offer.clone(), 1).unwrap();
+            queued(s.start_file(offer.clone(), 1), &mut s).unwrap();
             let got = s.on_message(Message::Have(have.clone()));
             assert!(got.is_err(), "{have:?} for {offer:?}: {got:?}");
             assert_eq!(s.state(), SenderState::Closed);
@@ -2954,15 +2958,15 @@ mod tests {
         // A verdict on an earlier entry comes first: HAVE then is out of
         // order.
         let mut s = greeted(100);
-        s.start_file(offer(100), 1).unwrap();
+        queued(s.start_file(offer(100), 1), &mut s).unwrap();
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         s.next_chunk(100).unwrap();
-        s.finish(Digest::Crc32(0)).unwrap();
-        s.start_file(checksummed(1000), 2).unwrap();
+        queued(s.finish(Digest::Crc32(0)), &mut s).unwrap();
+        queued(s.start_file(checksummed(1000), 2), &mut s).unwrap();
         assert!(s.on_message(Message::Have(Have::ask_digest(1000))).is_err());
         // COMPARE only after a HAVE of a complete copy or of kind Digest.
         let mut s = greeted(100);
-        s.start_file(checksummed(1000), 1).unwrap();
+        queued(s.start_file(checksummed(1000), 1), &mut s).unwrap();
         assert!(s.compare([1; 32]).is_err());
         // Streams and directories never carry CHECKSUM; a batch's files do.
         for kind in [OfferKind::Stream, OfferKind::Directory] {

@@ -119,6 +119,7 @@ pub(crate) fn check_handshake(
         Ok(SenderEvent::Greeted(g)) => {
             let prove = s.poll_transmit();
             prop_assert_eq!(g.proving, prove.is_some());
+            prop_assert_eq!(s.poll_transmit(), None);
             prove
         }
         Err(ProtocolError::NoAuthRequested) => {

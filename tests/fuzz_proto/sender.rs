@@ -26,6 +26,8 @@ pub(crate) enum TxAction {
     /// A stream chunk of this many bytes (0: a full chunk).
     StreamChunk(u32),
     Finish(Option<DigestAlg>),
+    /// A KEEPALIVE, wherever it is asked for.
+    Keepalive,
     Close,
     /// Small files offered together (BATCH): their sizes, one digest (or,
     /// now and then, a second one for the last file).
@@ -72,6 +74,7 @@ pub(crate) fn tx_action() -> impl Strategy<Value = TxAction> {
         3 => prop_oneof![3 => Just(0u32), 1 => 0u32..100].prop_map(TxAction::StreamChunk),
         2 => finish.prop_map(TxAction::Finish),
         1 => Just(TxAction::Close),
+        1 => Just(TxAction::Keepalive),
         1 => any::<u32>().prop_map(TxAction::From),
     ]
 }
@@ -786,6 +789,19 @@ pub(crate) fn check_sender(
                         let _: ProtocolError = e;
                     }
                 }
+            }
+            TxAction::Keepalive => {
+                // Only a stream waiting for its input, or a file read to
+                // answer a HAVE, keeps the receiver waiting.
+                let waiting = (before == Sending && m.stream) || before == AwaitFromDecision;
+                match sent(s.keepalive(), &mut s) {
+                    Ok(msg) => {
+                        prop_assert!(waiting, "KEEPALIVE in {:?}", before);
+                        prop_assert_eq!(msg, Message::Keepalive);
+                    }
+                    Err(_) => prop_assert!(!waiting, "KEEPALIVE refused in {:?}", before),
+                }
+                prop_assert_eq!(s.state(), before);
             }
             TxAction::Close => match sent(s.close(), &mut s) {
                 Ok(msg) => {

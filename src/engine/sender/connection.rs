@@ -213,7 +213,7 @@ impl Connection {
         self.close(cfg, pipe, tracker)
     }
 
-    /// Waits for the receiver's greeting: CHALLENGE (answered with AUTH when
+    /// Waits for the receiver's greeting: CHALLENGE (answered with PROVE when
     /// it requires authentication; the first HELLO follows without waiting)
     /// or a REJECT that refuses the session.
     pub(super) fn greet(
@@ -233,10 +233,10 @@ impl Connection {
             match self.next_event(cfg, pipe, tracker, what)? {
                 None => {}
                 Some(SenderEvent::Greeted(greeting)) => {
+                    self.transmit()?;
                     if greeting.proving {
                         debug!("the receiver requires authentication: PROVE sent");
                     }
-                    self.transmit()?;
                 }
                 // The channel is installed already (handle_completions).
                 Some(SenderEvent::Authenticated) => info!("receiver authenticated"),

@@ -292,8 +292,9 @@ impl Session<'_, '_> {
             .complete(status, reason)
             .map_err(XferError::from)?;
         // The verdict goes out before the reports (which may wait on a
-        // terminal): a pipelining sender waits for it.
-        self.transmit()?;
+        // terminal): a pipelining sender waits for it. The file is
+        // reported whether or not it could be told.
+        let sent = self.transmit();
         match err {
             None if file.sink.members().is_some() => {
                 file.phases.commit = fin_at.elapsed();
@@ -341,7 +342,7 @@ impl Session<'_, '_> {
                 self.first_error.get_or_insert(e);
             }
         }
-        Ok(())
+        sent
     }
 }
 

@@ -295,8 +295,8 @@ impl Session<'_, '_> {
         }
         drop((copy, link));
         self.machine.same()?;
-        // The verdict goes out before the report.
-        self.transmit()?;
+        // The verdict goes out before the report, which is made either way.
+        let sent = self.transmit();
         let report = FileReport {
             name,
             bytes: size,
@@ -310,7 +310,7 @@ impl Session<'_, '_> {
             outcome,
         };
         (self.on_file)(FileEvent::Done(&report));
-        Ok(())
+        sent
     }
 
     /// Reads what the store holds of an offer with RESUME; a KEEPALIVE
@@ -393,11 +393,14 @@ impl Session<'_, '_> {
                 file.data_started = Instant::now();
                 file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
                 file.progress.advance(file.resumed_from);
-                // Writer threads (`--threads`) write temporary files.
-                if file.sink.is_temp_file() {
+                let temp_file = file.sink.is_temp_file();
+                self.machine.accept(ring, file).map_err(XferError::from)?;
+                // Writer threads (`--threads`) write temporary files: they
+                // start while the MR is on its way.
+                self.transmit()?;
+                if temp_file {
                     self.start_writers();
                 }
-                self.machine.accept(ring, file).map_err(XferError::from)?;
                 Ok(())
             }
             Err(refusal) => self.refuse(hello, hello_at, refusal),
