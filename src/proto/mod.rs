@@ -559,12 +559,12 @@ mod tests {
                     ReceiverEvent::Authenticated => {
                         // A session is free; AUTH_OK as it is, everything
                         // after it sealed.
-                        self.r.admit().unwrap();
+                        let channel = self.r.admit().unwrap();
                         while let Some(m) = self.r.poll_transmit() {
                             assert!(matches!(m, Message::AuthOk { .. }));
                             self.send_r(&m);
                         }
-                        self.r_channel = Some(self.r.take_channel().unwrap());
+                        self.r_channel = Some(channel);
                     }
                     ReceiverEvent::Closed | ReceiverEvent::Keepalive => {}
                 },

@@ -9,7 +9,7 @@
 //! HELLO is considered and no ring is exposed before the sender has proven
 //! the secret; the AUTH_OK that proves the receiver follows, and from then
 //! on the engine seals and opens every control message with the channel
-//! the machine hands out (`take_channel`).
+//! `admit` hands out.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -173,8 +173,8 @@ pub enum ReceiverEvent<F = (), W = ()> {
     /// The sender said BYE.
     Closed,
     /// PROVE carried the right proof. The engine decides at once whether
-    /// the sender gets a session: `admit` queues AUTH_OK (send it before
-    /// installing the channel, `take_channel`; HELLOs are welcome then),
+    /// the sender gets a session: `admit` queues AUTH_OK and returns the
+    /// channel (install it after sending AUTH_OK; HELLOs are welcome then),
     /// `refuse_busy` queues REJECT(busy) and ends the session.
     Authenticated,
     /// KEEPALIVE: the sender waits for its input; progress for the timeout.
@@ -328,9 +328,6 @@ pub struct ReceiverSession<F = (), W = ()> {
     auth: Option<AuthKey>,
     /// The session key between a right PROVE and the engine's admission.
     admitting: Option<SessionKey>,
-    /// The sealing channel once the sender has proven the token, until
-    /// the engine takes it.
-    channel: Option<Channel>,
     /// The key of the chunks' tags, once the sender is admitted.
     chunk_key: Option<ChunkKey>,
     /// HELLOs and BATCHes received so far: the current offer's number.
@@ -425,7 +422,6 @@ impl<F, W> ReceiverSession<F, W> {
             cfg,
             auth: None,
             admitting: None,
-            channel: None,
             chunk_key: None,
             offers: 0,
             state: ReceiverState::AwaitHello,
@@ -475,19 +471,19 @@ impl<F, W> ReceiverSession<F, W> {
     }
 
     /// Admits the authenticated sender (state AwaitAdmission): AUTH_OK,
-    /// the receiver's proof, is queued and the channel made; HELLOs are
-    /// welcome from now on.
-    pub fn admit(&mut self) -> Result<(), ProtocolError> {
+    /// the receiver's proof, is queued, and the channel that seals every
+    /// later message is returned (once: only an admission makes it);
+    /// HELLOs are welcome from now on.
+    pub fn admit(&mut self) -> Result<Channel, ProtocolError> {
         let (ReceiverState::AwaitAdmission, Some(key)) = (self.state, self.admitting.take()) else {
             return Err(self.unexpected("admission"));
         };
         self.outbox.push_back(Message::AuthOk {
             proof: key.receiver_proof(),
         });
-        self.channel = Some(key.channel(Role::Receiver));
         self.chunk_key = Some(key.chunk_key());
         self.state = ReceiverState::AwaitHello;
-        Ok(())
+        Ok(key.channel(Role::Receiver))
     }
 
     /// Bytes of each chunk's tag: `CHUNK_TAG_LEN` with a token (every chunk
@@ -697,13 +693,6 @@ impl<F, W> ReceiverSession<F, W> {
             self.state = ReceiverState::Closed;
         }
         file
-    }
-
-    /// The sealing channel, once the sender is authenticated (taken once):
-    /// the engine seals every later message with it, starting right after
-    /// the AUTH_OK the machine queued.
-    pub fn take_channel(&mut self) -> Option<Channel> {
-        self.channel.take()
     }
 
     /// The next message the machine queued for the sender (the CHALLENGE
@@ -1145,7 +1134,7 @@ impl<F, W> ReceiverSession<F, W> {
     }
 
     /// PROVE: the sender's version, then its proof over this connection's
-    /// transcript; a right one queues AUTH_OK and makes the channel.
+    /// transcript; a right one waits for the engine's admission (`admit`).
     fn on_prove(&mut self, p: Prove) -> Result<ReceiverEvent<F, W>, RecvError> {
         let Some(auth) = &self.auth else {
             return Err(self.unexpected("PROVE").into());
@@ -1831,11 +1820,12 @@ mod tests {
             let res = r.on_message(msg.clone());
             assert_eq!(res, want, "{}", msg.kind());
             // A good PROVE waits for the engine's admission: nothing is
-            // answered and there is no channel before it.
+            // answered before it, and only the admission makes the channel.
+            let mut channel = None;
             if res == Ok(ReceiverEvent::Authenticated) {
                 assert_eq!(sent(&mut r), [], "before admission");
-                assert!(r.take_channel().is_none(), "a channel before admission");
-                r.admit().unwrap();
+                channel = Some(r.admit().unwrap());
+                assert!(r.admit().is_err(), "admitted once");
             }
             // Admitted, it is answered with the receiver's proof, and only
             // then is there a channel; anything else gets one refusal.
@@ -1849,12 +1839,10 @@ mod tests {
                     }]
                 );
                 let mut mine = key.channel(Role::Sender);
-                let mut theirs = r.take_channel().expect("a channel");
+                let mut theirs = channel.expect("a channel");
                 let sealed = mine.seal(b"frame").unwrap();
                 assert_eq!(theirs.open(&sealed).unwrap(), b"frame");
-                assert!(r.take_channel().is_none(), "taken once");
             } else {
-                assert!(r.take_channel().is_none(), "{}", msg.kind());
                 if res.is_err() {
                     assert_eq!(replies.len(), 1, "{}: {replies:?}", msg.kind());
                     assert!(
@@ -1969,7 +1957,6 @@ mod tests {
         assert_eq!(busy.code, RejectCode::Busy);
         assert!(busy.reason.contains("2 sessions"), "{}", busy.reason);
         assert_eq!(sent(&mut r), [Message::Reject(busy)]);
-        assert!(r.take_channel().is_none());
         assert_eq!(r.state(), ReceiverState::Closed);
         assert!(r.admit().is_err(), "admitted after the refusal");
         // Nothing from the sender is taken while the engine decides.

@@ -388,7 +388,7 @@ impl Session<'_, '_> {
                         reason: busy.reason,
                     });
                 }
-                self.machine.admit()?;
+                let channel = self.machine.admit()?;
                 // The rest of the receives: the ring's writes and the
                 // messages of a pipelining sender may come now.
                 let more = std::mem::take(&mut self.unposted_recvs);
@@ -397,10 +397,6 @@ impl Session<'_, '_> {
                 info!("sender authenticated");
                 // AUTH_OK goes out as it is; everything after it is sealed.
                 self.transmit()?;
-                let channel = self
-                    .machine
-                    .take_channel()
-                    .ok_or_else(|| XferError::Internal("authenticated without a channel".into()))?;
                 self.link.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
