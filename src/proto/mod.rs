@@ -619,9 +619,7 @@ mod tests {
             };
             match self.s.on_message(open(&mut self.s_channel, &b)).unwrap() {
                 SenderEvent::Greeted(_) => self.transmit_s(),
-                SenderEvent::Authenticated => {
-                    self.s_channel = Some(self.s.take_channel().unwrap());
-                }
+                SenderEvent::Authenticated(channel) => self.s_channel = Some(channel),
                 SenderEvent::Ring(r) => {
                     assert_eq!(r, self.ring);
                     assert!(self.awaiting.is_empty(), "MR before earlier verdicts");

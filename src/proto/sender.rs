@@ -3,7 +3,7 @@
 //! AUTH_OK, checked before anything else is sent (a receiver that does not
 //! ask for authentication is refused); then entries in order, then BYE.
 //! After AUTH_OK the engine seals and opens every control message with the
-//! channel the machine hands out (`take_channel`). An entry is
+//! channel that comes with `SenderEvent::Authenticated`. An entry is
 //! - a file: HELLO -> (MR | REJECT) -> chunks under credit -> FIN -> ACK;
 //! - a stream (size unknown): the same, the FIN carrying the final size;
 //! - a directory: HELLO -> (ACK | REJECT), no data.
@@ -205,9 +205,9 @@ pub enum SenderEvent {
     /// The receiver's CHALLENGE arrived: with `Greeting::proving`, the
     /// PROVE is queued (then wait for `Authenticated`), else now Idle.
     Greeted(Greeting),
-    /// The receiver proved the token (AUTH_OK): now Idle; install the
-    /// channel (`take_channel`) before sending anything else.
-    Authenticated,
+    /// The receiver proved the token (AUTH_OK): now Idle; install this
+    /// channel before sending anything else.
+    Authenticated(Channel),
     /// MR accepted: start sending (see `next_chunk`).
     Ring(RingInfo),
     /// The current file's or stream's offer was refused; back to Idle, the
@@ -268,9 +268,6 @@ pub struct SenderSession {
     auth: Option<SenderAuth>,
     /// Derived when the CHALLENGE arrives (with a token).
     key: Option<SessionKey>,
-    /// The sealing channel once the receiver proved the token, until the
-    /// engine takes it.
-    channel: Option<Channel>,
     chunk_size: u32,
     size: u64,
     /// The current entry is a stream (size unknown until the engine finishes it).
@@ -317,7 +314,6 @@ impl SenderSession {
             outbox: VecDeque::new(),
             auth,
             key: None,
-            channel: None,
             chunk_size,
             size: 0,
             stream: false,
@@ -344,12 +340,6 @@ impl SenderSession {
     /// The current state.
     pub fn state(&self) -> SenderState {
         self.state
-    }
-
-    /// The sealing channel, once the receiver proved the token (taken
-    /// once): the engine seals every later message with it.
-    pub fn take_channel(&mut self) -> Option<Channel> {
-        self.channel.take()
     }
 
     /// Chunks that may be written now (free ring slots granted by CREDIT).
@@ -621,11 +611,11 @@ impl SenderSession {
                 if !key.verify_receiver(&proof) {
                     return Err(ProtocolError::ReceiverProofFailed);
                 }
-                self.channel = Some(key.channel(Role::Sender));
+                let channel = key.channel(Role::Sender);
                 self.chunk_key = Some(key.chunk_key());
                 self.key = None;
                 self.state = Idle;
-                Ok(SenderEvent::Authenticated)
+                Ok(SenderEvent::Authenticated(channel))
             }
             // A receiver of protocol 2 or older cannot decode PROVE and
             // says so with ACK(protocol).
@@ -1529,7 +1519,8 @@ mod tests {
                         SenderState::AwaitAuthOk,
                     )),
                     (AwaitAuthOk, m) if *m == good_auth_ok() => {
-                        Some((SenderEvent::Authenticated, SenderState::Idle))
+                        let channel = receiver_key().channel(Role::Sender);
+                        Some((SenderEvent::Authenticated(channel), SenderState::Idle))
                     }
                     (
                         IdleFilePending | IdleDirPending | AwaitRingFilePending
@@ -1651,13 +1642,12 @@ mod tests {
         assert_eq!(s.state(), SenderState::AwaitAuthOk);
         // No HELLO (no name, no size) before the receiver has proven itself.
         assert!(s.start_file(offer(1), 0).is_err());
-        assert!(s.take_channel().is_none());
         assert_eq!(s.state(), SenderState::AwaitAuthOk);
-        assert_eq!(s.on_message(good_auth_ok()), Ok(SenderEvent::Authenticated));
+        let Ok(SenderEvent::Authenticated(mut mine)) = s.on_message(good_auth_ok()) else {
+            panic!("not authenticated");
+        };
         assert_eq!(s.state(), SenderState::Idle);
         // The channel talks to the receiver's.
-        let mut mine = s.take_channel().expect("a channel");
-        assert!(s.take_channel().is_none(), "taken once");
         let mut theirs = receiver_key().channel(Role::Receiver);
         assert_eq!(
             theirs.open(&mine.seal(b"HELLO").unwrap()).unwrap(),
@@ -1702,7 +1692,6 @@ mod tests {
         );
         assert_eq!(s.poll_transmit(), None);
         assert_eq!(s.state(), SenderState::Idle);
-        assert!(s.take_channel().is_none());
     }
 
     #[test]
@@ -1718,7 +1707,6 @@ mod tests {
         assert_eq!(s.state(), SenderState::Closed);
         assert!(s.start_file(offer(1), 0).is_err());
         assert!(s.close().is_err());
-        assert!(s.take_channel().is_none());
     }
 
     #[test]

@@ -209,16 +209,13 @@ pub(crate) fn check_handshake(
             proof: SessionKey::derive(&token, &r_nonce, &s_nonce, &conn).receiver_proof(),
         };
     match s.on_message(auth_ok) {
-        Ok(SenderEvent::Authenticated) => {
+        Ok(SenderEvent::Authenticated(mut mine)) => {
             prop_assert!(
                 genuine,
                 "the sender took a proof that is not the receiver's"
             );
             prop_assert!(s.can_start());
             // Both channels talk to each other, each way, once per message.
-            let mut mine = s
-                .take_channel()
-                .ok_or_else(|| TestCaseError::fail("no channel"))?;
             let sealed = mine
                 .seal(b"HELLO")
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -238,8 +238,8 @@ impl Connection {
                         debug!("the receiver requires authentication: PROVE sent");
                     }
                 }
-                // The channel is installed already (handle_completions).
-                Some(SenderEvent::Authenticated) => info!("receiver authenticated"),
+                // AUTH_OK installs its channel as it is handled
+                // (`handle_deliveries`): the loop ends, Idle.
                 Some(other) => return Err(unexpected(&other)),
             }
         }
@@ -421,14 +421,11 @@ impl Connection {
                     match self.session.on_message(msg).map_err(proto_err)? {
                         // Already applied by the state machine.
                         SenderEvent::Credit(_) => {}
-                        event @ SenderEvent::Authenticated => {
+                        SenderEvent::Authenticated(channel) => {
                             // Sealed from the very next message on, in
                             // both directions.
-                            let channel = self.session.take_channel().ok_or_else(|| {
-                                XferError::Internal("authenticated without a channel".into())
-                            })?;
                             self.link.install(channel);
-                            self.events.push_back(event);
+                            info!("receiver authenticated");
                         }
                         event => self.events.push_back(event),
                     }

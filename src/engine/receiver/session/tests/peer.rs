@@ -131,11 +131,9 @@ impl Peer {
         };
         if greeting.proving {
             self.transmit();
-            assert_eq!(self.event(), SenderEvent::Authenticated);
-            let channel = self
-                .machine
-                .take_channel()
-                .expect("a channel once authenticated");
+            let SenderEvent::Authenticated(channel) = self.event() else {
+                panic!("not authenticated");
+            };
             self.end.install(channel);
         }
     }
