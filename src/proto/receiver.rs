@@ -837,8 +837,8 @@ impl<F, W> ReceiverSession<F, W> {
 
     /// A sealed message from the sender that failed its check: the session
     /// is over; the ACK(protocol) saying why is queued (sealed by the
-    /// engine, so the real sender can trust it).
-    pub fn on_forged(&mut self, err: ChannelError) -> RecvError {
+    /// engine, so the real sender can trust it). Returns `err`.
+    pub fn on_forged(&mut self, err: ChannelError) -> ChannelError {
         if self.state != ReceiverState::Closed {
             let reply = Message::Ack(Ack::new(
                 AckStatus::Protocol,
@@ -846,7 +846,7 @@ impl<F, W> ReceiverSession<F, W> {
             ));
             self.close_with(reply, true);
         }
-        RecvError::Forged(err)
+        err
     }
 
     /// Queues `reply`; with `close`, the session is over.
@@ -3386,10 +3386,10 @@ mod tests {
             });
             assert_eq!(
                 err,
-                RecvError::Forged(ChannelError::Replayed {
+                ChannelError::Replayed {
                     got: 1,
                     expected: 2
-                })
+                }
             );
             assert_eq!(r.state(), ReceiverState::Closed);
             assert!(

@@ -330,12 +330,9 @@ impl Session<'_, '_> {
                     Ok(m) => m,
                     Err(Undelivered::Seal(e)) => {
                         warn!("control message from {} refused: {e}", self.peer);
-                        let err = match self.machine.on_forged(e) {
-                            RecvError::Forged(source) => XferError::Forged {
-                                from: crate::proto::Role::Sender,
-                                source,
-                            },
-                            other => XferError::Internal(format!("a forged message gave {other}")),
+                        let err = XferError::Forged {
+                            from: crate::proto::Role::Sender,
+                            source: self.machine.on_forged(e),
                         };
                         return Err(self.abandon(err));
                     }
