@@ -78,6 +78,26 @@ pub(super) trait Link {
         })
     }
 
+    /// `wait` until `deadline` at most, watching for the peer's disconnect
+    /// meanwhile; Ok at the deadline, with nothing delivered.
+    fn wait_until(&mut self, deadline: Instant, what: &str) -> Result<(), XferError> {
+        let reached = std::cell::Cell::new(false);
+        let waited = self.wait(Until {
+            deadline,
+            slice: crate::engine::DISCONNECT_CHECK,
+            what,
+            give_up: &|| None,
+            expired: &|| {
+                reached.set(true);
+                XferError::PeerLost(format!("the deadline passed while waiting for {what}"))
+            },
+        });
+        match waited {
+            Err(_) if reached.get() => Ok(()),
+            other => other,
+        }
+    }
+
     /// The oldest delivery not handled yet. A message is opened and decoded
     /// only now, so that a channel installed for the one before applies.
     fn next(&mut self) -> Result<Option<Delivery>, XferError>;

@@ -3,12 +3,15 @@
 //! the file store, from the greeting to BYE or the first fatal error.
 
 mod data;
+mod file_work;
 mod offers;
-mod read_tick;
 #[cfg(test)]
 pub(super) mod tests;
+mod worker;
 
 use data::end_failed;
+use file_work::Done;
+use worker::Worker;
 
 use super::admission::Admission;
 use super::storage::FileStore;
@@ -26,7 +29,7 @@ use crate::engine::report::{FileEvent, FileFailure, Phases};
 use crate::error::XferError;
 use crate::proto::{
     AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Hello, Message, Mtime, ProtocolError,
-    ReceiverEvent, ReceiverSession, RecvError, RejectCode, escaped,
+    ReceiverEvent, ReceiverSession, RecvError, RejectCode, escaped, keepalive_interval,
 };
 use crate::sys::rdma::{Endpoint, IncomingConnection, QpCaps};
 use std::sync::Arc;
@@ -100,6 +103,11 @@ struct Session<'a, 's> {
     /// Standard output was closed by its reader (EPIPE): the session ended
     /// on purpose, quietly; what to log.
     output_closed: Option<String>,
+    /// Long file work for the current offer, on its own thread (the
+    /// machine waits for its result; dropping it stops and joins it).
+    work: Option<Worker<Done>>,
+    /// When the next KEEPALIVE is due while `work` runs.
+    keepalive_due: Instant,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -141,6 +149,10 @@ const HANDSHAKE_RECVS: usize = 4;
 
 /// How often a handshake's wait looks whether the pool dropped it.
 const HANDSHAKE_CHECK: Duration = Duration::from_millis(100);
+
+/// How often the loop looks whether the file work is done while it waits
+/// on the link.
+const WORK_CHECK: Duration = Duration::from_millis(10);
 
 /// What handling one completion decided.
 enum Flow {
@@ -250,6 +262,8 @@ pub(super) fn drive<'a>(
         store,
         first_error: None,
         output_closed: None,
+        work: None,
+        keepalive_due: Instant::now(),
     };
     let result = session.run();
     session.finish(result)
@@ -262,9 +276,15 @@ impl Session<'_, '_> {
         self.transmit()?;
         loop {
             self.register_ring_ahead();
+            if self.file_work_done()? {
+                self.transmit()?;
+                continue;
+            }
             let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
             match self.admission.handshake() {
                 Some((deadline, _)) => self.wait_handshake(deadline, what)?,
+                // The sender waits for us: KEEPALIVEs, and no timeout.
+                None if self.work.is_some() => self.wait_for_work(what)?,
                 None => self.link.wait_for(timeout, what)?,
             }
             // A peer that takes none of our messages is not waited for
@@ -306,6 +326,19 @@ impl Session<'_, '_> {
                 ))
             },
         })
+    }
+
+    /// Waits on the link a little while the file work runs, so that its
+    /// result is taken soon; sends a KEEPALIVE when one is due.
+    fn wait_for_work(&mut self, what: &str) -> Result<(), XferError> {
+        let now = Instant::now();
+        if now >= self.keepalive_due {
+            self.machine.keepalive()?;
+            self.transmit()?;
+            self.keepalive_due = now + keepalive_interval(self.cfg.timeout);
+        }
+        let until = (now + WORK_CHECK).min(self.keepalive_due);
+        self.link.wait_until(until, what)
     }
 
     /// Sends what the state machine queued for the sender.

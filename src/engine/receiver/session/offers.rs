@@ -2,21 +2,17 @@
 //! answered (accepted with the ring, refused, or asked about first: what is
 //! kept for RESUME, the digest for --link-dest or --exec), COMPARE and FROM.
 
-use super::read_tick::ReadTick;
-use super::{AwaitingFrom, DigestFor, IncomingFile, Session, interrupted};
+use super::{AwaitingFrom, DigestFor, IncomingFile, Session};
 use crate::engine::digest::FileHasher;
 use crate::engine::link::ExposedRing;
 use crate::engine::progress::Progress;
-use crate::engine::receiver::storage::link_dest::Linked;
-use crate::engine::receiver::storage::partial::{Claim, Holding, KeptPrefix, copy_digest};
+use crate::engine::receiver::storage::partial::{Claim, KeptPrefix};
 use crate::engine::receiver::storage::sink::Sink;
 use crate::engine::receiver::storage::temp_file::Resume;
 use crate::engine::receiver::storage::write_behind::WriteBehind;
-use crate::engine::report::{FileEvent, FileReport, Phases};
+use crate::engine::report::Phases;
 use crate::error::XferError;
-use crate::proto::{
-    DigestAlg, Have, HaveKind, Hello, Reject, RejectCode, RingInfo, escaped, hello_flags,
-};
+use crate::proto::{DigestAlg, Have, Hello, Reject, RejectCode, RingInfo, escaped, hello_flags};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
 
@@ -177,155 +173,6 @@ impl Session<'_, '_> {
         };
         self.machine.accept(ring, file).map_err(XferError::from)?;
         Ok(())
-    }
-
-    /// An offer with RESUME: what the receiver holds of it goes back in a
-    /// HAVE (reading the copy or the kept prefix, the sender kept
-    /// informed); the sender's FROM decides (`on_from`).
-    pub(super) fn offer_holding(
-        &mut self,
-        hello: Hello,
-        hello_at: Instant,
-    ) -> Result<(), XferError> {
-        let held = self.holding(&hello);
-        // A signal stopped the wait or the read: what is kept stays as it
-        // is, and nothing is answered about it.
-        interrupted()?;
-        let (mut holding, claim) = match held {
-            Ok(h) => h,
-            Err(refusal) => return self.refuse(&hello, hello_at, refusal),
-        };
-        if holding.have.kind == HaveKind::Complete
-            && let Some(why) = self.machine.why_not_compare(&hello.name, hello.size)
-        {
-            holding = Holding::nothing(why);
-        }
-        // Nothing kept here: --link-dest may still have it.
-        if holding.have.kind == HaveKind::Nothing
-            && let Some(why) = self.digest_for(&hello)
-        {
-            return self.ask_digest(hello, hello_at, why, claim);
-        }
-        let have = holding.have;
-        match have.kind {
-            HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),
-            HaveKind::Prefix => {
-                info!(file = %hello.name, bytes = have.bytes, "a verified part is kept")
-            }
-            HaveKind::Nothing if have.note.is_empty() => debug!(file = %hello.name, "nothing kept"),
-            HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
-            HaveKind::Digest => debug!(file = %hello.name, "its SHA-256 is asked"),
-        }
-        let waiting = AwaitingFrom {
-            hello,
-            hello_at,
-            kept: holding.kept,
-            copy: holding.copy,
-            digest_for: None,
-            announced: None,
-            claim,
-        };
-        self.machine.have(have, waiting)?;
-        Ok(())
-    }
-
-    /// The sender's COMPARE of the complete copy HAVE announced: the
-    /// same SHA-256 acknowledges the file without data; another (or a copy
-    /// that cannot be read) is a HAVE of nothing, and FROM 0 follows.
-    pub(super) fn on_compare(
-        &mut self,
-        sha256: [u8; 32],
-        mut waiting: AwaitingFrom,
-    ) -> Result<(), XferError> {
-        let link = match waiting.digest_for.take() {
-            Some(DigestFor::Command) => {
-                // Known before the data: the command gets it (and the data
-                // is checked against it), then the data comes (FROM 0).
-                waiting.announced = Some(sha256);
-                self.machine.have(Have::nothing(""), waiting)?;
-                return Ok(());
-            }
-            Some(DigestFor::Link(link)) => Some(link),
-            None => None,
-        };
-        let copy = waiting.copy.take();
-        let Some(file) = copy.as_ref().or(link.as_ref().map(|l| &l.file)) else {
-            return Err(XferError::Internal("COMPARE without a copy".into()));
-        };
-        let whose = if link.is_some() {
-            "the --link-dest copy"
-        } else {
-            "the receiver's copy"
-        };
-        let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
-        let mut tick = ReadTick::new(&mut *self.link, &mut self.machine, self.cfg.timeout);
-        let digest = copy_digest(file, size, chunk_len, &mut || tick.tick());
-        // A signal stopped the read: no verdict on the copy.
-        interrupted()?;
-        let name = waiting.hello.name.clone();
-        let mut differs = match digest {
-            Ok(d) if d == sha256 => None,
-            Ok(_) => Some(format!("{whose} differs from the source")),
-            Err(e) => Some(format!("cannot read {whose} of {name}: {e}")),
-        };
-        let mut outcome = crate::engine::Outcome::Skipped;
-        if let (None, Some(link)) = (&differs, &link) {
-            let how = (self.cfg.overwrite, chunk_len, self.cfg.dir.as_path());
-            match self
-                .store
-                .link_into_place(&waiting.hello, link, sha256, how, &mut || tick.tick())
-            {
-                Ok(Linked::HardLink) => info!(file = %name, "linked from --link-dest"),
-                Ok(Linked::Copy(why)) => {
-                    info!(file = %name, "copied from --link-dest ({why})")
-                }
-                Err(why) => differs = Some(format!("{whose} cannot be used: {why}")),
-            }
-            interrupted()?;
-            outcome = crate::engine::Outcome::Linked;
-        }
-        if let Some(note) = differs {
-            info!(file = %name, "{note}: received whole");
-            self.machine
-                .have(crate::proto::Have::nothing(note), waiting)?;
-            return Ok(());
-        }
-        if link.is_none() {
-            info!(file = %name, "skipped: the receiver's copy is the same");
-        }
-        drop((copy, link));
-        self.machine.same()?;
-        // The verdict goes out before the report, which is made either way.
-        let sent = self.transmit();
-        let report = FileReport {
-            name,
-            bytes: size,
-            elapsed: waiting.hello_at.elapsed(),
-            digest: crate::proto::Digest::Sha256(sha256),
-            phases: Phases {
-                connect: self.connect_time,
-                ..Phases::default()
-            },
-            resumed_from: 0,
-            outcome,
-        };
-        (self.on_file)(FileEvent::Done(&report));
-        sent
-    }
-
-    /// Reads what the store holds of an offer with RESUME; a KEEPALIVE
-    /// goes out every `keepalive_interval` meanwhile, so that a large
-    /// file's read does not time the sender out.
-    pub(super) fn holding(&mut self, hello: &Hello) -> Result<(Holding, Option<Claim>), Reject> {
-        // An earlier session of the same file whose sender is gone ends
-        // within its timeout (and records what it verified): worth waiting.
-        let wait = self.cfg.timeout + Duration::from_secs(10);
-        let chunk_len = self.cfg.chunk_size;
-        let mut tick = ReadTick::new(&mut *self.link, &mut self.machine, self.cfg.timeout);
-        self.store
-            .holding(hello, (chunk_len, self.cfg.overwrite), wait, &mut || {
-                tick.tick()
-            })
     }
 
     /// FROM answered our HAVE: receive from 0, continue the kept prefix,

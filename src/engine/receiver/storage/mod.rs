@@ -146,6 +146,32 @@ impl FileStore {
         matches!(self, FileStore::Exec { .. })
     }
 
+    /// The store a worker thread reads and links in (`--dir` only: the
+    /// other stores read nothing for an offer): the same directories
+    /// (descriptors duplicated), umask and ledger; no deferred attributes
+    /// (those stay with the session). None for the other stores.
+    pub(in crate::engine::receiver) fn for_worker(&self) -> std::io::Result<Option<FileStore>> {
+        let FileStore::Tree {
+            root,
+            umask,
+            keep_modes,
+            ledger,
+            link_dest,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        Ok(Some(FileStore::Tree {
+            root: root.try_clone()?,
+            deferred: Vec::new(),
+            umask: *umask,
+            keep_modes: *keep_modes,
+            ledger: Arc::clone(ledger),
+            link_dest: link_dest.as_ref().map(DirFd::try_clone).transpose()?,
+        }))
+    }
+
     /// Applies the deferred directory attributes (best effort: a failure
     /// is logged, the data is already safe).
     pub(in crate::engine::receiver) fn finish_dirs(&mut self) {

@@ -3,6 +3,7 @@
 //! protocol's sender machine and looks at the result, the replies, the
 //! reported files and the directory.
 
+mod file_work;
 mod peer;
 
 use super::{Parts, drive};

@@ -1,0 +1,317 @@
+//! A session's long file work for an offer, on its worker (`worker.rs`):
+//! what is held of an offer with RESUME (a partial file another session
+//! holds waited for, a kept prefix read back), and for a COMPARE the
+//! copy's SHA-256 (and the --link-dest link or copy). The loop keeps
+//! waiting on the link meanwhile; the result comes back to it (`finish`).
+
+use super::worker::{Cancel, Lost, Worker};
+use super::{AwaitingFrom, DigestFor, Session, interrupted};
+use crate::engine::receiver::storage::FileStore;
+use crate::engine::receiver::storage::link_dest::{LinkCandidate, LinkError, Linked};
+use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
+use crate::engine::report::{FileEvent, FileReport, Phases};
+use crate::error::XferError;
+use crate::proto::{Have, HaveKind, Hello, Reject, keepalive_interval};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tracing::{debug, info};
+
+/// What the store holds of an offer with RESUME, and the claim on its
+/// partial file.
+type Held = Result<(Holding, Option<Claim>), Reject>;
+
+/// A finished piece of file work, with what the session needs to go on.
+pub(super) enum Done {
+    /// What is held of an offer with RESUME (`offer_holding`).
+    Holding {
+        held: Held,
+        hello: Hello,
+        hello_at: Instant,
+    },
+    /// A COMPARE: the copy's SHA-256, and the link if it is the sender's.
+    Compare {
+        compared: Compared,
+        waiting: AwaitingFrom,
+        sha256: [u8; 32],
+        /// The copy is --link-dest's (else the receiver's own).
+        link: bool,
+    },
+}
+
+/// What a COMPARE's copy was found to be.
+pub(super) struct Compared {
+    /// The copy's SHA-256, or why it could not be read.
+    digest: std::io::Result<[u8; 32]>,
+    /// The --link-dest copy put in place (only when it is the sender's).
+    linked: Option<Result<Linked, LinkError>>,
+}
+
+/// The copy a COMPARE is about.
+enum HeldCopy {
+    /// The complete copy HAVE announced.
+    Own(std::fs::File),
+    /// --link-dest's file.
+    Link(Box<LinkCopy>),
+}
+
+/// --link-dest's file, linked (or copied) into place by its own store if
+/// it is the sender's.
+struct LinkCopy {
+    candidate: LinkCandidate,
+    store: Option<FileStore>,
+    hello: Hello,
+    /// Overwrite, chunk length, the output directory.
+    how: (bool, u32, PathBuf),
+}
+
+impl HeldCopy {
+    fn compare(self, sha256: [u8; 32], size: u64, chunk_len: u32, cancel: &Cancel) -> Compared {
+        let mut tick = || cancel.check();
+        let file = match &self {
+            HeldCopy::Own(file) => file,
+            HeldCopy::Link(link) => &link.candidate.file,
+        };
+        let digest = copy_digest(file, size, chunk_len, &mut tick);
+        let linked = match self {
+            HeldCopy::Link(link) if matches!(digest, Ok(d) if d == sha256) => {
+                let LinkCopy {
+                    candidate,
+                    store,
+                    hello,
+                    how: (overwrite, chunk_len, dir),
+                } = *link;
+                Some(match store {
+                    Some(mut store) => store.link_into_place(
+                        &hello,
+                        &candidate,
+                        sha256,
+                        (overwrite, chunk_len, &dir),
+                        &mut tick,
+                    ),
+                    None => Err(LinkError::NoDirectory),
+                })
+            }
+            _ => None,
+        };
+        Compared { digest, linked }
+    }
+}
+
+fn worker_failed(e: std::io::Error) -> XferError {
+    XferError::io("cannot start the session's file worker", e)
+}
+
+impl Session<'_, '_> {
+    /// An offer with RESUME: what the receiver holds of it is read on the
+    /// worker (a KEEPALIVE every `keepalive_interval` meanwhile); its HAVE
+    /// follows (`held`), and the sender's FROM decides (`on_from`).
+    pub(super) fn offer_holding(
+        &mut self,
+        hello: Hello,
+        hello_at: Instant,
+    ) -> Result<(), XferError> {
+        // An earlier session of the same file whose sender is gone ends
+        // within its timeout (and records what it verified): worth waiting.
+        let wait = self.cfg.timeout + Duration::from_secs(10);
+        let how = (self.cfg.chunk_size, self.cfg.overwrite);
+        let Some(store) = self.store.for_worker().map_err(worker_failed)? else {
+            // Nothing is read for the other stores: answered at once.
+            let held = self.store.holding(&hello, how, wait, &mut || Ok(()));
+            return self.held(hello, hello_at, held);
+        };
+        let job = move |cancel: &Cancel| Done::Holding {
+            held: store.holding(&hello, how, wait, &mut || cancel.check()),
+            hello,
+            hello_at,
+        };
+        self.start_work("rdma-xfer-holding", job)
+    }
+
+    /// The sender's COMPARE of the copy HAVE announced (or of the file
+    /// --link-dest may hold): hashed on the worker, the verdict follows
+    /// (`compared`). For --exec's command the digest is all that was
+    /// asked: the data comes (FROM 0).
+    pub(super) fn on_compare(
+        &mut self,
+        sha256: [u8; 32],
+        mut waiting: AwaitingFrom,
+    ) -> Result<(), XferError> {
+        let candidate = match waiting.digest_for.take() {
+            Some(DigestFor::Command) => {
+                // Known before the data: the command gets it (and the data
+                // is checked against it), then the data comes (FROM 0).
+                waiting.announced = Some(sha256);
+                self.machine.have(Have::nothing(""), waiting)?;
+                return Ok(());
+            }
+            Some(DigestFor::Link(candidate)) => Some(candidate),
+            None => None,
+        };
+        let copy = match (waiting.copy.take(), candidate) {
+            (Some(file), None) => HeldCopy::Own(file),
+            (None, Some(candidate)) => HeldCopy::Link(Box::new(LinkCopy {
+                candidate,
+                store: self.store.for_worker().map_err(worker_failed)?,
+                hello: waiting.hello.clone(),
+                how: (
+                    self.cfg.overwrite,
+                    self.cfg.chunk_size,
+                    self.cfg.dir.clone(),
+                ),
+            })),
+            _ => return Err(XferError::Internal("COMPARE without one copy".into())),
+        };
+        let link = matches!(copy, HeldCopy::Link(_));
+        let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
+        let job = move |cancel: &Cancel| Done::Compare {
+            compared: copy.compare(sha256, size, chunk_len, cancel),
+            waiting,
+            sha256,
+            link,
+        };
+        self.start_work("rdma-xfer-compare", job)
+    }
+
+    /// Starts `job` on the session's worker (the machine waits for its
+    /// result: one at a time). KEEPALIVEs go out while it runs.
+    fn start_work(
+        &mut self,
+        name: &str,
+        job: impl FnOnce(&Cancel) -> Done + Send + 'static,
+    ) -> Result<(), XferError> {
+        self.work = Some(Worker::start(name, job).map_err(worker_failed)?);
+        self.keepalive_due = Instant::now() + keepalive_interval(self.cfg.timeout);
+        Ok(())
+    }
+
+    /// Goes on with the file work's result once it is there (the worker
+    /// has ended then); false while it is not.
+    pub(super) fn file_work_done(&mut self) -> Result<bool, XferError> {
+        let Some(done) = self.work.as_mut().and_then(Worker::result) else {
+            return Ok(false);
+        };
+        self.work = None;
+        match done.map_err(|Lost| {
+            XferError::Internal("the session's file worker ended without its result".into())
+        })? {
+            Done::Holding {
+                held,
+                hello,
+                hello_at,
+            } => self.held(hello, hello_at, held)?,
+            Done::Compare {
+                compared,
+                waiting,
+                sha256,
+                link,
+            } => self.compared(compared, waiting, sha256, link)?,
+        }
+        Ok(true)
+    }
+
+    /// What the store holds of an offer with RESUME goes back in a HAVE
+    /// (or the offer is refused, or --link-dest is asked about).
+    fn held(&mut self, hello: Hello, hello_at: Instant, held: Held) -> Result<(), XferError> {
+        // A signal stopped the wait or the read: what is kept stays as it
+        // is, and nothing is answered about it.
+        interrupted()?;
+        let (mut holding, claim) = match held {
+            Ok(h) => h,
+            Err(refusal) => return self.refuse(&hello, hello_at, refusal),
+        };
+        if holding.have.kind == HaveKind::Complete
+            && let Some(why) = self.machine.why_not_compare(&hello.name, hello.size)
+        {
+            holding = Holding::nothing(why);
+        }
+        // Nothing kept here: --link-dest may still have it.
+        if holding.have.kind == HaveKind::Nothing
+            && let Some(why) = self.digest_for(&hello)
+        {
+            return self.ask_digest(hello, hello_at, why, claim);
+        }
+        let have = holding.have;
+        match have.kind {
+            HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),
+            HaveKind::Prefix => {
+                info!(file = %hello.name, bytes = have.bytes, "a verified part is kept")
+            }
+            HaveKind::Nothing if have.note.is_empty() => debug!(file = %hello.name, "nothing kept"),
+            HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
+            HaveKind::Digest => debug!(file = %hello.name, "its SHA-256 is asked"),
+        }
+        let waiting = AwaitingFrom {
+            hello,
+            hello_at,
+            kept: holding.kept,
+            copy: holding.copy,
+            digest_for: None,
+            announced: None,
+            claim,
+        };
+        self.machine.have(have, waiting)?;
+        Ok(())
+    }
+
+    /// The verdict on a compared copy: the same SHA-256 acknowledges the
+    /// file without data (kept, or linked from --link-dest); another (or a
+    /// copy that cannot be read or linked) is a HAVE of nothing, and FROM 0
+    /// follows.
+    fn compared(
+        &mut self,
+        Compared { digest, linked }: Compared,
+        waiting: AwaitingFrom,
+        sha256: [u8; 32],
+        link: bool,
+    ) -> Result<(), XferError> {
+        // A signal stopped the read: no verdict on the copy.
+        interrupted()?;
+        let whose = if link {
+            "the --link-dest copy"
+        } else {
+            "the receiver's copy"
+        };
+        let name = waiting.hello.name.clone();
+        let mut differs = match digest {
+            Ok(d) if d == sha256 => None,
+            Ok(_) => Some(format!("{whose} differs from the source")),
+            Err(e) => Some(format!("cannot read {whose} of {name}: {e}")),
+        };
+        let mut outcome = crate::engine::Outcome::Skipped;
+        if let Some(linked) = linked {
+            match linked {
+                Ok(Linked::HardLink) => info!(file = %name, "linked from --link-dest"),
+                Ok(Linked::Copy(why)) => {
+                    info!(file = %name, "copied from --link-dest ({why})")
+                }
+                Err(why) => differs = Some(format!("{whose} cannot be used: {why}")),
+            }
+            outcome = crate::engine::Outcome::Linked;
+        }
+        if let Some(note) = differs {
+            info!(file = %name, "{note}: received whole");
+            self.machine.have(Have::nothing(note), waiting)?;
+            return Ok(());
+        }
+        if !link {
+            info!(file = %name, "skipped: the receiver's copy is the same");
+        }
+        self.machine.same()?;
+        // The verdict goes out before the report, which is made either way.
+        let sent = self.transmit();
+        let report = FileReport {
+            name,
+            bytes: waiting.hello.size,
+            elapsed: waiting.hello_at.elapsed(),
+            digest: crate::proto::Digest::Sha256(sha256),
+            phases: Phases {
+                connect: self.connect_time,
+                ..Phases::default()
+            },
+            resumed_from: 0,
+            outcome,
+        };
+        (self.on_file)(FileEvent::Done(&report));
+        sent
+    }
+}

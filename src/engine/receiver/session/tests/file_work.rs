@@ -1,0 +1,131 @@
+//! The session's file work on its worker: the sender kept waiting with
+//! KEEPALIVEs while it runs, and stopped with the session.
+
+use super::peer::{Peer, bytes, file};
+use super::{Reported, done, session};
+use crate::engine::digest::FileHasher;
+use crate::engine::receiver::storage::partial::Claim;
+use crate::error::XferError;
+use crate::proto::{AckStatus, DigestAlg, FileOffer, HaveKind, Message, SenderEvent};
+use crate::sys::dirfd::DirFd;
+use std::time::{Duration, Instant};
+
+fn resumed(name: &str, size: u64) -> FileOffer {
+    let mut offer = file(name, size);
+    offer.resume = true;
+    offer
+}
+
+/// Sends a resumed offer and reads the session's answer message by
+/// message: the KEEPALIVEs before it, and the answer.
+fn offer_counting_keepalives(peer: &mut Peer, offer: FileOffer) -> (u32, SenderEvent) {
+    peer.machine.start_file(offer, 1).unwrap();
+    peer.transmit();
+    let mut keepalives = 0;
+    loop {
+        let msg = peer.recv().expect("the session ended early");
+        let keepalive = matches!(msg, Message::Keepalive);
+        let event = peer.machine.on_message(msg).expect("the protocol is kept");
+        if !keepalive {
+            return (keepalives, event);
+        }
+        keepalives += 1;
+    }
+}
+
+#[test]
+fn a_resume_waits_on_the_worker_while_keepalives_flow_and_continues_the_kept_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = super::config(dir.path());
+    let data = bytes(4096 * 3, 11);
+    let size = data.len() as u64;
+    // A first session keeps two chunks of three: its sender vanishes.
+    let first = session(&cfg, |peer| {
+        peer.greet();
+        let SenderEvent::Have(have) = peer.offer(resumed("f", size)) else {
+            panic!("no HAVE for a resumed offer");
+        };
+        assert_eq!(have.kind, HaveKind::Nothing);
+        peer.machine.start_from(0).unwrap();
+        peer.transmit();
+        assert!(matches!(peer.event(), SenderEvent::Ring(_)));
+        peer.write_data(&data[..4096 * 2], None);
+        // Both chunks taken before the sender goes.
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    assert!(matches!(first.result, Err(XferError::PeerLost(_))));
+    // Another session holds the partial file for a while: the second one
+    // waits on its worker, and its sender hears KEEPALIVEs meanwhile,
+    // though the session's timeout is shorter than the wait.
+    cfg.timeout = Duration::from_secs(1);
+    let root = DirFd::open(dir.path()).unwrap();
+    let held = Claim::try_take(&root, "f")
+        .unwrap()
+        .expect("the claim is free");
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(held);
+        });
+        let (keepalives, answer) = offer_counting_keepalives(peer, resumed("f", size));
+        release.join().unwrap();
+        let SenderEvent::Have(have) = answer else {
+            panic!("no HAVE: {answer:?}");
+        };
+        assert_eq!((have.kind, have.bytes), (HaveKind::Prefix, 4096 * 2));
+        peer.machine.start_from(have.bytes).unwrap();
+        peer.transmit();
+        assert!(matches!(peer.event(), SenderEvent::Ring(_)));
+        peer.write_data(&data[4096 * 2..], None);
+        let mut whole = FileHasher::new(DigestAlg::Crc32);
+        whole.update(&data, crc32fast::hash(&data));
+        let ack = peer.finish(whole.finish());
+        peer.bye();
+        (keepalives, ack)
+    });
+    ended.result.unwrap();
+    let (keepalives, ack) = ended.played;
+    // One every 333 ms over 1.5 s.
+    assert!(keepalives >= 3, "{keepalives} KEEPALIVEs");
+    assert_eq!(ack.status, AckStatus::Ok, "{ack:?}");
+    assert_eq!(ended.reported, [done("f", size)]);
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+}
+
+#[test]
+fn a_sender_that_vanishes_while_the_worker_waits_ends_the_session_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = super::config(dir.path());
+    // Held for the whole test: the worker would wait 40 s for it.
+    let root = DirFd::open(dir.path()).unwrap();
+    let _held = Claim::try_take(&root, "f")
+        .unwrap()
+        .expect("the claim is free");
+    let started = Instant::now();
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        peer.machine.start_file(resumed("f", 10), 1).unwrap();
+        peer.transmit();
+        // The offer is on the worker: the sender goes.
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    // The session noticed, stopped its worker and joined it.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(&ended.result, Err(XferError::PeerLost(m)) if m.contains("disconnected")),
+        "{:?}",
+        ended.result
+    );
+    assert!(
+        !ended
+            .reported
+            .iter()
+            .any(|r| matches!(r, Reported::Done { .. }))
+    );
+    assert!(ended.closed);
+}
