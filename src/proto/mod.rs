@@ -20,7 +20,7 @@ pub use names::{
 pub use receiver::{
     AUTH_TIMEOUT, AuthFailure, Busy, ChunkPlacement, DEFAULT_MAX_FILES, DigestBudget,
     MAX_REFUSALS_IN_A_ROW, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
-    RecvError, busy_refusal,
+    RecvError, TimedOut, busy_refusal,
 };
 pub use sender::{
     ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy, SenderAuth,
@@ -718,6 +718,7 @@ mod tests {
                 max_session_bytes: u64::MAX,
                 names: NameRules::DEFAULT,
                 digest_budget: DigestBudget::DEFAULT,
+                timeout: std::time::Duration::from_secs(30),
             };
             let token = Token::new(b"sim".to_vec()).unwrap();
             let conn = ConnectionId {

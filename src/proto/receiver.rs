@@ -12,7 +12,7 @@
 //! `admit` hands out.
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -21,6 +21,7 @@ use super::auth::{
     NONCE_LEN, Role, SessionKey, Token,
 };
 use super::names::{NameRules, escaped, validate_path};
+use super::sender::keepalive_interval;
 use super::wire::{
     Ack, AckStatus, Challenge, DigestAlg, Fin, Have, HaveKind, Hello, Message, Prove, Reject,
     RejectCode, RingInfo, WireError, hello_flags,
@@ -98,6 +99,11 @@ pub struct ReceiverConfig {
     /// How much comparing one session may ask of the receiver (see
     /// `DigestBudget`).
     pub digest_budget: DigestBudget,
+    /// How long the session waits for the sender without progress
+    /// (`--timeout`; for the sender's PROVE, `AUTH_TIMEOUT` at most); while
+    /// the engine's own file work keeps the sender waiting, a KEEPALIVE
+    /// goes out every `keepalive_interval` of it instead.
+    pub timeout: Duration,
 }
 
 /// How many digest questions one session may ask, and of how many bytes
@@ -389,6 +395,25 @@ pub struct ReceiverSession<F = (), W = ()> {
     /// The engine's data for an offer answered with HAVE (state
     /// AwaitFrom), until FROM or COMPARE.
     waiting: Option<W>,
+    /// The session's clock: when it last made progress (`progressed`);
+    /// None before the engine starts it.
+    progressed_at: Option<Instant>,
+    /// While the engine's file work for the offer runs (`work_started`
+    /// until its decision): when the next KEEPALIVE is due.
+    keepalive_due: Option<Instant>,
+}
+
+/// The sender said nothing for the session's whole timeout: the session
+/// is over (nothing is said to a sender that says nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("no progress for {}s while waiting for {waiting_for}", after.as_secs())]
+pub struct TimedOut {
+    /// What the session waited for (`ReceiverSession::waiting_for`).
+    pub waiting_for: &'static str,
+    /// How long it waited.
+    pub after: Duration,
+    /// The state it waited in.
+    pub state: ReceiverState,
 }
 
 impl ReceiverSession {
@@ -451,6 +476,8 @@ impl<F, W> ReceiverSession<F, W> {
             compared: Default::default(),
             file: None,
             waiting: None,
+            progressed_at: None,
+            keepalive_due: None,
         }
     }
 
@@ -542,6 +569,7 @@ impl<F, W> ReceiverSession<F, W> {
         self.have = Some(have.clone());
         self.state = ReceiverState::AwaitFrom;
         self.waiting = Some(waiting);
+        self.work_done();
         self.outbox.push_back(Message::Have(have));
         Ok(())
     }
@@ -640,22 +668,78 @@ impl<F, W> ReceiverSession<F, W> {
         }
         self.bytes = self.size;
         self.state = ReceiverState::Verifying;
+        self.work_done();
         self.complete(AckStatus::Ok, String::new())
     }
 
-    /// While the engine reads its copy of an offer with RESUME from disk:
-    /// a kept prefix before the HAVE or (to continue the whole-file
-    /// digest) before the MR, or the complete file for a COMPARE. A
-    /// KEEPALIVE (queued) so that the sender, waiting, does not time out.
-    pub fn keepalive(&mut self) -> Result<(), ProtocolError> {
+    /// The engine starts reading its copy of an offer with RESUME from
+    /// disk at `now` (a kept prefix before the HAVE or, to continue the
+    /// whole-file digest, before the MR, or the complete file for a
+    /// COMPARE): until its decision (`have`, `same`, `accept`, `reject`)
+    /// the sender waits, and a KEEPALIVE is due every `keepalive_interval`
+    /// (`poll_timeout`, `handle_timeout`) so that it does not time out.
+    pub fn work_started(&mut self, now: Instant) -> Result<(), ProtocolError> {
         let reading = self.state == ReceiverState::Comparing
             || self.state == ReceiverState::AwaitDecision
                 && (self.base.bytes > 0 || (self.resume && self.have.is_none()));
         if !reading {
-            return Err(self.wrong_state("keepalive"));
+            return Err(self.wrong_state("work_started"));
         }
-        self.outbox.push_back(Message::Keepalive);
+        self.keepalive_due = Some(now + keepalive_interval(self.cfg.timeout));
         Ok(())
+    }
+
+    /// The engine's file work ended with its decision on the offer.
+    fn work_done(&mut self) {
+        self.keepalive_due = None;
+    }
+
+    /// The session made progress at `now` (the sender's input was
+    /// handled, or the engine's file work ended): its wait for the sender
+    /// starts over. The engine calls it first when the session starts.
+    pub fn progressed(&mut self, now: Instant) {
+        self.progressed_at = Some(now);
+    }
+
+    /// When `handle_timeout` is due next: the next KEEPALIVE while the
+    /// engine's file work runs, else the end of the wait for the sender.
+    /// None once the session is over (or before `progressed` started it).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state == ReceiverState::Closed {
+            return None;
+        }
+        if let Some(due) = self.keepalive_due {
+            return Some(due);
+        }
+        self.progressed_at?.checked_add(self.idle_limit())
+    }
+
+    /// The deadline `poll_timeout` gave (or a later time) came at `now`:
+    /// a KEEPALIVE is queued while the engine's file work runs; else, once
+    /// the sender made no progress for the whole wait, the session is over
+    /// (`TimedOut`, nothing queued). Earlier, nothing happens.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), TimedOut> {
+        if self.state == ReceiverState::Closed {
+            return Ok(());
+        }
+        if let Some(due) = self.keepalive_due {
+            if now >= due {
+                self.outbox.push_back(Message::Keepalive);
+                self.keepalive_due = Some(now + keepalive_interval(self.cfg.timeout));
+            }
+            return Ok(());
+        }
+        let expired = self.poll_timeout().is_some_and(|deadline| now >= deadline);
+        if !expired {
+            return Ok(());
+        }
+        let timed_out = TimedOut {
+            waiting_for: self.waiting_for(),
+            after: self.idle_limit(),
+            state: self.state,
+        };
+        self.state = ReceiverState::Closed;
+        Err(timed_out)
     }
 
     /// Where the current file's data starts: its resumed prefix in bytes
@@ -701,19 +785,25 @@ impl<F, W> ReceiverSession<F, W> {
         self.outbox.pop_front()
     }
 
-    /// How long the engine may wait for the sender in the current state,
-    /// and what it waits for (for the timeout's message): an
-    /// unauthenticated peer holds a session only `AUTH_TIMEOUT` at most.
-    pub fn wait_limit(&self, timeout: Duration) -> (&'static str, Duration) {
+    /// What the session waits for from the sender in the current state
+    /// (for the messages that say why a wait ended).
+    pub fn waiting_for(&self) -> &'static str {
+        match self.state {
+            ReceiverState::AwaitAuth | ReceiverState::AwaitAdmission => "the sender's PROVE",
+            ReceiverState::Receiving | ReceiverState::Verifying => "data from the sender",
+            ReceiverState::AwaitFrom => "the sender's FROM or COMPARE",
+            _ => "the next HELLO or BYE",
+        }
+    }
+
+    /// How long the session waits for the sender in the current state: an
+    /// unauthenticated peer holds a session `AUTH_TIMEOUT` at most.
+    fn idle_limit(&self) -> Duration {
         match self.state {
             ReceiverState::AwaitAuth | ReceiverState::AwaitAdmission => {
-                ("the sender's PROVE", timeout.min(AUTH_TIMEOUT))
+                self.cfg.timeout.min(AUTH_TIMEOUT)
             }
-            ReceiverState::Receiving | ReceiverState::Verifying => {
-                ("data from the sender", timeout)
-            }
-            ReceiverState::AwaitFrom => ("the sender's FROM or COMPARE", timeout),
-            _ => ("the next HELLO or BYE", timeout),
+            _ => self.cfg.timeout,
         }
     }
 
@@ -854,6 +944,7 @@ impl<F, W> ReceiverSession<F, W> {
         self.outbox.push_back(reply);
         if close {
             self.state = ReceiverState::Closed;
+            self.work_done();
             self.reset_file();
         }
     }
@@ -1216,6 +1307,7 @@ impl<F, W> ReceiverSession<F, W> {
             .saturating_add(self.size.saturating_sub(self.base.bytes));
         self.state = ReceiverState::Receiving;
         self.file = Some(file);
+        self.work_done();
         self.outbox.push_back(Message::Mr(ring));
         Ok(())
     }
@@ -1234,6 +1326,7 @@ impl<F, W> ReceiverSession<F, W> {
         }
         self.refused_in_a_row = 0;
         self.state = ReceiverState::AwaitHello;
+        self.work_done();
         self.outbox
             .push_back(Message::Ack(Ack::new(AckStatus::Ok, String::new())));
         Ok(())
@@ -1246,6 +1339,7 @@ impl<F, W> ReceiverSession<F, W> {
         }
         self.refused_in_a_row = self.refused_in_a_row.saturating_add(1);
         self.state = ReceiverState::AwaitHello;
+        self.work_done();
         self.outbox
             .push_back(Message::Reject(Reject::new(code, reason)));
         Ok(())
@@ -1569,7 +1663,24 @@ mod tests {
             max_session_bytes: u64::MAX,
             names: NameRules::DEFAULT,
             digest_budget: DigestBudget::DEFAULT,
+            timeout: Duration::from_secs(30),
         }
+    }
+
+    /// A moment of the tests' clock.
+    fn at(ms: u64) -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now) + Duration::from_millis(ms)
+    }
+
+    /// The engine reads its copy: the KEEPALIVE due once an interval passed.
+    fn keepalive(r: &mut ReceiverSession) -> Result<Message, ProtocolError> {
+        r.work_started(at(0))?;
+        let due = r.poll_timeout().expect("a KEEPALIVE is due");
+        assert_eq!(due, at(0) + keepalive_interval(r.cfg.timeout));
+        r.handle_timeout(due)
+            .expect("no timeout while the engine works");
+        Ok(last_queued(r).expect("a KEEPALIVE"))
     }
 
     fn ring(c: &ReceiverConfig) -> RingInfo {
@@ -3353,16 +3464,61 @@ mod tests {
     #[test]
     fn deadlines_follow_the_state_and_busy_is_refused_by_the_protocol() {
         let t = Duration::from_secs(30);
-        let r = with_auth(cfg(100, 4, 2));
-        assert_eq!(r.wait_limit(t), ("the sender's PROVE", AUTH_TIMEOUT));
-        assert_eq!(
-            r.wait_limit(Duration::from_secs(1)).1,
-            Duration::from_secs(1)
+        // What each state waits for, how long, and the session's end at
+        // the deadline (not before).
+        let expect = |mut r: ReceiverSession, what: &'static str, limit: Duration| {
+            let state = r.state();
+            assert_eq!(r.waiting_for(), what);
+            assert_eq!(r.poll_timeout(), None, "not started");
+            r.progressed(at(10));
+            assert_eq!(r.poll_timeout(), Some(at(10) + limit));
+            sent(&mut r);
+            assert_eq!(r.handle_timeout(at(10) + limit / 2), Ok(()));
+            r.progressed(at(20));
+            assert_eq!(r.handle_timeout(at(10) + limit), Ok(()), "it progressed");
+            let end = at(20) + limit;
+            assert_eq!(
+                r.handle_timeout(end),
+                Err(TimedOut {
+                    waiting_for: what,
+                    after: limit,
+                    state
+                })
+            );
+            assert_eq!(r.state(), ReceiverState::Closed);
+            assert!(
+                sent(&mut r).is_empty(),
+                "nothing is said to a silent sender"
+            );
+            assert_eq!(r.poll_timeout(), None);
+        };
+        expect(
+            with_auth(cfg(100, 4, 2)),
+            "the sender's PROVE",
+            AUTH_TIMEOUT,
         );
-        let r = ReceiverSession::new(cfg(100, 4, 2));
-        assert_eq!(r.wait_limit(t), ("the next HELLO or BYE", t));
-        let r = session_in_auth(ReceiverState::Receiving, false);
-        assert_eq!(r.wait_limit(t), ("data from the sender", t));
+        let mut short = cfg(100, 4, 2);
+        short.timeout = Duration::from_secs(1);
+        expect(with_auth(short), "the sender's PROVE", short.timeout);
+        expect(
+            ReceiverSession::new(cfg(100, 4, 2)),
+            "the next HELLO or BYE",
+            t,
+        );
+        expect(
+            session_in_auth(ReceiverState::Receiving, false),
+            "data from the sender",
+            t,
+        );
+        let e = TimedOut {
+            waiting_for: "data from the sender",
+            after: t,
+            state: ReceiverState::Receiving,
+        };
+        assert_eq!(
+            e.to_string(),
+            "no progress for 30s while waiting for data from the sender"
+        );
         let busy = busy_refusal(Busy::Sessions(3));
         assert_eq!(busy.code, RejectCode::Busy);
         assert!(busy.reason.contains("3 sessions"));
@@ -3425,6 +3581,41 @@ mod tests {
         }
     }
 
+    /// While the engine reads its copy the sender hears a KEEPALIVE every
+    /// interval, however long it takes, and the session does not time out;
+    /// once the engine decided, the wait for the sender is back.
+    #[test]
+    fn keepalives_are_due_only_while_the_engine_works() {
+        let c = cfg(100, 4, 1);
+        let mut r = ReceiverSession::new(c);
+        r.progressed(at(0));
+        sent(&mut r);
+        assert!(r.work_started(at(0)).is_err(), "no offer to read for");
+        r.on_message(Message::Hello(resumable(1000))).unwrap();
+        r.work_started(at(0)).unwrap();
+        let interval = keepalive_interval(c.timeout);
+        // Longer than the session's timeout.
+        for k in 1..=100u32 {
+            let due = r.poll_timeout().expect("a KEEPALIVE is due");
+            assert_eq!(due, at(0) + interval * k);
+            assert_eq!(r.handle_timeout(due - Duration::from_millis(1)), Ok(()));
+            assert!(sent(&mut r).is_empty(), "not before it is due");
+            assert_eq!(r.handle_timeout(due), Ok(()));
+            assert_eq!(sent(&mut r), [Message::Keepalive]);
+        }
+        r.have(prefix(300, 100), ()).unwrap();
+        sent(&mut r);
+        let now = at(60_000);
+        r.progressed(now);
+        assert_eq!(r.poll_timeout(), Some(now + c.timeout));
+        assert_eq!(r.handle_timeout(now + interval), Ok(()));
+        assert!(
+            sent(&mut r).is_empty(),
+            "no KEEPALIVE once the engine decided"
+        );
+        assert!(r.handle_timeout(now + c.timeout).is_err());
+    }
+
     /// A resumed file continues its prefix: its chunks keep their numbers,
     /// slots, length and file offsets, and FIN counts the whole file.
     #[test]
@@ -3437,7 +3628,7 @@ mod tests {
             Ok(ReceiverEvent::Offer(_))
         ));
         // Reading its copy for the HAVE may take a while.
-        assert_eq!(reply(r.keepalive(), &mut r), Ok(Message::Keepalive));
+        assert_eq!(keepalive(&mut r), Ok(Message::Keepalive));
         assert_eq!(
             reply(r.have(prefix(300, 100), ()), &mut r).unwrap(),
             Message::Have(prefix(300, 100))
@@ -3452,9 +3643,9 @@ mod tests {
         );
         assert_eq!(r.resumed_from(), 300);
         // Reading the prefix back takes a while: the sender is kept waiting.
-        assert_eq!(reply(r.keepalive(), &mut r), Ok(Message::Keepalive));
+        assert_eq!(keepalive(&mut r), Ok(Message::Keepalive));
         r.accept(ring(&c), ()).unwrap();
-        assert!(r.keepalive().is_err(), "only while the prefix is read");
+        assert!(keepalive(&mut r).is_err(), "only while the prefix is read");
         for k in 3..10u64 {
             let p = r.on_chunk(100, 0).unwrap();
             assert_eq!((p.seq, p.file_offset), (k, k * 100));
@@ -3508,7 +3699,7 @@ mod tests {
         );
         assert_eq!(r.state(), ReceiverState::Comparing);
         assert_eq!(
-            reply(r.keepalive(), &mut r),
+            keepalive(&mut r),
             Ok(Message::Keepalive),
             "reading its copy"
         );
@@ -3768,7 +3959,7 @@ mod tests {
             );
             assert_eq!(r.state(), ReceiverState::Comparing);
             assert_eq!(
-                reply(r.keepalive(), &mut r),
+                keepalive(&mut r),
                 Ok(Message::Keepalive),
                 "reading its copy"
             );

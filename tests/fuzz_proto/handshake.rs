@@ -90,6 +90,7 @@ pub(crate) fn check_handshake(
         max_session_bytes: u64::MAX,
         names: NameRules::default(),
         digest_budget: DigestBudget::DEFAULT,
+        timeout: std::time::Duration::from_secs(30),
     };
     let mut r = ReceiverSession::with_auth(cfg, token.clone(), r_nonce, conn);
     let sender_conn = match &interference {

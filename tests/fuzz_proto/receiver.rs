@@ -2,6 +2,8 @@
 
 use super::strategies::*;
 use super::*;
+use rdma_xfer::proto::{AUTH_TIMEOUT, TimedOut, keepalive_interval};
+use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub(crate) enum ChunkLen {
@@ -44,9 +46,13 @@ pub(crate) enum RxAction {
     /// bytes off.
     Have(u8, u32, bool),
     /// The engine comparing its copy (or --link-dest's) with the sender's SHA-256
-    /// (after COMPARE): 0 a KEEPALIVE while it reads, 1 the same (`same`),
-    /// 2 it differs (`have` of nothing).
+    /// (after COMPARE): 0 it starts reading (`work_started`: KEEPALIVEs are
+    /// due while it reads), 1 the same (`same`), 2 it differs (`have` of
+    /// nothing).
     Compared(u8),
+    /// Time passes (milliseconds) and the engine's wait ends at the
+    /// machine's deadline or later (`handle_timeout`).
+    Elapse(u32),
     ChunkDone,
     Flush,
     Complete(AckStatus),
@@ -124,6 +130,7 @@ pub(crate) fn rx_action() -> impl Strategy<Value = RxAction> {
         1 => (0u8..4, any::<u32>(), prop_oneof![9 => Just(false), 1 => Just(true)])
             .prop_map(|(k, n, off)| RxAction::Have(k, n, off)),
         1 => (0u8..3).prop_map(RxAction::Compared),
+        2 => prop_oneof![3 => 0u32..1_000, 1 => 0u32..70_000].prop_map(RxAction::Elapse),
         6 => Just(RxAction::ChunkDone),
         1 => Just(RxAction::Flush),
         2 => prop_oneof![3 => Just(AckStatus::Ok), 1 => ack_status()].prop_map(RxAction::Complete),
@@ -460,6 +467,11 @@ pub(crate) fn legal_rx(
         AwaitDecision if seed.is_multiple_of(6) => RxAction::Reject(RejectCode::Exists),
         // An offer with RESUME gets its HAVE first (with CHECKSUM too,
         // now and then the request for its digest).
+        // The engine reads what it holds (KEEPALIVEs due while it does).
+        AwaitDecision if resumable(m) && m.have.is_none() && seed % 5 == 4 => RxAction::Compared(0),
+        AwaitDecision if resumable(m) && m.have.is_none() && seed % 5 == 3 => {
+            RxAction::Elapse(seed % 1_500)
+        }
         AwaitDecision if resumable(m) && m.have.is_none() => {
             let kind = if checksummed(m) && seed % 4 == 3 {
                 3
@@ -531,6 +543,7 @@ pub(crate) fn legal_rx(
         // The engine reads its copy (KEEPALIVE now and then), then says
         // whether it is the sender's file.
         Comparing if seed.is_multiple_of(5) => RxAction::Compared(0),
+        Comparing if seed % 5 == 1 => RxAction::Elapse(seed % 1_500),
         Comparing if seed.is_multiple_of(2) => RxAction::Compared(1),
         Comparing => RxAction::Compared(2),
         // Never seen here: the engine decides as soon as the proof passed.
@@ -539,6 +552,20 @@ pub(crate) fn legal_rx(
 }
 
 pub(crate) static RX: Reached = Reached::new();
+/// The timers: 0 KEEPALIVEs due while the engine worked, 1 sessions timed
+/// out, 2 deadlines not reached yet.
+pub(crate) static RX_TIMERS: Reached = Reached::new();
+
+/// What the session waits for in `state`, and how long.
+fn wait_of(state: ReceiverState, timeout: Duration) -> (&'static str, Duration) {
+    use ReceiverState::*;
+    match state {
+        AwaitAuth | AwaitAdmission => ("the sender's PROVE", timeout.min(AUTH_TIMEOUT)),
+        Receiving | Verifying => ("data from the sender", timeout),
+        AwaitFrom => ("the sender's FROM or COMPARE", timeout),
+        _ => ("the next HELLO or BYE", timeout),
+    }
+}
 
 pub(crate) fn check_receiver(
     cfg: ReceiverConfig,
@@ -587,13 +614,32 @@ pub(crate) fn check_receiver(
     prop_assert!(replies(&mut r).is_empty());
     prop_assert_eq!(c.auth_required(), auth.is_some());
     prop_assert_eq!(r.state() == AwaitAuth, auth.is_some());
+    // The engine's clock (synthetic), when the session last progressed,
+    // and while the engine's file work runs, when its KEEPALIVE is due and
+    // the state it runs in (its decision moves the machine on).
+    let mut now = Instant::now();
+    prop_assert_eq!(
+        r.poll_timeout(),
+        None,
+        "a deadline before the session started"
+    );
+    r.progressed(now);
+    let mut progressed_at = now;
+    let mut working: Option<(Instant, ReceiverState)> = None;
+    let interval = keepalive_interval(cfg.timeout);
     for action in actions {
+        if working.is_some_and(|(_, state)| state != r.state()) {
+            working = None;
+        }
         let action = match action {
             RxAction::Legal(seed) => match legal_rx(r.state(), &m, &cfg, &auth, seed) {
                 RxAction::Legal(_) => {
                     // Closed: the next session (its CHALLENGE goes first).
                     r = RxAuth::session(&auth, cfg);
                     prop_assert!(matches!(r.poll_transmit(), Some(Message::Challenge(_))));
+                    r.progressed(now);
+                    progressed_at = now;
+                    working = None;
                     m = RxModel::default();
                     // The old session went with whatever it held.
                     file_token = None;
@@ -610,6 +656,9 @@ pub(crate) fn check_receiver(
         match action {
             RxAction::Legal(_) => unreachable!(),
             RxAction::Msg(_) | RxAction::Frame(_) | RxAction::FinLike { .. } => {
+                // The sender's input: the wait for it starts over.
+                r.progressed(now);
+                progressed_at = now;
                 let msg = match action {
                     RxAction::Msg(msg) => msg,
                     RxAction::Frame(b) => match decode(&b) {
@@ -957,6 +1006,8 @@ pub(crate) fn check_receiver(
                 }
             }
             RxAction::Chunk(len, imm) => {
+                r.progressed(now);
+                progressed_at = now;
                 let slot = u64::from(room);
                 let rest = m.data_len().saturating_sub(m.bytes);
                 // What the write carries: the chunk and its tag.
@@ -1154,12 +1205,13 @@ pub(crate) fn check_receiver(
                         let reading = comparing
                             || (before == AwaitDecision
                                 && (m.base.0 > 0 || (resumable(&m) && m.have.is_none())));
-                        match queued(r.keepalive(), &mut r) {
-                            Ok(msg) => {
-                                prop_assert!(reading, "KEEPALIVE in {:?}", before);
-                                prop_assert_eq!(msg, Message::Keepalive);
+                        match r.work_started(now) {
+                            Ok(()) => {
+                                prop_assert!(reading, "work started in {:?}", before);
+                                prop_assert!(replies(&mut r).is_empty(), "sent at once");
+                                working = Some((now + interval, before));
                             }
-                            Err(_) => prop_assert!(!reading, "KEEPALIVE refused in {:?}", before),
+                            Err(_) => prop_assert!(!reading, "work refused in {:?}", before),
                         }
                         prop_assert_eq!(r.state(), before);
                     }
@@ -1204,6 +1256,52 @@ pub(crate) fn check_receiver(
                                 prop_assert_eq!(r.state(), before);
                             }
                         }
+                    }
+                }
+            }
+            RxAction::Elapse(ms) => {
+                // A KEEPALIVE is due only while the engine works; else the
+                // wait for the sender ends the session at its limit.
+                let (what, limit) = wait_of(before, cfg.timeout);
+                let deadline = match working {
+                    _ if before == Closed => None,
+                    Some((due, _)) => Some(due),
+                    None => progressed_at.checked_add(limit),
+                };
+                prop_assert_eq!(r.poll_timeout(), deadline);
+                now += Duration::from_millis(ms.into());
+                let result = r.handle_timeout(now);
+                let sent = replies(&mut r);
+                match deadline {
+                    Some(deadline) if now >= deadline => match working {
+                        Some(_) => {
+                            RX_TIMERS.hit(0);
+                            prop_assert_eq!(result, Ok(()));
+                            prop_assert_eq!(sent, vec![Message::Keepalive]);
+                            prop_assert_eq!(r.state(), before);
+                            working = Some((now + interval, before));
+                        }
+                        None => {
+                            RX_TIMERS.hit(1);
+                            prop_assert_eq!(
+                                result,
+                                Err(TimedOut {
+                                    waiting_for: what,
+                                    after: limit,
+                                    state: before
+                                })
+                            );
+                            prop_assert!(sent.is_empty(), "said something to a silent sender");
+                            prop_assert_eq!(r.state(), Closed);
+                        }
+                    },
+                    _ => {
+                        if deadline.is_some() {
+                            RX_TIMERS.hit(2);
+                        }
+                        prop_assert_eq!(result, Ok(()));
+                        prop_assert!(sent.is_empty(), "sent before its time: {:?}", sent);
+                        prop_assert_eq!(r.state(), before);
                     }
                 }
             }
@@ -1336,9 +1434,13 @@ pub(crate) fn machine_receiver() {
             1 => Just(DigestBudget::DEFAULT),
             3 => (0u32..4, 0u64..600).prop_map(|(questions, bytes)| DigestBudget { questions, bytes }),
         ],
+        prop_oneof![
+            1 => Just(Duration::from_secs(30)),
+            2 => (0u64..20_000).prop_map(Duration::from_millis),
+        ],
     )
         .prop_map(
-            |(slot_size, slot_count, credit_batch, max_size, max_files, allow_dotfiles, digest_budget)| {
+            |(slot_size, slot_count, credit_batch, max_size, max_files, allow_dotfiles, digest_budget, timeout)| {
                 ReceiverConfig {
                     slot_size,
                     slot_count,
@@ -1348,6 +1450,7 @@ pub(crate) fn machine_receiver() {
                     max_session_bytes: u64::MAX,
                     names: NameRules { allow_dotfiles },
                     digest_budget,
+                    timeout,
                 }
             },
         );
@@ -1363,7 +1466,8 @@ pub(crate) fn machine_receiver() {
                  a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
                  copies compared ({} the same), {} batches passed, {} digests asked ({} the \
                  same), {} digest questions past the budget refused ({} about a name compared \
-                 already)",
+                 already); {} KEEPALIVEs while the engine worked, {} sessions timed out, {} \
+                 early wakes",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -1377,7 +1481,10 @@ pub(crate) fn machine_receiver() {
                 RX.get(10),
                 RX.get(11),
                 RX.get(12),
-                RX.get(13)
+                RX.get(13),
+                RX_TIMERS.get(0),
+                RX_TIMERS.get(1),
+                RX_TIMERS.get(2)
             )
         },
     );

@@ -502,6 +502,7 @@ fn new_machine<F, W>(
             allow_dotfiles: cfg.allow_dotfiles,
         },
         digest_budget: crate::proto::DigestBudget::DEFAULT,
+        timeout: cfg.timeout,
     };
     let Some(token) = &cfg.token else {
         return Ok(ReceiverSession::carrying(machine_cfg));

@@ -11,7 +11,7 @@ use crate::engine::receiver::storage::link_dest::{LinkCandidate, LinkError, Link
 use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::error::XferError;
-use crate::proto::{Have, HaveKind, Hello, Reject, keepalive_interval};
+use crate::proto::{Have, HaveKind, Hello, Reject};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
@@ -179,8 +179,9 @@ impl Session<'_, '_> {
         name: &str,
         job: impl FnOnce(&Cancel) -> Done + Send + 'static,
     ) -> Result<(), XferError> {
+        // The sender waits meanwhile: the machine keeps it informed.
+        self.machine.work_started(Instant::now())?;
         self.work = Some(Worker::start(name, job).map_err(worker_failed)?);
-        self.keepalive_due = Instant::now() + keepalive_interval(self.cfg.timeout);
         Ok(())
     }
 

@@ -3,13 +3,13 @@
 //! the file store, from the greeting to BYE or the first fatal error.
 
 mod data;
+mod end;
 mod file_work;
 mod offers;
 #[cfg(test)]
 pub(super) mod tests;
 mod worker;
 
-use data::end_failed;
 use file_work::Done;
 use worker::Worker;
 
@@ -25,11 +25,11 @@ use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::FileHasher;
 use crate::engine::link::{Delivery, ExposedRing, RdmaLink, RingLink, Until};
 use crate::engine::progress::FileProgress;
-use crate::engine::report::{FileEvent, FileFailure, Phases};
+use crate::engine::report::Phases;
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Hello, Message, Mtime, ProtocolError,
-    ReceiverEvent, ReceiverSession, RecvError, RejectCode, escaped, keepalive_interval,
+    AUTH_TIMEOUT, AuthFailure, DigestAlg, Hello, Message, Mtime, ProtocolError, ReceiverEvent,
+    ReceiverSession, RecvError, RejectCode, escaped,
 };
 use crate::sys::rdma::{Endpoint, IncomingConnection, QpCaps};
 use std::sync::Arc;
@@ -106,8 +106,6 @@ struct Session<'a, 's> {
     /// Long file work for the current offer, on its own thread (the
     /// machine waits for its result; dropping it stops and joins it).
     work: Option<Worker<Done>>,
-    /// When the next KEEPALIVE is due while `work` runs.
-    keepalive_due: Instant,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -263,7 +261,6 @@ pub(super) fn drive<'a>(
         first_error: None,
         output_closed: None,
         work: None,
-        keepalive_due: Instant::now(),
     };
     let result = session.run();
     session.finish(result)
@@ -274,23 +271,25 @@ impl Session<'_, '_> {
     fn run(&mut self) -> Result<(), XferError> {
         // The CHALLENGE: always the first message, the sender waits for it.
         self.transmit()?;
+        self.machine.progressed(Instant::now());
         loop {
             self.register_ring_ahead();
             if self.file_work_done()? {
+                self.machine.progressed(Instant::now());
                 self.transmit()?;
                 continue;
             }
-            let (what, timeout) = self.machine.wait_limit(self.cfg.timeout);
+            let what = self.machine.waiting_for();
             match self.admission.handshake() {
                 Some((deadline, _)) => self.wait_handshake(deadline, what)?,
-                // The sender waits for us: KEEPALIVEs, and no timeout.
-                None if self.work.is_some() => self.wait_for_work(what)?,
-                None => self.link.wait_for(timeout, what)?,
+                None => self.wait_for_sender(what)?,
             }
             // A peer that takes none of our messages is not waited for
             // forever, whatever it sends meanwhile.
             self.link.check_sends(self.cfg.timeout)?;
+            let mut delivered = false;
             while let Some(delivery) = self.link.next()? {
+                delivered = true;
                 let flow = self.on_delivery(delivery);
                 // Whatever the machine replied goes out, even when the
                 // completion ended the session (it says why).
@@ -299,6 +298,18 @@ impl Session<'_, '_> {
                     return Ok(());
                 }
                 sent?;
+            }
+            if delivered {
+                self.machine.progressed(Instant::now());
+            }
+            // The machine's timers: a KEEPALIVE while the file work runs,
+            // or the end of the wait for a silent sender. A handshake in the
+            // pool has the pool's deadline instead (`wait_handshake`).
+            if self.admission.handshake().is_none() {
+                self.machine
+                    .handle_timeout(Instant::now())
+                    .map_err(|timed_out| XferError::PeerLost(timed_out.to_string()))?;
+                self.transmit()?;
             }
         }
     }
@@ -328,17 +339,21 @@ impl Session<'_, '_> {
         })
     }
 
-    /// Waits on the link a little while the file work runs, so that its
-    /// result is taken soon; sends a KEEPALIVE when one is due.
-    fn wait_for_work(&mut self, what: &str) -> Result<(), XferError> {
+    /// Waits on the link until the machine's next deadline, and no longer
+    /// than `WORK_CHECK` while the file work runs (its result is taken
+    /// soon).
+    fn wait_for_sender(&mut self, what: &str) -> Result<(), XferError> {
         let now = Instant::now();
-        if now >= self.keepalive_due {
-            self.machine.keepalive()?;
-            self.transmit()?;
-            self.keepalive_due = now + keepalive_interval(self.cfg.timeout);
-        }
-        let until = (now + WORK_CHECK).min(self.keepalive_due);
-        self.link.wait_until(until, what)
+        // None: the machine is over; the loop ends with the next delivery.
+        let deadline = self
+            .machine
+            .poll_timeout()
+            .unwrap_or_else(|| now + self.cfg.timeout);
+        let deadline = match self.work {
+            Some(_) => deadline.min(now + WORK_CHECK),
+            None => deadline,
+        };
+        self.link.wait_until(deadline, what)
     }
 
     /// Sends what the state machine queued for the sender.
@@ -506,114 +521,5 @@ impl Session<'_, '_> {
             failure.detail()
         );
         XferError::Auth(failure.to_string())
-    }
-}
-
-impl Session<'_, '_> {
-    /// A fatal error mid-session: tell the sender why (best effort), and
-    /// return the error. The temporary file is removed when `file` drops.
-    fn abort(&mut self, status: AckStatus, err: XferError) -> XferError {
-        self.machine.abort(status, err.to_string());
-        // Best effort: the session ends with `err` either way.
-        let _ = self.transmit();
-        self.abandon(err)
-    }
-
-    /// The session ends with `err` under the open file (if any), whose
-    /// failure is reported; its temporary file goes (or, with RESUME, its
-    /// verified part is kept).
-    fn abandon(&mut self, err: XferError) -> XferError {
-        if let Some(file) = self.machine.take_file() {
-            self.end_file(file, &err);
-        }
-        err
-    }
-
-    /// `abort` when the machine has handed the file back already (FIN).
-    fn abort_file(&mut self, file: IncomingFile, status: AckStatus, err: XferError) -> XferError {
-        self.machine.abort(status, err.to_string());
-        // Best effort: the session ends with `err` either way.
-        let _ = self.transmit();
-        self.end_file(file, &err);
-        err
-    }
-
-    /// A file the session ends under: what it leaves for a resume is
-    /// kept, and its failure reported.
-    fn end_file(&mut self, mut file: IncomingFile, err: &XferError) {
-        end_failed(&mut file, self.behind.as_mut());
-        self.report_file_failure(&file, err, true);
-    }
-
-    /// Reports a file that was not received (`on_file`).
-    fn report_failure(
-        &self,
-        name: &str,
-        size: u64,
-        alg: DigestAlg,
-        elapsed: Duration,
-        err: &XferError,
-        session_ended: bool,
-    ) {
-        // A refused offer's name may hold anything the peer sent.
-        let name = escaped(name).to_string();
-        let failure = FileFailure::new(
-            &name,
-            size,
-            alg,
-            elapsed,
-            self.connect_time,
-            err,
-            session_ended,
-        );
-        (self.on_file)(FileEvent::Failed(&failure));
-    }
-
-    fn report_file_failure(&self, file: &IncomingFile, err: &XferError, session_ended: bool) {
-        let elapsed = file.started.elapsed();
-        if let Some(members) = file.sink.members() {
-            for m in members {
-                let alg = file.digest_alg;
-                self.report_failure(&m.name, m.size, alg, elapsed, err, session_ended);
-            }
-            return;
-        }
-        self.report_failure(
-            &file.name,
-            file.size,
-            file.digest_alg,
-            elapsed,
-            err,
-            session_ended,
-        );
-    }
-
-    /// Lets queued replies reach the sender, then disconnects.
-    fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
-        self.link.drain();
-        if let (Err(e), Some(file)) = (&result, self.machine.take_file()) {
-            // Where the file stood, for whoever reads the logs.
-            file.span.in_scope(|| {
-                info!(
-                    phase = "data",
-                    bytes_done = self.machine.bytes_received(),
-                    "file abandoned: {e}"
-                )
-            });
-            self.end_file(file, e);
-        }
-        // Directories get their attributes before the sender, waiting for
-        // the disconnect, looks.
-        self.store.finish_dirs();
-        self.link.disconnect(Duration::from_secs(1));
-        if let Some(msg) = self.output_closed.take() {
-            warn!("{msg}");
-            return Ok(());
-        }
-        result?;
-        match self.first_error.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
     }
 }
