@@ -18,9 +18,9 @@ pub use names::{
     is_invisible, validate_name, validate_path,
 };
 pub use receiver::{
-    AUTH_TIMEOUT, AuthFailure, Busy, ChunkPlacement, DEFAULT_MAX_FILES, DigestBudget,
+    AUTH_TIMEOUT, AuthFailure, Busy, ChunkError, ChunkPlacement, DEFAULT_MAX_FILES, DigestBudget,
     MAX_REFUSALS_IN_A_ROW, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
-    RecvError, TimedOut, busy_refusal,
+    RecvError, TimedOut, Undecodable, busy_refusal,
 };
 pub use sender::{
     ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy, SenderAuth,

@@ -403,6 +403,52 @@ pub struct ReceiverSession<F = (), W = ()> {
     keepalive_due: Option<Instant>,
 }
 
+/// Why a data write was refused (`on_chunk`): the session is over, the
+/// ACK saying why is queued.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ChunkError {
+    /// Not a write the protocol allows here.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    /// A stream grew past --max-size.
+    #[error("the stream is larger than the receiver accepts: more than {limit} bytes ({option})")]
+    TooLarge {
+        /// The limit passed.
+        limit: u64,
+        /// The receiver's option that sets it.
+        option: &'static str,
+    },
+}
+
+impl From<ChunkError> for RecvError {
+    fn from(e: ChunkError) -> Self {
+        match e {
+            ChunkError::Protocol(e) => RecvError::Protocol(e),
+            ChunkError::TooLarge { limit, option } => RecvError::TooLarge { limit, option },
+        }
+    }
+}
+
+/// A frame from the sender that does not decode (`on_undecodable`).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Undecodable {
+    /// A HELLO of a wire version this build does not speak: REJECT(version).
+    #[error("{}", .0.reason)]
+    Version(Reject),
+    /// Anything else: a protocol error.
+    #[error("malformed message: {0}")]
+    Malformed(WireError),
+}
+
+impl From<Undecodable> for RecvError {
+    fn from(e: Undecodable) -> Self {
+        match e {
+            Undecodable::Version(reject) => RecvError::Reject(reject),
+            Undecodable::Malformed(e) => RecvError::Protocol(ProtocolError::Malformed(e)),
+        }
+    }
+}
+
 /// The sender said nothing for the session's whole timeout: the session
 /// is over (nothing is said to a sender that says nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
@@ -750,16 +796,16 @@ impl<F, W> ReceiverSession<F, W> {
 
     /// Refuses the authenticated sender (state AwaitAdmission) because
     /// `max_sessions` sessions run: REJECT(busy) is queued instead of
-    /// AUTH_OK and the session is over. Returns that refusal; None in any
-    /// other state (nothing changes).
-    pub fn refuse_busy(&mut self, max_sessions: usize) -> Option<Reject> {
+    /// AUTH_OK and the session is over. Returns that refusal; in any other
+    /// state nothing changes (as `admit`).
+    pub fn refuse_busy(&mut self, max_sessions: usize) -> Result<Reject, ProtocolError> {
         if self.state != ReceiverState::AwaitAdmission {
-            return None;
+            return Err(self.unexpected("admission"));
         }
         self.admitting = None;
         let reject = busy_refusal(Busy::Sessions(max_sessions));
         self.close_with(Message::Reject(reject.clone()), true);
-        Some(reject)
+        Ok(reject)
     }
 
     /// The file being received (`accept`'s), until its FIN.
@@ -900,7 +946,7 @@ impl<F, W> ReceiverSession<F, W> {
     /// version this build does not speak is refused with REJECT(version)
     /// naming both versions; anything else is a protocol error (ACK). Either
     /// way the session is over (nothing more is sent once it is).
-    pub fn on_undecodable(&mut self, err: WireError) -> RecvError {
+    pub fn on_undecodable(&mut self, err: WireError) -> Undecodable {
         let (error, reply) = match err {
             WireError::UnknownVersion(v) => {
                 let reject = Reject::new(
@@ -909,12 +955,15 @@ impl<F, W> ReceiverSession<F, W> {
                         "protocol version {v} is not supported (this receiver speaks {PROTOCOL_VERSION})"
                     ),
                 );
-                (RecvError::Reject(reject.clone()), Message::Reject(reject))
+                (
+                    Undecodable::Version(reject.clone()),
+                    Message::Reject(reject),
+                )
             }
             other => {
                 let reason = format!("protocol error: malformed message from the sender: {other}");
                 (
-                    RecvError::Protocol(ProtocolError::Malformed(other)),
+                    Undecodable::Malformed(other),
                     Message::Ack(Ack::new(AckStatus::Protocol, reason)),
                 )
             }
@@ -1349,7 +1398,7 @@ impl<F, W> ReceiverSession<F, W> {
     /// data is in the ring and where it belongs in the file. Errors close the session.
     /// Every error queues the ACK that tells the sender why
     /// (`poll_transmit`).
-    pub fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
+    pub fn on_chunk(&mut self, byte_len: u32, imm: u32) -> Result<ChunkPlacement, ChunkError> {
         self.on_chunk_of(byte_len, imm)
             .map(|(placement, _)| placement)
     }
@@ -1359,41 +1408,40 @@ impl<F, W> ReceiverSession<F, W> {
         &mut self,
         byte_len: u32,
         imm: u32,
-    ) -> Result<(ChunkPlacement, &mut F), RecvError> {
+    ) -> Result<(ChunkPlacement, &mut F), ChunkError> {
         let was_closed = self.state == ReceiverState::Closed;
         // Only Receiving places chunks, and it holds the file (`accept`
-        // moved there with it): checked before anything is counted.
-        let result = match self.file.is_some() {
-            true => self.place_chunk(byte_len, imm),
-            false => Err(self.unexpected("WRITE_WITH_IMM").into()),
+        // moved there with it): checked before anything is counted. The
+        // file is out of its place while the chunk is, and back after.
+        let placed = match self.file.take() {
+            Some(file) => match self.place_chunk(byte_len, imm) {
+                Ok(placement) => Ok((placement, file)),
+                Err(e) => {
+                    self.file = Some(file);
+                    Err(e)
+                }
+            },
+            None => Err(self.unexpected("WRITE_WITH_IMM").into()),
         };
-        if let Err(e) = &result
+        if let Err(e) = &placed
             && !was_closed
         {
             let reply = match e {
-                RecvError::TooLarge { .. } => {
+                ChunkError::TooLarge { .. } => {
                     Ack::new(AckStatus::Rejected, format!("{}: {e}", self.name))
                 }
-                other => Ack::new(
+                ChunkError::Protocol(other) => Ack::new(
                     AckStatus::Protocol,
                     format!("protocol error: bad data write: {other}"),
                 ),
             };
             self.close_with(Message::Ack(reply), true);
         }
-        let placement = result?;
-        let state = self.state.as_str();
-        match self.file.as_mut() {
-            Some(file) => Ok((placement, file)),
-            None => Err(ProtocolError::Unexpected {
-                msg: "data write",
-                state,
-            }
-            .into()),
-        }
+        let (placement, file) = placed?;
+        Ok((placement, self.file.insert(file)))
     }
 
-    fn place_chunk(&mut self, written: u32, imm: u32) -> Result<ChunkPlacement, RecvError> {
+    fn place_chunk(&mut self, written: u32, imm: u32) -> Result<ChunkPlacement, ChunkError> {
         if self.state != ReceiverState::Receiving {
             return Err(self.unexpected("WRITE_WITH_IMM").into());
         }
@@ -1437,14 +1485,14 @@ impl<F, W> ReceiverSession<F, W> {
                 .checked_add(u64::from(len))
                 .ok_or(bad("stream longer than 2^64 bytes"))?;
             if end > self.cfg.max_size {
-                return Err(RecvError::TooLarge {
+                return Err(ChunkError::TooLarge {
                     limit: self.cfg.max_size,
                     option: "--max-size",
                 });
             }
             let session = self.session_bytes.saturating_add(u64::from(len));
             if session > self.cfg.max_session_bytes {
-                return Err(RecvError::TooLarge {
+                return Err(ChunkError::TooLarge {
                     limit: self.cfg.max_session_bytes,
                     option: "--max-session-size",
                 });
@@ -1977,7 +2025,7 @@ mod tests {
         let mut r = session_in_auth(ReceiverState::AwaitAuth, true);
         assert_eq!(
             r.on_chunk(100, 0),
-            Err(RecvError::Protocol(ProtocolError::Unexpected {
+            Err(ChunkError::Protocol(ProtocolError::Unexpected {
                 msg: "WRITE_WITH_IMM",
                 state: "AWAIT_AUTH"
             }))
@@ -2089,18 +2137,18 @@ mod tests {
         let mut r = session_in_auth(ReceiverState::AwaitAdmission, true);
         r.admit().unwrap();
         assert!(r.admit().is_err());
-        assert_eq!(r.refuse_busy(2), None);
+        assert!(r.refuse_busy(2).is_err());
         assert_eq!(r.state(), ReceiverState::AwaitHello);
         for state in STATES {
             for auth in [false, true] {
                 let mut r = session_in_auth(state, auth);
                 assert!(r.admit().is_err(), "{state:?}");
-                assert_eq!(r.refuse_busy(2), None, "{state:?}");
+                assert!(r.refuse_busy(2).is_err(), "{state:?}");
             }
         }
         let mut r = session_in_auth(ReceiverState::AwaitAuth, true);
         assert!(r.admit().is_err());
-        assert_eq!(r.refuse_busy(2), None);
+        assert!(r.refuse_busy(2).is_err());
     }
 
     #[test]
@@ -2242,7 +2290,7 @@ mod tests {
             } else {
                 assert_eq!(
                     res,
-                    Err(RecvError::Protocol(ProtocolError::Unexpected {
+                    Err(ChunkError::Protocol(ProtocolError::Unexpected {
                         msg: "WRITE_WITH_IMM",
                         state: state.as_str()
                     }))
@@ -2449,7 +2497,7 @@ mod tests {
             assert!(
                 matches!(
                     r2.on_chunk(bad, 0),
-                    Err(RecvError::Protocol(ProtocolError::BadChunk { .. }))
+                    Err(ChunkError::Protocol(ProtocolError::BadChunk { .. }))
                 ),
                 "{bad}"
             );
@@ -2498,7 +2546,7 @@ mod tests {
     fn chunk_length_rules() {
         let c = cfg(100, 8, 1);
         let err = |r: &mut ReceiverSession, len| match r.on_chunk(len, 0) {
-            Err(RecvError::Protocol(ProtocolError::BadChunk { reason, .. })) => reason,
+            Err(ChunkError::Protocol(ProtocolError::BadChunk { reason, .. })) => reason,
             other => panic!("expected BadChunk, got {other:?}"),
         };
         assert_eq!(err(&mut receiving(c, 1000), 0), "empty chunk");
@@ -2593,7 +2641,7 @@ mod tests {
         // A fifth chunk without credit returned overruns the ring.
         assert_eq!(
             r.clone().on_chunk(10, 0),
-            Err(RecvError::Protocol(ProtocolError::CreditOverrun {
+            Err(ChunkError::Protocol(ProtocolError::CreditOverrun {
                 slot_count: 4
             }))
         );
@@ -2938,7 +2986,7 @@ mod tests {
         let mut after = r.clone();
         assert_eq!(
             after.on_chunk(42, 0),
-            Err(RecvError::Protocol(ProtocolError::BadChunk {
+            Err(ChunkError::Protocol(ProtocolError::BadChunk {
                 seq: 8,
                 len: 42,
                 reason: "a stream's chunk after its short (last) chunk"
@@ -2974,7 +3022,7 @@ mod tests {
             Ok(ReceiverEvent::Fin(fin(0, 0), ()))
         );
         let err = |r: &mut ReceiverSession, len| match r.on_chunk(len, 0) {
-            Err(RecvError::Protocol(ProtocolError::BadChunk { reason, .. })) => reason,
+            Err(ChunkError::Protocol(ProtocolError::BadChunk { reason, .. })) => reason,
             other => panic!("expected BadChunk, got {other:?}"),
         };
         assert_eq!(err(&mut receiving_stream(c), 0), "empty chunk");
@@ -2996,7 +3044,7 @@ mod tests {
         }
         assert_eq!(
             r.on_chunk(100, 0),
-            Err(RecvError::Protocol(ProtocolError::CreditOverrun {
+            Err(ChunkError::Protocol(ProtocolError::CreditOverrun {
                 slot_count: 4
             }))
         );
@@ -3015,7 +3063,7 @@ mod tests {
         let mut over = r.clone();
         assert_eq!(
             over.on_chunk(100, 0),
-            Err(RecvError::TooLarge {
+            Err(ChunkError::TooLarge {
                 limit: 250,
                 option: "--max-size"
             })
@@ -3323,7 +3371,7 @@ mod tests {
         s.on_chunk(10, 0).unwrap();
         assert_eq!(
             s.on_chunk(1, 0),
-            Err(RecvError::TooLarge {
+            Err(ChunkError::TooLarge {
                 limit: 250,
                 option: "--max-session-size"
             })
@@ -3356,7 +3404,7 @@ mod tests {
         assert!(r.on_chunk(1, 0).is_err());
         assert_eq!(
             r.on_undecodable(WireError::BadMagic(1)),
-            RecvError::Protocol(ProtocolError::Malformed(WireError::BadMagic(1)))
+            Undecodable::Malformed(WireError::BadMagic(1))
         );
         assert!(!r.abort(AckStatus::Io, "late".into()));
         assert!(sent(&mut r).is_empty());
@@ -3387,7 +3435,7 @@ mod tests {
         let mut r = ReceiverSession::new(cfg(100, 4, 2));
         sent(&mut r);
         let err = r.on_undecodable(WireError::UnknownVersion(9));
-        let RecvError::Reject(rej) = &err else {
+        let Undecodable::Version(rej) = &err else {
             panic!("{err:?}")
         };
         assert_eq!(rej.code, RejectCode::Version);
@@ -3400,8 +3448,9 @@ mod tests {
         let mut r = ReceiverSession::new(cfg(100, 4, 2));
         sent(&mut r);
         let err = r.on_undecodable(WireError::BadFlags(3));
+        assert_eq!(err, Undecodable::Malformed(WireError::BadFlags(3)));
         assert_eq!(
-            err,
+            RecvError::from(err),
             RecvError::Protocol(ProtocolError::Malformed(WireError::BadFlags(3)))
         );
         assert!(
@@ -3435,7 +3484,7 @@ mod tests {
         r.on_chunk(100, 0).unwrap();
         assert_eq!(
             r.on_chunk(100, 0),
-            Err(RecvError::TooLarge {
+            Err(ChunkError::TooLarge {
                 limit: 150,
                 option: "--max-size"
             })

@@ -9,7 +9,7 @@ use crate::engine::receiver::storage::write_behind::WriteBehind;
 use crate::engine::report::{FileEvent, FileReport};
 use crate::error::XferError;
 use crate::proto::ChunkPlacement;
-use crate::proto::{AckStatus, CHUNK_TAG_LEN, Fin, RecvError, RejectCode};
+use crate::proto::{AckStatus, CHUNK_TAG_LEN, ChunkError, Fin, RejectCode};
 use std::time::Instant;
 use tracing::{debug, error, warn};
 
@@ -213,23 +213,19 @@ impl Session<'_, '_> {
 
     /// A data write the machine refused: it queued the ACK that tells the
     /// sender why.
-    fn refused_chunk(&self, e: RecvError) -> ChunkEnd {
+    fn refused_chunk(&self, e: ChunkError) -> ChunkEnd {
         match e {
-            RecvError::TooLarge { .. } => {
+            ChunkError::TooLarge { .. } => {
                 let name = self.machine.file().map_or("?", |f| f.name.as_str());
                 ChunkEnd::Abandon(XferError::Rejected {
                     code: Some(RejectCode::TooLarge),
                     reason: format!("{name}: {e}"),
                 })
             }
-            RecvError::Protocol(source) => ChunkEnd::Abandon(XferError::Protocol {
+            ChunkError::Protocol(source) => ChunkEnd::Abandon(XferError::Protocol {
                 context: Some("bad data write".into()),
                 source,
             }),
-            e => ChunkEnd::Abort(
-                AckStatus::Protocol,
-                XferError::Internal(format!("a data write gave {e}")),
-            ),
         }
     }
 

@@ -28,8 +28,8 @@ use crate::engine::progress::FileProgress;
 use crate::engine::report::Phases;
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, AuthFailure, DigestAlg, Hello, Message, Mtime, ProtocolError, ReceiverEvent,
-    ReceiverSession, RecvError, RejectCode, escaped,
+    AUTH_TIMEOUT, AuthFailure, DigestAlg, Hello, Message, Mtime, ReceiverEvent, ReceiverSession,
+    RecvError, RejectCode, Undecodable, escaped,
 };
 use crate::sys::rdma::{Endpoint, IncomingConnection, QpCaps};
 use std::sync::Arc;
@@ -386,19 +386,14 @@ impl Session<'_, '_> {
                     }
                     Err(Undelivered::Wire(e)) => {
                         return Err(match self.machine.on_undecodable(e) {
-                            RecvError::Reject(r) => XferError::Rejected {
+                            Undecodable::Version(r) => XferError::Rejected {
                                 code: Some(r.code),
                                 reason: r.reason,
                             },
-                            RecvError::Protocol(ProtocolError::Malformed(source)) => {
-                                self.abandon(XferError::Malformed {
-                                    from: crate::proto::Role::Sender,
-                                    source,
-                                })
-                            }
-                            other => self.abandon(XferError::Internal(format!(
-                                "an undecodable message gave {other}"
-                            ))),
+                            Undecodable::Malformed(source) => self.abandon(XferError::Malformed {
+                                from: crate::proto::Role::Sender,
+                                source,
+                            }),
                         });
                     }
                 };
@@ -424,9 +419,7 @@ impl Session<'_, '_> {
             Ok(ReceiverEvent::Authenticated) => {
                 if let Err(max_sessions) = self.admission.admit() {
                     // REJECT(busy) instead of AUTH_OK; the run loop sends it.
-                    let busy = self.machine.refuse_busy(max_sessions).ok_or_else(|| {
-                        XferError::Internal("a proof passed outside the handshake".into())
-                    })?;
+                    let busy = self.machine.refuse_busy(max_sessions)?;
                     warn!("refused {}: {}", self.peer, busy.reason);
                     return Err(XferError::Rejected {
                         code: Some(busy.code),
