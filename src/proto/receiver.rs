@@ -1394,6 +1394,26 @@ impl<F, W> ReceiverSession<F, W> {
         Ok(())
     }
 
+    /// Refuses the current BATCH because its member `member` may be
+    /// linked from --link-dest (whose digest is asked of a file offered
+    /// alone): AwaitDecision -> AwaitHello; queues REJECT(exists), which
+    /// is not a policy against batches (the sender offers these files one
+    /// by one and keeps batching others). Returns that refusal.
+    pub fn refuse_batch_for_link(&mut self, member: &str) -> Result<Reject, ProtocolError> {
+        if self.batch_files == 0 {
+            return Err(ProtocolError::OfferKind {
+                op: "refuse_batch_for_link",
+                kind: "not a batch",
+            });
+        }
+        let reject = Reject::new(
+            RejectCode::Exists,
+            format!("{member} may be linked from --link-dest: the files come one by one"),
+        );
+        self.reject(reject.code, reject.reason.clone())?;
+        Ok(reject)
+    }
+
     /// A WRITE_WITH_IMM completion (`imm` = CRC32 of the chunk). Returns where the
     /// data is in the ring and where it belongs in the file. Errors close the session.
     /// Every error queues the ACK that tells the sender why
@@ -3133,6 +3153,30 @@ mod tests {
 
     fn batch(names: &[&str], size: u64) -> Message {
         Message::Batch(names.iter().map(|n| hello(n, size)).collect())
+    }
+
+    /// A batch with a member --link-dest may hold is refused (exists, not
+    /// a policy): its files come one by one. Only a batch, only undecided.
+    #[test]
+    fn a_batch_with_a_link_dest_member_is_refused_for_one_by_one() {
+        let c = cfg(100, 4, 1);
+        let mut r = ReceiverSession::new(c);
+        sent(&mut r);
+        r.on_message(batch(&["a", "b"], 70)).unwrap();
+        let refusal = r.refuse_batch_for_link("b").unwrap();
+        assert_eq!(refusal.code, RejectCode::Exists);
+        assert_eq!(
+            refusal.reason,
+            "b may be linked from --link-dest: the files come one by one"
+        );
+        assert_eq!(sent(&mut r), [Message::Reject(refusal)]);
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        assert!(r.refuse_batch_for_link("b").is_err(), "decided already");
+        // A file offered alone is not a batch.
+        r.on_message(Message::Hello(hello("b", 70))).unwrap();
+        assert!(r.refuse_batch_for_link("b").is_err());
+        assert_eq!(r.state(), ReceiverState::AwaitDecision);
+        assert!(sent(&mut r).is_empty());
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub(crate) enum RxAction {
     /// due while it reads), 1 the same (`same`), 2 it differs (`have` of
     /// nothing).
     Compared(u8),
+    /// The engine refuses the current batch: one of its members (this
+    /// one) may be linked from --link-dest.
+    RefuseBatchForLink(u8),
     /// Time passes (milliseconds) and the engine's wait ends at the
     /// machine's deadline or later (`handle_timeout`).
     Elapse(u32),
@@ -130,6 +133,7 @@ pub(crate) fn rx_action() -> impl Strategy<Value = RxAction> {
         1 => (0u8..4, any::<u32>(), prop_oneof![9 => Just(false), 1 => Just(true)])
             .prop_map(|(k, n, off)| RxAction::Have(k, n, off)),
         1 => (0u8..3).prop_map(RxAction::Compared),
+        1 => any::<u8>().prop_map(RxAction::RefuseBatchForLink),
         2 => prop_oneof![3 => 0u32..1_000, 1 => 0u32..70_000].prop_map(RxAction::Elapse),
         6 => Just(RxAction::ChunkDone),
         1 => Just(RxAction::Flush),
@@ -486,6 +490,10 @@ pub(crate) fn legal_rx(
             RxAction::Have(3, seed, false)
         }
         AwaitDecision if m.offer.as_ref().is_some_and(Hello::is_directory) => RxAction::AcceptDir,
+        // Now and then --link-dest may hold a member: the batch is refused.
+        AwaitDecision if m.batch_files > 0 && seed % 11 == 10 => {
+            RxAction::RefuseBatchForLink(seed as u8)
+        }
         AwaitDecision => RxAction::Accept {
             same_shape: true,
             addr: u64::from(seed) << 12,
@@ -1311,6 +1319,29 @@ pub(crate) fn check_receiver(
                 }
                 Err(_) => prop_assert_eq!(r.state(), before),
             },
+            RxAction::RefuseBatchForLink(i) => {
+                let member = format!("b/{i}");
+                let deciding = before == AwaitDecision && m.batch_files > 0;
+                match r.refuse_batch_for_link(&member) {
+                    Ok(refusal) => {
+                        prop_assert!(deciding, "a batch refused in {:?}", before);
+                        refused += 1;
+                        prop_assert_eq!(refusal.code, RejectCode::Exists);
+                        prop_assert!(refusal.reason.starts_with(&member));
+                        prop_assert_eq!(replies(&mut r), vec![Message::Reject(refusal)]);
+                        prop_assert_eq!(r.state(), AwaitHello);
+                        m = RxModel {
+                            files: m.files,
+                            ..m.session_wide()
+                        };
+                    }
+                    Err(_) => {
+                        prop_assert!(!deciding, "a batch not refused");
+                        prop_assert!(replies(&mut r).is_empty());
+                        prop_assert_eq!(r.state(), before);
+                    }
+                }
+            }
             RxAction::Reject(code) => match queued(r.reject(code, "no".into()), &mut r) {
                 Ok(msg) => {
                     refused += 1;

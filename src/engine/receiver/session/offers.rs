@@ -108,24 +108,24 @@ impl Session<'_, '_> {
         let linkable = members
             .iter()
             .find(|h| matches!(self.digest_for(h), Some(DigestFor::Link(_))));
-        let prepared = match linkable {
-            // Not a policy for every batch (not Protocol): the sender keeps
-            // batching the others.
-            Some(h) => Err(Reject::new(
-                RejectCode::Exists,
-                format!(
-                    "{} may be linked from --link-dest: the files come one by one",
-                    h.name
-                ),
-            )),
-            None => self.store.create_batch(
+        if let Some(h) = linkable {
+            let Reject { code, reason } = self.machine.refuse_batch_for_link(&h.name)?;
+            info!(
+                code = code.as_str(),
+                "batch refused, its files come one by one: {}",
+                escaped(&reason)
+            );
+            return Ok(());
+        }
+        let prepared = self
+            .store
+            .create_batch(
                 &members,
                 self.cfg.overwrite,
                 &self.cfg.dir,
                 (self.cfg.umask, self.cfg.keep_modes),
-            ),
-        }
-        .and_then(|batch| Ok((batch, self.ring_for_offer()?)));
+            )
+            .and_then(|batch| Ok((batch, self.ring_for_offer()?)));
         let (batch, ring) = match prepared {
             Ok(p) => p,
             // Not final for its files: the sender offers them one by one.
