@@ -19,7 +19,7 @@ pub use names::{
 };
 pub use receiver::{
     AUTH_TIMEOUT, AuthFailure, Busy, ChunkError, ChunkPlacement, DEFAULT_MAX_FILES, DigestBudget,
-    MAX_REFUSALS_IN_A_ROW, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
+    Found, MAX_REFUSALS_IN_A_ROW, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
     RecvError, TimedOut, Undecodable, busy_refusal,
 };
 pub use sender::{

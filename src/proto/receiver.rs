@@ -23,8 +23,8 @@ use super::auth::{
 use super::names::{NameRules, escaped, validate_path};
 use super::sender::keepalive_interval;
 use super::wire::{
-    Ack, AckStatus, Challenge, DigestAlg, Fin, Have, HaveKind, Hello, Message, Prove, Reject,
-    RejectCode, RingInfo, WireError, hello_flags,
+    Ack, AckStatus, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Prove,
+    Reject, RejectCode, RingInfo, WireError, hello_flags,
 };
 use super::{MAX_BATCH_FILES, PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -403,6 +403,52 @@ pub struct ReceiverSession<F = (), W = ()> {
     keepalive_due: Option<Instant>,
 }
 
+/// What the receiver's store found of an offer with RESUME; the machine
+/// makes the HAVE of it (`have_found`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// Nothing reusable, and why (empty: nothing worth saying).
+    Nothing(String),
+    /// A verified prefix of whole chunks, and the SHA-256 over their CRCs.
+    Prefix {
+        /// Its length: whole chunks, shorter than the file.
+        bytes: u64,
+        /// The length of its chunks (the resumed file's chunks keep it).
+        chunk_len: u32,
+        /// SHA-256 over the chunks' CRCs, which the sender checks.
+        sha256: [u8; 32],
+    },
+    /// A complete copy, to compare.
+    Complete,
+}
+
+impl Found {
+    /// The kind of HAVE it makes.
+    pub fn kind(&self) -> HaveKind {
+        match self {
+            Found::Nothing(_) => HaveKind::Nothing,
+            Found::Prefix { .. } => HaveKind::Prefix,
+            Found::Complete => HaveKind::Complete,
+        }
+    }
+
+    /// The verified prefix's length (0 for the others).
+    pub fn prefix_bytes(&self) -> u64 {
+        match self {
+            Found::Prefix { bytes, .. } => *bytes,
+            Found::Nothing(_) | Found::Complete => 0,
+        }
+    }
+
+    /// Why nothing is reusable (empty for the others).
+    pub fn note(&self) -> &str {
+        match self {
+            Found::Nothing(note) => note,
+            Found::Prefix { .. } | Found::Complete => "",
+        }
+    }
+}
+
 /// Why a data write was refused (`on_chunk`): the session is over, the
 /// ACK saying why is queued.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -618,6 +664,32 @@ impl<F, W> ReceiverSession<F, W> {
         self.work_done();
         self.outbox.push_back(Message::Have(have));
         Ok(())
+    }
+
+    /// `have` of what the store found of the current offer: the HAVE is
+    /// made here, from the offer (a complete copy has its size).
+    pub fn have_found(&mut self, found: Found, waiting: W) -> Result<(), ProtocolError> {
+        let have = match found {
+            Found::Nothing(note) => Have::nothing(note),
+            Found::Prefix {
+                bytes,
+                chunk_len,
+                sha256,
+            } => Have {
+                kind: HaveKind::Prefix,
+                bytes,
+                chunk_len,
+                digest: Digest::Sha256(sha256),
+                note: String::new(),
+            },
+            Found::Complete => Have::complete(self.size),
+        };
+        self.have(have, waiting)
+    }
+
+    /// `have` asking the current offer (with CHECKSUM) for its SHA-256.
+    pub fn ask_digest(&mut self, waiting: W) -> Result<(), ProtocolError> {
+        self.have(Have::ask_digest(self.size), waiting)
     }
 
     /// Whether the copy of the file `name` of `size` bytes may be compared
@@ -3672,6 +3744,42 @@ mod tests {
             digest: Digest::Sha256([7; 32]),
             note: String::new(),
         }
+    }
+
+    /// The HAVE is made by the machine from what the store found, for the
+    /// offer it answers.
+    #[test]
+    fn the_have_is_made_from_what_was_found() {
+        let c = cfg(100, 4, 1);
+        let answer = |found: Option<Found>| {
+            let mut r = ReceiverSession::new(c);
+            sent(&mut r);
+            let mut offer = resumable(1000);
+            offer.caps |= hello_flags::CHECKSUM;
+            r.on_message(Message::Hello(offer)).unwrap();
+            match found {
+                Some(found) => r.have_found(found, ()).unwrap(),
+                None => r.ask_digest(()).unwrap(),
+            }
+            last_queued(&mut r)
+        };
+        let have = |h: Have| Some(Message::Have(h));
+        assert_eq!(answer(Some(Found::Complete)), have(Have::complete(1000)));
+        assert_eq!(answer(None), have(Have::ask_digest(1000)));
+        assert_eq!(
+            answer(Some(Found::Nothing("why".into()))),
+            have(Have::nothing("why"))
+        );
+        let kept = Found::Prefix {
+            bytes: 300,
+            chunk_len: 100,
+            sha256: [7; 32],
+        };
+        assert_eq!(answer(Some(kept)), have(prefix(300, 100)));
+        // Not answering an offer: nothing is made.
+        let mut r = ReceiverSession::new(c);
+        assert!(r.have_found(Found::Complete, ()).is_err());
+        assert!(r.ask_digest(()).is_err());
     }
 
     /// While the engine reads its copy the sender hears a KEEPALIVE every

@@ -2,7 +2,7 @@
 
 use super::strategies::*;
 use super::*;
-use rdma_xfer::proto::{AUTH_TIMEOUT, ChunkError, TimedOut, keepalive_interval};
+use rdma_xfer::proto::{AUTH_TIMEOUT, ChunkError, Found, TimedOut, keepalive_interval};
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -1148,7 +1148,24 @@ pub(crate) fn check_receiver(
                     (before == AwaitDecision && may_have(&m, have.kind) && (!compares || within))
                         || (before == Comparing && have.kind == HaveKind::Nothing);
                 tokens += 1;
-                match queued(r.have(have.clone(), tokens), &mut r) {
+                // A well-formed one as the engine makes it: from what the
+                // store found (or asking the digest); the machine makes
+                // the HAVE of the offer.
+                let made = match kind {
+                    _ if off => r.have(have.clone(), tokens),
+                    0 => r.have_found(Found::Nothing("fuzz".into()), tokens),
+                    1 => {
+                        let found = Found::Prefix {
+                            bytes: have.bytes,
+                            chunk_len: room,
+                            sha256: [n as u8; 32],
+                        };
+                        r.have_found(found, tokens)
+                    }
+                    2 => r.have_found(Found::Complete, tokens),
+                    _ => r.ask_digest(tokens),
+                };
+                match queued(made, &mut r) {
                     Ok(msg) => {
                         m.waiting_token = Some(tokens);
                         prop_assert!(

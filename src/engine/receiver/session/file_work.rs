@@ -11,7 +11,7 @@ use crate::engine::receiver::storage::link_dest::{LinkCandidate, LinkError, Link
 use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::error::XferError;
-use crate::proto::{Have, HaveKind, Hello, Reject};
+use crate::proto::{Found, Hello, Reject};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
@@ -24,18 +24,21 @@ type Held = Result<(Holding, Option<Claim>), Reject>;
 pub(super) enum Done {
     /// What is held of an offer with RESUME (`offer_holding`).
     Holding {
-        held: Held,
+        held: Box<Held>,
         hello: Hello,
         hello_at: Instant,
     },
     /// A COMPARE: the copy's SHA-256, and the link if it is the sender's.
-    Compare {
-        compared: Compared,
-        waiting: AwaitingFrom,
-        sha256: [u8; 32],
-        /// The copy is --link-dest's (else the receiver's own).
-        link: bool,
-    },
+    Compare(Box<Comparison>),
+}
+
+/// A COMPARE's finished work, with the offer it is about.
+pub(super) struct Comparison {
+    compared: Compared,
+    waiting: AwaitingFrom,
+    sha256: [u8; 32],
+    /// The copy is --link-dest's (else the receiver's own).
+    link: bool,
 }
 
 /// What a COMPARE's copy was found to be.
@@ -120,7 +123,7 @@ impl Session<'_, '_> {
             return self.held(hello, hello_at, held);
         };
         let job = move |cancel: &Cancel| Done::Holding {
-            held: store.holding(&hello, how, wait, &mut || cancel.check()),
+            held: Box::new(store.holding(&hello, how, wait, &mut || cancel.check())),
             hello,
             hello_at,
         };
@@ -141,7 +144,8 @@ impl Session<'_, '_> {
                 // Known before the data: the command gets it (and the data
                 // is checked against it), then the data comes (FROM 0).
                 waiting.announced = Some(sha256);
-                self.machine.have(Have::nothing(""), waiting)?;
+                self.machine
+                    .have_found(Found::Nothing(String::new()), waiting)?;
                 return Ok(());
             }
             Some(DigestFor::Link(candidate)) => Some(candidate),
@@ -163,11 +167,13 @@ impl Session<'_, '_> {
         };
         let link = matches!(copy, HeldCopy::Link(_));
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
-        let job = move |cancel: &Cancel| Done::Compare {
-            compared: copy.compare(sha256, size, chunk_len, cancel),
-            waiting,
-            sha256,
-            link,
+        let job = move |cancel: &Cancel| {
+            Done::Compare(Box::new(Comparison {
+                compared: copy.compare(sha256, size, chunk_len, cancel),
+                waiting,
+                sha256,
+                link,
+            }))
         };
         self.start_work("rdma-xfer-compare", job)
     }
@@ -199,13 +205,16 @@ impl Session<'_, '_> {
                 held,
                 hello,
                 hello_at,
-            } => self.held(hello, hello_at, held)?,
-            Done::Compare {
-                compared,
-                waiting,
-                sha256,
-                link,
-            } => self.compared(compared, waiting, sha256, link)?,
+            } => self.held(hello, hello_at, *held)?,
+            Done::Compare(comparison) => {
+                let Comparison {
+                    compared,
+                    waiting,
+                    sha256,
+                    link,
+                } = *comparison;
+                self.compared(compared, waiting, sha256, link)?
+            }
         }
         Ok(true)
     }
@@ -220,26 +229,24 @@ impl Session<'_, '_> {
             Ok(h) => h,
             Err(refusal) => return self.refuse(&hello, hello_at, refusal),
         };
-        if holding.have.kind == HaveKind::Complete
+        if holding.found == Found::Complete
             && let Some(why) = self.machine.why_not_compare(&hello.name, hello.size)
         {
             holding = Holding::nothing(why);
         }
         // Nothing kept here: --link-dest may still have it.
-        if holding.have.kind == HaveKind::Nothing
+        if matches!(holding.found, Found::Nothing(_))
             && let Some(why) = self.digest_for(&hello)
         {
             return self.ask_digest(hello, hello_at, why, claim);
         }
-        let have = holding.have;
-        match have.kind {
-            HaveKind::Complete => info!(file = %hello.name, "the complete file is here already"),
-            HaveKind::Prefix => {
-                info!(file = %hello.name, bytes = have.bytes, "a verified part is kept")
+        match &holding.found {
+            Found::Complete => info!(file = %hello.name, "the complete file is here already"),
+            Found::Prefix { bytes, .. } => {
+                info!(file = %hello.name, bytes, "a verified part is kept")
             }
-            HaveKind::Nothing if have.note.is_empty() => debug!(file = %hello.name, "nothing kept"),
-            HaveKind::Nothing => info!(file = %hello.name, "nothing reusable: {}", have.note),
-            HaveKind::Digest => debug!(file = %hello.name, "its SHA-256 is asked"),
+            Found::Nothing(note) if note.is_empty() => debug!(file = %hello.name, "nothing kept"),
+            Found::Nothing(note) => info!(file = %hello.name, "nothing reusable: {note}"),
         }
         let waiting = AwaitingFrom {
             hello,
@@ -250,7 +257,7 @@ impl Session<'_, '_> {
             announced: None,
             claim,
         };
-        self.machine.have(have, waiting)?;
+        self.machine.have_found(holding.found, waiting)?;
         Ok(())
     }
 
@@ -291,7 +298,7 @@ impl Session<'_, '_> {
         }
         if let Some(note) = differs {
             info!(file = %name, "{note}: received whole");
-            self.machine.have(Have::nothing(note), waiting)?;
+            self.machine.have_found(Found::Nothing(note), waiting)?;
             return Ok(());
         }
         if !link {

@@ -12,7 +12,7 @@ use crate::engine::receiver::storage::temp_file::Resume;
 use crate::engine::receiver::storage::write_behind::WriteBehind;
 use crate::engine::report::Phases;
 use crate::error::XferError;
-use crate::proto::{DigestAlg, Have, Hello, Reject, RejectCode, RingInfo, escaped, hello_flags};
+use crate::proto::{DigestAlg, Hello, Reject, RejectCode, RingInfo, escaped, hello_flags};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
 
@@ -80,7 +80,6 @@ impl Session<'_, '_> {
                 debug!(file = %hello.name, "its SHA-256 is asked for the --exec command")
             }
         }
-        let size = hello.size;
         let waiting = AwaitingFrom {
             hello,
             hello_at,
@@ -90,7 +89,7 @@ impl Session<'_, '_> {
             announced: None,
             claim,
         };
-        self.machine.have(Have::ask_digest(size), waiting)?;
+        self.machine.ask_digest(waiting)?;
         Ok(())
     }
 

@@ -334,7 +334,7 @@ impl FileStore {
             std::thread::sleep(Duration::from_millis(100));
         };
         if let Some(copy) = partial::copy_of(&parent, &leaf, hello) {
-            return Ok((Holding::copy(hello.size, copy), Some(claim)));
+            return Ok((Holding::copy(copy), Some(claim)));
         }
         check_final_name(&parent, &leaf, &hello.name, overwrite)?;
         // Without a usable key no record is trusted: nothing is kept.

@@ -331,8 +331,8 @@ fn a_discarding_store_creates_nothing_and_takes_everything() {
     let (held, claim) = s
         .holding(&h, (1 << 20, false), Duration::ZERO, &mut || Ok(()))
         .unwrap();
-    assert_eq!(held.have.kind, crate::proto::HaveKind::Nothing);
-    assert!(held.have.note.is_empty() && claim.is_none());
+    assert_eq!(held.found.kind(), crate::proto::HaveKind::Nothing);
+    assert!(held.found.note().is_empty() && claim.is_none());
     assert_eq!(entries(root.path()), ["f.bin"]);
     assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), b"old");
 }
@@ -492,11 +492,11 @@ fn a_resumable_file_keeps_its_verified_chunks_until_it_is_committed() {
             .unwrap()
     };
     let (nothing, claim) = holds(&s);
-    assert_eq!(nothing.have.kind, crate::proto::HaveKind::Nothing);
+    assert_eq!(nothing.found.kind(), crate::proto::HaveKind::Nothing);
     // While a session holds the name, another gets nothing to resume
     // (and no claim: it writes a plain temporary file).
     let (busy, none) = holds(&s);
-    assert!(none.is_none() && busy.have.note.contains("another session"));
+    assert!(none.is_none() && busy.found.note().contains("another session"));
     // A first attempt writes 7 chunks, then fails: they are kept.
     let claim = claim.expect("a claim");
     let mut sink = s
@@ -505,7 +505,7 @@ fn a_resumable_file_keeps_its_verified_chunks_until_it_is_committed() {
     write_chunks(&mut sink, &data[..700], 0, 100);
     drop(sink);
     let (kept, claim) = holds(&s);
-    assert_eq!(kept.have.bytes, 700);
+    assert_eq!(kept.found.prefix_bytes(), 700);
     let prefix = kept.kept.expect("the verified prefix");
     assert_eq!(
         entries(root.path()).len(),
@@ -527,7 +527,7 @@ fn a_resumable_file_keeps_its_verified_chunks_until_it_is_committed() {
     assert_eq!(entries(root.path()), [".rdma-xfer-key", "f.bin"]);
     assert_eq!(std::fs::read(root.path().join("f.bin")).unwrap(), data);
     // Now the receiver has it complete.
-    assert_eq!(holds(&s).0.have.kind, crate::proto::HaveKind::Complete);
+    assert_eq!(holds(&s).0.found.kind(), crate::proto::HaveKind::Complete);
     // Another file under that name (another time) is no copy: refused
     // at once without --overwrite, nothing said about it with it.
     let other = crate::proto::Hello {
@@ -547,7 +547,7 @@ fn a_resumable_file_keeps_its_verified_chunks_until_it_is_committed() {
     let (held, _) = s
         .holding(&other, (100, true), Duration::ZERO, &mut || Ok(()))
         .unwrap();
-    assert_eq!(held.have, crate::proto::Have::nothing(""));
+    assert_eq!(held.found, crate::proto::Found::Nothing(String::new()));
     // A failed whole-file check keeps nothing, even when resumable.
     let mut g = hello("g.bin", 1000);
     g.caps |= crate::proto::hello_flags::RESUME;
@@ -638,7 +638,7 @@ fn a_kept_partial_file_that_is_not_the_receivers_own_is_never_written() {
             .unwrap();
         write_chunks(&mut sink, &data[..500], 0, 100);
         drop(sink);
-        assert_eq!(holds(s).0.have.bytes, 500, "kept and resumable");
+        assert_eq!(holds(s).0.found.prefix_bytes(), 500, "kept and resumable");
     };
     // `name` replaced by a hard link to a file of the same bytes in
     // `home`: the victim.
@@ -697,9 +697,9 @@ fn a_kept_partial_file_that_is_not_the_receivers_own_is_never_written() {
         let (held, claim) = holds(&s);
         assert!(held.kept.is_none(), "{case}: resumed");
         assert_eq!(
-            held.have,
-            crate::proto::Have::nothing(
-                "the kept partial file is not the receiver's own: not resumed"
+            held.found,
+            crate::proto::Found::Nothing(
+                "the kept partial file is not the receiver's own: not resumed".into()
             ),
             "{case}"
         );
@@ -742,7 +742,7 @@ fn a_record_written_without_the_directorys_key_is_as_good_as_none() {
         .unwrap();
     write_chunks(&mut sink, &data[..300], 0, 100);
     drop(sink);
-    assert_eq!(holds(&s).0.have.bytes, 300);
+    assert_eq!(holds(&s).0.found.prefix_bytes(), 300);
     // Someone who can write the directory but not read the key puts a
     // partial file of their choice there, with a record of its chunks
     // as the unkeyed format had it (CRC32 checks anyone can compute).
@@ -777,8 +777,8 @@ fn a_record_written_without_the_directorys_key_is_as_good_as_none() {
         forge(magic);
         let (held, claim) = holds(&s);
         assert!(held.kept.is_none(), "{note}: resumed");
-        assert_eq!(held.have.kind, crate::proto::HaveKind::Nothing);
-        assert!(held.have.note.contains(note), "{:?}", held.have.note);
+        assert_eq!(held.found.kind(), crate::proto::HaveKind::Nothing);
+        assert!(held.found.note().contains(note), "{:?}", held.found.note());
         // Received from zero: the chosen bytes are not kept.
         let mut sink = s
             .create(&h, true, root.path(), Resume::Fresh(claim.unwrap()))

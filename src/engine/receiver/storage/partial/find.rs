@@ -15,7 +15,7 @@ const MAX_SIDECAR: u64 = 256 << 20;
 /// answer, for a verified prefix what continuing it needs, for a complete
 /// copy the file itself (compared when the sender's COMPARE comes).
 pub(crate) struct Holding {
-    pub have: crate::proto::Have,
+    pub found: crate::proto::Found,
     pub kept: Option<KeptPrefix>,
     pub copy: Option<std::fs::File>,
 }
@@ -49,10 +49,10 @@ impl std::ops::Deref for OpenSidecar {
 }
 
 impl Holding {
-    /// A complete copy of `size` bytes, to compare.
-    pub fn copy(size: u64, copy: std::fs::File) -> Self {
+    /// A complete copy, to compare.
+    pub fn copy(copy: std::fs::File) -> Self {
         Self {
-            have: crate::proto::Have::complete(size),
+            found: crate::proto::Found::Complete,
             kept: None,
             copy: Some(copy),
         }
@@ -60,7 +60,7 @@ impl Holding {
 
     pub fn nothing(note: impl Into<String>) -> Self {
         Self {
-            have: crate::proto::Have::nothing(note),
+            found: crate::proto::Found::Nothing(note.into()),
             kept: None,
             copy: None,
         }
@@ -80,7 +80,7 @@ pub(crate) fn find(
     tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> Holding {
     match copy_of(parent, leaf, hello) {
-        Some(copy) => Holding::copy(hello.size, copy),
+        Some(copy) => Holding::copy(copy),
         None => kept_prefix(parent, leaf, hello, chunk_len, key, tick),
     }
 }
@@ -128,7 +128,7 @@ pub(crate) fn kept_prefix(
     tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> Holding {
     use crate::engine::digest::read_prefix;
-    use crate::proto::{Digest, Have, HaveKind};
+    use crate::proto::Found;
     let (partial, meta) = partial_names(leaf);
     // Both are opened for writing too: a transfer that continues them
     // writes through these descriptors.
@@ -230,12 +230,10 @@ pub(crate) fn kept_prefix(
     );
     match checked {
         Ok(read) => Holding {
-            have: Have {
-                kind: HaveKind::Prefix,
+            found: Found::Prefix {
                 bytes: prefix,
                 chunk_len: sidecar.identity.chunk_len,
-                digest: Digest::Sha256(sidecar.prefix_digest()),
-                note: String::new(),
+                sha256: sidecar.prefix_digest(),
             },
             kept: Some(KeptPrefix {
                 sidecar: OpenSidecar {
@@ -285,7 +283,7 @@ pub(crate) fn copy_digest(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{Digest, HaveKind, Mtime};
+    use crate::proto::{Digest, Found, HaveKind, Mtime};
     use crate::sys::dirfd::DirFd;
     use sha2::{Digest as _, Sha256};
 
@@ -334,8 +332,8 @@ mod tests {
         super::find(parent, leaf, hello, chunk_len, key.as_ref(), tick)
     }
 
-    fn holds(parent: &DirFd, hello: &Hello) -> crate::proto::Have {
-        find(parent, "f.bin", hello, 100, &mut || Ok(())).have
+    fn holds(parent: &DirFd, hello: &Hello) -> crate::proto::Found {
+        find(parent, "f.bin", hello, 100, &mut || Ok(())).found
     }
 
     #[test]
@@ -347,14 +345,27 @@ mod tests {
         let hello = offer(1000);
         // Nothing yet.
         let h = holds(&parent, &hello);
-        assert_eq!(h.kind, HaveKind::Nothing);
-        assert!(h.note.is_empty(), "{}", h.note);
+        assert_eq!(h.kind(), HaveKind::Nothing);
+        assert!(h.note().is_empty(), "{}", h.note());
         // A partial of 450 bytes: 4 whole chunks verified.
         keep_partial(dir, &data, 450, 100, &hello);
         let h = holds(&parent, &hello);
-        assert_eq!((h.kind, h.bytes, h.chunk_len), (HaveKind::Prefix, 400, 100));
+        assert!(
+            matches!(
+                h,
+                Found::Prefix {
+                    bytes: 400,
+                    chunk_len: 100,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
         let crcs: Vec<u32> = data[..400].chunks(100).map(crc32fast::hash).collect();
-        assert_eq!(h.digest, Digest::Sha256(prefix_digest(&crcs)));
+        assert!(
+            matches!(h, Found::Prefix { sha256, .. } if sha256 == prefix_digest(&crcs)),
+            "{h:?}"
+        );
         // What continuing it needs: the whole-file digest over the prefix.
         let kept = find(&parent, "f.bin", &hello, 100, &mut || Ok(()))
             .kept
@@ -370,7 +381,7 @@ mod tests {
         let stopped = find(&parent, "f.bin", &hello, 100, &mut || {
             Err(std::io::Error::other("session over"))
         });
-        assert!(stopped.kept.is_none() && stopped.have.note.contains("session over"));
+        assert!(stopped.kept.is_none() && stopped.found.note().contains("session over"));
         // A byte of the partial changed in place: its record no longer
         // matches, nothing is continued.
         let (partial, _) = partial_names("f.bin");
@@ -379,16 +390,16 @@ mod tests {
         std::fs::write(dir.join(&partial), &bytes).unwrap();
         let h = holds(&parent, &hello);
         assert!(
-            h.kind == HaveKind::Nothing && h.note.contains("chunk 2"),
+            h.kind() == HaveKind::Nothing && h.note().contains("chunk 2"),
             "{}",
-            h.note
+            h.note()
         );
         keep_partial(dir, &data, 450, 100, &hello);
         // An empty record (the attempt ended before its first sync).
         let (_, meta) = partial_names("f.bin");
         std::fs::write(dir.join(&meta), b"").unwrap();
         let h = holds(&parent, &hello);
-        assert!(h.kind == HaveKind::Nothing && h.note.contains("verified yet"));
+        assert!(h.kind() == HaveKind::Nothing && h.note().contains("verified yet"));
         keep_partial(dir, &data, 450, 100, &hello);
         // The source changed: nothing, and why.
         let changed = Hello {
@@ -396,14 +407,14 @@ mod tests {
             ..offer(1000)
         };
         let h = holds(&parent, &changed);
-        assert!(h.kind == HaveKind::Nothing && h.note.contains("modification time"));
+        assert!(h.kind() == HaveKind::Nothing && h.note().contains("modification time"));
         // The partial cut short by hand: nothing.
         std::fs::write(dir.join(&partial), &data[..150]).unwrap();
         let h = holds(&parent, &hello);
         assert!(
-            h.kind == HaveKind::Nothing && h.note.contains("shorter"),
+            h.kind() == HaveKind::Nothing && h.note().contains("shorter"),
             "{}",
-            h.note
+            h.note()
         );
         // A damaged record: nothing.
         keep_partial(dir, &data, 450, 100, &hello);
@@ -412,9 +423,9 @@ mod tests {
         std::fs::write(dir.join(&meta), side).unwrap();
         let h = holds(&parent, &hello);
         assert!(
-            h.kind == HaveKind::Nothing && h.note.contains("damaged"),
+            h.kind() == HaveKind::Nothing && h.note().contains("damaged"),
             "{}",
-            h.note
+            h.note()
         );
         // A file of that size under the final name, with another
         // modification time: no copy to compare, and nothing said about it
@@ -422,13 +433,13 @@ mod tests {
         std::fs::write(dir.join("f.bin"), &data).unwrap();
         let h = holds(&parent, &hello);
         assert!(
-            h.kind == HaveKind::Nothing && !h.note.contains("f.bin"),
+            h.kind() == HaveKind::Nothing && !h.note().contains("f.bin"),
             "{h:?}"
         );
         keep_partial(dir, &data, 450, 100, &hello);
         let h = holds(&parent, &hello);
         assert_eq!(
-            (h.kind, h.bytes),
+            (h.kind(), h.prefix_bytes()),
             (HaveKind::Prefix, 400),
             "the partial, still"
         );
@@ -444,7 +455,7 @@ mod tests {
         };
         set_time(offered);
         let held = find(&parent, "f.bin", &hello, 100, &mut || Ok(()));
-        assert_eq!(held.have, crate::proto::Have::complete(1000));
+        assert_eq!(held.found, crate::proto::Found::Complete);
         let copy = held.copy.expect("the copy held");
         let want: [u8; 32] = Sha256::digest(&data).into();
         let mut ticks = 0;
@@ -480,7 +491,7 @@ mod tests {
         ] {
             let h = holds(&parent, &other);
             assert!(
-                h.kind == HaveKind::Nothing && !h.note.contains("f.bin"),
+                h.kind() == HaveKind::Nothing && !h.note().contains("f.bin"),
                 "{h:?}"
             );
         }
@@ -499,12 +510,22 @@ mod tests {
         });
         assert!(refused.kept.is_none());
         assert_eq!(
-            refused.have.note,
+            refused.found.note(),
             "the kept part arrived in chunks of 200 bytes, larger than this receiver's 100"
         );
         // Chunks as large as the receiver's: the prefix.
-        let h = find(&parent, "f.bin", &hello, 200, &mut || Ok(())).have;
-        assert_eq!((h.kind, h.bytes, h.chunk_len), (HaveKind::Prefix, 600, 200));
+        let h = find(&parent, "f.bin", &hello, 200, &mut || Ok(())).found;
+        assert!(
+            matches!(
+                h,
+                Found::Prefix {
+                    bytes: 600,
+                    chunk_len: 200,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
     }
 
     #[test]
@@ -522,11 +543,11 @@ mod tests {
             .unwrap();
         std::io::Write::write_all(&mut side, &vec![0u8; 1 << 20]).unwrap();
         let h = holds(&parent, &hello);
-        assert_eq!((h.kind, h.bytes), (HaveKind::Prefix, 900));
+        assert_eq!((h.kind(), h.prefix_bytes()), (HaveKind::Prefix, 900));
         // The partial cut to 300 bytes: 4 records read, one more than it
         // backs, so it is known to be short.
         std::fs::write(tmp.path().join(&partial), &data[..300]).unwrap();
         let h = holds(&parent, &hello);
-        assert!(h.note.contains("shorter"), "{}", h.note);
+        assert!(h.note().contains("shorter"), "{}", h.note());
     }
 }
