@@ -46,9 +46,12 @@ impl<T: Send + 'static> Worker<T> {
         let cancel = Arc::new(AtomicBool::new(false));
         let (tx, result) = mpsc::sync_channel(1);
         let stop = Cancel(Arc::clone(&cancel));
+        // What the job logs is logged under the session's span (its peer).
+        let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                let _in_session = span.enter();
                 // The session may be gone: then nobody wants the result.
                 let _ = tx.send(job(&stop));
             })?;
