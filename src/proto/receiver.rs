@@ -821,7 +821,8 @@ impl<F, W> ReceiverSession<F, W> {
 
     /// When `handle_timeout` is due next: the next KEEPALIVE while the
     /// engine's file work runs, else the end of the wait for the sender.
-    /// None once the session is over (or before `progressed` started it).
+    /// None once the session is over, before `progressed` started it, or
+    /// when the wait ends past the clock's range (no deadline then).
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.state == ReceiverState::Closed {
             return None;

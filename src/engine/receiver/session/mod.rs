@@ -343,14 +343,14 @@ impl Session<'_, '_> {
     /// than `WORK_CHECK` while the file work runs (its result is taken
     /// soon).
     fn wait_for_sender(&mut self, what: &str) -> Result<(), XferError> {
-        let now = Instant::now();
-        // None: the machine is over; the loop ends with the next delivery.
+        // None: no deadline (a timeout past the clock's range), or the
+        // machine is over and the loop ends with the next delivery.
         let deadline = self
             .machine
             .poll_timeout()
-            .unwrap_or_else(|| now + self.cfg.timeout);
+            .unwrap_or_else(|| crate::sys::os::deadline_after(self.cfg.timeout));
         let deadline = match self.work {
-            Some(_) => deadline.min(now + WORK_CHECK),
+            Some(_) => deadline.min(Instant::now() + WORK_CHECK),
             None => deadline,
         };
         self.link.wait_until(deadline, what)
