@@ -2,7 +2,8 @@
 //! what is held of an offer with RESUME (a partial file another session
 //! holds waited for, a kept prefix read back), and for a COMPARE the
 //! copy's SHA-256 (and the --link-dest link or copy). The loop keeps
-//! waiting on the link meanwhile; the result comes back to it (`finish`).
+//! waiting on the link meanwhile; the result comes back to it
+//! (`file_work_done`).
 
 use super::worker::{Cancel, Lost, Worker};
 use super::{AwaitingFrom, DigestFor, Session, interrupted};

@@ -1,6 +1,7 @@
 //! A session's offers: HELLO and BATCH checked against the file system and
-//! answered (accepted with the ring, refused, or asked about first: what is
-//! kept for RESUME, the digest for --link-dest or --exec), COMPARE and FROM.
+//! answered (accepted with the ring, refused, or asked about first: the
+//! digest for --link-dest or --exec; RESUME's HAVE and COMPARE are file
+//! work, `file_work.rs`), and FROM.
 
 use super::{AwaitingFrom, DigestFor, IncomingFile, Session};
 use crate::engine::digest::FileHasher;
