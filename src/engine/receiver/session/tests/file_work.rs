@@ -129,3 +129,51 @@ fn a_sender_that_vanishes_while_the_worker_waits_ends_the_session_at_once() {
     );
     assert!(ended.closed);
 }
+
+#[test]
+fn a_link_dest_copy_is_hashed_and_copied_into_place_on_the_worker() {
+    use crate::engine::report::Outcome;
+    use crate::proto::SameCopy;
+    use sha2::Digest as _;
+    let (dir, link_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut cfg = super::config(dir.path());
+    cfg.link_dest = Some(link_dir.path().into());
+    let data = bytes(4096 * 2 + 5, 12);
+    // Another modification time than the offer's: copied, not linked.
+    std::fs::write(link_dir.path().join("f"), &data).unwrap();
+    let size = data.len() as u64;
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        let mut offer = file("f", size);
+        offer.checksum = true;
+        let SenderEvent::Have(have) = peer.offer(offer) else {
+            panic!("no HAVE asking for the digest");
+        };
+        assert_eq!(have.kind, HaveKind::Digest);
+        let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
+        peer.machine.compare(sha256).unwrap();
+        peer.transmit();
+        let same = peer.event();
+        peer.bye();
+        same
+    });
+    ended.result.unwrap();
+    assert!(
+        matches!(
+            ended.played,
+            SenderEvent::Same {
+                copy: SameCopy::LinkDest,
+                ..
+            }
+        ),
+        "{:?}",
+        ended.played
+    );
+    let linked = Reported::Done {
+        name: "f".into(),
+        bytes: size,
+        outcome: Outcome::Linked,
+    };
+    assert_eq!(ended.reported, [linked]);
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+}
