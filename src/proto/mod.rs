@@ -23,8 +23,8 @@ pub use receiver::{
     RecvError, busy_refusal,
 };
 pub use sender::{
-    ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy, SenderAuth,
-    SenderEvent, SenderSession, SenderState, Verdict, keepalive_interval,
+    Capability, ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy,
+    SenderAuth, SenderEvent, SenderSession, SenderState, Verdict, keepalive_interval,
 };
 pub use wire::{
     Ack, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello,
@@ -110,6 +110,15 @@ pub enum ProtocolError {
     /// The peer speaks another session protocol version.
     #[error("protocol version mismatch: {detail}")]
     VersionMismatch {
+        /// Both versions, as far as known.
+        detail: String,
+    },
+    /// A receiver of this protocol version refused an offer for a
+    /// capability it predates (REJECT(version) of an offer with it).
+    #[error("protocol version mismatch: {detail}")]
+    OlderReceiver {
+        /// What the offer asked for that the receiver does not know.
+        lacks: sender::Capability,
         /// Both versions, as far as known.
         detail: String,
     },
@@ -634,7 +643,7 @@ mod tests {
                     self.rejected += 1;
                 }
                 SenderEvent::Answered {
-                    tag,
+                    payload: tag,
                     entry,
                     verdict,
                 } => {

@@ -650,7 +650,7 @@ pub(crate) fn check_sender(
                         prop_assert_eq!(s.state(), before);
                     }
                     Ok(SenderEvent::Answered {
-                        tag,
+                        payload: tag,
                         entry,
                         verdict,
                     }) => {

@@ -4,7 +4,7 @@
 //! failure: its files are then offered one by one, and each gets its own
 //! answer.
 
-use super::verdicts::Tracker;
+use super::verdicts::{PendingEntry, Tracker, awaiting_ack};
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
 use crate::engine::entries::Entry;
 use crate::engine::reader::{BatchFile, Input, ReadJob, ReaderMsg};
@@ -162,10 +162,13 @@ impl Connection {
         // Once the session's ring is known, the files are read while the
         // receiver prepares for them: the MR only confirms the ring.
         let read_ahead = self.session.expected_chunk_len();
-        let tag = tracker.tag();
-        // The members' flags, for an older receiver's refusal of them.
-        let caps = offers.iter().fold(0, |caps, o| caps | o.caps());
-        self.session.start_batch(offers, tag).map_err(proto_err)?;
+        let offered = PendingEntry::Offered {
+            name: name.clone(),
+            started,
+        };
+        self.session
+            .start_batch(offers, offered)
+            .map_err(proto_err)?;
         self.transmit()?;
         let mut input = Some(Input::Batch(files));
         if let Some(chunk_len) = read_ahead
@@ -181,9 +184,7 @@ impl Connection {
             })?;
         }
         while self.session.state() == SenderState::AwaitRing {
-            let event = self
-                .next_event(cfg, pipe, tracker, "the receiver's MR reply")
-                .map_err(|e| super::verdicts::older_receiver(e, caps))?;
+            let event = self.next_event(cfg, pipe, tracker, "the receiver's MR reply")?;
             match event {
                 None | Some(SenderEvent::Ring(_)) => {}
                 Some(SenderEvent::Rejected(rej)) => {
@@ -250,10 +251,11 @@ impl Connection {
             .collect();
         #[cfg(feature = "fault-injection")]
         let digest = crate::engine::fault::fin_digest(digest);
-        self.session.finish(digest).map_err(proto_err)?;
+        self.session
+            .finish_carrying(digest, awaiting_ack(reports, progress))
+            .map_err(proto_err)?;
         self.transmit()?;
         debug!(files = members.len(), bytes = total, "FIN sent");
-        tracker.await_batch_verdict(tag, reports, progress);
         Ok(Batched::Sent { alone: Vec::new() })
     }
 

@@ -28,9 +28,9 @@ use tracing::{debug, info};
 pub(super) struct Connection {
     pub(super) connect_time: Duration,
     pub(super) link: Box<dyn WriteLink>,
-    pub(super) session: SenderSession,
+    pub(super) session: SenderSession<PendingEntry>,
     /// State machine events not yet acted upon, in order.
-    pub(super) events: VecDeque<SenderEvent>,
+    pub(super) events: VecDeque<SenderEvent<PendingEntry>>,
 }
 
 impl Connection {
@@ -90,7 +90,7 @@ impl Connection {
                 })
             }
         };
-        let session = SenderSession::new(cfg.chunk_size, auth);
+        let session = SenderSession::carrying(cfg.chunk_size, auth);
         let conn = Connection::new(connect_time, Box::new(RdmaLink::new(ep, control)), session);
         Ok((conn, staging))
     }
@@ -99,7 +99,7 @@ impl Connection {
     pub(super) fn new(
         connect_time: Duration,
         link: Box<dyn WriteLink>,
-        session: SenderSession,
+        session: SenderSession<PendingEntry>,
     ) -> Self {
         Connection {
             connect_time,
@@ -121,7 +121,7 @@ impl Connection {
         let result = self.run_entries(cfg, entries, pipe, tracker);
         if let Err(e) = &result {
             // Entries sent but never answered: the session ended under them.
-            for entry in std::mem::take(&mut tracker.pending).into_values() {
+            for entry in self.session.take_unanswered() {
                 for (name, bytes, started) in entry.names() {
                     tracker.report(&name, bytes, Some(started), e, true);
                 }
@@ -280,16 +280,12 @@ impl Connection {
                     mtime,
                     keep_mode: cfg.walk.preserve,
                 };
-                let tag = tracker.tag();
-                self.session.start_file(offer, tag).map_err(proto_err)?;
+                let dir = PendingEntry::Dir {
+                    name,
+                    started: Instant::now(),
+                };
+                self.session.start_file(offer, dir).map_err(proto_err)?;
                 self.transmit()?;
-                tracker.pending.insert(
-                    tag,
-                    PendingEntry::Dir {
-                        name,
-                        started: Instant::now(),
-                    },
-                );
                 return Ok(());
             }
             Entry::Stdin { name } => {
@@ -371,7 +367,7 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
         what: &str,
-    ) -> Result<Option<SenderEvent>, FileError> {
+    ) -> Result<Option<SenderEvent<PendingEntry>>, FileError> {
         if self.events.is_empty() {
             let waited = self.link.wait_for(cfg.timeout, what);
             // What came before a failure still counts.
@@ -386,14 +382,14 @@ impl Connection {
     pub(super) fn pop_event(
         &mut self,
         tracker: &mut Tracker<'_>,
-    ) -> Result<Option<SenderEvent>, FileError> {
+    ) -> Result<Option<SenderEvent<PendingEntry>>, FileError> {
         while let Some(event) = self.events.pop_front() {
             match event {
                 SenderEvent::Answered {
-                    tag,
+                    payload,
                     entry,
                     verdict,
-                } => tracker.answer(tag, entry, verdict)?,
+                } => tracker.answer(payload, entry, verdict)?,
                 other => return Ok(Some(other)),
             }
         }

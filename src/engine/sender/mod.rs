@@ -365,8 +365,6 @@ fn drive(
             stop: &stop,
         };
         let mut tracker = Tracker {
-            pending: BTreeMap::new(),
-            next_tag: 0,
             outcome: SessionOutcome {
                 files: Vec::new(),
                 directories: 0,
@@ -470,6 +468,10 @@ fn proto_err(e: ProtocolError) -> FileError {
                  both hosts the same token"
             ))
         }
+        ProtocolError::OlderReceiver { lacks, detail } => XferError::Rejected {
+            code: Some(crate::proto::RejectCode::Version),
+            reason: verdicts::older_receiver(lacks, &detail),
+        },
         ProtocolError::VersionMismatch { detail } => XferError::Rejected {
             code: Some(crate::proto::RejectCode::Version),
             reason: detail,
@@ -491,7 +493,7 @@ fn auth_error(reason: &str) -> XferError {
     ))
 }
 
-fn unexpected(event: &SenderEvent) -> FileError {
+fn unexpected(event: &SenderEvent<verdicts::PendingEntry>) -> FileError {
     FileError::Fatal(XferError::Internal(format!("unexpected event {event:?}")))
 }
 

@@ -2,7 +2,7 @@
 //! (the ring, the chunks, the FIN), with the reader thread filling staging
 //! slots and RDMA WRITE WITH IMM posting them as credits allow.
 
-use super::verdicts::Tracker;
+use super::verdicts::{PendingEntry, Tracker, awaiting_ack};
 use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
 use crate::engine::Outcome;
 use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
@@ -121,9 +121,8 @@ impl Connection {
             connect: self.connect_time,
             ..Phases::default()
         };
-        let tag = tracker.tag();
         let start = error_span!("phase", name = "mr exchange")
-            .in_scope(|| self.await_ring(cfg, offer, tag, &input, pipe, tracker))?;
+            .in_scope(|| self.await_ring(cfg, offer, started, &input, pipe, tracker))?;
         let mut progress = cfg.progress.file_started(&name, size);
         phases.mr_exchange = started.elapsed();
         let resume = match start {
@@ -140,8 +139,8 @@ impl Connection {
                     resumed_from: 0,
                     outcome,
                 };
-                tracker.await_verdict(tag, report, progress);
-                return tracker.answer(tag, Pending::File, Verdict::Ack(ack));
+                let answered = awaiting_ack(vec![report], progress);
+                return tracker.answer(answered, Pending::File, Verdict::Ack(ack));
             }
         };
         let resumed_from = resume.as_ref().map_or(0, |(offset, _)| *offset);
@@ -169,7 +168,7 @@ impl Connection {
             resumed_from,
             outcome: Outcome::Stored,
         };
-        self.send_fin(tag, report, progress, tracker)
+        self.send_fin(report, progress)
     }
 
     /// Phase 1: HELLO, then wait for the ring (or this entry's refusal);
@@ -180,17 +179,19 @@ impl Connection {
         &mut self,
         cfg: &SenderConfig,
         offer: FileOffer,
-        tag: u64,
+        started: Instant,
         input: &Input,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<Start, FileError> {
         let name = offer.name.clone();
-        let caps = offer.caps();
-        self.session.start_file(offer, tag).map_err(proto_err)?;
+        let offered = PendingEntry::Offered {
+            name: name.clone(),
+            started,
+        };
+        self.session.start_file(offer, offered).map_err(proto_err)?;
         self.transmit()?;
         self.await_answer(cfg, &name, input, pipe, tracker)
-            .map_err(|e| super::verdicts::older_receiver(e, caps))
     }
 
     /// The receiver's answers to the HELLO just sent, until its MR (or
@@ -467,21 +468,19 @@ impl Connection {
     /// file's "fsync+verify" phase span when it comes.
     fn send_fin(
         &mut self,
-        tag: u64,
         report: FileReport,
         progress: Box<dyn FileProgress>,
-        tracker: &mut Tracker<'_>,
     ) -> Result<(), FileError> {
         #[cfg(feature = "fault-injection")]
-        let fin = self
-            .session
-            .finish(crate::engine::fault::fin_digest(report.digest));
+        let digest = crate::engine::fault::fin_digest(report.digest);
         #[cfg(not(feature = "fault-injection"))]
-        let fin = self.session.finish(report.digest);
-        fin.map_err(proto_err)?;
+        let digest = report.digest;
+        let (name, bytes) = (report.name.clone(), report.bytes);
+        self.session
+            .finish_carrying(digest, awaiting_ack(vec![report], progress))
+            .map_err(proto_err)?;
         self.transmit()?;
-        debug!(file = %escaped(&report.name), bytes = report.bytes, "FIN sent");
-        tracker.await_verdict(tag, report, progress);
+        debug!(file = %escaped(&name), bytes, "FIN sent");
         Ok(())
     }
 
