@@ -78,6 +78,28 @@ pub(super) trait Link {
         })
     }
 
+    /// `wait` until `deadline` at most, watching for the peer's disconnect
+    /// meanwhile: false when the deadline came first (the caller's timers
+    /// say what that means).
+    fn wait_until(&mut self, deadline: Instant, what: &str) -> Result<bool, XferError> {
+        let expired = std::cell::Cell::new(false);
+        let waited = self.wait(Until {
+            deadline,
+            slice: crate::engine::DISCONNECT_CHECK,
+            what,
+            give_up: &|| None,
+            expired: &|| {
+                expired.set(true);
+                XferError::PeerLost(format!("nothing came while waiting for {what}"))
+            },
+        });
+        match waited {
+            Err(_) if expired.get() => Ok(false),
+            Err(e) => Err(e),
+            Ok(()) => Ok(true),
+        }
+    }
+
     /// The oldest delivery not handled yet. A message is opened and decoded
     /// only now, so that a channel installed for the one before applies.
     fn next(&mut self) -> Result<Option<Delivery>, XferError>;

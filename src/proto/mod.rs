@@ -24,7 +24,7 @@ pub use receiver::{
 };
 pub use sender::{
     Capability, ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy,
-    SenderAuth, SenderEvent, SenderSession, SenderState, Verdict, keepalive_interval,
+    SenderAuth, SenderEvent, SenderSession, SenderState, Verdict, Waiting, keepalive_interval,
 };
 pub use wire::{
     Ack, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello,
@@ -121,6 +121,15 @@ pub enum ProtocolError {
         lacks: sender::Capability,
         /// Both versions, as far as known.
         detail: String,
+    },
+    /// The peer said nothing for the session's timeout while it was
+    /// awaited (the sender's receive timeout).
+    #[error("no progress for {secs}s while waiting for {what}")]
+    NoProgress {
+        /// The timeout, in whole seconds.
+        secs: u64,
+        /// What was awaited.
+        what: &'static str,
     },
     /// The MR's ring is unusable (empty, overflowing the address space, or
     /// not the configured shape).

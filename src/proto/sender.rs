@@ -16,7 +16,7 @@
 //! answered, and at most one finished file is pending (at the front).
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::auth::{
     CHUNK_TAG_LEN, Channel, ChunkAuth, ChunkKey, ConnectionId, NONCE_LEN, Role, SessionKey, Token,
@@ -259,6 +259,32 @@ pub enum SameCopy {
     LinkDest,
 }
 
+/// What the engine waits on (`SenderSession::waiting`): it decides which
+/// timer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// The receiver: silent for the timeout, the session fails.
+    Peer,
+    /// The sender's own input (a stream's, a file read for a HAVE): the
+    /// receiver gets a KEEPALIVE every `keepalive_interval` meanwhile.
+    Input,
+}
+
+/// The session's clock: the receive timeout and the keepalive. Instants
+/// come from the engine, so the machine stays pure.
+#[derive(Debug, Clone, Default)]
+struct Timers {
+    /// The receive timeout (None: no timers).
+    timeout: Option<Duration>,
+    waiting: Option<Waiting>,
+    /// When the receiver has been silent too long (waiting on it).
+    silent_at: Option<Instant>,
+    /// When a KEEPALIVE is due (waiting on our own input).
+    keepalive_at: Option<Instant>,
+    /// A message or chunk went out since the keepalive was armed.
+    spoke: bool,
+}
+
 /// A capability an older receiver of this protocol version does not
 /// know: its REJECT(version) of an offer that asked for it ends the
 /// session (`ProtocolError::OlderReceiver`).
@@ -335,6 +361,7 @@ pub struct SenderSession<P = u64> {
     /// The receiver refused a batch by policy (REJECT protocol: it takes
     /// files one by one, e.g. --exec): no more batches this session.
     batches_refused: bool,
+    timers: Timers,
 }
 
 impl SenderSession<u64> {
@@ -376,6 +403,103 @@ impl<P> SenderSession<P> {
             offers: 0,
             batching: false,
             batches_refused: false,
+            timers: Timers::default(),
+        }
+    }
+
+    /// The session with its timers: the receiver may be silent for
+    /// `timeout` while the engine waits on it; while the engine waits on
+    /// its own input, a KEEPALIVE goes every `keepalive_interval(timeout)`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timers.timeout = Some(timeout);
+        self
+    }
+
+    /// The engine now waits on `on`: waiting on the receiver starts its
+    /// timeout (unless it runs already); waiting on its own input starts
+    /// the keepalive's interval (again after anything went out).
+    pub fn waiting(&mut self, on: Waiting, now: Instant) {
+        let Some(timeout) = self.timers.timeout else {
+            return;
+        };
+        let t = &mut self.timers;
+        let changed = t.waiting != Some(on);
+        match on {
+            Waiting::Peer => {
+                t.keepalive_at = None;
+                if changed || t.silent_at.is_none() {
+                    t.silent_at = now.checked_add(timeout);
+                }
+            }
+            Waiting::Input => {
+                t.silent_at = None;
+                if changed || t.spoke || t.keepalive_at.is_none() {
+                    t.keepalive_at = now.checked_add(keepalive_interval(timeout));
+                    t.spoke = false;
+                }
+            }
+        }
+        t.waiting = Some(on);
+    }
+
+    /// The link delivered something (a message, a completion): the
+    /// receiver's timeout starts again.
+    pub fn heard(&mut self, now: Instant) {
+        if let (Some(timeout), Some(Waiting::Peer)) = (self.timers.timeout, self.timers.waiting) {
+            self.timers.silent_at = now.checked_add(timeout);
+        }
+    }
+
+    /// When `handle_timeout` is due next, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.timers.silent_at, self.timers.keepalive_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The clock reached `now`: a receiver silent for the timeout ends the
+    /// session (`ProtocolError::NoProgress`, saying what was awaited); a
+    /// keepalive that is due is queued (when the state allows one: a
+    /// stream's data, a file read for a HAVE).
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), ProtocolError> {
+        let Some(timeout) = self.timers.timeout else {
+            return Ok(());
+        };
+        if self.timers.silent_at.is_some_and(|at| at <= now) {
+            let what = self.waited_for();
+            self.state = SenderState::Closed;
+            self.outbox.clear();
+            self.timers.silent_at = None;
+            return Err(ProtocolError::NoProgress {
+                secs: timeout.as_secs(),
+                what,
+            });
+        }
+        if self.timers.keepalive_at.is_some_and(|at| at <= now) {
+            self.timers.keepalive_at = if self.keepalive().is_ok() {
+                now.checked_add(keepalive_interval(timeout))
+            } else {
+                None
+            };
+        }
+        Ok(())
+    }
+
+    /// What a wait on the receiver waits for, in this state (for the
+    /// messages about it).
+    pub fn waited_for(&self) -> &'static str {
+        match self.state {
+            SenderState::AwaitChallenge => "the receiver's greeting",
+            SenderState::AwaitAuthOk => "the receiver's proof (AUTH_OK)",
+            SenderState::Idle if self.pending.len() >= MAX_PENDING => "the receiver's verdicts",
+            SenderState::Idle => "the receiver's ACK",
+            SenderState::AwaitRing => "the receiver's MR reply",
+            SenderState::AwaitHave => "the receiver's HAVE reply",
+            SenderState::AwaitFromDecision => "the receiver",
+            SenderState::AwaitCompared => "the receiver's comparison of its copy",
+            SenderState::Sending => "credit from the receiver",
+            SenderState::Closed => "delivery of BYE",
         }
     }
 
@@ -878,6 +1002,7 @@ impl<P> SenderSession<P> {
         self.seq += 1;
         self.planned = planned;
         self.credits -= 1;
+        self.timers.spoke = true;
         Some(plan)
     }
 
@@ -1067,7 +1192,9 @@ impl<P> SenderSession<P> {
     /// The next message the machine queued for the receiver, if any. The
     /// engine sends them in this order.
     pub fn poll_transmit(&mut self) -> Option<Message> {
-        self.outbox.pop_front()
+        let msg = self.outbox.pop_front();
+        self.timers.spoke |= msg.is_some();
+        msg
     }
 
     /// Idle with nothing pending -> Closed; queues the BYE.
@@ -1983,6 +2110,86 @@ mod tests {
         // The session ends before the verdict: what is unanswered comes back.
         assert_eq!(s.take_unanswered(), vec!["finished"]);
         assert_eq!(s.pending(), 0);
+    }
+
+    #[test]
+    fn without_a_timeout_there_are_no_timers() {
+        let mut s = session_in(Situation::SendingStream);
+        let now = Instant::now();
+        s.waiting(Waiting::Input, now);
+        assert_eq!(s.poll_timeout(), None);
+        s.handle_timeout(now + Duration::from_secs(3600)).unwrap();
+        assert_eq!(s.poll_transmit(), None);
+        s.waiting(Waiting::Peer, now);
+        assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_silent_receiver_ends_the_session_saying_what_was_awaited() {
+        let t0 = Instant::now();
+        let secs = |n| t0 + Duration::from_secs(n);
+        let timeout = Duration::from_secs(30);
+        let mut s = session_in(Situation::AwaitRing).with_timeout(timeout);
+        s.waiting(Waiting::Peer, t0);
+        assert_eq!(s.poll_timeout(), Some(secs(30)));
+        // Waiting again changes nothing; hearing from the link restarts it.
+        s.waiting(Waiting::Peer, secs(10));
+        assert_eq!(s.poll_timeout(), Some(secs(30)));
+        s.heard(secs(20));
+        assert_eq!(s.poll_timeout(), Some(secs(50)));
+        s.handle_timeout(secs(49)).unwrap();
+        assert_eq!(s.state(), SenderState::AwaitRing);
+        let err = s.handle_timeout(secs(50)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no progress for 30s while waiting for the receiver's MR reply"
+        );
+        assert_eq!(s.state(), SenderState::Closed);
+        assert_eq!(s.poll_timeout(), None);
+        // Each state says what it waits for.
+        let said = |sit| session_in(sit).waited_for();
+        assert_eq!(said(Situation::AwaitChallenge), "the receiver's greeting");
+        assert_eq!(
+            said(Situation::AwaitAuthOk),
+            "the receiver's proof (AUTH_OK)"
+        );
+        assert_eq!(said(Situation::Sending), "credit from the receiver");
+        assert_eq!(said(Situation::IdleFilePending), "the receiver's ACK");
+        assert_eq!(said(Situation::Closed), "delivery of BYE");
+        let mut full = greeted(10);
+        for tag in 0..MAX_PENDING as u64 {
+            queued(full.start_file(dir_offer("d"), tag), &mut full).unwrap();
+        }
+        assert_eq!(full.waited_for(), "the receiver's verdicts");
+    }
+
+    #[test]
+    fn a_keepalive_goes_while_the_sender_waits_on_its_own_input() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // keepalive_interval(3 s) is 500 ms.
+        let mut s = session_in(Situation::SendingStream).with_timeout(Duration::from_secs(3));
+        s.waiting(Waiting::Input, t0);
+        // No receive timeout meanwhile: only the keepalive.
+        assert_eq!(s.poll_timeout(), Some(ms(500)));
+        s.handle_timeout(ms(499)).unwrap();
+        assert_eq!(s.poll_transmit(), None);
+        s.handle_timeout(ms(500)).unwrap();
+        assert_eq!(s.poll_transmit(), Some(Message::Keepalive));
+        assert_eq!(s.poll_timeout(), Some(ms(1000)));
+        // A chunk went out: the next wait starts the interval again.
+        s.next_chunk(10).unwrap().unwrap();
+        s.waiting(Waiting::Input, ms(700));
+        assert_eq!(s.poll_timeout(), Some(ms(1200)));
+        // Waiting on the receiver instead: its timeout, no keepalive.
+        s.waiting(Waiting::Peer, ms(800));
+        assert_eq!(s.poll_timeout(), Some(ms(3800)));
+        // A file's data is never kept alive: its reader has its own limit.
+        let mut f = session_in(Situation::Sending).with_timeout(Duration::from_secs(3));
+        f.waiting(Waiting::Input, t0);
+        f.handle_timeout(ms(500)).unwrap();
+        assert_eq!(f.poll_transmit(), None);
+        assert_eq!(f.poll_timeout(), None);
     }
 
     #[test]

@@ -184,7 +184,7 @@ impl Connection {
             })?;
         }
         while self.session.state() == SenderState::AwaitRing {
-            let event = self.next_event(cfg, pipe, tracker, "the receiver's MR reply")?;
+            let event = self.next_event(pipe, tracker)?;
             match event {
                 None | Some(SenderEvent::Ring(_)) => {}
                 Some(SenderEvent::Rejected(rej)) => {

@@ -16,7 +16,7 @@ use crate::engine::reader::Input;
 use crate::error::XferError;
 use crate::proto::{
     FileOffer, NONCE_LEN, OfferKind, Role, SenderAuth, SenderEvent, SenderSession, SenderState,
-    escaped,
+    Waiting, escaped,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{BufferPool, CmId, Endpoint, EventChannel, QpCaps};
@@ -90,7 +90,7 @@ impl Connection {
                 })
             }
         };
-        let session = SenderSession::carrying(cfg.chunk_size, auth);
+        let session = SenderSession::carrying(cfg.chunk_size, auth).with_timeout(cfg.timeout);
         let conn = Connection::new(connect_time, Box::new(RdmaLink::new(ep, control)), session);
         Ok((conn, staging))
     }
@@ -137,7 +137,7 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
-        fatal(self.greet(cfg, pipe, tracker))?;
+        fatal(self.greet(pipe, tracker))?;
         let mut queue = VecDeque::from(entries);
         // Files of a refused batch, at the front of the queue: they go one
         // by one.
@@ -166,7 +166,7 @@ impl Connection {
             }
             // Room in the pipeline: wait for the oldest verdicts.
             while !self.session.can_start() {
-                fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's verdicts"))?;
+                fatal(self.expect_nothing(pipe, tracker))?;
             }
             let entry = if unbatched > 0 {
                 unbatched -= 1;
@@ -208,9 +208,9 @@ impl Connection {
             }
         }
         while self.session.pending() > 0 {
-            fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's ACK"))?;
+            fatal(self.expect_nothing(pipe, tracker))?;
         }
-        self.close(cfg, pipe, tracker)
+        self.close(pipe, tracker)
     }
 
     /// Waits for the receiver's greeting: CHALLENGE (answered with PROVE when
@@ -218,7 +218,6 @@ impl Connection {
     /// or a REJECT that refuses the session.
     pub(super) fn greet(
         &mut self,
-        cfg: &SenderConfig,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), FileError> {
@@ -226,11 +225,7 @@ impl Connection {
             self.session.state(),
             SenderState::AwaitChallenge | SenderState::AwaitAuthOk
         ) {
-            let what = match self.session.state() {
-                SenderState::AwaitAuthOk => "the receiver's proof (AUTH_OK)",
-                _ => "the receiver's greeting",
-            };
-            match self.next_event(cfg, pipe, tracker, what)? {
+            match self.next_event(pipe, tracker)? {
                 None => {}
                 Some(SenderEvent::Greeted(greeting)) => {
                     self.transmit()?;
@@ -249,12 +244,10 @@ impl Connection {
     /// One wait in which only verdicts and credits may arrive.
     pub(super) fn expect_nothing(
         &mut self,
-        cfg: &SenderConfig,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-        what: &str,
     ) -> Result<(), FileError> {
-        match self.next_event(cfg, pipe, tracker, what)? {
+        match self.next_event(pipe, tracker)? {
             None => Ok(()),
             Some(other) => Err(unexpected(&other)),
         }
@@ -363,20 +356,37 @@ impl Connection {
     /// `tracker` on the way (then None is returned); so do credits.
     pub(super) fn next_event(
         &mut self,
-        cfg: &SenderConfig,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-        what: &str,
     ) -> Result<Option<SenderEvent<PendingEntry>>, FileError> {
         if self.events.is_empty() {
-            let waited = self.link.wait_for(cfg.timeout, what);
-            // What came before a failure still counts.
-            self.handle_deliveries(pipe)?;
-            if let Err(e) = waited {
-                return Err(self.failure(e));
-            }
+            self.wait_peer(pipe)?;
         }
         self.pop_event(tracker)
+    }
+
+    /// Waits on the receiver until the link delivers something or the
+    /// machine's next deadline (its receive timeout, which then ends the
+    /// session, saying what was awaited).
+    fn wait_peer(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
+        let now = Instant::now();
+        self.session.waiting(Waiting::Peer, now);
+        let deadline = self
+            .session
+            .poll_timeout()
+            .unwrap_or_else(|| crate::sys::os::deadline_after(Duration::MAX));
+        let waited = self.link.wait_until(deadline, self.session.waited_for());
+        // What came before a failure still counts.
+        self.handle_deliveries(pipe)?;
+        match waited {
+            Ok(true) => self.session.heard(Instant::now()),
+            Ok(false) => self
+                .session
+                .handle_timeout(Instant::now())
+                .map_err(proto_err)?,
+            Err(e) => return Err(self.failure(e)),
+        }
+        Ok(())
     }
 
     pub(super) fn pop_event(
@@ -437,25 +447,27 @@ impl Connection {
         Ok(())
     }
 
-    /// Sends what the machine queued for the receiver, in order.
-    pub(super) fn transmit(&mut self) -> Result<(), XferError> {
+    /// Sends what the machine queued for the receiver, in order; says how
+    /// many messages went.
+    pub(super) fn transmit(&mut self) -> Result<usize, XferError> {
+        let mut sent = 0;
         while let Some(msg) = self.session.poll_transmit() {
             self.link.send(&msg)?;
+            sent += 1;
         }
-        Ok(())
+        Ok(sent)
     }
 
     /// Ends the session politely: BYE, wait until it is delivered, disconnect.
     pub(super) fn close(
         &mut self,
-        cfg: &SenderConfig,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
         self.session.close().map_err(XferError::from)?;
         self.transmit()?;
         while self.link.busy() {
-            match self.expect_nothing(cfg, pipe, tracker, "delivery of BYE") {
+            match self.expect_nothing(pipe, tracker) {
                 Ok(()) => {}
                 // Every entry was answered already; a receiver that closes
                 // on BYE may tear the connection down before our send

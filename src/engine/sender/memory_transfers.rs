@@ -65,7 +65,8 @@ fn transfer_over(
         let plan = entries::plan(paths, &cfg.walk).expect("a plan");
         let (pool, tokens) =
             BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).expect("staging");
-        let session = SenderSession::carrying(cfg.chunk_size, sender_auth(rcfg));
+        let session =
+            SenderSession::carrying(cfg.chunk_size, sender_auth(rcfg)).with_timeout(cfg.timeout);
         let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
         let on_file = |e: FileEvent<'_>| sender_saw.push(reported(e));
         let sent = drive(cfg, plan, conn, &pool, tokens, on_file, Instant::now())

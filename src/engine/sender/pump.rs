@@ -13,7 +13,7 @@ use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
     Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, OfferKind, Pending, SameCopy, SenderEvent,
-    SenderState, Verdict, escaped, keepalive_interval,
+    SenderState, Verdict, Waiting, escaped,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{Buffer, BufferPool};
@@ -205,14 +205,12 @@ impl Connection {
         tracker: &mut Tracker<'_>,
     ) -> Result<Start, FileError> {
         let mut start = Start::Data(None);
-        loop {
-            let what = match self.session.state() {
-                SenderState::AwaitRing => "the receiver's MR reply",
-                SenderState::AwaitHave => "the receiver's HAVE reply",
-                SenderState::AwaitCompared => "the receiver's comparison of its copy",
-                _ => break,
-            };
-            let Some(event) = self.next_event(cfg, pipe, tracker, what)? else {
+        // Until the MR, or the file's verdict or refusal.
+        while matches!(
+            self.session.state(),
+            SenderState::AwaitRing | SenderState::AwaitHave | SenderState::AwaitCompared
+        ) {
+            let Some(event) = self.next_event(pipe, tracker)? else {
                 continue;
             };
             match event {
@@ -300,7 +298,6 @@ impl Connection {
             }
             HaveKind::Prefix => {
                 let read = self.read_for_have(
-                    cfg,
                     name,
                     file,
                     (have.bytes, have.chunk_len, cfg.verify),
@@ -322,7 +319,6 @@ impl Connection {
             // Read before any data, whatever the receiver then decides.
             HaveKind::Complete | HaveKind::Digest => {
                 let read = self.read_for_have(
-                    cfg,
                     name,
                     file,
                     (*size, cfg.chunk_size, DigestAlg::Sha256),
@@ -342,31 +338,30 @@ impl Connection {
     /// informed meanwhile (KEEPALIVE) and listening to it.
     fn read_for_have(
         &mut self,
-        cfg: &SenderConfig,
         name: &str,
         file: &std::fs::File,
         (upto, chunk_len, alg): (u64, u32, DigestAlg),
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<PrefixRead, FileError> {
-        let interval = keepalive_interval(cfg.timeout);
-        let mut last = Instant::now();
+        self.session.waiting(Waiting::Input, Instant::now());
         let mut failed = None;
         let read = read_prefix(file, upto, chunk_len, alg, |_, _, _| {
             if crate::sys::os::shutdown_requested() {
                 failed = Some(FileError::Fatal(XferError::Sys(SysError::Interrupted)));
                 return Err(std::io::Error::other("interrupted by signal"));
             }
-            if last.elapsed() < interval {
+            // The machine's keepalive, when due.
+            let now = Instant::now();
+            if self.session.poll_timeout().is_none_or(|due| now < due) {
                 return Ok(());
             }
-            last = Instant::now();
             let sent = self
                 .session
-                .keepalive()
+                .handle_timeout(now)
                 .map_err(proto_err)
                 .and_then(|()| Ok(self.transmit()?))
-                .and_then(|()| self.poll_events(pipe, tracker));
+                .and_then(|_| self.poll_events(pipe, tracker));
             match sent {
                 Ok(()) => Ok(()),
                 Err(e) => {
@@ -442,7 +437,7 @@ impl Connection {
             }
             // Out of credits, or every slot is in flight: wait for the CQ.
             let t0 = Instant::now();
-            let event = self.next_event(cfg, pipe, tracker, "credit from the receiver")?;
+            let event = self.next_event(pipe, tracker)?;
             time.wait_cq += t0.elapsed();
             match event {
                 None => {}
@@ -496,9 +491,13 @@ impl Connection {
         stream: bool,
     ) -> Result<ReaderMsg, FileError> {
         let started = Instant::now();
-        let mut last_sign = Instant::now();
+        self.session.waiting(Waiting::Input, started);
         loop {
-            match pipe.filled.recv_timeout(READER_SLICE) {
+            let slice = self.session.poll_timeout().map_or(READER_SLICE, |due| {
+                due.saturating_duration_since(Instant::now())
+                    .min(READER_SLICE)
+            });
+            match pipe.filled.recv_timeout(slice) {
                 Ok(msg) => return Ok(msg),
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(FileError::Fatal(XferError::Internal(
@@ -508,14 +507,14 @@ impl Connection {
                 Err(RecvTimeoutError::Timeout) => {}
             }
             self.poll_events(pipe, tracker)?;
-            if stream {
-                if last_sign.elapsed() >= crate::proto::keepalive_interval(cfg.timeout) {
-                    debug!("waiting for input: KEEPALIVE sent");
-                    self.session.keepalive().map_err(proto_err)?;
-                    self.transmit()?;
-                    last_sign = Instant::now();
-                }
-            } else if started.elapsed() >= cfg.timeout {
+            // A stream's keepalive, when due (none for a file).
+            self.session
+                .handle_timeout(Instant::now())
+                .map_err(proto_err)?;
+            if self.transmit()? > 0 {
+                debug!("waiting for input: KEEPALIVE sent");
+            }
+            if !stream && started.elapsed() >= cfg.timeout {
                 return Err(FileError::Fatal(XferError::io(
                     "reading the input",
                     std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),
