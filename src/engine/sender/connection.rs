@@ -2,12 +2,12 @@
 //! greeting, authentication), the loop over the entries, the events and
 //! completions that drive the machine, and the close.
 
-use super::batch;
-use super::pump::Pipeline;
+use super::batch::{Next, Queue};
+use super::pump::{Flow, Offered, Pipeline, Work};
 use super::verdicts::{PendingEntry, Tracker};
 use super::{
-    FileError, RECV_BUFFERS, SEND_BUFFERS, SenderConfig, ack_error, below_any, fatal, open_offer,
-    proto_err, unexpected,
+    FileError, RECV_BUFFERS, SEND_BUFFERS, SenderConfig, ack_error, fatal, open_offer, proto_err,
+    unexpected,
 };
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::entries::Entry;
@@ -15,15 +15,14 @@ use crate::engine::link::{Delivery, RdmaLink, WriteLink};
 use crate::engine::reader::Input;
 use crate::error::XferError;
 use crate::proto::{
-    FileOffer, NONCE_LEN, OfferKind, Role, SenderAuth, SenderEvent, SenderSession, SenderState,
-    Waiting, escaped,
+    FileOffer, NONCE_LEN, OfferKind, Role, SenderAuth, SenderEvent, SenderSession, Waiting, escaped,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{BufferPool, CmId, Endpoint, EventChannel, QpCaps};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::time::{Duration, Instant};
-use tracing::{debug, info};
+use tracing::{debug, error_span, info};
 
 pub(super) struct Connection {
     pub(super) connect_time: Duration,
@@ -109,8 +108,12 @@ impl Connection {
         }
     }
 
-    /// The whole session: greeting, every entry (pipelined), the last
-    /// verdicts, BYE.
+    /// The whole session, one loop: each turn takes what the link
+    /// delivered (messages through the machine, completed writes back to
+    /// the reader) and the reader's chunks, does what the machine's state
+    /// allows (chunks written under credit, FIN, the next entry or batch),
+    /// then waits on the reader or the link until the machine's next
+    /// deadline. Ends with BYE once every entry is answered.
     pub(super) fn run(
         &mut self,
         cfg: &SenderConfig,
@@ -118,9 +121,25 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
-        let result = self.run_entries(cfg, entries, pipe, tracker);
+        let mut queue = Queue::new(entries);
+        let mut work = None;
+        let result = self.turns(cfg, &mut queue, &mut work, pipe, tracker);
         if let Err(e) = &result {
-            // Entries sent but never answered: the session ended under them.
+            // What was under way, and what was sent but never answered:
+            // the session ended under them.
+            if let Some(w) = work.take() {
+                if w.is_file() {
+                    // Where the file stood, for whoever reads the logs.
+                    info!(
+                        file = %escaped(&w.name),
+                        bytes_done = self.session.bytes_planned(),
+                        "file abandoned: {e}"
+                    );
+                }
+                for (name, size) in w.names() {
+                    tracker.report(&name, size, Some(w.started), e, true);
+                }
+            }
             for entry in self.session.take_unanswered() {
                 for (name, bytes, started) in entry.names() {
                     tracker.report(&name, bytes, Some(started), e, true);
@@ -130,136 +149,104 @@ impl Connection {
         result
     }
 
-    pub(super) fn run_entries(
+    fn turns(
         &mut self,
         cfg: &SenderConfig,
-        entries: Vec<Entry>,
+        queue: &mut Queue,
+        work: &mut Option<Work>,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
-        fatal(self.greet(pipe, tracker))?;
-        let mut queue = VecDeque::from(entries);
-        // Files of a refused batch, at the front of the queue: they go one
-        // by one.
-        let mut unbatched = 0usize;
-        let mut pruned = 0usize;
-        while let Some(entry) = queue.pop_front() {
-            // What lies below a refused directory would be refused too.
-            if tracker.refused_dirs.len() > pruned {
-                let dirs = &tracker.refused_dirs[pruned..];
-                let before = queue.len();
-                queue.retain(|e| !below_any(e.name(), dirs));
-                let dropped = before - queue.len();
-                if dropped > 0 {
-                    info!(
-                        dropped,
-                        "not offered: below a directory the receiver refused"
-                    );
-                }
-                tracker.outcome.skipped += dropped;
-                pruned = tracker.refused_dirs.len();
+        loop {
+            let span = work.as_ref().map(|w| (w.span.clone(), w.phase.clone()));
+            let _file = span.as_ref().map(|(file, _)| file.enter());
+            let _phase = span.as_ref().map(|(_, phase)| phase.enter());
+            fatal(self.poll_link(pipe))?;
+            while let Some(event) = self.events.pop_front() {
+                let flow = self.on_event(cfg, event, work, pipe, tracker);
+                settle(flow, work, queue, tracker)?;
             }
-            if below_any(entry.name(), &tracker.refused_dirs) {
-                tracker.outcome.skipped += 1;
-                unbatched = unbatched.saturating_sub(1);
+            if let Some(w) = work.as_mut() {
+                let flow = self.advance(w, pipe);
+                settle(flow, work, queue, tracker)?;
+            }
+            if work.is_none() && self.session.can_start() {
+                match queue.next(cfg, self.session.may_batch(), tracker) {
+                    Some(next) => {
+                        *work = fatal_or_none(self.start(cfg, next, queue, pipe, tracker))?;
+                        continue;
+                    }
+                    None if self.session.pending() == 0 => return self.close(pipe, tracker),
+                    None => {}
+                }
+            }
+            if !self.events.is_empty() {
                 continue;
             }
-            // Room in the pipeline: wait for the oldest verdicts.
-            while !self.session.can_start() {
-                fatal(self.expect_nothing(pipe, tracker))?;
-            }
-            let entry = if unbatched > 0 {
-                unbatched -= 1;
-                entry
-            } else if batch::batchable(cfg, &entry) && self.session.may_batch() {
-                let mut files = batch::take_batch(cfg, entry, &mut queue);
-                if files.len() > 1 {
-                    let (batch::Batched::Sent { alone: back } | batch::Batched::Refused(back)) =
-                        self.send_batch(cfg, files, pipe, tracker)?;
-                    unbatched = back.len();
-                    for e in back.into_iter().rev() {
-                        queue.push_front(e);
-                    }
-                    continue;
+            fatal(match work.as_mut() {
+                Some(w) if w.waits_on_reader(pipe) => self.wait_reader(cfg, w, pipe),
+                Some(w) => {
+                    let since = Instant::now();
+                    let waited = self.wait_peer(pipe);
+                    w.waited_on_link(since);
+                    waited
                 }
-                match files.pop() {
-                    Some(e) => e,
-                    None => continue,
-                }
-            } else {
-                entry
-            };
-            let name = entry.name().to_string();
-            let size = entry.size();
-            let started = Instant::now();
-            match self.send_entry(cfg, entry, pipe, tracker) {
-                Ok(()) => {}
-                Err(FileError::Continue(e)) => tracker.fail(&name, size, Some(started), e),
-                Err(FileError::Fatal(e)) => {
-                    // Where the file stood, for whoever reads the logs.
-                    info!(
-                        file = %escaped(&name),
-                        bytes_done = self.session.bytes_planned(),
-                        "file abandoned: {e}"
-                    );
-                    tracker.report(&name, size, Some(started), &e, true);
-                    return Err(e);
-                }
-            }
-        }
-        while self.session.pending() > 0 {
-            fatal(self.expect_nothing(pipe, tracker))?;
-        }
-        self.close(pipe, tracker)
-    }
-
-    /// Waits for the receiver's greeting: CHALLENGE (answered with PROVE when
-    /// it requires authentication; the first HELLO follows without waiting)
-    /// or a REJECT that refuses the session.
-    pub(super) fn greet(
-        &mut self,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
-        while matches!(
-            self.session.state(),
-            SenderState::AwaitChallenge | SenderState::AwaitAuthOk
-        ) {
-            match self.next_event(pipe, tracker)? {
-                None => {}
-                Some(SenderEvent::Greeted(greeting)) => {
-                    self.transmit()?;
-                    if greeting.proving {
-                        debug!("the receiver requires authentication: PROVE sent");
-                    }
-                }
-                // AUTH_OK installs its channel as it is handled
-                // (`handle_deliveries`): the loop ends, Idle.
-                Some(other) => return Err(unexpected(&other)),
-            }
-        }
-        Ok(())
-    }
-
-    /// One wait in which only verdicts and credits may arrive.
-    pub(super) fn expect_nothing(
-        &mut self,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
-        match self.next_event(pipe, tracker)? {
-            None => Ok(()),
-            Some(other) => Err(unexpected(&other)),
+                None => self.wait_peer(pipe),
+            })?;
         }
     }
 
-    pub(super) fn send_entry(
+    /// One machine event: a verdict, the greeting, or the current
+    /// offer's answer.
+    fn on_event(
         &mut self,
         cfg: &SenderConfig,
-        entry: Entry,
+        event: SenderEvent<PendingEntry>,
+        work: &mut Option<Work>,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
+    ) -> Result<Flow, FileError> {
+        match event {
+            SenderEvent::Answered {
+                payload,
+                entry,
+                verdict,
+            } => tracker.answer(payload, entry, verdict)?,
+            SenderEvent::Greeted(greeting) => {
+                self.transmit()?;
+                if greeting.proving {
+                    debug!("the receiver requires authentication: PROVE sent");
+                }
+            }
+            SenderEvent::Keepalive => debug!("the receiver reads its copy"),
+            SenderEvent::Aborted(ack) => {
+                return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
+            }
+            event => {
+                return match work.as_mut() {
+                    Some(w) => self.on_offer_event(cfg, w, event, pipe, tracker),
+                    None => Err(unexpected(&event)),
+                };
+            }
+        }
+        Ok(Flow::Going)
+    }
+
+    /// Offers the next entry: a directory (its HELLO: nothing more to do
+    /// until its verdict), a file or stream, or a batch. A file that cannot
+    /// be opened fails on its own.
+    fn start(
+        &mut self,
+        cfg: &SenderConfig,
+        next: Next,
+        queue: &mut Queue,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<Option<Work>, FileError> {
+        let entry = match next {
+            Next::Batch(entries) => return self.start_batch(cfg, entries, queue, pipe, tracker),
+            Next::Alone(entry) => entry,
+        };
         let (offer, input) = match entry {
             Entry::Dir { name, mode, mtime } => {
                 let offer = FileOffer {
@@ -279,7 +266,7 @@ impl Connection {
                 };
                 self.session.start_file(offer, dir).map_err(proto_err)?;
                 self.transmit()?;
-                return Ok(());
+                return Ok(None);
             }
             Entry::Stdin { name } => {
                 use std::os::fd::AsFd;
@@ -304,17 +291,47 @@ impl Connection {
             Entry::File {
                 path,
                 name,
+                size,
                 opened,
                 mtime,
-                ..
-            } => {
-                let (offer, file) =
-                    open_offer(cfg, &path, name, opened, mtime).map_err(FileError::Continue)?;
-                let size = offer.size;
-                (offer, Input::File { file, size })
-            }
+            } => match open_offer(cfg, &path, name.clone(), opened, mtime) {
+                Ok((offer, file)) => {
+                    let size = offer.size;
+                    (offer, Input::File { file, size })
+                }
+                Err(e) => {
+                    tracker.fail(&name, size, Some(Instant::now()), e);
+                    return Ok(None);
+                }
+            },
         };
-        self.send_data(cfg, offer, input, pipe, tracker)
+        let stream = offer.kind == OfferKind::Stream;
+        let name = offer.name.clone();
+        // A stream's size is unknown (0 here: its bar grows as it goes).
+        let size = offer.size;
+        let span = if stream {
+            error_span!("file", file = %escaped(&name), size = "unknown")
+        } else {
+            error_span!("file", file = %escaped(&name), size = offer.size)
+        };
+        let phase = error_span!(parent: &span, "phase", name = "mr exchange");
+        let work = Work::new(
+            name.clone(),
+            (span, phase),
+            Offered::File {
+                input: Some(input),
+                stream,
+                size,
+            },
+            self.connect_time,
+        );
+        let offered = PendingEntry::Offered {
+            name,
+            started: work.started,
+        };
+        self.session.start_file(offer, offered).map_err(proto_err)?;
+        self.transmit()?;
+        Ok(Some(work))
     }
 
     /// Handles whatever completions are ready, without blocking. In the
@@ -324,11 +341,7 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), FileError> {
-        let polled = self.link.poll();
-        self.handle_deliveries(pipe)?;
-        if let Err(e) = polled {
-            return Err(self.failure(e));
-        }
+        self.poll_link(pipe)?;
         match self.pop_event(tracker)? {
             None => Ok(()),
             Some(SenderEvent::Aborted(ack)) => {
@@ -336,6 +349,14 @@ impl Connection {
             }
             Some(other) => Err(unexpected(&other)),
         }
+    }
+
+    /// Takes what the link delivered, without waiting (see
+    /// `handle_deliveries`).
+    fn poll_link(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
+        let polled = self.link.poll();
+        self.handle_deliveries(pipe)?;
+        polled.map_err(|e| self.failure(e))
     }
 
     /// A completion failed (the receiver went away, typically): if the
@@ -467,7 +488,12 @@ impl Connection {
         self.session.close().map_err(XferError::from)?;
         self.transmit()?;
         while self.link.busy() {
-            match self.expect_nothing(pipe, tracker) {
+            let delivered = match self.next_event(pipe, tracker) {
+                Ok(None) => Ok(()),
+                Ok(Some(other)) => Err(unexpected(&other)),
+                Err(e) => Err(e),
+            };
+            match delivered {
                 Ok(()) => {}
                 // Every entry was answered already; a receiver that closes
                 // on BYE may tear the connection down before our send
@@ -486,4 +512,40 @@ impl Connection {
     pub(super) fn abort(&mut self) {
         self.link.disconnect(Duration::from_secs(1));
     }
+}
+
+/// What the loop makes of a step of the current work: a file's own
+/// failure (refused, say) is reported and the session goes on; any other
+/// error ends the session.
+fn settle(
+    flow: Result<Flow, FileError>,
+    work: &mut Option<Work>,
+    queue: &mut Queue,
+    tracker: &mut Tracker<'_>,
+) -> Result<(), XferError> {
+    match flow {
+        Ok(Flow::Going) => {}
+        Ok(Flow::Done) => *work = None,
+        Ok(Flow::Requeue(back)) => {
+            queue.put_back(back);
+            *work = None;
+        }
+        Err(FileError::Continue(e)) => match work.take() {
+            Some(w) if w.is_file() => {
+                let size = w.names().first().map_or(0, |(_, size)| *size);
+                tracker.fail(&w.name, size, Some(w.started), e);
+            }
+            Some(w) => {
+                *work = Some(w);
+                return Err(e);
+            }
+            None => return Err(e),
+        },
+        Err(FileError::Fatal(e)) => return Err(e),
+    }
+    Ok(())
+}
+
+fn fatal_or_none(r: Result<Option<Work>, FileError>) -> Result<Option<Work>, XferError> {
+    r.map_err(|(FileError::Fatal(e) | FileError::Continue(e))| e)
 }

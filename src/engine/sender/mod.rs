@@ -7,6 +7,7 @@
 
 mod batch;
 mod connection;
+mod have;
 #[cfg(test)]
 mod memory_transfers;
 mod pump;
@@ -361,7 +362,8 @@ fn drive(
             filled: out_rx,
             depth: cfg.depth as usize,
             posted: 0,
-            held: None,
+            held: std::collections::VecDeque::new(),
+            arrived: None,
             stop: &stop,
         };
         let mut tracker = Tracker {
