@@ -87,6 +87,8 @@ impl Connection {
     /// their data, or None when none could be opened (each failed on its
     /// own, as it would alone). Files that grew past the batch limit since
     /// the walk go back to the queue, to be sent alone.
+    /// A failure that ends the session is reported for every file of the
+    /// batch before it is returned.
     pub(super) fn start_batch(
         &mut self,
         cfg: &SenderConfig,
@@ -94,7 +96,7 @@ impl Connection {
         queue: &mut Queue,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-    ) -> Result<Option<Work>, FileError> {
+    ) -> Result<Option<Work>, XferError> {
         let started = Instant::now();
         let mut members = Vec::with_capacity(entries.len());
         let mut alone = Vec::new();
@@ -119,6 +121,29 @@ impl Connection {
         if members.is_empty() {
             return Ok(None);
         }
+        let sizes: Vec<(String, u64)> = members
+            .iter()
+            .map(|m| (m.offer.name.clone(), m.offer.size))
+            .collect();
+        self.offer_batch(cfg, members, started, pipe)
+            .map(Some)
+            .map_err(|err| {
+                let (FileError::Fatal(e) | FileError::Continue(e)) = err;
+                for (name, size) in &sizes {
+                    tracker.report(name, *size, Some(started), &e, true);
+                }
+                e
+            })
+    }
+
+    /// BATCH for `members`, read ahead when the ring is known.
+    fn offer_batch(
+        &mut self,
+        cfg: &SenderConfig,
+        members: Vec<Member>,
+        started: Instant,
+        pipe: &mut Pipeline<'_>,
+    ) -> Result<Work, FileError> {
         let offers: Vec<FileOffer> = members.iter().map(|m| m.offer.clone()).collect();
         let total: u64 = offers.iter().map(|o| o.size).sum();
         let name = format!(
@@ -163,7 +188,7 @@ impl Connection {
             work.reading = true;
             work.read_ahead = Some(chunk_len);
         }
-        Ok(Some(work))
+        Ok(work)
     }
 }
 

@@ -173,7 +173,7 @@ impl Connection {
             if work.is_none() && self.session.can_start() {
                 match queue.next(cfg, self.session.may_batch(), tracker) {
                     Some(next) => {
-                        *work = fatal_or_none(self.start(cfg, next, queue, pipe, tracker))?;
+                        *work = self.start(cfg, next, queue, pipe, tracker)?;
                         continue;
                     }
                     None if self.session.pending() == 0 => return self.close(pipe, tracker),
@@ -235,6 +235,8 @@ impl Connection {
     /// Offers the next entry: a directory (its HELLO: nothing more to do
     /// until its verdict), a file or stream, or a batch. A file that cannot
     /// be opened fails on its own.
+    /// A failure that ends the session is reported for the entry (a
+    /// batch's files: see `start_batch`).
     fn start(
         &mut self,
         cfg: &SenderConfig,
@@ -242,11 +244,29 @@ impl Connection {
         queue: &mut Queue,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-    ) -> Result<Option<Work>, FileError> {
+    ) -> Result<Option<Work>, XferError> {
         let entry = match next {
             Next::Batch(entries) => return self.start_batch(cfg, entries, queue, pipe, tracker),
             Next::Alone(entry) => entry,
         };
+        let (name, size, started) = (entry.name().to_string(), entry.size(), Instant::now());
+        match self.offer(cfg, entry) {
+            Ok(work) => Ok(work),
+            Err(FileError::Continue(e)) => {
+                tracker.fail(&name, size, Some(started), e);
+                Ok(None)
+            }
+            Err(FileError::Fatal(e)) => {
+                info!(file = %escaped(&name), bytes_done = 0, "file abandoned: {e}");
+                tracker.report(&name, size, Some(started), &e, true);
+                Err(e)
+            }
+        }
+    }
+
+    /// Offers `entry` alone: its HELLO, and for a file or stream the
+    /// work of sending its data.
+    fn offer(&mut self, cfg: &SenderConfig, entry: Entry) -> Result<Option<Work>, FileError> {
         let (offer, input) = match entry {
             Entry::Dir { name, mode, mtime } => {
                 let offer = FileOffer {
@@ -291,19 +311,15 @@ impl Connection {
             Entry::File {
                 path,
                 name,
-                size,
                 opened,
                 mtime,
-            } => match open_offer(cfg, &path, name.clone(), opened, mtime) {
-                Ok((offer, file)) => {
-                    let size = offer.size;
-                    (offer, Input::File { file, size })
-                }
-                Err(e) => {
-                    tracker.fail(&name, size, Some(Instant::now()), e);
-                    return Ok(None);
-                }
-            },
+                ..
+            } => {
+                let (offer, file) =
+                    open_offer(cfg, &path, name, opened, mtime).map_err(FileError::Continue)?;
+                let size = offer.size;
+                (offer, Input::File { file, size })
+            }
         };
         let stream = offer.kind == OfferKind::Stream;
         let name = offer.name.clone();
@@ -432,6 +448,8 @@ impl Connection {
     /// `events`, credits apart).
     pub(super) fn handle_deliveries(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
         while let Some(delivery) = self.link.next()? {
+            // The receiver's timeout starts again (when it is awaited).
+            self.session.heard(Instant::now());
             match delivery {
                 Delivery::Written(token) => pipe.write_done(token),
                 Delivery::Message(decoded) => {
@@ -544,8 +562,4 @@ fn settle(
         Err(FileError::Fatal(e)) => return Err(e),
     }
     Ok(())
-}
-
-fn fatal_or_none(r: Result<Option<Work>, FileError>) -> Result<Option<Work>, XferError> {
-    r.map_err(|(FileError::Fatal(e) | FileError::Continue(e))| e)
 }
