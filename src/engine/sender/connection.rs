@@ -208,10 +208,8 @@ impl Connection {
     ) -> Result<Flow, FileError> {
         match event {
             SenderEvent::Answered {
-                payload,
-                entry,
-                verdict,
-            } => tracker.answer(payload, entry, verdict)?,
+                payload, verdict, ..
+            } => tracker.answer(payload, verdict)?,
             SenderEvent::Greeted(greeting) => {
                 self.transmit()?;
                 if greeting.proving {
@@ -433,10 +431,8 @@ impl Connection {
         while let Some(event) = self.events.pop_front() {
             match event {
                 SenderEvent::Answered {
-                    payload,
-                    entry,
-                    verdict,
-                } => tracker.answer(payload, entry, verdict)?,
+                    payload, verdict, ..
+                } => tracker.answer(payload, verdict)?,
                 other => return Ok(Some(other)),
             }
         }

@@ -15,7 +15,7 @@ use crate::engine::progress::FileProgress;
 use crate::engine::reader::{Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
-use crate::proto::{Ack, Digest, Pending, SameCopy, SenderEvent, Verdict, Waiting, escaped};
+use crate::proto::{Ack, Digest, SameCopy, SenderEvent, Verdict, Waiting, escaped};
 use crate::sys::rdma::{Buffer, BufferPool};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -344,11 +344,7 @@ impl Connection {
             resumed_from: 0,
             outcome,
         };
-        tracker.answer(
-            awaiting_ack(vec![report], progress),
-            Pending::File,
-            Verdict::Ack(ack),
-        )
+        tracker.answer(awaiting_ack(vec![report], progress), Verdict::Ack(ack))
     }
 
     /// The MR came: the reader gets the job (unless it read ahead), the
@@ -568,13 +564,9 @@ impl Connection {
         if self.transmit()? > 0 {
             debug!("waiting for input: KEEPALIVE sent");
         }
-        if matches!(w.stage, Stage::Discarding { .. }) {
-            if since.elapsed() >= cfg.timeout {
-                return Err(FileError::Fatal(XferError::Internal(
-                    "the reader thread stalled or is gone".into(),
-                )));
-            }
-        } else if !w.stream() && since.elapsed() >= cfg.timeout {
+        // A stream may wait for its input; files (a refused batch's too)
+        // are read or fail.
+        if !w.stream() && since.elapsed() >= cfg.timeout {
             return Err(FileError::Fatal(XferError::io(
                 "reading the input",
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),

@@ -7,7 +7,7 @@ use super::{FileError, SessionOutcome, ack_error};
 use crate::engine::progress::FileProgress;
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
 use crate::error::XferError;
-use crate::proto::{AckStatus, Capability, DigestAlg, Pending, Verdict, escaped};
+use crate::proto::{AckStatus, Capability, DigestAlg, Verdict, escaped};
 use std::time::{Duration, Instant};
 use tracing::debug;
 
@@ -110,13 +110,8 @@ impl Tracker<'_> {
     }
 
     /// The receiver's verdict on the entry that carried `sent`.
-    pub(super) fn answer(
-        &mut self,
-        sent: PendingEntry,
-        entry: Pending,
-        verdict: Verdict,
-    ) -> Result<(), FileError> {
-        match (sent, entry, verdict) {
+    pub(super) fn answer(&mut self, sent: PendingEntry, verdict: Verdict) -> Result<(), FileError> {
+        match (sent, verdict) {
             (
                 PendingEntry::Files {
                     reports,
@@ -124,36 +119,51 @@ impl Tracker<'_> {
                     span,
                     mut progress,
                 },
-                Pending::File,
-                Verdict::Ack(ack),
+                verdict,
             ) => {
                 let _enter = span.enter();
                 // A batch's files share its commit time evenly, as its
                 // other phases.
                 let n = u32::try_from(reports.len()).unwrap_or(u32::MAX).max(1);
                 let commit = fin_sent.elapsed() / n;
-                if ack.status == AckStatus::Ok {
+                // ACK(ok) says how it was stored; anything else fails it.
+                let stored = match verdict {
+                    Verdict::Ack(ack) if ack.status == AckStatus::Ok => Ok(ack.reason),
+                    // The machine refuses a file's REJECT after its FIN;
+                    // taken as said all the same.
+                    other => Err(other),
+                };
+                if stored.is_ok() {
                     progress.finished();
                 }
                 drop(progress);
                 for mut report in reports {
                     report.phases.commit = commit;
                     report.elapsed += commit;
-                    if ack.status == AckStatus::Ok {
-                        if report.outcome == crate::engine::Outcome::Stored {
-                            report.outcome = crate::engine::Outcome::from_ack_note(&ack.reason);
+                    match &stored {
+                        Ok(note) => {
+                            if report.outcome == crate::engine::Outcome::Stored {
+                                report.outcome = crate::engine::Outcome::from_ack_note(note);
+                            }
+                            report.phases.log(&report.name, report.bytes);
+                            (self.on_file)(FileEvent::Done(&report));
+                            self.outcome.files.push(report);
                         }
-                        report.phases.log(&report.name, report.bytes);
-                        (self.on_file)(FileEvent::Done(&report));
-                        self.outcome.files.push(report);
-                    } else {
-                        let err = ack_error(ack.status, ack.reason.clone());
-                        let started = Instant::now().checked_sub(report.elapsed);
-                        self.fail(&report.name, report.bytes, started, err);
+                        Err(verdict) => {
+                            let err = match verdict {
+                                Verdict::Ack(ack) => ack_error(ack.status, ack.reason.clone()),
+                                Verdict::Reject(rej) => XferError::Rejected {
+                                    code: Some(rej.code),
+                                    reason: rej.reason.clone(),
+                                },
+                            };
+                            let started = Instant::now().checked_sub(report.elapsed);
+                            self.fail(&report.name, report.bytes, started, err);
+                        }
                     }
                 }
             }
-            (PendingEntry::Dir { name, started }, Pending::Directory, verdict) => {
+            (PendingEntry::Dir { name, started }, verdict) => {
                 let err = match verdict {
                     Verdict::Ack(ack) if ack.status == AckStatus::Ok => {
                         debug!(dir = %name, "directory done");
@@ -169,11 +179,11 @@ impl Tracker<'_> {
                 self.refused_dirs.push(name.clone());
                 self.fail(&name, 0, Some(started), err);
             }
-            (sent, entry, _) => {
-                // The machine answers a file only after its FIN, which
-                // carries `Files`; a directory carries `Dir`.
+            (sent @ PendingEntry::Offered { .. }, _) => {
+                // The FIN replaces an offer's payload (`finish_carrying`):
+                // the machine answers no offer before it.
                 return Err(FileError::Fatal(XferError::Internal(format!(
-                    "a verdict for {entry:?} on {sent:?}"
+                    "a verdict on {sent:?} before its FIN"
                 ))));
             }
         }
