@@ -489,3 +489,30 @@ fn a_connection_broken_while_waiting_for_a_verdict_fails_the_files_that_wait() {
         t.sender_saw
     );
 }
+
+#[test]
+fn a_receiver_silent_for_the_timeout_ends_the_session_saying_what_was_awaited() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::fs::write(src.path().join("f"), b"some bytes").unwrap();
+    let (mut cfg, rcfg) = configs(dest.path());
+    cfg.timeout = Duration::from_secs(1);
+    let (s, r) = memory_wire::pair();
+    let mut meddled = Meddled::new(s);
+    let mr = |m: &Message| matches!(m, Message::Mr(_));
+    meddled.late = Some((mr, Duration::from_secs(3)));
+    let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("f")], Box::new(meddled), r);
+    let Err(e) = &t.sent else {
+        panic!("the session went on");
+    };
+    assert!(e.is_transient(), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        XferError::PeerLost("no progress for 1s while waiting for the receiver's MR reply".into())
+            .to_string()
+    );
+    assert!(
+        matches!(&t.sender_saw[..], [Reported::Failed { name, .. }] if name == "f"),
+        "{:?}",
+        t.sender_saw
+    );
+}

@@ -464,6 +464,8 @@ fn open_offer(
 fn proto_err(e: ProtocolError) -> FileError {
     FileError::Fatal(match e {
         ProtocolError::AuthFailed { reason } => auth_error(&reason),
+        // The receiver went silent: transient, as a lost peer.
+        e @ ProtocolError::NoProgress { .. } => XferError::PeerLost(e.to_string()),
         e @ (ProtocolError::NoAuthRequested | ProtocolError::ReceiverProofFailed) => {
             XferError::Auth(format!(
                 "authentication failed: {e}; check that --token-file or RDMA_XFER_TOKEN gives \
