@@ -140,7 +140,14 @@ impl Connection {
                     tracker.report(&name, size, Some(w.started), e, true);
                 }
             }
-            for entry in self.session.take_unanswered() {
+            // Verdicts that came with the failure are not applied (as
+            // before the loop); then the entries not answered at all.
+            let answered = self.events.drain(..).filter_map(|event| match event {
+                SenderEvent::Answered { payload, .. } => Some(payload),
+                _ => None,
+            });
+            let answered: Vec<PendingEntry> = answered.collect();
+            for entry in answered.into_iter().chain(self.session.take_unanswered()) {
                 for (name, bytes, started) in entry.names() {
                     tracker.report(&name, bytes, Some(started), e, true);
                 }
