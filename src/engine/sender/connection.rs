@@ -183,7 +183,7 @@ impl Connection {
                         *work = self.start(cfg, next, queue, pipe, tracker)?;
                         continue;
                     }
-                    None if self.session.pending() == 0 => return self.close(pipe, tracker),
+                    None if self.session.pending() == 0 => return self.close(pipe),
                     None => {}
                 }
             }
@@ -355,26 +355,9 @@ impl Connection {
         Ok(Some(work))
     }
 
-    /// Handles whatever completions are ready, without blocking. In the
-    /// data phase only credits and an abort may arrive.
-    pub(super) fn poll_events(
-        &mut self,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
-        self.poll_link(pipe)?;
-        match self.pop_event(tracker)? {
-            None => Ok(()),
-            Some(SenderEvent::Aborted(ack)) => {
-                Err(FileError::Fatal(ack_error(ack.status, ack.reason)))
-            }
-            Some(other) => Err(unexpected(&other)),
-        }
-    }
-
     /// Takes what the link delivered, without waiting (see
     /// `handle_deliveries`).
-    fn poll_link(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
+    pub(super) fn poll_link(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
         let polled = self.link.poll();
         self.handle_deliveries(pipe)?;
         polled.map_err(|e| self.failure(e))
@@ -391,20 +374,6 @@ impl Connection {
             Some(ack) => ack_error(ack.status, ack.reason),
             None => err,
         })
-    }
-
-    /// The next state machine event that needs the caller, waiting for
-    /// completions if none is queued. Verdicts on pending entries go to
-    /// `tracker` on the way (then None is returned); so do credits.
-    pub(super) fn next_event(
-        &mut self,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<Option<SenderEvent<PendingEntry>>, FileError> {
-        if self.events.is_empty() {
-            self.wait_peer(pipe)?;
-        }
-        self.pop_event(tracker)
     }
 
     /// Waits on the receiver until the link delivers something or the
@@ -429,21 +398,6 @@ impl Connection {
             Err(e) => return Err(self.failure(e)),
         }
         Ok(())
-    }
-
-    pub(super) fn pop_event(
-        &mut self,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<Option<SenderEvent<PendingEntry>>, FileError> {
-        while let Some(event) = self.events.pop_front() {
-            match event {
-                SenderEvent::Answered {
-                    payload, verdict, ..
-                } => tracker.answer(payload, verdict)?,
-                other => return Ok(Some(other)),
-            }
-        }
-        Ok(None)
     }
 
     /// Applies what the link delivered: slots go back to the reader,
@@ -501,19 +455,12 @@ impl Connection {
     }
 
     /// Ends the session politely: BYE, wait until it is delivered, disconnect.
-    pub(super) fn close(
-        &mut self,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), XferError> {
+    pub(super) fn close(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), XferError> {
         self.session.close().map_err(XferError::from)?;
         self.transmit()?;
         while self.link.busy() {
-            let delivered = match self.next_event(pipe, tracker) {
-                Ok(None) => Ok(()),
-                Ok(Some(other)) => Err(unexpected(&other)),
-                Err(e) => Err(e),
-            };
+            // Closed: any message of the receiver's is an error.
+            let delivered = self.wait_peer(pipe);
             match delivered {
                 Ok(()) => {}
                 // Every entry was answered already; a receiver that closes

@@ -4,7 +4,6 @@
 //! listened to.
 
 use super::pump::Pipeline;
-use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, proto_err};
 use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
 use crate::engine::reader::Input;
@@ -37,7 +36,6 @@ impl Connection {
         have: &Have,
         input: &Input,
         pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
     ) -> Result<Answer, FileError> {
         // Streams are never offered with RESUME or CHECKSUM.
         let Input::File { file, size } = input else {
@@ -59,13 +57,8 @@ impl Connection {
                 Ok(Answer::From(0, None))
             }
             HaveKind::Prefix => {
-                let read = self.read_for_have(
-                    name,
-                    file,
-                    (have.bytes, have.chunk_len, cfg.verify),
-                    pipe,
-                    tracker,
-                )?;
+                let read =
+                    self.read_for_have(name, file, (have.bytes, have.chunk_len, cfg.verify), pipe)?;
                 if Digest::Sha256(read.crc_digest) == have.digest {
                     info!(file = %escaped(name), bytes = have.bytes, "continuing after the part the receiver kept");
                     Ok(Answer::From(have.bytes, Some((have.bytes, read.hasher))))
@@ -85,7 +78,6 @@ impl Connection {
                     file,
                     (*size, cfg.chunk_size, DigestAlg::Sha256),
                     pipe,
-                    tracker,
                 )?;
                 let sha256 = read.hasher.finish_sha256().ok_or_else(|| {
                     FileError::Fatal(XferError::Internal("a SHA-256 read gave a CRC32".into()))
@@ -104,7 +96,6 @@ impl Connection {
         file: &std::fs::File,
         (upto, chunk_len, alg): (u64, u32, DigestAlg),
         pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
     ) -> Result<PrefixRead, FileError> {
         self.session.waiting(Waiting::Input, Instant::now());
         let mut failed = None;
@@ -123,7 +114,7 @@ impl Connection {
                 .handle_timeout(now)
                 .map_err(proto_err)
                 .and_then(|()| Ok(self.transmit()?))
-                .and_then(|_| self.poll_events(pipe, tracker));
+                .and_then(|_| self.poll_link(pipe));
             match sent {
                 Ok(()) => Ok(()),
                 Err(e) => {

@@ -261,7 +261,7 @@ impl Connection {
                 else {
                     return Err(unexpected(&SenderEvent::Have(have)));
                 };
-                match self.answer(cfg, &w.name, &have, input, pipe, tracker)? {
+                match self.answer(cfg, &w.name, &have, input, pipe)? {
                     super::have::Answer::From(offset, resume) => {
                         self.session.start_from(offset).map_err(proto_err)?;
                         self.transmit()?;
