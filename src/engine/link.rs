@@ -61,40 +61,25 @@ pub(super) trait Link {
     /// a receiver's session ends with the failure).
     fn wait(&mut self, until: Until<'_>) -> Result<(), XferError>;
 
-    /// `wait` for at most `timeout` without progress, watching for the
-    /// peer's disconnect meanwhile.
-    fn wait_for(&mut self, timeout: Duration, what: &str) -> Result<(), XferError> {
-        self.wait(Until {
-            deadline: crate::sys::os::deadline_after(timeout),
-            slice: crate::engine::DISCONNECT_CHECK,
-            what,
-            give_up: &|| None,
-            expired: &|| {
-                XferError::PeerLost(format!(
-                    "no progress for {}s while waiting for {what}",
-                    timeout.as_secs()
-                ))
-            },
-        })
-    }
-
     /// `wait` until `deadline` at most, watching for the peer's disconnect
-    /// meanwhile; Ok at the deadline, with nothing delivered.
-    fn wait_until(&mut self, deadline: Instant, what: &str) -> Result<(), XferError> {
-        let reached = std::cell::Cell::new(false);
+    /// meanwhile: false when the deadline came first (the caller's timers
+    /// say what that means).
+    fn wait_until(&mut self, deadline: Instant, what: &str) -> Result<bool, XferError> {
+        let expired = std::cell::Cell::new(false);
         let waited = self.wait(Until {
             deadline,
             slice: crate::engine::DISCONNECT_CHECK,
             what,
             give_up: &|| None,
             expired: &|| {
-                reached.set(true);
-                XferError::PeerLost(format!("the deadline passed while waiting for {what}"))
+                expired.set(true);
+                XferError::PeerLost(format!("nothing came while waiting for {what}"))
             },
         });
         match waited {
-            Err(_) if reached.get() => Ok(()),
-            other => other,
+            Err(_) if expired.get() => Ok(false),
+            Err(e) => Err(e),
+            Ok(()) => Ok(true),
         }
     }
 

@@ -23,8 +23,8 @@ pub use receiver::{
     RecvError, TimedOut, Undecodable, busy_refusal,
 };
 pub use sender::{
-    ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy, SenderAuth,
-    SenderEvent, SenderSession, SenderState, Verdict, keepalive_interval,
+    Capability, ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy,
+    SenderAuth, SenderEvent, SenderSession, SenderState, Verdict, Waiting, keepalive_interval,
 };
 pub use wire::{
     Ack, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello,
@@ -112,6 +112,24 @@ pub enum ProtocolError {
     VersionMismatch {
         /// Both versions, as far as known.
         detail: String,
+    },
+    /// A receiver of this protocol version refused an offer for a
+    /// capability it predates (REJECT(version) of an offer with it).
+    #[error("protocol version mismatch: {detail}")]
+    OlderReceiver {
+        /// What the offer asked for that the receiver does not know.
+        lacks: sender::Capability,
+        /// Both versions, as far as known.
+        detail: String,
+    },
+    /// The peer said nothing for the session's timeout while it was
+    /// awaited (the sender's receive timeout).
+    #[error("no progress for {secs}s while waiting for {what}")]
+    NoProgress {
+        /// The timeout, in whole seconds.
+        secs: u64,
+        /// What was awaited.
+        what: &'static str,
     },
     /// The MR's ring is unusable (empty, overflowing the address space, or
     /// not the configured shape).
@@ -634,7 +652,7 @@ mod tests {
                     self.rejected += 1;
                 }
                 SenderEvent::Answered {
-                    tag,
+                    payload: tag,
                     entry,
                     verdict,
                 } => {

@@ -16,7 +16,7 @@
 //! answered, and at most one finished file is pending (at the front).
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::auth::{
     CHUNK_TAG_LEN, Channel, ChunkAuth, ChunkKey, ConnectionId, NONCE_LEN, Role, SessionKey, Token,
@@ -199,9 +199,10 @@ pub enum Verdict {
     Reject(Reject),
 }
 
-/// What a received message means for the engine.
+/// What a received message means for the engine. `P` is what the engine
+/// gave each entry to carry (see `SenderSession`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SenderEvent {
+pub enum SenderEvent<P = u64> {
     /// The receiver's CHALLENGE arrived: with `Greeting::proving`, the
     /// PROVE is queued (then wait for `Authenticated`), else now Idle.
     Greeted(Greeting),
@@ -232,11 +233,11 @@ pub enum SenderEvent {
         /// The SHA-256 sent in COMPARE (the file's digest).
         sha256: [u8; 32],
     },
-    /// The verdict on the oldest pending entry, with the tag the engine
-    /// gave it in `start_file`.
+    /// The verdict on the oldest pending entry, with what the engine
+    /// gave it to carry (`start_file`, `start_batch`, `finish_carrying`).
     Answered {
-        /// The tag given to `start_file` for this entry.
-        tag: u64,
+        /// What the machine carried for this entry.
+        payload: P,
         /// The entry answered (the oldest pending one).
         entry: Pending,
         /// The receiver's answer.
@@ -258,10 +259,64 @@ pub enum SameCopy {
     LinkDest,
 }
 
+/// What the engine waits on (`SenderSession::waiting`): it decides which
+/// timer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// The receiver: silent for the timeout, the session fails.
+    Peer,
+    /// The sender's own input (a stream's, a file read for a HAVE): the
+    /// receiver gets a KEEPALIVE every `keepalive_interval` meanwhile.
+    Input,
+}
+
+/// The session's clock: the receive timeout and the keepalive. Instants
+/// come from the engine, so the machine stays pure.
+#[derive(Debug, Clone, Default)]
+struct Timers {
+    /// The receive timeout (None: no timers).
+    timeout: Option<Duration>,
+    waiting: Option<Waiting>,
+    /// When the receiver has been silent too long (waiting on it).
+    silent_at: Option<Instant>,
+    /// When a KEEPALIVE is due (waiting on our own input).
+    keepalive_at: Option<Instant>,
+    /// A message or chunk went out since the keepalive was armed.
+    spoke: bool,
+}
+
+/// A capability an older receiver of this protocol version does not
+/// know: its REJECT(version) of an offer that asked for it ends the
+/// session (`ProtocolError::OlderReceiver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// HELLO's CHECKSUM flag (the newer one: named first).
+    Checksum,
+    /// HELLO's RESUME flag.
+    Resume,
+}
+
+impl Capability {
+    /// The capability an offer with HELLO flags `caps` (a batch: its
+    /// members' OR-ed) was refused for, if any.
+    fn refused(caps: u32) -> Option<Capability> {
+        if caps & hello_flags::CHECKSUM != 0 {
+            Some(Capability::Checksum)
+        } else if caps & hello_flags::RESUME != 0 {
+            Some(Capability::Resume)
+        } else {
+            None
+        }
+    }
+}
+
 /// The sender's side of one session: decides what to send and checks
 /// every message from the receiver against the protocol (pure; no I/O).
+/// It carries a `P` for each entry the engine offers (its per-file data:
+/// name, report, progress), from the offer to the entry's verdict, which
+/// hands it back (`SenderEvent::Answered`).
 #[derive(Debug, Clone)]
-pub struct SenderSession {
+pub struct SenderSession<P = u64> {
     state: SenderState,
     /// Messages the machine decided on, oldest first (`poll_transmit`).
     outbox: VecDeque<Message>,
@@ -280,8 +335,12 @@ pub struct SenderSession {
     credits: u32,
     seq: u64,
     planned: u64,
-    /// The current file's or stream's tag (see `start_file`).
-    tag: u64,
+    /// What the engine gave the current file, stream or batch to carry
+    /// (from its offer to its FIN, then pending).
+    carried: Option<P>,
+    /// The HELLO flags of the current offer (a batch: OR-ed), for the
+    /// reading of a REJECT(version).
+    offer_caps: u32,
     /// The receiver's HAVE for the current file.
     have: Option<Have>,
     /// The SHA-256 the current file's COMPARE carried.
@@ -291,8 +350,8 @@ pub struct SenderSession {
     checksum: bool,
     /// A resumed prefix's chunk length (0: not resuming).
     base_chunk_len: u32,
-    /// Entries awaiting a verdict, oldest first, with their tags.
-    pending: VecDeque<(u64, Pending)>,
+    /// Entries awaiting a verdict, oldest first, with what they carry.
+    pending: VecDeque<(P, Pending)>,
     /// The key of the chunks' tags, once the receiver proved the token.
     chunk_key: Option<ChunkKey>,
     /// HELLOs and BATCHes sent so far: the current offer's number.
@@ -302,13 +361,22 @@ pub struct SenderSession {
     /// The receiver refused a batch by policy (REJECT protocol: it takes
     /// files one by one, e.g. --exec): no more batches this session.
     batches_refused: bool,
+    timers: Timers,
 }
 
-impl SenderSession {
+impl SenderSession<u64> {
+    /// A session whose entries carry a number (the tests' and fuzz's tag):
+    /// see `carrying`.
+    pub fn new(chunk_size: u32, auth: Option<SenderAuth>) -> Self {
+        Self::carrying(chunk_size, auth)
+    }
+}
+
+impl<P> SenderSession<P> {
     /// `chunk_size` is the sender's staging buffer size; 0 means "use the
     /// ring's slot size". With `auth`, the session proves the token and
     /// requires the receiver to prove it too.
-    pub fn new(chunk_size: u32, auth: Option<SenderAuth>) -> Self {
+    pub fn carrying(chunk_size: u32, auth: Option<SenderAuth>) -> Self {
         Self {
             state: SenderState::AwaitChallenge,
             outbox: VecDeque::new(),
@@ -324,7 +392,8 @@ impl SenderSession {
             credits: 0,
             seq: 0,
             planned: 0,
-            tag: 0,
+            carried: None,
+            offer_caps: 0,
             have: None,
             compare_sha256: None,
             checksum: false,
@@ -334,6 +403,103 @@ impl SenderSession {
             offers: 0,
             batching: false,
             batches_refused: false,
+            timers: Timers::default(),
+        }
+    }
+
+    /// The session with its timers: the receiver may be silent for
+    /// `timeout` while the engine waits on it; while the engine waits on
+    /// its own input, a KEEPALIVE goes every `keepalive_interval(timeout)`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timers.timeout = Some(timeout);
+        self
+    }
+
+    /// The engine now waits on `on`: waiting on the receiver starts its
+    /// timeout (unless it runs already); waiting on its own input starts
+    /// the keepalive's interval (again after anything went out).
+    pub fn waiting(&mut self, on: Waiting, now: Instant) {
+        let Some(timeout) = self.timers.timeout else {
+            return;
+        };
+        let t = &mut self.timers;
+        let changed = t.waiting != Some(on);
+        match on {
+            Waiting::Peer => {
+                t.keepalive_at = None;
+                if changed || t.silent_at.is_none() {
+                    t.silent_at = now.checked_add(timeout);
+                }
+            }
+            Waiting::Input => {
+                t.silent_at = None;
+                if changed || t.spoke || t.keepalive_at.is_none() {
+                    t.keepalive_at = now.checked_add(keepalive_interval(timeout));
+                    t.spoke = false;
+                }
+            }
+        }
+        t.waiting = Some(on);
+    }
+
+    /// The link delivered something (a message, a completion): the
+    /// receiver's timeout starts again.
+    pub fn heard(&mut self, now: Instant) {
+        if let (Some(timeout), Some(Waiting::Peer)) = (self.timers.timeout, self.timers.waiting) {
+            self.timers.silent_at = now.checked_add(timeout);
+        }
+    }
+
+    /// When `handle_timeout` is due next, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.timers.silent_at, self.timers.keepalive_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The clock reached `now`: a receiver silent for the timeout ends the
+    /// session (`ProtocolError::NoProgress`, saying what was awaited); a
+    /// keepalive that is due is queued (when the state allows one: a
+    /// stream's data, a file read for a HAVE).
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), ProtocolError> {
+        let Some(timeout) = self.timers.timeout else {
+            return Ok(());
+        };
+        if self.timers.silent_at.is_some_and(|at| at <= now) {
+            let what = self.waited_for();
+            self.state = SenderState::Closed;
+            self.outbox.clear();
+            self.timers.silent_at = None;
+            return Err(ProtocolError::NoProgress {
+                secs: timeout.as_secs(),
+                what,
+            });
+        }
+        if self.timers.keepalive_at.is_some_and(|at| at <= now) {
+            self.timers.keepalive_at = if self.keepalive().is_ok() {
+                now.checked_add(keepalive_interval(timeout))
+            } else {
+                None
+            };
+        }
+        Ok(())
+    }
+
+    /// What a wait on the receiver waits for, in this state (for the
+    /// messages about it).
+    pub fn waited_for(&self) -> &'static str {
+        match self.state {
+            SenderState::AwaitChallenge => "the receiver's greeting",
+            SenderState::AwaitAuthOk => "the receiver's proof (AUTH_OK)",
+            SenderState::Idle if self.pending.len() >= MAX_PENDING => "the receiver's verdicts",
+            SenderState::Idle => "the receiver's ACK",
+            SenderState::AwaitRing => "the receiver's MR reply",
+            SenderState::AwaitHave => "the receiver's HAVE reply",
+            SenderState::AwaitFromDecision => "the receiver",
+            SenderState::AwaitCompared => "the receiver's comparison of its copy",
+            SenderState::Sending => "credit from the receiver",
+            SenderState::Closed => "delivery of BYE",
         }
     }
 
@@ -429,17 +595,18 @@ impl SenderSession {
     /// Idle -> AwaitRing (a file or stream) or Idle with one more pending
     /// entry (a directory); queues the HELLO. The name is not
     /// checked here: the receiver is the authority and answers a bad one
-    /// with REJECT. `tag` comes back with
+    /// with REJECT. `payload` comes back with
     /// the entry's verdict (`SenderEvent::Answered`), for the engine's
     /// report.
-    pub fn start_file(&mut self, offer: FileOffer, tag: u64) -> Result<(), ProtocolError> {
+    pub fn start_file(&mut self, offer: FileOffer, payload: P) -> Result<(), ProtocolError> {
         self.check_can_start("start_file")?;
         let hello = offer_hello(offer);
         let resume = hello.caps & hello_flags::RESUME != 0;
         if hello.is_directory() {
-            self.pending.push_back((tag, Pending::Directory));
+            self.pending.push_back((payload, Pending::Directory));
         } else {
-            self.start_data(tag, hello.size, hello.is_stream(), hello.digest);
+            self.start_data(payload, hello.size, hello.is_stream(), hello.digest);
+            self.offer_caps = hello.caps;
             self.checksum = hello.caps & hello_flags::CHECKSUM != 0;
             if resume {
                 self.state = SenderState::AwaitHave;
@@ -457,7 +624,7 @@ impl SenderSession {
     /// file on its own. Files only, without RESUME, all with the same
     /// digest, at most `MAX_BATCH_FILES` of them. Members keep CHECKSUM
     /// (a batch is never asked for digests; its files alone may be).
-    pub fn start_batch(&mut self, offers: Vec<FileOffer>, tag: u64) -> Result<(), ProtocolError> {
+    pub fn start_batch(&mut self, offers: Vec<FileOffer>, payload: P) -> Result<(), ProtocolError> {
         self.check_can_start("start_batch")?;
         let digest = offers
             .first()
@@ -472,7 +639,9 @@ impl SenderSession {
         }
         let mut total = 0u64;
         let mut members = Vec::with_capacity(offers.len());
+        let mut caps = 0;
         for offer in offers {
+            caps |= offer.caps();
             if offer.kind != OfferKind::File || offer.resume || offer.digest != digest {
                 return Err(ProtocolError::BadBatch {
                     reason: "a batch holds plain files with one digest, never resumed",
@@ -485,7 +654,8 @@ impl SenderSession {
                 })?;
             members.push(offer_hello(offer));
         }
-        self.start_data(tag, total, false, digest);
+        self.start_data(payload, total, false, digest);
+        self.offer_caps = caps;
         self.batching = true;
         self.offers += 1;
         self.outbox.push_back(Message::Batch(members));
@@ -506,9 +676,9 @@ impl SenderSession {
     }
 
     /// A file, stream or batch was offered: Idle -> AwaitRing.
-    fn start_data(&mut self, tag: u64, size: u64, stream: bool, digest: DigestAlg) {
+    fn start_data(&mut self, payload: P, size: u64, stream: bool, digest: DigestAlg) {
         self.batching = false;
-        self.tag = tag;
+        self.carried = Some(payload);
         self.size = size;
         self.stream = stream;
         self.short_planned = false;
@@ -526,7 +696,7 @@ impl SenderSession {
     }
 
     /// Applies a message from the receiver. Any error closes the session.
-    pub fn on_message(&mut self, msg: Message) -> Result<SenderEvent, ProtocolError> {
+    pub fn on_message(&mut self, msg: Message) -> Result<SenderEvent<P>, ProtocolError> {
         let result = self.dispatch(msg);
         if result.is_err() {
             // Nothing queued goes out once the session is over.
@@ -536,7 +706,7 @@ impl SenderSession {
         result
     }
 
-    fn add_credits(&mut self, count: u32) -> Result<SenderEvent, ProtocolError> {
+    fn add_credits(&mut self, count: u32) -> Result<SenderEvent<P>, ProtocolError> {
         if count == 0 {
             return Err(ProtocolError::ZeroCredit);
         }
@@ -554,7 +724,7 @@ impl SenderSession {
         }
     }
 
-    fn dispatch(&mut self, msg: Message) -> Result<SenderEvent, ProtocolError> {
+    fn dispatch(&mut self, msg: Message) -> Result<SenderEvent<P>, ProtocolError> {
         use SenderState::*;
         let front = self.pending.front().map(|&(_, entry)| entry);
         match (self.state, msg) {
@@ -564,13 +734,21 @@ impl SenderSession {
                 Err(ProtocolError::AuthFailed { reason: r.reason })
             }
             // Another version, wherever it is said: the session is over.
-            (_, Message::Reject(r)) if r.code == RejectCode::Version => {
-                Err(ProtocolError::VersionMismatch {
-                    detail: format!(
-                        "this sender speaks protocol version {PROTOCOL_VERSION}; the receiver says: {}",
-                        escaped(&r.reason)
-                    ),
-                })
+            // Refusing an offer that asked for a capability, it is a
+            // receiver of this version that predates the capability.
+            (state, Message::Reject(r)) if r.code == RejectCode::Version => {
+                let detail = format!(
+                    "this sender speaks protocol version {PROTOCOL_VERSION}; the receiver says: {}",
+                    escaped(&r.reason)
+                );
+                let offering = matches!(
+                    state,
+                    AwaitRing | AwaitHave | AwaitFromDecision | AwaitCompared
+                );
+                match Capability::refused(self.offer_caps) {
+                    Some(lacks) if offering => Err(ProtocolError::OlderReceiver { lacks, detail }),
+                    _ => Err(ProtocolError::VersionMismatch { detail }),
+                }
             }
             (AwaitChallenge, Message::Challenge(c)) => {
                 if !c.auth_required() {
@@ -639,22 +817,12 @@ impl SenderSession {
             // Verdicts on pending entries come before anything about the
             // current HELLO.
             (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Ack(a)) if front.is_some() => {
-                let (tag, entry) = self.pending.pop_front().unwrap_or((0, Pending::File));
-                Ok(SenderEvent::Answered {
-                    tag,
-                    entry,
-                    verdict: Verdict::Ack(a),
-                })
+                self.answer_front(Verdict::Ack(a))
             }
             (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Reject(r))
                 if front == Some(Pending::Directory) =>
             {
-                let tag = self.pending.pop_front().map_or(0, |(tag, _)| tag);
-                Ok(SenderEvent::Answered {
-                    tag,
-                    entry: Pending::Directory,
-                    verdict: Verdict::Reject(r),
-                })
+                self.answer_front(Verdict::Reject(r))
             }
             // A finished file's late credits (sent before the receiver saw
             // its FIN): noted, bounded by the ring, never used.
@@ -705,6 +873,7 @@ impl SenderSession {
                 };
                 self.planned = self.size;
                 self.state = Idle;
+                self.carried = None;
                 Ok(SenderEvent::Same {
                     ack: a,
                     copy,
@@ -762,6 +931,7 @@ impl SenderSession {
             }
             (AwaitRing | AwaitHave | AwaitCompared, Message::Reject(r)) if front.is_none() => {
                 self.state = Idle;
+                self.carried = None;
                 // Not one file's problem but the receiver's way.
                 if self.batching && r.code == RejectCode::Protocol {
                     self.batches_refused = true;
@@ -778,9 +948,29 @@ impl SenderSession {
                 if a.status != AckStatus::Ok =>
             {
                 self.state = Closed;
+                self.carried = None;
                 Ok(SenderEvent::Aborted(a))
             }
             (_, m) => Err(self.unexpected(&m)),
+        }
+    }
+
+    /// The oldest pending entry's verdict (`dispatch` saw one pending).
+    fn answer_front(&mut self, verdict: Verdict) -> Result<SenderEvent<P>, ProtocolError> {
+        let msg = match &verdict {
+            Verdict::Ack(_) => "ACK",
+            Verdict::Reject(_) => "REJECT",
+        };
+        match self.pending.pop_front() {
+            Some((payload, entry)) => Ok(SenderEvent::Answered {
+                payload,
+                entry,
+                verdict,
+            }),
+            None => Err(ProtocolError::Unexpected {
+                msg,
+                state: self.state.as_str(),
+            }),
         }
     }
 
@@ -812,6 +1002,7 @@ impl SenderSession {
         self.seq += 1;
         self.planned = planned;
         self.credits -= 1;
+        self.timers.spoke = true;
         Some(plan)
     }
 
@@ -939,6 +1130,16 @@ impl SenderSession {
     /// known size must have every byte planned; a stream ends here, its
     /// size being what was planned.
     pub fn finish(&mut self, digest: Digest) -> Result<(), ProtocolError> {
+        self.fin(digest, None)
+    }
+
+    /// `finish`, the entry carrying `payload` from now on instead of what
+    /// its offer gave (the engine knows more once its data is sent).
+    pub fn finish_carrying(&mut self, digest: Digest, payload: P) -> Result<(), ProtocolError> {
+        self.fin(digest, Some(payload))
+    }
+
+    fn fin(&mut self, digest: Digest, payload: Option<P>) -> Result<(), ProtocolError> {
         if self.state != SenderState::Sending {
             return Err(self.wrong_state("finish"));
         }
@@ -954,8 +1155,14 @@ impl SenderSession {
                 got: digest.alg(),
             });
         }
+        let Some(carried) = payload.or_else(|| self.carried.take()) else {
+            // Unreachable: Sending comes only from an offer, which gives
+            // its payload.
+            return Err(self.wrong_state("finish"));
+        };
+        self.carried = None;
         self.state = SenderState::Idle;
-        self.pending.push_back((self.tag, Pending::File));
+        self.pending.push_back((carried, Pending::File));
         self.outbox.push_back(Message::Fin(Fin {
             bytes: self.planned,
             chunks: self.seq,
@@ -985,7 +1192,9 @@ impl SenderSession {
     /// The next message the machine queued for the receiver, if any. The
     /// engine sends them in this order.
     pub fn poll_transmit(&mut self) -> Option<Message> {
-        self.outbox.pop_front()
+        let msg = self.outbox.pop_front();
+        self.timers.spoke |= msg.is_some();
+        msg
     }
 
     /// Idle with nothing pending -> Closed; queues the BYE.
@@ -1001,6 +1210,12 @@ impl SenderSession {
         self.state = SenderState::Closed;
         self.outbox.push_back(Message::Bye);
         Ok(())
+    }
+
+    /// What the entries awaiting a verdict carry, oldest first, taken
+    /// out: when the session ended under them, no verdict comes.
+    pub fn take_unanswered(&mut self) -> Vec<P> {
+        self.pending.drain(..).map(|(payload, _)| payload).collect()
     }
 }
 
@@ -1169,9 +1384,9 @@ mod tests {
 
     /// What an engine call queued: its message (the last one queued), or
     /// why it was refused.
-    fn queued(
+    fn queued<P>(
         result: Result<(), ProtocolError>,
-        s: &mut SenderSession,
+        s: &mut SenderSession<P>,
     ) -> Result<Message, ProtocolError> {
         let mut sent: Vec<Message> = std::iter::from_fn(|| s.poll_transmit()).collect();
         match result {
@@ -1228,7 +1443,7 @@ mod tests {
             matches!(
                 got,
                 SenderEvent::Answered {
-                    tag: 9,
+                    payload: 9,
                     entry: Pending::File,
                     ..
                 }
@@ -1528,7 +1743,7 @@ mod tests {
                         Message::Ack(a),
                     ) => Some((
                         SenderEvent::Answered {
-                            tag: 0,
+                            payload: 0,
                             entry: sit.front().unwrap(),
                             verdict: Verdict::Ack(a.clone()),
                         },
@@ -1536,7 +1751,7 @@ mod tests {
                     )),
                     (IdleDirPending | AwaitRingDirPending, Message::Reject(r)) => Some((
                         SenderEvent::Answered {
-                            tag: 0,
+                            payload: 0,
                             entry: Pending::Directory,
                             verdict: Verdict::Reject(r.clone()),
                         },
@@ -1561,7 +1776,7 @@ mod tests {
                     Some((event, state)) => {
                         assert_eq!(res, Ok(event), "{ctx}");
                         assert_eq!(s.state(), state, "{ctx}");
-                        let answered = matches!(res, Ok(SenderEvent::Answered { tag: 0, .. }));
+                        let answered = matches!(res, Ok(SenderEvent::Answered { payload: 0, .. }));
                         assert_eq!(
                             s.pending(),
                             pending_before - usize::from(answered),
@@ -1799,6 +2014,182 @@ mod tests {
             "{err}"
         );
         assert_eq!(s.state(), SenderState::Closed);
+    }
+
+    #[test]
+    fn a_version_refusal_of_an_offer_names_the_capability_it_asked_for() {
+        let refusal = || {
+            Message::Reject(Reject::new(
+                RejectCode::Version,
+                "HELLO flags 0x40 are not supported",
+            ))
+        };
+        let refused = |offer: FileOffer| {
+            let mut s = greeted(10);
+            queued(s.start_file(offer, 0), &mut s).unwrap();
+            let err = s.on_message(refusal()).unwrap_err();
+            assert_eq!(s.state(), SenderState::Closed);
+            err
+        };
+        let both = FileOffer {
+            checksum: true,
+            resume: true,
+            mtime: Some(Mtime { secs: 1, nanos: 0 }),
+            ..offer(1)
+        };
+        // CHECKSUM, the newer flag, is named first.
+        let err = refused(both.clone());
+        assert!(
+            matches!(&err, ProtocolError::OlderReceiver { lacks: Capability::Checksum, detail }
+                if detail.contains("this sender speaks protocol version 5")
+                    && detail.contains("0x40")),
+            "{err:?}"
+        );
+        let resume = FileOffer {
+            checksum: false,
+            ..both.clone()
+        };
+        assert!(matches!(
+            refused(resume),
+            ProtocolError::OlderReceiver {
+                lacks: Capability::Resume,
+                ..
+            }
+        ));
+        // Neither flag: another version altogether.
+        assert!(matches!(
+            refused(offer(1)),
+            ProtocolError::VersionMismatch { .. }
+        ));
+        // A batch: its members' flags.
+        let mut s2 = greeted(10);
+        let members = vec![
+            offer(1),
+            FileOffer {
+                name: "g".into(),
+                checksum: true,
+                ..offer(2)
+            },
+        ];
+        queued(s2.start_batch(members, 0), &mut s2).unwrap();
+        assert!(matches!(
+            s2.on_message(refusal()),
+            Err(ProtocolError::OlderReceiver {
+                lacks: Capability::Checksum,
+                ..
+            })
+        ));
+        // No offer in flight (a directory's answer): not the offer's flags.
+        let mut s = greeted(10);
+        queued(s.start_file(both, 0), &mut s).unwrap();
+        s.on_message(Message::Reject(Reject::new(RejectCode::Exists, "f")))
+            .unwrap();
+        queued(s.start_file(dir_offer("d"), 1), &mut s).unwrap();
+        assert!(matches!(
+            s.on_message(refusal()),
+            Err(ProtocolError::VersionMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn the_payload_rides_from_the_offer_or_the_fin_to_the_verdict() {
+        let mut s: SenderSession<&str> = SenderSession::carrying(10, None);
+        s.on_message(challenge(0)).unwrap();
+        queued(s.start_file(dir_offer("d"), "dir"), &mut s).unwrap();
+        queued(s.start_file(offer(10), "offered"), &mut s).unwrap();
+        let Ok(SenderEvent::Answered { payload: "dir", .. }) = s.on_message(ack(AckStatus::Ok))
+        else {
+            panic!("the directory's verdict carries its payload");
+        };
+        s.on_message(Message::Mr(ring(64, 4))).unwrap();
+        let plan = s.next_chunk(10).unwrap().unwrap();
+        assert_eq!(plan.len, 10);
+        // A FIN that carries what the engine knows now.
+        queued(s.finish_carrying(Digest::Crc32(0), "finished"), &mut s).unwrap();
+        queued(s.start_file(offer(3), "next"), &mut s).unwrap();
+        // The session ends before the verdict: what is unanswered comes back.
+        assert_eq!(s.take_unanswered(), vec!["finished"]);
+        assert_eq!(s.pending(), 0);
+    }
+
+    #[test]
+    fn without_a_timeout_there_are_no_timers() {
+        let mut s = session_in(Situation::SendingStream);
+        let now = Instant::now();
+        s.waiting(Waiting::Input, now);
+        assert_eq!(s.poll_timeout(), None);
+        s.handle_timeout(now + Duration::from_secs(3600)).unwrap();
+        assert_eq!(s.poll_transmit(), None);
+        s.waiting(Waiting::Peer, now);
+        assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_silent_receiver_ends_the_session_saying_what_was_awaited() {
+        let t0 = Instant::now();
+        let secs = |n| t0 + Duration::from_secs(n);
+        let timeout = Duration::from_secs(30);
+        let mut s = session_in(Situation::AwaitRing).with_timeout(timeout);
+        s.waiting(Waiting::Peer, t0);
+        assert_eq!(s.poll_timeout(), Some(secs(30)));
+        // Waiting again changes nothing; hearing from the link restarts it.
+        s.waiting(Waiting::Peer, secs(10));
+        assert_eq!(s.poll_timeout(), Some(secs(30)));
+        s.heard(secs(20));
+        assert_eq!(s.poll_timeout(), Some(secs(50)));
+        s.handle_timeout(secs(49)).unwrap();
+        assert_eq!(s.state(), SenderState::AwaitRing);
+        let err = s.handle_timeout(secs(50)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no progress for 30s while waiting for the receiver's MR reply"
+        );
+        assert_eq!(s.state(), SenderState::Closed);
+        assert_eq!(s.poll_timeout(), None);
+        // Each state says what it waits for.
+        let said = |sit| session_in(sit).waited_for();
+        assert_eq!(said(Situation::AwaitChallenge), "the receiver's greeting");
+        assert_eq!(
+            said(Situation::AwaitAuthOk),
+            "the receiver's proof (AUTH_OK)"
+        );
+        assert_eq!(said(Situation::Sending), "credit from the receiver");
+        assert_eq!(said(Situation::IdleFilePending), "the receiver's ACK");
+        assert_eq!(said(Situation::Closed), "delivery of BYE");
+        let mut full = greeted(10);
+        for tag in 0..MAX_PENDING as u64 {
+            queued(full.start_file(dir_offer("d"), tag), &mut full).unwrap();
+        }
+        assert_eq!(full.waited_for(), "the receiver's verdicts");
+    }
+
+    #[test]
+    fn a_keepalive_goes_while_the_sender_waits_on_its_own_input() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // keepalive_interval(3 s) is 500 ms.
+        let mut s = session_in(Situation::SendingStream).with_timeout(Duration::from_secs(3));
+        s.waiting(Waiting::Input, t0);
+        // No receive timeout meanwhile: only the keepalive.
+        assert_eq!(s.poll_timeout(), Some(ms(500)));
+        s.handle_timeout(ms(499)).unwrap();
+        assert_eq!(s.poll_transmit(), None);
+        s.handle_timeout(ms(500)).unwrap();
+        assert_eq!(s.poll_transmit(), Some(Message::Keepalive));
+        assert_eq!(s.poll_timeout(), Some(ms(1000)));
+        // A chunk went out: the next wait starts the interval again.
+        s.next_chunk(10).unwrap().unwrap();
+        s.waiting(Waiting::Input, ms(700));
+        assert_eq!(s.poll_timeout(), Some(ms(1200)));
+        // Waiting on the receiver instead: its timeout, no keepalive.
+        s.waiting(Waiting::Peer, ms(800));
+        assert_eq!(s.poll_timeout(), Some(ms(3800)));
+        // A file's data is never kept alive: its reader has its own limit.
+        let mut f = session_in(Situation::Sending).with_timeout(Duration::from_secs(3));
+        f.waiting(Waiting::Input, t0);
+        f.handle_timeout(ms(500)).unwrap();
+        assert_eq!(f.poll_transmit(), None);
+        assert_eq!(f.poll_timeout(), None);
     }
 
     #[test]
@@ -2208,7 +2599,7 @@ mod tests {
         assert!(matches!(
             s.on_message(ack(AckStatus::Ok)),
             Ok(SenderEvent::Answered {
-                tag: 0,
+                payload: 0,
                 entry: Pending::File,
                 ..
             })
@@ -2422,7 +2813,7 @@ mod tests {
         assert_eq!(
             s.on_message(ok()),
             Ok(SenderEvent::Answered {
-                tag: 7,
+                payload: 7,
                 entry: Pending::Directory,
                 verdict: Verdict::Ack(Ack::new(AckStatus::Ok, String::new()))
             })
@@ -2439,7 +2830,7 @@ mod tests {
         assert!(matches!(
             s.on_message(ok()),
             Ok(SenderEvent::Answered {
-                tag: 8,
+                payload: 8,
                 entry: Pending::File,
                 ..
             })
@@ -2464,7 +2855,7 @@ mod tests {
         assert_eq!(
             s.on_message(ack(AckStatus::Ok)),
             Ok(SenderEvent::Answered {
-                tag: 0,
+                payload: 0,
                 entry: Pending::Directory,
                 verdict: Verdict::Ack(Ack::new(AckStatus::Ok, "r"))
             })
@@ -2481,7 +2872,7 @@ mod tests {
         assert_eq!(
             s.on_message(Message::Ack(bad.clone())),
             Ok(SenderEvent::Answered {
-                tag: 0,
+                payload: 0,
                 entry: Pending::File,
                 verdict: Verdict::Ack(bad)
             })
@@ -2490,7 +2881,7 @@ mod tests {
         assert_eq!(
             s.on_message(Message::Reject(rej.clone())),
             Ok(SenderEvent::Answered {
-                tag: 0,
+                payload: 0,
                 entry: Pending::Directory,
                 verdict: Verdict::Reject(rej)
             })
@@ -2588,7 +2979,7 @@ mod tests {
             assert_eq!(
                 s.on_message(Message::Ack(a.clone())),
                 Ok(SenderEvent::Answered {
-                    tag: 0,
+                    payload: 0,
                     entry: Pending::File,
                     verdict: Verdict::Ack(a)
                 })

@@ -26,7 +26,10 @@
 //!   AWAIT_HAVE), and its ACK is the file's verdict (nothing sent, nothing
 //!   left pending). With
 //!   a token it never offers an entry before a correct AUTH_OK, and
-//!   refuses a receiver that does not ask for authentication.
+//!   refuses a receiver that does not ask for authentication. Its timers
+//!   (synthetic instants): a receiver silent for the timeout ends the
+//!   session, saying what was awaited; a KEEPALIVE only while a stream
+//!   waits for its input or a file is read for a HAVE.
 //! - `decode_sealed`: sealed control messages (protocol 3) through a
 //!   sender/receiver channel pair, delivered in order, replayed, reordered,
 //!   dropped, bit-flipped, truncated, extended or reflected: exactly the

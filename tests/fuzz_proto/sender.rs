@@ -3,6 +3,11 @@
 use super::receiver::comparable;
 use super::strategies::*;
 use super::*;
+use rdma_xfer::proto::{Waiting, keepalive_interval};
+use std::time::Duration;
+
+/// Every fuzzed session's receive timeout (its keepalive: 500 ms).
+const TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone)]
 pub(crate) enum TxAction {
@@ -37,6 +42,14 @@ pub(crate) enum TxAction {
     /// that does not fit (FROM past the prefix, FROM of a complete copy's
     /// size, COMPARE of no complete copy).
     From(u32),
+    /// The engine waits on the receiver (`peer`) or its own input, maybe
+    /// hears from the link, and the clock advances `ms` (synthetic
+    /// instants): the machine's timers.
+    Clock {
+        peer: bool,
+        heard: bool,
+        ms: u16,
+    },
 }
 
 pub(crate) fn offer_kind() -> impl Strategy<Value = OfferKind> {
@@ -76,6 +89,13 @@ pub(crate) fn tx_action() -> impl Strategy<Value = TxAction> {
         1 => Just(TxAction::Close),
         1 => Just(TxAction::Keepalive),
         1 => any::<u32>().prop_map(TxAction::From),
+        3 => (any::<bool>(), 0u8..4, prop_oneof![2 => 0u16..800, 1 => 0u16..4000]).prop_map(
+            |(peer, heard, ms)| TxAction::Clock {
+                peer,
+                heard: heard == 0,
+                ms
+            }
+        ),
     ]
 }
 
@@ -251,7 +271,10 @@ pub(crate) fn check_sender(
                 conn: test_conn(),
             }),
         )
+        .with_timeout(TIMEOUT)
     };
+    // The synthetic clock.
+    let mut now = Instant::now();
     // Whether the receiver proved itself in this session.
     let mut proven = false;
     let mut s = new_session();
@@ -650,7 +673,7 @@ pub(crate) fn check_sender(
                         prop_assert_eq!(s.state(), before);
                     }
                     Ok(SenderEvent::Answered {
-                        tag,
+                        payload: tag,
                         entry,
                         verdict,
                     }) => {
@@ -801,6 +824,68 @@ pub(crate) fn check_sender(
                     Err(_) => prop_assert!(!waiting, "KEEPALIVE refused in {:?}", before),
                 }
                 prop_assert_eq!(s.state(), before);
+            }
+            TxAction::Clock { peer, heard, ms } => {
+                let on = if peer { Waiting::Peer } else { Waiting::Input };
+                s.waiting(on, now);
+                let limit = if peer {
+                    TIMEOUT
+                } else {
+                    keepalive_interval(TIMEOUT)
+                };
+                // One timer runs: after now (a due one was handled), at
+                // most its length away.
+                let due = s.poll_timeout();
+                prop_assert!(
+                    due.is_some_and(|d| d > now && d <= now + limit),
+                    "{:?}: due {:?}",
+                    on,
+                    due.map(|d| d.saturating_duration_since(now))
+                );
+                let due = due.unwrap_or(now);
+                now += Duration::from_millis(u64::from(ms));
+                if heard {
+                    s.heard(now);
+                    if peer {
+                        prop_assert_eq!(s.poll_timeout(), Some(now + TIMEOUT));
+                    }
+                }
+                let due = if heard && peer { now + TIMEOUT } else { due };
+                let what = s.waited_for();
+                let result = s.handle_timeout(now);
+                let msg = s.poll_transmit();
+                prop_assert_eq!(s.poll_transmit(), None);
+                if due > now {
+                    prop_assert!(result.is_ok() && msg.is_none());
+                    prop_assert_eq!(s.state(), before);
+                } else if peer {
+                    // Silent too long: the session is over, saying why.
+                    prop_assert_eq!(
+                        result,
+                        Err(ProtocolError::NoProgress {
+                            secs: TIMEOUT.as_secs(),
+                            what
+                        })
+                    );
+                    prop_assert!(msg.is_none());
+                    prop_assert_eq!(s.state(), Closed);
+                    prop_assert_eq!(s.poll_timeout(), None);
+                    TX.hit(11);
+                } else {
+                    // A keepalive only where one may go; the next one
+                    // after the interval.
+                    let waiting = (before == Sending && m.stream) || before == AwaitFromDecision;
+                    prop_assert!(result.is_ok());
+                    prop_assert_eq!(s.state(), before);
+                    if waiting {
+                        prop_assert_eq!(msg, Some(Message::Keepalive));
+                        prop_assert_eq!(s.poll_timeout(), Some(now + limit));
+                        TX.hit(12);
+                    } else {
+                        prop_assert!(msg.is_none());
+                        prop_assert_eq!(s.poll_timeout(), None);
+                    }
+                }
             }
             TxAction::Close => match sent(s.close(), &mut s) {
                 Ok(msg) => {
@@ -955,7 +1040,8 @@ pub(crate) fn machine_sender() {
             format!(
                 "{} greetings, {} rings granted ({} after a resumed prefix), {} chunks \
                  planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same), \
-                 {} batches offered, {} digests asked ({} linked)",
+                 {} batches offered, {} digests asked ({} linked), {} silent receivers, \
+                 {} keepalives due",
                 TX.get(4),
                 TX.get(0),
                 TX.get(5),
@@ -966,7 +1052,9 @@ pub(crate) fn machine_sender() {
                 TX.get(6),
                 TX.get(8),
                 TX.get(9),
-                TX.get(10)
+                TX.get(10),
+                TX.get(11),
+                TX.get(12)
             )
         },
     );

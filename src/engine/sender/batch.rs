@@ -2,21 +2,20 @@
 //! files' bytes back to back), one FIN and one ACK for many files, instead
 //! of a round trip, a write and an ACK each. A refused batch is not a
 //! failure: its files are then offered one by one, and each gets its own
-//! answer.
+//! answer. And the queue of entries still to offer (`Queue`): pruned below
+//! refused directories, small files taken together when a batch may go.
 
-use super::verdicts::Tracker;
-use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
+use super::pump::{Offered, Pipeline, Work};
+use super::verdicts::{PendingEntry, Tracker};
+use super::{Connection, FileError, SenderConfig, below_any, proto_err};
 use crate::engine::entries::Entry;
-use crate::engine::reader::{BatchFile, Input, ReadJob, ReaderMsg};
-use crate::engine::report::{FileReport, Phases};
+use crate::engine::reader::{BatchFile, Input, ReadJob};
 use crate::error::XferError;
-use crate::proto::{
-    BATCH_ROOM, FileOffer, MAX_BATCH_FILES, SenderEvent, SenderState, batch_member_len,
-};
+use crate::proto::{BATCH_ROOM, FileOffer, MAX_BATCH_FILES, batch_member_len};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::time::Instant;
-use tracing::{debug, error_span};
+use tracing::{error_span, info};
 
 /// Files up to this size are offered in batches.
 pub(super) const BATCH_FILE_MAX: u64 = 64 * 1024;
@@ -60,35 +59,44 @@ pub(super) fn take_batch(
     batch
 }
 
-/// What became of a batch.
-pub(super) enum Batched {
-    /// Sent; its verdict comes later (or its files failed to open, each
-    /// reported). `alone`: files that grew past the batch limit since the
-    /// walk, to be sent on their own.
-    Sent { alone: Vec<Entry> },
-    /// The receiver refused the batch: these files go one by one.
-    Refused(Vec<Entry>),
-}
-
 /// A batch file, opened and measured.
-struct Member {
+pub(super) struct Member {
     path: std::path::PathBuf,
-    offer: FileOffer,
+    pub(super) offer: FileOffer,
     file: File,
 }
 
+/// The reader's input for `members`: their files back to back.
+pub(super) fn input(members: &[Member]) -> Result<Input, FileError> {
+    let files = members
+        .iter()
+        .map(|m| {
+            m.file.try_clone().map(|file| BatchFile {
+                file,
+                size: m.offer.size,
+                name: m.offer.name.clone(),
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| XferError::io("cannot read a file of a batch", e))?;
+    Ok(Input::Batch(files))
+}
+
 impl Connection {
-    /// Offers `entries` (small files) as one BATCH and sends their data.
-    /// A file that cannot be opened fails on its own, as it would alone. A
-    /// fatal error is reported for every file of the batch before it is
-    /// returned.
-    pub(super) fn send_batch(
+    /// Offers `entries` (small files) as one BATCH: the work of sending
+    /// their data, or None when none could be opened (each failed on its
+    /// own, as it would alone). Files that grew past the batch limit since
+    /// the walk go back to the queue, to be sent alone.
+    /// A failure that ends the session is reported for every file of the
+    /// batch before it is returned.
+    pub(super) fn start_batch(
         &mut self,
         cfg: &SenderConfig,
         entries: Vec<Entry>,
-        pipe: &mut super::pump::Pipeline<'_>,
+        queue: &mut Queue,
+        pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-    ) -> Result<Batched, XferError> {
+    ) -> Result<Option<Work>, XferError> {
         let started = Instant::now();
         let mut members = Vec::with_capacity(entries.len());
         let mut alone = Vec::new();
@@ -109,36 +117,33 @@ impl Connection {
                 Err(e) => tracker.fail(&name, size, Some(started), e),
             }
         }
+        queue.put_back(alone);
         if members.is_empty() {
-            return Ok(Batched::Sent { alone });
+            return Ok(None);
         }
         let sizes: Vec<(String, u64)> = members
             .iter()
             .map(|m| (m.offer.name.clone(), m.offer.size))
             .collect();
-        match self.offer_and_send(cfg, members, started, pipe, tracker) {
-            Ok(Batched::Sent { .. }) => Ok(Batched::Sent { alone }),
-            Ok(Batched::Refused(mut back)) => {
-                back.append(&mut alone);
-                Ok(Batched::Refused(back))
-            }
-            Err(FileError::Fatal(e) | FileError::Continue(e)) => {
+        self.offer_batch(cfg, members, started, pipe)
+            .map(Some)
+            .map_err(|err| {
+                let (FileError::Fatal(e) | FileError::Continue(e)) = err;
                 for (name, size) in &sizes {
                     tracker.report(name, *size, Some(started), &e, true);
                 }
-                Err(e)
-            }
-        }
+                e
+            })
     }
 
-    fn offer_and_send(
+    /// BATCH for `members`, read ahead when the ring is known.
+    fn offer_batch(
         &mut self,
         cfg: &SenderConfig,
         members: Vec<Member>,
         started: Instant,
-        pipe: &mut super::pump::Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<Batched, FileError> {
+        pipe: &mut Pipeline<'_>,
+    ) -> Result<Work, FileError> {
         let offers: Vec<FileOffer> = members.iter().map(|m| m.offer.clone()).collect();
         let total: u64 = offers.iter().map(|o| o.size).sum();
         let name = format!(
@@ -147,157 +152,49 @@ impl Connection {
             offers.first().map_or("", |o| o.name.as_str())
         );
         let span = error_span!("batch", files = offers.len(), size = total);
-        let _enter = span.enter();
-        let files: Vec<BatchFile> = members
-            .iter()
-            .map(|m| {
-                m.file.try_clone().map(|file| BatchFile {
-                    file,
-                    size: m.offer.size,
-                    name: m.offer.name.clone(),
-                })
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| XferError::io("cannot read a file of a batch", e))?;
+        // A batch has no span for its MR exchange (see `start_data`).
+        let phase = tracing::Span::none();
+        let input = input(&members)?;
         // Once the session's ring is known, the files are read while the
         // receiver prepares for them: the MR only confirms the ring.
         let read_ahead = self.session.expected_chunk_len();
-        let tag = tracker.tag();
-        // The members' flags, for an older receiver's refusal of them.
-        let caps = offers.iter().fold(0, |caps, o| caps | o.caps());
-        self.session.start_batch(offers, tag).map_err(proto_err)?;
+        let offered = PendingEntry::Offered {
+            name: name.clone(),
+            started,
+        };
+        self.session
+            .start_batch(offers, offered)
+            .map_err(proto_err)?;
         self.transmit()?;
-        let mut input = Some(Input::Batch(files));
-        if let Some(chunk_len) = read_ahead
-            && let Some(files) = input.take()
-        {
+        let mut work = Work::new(
+            name.clone(),
+            (span, phase),
+            Offered::Batch {
+                members,
+                size: total,
+            },
+            self.connect_time,
+        );
+        work.started = started;
+        if let Some(chunk_len) = read_ahead {
             pipe.read(ReadJob {
-                input: files,
-                name: name.clone(),
+                input,
+                name,
                 chunk_len,
                 digest: cfg.verify,
                 resume: None,
                 auth: self.session.chunk_auth(),
             })?;
+            work.reading = true;
+            work.read_ahead = Some(chunk_len);
         }
-        while self.session.state() == SenderState::AwaitRing {
-            let event = self
-                .next_event(cfg, pipe, tracker, "the receiver's MR reply")
-                .map_err(|e| super::verdicts::older_receiver(e, caps))?;
-            match event {
-                None | Some(SenderEvent::Ring(_)) => {}
-                Some(SenderEvent::Rejected(rej)) => {
-                    debug!(
-                        code = rej.code.as_str(),
-                        "batch refused, its files go one by one: {}",
-                        crate::proto::escaped(&rej.reason)
-                    );
-                    if input.is_none() {
-                        self.discard_read(cfg, pipe, tracker)?;
-                    }
-                    let back = members.into_iter().map(Member::into_entry).collect();
-                    return Ok(Batched::Refused(back));
-                }
-                Some(SenderEvent::Aborted(ack)) => {
-                    return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
-                }
-                Some(other) => return Err(unexpected(&other)),
-            }
-        }
-        let mut phases = Phases {
-            connect: self.connect_time,
-            mr_exchange: started.elapsed(),
-            ..Phases::default()
-        };
-        if input.is_none() && read_ahead != Some(self.session.chunk_len()) {
-            return Err(FileError::Fatal(XferError::Protocol {
-                context: Some("the receiver's MR for a batch".into()),
-                source: crate::proto::ProtocolError::BadRing {
-                    reason: "its slots changed within the session",
-                },
-            }));
-        }
-        let files = members.len() as u64;
-        let mut progress = cfg.progress.batch_started(&name, total, files);
-        let data_started = Instant::now();
-        let (digest, each) = error_span!("phase", name = "data").in_scope(|| {
-            self.pump_chunks(
-                cfg,
-                input,
-                &name,
-                false,
-                None,
-                &mut *progress,
-                pipe,
-                tracker,
-            )
-        })?;
-        phases.data = data_started.elapsed();
-        // Each file's share of the batch's time (see `Phases::share`).
-        let n = u32::try_from(members.len()).unwrap_or(u32::MAX);
-        let reports = members
-            .iter()
-            .zip(each)
-            .map(|(m, digest)| FileReport {
-                name: m.offer.name.clone(),
-                bytes: m.offer.size,
-                elapsed: started.elapsed() / n.max(1),
-                digest,
-                phases: phases.share(n),
-                resumed_from: 0,
-                outcome: crate::engine::Outcome::Stored,
-            })
-            .collect();
-        #[cfg(feature = "fault-injection")]
-        let digest = crate::engine::fault::fin_digest(digest);
-        self.session.finish(digest).map_err(proto_err)?;
-        self.transmit()?;
-        debug!(files = members.len(), bytes = total, "FIN sent");
-        tracker.await_batch_verdict(tag, reports, progress);
-        Ok(Batched::Sent { alone: Vec::new() })
-    }
-
-    /// Takes back what the reader read ahead for a batch that was refused:
-    /// every slot returns to it until it is done. The completions of
-    /// earlier writes are handled meanwhile (they free the slots the
-    /// reader may be waiting for).
-    fn discard_read(
-        &mut self,
-        cfg: &SenderConfig,
-        pipe: &mut super::pump::Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
-        if let Some((token, ..)) = pipe.held.take() {
-            let _ = pipe.free.send(token);
-        }
-        let since = Instant::now();
-        loop {
-            match pipe
-                .filled
-                .recv_timeout(std::time::Duration::from_millis(100))
-            {
-                Ok(ReaderMsg::Chunk { token, .. }) => {
-                    let _ = pipe.free.send(token);
-                }
-                Ok(ReaderMsg::Done(..) | ReaderMsg::Failed(..)) => return Ok(()),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-                    if since.elapsed() < cfg.timeout =>
-                {
-                    self.poll_events(pipe, tracker)?;
-                }
-                Err(_) => {
-                    return Err(FileError::Fatal(XferError::Internal(
-                        "the reader thread stalled or is gone".into(),
-                    )));
-                }
-            }
-        }
+        Ok(work)
     }
 }
 
 impl Member {
     /// Back to an entry (its file stays open) to be sent on its own.
-    fn into_entry(self) -> Entry {
+    pub(super) fn into_entry(self) -> Entry {
         Entry::File {
             path: self.path,
             size: self.offer.size,
@@ -326,4 +223,85 @@ fn open_member(
         offer,
         file,
     })
+}
+
+/// What to offer next.
+pub(super) enum Next {
+    Alone(Entry),
+    /// Small files, as one BATCH.
+    Batch(Vec<Entry>),
+}
+
+/// The entries still to offer, in order: what lies below a refused
+/// directory is dropped; small files go in batches when the machine
+/// allows one, except those put back (a refused batch's, one by one).
+pub(super) struct Queue {
+    entries: VecDeque<Entry>,
+    /// Entries at the front that go one by one.
+    alone: usize,
+    /// Refused directories already pruned from `entries`.
+    pruned: usize,
+}
+
+impl Queue {
+    pub(super) fn new(entries: Vec<Entry>) -> Self {
+        Queue {
+            entries: VecDeque::from(entries),
+            alone: 0,
+            pruned: 0,
+        }
+    }
+
+    /// `back` goes to the front, each entry to be offered alone.
+    pub(super) fn put_back(&mut self, back: Vec<Entry>) {
+        self.alone += back.len();
+        for e in back.into_iter().rev() {
+            self.entries.push_front(e);
+        }
+    }
+
+    pub(super) fn next(
+        &mut self,
+        cfg: &SenderConfig,
+        may_batch: bool,
+        tracker: &mut Tracker<'_>,
+    ) -> Option<Next> {
+        loop {
+            // What lies below a refused directory would be refused too.
+            if tracker.refused_dirs.len() > self.pruned {
+                let dirs = &tracker.refused_dirs[self.pruned..];
+                let before = self.entries.len();
+                self.entries.retain(|e| !below_any(e.name(), dirs));
+                let dropped = before - self.entries.len();
+                if dropped > 0 {
+                    info!(
+                        dropped,
+                        "not offered: below a directory the receiver refused"
+                    );
+                }
+                tracker.outcome.skipped += dropped;
+                self.pruned = tracker.refused_dirs.len();
+            }
+            let entry = self.entries.pop_front()?;
+            if below_any(entry.name(), &tracker.refused_dirs) {
+                tracker.outcome.skipped += 1;
+                self.alone = self.alone.saturating_sub(1);
+                continue;
+            }
+            if self.alone > 0 {
+                self.alone -= 1;
+                return Some(Next::Alone(entry));
+            }
+            if !(batchable(cfg, &entry) && may_batch) {
+                return Some(Next::Alone(entry));
+            }
+            let mut files = take_batch(cfg, entry, &mut self.entries);
+            if files.len() > 1 {
+                return Some(Next::Batch(files));
+            }
+            if let Some(e) = files.pop() {
+                return Some(Next::Alone(e));
+            }
+        }
+    }
 }

@@ -2,12 +2,12 @@
 //! greeting, authentication), the loop over the entries, the events and
 //! completions that drive the machine, and the close.
 
-use super::batch;
-use super::pump::Pipeline;
+use super::batch::{Next, Queue};
+use super::pump::{Flow, Offered, Pipeline, Work};
 use super::verdicts::{PendingEntry, Tracker};
 use super::{
-    FileError, RECV_BUFFERS, SEND_BUFFERS, SenderConfig, ack_error, below_any, fatal, open_offer,
-    proto_err, unexpected,
+    FileError, RECV_BUFFERS, SEND_BUFFERS, SenderConfig, ack_error, fatal, open_offer, proto_err,
+    unexpected,
 };
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::entries::Entry;
@@ -15,22 +15,21 @@ use crate::engine::link::{Delivery, RdmaLink, WriteLink};
 use crate::engine::reader::Input;
 use crate::error::XferError;
 use crate::proto::{
-    FileOffer, NONCE_LEN, OfferKind, Role, SenderAuth, SenderEvent, SenderSession, SenderState,
-    escaped,
+    FileOffer, NONCE_LEN, OfferKind, Role, SenderAuth, SenderEvent, SenderSession, Waiting, escaped,
 };
 use crate::sys::SysError;
 use crate::sys::rdma::{BufferPool, CmId, Endpoint, EventChannel, QpCaps};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::time::{Duration, Instant};
-use tracing::{debug, info};
+use tracing::{debug, error_span, info};
 
 pub(super) struct Connection {
     pub(super) connect_time: Duration,
     pub(super) link: Box<dyn WriteLink>,
-    pub(super) session: SenderSession,
+    pub(super) session: SenderSession<PendingEntry>,
     /// State machine events not yet acted upon, in order.
-    pub(super) events: VecDeque<SenderEvent>,
+    pub(super) events: VecDeque<SenderEvent<PendingEntry>>,
 }
 
 impl Connection {
@@ -90,7 +89,7 @@ impl Connection {
                 })
             }
         };
-        let session = SenderSession::new(cfg.chunk_size, auth);
+        let session = SenderSession::carrying(cfg.chunk_size, auth).with_timeout(cfg.timeout);
         let conn = Connection::new(connect_time, Box::new(RdmaLink::new(ep, control)), session);
         Ok((conn, staging))
     }
@@ -99,7 +98,7 @@ impl Connection {
     pub(super) fn new(
         connect_time: Duration,
         link: Box<dyn WriteLink>,
-        session: SenderSession,
+        session: SenderSession<PendingEntry>,
     ) -> Self {
         Connection {
             connect_time,
@@ -109,8 +108,12 @@ impl Connection {
         }
     }
 
-    /// The whole session: greeting, every entry (pipelined), the last
-    /// verdicts, BYE.
+    /// The whole session, one loop: each turn takes what the link
+    /// delivered (messages through the machine, completed writes back to
+    /// the reader) and the reader's chunks, does what the machine's state
+    /// allows (chunks written under credit, FIN, the next entry or batch),
+    /// then waits on the reader or the link until the machine's next
+    /// deadline. Ends with BYE once every entry is answered.
     pub(super) fn run(
         &mut self,
         cfg: &SenderConfig,
@@ -118,10 +121,33 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
-        let result = self.run_entries(cfg, entries, pipe, tracker);
+        let mut queue = Queue::new(entries);
+        let mut work = None;
+        let result = self.turns(cfg, &mut queue, &mut work, pipe, tracker);
         if let Err(e) = &result {
-            // Entries sent but never answered: the session ended under them.
-            for entry in std::mem::take(&mut tracker.pending).into_values() {
+            // What was under way, and what was sent but never answered:
+            // the session ended under them.
+            if let Some(w) = work.take() {
+                if w.is_file() {
+                    // Where the file stood, for whoever reads the logs.
+                    info!(
+                        file = %escaped(&w.name),
+                        bytes_done = self.session.bytes_planned(),
+                        "file abandoned: {e}"
+                    );
+                }
+                for (name, size) in w.names() {
+                    tracker.report(&name, size, Some(w.started), e, true);
+                }
+            }
+            // Verdicts that came with the failure are not applied (as
+            // before the loop); then the entries not answered at all.
+            let answered = self.events.drain(..).filter_map(|event| match event {
+                SenderEvent::Answered { payload, .. } => Some(payload),
+                _ => None,
+            });
+            let answered: Vec<PendingEntry> = answered.collect();
+            for entry in answered.into_iter().chain(self.session.take_unanswered()) {
                 for (name, bytes, started) in entry.names() {
                     tracker.report(&name, bytes, Some(started), e, true);
                 }
@@ -130,143 +156,122 @@ impl Connection {
         result
     }
 
-    pub(super) fn run_entries(
+    fn turns(
         &mut self,
         cfg: &SenderConfig,
-        entries: Vec<Entry>,
+        queue: &mut Queue,
+        work: &mut Option<Work>,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
-        fatal(self.greet(cfg, pipe, tracker))?;
-        let mut queue = VecDeque::from(entries);
-        // Files of a refused batch, at the front of the queue: they go one
-        // by one.
-        let mut unbatched = 0usize;
-        let mut pruned = 0usize;
-        while let Some(entry) = queue.pop_front() {
-            // What lies below a refused directory would be refused too.
-            if tracker.refused_dirs.len() > pruned {
-                let dirs = &tracker.refused_dirs[pruned..];
-                let before = queue.len();
-                queue.retain(|e| !below_any(e.name(), dirs));
-                let dropped = before - queue.len();
-                if dropped > 0 {
-                    info!(
-                        dropped,
-                        "not offered: below a directory the receiver refused"
-                    );
-                }
-                tracker.outcome.skipped += dropped;
-                pruned = tracker.refused_dirs.len();
+        loop {
+            let span = work.as_ref().map(|w| (w.span.clone(), w.phase.clone()));
+            let _file = span.as_ref().map(|(file, _)| file.enter());
+            let _phase = span.as_ref().map(|(_, phase)| phase.enter());
+            fatal(self.poll_link(pipe))?;
+            while let Some(event) = self.events.pop_front() {
+                let flow = self.on_event(cfg, event, work, pipe, tracker);
+                settle(flow, work, queue, tracker)?;
             }
-            if below_any(entry.name(), &tracker.refused_dirs) {
-                tracker.outcome.skipped += 1;
-                unbatched = unbatched.saturating_sub(1);
+            if let Some(w) = work.as_mut() {
+                let flow = self.advance(w, pipe);
+                settle(flow, work, queue, tracker)?;
+            }
+            if work.is_none() && self.session.can_start() {
+                match queue.next(cfg, self.session.may_batch(), tracker) {
+                    Some(next) => {
+                        *work = self.start(cfg, next, queue, pipe, tracker)?;
+                        continue;
+                    }
+                    None if self.session.pending() == 0 => return self.close(pipe),
+                    None => {}
+                }
+            }
+            if !self.events.is_empty() {
                 continue;
             }
-            // Room in the pipeline: wait for the oldest verdicts.
-            while !self.session.can_start() {
-                fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's verdicts"))?;
-            }
-            let entry = if unbatched > 0 {
-                unbatched -= 1;
-                entry
-            } else if batch::batchable(cfg, &entry) && self.session.may_batch() {
-                let mut files = batch::take_batch(cfg, entry, &mut queue);
-                if files.len() > 1 {
-                    let (batch::Batched::Sent { alone: back } | batch::Batched::Refused(back)) =
-                        self.send_batch(cfg, files, pipe, tracker)?;
-                    unbatched = back.len();
-                    for e in back.into_iter().rev() {
-                        queue.push_front(e);
-                    }
-                    continue;
+            fatal(match work.as_mut() {
+                Some(w) if w.waits_on_reader(pipe) => self.wait_reader(cfg, w, pipe),
+                Some(w) => {
+                    let since = Instant::now();
+                    let waited = self.wait_peer(pipe);
+                    w.waited_on_link(since);
+                    waited
                 }
-                match files.pop() {
-                    Some(e) => e,
-                    None => continue,
-                }
-            } else {
-                entry
-            };
-            let name = entry.name().to_string();
-            let size = entry.size();
-            let started = Instant::now();
-            match self.send_entry(cfg, entry, pipe, tracker) {
-                Ok(()) => {}
-                Err(FileError::Continue(e)) => tracker.fail(&name, size, Some(started), e),
-                Err(FileError::Fatal(e)) => {
-                    // Where the file stood, for whoever reads the logs.
-                    info!(
-                        file = %escaped(&name),
-                        bytes_done = self.session.bytes_planned(),
-                        "file abandoned: {e}"
-                    );
-                    tracker.report(&name, size, Some(started), &e, true);
-                    return Err(e);
-                }
-            }
-        }
-        while self.session.pending() > 0 {
-            fatal(self.expect_nothing(cfg, pipe, tracker, "the receiver's ACK"))?;
-        }
-        self.close(cfg, pipe, tracker)
-    }
-
-    /// Waits for the receiver's greeting: CHALLENGE (answered with PROVE when
-    /// it requires authentication; the first HELLO follows without waiting)
-    /// or a REJECT that refuses the session.
-    pub(super) fn greet(
-        &mut self,
-        cfg: &SenderConfig,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
-        while matches!(
-            self.session.state(),
-            SenderState::AwaitChallenge | SenderState::AwaitAuthOk
-        ) {
-            let what = match self.session.state() {
-                SenderState::AwaitAuthOk => "the receiver's proof (AUTH_OK)",
-                _ => "the receiver's greeting",
-            };
-            match self.next_event(cfg, pipe, tracker, what)? {
-                None => {}
-                Some(SenderEvent::Greeted(greeting)) => {
-                    self.transmit()?;
-                    if greeting.proving {
-                        debug!("the receiver requires authentication: PROVE sent");
-                    }
-                }
-                // AUTH_OK installs its channel as it is handled
-                // (`handle_deliveries`): the loop ends, Idle.
-                Some(other) => return Err(unexpected(&other)),
-            }
-        }
-        Ok(())
-    }
-
-    /// One wait in which only verdicts and credits may arrive.
-    pub(super) fn expect_nothing(
-        &mut self,
-        cfg: &SenderConfig,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-        what: &str,
-    ) -> Result<(), FileError> {
-        match self.next_event(cfg, pipe, tracker, what)? {
-            None => Ok(()),
-            Some(other) => Err(unexpected(&other)),
+                None => self.wait_peer(pipe),
+            })?;
         }
     }
 
-    pub(super) fn send_entry(
+    /// One machine event: a verdict, the greeting, or the current
+    /// offer's answer.
+    fn on_event(
         &mut self,
         cfg: &SenderConfig,
-        entry: Entry,
+        event: SenderEvent<PendingEntry>,
+        work: &mut Option<Work>,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
+    ) -> Result<Flow, FileError> {
+        match event {
+            SenderEvent::Answered {
+                payload, verdict, ..
+            } => tracker.answer(payload, verdict)?,
+            SenderEvent::Greeted(greeting) => {
+                self.transmit()?;
+                if greeting.proving {
+                    debug!("the receiver requires authentication: PROVE sent");
+                }
+            }
+            SenderEvent::Keepalive => debug!("the receiver reads its copy"),
+            SenderEvent::Aborted(ack) => {
+                return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
+            }
+            event => {
+                return match work.as_mut() {
+                    Some(w) => self.on_offer_event(cfg, w, event, pipe, tracker),
+                    None => Err(unexpected(&event)),
+                };
+            }
+        }
+        Ok(Flow::Going)
+    }
+
+    /// Offers the next entry: a directory (its HELLO: nothing more to do
+    /// until its verdict), a file or stream, or a batch. A file that cannot
+    /// be opened fails on its own.
+    /// A failure that ends the session is reported for the entry (a
+    /// batch's files: see `start_batch`).
+    fn start(
+        &mut self,
+        cfg: &SenderConfig,
+        next: Next,
+        queue: &mut Queue,
+        pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<Option<Work>, XferError> {
+        let entry = match next {
+            Next::Batch(entries) => return self.start_batch(cfg, entries, queue, pipe, tracker),
+            Next::Alone(entry) => entry,
+        };
+        let (name, size, started) = (entry.name().to_string(), entry.size(), Instant::now());
+        match self.offer(cfg, entry) {
+            Ok(work) => Ok(work),
+            Err(FileError::Continue(e)) => {
+                tracker.fail(&name, size, Some(started), e);
+                Ok(None)
+            }
+            Err(FileError::Fatal(e)) => {
+                info!(file = %escaped(&name), bytes_done = 0, "file abandoned: {e}");
+                tracker.report(&name, size, Some(started), &e, true);
+                Err(e)
+            }
+        }
+    }
+
+    /// Offers `entry` alone: its HELLO, and for a file or stream the
+    /// work of sending its data.
+    fn offer(&mut self, cfg: &SenderConfig, entry: Entry) -> Result<Option<Work>, FileError> {
         let (offer, input) = match entry {
             Entry::Dir { name, mode, mtime } => {
                 let offer = FileOffer {
@@ -280,17 +285,13 @@ impl Connection {
                     mtime,
                     keep_mode: cfg.walk.preserve,
                 };
-                let tag = tracker.tag();
-                self.session.start_file(offer, tag).map_err(proto_err)?;
+                let dir = PendingEntry::Dir {
+                    name,
+                    started: Instant::now(),
+                };
+                self.session.start_file(offer, dir).map_err(proto_err)?;
                 self.transmit()?;
-                tracker.pending.insert(
-                    tag,
-                    PendingEntry::Dir {
-                        name,
-                        started: Instant::now(),
-                    },
-                );
-                return Ok(());
+                return Ok(None);
             }
             Entry::Stdin { name } => {
                 use std::os::fd::AsFd;
@@ -325,28 +326,41 @@ impl Connection {
                 (offer, Input::File { file, size })
             }
         };
-        self.send_data(cfg, offer, input, pipe, tracker)
+        let stream = offer.kind == OfferKind::Stream;
+        let name = offer.name.clone();
+        // A stream's size is unknown (0 here: its bar grows as it goes).
+        let size = offer.size;
+        let span = if stream {
+            error_span!("file", file = %escaped(&name), size = "unknown")
+        } else {
+            error_span!("file", file = %escaped(&name), size = offer.size)
+        };
+        let phase = error_span!(parent: &span, "phase", name = "mr exchange");
+        let work = Work::new(
+            name.clone(),
+            (span, phase),
+            Offered::File {
+                input: Some(input),
+                stream,
+                size,
+            },
+            self.connect_time,
+        );
+        let offered = PendingEntry::Offered {
+            name,
+            started: work.started,
+        };
+        self.session.start_file(offer, offered).map_err(proto_err)?;
+        self.transmit()?;
+        Ok(Some(work))
     }
 
-    /// Handles whatever completions are ready, without blocking. In the
-    /// data phase only credits and an abort may arrive.
-    pub(super) fn poll_events(
-        &mut self,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
+    /// Takes what the link delivered, without waiting (see
+    /// `handle_deliveries`).
+    pub(super) fn poll_link(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
         let polled = self.link.poll();
         self.handle_deliveries(pipe)?;
-        if let Err(e) = polled {
-            return Err(self.failure(e));
-        }
-        match self.pop_event(tracker)? {
-            None => Ok(()),
-            Some(SenderEvent::Aborted(ack)) => {
-                Err(FileError::Fatal(ack_error(ack.status, ack.reason)))
-            }
-            Some(other) => Err(unexpected(&other)),
-        }
+        polled.map_err(|e| self.failure(e))
     }
 
     /// A completion failed (the receiver went away, typically): if the
@@ -362,42 +376,28 @@ impl Connection {
         })
     }
 
-    /// The next state machine event that needs the caller, waiting for
-    /// completions if none is queued. Verdicts on pending entries go to
-    /// `tracker` on the way (then None is returned); so do credits.
-    pub(super) fn next_event(
-        &mut self,
-        cfg: &SenderConfig,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-        what: &str,
-    ) -> Result<Option<SenderEvent>, FileError> {
-        if self.events.is_empty() {
-            let waited = self.link.wait_for(cfg.timeout, what);
-            // What came before a failure still counts.
-            self.handle_deliveries(pipe)?;
-            if let Err(e) = waited {
-                return Err(self.failure(e));
-            }
+    /// Waits on the receiver until the link delivers something or the
+    /// machine's next deadline (its receive timeout, which then ends the
+    /// session, saying what was awaited).
+    fn wait_peer(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
+        let now = Instant::now();
+        self.session.waiting(Waiting::Peer, now);
+        let deadline = self
+            .session
+            .poll_timeout()
+            .unwrap_or_else(|| crate::sys::os::deadline_after(Duration::MAX));
+        let waited = self.link.wait_until(deadline, self.session.waited_for());
+        // What came before a failure still counts.
+        self.handle_deliveries(pipe)?;
+        match waited {
+            Ok(true) => self.session.heard(Instant::now()),
+            Ok(false) => self
+                .session
+                .handle_timeout(Instant::now())
+                .map_err(proto_err)?,
+            Err(e) => return Err(self.failure(e)),
         }
-        self.pop_event(tracker)
-    }
-
-    pub(super) fn pop_event(
-        &mut self,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<Option<SenderEvent>, FileError> {
-        while let Some(event) = self.events.pop_front() {
-            match event {
-                SenderEvent::Answered {
-                    tag,
-                    entry,
-                    verdict,
-                } => tracker.answer(tag, entry, verdict)?,
-                other => return Ok(Some(other)),
-            }
-        }
-        Ok(None)
+        Ok(())
     }
 
     /// Applies what the link delivered: slots go back to the reader,
@@ -405,6 +405,8 @@ impl Connection {
     /// `events`, credits apart).
     pub(super) fn handle_deliveries(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
         while let Some(delivery) = self.link.next()? {
+            // The receiver's timeout starts again (when it is awaited).
+            self.session.heard(Instant::now());
             match delivery {
                 Delivery::Written(token) => pipe.write_done(token),
                 Delivery::Message(decoded) => {
@@ -441,25 +443,25 @@ impl Connection {
         Ok(())
     }
 
-    /// Sends what the machine queued for the receiver, in order.
-    pub(super) fn transmit(&mut self) -> Result<(), XferError> {
+    /// Sends what the machine queued for the receiver, in order; says how
+    /// many messages went.
+    pub(super) fn transmit(&mut self) -> Result<usize, XferError> {
+        let mut sent = 0;
         while let Some(msg) = self.session.poll_transmit() {
             self.link.send(&msg)?;
+            sent += 1;
         }
-        Ok(())
+        Ok(sent)
     }
 
     /// Ends the session politely: BYE, wait until it is delivered, disconnect.
-    pub(super) fn close(
-        &mut self,
-        cfg: &SenderConfig,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), XferError> {
+    pub(super) fn close(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), XferError> {
         self.session.close().map_err(XferError::from)?;
         self.transmit()?;
         while self.link.busy() {
-            match self.expect_nothing(cfg, pipe, tracker, "delivery of BYE") {
+            // Closed: any message of the receiver's is an error.
+            let delivered = self.wait_peer(pipe);
+            match delivered {
                 Ok(()) => {}
                 // Every entry was answered already; a receiver that closes
                 // on BYE may tear the connection down before our send
@@ -478,4 +480,36 @@ impl Connection {
     pub(super) fn abort(&mut self) {
         self.link.disconnect(Duration::from_secs(1));
     }
+}
+
+/// What the loop makes of a step of the current work: a file's own
+/// failure (refused, say) is reported and the session goes on; any other
+/// error ends the session.
+fn settle(
+    flow: Result<Flow, FileError>,
+    work: &mut Option<Work>,
+    queue: &mut Queue,
+    tracker: &mut Tracker<'_>,
+) -> Result<(), XferError> {
+    match flow {
+        Ok(Flow::Going) => {}
+        Ok(Flow::Done) => *work = None,
+        Ok(Flow::Requeue(back)) => {
+            queue.put_back(back);
+            *work = None;
+        }
+        Err(FileError::Continue(e)) => match work.take() {
+            Some(w) if w.is_file() => {
+                let size = w.names().first().map_or(0, |(_, size)| *size);
+                tracker.fail(&w.name, size, Some(w.started), e);
+            }
+            Some(w) => {
+                *work = Some(w);
+                return Err(e);
+            }
+            None => return Err(e),
+        },
+        Err(FileError::Fatal(e)) => return Err(e),
+    }
+    Ok(())
 }

@@ -4,12 +4,15 @@
 
 use super::{Connection, SenderConfig, SessionOutcome, drive};
 use crate::engine::entries;
+use crate::engine::link::{Delivery, Link, Until, WriteLink};
 use crate::engine::memory_wire;
 use crate::engine::receiver::{ReceiverConfig, Reported, reported, sender_auth, serve_over};
 use crate::engine::report::{FileEvent, Outcome};
 use crate::error::XferError;
-use crate::proto::{DigestAlg, SenderSession, Token};
-use crate::sys::rdma::BufferPool;
+use crate::proto::{Channel, DigestAlg, Message, Reject, RejectCode, SenderSession, Token};
+use crate::sys::SysError;
+use crate::sys::rdma::{Buffer, BufferPool};
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -55,6 +58,17 @@ fn transfer_over(
     paths: &[PathBuf],
     (sender_end, receiver_end): (memory_wire::SenderEnd, memory_wire::ReceiverEnd),
 ) -> Transfer {
+    transfer_meddled(cfg, rcfg, paths, Box::new(sender_end), receiver_end)
+}
+
+/// `transfer` with the sender's end of the wire as the test made it.
+fn transfer_meddled(
+    cfg: &SenderConfig,
+    rcfg: &ReceiverConfig,
+    paths: &[PathBuf],
+    sender_end: Box<dyn WriteLink>,
+    receiver_end: memory_wire::ReceiverEnd,
+) -> Transfer {
     let receiver_log = Mutex::new(Vec::new());
     let mut sender_saw = Vec::new();
     let (sent, received) = std::thread::scope(|s| {
@@ -65,8 +79,9 @@ fn transfer_over(
         let plan = entries::plan(paths, &cfg.walk).expect("a plan");
         let (pool, tokens) =
             BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).expect("staging");
-        let session = SenderSession::new(cfg.chunk_size, sender_auth(rcfg));
-        let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
+        let session =
+            SenderSession::carrying(cfg.chunk_size, sender_auth(rcfg)).with_timeout(cfg.timeout);
+        let conn = Connection::new(Duration::ZERO, sender_end, session);
         let on_file = |e: FileEvent<'_>| sender_saw.push(reported(e));
         let sent = drive(cfg, plan, conn, &pool, tokens, on_file, Instant::now())
             .map_err(|ended| ended.0.0);
@@ -77,6 +92,145 @@ fn transfer_over(
         sender_saw,
         received,
         receiver_saw: receiver_log.into_inner().unwrap(),
+    }
+}
+
+/// The sender's end of the wire with a test's faults: the receiver's
+/// messages of some kinds arrive late (and what follows them, in order),
+/// a message arrives after some writes, the connection is cut once a FIN
+/// went out.
+/// Which of the receiver's messages arrive late, and by how much.
+type Late = Option<(fn(&Message) -> bool, Duration)>;
+
+struct Meddled {
+    end: memory_wire::SenderEnd,
+    late: Late,
+    inject: Option<(u64, Message)>,
+    writes: u64,
+    cut_after_fin: bool,
+    cut: bool,
+    /// Deliveries held back until their time, in order.
+    held: VecDeque<(Instant, Delivery)>,
+    ready: VecDeque<Delivery>,
+}
+
+impl Meddled {
+    fn new(end: memory_wire::SenderEnd) -> Self {
+        Meddled {
+            end,
+            late: None,
+            inject: None,
+            writes: 0,
+            cut_after_fin: false,
+            cut: false,
+            held: VecDeque::new(),
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// Takes what the wire delivered: late messages (and what comes after
+    /// them) are held; what is due is ready.
+    fn pull(&mut self) -> Result<(), XferError> {
+        while let Some(delivery) = self.end.next()? {
+            let delay = match (&delivery, self.late) {
+                // Our writes' completions are not the receiver's to delay.
+                (Delivery::Written(_), _) => {
+                    self.ready.push_back(delivery);
+                    continue;
+                }
+                // Once cut, nothing more comes from the receiver.
+                _ if self.cut => continue,
+                (Delivery::Message(Ok(m)), Some((late, delay))) if late(m) => delay,
+                _ => Duration::ZERO,
+            };
+            let after = self.held.back().map(|(at, _)| *at);
+            let at = after.into_iter().fold(Instant::now() + delay, Instant::max);
+            self.held.push_back((at, delivery));
+        }
+        let now = Instant::now();
+        while self.held.front().is_some_and(|(at, _)| *at <= now) {
+            self.ready.extend(self.held.pop_front().map(|(_, d)| d));
+        }
+        Ok(())
+    }
+}
+
+impl Link for Meddled {
+    fn send(&mut self, msg: &Message) -> Result<(), XferError> {
+        if self.cut {
+            return Err(XferError::PeerLost("the connection broke".into()));
+        }
+        self.end.send(msg)?;
+        self.cut = self.cut_after_fin && matches!(msg, Message::Fin(_));
+        Ok(())
+    }
+
+    fn wait(&mut self, until: Until<'_>) -> Result<(), XferError> {
+        loop {
+            self.pull()?;
+            if !self.ready.is_empty() {
+                return Ok(());
+            }
+            if self.cut {
+                return Err(XferError::PeerLost(format!(
+                    "the peer disconnected while we waited for {}",
+                    until.what
+                )));
+            }
+            let Some(&(at, _)) = self.held.front() else {
+                return self.end.wait(until);
+            };
+            let now = Instant::now();
+            if now >= until.deadline {
+                return Err((until.expired)());
+            }
+            std::thread::sleep(at.min(until.deadline).saturating_duration_since(now));
+        }
+    }
+
+    fn next(&mut self) -> Result<Option<Delivery>, XferError> {
+        self.pull()?;
+        Ok(self.ready.pop_front())
+    }
+
+    fn poll(&mut self) -> Result<(), XferError> {
+        self.end.poll()
+    }
+
+    fn install(&mut self, channel: Channel) {
+        self.end.install(channel);
+    }
+
+    fn check_sends(&self, limit: Duration) -> Result<(), XferError> {
+        self.end.check_sends(limit)
+    }
+
+    fn busy(&self) -> bool {
+        self.end.busy()
+    }
+
+    fn drain(&mut self) {
+        self.end.drain();
+    }
+
+    fn disconnect(&mut self, within: Duration) {
+        self.end.disconnect(within);
+    }
+}
+
+impl WriteLink for Meddled {
+    fn post_write(
+        &mut self,
+        pool: &BufferPool,
+        buf: Buffer,
+        write: crate::engine::link::ChunkWrite,
+    ) -> Result<(), SysError> {
+        self.end.post_write(pool, buf, write)?;
+        self.writes += 1;
+        if let Some((_, msg)) = self.inject.take_if(|(after, _)| *after == self.writes) {
+            self.ready.push_back(Delivery::Message(Ok(msg)));
+        }
+        Ok(())
     }
 }
 
@@ -250,4 +404,115 @@ fn a_connection_broken_mid_file_keeps_the_verified_part_and_resume_continues_it(
     assert_eq!(outcome.files.len(), 1);
     assert_eq!(outcome.files[0].resumed_from, 3 * 4096);
     assert_eq!(std::fs::read(dest.path().join("f")).unwrap(), data);
+}
+
+#[test]
+fn a_receiver_that_answers_late_is_waited_for_while_the_reader_reads_ahead() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let files = tree(src.path());
+    let (mut cfg, rcfg) = configs(dest.path());
+    cfg.walk.times = true;
+    let late_mr = |m: &Message| matches!(m, Message::Mr(_));
+    // Its MR comes late: the batch after the first file is read ahead
+    // meanwhile (more chunks than staging slots: the reader waits for
+    // slots when the MR comes).
+    let (s, r) = memory_wire::pair();
+    let mut meddled = Meddled::new(s);
+    meddled.late = Some((late_mr, Duration::from_millis(150)));
+    let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("t")], Box::new(meddled), r);
+    let outcome = t.sent.unwrap();
+    t.received.unwrap();
+    assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
+    assert_eq!(outcome.files.len(), files.len());
+    assert_arrived(dest.path(), &files);
+    // Again with --resume: each HAVE and each COMPARE's ACK comes late.
+    cfg.resume = true;
+    let late_answer = |m: &Message| matches!(m, Message::Have(_) | Message::Ack(_));
+    let (s, r) = memory_wire::pair();
+    let mut meddled = Meddled::new(s);
+    meddled.late = Some((late_answer, Duration::from_millis(100)));
+    let again = transfer_meddled(&cfg, &rcfg, &[src.path().join("t")], Box::new(meddled), r);
+    let outcome = again.sent.unwrap();
+    again.received.unwrap();
+    assert_eq!(outcome.count(Outcome::Skipped), files.len());
+    let mut expected: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+    expected.sort();
+    assert_eq!(names(&again.sender_saw), expected);
+}
+
+#[test]
+fn a_reject_while_chunks_are_in_flight_ends_the_session_and_fails_the_file() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..4096 * 6).map(|b| (b % 241) as u8).collect();
+    std::fs::write(src.path().join("f"), &data).unwrap();
+    let (cfg, rcfg) = configs(dest.path());
+    let (s, r) = memory_wire::pair();
+    let mut meddled = Meddled::new(s);
+    let reject = Reject::new(RejectCode::Protocol, "the test says no");
+    meddled.inject = Some((2, Message::Reject(reject)));
+    let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("f")], Box::new(meddled), r);
+    assert!(
+        matches!(&t.sent, Err(XferError::Protocol { source, .. })
+            if source.to_string().contains("the test says no")),
+        "{:?}",
+        t.sent.as_ref().map(|_| ())
+    );
+    assert!(
+        matches!(&t.sender_saw[..], [Reported::Failed { name, reason }]
+            if name == "f" && reason.contains("the test says no")),
+        "{:?}",
+        t.sender_saw
+    );
+    assert!(t.received.is_err());
+    assert!(!dest.path().join("f").exists());
+}
+
+#[test]
+fn a_connection_broken_while_waiting_for_a_verdict_fails_the_files_that_wait() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..4096 * 2 + 5).map(|b| (b % 239) as u8).collect();
+    std::fs::write(src.path().join("f"), &data).unwrap();
+    let (cfg, rcfg) = configs(dest.path());
+    let (s, r) = memory_wire::pair();
+    let mut meddled = Meddled::new(s);
+    meddled.cut_after_fin = true;
+    let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("f")], Box::new(meddled), r);
+    assert!(
+        matches!(&t.sent, Err(XferError::PeerLost(m)) if m.contains("the receiver's ACK")),
+        "{:?}",
+        t.sent.as_ref().map(|_| ())
+    );
+    // Sent whole, never answered: failed, the session having ended.
+    assert!(
+        matches!(&t.sender_saw[..], [Reported::Failed { name, .. }] if name == "f"),
+        "{:?}",
+        t.sender_saw
+    );
+}
+
+#[test]
+fn a_receiver_silent_for_the_timeout_ends_the_session_saying_what_was_awaited() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::fs::write(src.path().join("f"), b"some bytes").unwrap();
+    let (mut cfg, rcfg) = configs(dest.path());
+    cfg.timeout = Duration::from_secs(1);
+    let (s, r) = memory_wire::pair();
+    let mut meddled = Meddled::new(s);
+    let mr = |m: &Message| matches!(m, Message::Mr(_));
+    meddled.late = Some((mr, Duration::from_secs(3)));
+    let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("f")], Box::new(meddled), r);
+    let Err(e) = &t.sent else {
+        panic!("the session went on");
+    };
+    assert!(e.is_transient(), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        XferError::PeerLost("no progress for 1s while waiting for the receiver's MR reply".into())
+            .to_string()
+    );
+    assert!(
+        matches!(&t.sender_saw[..], [Reported::Failed { name, .. }] if name == "f"),
+        "{:?}",
+        t.sender_saw
+    );
 }

@@ -7,6 +7,7 @@
 
 mod batch;
 mod connection;
+mod have;
 #[cfg(test)]
 mod memory_transfers;
 mod pump;
@@ -361,12 +362,11 @@ fn drive(
             filled: out_rx,
             depth: cfg.depth as usize,
             posted: 0,
-            held: None,
+            held: std::collections::VecDeque::new(),
+            arrived: None,
             stop: &stop,
         };
         let mut tracker = Tracker {
-            pending: BTreeMap::new(),
-            next_tag: 0,
             outcome: SessionOutcome {
                 files: Vec::new(),
                 directories: 0,
@@ -464,12 +464,18 @@ fn open_offer(
 fn proto_err(e: ProtocolError) -> FileError {
     FileError::Fatal(match e {
         ProtocolError::AuthFailed { reason } => auth_error(&reason),
+        // The receiver went silent: transient, as a lost peer.
+        e @ ProtocolError::NoProgress { .. } => XferError::PeerLost(e.to_string()),
         e @ (ProtocolError::NoAuthRequested | ProtocolError::ReceiverProofFailed) => {
             XferError::Auth(format!(
                 "authentication failed: {e}; check that --token-file or RDMA_XFER_TOKEN gives \
                  both hosts the same token"
             ))
         }
+        ProtocolError::OlderReceiver { lacks, detail } => XferError::Rejected {
+            code: Some(crate::proto::RejectCode::Version),
+            reason: verdicts::older_receiver(lacks, &detail),
+        },
         ProtocolError::VersionMismatch { detail } => XferError::Rejected {
             code: Some(crate::proto::RejectCode::Version),
             reason: detail,
@@ -491,7 +497,7 @@ fn auth_error(reason: &str) -> XferError {
     ))
 }
 
-fn unexpected(event: &SenderEvent) -> FileError {
+fn unexpected(event: &SenderEvent<verdicts::PendingEntry>) -> FileError {
     FileError::Fatal(XferError::Internal(format!("unexpected event {event:?}")))
 }
 

@@ -1,47 +1,27 @@
-//! The data pump: one file or stream from HELLO to FIN, in three phases
-//! (the ring, the chunks, the FIN), with the reader thread filling staging
-//! slots and RDMA WRITE WITH IMM posting them as credits allow.
+//! One offer's work in the connection's loop (`Work`): a file, a stream
+//! or a batch from its HELLO to its FIN (the ring, the chunks the reader
+//! thread fills, each written as soon as a credit allows, the FIN once
+//! all are written and the digest is known), and the reader's side of
+//! the pipeline.
 
-use super::verdicts::Tracker;
-use super::{Connection, FileError, SenderConfig, ack_error, proto_err, unexpected};
+use super::batch::Member;
+use super::verdicts::{PendingEntry, Tracker, awaiting_ack};
+use super::{Connection, FileError, SenderConfig, proto_err, unexpected};
 use crate::engine::Outcome;
-use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
+use crate::engine::digest::FileHasher;
+use crate::engine::entries::Entry;
 use crate::engine::link::ChunkWrite;
 use crate::engine::progress::FileProgress;
 use crate::engine::reader::{Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
 use crate::error::XferError;
-use crate::proto::{
-    Ack, Digest, DigestAlg, FileOffer, Have, HaveKind, OfferKind, Pending, SameCopy, SenderEvent,
-    SenderState, Verdict, escaped, keepalive_interval,
-};
-use crate::sys::SysError;
+use crate::proto::{Ack, Digest, SameCopy, SenderEvent, Verdict, Waiting, escaped};
 use crate::sys::rdma::{Buffer, BufferPool};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
-use tracing::{debug, error_span, info, warn};
-
-/// How a file's data starts once the receiver answered its HELLO.
-enum Start {
-    /// From the start, or after the prefix the receiver kept (its length
-    /// and the whole-file digest over it).
-    Data(Option<(u64, FileHasher)>),
-    /// Answered without data (this SHA-256; the ACK is its verdict):
-    /// `Skipped`, the receiver's copy is the file, or `Linked`, it asked
-    /// for the digest (`--checksum`) and had the file under --link-dest.
-    Answered(Outcome, Digest, Ack),
-}
-
-/// How the sender answers a HAVE.
-enum Answer {
-    /// FROM: data from this offset (0 or the kept prefix; for a prefix,
-    /// the whole-file digest over it).
-    From(u64, Option<(u64, FileHasher)>),
-    /// COMPARE: the receiver has a complete copy, or asked for the file's
-    /// digest; this is the file's SHA-256.
-    Compare([u8; 32]),
-}
+use tracing::{Span, debug, error_span, info};
 
 /// How often a wait for the reader also listens to the receiver.
 const READER_SLICE: Duration = Duration::from_millis(200);
@@ -57,8 +37,10 @@ pub(super) struct Pipeline<'a> {
     pub(super) depth: usize,
     /// Slots posted and not yet completed (the endpoint holds them).
     pub(super) posted: usize,
-    /// A filled chunk waiting for a credit.
-    pub(super) held: Option<(Buffer, u32, u32)>,
+    /// Filled chunks waiting for a credit, in order.
+    pub(super) held: VecDeque<(Buffer, u32, u32)>,
+    /// A message of the reader's taken while waiting for it.
+    pub(super) arrived: Option<ReaderMsg>,
     pub(super) stop: &'a AtomicBool,
 }
 
@@ -76,7 +58,8 @@ impl Pipeline<'_> {
         // that a miscount cannot wrap into "the reader has them all".
         self.depth
             .saturating_sub(self.posted)
-            .saturating_sub(usize::from(self.held.is_some()))
+            .saturating_sub(self.held.len())
+            .saturating_sub(usize::from(self.arrived.is_some()))
     }
 
     /// Hands the reader its next job.
@@ -92,436 +75,376 @@ impl Pipeline<'_> {
         // The reader may already be gone (session ending): nothing to do then.
         let _ = self.free.send(token);
     }
+
+    /// The reader's next message, if one came.
+    fn next_msg(&mut self) -> Result<Option<ReaderMsg>, FileError> {
+        if let Some(msg) = self.arrived.take() {
+            return Ok(Some(msg));
+        }
+        match self.filled.try_recv() {
+            Ok(msg) => Ok(Some(msg)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(reader_gone()),
+        }
+    }
+}
+
+fn reader_gone() -> FileError {
+    FileError::Fatal(XferError::Internal("the reader thread is gone".into()))
+}
+
+/// What is offered.
+pub(super) enum Offered {
+    /// A file or a stream; its input goes to the reader at the MR (it is
+    /// read here first to answer a HAVE).
+    File {
+        input: Option<Input>,
+        stream: bool,
+        size: u64,
+    },
+    /// Small files as one BATCH (read ahead when the ring is known).
+    Batch { members: Vec<Member>, size: u64 },
+}
+
+/// Where an offer stands.
+pub(super) enum Stage {
+    /// HELLO or BATCH sent: until its MR (or the file's verdict without
+    /// data, or its refusal). `resume`: where FROM continued a prefix,
+    /// and the whole-file digest over it.
+    Offer { resume: Option<(u64, FileHasher)> },
+    /// Its chunks, written as the reader fills them and credits allow.
+    Data {
+        progress: Box<dyn FileProgress>,
+        started: Instant,
+        resumed_from: u64,
+    },
+    /// A refused batch: what the reader read ahead is thrown away, then
+    /// its files go back to the queue, one by one.
+    Discarding { back: Vec<Entry> },
+}
+
+/// One offer's work, from its HELLO to its FIN.
+pub(super) struct Work {
+    /// The file's name; a batch's "N files from NAME".
+    pub(super) name: String,
+    pub(super) started: Instant,
+    pub(super) phases: Phases,
+    /// The file's or batch's span, and its phase's.
+    pub(super) span: Span,
+    pub(super) phase: Span,
+    pub(super) offered: Offered,
+    pub(super) stage: Stage,
+    /// The reader has this offer's job.
+    pub(super) reading: bool,
+    /// A batch read ahead of its MR: with this chunk length.
+    pub(super) read_ahead: Option<u32>,
+    /// The reader's digests (whole, each batch member's), once it is done.
+    read: Option<(Digest, Vec<Digest>)>,
+    /// Since when the loop waits on the reader without news.
+    reader_wait: Option<Instant>,
+    times: DataPathTimes,
+}
+
+/// What became of a work after a step.
+pub(super) enum Flow {
+    Going,
+    /// Finished (its FIN went out, or it was answered without data).
+    Done,
+    /// A refused batch: its files, to be offered one by one.
+    Requeue(Vec<Entry>),
+}
+
+/// Where the data phase spent its time (logged at debug level for tuning).
+#[derive(Default)]
+struct DataPathTimes {
+    wait_reader: Duration,
+    wait_cq: Duration,
+}
+
+impl Work {
+    pub(super) fn new(
+        name: String,
+        (span, phase): (Span, Span),
+        offered: Offered,
+        connect: Duration,
+    ) -> Self {
+        Work {
+            name,
+            started: Instant::now(),
+            phases: Phases {
+                connect,
+                ..Phases::default()
+            },
+            span,
+            phase,
+            offered,
+            stage: Stage::Offer { resume: None },
+            reading: false,
+            read_ahead: None,
+            read: None,
+            reader_wait: None,
+            times: DataPathTimes::default(),
+        }
+    }
+
+    /// The files this work stands for, with their sizes: what is reported
+    /// when the session ends under it.
+    pub(super) fn names(&self) -> Vec<(String, u64)> {
+        match (&self.stage, &self.offered) {
+            (Stage::Discarding { back }, _) => back
+                .iter()
+                .map(|e| (e.name().to_string(), e.size()))
+                .collect(),
+            (_, Offered::Batch { members, .. }) => members
+                .iter()
+                .map(|m| (m.offer.name.clone(), m.offer.size))
+                .collect(),
+            (_, Offered::File { size, .. }) => vec![(self.name.clone(), *size)],
+        }
+    }
+
+    /// A single file or stream (whose refusal is its own failure).
+    pub(super) fn is_file(&self) -> bool {
+        matches!(self.offered, Offered::File { .. })
+    }
+
+    fn stream(&self) -> bool {
+        matches!(self.offered, Offered::File { stream: true, .. })
+    }
+
+    /// The loop waits on the reader: its next chunk (or its end) is all
+    /// this work needs to go on.
+    pub(super) fn waits_on_reader(&self, pipe: &Pipeline<'_>) -> bool {
+        let reading = self.reading && self.read.is_none() && pipe.held.is_empty();
+        match self.stage {
+            Stage::Data { .. } => reading && pipe.with_reader() > 0,
+            Stage::Discarding { .. } => self.reading,
+            Stage::Offer { .. } => false,
+        }
+    }
+
+    /// Time the data phase waited on the link.
+    pub(super) fn waited_on_link(&mut self, since: Instant) {
+        if matches!(self.stage, Stage::Data { .. }) {
+            self.times.wait_cq += since.elapsed();
+        }
+    }
 }
 
 impl Connection {
-    /// One file or stream: HELLO and the ring (`await_ring`), every chunk
-    /// (`pump_chunks`), FIN (`send_fin`). Its verdict is collected later
-    /// (see `Tracker::answer`).
-    pub(super) fn send_data(
+    /// The machine's answer to this work's offer: the ring (its data
+    /// starts), a HAVE (answered from the file), the file's verdict without
+    /// data (COMPARE found the same), or its refusal.
+    pub(super) fn on_offer_event(
         &mut self,
         cfg: &SenderConfig,
-        offer: FileOffer,
-        input: Input,
+        w: &mut Work,
+        event: SenderEvent<PendingEntry>,
         pipe: &mut Pipeline<'_>,
+        tracker: &mut Tracker<'_>,
+    ) -> Result<Flow, FileError> {
+        match event {
+            SenderEvent::Ring(ring) => {
+                debug!(
+                    addr = ring.addr,
+                    slots = ring.slot_count,
+                    slot_size = ring.slot_size,
+                    "ring granted"
+                );
+                self.start_data(cfg, w, pipe)?;
+                Ok(Flow::Going)
+            }
+            SenderEvent::Have(have) => {
+                let Offered::File {
+                    input: Some(input), ..
+                } = &w.offered
+                else {
+                    return Err(unexpected(&SenderEvent::Have(have)));
+                };
+                match self.answer(cfg, &w.name, &have, input, pipe)? {
+                    super::have::Answer::From(offset, resume) => {
+                        self.session.start_from(offset).map_err(proto_err)?;
+                        self.transmit()?;
+                        w.stage = Stage::Offer { resume };
+                    }
+                    super::have::Answer::Compare(sha256) => {
+                        self.session.compare(sha256).map_err(proto_err)?;
+                        self.transmit()?;
+                    }
+                }
+                Ok(Flow::Going)
+            }
+            SenderEvent::Same { ack, copy, sha256 } => {
+                let outcome = if copy == SameCopy::LinkDest {
+                    info!(file = %escaped(&w.name), "linked: the receiver had it under --link-dest");
+                    Outcome::Linked
+                } else {
+                    info!(file = %escaped(&w.name), "skipped: the receiver's copy is the same");
+                    Outcome::Skipped
+                };
+                self.answered(cfg, w, outcome, Digest::Sha256(sha256), ack, tracker)?;
+                Ok(Flow::Done)
+            }
+            // This entry is refused; the session goes on (a refusal of
+            // the whole session comes in the greeting, and REJECT(version)
+            // ends it).
+            SenderEvent::Rejected(rej) => {
+                let back = match &mut w.offered {
+                    Offered::File { .. } => {
+                        return Err(FileError::Continue(XferError::Rejected {
+                            code: Some(rej.code),
+                            reason: rej.reason,
+                        }));
+                    }
+                    Offered::Batch { members, .. } => std::mem::take(members),
+                };
+                debug!(
+                    code = rej.code.as_str(),
+                    "batch refused, its files go one by one: {}",
+                    escaped(&rej.reason)
+                );
+                let back = back.into_iter().map(Member::into_entry).collect();
+                if w.reading && w.read.is_none() {
+                    // Its read-ahead goes back to the reader first.
+                    for (token, ..) in pipe.held.drain(..) {
+                        let _ = pipe.free.send(token);
+                    }
+                    w.stage = Stage::Discarding { back };
+                    return Ok(Flow::Going);
+                }
+                for (token, ..) in pipe.held.drain(..) {
+                    let _ = pipe.free.send(token);
+                }
+                Ok(Flow::Requeue(back))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A file the receiver has (COMPARE): its verdict came already.
+    fn answered(
+        &mut self,
+        cfg: &SenderConfig,
+        w: &mut Work,
+        outcome: Outcome,
+        digest: Digest,
+        ack: Ack,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), FileError> {
-        let stream = offer.kind == OfferKind::Stream;
-        let name = offer.name.clone();
-        // A stream's size is unknown (0 here: its bar grows as it goes).
-        let size = offer.size;
-        let span = if stream {
-            error_span!("file", file = %escaped(&name), size = "unknown")
-        } else {
-            error_span!("file", file = %escaped(&name), size = offer.size)
+        let size = w.names().first().map_or(0, |(_, size)| *size);
+        let mut progress = cfg.progress.file_started(&w.name, size);
+        w.phases.mr_exchange = w.started.elapsed();
+        progress.advance(size);
+        let report = FileReport {
+            name: w.name.clone(),
+            bytes: size,
+            elapsed: w.started.elapsed(),
+            digest,
+            phases: w.phases,
+            resumed_from: 0,
+            outcome,
         };
-        let _enter = span.enter();
-        let started = Instant::now();
-        let mut phases = Phases {
-            connect: self.connect_time,
-            ..Phases::default()
-        };
-        let tag = tracker.tag();
-        let start = error_span!("phase", name = "mr exchange")
-            .in_scope(|| self.await_ring(cfg, offer, tag, &input, pipe, tracker))?;
-        let mut progress = cfg.progress.file_started(&name, size);
-        phases.mr_exchange = started.elapsed();
-        let resume = match start {
-            Start::Data(resume) => resume,
-            Start::Answered(outcome, digest, ack) => {
-                // Its verdict came already: the ACK of the COMPARE.
-                progress.advance(size);
-                let report = FileReport {
-                    name,
-                    bytes: size,
-                    elapsed: started.elapsed(),
-                    digest,
-                    phases,
-                    resumed_from: 0,
-                    outcome,
-                };
-                tracker.await_verdict(tag, report, progress);
-                return tracker.answer(tag, Pending::File, Verdict::Ack(ack));
-            }
+        tracker.answer(awaiting_ack(vec![report], progress), Verdict::Ack(ack))
+    }
+
+    /// The MR came: the reader gets the job (unless it read ahead), the
+    /// progress starts.
+    fn start_data(
+        &mut self,
+        cfg: &SenderConfig,
+        w: &mut Work,
+        pipe: &mut Pipeline<'_>,
+    ) -> Result<(), FileError> {
+        let resume = match &mut w.stage {
+            Stage::Offer { resume } => resume.take(),
+            _ => None,
         };
         let resumed_from = resume.as_ref().map_or(0, |(offset, _)| *offset);
-        progress.advance(resumed_from);
-        let data_started = Instant::now();
-        let (digest, _) = error_span!("phase", name = "data").in_scope(|| {
-            self.pump_chunks(
-                cfg,
-                Some(input),
-                &name,
-                stream,
-                resume,
-                &mut *progress,
-                pipe,
-                tracker,
-            )
-        })?;
-        phases.data = data_started.elapsed();
-        let report = FileReport {
-            name,
-            bytes: self.session.bytes_planned(),
-            elapsed: started.elapsed(),
-            digest,
-            phases,
-            resumed_from,
-            outcome: Outcome::Stored,
-        };
-        self.send_fin(tag, report, progress, tracker)
-    }
-
-    /// Phase 1: HELLO, then wait for the ring (or this entry's refusal);
-    /// verdicts on earlier entries come first. An offer with RESUME gets
-    /// the receiver's HAVE first, which `input` is checked against; one
-    /// with CHECKSUM may get a HAVE asking for its SHA-256.
-    fn await_ring(
-        &mut self,
-        cfg: &SenderConfig,
-        offer: FileOffer,
-        tag: u64,
-        input: &Input,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<Start, FileError> {
-        let name = offer.name.clone();
-        let caps = offer.caps();
-        self.session.start_file(offer, tag).map_err(proto_err)?;
-        self.transmit()?;
-        self.await_answer(cfg, &name, input, pipe, tracker)
-            .map_err(|e| super::verdicts::older_receiver(e, caps))
-    }
-
-    /// The receiver's answers to the HELLO just sent, until its MR (or
-    /// the file's verdict without data, or its refusal).
-    fn await_answer(
-        &mut self,
-        cfg: &SenderConfig,
-        name: &str,
-        input: &Input,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<Start, FileError> {
-        let mut start = Start::Data(None);
-        loop {
-            let what = match self.session.state() {
-                SenderState::AwaitRing => "the receiver's MR reply",
-                SenderState::AwaitHave => "the receiver's HAVE reply",
-                SenderState::AwaitCompared => "the receiver's comparison of its copy",
-                _ => break,
-            };
-            let Some(event) = self.next_event(cfg, pipe, tracker, what)? else {
-                continue;
-            };
-            match event {
-                SenderEvent::Have(have) => {
-                    match self.answer(cfg, name, &have, input, pipe, tracker)? {
-                        Answer::From(offset, resume) => {
-                            self.session.start_from(offset).map_err(proto_err)?;
-                            self.transmit()?;
-                            start = Start::Data(resume);
-                        }
-                        Answer::Compare(sha256) => {
-                            self.session.compare(sha256).map_err(proto_err)?;
-                            self.transmit()?;
-                        }
-                    }
-                }
-                SenderEvent::Same { ack, copy, sha256 } => {
-                    let digest = Digest::Sha256(sha256);
-                    if copy == SameCopy::LinkDest {
-                        info!(file = %escaped(name), "linked: the receiver had it under --link-dest");
-                        return Ok(Start::Answered(Outcome::Linked, digest, ack));
-                    }
-                    info!(file = %escaped(name), "skipped: the receiver's copy is the same");
-                    return Ok(Start::Answered(Outcome::Skipped, digest, ack));
-                }
-                SenderEvent::Keepalive => debug!("the receiver reads its copy"),
-                SenderEvent::Ring(ring) => {
-                    debug!(
-                        addr = ring.addr,
-                        slots = ring.slot_count,
-                        slot_size = ring.slot_size,
-                        "ring granted"
-                    );
-                }
-                // This entry is refused; the session goes on (a refusal of
-                // the whole session comes in the greeting, and REJECT(version)
-                // ends it: see `older_receiver`).
-                SenderEvent::Rejected(rej) => {
-                    return Err(FileError::Continue(XferError::Rejected {
-                        code: Some(rej.code),
-                        reason: rej.reason,
-                    }));
-                }
-                SenderEvent::Aborted(ack) => {
-                    return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
-                }
-                other => return Err(unexpected(&other)),
+        let (input, mut progress) = match &mut w.offered {
+            Offered::File { input, size, .. } => {
+                (input.take(), cfg.progress.file_started(&w.name, *size))
             }
-        }
-        Ok(start)
-    }
-
-    /// Checks the file against what the receiver holds of it (HAVE) and
-    /// answers: for a complete copy, or a request for it (`--checksum`),
-    /// the file's SHA-256 (the receiver compares), else where its data starts: the kept prefix when every
-    /// chunk of it has the CRC the receiver recorded (with the whole-file
-    /// digest over it), else 0, saying why.
-    fn answer(
-        &mut self,
-        cfg: &SenderConfig,
-        name: &str,
-        have: &Have,
-        input: &Input,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<Answer, FileError> {
-        // Streams are never offered with RESUME or CHECKSUM.
-        let Input::File { file, size } = input else {
-            return Ok(Answer::From(0, None));
-        };
-        match have.kind {
-            HaveKind::Nothing if have.note.is_empty() => Ok(Answer::From(0, None)),
-            HaveKind::Nothing => {
-                warn!(file = %escaped(name), "starting from zero: {}", escaped(&have.note));
-                Ok(Answer::From(0, None))
-            }
-            HaveKind::Prefix if have.chunk_len > cfg.chunk_size => {
-                warn!(
-                    file = %escaped(name),
-                    "starting from zero: the receiver kept {} bytes in chunks of {}, larger than \
-                     this sender's --chunk-size {}",
-                    have.bytes, have.chunk_len, cfg.chunk_size
-                );
-                Ok(Answer::From(0, None))
-            }
-            HaveKind::Prefix => {
-                let read = self.read_for_have(
-                    cfg,
-                    name,
-                    file,
-                    (have.bytes, have.chunk_len, cfg.verify),
-                    pipe,
-                    tracker,
-                )?;
-                if Digest::Sha256(read.crc_digest) == have.digest {
-                    info!(file = %escaped(name), bytes = have.bytes, "continuing after the part the receiver kept");
-                    Ok(Answer::From(have.bytes, Some((have.bytes, read.hasher))))
+            Offered::Batch { members, size } => {
+                let n = members.len() as u64;
+                let progress = cfg.progress.batch_started(&w.name, *size, n);
+                let input = if w.reading {
+                    None
                 } else {
-                    warn!(
-                        file = %escaped(name),
-                        "starting from zero: the source changed within the {} bytes the receiver kept",
-                        have.bytes
-                    );
-                    Ok(Answer::From(0, None))
-                }
+                    Some(super::batch::input(members)?)
+                };
+                (input, progress)
             }
-            // Read before any data, whatever the receiver then decides.
-            HaveKind::Complete | HaveKind::Digest => {
-                let read = self.read_for_have(
-                    cfg,
-                    name,
-                    file,
-                    (*size, cfg.chunk_size, DigestAlg::Sha256),
-                    pipe,
-                    tracker,
-                )?;
-                let sha256 = read.hasher.finish_sha256().ok_or_else(|| {
-                    FileError::Fatal(XferError::Internal("a SHA-256 read gave a CRC32".into()))
-                })?;
-                Ok(Answer::Compare(sha256))
-            }
-        }
-    }
-
-    /// Reads the file's first `upto` bytes in chunks of `chunk_len` with
-    /// whole-file digest `alg` (see `read_prefix`), keeping the receiver
-    /// informed meanwhile (KEEPALIVE) and listening to it.
-    fn read_for_have(
-        &mut self,
-        cfg: &SenderConfig,
-        name: &str,
-        file: &std::fs::File,
-        (upto, chunk_len, alg): (u64, u32, DigestAlg),
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<PrefixRead, FileError> {
-        let interval = keepalive_interval(cfg.timeout);
-        let mut last = Instant::now();
-        let mut failed = None;
-        let read = read_prefix(file, upto, chunk_len, alg, |_, _, _| {
-            if crate::sys::os::shutdown_requested() {
-                failed = Some(FileError::Fatal(XferError::Sys(SysError::Interrupted)));
-                return Err(std::io::Error::other("interrupted by signal"));
-            }
-            if last.elapsed() < interval {
-                return Ok(());
-            }
-            last = Instant::now();
-            let sent = self
-                .session
-                .keepalive()
-                .map_err(proto_err)
-                .and_then(|()| Ok(self.transmit()?))
-                .and_then(|()| self.poll_events(pipe, tracker));
-            match sent {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    failed = Some(e);
-                    Err(std::io::Error::other("the session failed"))
-                }
-            }
-        });
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        read.map_err(|e| {
-            FileError::Fatal(XferError::io(
-                format!("cannot read {name} to compare it with what the receiver holds"),
-                e,
-            ))
-        })
-    }
-
-    /// Phase 2: the reader fills slots; each filled slot is written to the
-    /// ring slot the state machine assigns as soon as a credit allows.
-    /// Returns the whole-file digest the reader computed (and, for a
-    /// batch, each file's).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn pump_chunks(
-        &mut self,
-        cfg: &SenderConfig,
-        input: Option<Input>,
-        name: &str,
-        stream: bool,
-        resume: Option<(u64, FileHasher)>,
-        progress: &mut dyn FileProgress,
-        pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(Digest, Vec<Digest>), FileError> {
-        // None: the reader has the job already (`Pipeline::read_ahead`).
+        };
         if let Some(input) = input {
-            let job = ReadJob {
+            pipe.read(ReadJob {
                 input,
-                name: name.to_string(),
+                name: w.name.clone(),
                 chunk_len: self.session.chunk_len(),
                 digest: cfg.verify,
                 resume,
                 auth: self.session.chunk_auth(),
-            };
-            pipe.read(job)?;
+            })?;
+            w.reading = true;
+        } else if w.read_ahead != Some(self.session.chunk_len()) {
+            return Err(FileError::Fatal(XferError::Protocol {
+                context: Some("the receiver's MR for a batch".into()),
+                source: crate::proto::ProtocolError::BadRing {
+                    reason: "its slots changed within the session",
+                },
+            }));
         }
-        let mut time = DataPathTimes::default();
-        let digest = loop {
-            if self.session.credits() > 0
-                && let Some((token, len, crc)) = pipe.held.take()
-            {
-                self.post_chunk(pipe, token, len, crc)?;
-                progress.advance(len.into());
-                // Hand finished slots back early so the reader keeps going.
-                self.poll_events(pipe, tracker)?;
-                continue;
-            }
-            if pipe.held.is_none() && pipe.with_reader() > 0 {
-                // The reader is working (or waiting for input): wait for
-                // its next chunk.
-                let t0 = Instant::now();
-                let msg = self.wait_reader(cfg, pipe, tracker, stream)?;
-                time.wait_reader += t0.elapsed();
-                match msg {
-                    ReaderMsg::Chunk { token, len, crc } => pipe.held = Some((token, len, crc)),
-                    ReaderMsg::Done(digest, each) => break (digest, each),
-                    ReaderMsg::Failed(context, e) => {
-                        return Err(FileError::Fatal(XferError::io(context, e)));
-                    }
-                }
-                continue;
-            }
-            // Out of credits, or every slot is in flight: wait for the CQ.
-            let t0 = Instant::now();
-            let event = self.next_event(cfg, pipe, tracker, "credit from the receiver")?;
-            time.wait_cq += t0.elapsed();
-            match event {
-                None => {}
-                Some(SenderEvent::Aborted(ack)) => {
-                    return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
-                }
-                Some(other) => return Err(unexpected(&other)),
-            }
+        w.phases.mr_exchange = w.started.elapsed();
+        progress.advance(resumed_from);
+        w.phase = error_span!(parent: &w.span, "phase", name = "data");
+        w.stage = Stage::Data {
+            progress,
+            started: Instant::now(),
+            resumed_from,
         };
-        debug!(
-            file = %escaped(name),
-            bytes = self.session.bytes_planned(),
-            wait_reader_s = time.wait_reader.as_secs_f64(),
-            wait_cq_s = time.wait_cq.as_secs_f64(),
-            "all chunks written"
-        );
-        Ok(digest)
-    }
-
-    /// Phase 3: FIN (RC ordering: it arrives after every WRITE posted
-    /// before it). The ACK comes only after verify + fsync + rename; the
-    /// next entry goes out meanwhile, and the verdict is logged in the
-    /// file's "fsync+verify" phase span when it comes.
-    fn send_fin(
-        &mut self,
-        tag: u64,
-        report: FileReport,
-        progress: Box<dyn FileProgress>,
-        tracker: &mut Tracker<'_>,
-    ) -> Result<(), FileError> {
-        #[cfg(feature = "fault-injection")]
-        let fin = self
-            .session
-            .finish(crate::engine::fault::fin_digest(report.digest));
-        #[cfg(not(feature = "fault-injection"))]
-        let fin = self.session.finish(report.digest);
-        fin.map_err(proto_err)?;
-        self.transmit()?;
-        debug!(file = %escaped(&report.name), bytes = report.bytes, "FIN sent");
-        tracker.await_verdict(tag, report, progress);
         Ok(())
     }
 
-    /// Waits for the reader's next message, listening to the receiver
-    /// meanwhile (an abort ends the wait). A stream may wait for its input
-    /// indefinitely, keeping the receiver informed; a file read that makes
-    /// no progress for the timeout fails.
-    fn wait_reader(
+    /// The reader's news for `w`, then every held chunk a credit allows
+    /// written, then (all written, the digest known) its FIN.
+    pub(super) fn advance(
         &mut self,
-        cfg: &SenderConfig,
+        w: &mut Work,
         pipe: &mut Pipeline<'_>,
-        tracker: &mut Tracker<'_>,
-        stream: bool,
-    ) -> Result<ReaderMsg, FileError> {
-        let started = Instant::now();
-        let mut last_sign = Instant::now();
-        loop {
-            match pipe.filled.recv_timeout(READER_SLICE) {
-                Ok(msg) => return Ok(msg),
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(FileError::Fatal(XferError::Internal(
-                        "the reader thread is gone".into(),
-                    )));
+    ) -> Result<Flow, FileError> {
+        while let Some(msg) = pipe.next_msg()? {
+            w.reader_wait = None;
+            match (msg, &mut w.stage) {
+                (ReaderMsg::Chunk { token, .. }, Stage::Discarding { .. }) => {
+                    let _ = pipe.free.send(token);
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            self.poll_events(pipe, tracker)?;
-            if stream {
-                if last_sign.elapsed() >= crate::proto::keepalive_interval(cfg.timeout) {
-                    debug!("waiting for input: KEEPALIVE sent");
-                    self.session.keepalive().map_err(proto_err)?;
-                    self.transmit()?;
-                    last_sign = Instant::now();
+                (ReaderMsg::Done(..) | ReaderMsg::Failed(..), Stage::Discarding { back }) => {
+                    return Ok(Flow::Requeue(std::mem::take(back)));
                 }
-            } else if started.elapsed() >= cfg.timeout {
-                return Err(FileError::Fatal(XferError::io(
-                    "reading the input",
-                    std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),
-                )));
+                (ReaderMsg::Chunk { token, len, crc }, _) => pipe.held.push_back((token, len, crc)),
+                (ReaderMsg::Done(digest, each), _) => w.read = Some((digest, each)),
+                (ReaderMsg::Failed(context, e), _) => {
+                    return Err(FileError::Fatal(XferError::io(context, e)));
+                }
             }
+        }
+        let Stage::Data { progress, .. } = &mut w.stage else {
+            return Ok(Flow::Going);
+        };
+        while self.session.credits() > 0
+            && let Some((token, len, crc)) = pipe.held.pop_front()
+        {
+            self.post_chunk(pipe, token, len, crc)?;
+            progress.advance(len.into());
+        }
+        if !pipe.held.is_empty() {
+            return Ok(Flow::Going);
+        }
+        match w.read.take() {
+            Some(digests) => {
+                self.send_fin(w, digests)?;
+                Ok(Flow::Done)
+            }
+            None => Ok(Flow::Going),
         }
     }
 
@@ -534,22 +457,121 @@ impl Connection {
         crc: u32,
     ) -> Result<(), FileError> {
         // The machine checks the reader's chunk against the file (or
-        // stream) and says where it goes.
-        let plan = self
-            .session
-            .next_chunk(len)
-            .map_err(proto_err)?
-            .ok_or_else(|| XferError::Internal("no chunk to plan despite credit".into()))?;
+        // stream) and says where it goes (a credit is there: Some).
+        let Some(plan) = self.session.next_chunk(len).map_err(proto_err)? else {
+            pipe.held.push_front((token, len, crc));
+            return Ok(());
+        };
         self.link
             .post_write(pipe.pool, token, ChunkWrite::of(&plan, crc))?;
         pipe.posted += 1;
         Ok(())
     }
-}
 
-/// Where the data phase spent its time (logged at debug level for tuning).
-#[derive(Default)]
-struct DataPathTimes {
-    wait_reader: Duration,
-    wait_cq: Duration,
+    /// FIN (RC ordering: it arrives after every WRITE posted before it).
+    /// The ACK comes only after verify + fsync + rename; the next entry
+    /// goes out meanwhile, and the verdict is logged in the entry's
+    /// "fsync+verify" phase span when it comes.
+    fn send_fin(
+        &mut self,
+        w: &mut Work,
+        (digest, each): (Digest, Vec<Digest>),
+    ) -> Result<(), FileError> {
+        let Stage::Data {
+            progress,
+            started,
+            resumed_from,
+        } = std::mem::replace(&mut w.stage, Stage::Offer { resume: None })
+        else {
+            return Ok(());
+        };
+        w.phases.data = started.elapsed();
+        debug!(
+            file = %escaped(&w.name),
+            bytes = self.session.bytes_planned(),
+            wait_reader_s = w.times.wait_reader.as_secs_f64(),
+            wait_cq_s = w.times.wait_cq.as_secs_f64(),
+            "all chunks written"
+        );
+        let bytes = self.session.bytes_planned();
+        let reports = match &w.offered {
+            Offered::File { .. } => vec![FileReport {
+                name: w.name.clone(),
+                bytes,
+                elapsed: w.started.elapsed(),
+                digest,
+                phases: w.phases,
+                resumed_from,
+                outcome: Outcome::Stored,
+            }],
+            // Each file's share of the batch's time (see `Phases::share`).
+            Offered::Batch { members, .. } => {
+                let n = u32::try_from(members.len()).unwrap_or(u32::MAX);
+                members
+                    .iter()
+                    .zip(each)
+                    .map(|(m, digest)| FileReport {
+                        name: m.offer.name.clone(),
+                        bytes: m.offer.size,
+                        elapsed: w.started.elapsed() / n.max(1),
+                        digest,
+                        phases: w.phases.share(n),
+                        resumed_from: 0,
+                        outcome: Outcome::Stored,
+                    })
+                    .collect()
+            }
+        };
+        #[cfg(feature = "fault-injection")]
+        let digest = crate::engine::fault::fin_digest(digest);
+        self.session
+            .finish_carrying(digest, awaiting_ack(reports, progress))
+            .map_err(proto_err)?;
+        self.transmit()?;
+        debug!(file = %escaped(&w.name), bytes, "FIN sent");
+        Ok(())
+    }
+
+    /// Waits for the reader's next message, listening to the receiver
+    /// meanwhile. A stream may wait for its input indefinitely, keeping the
+    /// receiver informed (the machine's keepalive); a file read that makes
+    /// no progress for the timeout fails.
+    pub(super) fn wait_reader(
+        &mut self,
+        cfg: &SenderConfig,
+        w: &mut Work,
+        pipe: &mut Pipeline<'_>,
+    ) -> Result<(), FileError> {
+        let now = Instant::now();
+        let since = *w.reader_wait.get_or_insert(now);
+        self.session.waiting(Waiting::Input, now);
+        let slice = self.session.poll_timeout().map_or(READER_SLICE, |due| {
+            due.saturating_duration_since(now).min(READER_SLICE)
+        });
+        match pipe.filled.recv_timeout(slice) {
+            Ok(msg) => {
+                pipe.arrived = Some(msg);
+                w.times.wait_reader += now.elapsed();
+                return Ok(());
+            }
+            Err(RecvTimeoutError::Disconnected) => return Err(reader_gone()),
+            Err(RecvTimeoutError::Timeout) => w.times.wait_reader += now.elapsed(),
+        }
+        // A stream's keepalive, when due (none for a file).
+        self.session
+            .handle_timeout(Instant::now())
+            .map_err(proto_err)?;
+        if self.transmit()? > 0 {
+            debug!("waiting for input: KEEPALIVE sent");
+        }
+        // A stream may wait for its input; files (a refused batch's too)
+        // are read or fail.
+        if !w.stream() && since.elapsed() >= cfg.timeout {
+            return Err(FileError::Fatal(XferError::io(
+                "reading the input",
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),
+            )));
+        }
+        Ok(())
+    }
 }

@@ -1,18 +1,25 @@
-//! The receiver's verdicts: entries sent but not yet answered (keyed by
-//! the tag each went out with), the session's results so far, and the
-//! wording of a REJECT(version) from an older receiver (`older_receiver`).
+//! The receiver's verdicts: what the sender machine carries for each
+//! entry until its verdict (`PendingEntry`), the session's results so
+//! far, and the wording of a REJECT(version) from an older receiver
+//! (`older_receiver`).
 
 use super::{FileError, SessionOutcome, ack_error};
 use crate::engine::progress::FileProgress;
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
 use crate::error::XferError;
-use crate::proto::{AckStatus, DigestAlg, Pending, RejectCode, Verdict, escaped, hello_flags};
-use std::collections::BTreeMap;
+use crate::proto::{AckStatus, Capability, DigestAlg, Verdict, escaped};
 use std::time::{Duration, Instant};
 use tracing::debug;
 
-/// An entry sent but not yet answered by the receiver.
+/// What the sender machine carries for an entry, from its offer to its
+/// verdict (`SenderSession<PendingEntry>`).
 pub(super) enum PendingEntry {
+    /// A file, stream or batch being sent: its FIN carries `Files`
+    /// instead (`finish_carrying`).
+    Offered {
+        name: String,
+        started: Instant,
+    },
     Dir {
         name: String,
         started: Instant,
@@ -35,7 +42,9 @@ impl PendingEntry {
     /// they were offered: what is reported if it is never answered.
     pub(super) fn names(&self) -> Vec<(String, u64, Instant)> {
         match self {
-            PendingEntry::Dir { name, started } => vec![(name.clone(), 0, *started)],
+            PendingEntry::Offered { name, started } | PendingEntry::Dir { name, started } => {
+                vec![(name.clone(), 0, *started)]
+            }
             PendingEntry::Files {
                 reports, fin_sent, ..
             } => reports
@@ -46,11 +55,18 @@ impl PendingEntry {
     }
 }
 
-/// Entries awaiting their verdict, and the session's results so far.
+impl std::fmt::Debug for PendingEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PendingEntry::Offered { name, .. } => write!(f, "Offered({})", escaped(name)),
+            PendingEntry::Dir { name, .. } => write!(f, "Dir({})", escaped(name)),
+            PendingEntry::Files { reports, .. } => write!(f, "Files({})", reports.len()),
+        }
+    }
+}
+
+/// The session's results so far.
 pub(super) struct Tracker<'f> {
-    /// Keyed by the tag each entry's HELLO went out with.
-    pub(super) pending: BTreeMap<u64, PendingEntry>,
-    pub(super) next_tag: u64,
     pub(super) outcome: SessionOutcome,
     pub(super) on_file: &'f mut dyn FnMut(FileEvent<'_>),
     /// For failure reports: the session's connection set-up, the digest.
@@ -93,57 +109,9 @@ impl Tracker<'_> {
         (self.on_file)(FileEvent::Failed(&failure));
     }
 
-    /// A file whose FIN went out (or that the receiver has complete)
-    /// awaits the receiver's ACK.
-    pub(super) fn await_verdict(
-        &mut self,
-        tag: u64,
-        report: FileReport,
-        progress: Box<dyn FileProgress>,
-    ) {
-        self.await_batch_verdict(tag, vec![report], progress);
-    }
-
-    /// A batch whose FIN went out awaits the receiver's ACK, from now, in
-    /// its "fsync+verify" phase span.
-    pub(super) fn await_batch_verdict(
-        &mut self,
-        tag: u64,
-        reports: Vec<FileReport>,
-        progress: Box<dyn FileProgress>,
-    ) {
-        let span = tracing::error_span!("phase", name = "fsync+verify");
-        let entry = PendingEntry::Files {
-            reports,
-            fin_sent: Instant::now(),
-            span,
-            progress,
-        };
-        self.pending.insert(tag, entry);
-    }
-
-    /// A tag for the next entry offered.
-    pub(super) fn tag(&mut self) -> u64 {
-        self.next_tag += 1;
-        self.next_tag
-    }
-
-    /// The receiver's verdict on the entry offered with `tag`.
-    pub(super) fn answer(
-        &mut self,
-        tag: u64,
-        entry: Pending,
-        verdict: Verdict,
-    ) -> Result<(), FileError> {
-        let mismatch = || {
-            FileError::Fatal(XferError::Internal(format!(
-                "a verdict for {entry:?} {tag} does not match the entries sent"
-            )))
-        };
-        let Some(sent) = self.pending.remove(&tag) else {
-            return Err(mismatch());
-        };
-        match (sent, entry, verdict) {
+    /// The receiver's verdict on the entry that carried `sent`.
+    pub(super) fn answer(&mut self, sent: PendingEntry, verdict: Verdict) -> Result<(), FileError> {
+        match (sent, verdict) {
             (
                 PendingEntry::Files {
                     reports,
@@ -151,36 +119,51 @@ impl Tracker<'_> {
                     span,
                     mut progress,
                 },
-                Pending::File,
-                Verdict::Ack(ack),
+                verdict,
             ) => {
                 let _enter = span.enter();
                 // A batch's files share its commit time evenly, as its
                 // other phases.
                 let n = u32::try_from(reports.len()).unwrap_or(u32::MAX).max(1);
                 let commit = fin_sent.elapsed() / n;
-                if ack.status == AckStatus::Ok {
+                // ACK(ok) says how it was stored; anything else fails it.
+                let stored = match verdict {
+                    Verdict::Ack(ack) if ack.status == AckStatus::Ok => Ok(ack.reason),
+                    // The machine refuses a file's REJECT after its FIN;
+                    // taken as said all the same.
+                    other => Err(other),
+                };
+                if stored.is_ok() {
                     progress.finished();
                 }
                 drop(progress);
                 for mut report in reports {
                     report.phases.commit = commit;
                     report.elapsed += commit;
-                    if ack.status == AckStatus::Ok {
-                        if report.outcome == crate::engine::Outcome::Stored {
-                            report.outcome = crate::engine::Outcome::from_ack_note(&ack.reason);
+                    match &stored {
+                        Ok(note) => {
+                            if report.outcome == crate::engine::Outcome::Stored {
+                                report.outcome = crate::engine::Outcome::from_ack_note(note);
+                            }
+                            report.phases.log(&report.name, report.bytes);
+                            (self.on_file)(FileEvent::Done(&report));
+                            self.outcome.files.push(report);
                         }
-                        report.phases.log(&report.name, report.bytes);
-                        (self.on_file)(FileEvent::Done(&report));
-                        self.outcome.files.push(report);
-                    } else {
-                        let err = ack_error(ack.status, ack.reason.clone());
-                        let started = Instant::now().checked_sub(report.elapsed);
-                        self.fail(&report.name, report.bytes, started, err);
+                        Err(verdict) => {
+                            let err = match verdict {
+                                Verdict::Ack(ack) => ack_error(ack.status, ack.reason.clone()),
+                                Verdict::Reject(rej) => XferError::Rejected {
+                                    code: Some(rej.code),
+                                    reason: rej.reason.clone(),
+                                },
+                            };
+                            let started = Instant::now().checked_sub(report.elapsed);
+                            self.fail(&report.name, report.bytes, started, err);
+                        }
                     }
                 }
             }
-            (PendingEntry::Dir { name, started }, Pending::Directory, verdict) => {
+            (PendingEntry::Dir { name, started }, verdict) => {
                 let err = match verdict {
                     Verdict::Ack(ack) if ack.status == AckStatus::Ok => {
                         debug!(dir = %name, "directory done");
@@ -196,83 +179,63 @@ impl Tracker<'_> {
                 self.refused_dirs.push(name.clone());
                 self.fail(&name, 0, Some(started), err);
             }
-            _ => return Err(mismatch()),
+            (sent @ PendingEntry::Offered { .. }, _) => {
+                // The FIN replaces an offer's payload (`finish_carrying`):
+                // the machine answers no offer before it.
+                return Err(FileError::Fatal(XferError::Internal(format!(
+                    "a verdict on {sent:?} before its FIN"
+                ))));
+            }
         }
         Ok(())
     }
 }
 
-/// A REJECT(version) of an offer (or a batch's members, `caps` OR-ed)
-/// with flags an older receiver of this protocol version does not know
-/// (it ends the session): says which option to drop. CHECKSUM is named
-/// first, being the newer flag.
-pub(super) fn older_receiver(e: FileError, caps: u32) -> FileError {
-    let reason = match e {
-        FileError::Fatal(XferError::Rejected {
-            code: Some(RejectCode::Version),
-            reason,
-        }) => reason,
-        other => return other,
-    };
-    let reason = if caps & hello_flags::CHECKSUM != 0 {
-        format!(
-            "the receiver cannot take digests (older version): send without --checksum ({reason})"
-        )
-    } else if caps & hello_flags::RESUME != 0 {
-        format!(
+/// A file (or batch) whose FIN goes out now (or that the receiver has
+/// complete): it awaits the receiver's ACK from now, in its
+/// "fsync+verify" phase span.
+pub(super) fn awaiting_ack(
+    reports: Vec<FileReport>,
+    progress: Box<dyn FileProgress>,
+) -> PendingEntry {
+    PendingEntry::Files {
+        reports,
+        fin_sent: Instant::now(),
+        span: tracing::error_span!("phase", name = "fsync+verify"),
+        progress,
+    }
+}
+
+/// How a REJECT(version) from a receiver that predates `lacks` is told:
+/// which option to drop. `detail`: both versions, as the machine says.
+pub(super) fn older_receiver(lacks: Capability, detail: &str) -> String {
+    match lacks {
+        Capability::Checksum => format!(
+            "the receiver cannot take digests (older version): send without --checksum ({detail})"
+        ),
+        Capability::Resume => format!(
             "the receiver cannot resume transfers (it runs an older version): upgrade it, or \
-             send without --resume and --retry ({reason})"
-        )
-    } else {
-        reason
-    };
-    FileError::Fatal(XferError::Rejected {
-        code: Some(RejectCode::Version),
-        reason,
-    })
+             send without --resume and --retry ({detail})"
+        ),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn version_refusal() -> FileError {
-        FileError::Fatal(XferError::Rejected {
-            code: Some(RejectCode::Version),
-            reason: "the receiver says: HELLO flags 0x40 are not supported".into(),
-        })
-    }
-
-    fn reason(e: FileError) -> String {
-        match e {
-            FileError::Fatal(e) | FileError::Continue(e) => e.to_string(),
-        }
-    }
-
     #[test]
     fn an_older_receiver_is_named_with_the_option_to_drop() {
-        let checksum = reason(older_receiver(
-            version_refusal(),
-            hello_flags::CHECKSUM | hello_flags::RESUME | hello_flags::MTIME,
-        ));
+        let detail = "the receiver says: HELLO flags 0x40 are not supported";
+        let checksum = older_receiver(Capability::Checksum, detail);
         assert!(
             checksum.contains(
                 "the receiver cannot take digests (older version): send without --checksum"
             ) && checksum.contains("0x40"),
             "{checksum}"
         );
-        let resume = reason(older_receiver(
-            version_refusal(),
-            hello_flags::RESUME | hello_flags::MTIME,
-        ));
+        let resume = older_receiver(Capability::Resume, detail);
         assert!(resume.contains("cannot resume transfers"), "{resume}");
-        // Without either flag, or another refusal: as it came.
-        let plain = reason(older_receiver(version_refusal(), hello_flags::MTIME));
-        assert!(!plain.contains("--"), "{plain}");
-        let exists = FileError::Fatal(XferError::Rejected {
-            code: Some(RejectCode::Exists),
-            reason: "f exists".into(),
-        });
-        assert!(reason(older_receiver(exists, hello_flags::CHECKSUM)).ends_with(": f exists"));
+        assert!(resume.ends_with(&format!("({detail})")), "{resume}");
     }
 }

@@ -353,7 +353,7 @@ impl Session<'_, '_> {
             Some(_) => deadline.min(Instant::now() + WORK_CHECK),
             None => deadline,
         };
-        self.link.wait_until(deadline, what)
+        self.link.wait_until(deadline, what).map(|_| ())
     }
 
     /// Sends what the state machine queued for the sender.
