@@ -161,7 +161,7 @@ pub fn create_token_file(path: &Path) -> Result<(), XferError> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut secret = [0u8; NEW_TOKEN_BYTES];
     getrandom::fill(&mut secret)
-        .map_err(|e| XferError::Internal(format!("no random bytes for a token: {e}")))?;
+        .map_err(|e| XferError::io("no random bytes for a token", std::io::Error::other(e)))?;
     let mut text: Vec<u8> = secret
         .iter()
         .flat_map(|b| format!("{b:02x}").into_bytes())

@@ -19,15 +19,19 @@ pub fn read_token_line(input: &mut impl BufRead) -> Result<Token, XferError> {
     let ok = line.last() == Some(&b'\n');
     line.pop();
     let hex = line.len() == 2 * ONE_TIME_TOKEN_BYTES && line.iter().all(u8::is_ascii_hexdigit);
-    if !ok || !hex {
+    if ok && hex {
+        // Never empty: it has 2 * ONE_TIME_TOKEN_BYTES digits.
+        if let Some(token) = Token::new(line) {
+            return Ok(token);
+        }
+    } else {
         line.fill(0);
-        return Err(XferError::Usage(
-            "--ssh-session reads a one-time token from standard input, as `sender FILE \
-             HOST:DIR` writes it; it is not meant to be started by hand"
-                .into(),
-        ));
     }
-    Token::new(line).ok_or_else(|| XferError::Internal("empty one-time token".into()))
+    Err(XferError::Usage(
+        "--ssh-session reads a one-time token from standard input, as `sender FILE \
+         HOST:DIR` writes it; it is not meant to be started by hand"
+            .into(),
+    ))
 }
 
 /// Watches standard input on a thread of its own: its end (the sender
