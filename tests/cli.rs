@@ -45,7 +45,17 @@ fn version_of_each_tool() {
         for flag in ["--version", "-V"] {
             let (code, out, err) = run(bin, &[flag]);
             assert_eq!(code, 0, "{err}");
-            assert_eq!(out, format!("{name} {}\n", env!("CARGO_PKG_VERSION")));
+            let expected = format!(
+                "{name} {} (rdma-xfer, protocol {}",
+                env!("CARGO_PKG_VERSION"),
+                rdma_xfer::proto::PROTOCOL_VERSION
+            );
+            assert!(out.starts_with(&expected), "{out}");
+            // The commit, when the build knew it (make passes it).
+            match option_env!("RXFER_GIT_COMMIT").filter(|c| !c.is_empty()) {
+                Some(commit) => assert_eq!(out, format!("{expected}, commit {commit})\n")),
+                None => assert_eq!(out, format!("{expected})\n")),
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 #[derive(Parser, Debug)]
 #[command(
     name = "rdma-xfer-gen",
-    version,
+    version = rdma_xfer::cli::version(),
     about = "Make a token for `sender` and `receiver`; write their man pages and shell completions.",
     after_help = "Examples:\n  \
 rdma-xfer-gen token /etc/rdma-xfer/token\n  \

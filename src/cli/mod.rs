@@ -24,6 +24,25 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
+/// What `--version` prints after the tool's name: the package version,
+/// the protocol version (peers must speak the same) and the git commit
+/// when the build knew it (`make` passes RXFER_GIT_COMMIT), so that
+/// hosts mixing builds can be told apart.
+pub fn version() -> &'static str {
+    static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let commit = option_env!("RXFER_GIT_COMMIT")
+            .filter(|c| !c.is_empty())
+            .map(|c| format!(", commit {c}"))
+            .unwrap_or_default();
+        format!(
+            "{} (rdma-xfer, protocol {}{commit})",
+            env!("CARGO_PKG_VERSION"),
+            crate::proto::PROTOCOL_VERSION
+        )
+    });
+    VERSION.as_str()
+}
+
 /// Environment variable holding the shared secret (`--token-file` wins).
 pub const TOKEN_ENV: &str = "RDMA_XFER_TOKEN";
 

@@ -108,7 +108,7 @@ macro_rules! environment_help {
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "sender",
-    version,
+    version = crate::cli::version(),
     about = "Send files over RDMA to HOST:DIR (over ssh) or a running `receiver`.",
     override_usage = "sender [OPTIONS] FILE... [USER@]HOST:DIR...\n       sender [OPTIONS] --hosts LIST FILE...\n       sender [OPTIONS] ADDR FILE...",
     long_about = "Send files over RDMA. `sender FILE... HOST:DIR` starts a receiver on HOST over \
@@ -254,7 +254,7 @@ impl From<Verify> for DigestAlg {
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "receiver",
-    version,
+    version = crate::cli::version(),
     about = "Receive files over RDMA from `sender`.",
     long_about = "Receive files over RDMA from `sender`. Each file is written to a temporary \
 file in DIR, fsynced, checked against the sender's digest and only then renamed to its \
