@@ -12,7 +12,10 @@ pub mod render;
 pub mod targets;
 pub mod ui;
 
-pub use args::{CommonArgs, LogFormat, ReceiverArgs, RemotePlan, SendPlan, SenderArgs, Verify};
+pub use args::{
+    CommonArgs, LogFormat, ReceiverArgs, RemotePlan, SendPlan, SenderArgs, Verify,
+    parse_sender_args,
+};
 pub use log::init_logging;
 
 use crate::error::{ExitCode, XferError};

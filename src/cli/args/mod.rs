@@ -19,6 +19,72 @@ use clap::{CommandFactory, ValueHint};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// What rsync's and scp's options that `sender` lacks are here, for the
+/// reflex that types them (clap alone would suggest `--port` for
+/// `--partial`, or `-- -P`).
+const FOREIGN_FLAGS: &[(&str, &str)] = &[
+    (
+        "-P",
+        "rsync's -P (--partial --progress): use --resume, which keeps what arrived and continues it; progress bars show on a terminal",
+    ),
+    (
+        "--partial",
+        "rsync's --partial: use --resume, which keeps what arrived and continues it",
+    ),
+    (
+        "--progress",
+        "progress bars show by default on a terminal; -v logs each file as it ends",
+    ),
+    (
+        "-a",
+        "rsync's -a: use -r for trees and -p to keep modification times (modes too if the receiver runs with --keep-modes)",
+    ),
+    (
+        "--archive",
+        "rsync's --archive: use -r for trees and -p to keep modification times (modes too if the receiver runs with --keep-modes)",
+    ),
+    (
+        "-z",
+        "no compression: RDMA moves the bytes faster than compressing them would",
+    ),
+    (
+        "--compress",
+        "no compression: RDMA moves the bytes faster than compressing them would",
+    ),
+    ("--delete", "sender never deletes files on the receiver"),
+];
+
+/// Parses `sender`'s command line, or exits 2 with clap's message; an
+/// option of rsync or scp that it lacks gets one line naming what to
+/// use instead.
+pub fn parse_sender_args() -> SenderArgs {
+    use clap::Parser;
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let e = match SenderArgs::try_parse() {
+        Ok(args) => return args,
+        Err(e) => e,
+    };
+    if e.kind() == ErrorKind::UnknownArgument
+        && let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg)
+        && let Some(hint) = foreign_flag_hint(arg)
+    {
+        eprintln!("sender: error: unknown option '{arg}': {hint}");
+        eprintln!("For more information, try 'sender --help'.");
+        std::process::exit(crate::error::ExitCode::Usage as i32);
+    }
+    e.exit()
+}
+
+/// The hint for an rsync or scp option `sender` lacks (`arg` as clap
+/// names it: `-P`, `--partial`, `--partial=x`).
+fn foreign_flag_hint(arg: &str) -> Option<&'static str> {
+    let name = arg.split('=').next().unwrap_or(arg);
+    FOREIGN_FLAGS
+        .iter()
+        .find(|(flag, _)| *flag == name)
+        .map(|(_, hint)| *hint)
+}
+
 /// The port both tools use unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7471;
 
