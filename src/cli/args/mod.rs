@@ -16,6 +16,7 @@ use crate::engine::receiver::{AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_T
 use crate::proto::DEFAULT_MAX_FILES;
 use crate::proto::DigestAlg;
 use clap::{CommandFactory, ValueHint};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -58,9 +59,8 @@ const FOREIGN_FLAGS: &[(&str, &str)] = &[
 /// option of rsync or scp that it lacks gets one line naming what to
 /// use instead.
 pub fn parse_sender_args() -> SenderArgs {
-    use clap::Parser;
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    let e = match SenderArgs::try_parse() {
+    let e = match try_parse_sender(std::env::args_os()) {
         Ok(args) => return args,
         Err(e) => e,
     };
@@ -73,6 +73,37 @@ pub fn parse_sender_args() -> SenderArgs {
         std::process::exit(crate::error::ExitCode::Usage as i32);
     }
     e.exit()
+}
+
+/// Parses a `sender` command line (`args` with the program's name first).
+pub fn try_parse_sender(
+    args: impl IntoIterator<Item = OsString>,
+) -> Result<SenderArgs, clap::Error> {
+    use clap::Parser;
+    SenderArgs::try_parse_from(retry_count_joined(args))
+}
+
+/// `--retry 3` as `--retry=3`: a count right after a bare --retry is its
+/// count, as one types it (the option's value is optional, so clap alone
+/// would take 3 for the receiver's address).
+fn retry_count_joined(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut out: Vec<OsString> = Vec::new();
+    // After `--` every argument is a file.
+    let mut options_ended = false;
+    for arg in args {
+        let is_count = !arg.is_empty() && arg.as_encoded_bytes().iter().all(u8::is_ascii_digit);
+        match out.last_mut() {
+            Some(last) if is_count && !options_ended && last == "--retry" => {
+                last.push("=");
+                last.push(&arg);
+            }
+            _ => {
+                options_ended |= arg == "--";
+                out.push(arg);
+            }
+        }
+    }
+    out
 }
 
 /// The hint for an rsync or scp option `sender` lacks (`arg` as clap
@@ -253,9 +284,10 @@ pub struct SenderArgs {
     /// After a failure that may be transient (peer lost, timeout, cannot
     /// connect, busy), connect again up to N times, pausing 1, 2, 4 ... 30 s,
     /// and send what was not acknowledged (implies --resume). Refusals and
-    /// integrity failures are never retried. --retry alone means 5.
+    /// integrity failures are never retried. --retry alone means 5; by
+    /// default there is no retry.
     #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "5",
-          default_value_t = 0, value_hint = ValueHint::Other, help_heading = CONNECTION)]
+          default_value_t = 0, hide_default_value = true, value_hint = ValueHint::Other, help_heading = CONNECTION)]
     pub retry: u32,
     /// Send directories as trees: every file and directory below them
     /// (symbolic links inside are skipped unless --follow-links).
