@@ -589,13 +589,34 @@ fn no_rdma_device_exits_8_with_what_to_run() {
     let (code, _, err) = run(sender_bin(), &["127.0.0.1", f.to_str().expect("utf8")]);
     assert_eq!(code, 8, "{err}");
     assert!(err.contains("no RDMA device found"), "{err}");
+    // The cause found (here: no device in the kernel at all), its fix,
+    // and the doctor.
     for what in [
-        "ibv_devices",
+        "the kernel has no RDMA",
         "modprobe rdma_rxe",
         "rdma link add rxe0 type rxe netdev",
+        "rdma-xfer-gen doctor",
     ] {
         assert!(err.contains(what), "{what}: {err}");
     }
+    // The doctor names the missing step with its fix, and exits 8.
+    let (code, out, err) = run(gen_bin(), &["doctor", "127.0.0.1"]);
+    assert_eq!(code, 8, "{out}{err}");
+    let first = out.lines().next().unwrap_or_default();
+    assert!(first.starts_with("FAIL  kernel: no RDMA"), "{out}");
+    assert!(
+        out.contains("      fix: load the NIC's RDMA driver"),
+        "{out}"
+    );
+    assert!(out.contains("locked memory: "), "{out}");
+    assert!(
+        out.contains("127.0.0.1 (127.0.0.1): leaves from 127.0.0.1, which no RDMA device has"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("A transfer would fail here: 2 problem(s) above.\n"),
+        "{out}"
+    );
     let (code, _, err) = run(
         receiver_bin(),
         &[

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod doctor;
 pub mod generate;
 pub mod line;
 pub mod log;
