@@ -8,6 +8,8 @@ PREFIX ?= /usr/local
 RELEASE_DIR ?= target/release
 # rdma-sys 0.3 uses bindgen 0.59, which needs libclang 14 (breaks with >= 16).
 export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
+# The commit `--version` names (empty outside a git checkout).
+export RXFER_GIT_COMMIT ?= $(shell git describe --always --dirty --abbrev=12 --exclude='*' 2>/dev/null)
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 .PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-sinks bench-tune bench-native build-bins install uninstall clean

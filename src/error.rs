@@ -271,7 +271,7 @@ impl XferError {
             XferError::Usage(_) | XferError::Problems(_) => ExitCode::Usage,
             XferError::Connect { .. } => ExitCode::CannotConnect,
             XferError::Sys(v) => match v {
-                SysError::NoDevice | SysError::NotRdmaAddress(_) => ExitCode::NoDevice,
+                SysError::NoDevice { .. } | SysError::NotRdmaAddress(_) => ExitCode::NoDevice,
                 SysError::Timeout { .. } | SysError::Disconnected => ExitCode::TimeoutOrPeerLost,
                 SysError::WorkRequest {
                     peer_lost: true, ..
@@ -370,7 +370,7 @@ mod tests {
             XferError::Integrity("x".into()),
             XferError::PeerIo("disk full".into()),
             XferError::Usage("x".into()),
-            XferError::Sys(SysError::NoDevice),
+            XferError::Sys(SysError::NoDevice { cause: "x".into() }),
             XferError::Connect {
                 addr: "a".into(),
                 source: SysError::Invalid("cannot resolve host name".into()),
@@ -407,7 +407,7 @@ mod tests {
     fn exit_codes_are_distinct_per_class() {
         let cases: Vec<(XferError, u8)> = vec![
             (XferError::Usage("x".into()), 2),
-            (XferError::Sys(SysError::NoDevice), 8),
+            (XferError::Sys(SysError::NoDevice { cause: "x".into() }), 8),
             (XferError::Sys(SysError::NotRdmaAddress("x".into())), 8),
             (XferError::Problems(vec!["a".into(), "b".into()]), 2),
             (

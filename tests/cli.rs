@@ -45,7 +45,17 @@ fn version_of_each_tool() {
         for flag in ["--version", "-V"] {
             let (code, out, err) = run(bin, &[flag]);
             assert_eq!(code, 0, "{err}");
-            assert_eq!(out, format!("{name} {}\n", env!("CARGO_PKG_VERSION")));
+            let expected = format!(
+                "{name} {} (rdma-xfer, protocol {}",
+                env!("CARGO_PKG_VERSION"),
+                rdma_xfer::proto::PROTOCOL_VERSION
+            );
+            assert!(out.starts_with(&expected), "{out}");
+            // The commit, when the build knew it (make passes it).
+            match option_env!("RXFER_GIT_COMMIT").filter(|c| !c.is_empty()) {
+                Some(commit) => assert_eq!(out, format!("{expected}, commit {commit})\n")),
+                None => assert_eq!(out, format!("{expected})\n")),
+            }
         }
     }
 }
@@ -381,9 +391,10 @@ fn make_install_respects_destdir_and_prefix() {
     assert_eq!(mode("bin/sender"), 0o755);
     assert_eq!(mode("share/man/man1/sender.1"), 0o644);
     let (code, out, _) = run(usr.join("bin/receiver").to_str().expect("utf8"), &["-V"]);
-    assert_eq!(
-        (code, out.trim()),
-        (0, concat!("receiver ", env!("CARGO_PKG_VERSION")))
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with(concat!("receiver ", env!("CARGO_PKG_VERSION"), " (")),
+        "{out}"
     );
     for name in ["sender", "receiver"] {
         check_man_page(&usr.join(format!("share/man/man1/{name}.1")), name);
@@ -578,13 +589,34 @@ fn no_rdma_device_exits_8_with_what_to_run() {
     let (code, _, err) = run(sender_bin(), &["127.0.0.1", f.to_str().expect("utf8")]);
     assert_eq!(code, 8, "{err}");
     assert!(err.contains("no RDMA device found"), "{err}");
+    // The cause found (here: no device in the kernel at all), its fix,
+    // and the doctor.
     for what in [
-        "ibv_devices",
+        "the kernel has no RDMA",
         "modprobe rdma_rxe",
         "rdma link add rxe0 type rxe netdev",
+        "rdma-xfer-gen doctor",
     ] {
         assert!(err.contains(what), "{what}: {err}");
     }
+    // The doctor names the missing step with its fix, and exits 8.
+    let (code, out, err) = run(gen_bin(), &["doctor", "127.0.0.1"]);
+    assert_eq!(code, 8, "{out}{err}");
+    let first = out.lines().next().unwrap_or_default();
+    assert!(first.starts_with("FAIL  kernel: no RDMA"), "{out}");
+    assert!(
+        out.contains("      fix: load the NIC's RDMA driver"),
+        "{out}"
+    );
+    assert!(out.contains("locked memory: "), "{out}");
+    assert!(
+        out.contains("127.0.0.1 (127.0.0.1): leaves from 127.0.0.1, which no RDMA device has"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("A transfer would fail here: 2 problem(s) above.\n"),
+        "{out}"
+    );
     let (code, _, err) = run(
         receiver_bin(),
         &[
@@ -950,6 +982,38 @@ fn scp_habits_get_hints() {
         assert_eq!(code, 2, "{bin}: {err}");
         assert!(err.contains("between 1 and 65535"), "{bin}: {err}");
     }
+}
+
+/// rsync's options that sender lacks name what to use instead, one line
+/// each, exit 2 (clap alone suggests --port for --partial).
+#[test]
+fn rsync_options_name_their_equivalent() {
+    for (flag, equivalent) in [
+        ("-P", "--resume"),
+        ("-avP", "-r"),
+        ("--partial", "--resume"),
+        ("--progress", "terminal"),
+        ("-a", "-r"),
+        ("--archive", "-p"),
+        ("-z", "no compression"),
+        ("--compress", "no compression"),
+        ("--delete", "never deletes"),
+    ] {
+        let (code, out, err) = run(sender_bin(), &[flag, "host:/d", "f"]);
+        assert_eq!(code, 2, "{flag}: {err}");
+        assert!(out.is_empty(), "{flag}: {out}");
+        let first = err.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("sender: error: unknown option '-"),
+            "{flag}: {err}"
+        );
+        assert!(first.contains(equivalent), "{flag}: {err}");
+        assert!(!err.contains("--port"), "{flag}: {err}");
+    }
+    // Others keep clap's own message.
+    let (code, _, err) = run(sender_bin(), &["--bogus", "host:/d", "f"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unexpected argument '--bogus'"), "{err}");
 }
 
 /// Warnings look like errors (`TOOL: warning: ...`), with a timestamp only

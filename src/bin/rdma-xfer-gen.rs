@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 #[derive(Parser, Debug)]
 #[command(
     name = "rdma-xfer-gen",
-    version,
+    version = rdma_xfer::cli::version(),
     about = "Make a token for `sender` and `receiver`; write their man pages and shell completions.",
     after_help = "Examples:\n  \
 rdma-xfer-gen token /etc/rdma-xfer/token\n  \
@@ -22,7 +22,7 @@ rdma-xfer-gen man --unit /usr/local/lib/systemd/system/rdma-xfer-receiver.servic
 rdma-xfer-gen completions bash /usr/local/share/bash-completion/completions\n  \
 rdma-xfer-gen completions zsh /usr/local/share/zsh/site-functions\n  \
 rdma-xfer-gen completions fish /usr/local/share/fish/vendor_completions.d\n\n\
-Exit codes: 0 done, 2 usage (FILE exists, its directory does not), 6 I/O error."
+Exit codes: 0 done, 2 usage (FILE exists, its directory does not), 6 I/O error, 8 the doctor found\nthat a transfer would fail."
 )]
 enum Gen {
     /// Write a new random token (64 hex digits) into FILE, created with
@@ -41,6 +41,16 @@ enum Gen {
         /// FILES then describes it).
         #[arg(long, value_name = "PATH")]
         unit: Option<PathBuf>,
+    },
+    /// Check why RDMA works here or not: the kernel's driver and devices,
+    /// /dev/infiniband, the user-space provider, each port (state, link
+    /// layer, MTU, GIDs), locked memory, and with HOST the device the
+    /// route to it leaves by. Each problem comes with the command that
+    /// fixes it. Exit 0: a transfer should work; 8: it would fail.
+    Doctor {
+        /// A peer (name or address, a port may follow) to check the way to.
+        #[arg(value_hint = clap::ValueHint::Hostname)]
+        host: Option<String>,
     },
     /// Write both tools' completion scripts for SHELL into DIR (created if
     /// missing; bash: `sender`, zsh: `_sender`, fish: `sender.fish`; same
@@ -62,7 +72,7 @@ fn into_dir(
     write(dir).map_err(|e| XferError::io(ctx(), e))
 }
 
-fn run(command: Gen) -> Result<(), XferError> {
+fn run(command: Gen) -> Result<ExitCode, XferError> {
     let files = match command {
         Gen::Token { file } => {
             create_token_file(&file)?;
@@ -71,20 +81,42 @@ fn run(command: Gen) -> Result<(), XferError> {
                 "rdma-xfer-gen: new token in {f} (mode 600): run `receiver --token-file {f}` \
                  here and `sender --token-file {f}` with a copy of it on the sending host"
             );
-            return Ok(());
+            return Ok(ExitCode::Ok);
         }
+        Gen::Doctor { host } => return Ok(doctor(host.as_deref())),
         Gen::Man { dir, unit } => into_dir(&dir, |d| write_man_pages(d, unit.as_deref()))?,
         Gen::Completions { shell, dir } => into_dir(&dir, |d| write_completions(shell, d))?,
     };
     for f in files {
         println!("{}", f.display());
     }
-    Ok(())
+    Ok(ExitCode::Ok)
+}
+
+/// Prints the doctor's findings; exit 8 when a transfer would fail.
+fn doctor(host: Option<&str>) -> ExitCode {
+    use rdma_xfer::cli::doctor::{Host, Route, examine, ready, render};
+    let inventory = rdma_xfer::sys::rdma::Inventory::read();
+    let verbs = rdma_xfer::sys::rdma::probe_devices();
+    let memlock = rdma_xfer::sys::os::memlock_room();
+    let route = host.map(Route::towards);
+    let findings = examine(&Host {
+        inventory: &inventory,
+        verbs: &verbs,
+        memlock: &memlock,
+        route: route.as_ref(),
+    });
+    print!("{}", render(&findings));
+    if ready(&findings) {
+        ExitCode::Ok
+    } else {
+        ExitCode::NoDevice
+    }
 }
 
 fn main() -> std::process::ExitCode {
     match run(Gen::parse()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => std::process::ExitCode::from(code as u8),
         Err(e) => {
             eprintln!("rdma-xfer-gen: error: {e}");
             let code = match e.exit_code() {

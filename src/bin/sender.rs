@@ -3,12 +3,13 @@
 //! FILE...`).
 #![forbid(unsafe_code)]
 
-use clap::Parser;
 use rdma_xfer::XferError;
 use rdma_xfer::cli::render::session_summary;
 use rdma_xfer::cli::targets::send_to_targets;
 use rdma_xfer::cli::ui::Ui;
-use rdma_xfer::cli::{LogFormat, SendPlan, SenderArgs, finish, init_logging, take_token_env};
+use rdma_xfer::cli::{
+    LogFormat, SendPlan, SenderArgs, finish, init_logging, parse_sender_args, take_token_env,
+};
 use rdma_xfer::engine::ProgressSink;
 use rdma_xfer::engine::sender::send_files;
 use rdma_xfer::sys::os::install_shutdown_handlers;
@@ -53,7 +54,7 @@ fn run(args: &SenderArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
 fn main() -> std::process::ExitCode {
     // First, while this is the only thread (see `take_token_env`).
     let taken_token = take_token_env();
-    let mut args = SenderArgs::parse();
+    let mut args = parse_sender_args();
     args.common.taken_token = taken_token;
     let ui = Arc::new(Ui::new(&args.common, true));
     init_logging("sender", &args.common, &ui);

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod doctor;
 pub mod generate;
 pub mod line;
 pub mod log;
@@ -12,7 +13,10 @@ pub mod render;
 pub mod targets;
 pub mod ui;
 
-pub use args::{CommonArgs, LogFormat, ReceiverArgs, RemotePlan, SendPlan, SenderArgs, Verify};
+pub use args::{
+    CommonArgs, LogFormat, ReceiverArgs, RemotePlan, SendPlan, SenderArgs, Verify,
+    parse_sender_args,
+};
 pub use log::init_logging;
 
 use crate::error::{ExitCode, XferError};
@@ -23,6 +27,25 @@ use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
+
+/// What `--version` prints after the tool's name: the package version,
+/// the protocol version (peers must speak the same) and the git commit
+/// when the build knew it (`make` passes RXFER_GIT_COMMIT), so that
+/// hosts mixing builds can be told apart.
+pub fn version() -> &'static str {
+    static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let commit = option_env!("RXFER_GIT_COMMIT")
+            .filter(|c| !c.is_empty())
+            .map(|c| format!(", commit {c}"))
+            .unwrap_or_default();
+        format!(
+            "{} (rdma-xfer, protocol {}{commit})",
+            env!("CARGO_PKG_VERSION"),
+            crate::proto::PROTOCOL_VERSION
+        )
+    });
+    VERSION.as_str()
+}
 
 /// Environment variable holding the shared secret (`--token-file` wins).
 pub const TOKEN_ENV: &str = "RDMA_XFER_TOKEN";
@@ -161,7 +184,7 @@ pub fn create_token_file(path: &Path) -> Result<(), XferError> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut secret = [0u8; NEW_TOKEN_BYTES];
     getrandom::fill(&mut secret)
-        .map_err(|e| XferError::Internal(format!("no random bytes for a token: {e}")))?;
+        .map_err(|e| XferError::io("no random bytes for a token", std::io::Error::other(e)))?;
     let mut text: Vec<u8> = secret
         .iter()
         .flat_map(|b| format!("{b:02x}").into_bytes())

@@ -21,8 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub fn send_to_targets(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(), XferError> {
     let labelled = plan.targets.len() > 1;
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<(), XferError>>>> =
-        Mutex::new(plan.targets.iter().map(|_| None).collect());
+    let failures: Mutex<Vec<XferError>> = Mutex::new(Vec::new());
     let workers = plan.parallel.clamp(1, plan.targets.len().max(1));
     let workers = within_memlock(workers, &plan.cfg);
     std::thread::scope(|scope| {
@@ -49,32 +48,29 @@ pub fn send_to_targets(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result
                             strip_host(e, &target.host)
                         ));
                     }
-                    results.lock().unwrap_or_else(PoisonError::into_inner)[i] = Some(result);
+                    if let Err(e) = result {
+                        failures
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(e);
+                    }
                 }
             });
         }
     });
-    let results = results.into_inner().unwrap_or_else(PoisonError::into_inner);
-    let total = results.len();
-    let mut failures: Vec<XferError> = results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(XferError::Internal("a target was not served".into()))))
-        .filter_map(Result::err)
-        .collect();
-    match (failures.len(), total) {
-        (0, _) => Ok(()),
-        (_, 1) => Err(failures.remove(0)),
-        (failed, targets) => {
-            let worst = failures
-                .into_iter()
-                .max_by_key(|e| e.exit_code())
-                .ok_or_else(|| XferError::Internal("no failure to report".into()))?;
-            Err(XferError::TargetsFailed {
-                worst: Box::new(worst),
-                failed,
-                targets,
-            })
-        }
+    let failures = failures
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    let failed = failures.len();
+    let worst = failures.into_iter().max_by_key(XferError::exit_code);
+    match (worst, plan.targets.len()) {
+        (None, _) => Ok(()),
+        (Some(only), 1) => Err(only),
+        (Some(worst), targets) => Err(XferError::TargetsFailed {
+            worst: Box::new(worst),
+            failed,
+            targets,
+        }),
     }
 }
 

@@ -244,6 +244,6 @@ impl Codec {
 }
 
 /// The buffer a completion gave back (every request of ours has one).
-fn returned(buffer: Option<Buffer>) -> Result<Buffer, XferError> {
+pub(crate) fn returned(buffer: Option<Buffer>) -> Result<Buffer, XferError> {
     buffer.ok_or_else(|| XferError::Internal("a completion without its buffer".into()))
 }

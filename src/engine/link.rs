@@ -5,7 +5,7 @@
 //! buffers, the ring); the engines' unit tests drive whole sessions over
 //! in-memory ones.
 
-use crate::engine::control::{Control, Undelivered};
+use crate::engine::control::{Control, Undelivered, returned};
 use crate::engine::{WrId, WrKind, completion_error};
 use crate::error::XferError;
 use crate::proto::{Channel, ChunkPlan, Message};
@@ -220,13 +220,10 @@ impl Link for RdmaLink {
             return Ok(None);
         };
         match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
-            (WrKind::Recv, WcOpcode::RecvWithImm) => {
-                let (byte_len, imm) = (wc.byte_len, wc.imm);
+            (WrKind::Recv, WcOpcode::RecvWithImm(imm)) => {
+                let byte_len = wc.byte_len;
                 // The receive buffer carried no data: hand it back at once.
                 self.control.recycle(&self.ep, wc)?;
-                let imm = imm.ok_or_else(|| {
-                    XferError::Internal("RDMA write completion without immediate data".into())
-                })?;
                 Ok(Some(Delivery::Chunk { byte_len, imm }))
             }
             (WrKind::Recv, WcOpcode::Recv) => {
@@ -234,13 +231,7 @@ impl Link for RdmaLink {
                 Ok(Some(Delivery::Message(decoded)))
             }
             (WrKind::Write, WcOpcode::RdmaWrite) => {
-                let buf = wc.buffer.ok_or_else(|| {
-                    XferError::Internal(format!(
-                        "write completion {:#x} without its slot",
-                        wc.wr_id
-                    ))
-                })?;
-                Ok(Some(Delivery::Written(buf)))
+                Ok(Some(Delivery::Written(returned(wc.buffer)?)))
             }
             (kind, opcode) => Err(XferError::Internal(format!(
                 "unexpected completion {opcode:?} for a work request of kind {kind:?}"

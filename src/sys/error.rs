@@ -6,13 +6,13 @@ use std::time::Duration;
 /// Errors of a system or verbs call.
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
-    /// No RDMA device (or no RDMA stack at all).
-    #[error(
-        "no RDMA device found: `ibv_devices` lists none. Load the NIC's driver, or for \
-         SoftRoCE on an Ethernet interface IF: `modprobe rdma_rxe && rdma link add rxe0 \
-         type rxe netdev IF`"
-    )]
-    NoDevice,
+    /// No RDMA device (or no RDMA stack at all), with the first missing
+    /// step found (`SysError::no_device`).
+    #[error("no RDMA device found: {cause}. `rdma-xfer-gen doctor` checks every step")]
+    NoDevice {
+        /// What is missing, and the command that adds it.
+        cause: String,
+    },
     /// An address to bind or connect from that no RDMA device has.
     #[error("{0}")]
     NotRdmaAddress(String),
@@ -106,6 +106,14 @@ pub enum SysError {
 }
 
 impl SysError {
+    /// `NoDevice`, naming the first missing step of the stack as the
+    /// kernel shows it now.
+    pub fn no_device() -> Self {
+        SysError::NoDevice {
+            cause: crate::sys::rdma::Inventory::read().no_device_cause(),
+        }
+    }
+
     /// Builds a `Call` error from the current `errno`.
     pub(crate) fn last_os(call: &'static str) -> Self {
         SysError::Call {

@@ -499,6 +499,19 @@ pub fn process_umask() -> u32 {
     }) & 0o777
 }
 
+/// The source address the routing table picks towards `peer` (a UDP
+/// socket's connect sends nothing).
+pub fn source_towards(peer: std::net::IpAddr) -> Option<std::net::IpAddr> {
+    use std::net::{SocketAddr, UdpSocket};
+    let any: SocketAddr = match peer {
+        std::net::IpAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        std::net::IpAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    };
+    let socket = UdpSocket::bind(any).ok()?;
+    socket.connect(SocketAddr::new(peer, 9)).ok()?;
+    socket.local_addr().ok().map(|a| a.ip())
+}
+
 /// The IP addresses of this host's network interfaces, as (interface,
 /// address), in the order the kernel lists them.
 pub fn interface_addresses() -> Vec<(String, std::net::IpAddr)> {

@@ -619,3 +619,31 @@ fn the_receiver_says_where_it_listens_and_host_port_reaches_it() {
     );
     assert_no_temp_files(dst.path());
 }
+
+/// The doctor finds a working stack healthy (exit 0): the devices, their
+/// active ports with the GID of each address, and the device the way to
+/// the peer leaves by.
+#[test]
+fn the_doctor_reports_a_healthy_host() {
+    let Some(net) = rdma_net() else { return };
+    let peer = net.addr_b.clone().unwrap_or_else(|| net.addr_a.clone());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdma-xfer-gen"))
+        .args(["doctor", &peer])
+        .output()
+        .expect("run the doctor");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+    assert!(text.contains("user space: libibverbs lists "), "{text}");
+    assert!(text.contains(" port 1: ACTIVE, LinkUp, "), "{text}");
+    assert!(
+        text.contains(&format!(" {} (", net.addr_a)),
+        "the GID of {}: {text}",
+        net.addr_a
+    );
+    assert!(text.contains(&format!("({peer}): leaves from ")), "{text}");
+    assert!(
+        text.ends_with("RDMA is ready here: a transfer should work.\n"),
+        "{text}"
+    );
+}

@@ -103,8 +103,8 @@ fn serve(addr: SocketAddr, ready: mpsc::Sender<RemoteTarget>, done: mpsc::Sender
                 let buf = wc.buffer.expect("a receive gives its buffer back");
                 got.extend_from_slice(pool.bytes(&buf, wc.byte_len as usize).expect("bytes"));
             }
-            WcOpcode::RecvWithImm => {
-                assert_eq!(wc.imm, Some(0xfeed_f00d));
+            WcOpcode::RecvWithImm(imm) => {
+                assert_eq!(imm, 0xfeed_f00d);
                 let mut data = vec![0u8; 100];
                 ring.copy_out(4096, &mut data).expect("copy_out");
                 got.extend_from_slice(&data);

@@ -651,12 +651,8 @@ impl Client {
                         .map_err(|e| Failure::Ended(format!("cannot repost a receive: {e}")))?;
                 }
             }
-            (_, WcOpcode::RecvWithImm) => {
-                say(&format!(
-                    "WRITE_IMM len={} imm={:#x}",
-                    wc.byte_len,
-                    wc.imm.unwrap_or(0)
-                ));
+            (_, WcOpcode::RecvWithImm(imm)) => {
+                say(&format!("WRITE_IMM len={} imm={imm:#x}", wc.byte_len));
             }
             (kind, opcode) => {
                 eprintln!("raw-client: unexpected completion {opcode:?} for kind {kind:?}");

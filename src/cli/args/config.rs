@@ -264,17 +264,12 @@ impl SenderArgs {
                  is sent",
             );
         }
-        // `--retry 3 HOST FILE`: the count needs `=`, so 3 became ADDR.
+        // `--retry=5 3 FILE`: a number is no receiver's address.
         if !remote && !self.addr.is_empty() && self.addr.bytes().all(|b| b.is_ascii_digit()) {
-            problems.add(if self.retry > 0 {
-                format!(
-                    "{} was taken as the receiver's address: --retry takes its count after \
-                     `=` (--retry={})",
-                    self.addr, self.addr
-                )
-            } else {
-                format!("{} is a number, not the receiver's address", self.addr)
-            });
+            problems.add(format!(
+                "{} is a number, not the receiver's address",
+                self.addr
+            ));
         }
         // `sender FILE HOST`: the address is a local file and a "file" is not.
         if !remote

@@ -16,8 +16,105 @@ use crate::engine::receiver::{AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_T
 use crate::proto::DEFAULT_MAX_FILES;
 use crate::proto::DigestAlg;
 use clap::{CommandFactory, ValueHint};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// What rsync's and scp's options that `sender` lacks are here, for the
+/// reflex that types them (clap alone would suggest `--port` for
+/// `--partial`, or `-- -P`).
+const FOREIGN_FLAGS: &[(&str, &str)] = &[
+    (
+        "-P",
+        "rsync's -P (--partial --progress): use --resume, which keeps what arrived and continues it; progress bars show on a terminal",
+    ),
+    (
+        "--partial",
+        "rsync's --partial: use --resume, which keeps what arrived and continues it",
+    ),
+    (
+        "--progress",
+        "progress bars show by default on a terminal; -v logs each file as it ends",
+    ),
+    (
+        "-a",
+        "rsync's -a: use -r for trees and -p to keep modification times (modes too if the receiver runs with --keep-modes)",
+    ),
+    (
+        "--archive",
+        "rsync's --archive: use -r for trees and -p to keep modification times (modes too if the receiver runs with --keep-modes)",
+    ),
+    (
+        "-z",
+        "no compression: RDMA moves the bytes faster than compressing them would",
+    ),
+    (
+        "--compress",
+        "no compression: RDMA moves the bytes faster than compressing them would",
+    ),
+    ("--delete", "sender never deletes files on the receiver"),
+];
+
+/// Parses `sender`'s command line, or exits 2 with clap's message; an
+/// option of rsync or scp that it lacks gets one line naming what to
+/// use instead.
+pub fn parse_sender_args() -> SenderArgs {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let e = match try_parse_sender(std::env::args_os()) {
+        Ok(args) => return args,
+        Err(e) => e,
+    };
+    if e.kind() == ErrorKind::UnknownArgument
+        && let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg)
+        && let Some(hint) = foreign_flag_hint(arg)
+    {
+        eprintln!("sender: error: unknown option '{arg}': {hint}");
+        eprintln!("For more information, try 'sender --help'.");
+        std::process::exit(crate::error::ExitCode::Usage as i32);
+    }
+    e.exit()
+}
+
+/// Parses a `sender` command line (`args` with the program's name first).
+pub fn try_parse_sender(
+    args: impl IntoIterator<Item = OsString>,
+) -> Result<SenderArgs, clap::Error> {
+    use clap::Parser;
+    SenderArgs::try_parse_from(retry_count_joined(args))
+}
+
+/// `--retry 3` as `--retry=3`: a count right after a bare --retry is its
+/// count, as one types it (the option's value is optional, so clap alone
+/// would take 3 for the receiver's address).
+fn retry_count_joined(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut out: Vec<OsString> = Vec::new();
+    // After `--` every argument is a file.
+    let mut options_ended = false;
+    for arg in args {
+        let is_count = !arg.is_empty() && arg.as_encoded_bytes().iter().all(u8::is_ascii_digit);
+        match out.last_mut() {
+            Some(last) if is_count && !options_ended && last == "--retry" => {
+                last.push("=");
+                last.push(&arg);
+            }
+            _ => {
+                options_ended |= arg == "--";
+                out.push(arg);
+            }
+        }
+    }
+    out
+}
+
+/// The hint for an rsync or scp option `sender` lacks (`arg` as clap
+/// names it: `-P`, `--partial`, `--partial=x`).
+fn foreign_flag_hint(arg: &str) -> Option<&'static str> {
+    let name = arg.split('=').next().unwrap_or(arg);
+    FOREIGN_FLAGS
+        .iter()
+        .find(|(flag, _)| *flag == name)
+        .map(|(_, hint)| *hint)
+}
 
 /// The port both tools use unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7471;
@@ -108,7 +205,7 @@ macro_rules! environment_help {
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "sender",
-    version,
+    version = crate::cli::version(),
     about = "Send files over RDMA to HOST:DIR (over ssh) or a running `receiver`.",
     override_usage = "sender [OPTIONS] FILE... [USER@]HOST:DIR...\n       sender [OPTIONS] --hosts LIST FILE...\n       sender [OPTIONS] ADDR FILE...",
     long_about = "Send files over RDMA. `sender FILE... HOST:DIR` starts a receiver on HOST over \
@@ -187,9 +284,10 @@ pub struct SenderArgs {
     /// After a failure that may be transient (peer lost, timeout, cannot
     /// connect, busy), connect again up to N times, pausing 1, 2, 4 ... 30 s,
     /// and send what was not acknowledged (implies --resume). Refusals and
-    /// integrity failures are never retried. --retry alone means 5.
+    /// integrity failures are never retried. --retry alone means 5; by
+    /// default there is no retry.
     #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "5",
-          default_value_t = 0, value_hint = ValueHint::Other, help_heading = CONNECTION)]
+          default_value_t = 0, hide_default_value = true, value_hint = ValueHint::Other, help_heading = CONNECTION)]
     pub retry: u32,
     /// Send directories as trees: every file and directory below them
     /// (symbolic links inside are skipped unless --follow-links).
@@ -254,7 +352,7 @@ impl From<Verify> for DigestAlg {
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "receiver",
-    version,
+    version = crate::cli::version(),
     about = "Receive files over RDMA from `sender`.",
     long_about = "Receive files over RDMA from `sender`. Each file is written to a temporary \
 file in DIR, fsynced, checked against the sender's digest and only then renamed to its \

@@ -96,7 +96,7 @@ fn names_are_the_binaries() {
 }
 fn sender(args: &[&str]) -> Result<SenderConfig, XferError> {
     let argv = std::iter::once("sender").chain(args.iter().copied());
-    SenderArgs::try_parse_from(argv)
+    super::try_parse_sender(argv.map(std::ffi::OsString::from))
         .expect("parses")
         .to_config()
 }
@@ -121,7 +121,9 @@ fn usage<T>(result: Result<T, XferError>, what: &str) {
 
 fn plan(args: &[&str]) -> Result<SendPlan, XferError> {
     let argv = std::iter::once("sender").chain(args.iter().copied());
-    SenderArgs::try_parse_from(argv).expect("parses").plan()
+    super::try_parse_sender(argv.map(std::ffi::OsString::from))
+        .expect("parses")
+        .plan()
 }
 
 fn remote_plan(args: &[&str]) -> RemotePlan {
@@ -341,7 +343,7 @@ fn sender_config_carries_every_option() {
     let cfg = sender(&["--checksum", "127.0.0.1", "a", "-"]).unwrap();
     assert!(cfg.checksum && !cfg.resume);
     // --resume carries times; --retry alone is 5 and implies --resume,
-    // and takes its count only after `=` (never the address).
+    // and takes a count after `=` or as the next argument (never the address).
     let cfg = sender(&["--resume", "127.0.0.1", "a"]).unwrap();
     assert!(cfg.resume && cfg.walk.times && cfg.retries == 0);
     let cfg = sender(&["--retry", "127.0.0.1", "a"]).unwrap();
@@ -629,8 +631,15 @@ fn addresses_as_ssh_and_scp_users_write_them() {
     );
     let err = sender(&["host:/data", "-"]).unwrap_err();
     assert_eq!(err.exit_code(), crate::ExitCode::Usage);
-    // `--retry 3 HOST FILE`: 3 became the address.
-    usage(sender(&["--retry", "3", "h", "-"]), "(--retry=3)");
+    // `--retry 3 HOST FILE` as written: 3 is the count; after `--`, a file.
+    let cfg = sender(&["--retry", "3", "127.0.0.1", "-"]).unwrap();
+    assert_eq!((cfg.retries, cfg.addr.port()), (3, 7471));
+    usage(
+        sender(&["--retry=2", "3", "h", "-"]),
+        "a number, not the receiver's address",
+    );
+    let err = sender(&["--", "--retry", "3", "-"]).unwrap_err();
+    assert_eq!(err.exit_code(), crate::ExitCode::Usage);
     usage(
         sender(&["7471", "-"]),
         "a number, not the receiver's address",

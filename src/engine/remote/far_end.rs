@@ -5,7 +5,7 @@ use super::ONE_TIME_TOKEN_BYTES;
 use crate::error::XferError;
 use crate::proto::Token;
 use std::io::{BufRead, Read};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::IpAddr;
 
 /// Reads the one-time token, the first line of standard input. The rest
 /// of the input is the hang-up watch's (`watch_hangup`).
@@ -19,15 +19,19 @@ pub fn read_token_line(input: &mut impl BufRead) -> Result<Token, XferError> {
     let ok = line.last() == Some(&b'\n');
     line.pop();
     let hex = line.len() == 2 * ONE_TIME_TOKEN_BYTES && line.iter().all(u8::is_ascii_hexdigit);
-    if !ok || !hex {
+    if ok && hex {
+        // Never empty: it has 2 * ONE_TIME_TOKEN_BYTES digits.
+        if let Some(token) = Token::new(line) {
+            return Ok(token);
+        }
+    } else {
         line.fill(0);
-        return Err(XferError::Usage(
-            "--ssh-session reads a one-time token from standard input, as `sender FILE \
-             HOST:DIR` writes it; it is not meant to be started by hand"
-                .into(),
-        ));
     }
-    Token::new(line).ok_or_else(|| XferError::Internal("empty one-time token".into()))
+    Err(XferError::Usage(
+        "--ssh-session reads a one-time token from standard input, as `sender FILE \
+         HOST:DIR` writes it; it is not meant to be started by hand"
+            .into(),
+    ))
 }
 
 /// Watches standard input on a thread of its own: its end (the sender
@@ -72,7 +76,7 @@ pub fn bind_candidates(ssh_connection: Option<&str>) -> Vec<IpAddr> {
         if let Ok(ip) = server.parse() {
             add(ip);
         }
-        if let Some(ip) = client.parse().ok().and_then(source_towards) {
+        if let Some(ip) = client.parse().ok().and_then(crate::sys::os::source_towards) {
             add(ip);
         }
     }
@@ -100,56 +104,28 @@ fn is_link_local(ip: &IpAddr) -> bool {
     }
 }
 
-/// The source address the routing table picks towards `peer` (a UDP
-/// socket's connect sends nothing).
-fn source_towards(peer: IpAddr) -> Option<IpAddr> {
-    let any: SocketAddr = match peer {
-        IpAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
-        IpAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
-    };
-    let socket = UdpSocket::bind(any).ok()?;
-    socket.connect(SocketAddr::new(peer, 9)).ok()?;
-    socket.local_addr().ok().map(|a| a.ip())
-}
-
 /// The IP addresses in the GID tables of this host's RDMA devices (RoCE:
 /// IPv4-mapped and global IPv6 GIDs), IPv4 first.
 fn rdma_gid_addresses() -> Vec<IpAddr> {
-    let mut v4 = Vec::new();
-    let mut v6 = Vec::new();
-    let Ok(devices) = std::fs::read_dir("/sys/class/infiniband") else {
-        return v4;
-    };
-    let mut gid_files = Vec::new();
-    for dev in devices.flatten() {
-        let Ok(ports) = std::fs::read_dir(dev.path().join("ports")) else {
-            continue;
-        };
-        for port in ports.flatten() {
-            if let Ok(gids) = std::fs::read_dir(port.path().join("gids")) {
-                gid_files.extend(gids.flatten().map(|g| g.path()));
-            }
+    let inventory = crate::sys::rdma::Inventory::read();
+    let gids = inventory
+        .devices
+        .iter()
+        .flat_map(|d| &d.ports)
+        .flat_map(|p| &p.gids);
+    let mut out: Vec<IpAddr> = Vec::new();
+    for ip in gids.filter_map(|g| routable(g.gid)) {
+        if !out.contains(&ip) {
+            out.push(ip);
         }
     }
-    gid_files.sort();
-    for path in gid_files {
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
-        };
-        match parse_gid(text.trim()) {
-            Some(IpAddr::V4(a)) if !v4.contains(&IpAddr::V4(a)) => v4.push(IpAddr::V4(a)),
-            Some(IpAddr::V6(a)) if !v6.contains(&IpAddr::V6(a)) => v6.push(IpAddr::V6(a)),
-            _ => {}
-        }
-    }
-    v4.extend(v6);
-    v4
+    out.sort_by_key(IpAddr::is_ipv6);
+    out
 }
 
 /// A GID as an IP address: IPv4-mapped ones as IPv4, global IPv6 as such;
 /// None for empty, link-local and IB (non-IP) GIDs.
-pub(super) fn parse_gid(text: &str) -> Option<IpAddr> {
-    let ip: std::net::Ipv6Addr = text.parse().ok()?;
+pub(super) fn routable(ip: std::net::Ipv6Addr) -> Option<IpAddr> {
     if let Some(v4) = ip.to_ipv4_mapped() {
         return (!v4.is_unspecified()).then_some(IpAddr::V4(v4));
     }

@@ -102,7 +102,7 @@ fn lossy(line: &[u8]) -> String {
 pub fn one_time_token() -> Result<(Token, String), XferError> {
     let mut raw = [0u8; ONE_TIME_TOKEN_BYTES];
     getrandom::fill(&mut raw)
-        .map_err(|e| XferError::Internal(format!("no random bytes for a token: {e}")))?;
+        .map_err(|e| XferError::io("no random bytes for a token", std::io::Error::other(e)))?;
     let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
     raw.fill(0);
     let token = Token::new(hex.clone().into_bytes())

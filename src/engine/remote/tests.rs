@@ -1,6 +1,6 @@
 //! Unit tests of the one-command form's channel, targets and quoting.
 
-use super::far_end::parse_gid;
+use super::far_end::routable;
 use super::*;
 
 fn target(s: &str) -> Target {
@@ -138,17 +138,17 @@ fn the_token_line_must_be_one() {
 
 #[test]
 fn gids_as_addresses() {
+    let gid = |text: &str| routable(text.parse().unwrap());
     assert_eq!(
-        parse_gid("0000:0000:0000:0000:0000:ffff:0a4d:0001"),
+        gid("0000:0000:0000:0000:0000:ffff:0a4d:0001"),
         Some("10.77.0.1".parse().unwrap())
     );
-    assert_eq!(parse_gid("fe80:0000:0000:0000:0000:00ff:fe00:0001"), None);
-    assert_eq!(parse_gid("0000:0000:0000:0000:0000:0000:0000:0000"), None);
+    assert_eq!(gid("fe80:0000:0000:0000:0000:00ff:fe00:0001"), None);
+    assert_eq!(gid("0000:0000:0000:0000:0000:0000:0000:0000"), None);
     assert_eq!(
-        parse_gid("fd00:0000:0000:0000:0000:0000:0000:0001"),
+        gid("fd00:0000:0000:0000:0000:0000:0000:0001"),
         Some("fd00::1".parse().unwrap())
     );
-    assert_eq!(parse_gid("nonsense"), None);
 }
 
 #[test]

@@ -38,7 +38,7 @@ impl Connection {
         cfg: &SenderConfig,
     ) -> Result<(Self, (BufferPool, Vec<crate::sys::rdma::Buffer>)), XferError> {
         let connect_err = |source: SysError| match source {
-            SysError::NoDevice | SysError::NotRdmaAddress(_) | SysError::Memlock { .. } => {
+            SysError::NoDevice { .. } | SysError::NotRdmaAddress(_) | SysError::Memlock { .. } => {
                 XferError::Sys(source)
             }
             source => XferError::Connect {

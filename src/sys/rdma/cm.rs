@@ -935,7 +935,7 @@ fn map_no_device(err: SysError) -> SysError {
     if let SysError::Call { source, .. } = &err
         && matches!(source.raw_os_error(), Some(libc::ENODEV | libc::ENOSYS))
     {
-        return SysError::NoDevice;
+        return SysError::no_device();
     }
     err
 }

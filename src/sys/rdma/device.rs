@@ -15,7 +15,7 @@ pub fn probe_devices() -> Result<Vec<String>> {
     // SAFETY: count is a valid out-pointer; the returned list is freed below.
     let list = unsafe { ibv_get_device_list(&mut count) };
     if list.is_null() {
-        return Err(SysError::NoDevice);
+        return Err(SysError::no_device());
     }
     let mut names = Vec::with_capacity(count.max(0) as usize);
     for i in 0..count.max(0) as usize {
@@ -40,7 +40,7 @@ pub fn probe_devices() -> Result<Vec<String>> {
     // SAFETY: list came from ibv_get_device_list and is freed exactly once.
     unsafe { ibv_free_device_list(list) };
     if names.is_empty() {
-        return Err(SysError::NoDevice);
+        return Err(SysError::no_device());
     }
     Ok(names)
 }

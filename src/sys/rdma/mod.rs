@@ -19,6 +19,7 @@
 
 mod cm;
 mod device;
+mod inventory;
 mod memory;
 mod pd;
 mod queue;
@@ -26,6 +27,9 @@ mod queue;
 pub use crate::sys::{Result, SysError};
 pub use cm::{CmEventKind, CmId, ConnectRequest, EventChannel, IncomingConnection};
 pub use device::probe_devices;
+#[cfg(test)]
+pub(crate) use inventory::tests as inventory_fixtures;
+pub use inventory::{DRIVER_MODULES, Device, DeviceFile, Gid, Inventory, Port};
 pub use memory::{Buffer, BufferFiller, BufferPool, RemoteRing, ring_copy};
 pub use pd::ProtectionDomain;
 pub use queue::{Completion, Endpoint, QpCaps, RemoteTarget, WcOpcode};

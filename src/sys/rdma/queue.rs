@@ -22,8 +22,9 @@ pub enum WcOpcode {
     RdmaWrite,
     /// A receive that got a SEND.
     Recv,
-    /// A receive consumed by the peer's RDMA WRITE WITH IMMEDIATE.
-    RecvWithImm,
+    /// A receive consumed by the peer's RDMA WRITE WITH IMMEDIATE, with
+    /// the immediate data in host order.
+    RecvWithImm(u32),
     /// Anything else (never posted by this crate).
     Other(u32),
 }
@@ -40,8 +41,6 @@ pub struct Completion {
     pub opcode: WcOpcode,
     /// Bytes received (receives only).
     pub byte_len: u32,
-    /// Immediate data in host order, when the completion carries one.
-    pub imm: Option<u32>,
     /// The buffer the request was posted on; the NIC is done with it.
     pub buffer: Option<Buffer>,
 }
@@ -52,7 +51,6 @@ struct RawCompletion {
     wr_id: u64,
     opcode: WcOpcode,
     byte_len: u32,
-    imm: Option<u32>,
 }
 
 /// A CQ with its own completion channel, shared by send and receive queues.
@@ -121,32 +119,29 @@ impl CompletionQueue {
         let mut first_error = None;
         let mut good = 0;
         for wc in wcs.iter().take(n as usize) {
-            let opcode = match wc.opcode {
-                ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
-                ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
-                ibv_wc_opcode::IBV_WC_RECV => WcOpcode::Recv,
-                ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvWithImm,
-                other => WcOpcode::Other(other),
-            };
             if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
                 if first_error.is_none() {
                     first_error = Some(wc_error(wc));
                 }
                 continue;
             }
-            let imm = if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
-                // SAFETY: WITH_IMM is set, so the union holds imm_data.
-                Some(u32::from_be(unsafe {
-                    wc.imm_data_invalidated_rkey_union.imm_data
-                }))
-            } else {
-                None
+            let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            let opcode = match wc.opcode {
+                ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
+                ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+                ibv_wc_opcode::IBV_WC_RECV => WcOpcode::Recv,
+                ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM if with_imm => {
+                    // SAFETY: WITH_IMM is set, so the union holds imm_data.
+                    WcOpcode::RecvWithImm(u32::from_be(unsafe {
+                        wc.imm_data_invalidated_rkey_union.imm_data
+                    }))
+                }
+                other => WcOpcode::Other(other),
             };
             out.push(RawCompletion {
                 wr_id: wc.wr_id,
                 opcode,
                 byte_len: wc.byte_len,
-                imm,
             });
             good += 1;
         }
@@ -723,7 +718,6 @@ impl Endpoint {
             wr_id: wc.wr_id,
             opcode: wc.opcode,
             byte_len: wc.byte_len,
-            imm: wc.imm,
             buffer: posted.remove(wc.wr_id).map(|p| p.buffer),
         }));
     }
