@@ -1159,7 +1159,7 @@ fn one_command_failures_say_where_they_are() {
         "{err}"
     );
     // Said once: the remote's own error line is not repeated.
-    assert_eq!(err.matches("no RDMA device").count(), 1, "{err}");
+    assert_eq!(err.matches("no RDMA device found").count(), 1, "{err}");
     // No such directory there: exit 2.
     let (code, err) = sender(&[file, "node01:/no/such/dir"]);
     assert_eq!(code, 2, "{err}");
