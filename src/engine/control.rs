@@ -88,9 +88,7 @@ impl Control {
         if index < self.recv_pools.len() {
             Ok(index)
         } else {
-            Err(XferError::Internal(format!(
-                "receive {wr_id:#x} of no pool"
-            )))
+            Err(not_ours(format_args!("receive {wr_id:#x} of no pool")))
         }
     }
 
@@ -220,13 +218,16 @@ impl Codec {
     /// The bytes that carry `msg`.
     pub fn seal(&mut self, msg: &Message) -> Result<Vec<u8>, XferError> {
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let len = encode(msg, &mut buf)
-            .map_err(|e| XferError::Internal(format!("cannot encode {}: {e}", msg.kind())))?;
+        // Messages are built within the limits (names checked, reasons
+        // clamped) and a channel's counter does not run out in a session:
+        // neither step fails on anything the peer or the user controls.
+        let unsendable = |e: &dyn std::fmt::Display| {
+            XferError::Internal(format!("cannot send {}: {e}", msg.kind()))
+        };
+        let len = encode(msg, &mut buf).map_err(|e| unsendable(&e))?;
         buf.truncate(len);
         match self.channel.as_mut() {
-            Some(channel) => channel
-                .seal(&buf)
-                .map_err(|e| XferError::Internal(format!("cannot seal {}: {e}", msg.kind()))),
+            Some(channel) => channel.seal(&buf).map_err(|e| unsendable(&e)),
             None => Ok(buf),
         }
     }
@@ -245,5 +246,11 @@ impl Codec {
 
 /// The buffer a completion gave back (every request of ours has one).
 pub(crate) fn returned(buffer: Option<Buffer>) -> Result<Buffer, XferError> {
-    buffer.ok_or_else(|| XferError::Internal("a completion without its buffer".into()))
+    buffer.ok_or_else(|| not_ours("a completion without its buffer"))
+}
+
+/// A completion of a request the engine did not post as it says (the
+/// verbs wrapper hands back only what was posted through it).
+pub(crate) fn not_ours(what: impl std::fmt::Display) -> XferError {
+    XferError::Internal(format!("a completion not of our requests: {what}"))
 }

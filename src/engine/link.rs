@@ -5,7 +5,7 @@
 //! buffers, the ring); the engines' unit tests drive whole sessions over
 //! in-memory ones.
 
-use crate::engine::control::{Control, Undelivered, returned};
+use crate::engine::control::{Control, Undelivered, not_ours, returned};
 use crate::engine::{WrId, WrKind, completion_error};
 use crate::error::XferError;
 use crate::proto::{Channel, ChunkPlan, Message};
@@ -233,8 +233,8 @@ impl Link for RdmaLink {
             (WrKind::Write, WcOpcode::RdmaWrite) => {
                 Ok(Some(Delivery::Written(returned(wc.buffer)?)))
             }
-            (kind, opcode) => Err(XferError::Internal(format!(
-                "unexpected completion {opcode:?} for a work request of kind {kind:?}"
+            (kind, opcode) => Err(not_ours(format_args!(
+                "{opcode:?} for a work request of kind {kind:?}"
             ))),
         }
     }

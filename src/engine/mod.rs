@@ -236,8 +236,10 @@ pub fn connection_id(
     side: crate::proto::Role,
 ) -> Result<crate::proto::ConnectionId, crate::error::XferError> {
     let id = ep.cm_id();
+    // rdma_cm gives both once connected; a connection without them is
+    // gone.
     let missing = |what: &str| {
-        crate::error::XferError::Internal(format!("the connection has no {what} address"))
+        crate::error::XferError::PeerLost(format!("the connection has no {what} address"))
     };
     let local = id.local_addr().ok_or_else(|| missing("local"))?.ip();
     let peer = id.peer_addr().ok_or_else(|| missing("peer"))?.ip();

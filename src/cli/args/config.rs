@@ -356,7 +356,7 @@ impl SenderArgs {
         let (Some((chunk_size, depth)), Some(addr), Some(ack_timeout)) =
             (buffers, addr, ack_timeout)
         else {
-            return Err(XferError::Internal("a checked option has no value".into()));
+            return Err(unchecked());
         };
         let mut cfg = SenderConfig::new(addr);
         cfg.ack_timeout = ack_timeout;
@@ -698,7 +698,7 @@ impl ReceiverArgs {
         let (Some((chunk_size, slots)), Some(bind), Some(ack_timeout)) =
             (buffers, bind, ack_timeout)
         else {
-            return Err(XferError::Internal("a checked option has no value".into()));
+            return Err(unchecked());
         };
         let mut cfg = ReceiverConfig::new(bind, dir);
         cfg.ack_timeout = ack_timeout;
@@ -782,4 +782,10 @@ impl ReceiverArgs {
             }
         }
     }
+}
+
+/// A value its check left out although the check found no problem: each
+/// check either gives its value or adds a problem, so this is a bug.
+fn unchecked() -> XferError {
+    XferError::Internal("a checked option has no value".into())
 }

@@ -64,9 +64,7 @@ impl Pipeline<'_> {
 
     /// Hands the reader its next job.
     pub(super) fn read(&self, job: ReadJob) -> Result<(), XferError> {
-        self.jobs
-            .send(job)
-            .map_err(|_| XferError::Internal("the reader thread is gone".into()))
+        self.jobs.send(job).map_err(|_| reader_gone_error())
     }
 
     /// A write completed: its slot goes back to the reader.
@@ -90,7 +88,13 @@ impl Pipeline<'_> {
 }
 
 fn reader_gone() -> FileError {
-    FileError::Fatal(XferError::Internal("the reader thread is gone".into()))
+    FileError::Fatal(reader_gone_error())
+}
+
+/// The reader thread ended without saying why: it panicked (its panic
+/// was reported on its thread).
+fn reader_gone_error() -> XferError {
+    XferError::Internal("the reader thread is gone".into())
 }
 
 /// What is offered.
