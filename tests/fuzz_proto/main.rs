@@ -117,6 +117,27 @@ fn fuzz<S: Strategy>(
     );
 }
 
+/// What one call of a machine queued, as the model expects it: its one
+/// message when the call was taken, nothing when it was refused.
+fn one_message<E: std::fmt::Debug>(
+    result: Result<(), E>,
+    mut queued: Vec<Message>,
+) -> Result<Message, E> {
+    match result {
+        Ok(()) => {
+            assert_eq!(queued.len(), 1, "one message per call: {queued:?}");
+            Ok(queued.remove(0))
+        }
+        Err(e) => {
+            assert!(
+                queued.is_empty(),
+                "a refused call queued {queued:?} ({e:?})"
+            );
+            Err(e)
+        }
+    }
+}
+
 mod decode;
 mod handshake;
 mod receiver;

@@ -314,17 +314,7 @@ pub(crate) fn replies(r: &mut Rx) -> Vec<Message> {
 
 /// What an engine call queued: its one reply, or (refused) nothing.
 fn queued<E: std::fmt::Debug>(result: Result<(), E>, r: &mut Rx) -> Result<Message, E> {
-    let mut sent = replies(r);
-    match result {
-        Ok(()) => {
-            assert_eq!(sent.len(), 1, "one reply per call: {sent:?}");
-            Ok(sent.remove(0))
-        }
-        Err(e) => {
-            assert!(sent.is_empty(), "a refused call queued {sent:?} ({e:?})");
-            Err(e)
-        }
-    }
+    crate::one_message(result, replies(r))
 }
 
 /// At most one queued reply (a credit's), taken.

@@ -1063,18 +1063,5 @@ pub(crate) fn machine_sender() {
 /// What a call of the engine's queued: its one message, or (refused)
 /// nothing.
 fn sent<E: std::fmt::Debug>(result: Result<(), E>, s: &mut SenderSession) -> Result<Message, E> {
-    let mut queued: Vec<Message> = std::iter::from_fn(|| s.poll_transmit()).collect();
-    match result {
-        Ok(()) => {
-            assert_eq!(queued.len(), 1, "one message per call: {queued:?}");
-            Ok(queued.remove(0))
-        }
-        Err(e) => {
-            assert!(
-                queued.is_empty(),
-                "a refused call queued {queued:?} ({e:?})"
-            );
-            Err(e)
-        }
-    }
+    crate::one_message(result, std::iter::from_fn(|| s.poll_transmit()).collect())
 }
