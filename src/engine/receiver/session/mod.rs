@@ -148,9 +148,10 @@ const HANDSHAKE_RECVS: usize = 4;
 /// How often a handshake's wait looks whether the pool dropped it.
 const HANDSHAKE_CHECK: Duration = Duration::from_millis(100);
 
-/// How often the loop looks whether the file work is done while it waits
-/// on the link.
-const WORK_CHECK: Duration = Duration::from_millis(10);
+/// While the file work runs the loop waits on its result (which wakes it
+/// at once) and looks at the link this often: the sender's messages and
+/// its disconnect, our KEEPALIVEs' completions.
+const WORK_CHECK: Duration = Duration::from_millis(50);
 
 /// What handling one completion decided.
 enum Flow {
@@ -339,9 +340,9 @@ impl Session<'_, '_> {
         })
     }
 
-    /// Waits on the link until the machine's next deadline, and no longer
-    /// than `WORK_CHECK` while the file work runs (its result is taken
-    /// soon).
+    /// Waits on the link until the machine's next deadline; while the file
+    /// work runs, on its result instead, looking at the link every
+    /// `WORK_CHECK` (the sender waits for our answer meanwhile).
     fn wait_for_sender(&mut self, what: &str) -> Result<(), XferError> {
         // None: no deadline (a timeout past the clock's range), or the
         // machine is over and the loop ends with the next delivery.
@@ -349,10 +350,12 @@ impl Session<'_, '_> {
             .machine
             .poll_timeout()
             .unwrap_or_else(|| crate::sys::os::deadline_after(self.cfg.timeout));
-        let deadline = match self.work {
-            Some(_) => deadline.min(Instant::now() + WORK_CHECK),
-            None => deadline,
-        };
+        if let Some(work) = self.work.as_mut() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            work.wait(left.min(WORK_CHECK));
+            // Takes what came meanwhile without waiting any longer.
+            return self.link.wait_until(Instant::now(), what).map(|_| ());
+        }
         self.link.wait_until(deadline, what).map(|_| ())
     }
 

@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// What a job looks at between its pieces: whether to stop.
 pub(super) struct Cancel(Arc<AtomicBool>);
@@ -30,6 +31,8 @@ impl Cancel {
 pub(super) struct Worker<T> {
     cancel: Arc<AtomicBool>,
     result: Receiver<T>,
+    /// A result `wait` took, until `result` hands it over.
+    ready: Option<Result<T, Lost>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -58,6 +61,7 @@ impl<T: Send + 'static> Worker<T> {
         Ok(Self {
             cancel,
             result,
+            ready: None,
             thread: Some(thread),
         })
     }
@@ -65,10 +69,27 @@ impl<T: Send + 'static> Worker<T> {
     /// The job's result once it is there (then the thread has ended or is
     /// ending).
     pub(super) fn result(&mut self) -> Option<Result<T, Lost>> {
+        if let Some(ready) = self.ready.take() {
+            return Some(ready);
+        }
         match self.result.try_recv() {
             Ok(t) => Some(Ok(t)),
             Err(TryRecvError::Empty) => None,
             Err(TryRecvError::Disconnected) => Some(Err(Lost)),
+        }
+    }
+}
+
+impl<T> Worker<T> {
+    /// Waits up to `timeout` for the job's result (`result` then has it).
+    pub(super) fn wait(&mut self, timeout: Duration) {
+        if self.ready.is_some() {
+            return;
+        }
+        match self.result.recv_timeout(timeout) {
+            Ok(t) => self.ready = Some(Ok(t)),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => self.ready = Some(Err(Lost)),
         }
     }
 }
@@ -86,7 +107,7 @@ impl<T> Drop for Worker<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     #[test]
     fn the_result_comes_back_once() {
@@ -100,6 +121,19 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         };
         assert_eq!(got, 7);
+    }
+
+    #[test]
+    fn a_wait_ends_when_the_result_comes_not_at_its_timeout() {
+        let mut worker = Worker::start("test-worker", |_| {
+            std::thread::sleep(Duration::from_millis(20));
+            7
+        })
+        .unwrap();
+        let started = Instant::now();
+        worker.wait(Duration::from_secs(30));
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(worker.result().map(Result::unwrap), Some(7));
     }
 
     #[test]

@@ -86,8 +86,9 @@ fn a_resume_waits_on_the_worker_while_keepalives_flow_and_continues_the_kept_par
     });
     ended.result.unwrap();
     let (keepalives, ack) = ended.played;
-    // One every 333 ms over 1.5 s.
-    assert!(keepalives >= 3, "{keepalives} KEEPALIVEs");
+    // One every 333 ms over 1.5 s: about 4; 2 leave room for a loaded
+    // machine and still show that they flow while the worker waits.
+    assert!(keepalives >= 2, "{keepalives} KEEPALIVEs");
     assert_eq!(ack.status, AckStatus::Ok, "{ack:?}");
     assert_eq!(ended.reported, [done("f", size)]);
     assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
