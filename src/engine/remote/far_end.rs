@@ -107,12 +107,8 @@ fn is_link_local(ip: &IpAddr) -> bool {
 /// The IP addresses in the GID tables of this host's RDMA devices (RoCE:
 /// IPv4-mapped and global IPv6 GIDs), IPv4 first.
 fn rdma_gid_addresses() -> Vec<IpAddr> {
-    let inventory = crate::sys::rdma::Inventory::read();
-    let gids = inventory
-        .devices
-        .iter()
-        .flat_map(|d| &d.ports)
-        .flat_map(|p| &p.gids);
+    let devices = crate::sys::rdma::devices();
+    let gids = devices.iter().flat_map(|d| &d.ports).flat_map(|p| &p.gids);
     let mut out: Vec<IpAddr> = Vec::new();
     for ip in gids.filter_map(|g| routable(g.gid)) {
         if !out.contains(&ip) {

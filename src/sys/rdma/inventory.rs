@@ -119,12 +119,7 @@ impl Inventory {
 
     /// Reads the stack from the tree below `root`.
     pub fn read_below(root: &Path) -> Self {
-        let class = root.join("sys/class/infiniband");
-        let mut devices: Vec<Device> = names_in(&class)
-            .into_iter()
-            .map(|name| read_device(root, &class.join(&name), name))
-            .collect();
-        devices.sort_by(|a, b| a.name.cmp(&b.name));
+        let devices = devices_below(root);
         let modules = std::fs::read_to_string(root.join("proc/modules"))
             .ok()
             .map(|text| stack_modules(&text));
@@ -204,6 +199,22 @@ impl Inventory {
             })
         })
     }
+}
+
+/// The running system's devices with their ports, from sysfs alone (no
+/// device file is opened).
+pub fn devices() -> Vec<Device> {
+    devices_below(Path::new("/"))
+}
+
+fn devices_below(root: &Path) -> Vec<Device> {
+    let class = root.join("sys/class/infiniband");
+    let mut devices: Vec<Device> = names_in(&class)
+        .into_iter()
+        .map(|name| read_device(root, &class.join(&name), name))
+        .collect();
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    devices
 }
 
 /// An IPv4-mapped IPv6 address as its IPv4 address.

@@ -29,7 +29,7 @@ pub use cm::{CmEventKind, CmId, ConnectRequest, EventChannel, IncomingConnection
 pub use device::probe_devices;
 #[cfg(test)]
 pub(crate) use inventory::tests as inventory_fixtures;
-pub use inventory::{DRIVER_MODULES, Device, DeviceFile, Gid, Inventory, Port};
+pub use inventory::{DRIVER_MODULES, Device, DeviceFile, Gid, Inventory, Port, devices};
 pub use memory::{Buffer, BufferFiller, BufferPool, RemoteRing, ring_copy};
 pub use pd::ProtectionDomain;
 pub use queue::{Completion, Endpoint, QpCaps, RemoteTarget, WcOpcode};
