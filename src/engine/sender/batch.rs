@@ -5,15 +5,15 @@
 //! answer. And the queue of entries still to offer (`Queue`): pruned below
 //! refused directories, small files taken together when a batch may go.
 
+use super::member::{Member, input, open_member};
 use super::pump::{Offered, Pipeline, Work};
 use super::verdicts::{PendingEntry, Tracker};
 use super::{Connection, FileError, SenderConfig, below_any, proto_err};
 use crate::engine::entries::Entry;
-use crate::engine::reader::{BatchFile, Input, ReadJob};
+use crate::engine::reader::ReadJob;
 use crate::error::XferError;
 use crate::proto::{BATCH_ROOM, FileOffer, MAX_BATCH_FILES, batch_member_len};
 use std::collections::VecDeque;
-use std::fs::File;
 use std::time::Instant;
 use tracing::{error_span, info};
 
@@ -57,29 +57,6 @@ pub(super) fn take_batch(
         batch.extend(queue.pop_front());
     }
     batch
-}
-
-/// A batch file, opened and measured.
-pub(super) struct Member {
-    path: std::path::PathBuf,
-    pub(super) offer: FileOffer,
-    file: File,
-}
-
-/// The reader's input for `members`: their files back to back.
-pub(super) fn input(members: &[Member]) -> Result<Input, FileError> {
-    let files = members
-        .iter()
-        .map(|m| {
-            m.file.try_clone().map(|file| BatchFile {
-                file,
-                size: m.offer.size,
-                name: m.offer.name.clone(),
-            })
-        })
-        .collect::<Result<_, _>>()
-        .map_err(|e| XferError::io("cannot read a file of a batch", e))?;
-    Ok(Input::Batch(files))
 }
 
 impl Connection {
@@ -190,39 +167,6 @@ impl Connection {
         }
         Ok(work)
     }
-}
-
-impl Member {
-    /// Back to an entry (its file stays open) to be sent on its own.
-    pub(super) fn into_entry(self) -> Entry {
-        Entry::File {
-            path: self.path,
-            size: self.offer.size,
-            name: self.offer.name,
-            opened: Some(self.file),
-            mtime: self.offer.mtime,
-        }
-    }
-}
-
-/// Opens (unless opened already) and measures a file of a batch.
-fn open_member(
-    cfg: &SenderConfig,
-    path: &std::path::Path,
-    name: String,
-    opened: Option<File>,
-    mtime: Option<crate::proto::Mtime>,
-) -> Result<Member, XferError> {
-    let (mut offer, file) = super::open_offer(cfg, path, name, opened, mtime)?;
-    // Never resumed (batchable() sends no file of a --resume run here);
-    // CHECKSUM stays: the receiver refuses the batch if it would ask one
-    // of its files for a digest, and then asks that file alone.
-    offer.resume = false;
-    Ok(Member {
-        path: path.to_path_buf(),
-        offer,
-        file,
-    })
 }
 
 /// What to offer next.

@@ -3,25 +3,15 @@
 //! read while the receiver is kept informed (the machine's KEEPALIVE) and
 //! listened to.
 
-use super::pump::Pipeline;
+use super::pump::{Answer, Pipeline};
 use super::{Connection, FileError, SenderConfig, proto_err};
-use crate::engine::digest::{FileHasher, PrefixRead, read_prefix};
+use crate::engine::digest::{PrefixRead, read_prefix};
 use crate::engine::reader::Input;
 use crate::error::XferError;
 use crate::proto::{Digest, DigestAlg, Have, HaveKind, Waiting, escaped};
 use crate::sys::SysError;
 use std::time::Instant;
 use tracing::{info, warn};
-
-/// How the sender answers a HAVE.
-pub(super) enum Answer {
-    /// FROM: data from this offset (0 or the kept prefix; for a prefix,
-    /// the whole-file digest over it).
-    From(u64, Option<(u64, FileHasher)>),
-    /// COMPARE: the receiver has a complete copy, or asked for the file's
-    /// digest; this is the file's SHA-256.
-    Compare([u8; 32]),
-}
 
 impl Connection {
     /// Checks the file against what the receiver holds of it (HAVE) and

@@ -8,6 +8,7 @@
 mod batch;
 mod connection;
 mod have;
+mod member;
 #[cfg(test)]
 mod memory_transfers;
 mod pump;

@@ -4,7 +4,7 @@
 //! all are written and the digest is known), and the reader's side of
 //! the pipeline.
 
-use super::batch::Member;
+use super::member::{Member, input};
 use super::verdicts::{PendingEntry, Tracker, awaiting_ack};
 use super::{Connection, FileError, SenderConfig, proto_err, unexpected};
 use crate::engine::Outcome;
@@ -95,6 +95,16 @@ fn reader_gone() -> FileError {
 /// was reported on its thread).
 fn reader_gone_error() -> XferError {
     XferError::Internal("the reader thread is gone".into())
+}
+
+/// How the sender answers a HAVE.
+pub(super) enum Answer {
+    /// FROM: data from this offset (0 or the kept prefix; for a prefix,
+    /// the whole-file digest over it).
+    From(u64, Option<(u64, FileHasher)>),
+    /// COMPARE: the receiver has a complete copy, or asked for the file's
+    /// digest; this is the file's SHA-256.
+    Compare([u8; 32]),
 }
 
 /// What is offered.
@@ -266,12 +276,12 @@ impl Connection {
                     return Err(unexpected(&SenderEvent::Have(have)));
                 };
                 match self.answer(cfg, &w.name, &have, input, pipe)? {
-                    super::have::Answer::From(offset, resume) => {
+                    Answer::From(offset, resume) => {
                         self.session.start_from(offset).map_err(proto_err)?;
                         self.transmit()?;
                         w.stage = Stage::Offer { resume };
                     }
-                    super::have::Answer::Compare(sha256) => {
+                    Answer::Compare(sha256) => {
                         self.session.compare(sha256).map_err(proto_err)?;
                         self.transmit()?;
                     }
@@ -374,7 +384,7 @@ impl Connection {
                 let input = if w.reading {
                     None
                 } else {
-                    Some(super::batch::input(members)?)
+                    Some(input(members)?)
                 };
                 (input, progress)
             }
