@@ -102,6 +102,9 @@ impl Session<'_, '_> {
 
     /// Lets queued replies reach the sender, then disconnects.
     pub(super) fn finish(mut self, result: Result<(), XferError>) -> Result<(), XferError> {
+        // File work still running is for an offer nobody waits for now:
+        // stopped (and its thread joined) before anything else ends.
+        self.work = None;
         self.link.drain();
         if let (Err(e), Some(file)) = (&result, self.machine.take_file()) {
             // Where the file stood, for whoever reads the logs.
