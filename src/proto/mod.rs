@@ -27,9 +27,9 @@ pub use sender::{
     SenderAuth, SenderEvent, SenderSession, SenderState, Verdict, Waiting, keepalive_interval,
 };
 pub use wire::{
-    Ack, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello,
-    MAX_FRAME, MAX_MESSAGE, Message, MessageType, Mtime, Prove, Reject, RejectCode, RingInfo,
-    WireError, batch_member_len, decode, encode, encode_to_vec, hello_flags,
+    Ack, AckFailure, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, FailedAck, Fin,
+    Have, HaveKind, Hello, MAX_FRAME, MAX_MESSAGE, Message, MessageType, Mtime, Prove, Reject,
+    RejectCode, RingInfo, WireError, batch_member_len, decode, encode, encode_to_vec, hello_flags,
 };
 
 use thiserror::Error;

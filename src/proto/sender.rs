@@ -23,8 +23,8 @@ use super::auth::{
 };
 use super::names::escaped;
 use super::wire::{
-    Ack, AckStatus, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime, Prove, Reject,
-    RejectCode, RingInfo, hello_flags,
+    Ack, AckStatus, Digest, DigestAlg, FailedAck, Fin, Have, HaveKind, Hello, Message, Mtime,
+    Prove, Reject, RejectCode, RingInfo, hello_flags,
 };
 use super::{MAX_BATCH_FILES, PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -245,7 +245,7 @@ pub enum SenderEvent<P = u64> {
     },
     /// The receiver gave up on the current file before its FIN (an ACK
     /// with a failure status): the session is Closed.
-    Aborted(Ack),
+    Aborted(FailedAck),
 }
 
 /// Whose copy a COMPARE found to be the sender's file.
@@ -944,12 +944,15 @@ impl<P> SenderSession<P> {
                 reason: r.reason,
             }),
             (Sending, Message::Credit { count }) => self.add_credits(count),
-            (AwaitRing | AwaitHave | AwaitCompared | Sending, Message::Ack(a))
-                if a.status != AckStatus::Ok =>
-            {
-                self.state = Closed;
-                self.carried = None;
-                Ok(SenderEvent::Aborted(a))
+            (AwaitRing | AwaitHave | AwaitCompared | Sending, Message::Ack(a)) => {
+                match FailedAck::of(a) {
+                    Ok(failed) => {
+                        self.state = Closed;
+                        self.carried = None;
+                        Ok(SenderEvent::Aborted(failed))
+                    }
+                    Err(ok) => Err(self.unexpected(&Message::Ack(ok))),
+                }
             }
             (_, m) => Err(self.unexpected(&m)),
         }
@@ -1768,7 +1771,9 @@ mod tests {
                         Some((SenderEvent::Rejected(r.clone()), SenderState::Idle))
                     }
                     (AwaitRing | Sending | SendingStream, Message::Ack(a)) if failed_ack => {
-                        Some((SenderEvent::Aborted(a.clone()), SenderState::Closed))
+                        FailedAck::of(a.clone())
+                            .ok()
+                            .map(|f| (SenderEvent::Aborted(f), SenderState::Closed))
                     }
                     _ => None,
                 };
@@ -2943,7 +2948,7 @@ mod tests {
             let a = Ack::new(AckStatus::Io, "disk full");
             assert_eq!(
                 s.on_message(Message::Ack(a.clone())),
-                Ok(SenderEvent::Aborted(a)),
+                Ok(SenderEvent::Aborted(FailedAck::of(a).unwrap())),
                 "{sit:?}"
             );
             assert_eq!(s.state(), SenderState::Closed);

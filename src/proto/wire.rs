@@ -311,6 +311,52 @@ pub enum AckStatus {
     Rejected = 4,
 }
 
+/// The statuses of an ACK that fails its file: every one but Ok.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckFailure {
+    /// As [`AckStatus::Integrity`].
+    Integrity,
+    /// As [`AckStatus::Io`].
+    Io,
+    /// As [`AckStatus::Protocol`].
+    Protocol,
+    /// As [`AckStatus::Rejected`].
+    Rejected,
+}
+
+/// An ACK that fails its file (any status but Ok), with its reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedAck {
+    /// Its status.
+    pub failure: AckFailure,
+    /// Its reason (at most [`MAX_REASON`] bytes).
+    pub reason: String,
+}
+
+impl FailedAck {
+    /// `ack` as a failure, or (status Ok) `ack` back.
+    pub fn of(ack: Ack) -> Result<Self, Ack> {
+        match ack.status.failure() {
+            Some(failure) => Ok(FailedAck {
+                failure,
+                reason: ack.reason,
+            }),
+            None => Err(ack),
+        }
+    }
+}
+
+impl From<AckFailure> for AckStatus {
+    fn from(f: AckFailure) -> Self {
+        match f {
+            AckFailure::Integrity => AckStatus::Integrity,
+            AckFailure::Io => AckStatus::Io,
+            AckFailure::Protocol => AckStatus::Protocol,
+            AckFailure::Rejected => AckStatus::Rejected,
+        }
+    }
+}
+
 impl AckStatus {
     /// Every status, in wire order.
     pub const ALL: [Self; 5] = [
@@ -320,6 +366,17 @@ impl AckStatus {
         Self::Protocol,
         Self::Rejected,
     ];
+
+    /// The failure this status says; None for Ok.
+    pub const fn failure(self) -> Option<AckFailure> {
+        match self {
+            Self::Ok => None,
+            Self::Integrity => Some(AckFailure::Integrity),
+            Self::Io => Some(AckFailure::Io),
+            Self::Protocol => Some(AckFailure::Protocol),
+            Self::Rejected => Some(AckFailure::Rejected),
+        }
+    }
 
     /// The status of a wire value, if known.
     pub fn from_u16(v: u16) -> Option<Self> {

@@ -697,7 +697,12 @@ pub(crate) fn check_sender(
                             AwaitRing | AwaitHave | AwaitCompared | Sending
                         ));
                         prop_assert!(m.pending.is_empty());
-                        prop_assert!(a.status != AckStatus::Ok);
+                        // The failing ACK fed, as it came.
+                        let Message::Ack(fed) = &sent else {
+                            return Err(TestCaseError::fail(format!("aborted by {sent:?}")));
+                        };
+                        prop_assert_eq!(AckStatus::from(a.failure), fed.status);
+                        prop_assert_eq!(&a.reason, &fed.reason);
                         prop_assert_eq!(s.state(), Closed);
                     }
                     Err(e) => {

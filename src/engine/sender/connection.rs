@@ -224,8 +224,8 @@ impl Connection {
                 }
             }
             SenderEvent::Keepalive => debug!("the receiver reads its copy"),
-            SenderEvent::Aborted(ack) => {
-                return Err(FileError::Fatal(ack_error(ack.status, ack.reason)));
+            SenderEvent::Aborted(failed) => {
+                return Err(FileError::Fatal(ack_error(failed)));
             }
             event => {
                 return match work.as_mut() {
@@ -367,11 +367,11 @@ impl Connection {
     /// receiver told why just before, that is the better error.
     pub(super) fn failure(&mut self, err: XferError) -> FileError {
         let said = self.events.iter().find_map(|e| match e {
-            SenderEvent::Aborted(ack) => Some(ack.clone()),
+            SenderEvent::Aborted(failed) => Some(failed.clone()),
             _ => None,
         });
         FileError::Fatal(match said {
-            Some(ack) => ack_error(ack.status, ack.reason),
+            Some(failed) => ack_error(failed),
             None => err,
         })
     }

@@ -23,7 +23,9 @@ use crate::engine::progress::ProgressSink;
 use crate::engine::reader::Reader;
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
 use crate::error::XferError;
-use crate::proto::{AckStatus, DigestAlg, FileOffer, OfferKind, ProtocolError, SenderEvent, Token};
+use crate::proto::{
+    AckFailure, DigestAlg, FailedAck, FileOffer, OfferKind, ProtocolError, SenderEvent, Token,
+};
 use crate::sys::SysError;
 use crate::sys::rdma::{Buffer, BufferPool, probe_devices};
 use pump::Pipeline;
@@ -502,18 +504,19 @@ fn unexpected(event: &SenderEvent<verdicts::PendingEntry>) -> FileError {
     FileError::Fatal(XferError::Internal(format!("unexpected event {event:?}")))
 }
 
-fn ack_error(status: AckStatus, reason: String) -> XferError {
-    match status {
-        AckStatus::Ok => XferError::Internal("an abort with status ok".into()),
-        AckStatus::Integrity => XferError::Integrity(format!("the receiver reports: {reason}")),
-        AckStatus::Io => XferError::PeerIo(reason),
+/// The error an ACK that failed a file stands for.
+fn ack_error(failed: FailedAck) -> XferError {
+    let reason = failed.reason;
+    match failed.failure {
+        AckFailure::Integrity => XferError::Integrity(format!("the receiver reports: {reason}")),
+        AckFailure::Io => XferError::PeerIo(reason),
         // The receiver refuses with an ACK (not a REJECT) only for a size
         // beyond its limits, found once the bytes are coming.
-        AckStatus::Rejected => XferError::Rejected {
+        AckFailure::Rejected => XferError::Rejected {
             code: Some(crate::proto::RejectCode::TooLarge),
             reason,
         },
-        AckStatus::Protocol => XferError::PeerReported {
+        AckFailure::Protocol => XferError::PeerReported {
             from: crate::proto::Role::Receiver,
             reason,
         },

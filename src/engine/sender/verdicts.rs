@@ -7,7 +7,7 @@ use super::{FileError, SessionOutcome, ack_error};
 use crate::engine::progress::FileProgress;
 use crate::engine::report::{FileEvent, FileFailure, FileReport};
 use crate::error::XferError;
-use crate::proto::{AckStatus, Capability, DigestAlg, Verdict, escaped};
+use crate::proto::{Capability, DigestAlg, FailedAck, Reject, Verdict, escaped};
 use std::time::{Duration, Instant};
 use tracing::debug;
 
@@ -127,12 +127,9 @@ impl Tracker<'_> {
                 let n = u32::try_from(reports.len()).unwrap_or(u32::MAX).max(1);
                 let commit = fin_sent.elapsed() / n;
                 // ACK(ok) says how it was stored; anything else fails it.
-                let stored = match verdict {
-                    Verdict::Ack(ack) if ack.status == AckStatus::Ok => Ok(ack.reason),
-                    // The machine refuses a file's REJECT after its FIN;
-                    // taken as said all the same.
-                    other => Err(other),
-                };
+                // (The machine refuses a file's REJECT after its FIN; taken
+                // as said all the same.)
+                let stored = Refusal::of(verdict);
                 if stored.is_ok() {
                     progress.finished();
                 }
@@ -149,14 +146,8 @@ impl Tracker<'_> {
                             (self.on_file)(FileEvent::Done(&report));
                             self.outcome.files.push(report);
                         }
-                        Err(verdict) => {
-                            let err = match verdict {
-                                Verdict::Ack(ack) => ack_error(ack.status, ack.reason.clone()),
-                                Verdict::Reject(rej) => XferError::Rejected {
-                                    code: Some(rej.code),
-                                    reason: rej.reason.clone(),
-                                },
-                            };
+                        Err(refusal) => {
+                            let err = refusal.clone().error();
                             let started = Instant::now().checked_sub(report.elapsed);
                             self.fail(&report.name, report.bytes, started, err);
                         }
@@ -164,17 +155,13 @@ impl Tracker<'_> {
                 }
             }
             (PendingEntry::Dir { name, started }, verdict) => {
-                let err = match verdict {
-                    Verdict::Ack(ack) if ack.status == AckStatus::Ok => {
+                let err = match Refusal::of(verdict) {
+                    Ok(_) => {
                         debug!(dir = %name, "directory done");
                         self.outcome.directories += 1;
                         return Ok(());
                     }
-                    Verdict::Ack(ack) => ack_error(ack.status, ack.reason),
-                    Verdict::Reject(rej) => XferError::Rejected {
-                        code: Some(rej.code),
-                        reason: rej.reason,
-                    },
+                    Err(refusal) => refusal.error(),
                 };
                 self.refused_dirs.push(name.clone());
                 self.fail(&name, 0, Some(started), err);
@@ -207,6 +194,36 @@ pub(super) fn awaiting_ack(
 }
 
 /// How a REJECT(version) from a receiver that predates `lacks` is told:
+/// Why the receiver failed an entry: an ACK with a failure status, or
+/// a REJECT.
+#[derive(Clone)]
+enum Refusal {
+    Failed(FailedAck),
+    Rejected(Reject),
+}
+
+impl Refusal {
+    /// ACK(ok)'s note (how it was stored), or why it failed.
+    fn of(verdict: Verdict) -> Result<String, Self> {
+        match verdict {
+            Verdict::Ack(ack) => {
+                FailedAck::of(ack).map_or_else(|ok| Ok(ok.reason), |f| Err(Refusal::Failed(f)))
+            }
+            Verdict::Reject(r) => Err(Refusal::Rejected(r)),
+        }
+    }
+
+    fn error(self) -> XferError {
+        match self {
+            Refusal::Failed(failed) => ack_error(failed),
+            Refusal::Rejected(r) => XferError::Rejected {
+                code: Some(r.code),
+                reason: r.reason,
+            },
+        }
+    }
+}
+
 /// which option to drop. `detail`: both versions, as the machine says.
 pub(super) fn older_receiver(lacks: Capability, detail: &str) -> String {
     match lacks {

@@ -254,7 +254,7 @@ fn a_chunk_that_fails_its_crc_aborts_the_file_and_leaves_nothing() {
     let SenderEvent::Aborted(ack) = ended.played else {
         panic!("{:?}", ended.played);
     };
-    assert_eq!(ack.status, AckStatus::Integrity);
+    assert_eq!(ack.failure, crate::proto::AckFailure::Integrity);
     assert!(matches!(&ended.reported[..], [Reported::Failed { name, .. }] if name == "f"));
     assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
 }
@@ -380,7 +380,7 @@ fn a_chunk_whose_tag_is_wrong_is_refused_though_its_crc_is_right() {
     let SenderEvent::Aborted(ack) = ended.played else {
         panic!("{:?}", ended.played);
     };
-    assert_eq!(ack.status, AckStatus::Integrity);
+    assert_eq!(ack.failure, crate::proto::AckFailure::Integrity);
     assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
 }
 
