@@ -77,6 +77,15 @@ impl Token {
         }
     }
 
+    /// A secret of `N` bytes, never empty: `N` is checked when this is
+    /// compiled.
+    pub fn from_array<const N: usize>(secret: [u8; N]) -> Self {
+        const { assert!(N > 0, "an empty secret authenticates nothing") };
+        Token {
+            secret: secret.to_vec(),
+        }
+    }
+
     /// The secret's length in bytes.
     pub fn len(&self) -> usize {
         self.secret.len()

@@ -103,11 +103,17 @@ pub fn one_time_token() -> Result<(Token, String), XferError> {
     let mut raw = [0u8; ONE_TIME_TOKEN_BYTES];
     getrandom::fill(&mut raw)
         .map_err(|e| XferError::io("no random bytes for a token", std::io::Error::other(e)))?;
-    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 2 * ONE_TIME_TOKEN_BYTES];
+    for (pair, b) in hex.chunks_exact_mut(2).zip(raw) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
+    }
     raw.fill(0);
-    let token = Token::new(hex.clone().into_bytes())
-        .ok_or_else(|| XferError::Internal("empty one-time token".into()))?;
-    Ok((token, hex))
+    let text: String = hex.iter().copied().map(char::from).collect();
+    let token = Token::from_array(hex);
+    hex.fill(0);
+    Ok((token, text))
 }
 
 /// The ready line for a receiver listening on `addr`.
