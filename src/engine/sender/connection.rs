@@ -174,7 +174,7 @@ impl Connection {
                 settle(flow, work, queue, tracker)?;
             }
             if let Some(w) = work.as_mut() {
-                let flow = self.advance(w, pipe);
+                let flow = self.have_read_done(w).and_then(|()| self.advance(w, pipe));
                 settle(flow, work, queue, tracker)?;
             }
             if work.is_none() && self.session.can_start() {
@@ -191,6 +191,7 @@ impl Connection {
                 continue;
             }
             fatal(match work.as_mut() {
+                Some(w) if w.have_read.is_some() => self.wait_have_read(w, pipe),
                 Some(w) if w.waits_on_reader(pipe) => self.wait_reader(cfg, w, pipe),
                 Some(w) => {
                     let since = Instant::now();
