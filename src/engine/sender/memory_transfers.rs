@@ -112,6 +112,8 @@ struct Meddled {
     cut: bool,
     /// KEEPALIVEs sent to the receiver.
     keepalives: Arc<AtomicUsize>,
+    /// The connection is cut once this many KEEPALIVEs went out.
+    cut_after_keepalives: Option<usize>,
     /// Deliveries held back until their time, in order.
     held: VecDeque<(Instant, Delivery)>,
     ready: VecDeque<Delivery>,
@@ -127,6 +129,7 @@ impl Meddled {
             cut_after_fin: false,
             cut: false,
             keepalives: Arc::default(),
+            cut_after_keepalives: None,
             held: VecDeque::new(),
             ready: VecDeque::new(),
         }
@@ -166,7 +169,9 @@ impl Link for Meddled {
         }
         self.end.send(msg)?;
         if matches!(msg, Message::Keepalive) {
-            self.keepalives.fetch_add(1, Ordering::Relaxed);
+            let sent = self.keepalives.fetch_add(1, Ordering::Relaxed) + 1;
+            self.cut |= self.cut_after_keepalives == Some(sent);
+            return Ok(());
         }
         self.cut = self.cut_after_fin && matches!(msg, Message::Fin(_));
         Ok(())
@@ -501,6 +506,42 @@ fn a_long_read_for_a_compare_keeps_the_receiver_informed_and_compares_right() {
     third.received.unwrap();
     assert_eq!(outcome.count(Outcome::Skipped), 0);
     assert_eq!(std::fs::read(dest.path().join("big")).unwrap(), changed);
+}
+
+#[test]
+fn a_connection_broken_during_a_long_read_for_a_compare_stops_the_read_at_once() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..1u32 << 20).map(|b| (b * 3) as u8).collect();
+    std::fs::write(src.path().join("big"), &data).unwrap();
+    let (mut cfg, mut rcfg) = configs(dest.path());
+    cfg.walk.times = true;
+    transfer(&cfg, &rcfg, &[src.path().join("big")], None)
+        .sent
+        .unwrap();
+    // The read would take 256 chunks of 50 ms: about 13 s.
+    cfg.resume = true;
+    (cfg.timeout, rcfg.timeout) = (Duration::from_secs(1), Duration::from_secs(1));
+    super::have::READ_PAUSE.set(Duration::from_millis(50));
+    let (s, r) = memory_wire::pair();
+    let mut meddled = Meddled::new(s);
+    meddled.cut_after_keepalives = Some(2);
+    let started = Instant::now();
+    let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("big")], Box::new(meddled), r);
+    super::have::READ_PAUSE.set(Duration::ZERO);
+    // The session ended, its read stopped and joined, long before the
+    // read's end.
+    assert!(
+        matches!(t.sent, Err(XferError::PeerLost(_))),
+        "{:?}",
+        t.sent.map(|o| o.first_error)
+    );
+    assert!(t.received.is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(matches!(&t.sender_saw[..], [Reported::Failed { .. }]));
 }
 
 #[test]
