@@ -31,14 +31,6 @@ impl FileHasher {
         }
     }
 
-    /// The SHA-256 of what was fed; `None` for a CRC32 hasher.
-    pub fn finish_sha256(self) -> Option<[u8; 32]> {
-        match self {
-            FileHasher::Sha256(h) => Some(h.finalize().into()),
-            FileHasher::Crc32(_) => None,
-        }
-    }
-
     pub fn finish(self) -> Digest {
         match self {
             FileHasher::Crc32(h) => Digest::Crc32(h.finalize()),
@@ -91,6 +83,30 @@ pub fn read_prefix(
         crc_digest: crcs.finalize().into(),
         hasher,
     })
+}
+
+/// SHA-256 of `file`'s first `upto` bytes (an error if it ends before),
+/// read in chunks of `chunk_len` (one chunk of memory). `tick` runs before
+/// each chunk and may stop the read with an error.
+pub fn read_sha256(
+    file: &std::fs::File,
+    upto: u64,
+    chunk_len: u32,
+    mut tick: impl FnMut() -> std::io::Result<()>,
+) -> std::io::Result<[u8; 32]> {
+    use std::os::unix::fs::FileExt;
+    let mut sha = Sha256::new();
+    let mut buf = vec![0u8; chunk_len.max(1) as usize];
+    let mut offset = 0u64;
+    while offset < upto {
+        tick()?;
+        let len = (upto - offset).min(buf.len() as u64) as usize;
+        let data = &mut buf[..len];
+        file.read_exact_at(data, offset)?;
+        sha.update(&*data);
+        offset += len as u64;
+    }
+    Ok(sha.finalize().into())
 }
 
 /// Human-readable form for logs and JSON.
@@ -172,6 +188,34 @@ mod tests {
             }
         });
         assert!(stop.is_err());
+    }
+
+    #[test]
+    fn a_files_sha256_reads_in_chunks_and_can_be_stopped() {
+        use std::io::Write;
+        let data: Vec<u8> = (0..1037u32).map(|i| (i * 31) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data).unwrap();
+        let mut ticks = 0;
+        let sha = read_sha256(&f, 1037, 100, || {
+            ticks += 1;
+            Ok(())
+        })
+        .unwrap();
+        let want: [u8; 32] = Sha256::digest(&data).into();
+        assert_eq!((sha, ticks), (want, 11));
+        // Past the end: an error, not a shorter digest.
+        assert!(read_sha256(&f, 2000, 100, || Ok(())).is_err());
+        let mut ticks = 0;
+        let stopped = read_sha256(&f, 1037, 100, || {
+            ticks += 1;
+            if ticks == 3 {
+                Err(std::io::Error::other("stop"))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(stopped.is_err());
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod remote;
 mod report;
 pub mod sender;
 mod stdio;
+mod worker;
 
 pub use digest::FileHasher;
 pub use progress::{FileProgress, Listening, NoProgress, Progress, ProgressSink};

@@ -112,8 +112,9 @@ impl Connection {
     /// delivered (messages through the machine, completed writes back to
     /// the reader) and the reader's chunks, does what the machine's state
     /// allows (chunks written under credit, FIN, the next entry or batch),
-    /// then waits on the reader or the link until the machine's next
-    /// deadline. Ends with BYE once every entry is answered.
+    /// then waits on the reader, the read that answers a HAVE, or the link
+    /// until the machine's next deadline. Ends with BYE once every entry is
+    /// answered.
     pub(super) fn run(
         &mut self,
         cfg: &SenderConfig,
@@ -174,7 +175,7 @@ impl Connection {
                 settle(flow, work, queue, tracker)?;
             }
             if let Some(w) = work.as_mut() {
-                let flow = self.advance(w, pipe);
+                let flow = self.have_read_done(w).and_then(|()| self.advance(w, pipe));
                 settle(flow, work, queue, tracker)?;
             }
             if work.is_none() && self.session.can_start() {
@@ -191,6 +192,7 @@ impl Connection {
                 continue;
             }
             fatal(match work.as_mut() {
+                Some(w) if w.have_read.is_some() => self.wait_have_read(w, pipe),
                 Some(w) if w.waits_on_reader(pipe) => self.wait_reader(cfg, w, pipe),
                 Some(w) => {
                     let since = Instant::now();
@@ -357,7 +359,7 @@ impl Connection {
 
     /// Takes what the link delivered, without waiting (see
     /// `handle_deliveries`).
-    pub(super) fn poll_link(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
+    fn poll_link(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
         let polled = self.link.poll();
         self.handle_deliveries(pipe)?;
         polled.map_err(|e| self.failure(e))

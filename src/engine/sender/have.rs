@@ -1,41 +1,107 @@
 //! The answer to a HAVE: the file checked against what the receiver holds
-//! (a kept prefix read back, or the whole file's SHA-256 for a COMPARE),
-//! read while the receiver is kept informed (the machine's KEEPALIVE) and
-//! listened to.
+//! (a kept prefix read back, or the whole file's SHA-256 for a COMPARE).
+//! The read runs on a worker thread; the loop waits on its result, taking
+//! the link's deliveries and sending the machine's KEEPALIVEs meanwhile,
+//! and answers once it is there.
 
-use super::pump::{Answer, Pipeline};
-use super::{Connection, FileError, SenderConfig, proto_err};
-use crate::engine::digest::{PrefixRead, read_prefix};
+use super::pump::{Offered, Pipeline, Stage, Work};
+use super::{Connection, FileError, SenderConfig, proto_err, unexpected};
+use crate::engine::digest::{FileHasher, PrefixRead, read_prefix, read_sha256};
 use crate::engine::reader::Input;
+use crate::engine::worker::{Cancel, Lost, Worker};
 use crate::error::XferError;
-use crate::proto::{Digest, DigestAlg, Have, HaveKind, Waiting, escaped};
+use crate::proto::{Digest, Have, HaveKind, SenderEvent, Waiting, escaped};
 use crate::sys::SysError;
-use std::time::Instant;
-use tracing::{info, warn};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// How often the loop looks at the link while a read runs (the machine's
+/// KEEPALIVE may be due sooner: then at that time).
+const READ_CHECK: Duration = Duration::from_millis(50);
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: a pause before each chunk of a HAVE's read started on this
+    /// thread, so that the loop's KEEPALIVEs come due meanwhile.
+    pub(super) static READ_PAUSE: std::cell::Cell<Duration> =
+        const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// Before each chunk of a HAVE's read: stops it once the session stopped
+/// it or SIGINT or SIGTERM came (see `Cancel`).
+fn tick(cancel: &Cancel, pause: Duration) -> std::io::Result<()> {
+    if !pause.is_zero() {
+        std::thread::sleep(pause);
+    }
+    cancel.check()
+}
+
+/// How the sender answers a HAVE.
+enum Answer {
+    /// FROM: data from this offset (0 or the kept prefix; for a prefix,
+    /// the whole-file digest over it).
+    From(u64, Option<(u64, FileHasher)>),
+    /// COMPARE: the receiver has a complete copy, or asked for the file's
+    /// digest; this is the file's SHA-256.
+    Compare([u8; 32]),
+}
+
+/// A read under way to answer a HAVE, with what its answer needs.
+pub(super) enum HaveRead {
+    /// The receiver kept `bytes`: its chunks' CRCs are checked against
+    /// `want`, the digest HAVE carried.
+    Prefix {
+        bytes: u64,
+        want: Digest,
+        worker: Worker<std::io::Result<PrefixRead>>,
+    },
+    /// The whole file's SHA-256, for COMPARE.
+    Compare(Worker<std::io::Result<[u8; 32]>>),
+}
+
+impl HaveRead {
+    fn wait(&mut self, timeout: Duration) {
+        match self {
+            HaveRead::Prefix { worker, .. } => worker.wait(timeout),
+            HaveRead::Compare(worker) => worker.wait(timeout),
+        }
+    }
+}
 
 impl Connection {
-    /// Checks the file against what the receiver holds of it (HAVE) and
-    /// answers: for a complete copy, or a request for it (`--checksum`),
-    /// the file's SHA-256 (the receiver compares), else where its data starts: the kept prefix when every
-    /// chunk of it has the CRC the receiver recorded (with the whole-file
-    /// digest over it), else 0, saying why.
-    pub(super) fn answer(
+    /// Checks the file against what the receiver holds of it (HAVE): for
+    /// a complete copy, or a request for it (`--checksum`), the file's
+    /// SHA-256 (the receiver compares), else where its data starts: the
+    /// kept prefix when every chunk of it has the CRC the receiver recorded
+    /// (with the whole-file digest over it), else 0, saying why. What needs
+    /// the file read is answered when the read is done (`have_read_done`).
+    pub(super) fn on_have(
         &mut self,
         cfg: &SenderConfig,
-        name: &str,
-        have: &Have,
-        input: &Input,
-        pipe: &mut Pipeline<'_>,
-    ) -> Result<Answer, FileError> {
+        w: &mut Work,
+        have: Have,
+    ) -> Result<(), FileError> {
+        let Offered::File {
+            input: Some(input), ..
+        } = &w.offered
+        else {
+            return Err(unexpected(&SenderEvent::Have(have)));
+        };
         // Streams are never offered with RESUME or CHECKSUM.
         let Input::File { file, size } = input else {
-            return Ok(Answer::From(0, None));
+            return self.reply(&mut w.stage, Answer::From(0, None));
         };
-        match have.kind {
-            HaveKind::Nothing if have.note.is_empty() => Ok(Answer::From(0, None)),
+        let name = &w.name;
+        #[cfg(test)]
+        let pause = READ_PAUSE.get();
+        #[cfg(not(test))]
+        let pause = Duration::ZERO;
+        let read = match have.kind {
             HaveKind::Nothing => {
-                warn!(file = %escaped(name), "starting from zero: {}", escaped(&have.note));
-                Ok(Answer::From(0, None))
+                if !have.note.is_empty() {
+                    warn!(file = %escaped(name), "starting from zero: {}", escaped(&have.note));
+                }
+                return self.reply(&mut w.stage, Answer::From(0, None));
             }
             HaveKind::Prefix if have.chunk_len > cfg.chunk_size => {
                 warn!(
@@ -44,83 +110,156 @@ impl Connection {
                      this sender's --chunk-size {}",
                     have.bytes, have.chunk_len, cfg.chunk_size
                 );
-                Ok(Answer::From(0, None))
+                return self.reply(&mut w.stage, Answer::From(0, None));
             }
             HaveKind::Prefix => {
-                let read =
-                    self.read_for_have(name, file, (have.bytes, have.chunk_len, cfg.verify), pipe)?;
-                if Digest::Sha256(read.crc_digest) == have.digest {
-                    info!(file = %escaped(name), bytes = have.bytes, "continuing after the part the receiver kept");
-                    Ok(Answer::From(have.bytes, Some((have.bytes, read.hasher))))
-                } else {
-                    warn!(
-                        file = %escaped(name),
-                        "starting from zero: the source changed within the {} bytes the receiver kept",
-                        have.bytes
-                    );
-                    Ok(Answer::From(0, None))
+                let file = for_worker(name, file)?;
+                let (bytes, chunk_len, alg) = (have.bytes, have.chunk_len, cfg.verify);
+                let worker = start(move |cancel| {
+                    read_prefix(&file, bytes, chunk_len, alg, |_, _, _| tick(cancel, pause))
+                })?;
+                HaveRead::Prefix {
+                    bytes,
+                    want: have.digest,
+                    worker,
                 }
             }
             // Read before any data, whatever the receiver then decides.
             HaveKind::Complete | HaveKind::Digest => {
-                let read = self.read_for_have(
-                    name,
-                    file,
-                    (*size, cfg.chunk_size, DigestAlg::Sha256),
-                    pipe,
-                )?;
-                let sha256 = read.hasher.finish_sha256().ok_or_else(|| {
-                    FileError::Fatal(XferError::Internal("a SHA-256 read gave a CRC32".into()))
-                })?;
-                Ok(Answer::Compare(sha256))
+                let file = for_worker(name, file)?;
+                let (size, chunk_len) = (*size, cfg.chunk_size);
+                HaveRead::Compare(start(move |cancel| {
+                    read_sha256(&file, size, chunk_len, || tick(cancel, pause))
+                })?)
             }
-        }
+        };
+        w.have_read = Some(read);
+        Ok(())
     }
 
-    /// Reads the file's first `upto` bytes in chunks of `chunk_len` with
-    /// whole-file digest `alg` (see `read_prefix`), keeping the receiver
-    /// informed meanwhile (KEEPALIVE) and listening to it.
-    fn read_for_have(
-        &mut self,
-        name: &str,
-        file: &std::fs::File,
-        (upto, chunk_len, alg): (u64, u32, DigestAlg),
-        pipe: &mut Pipeline<'_>,
-    ) -> Result<PrefixRead, FileError> {
-        self.session.waiting(Waiting::Input, Instant::now());
-        let mut failed = None;
-        let read = read_prefix(file, upto, chunk_len, alg, |_, _, _| {
-            if crate::sys::os::shutdown_requested() {
-                failed = Some(FileError::Fatal(XferError::Sys(SysError::Interrupted)));
-                return Err(std::io::Error::other("interrupted by signal"));
-            }
-            // The machine's keepalive, when due.
-            let now = Instant::now();
-            if self.session.poll_timeout().is_none_or(|due| now < due) {
-                return Ok(());
-            }
-            let sent = self
-                .session
-                .handle_timeout(now)
-                .map_err(proto_err)
-                .and_then(|()| Ok(self.transmit()?))
-                .and_then(|_| self.poll_link(pipe));
-            match sent {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    failed = Some(e);
-                    Err(std::io::Error::other("the session failed"))
+    /// Answers the HAVE once its read is done (nothing before).
+    pub(super) fn have_read_done(&mut self, w: &mut Work) -> Result<(), FileError> {
+        let name = &w.name;
+        let answer = match w.have_read.as_mut() {
+            None => return Ok(()),
+            Some(HaveRead::Prefix {
+                bytes,
+                want,
+                worker,
+            }) => {
+                let Some(read) = worker.result() else {
+                    return Ok(());
+                };
+                let read = finished(name, read)?;
+                if Digest::Sha256(read.crc_digest) == *want {
+                    info!(file = %escaped(name), bytes = *bytes, "continuing after the part the receiver kept");
+                    Answer::From(*bytes, Some((*bytes, read.hasher)))
+                } else {
+                    warn!(
+                        file = %escaped(name),
+                        "starting from zero: the source changed within the {} bytes the receiver kept",
+                        bytes
+                    );
+                    Answer::From(0, None)
                 }
             }
-        });
-        if let Some(e) = failed {
-            return Err(e);
+            Some(HaveRead::Compare(worker)) => {
+                let Some(read) = worker.result() else {
+                    return Ok(());
+                };
+                Answer::Compare(finished(name, read)?)
+            }
+        };
+        // Its thread has ended: joined here.
+        w.have_read = None;
+        self.reply(&mut w.stage, answer)
+    }
+
+    /// Waits a little for the HAVE's read, then takes what the link
+    /// delivered meanwhile (watching for the receiver's disconnect) and
+    /// sends the machine's KEEPALIVE when due.
+    pub(super) fn wait_have_read(
+        &mut self,
+        w: &mut Work,
+        pipe: &mut Pipeline<'_>,
+    ) -> Result<(), FileError> {
+        let now = Instant::now();
+        self.session.waiting(Waiting::Input, now);
+        if let Some(read) = w.have_read.as_mut() {
+            let left = self.session.poll_timeout().map_or(READ_CHECK, |due| {
+                due.saturating_duration_since(now).min(READ_CHECK)
+            });
+            read.wait(left);
         }
-        read.map_err(|e| {
-            FileError::Fatal(XferError::io(
-                format!("cannot read {name} to compare it with what the receiver holds"),
-                e,
-            ))
-        })
+        let waited = self
+            .link
+            .wait_until(Instant::now(), self.session.waited_for());
+        // What came before a failure still counts.
+        self.handle_deliveries(pipe)?;
+        waited.map_err(|e| self.failure(e))?;
+        self.session
+            .handle_timeout(Instant::now())
+            .map_err(proto_err)?;
+        if self.transmit()? > 0 {
+            debug!("reading the file for the receiver's HAVE: KEEPALIVE sent");
+        }
+        Ok(())
+    }
+
+    /// Sends the answer to the HAVE: FROM (the data's offset; `stage`
+    /// keeps the prefix's digest for the data) or COMPARE.
+    fn reply(&mut self, stage: &mut Stage, answer: Answer) -> Result<(), FileError> {
+        match answer {
+            Answer::From(offset, resume) => {
+                self.session.start_from(offset).map_err(proto_err)?;
+                self.transmit()?;
+                *stage = Stage::Offer { resume };
+            }
+            Answer::Compare(sha256) => {
+                self.session.compare(sha256).map_err(proto_err)?;
+                self.transmit()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The file, for the worker's thread (its own descriptor).
+fn for_worker(name: &str, file: &std::fs::File) -> Result<std::fs::File, FileError> {
+    file.try_clone().map_err(|e| {
+        FileError::Fatal(XferError::io(
+            format!("cannot read {name} to compare it with what the receiver holds"),
+            e,
+        ))
+    })
+}
+
+/// Starts a HAVE's read on a worker thread of its own.
+fn start<T: Send + 'static>(
+    job: impl FnOnce(&Cancel) -> T + Send + 'static,
+) -> Result<Worker<T>, FileError> {
+    Worker::start("have-read", job).map_err(|e| {
+        FileError::Fatal(XferError::io(
+            "cannot start the thread that reads for the receiver's HAVE",
+            e,
+        ))
+    })
+}
+
+/// A read's result: its value, or why the session ends (SIGINT or SIGTERM
+/// stopped it, the file could not be read).
+fn finished<T>(name: &str, read: Result<std::io::Result<T>, Lost>) -> Result<T, FileError> {
+    match read {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {
+            Err(FileError::Fatal(XferError::Sys(SysError::Interrupted)))
+        }
+        Ok(Err(e)) => Err(FileError::Fatal(XferError::io(
+            format!("cannot read {name} to compare it with what the receiver holds"),
+            e,
+        ))),
+        Err(Lost) => Err(FileError::Fatal(XferError::Internal(
+            "the read for the receiver's HAVE ended without its result".into(),
+        ))),
     }
 }

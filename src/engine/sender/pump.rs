@@ -4,6 +4,7 @@
 //! all are written and the digest is known), and the reader's side of
 //! the pipeline.
 
+use super::have::HaveRead;
 use super::member::{Member, input};
 use super::verdicts::{PendingEntry, Tracker, awaiting_ack};
 use super::{Connection, FileError, SenderConfig, proto_err, unexpected};
@@ -97,16 +98,6 @@ fn reader_gone_error() -> XferError {
     XferError::Internal("the reader thread is gone".into())
 }
 
-/// How the sender answers a HAVE.
-pub(super) enum Answer {
-    /// FROM: data from this offset (0 or the kept prefix; for a prefix,
-    /// the whole-file digest over it).
-    From(u64, Option<(u64, FileHasher)>),
-    /// COMPARE: the receiver has a complete copy, or asked for the file's
-    /// digest; this is the file's SHA-256.
-    Compare([u8; 32]),
-}
-
 /// What is offered.
 pub(super) enum Offered {
     /// A file or a stream; its input goes to the reader at the MR (it is
@@ -156,6 +147,8 @@ pub(super) struct Work {
     read: Option<(Digest, Vec<Digest>)>,
     /// Since when the loop waits on the reader without news.
     reader_wait: Option<Instant>,
+    /// The read that answers the receiver's HAVE, under way.
+    pub(super) have_read: Option<HaveRead>,
     times: DataPathTimes,
 }
 
@@ -197,6 +190,7 @@ impl Work {
             read_ahead: None,
             read: None,
             reader_wait: None,
+            have_read: None,
             times: DataPathTimes::default(),
         }
     }
@@ -269,23 +263,7 @@ impl Connection {
                 Ok(Flow::Going)
             }
             SenderEvent::Have(have) => {
-                let Offered::File {
-                    input: Some(input), ..
-                } = &w.offered
-                else {
-                    return Err(unexpected(&SenderEvent::Have(have)));
-                };
-                match self.answer(cfg, &w.name, &have, input, pipe)? {
-                    Answer::From(offset, resume) => {
-                        self.session.start_from(offset).map_err(proto_err)?;
-                        self.transmit()?;
-                        w.stage = Stage::Offer { resume };
-                    }
-                    Answer::Compare(sha256) => {
-                        self.session.compare(sha256).map_err(proto_err)?;
-                        self.transmit()?;
-                    }
-                }
+                self.on_have(cfg, w, have)?;
                 Ok(Flow::Going)
             }
             SenderEvent::Same { ack, copy, sha256 } => {

@@ -1,16 +1,16 @@
-//! A session's long file work for an offer, on its worker (`worker.rs`):
+//! A session's long file work for an offer, on its worker (`engine/worker.rs`):
 //! what is held of an offer with RESUME (a partial file another session
 //! holds waited for, a kept prefix read back), and for a COMPARE the
 //! copy's SHA-256 (and the --link-dest link or copy). The loop keeps
 //! waiting on the link meanwhile; the result comes back to it
 //! (`file_work_done`).
 
-use super::worker::{Cancel, Lost, Worker};
 use super::{AwaitingFrom, DigestFor, Session, interrupted};
 use crate::engine::receiver::storage::FileStore;
 use crate::engine::receiver::storage::link_dest::{LinkCandidate, LinkError, Linked};
 use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
 use crate::engine::report::{FileEvent, FileReport, Phases};
+use crate::engine::worker::{Cancel, Lost, Worker};
 use crate::error::XferError;
 use crate::proto::{Found, Hello, Reject};
 use std::path::PathBuf;

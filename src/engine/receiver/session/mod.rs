@@ -8,10 +8,9 @@ mod file_work;
 mod offers;
 #[cfg(test)]
 pub(super) mod tests;
-mod worker;
 
+use crate::engine::worker::Worker;
 use file_work::Done;
-use worker::Worker;
 
 use super::admission::Admission;
 use super::storage::FileStore;

@@ -4,7 +4,7 @@
 
 use super::key::SidecarKey;
 use super::sidecar::*;
-use crate::proto::{DigestAlg, Hello};
+use crate::proto::Hello;
 use crate::sys::dirfd::OwnFileError;
 
 /// Records past this many bytes of a sidecar are not read (a 2 TB file in
@@ -271,19 +271,13 @@ pub(crate) fn copy_digest(
     if copy.metadata()?.len() != size {
         return Err(std::io::Error::other("it changed size"));
     }
-    let read =
-        crate::engine::digest::read_prefix(copy, size, chunk_len, DigestAlg::Sha256, |_, _, _| {
-            tick()
-        })?;
-    read.hasher
-        .finish_sha256()
-        .ok_or_else(|| std::io::Error::other("not a SHA-256"))
+    crate::engine::digest::read_sha256(copy, size, chunk_len, tick)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{Digest, Found, HaveKind, Mtime};
+    use crate::proto::{Digest, DigestAlg, Found, HaveKind, Mtime};
     use crate::sys::dirfd::DirFd;
     use sha2::{Digest as _, Sha256};
 

@@ -1,7 +1,8 @@
-//! Long file work of a session (a kept prefix read back, a copy hashed, a
-//! --link-dest copy made) on a thread of its own, so that the session's
-//! loop keeps waiting on the link meanwhile: a vanished sender is noticed
-//! and KEEPALIVEs go out on time. The result comes back to the loop.
+//! Long file work of a session (the receiver's kept prefix read back, a
+//! copy hashed, a --link-dest copy made; the sender's read to answer a
+//! HAVE) on a thread of its own, so that the session's loop keeps waiting
+//! on the link meanwhile: a vanished peer is noticed and KEEPALIVEs go out
+//! on time. The result comes back to the loop.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,12 +11,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// What a job looks at between its pieces: whether to stop.
-pub(super) struct Cancel(Arc<AtomicBool>);
+pub(crate) struct Cancel(Arc<AtomicBool>);
 
 impl Cancel {
     /// Fails once the session stopped the job (it ends, or goes on
     /// without it) or SIGINT or SIGTERM came.
-    pub(super) fn check(&self) -> std::io::Result<()> {
+    pub(crate) fn check(&self) -> std::io::Result<()> {
         if self.0.load(Ordering::Relaxed) || crate::sys::os::shutdown_requested() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::Interrupted,
@@ -28,7 +29,7 @@ impl Cancel {
 
 /// One job on its thread. Dropping it stops the job and waits for its
 /// thread: nothing it does outlives the session.
-pub(super) struct Worker<T> {
+pub(crate) struct Worker<T> {
     cancel: Arc<AtomicBool>,
     result: Receiver<T>,
     /// A result `wait` took, until `result` hands it over.
@@ -38,11 +39,11 @@ pub(super) struct Worker<T> {
 
 /// The job's thread ended without its result (it panicked).
 #[derive(Debug)]
-pub(super) struct Lost;
+pub(crate) struct Lost;
 
 impl<T: Send + 'static> Worker<T> {
     /// Starts `job` on a thread of its own.
-    pub(super) fn start(
+    pub(crate) fn start(
         name: &str,
         job: impl FnOnce(&Cancel) -> T + Send + 'static,
     ) -> std::io::Result<Self> {
@@ -68,7 +69,7 @@ impl<T: Send + 'static> Worker<T> {
 
     /// The job's result once it is there (then the thread has ended or is
     /// ending).
-    pub(super) fn result(&mut self) -> Option<Result<T, Lost>> {
+    pub(crate) fn result(&mut self) -> Option<Result<T, Lost>> {
         if let Some(ready) = self.ready.take() {
             return Some(ready);
         }
@@ -82,7 +83,7 @@ impl<T: Send + 'static> Worker<T> {
 
 impl<T> Worker<T> {
     /// Waits up to `timeout` for the job's result (`result` then has it).
-    pub(super) fn wait(&mut self, timeout: Duration) {
+    pub(crate) fn wait(&mut self, timeout: Duration) {
         if self.ready.is_some() {
             return;
         }
