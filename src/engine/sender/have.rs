@@ -4,9 +4,10 @@
 //! the link's deliveries and sending the machine's KEEPALIVEs meanwhile,
 //! and answers once it is there.
 
+use super::have_read::HaveRead;
 use super::pump::{Offered, Pipeline, Stage, Work};
 use super::{Connection, FileError, SenderConfig, proto_err, unexpected};
-use crate::engine::digest::{FileHasher, PrefixRead, read_prefix, read_sha256};
+use crate::engine::digest::{FileHasher, read_prefix, read_sha256};
 use crate::engine::reader::Input;
 use crate::engine::worker::{Cancel, Lost, Worker};
 use crate::error::XferError;
@@ -44,28 +45,6 @@ enum Answer {
     /// COMPARE: the receiver has a complete copy, or asked for the file's
     /// digest; this is the file's SHA-256.
     Compare([u8; 32]),
-}
-
-/// A read under way to answer a HAVE, with what its answer needs.
-pub(super) enum HaveRead {
-    /// The receiver kept `bytes`: its chunks' CRCs are checked against
-    /// `want`, the digest HAVE carried.
-    Prefix {
-        bytes: u64,
-        want: Digest,
-        worker: Worker<std::io::Result<PrefixRead>>,
-    },
-    /// The whole file's SHA-256, for COMPARE.
-    Compare(Worker<std::io::Result<[u8; 32]>>),
-}
-
-impl HaveRead {
-    fn wait(&mut self, timeout: Duration) {
-        match self {
-            HaveRead::Prefix { worker, .. } => worker.wait(timeout),
-            HaveRead::Compare(worker) => worker.wait(timeout),
-        }
-    }
 }
 
 impl Connection {

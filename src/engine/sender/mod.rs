@@ -8,6 +8,7 @@
 mod batch;
 mod connection;
 mod have;
+mod have_read;
 mod member;
 #[cfg(test)]
 mod memory_transfers;

@@ -4,7 +4,7 @@
 //! all are written and the digest is known), and the reader's side of
 //! the pipeline.
 
-use super::have::HaveRead;
+use super::have_read::HaveRead;
 use super::member::{Member, input};
 use super::verdicts::{PendingEntry, Tracker, awaiting_ack};
 use super::{Connection, FileError, SenderConfig, proto_err, unexpected};
