@@ -26,6 +26,7 @@ use hkdf::Hkdf;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use thiserror::Error;
+use zeroize::Zeroize;
 
 /// Domain separation of the protocol-2 AUTH MAC (see [`Token::mac`]).
 pub const AUTH_CONTEXT: &[u8] = b"rdma-xfer auth v1\0";
@@ -78,8 +79,9 @@ impl Token {
     }
 
     /// A secret of `N` bytes, never empty: `N` is checked when this is
-    /// compiled.
-    pub fn from_array<const N: usize>(secret: [u8; N]) -> Self {
+    /// compiled. Borrowed, so that the caller's copy is the only one
+    /// left to wipe.
+    pub fn from_array<const N: usize>(secret: &[u8; N]) -> Self {
         const { assert!(N > 0, "an empty secret authenticates nothing") };
         Token {
             secret: secret.to_vec(),
@@ -125,9 +127,8 @@ impl Token {
 
 impl Drop for Token {
     fn drop(&mut self) {
-        // Best effort; black_box keeps the stores from being elided.
-        self.secret.fill(0);
-        std::hint::black_box(&self.secret);
+        // Volatile writes over the whole allocation: not elided.
+        self.secret.zeroize();
     }
 }
 

@@ -496,7 +496,9 @@ impl<P> SenderSession<P> {
             SenderState::Idle => "the receiver's ACK",
             SenderState::AwaitRing => "the receiver's MR reply",
             SenderState::AwaitHave => "the receiver's HAVE reply",
-            SenderState::AwaitFromDecision => "the receiver",
+            SenderState::AwaitFromDecision => {
+                "our own read of the file the receiver has (its HAVE)"
+            }
             SenderState::AwaitCompared => "the receiver's comparison of its copy",
             SenderState::Sending => "credit from the receiver",
             SenderState::Closed => "delivery of BYE",

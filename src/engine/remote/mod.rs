@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
+use zeroize::Zeroizing;
 
 /// The word that starts the ready line, and the channel's version.
 const READY: &str = "rdma-xfer-ready";
@@ -99,21 +100,20 @@ fn lossy(line: &[u8]) -> String {
 
 /// A fresh one-time token: `ONE_TIME_TOKEN_BYTES` random bytes as hex,
 /// which is also the token's secret (64 bytes).
-pub fn one_time_token() -> Result<(Token, String), XferError> {
-    let mut raw = [0u8; ONE_TIME_TOKEN_BYTES];
-    getrandom::fill(&mut raw)
+/// Every copy of the secret here is wiped when it drops; the text goes on
+/// to the remote receiver's stdin.
+pub fn one_time_token() -> Result<(Token, Zeroizing<String>), XferError> {
+    let mut raw = Zeroizing::new([0u8; ONE_TIME_TOKEN_BYTES]);
+    getrandom::fill(raw.as_mut_slice())
         .map_err(|e| XferError::io("no random bytes for a token", std::io::Error::other(e)))?;
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = [0u8; 2 * ONE_TIME_TOKEN_BYTES];
-    for (pair, b) in hex.chunks_exact_mut(2).zip(raw) {
+    let mut hex = Zeroizing::new([0u8; 2 * ONE_TIME_TOKEN_BYTES]);
+    for (pair, &b) in hex.chunks_exact_mut(2).zip(raw.iter()) {
         pair[0] = DIGITS[usize::from(b >> 4)];
         pair[1] = DIGITS[usize::from(b & 0xf)];
     }
-    raw.fill(0);
-    let text: String = hex.iter().copied().map(char::from).collect();
-    let token = Token::from_array(hex);
-    hex.fill(0);
-    Ok((token, text))
+    let text = Zeroizing::new(hex.iter().copied().map(char::from).collect());
+    Ok((Token::from_array(&hex), text))
 }
 
 /// The ready line for a receiver listening on `addr`.
@@ -257,7 +257,9 @@ pub fn launch(
     }
     // ssh may already have failed (EPIPE): its status says why.
     let wrote = remote.stdin.as_mut().map(|s| {
-        s.write_all(format!("{token_hex}\n").as_bytes())
+        // Two writes, so that no other copy of the secret is made.
+        s.write_all(token_hex.as_bytes())
+            .and_then(|()| s.write_all(b"\n"))
             .and_then(|()| s.flush())
     });
     if let Some(Err(e)) = wrote {

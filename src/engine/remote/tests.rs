@@ -113,7 +113,7 @@ fn one_time_tokens_are_fresh_hex() {
     assert!(hex_a.bytes().all(|b| b.is_ascii_hexdigit()));
     assert_ne!(hex_a, hex_b);
     // The remote side reads exactly that token back.
-    let read = read_token_line(&mut format!("{hex_a}\nmore").as_bytes()).unwrap();
+    let read = read_token_line(&mut format!("{}\nmore", *hex_a).as_bytes()).unwrap();
     let nonce = [7u8; crate::proto::NONCE_LEN];
     assert_eq!(read.mac(&nonce), a.mac(&nonce));
 }

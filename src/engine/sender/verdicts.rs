@@ -193,7 +193,6 @@ pub(super) fn awaiting_ack(
     }
 }
 
-/// How a REJECT(version) from a receiver that predates `lacks` is told:
 /// Why the receiver failed an entry: an ACK with a failure status, or
 /// a REJECT.
 #[derive(Clone)]
@@ -224,6 +223,7 @@ impl Refusal {
     }
 }
 
+/// How a REJECT(version) from a receiver that predates `lacks` is told:
 /// which option to drop. `detail`: both versions, as the machine says.
 pub(super) fn older_receiver(lacks: Capability, detail: &str) -> String {
     match lacks {
