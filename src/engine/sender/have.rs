@@ -126,9 +126,11 @@ impl Connection {
                 };
                 let (size, chunk_len) = (*size, cfg.chunk_size);
                 let before = BeforePiece::next();
-                HaveRead::Compare(worker.run(move |cancel| {
-                    read_sha256(&file, size, chunk_len, || before.tick(cancel))
-                }))
+                HaveRead::Compare(
+                    worker.run(move |cancel| {
+                        read_sha256(&file, size, chunk_len, || before.tick(cancel))
+                    }),
+                )
             }
         };
         w.have_read = Some(read);

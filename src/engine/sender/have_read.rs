@@ -4,8 +4,8 @@
 //! it and answers from its result.
 
 use crate::engine::digest::PrefixRead;
-use crate::engine::worker::Worker;
 use crate::engine::link::Link;
+use crate::engine::worker::Worker;
 use crate::error::XferError;
 use crate::proto::Digest;
 use std::time::Instant;

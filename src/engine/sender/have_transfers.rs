@@ -3,9 +3,9 @@
 //! meanwhile, the read stopped when the connection breaks, a read stuck
 //! (as in a hung NFS or FUSE source) ending the session after --timeout.
 
+use super::SenderConfig;
 use super::have::READ_HOOK;
 use super::memory_transfers::{Meddled, configs, transfer, transfer_meddled};
-use super::SenderConfig;
 use crate::engine::memory_wire;
 use crate::engine::receiver::{ReceiverConfig, Reported};
 use crate::engine::report::Outcome;
@@ -143,14 +143,17 @@ fn a_read_stuck_for_the_timeout_ends_the_session_and_is_left_behind() {
     let held = Mutex::new(held);
     let stuck = move || {
         let _held = &end;
-        let _ = held.lock().unwrap().recv();
+        // At most 10 s: a session that waits for it shows, and does not hang.
+        let _ = held.lock().unwrap().recv_timeout(Duration::from_secs(10));
     };
     let timeout = Duration::from_secs(1);
     let (src, _dest, cfg, mut rcfg) = sent_once(&data, timeout, stuck);
     // The receiver would wait much longer: the sender's stall ends it.
     rcfg.timeout = Duration::from_secs(30);
     let (s, r) = memory_wire::pair();
-    let meddled = Meddled::new(s);
+    let mut meddled = Meddled::new(s);
+    // A session that would send KEEPALIVEs for ever ends otherwise.
+    meddled.cut_after_keepalives = Some(8);
     let keepalives = Arc::clone(&meddled.keepalives);
     let started = Instant::now();
     let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("big")], Box::new(meddled), r);

@@ -101,6 +101,17 @@ impl HeldCopy {
     }
 }
 
+/// Tests: what the next COMPARE's work started on a session's thread
+/// does first (blocks, as a read stuck in the kernel does).
+#[cfg(test)]
+pub(super) type CompareHook = Box<dyn FnOnce() + Send>;
+
+#[cfg(test)]
+thread_local! {
+    pub(super) static COMPARE_HOOK: std::cell::Cell<Option<CompareHook>> =
+        const { std::cell::Cell::new(None) };
+}
+
 /// Why the file work could not start (no descriptor or thread to spare):
 /// that offer's failure, not the session's.
 fn not_started(e: &std::io::Error) -> String {
@@ -200,7 +211,13 @@ impl Session<'_, '_> {
             _ => return Err(XferError::Internal("COMPARE without one copy".into())),
         };
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
+        #[cfg(test)]
+        let hook = COMPARE_HOOK.take();
         let job = move |cancel: &Cancel| {
+            #[cfg(test)]
+            if let Some(hook) = hook {
+                hook();
+            }
             Done::Compare(Box::new(Comparison {
                 compared: copy.compare(sha256, size, chunk_len, cancel),
                 waiting,
