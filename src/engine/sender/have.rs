@@ -9,32 +9,49 @@ use super::pump::{Offered, Pipeline, Stage, Work};
 use super::{Connection, FileError, SenderConfig, proto_err, unexpected};
 use crate::engine::digest::{FileHasher, read_prefix, read_sha256};
 use crate::engine::reader::Input;
-use crate::engine::worker::{Cancel, Lost, Worker};
+use crate::engine::worker::{Cancel, Lost, WORK_CHECK, Worker};
 use crate::error::XferError;
 use crate::proto::{Digest, Have, HaveKind, SenderEvent, Waiting, escaped};
 use crate::sys::SysError;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::{debug, info, warn};
 
-/// How often the loop looks at the link while a read runs (the machine's
-/// KEEPALIVE may be due sooner: then at that time).
-const READ_CHECK: Duration = Duration::from_millis(50);
+#[cfg(test)]
+pub(super) type ReadHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 #[cfg(test)]
 thread_local! {
-    /// Tests: a pause before each chunk of a HAVE's read started on this
-    /// thread, so that the loop's KEEPALIVEs come due meanwhile.
-    pub(super) static READ_PAUSE: std::cell::Cell<Duration> =
-        const { std::cell::Cell::new(Duration::ZERO) };
+    /// Tests: called before each piece of the next HAVE's read started on
+    /// this thread (a pause, so that the loop's KEEPALIVEs come due; or a
+    /// block the test lifts), and dropped at that read's end.
+    pub(super) static READ_HOOK: std::cell::RefCell<Option<ReadHook>> =
+        const { std::cell::RefCell::new(None) };
 }
 
-/// Before each chunk of a HAVE's read: stops it once the session stopped
-/// it or SIGINT or SIGTERM came (see `Cancel`).
-fn tick(cancel: &Cancel, pause: Duration) -> std::io::Result<()> {
-    if !pause.is_zero() {
-        std::thread::sleep(pause);
+/// What a HAVE's read does before each piece besides its look at
+/// `Cancel`: nothing, but in tests (`READ_HOOK`).
+struct BeforePiece {
+    #[cfg(test)]
+    hook: Option<ReadHook>,
+}
+
+impl BeforePiece {
+    fn next() -> Self {
+        Self {
+            #[cfg(test)]
+            hook: READ_HOOK.take(),
+        }
     }
-    cancel.check()
+
+    /// Before each piece of a HAVE's read: stops it once the session
+    /// stopped it or SIGINT or SIGTERM came (see `Cancel`).
+    fn tick(&self, cancel: &Cancel) -> std::io::Result<()> {
+        #[cfg(test)]
+        if let Some(hook) = &self.hook {
+            hook();
+        }
+        cancel.check()
+    }
 }
 
 /// How the sender answers a HAVE.
@@ -71,10 +88,6 @@ impl Connection {
             return self.reply(&mut w.stage, Answer::From(0, None));
         };
         let name = &w.name;
-        #[cfg(test)]
-        let pause = READ_PAUSE.get();
-        #[cfg(not(test))]
-        let pause = Duration::ZERO;
         let read = match have.kind {
             HaveKind::Nothing => {
                 if !have.note.is_empty() {
@@ -92,24 +105,32 @@ impl Connection {
                 return self.reply(&mut w.stage, Answer::From(0, None));
             }
             HaveKind::Prefix => {
-                let file = for_worker(name, file)?;
+                let Some((file, worker)) = start(cfg, name, file) else {
+                    return self.reply(&mut w.stage, Answer::From(0, None));
+                };
                 let (bytes, chunk_len, alg) = (have.bytes, have.chunk_len, cfg.verify);
-                let worker = start(move |cancel| {
-                    read_prefix(&file, bytes, chunk_len, alg, |_, _, _| tick(cancel, pause))
-                })?;
+                let before = BeforePiece::next();
                 HaveRead::Prefix {
                     bytes,
                     want: have.digest,
-                    worker,
+                    worker: worker.run(move |cancel| {
+                        read_prefix(&file, bytes, chunk_len, alg, |_, _, _| before.tick(cancel))
+                    }),
                 }
             }
             // Read before any data, whatever the receiver then decides.
             HaveKind::Complete | HaveKind::Digest => {
-                let file = for_worker(name, file)?;
+                // FROM 0 answers any HAVE: the receiver takes the data.
+                let Some((file, worker)) = start(cfg, name, file) else {
+                    return self.reply(&mut w.stage, Answer::From(0, None));
+                };
                 let (size, chunk_len) = (*size, cfg.chunk_size);
-                HaveRead::Compare(start(move |cancel| {
-                    read_sha256(&file, size, chunk_len, || tick(cancel, pause))
-                })?)
+                let before = BeforePiece::next();
+                HaveRead::Compare(
+                    worker.run(move |cancel| {
+                        read_sha256(&file, size, chunk_len, || before.tick(cancel))
+                    }),
+                )
             }
         };
         w.have_read = Some(read);
@@ -164,15 +185,13 @@ impl Connection {
     ) -> Result<(), FileError> {
         let now = Instant::now();
         self.session.waiting(Waiting::Input, now);
-        if let Some(read) = w.have_read.as_mut() {
-            let left = self.session.poll_timeout().map_or(READ_CHECK, |due| {
-                due.saturating_duration_since(now).min(READ_CHECK)
-            });
-            read.wait(left);
-        }
-        let waited = self
-            .link
-            .wait_until(Instant::now(), self.session.waited_for());
+        // The machine's next KEEPALIVE; the worker's wait is short anyway.
+        let deadline = self.session.poll_timeout().unwrap_or(now + WORK_CHECK);
+        let what = self.session.waited_for();
+        let waited = match w.have_read.as_mut() {
+            Some(read) => read.wait_until(deadline, &mut *self.link, what),
+            None => self.link.wait_until(Instant::now(), what).map(drop),
+        };
         // What came before a failure still counts.
         self.handle_deliveries(pipe)?;
         waited.map_err(|e| self.failure(e))?;
@@ -203,26 +222,28 @@ impl Connection {
     }
 }
 
-/// The file, for the worker's thread (its own descriptor).
-fn for_worker(name: &str, file: &std::fs::File) -> Result<std::fs::File, FileError> {
-    file.try_clone().map_err(|e| {
-        FileError::Fatal(XferError::io(
-            format!("cannot read {name} to compare it with what the receiver holds"),
-            e,
-        ))
-    })
-}
-
-/// Starts a HAVE's read on a worker thread of its own.
+/// The file (a descriptor of its own) and a thread for a HAVE's read,
+/// whose stall limit is --timeout; None when either is not to be had
+/// (no descriptor or thread to spare): the file is then sent whole.
 fn start<T: Send + 'static>(
-    job: impl FnOnce(&Cancel) -> T + Send + 'static,
-) -> Result<Worker<T>, FileError> {
-    Worker::start("have-read", job).map_err(|e| {
-        FileError::Fatal(XferError::io(
-            "cannot start the thread that reads for the receiver's HAVE",
-            e,
-        ))
-    })
+    cfg: &SenderConfig,
+    name: &str,
+    file: &std::fs::File,
+) -> Option<(std::fs::File, Worker<T>)> {
+    let started = file
+        .try_clone()
+        .and_then(|file| Ok((file, Worker::start("have-read", cfg.timeout)?)));
+    match started {
+        Ok(started) => Some(started),
+        Err(e) => {
+            warn!(
+                file = %escaped(name),
+                "starting from zero: cannot start the read to compare it with what the \
+                 receiver holds: {e}"
+            );
+            None
+        }
+    }
 }
 
 /// A read's result: its value, or why the session ends (SIGINT or SIGTERM
@@ -237,8 +258,6 @@ fn finished<T>(name: &str, read: Result<std::io::Result<T>, Lost>) -> Result<T, 
             format!("cannot read {name} to compare it with what the receiver holds"),
             e,
         ))),
-        Err(Lost) => Err(FileError::Fatal(XferError::Internal(
-            "the read for the receiver's HAVE ended without its result".into(),
-        ))),
+        Err(lost) => Err(FileError::Fatal(lost.into())),
     }
 }

@@ -4,9 +4,11 @@
 //! it and answers from its result.
 
 use crate::engine::digest::PrefixRead;
+use crate::engine::link::Link;
 use crate::engine::worker::Worker;
+use crate::error::XferError;
 use crate::proto::Digest;
-use std::time::Duration;
+use std::time::Instant;
 
 /// A read under way to answer a HAVE, with what its answer needs.
 pub(super) enum HaveRead {
@@ -22,11 +24,16 @@ pub(super) enum HaveRead {
 }
 
 impl HaveRead {
-    /// Waits up to `timeout` for the read's result.
-    pub(super) fn wait(&mut self, timeout: Duration) {
+    /// The session's wait while the read runs (`Worker::wait_until`).
+    pub(super) fn wait_until(
+        &mut self,
+        deadline: Instant,
+        link: &mut dyn Link,
+        what: &str,
+    ) -> Result<(), XferError> {
         match self {
-            HaveRead::Prefix { worker, .. } => worker.wait(timeout),
-            HaveRead::Compare(worker) => worker.wait(timeout),
+            HaveRead::Prefix { worker, .. } => worker.wait_until(deadline, link, what),
+            HaveRead::Compare(worker) => worker.wait_until(deadline, link, what),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Whole transfers without RDMA: the sender engine (reader thread,
 //! pipeline, verdicts) against the receiver engine's session, joined by the
-//! memory wire. The files are real, in temporary directories.
+//! memory wire. The files are real, in temporary directories. The
+//! HAVE's read on its worker: `have_transfers.rs`.
 
 use super::{Connection, SenderConfig, SessionOutcome, drive};
 use crate::engine::entries;
@@ -19,16 +20,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Both sides of one transfer.
-struct Transfer {
-    sent: Result<SessionOutcome, XferError>,
+pub(super) struct Transfer {
+    pub(super) sent: Result<SessionOutcome, XferError>,
     /// What the sender reported, file by file.
-    sender_saw: Vec<Reported>,
-    received: Result<(), XferError>,
-    receiver_saw: Vec<Reported>,
+    pub(super) sender_saw: Vec<Reported>,
+    pub(super) received: Result<(), XferError>,
+    pub(super) receiver_saw: Vec<Reported>,
 }
 
 /// Small chunks and few of them: files of a few chunks wait for credit.
-fn configs(dest: &Path) -> (SenderConfig, ReceiverConfig) {
+pub(super) fn configs(dest: &Path) -> (SenderConfig, ReceiverConfig) {
     let mut cfg = SenderConfig::new("127.0.0.1:1".parse().unwrap());
     cfg.chunk_size = 4096;
     cfg.depth = 3;
@@ -41,7 +42,7 @@ fn configs(dest: &Path) -> (SenderConfig, ReceiverConfig) {
 
 /// Sends `paths` with `cfg` to a receiver session with `rcfg`;
 /// `flip_write` corrupts one write on the way.
-fn transfer(
+pub(super) fn transfer(
     cfg: &SenderConfig,
     rcfg: &ReceiverConfig,
     paths: &[PathBuf],
@@ -63,7 +64,7 @@ fn transfer_over(
 }
 
 /// `transfer` with the sender's end of the wire as the test made it.
-fn transfer_meddled(
+pub(super) fn transfer_meddled(
     cfg: &SenderConfig,
     rcfg: &ReceiverConfig,
     paths: &[PathBuf],
@@ -103,7 +104,7 @@ fn transfer_meddled(
 /// Which of the receiver's messages arrive late, and by how much.
 type Late = Option<(fn(&Message) -> bool, Duration)>;
 
-struct Meddled {
+pub(super) struct Meddled {
     end: memory_wire::SenderEnd,
     late: Late,
     inject: Option<(u64, Message)>,
@@ -111,16 +112,16 @@ struct Meddled {
     cut_after_fin: bool,
     cut: bool,
     /// KEEPALIVEs sent to the receiver.
-    keepalives: Arc<AtomicUsize>,
+    pub(super) keepalives: Arc<AtomicUsize>,
     /// The connection is cut once this many KEEPALIVEs went out.
-    cut_after_keepalives: Option<usize>,
+    pub(super) cut_after_keepalives: Option<usize>,
     /// Deliveries held back until their time, in order.
     held: VecDeque<(Instant, Delivery)>,
     ready: VecDeque<Delivery>,
 }
 
 impl Meddled {
-    fn new(end: memory_wire::SenderEnd) -> Self {
+    pub(super) fn new(end: memory_wire::SenderEnd) -> Self {
         Meddled {
             end,
             late: None,
@@ -450,98 +451,6 @@ fn a_receiver_that_answers_late_is_waited_for_while_the_reader_reads_ahead() {
     let mut expected: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
     expected.sort();
     assert_eq!(names(&again.sender_saw), expected);
-}
-
-#[test]
-fn a_long_read_for_a_compare_keeps_the_receiver_informed_and_compares_right() {
-    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let data: Vec<u8> = (0..4u32 << 20).map(|b| (b * 7 + b / 4099) as u8).collect();
-    std::fs::write(src.path().join("big"), &data).unwrap();
-    let (mut cfg, mut rcfg) = configs(dest.path());
-    cfg.walk.times = true;
-    transfer(&cfg, &rcfg, &[src.path().join("big")], None)
-        .sent
-        .unwrap();
-    // Again with --resume: the receiver has it complete and asks for a
-    // COMPARE. Both sides give up after a second of silence; the sender's
-    // read takes longer (1024 chunks, each after a pause of 1 ms).
-    cfg.resume = true;
-    (cfg.timeout, rcfg.timeout) = (Duration::from_secs(1), Duration::from_secs(1));
-    super::have::READ_PAUSE.set(Duration::from_millis(1));
-    let (s, r) = memory_wire::pair();
-    let meddled = Meddled::new(s);
-    let keepalives = Arc::clone(&meddled.keepalives);
-    let started = Instant::now();
-    let again = transfer_meddled(&cfg, &rcfg, &[src.path().join("big")], Box::new(meddled), r);
-    super::have::READ_PAUSE.set(Duration::ZERO);
-    let outcome = again.sent.unwrap();
-    again.received.unwrap();
-    assert!(started.elapsed() >= Duration::from_secs(1));
-    assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
-    // The receiver found its copy the same as the sender's SHA-256.
-    assert_eq!(outcome.count(Outcome::Skipped), 1);
-    assert_eq!(std::fs::read(dest.path().join("big")).unwrap(), data);
-    // One every 333 ms over more than a second: about 3; 2 leave room
-    // for a loaded machine and still show that they flow during the read.
-    let keepalives = keepalives.load(Ordering::Relaxed);
-    assert!(keepalives >= 2, "{keepalives} KEEPALIVEs");
-    // The source changed, size and time kept: the COMPARE differs and
-    // the file is sent again (over the copy: --overwrite).
-    rcfg.overwrite = true;
-    let mut changed = data.clone();
-    changed[3 << 20] ^= 1;
-    let mtime = std::fs::metadata(src.path().join("big"))
-        .unwrap()
-        .modified()
-        .unwrap();
-    std::fs::write(src.path().join("big"), &changed).unwrap();
-    let f = std::fs::File::options()
-        .write(true)
-        .open(src.path().join("big"))
-        .unwrap();
-    f.set_modified(mtime).unwrap();
-    drop(f);
-    let third = transfer(&cfg, &rcfg, &[src.path().join("big")], None);
-    let outcome = third.sent.unwrap();
-    third.received.unwrap();
-    assert_eq!(outcome.count(Outcome::Skipped), 0);
-    assert_eq!(std::fs::read(dest.path().join("big")).unwrap(), changed);
-}
-
-#[test]
-fn a_connection_broken_during_a_long_read_for_a_compare_stops_the_read_at_once() {
-    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let data: Vec<u8> = (0..1u32 << 20).map(|b| (b * 3) as u8).collect();
-    std::fs::write(src.path().join("big"), &data).unwrap();
-    let (mut cfg, mut rcfg) = configs(dest.path());
-    cfg.walk.times = true;
-    transfer(&cfg, &rcfg, &[src.path().join("big")], None)
-        .sent
-        .unwrap();
-    // The read would take 256 chunks of 50 ms: about 13 s.
-    cfg.resume = true;
-    (cfg.timeout, rcfg.timeout) = (Duration::from_secs(1), Duration::from_secs(1));
-    super::have::READ_PAUSE.set(Duration::from_millis(50));
-    let (s, r) = memory_wire::pair();
-    let mut meddled = Meddled::new(s);
-    meddled.cut_after_keepalives = Some(2);
-    let started = Instant::now();
-    let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("big")], Box::new(meddled), r);
-    super::have::READ_PAUSE.set(Duration::ZERO);
-    // The session ended, its read stopped and joined, long before the
-    // read's end.
-    assert!(
-        matches!(t.sent, Err(XferError::PeerLost(_))),
-        "{:?}",
-        t.sent.map(|o| o.first_error)
-    );
-    assert!(t.received.is_err());
-    assert!(
-        started.elapsed() < Duration::from_secs(6),
-        "{:?}",
-        started.elapsed()
-    );
-    assert!(matches!(&t.sender_saw[..], [Reported::Failed { .. }]));
 }
 
 #[test]

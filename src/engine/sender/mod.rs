@@ -9,6 +9,8 @@ mod batch;
 mod connection;
 mod have;
 mod have_read;
+#[cfg(test)]
+mod have_transfers;
 mod member;
 #[cfg(test)]
 mod memory_transfers;

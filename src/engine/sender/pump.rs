@@ -15,6 +15,7 @@ use crate::engine::link::ChunkWrite;
 use crate::engine::progress::FileProgress;
 use crate::engine::reader::{Input, ReadJob, ReaderMsg};
 use crate::engine::report::{FileReport, Phases};
+use crate::engine::worker::{Lost, stalled};
 use crate::error::XferError;
 use crate::proto::{Ack, Digest, SameCopy, SenderEvent, Verdict, Waiting, escaped};
 use crate::sys::rdma::{Buffer, BufferPool};
@@ -95,7 +96,7 @@ fn reader_gone() -> FileError {
 /// The reader thread ended without saying why: it panicked (its panic
 /// was reported on its thread).
 fn reader_gone_error() -> XferError {
-    XferError::Internal("the reader thread is gone".into())
+    Lost { thread: "reader" }.into()
 }
 
 /// What is offered.
@@ -559,10 +560,7 @@ impl Connection {
         // A stream may wait for its input; files (a refused batch's too)
         // are read or fail.
         if !w.stream() && since.elapsed() >= cfg.timeout {
-            return Err(FileError::Fatal(XferError::io(
-                "reading the input",
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader thread stalled"),
-            )));
+            return Err(FileError::Fatal(stalled("reading the input", "reader")));
         }
         Ok(())
     }

@@ -10,9 +10,9 @@ use crate::engine::receiver::storage::FileStore;
 use crate::engine::receiver::storage::link_dest::{LinkCandidate, LinkError, Linked};
 use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
 use crate::engine::report::{FileEvent, FileReport, Phases};
-use crate::engine::worker::{Cancel, Lost, Worker};
+use crate::engine::worker::{Cancel, Worker};
 use crate::error::XferError;
-use crate::proto::{Found, Hello, Reject};
+use crate::proto::{Found, Hello, Reject, RejectCode};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
@@ -101,8 +101,21 @@ impl HeldCopy {
     }
 }
 
-fn worker_failed(e: std::io::Error) -> XferError {
-    XferError::io("cannot start the session's file worker", e)
+/// Tests: what the next COMPARE's work started on a session's thread
+/// does first (blocks, as a read stuck in the kernel does).
+#[cfg(test)]
+pub(super) type CompareHook = Box<dyn FnOnce() + Send>;
+
+#[cfg(test)]
+thread_local! {
+    pub(super) static COMPARE_HOOK: std::cell::Cell<Option<CompareHook>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Why the file work could not start (no descriptor or thread to spare):
+/// that offer's failure, not the session's.
+fn not_started(e: &std::io::Error) -> String {
+    format!("cannot start the session's file work: {e}")
 }
 
 impl Session<'_, '_> {
@@ -118,17 +131,30 @@ impl Session<'_, '_> {
         // within its timeout (and records what it verified): worth waiting.
         let wait = self.cfg.timeout + Duration::from_secs(10);
         let how = (self.cfg.chunk_size, self.cfg.overwrite);
-        let Some(store) = self.store.for_worker().map_err(worker_failed)? else {
+        let started = match self.store.for_worker() {
+            Ok(Some(store)) => self
+                .start_worker("rdma-xfer-holding")
+                .map(|worker| (store, worker)),
             // Nothing is read for the other stores: answered at once.
-            let held = self.store.holding(&hello, how, wait, &mut || Ok(()));
-            return self.held(hello, hello_at, held);
+            Ok(None) => {
+                let held = self.store.holding(&hello, how, wait, &mut || Ok(()));
+                return self.held(hello, hello_at, held);
+            }
+            Err(e) => Err(e),
+        };
+        let (store, worker) = match started {
+            Ok(started) => started,
+            Err(e) => {
+                let refusal = Reject::new(RejectCode::Io, not_started(&e));
+                return self.refuse(&hello, hello_at, refusal);
+            }
         };
         let job = move |cancel: &Cancel| Done::Holding {
             held: Box::new(store.holding(&hello, how, wait, &mut || cancel.check())),
             hello,
             hello_at,
         };
-        self.start_work("rdma-xfer-holding", job)
+        self.run_work(worker, job)
     }
 
     /// The sender's COMPARE of the copy HAVE announced (or of the file
@@ -152,11 +178,29 @@ impl Session<'_, '_> {
             Some(DigestFor::Link(candidate)) => Some(candidate),
             None => None,
         };
+        let link = candidate.is_some();
+        let started = match &candidate {
+            Some(_) => self.store.for_worker(),
+            None => Ok(None),
+        }
+        .and_then(|store| Ok((store, self.start_worker("rdma-xfer-compare")?)));
+        let (store, worker) = match started {
+            Ok(started) => started,
+            // The copy cannot be compared: the file comes whole.
+            Err(e) => {
+                let e = std::io::Error::new(e.kind(), not_started(&e));
+                let compared = Compared {
+                    digest: Err(e),
+                    linked: None,
+                };
+                return self.compared(compared, waiting, sha256, link);
+            }
+        };
         let copy = match (waiting.copy.take(), candidate) {
             (Some(file), None) => HeldCopy::Own(file),
             (None, Some(candidate)) => HeldCopy::Link(Box::new(LinkCopy {
                 candidate,
-                store: self.store.for_worker().map_err(worker_failed)?,
+                store,
                 hello: waiting.hello.clone(),
                 how: (
                     self.cfg.overwrite,
@@ -166,9 +210,14 @@ impl Session<'_, '_> {
             })),
             _ => return Err(XferError::Internal("COMPARE without one copy".into())),
         };
-        let link = matches!(copy, HeldCopy::Link(_));
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
+        #[cfg(test)]
+        let hook = COMPARE_HOOK.take();
         let job = move |cancel: &Cancel| {
+            #[cfg(test)]
+            if let Some(hook) = hook {
+                hook();
+            }
             Done::Compare(Box::new(Comparison {
                 compared: copy.compare(sha256, size, chunk_len, cancel),
                 waiting,
@@ -176,19 +225,25 @@ impl Session<'_, '_> {
                 link,
             }))
         };
-        self.start_work("rdma-xfer-compare", job)
+        self.run_work(worker, job)
     }
 
-    /// Starts `job` on the session's worker (the machine waits for its
+    /// A thread for the offer's file work; its stall limit is the
+    /// session's --timeout.
+    fn start_worker(&self, name: &'static str) -> std::io::Result<Worker<Done>> {
+        Worker::start(name, self.cfg.timeout)
+    }
+
+    /// Runs `job` on the session's worker (the machine waits for its
     /// result: one at a time). KEEPALIVEs go out while it runs.
-    fn start_work(
+    fn run_work(
         &mut self,
-        name: &str,
+        worker: Worker<Done>,
         job: impl FnOnce(&Cancel) -> Done + Send + 'static,
     ) -> Result<(), XferError> {
         // The sender waits meanwhile: the machine keeps it informed.
         self.machine.work_started(Instant::now())?;
-        self.work = Some(Worker::start(name, job).map_err(worker_failed)?);
+        self.work = Some(worker.run(job));
         Ok(())
     }
 
@@ -199,9 +254,7 @@ impl Session<'_, '_> {
             return Ok(false);
         };
         self.work = None;
-        match done.map_err(|Lost| {
-            XferError::Internal("the session's file worker ended without its result".into())
-        })? {
+        match done? {
             Done::Holding {
                 held,
                 hello,

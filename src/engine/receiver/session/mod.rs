@@ -147,11 +147,6 @@ const HANDSHAKE_RECVS: usize = 4;
 /// How often a handshake's wait looks whether the pool dropped it.
 const HANDSHAKE_CHECK: Duration = Duration::from_millis(100);
 
-/// While the file work runs the loop waits on its result (which wakes it
-/// at once) and looks at the link this often: the sender's messages and
-/// its disconnect, our KEEPALIVEs' completions.
-const WORK_CHECK: Duration = Duration::from_millis(50);
-
 /// What handling one completion decided.
 enum Flow {
     Continue,
@@ -340,8 +335,8 @@ impl Session<'_, '_> {
     }
 
     /// Waits on the link until the machine's next deadline; while the file
-    /// work runs, on its result instead, looking at the link every
-    /// `WORK_CHECK` (the sender waits for our answer meanwhile).
+    /// work runs, on its result instead, looking at the link often (the
+    /// sender waits for our answer meanwhile; `Worker::wait_until`).
     fn wait_for_sender(&mut self, what: &str) -> Result<(), XferError> {
         // None: no deadline (a timeout past the clock's range), or the
         // machine is over and the loop ends with the next delivery.
@@ -350,10 +345,7 @@ impl Session<'_, '_> {
             .poll_timeout()
             .unwrap_or_else(|| crate::sys::os::deadline_after(self.cfg.timeout));
         if let Some(work) = self.work.as_mut() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            work.wait(left.min(WORK_CHECK));
-            // Takes what came meanwhile without waiting any longer.
-            return self.link.wait_until(Instant::now(), what).map(|_| ());
+            return work.wait_until(deadline, &mut *self.link, what);
         }
         self.link.wait_until(deadline, what).map(|_| ())
     }

@@ -2,12 +2,16 @@
 //! KEEPALIVEs while it runs, and stopped with the session.
 
 use super::peer::{Peer, bytes, file};
-use super::{Reported, done, session};
+use super::{Reported, compare_then_bye, done, session, session_hooked};
 use crate::engine::digest::FileHasher;
 use crate::engine::receiver::storage::partial::Claim;
 use crate::error::XferError;
 use crate::proto::{AckStatus, DigestAlg, FileOffer, HaveKind, Message, SenderEvent};
 use crate::sys::dirfd::DirFd;
+use sha2::Digest as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn resumed(name: &str, size: u64) -> FileOffer {
@@ -57,7 +61,7 @@ fn a_resume_waits_on_the_worker_while_keepalives_flow_and_continues_the_kept_par
     // Another session holds the partial file for a while: the second one
     // waits on its worker, and its sender hears KEEPALIVEs meanwhile,
     // though the session's timeout is shorter than the wait.
-    cfg.timeout = Duration::from_secs(1);
+    cfg.timeout = Duration::from_secs(2);
     let root = DirFd::open(dir.path()).unwrap();
     let held = Claim::try_take(&root, "f")
         .unwrap()
@@ -65,7 +69,7 @@ fn a_resume_waits_on_the_worker_while_keepalives_flow_and_continues_the_kept_par
     let ended = session(&cfg, |peer| {
         peer.greet();
         let release = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(1500));
+            std::thread::sleep(Duration::from_secs(3));
             drop(held);
         });
         let (keepalives, answer) = offer_counting_keepalives(peer, resumed("f", size));
@@ -86,7 +90,7 @@ fn a_resume_waits_on_the_worker_while_keepalives_flow_and_continues_the_kept_par
     });
     ended.result.unwrap();
     let (keepalives, ack) = ended.played;
-    // One every 333 ms over 1.5 s: about 4; 2 leave room for a loaded
+    // One every 667 ms over 3 s: about 4; 2 leave room for a loaded
     // machine and still show that they flow while the worker waits.
     assert!(keepalives >= 2, "{keepalives} KEEPALIVEs");
     assert_eq!(ack.status, AckStatus::Ok, "{ack:?}");
@@ -135,7 +139,6 @@ fn a_sender_that_vanishes_while_the_worker_waits_ends_the_session_at_once() {
 fn a_link_dest_copy_is_hashed_and_copied_into_place_on_the_worker() {
     use crate::engine::report::Outcome;
     use crate::proto::SameCopy;
-    use sha2::Digest as _;
     let (dir, link_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut cfg = super::config(dir.path());
     cfg.link_dest = Some(link_dir.path().into());
@@ -147,16 +150,7 @@ fn a_link_dest_copy_is_hashed_and_copied_into_place_on_the_worker() {
         peer.greet();
         let mut offer = file("f", size);
         offer.checksum = true;
-        let SenderEvent::Have(have) = peer.offer(offer) else {
-            panic!("no HAVE asking for the digest");
-        };
-        assert_eq!(have.kind, HaveKind::Digest);
-        let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
-        peer.machine.compare(sha256).unwrap();
-        peer.transmit();
-        let same = peer.event();
-        peer.bye();
-        same
+        compare_then_bye(peer, offer, HaveKind::Digest, &data)
     });
     ended.result.unwrap();
     assert!(
@@ -177,4 +171,73 @@ fn a_link_dest_copy_is_hashed_and_copied_into_place_on_the_worker() {
     };
     assert_eq!(ended.reported, [linked]);
     assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+}
+
+#[test]
+fn a_compare_stuck_for_the_timeout_ends_the_session_and_is_left_behind() {
+    let (dir, link_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut cfg = super::config(dir.path());
+    cfg.link_dest = Some(link_dir.path().into());
+    let timeout = Duration::from_secs(1);
+    cfg.timeout = timeout;
+    let data = bytes(4096 * 2, 13);
+    std::fs::write(link_dir.path().join("f"), &data).unwrap();
+    // The COMPARE's work blocks before its first piece until the test
+    // lets it go, as a read stuck in the kernel does.
+    let (release, held) = mpsc::channel::<()>();
+    let let_go = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&let_go);
+    let stuck = Box::new(move || {
+        // At most 10 s: a session that waits for it shows, and does not hang.
+        let _ = held.recv_timeout(Duration::from_secs(10));
+        seen.store(true, Ordering::SeqCst);
+    });
+    let started = Instant::now();
+    let ended = session_hooked(&cfg, Some(stuck), |peer| {
+        peer.greet();
+        let mut offer = file("f", data.len() as u64);
+        offer.checksum = true;
+        let SenderEvent::Have(_) = peer.offer(offer) else {
+            panic!("no HAVE asking for the digest");
+        };
+        let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
+        peer.machine.compare(sha256).unwrap();
+        peer.transmit();
+        // KEEPALIVEs until the session gives up on its work and goes (the
+        // test's sender goes after 8: a session that would go on for ever).
+        let mut keepalives = 0;
+        while keepalives < 8
+            && let Some(msg) = peer.recv()
+        {
+            assert!(matches!(msg, Message::Keepalive), "{msg:?}");
+            keepalives += 1;
+        }
+        keepalives
+    });
+    let took = started.elapsed();
+    assert!(
+        matches!(&ended.result, Err(XferError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::TimedOut
+                && source.to_string() == "the rdma-xfer-compare thread stalled"),
+        "{:?}",
+        ended.result
+    );
+    // Not before the timeout, and not after the work (still stuck).
+    assert!(took >= timeout, "{took:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert!(!let_go.load(Ordering::SeqCst), "the work was never stuck");
+    // One every 333 ms until the stall was found, then none.
+    assert!(
+        (1..=4).contains(&ended.played),
+        "{} KEEPALIVEs",
+        ended.played
+    );
+    assert!(ended.closed);
+    assert!(!dir.path().join("f").exists());
+    release.send(()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !let_go.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the stuck work never ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

@@ -6,6 +6,7 @@
 mod file_work;
 mod peer;
 
+use super::file_work::{COMPARE_HOOK, CompareHook};
 use super::{Parts, drive};
 use crate::engine::memory_wire::{self, ReceiverEnd};
 use crate::engine::receiver::OnFile;
@@ -17,8 +18,8 @@ use crate::engine::receiver::storage::tests::entries as listing;
 use crate::engine::report::{FileEvent, Outcome};
 use crate::error::XferError;
 use crate::proto::{
-    AckStatus, ConnectionId, Digest, DigestAlg, Message, NONCE_LEN, RejectCode, SenderAuth,
-    SenderEvent, SenderSession, Token,
+    AckStatus, ConnectionId, Digest, DigestAlg, FileOffer, HaveKind, Message, NONCE_LEN,
+    RejectCode, SenderAuth, SenderEvent, SenderSession, Token,
 };
 use peer::{Peer, bytes, file};
 use std::sync::atomic::Ordering;
@@ -119,6 +120,15 @@ pub(in crate::engine) fn sender_auth(cfg: &ReceiverConfig) -> Option<SenderAuth>
 /// Runs one session with `cfg` while `play` is its sender (with the
 /// token when `cfg` has one); the sender goes away when `play` returns.
 fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<T> {
+    session_hooked(cfg, None, play)
+}
+
+/// `session`, whose next COMPARE's work calls `hook` first.
+fn session_hooked<T>(
+    cfg: &ReceiverConfig,
+    hook: Option<CompareHook>,
+    play: impl FnOnce(&mut Peer) -> T,
+) -> Ended<T> {
     let (sender_end, receiver_end) = memory_wire::pair();
     let disconnected = receiver_end.side.disconnected.clone();
     let log = Mutex::new(Vec::new());
@@ -131,6 +141,7 @@ fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<
     }
     let (result, played) = std::thread::scope(|s| {
         let running = s.spawn(|| {
+            COMPARE_HOOK.set(hook);
             let on_file = |event: FileEvent<'_>| log.lock().unwrap().push(reported(event));
             serve(cfg, receiver_end, &on_file)
         });
@@ -144,6 +155,23 @@ fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<
         reported: log.into_inner().unwrap(),
         closed: disconnected.load(Ordering::SeqCst),
     }
+}
+
+/// Offers `offer`, takes the session's HAVE (of `kind`), sends the
+/// COMPARE of `data`'s SHA-256 and returns the session's verdict; then
+/// BYE.
+fn compare_then_bye(peer: &mut Peer, offer: FileOffer, kind: HaveKind, data: &[u8]) -> SenderEvent {
+    use sha2::Digest as _;
+    let SenderEvent::Have(have) = peer.offer(offer) else {
+        panic!("no HAVE");
+    };
+    assert_eq!(have.kind, kind);
+    let sha256: [u8; 32] = sha2::Sha256::digest(data).into();
+    peer.machine.compare(sha256).unwrap();
+    peer.transmit();
+    let verdict = peer.event();
+    peer.bye();
+    verdict
 }
 
 fn done(name: &str, bytes: u64) -> Reported {
@@ -387,7 +415,6 @@ fn a_chunk_whose_tag_is_wrong_is_refused_though_its_crc_is_right() {
 #[test]
 fn a_resumed_offer_is_asked_what_is_held_and_a_same_copy_is_not_sent_again() {
     use crate::proto::{HaveKind, SameCopy};
-    use sha2::Digest as _;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let data = bytes(4096 * 2 + 7, 8);
@@ -409,16 +436,7 @@ fn a_resumed_offer_is_asked_what_is_held_and_a_same_copy_is_not_sent_again() {
         let hasher = peer.write_data(&data, None);
         assert_eq!(peer.finish(hasher.finish()).status, AckStatus::Ok);
         // Now the complete copy is held: compared, not sent.
-        let SenderEvent::Have(have) = peer.offer(resumed()) else {
-            panic!("no HAVE for a resumed offer");
-        };
-        assert_eq!(have.kind, HaveKind::Complete);
-        let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
-        peer.machine.compare(sha256).unwrap();
-        peer.transmit();
-        let same = peer.event();
-        peer.bye();
-        same
+        compare_then_bye(peer, resumed(), HaveKind::Complete, &data)
     });
     ended.result.unwrap();
     assert!(
