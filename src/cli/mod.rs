@@ -9,6 +9,7 @@ pub mod doctor;
 pub mod generate;
 pub mod line;
 pub mod log;
+mod log_progress;
 pub mod render;
 pub mod targets;
 pub mod ui;

@@ -4,6 +4,7 @@
 //! results on stdout. Everything written to stderr (log lines included, see
 //! [`Ui::log_writer`]) goes around the bars so that they never tear.
 
+use super::log_progress::LogProgress;
 use super::render::{event_json, failure_for_log, listening_line, summary_for_log, totals_json};
 use super::{CommonArgs, LogFormat};
 use crate::engine::{FileEvent, FileProgress, Listening, Progress, Totals};
@@ -15,6 +16,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// The tools' output, shared by all session threads.
 pub struct Ui {
     bars: Option<Arc<Bars>>,
+    /// Without bars: a progress line every `--progress-every`.
+    log_progress: Option<Arc<LogProgress>>,
     /// `--json`: results on stdout.
     json: bool,
     /// `-q`: no per-file lines on stderr.
@@ -33,13 +36,28 @@ pub struct Ui {
 }
 
 impl Ui {
-    /// Bars only when stderr is a terminal, and neither `-q` nor JSON logs.
+    /// Bars only when stderr is a terminal, and neither `-q` nor JSON logs;
+    /// otherwise (not with `-q`) progress lines, if `--progress-every`.
     pub fn new(common: &CommonArgs, print_failures: bool) -> Self {
         let bars =
             (io::stderr().is_terminal() && !common.quiet && common.log_format == LogFormat::Text)
                 .then(|| Arc::new(Bars::new()));
+        let log_json = common.log_format == LogFormat::Json;
+        let log_progress = common
+            .progress_every
+            .0
+            .filter(|_| bars.is_none() && !common.quiet)
+            .map(|every| {
+                let print = Box::new(|line: &str| {
+                    let _ = io::stderr()
+                        .lock()
+                        .write_all(format!("{line}\n").as_bytes());
+                });
+                Arc::new(LogProgress::new(every, log_json, print))
+            });
         Ui {
             bars,
+            log_progress,
             json: common.json,
             quiet: common.quiet,
             verbose: common.verbose > 0,
@@ -56,6 +74,7 @@ impl Ui {
     pub fn with_ready_line(mut self) -> Self {
         self.ready_line = true;
         self.quiet = true;
+        self.log_progress = None;
         self
     }
 
@@ -207,6 +226,9 @@ impl Progress for Ui {
         if let Some(b) = &self.bars {
             b.plan(files, bytes);
         }
+        if let Some(log) = &self.log_progress {
+            log.plan(files, bytes);
+        }
     }
 
     fn file_started(&self, name: &str, size: u64) -> Box<dyn FileProgress> {
@@ -214,9 +236,10 @@ impl Progress for Ui {
     }
 
     fn batch_started(&self, name: &str, size: u64, files: u64) -> Box<dyn FileProgress> {
-        match &self.bars {
-            Some(b) => Box::new(b.start(name, size, files)),
-            None => crate::engine::NoProgress.file_started(name, size),
+        match (&self.bars, &self.log_progress) {
+            (Some(b), _) => Box::new(b.start(name, size, files)),
+            (None, Some(log)) => log.start(files),
+            (None, None) => crate::engine::NoProgress.file_started(name, size),
         }
     }
 

@@ -3,7 +3,8 @@
 //! `receiver --once --stdout`, `sender -r`, standard input of 0 bytes and
 //! of several rings, many small files, a reader of the receiver's output
 //! that goes away (EPIPE), links in trees, hostile receiver-side links,
-//! --max-size on a stream, a slow producer kept alive, corruption seen on
+//! --max-size on a stream, a slow producer kept alive (with progress lines
+//! in the tools' logs), corruption seen on
 //! standard output.
 
 use crate::support::*;
@@ -590,13 +591,19 @@ fn a_slow_producer_is_kept_alive() {
     let Some(net) = rdma_net() else { return };
     let dst = tempfile::tempdir().expect("dst");
     let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--once", "--timeout", "2"]);
+    let every = ["--progress-every", "1s"];
+    let receiver = start_receiver(
+        &net,
+        port,
+        dst.path(),
+        &[&["--once", "--timeout", "2"][..], &every].concat(),
+    );
     // Silent for twice the receiver's timeout, mid-stream.
     let sent = sender_from(
         &net,
         port,
         "{ printf abc; sleep 5; printf def; }",
-        &["--timeout", "2", "--name", "slow"],
+        &[&["--timeout", "2", "--name", "slow"][..], &every].concat(),
     )
     .wait(Duration::from_secs(60));
     let received = receiver.wait(Duration::from_secs(60));
@@ -606,6 +613,16 @@ fn a_slow_producer_is_kept_alive() {
         std::fs::read(dst.path().join("slow")).expect("output"),
         b"abcdef"
     );
+    // Bytes moved more than a second after the start: stderr is not a
+    // terminal, so each tool logged a progress line.
+    for (tool, stderr) in [("sender", &sent.stderr), ("receiver", &received.stderr)] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with("progress: ") && l.contains(" B, ") && l.contains(" MiB/s")),
+            "{tool} logged no progress line:\n{stderr}"
+        );
+    }
 }
 
 #[test]

@@ -134,6 +134,17 @@ pub enum LogFormat {
     Json,
 }
 
+/// `--progress-every`: how often a progress line is logged; None: `off`.
+#[derive(Debug, Clone, Copy)]
+pub struct ProgressEvery(pub Option<Duration>);
+
+fn parse_progress_every(s: &str) -> Result<ProgressEvery, String> {
+    match s.trim() {
+        "off" | "0" => Ok(ProgressEvery(None)),
+        _ => crate::units::parse_duration(s).map(|d| ProgressEvery(Some(d))),
+    }
+}
+
 /// Options both tools share (flattened into each tool's arguments).
 #[derive(clap::Args, Debug)]
 pub struct CommonArgs {
@@ -157,6 +168,12 @@ pub struct CommonArgs {
     /// and file spans) for log collectors.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, help_heading = FORMAT)]
     pub log_format: LogFormat,
+    /// Where no progress bars are drawn (stderr is a pipe, a file or a
+    /// journal; JSON logs): a progress line this often while bytes move
+    /// (done, of how much, files, rate, ETA), or `off`.
+    #[arg(long, value_name = "DURATION|off", value_parser = parse_progress_every, default_value = "1m",
+          value_hint = ValueHint::Other, help_heading = FORMAT)]
+    pub progress_every: ProgressEvery,
     /// Results for scripts: one JSON object per file on stdout (name, bytes,
     /// seconds, mib_per_s, digest, status, exit_code, reason_code,
     /// retryable), flushed at once, and a summary at the end.
