@@ -22,7 +22,7 @@ use super::storage::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::FileHasher;
-use crate::engine::link::{Delivery, ExposedRing, RdmaLink, RingLink, Until};
+use crate::engine::link::{ExposedRing, RdmaLink, RingDelivery, RingLink, Until};
 use crate::engine::progress::FileProgress;
 use crate::engine::report::Phases;
 use crate::error::XferError;
@@ -366,16 +366,10 @@ impl Session<'_, '_> {
         Ok(())
     }
 
-    fn on_delivery(&mut self, delivery: Delivery) -> Result<Flow, XferError> {
+    fn on_delivery(&mut self, delivery: RingDelivery) -> Result<Flow, XferError> {
         match delivery {
-            Delivery::Chunk { byte_len, imm } => self.on_chunk(byte_len, imm)?,
-            // A receiver posts no writes.
-            Delivery::Written(_) => {
-                return Err(XferError::Internal(
-                    "a write completion on the receiver's queue pair".into(),
-                ));
-            }
-            Delivery::Message(decoded) => {
+            RingDelivery::Chunk { byte_len, imm } => self.on_chunk(byte_len, imm)?,
+            RingDelivery::Message(decoded) => {
                 let msg = match decoded {
                     Ok(m) => m,
                     Err(Undelivered::Seal(e)) => {
