@@ -791,15 +791,15 @@ impl<F, W> ReceiverSession<F, W> {
     }
 
     /// The engine starts reading its copy of an offer with RESUME from
-    /// disk at `now` (a kept prefix before the HAVE or, to continue the
-    /// whole-file digest, before the MR, or the complete file for a
-    /// COMPARE): until its decision (`have`, `same`, `accept`, `reject`)
-    /// the sender waits, and a KEEPALIVE is due every `keepalive_interval`
+    /// disk at `now` (what it holds, before the HAVE; or the complete file
+    /// for a COMPARE): until its decision (`have`, `same`, `reject`) the
+    /// sender waits, and a KEEPALIVE is due every `keepalive_interval`
     /// (`poll_timeout`, `handle_timeout`) so that it does not time out.
+    /// Only while such work is pending: after FROM the engine reads nothing
+    /// (the kept prefix's digest came with its HAVE), so there it is misuse.
     pub fn work_started(&mut self, now: Instant) -> Result<(), ProtocolError> {
         let reading = self.state == ReceiverState::Comparing
-            || self.state == ReceiverState::AwaitDecision
-                && (self.base.bytes > 0 || (self.resume && self.have.is_none()));
+            || self.state == ReceiverState::AwaitDecision && self.resume && self.have.is_none();
         if !reading {
             return Err(self.wrong_state("work_started"));
         }
@@ -3844,10 +3844,17 @@ mod tests {
             })
         );
         assert_eq!(r.resumed_from(), 300);
-        // Reading the prefix back takes a while: the sender is kept waiting.
-        assert_eq!(keepalive(&mut r), Ok(Message::Keepalive));
+        // Nothing is read after FROM (the prefix's digest came with the
+        // HAVE): file work there is the engine's misuse.
+        assert_eq!(
+            r.work_started(at(0)),
+            Err(ProtocolError::WrongState {
+                op: "work_started",
+                state: "AWAIT_DECISION"
+            })
+        );
+        assert_eq!(r.poll_timeout(), None, "no KEEPALIVE is due");
         r.accept(ring(&c), ()).unwrap();
-        assert!(keepalive(&mut r).is_err(), "only while the prefix is read");
         for k in 3..10u64 {
             let p = r.on_chunk(100, 0).unwrap();
             assert_eq!((p.seq, p.file_offset), (k, k * 100));

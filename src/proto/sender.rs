@@ -220,8 +220,9 @@ pub enum SenderEvent<P = u64> {
     /// for the SHA-256 of a file offered with CHECKSUM: the engine checks
     /// its file against it and calls `start_from` or `compare`.
     Have(Have),
-    /// The receiver reads a resumed file's prefix back before its MR, or
-    /// its copy for a COMPARE: it is alive (progress for the timeout).
+    /// The receiver reads what it holds of a file offered with RESUME
+    /// before its HAVE, or its copy for a COMPARE: it is alive (progress
+    /// for the timeout).
     Keepalive,
     /// After COMPARE: the receiver's copy is the sender's file, nothing is
     /// sent; the ACK is the file's verdict. Now Idle.
@@ -892,12 +893,9 @@ impl<P> SenderSession<P> {
                 self.state = AwaitFromDecision;
                 Ok(SenderEvent::Have(have))
             }
-            // Only after FROM continued a prefix does the receiver have
-            // something to read before its MR.
-            (AwaitRing, Message::Keepalive) if front.is_none() && self.base_chunk_len > 0 => {
-                Ok(SenderEvent::Keepalive)
-            }
-            // ... or its copy of the file before the HAVE or after COMPARE.
+            // The receiver reads its copy of the file before the HAVE or
+            // after COMPARE (never after FROM: it reads nothing before its
+            // MR then).
             (AwaitHave | AwaitCompared, Message::Keepalive) if front.is_none() => {
                 Ok(SenderEvent::Keepalive)
             }
@@ -3072,9 +3070,18 @@ mod tests {
             queued(s.keepalive(), &mut s).is_err(),
             "a file does not wait for input"
         );
-        // The receiver reads its prefix back: KEEPALIVE until its MR.
-        assert_eq!(s.on_message(Message::Keepalive), Ok(SenderEvent::Keepalive));
         assert_eq!(s.state(), SenderState::AwaitRing);
+        // The receiver reads nothing after FROM: a KEEPALIVE before its MR
+        // is a protocol error.
+        let mut misused = s.clone();
+        assert_eq!(
+            misused.on_message(Message::Keepalive),
+            Err(ProtocolError::Unexpected {
+                msg: "KEEPALIVE",
+                state: "AWAIT_RING"
+            })
+        );
+        assert_eq!(misused.state(), SenderState::Closed);
         assert_eq!(s.resumed_from(), 300);
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         // The prefix's chunk length, not the ring's slot size.

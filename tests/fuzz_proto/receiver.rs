@@ -1209,8 +1209,7 @@ pub(crate) fn check_receiver(
                     // Reading its copy (or a kept prefix): the sender waits.
                     0 => {
                         let reading = comparing
-                            || (before == AwaitDecision
-                                && (m.base.0 > 0 || (resumable(&m) && m.have.is_none())));
+                            || (before == AwaitDecision && resumable(&m) && m.have.is_none());
                         match r.work_started(now) {
                             Ok(()) => {
                                 prop_assert!(reading, "work started in {:?}", before);

@@ -205,8 +205,9 @@ pub(crate) fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         AwaitRing if m.checksum && m.have.is_none() && seed % 3 == 1 => {
             TxAction::Msg(Message::Have(Have::ask_digest(m.size)))
         }
-        // The receiver reading a resumed prefix back says it is alive.
-        AwaitRing if m.base_len > 0 && seed.is_multiple_of(5) => TxAction::Msg(Message::Keepalive),
+        // After FROM the receiver reads nothing: a KEEPALIVE there is a
+        // receiver's misuse (a protocol error).
+        AwaitRing if seed.is_multiple_of(5) => TxAction::Msg(Message::Keepalive),
         AwaitHave if front.is_none() && seed.is_multiple_of(7) => TxAction::Msg(Message::Keepalive),
         AwaitHave => {
             let chunk_len = 1 + seed % 64;
@@ -481,6 +482,14 @@ pub(crate) fn check_sender(
                 if before == Closed {
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
                 }
+                // A KEEPALIVE is taken only while the receiver reads its
+                // copy (before the HAVE, after COMPARE), everything earlier
+                // answered; anywhere else (after FROM, say) it ends the
+                // session.
+                if sent == Message::Keepalive {
+                    let reading = matches!(before, AwaitHave | AwaitCompared) && front.is_none();
+                    prop_assert_eq!(result.is_ok(), reading, "KEEPALIVE in {:?}", before);
+                }
                 // After COMPARE (earlier entries answered): ACK(ok) is the
                 // file's verdict, a HAVE of nothing starts over, KEEPALIVE
                 // while the receiver reads; any other HAVE ends the session.
@@ -572,12 +581,8 @@ pub(crate) fn check_sender(
                     }
                     Ok(SenderEvent::Keepalive) => {
                         // Only while the receiver reads its copy: before
-                        // the HAVE, after COMPARE, or after FROM continued
-                        // a prefix.
-                        prop_assert!(
-                            matches!(before, AwaitHave | AwaitCompared)
-                                || (before == AwaitRing && m.base_len > 0)
-                        );
+                        // the HAVE or after COMPARE.
+                        prop_assert!(matches!(before, AwaitHave | AwaitCompared));
                         prop_assert!(m.pending.is_empty());
                         prop_assert_eq!(s.state(), before);
                     }
