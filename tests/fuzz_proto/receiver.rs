@@ -307,6 +307,16 @@ impl RxAuth {
     }
 }
 
+/// The states in which the machine waits for the engine's answer to the
+/// one decision it asked for (admission, an offer, a COMPARE, a FIN).
+fn awaits_engine(state: ReceiverState) -> bool {
+    use ReceiverState::*;
+    matches!(
+        state,
+        AwaitAdmission | AwaitDecision | Comparing | Verifying
+    )
+}
+
 /// Every reply the receiver queued.
 pub(crate) fn replies(r: &mut Rx) -> Vec<Message> {
     std::iter::from_fn(|| r.poll_transmit()).collect()
@@ -701,6 +711,31 @@ pub(crate) fn check_receiver(
                     hellos += 1;
                 }
                 let result = r.on_message(msg);
+                // One engine decision at a time (src/proto/mod.rs): a
+                // message that asks the engine for work leaves the machine
+                // waiting for its answer, and while it waits no message
+                // asks for more (a queue of them would hold one at most).
+                let asks = matches!(
+                    result,
+                    Ok(ReceiverEvent::Offer(_)
+                        | ReceiverEvent::Batch(_)
+                        | ReceiverEvent::Fin(..)
+                        | ReceiverEvent::From { .. }
+                        | ReceiverEvent::Compare { .. }
+                        | ReceiverEvent::Authenticated)
+                );
+                if asks {
+                    prop_assert!(
+                        !awaits_engine(before),
+                        "a second decision asked in {:?}",
+                        before
+                    );
+                    prop_assert!(
+                        awaits_engine(r.state()),
+                        "a decision asked, then {:?}",
+                        r.state()
+                    );
+                }
                 // The engine's admission after a right proof: nothing is
                 // answered before it; a session is free unless the case's
                 // receiver nonce says otherwise (1 in 8: busy).

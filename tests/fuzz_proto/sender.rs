@@ -479,6 +479,20 @@ pub(crate) fn check_sender(
                 let kind = msg.kind();
                 let sent = msg.clone();
                 let result = s.on_message(msg);
+                // One engine decision at a time (src/proto/mod.rs): a HAVE
+                // leaves the machine waiting for the engine's answer
+                // (`start_from` or `compare`), and while it waits no message
+                // asks for more (neither another HAVE nor an MR).
+                if matches!(result, Ok(SenderEvent::Have(_))) {
+                    prop_assert_eq!(s.state(), AwaitFromDecision);
+                }
+                if before == AwaitFromDecision {
+                    prop_assert!(
+                        !matches!(result, Ok(SenderEvent::Have(_) | SenderEvent::Ring(_))),
+                        "a second decision asked: {:?}",
+                        result
+                    );
+                }
                 if before == Closed {
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
                 }
