@@ -348,11 +348,8 @@ impl Connection {
             },
             self.connect_time,
         );
-        let offered = PendingEntry::Offered {
-            name,
-            started: work.started,
-        };
-        self.session.start_file(offer, offered).map_err(proto_err)?;
+        // Its verdict's payload comes with its FIN (`awaiting_ack`).
+        self.session.offer_file(offer).map_err(proto_err)?;
         self.transmit()?;
         Ok(Some(work))
     }
