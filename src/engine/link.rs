@@ -17,15 +17,22 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tracing::debug;
 
-/// What the connection delivered.
+/// What a receiver's connection delivered.
 #[derive(Debug)]
-pub(super) enum Delivery {
-    /// A control message from the peer, or why it could not be read.
+pub(super) enum RingDelivery {
+    /// A control message from the sender, or why it could not be read.
     Message(Result<Message, Undelivered>),
-    /// The peer's data write landed in our ring (a receiver's): its length
-    /// and its immediate.
+    /// The sender's data write landed in our ring: its length and its
+    /// immediate.
     Chunk { byte_len: u32, imm: u32 },
-    /// Our data write completed (a sender's): its staging buffer is back.
+}
+
+/// What a sender's connection delivered.
+#[derive(Debug)]
+pub(super) enum WriteDelivery {
+    /// A control message from the receiver, or why it could not be read.
+    Message(Result<Message, Undelivered>),
+    /// Our data write completed: its staging buffer is back.
     Written(Buffer),
 }
 
@@ -83,10 +90,6 @@ pub(super) trait Link {
         }
     }
 
-    /// The oldest delivery not handled yet. A message is opened and decoded
-    /// only now, so that a channel installed for the one before applies.
-    fn next(&mut self) -> Result<Option<Delivery>, XferError>;
-
     /// Takes what has come without waiting: our sends' completions free
     /// their buffers, deliveries wait for `next` (also when it fails).
     fn poll(&mut self) -> Result<(), XferError>;
@@ -118,6 +121,10 @@ pub(super) trait RingLink: Link {
 
     /// Copies `dst.len()` bytes at `offset` out of the ring.
     fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<(), SysError>;
+
+    /// The oldest delivery not handled yet. A message is opened and decoded
+    /// only now, so that a channel installed for the one before applies.
+    fn next(&mut self) -> Result<Option<RingDelivery>, XferError>;
 }
 
 /// One data write: the first `len` bytes of a staging slot to `target`,
@@ -147,13 +154,16 @@ impl ChunkWrite {
 /// A sender's link: it writes chunks into the receiver's ring.
 pub(super) trait WriteLink: Link {
     /// Writes from `buf`'s slot of `pool`; the buffer comes back with its
-    /// completion (`Delivery::Written`).
+    /// completion (`WriteDelivery::Written`).
     fn post_write(
         &mut self,
         pool: &BufferPool,
         buf: Buffer,
         write: ChunkWrite,
     ) -> Result<(), SysError>;
+
+    /// The oldest delivery not handled yet (as `RingLink::next`).
+    fn next(&mut self) -> Result<Option<WriteDelivery>, XferError>;
 }
 
 /// The link over a connected queue pair.
@@ -175,6 +185,13 @@ impl RdmaLink {
             kept: VecDeque::new(),
             wcs: Vec::with_capacity(16),
         }
+    }
+
+    /// The oldest completion `next` has not handed out, and what it is.
+    fn next_kept(&mut self) -> Option<(Completion, WrKind, WcOpcode)> {
+        let wc = self.kept.pop_front()?;
+        let (kind, opcode) = (WrId::from_raw(wc.wr_id).kind(), wc.opcode);
+        Some((wc, kind, opcode))
     }
 
     /// Our sends free their buffers at once; the rest waits for `next`.
@@ -213,30 +230,6 @@ impl Link for RdmaLink {
         let sorted = self.sort_completions();
         waited?;
         sorted
-    }
-
-    fn next(&mut self) -> Result<Option<Delivery>, XferError> {
-        let Some(wc) = self.kept.pop_front() else {
-            return Ok(None);
-        };
-        match (WrId::from_raw(wc.wr_id).kind(), wc.opcode) {
-            (WrKind::Recv, WcOpcode::RecvWithImm(imm)) => {
-                let byte_len = wc.byte_len;
-                // The receive buffer carried no data: hand it back at once.
-                self.control.recycle(&self.ep, wc)?;
-                Ok(Some(Delivery::Chunk { byte_len, imm }))
-            }
-            (WrKind::Recv, WcOpcode::Recv) => {
-                let decoded = self.control.take_message(&self.ep, wc)?;
-                Ok(Some(Delivery::Message(decoded)))
-            }
-            (WrKind::Write, WcOpcode::RdmaWrite) => {
-                Ok(Some(Delivery::Written(returned(wc.buffer)?)))
-            }
-            (kind, opcode) => Err(not_ours(format_args!(
-                "{opcode:?} for a work request of kind {kind:?}"
-            ))),
-        }
     }
 
     fn poll(&mut self) -> Result<(), XferError> {
@@ -293,6 +286,28 @@ impl RingLink for RdmaLink {
             None => Err(SysError::Invalid("no ring is registered".into())),
         }
     }
+
+    fn next(&mut self) -> Result<Option<RingDelivery>, XferError> {
+        let Some((wc, kind, opcode)) = self.next_kept() else {
+            return Ok(None);
+        };
+        match (kind, opcode) {
+            (WrKind::Recv, WcOpcode::RecvWithImm(imm)) => {
+                let byte_len = wc.byte_len;
+                // The receive buffer carried no data: hand it back at once.
+                self.control.recycle(&self.ep, wc)?;
+                Ok(Some(RingDelivery::Chunk { byte_len, imm }))
+            }
+            (WrKind::Recv, WcOpcode::Recv) => {
+                let decoded = self.control.take_message(&self.ep, wc)?;
+                Ok(Some(RingDelivery::Message(decoded)))
+            }
+            // A receiver posts no writes.
+            (kind, opcode) => Err(not_ours(format_args!(
+                "{opcode:?} for a work request of kind {kind:?}"
+            ))),
+        }
+    }
 }
 
 impl WriteLink for RdmaLink {
@@ -305,5 +320,24 @@ impl WriteLink for RdmaLink {
         let wr_id = WrId::write(buf.index() as u64).raw();
         let ChunkWrite { len, target, imm } = write;
         self.ep.post_write_imm(pool, buf, len, target, imm, wr_id)
+    }
+
+    fn next(&mut self) -> Result<Option<WriteDelivery>, XferError> {
+        let Some((wc, kind, opcode)) = self.next_kept() else {
+            return Ok(None);
+        };
+        match (kind, opcode) {
+            (WrKind::Recv, WcOpcode::Recv) => {
+                let decoded = self.control.take_message(&self.ep, wc)?;
+                Ok(Some(WriteDelivery::Message(decoded)))
+            }
+            (WrKind::Write, WcOpcode::RdmaWrite) => {
+                Ok(Some(WriteDelivery::Written(returned(wc.buffer)?)))
+            }
+            // Nothing writes into a sender: its receives get messages only.
+            (kind, opcode) => Err(not_ours(format_args!(
+                "{opcode:?} for a work request of kind {kind:?}"
+            ))),
+        }
     }
 }

@@ -5,7 +5,9 @@
 //! both sides. The engines' unit tests run whole sessions over it.
 
 use crate::engine::control::Codec;
-use crate::engine::link::{ChunkWrite, Delivery, ExposedRing, Link, RingLink, Until, WriteLink};
+use crate::engine::link::{
+    ChunkWrite, ExposedRing, Link, RingDelivery, RingLink, Until, WriteDelivery, WriteLink,
+};
 use crate::error::XferError;
 use crate::proto::{Channel, Message};
 use crate::sys::SysError;
@@ -103,8 +105,10 @@ pub(super) trait Side {
     type Out;
     /// A control message's bytes on their way to the other side.
     fn message(bytes: Vec<u8>) -> Self::Out;
+    /// What this side's link delivers.
+    type Delivery;
     /// What `arrival` delivers.
-    fn delivery(codec: &mut Codec, arrival: Self::In) -> Delivery;
+    fn delivery(codec: &mut Codec, arrival: Self::In) -> Self::Delivery;
     /// The session ended the connection.
     fn disconnected(&mut self) {}
     /// The connection broke: nothing more goes out.
@@ -151,15 +155,16 @@ pub(super) type ReceiverEnd = End<ReceiverSide>;
 impl Side for SenderSide {
     type In = ToSender;
     type Out = ToReceiver;
+    type Delivery = WriteDelivery;
 
     fn message(bytes: Vec<u8>) -> ToReceiver {
         ToReceiver::Bytes(bytes)
     }
 
-    fn delivery(codec: &mut Codec, arrival: ToSender) -> Delivery {
+    fn delivery(codec: &mut Codec, arrival: ToSender) -> WriteDelivery {
         match arrival {
-            ToSender::Bytes(bytes) => Delivery::Message(codec.open(&bytes)),
-            ToSender::Written(buf) => Delivery::Written(buf),
+            ToSender::Bytes(bytes) => WriteDelivery::Message(codec.open(&bytes)),
+            ToSender::Written(buf) => WriteDelivery::Written(buf),
         }
     }
 
@@ -171,15 +176,16 @@ impl Side for SenderSide {
 impl Side for ReceiverSide {
     type In = ToReceiver;
     type Out = ToSender;
+    type Delivery = RingDelivery;
 
     fn message(bytes: Vec<u8>) -> ToSender {
         ToSender::Bytes(bytes)
     }
 
-    fn delivery(codec: &mut Codec, arrival: ToReceiver) -> Delivery {
+    fn delivery(codec: &mut Codec, arrival: ToReceiver) -> RingDelivery {
         match arrival {
-            ToReceiver::Bytes(bytes) => Delivery::Message(codec.open(&bytes)),
-            ToReceiver::Write { byte_len, imm } => Delivery::Chunk { byte_len, imm },
+            ToReceiver::Bytes(bytes) => RingDelivery::Message(codec.open(&bytes)),
+            ToReceiver::Write { byte_len, imm } => RingDelivery::Chunk { byte_len, imm },
         }
     }
 
@@ -215,6 +221,12 @@ fn ring_of(ring: &SharedRing) -> std::sync::MutexGuard<'_, Vec<u8>> {
 }
 
 impl<S: Side> End<S> {
+    /// The oldest arrival, as this side's link delivers it.
+    fn next_delivery(&mut self) -> Option<S::Delivery> {
+        let arrival = self.inbox.kept.pop_front()?;
+        Some(S::delivery(&mut self.codec, arrival))
+    }
+
     /// Puts `bytes` on the wire as they are (a test's forgery).
     pub(super) fn send_raw(&self, bytes: Vec<u8>) {
         // A peer that went away takes nothing: like a SEND that completes
@@ -235,13 +247,6 @@ impl<S: Side> Link for End<S> {
 
     fn wait(&mut self, until: Until<'_>) -> Result<(), XferError> {
         self.inbox.wait(until)
-    }
-
-    fn next(&mut self) -> Result<Option<Delivery>, XferError> {
-        let Some(arrival) = self.inbox.kept.pop_front() else {
-            return Ok(None);
-        };
-        Ok(Some(S::delivery(&mut self.codec, arrival)))
     }
 
     fn poll(&mut self) -> Result<(), XferError> {
@@ -313,6 +318,10 @@ impl WriteLink for SenderEnd {
         self.inbox.kept.push_back(ToSender::Written(buf));
         Ok(())
     }
+
+    fn next(&mut self) -> Result<Option<WriteDelivery>, XferError> {
+        Ok(self.next_delivery())
+    }
 }
 
 impl RingLink for ReceiverEnd {
@@ -341,5 +350,9 @@ impl RingLink for ReceiverEnd {
             })?;
         dst.copy_from_slice(src);
         Ok(())
+    }
+
+    fn next(&mut self) -> Result<Option<RingDelivery>, XferError> {
+        Ok(self.next_delivery())
     }
 }

@@ -1,5 +1,24 @@
 //! rdma-xfer control protocol (session protocol 5): wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
+//!
+//! How a machine talks to its engine:
+//! - Messages: every one it sends goes into its outbox (`poll_transmit`),
+//!   whether an input or an engine call caused it; no call returns a
+//!   message to send (`refuse_busy` and `refuse_batch_for_link` return a
+//!   copy of the REJECT they queued, for the log).
+//! - Timers: `poll_timeout` and `handle_timeout`, fed the engine's instants.
+//! - The engine's work: each input (`on_message`, `on_chunk_of`) returns
+//!   the one piece of work it causes, as its event or placement; engine
+//!   calls (`accept`, `have_found`, `start_from`, `complete`, ...) return
+//!   none. There is no separate action queue because it would never hold
+//!   more than that one: an event that asks the engine to decide (an offer,
+//!   FROM, COMPARE, FIN, admission on the receiver; a HAVE on the sender)
+//!   leaves the machine in a state that waits for the answer, and there no
+//!   message asks for another (fuzzed: `tests/fuzz_proto`, "one engine
+//!   decision at a time"). The other events are notices that need no
+//!   answer (a verdict, credits, a KEEPALIVE, the ring); a sender engine
+//!   that takes several deliveries before acting keeps them in order
+//!   (`Connection::events`), the FIFO a `poll_action` would be.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

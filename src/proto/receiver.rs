@@ -164,7 +164,7 @@ pub struct ChunkPlacement {
 /// What a received message means for the engine. `F` and `W` are the
 /// engine's data the machine carried for the offer (see `ReceiverSession`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReceiverEvent<F = (), W = ()> {
+pub enum ReceiverEvent<F = (), W = (), C = ()> {
     /// Version, name and size passed; the engine does its I/O checks and calls
     /// `accept` or `reject`.
     Offer(Hello),
@@ -194,11 +194,15 @@ pub enum ReceiverEvent<F = (), W = ()> {
         /// What the engine gave `have`.
         waiting: W,
     },
-    /// COMPARE answered the HAVE of a complete copy: the engine computes
-    /// its copy's SHA-256 and calls `same` or `have` (nothing).
+    /// COMPARE answered the HAVE of a complete copy (or a digest
+    /// request): the engine computes its copy's SHA-256 and calls `same`
+    /// or `have_found` (nothing).
     Compare {
         /// SHA-256 of the sender's file.
         sha256: [u8; 32],
+        /// What the HAVE asked about (`have_found`'s complete copy,
+        /// `ask_digest`'s).
+        copy: C,
         /// What the engine gave `have`.
         waiting: W,
     },
@@ -327,9 +331,10 @@ impl ResumeBase {
 /// The machine carries the engine's data for the current offer, so that
 /// the engine keeps no state beside it: `F` (the file being written) from
 /// `accept` to the FIN that hands it back, `W` (what a HAVE was made of)
-/// from `have` to the FROM or COMPARE that answers it.
+/// from `have` to the FROM or COMPARE that answers it, and `C` (the copy
+/// a COMPARE is about) from a HAVE that asks for one to that COMPARE.
 #[derive(Debug, Clone)]
-pub struct ReceiverSession<F = (), W = ()> {
+pub struct ReceiverSession<F = (), W = (), C = ()> {
     cfg: ReceiverConfig,
     auth: Option<AuthKey>,
     /// The session key between a right PROVE and the engine's admission.
@@ -394,7 +399,7 @@ pub struct ReceiverSession<F = (), W = ()> {
     file: Option<F>,
     /// The engine's data for an offer answered with HAVE (state
     /// AwaitFrom), until FROM or COMPARE.
-    waiting: Option<W>,
+    waiting: Option<Awaiting<W, C>>,
     /// The session's clock: when it last made progress (`progressed`);
     /// None before the engine starts it.
     progressed_at: Option<Instant>,
@@ -403,10 +408,21 @@ pub struct ReceiverSession<F = (), W = ()> {
     keepalive_due: Option<Instant>,
 }
 
+/// What the engine gave with a HAVE, by the HAVE's kind: a HAVE that
+/// asks for the sender's SHA-256 (complete, digest) also carries what the
+/// COMPARE is about, so that COMPARE hands back exactly that.
+#[derive(Debug, Clone)]
+enum Awaiting<W, C> {
+    /// Nothing or a prefix: FROM answers.
+    From(W),
+    /// A complete copy or a digest request: COMPARE (or FROM 0) answers.
+    Compare(W, C),
+}
+
 /// What the receiver's store found of an offer with RESUME; the machine
-/// makes the HAVE of it (`have_found`).
+/// makes the HAVE of it (`have_found`). `C`: the complete copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
+pub enum Found<C = ()> {
     /// Nothing reusable, and why (empty: nothing worth saying).
     Nothing(String),
     /// A verified prefix of whole chunks, and the SHA-256 over their CRCs.
@@ -419,16 +435,16 @@ pub enum Found {
         sha256: [u8; 32],
     },
     /// A complete copy, to compare.
-    Complete,
+    Complete(C),
 }
 
-impl Found {
+impl<C> Found<C> {
     /// The kind of HAVE it makes.
     pub fn kind(&self) -> HaveKind {
         match self {
             Found::Nothing(_) => HaveKind::Nothing,
             Found::Prefix { .. } => HaveKind::Prefix,
-            Found::Complete => HaveKind::Complete,
+            Found::Complete(_) => HaveKind::Complete,
         }
     }
 
@@ -436,7 +452,7 @@ impl Found {
     pub fn prefix_bytes(&self) -> u64 {
         match self {
             Found::Prefix { bytes, .. } => *bytes,
-            Found::Nothing(_) | Found::Complete => 0,
+            Found::Nothing(_) | Found::Complete(_) => 0,
         }
     }
 
@@ -444,7 +460,24 @@ impl Found {
     pub fn note(&self) -> &str {
         match self {
             Found::Nothing(note) => note,
-            Found::Prefix { .. } | Found::Complete => "",
+            Found::Prefix { .. } | Found::Complete(_) => "",
+        }
+    }
+
+    /// The same finding, its complete copy turned by `f`.
+    pub fn map_copy<D>(self, f: impl FnOnce(C) -> D) -> Found<D> {
+        match self {
+            Found::Nothing(note) => Found::Nothing(note),
+            Found::Prefix {
+                bytes,
+                chunk_len,
+                sha256,
+            } => Found::Prefix {
+                bytes,
+                chunk_len,
+                sha256,
+            },
+            Found::Complete(copy) => Found::Complete(f(copy)),
         }
     }
 }
@@ -508,6 +541,20 @@ pub struct TimedOut {
     pub state: ReceiverState,
 }
 
+impl<F, W, C: Default> ReceiverSession<F, W, C> {
+    /// `have_found` or `ask_digest` as the HAVE `have` says, for a machine
+    /// whose copy for COMPARE has a default (the tests'; the engine's has
+    /// none and says which copy it holds). `waiting` comes back with the
+    /// answer (`ReceiverEvent::From` or `Compare`).
+    pub fn have(&mut self, have: Have, waiting: W) -> Result<(), ProtocolError> {
+        let waiting = match have.kind {
+            HaveKind::Complete | HaveKind::Digest => Awaiting::Compare(waiting, C::default()),
+            HaveKind::Nothing | HaveKind::Prefix => Awaiting::From(waiting),
+        };
+        self.answer_have(have, waiting)
+    }
+}
+
 impl ReceiverSession {
     /// A session that accepts any sender (no token configured), carrying
     /// nothing for the engine.
@@ -526,7 +573,7 @@ impl ReceiverSession {
     }
 }
 
-impl<F, W> ReceiverSession<F, W> {
+impl<F, W, C> ReceiverSession<F, W, C> {
     /// A session that accepts any sender (no token configured).
     pub fn carrying(cfg: ReceiverConfig) -> Self {
         let mut s = Self::unannounced(cfg);
@@ -630,8 +677,10 @@ impl<F, W> ReceiverSession<F, W> {
     /// From Comparing (the sender's file differs from the copy) only a HAVE
     /// of nothing: the sender starts over with FROM 0.
     /// `waiting` comes back with the answer (`ReceiverEvent::From` or
-    /// `Compare`).
-    pub fn have(&mut self, have: Have, waiting: W) -> Result<(), ProtocolError> {
+    /// `Compare`). The engine answers with `have_found` or `ask_digest`
+    /// (which carry a COMPARE's copy); `have` is for a machine that
+    /// carries none.
+    fn answer_have(&mut self, have: Have, waiting: Awaiting<W, C>) -> Result<(), ProtocolError> {
         let comparing = self.state == ReceiverState::Comparing;
         // Only the sender of a CHECKSUM offer knows what a Digest HAVE asks.
         let offered = match have.kind {
@@ -668,28 +717,32 @@ impl<F, W> ReceiverSession<F, W> {
 
     /// `have` of what the store found of the current offer: the HAVE is
     /// made here, from the offer (a complete copy has its size).
-    pub fn have_found(&mut self, found: Found, waiting: W) -> Result<(), ProtocolError> {
-        let have = match found {
-            Found::Nothing(note) => Have::nothing(note),
+    pub fn have_found(&mut self, found: Found<C>, waiting: W) -> Result<(), ProtocolError> {
+        let (have, waiting) = match found {
+            Found::Nothing(note) => (Have::nothing(note), Awaiting::From(waiting)),
             Found::Prefix {
                 bytes,
                 chunk_len,
                 sha256,
-            } => Have {
-                kind: HaveKind::Prefix,
-                bytes,
-                chunk_len,
-                digest: Digest::Sha256(sha256),
-                note: String::new(),
-            },
-            Found::Complete => Have::complete(self.size),
+            } => {
+                let have = Have {
+                    kind: HaveKind::Prefix,
+                    bytes,
+                    chunk_len,
+                    digest: Digest::Sha256(sha256),
+                    note: String::new(),
+                };
+                (have, Awaiting::From(waiting))
+            }
+            Found::Complete(copy) => (Have::complete(self.size), Awaiting::Compare(waiting, copy)),
         };
-        self.have(have, waiting)
+        self.answer_have(have, waiting)
     }
 
-    /// `have` asking the current offer (with CHECKSUM) for its SHA-256.
-    pub fn ask_digest(&mut self, waiting: W) -> Result<(), ProtocolError> {
-        self.have(Have::ask_digest(self.size), waiting)
+    /// `have` asking the current offer (with CHECKSUM) for its SHA-256;
+    /// `why` comes back with its COMPARE.
+    pub fn ask_digest(&mut self, why: C, waiting: W) -> Result<(), ProtocolError> {
+        self.answer_have(Have::ask_digest(self.size), Awaiting::Compare(waiting, why))
     }
 
     /// Whether the copy of the file `name` of `size` bytes may be compared
@@ -736,7 +789,7 @@ impl<F, W> ReceiverSession<F, W> {
 
     /// FROM: the sender starts at 0, continues the prefix HAVE offered, or
     /// skips a complete copy; anything else is a protocol error.
-    fn on_from(&mut self, offset: u64) -> Result<ReceiverEvent<F, W>, RecvError> {
+    fn on_from(&mut self, offset: u64) -> Result<ReceiverEvent<F, W, C>, RecvError> {
         let have = self.have.clone().ok_or_else(|| self.unexpected("FROM"))?;
         match (have.kind, offset) {
             (_, 0) => self.state = ReceiverState::AwaitDecision,
@@ -756,25 +809,33 @@ impl<F, W> ReceiverSession<F, W> {
                 .into());
             }
         }
-        let waiting = self.take_waiting("FROM")?;
-        Ok(ReceiverEvent::From { offset, waiting })
-    }
-
-    /// What `have` was given: always there in AwaitFrom (`have` moves
-    /// there with it, FROM and COMPARE take it once).
-    fn take_waiting(&mut self, msg: &'static str) -> Result<W, ProtocolError> {
-        self.waiting.take().ok_or_else(|| self.unexpected(msg))
-    }
-
-    /// COMPARE: only after a HAVE of a complete copy or of kind Digest.
-    fn on_compare(&mut self, sha256: [u8; 32]) -> Result<ReceiverEvent<F, W>, RecvError> {
-        match &self.have {
-            Some(h) if matches!(h.kind, HaveKind::Complete | HaveKind::Digest) => {
-                let waiting = self.take_waiting("COMPARE")?;
-                self.state = ReceiverState::Comparing;
-                Ok(ReceiverEvent::Compare { sha256, waiting })
+        // FROM 0 after a HAVE that asked for a COMPARE: its copy is not
+        // needed.
+        match self.waiting.take() {
+            Some(Awaiting::From(waiting) | Awaiting::Compare(waiting, _)) => {
+                Ok(ReceiverEvent::From { offset, waiting })
             }
-            _ => Err(self.unexpected("COMPARE").into()),
+            None => Err(self.unexpected("FROM").into()),
+        }
+    }
+
+    /// COMPARE: only after a HAVE of a complete copy or of kind Digest
+    /// (`have` moved to AwaitFrom with what the COMPARE is about; FROM and
+    /// COMPARE take it once).
+    fn on_compare(&mut self, sha256: [u8; 32]) -> Result<ReceiverEvent<F, W, C>, RecvError> {
+        match self.waiting.take() {
+            Some(Awaiting::Compare(waiting, copy)) => {
+                self.state = ReceiverState::Comparing;
+                Ok(ReceiverEvent::Compare {
+                    sha256,
+                    copy,
+                    waiting,
+                })
+            }
+            kept => {
+                self.waiting = kept;
+                Err(self.unexpected("COMPARE").into())
+            }
         }
     }
 
@@ -791,15 +852,15 @@ impl<F, W> ReceiverSession<F, W> {
     }
 
     /// The engine starts reading its copy of an offer with RESUME from
-    /// disk at `now` (a kept prefix before the HAVE or, to continue the
-    /// whole-file digest, before the MR, or the complete file for a
-    /// COMPARE): until its decision (`have`, `same`, `accept`, `reject`)
-    /// the sender waits, and a KEEPALIVE is due every `keepalive_interval`
+    /// disk at `now` (what it holds, before the HAVE; or the complete file
+    /// for a COMPARE): until its decision (`have`, `same`, `reject`) the
+    /// sender waits, and a KEEPALIVE is due every `keepalive_interval`
     /// (`poll_timeout`, `handle_timeout`) so that it does not time out.
+    /// Only while such work is pending: after FROM the engine reads nothing
+    /// (the kept prefix's digest came with its HAVE), so there it is misuse.
     pub fn work_started(&mut self, now: Instant) -> Result<(), ProtocolError> {
         let reading = self.state == ReceiverState::Comparing
-            || self.state == ReceiverState::AwaitDecision
-                && (self.base.bytes > 0 || (self.resume && self.have.is_none()));
+            || self.state == ReceiverState::AwaitDecision && self.resume && self.have.is_none();
         if !reading {
             return Err(self.wrong_state("work_started"));
         }
@@ -981,7 +1042,7 @@ impl<F, W> ReceiverSession<F, W> {
     /// sender gets (`poll_transmit`): a REJECT for a refused offer (the
     /// session goes on), a REJECT(auth) or an ACK saying why for the others,
     /// which close the session.
-    pub fn on_message(&mut self, msg: Message) -> Result<ReceiverEvent<F, W>, RecvError> {
+    pub fn on_message(&mut self, msg: Message) -> Result<ReceiverEvent<F, W, C>, RecvError> {
         let kind = msg.kind();
         let was_closed = self.state == ReceiverState::Closed;
         let result = self.dispatch(msg);
@@ -1083,7 +1144,7 @@ impl<F, W> ReceiverSession<F, W> {
         true
     }
 
-    fn dispatch(&mut self, msg: Message) -> Result<ReceiverEvent<F, W>, RecvError> {
+    fn dispatch(&mut self, msg: Message) -> Result<ReceiverEvent<F, W, C>, RecvError> {
         use ReceiverState::*;
         match (self.state, msg) {
             (Closed, m) => Err(self.unexpected(m.kind()).into()),
@@ -1235,7 +1296,7 @@ impl<F, W> ReceiverSession<F, W> {
     /// refuses the whole batch and is not final: the sender offers each
     /// file on its own, and those offers get each file's own answer (and
     /// count against `--max-files`; a refused batch does not).
-    fn on_batch(&mut self, members: Vec<Hello>) -> Result<ReceiverEvent<F, W>, RecvError> {
+    fn on_batch(&mut self, members: Vec<Hello>) -> Result<ReceiverEvent<F, W, C>, RecvError> {
         // A batch counts as one entry when offered, refused or not (so
         // refused batches cannot go on for ever), its other files when
         // accepted.
@@ -1348,7 +1409,7 @@ impl<F, W> ReceiverSession<F, W> {
 
     /// PROVE: the sender's version, then its proof over this connection's
     /// transcript; a right one waits for the engine's admission (`admit`).
-    fn on_prove(&mut self, p: Prove) -> Result<ReceiverEvent<F, W>, RecvError> {
+    fn on_prove(&mut self, p: Prove) -> Result<ReceiverEvent<F, W, C>, RecvError> {
         let Some(auth) = &self.auth else {
             return Err(self.unexpected("PROVE").into());
         };
@@ -3760,12 +3821,15 @@ mod tests {
             r.on_message(Message::Hello(offer)).unwrap();
             match found {
                 Some(found) => r.have_found(found, ()).unwrap(),
-                None => r.ask_digest(()).unwrap(),
+                None => r.ask_digest((), ()).unwrap(),
             }
             last_queued(&mut r)
         };
         let have = |h: Have| Some(Message::Have(h));
-        assert_eq!(answer(Some(Found::Complete)), have(Have::complete(1000)));
+        assert_eq!(
+            answer(Some(Found::Complete(()))),
+            have(Have::complete(1000))
+        );
         assert_eq!(answer(None), have(Have::ask_digest(1000)));
         assert_eq!(
             answer(Some(Found::Nothing("why".into()))),
@@ -3779,8 +3843,8 @@ mod tests {
         assert_eq!(answer(Some(kept)), have(prefix(300, 100)));
         // Not answering an offer: nothing is made.
         let mut r = ReceiverSession::new(c);
-        assert!(r.have_found(Found::Complete, ()).is_err());
-        assert!(r.ask_digest(()).is_err());
+        assert!(r.have_found(Found::Complete(()), ()).is_err());
+        assert!(r.ask_digest((), ()).is_err());
     }
 
     /// While the engine reads its copy the sender hears a KEEPALIVE every
@@ -3844,10 +3908,17 @@ mod tests {
             })
         );
         assert_eq!(r.resumed_from(), 300);
-        // Reading the prefix back takes a while: the sender is kept waiting.
-        assert_eq!(keepalive(&mut r), Ok(Message::Keepalive));
+        // Nothing is read after FROM (the prefix's digest came with the
+        // HAVE): file work there is the engine's misuse.
+        assert_eq!(
+            r.work_started(at(0)),
+            Err(ProtocolError::WrongState {
+                op: "work_started",
+                state: "AWAIT_DECISION"
+            })
+        );
+        assert_eq!(r.poll_timeout(), None, "no KEEPALIVE is due");
         r.accept(ring(&c), ()).unwrap();
-        assert!(keepalive(&mut r).is_err(), "only while the prefix is read");
         for k in 3..10u64 {
             let p = r.on_chunk(100, 0).unwrap();
             assert_eq!((p.seq, p.file_offset), (k, k * 100));
@@ -3895,6 +3966,7 @@ mod tests {
         assert_eq!(
             r.on_message(Message::Compare { sha256: [1; 32] }),
             Ok(ReceiverEvent::Compare {
+                copy: (),
                 sha256: [1; 32],
                 waiting: ()
             })
@@ -4155,6 +4227,7 @@ mod tests {
             assert_eq!(
                 r.on_message(Message::Compare { sha256: [9; 32] }),
                 Ok(ReceiverEvent::Compare {
+                    copy: (),
                     sha256: [9; 32],
                     waiting: ()
                 })

@@ -220,8 +220,9 @@ pub enum SenderEvent<P = u64> {
     /// for the SHA-256 of a file offered with CHECKSUM: the engine checks
     /// its file against it and calls `start_from` or `compare`.
     Have(Have),
-    /// The receiver reads a resumed file's prefix back before its MR, or
-    /// its copy for a COMPARE: it is alive (progress for the timeout).
+    /// The receiver reads what it holds of a file offered with RESUME
+    /// before its HAVE, or its copy for a COMPARE: it is alive (progress
+    /// for the timeout).
     Keepalive,
     /// After COMPARE: the receiver's copy is the sender's file, nothing is
     /// sent; the ACK is the file's verdict. Now Idle.
@@ -601,10 +602,33 @@ impl<P> SenderSession<P> {
     /// the entry's verdict (`SenderEvent::Answered`), for the engine's
     /// report.
     pub fn start_file(&mut self, offer: FileOffer, payload: P) -> Result<(), ProtocolError> {
-        self.check_can_start("start_file")?;
+        self.offer_entry(offer, Some(payload), "start_file")
+    }
+
+    /// `start_file` for a file or stream whose payload comes with its FIN
+    /// (`finish_carrying`): nothing is carried before it (the engine knows
+    /// what its verdict needs once the data is sent). A directory, whose
+    /// verdict may come next, is refused.
+    pub fn offer_file(&mut self, offer: FileOffer) -> Result<(), ProtocolError> {
+        self.offer_entry(offer, None, "offer_file")
+    }
+
+    fn offer_entry(
+        &mut self,
+        offer: FileOffer,
+        payload: Option<P>,
+        op: &'static str,
+    ) -> Result<(), ProtocolError> {
+        self.check_can_start(op)?;
         let hello = offer_hello(offer);
         let resume = hello.caps & hello_flags::RESUME != 0;
         if hello.is_directory() {
+            let Some(payload) = payload else {
+                return Err(ProtocolError::OfferKind {
+                    op,
+                    kind: "a directory (its verdict needs its payload now)",
+                });
+            };
             self.pending.push_back((payload, Pending::Directory));
         } else {
             self.start_data(payload, hello.size, hello.is_stream(), hello.digest);
@@ -627,7 +651,21 @@ impl<P> SenderSession<P> {
     /// digest, at most `MAX_BATCH_FILES` of them. Members keep CHECKSUM
     /// (a batch is never asked for digests; its files alone may be).
     pub fn start_batch(&mut self, offers: Vec<FileOffer>, payload: P) -> Result<(), ProtocolError> {
-        self.check_can_start("start_batch")?;
+        self.batch(offers, Some(payload), "start_batch")
+    }
+
+    /// `start_batch` whose payload comes with its FIN (`finish_carrying`).
+    pub fn offer_batch(&mut self, offers: Vec<FileOffer>) -> Result<(), ProtocolError> {
+        self.batch(offers, None, "offer_batch")
+    }
+
+    fn batch(
+        &mut self,
+        offers: Vec<FileOffer>,
+        payload: Option<P>,
+        op: &'static str,
+    ) -> Result<(), ProtocolError> {
+        self.check_can_start(op)?;
         let digest = offers
             .first()
             .map(|o| o.digest)
@@ -678,9 +716,9 @@ impl<P> SenderSession<P> {
     }
 
     /// A file, stream or batch was offered: Idle -> AwaitRing.
-    fn start_data(&mut self, payload: P, size: u64, stream: bool, digest: DigestAlg) {
+    fn start_data(&mut self, payload: Option<P>, size: u64, stream: bool, digest: DigestAlg) {
         self.batching = false;
-        self.carried = Some(payload);
+        self.carried = payload;
         self.size = size;
         self.stream = stream;
         self.short_planned = false;
@@ -894,12 +932,9 @@ impl<P> SenderSession<P> {
                 self.state = AwaitFromDecision;
                 Ok(SenderEvent::Have(have))
             }
-            // Only after FROM continued a prefix does the receiver have
-            // something to read before its MR.
-            (AwaitRing, Message::Keepalive) if front.is_none() && self.base_chunk_len > 0 => {
-                Ok(SenderEvent::Keepalive)
-            }
-            // ... or its copy of the file before the HAVE or after COMPARE.
+            // The receiver reads its copy of the file before the HAVE or
+            // after COMPARE (never after FROM: it reads nothing before its
+            // MR then).
             (AwaitHave | AwaitCompared, Message::Keepalive) if front.is_none() => {
                 Ok(SenderEvent::Keepalive)
             }
@@ -1133,7 +1168,9 @@ impl<P> SenderSession<P> {
 
     /// Sending -> Idle with the file pending; queues the FIN. A file of
     /// known size must have every byte planned; a stream ends here, its
-    /// size being what was planned.
+    /// size being what was planned. An offer without a payload
+    /// (`offer_file`, `offer_batch`) gets its payload here only
+    /// (`finish_carrying`).
     pub fn finish(&mut self, digest: Digest) -> Result<(), ProtocolError> {
         self.fin(digest, None)
     }
@@ -1161,9 +1198,11 @@ impl<P> SenderSession<P> {
             });
         }
         let Some(carried) = payload.or_else(|| self.carried.take()) else {
-            // Unreachable: Sending comes only from an offer, which gives
-            // its payload.
-            return Err(self.wrong_state("finish"));
+            // `finish` of an offer that carries nothing (`offer_file`).
+            return Err(ProtocolError::OfferKind {
+                op: "finish",
+                kind: "an offer without a payload (finish_carrying gives it)",
+            });
         };
         self.carried = None;
         self.state = SenderState::Idle;
@@ -2117,6 +2156,46 @@ mod tests {
         // The session ends before the verdict: what is unanswered comes back.
         assert_eq!(s.take_unanswered(), vec!["finished"]);
         assert_eq!(s.pending(), 0);
+    }
+
+    /// An offer without a payload (`offer_file`, `offer_batch`) carries
+    /// nothing until its FIN gives it: `finish` alone is refused, and a
+    /// directory (answered before any FIN) cannot be offered so.
+    #[test]
+    fn an_offer_without_a_payload_gets_it_with_its_fin() {
+        let mut s: SenderSession<&str> = SenderSession::carrying(10, None);
+        s.on_message(challenge(0)).unwrap();
+        assert!(matches!(
+            s.offer_file(dir_offer("d")),
+            Err(ProtocolError::OfferKind {
+                op: "offer_file",
+                ..
+            })
+        ));
+        assert_eq!(s.poll_transmit(), None, "nothing offered");
+        assert_eq!(s.state(), SenderState::Idle);
+        queued(s.offer_file(offer(10)), &mut s).unwrap();
+        s.on_message(Message::Mr(ring(64, 4))).unwrap();
+        s.next_chunk(10).unwrap().unwrap();
+        assert!(matches!(
+            s.finish(Digest::Crc32(0)),
+            Err(ProtocolError::OfferKind { op: "finish", .. })
+        ));
+        assert_eq!(s.state(), SenderState::Sending);
+        queued(s.finish_carrying(Digest::Crc32(0), "file"), &mut s).unwrap();
+        let Ok(SenderEvent::Answered {
+            payload: "file", ..
+        }) = s.on_message(ack(AckStatus::Ok))
+        else {
+            panic!("the file's verdict carries its FIN's payload");
+        };
+        // A batch the same way.
+        queued(s.offer_batch(vec![offer(4), offer(6)]), &mut s).unwrap();
+        s.on_message(Message::Mr(ring(64, 4))).unwrap();
+        s.next_chunk(10).unwrap().unwrap();
+        assert!(s.clone().finish(Digest::Crc32(0)).is_err());
+        queued(s.finish_carrying(Digest::Crc32(0), "batch"), &mut s).unwrap();
+        assert_eq!(s.take_unanswered(), vec!["batch"]);
     }
 
     #[test]
@@ -3074,9 +3153,18 @@ mod tests {
             queued(s.keepalive(), &mut s).is_err(),
             "a file does not wait for input"
         );
-        // The receiver reads its prefix back: KEEPALIVE until its MR.
-        assert_eq!(s.on_message(Message::Keepalive), Ok(SenderEvent::Keepalive));
         assert_eq!(s.state(), SenderState::AwaitRing);
+        // The receiver reads nothing after FROM: a KEEPALIVE before its MR
+        // is a protocol error.
+        let mut misused = s.clone();
+        assert_eq!(
+            misused.on_message(Message::Keepalive),
+            Err(ProtocolError::Unexpected {
+                msg: "KEEPALIVE",
+                state: "AWAIT_RING"
+            })
+        );
+        assert_eq!(misused.state(), SenderState::Closed);
         assert_eq!(s.resumed_from(), 300);
         s.on_message(Message::Mr(ring(100, 4))).unwrap();
         // The prefix's chunk length, not the ring's slot size.

@@ -16,7 +16,9 @@
 //!   `--checksum`: a HAVE asking for the digest only for an offer with
 //!   CHECKSUM (files only, batch members included), once, then COMPARE
 //!   and the same verdicts; an offer with CHECKSUM not asked goes on as
-//!   any other.
+//!   any other. One engine decision at a time: a message that asks the
+//!   engine to decide leaves the machine waiting for the answer, and no
+//!   message asks for another meanwhile (so engine work needs no queue).
 //! - `machine_sender`: a `SenderSession` fed arbitrary receiver messages and
 //!   engine calls (files, streams, directories, pipelined) never panics,
 //!   never plans a write outside the ring or beyond its credits, hands out
@@ -29,7 +31,8 @@
 //!   refuses a receiver that does not ask for authentication. Its timers
 //!   (synthetic instants): a receiver silent for the timeout ends the
 //!   session, saying what was awaited; a KEEPALIVE only while a stream
-//!   waits for its input or a file is read for a HAVE.
+//!   waits for its input or a file is read for a HAVE. A HAVE waits for
+//!   the engine's `start_from` or `compare`: no HAVE or MR meanwhile.
 //! - `decode_sealed`: sealed control messages (protocol 3) through a
 //!   sender/receiver channel pair, delivered in order, replayed, reordered,
 //!   dropped, bit-flipped, truncated, extended or reflected: exactly the

@@ -175,11 +175,14 @@ pub(crate) struct RxModel {
     compared: std::collections::BTreeSet<String>,
     /// The token the engine gave `have`: FROM or COMPARE hands it back.
     waiting_token: Option<u64>,
+    /// The copy token a HAVE that asks for a COMPARE carried (`have`'s
+    /// default, 0, when given none): only COMPARE hands it back.
+    copy_token: Option<u64>,
 }
 
 /// The machine under test carries numbered tokens for the engine, so that
 /// what it hands back can be told apart.
-pub(crate) type Rx = ReceiverSession<u64, u64>;
+pub(crate) type Rx = ReceiverSession<u64, u64, u64>;
 
 /// The current offer's name.
 pub(crate) fn offer_name(m: &RxModel) -> String {
@@ -305,6 +308,16 @@ impl RxAuth {
             proof: proof.to_vec(),
         })
     }
+}
+
+/// The states in which the machine waits for the engine's answer to the
+/// one decision it asked for (admission, an offer, a COMPARE, a FIN).
+fn awaits_engine(state: ReceiverState) -> bool {
+    use ReceiverState::*;
+    matches!(
+        state,
+        AwaitAdmission | AwaitDecision | Comparing | Verifying
+    )
 }
 
 /// Every reply the receiver queued.
@@ -701,6 +714,31 @@ pub(crate) fn check_receiver(
                     hellos += 1;
                 }
                 let result = r.on_message(msg);
+                // One engine decision at a time (src/proto/mod.rs): a
+                // message that asks the engine for work leaves the machine
+                // waiting for its answer, and while it waits no message
+                // asks for more (a queue of them would hold one at most).
+                let asks = matches!(
+                    result,
+                    Ok(ReceiverEvent::Offer(_)
+                        | ReceiverEvent::Batch(_)
+                        | ReceiverEvent::Fin(..)
+                        | ReceiverEvent::From { .. }
+                        | ReceiverEvent::Compare { .. }
+                        | ReceiverEvent::Authenticated)
+                );
+                if asks {
+                    prop_assert!(
+                        !awaits_engine(before),
+                        "a second decision asked in {:?}",
+                        before
+                    );
+                    prop_assert!(
+                        awaits_engine(r.state()),
+                        "a decision asked, then {:?}",
+                        r.state()
+                    );
+                }
                 // The engine's admission after a right proof: nothing is
                 // answered before it; a session is free unless the case's
                 // receiver nonce says otherwise (1 in 8: busy).
@@ -768,6 +806,8 @@ pub(crate) fn check_receiver(
                         // with what the HAVE carried.
                         prop_assert_eq!(before, AwaitFrom);
                         prop_assert_eq!(Some(waiting), m.waiting_token.take());
+                        // A COMPARE's copy is not needed after FROM.
+                        m.copy_token = None;
                         let have = m
                             .have
                             .clone()
@@ -783,8 +823,14 @@ pub(crate) fn check_receiver(
                         }
                         prop_assert_eq!(r.resumed_from(), m.base.0);
                     }
-                    Ok(ReceiverEvent::Compare { sha256, waiting }) => {
+                    Ok(ReceiverEvent::Compare {
+                        sha256,
+                        copy,
+                        waiting,
+                    }) => {
                         prop_assert_eq!(Some(waiting), m.waiting_token.take());
+                        // Exactly the copy its HAVE carried.
+                        prop_assert_eq!(Some(copy), m.copy_token.take());
                         // Only after a HAVE of a complete copy (or asking
                         // for the digest), with the sender's SHA-256 as
                         // sent; the engine compares.
@@ -1152,12 +1198,15 @@ pub(crate) fn check_receiver(
                         };
                         r.have_found(found, tokens)
                     }
-                    2 => r.have_found(Found::Complete, tokens),
-                    _ => r.ask_digest(tokens),
+                    2 => r.have_found(Found::Complete(tokens), tokens),
+                    _ => r.ask_digest(tokens, tokens),
                 };
+                // `have` carries the default copy.
+                let copy = if off || kind < 2 { 0 } else { tokens };
                 match queued(made, &mut r) {
                     Ok(msg) => {
                         m.waiting_token = Some(tokens);
+                        m.copy_token = compares.then_some(copy);
                         prop_assert!(
                             allowed,
                             "HAVE {:?} in {:?} (RESUME: {}, CHECKSUM: {}, after {:?})",
@@ -1209,8 +1258,7 @@ pub(crate) fn check_receiver(
                     // Reading its copy (or a kept prefix): the sender waits.
                     0 => {
                         let reading = comparing
-                            || (before == AwaitDecision
-                                && (m.base.0 > 0 || (resumable(&m) && m.have.is_none())));
+                            || (before == AwaitDecision && resumable(&m) && m.have.is_none());
                         match r.work_started(now) {
                             Ok(()) => {
                                 prop_assert!(reading, "work started in {:?}", before);
@@ -1252,6 +1300,7 @@ pub(crate) fn check_receiver(
                         match queued(r.have(differs.clone(), tokens), &mut r) {
                             Ok(msg) => {
                                 m.waiting_token = Some(tokens);
+                                m.copy_token = None;
                                 prop_assert!(comparing || answering, "have() in {:?}", before);
                                 prop_assert_eq!(msg, Message::Have(differs.clone()));
                                 prop_assert_eq!(r.state(), AwaitFrom);

@@ -118,6 +118,9 @@ pub(crate) struct TxModel {
     /// The tag of the next entry, and of the file being sent.
     next_tag: u64,
     tag: u64,
+    /// The file being sent was offered without its tag (`offer_file`,
+    /// `offer_batch`): only its FIN gives it (`finish_carrying`).
+    tag_at_fin: bool,
     /// What the real receiver answers to our PROVE (with a token).
     auth_ok: Option<Message>,
     /// The HAVE answering the current offer (with RESUME or CHECKSUM),
@@ -205,8 +208,9 @@ pub(crate) fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         AwaitRing if m.checksum && m.have.is_none() && seed % 3 == 1 => {
             TxAction::Msg(Message::Have(Have::ask_digest(m.size)))
         }
-        // The receiver reading a resumed prefix back says it is alive.
-        AwaitRing if m.base_len > 0 && seed.is_multiple_of(5) => TxAction::Msg(Message::Keepalive),
+        // After FROM the receiver reads nothing: a KEEPALIVE there is a
+        // receiver's misuse (a protocol error).
+        AwaitRing if seed.is_multiple_of(5) => TxAction::Msg(Message::Keepalive),
         AwaitHave if front.is_none() && seed.is_multiple_of(7) => TxAction::Msg(Message::Keepalive),
         AwaitHave => {
             let chunk_len = 1 + seed % 64;
@@ -322,7 +326,14 @@ pub(crate) fn check_sender(
                 let digest = offers.first().map_or(digest, |o| o.digest);
                 let tag = m.next_tag;
                 m.next_tag += 1;
-                match sent(s.start_batch(offers, tag), &mut s) {
+                // Odd tags: the engine's way, the payload with the FIN.
+                let at_fin = tag % 2 == 1;
+                let started = if at_fin {
+                    s.offer_batch(offers)
+                } else {
+                    s.start_batch(offers, tag)
+                };
+                match sent(started, &mut s) {
                     Ok(msg) => {
                         prop_assert_eq!(before, Idle);
                         prop_assert!(token.is_none() || proven, "BATCH before AUTH_OK");
@@ -345,6 +356,7 @@ pub(crate) fn check_sender(
                         }
                         prop_assert_eq!(s.state(), AwaitRing);
                         m.tag = tag;
+                        m.tag_at_fin = at_fin;
                         m.have = None;
                         m.base_len = 0;
                         // A batch is never asked for digests.
@@ -392,7 +404,20 @@ pub(crate) fn check_sender(
                 } | if checksum { hello_flags::CHECKSUM } else { 0 };
                 let tag = m.next_tag;
                 m.next_tag += 1;
-                match sent(s.start_file(offer, tag), &mut s) {
+                // Odd tags: the engine's way, the payload with the FIN; a
+                // directory, answered before any FIN, is refused so.
+                let at_fin = tag % 2 == 1;
+                if at_fin && kind == OfferKind::Directory {
+                    let mut refused = s.clone();
+                    prop_assert!(refused.offer_file(offer.clone()).is_err());
+                    prop_assert!(refused.poll_transmit().is_none(), "a refused offer sent");
+                }
+                let started = if at_fin && kind != OfferKind::Directory {
+                    s.offer_file(offer)
+                } else {
+                    s.start_file(offer, tag)
+                };
+                match sent(started, &mut s) {
                     Ok(msg) => {
                         prop_assert_eq!(before, Idle);
                         // With a token: no name, no size before AUTH_OK.
@@ -433,6 +458,7 @@ pub(crate) fn check_sender(
                             m.tags.push_back(tag);
                         } else {
                             m.tag = tag;
+                            m.tag_at_fin = at_fin;
                             let next = if resume { AwaitHave } else { AwaitRing };
                             prop_assert_eq!(s.state(), next);
                             m.have = None;
@@ -478,8 +504,30 @@ pub(crate) fn check_sender(
                 let kind = msg.kind();
                 let sent = msg.clone();
                 let result = s.on_message(msg);
+                // One engine decision at a time (src/proto/mod.rs): a HAVE
+                // leaves the machine waiting for the engine's answer
+                // (`start_from` or `compare`), and while it waits no message
+                // asks for more (neither another HAVE nor an MR).
+                if matches!(result, Ok(SenderEvent::Have(_))) {
+                    prop_assert_eq!(s.state(), AwaitFromDecision);
+                }
+                if before == AwaitFromDecision {
+                    prop_assert!(
+                        !matches!(result, Ok(SenderEvent::Have(_) | SenderEvent::Ring(_))),
+                        "a second decision asked: {:?}",
+                        result
+                    );
+                }
                 if before == Closed {
                     prop_assert!(result.is_err(), "a closed session accepted {}", kind);
+                }
+                // A KEEPALIVE is taken only while the receiver reads its
+                // copy (before the HAVE, after COMPARE), everything earlier
+                // answered; anywhere else (after FROM, say) it ends the
+                // session.
+                if sent == Message::Keepalive {
+                    let reading = matches!(before, AwaitHave | AwaitCompared) && front.is_none();
+                    prop_assert_eq!(result.is_ok(), reading, "KEEPALIVE in {:?}", before);
                 }
                 // After COMPARE (earlier entries answered): ACK(ok) is the
                 // file's verdict, a HAVE of nothing starts over, KEEPALIVE
@@ -572,12 +620,8 @@ pub(crate) fn check_sender(
                     }
                     Ok(SenderEvent::Keepalive) => {
                         // Only while the receiver reads its copy: before
-                        // the HAVE, after COMPARE, or after FROM continued
-                        // a prefix.
-                        prop_assert!(
-                            matches!(before, AwaitHave | AwaitCompared)
-                                || (before == AwaitRing && m.base_len > 0)
-                        );
+                        // the HAVE or after COMPARE.
+                        prop_assert!(matches!(before, AwaitHave | AwaitCompared));
                         prop_assert!(m.pending.is_empty());
                         prop_assert_eq!(s.state(), before);
                     }
@@ -788,7 +832,14 @@ pub(crate) fn check_sender(
                     DigestAlg::Crc32 => Digest::Crc32(7),
                     DigestAlg::Sha256 => Digest::Sha256([7; 32]),
                 };
-                match sent(s.finish(digest), &mut s) {
+                let finished = if m.tag_at_fin {
+                    // Nothing carried yet: `finish` alone is refused.
+                    prop_assert!(s.clone().finish(digest).is_err());
+                    s.finish_carrying(digest, m.tag)
+                } else {
+                    s.finish(digest)
+                };
+                match sent(finished, &mut s) {
                     Ok(Message::Fin(f)) => {
                         prop_assert_eq!(before, Sending);
                         prop_assert_eq!(f.bytes, m.planned);

@@ -487,10 +487,10 @@ fn refuse_busy(cfg: &ReceiverConfig, conn: IncomingConnection, busy: Busy) {
 /// The session's state machine; with a token, it requires a PROVE bound to
 /// a fresh nonce from the OS RNG and to this connection before anything
 /// else; `conn` names the connection (asked only then).
-fn new_machine<F, W>(
+fn new_machine<F, W, C>(
     cfg: &ReceiverConfig,
     conn: impl FnOnce() -> Result<crate::proto::ConnectionId, XferError>,
-) -> Result<ReceiverSession<F, W>, XferError> {
+) -> Result<ReceiverSession<F, W, C>, XferError> {
     let machine_cfg = MachineConfig {
         slot_size: cfg.slot_size(),
         slot_count: cfg.slots,

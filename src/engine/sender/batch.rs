@@ -7,7 +7,7 @@
 
 use super::member::{Member, input, open_member};
 use super::pump::{Offered, Pipeline, Work};
-use super::verdicts::{PendingEntry, Tracker};
+use super::verdicts::Tracker;
 use super::{Connection, FileError, SenderConfig, below_any, proto_err};
 use crate::engine::entries::Entry;
 use crate::engine::reader::ReadJob;
@@ -135,13 +135,8 @@ impl Connection {
         // Once the session's ring is known, the files are read while the
         // receiver prepares for them: the MR only confirms the ring.
         let read_ahead = self.session.expected_chunk_len();
-        let offered = PendingEntry::Offered {
-            name: name.clone(),
-            started,
-        };
-        self.session
-            .start_batch(offers, offered)
-            .map_err(proto_err)?;
+        // Its verdict's payload comes with its FIN (`awaiting_ack`).
+        self.session.offer_batch(offers).map_err(proto_err)?;
         self.transmit()?;
         let mut work = Work::new(
             name.clone(),

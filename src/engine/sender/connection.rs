@@ -11,7 +11,7 @@ use super::{
 };
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::entries::Entry;
-use crate::engine::link::{Delivery, RdmaLink, WriteLink};
+use crate::engine::link::{RdmaLink, WriteDelivery, WriteLink};
 use crate::engine::reader::Input;
 use crate::error::XferError;
 use crate::proto::{
@@ -348,11 +348,8 @@ impl Connection {
             },
             self.connect_time,
         );
-        let offered = PendingEntry::Offered {
-            name,
-            started: work.started,
-        };
-        self.session.start_file(offer, offered).map_err(proto_err)?;
+        // Its verdict's payload comes with its FIN (`awaiting_ack`).
+        self.session.offer_file(offer).map_err(proto_err)?;
         self.transmit()?;
         Ok(Some(work))
     }
@@ -410,8 +407,8 @@ impl Connection {
             // The receiver's timeout starts again (when it is awaited).
             self.session.heard(Instant::now());
             match delivery {
-                Delivery::Written(token) => pipe.write_done(token),
-                Delivery::Message(decoded) => {
+                WriteDelivery::Written(token) => pipe.write_done(token),
+                WriteDelivery::Message(decoded) => {
                     let msg = decoded.map_err(|undelivered| match undelivered {
                         Undelivered::Wire(source) => XferError::Malformed {
                             from: crate::proto::Role::Receiver,
@@ -433,12 +430,6 @@ impl Connection {
                         }
                         event => self.events.push_back(event),
                     }
-                }
-                // The receiver's ring is not ours.
-                Delivery::Chunk { .. } => {
-                    return Err(FileError::Fatal(XferError::Internal(
-                        "a data write into the sender".into(),
-                    )));
                 }
             }
         }

@@ -5,7 +5,7 @@
 
 use super::{Connection, SenderConfig, SessionOutcome, drive};
 use crate::engine::entries;
-use crate::engine::link::{Delivery, Link, Until, WriteLink};
+use crate::engine::link::{Link, Until, WriteDelivery, WriteLink};
 use crate::engine::memory_wire;
 use crate::engine::receiver::{ReceiverConfig, Reported, reported, sender_auth, serve_over};
 use crate::engine::report::{FileEvent, Outcome};
@@ -116,8 +116,8 @@ pub(super) struct Meddled {
     /// The connection is cut once this many KEEPALIVEs went out.
     pub(super) cut_after_keepalives: Option<usize>,
     /// Deliveries held back until their time, in order.
-    held: VecDeque<(Instant, Delivery)>,
-    ready: VecDeque<Delivery>,
+    held: VecDeque<(Instant, WriteDelivery)>,
+    ready: VecDeque<WriteDelivery>,
 }
 
 impl Meddled {
@@ -142,13 +142,13 @@ impl Meddled {
         while let Some(delivery) = self.end.next()? {
             let delay = match (&delivery, self.late) {
                 // Our writes' completions are not the receiver's to delay.
-                (Delivery::Written(_), _) => {
+                (WriteDelivery::Written(_), _) => {
                     self.ready.push_back(delivery);
                     continue;
                 }
                 // Once cut, nothing more comes from the receiver.
                 _ if self.cut => continue,
-                (Delivery::Message(Ok(m)), Some((late, delay))) if late(m) => delay,
+                (WriteDelivery::Message(Ok(m)), Some((late, delay))) if late(m) => delay,
                 _ => Duration::ZERO,
             };
             let after = self.held.back().map(|(at, _)| *at);
@@ -201,11 +201,6 @@ impl Link for Meddled {
         }
     }
 
-    fn next(&mut self) -> Result<Option<Delivery>, XferError> {
-        self.pull()?;
-        Ok(self.ready.pop_front())
-    }
-
     fn poll(&mut self) -> Result<(), XferError> {
         self.end.poll()
     }
@@ -241,9 +236,14 @@ impl WriteLink for Meddled {
         self.end.post_write(pool, buf, write)?;
         self.writes += 1;
         if let Some((_, msg)) = self.inject.take_if(|(after, _)| *after == self.writes) {
-            self.ready.push_back(Delivery::Message(Ok(msg)));
+            self.ready.push_back(WriteDelivery::Message(Ok(msg)));
         }
         Ok(())
+    }
+
+    fn next(&mut self) -> Result<Option<WriteDelivery>, XferError> {
+        self.pull()?;
+        Ok(self.ready.pop_front())
     }
 }
 

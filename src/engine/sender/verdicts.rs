@@ -13,13 +13,9 @@ use tracing::debug;
 
 /// What the sender machine carries for an entry, from its offer to its
 /// verdict (`SenderSession<PendingEntry>`).
+/// A file, stream or batch carries nothing until its FIN
+/// (`offer_file`, `finish_carrying`): no verdict can find it unsent.
 pub(super) enum PendingEntry {
-    /// A file, stream or batch being sent: its FIN carries `Files`
-    /// instead (`finish_carrying`).
-    Offered {
-        name: String,
-        started: Instant,
-    },
     Dir {
         name: String,
         started: Instant,
@@ -42,7 +38,7 @@ impl PendingEntry {
     /// they were offered: what is reported if it is never answered.
     pub(super) fn names(&self) -> Vec<(String, u64, Instant)> {
         match self {
-            PendingEntry::Offered { name, started } | PendingEntry::Dir { name, started } => {
+            PendingEntry::Dir { name, started } => {
                 vec![(name.clone(), 0, *started)]
             }
             PendingEntry::Files {
@@ -58,7 +54,6 @@ impl PendingEntry {
 impl std::fmt::Debug for PendingEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PendingEntry::Offered { name, .. } => write!(f, "Offered({})", escaped(name)),
             PendingEntry::Dir { name, .. } => write!(f, "Dir({})", escaped(name)),
             PendingEntry::Files { reports, .. } => write!(f, "Files({})", reports.len()),
         }
@@ -165,13 +160,6 @@ impl Tracker<'_> {
                 };
                 self.refused_dirs.push(name.clone());
                 self.fail(&name, 0, Some(started), err);
-            }
-            (sent @ PendingEntry::Offered { .. }, _) => {
-                // The FIN replaces an offer's payload (`finish_carrying`):
-                // the machine answers no offer before it.
-                return Err(FileError::Fatal(XferError::Internal(format!(
-                    "a verdict on {sent:?} before its FIN"
-                ))));
             }
         }
         Ok(())

@@ -4,7 +4,6 @@
 use super::{IncomingFile, Session};
 use crate::engine::digest::{FileHasher, digest_hex};
 use crate::engine::per_byte::{self, ChunkRefused, TagCheck};
-use crate::engine::receiver::storage::sink::Unwritten;
 use crate::engine::receiver::storage::write_behind::WriteBehind;
 use crate::engine::report::{FileEvent, FileReport};
 use crate::error::XferError;
@@ -81,7 +80,7 @@ impl Session<'_, '_> {
                     None => t.writer_handle().inspect(|h| file.writer = Some(h.clone())),
                 };
                 match handle.and_then(|h| Ok((h, behind.buffer(&mut retired)?))) {
-                    Err(e) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
+                    Err(e) => Err(ChunkRefused::Write(e)),
                     Ok((handle, mut buf)) => {
                         // The buffers are slot-sized and len fits a slot
                         // (checked above); were it not so, the chunk fails
@@ -98,8 +97,8 @@ impl Session<'_, '_> {
                                 },
                                 &mut file.hasher,
                             ),
-                            None => Err(ChunkRefused::Write(Unwritten::Failed(
-                                std::io::Error::other("chunk longer than its buffer"),
+                            None => Err(ChunkRefused::Write(std::io::Error::other(
+                                "chunk longer than its buffer",
                             ))),
                         };
                         match checked {
@@ -111,7 +110,7 @@ impl Session<'_, '_> {
                                     len,
                                     placement.expected_crc,
                                 )
-                                .map_err(|e| ChunkRefused::Write(Unwritten::Failed(e))),
+                                .map_err(ChunkRefused::Write),
                             Err(refused) => {
                                 behind.give_back(buf);
                                 Err(refused)
@@ -121,11 +120,10 @@ impl Session<'_, '_> {
                 }
             }
             _ => {
-                // The machine places no chunk longer than a slot's, the
-                // size of the private copy.
-                let data = self.chunk.get_mut(..len).ok_or_else(|| {
-                    ChunkEnd::Fatal(XferError::Internal("chunk longer than a slot".into()))
-                })?;
+                // The private copy takes the chunk's length (the same
+                // for every chunk of a file but its last).
+                self.chunk.resize(len, 0);
+                let data = self.chunk.as_mut_slice();
                 per_byte::receive_chunk(
                     |chunk| link.copy_out(placement.slot_offset as usize, chunk),
                     data,
@@ -145,7 +143,7 @@ impl Session<'_, '_> {
         }
         // Writes that failed meanwhile count as this chunk's failure.
         let received = match (received, file.sink.chunks_written(retired)) {
-            (Ok(()), Err(e)) => Err(ChunkRefused::Write(Unwritten::Failed(e))),
+            (Ok(()), Err(e)) => Err(ChunkRefused::Write(e)),
             (received, _) => received,
         };
         let written = match received {
@@ -172,14 +170,7 @@ impl Session<'_, '_> {
                 let err = XferError::Integrity(msg);
                 return Err(ChunkEnd::Abort(AckStatus::Integrity, err));
             }
-            Err(ChunkRefused::Write(Unwritten::OutOfOrder)) => {
-                let err = XferError::Internal(format!(
-                    "chunk {} of {} at offset {} is out of order ({} bytes written)",
-                    placement.seq, file.name, placement.file_offset, file.written
-                ));
-                return Err(ChunkEnd::Abort(AckStatus::Protocol, err));
-            }
-            Err(ChunkRefused::Write(Unwritten::Failed(e))) => Err(e),
+            Err(ChunkRefused::Write(e)) => Err(e),
         };
         if let Err(e) = written {
             let stdout = file.sink.is_standard_output();

@@ -5,7 +5,7 @@
 //! waiting on the link meanwhile; the result comes back to it
 //! (`file_work_done`).
 
-use super::{AwaitingFrom, DigestFor, Session, interrupted};
+use super::{AwaitingFrom, CompareOf, DigestFor, Session, interrupted};
 use crate::engine::receiver::storage::FileStore;
 use crate::engine::receiver::storage::link_dest::{LinkCandidate, LinkError, Linked};
 use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
@@ -164,10 +164,12 @@ impl Session<'_, '_> {
     pub(super) fn on_compare(
         &mut self,
         sha256: [u8; 32],
+        of: CompareOf,
         mut waiting: AwaitingFrom,
     ) -> Result<(), XferError> {
-        let candidate = match waiting.digest_for.take() {
-            Some(DigestFor::Command) => {
+        let link = matches!(of, CompareOf::Asked(DigestFor::Link(_)));
+        let copy = match of {
+            CompareOf::Asked(DigestFor::Command) => {
                 // Known before the data: the command gets it (and the data
                 // is checked against it), then the data comes (FROM 0).
                 waiting.announced = Some(sha256);
@@ -175,16 +177,22 @@ impl Session<'_, '_> {
                     .have_found(Found::Nothing(String::new()), waiting)?;
                 return Ok(());
             }
-            Some(DigestFor::Link(candidate)) => Some(candidate),
-            None => None,
+            CompareOf::Copy(file) => Ok(HeldCopy::Own(file)),
+            CompareOf::Asked(DigestFor::Link(candidate)) => self.store.for_worker().map(|store| {
+                HeldCopy::Link(Box::new(LinkCopy {
+                    candidate,
+                    store,
+                    hello: waiting.hello.clone(),
+                    how: (
+                        self.cfg.overwrite,
+                        self.cfg.chunk_size,
+                        self.cfg.dir.clone(),
+                    ),
+                }))
+            }),
         };
-        let link = candidate.is_some();
-        let started = match &candidate {
-            Some(_) => self.store.for_worker(),
-            None => Ok(None),
-        }
-        .and_then(|store| Ok((store, self.start_worker("rdma-xfer-compare")?)));
-        let (store, worker) = match started {
+        let started = copy.and_then(|copy| Ok((copy, self.start_worker("rdma-xfer-compare")?)));
+        let (copy, worker) = match started {
             Ok(started) => started,
             // The copy cannot be compared: the file comes whole.
             Err(e) => {
@@ -195,20 +203,6 @@ impl Session<'_, '_> {
                 };
                 return self.compared(compared, waiting, sha256, link);
             }
-        };
-        let copy = match (waiting.copy.take(), candidate) {
-            (Some(file), None) => HeldCopy::Own(file),
-            (None, Some(candidate)) => HeldCopy::Link(Box::new(LinkCopy {
-                candidate,
-                store,
-                hello: waiting.hello.clone(),
-                how: (
-                    self.cfg.overwrite,
-                    self.cfg.chunk_size,
-                    self.cfg.dir.clone(),
-                ),
-            })),
-            _ => return Err(XferError::Internal("COMPARE without one copy".into())),
         };
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
         #[cfg(test)]
@@ -283,7 +277,7 @@ impl Session<'_, '_> {
             Ok(h) => h,
             Err(refusal) => return self.refuse(&hello, hello_at, refusal),
         };
-        if holding.found == Found::Complete
+        if matches!(holding.found, Found::Complete(_))
             && let Some(why) = self.machine.why_not_compare(&hello.name, hello.size)
         {
             holding = Holding::nothing(why);
@@ -295,7 +289,7 @@ impl Session<'_, '_> {
             return self.ask_digest(hello, hello_at, why, claim);
         }
         match &holding.found {
-            Found::Complete => info!(file = %hello.name, "the complete file is here already"),
+            Found::Complete(_) => info!(file = %hello.name, "the complete file is here already"),
             Found::Prefix { bytes, .. } => {
                 info!(file = %hello.name, bytes, "a verified part is kept")
             }
@@ -306,12 +300,11 @@ impl Session<'_, '_> {
             hello,
             hello_at,
             kept: holding.kept,
-            copy: holding.copy,
-            digest_for: None,
             announced: None,
             claim,
         };
-        self.machine.have_found(holding.found, waiting)?;
+        let found = holding.found.map_copy(CompareOf::Copy);
+        self.machine.have_found(found, waiting)?;
         Ok(())
     }
 

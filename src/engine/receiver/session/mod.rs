@@ -22,7 +22,7 @@ use super::storage::write_behind::WriteBehind;
 use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::FileHasher;
-use crate::engine::link::{Delivery, ExposedRing, RdmaLink, RingLink, Until};
+use crate::engine::link::{ExposedRing, RdmaLink, RingDelivery, RingLink, Until};
 use crate::engine::progress::FileProgress;
 use crate::engine::report::Phases;
 use crate::error::XferError;
@@ -37,7 +37,7 @@ use tracing::{debug, info, warn};
 
 /// The receiver's machine, carrying the file being received and what an
 /// offer's HAVE was made of.
-pub(super) type Machine = ReceiverSession<IncomingFile, AwaitingFrom>;
+pub(super) type Machine = ReceiverSession<IncomingFile, AwaitingFrom, CompareOf>;
 
 /// The file or stream being received.
 pub(super) struct IncomingFile {
@@ -112,10 +112,6 @@ pub(super) struct AwaitingFrom {
     hello: Hello,
     hello_at: Instant,
     kept: Option<KeptPrefix>,
-    /// The complete copy HAVE announced, to compare (COMPARE).
-    copy: Option<std::fs::File>,
-    /// Why a HAVE(digest) asked for the file's SHA-256, if one did.
-    digest_for: Option<DigestFor>,
     /// The SHA-256 the sender announced (COMPARE) for --exec's command.
     announced: Option<[u8; 32]>,
     /// The session's claim on the partial file (none: a plain temporary
@@ -123,8 +119,17 @@ pub(super) struct AwaitingFrom {
     claim: Option<Claim>,
 }
 
+/// What a COMPARE is about, carried by the machine from the HAVE that
+/// asked for the sender's SHA-256.
+pub(super) enum CompareOf {
+    /// The complete copy a HAVE(complete) announced (an offer with RESUME).
+    Copy(std::fs::File),
+    /// What a HAVE(digest) asked it for (an offer with CHECKSUM).
+    Asked(DigestFor),
+}
+
 /// Why the receiver asks an offer with CHECKSUM for its SHA-256.
-enum DigestFor {
+pub(super) enum DigestFor {
     /// The file --link-dest may hold, linked if the digests match.
     Link(LinkCandidate),
     /// --exec's command gets it (RDMA_XFER_DIGEST).
@@ -358,16 +363,10 @@ impl Session<'_, '_> {
         Ok(())
     }
 
-    fn on_delivery(&mut self, delivery: Delivery) -> Result<Flow, XferError> {
+    fn on_delivery(&mut self, delivery: RingDelivery) -> Result<Flow, XferError> {
         match delivery {
-            Delivery::Chunk { byte_len, imm } => self.on_chunk(byte_len, imm)?,
-            // A receiver posts no writes.
-            Delivery::Written(_) => {
-                return Err(XferError::Internal(
-                    "a write completion on the receiver's queue pair".into(),
-                ));
-            }
-            Delivery::Message(decoded) => {
+            RingDelivery::Chunk { byte_len, imm } => self.on_chunk(byte_len, imm)?,
+            RingDelivery::Message(decoded) => {
                 let msg = match decoded {
                     Ok(m) => m,
                     Err(Undelivered::Seal(e)) => {
@@ -433,7 +432,11 @@ impl Session<'_, '_> {
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
             Ok(ReceiverEvent::From { offset, waiting }) => self.on_from(offset, waiting)?,
-            Ok(ReceiverEvent::Compare { sha256, waiting }) => self.on_compare(sha256, waiting)?,
+            Ok(ReceiverEvent::Compare {
+                sha256,
+                copy,
+                waiting,
+            }) => self.on_compare(sha256, copy, waiting)?,
             // The machine queued the sender's reply to each error.
             Err(RecvError::Auth(failure)) => return Err(self.auth_failed(failure)),
             Err(RecvError::Version(reject)) => {

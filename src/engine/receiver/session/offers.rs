@@ -3,7 +3,7 @@
 //! digest for --link-dest or --exec; RESUME's HAVE and COMPARE are file
 //! work, `file_work.rs`), and FROM.
 
-use super::{AwaitingFrom, DigestFor, IncomingFile, Session};
+use super::{AwaitingFrom, CompareOf, DigestFor, IncomingFile, Session};
 use crate::engine::digest::FileHasher;
 use crate::engine::link::ExposedRing;
 use crate::engine::progress::Progress;
@@ -85,12 +85,10 @@ impl Session<'_, '_> {
             hello,
             hello_at,
             kept: None,
-            copy: None,
-            digest_for: Some(why),
             announced: None,
             claim,
         };
-        self.machine.ask_digest(waiting)?;
+        self.machine.ask_digest(CompareOf::Asked(why), waiting)?;
         Ok(())
     }
 

@@ -28,33 +28,25 @@ pub(in crate::engine::receiver) enum Sink {
     Exec(Box<ExecSink>),
 }
 
-/// Why a chunk that passed its check was not written.
-pub(in crate::engine::receiver) enum Unwritten {
-    /// A sink written strictly in order got a chunk at another offset.
-    OutOfOrder,
-    Failed(std::io::Error),
-}
-
 impl Sink {
     /// Writes the checked chunk `data` (CRC32 `crc`) at `offset`; `written`
-    /// is how much of the file came before (in-order sinks need exactly
-    /// that offset).
+    /// is how much of the file came before. Standard output and a command
+    /// take the chunks as they come: the machine places each one right
+    /// after the one before (`offset == written`).
     pub(in crate::engine::receiver) fn write(
         &mut self,
         data: &[u8],
         offset: u64,
         crc: u32,
         written: u64,
-    ) -> Result<(), Unwritten> {
+    ) -> std::io::Result<()> {
         match self {
             Sink::Temp(t) => t.write_chunk(data, offset, crc),
             Sink::Batch(b) => b.write_chunk(data, offset),
-            Sink::Stdout(out) if offset == written => out.write_all(data),
-            Sink::Exec(e) if offset == written => e.write(data, written),
-            Sink::Stdout(_) | Sink::Exec(_) => return Err(Unwritten::OutOfOrder),
+            Sink::Stdout(out) => out.write_all(data),
+            Sink::Exec(e) => e.write(data, written),
             Sink::Discard => Ok(()),
         }
-        .map_err(Unwritten::Failed)
     }
 
     /// Whether it writes a temporary file (the writer threads' work).

@@ -2,7 +2,7 @@
 //! session over the memory wire the way the sender engine does over RDMA.
 
 use crate::engine::digest::FileHasher;
-use crate::engine::link::{ChunkWrite, Delivery, Link, Until, WriteLink};
+use crate::engine::link::{ChunkWrite, Link, Until, WriteDelivery, WriteLink};
 use crate::engine::memory_wire::SenderEnd;
 use crate::engine::per_byte::tag_chunk;
 use crate::proto::{
@@ -79,7 +79,7 @@ impl Peer {
     }
 
     /// The next delivery; None once the session ended (its end is gone).
-    fn delivery(&mut self) -> Option<Delivery> {
+    fn delivery(&mut self) -> Option<WriteDelivery> {
         loop {
             let waited = self.end.wait(Until {
                 deadline: Instant::now() + PATIENCE,
@@ -102,9 +102,8 @@ impl Peer {
     pub fn recv(&mut self) -> Option<Message> {
         loop {
             match self.delivery()? {
-                Delivery::Message(m) => return Some(m.expect("the session's messages open")),
-                Delivery::Written(buf) => self.free.push(buf),
-                Delivery::Chunk { .. } => panic!("a write into the sender"),
+                WriteDelivery::Message(m) => return Some(m.expect("the session's messages open")),
+                WriteDelivery::Written(buf) => self.free.push(buf),
             }
         }
     }
@@ -155,15 +154,14 @@ impl Peer {
                 return buf;
             }
             match self.delivery().expect("the session ended early") {
-                Delivery::Written(buf) => return buf,
-                Delivery::Message(m) => {
+                WriteDelivery::Written(buf) => return buf,
+                WriteDelivery::Message(m) => {
                     let m = m.expect("the session's messages open");
                     match self.machine.on_message(m) {
                         Ok(SenderEvent::Credit(_)) => {}
                         other => panic!("waiting for a slot: {other:?}"),
                     }
                 }
-                Delivery::Chunk { .. } => panic!("a write into the sender"),
             }
         }
     }

@@ -13,11 +13,11 @@ const MAX_SIDECAR: u64 = 256 << 20;
 
 /// What the receiver holds of a file offered with RESUME: the HAVE to
 /// answer, for a verified prefix what continuing it needs, for a complete
-/// copy the file itself (compared when the sender's COMPARE comes).
+/// copy the file itself (in the finding: compared when the sender's
+/// COMPARE comes).
 pub(crate) struct Holding {
-    pub found: crate::proto::Found,
+    pub found: crate::proto::Found<std::fs::File>,
     pub kept: Option<KeptPrefix>,
-    pub copy: Option<std::fs::File>,
 }
 
 /// A kept partial file's verified prefix, read back: its records (with
@@ -52,9 +52,8 @@ impl Holding {
     /// A complete copy, to compare.
     pub fn copy(copy: std::fs::File) -> Self {
         Self {
-            found: crate::proto::Found::Complete,
+            found: crate::proto::Found::Complete(copy),
             kept: None,
-            copy: Some(copy),
         }
     }
 
@@ -62,7 +61,6 @@ impl Holding {
         Self {
             found: crate::proto::Found::Nothing(note.into()),
             kept: None,
-            copy: None,
         }
     }
 }
@@ -244,7 +242,6 @@ pub(crate) fn kept_prefix(
                 },
                 hasher: read.hasher,
             }),
-            copy: None,
         },
         Err(e) => Holding::nothing(format!("the partial file cannot be continued: {e}")),
     }
@@ -326,7 +323,7 @@ mod tests {
         super::find(parent, leaf, hello, chunk_len, key.as_ref(), tick)
     }
 
-    fn holds(parent: &DirFd, hello: &Hello) -> crate::proto::Found {
+    fn holds(parent: &DirFd, hello: &Hello) -> Found<std::fs::File> {
         find(parent, "f.bin", hello, 100, &mut || Ok(())).found
     }
 
@@ -449,8 +446,9 @@ mod tests {
         };
         set_time(offered);
         let held = find(&parent, "f.bin", &hello, 100, &mut || Ok(()));
-        assert_eq!(held.found, crate::proto::Found::Complete);
-        let copy = held.copy.expect("the copy held");
+        let crate::proto::Found::Complete(copy) = held.found else {
+            panic!("the copy held: {:?}", held.found);
+        };
         let want: [u8; 32] = Sha256::digest(&data).into();
         let mut ticks = 0;
         let got = copy_digest(&copy, 1000, 100, &mut || {
