@@ -8,7 +8,7 @@
 use crate::engine::control::{Control, Undelivered, not_ours, returned};
 use crate::engine::{WrId, WrKind, completion_error};
 use crate::error::XferError;
-use crate::proto::{Channel, ChunkPlan, Message};
+use crate::proto::{Channel, ChunkPlan, Message, ProtocolError};
 use crate::sys::SysError;
 use crate::sys::rdma::{
     Buffer, BufferPool, Completion, Endpoint, RemoteRing, RemoteTarget, WcOpcode,
@@ -334,7 +334,15 @@ impl WriteLink for RdmaLink {
             (WrKind::Write, WcOpcode::RdmaWrite) => {
                 Ok(Some(WriteDelivery::Written(returned(wc.buffer)?)))
             }
-            // Nothing writes into a sender: its receives get messages only.
+            // Nothing should write into a sender; a receiver that does
+            // (its queue pair may) breaks the protocol.
+            (WrKind::Recv, WcOpcode::RecvWithImm(_)) => Err(XferError::Protocol {
+                context: Some("the receiver wrote into the sender's memory".into()),
+                source: ProtocolError::Unexpected {
+                    msg: "RDMA write with immediate data",
+                    state: "any of the sender's",
+                },
+            }),
             (kind, opcode) => Err(not_ours(format_args!(
                 "{opcode:?} for a work request of kind {kind:?}"
             ))),

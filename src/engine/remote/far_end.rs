@@ -6,12 +6,14 @@ use crate::error::XferError;
 use crate::proto::Token;
 use std::io::{BufRead, Read};
 use std::net::IpAddr;
+use zeroize::Zeroizing;
 
 /// Reads the one-time token, the first line of standard input. The rest
 /// of the input is the hang-up watch's (`watch_hangup`).
 pub fn read_token_line(input: &mut impl BufRead) -> Result<Token, XferError> {
-    let mut line = Vec::new();
-    // Bounded: a token line is 64 characters.
+    // Bounded: a token line is 64 characters. Room for the most `take`
+    // gives, so that no reallocation leaves a copy behind; wiped on drop.
+    let mut line = Zeroizing::new(Vec::with_capacity(1025));
     input
         .take(1024)
         .read_until(b'\n', &mut line)
@@ -21,11 +23,9 @@ pub fn read_token_line(input: &mut impl BufRead) -> Result<Token, XferError> {
     let hex = line.len() == 2 * ONE_TIME_TOKEN_BYTES && line.iter().all(u8::is_ascii_hexdigit);
     if ok && hex {
         // Never empty: it has 2 * ONE_TIME_TOKEN_BYTES digits.
-        if let Some(token) = Token::new(line) {
+        if let Some(token) = Token::new(std::mem::take(&mut *line)) {
             return Ok(token);
         }
-    } else {
-        line.fill(0);
     }
     Err(XferError::Usage(
         "--ssh-session reads a one-time token from standard input, as `sender FILE \
