@@ -93,6 +93,37 @@ pub fn own_guest() -> Option<[String; 2]> {
     }
 }
 
+/// One of the guest's further wires (scripts/guest/run.sh): `net` listens
+/// on its one end and sends from the other (`--source`), `netdevs` are the
+/// veths of those ends (listening, sending).
+pub struct Wire {
+    pub net: Net,
+    pub netdevs: [String; 2],
+}
+
+/// The wire whose listening end's address and netdev, and sending end's
+/// address and netdev, run.sh exports as the variables `vars` (in that
+/// order); None where they are not set (the test is skipped by name; in
+/// the guest it fails).
+pub fn guest_wire(vars: [&str; 4]) -> Option<Wire> {
+    match vars.map(|v| std::env::var(v).ok()) {
+        [Some(addr_a), Some(addr_b), Some(dev_a), Some(dev_b)] => Some(Wire {
+            net: Net {
+                addr_a,
+                addr_b: Some(addr_b),
+            },
+            netdevs: [dev_a, dev_b],
+        }),
+        _ => {
+            skip(
+                &format!("needs the SoftRoCE guest's wire {}", vars.join(", ")),
+                in_guest(),
+            );
+            None
+        }
+    }
+}
+
 /// Quotes `s` for bash.
 pub fn q(s: impl AsRef<str>) -> String {
     format!("'{}'", s.as_ref().replace('\'', r"'\''"))
