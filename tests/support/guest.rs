@@ -1,5 +1,6 @@
-//! The guest and its faults: the wire cut and restored, the devices' GSI
-//! queue pairs, partial files appearing, and shell pipelines run in it.
+//! The guest, its wires and faults: another wire's ends, the wire cut and
+//! restored, the devices' GSI queue pairs, partial files appearing, and
+//! shell pipelines run in it.
 
 use super::*;
 
