@@ -14,8 +14,19 @@
 # Exit status: the command's; 124 if the guest ran past TIMEOUT_S; 125 if the
 # guest could not be set up or died before the command finished.
 #
-# Inside the guest: RXFER_ADDR_A=10.77.0.1 RXFER_DEV_A=rxe0 RXFER_NETDEV_A=veth0
-#   RXFER_ADDR_B=10.77.0.2 RXFER_DEV_B=rxe1 RXFER_NETDEV_B=veth1
+# Inside the guest, four wires (veth pairs, MTU 9000, an rxe device on each
+# end, policy routes so traffic between the two ends crosses the wire; each
+# end is one "host"; scripts/guest/wire.sh NAME cuts, rate-limits or counts):
+#   wire  listening end (addr dev netdev)     other end (addr dev netdev)
+#   ab    A  10.77.0.1 rxe0 veth0             B      10.77.0.2 rxe1 veth1
+#   c     C  10.77.1.1 rxe2 veth2             SRC_C  10.77.1.2 rxe3 veth3
+#   d     D  10.77.2.1 rxe4 veth4             SRC_D  10.77.2.2 rxe5 veth5
+#   ab2   A2 10.77.3.1 rxe6 veth6             B2     10.77.3.2 rxe7 veth7
+# exported as RXFER_ADDR_<END>, RXFER_DEV_<END>, RXFER_NETDEV_<END> for END
+# in A B A2 B2 C D; the upstream ends of C and D (the address a sender or a
+# relay hop gives as --source to reach C or D) as RXFER_SRC_C, RXFER_SRC_D,
+# RXFER_DEV_SRC_C, RXFER_NETDEV_SRC_C (and _D); RXFER_WIRES="ab c d ab2".
+# A2/B2 is a second wire (rail) between "hosts" A and B. Also
 #   RDMA_XFER_REQUIRE_RDMA=1 IN_RXFER_GUEST=1 RXFER_GUEST_KERNEL=6.1|6.12,
 #   RXFER_SSHD_DIR (an unpacked sshd that tests start with
 #   scripts/guest/sshd.sh),
@@ -26,8 +37,6 @@
 #   RXFER_GUEST_KEEP=1 (keep the per-run dir), RXFER_GUEST_ROOT_CACHE
 #   (9p cache mode of the root share: loose (default) or none).
 set -euo pipefail
-
-ADDR_A=10.77.0.1 ADDR_B=10.77.0.2
 
 # ================================================================ guest side
 # PID 1 after switch_root (started by the initramfs /init).
@@ -48,56 +57,70 @@ guest_init() {
   . "$io/boot.conf" || gfail "cannot read boot.conf"
   echo "rxfer-guest: set-up starting (uptime $(</proc/uptime))"
   hostname rxfer-guest 2>/dev/null
-  modprobe -a rdma_rxe rdma_ucm ib_uverbs veth sch_netem ||
-    gfail "modprobe rdma_rxe rdma_ucm ib_uverbs veth sch_netem failed"
+  modprobe -a rdma_rxe rdma_ucm ib_uverbs veth sch_netem sch_tbf ||
+    gfail "modprobe rdma_rxe rdma_ucm ib_uverbs veth sch_netem sch_tbf failed"
 
-  # Two "hosts" in one kernel (rxe in 6.1 has no netns support): policy
-  # routing sends A<->B traffic through the veth pair instead of `lo`, so it
-  # really crosses the wire and netem on veth1 applies. The local-table rule
-  # moves from priority 0 to 1000; "iif lo" keeps the rules to locally
-  # generated packets so received ones are still delivered locally.
-  local f
+  # Several "hosts" in one kernel (rxe in 6.1 has no netns support): wire W
+  # (0-3) is a veth pair veth<2W> (10.77.W.1, the listening end) and
+  # veth<2W+1> (10.77.W.2), rxe<2W> and rxe<2W+1> on them. Policy routing
+  # sends traffic between the two ends through the pair instead of `lo`, so
+  # it really crosses the wire (netem and tbf there apply), in tables 100+2W
+  # and 101+2W. The local-table rule moves from priority 0 to 1000; "iif lo"
+  # keeps the rules to locally generated packets so received ones are still
+  # delivered locally. Static neighbours: the first ARP exchange over the
+  # policy routes can take 20-30 s, longer than rdma_cm waits. The commands
+  # are built with builtins only: every fork costs ~0.1 s under TCG.
+  local f w a b da db ta tb ma mb ea eb vb
+  local ends=(A B C SRC_C D SRC_D A2 B2) names=(ab c d ab2)
+  local links='' addrs='' ups='' rules='' routes='' neighs='' rxe='' env_wires=()
   for f in /proc/sys/net/ipv4/conf/{all,default}/{rp_filter,accept_local}; do
     [[ $f == */rp_filter ]] && echo 0 >"$f" || echo 1 >"$f"
   done
+  for w in 0 1 2 3; do
+    a=10.77.$w.1 b=10.77.$w.2 da=veth$((2 * w)) db=veth$((2 * w + 1))
+    ta=$((100 + 2 * w)) tb=$((101 + 2 * w))
+    ma=02:00:0a:4d:0$w:01 mb=02:00:0a:4d:0$w:02
+    links+="link add $da address $ma mtu 9000 type veth peer name $db address $mb mtu 9000"$'\n'
+    addrs+="addr add $a/24 dev $da"$'\n'"addr add $b/24 dev $db"$'\n'
+    ups+="link set $da up"$'\n'"link set $db up"$'\n'
+    rules+="rule add pref $ta iif lo from $a to $b lookup $ta"$'\n'
+    rules+="rule add pref $tb iif lo from $b to $a lookup $tb"$'\n'
+    routes+="route add $b dev $da src $a table $ta"$'\n'"route add $a dev $db src $b table $tb"$'\n'
+    neighs+="neigh replace $b lladdr $mb dev $da nud permanent"$'\n'
+    neighs+="neigh replace $a lladdr $ma dev $db nud permanent"$'\n'
+    rxe+="link add rxe$((2 * w)) type rxe netdev $da"$'\n'"link add rxe$((2 * w + 1)) type rxe netdev $db"$'\n'
+    # The other end of C's and D's wire is their upstream: RXFER_SRC_C.
+    ea=${ends[2 * w]} eb=${ends[2 * w + 1]} vb=RXFER_ADDR_
+    [[ $eb == SRC_* ]] && vb=RXFER_
+    env_wires+=("RXFER_ADDR_$ea=$a" "$vb$eb=$b" "RXFER_DEV_$ea=rxe$((2 * w))" "RXFER_DEV_$eb=rxe$((2 * w + 1))"
+      "RXFER_NETDEV_$ea=$da" "RXFER_NETDEV_$eb=$db")
+  done
+  env_wires+=("RXFER_WIRES=${names[*]}")
   ip -batch - <<EOF || gfail "veth / policy routing set-up failed"
-link add veth0 address 02:00:0a:4d:00:01 mtu 9000 type veth peer name veth1 address 02:00:0a:4d:00:02 mtu 9000
-link set lo up
-addr add $ADDR_A/24 dev veth0
-addr add $ADDR_B/24 dev veth1
-link set veth0 up
-link set veth1 up
-rule add pref 1000 lookup local
+${links}link set lo up
+$addrs${ups}rule add pref 1000 lookup local
 rule del pref 0 lookup local
-rule add pref 100 iif lo from $ADDR_A to $ADDR_B lookup 100
-rule add pref 101 iif lo from $ADDR_B to $ADDR_A lookup 101
-route add $ADDR_B dev veth0 src $ADDR_A table 100
-route add $ADDR_A dev veth1 src $ADDR_B table 101
-neigh replace $ADDR_B lladdr 02:00:0a:4d:00:02 dev veth0 nud permanent
-neigh replace $ADDR_A lladdr 02:00:0a:4d:00:01 dev veth1 nud permanent
+$rules$routes${neighs%$'\n'}
 EOF
-  for f in /proc/sys/net/ipv4/conf/veth{0,1}/{rp_filter,accept_local}; do
+  for f in /proc/sys/net/ipv4/conf/veth[0-7]/{rp_filter,accept_local}; do
     [[ $f == */rp_filter ]] && echo 0 >"$f" || echo 1 >"$f"
   done
-  rdma -b - <<EOF || gfail "rdma link add failed"
-link add rxe0 type rxe netdev veth0
-link add rxe1 type rxe netdev veth1
-EOF
-  # Bounded wait (~20 s guest time) for both ports to be ACTIVE and to have
-  # their IPv4 RoCEv2 GID (index 1); builtins only, forks are slow here.
-  local i st0 st1 g0 g1
+  rdma -b - <<<"$rxe" || gfail "rdma link add failed"
+  # Bounded wait (~20 s guest time) for every port to be ACTIVE and to have
+  # its IPv4 RoCEv2 GID (index 1, ::ffff:10.77.W.E); builtins only.
+  local i d st g missing
   for ((i = 0; i < 200; i++)); do
-    rd st0 /sys/class/infiniband/rxe0/ports/1/state
-    rd st1 /sys/class/infiniband/rxe1/ports/1/state
-    rd g0 /sys/class/infiniband/rxe0/ports/1/gids/1
-    rd g1 /sys/class/infiniband/rxe1/ports/1/gids/1
-    [[ $st0 == *ACTIVE* && $st1 == *ACTIVE* && $g0 == *:ffff:0a4d:0001 && $g1 == *:ffff:0a4d:0002 ]] && break
+    missing=''
+    for d in 0 1 2 3 4 5 6 7; do
+      rd st /sys/class/infiniband/rxe$d/ports/1/state
+      rd g /sys/class/infiniband/rxe$d/ports/1/gids/1
+      [[ $st == *ACTIVE* && $g == *:ffff:0a4d:0$((d / 2))0$((d % 2 + 1)) ]] ||
+        missing+=" rxe$d: state '$st' gid 1 '$g';"
+    done
+    [[ -z $missing ]] && break
     sleep 0.1
   done
-  [[ $st0 == *ACTIVE* && $st1 == *ACTIVE* ]] ||
-    gfail "rxe ports not ACTIVE after 20 s: rxe0='$st0' rxe1='$st1'"
-  [[ $g0 == *:ffff:0a4d:0001 && $g1 == *:ffff:0a4d:0002 ]] ||
-    gfail "rxe IPv4 GIDs (index 1) missing: rxe0='$g0' rxe1='$g1'"
+  [[ -z $missing ]] || gfail "rxe ports not ACTIVE with their IPv4 GID after 20 s:$missing"
   ulimit -l unlimited || gfail "ulimit -l unlimited"
   ulimit -n 65536 2>/dev/null
   echo "rxfer-guest: set-up done (uptime $(</proc/uptime)); running command"
@@ -107,9 +130,7 @@ EOF
   cd "$HOST_PWD" || gfail "cannot cd to $HOST_PWD"
   local rc
   env -i "${GUEST_ENV[@]}" \
-    RXFER_ADDR_A=$ADDR_A RXFER_ADDR_B=$ADDR_B RXFER_DEV_A=rxe0 RXFER_DEV_B=rxe1 \
-    RXFER_NETDEV_A=veth0 RXFER_NETDEV_B=veth1 RDMA_XFER_REQUIRE_RDMA=1 \
-    IN_RXFER_GUEST=1 \
+    "${env_wires[@]}" RDMA_XFER_REQUIRE_RDMA=1 IN_RXFER_GUEST=1 \
     bash -c "$(<"$io/cmd")" </dev/null >>"$io/stdout" 2>>"$io/stderr"
   rc=$?
   echo "rxfer-guest: command exited $rc (uptime $(</proc/uptime))"

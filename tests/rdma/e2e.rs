@@ -89,6 +89,60 @@ fn hundred_mib_across_the_wire_uses_the_wire() {
     }
 }
 
+/// Sends a file across the guest's wire named by `vars` (see `guest_wire`)
+/// and checks that its bytes crossed that wire and not A-B's.
+fn across_another_wire(vars: [&str; 4]) {
+    let Some(_) = rdma_net() else { return };
+    let Some(ab) = own_guest() else { return };
+    let Some(wire) = guest_wire(vars) else { return };
+    let size = 3 * CHUNK + 777;
+    let ab_sent = || ab.iter().map(|d| tx_bytes(d)).sum::<u64>();
+    let (ab_before, wire_before) = (ab_sent(), tx_bytes(&wire.netdevs[1]));
+    transfer_and_check(&wire.net, Path_::Wire, &[("other-wire.bin", size)], &[]);
+    let crossed = tx_bytes(&wire.netdevs[1]) - wire_before;
+    assert!(
+        crossed >= size,
+        "only {crossed} of {size} bytes left through {}: not across its wire",
+        wire.netdevs[1]
+    );
+    let on_ab = ab_sent() - ab_before;
+    assert!(
+        on_ab < size,
+        "{on_ab} bytes crossed the A-B wire ({}) for a {size}-byte file",
+        ab.join("-")
+    );
+}
+
+#[test]
+fn a_file_to_c_crosses_wire_c_from_its_upstream_end() {
+    across_another_wire([
+        "RXFER_ADDR_C",
+        "RXFER_SRC_C",
+        "RXFER_NETDEV_C",
+        "RXFER_NETDEV_SRC_C",
+    ]);
+}
+
+#[test]
+fn a_file_to_d_crosses_wire_d_from_its_upstream_end() {
+    across_another_wire([
+        "RXFER_ADDR_D",
+        "RXFER_SRC_D",
+        "RXFER_NETDEV_D",
+        "RXFER_NETDEV_SRC_D",
+    ]);
+}
+
+#[test]
+fn a_file_from_b2_to_a2_crosses_the_second_a_b_wire() {
+    across_another_wire([
+        "RXFER_ADDR_A2",
+        "RXFER_ADDR_B2",
+        "RXFER_NETDEV_A2",
+        "RXFER_NETDEV_B2",
+    ]);
+}
+
 #[test]
 fn file_larger_than_four_rings_over_loopback() {
     let Some(net) = rdma_net() else { return };

@@ -1,5 +1,6 @@
-//! The guest and its faults: the wire cut and restored, the devices' GSI
-//! queue pairs, partial files appearing, and shell pipelines run in it.
+//! The guest, its wires and faults: another wire's ends, the wire cut and
+//! restored, the devices' GSI queue pairs, partial files appearing, and
+//! shell pipelines run in it.
 
 use super::*;
 
@@ -86,6 +87,37 @@ pub fn own_guest() -> Option<[String; 2]> {
         _ => {
             skip(
                 "needs the SoftRoCE guest's own wire and mounts (IN_RXFER_GUEST, RXFER_NETDEV_A/B)",
+                in_guest(),
+            );
+            None
+        }
+    }
+}
+
+/// One of the guest's further wires (scripts/guest/run.sh): `net` listens
+/// on its one end and sends from the other (`--source`), `netdevs` are the
+/// veths of those ends (listening, sending).
+pub struct Wire {
+    pub net: Net,
+    pub netdevs: [String; 2],
+}
+
+/// The wire whose listening end's address and netdev, and sending end's
+/// address and netdev, run.sh exports as the variables `vars` (in that
+/// order); None where they are not set (the test is skipped by name; in
+/// the guest it fails).
+pub fn guest_wire(vars: [&str; 4]) -> Option<Wire> {
+    match vars.map(|v| std::env::var(v).ok()) {
+        [Some(addr_a), Some(addr_b), Some(dev_a), Some(dev_b)] => Some(Wire {
+            net: Net {
+                addr_a,
+                addr_b: Some(addr_b),
+            },
+            netdevs: [dev_a, dev_b],
+        }),
+        _ => {
+            skip(
+                &format!("needs the SoftRoCE guest's wire {}", vars.join(", ")),
                 in_guest(),
             );
             None
