@@ -992,7 +992,6 @@ fn rsync_options_name_their_equivalent() {
         ("-P", "--resume"),
         ("-avP", "-r"),
         ("--partial", "--resume"),
-        ("--progress", "terminal"),
         ("-a", "-r"),
         ("--archive", "-p"),
         ("-z", "no compression"),

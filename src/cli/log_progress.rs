@@ -1,5 +1,5 @@
 //! Progress as log lines, for stderr that is not a terminal (a batch
-//! job's log, a journal): one line every `--progress-every` while bytes
+//! job's log, a journal): one line every `--stats` interval while bytes
 //! move, as rclone's `--stats`. Driven by the transfer itself (each
 //! chunk looks at the clock), so a quiet process prints nothing.
 
@@ -32,8 +32,11 @@ struct Counts {
     /// Files (or batches' files) started and finished.
     started: u64,
     finished: u64,
-    /// Bytes and instant at the last line, for the current rate.
+    /// Bytes and instant at the last line (at first: the first bytes),
+    /// for the current rate.
     last: (u64, Duration),
+    /// When the first bytes moved, for the average rate.
+    first_at: Duration,
 }
 
 impl LogProgress {
@@ -69,8 +72,19 @@ impl LogProgress {
     }
 
     fn advance(&self, bytes: u64) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if bytes == 0 {
+            return;
+        }
+        let before = self.bytes.fetch_add(bytes, Ordering::Relaxed);
         let now = self.started.elapsed();
+        if before == 0 {
+            // The clock starts with the first bytes: a receiver may have
+            // waited for hours before them.
+            self.counts().last = (0, now);
+            self.due_ms
+                .store(millis(now + self.every), Ordering::Relaxed);
+            return;
+        }
         let due = self.due_ms.load(Ordering::Relaxed);
         // One thread wins the line when several pass its time at once.
         if millis(now) >= due
@@ -94,6 +108,9 @@ impl LogProgress {
     fn line(&self, now: Duration) -> String {
         let bytes = self.bytes.load(Ordering::Relaxed);
         let mut c = self.counts();
+        if c.first_at.is_zero() {
+            c.first_at = c.last.1;
+        }
         let (last_bytes, last_at) = c.last;
         c.last = (bytes, now);
         let rate = mib_per_sec(
@@ -104,7 +121,7 @@ impl LogProgress {
             .planned_bytes
             .checked_sub(bytes)
             .filter(|_| c.planned_bytes > 0);
-        let average = bytes as f64 / now.as_secs_f64().max(1e-3);
+        let average = bytes as f64 / now.saturating_sub(c.first_at).as_secs_f64().max(1e-3);
         let eta = left
             .filter(|_| average > 0.0)
             .map(|left| (left as f64 / average).ceil() as u64);
@@ -127,15 +144,25 @@ impl LogProgress {
             line += &format!(" of {} ({pct}%)", format_bytes(c.planned_bytes));
         }
         if c.planned_files > 0 {
-            line += &format!(", {} of {} files done", c.finished, c.planned_files);
+            let files = plural(c.planned_files, "file");
+            line += &format!(", {} of {files} done", c.finished);
         } else {
-            line += &format!(", {} files done", c.finished);
+            line += &format!(", {} done", plural(c.finished, "file"));
         }
         line += &format!(", {rate:.1} MiB/s");
         if let Some(eta) = eta {
             line += &format!(", ETA {}", clock(eta));
         }
         line
+    }
+}
+
+/// "1 file", "3 files".
+fn plural(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
     }
 }
 
@@ -208,13 +235,22 @@ mod tests {
         let got = lines.lock().unwrap().clone();
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got[1].contains(", 1 of 2 files done, "), "{}", got[1]);
+        // No bytes, no line (a receiver's first call may carry none).
+        std::thread::sleep(Duration::from_millis(250));
+        log.start(1).advance(0);
+        assert_eq!(lines.lock().unwrap().len(), 2);
     }
 
     #[test]
     fn without_a_plan_a_line_has_no_share_and_no_eta() {
         let (log, lines) = collecting(Duration::from_millis(1), false);
+        // Long before the first bytes: they start the clock, no line yet.
         std::thread::sleep(Duration::from_millis(5));
-        log.start(3).advance(2048);
+        let mut f = log.start(3);
+        f.advance(1024);
+        assert!(lines.lock().unwrap().is_empty());
+        std::thread::sleep(Duration::from_millis(5));
+        f.advance(1024);
         let got = lines.lock().unwrap().clone();
         assert_eq!(got.len(), 1);
         assert!(
@@ -229,8 +265,10 @@ mod tests {
     fn a_json_line_is_one_object_with_its_numbers() {
         let (log, lines) = collecting(Duration::from_millis(1), true);
         log.plan(1, 1000);
+        let mut f = log.start(1);
+        f.advance(100);
         std::thread::sleep(Duration::from_millis(5));
-        log.start(1).advance(250);
+        f.advance(150);
         let got = lines.lock().unwrap().clone();
         let v: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
         assert_eq!(v["event"], "progress");

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// The tools' output, shared by all session threads.
 pub struct Ui {
     bars: Option<Arc<Bars>>,
-    /// Without bars: a progress line every `--progress-every`.
+    /// Without bars: a progress line every `--stats`.
     log_progress: Option<Arc<LogProgress>>,
     /// `--json`: results on stdout.
     json: bool,
@@ -36,16 +36,18 @@ pub struct Ui {
 }
 
 impl Ui {
-    /// Bars only when stderr is a terminal, and neither `-q` nor JSON logs;
-    /// otherwise (not with `-q`) progress lines, if `--progress-every`.
+    /// Bars only when stderr is a terminal (or with `--progress`), and
+    /// neither `-q` nor JSON logs; otherwise (not with `-q`) progress
+    /// lines, with `--stats`.
     pub fn new(common: &CommonArgs, print_failures: bool) -> Self {
-        let bars =
-            (io::stderr().is_terminal() && !common.quiet && common.log_format == LogFormat::Text)
-                .then(|| Arc::new(Bars::new()));
+        let terminal = io::stderr().is_terminal();
+        let bars = ((terminal || common.progress)
+            && !common.quiet
+            && common.log_format == LogFormat::Text)
+            .then(|| Arc::new(Bars::new(!terminal)));
         let log_json = common.log_format == LogFormat::Json;
         let log_progress = common
-            .progress_every
-            .0
+            .stats
             .filter(|_| bars.is_none() && !common.quiet)
             .map(|every| {
                 let print = Box::new(|line: &str| {
@@ -384,9 +386,15 @@ fn style(template: &str) -> ProgressStyle {
 }
 
 impl Bars {
-    fn new() -> Self {
+    /// `forced`: stderr is not a terminal but bars were asked for.
+    fn new(forced: bool) -> Self {
+        let target = if forced {
+            ProgressDrawTarget::term_like(Box::new(ForcedStderr))
+        } else {
+            ProgressDrawTarget::stderr()
+        };
         Bars {
-            multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()),
+            multi: MultiProgress::with_draw_target(target),
             overall: Mutex::new(Overall {
                 bar: None,
                 files: 0,
@@ -504,5 +512,74 @@ impl Drop for FileBar {
             self.size.saturating_sub(self.done)
         };
         self.bars.file_ended(&self.overall, unsent, self.files);
+    }
+}
+
+/// stderr as a terminal for `--progress` where it is none (indicatif hides
+/// bars there): ANSI cursor moves, the width from $COLUMNS (else 80).
+#[derive(Debug)]
+struct ForcedStderr;
+
+impl ForcedStderr {
+    fn put(&self, s: &str) -> io::Result<()> {
+        io::stderr().lock().write_all(s.as_bytes())
+    }
+}
+
+impl indicatif::TermLike for ForcedStderr {
+    fn width(&self) -> u16 {
+        std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .filter(|&w| w >= 40)
+            .unwrap_or(80)
+    }
+
+    fn move_cursor_up(&self, n: usize) -> io::Result<()> {
+        if n == 0 {
+            Ok(())
+        } else {
+            self.put(&format!("\x1b[{n}A"))
+        }
+    }
+
+    fn move_cursor_down(&self, n: usize) -> io::Result<()> {
+        if n == 0 {
+            Ok(())
+        } else {
+            self.put(&format!("\x1b[{n}B"))
+        }
+    }
+
+    fn move_cursor_right(&self, n: usize) -> io::Result<()> {
+        if n == 0 {
+            Ok(())
+        } else {
+            self.put(&format!("\x1b[{n}C"))
+        }
+    }
+
+    fn move_cursor_left(&self, n: usize) -> io::Result<()> {
+        if n == 0 {
+            Ok(())
+        } else {
+            self.put(&format!("\x1b[{n}D"))
+        }
+    }
+
+    fn write_line(&self, s: &str) -> io::Result<()> {
+        self.put(&format!("{s}\n"))
+    }
+
+    fn write_str(&self, s: &str) -> io::Result<()> {
+        self.put(s)
+    }
+
+    fn clear_line(&self) -> io::Result<()> {
+        self.put("\r\x1b[2K")
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        io::stderr().flush()
     }
 }

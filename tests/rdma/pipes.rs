@@ -591,7 +591,7 @@ fn a_slow_producer_is_kept_alive() {
     let Some(net) = rdma_net() else { return };
     let dst = tempfile::tempdir().expect("dst");
     let port = next_port();
-    let every = ["--progress-every", "1s"];
+    let every = ["--stats", "1s"];
     let receiver = start_receiver(
         &net,
         port,
@@ -602,27 +602,62 @@ fn a_slow_producer_is_kept_alive() {
     let sent = sender_from(
         &net,
         port,
-        "{ printf abc; sleep 5; printf def; }",
+        "{ head -c 3000000 /dev/zero; sleep 5; printf def; }",
         &[&["--timeout", "2", "--name", "slow"][..], &every].concat(),
     )
     .wait(Duration::from_secs(60));
     let received = receiver.wait(Duration::from_secs(60));
     assert_eq!(stages(&sent.stderr), [0, 0], "{}", sent.stderr);
     assert_eq!(received.code(), 0, "{}", received.stderr);
-    assert_eq!(
-        std::fs::read(dst.path().join("slow")).expect("output"),
-        b"abcdef"
-    );
-    // Bytes moved more than a second after the start: stderr is not a
-    // terminal, so each tool logged a progress line.
+    let got = std::fs::read(dst.path().join("slow")).expect("output");
+    assert_eq!(got.len(), 3_000_003);
+    assert!(got.ends_with(b"\0def") && got[..3_000_000].iter().all(|&b| b == 0));
+    // Bytes moved again more than a second after the first: stderr is not
+    // a terminal, so each tool logged a progress line.
     for (tool, stderr) in [("sender", &sent.stderr), ("receiver", &received.stderr)] {
         assert!(
             stderr
                 .lines()
-                .any(|l| l.starts_with("progress: ") && l.contains(" B, ") && l.contains(" MiB/s")),
+                .any(|l| l.starts_with("progress: ") && l.contains(" MiB/s")),
             "{tool} logged no progress line:\n{stderr}"
         );
     }
+}
+
+/// `--progress` draws the bars into a pipe too (a CI log that renders
+/// them), with the cursor moves of a terminal.
+#[test]
+fn progress_bars_forced_into_a_pipe() {
+    let Some(net) = rdma_net() else { return };
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = sender_from(
+        &net,
+        port,
+        "{ head -c 3000000 /dev/zero; sleep 1; printf def; }",
+        &["--progress", "--name", "forced"],
+    )
+    .wait(Duration::from_secs(60));
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(stages(&sent.stderr), [0, 0], "{}", sent.stderr);
+    assert_eq!(received.code(), 0, "{}", received.stderr);
+    assert_eq!(
+        std::fs::metadata(dst.path().join("forced"))
+            .expect("output")
+            .len(),
+        3_000_003
+    );
+    assert!(
+        sent.stderr.contains("\x1b["),
+        "no cursor moves: {:?}",
+        sent.stderr
+    );
+    assert!(
+        sent.stderr.contains("forced") && sent.stderr.contains("MiB/s"),
+        "no bar: {:?}",
+        sent.stderr
+    );
 }
 
 #[test]

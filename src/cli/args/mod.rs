@@ -26,15 +26,11 @@ use std::time::Duration;
 const FOREIGN_FLAGS: &[(&str, &str)] = &[
     (
         "-P",
-        "rsync's -P (--partial --progress): use --resume, which keeps what arrived and continues it; progress bars show on a terminal",
+        "rsync's -P (--partial --progress): use --resume, which keeps what arrived and continues it; progress bars show on a terminal (--progress forces them)",
     ),
     (
         "--partial",
         "rsync's --partial: use --resume, which keeps what arrived and continues it",
-    ),
-    (
-        "--progress",
-        "progress bars show by default on a terminal; -v logs each file as it ends",
     ),
     (
         "-a",
@@ -134,17 +130,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// `--progress-every`: how often a progress line is logged; None: `off`.
-#[derive(Debug, Clone, Copy)]
-pub struct ProgressEvery(pub Option<Duration>);
-
-fn parse_progress_every(s: &str) -> Result<ProgressEvery, String> {
-    match s.trim() {
-        "off" | "0" => Ok(ProgressEvery(None)),
-        _ => crate::units::parse_duration(s).map(|d| ProgressEvery(Some(d))),
-    }
-}
-
 /// Options both tools share (flattened into each tool's arguments).
 #[derive(clap::Args, Debug)]
 pub struct CommonArgs {
@@ -168,12 +153,16 @@ pub struct CommonArgs {
     /// and file spans) for log collectors.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, help_heading = FORMAT)]
     pub log_format: LogFormat,
+    /// Progress bars even when stderr is not a terminal (a CI log that
+    /// renders them); not with -q or JSON logs.
+    #[arg(long, help_heading = FORMAT)]
+    pub progress: bool,
     /// Where no progress bars are drawn (stderr is a pipe, a file or a
     /// journal; JSON logs): a progress line this often while bytes move
-    /// (done, of how much, files, rate, ETA), or `off`.
-    #[arg(long, value_name = "DURATION|off", value_parser = parse_progress_every, default_value = "1m",
+    /// (done, of how much, files, rate, ETA).
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration,
           value_hint = ValueHint::Other, help_heading = FORMAT)]
-    pub progress_every: ProgressEvery,
+    pub stats: Option<Duration>,
     /// Results for scripts: one JSON object per file on stdout (name, bytes,
     /// seconds, mib_per_s, digest, status, exit_code, reason_code,
     /// retryable), flushed at once, and a summary at the end.
