@@ -286,15 +286,20 @@ fn generator_makes_tokens() {
 
 /// Closed by default, before any RDMA: a receiver without a token exits
 /// 2 saying how to make one and that --insecure exists; --insecure takes
-/// no --exec, --link-dest or --overwrite, and no token.
+/// no --exec, --link-dest or --overwrite, and no token; a token at the
+/// default location needs no option.
 #[test]
 fn receiver_without_a_token_refuses_to_start() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("dir");
     let d = dir.path().to_str().expect("utf8");
+    // The user's default token location, empty at first.
+    let config = tempfile::tempdir().expect("config");
     let receiver = |args: &[&str]| {
         let out = Command::new(receiver_bin())
             .args(args)
             .env_remove("RDMA_XFER_TOKEN")
+            .env("XDG_CONFIG_HOME", config.path())
             .output()
             .expect("run receiver");
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -326,6 +331,22 @@ fn receiver_without_a_token_refuses_to_start() {
     let (code, err) = receiver(&["--insecure", "--token-file", token.to_str().unwrap(), d]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("but a token is given"), "{err}");
+    // A token at the user's default location is found without options;
+    // --insecure does not look for one. Both then get past the checks
+    // (and fail later here, for want of RDMA, or time out waiting).
+    std::fs::create_dir(config.path().join("rdma-xfer")).expect("mkdir");
+    let default = config.path().join("rdma-xfer/token");
+    std::fs::copy(&token, &default).expect("copy");
+    std::fs::set_permissions(&default, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    for args in [&["--once"][..], &["--once", "--insecure"]] {
+        let args = [args, &["--timeout", "1", d]].concat();
+        let (code, err) = receiver(&args);
+        assert_ne!(code, 2, "{args:?}: {err}");
+        assert!(
+            !err.contains("needs a token") && !err.contains("token is given"),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// `make install DESTDIR=... PREFIX=/usr` with the binaries this test run

@@ -26,7 +26,7 @@ use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// What `--version` prints after the tool's name: the package version,
@@ -99,8 +99,10 @@ pub fn take_token_env() -> TakenToken {
 
 impl CommonArgs {
     /// The shared secret from `--token-file` or RDMA_XFER_TOKEN (as
-    /// `take_token_env` took it, else from the environment), if any.
-    pub fn token(&self) -> Result<Option<Token>, XferError> {
+    /// `take_token_env` took it, else from the environment), else, with
+    /// `defaults`, from the first default location that holds one
+    /// (`default_token_paths`).
+    pub fn token(&self, defaults: bool) -> Result<Option<Token>, XferError> {
         if let Some(why) = &self.taken_token.left {
             tracing::warn!("{why}");
         }
@@ -108,6 +110,13 @@ impl CommonArgs {
             Some(taken) => taken.clone().map(OsString::from_vec),
             None => std::env::var_os(TOKEN_ENV),
         };
+        if self.token_file.is_none() && env.is_none() && defaults {
+            let paths = default_token_paths(
+                std::env::var_os("XDG_CONFIG_HOME"),
+                std::env::var_os("HOME"),
+            );
+            return load_default_token(&paths);
+        }
         load_token(self.token_file.as_deref(), env)
     }
 
@@ -118,6 +127,47 @@ impl CommonArgs {
             std::env::var_os(crate::engine::ACK_TIMEOUT_ENV).as_deref(),
         )
     }
+}
+
+/// Where both tools look for a token when neither `--token-file` nor
+/// RDMA_XFER_TOKEN gives one, in order: the user's
+/// (`$XDG_CONFIG_HOME/rdma-xfer/token`, else `~/.config/...`), then the
+/// host's, which the packaged service reads (`/etc/rdma-xfer/token`).
+pub fn default_token_paths(xdg_config: Option<OsString>, home: Option<OsString>) -> Vec<PathBuf> {
+    let user = xdg_config
+        .filter(|x| Path::new(x).is_absolute())
+        .map(PathBuf::from)
+        .or_else(|| {
+            home.filter(|h| Path::new(h).is_absolute())
+                .map(|h| PathBuf::from(h).join(".config"))
+        });
+    user.map(|dir| dir.join("rdma-xfer").join("token"))
+        .into_iter()
+        .chain([PathBuf::from("/etc/rdma-xfer/token")])
+        .collect()
+}
+
+/// The token of the first of `paths` that exists. One this user may not
+/// read (the service's, say) is passed over with a warning; anything
+/// else wrong with it fails as `--token-file` would.
+pub fn load_default_token(paths: &[PathBuf]) -> Result<Option<Token>, XferError> {
+    for path in paths {
+        match std::fs::File::open(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                tracing::warn!(
+                    "cannot read the token in {} ({e}): going on without it",
+                    path.display()
+                );
+                continue;
+            }
+            _ => {
+                tracing::info!("the token from {}", path.display());
+                return load_token(Some(path), None);
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Loads the token: the file wins over the environment value. Trailing
@@ -338,7 +388,6 @@ pub fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     #[test]
     fn timeout_parser() {
@@ -359,6 +408,46 @@ mod tests {
         std::fs::write(&p, content).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
         p
+    }
+
+    #[test]
+    fn default_tokens_are_the_users_then_the_hosts() {
+        let etc = PathBuf::from("/etc/rdma-xfer/token");
+        assert_eq!(
+            default_token_paths(env("/x"), env("/home/u")),
+            [PathBuf::from("/x/rdma-xfer/token"), etc.clone()]
+        );
+        assert_eq!(
+            default_token_paths(None, env("/home/u")),
+            [
+                PathBuf::from("/home/u/.config/rdma-xfer/token"),
+                etc.clone()
+            ]
+        );
+        // Relative values are ignored (as the XDG spec says).
+        assert_eq!(
+            default_token_paths(env("rel"), env("also-rel")),
+            std::slice::from_ref(&etc)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none");
+        assert!(
+            load_default_token(std::slice::from_ref(&missing))
+                .unwrap()
+                .is_none()
+        );
+        let first = write_token(dir.path(), "first", b"the-first-token-of-two\n", 0o600);
+        let second = write_token(dir.path(), "second", b"the-second-token-of-two", 0o600);
+        let t = load_default_token(&[missing, first.clone(), second])
+            .unwrap()
+            .unwrap();
+        let nonce = [1u8; crate::proto::NONCE_LEN];
+        let want = Token::new(b"the-first-token-of-two".to_vec()).unwrap();
+        assert_eq!(t.mac(&nonce), want.mac(&nonce));
+        // A bad one fails as --token-file would, never passed over.
+        let short = write_token(dir.path(), "short", b"short", 0o600);
+        let err = load_default_token(&[short, first]).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{err}");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! a shared token on both sides lets a transfer through; a wrong or missing
 //! token is refused with exit 4 before the receiver writes anything or
 //! registers its ring, and the receiver keeps serving; a receiver without a
-//! token says at start-up that it accepts anyone.
+//! token says at start-up that it accepts anyone; a token in the default
+//! place needs no option.
 
 use crate::support::*;
 use std::path::{Path, PathBuf};
@@ -136,6 +137,39 @@ fn same_token_file_on_one_side_env_on_the_other() {
     assert_eq!(sha256_file(&dst2.path().join("a.bin")), sum);
     assert_eq!(sha256_file(&dst2.path().join("b.bin")), sum2);
     assert_no_temp_files(dst2.path());
+    drop(receiver);
+}
+
+/// A token where both tools look for one (here the user's,
+/// `$XDG_CONFIG_HOME/rdma-xfer/token`; the host's is /etc/rdma-xfer/token)
+/// authenticates without any option.
+#[test]
+fn a_token_in_the_default_place_needs_no_option() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let config = tempfile::tempdir().expect("config");
+    std::fs::create_dir(config.path().join("rdma-xfer")).expect("mkdir");
+    token_file(&config.path().join("rdma-xfer"), "token", TOKEN);
+    let home = config.path().to_str().expect("utf8");
+    let input = src.path().join("a.bin");
+    let sum = make_file(&input, MIB + 3, 13);
+    let port = next_port();
+    let mut receiver = ReceiverCommand::new(&net, port, dst.path())
+        .env(&[("XDG_CONFIG_HOME", home)])
+        .start();
+    let mut cmd = SenderCommand::new(&net, port, Path_::Wire)
+        .files(std::slice::from_ref(&input))
+        .command();
+    token_env(&mut cmd, None);
+    cmd.env("XDG_CONFIG_HOME", home);
+    let sent = Running::spawn("sender", cmd).wait(Duration::from_secs(300));
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(sha256_file(&dst.path().join("a.bin")), sum);
+    let log = receiver.wait_for_stderr("sender authenticated", LOG_WAIT);
+    assert!(!log.contains("UNAUTHENTICATED"), "{log}");
+    // A sender without it is refused by that receiver.
+    let sent = run_sender_with(&net, port, std::slice::from_ref(&input), SenderToken::None);
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
     drop(receiver);
 }
 

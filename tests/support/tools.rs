@@ -113,7 +113,9 @@ pub fn needs_insecure(extra: &[&str], env: &[(&str, &str)]) -> bool {
     !extra
         .iter()
         .any(|a| matches!(*a, "--token-file" | "--insecure"))
-        && !env.iter().any(|(k, _)| *k == "RDMA_XFER_TOKEN")
+        && !env
+            .iter()
+            .any(|(k, _)| matches!(*k, "RDMA_XFER_TOKEN" | "XDG_CONFIG_HOME"))
 }
 
 /// How the sender reaches the receiver.

@@ -297,7 +297,7 @@ impl SenderArgs {
         let token = if remote {
             None
         } else {
-            problems.check(self.common.token()).flatten()
+            problems.check(self.common.token(true)).flatten()
         };
         let ack_timeout = problems.check(self.common.ack_timeout());
         // With a token the digest is authenticated (sealed FIN), so it must
@@ -687,7 +687,8 @@ impl ReceiverArgs {
         let loaded = if self.ssh_session {
             Some(None)
         } else {
-            problems.check(self.common.token())
+            // --insecure means no token: none from a default location.
+            problems.check(self.common.token(!self.insecure))
         };
         if let Some(token) = &loaded {
             self.check_authentication(token, &mut problems);
@@ -754,8 +755,9 @@ impl ReceiverArgs {
                 "the receiver needs a token, so that only senders holding it may send: make one \
                  with `rdma-xfer-gen token FILE`, then run `receiver --token-file FILE ...` here \
                  and `sender --token-file FILE ...` with a copy of FILE on the sending host (or \
-                 set RDMA_XFER_TOKEN on both); to accept anyone who can reach the port instead, \
-                 run `receiver --insecure`",
+                 set RDMA_XFER_TOKEN on both, or put FILE at /etc/rdma-xfer/token or \
+                 ~/.config/rdma-xfer/token on both, where both tools look); to accept anyone \
+                 who can reach the port instead, run `receiver --insecure`",
             ),
             (false, true) => {
                 for (given, what) in [

@@ -170,7 +170,9 @@ pub struct CommonArgs {
     pub json: bool,
     /// File holding the shared secret that authenticates both ends to each
     /// other (trailing whitespace ignored; at least 16 bytes; make one with
-    /// `rdma-xfer-gen token FILE`). Overrides RDMA_XFER_TOKEN. A receiver
+    /// `rdma-xfer-gen token FILE`). Overrides RDMA_XFER_TOKEN; without
+    /// either, the first of $XDG_CONFIG_HOME/rdma-xfer/token (or
+    /// ~/.config/...) and /etc/rdma-xfer/token that exists. A receiver
     /// needs one unless --insecure.
     #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath, help_heading = SECURITY)]
     pub token_file: Option<PathBuf>,
