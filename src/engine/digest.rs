@@ -48,21 +48,47 @@ pub struct PrefixRead {
     pub hasher: FileHasher,
 }
 
+/// The most a hashing read asks of the file at once: a chunk (up to
+/// 64 MiB) is read in pieces of this, each after a call to its `tick`,
+/// so that a caller counting progress there (`Cancel::check`) sees some
+/// at least every MiB, however large the chunks and short its --timeout.
+pub const MAX_READ: usize = 1 << 20;
+
+/// Fills `buf` from `file` at `offset` in reads of `MAX_READ` at most,
+/// each after `tick` (which may stop the read with an error).
+fn read_in_pieces(
+    file: &std::fs::File,
+    buf: &mut [u8],
+    offset: u64,
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut at = offset;
+    for piece in buf.chunks_mut(MAX_READ) {
+        tick()?;
+        file.read_exact_at(piece, at)?;
+        at += piece.len() as u64;
+    }
+    Ok(())
+}
+
 /// Reads `file` from byte 0 up to `upto` (at most its end) in chunks of
 /// `chunk_len`, computing each chunk's CRC32 and feeding the whole-file
 /// hasher: what a sender compares with a HAVE, and what a receiver
-/// continues a resumed file's digest with. `each_chunk` sees every chunk
-/// (its index, bytes and CRC32) in order (the receiver checks the CRCs
-/// against its records, or copies the bytes) and may stop the read with an
-/// error. One chunk of memory, whatever the size.
+/// continues a resumed file's digest with. `tick` runs before each read
+/// of at most `MAX_READ` bytes and may stop the read with an error.
+/// `each_chunk` sees every chunk (its index, bytes and CRC32) in order
+/// (the receiver checks the CRCs against its records, or copies the
+/// bytes) and may stop the read too. One chunk of memory, whatever the
+/// size.
 pub fn read_prefix(
     file: &std::fs::File,
     upto: u64,
     chunk_len: u32,
     alg: DigestAlg,
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
     mut each_chunk: impl FnMut(u64, &[u8], u32) -> std::io::Result<()>,
 ) -> std::io::Result<PrefixRead> {
-    use std::os::unix::fs::FileExt;
     let mut hasher = FileHasher::new(alg);
     let mut crcs = Sha256::new();
     let mut buf = vec![0u8; chunk_len.max(1) as usize];
@@ -71,7 +97,7 @@ pub fn read_prefix(
     while offset < upto {
         let len = (upto - offset).min(u64::from(chunk_len.max(1))) as usize;
         let data = &mut buf[..len];
-        file.read_exact_at(data, offset)?;
+        read_in_pieces(file, data, offset, tick)?;
         let crc = crc32fast::hash(data);
         each_chunk(index, data, crc)?;
         hasher.update(data, crc);
@@ -87,22 +113,21 @@ pub fn read_prefix(
 
 /// SHA-256 of `file`'s first `upto` bytes (an error if it ends before),
 /// read in chunks of `chunk_len` (one chunk of memory). `tick` runs before
-/// each chunk and may stop the read with an error.
+/// each read of at most `MAX_READ` bytes and may stop the read with an
+/// error.
 pub fn read_sha256(
     file: &std::fs::File,
     upto: u64,
     chunk_len: u32,
     mut tick: impl FnMut() -> std::io::Result<()>,
 ) -> std::io::Result<[u8; 32]> {
-    use std::os::unix::fs::FileExt;
     let mut sha = Sha256::new();
     let mut buf = vec![0u8; chunk_len.max(1) as usize];
     let mut offset = 0u64;
     while offset < upto {
-        tick()?;
         let len = (upto - offset).min(buf.len() as u64) as usize;
         let data = &mut buf[..len];
-        file.read_exact_at(data, offset)?;
+        read_in_pieces(file, data, offset, &mut tick)?;
         sha.update(&*data);
         offset += len as u64;
     }
@@ -155,10 +180,17 @@ mod tests {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&data).unwrap();
         let mut seen = Vec::new();
-        let p = read_prefix(&f, 300, 100, DigestAlg::Sha256, |i, _, crc| {
-            seen.push((i, crc));
-            Ok(())
-        })
+        let p = read_prefix(
+            &f,
+            300,
+            100,
+            DigestAlg::Sha256,
+            &mut || Ok(()),
+            |i, _, crc| {
+                seen.push((i, crc));
+                Ok(())
+            },
+        )
         .unwrap();
         let crcs: Vec<u32> = data[..300].chunks(100).map(crc32fast::hash).collect();
         assert_eq!(seen, vec![(0, crcs[0]), (1, crcs[1]), (2, crcs[2])]);
@@ -175,12 +207,28 @@ mod tests {
         let whole: [u8; 32] = Sha256::digest(&data).into();
         assert_eq!(h.finish(), Digest::Sha256(whole));
         // The whole file, its last chunk short, with CRC32.
-        let all = read_prefix(&f, 1037, 100, DigestAlg::Crc32, |_, _, _| Ok(())).unwrap();
+        let all = read_prefix(
+            &f,
+            1037,
+            100,
+            DigestAlg::Crc32,
+            &mut || Ok(()),
+            |_, _, _| Ok(()),
+        );
+        let all = all.unwrap();
         assert_eq!(all.hasher.finish(), Digest::Crc32(crc32fast::hash(&data)));
         // Past the end: an error, not a shorter digest.
-        assert!(read_prefix(&f, 2000, 100, DigestAlg::Crc32, |_, _, _| Ok(())).is_err());
+        let past = read_prefix(
+            &f,
+            2000,
+            100,
+            DigestAlg::Crc32,
+            &mut || Ok(()),
+            |_, _, _| Ok(()),
+        );
+        assert!(past.is_err());
         // The callback can stop the read.
-        let stop = read_prefix(&f, 300, 100, DigestAlg::Crc32, |i, _, _| {
+        let stop = read_prefix(&f, 300, 100, DigestAlg::Crc32, &mut || Ok(()), |i, _, _| {
             if i == 1 {
                 Err(std::io::Error::other("record mismatch"))
             } else {
@@ -216,6 +264,57 @@ mod tests {
             }
         });
         assert!(stopped.is_err());
+    }
+
+    #[test]
+    fn a_large_chunk_is_read_in_pieces_of_a_mib_each_after_a_tick() {
+        use std::io::Write;
+        // One chunk of 3 MiB and a byte: four reads, four ticks.
+        let len = 3 * MAX_READ + 1;
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data).unwrap();
+        let chunk = len as u32;
+        let mut ticks = 0;
+        let sha = read_sha256(&f, len as u64, chunk, || {
+            ticks += 1;
+            Ok(())
+        })
+        .unwrap();
+        let want: [u8; 32] = Sha256::digest(&data).into();
+        assert_eq!((sha, ticks), (want, 4));
+        let mut ticks = 0;
+        let mut chunks = 0;
+        let mut tick = || {
+            ticks += 1;
+            Ok(())
+        };
+        let read = read_prefix(
+            &f,
+            len as u64,
+            chunk,
+            DigestAlg::Sha256,
+            &mut tick,
+            |_, d, _| {
+                chunks += 1;
+                assert_eq!(d.len(), len);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!((ticks, chunks), (4, 1));
+        assert_eq!(read.hasher.finish(), Digest::Sha256(want));
+        // A tick stops the read within the chunk.
+        let mut ticks = 0;
+        let stopped = read_sha256(&f, len as u64, chunk, || {
+            ticks += 1;
+            if ticks == 2 {
+                return Err(std::io::Error::other("stop"));
+            }
+            Ok(())
+        });
+        assert!(stopped.is_err());
+        assert_eq!(ticks, 2);
     }
 
     #[test]

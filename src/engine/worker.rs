@@ -55,6 +55,10 @@ impl Cancel {
 pub(crate) struct Worker<T> {
     /// The thread's name, for errors.
     name: &'static str,
+    /// What the job does, for errors ("hashing the receiver's copy of f").
+    what: String,
+    /// The job made no progress for its stall limit (`wait_until` failed).
+    stalled: bool,
     stop: Arc<AtomicBool>,
     /// Pieces the job has done (`Cancel::check`).
     pieces: Arc<AtomicU64>,
@@ -99,13 +103,37 @@ pub(crate) fn stalled(context: impl Into<String>, thread: &str) -> XferError {
 /// A job, sent to its thread.
 type Job<T> = Box<dyn FnOnce(&Cancel) -> T + Send>;
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: the next `Worker::start` on this thread fails (no thread to
+    /// spare), so that the callers' answers to that are tried.
+    static START_FAILS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests: makes the next `Worker::start` on this thread fail.
+#[cfg(test)]
+pub(crate) fn fail_next_start() {
+    START_FAILS.set(true);
+}
+
 impl<T: Send + 'static> Worker<T> {
-    /// Starts a thread named `name` for one job (`run` gives it). A job
-    /// that does no piece for `stall_limit` ends the session
-    /// (`wait_until`). The thread comes first so that a failure to start
-    /// it takes nothing of the job's: the caller still has it all to say
-    /// why the file is not read.
-    pub(crate) fn start(name: &'static str, stall_limit: Duration) -> std::io::Result<Self> {
+    /// Starts a thread named `name` for one job (`run` gives it), which
+    /// does `what` (said in its errors). A job that does no piece for
+    /// `stall_limit` ends the session (`wait_until`). The thread comes
+    /// first so that a failure to start it takes nothing of the job's:
+    /// the caller still has it all to say why the file is not read.
+    pub(crate) fn start(
+        name: &'static str,
+        what: String,
+        stall_limit: Duration,
+    ) -> std::io::Result<Self> {
+        #[cfg(test)]
+        if START_FAILS.take() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "no thread to spare (the test's)",
+            ));
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let pieces = Arc::new(AtomicU64::new(0));
         let (jobs, job) = mpsc::sync_channel::<Job<T>>(1);
@@ -128,6 +156,8 @@ impl<T: Send + 'static> Worker<T> {
             })?;
         Ok(Self {
             name,
+            what,
+            stalled: false,
             stop,
             pieces,
             seen: (0, Instant::now()),
@@ -167,6 +197,12 @@ impl<T: Send + 'static> Worker<T> {
 impl<T> Worker<T> {
     fn lost(&self) -> Lost {
         Lost { thread: self.name }
+    }
+
+    /// Whether the job made no progress for its stall limit (the error
+    /// `wait_until` returned was that).
+    pub(crate) fn has_stalled(&self) -> bool {
+        self.stalled
     }
 
     /// Waits up to `timeout` for the job's result (`result` then has it).
@@ -212,10 +248,12 @@ impl<T> Worker<T> {
             return Ok(());
         }
         if self.seen.1.elapsed() >= self.stall_limit {
+            self.stalled = true;
             return Err(stalled(
                 format!(
-                    "file work made no progress for {}s",
-                    self.stall_limit.as_secs()
+                    "{} made no progress for {}s",
+                    self.what,
+                    self.stall_limit.as_secs_f64()
                 ),
                 self.name,
             ));
@@ -226,11 +264,15 @@ impl<T> Worker<T> {
 
 /// Stops the job, and joins its thread once it ended; if it does not end
 /// within `JOIN_PATIENCE` (a read stuck in the kernel), lets it go rather
-/// than hang the session's end on it. That is safe: the job owns only
-/// what it was given (its own descriptor, its buffer, for a receiver a
-/// store of its own and a claim on one partial file), it stops at its
-/// next look at `Cancel`, and its result goes into a channel nobody
-/// reads, where it is dropped (and what it holds released).
+/// than hang the session's end on it. The job owns only what it was
+/// given (its own descriptor, its buffer, for a receiver a store of its
+/// own and a claim on one partial file), and its result goes into a
+/// channel nobody reads, where it is dropped (and what it holds
+/// released). It stops at its next look at `Cancel`, and a job that
+/// puts a file in place (a --link-dest link or copy) looks right before
+/// it does: a job left behind puts nothing under a final name after its
+/// session ended, unless it was already doing so (its commit's fsync, or
+/// the rename, under way when the session gave up).
 impl<T> Drop for Worker<T> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -274,12 +316,21 @@ mod tests {
         stall_limit: Duration,
         job: impl FnOnce(&Cancel) -> T + Send + 'static,
     ) -> Worker<T> {
-        Worker::start(name, stall_limit).unwrap().run(job)
+        Worker::start(name, "the test's job".into(), stall_limit)
+            .unwrap()
+            .run(job)
+    }
+
+    #[test]
+    fn a_start_the_test_refuses_fails_once() {
+        fail_next_start();
+        assert!(Worker::<u8>::start("test-refused", "idling".into(), LONG).is_err());
+        assert!(Worker::<u8>::start("test-refused", "idling".into(), LONG).is_ok());
     }
 
     #[test]
     fn a_worker_dropped_before_its_job_ends_its_thread() {
-        let worker = Worker::<u8>::start("test-idle", LONG).unwrap();
+        let worker = Worker::<u8>::start("test-idle", "idling".into(), LONG).unwrap();
         let started = Instant::now();
         drop(worker);
         assert!(started.elapsed() < JOIN_PATIENCE);
@@ -383,11 +434,16 @@ mod tests {
         };
         assert!(started.elapsed() >= Duration::from_millis(300));
         assert!(
-            matches!(&failed, XferError::Io { source, .. }
+            matches!(&failed, XferError::Io { context, source }
                 if source.kind() == std::io::ErrorKind::TimedOut
-                    && source.to_string() == "the test-stuck thread stalled"),
+                    && source.to_string() == "the test-stuck thread stalled"
+                    && context == "the test's job made no progress for 0.3s"),
             "{failed:?}"
         );
+        assert!(worker.has_stalled());
+        // A local read stuck: an I/O error (exit 6), not worth a retry.
+        assert_eq!(failed.exit_code(), crate::error::ExitCode::Io);
+        assert!(!failed.is_transient());
         // Dropped while stuck: it does not wait for the thread for ever.
         let dropping = Instant::now();
         drop(worker);

@@ -105,7 +105,11 @@ impl Connection {
                 return self.reply(&mut w.stage, Answer::From(0, None));
             }
             HaveKind::Prefix => {
-                let Some((file, worker)) = start(cfg, name, file) else {
+                let what = format!(
+                    "reading {} to check the part the receiver kept",
+                    escaped(name)
+                );
+                let Some((file, worker)) = start(cfg, name, what, file) else {
                     return self.reply(&mut w.stage, Answer::From(0, None));
                 };
                 let (bytes, chunk_len, alg) = (have.bytes, have.chunk_len, cfg.verify);
@@ -114,14 +118,16 @@ impl Connection {
                     bytes,
                     want: have.digest,
                     worker: worker.run(move |cancel| {
-                        read_prefix(&file, bytes, chunk_len, alg, |_, _, _| before.tick(cancel))
+                        let mut tick = || before.tick(cancel);
+                        read_prefix(&file, bytes, chunk_len, alg, &mut tick, |_, _, _| Ok(()))
                     }),
                 }
             }
             // Read before any data, whatever the receiver then decides.
             HaveKind::Complete | HaveKind::Digest => {
                 // FROM 0 answers any HAVE: the receiver takes the data.
-                let Some((file, worker)) = start(cfg, name, file) else {
+                let what = format!("reading {} for the receiver's HAVE", escaped(name));
+                let Some((file, worker)) = start(cfg, name, what, file) else {
                     return self.reply(&mut w.stage, Answer::From(0, None));
                 };
                 let (size, chunk_len) = (*size, cfg.chunk_size);
@@ -222,17 +228,19 @@ impl Connection {
     }
 }
 
-/// The file (a descriptor of its own) and a thread for a HAVE's read,
-/// whose stall limit is --timeout; None when either is not to be had
-/// (no descriptor or thread to spare): the file is then sent whole.
+/// The file (a descriptor of its own) and a thread for a HAVE's read
+/// (`what` it does, for its errors), whose stall limit is --timeout;
+/// None when either is not to be had (no descriptor or thread to
+/// spare): the file is then sent whole.
 fn start<T: Send + 'static>(
     cfg: &SenderConfig,
     name: &str,
+    what: String,
     file: &std::fs::File,
 ) -> Option<(std::fs::File, Worker<T>)> {
     let started = file
         .try_clone()
-        .and_then(|file| Ok((file, Worker::start("have-read", cfg.timeout)?)));
+        .and_then(|file| Ok((file, Worker::start("have-read", what, cfg.timeout)?)));
     match started {
         Ok(started) => Some(started),
         Err(e) => {

@@ -159,9 +159,10 @@ fn a_read_stuck_for_the_timeout_ends_the_session_and_is_left_behind() {
     let t = transfer_meddled(&cfg, &rcfg, &[src.path().join("big")], Box::new(meddled), r);
     let took = started.elapsed();
     assert!(
-        matches!(&t.sent, Err(XferError::Io { source, .. })
+        matches!(&t.sent, Err(XferError::Io { context, source })
             if source.kind() == std::io::ErrorKind::TimedOut
-                && source.to_string() == "the have-read thread stalled"),
+                && source.to_string() == "the have-read thread stalled"
+                && context == "reading big for the receiver's HAVE made no progress for 1s"),
         "{:?}",
         t.sent.as_ref().map(|_| ())
     );
@@ -177,4 +178,22 @@ fn a_read_stuck_for_the_timeout_ends_the_session_and_is_left_behind() {
     // Let go, the read ends on its own.
     release.send(()).unwrap();
     wait_for(&ended, "the stuck read never ended");
+}
+
+#[test]
+fn a_read_for_a_have_that_cannot_start_has_the_file_sent_whole() {
+    let data: Vec<u8> = (0..64u32 << 10).map(|b| (b * 11) as u8).collect();
+    let (src, dest, cfg, mut rcfg) = sent_once(&data, Duration::from_secs(30), || {});
+    // The receiver's complete copy is replaced by the data sent again.
+    rcfg.overwrite = true;
+    // The sender's read (on this thread) gets no thread: FROM 0.
+    crate::engine::worker::fail_next_start();
+    let t = transfer(&cfg, &rcfg, &[src.path().join("big")], None);
+    let outcome = t.sent.unwrap();
+    t.received.unwrap();
+    assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
+    // Sent, not skipped: nothing was compared.
+    assert_eq!(outcome.count(Outcome::Skipped), 0);
+    assert_eq!(outcome.count(Outcome::Stored), 1);
+    assert_eq!(std::fs::read(dest.path().join("big")).unwrap(), data);
 }

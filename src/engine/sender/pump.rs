@@ -560,7 +560,12 @@ impl Connection {
         // A stream may wait for its input; files (a refused batch's too)
         // are read or fail.
         if !w.stream() && since.elapsed() >= cfg.timeout {
-            return Err(FileError::Fatal(stalled("reading the input", "reader")));
+            let what = format!(
+                "reading {} made no progress for {}s",
+                escaped(&w.name),
+                cfg.timeout.as_secs_f64()
+            );
+            return Err(FileError::Fatal(stalled(what, "reader")));
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::engine::worker::{Cancel, Worker};
 use crate::error::XferError;
-use crate::proto::{Found, Hello, Reject, RejectCode};
+use crate::proto::{Found, Hello, Reject, escaped};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
@@ -112,6 +112,16 @@ thread_local! {
         const { std::cell::Cell::new(None) };
 }
 
+/// Which copy a COMPARE is about: --link-dest's (`link`) or the
+/// receiver's own.
+fn whose(link: bool) -> &'static str {
+    if link {
+        "the --link-dest copy"
+    } else {
+        "the receiver's copy"
+    }
+}
+
 /// Why the file work could not start (no descriptor or thread to spare):
 /// that offer's failure, not the session's.
 fn not_started(e: &std::io::Error) -> String {
@@ -131,9 +141,10 @@ impl Session<'_, '_> {
         // within its timeout (and records what it verified): worth waiting.
         let wait = self.cfg.timeout + Duration::from_secs(10);
         let how = (self.cfg.chunk_size, self.cfg.overwrite);
+        let what = format!("reading back the kept part of {}", escaped(&hello.name));
         let started = match self.store.for_worker() {
             Ok(Some(store)) => self
-                .start_worker("rdma-xfer-holding")
+                .start_worker("rdma-xfer-holding", what)
                 .map(|worker| (store, worker)),
             // Nothing is read for the other stores: answered at once.
             Ok(None) => {
@@ -144,9 +155,11 @@ impl Session<'_, '_> {
         };
         let (store, worker) = match started {
             Ok(started) => started,
+            // Not this offer's failure: it comes whole, nothing kept (no
+            // claim), as when another session holds its partial file.
             Err(e) => {
-                let refusal = Reject::new(RejectCode::Io, not_started(&e));
-                return self.refuse(&hello, hello_at, refusal);
+                let nothing = Holding::nothing(format!("{}: sent whole", not_started(&e)));
+                return self.held(hello, hello_at, Ok((nothing, None)));
             }
         };
         let job = move |cancel: &Cancel| Done::Holding {
@@ -191,7 +204,13 @@ impl Session<'_, '_> {
                 }))
             }),
         };
-        let started = copy.and_then(|copy| Ok((copy, self.start_worker("rdma-xfer-compare")?)));
+        let what = format!(
+            "hashing {} of {}",
+            whose(link),
+            escaped(&waiting.hello.name)
+        );
+        let started =
+            copy.and_then(|copy| Ok((copy, self.start_worker("rdma-xfer-compare", what)?)));
         let (copy, worker) = match started {
             Ok(started) => started,
             // The copy cannot be compared: the file comes whole.
@@ -222,10 +241,10 @@ impl Session<'_, '_> {
         self.run_work(worker, job)
     }
 
-    /// A thread for the offer's file work; its stall limit is the
-    /// session's --timeout.
-    fn start_worker(&self, name: &'static str) -> std::io::Result<Worker<Done>> {
-        Worker::start(name, self.cfg.timeout)
+    /// A thread for the offer's file work (`what` it does, for its
+    /// errors); its stall limit is the session's --timeout.
+    fn start_worker(&self, name: &'static str, what: String) -> std::io::Result<Worker<Done>> {
+        Worker::start(name, what, self.cfg.timeout)
     }
 
     /// Runs `job` on the session's worker (the machine waits for its
@@ -321,11 +340,7 @@ impl Session<'_, '_> {
     ) -> Result<(), XferError> {
         // A signal stopped the read: no verdict on the copy.
         interrupted()?;
-        let whose = if link {
-            "the --link-dest copy"
-        } else {
-            "the receiver's copy"
-        };
+        let whose = whose(link);
         let name = waiting.hello.name.clone();
         let mut differs = match digest {
             Ok(d) if d == sha256 => None,

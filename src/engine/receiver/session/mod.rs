@@ -27,8 +27,8 @@ use crate::engine::progress::FileProgress;
 use crate::engine::report::Phases;
 use crate::error::XferError;
 use crate::proto::{
-    AUTH_TIMEOUT, AuthFailure, DigestAlg, Hello, Message, Mtime, ReceiverEvent, ReceiverSession,
-    RecvError, RejectCode, Undecodable, escaped,
+    AUTH_TIMEOUT, AckStatus, AuthFailure, DigestAlg, Hello, Message, Mtime, ReceiverEvent,
+    ReceiverSession, RecvError, RejectCode, Undecodable, escaped,
 };
 use crate::sys::rdma::{Endpoint, IncomingConnection, QpCaps};
 use std::sync::Arc;
@@ -350,7 +350,13 @@ impl Session<'_, '_> {
             .poll_timeout()
             .unwrap_or_else(|| crate::sys::os::deadline_after(self.cfg.timeout));
         if let Some(work) = self.work.as_mut() {
-            return work.wait_until(deadline, &mut *self.link, what);
+            let waited = work.wait_until(deadline, &mut *self.link, what);
+            return match waited {
+                // A local read stuck: the sender hears why (an I/O error,
+                // not a vanished peer worth retrying).
+                Err(stalled) if work.has_stalled() => Err(self.abort(AckStatus::Io, stalled)),
+                waited => waited,
+            };
         }
         self.link.wait_until(deadline, what).map(|_| ())
     }

@@ -90,6 +90,10 @@ pub(in crate::engine::receiver) enum LinkError {
     /// The copy could not be committed.
     #[error("{0}")]
     Commit(XferError),
+    /// The session stopped the work (it ended, or SIGINT or SIGTERM came)
+    /// before the file was put in place: nothing was.
+    #[error("stopped before it was put in place: {0}")]
+    Stopped(std::io::Error),
 }
 
 impl FileStore {
@@ -132,7 +136,10 @@ impl FileStore {
     /// SHA-256 checked again). Either way the file has the candidate's own
     /// permissions, never the offer's mode: a sender that knows a file's
     /// digest gets no wider access to it than its owner gave. `tick` is
-    /// called between the copy's pieces. Durable when it returns Ok.
+    /// called between the copy's pieces, and once more right before the
+    /// file takes its name (its failure leaves nothing there: a job its
+    /// session left behind puts no file in place). Durable when it
+    /// returns Ok.
     pub(in crate::engine::receiver) fn link_into_place(
         &mut self,
         hello: &Hello,
@@ -172,8 +179,11 @@ impl FileStore {
         };
         let why_copy = match why_copy {
             Some(why) => why,
-            None => match hard_link(candidate, &parent, &leaf, overwrite) {
+            None => match hard_link(candidate, &parent, &leaf, overwrite, tick) {
                 Ok(()) => return Ok(Linked::HardLink),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                    return Err(LinkError::Stopped(e));
+                }
                 Err(e) => match copy_instead_of_link(&e) {
                     Some(why) => why,
                     None => return Err(LinkError::Link(e)),
@@ -184,9 +194,17 @@ impl FileStore {
             .create(hello, overwrite, dir, Resume::No)
             .map_err(LinkError::Refused)?;
         let copied = copy_verified(&candidate.file, &mut sink, hello.size, chunk_len, tick)
-            .map_err(LinkError::Copy)?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::Interrupted => LinkError::Stopped(e),
+                _ => LinkError::Copy(e),
+            })?;
         if copied != crate::proto::Digest::Sha256(sha256) {
             return Err(LinkError::Changed);
+        }
+        // Stopped now: the temporary file goes with the sink.
+        if let Err(e) = tick() {
+            drop(sink);
+            return Err(LinkError::Stopped(e));
         }
         sink.commit(&hello.name, mode, hello.mtime, overwrite)
             .map_err(LinkError::Commit)?;
@@ -196,12 +214,14 @@ impl FileStore {
 
 /// Links the candidate to a temporary name beside `leaf` in `parent`,
 /// checks that the link is the inode that was hashed, and renames it into
-/// place; the directory is fsynced.
+/// place; the directory is fsynced. `tick` runs before the link and
+/// before the rename: its failure leaves nothing under `leaf`.
 pub(super) fn hard_link(
     candidate: &LinkCandidate,
     parent: &DirFd,
     leaf: &str,
     overwrite: bool,
+    tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     let changed = || std::io::Error::other("the --link-dest file changed meanwhile");
     // Already there (--overwrite of an earlier run's link): nothing to do
@@ -217,6 +237,7 @@ pub(super) fn hard_link(
     if seen(&candidate.file)? != candidate.seen {
         return Err(changed());
     }
+    tick()?;
     let temp = temp_name();
     // Marked before it exists: the sweep never sees it unmarked.
     let _in_use = TempInUse::new(parent, &temp)?;
@@ -229,6 +250,7 @@ pub(super) fn hard_link(
         // What the ACK promises must survive a crash: the data, then the
         // new name.
         candidate.file.sync_all()?;
+        tick()?;
         parent.rename(&temp, leaf, !overwrite)
     });
     if let Err(e) = linked {
@@ -240,8 +262,15 @@ pub(super) fn hard_link(
     parent.sync()
 }
 
+/// How much of a --link-dest copy is written between two `sync_data`s:
+/// the commit's fsync, one long call that counts no progress, then has
+/// little left to do (a slow disk does not look like a stalled copy).
+const SYNC_EVERY: u64 = 64 << 20;
+
 /// Copies `size` bytes of `from` into the temporary file of `sink`, as
-/// chunks are written, and returns their SHA-256.
+/// chunks are written, and returns their SHA-256. `tick` runs before each
+/// read (`digest::MAX_READ` at most); the data written is synced every
+/// `SYNC_EVERY` bytes, the next `tick` counting that as progress.
 pub(super) fn copy_verified(
     from: &File,
     sink: &mut Sink,
@@ -249,15 +278,22 @@ pub(super) fn copy_verified(
     chunk_len: u32,
     tick: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> std::io::Result<crate::proto::Digest> {
+    let mut unsynced = 0u64;
     let read = crate::engine::digest::read_prefix(
         from,
         size,
         chunk_len,
         crate::proto::DigestAlg::Sha256,
+        tick,
         |index, data, crc| {
             let offset = index * u64::from(chunk_len);
             sink.write(data, offset, crc, offset)?;
-            tick()
+            unsynced += data.len() as u64;
+            if unsynced >= SYNC_EVERY {
+                sink.sync_data()?;
+                unsynced = 0;
+            }
+            Ok(())
         },
     )?;
     Ok(read.hasher.finish())

@@ -49,6 +49,15 @@ impl Sink {
         }
     }
 
+    /// Makes the data written so far durable, for a temporary file (a
+    /// commit's fsync has less left to do then); nothing for the others.
+    pub(in crate::engine::receiver) fn sync_data(&self) -> std::io::Result<()> {
+        match self {
+            Sink::Temp(t) => t.file.sync_data(),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether it writes a temporary file (the writer threads' work).
     pub(in crate::engine::receiver) fn is_temp_file(&self) -> bool {
         matches!(self, Sink::Temp(_))

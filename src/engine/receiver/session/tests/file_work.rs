@@ -4,9 +4,11 @@
 use super::peer::{Peer, bytes, file};
 use super::{Reported, compare_then_bye, done, session, session_hooked};
 use crate::engine::digest::FileHasher;
+use crate::engine::receiver::session::file_work::COMPARE_HOOK;
 use crate::engine::receiver::storage::partial::Claim;
-use crate::error::XferError;
-use crate::proto::{AckStatus, DigestAlg, FileOffer, HaveKind, Message, SenderEvent};
+use crate::engine::worker::fail_next_start;
+use crate::error::{ExitCode, XferError};
+use crate::proto::{AckFailure, AckStatus, DigestAlg, FileOffer, HaveKind, Message, SenderEvent};
 use crate::sys::dirfd::DirFd;
 use sha2::Digest as _;
 use std::sync::Arc;
@@ -193,45 +195,63 @@ fn a_compare_stuck_for_the_timeout_ends_the_session_and_is_left_behind() {
         seen.store(true, Ordering::SeqCst);
     });
     let started = Instant::now();
-    let ended = session_hooked(&cfg, Some(stuck), |peer| {
-        peer.greet();
-        let mut offer = file("f", data.len() as u64);
-        offer.checksum = true;
-        let SenderEvent::Have(_) = peer.offer(offer) else {
-            panic!("no HAVE asking for the digest");
-        };
-        let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
-        peer.machine.compare(sha256).unwrap();
-        peer.transmit();
-        // KEEPALIVEs until the session gives up on its work and goes (the
-        // test's sender goes after 8: a session that would go on for ever).
-        let mut keepalives = 0;
-        while keepalives < 8
-            && let Some(msg) = peer.recv()
-        {
-            assert!(matches!(msg, Message::Keepalive), "{msg:?}");
-            keepalives += 1;
-        }
-        keepalives
-    });
+    let ended = session_hooked(
+        &cfg,
+        move || COMPARE_HOOK.set(Some(stuck)),
+        |peer| {
+            peer.greet();
+            let mut offer = file("f", data.len() as u64);
+            offer.checksum = true;
+            let SenderEvent::Have(_) = peer.offer(offer) else {
+                panic!("no HAVE asking for the digest");
+            };
+            let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
+            peer.machine.compare(sha256).unwrap();
+            peer.transmit();
+            // KEEPALIVEs until the session gives up on its work, says why and
+            // goes (the test's sender goes after 8: a session that would go
+            // on for ever).
+            let mut keepalives = 0;
+            let mut answer = None;
+            while keepalives < 8
+                && let Some(msg) = peer.recv()
+            {
+                if !matches!(msg, Message::Keepalive) {
+                    answer = Some(peer.machine.on_message(msg));
+                    break;
+                }
+                keepalives += 1;
+            }
+            (keepalives, answer)
+        },
+    );
     let took = started.elapsed();
+    let what = "hashing the --link-dest copy of f made no progress for 1s";
     assert!(
-        matches!(&ended.result, Err(XferError::Io { source, .. })
+        matches!(&ended.result, Err(XferError::Io { context, source })
             if source.kind() == std::io::ErrorKind::TimedOut
-                && source.to_string() == "the rdma-xfer-compare thread stalled"),
+                && source.to_string() == "the rdma-xfer-compare thread stalled"
+                && context == what),
         "{:?}",
         ended.result
+    );
+    // A local read stuck: an I/O error, not worth retrying.
+    let stalled = ended.result.as_ref().unwrap_err();
+    assert!(!stalled.is_transient());
+    assert_eq!(stalled.exit_code(), ExitCode::Io);
+    // The sender heard why, in a failing ACK (not a vanished receiver).
+    let (keepalives, answer) = ended.played;
+    assert!(
+        matches!(&answer, Some(Ok(SenderEvent::Aborted(failed)))
+            if failed.failure == AckFailure::Io && failed.reason.contains(what)),
+        "{answer:?}"
     );
     // Not before the timeout, and not after the work (still stuck).
     assert!(took >= timeout, "{took:?}");
     assert!(took < Duration::from_secs(8), "{took:?}");
     assert!(!let_go.load(Ordering::SeqCst), "the work was never stuck");
     // One every 333 ms until the stall was found, then none.
-    assert!(
-        (1..=4).contains(&ended.played),
-        "{} KEEPALIVEs",
-        ended.played
-    );
+    assert!((1..=4).contains(&keepalives), "{keepalives} KEEPALIVEs");
     assert!(ended.closed);
     assert!(!dir.path().join("f").exists());
     release.send(()).unwrap();
@@ -240,4 +260,77 @@ fn a_compare_stuck_for_the_timeout_ends_the_session_and_is_left_behind() {
         assert!(Instant::now() < deadline, "the stuck work never ended");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Sends `data` from FROM 0 on (the HAVE answered), then BYE: the ACK.
+fn whole_then_bye(peer: &mut Peer, data: &[u8]) -> crate::proto::Ack {
+    peer.machine.start_from(0).unwrap();
+    peer.transmit();
+    assert!(matches!(peer.event(), SenderEvent::Ring(_)));
+    let digest = peer.write_data(data, None);
+    let ack = peer.finish(digest.finish());
+    peer.bye();
+    ack
+}
+
+#[test]
+fn a_resume_whose_work_cannot_start_has_the_file_sent_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = super::config(dir.path());
+    let data = bytes(4096 * 2 + 3, 14);
+    let ended = session_hooked(&cfg, fail_next_start, |peer| {
+        peer.greet();
+        let SenderEvent::Have(have) = peer.offer(resumed("f", data.len() as u64)) else {
+            panic!("no HAVE for a resumed offer");
+        };
+        (have, whole_then_bye(peer, &data))
+    });
+    ended.result.unwrap();
+    let (have, ack) = ended.played;
+    // Not a refusal: nothing held, the file comes whole.
+    assert_eq!(have.kind, HaveKind::Nothing);
+    assert!(
+        have.note.contains("cannot start the session's file work")
+            && have.note.ends_with("sent whole"),
+        "{}",
+        have.note
+    );
+    assert_eq!(ack.status, AckStatus::Ok, "{ack:?}");
+    assert_eq!(ended.reported, [done("f", data.len() as u64)]);
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+}
+
+#[test]
+fn a_compare_whose_work_cannot_start_is_a_have_of_nothing() {
+    let (dir, link_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut cfg = super::config(dir.path());
+    cfg.link_dest = Some(link_dir.path().into());
+    let data = bytes(4096 + 9, 15);
+    std::fs::write(link_dir.path().join("f"), &data).unwrap();
+    let ended = session_hooked(&cfg, fail_next_start, |peer| {
+        peer.greet();
+        let mut offer = file("f", data.len() as u64);
+        offer.checksum = true;
+        let SenderEvent::Have(asked) = peer.offer(offer) else {
+            panic!("no HAVE asking for the digest");
+        };
+        assert_eq!(asked.kind, HaveKind::Digest);
+        let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
+        peer.machine.compare(sha256).unwrap();
+        peer.transmit();
+        let verdict = peer.event();
+        (verdict, whole_then_bye(peer, &data))
+    });
+    ended.result.unwrap();
+    let (verdict, ack) = ended.played;
+    assert!(
+        matches!(&verdict, SenderEvent::Have(h)
+            if h.kind == HaveKind::Nothing
+                && h.note.contains("cannot start the session's file work")),
+        "{verdict:?}"
+    );
+    assert_eq!(ack.status, AckStatus::Ok, "{ack:?}");
+    // Received, not linked.
+    assert_eq!(ended.reported, [done("f", data.len() as u64)]);
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
 }

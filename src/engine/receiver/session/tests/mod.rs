@@ -6,7 +6,6 @@
 mod file_work;
 mod peer;
 
-use super::file_work::{COMPARE_HOOK, CompareHook};
 use super::{Parts, drive};
 use crate::engine::memory_wire::{self, ReceiverEnd};
 use crate::engine::receiver::OnFile;
@@ -120,13 +119,14 @@ pub(in crate::engine) fn sender_auth(cfg: &ReceiverConfig) -> Option<SenderAuth>
 /// Runs one session with `cfg` while `play` is its sender (with the
 /// token when `cfg` has one); the sender goes away when `play` returns.
 fn session<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<T> {
-    session_hooked(cfg, None, play)
+    session_hooked(cfg, || {}, play)
 }
 
-/// `session`, whose next COMPARE's work calls `hook` first.
+/// `session`, whose thread runs `hook` first (to set the test hooks of
+/// its file work: `COMPARE_HOOK`, `worker::fail_next_start`).
 fn session_hooked<T>(
     cfg: &ReceiverConfig,
-    hook: Option<CompareHook>,
+    hook: impl FnOnce() + Send,
     play: impl FnOnce(&mut Peer) -> T,
 ) -> Ended<T> {
     let (sender_end, receiver_end) = memory_wire::pair();
@@ -141,7 +141,7 @@ fn session_hooked<T>(
     }
     let (result, played) = std::thread::scope(|s| {
         let running = s.spawn(|| {
-            COMPARE_HOOK.set(hook);
+            hook();
             let on_file = |event: FileEvent<'_>| log.lock().unwrap().push(reported(event));
             serve(cfg, receiver_end, &on_file)
         });

@@ -115,8 +115,9 @@ pub(crate) fn copy_of(
 /// against its record, or nothing, with the reason. The record must be
 /// tagged with `key`, the directory's (None: it has none, or none that
 /// can be used, so nothing kept can be trusted). `tick` is called
-/// once per chunk read (the engine keeps the sender informed while a
-/// large file is read) and may stop the read with an error.
+/// before each read of a MiB at most (`digest::MAX_READ`: the engine
+/// counts the progress of a large file's read) and may stop the read
+/// with an error.
 pub(crate) fn kept_prefix(
     parent: &crate::sys::dirfd::DirFd,
     leaf: &str,
@@ -217,13 +218,14 @@ pub(crate) fn kept_prefix(
         prefix,
         sidecar.identity.chunk_len,
         hello.digest,
+        tick,
         |index, _, crc| {
             if crcs.get(index as usize) != Some(&crc) {
                 return Err(std::io::Error::other(format!(
                     "chunk {index} of the partial file no longer matches its record"
                 )));
             }
-            tick()
+            Ok(())
         },
     );
     match checked {

@@ -200,3 +200,55 @@ fn only_a_link_across_file_systems_becomes_a_copy() {
     assert!(why.to_string().contains("cannot link it"), "{why}");
     assert_eq!(entries(root.path()), Vec::<String>::new());
 }
+
+/// A `tick` that stops the work (as a session that ended does) at its
+/// `n`th call, the first being 1.
+fn stopping_at(n: usize) -> impl FnMut() -> std::io::Result<()> {
+    let mut calls = 0;
+    move || {
+        calls += 1;
+        if calls == n {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "interrupted",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_link_or_copy_stopped_after_the_digest_puts_nothing_in_place() {
+    let (root, earlier) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut s = link_dest_store(root.path(), earlier.path(), "f", b"hashed", 0o600);
+    let how = (false, 1 << 20, root.path());
+    // No time offered: a link; the offer's own: a copy.
+    let mut linked = hello("f", 6);
+    linked.mtime = None;
+    for h in [linked, hello("f", 6)] {
+        let c = s.link_candidate(&h, false).unwrap();
+        let sha = partial::copy_digest(&c.file, 6, 1 << 20, &mut || Ok(())).unwrap();
+        // A link looks before it links and before its rename; a copy
+        // before its one read and, the copy's digest matched, before its
+        // commit. Stopped at either, nothing is left.
+        for n in [1, 2] {
+            let c = s.link_candidate(&h, false).unwrap();
+            let placed = s.link_into_place(&h, &c, sha, how, &mut stopping_at(n));
+            let why = placed.expect_err("put in place though stopped");
+            assert!(matches!(why, LinkError::Stopped(_)), "{n}: {why}");
+            assert_eq!(entries(root.path()), Vec::<String>::new(), "{n}");
+        }
+        // Not stopped: in place (a new candidate: the link above changed
+        // the file's inode change time).
+        let c = s.link_candidate(&h, false).unwrap();
+        let placed = s.link_into_place(&h, &c, sha, how, &mut stopping_at(3));
+        let want_link = h.mtime.is_none();
+        assert!(
+            matches!(placed, Ok(Linked::HardLink)) == want_link
+                && matches!(placed, Ok(Linked::Copy(_))) != want_link,
+            "{placed:?}"
+        );
+        assert_eq!(std::fs::read(root.path().join("f")).unwrap(), b"hashed");
+        std::fs::remove_file(root.path().join("f")).unwrap();
+    }
+}
