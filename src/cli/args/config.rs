@@ -285,9 +285,13 @@ impl SenderArgs {
         };
         if let Some(list) = &self.files_from {
             if list.as_os_str() == "-" && files.iter().any(|f| f.as_os_str() == "-") {
-                problems.add("--files-from - reads the list from standard input: it cannot be sent too");
+                problems.add(
+                    "--files-from - reads the list from standard input: it cannot be sent too",
+                );
+                files.clear();
+            } else {
+                files = self.listed_files(list, &files, &mut problems);
             }
-            files = self.listed_files(list, &files, &mut problems);
         }
         let target = if remote {
             self.check_remote_options(&mut problems);
