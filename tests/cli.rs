@@ -1428,7 +1428,11 @@ fn selection_problems_are_usage_errors_before_connecting() {
         ],
     );
     assert_eq!((code, out.as_str()), (2, ""), "{err}");
-    for what in ["--exclude \"[z-a\"", ":3: \"/etc/passwd\" is absolute", ":4: \"sub/../../x\": `..`"] {
+    for what in [
+        "--exclude \"[z-a\"",
+        ":3: \"/etc/passwd\" is absolute",
+        ":4: \"sub/../../x\": `..`",
+    ] {
         assert!(err.contains(what), "{what}: {err}");
     }
     // -R keeps the path as given: `..` in it cannot arrive anywhere.

@@ -137,7 +137,9 @@ pub fn plan(paths: &[PathBuf], opts: &WalkOptions) -> Result<Plan, XferError> {
         // Standard input is no path: no rule applies to it.
         let selected = match &arg {
             Argument::Ready(Entry::Stdin { .. }) => true,
-            Argument::Ready(e) => admitted(opts, &parents, e.name(), matches!(e, Entry::Dir { .. })),
+            Argument::Ready(e) => {
+                admitted(opts, &parents, e.name(), matches!(e, Entry::Dir { .. }))
+            }
             Argument::Tree(_, name, _) => admitted(opts, &parents, name, true),
         };
         if !selected {
@@ -800,11 +802,17 @@ mod tests {
         assert_eq!(k.parents, [("x".to_string(), PathBuf::from("/data/x"))]);
         let k = kept_path(Path::new("/data/x/f")).unwrap();
         assert_eq!(k.name, "data/x/f");
-        assert_eq!(k.parents[1], ("data/x".to_string(), PathBuf::from("/data/x")));
+        assert_eq!(
+            k.parents[1],
+            ("data/x".to_string(), PathBuf::from("/data/x"))
+        );
         // The anchor: what follows it is kept; `..` before it is fine.
         let k = kept_path(Path::new("../src/./sub/f")).unwrap();
         assert_eq!(k.name, "sub/f");
-        assert_eq!(k.parents, [("sub".to_string(), PathBuf::from("../src/sub"))]);
+        assert_eq!(
+            k.parents,
+            [("sub".to_string(), PathBuf::from("../src/sub"))]
+        );
         let k = kept_path(Path::new("./one")).unwrap();
         assert_eq!((k.name.as_str(), k.parents.len()), ("one", 0));
         for bad in ["a/../b", "../x", ".", "/", "d/./", "d/./.."] {
@@ -855,7 +863,11 @@ mod tests {
         .unwrap();
         let n = names(&p);
         assert_eq!(n[..2], ["top/", "top/sub/"]);
-        assert_eq!(n.iter().filter(|x| *x == "top/sub/x.tmp").count(), 1, "{n:?}");
+        assert_eq!(
+            n.iter().filter(|x| *x == "top/sub/x.tmp").count(),
+            1,
+            "{n:?}"
+        );
         // A directory without -r is still a usage error; `..` too.
         o.recursive = false;
         let err = plan(&[anchored(root, "top/sub")], &o).unwrap_err();
@@ -867,7 +879,10 @@ mod tests {
         // directories with it.
         o.filter = Filter::new(&[Rule::exclude("deep/")]).unwrap();
         let p = plan(
-            &[anchored(root, "top/sub/deep/cache/y"), anchored(root, "top/a.txt")],
+            &[
+                anchored(root, "top/sub/deep/cache/y"),
+                anchored(root, "top/a.txt"),
+            ],
             &o,
         )
         .unwrap();
@@ -896,7 +911,10 @@ mod tests {
             ..o
         };
         let n = names(&plan(&[anchored(&top, "sub/deep")], &o).unwrap());
-        assert_eq!(n, ["sub/", "sub/deep/", "sub/deep/cache/", "sub/deep/cache/y"]);
+        assert_eq!(
+            n,
+            ["sub/", "sub/deep/", "sub/deep/cache/", "sub/deep/cache/y"]
+        );
         // A missing listed file is a usage error, as on the command line.
         let err = plan(&[anchored(&top, "nope")], &o).unwrap_err();
         assert_eq!(err.exit_code() as u8, 2);

@@ -77,11 +77,7 @@ impl Filter {
                     dirs_only,
                     matcher,
                 }),
-                Err(why) => problems.add(format!(
-                    "{} {:?}: {why}",
-                    rule.option(),
-                    rule.pattern
-                )),
+                Err(why) => problems.add(format!("{} {:?}: {why}", rule.option(), rule.pattern)),
             }
         }
         problems.into_result().map(|()| Filter { rules: compiled })
@@ -156,7 +152,10 @@ mod tests {
         assert!(!f.admits("tree/a/b/x.tmp", false));
         assert!(!f.admits("tree/d.tmp", true), "directories too");
         assert!(f.admits("tree/x.tmp.keep", false));
-        assert!(f.admits("tree/x.tmpdir/y", false), "only the last component");
+        assert!(
+            f.admits("tree/x.tmpdir/y", false),
+            "only the last component"
+        );
         // `*` does not cross `/`.
         let f = filter(&[Rule::exclude("a*z")]);
         assert!(!f.admits("t/abcz", false));
@@ -173,7 +172,11 @@ mod tests {
         let f = filter(&[Rule::exclude("*.tmp"), Rule::include("keep.tmp")]);
         assert!(!f.admits("t/keep.tmp", false));
         // An include then a catch-all exclude: only what is included.
-        let f = filter(&[Rule::include("*/"), Rule::include("*.pt"), Rule::exclude("*")]);
+        let f = filter(&[
+            Rule::include("*/"),
+            Rule::include("*.pt"),
+            Rule::exclude("*"),
+        ]);
         assert!(f.admits("t/sub", true) && f.admits("t/sub/m.pt", false));
         assert!(!f.admits("t/sub/m.txt", false));
     }

@@ -134,7 +134,12 @@ impl SenderArgs {
     /// names, each as `DIR/./PATH` (the `/./` marks what `-R` keeps).
     /// Blank lines and lines starting with `#` are skipped; an absolute
     /// path or one with `..` is a problem (it would not be below DIR).
-    fn listed_files(&self, list: &Path, files: &[PathBuf], problems: &mut Problems) -> Vec<PathBuf> {
+    fn listed_files(
+        &self,
+        list: &Path,
+        files: &[PathBuf],
+        problems: &mut Problems,
+    ) -> Vec<PathBuf> {
         let dir = match files {
             [dir] if dir.is_dir() => dir,
             _ => {
@@ -173,7 +178,10 @@ impl SenderArgs {
             } else if parts.contains(&"..") {
                 format!("{at}: `..` would leave {}", dir.display())
             } else if parts.is_empty() {
-                format!("{at} names {} itself: list what is inside it", dir.display())
+                format!(
+                    "{at} names {} itself: list what is inside it",
+                    dir.display()
+                )
             } else {
                 paths.push(dir.join(".").join(parts.join("/")));
                 continue;

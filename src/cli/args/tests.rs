@@ -907,11 +907,7 @@ fn files_from_lists_paths_below_one_directory() {
     std::fs::write(src.join("a/b/c.txt"), b"c").unwrap();
     std::fs::write(src.join("top.txt"), b"t").unwrap();
     let list = t.path().join("list");
-    std::fs::write(
-        &list,
-        "# a comment\n\n  \na/b/c.txt\n./top.txt\r\na//b/\n",
-    )
-    .unwrap();
+    std::fs::write(&list, "# a comment\n\n  \na/b/c.txt\n./top.txt\r\na//b/\n").unwrap();
     let l = list.to_str().unwrap();
     let s = src.to_str().unwrap();
     let SendPlan::Direct { cfg, files } = plan(&["--files-from", l, "127.0.0.1", s]).unwrap()
@@ -943,9 +939,18 @@ fn files_from_lists_paths_below_one_directory() {
         panic!("{err:?}")
     };
     assert_eq!(all.len(), 3, "{all:#?}");
-    assert!(all[0].contains(":2: \"/etc/passwd\" is absolute"), "{all:#?}");
-    assert!(all[1].contains(":3:") && all[1].contains("`..`"), "{all:#?}");
-    assert!(all[2].contains(":4:") && all[2].contains("itself"), "{all:#?}");
+    assert!(
+        all[0].contains(":2: \"/etc/passwd\" is absolute"),
+        "{all:#?}"
+    );
+    assert!(
+        all[1].contains(":3:") && all[1].contains("`..`"),
+        "{all:#?}"
+    );
+    assert!(
+        all[2].contains(":4:") && all[2].contains("itself"),
+        "{all:#?}"
+    );
     assert_eq!(err.exit_code() as u8, 2);
     // One source directory, a list that exists and names something.
     usage(
@@ -961,7 +966,10 @@ fn files_from_lists_paths_below_one_directory() {
         "cannot read --files-from",
     );
     std::fs::write(&list, "# nothing\n").unwrap();
-    usage(plan(&["--files-from", l, "127.0.0.1", s]), "no paths listed");
+    usage(
+        plan(&["--files-from", l, "127.0.0.1", s]),
+        "no paths listed",
+    );
     usage(
         plan(&["--files-from", "-", "127.0.0.1", "-"]),
         "cannot be sent too",
