@@ -123,9 +123,9 @@ pub fn mtime_of(meta: &Metadata) -> Option<Mtime> {
 /// device), a name that is not UTF-8, or two arguments that would arrive
 /// under the same name.
 ///
-/// With `-R`, an argument's directories go before it, once, unfiltered;
-/// an argument under a directory the filter excludes is left out, as a
-/// walk from the top would. An entry that two arguments bring (a file
+/// With `-R`, an argument's directories go before it, once; an argument
+/// below a directory the filter excludes is left out with them, as a walk
+/// from the top would leave it. An entry that two arguments bring (a file
 /// also inside a tree) goes once, in its first place.
 pub fn plan(paths: &[PathBuf], opts: &WalkOptions) -> Result<Plan, XferError> {
     let mut plan = Plan {
