@@ -1427,3 +1427,37 @@ fn the_exec_trampolines_command_dies_with_its_parent() {
     }
     assert!(!still, "the command outlived its parent");
 }
+
+#[test]
+fn selection_problems_are_usage_errors_before_connecting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let p = |name: &str| dir.path().join(name).to_str().expect("utf8").to_string();
+    std::fs::create_dir_all(p("src/sub")).expect("mkdir");
+    std::fs::write(p("src/sub/f"), b"f").expect("write");
+    std::fs::write(p("list"), "# the list\nsub/f\n/etc/passwd\nsub/../../x\n").expect("write");
+    // A bad pattern and a bad list line: all said at once, nothing sent.
+    let (code, out, err) = run(
+        sender_bin(),
+        &[
+            "--exclude",
+            "[z-a",
+            "--files-from",
+            &p("list"),
+            "127.0.0.1",
+            &p("src"),
+        ],
+    );
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    for what in [
+        "--exclude \"[z-a\"",
+        ":3: \"/etc/passwd\" is absolute",
+        ":4: \"sub/../../x\": `..`",
+    ] {
+        assert!(err.contains(what), "{what}: {err}");
+    }
+    // -R keeps the path as given: `..` in it cannot arrive anywhere.
+    let up = format!("{}/../src/sub/f", p("src"));
+    let (code, _, err) = run(sender_bin(), &["-R", "127.0.0.1", &up]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/./"), "the hint names the anchor: {err}");
+}

@@ -1,13 +1,17 @@
 //! What the sender sends, decided before it connects: the command line's
 //! files, standard input (`-`) and, with `-r`, directory trees walked into
-//! a list of directories (parents first) and files with relative paths.
+//! a list of directories (parents first) and files with relative paths;
+//! with `-R` (and `--files-from`) under the paths as given, their
+//! directories first; `--exclude`/`--include` applied on the way.
 
+use super::filter::Filter;
 use crate::error::{Problems, XferError};
 use crate::proto::Mtime;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, Metadata};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// How command-line arguments become entries.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +29,18 @@ pub struct WalkOptions {
     pub times: bool,
     /// Name of standard input on the receiver (`--name`, default "stdin").
     pub stdin_name: String,
+    /// `--exclude`/`--include`: entries left out (an excluded directory
+    /// is not walked).
+    pub filter: Filter,
+    /// `-R`: arguments arrive under their path as given (from after a
+    /// `/./` in it, else without a leading `/`), their directories sent
+    /// first, instead of under their base name.
+    pub relative: bool,
+    /// The arguments are `--files-from`'s list: a directory without `-r`
+    /// is sent as itself (not a usage error), and files are opened when
+    /// their turn comes (a list may name more files than a process may
+    /// open).
+    pub listed: bool,
 }
 
 /// One thing to send.
@@ -106,13 +122,30 @@ pub fn mtime_of(meta: &Metadata) -> Option<Mtime> {
 /// input named twice, something that is not a file at all (a FIFO, a
 /// device), a name that is not UTF-8, or two arguments that would arrive
 /// under the same name.
+///
+/// With `-R`, an argument's directories go before it, once; an argument
+/// below a directory the filter excludes is left out with them, as a walk
+/// from the top would leave it. An entry that two arguments bring (a file
+/// also inside a tree) goes once, in its first place.
 pub fn plan(paths: &[PathBuf], opts: &WalkOptions) -> Result<Plan, XferError> {
     let mut plan = Plan {
         entries: Vec::new(),
         problems: Vec::new(),
         skipped: 0,
     };
-    for arg in arguments(paths, opts)? {
+    for Checked { parents, arg } in arguments(paths, opts)? {
+        // Standard input is no path: no rule applies to it.
+        let selected = match &arg {
+            Argument::Ready(Entry::Stdin { .. }) => true,
+            Argument::Ready(e) => {
+                admitted(opts, &parents, e.name(), matches!(e, Entry::Dir { .. }))
+            }
+            Argument::Tree(_, name, _) => admitted(opts, &parents, name, true),
+        };
+        if !selected {
+            continue;
+        }
+        plan.entries.extend(parents);
         match arg {
             Argument::Ready(entry) => plan.entries.push(entry),
             Argument::Tree(path, name, meta) => {
@@ -120,7 +153,22 @@ pub fn plan(paths: &[PathBuf], opts: &WalkOptions) -> Result<Plan, XferError> {
             }
         }
     }
+    if opts.relative {
+        let mut seen = HashSet::new();
+        plan.entries.retain(|e| seen.insert(e.name().to_string()));
+    }
     Ok(plan)
+}
+
+/// Whether the filter lets the argument arriving as `name` through, and
+/// every directory above it (`-R`), as a walk from the top would.
+fn admitted(opts: &WalkOptions, parents: &[Entry], name: &str, is_dir: bool) -> bool {
+    let ok = parents.iter().all(|p| opts.filter.admits(p.name(), true))
+        && opts.filter.admits(name, is_dir);
+    if !ok {
+        debug!("{name}: excluded");
+    }
+    ok
 }
 
 /// The command line's checks of [`plan`], without walking any tree.
@@ -135,21 +183,28 @@ enum Argument<'a> {
     Tree(&'a Path, String, Metadata),
 }
 
+/// An argument and, with `-R`, the directories its kept path names above
+/// it (outermost first).
+struct Checked<'a> {
+    parents: Vec<Entry>,
+    arg: Argument<'a>,
+}
+
 /// Checks every argument, in order; all problems at once.
-fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argument<'a>>, XferError> {
+fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Checked<'a>>, XferError> {
     let mut problems = Problems::default();
-    // Names the arguments arrive under, with the argument that claimed each.
-    let mut arriving: Vec<(String, String)> = Vec::new();
-    let mut claim = |name: &str, arg: String, problems: &mut Problems| match arriving
-        .iter()
-        .find(|(n, _)| n == name)
-    {
-        Some((_, first)) if *first == arg => problems.add(format!("{arg} is named twice")),
-        Some((_, first)) => problems.add(format!(
+    // Names the arguments arrive under, with the argument that claimed
+    // each (a map: a --files-from list may name a million).
+    let mut arriving: HashMap<String, String> = HashMap::new();
+    let mut claim = |name: &str, arg: String, problems: &mut Problems| match arriving.get(name) {
+        Some(first) if *first == arg => problems.add(format!("{arg} is named twice")),
+        Some(first) => problems.add(format!(
             "{first} and {arg} would both arrive as {name}: send one of them under \
                  another name (rename it, or send its directory with -r)"
         )),
-        None => arriving.push((name.to_string(), arg)),
+        None => {
+            arriving.insert(name.to_string(), arg);
+        }
     };
     let mut stdin_seen = false;
     let mut args = Vec::new();
@@ -161,9 +216,12 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argumen
             }
             stdin_seen = true;
             claim(&opts.stdin_name, "standard input".into(), &mut problems);
-            args.push(Argument::Ready(Entry::Stdin {
-                name: opts.stdin_name.clone(),
-            }));
+            args.push(Checked {
+                parents: Vec::new(),
+                arg: Argument::Ready(Entry::Stdin {
+                    name: opts.stdin_name.clone(),
+                }),
+            });
             continue;
         }
         let meta = match std::fs::metadata(path) {
@@ -173,21 +231,48 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argumen
                 continue;
             }
         };
+        // With -R: the path kept and the directories it names.
+        let kept = match opts.relative.then(|| kept_path(path)) {
+            None => None,
+            Some(Ok(kept)) => Some(kept),
+            Some(Err(e)) => {
+                problems.add(e);
+                continue;
+            }
+        };
+        let mut parents = Vec::new();
+        for (name, source) in kept.iter().flat_map(|k| &k.parents) {
+            match std::fs::metadata(source) {
+                Ok(m) => parents.push(dir_entry(name.clone(), &m, opts)),
+                Err(e) => problems.add(format!("cannot open {}: {e}", source.display())),
+            }
+        }
         if meta.is_dir() {
-            if !opts.recursive {
+            if !opts.recursive && !opts.listed {
                 problems.add(format!(
                     "{} is a directory (use -r to send directory trees)",
                     path.display()
                 ));
                 continue;
             }
-            match tree_root_name(path) {
-                Ok(name) => {
-                    claim(&name, path.display().to_string(), &mut problems);
-                    args.push(Argument::Tree(path, name, meta));
+            let name = match kept {
+                Some(k) => Ok(k.name),
+                None => tree_root_name(path),
+            };
+            let name = match name {
+                Ok(name) => name,
+                Err(e) => {
+                    problems.add(e.to_string());
+                    continue;
                 }
-                Err(e) => problems.add(e.to_string()),
-            }
+            };
+            claim(&name, path.display().to_string(), &mut problems);
+            let arg = if opts.recursive {
+                Argument::Tree(path, name, meta)
+            } else {
+                Argument::Ready(dir_entry(name, &meta, opts))
+            };
+            args.push(Checked { parents, arg });
             continue;
         }
         if !meta.is_file() {
@@ -205,22 +290,97 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Argumen
                 continue;
             }
         };
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            problems.add(format!("{} has no valid UTF-8 file name", path.display()));
-            continue;
+        let name = match kept {
+            Some(k) => k.name,
+            None => match path.file_name().and_then(|n| n.to_str()) {
+                Some(n) => n.to_string(),
+                None => {
+                    problems.add(format!("{} has no valid UTF-8 file name", path.display()));
+                    continue;
+                }
+            },
         };
-        claim(name, path.display().to_string(), &mut problems);
-        args.push(Argument::Ready(Entry::File {
-            path: path.clone(),
-            name: name.to_string(),
-            size: meta.len(),
-            opened: Some(file),
-            mtime: (opts.preserve || opts.times)
-                .then(|| mtime_of(&meta))
-                .flatten(),
-        }));
+        claim(&name, path.display().to_string(), &mut problems);
+        args.push(Checked {
+            parents,
+            arg: Argument::Ready(Entry::File {
+                path: path.clone(),
+                name,
+                size: meta.len(),
+                opened: (!opts.listed).then_some(file),
+                mtime: (opts.preserve || opts.times)
+                    .then(|| mtime_of(&meta))
+                    .flatten(),
+            }),
+        });
     }
     problems.into_result().map(|()| args)
+}
+
+/// A path as `-R` keeps it.
+#[derive(Debug, PartialEq)]
+struct Kept {
+    /// What it arrives under.
+    name: String,
+    /// The directories above it, outermost first: the name each arrives
+    /// under and where it is here.
+    parents: Vec<(String, PathBuf)>,
+}
+
+/// The path `-R` keeps: as given, from after its last `/./` (rsync's
+/// anchor) if it has one, without a leading `/`, `.` components or empty
+/// ones; `..` in the kept part is refused (it could not arrive anywhere
+/// inside the receiver's directory).
+fn kept_path(path: &Path) -> Result<Kept, String> {
+    let Some(text) = path.to_str() else {
+        return Err(format!(
+            "{}: the path is not valid UTF-8 (-R sends it as given)",
+            path.display()
+        ));
+    };
+    let (root, kept) = match text.rfind("/./") {
+        Some(i) => (&text[..=i], &text[i + 3..]),
+        None if text.starts_with('/') => ("/", text),
+        None => ("", text),
+    };
+    let parts: Vec<&str> = kept
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    if parts.contains(&"..") {
+        return Err(format!(
+            "{text}: -R keeps the path as given, and `..` cannot arrive anywhere; mark where \
+             the kept part starts with /./ (`../data/./sub/file` arrives as sub/file)"
+        ));
+    }
+    let Some((_, above)) = parts.split_last() else {
+        return Err(format!(
+            "{text}: -R keeps the path as given, and nothing is left to arrive under; name \
+             what is inside it"
+        ));
+    };
+    let parents = (1..=above.len())
+        .map(|n| {
+            let name = parts[..n].join("/");
+            let here = Path::new(root).join(&name);
+            (name, here)
+        })
+        .collect();
+    Ok(Kept {
+        name: parts.join("/"),
+        parents,
+    })
+}
+
+/// A directory's entry: its name, mode and (with `-p` or `--resume`) time.
+fn dir_entry(name: String, meta: &Metadata, opts: &WalkOptions) -> Entry {
+    Entry::Dir {
+        name,
+        mode: meta.permissions().mode() & 0o7777,
+        mtime: (opts.preserve || opts.times)
+            .then(|| mtime_of(meta))
+            .flatten(),
+    }
 }
 
 /// What a special file is, for the message that refuses it.
@@ -270,13 +430,7 @@ fn walk(
     ancestors: &mut Vec<(u64, u64)>,
     plan: &mut Plan,
 ) {
-    plan.entries.push(Entry::Dir {
-        name: name.clone(),
-        mode: meta.permissions().mode() & 0o7777,
-        mtime: (opts.preserve || opts.times)
-            .then(|| mtime_of(meta))
-            .flatten(),
-    });
+    plan.entries.push(dir_entry(name.clone(), meta, opts));
     let read = std::fs::read_dir(dir).and_then(|it| it.collect::<Result<Vec<_>, _>>());
     let mut children = match read {
         Ok(c) => c,
@@ -310,15 +464,8 @@ fn walk(
                 continue;
             }
         };
-        if meta.file_type().is_symlink() {
-            if !opts.follow_links {
-                warn!(
-                    "skipping symbolic link {} (use --follow-links to send what it points to)",
-                    path.display()
-                );
-                plan.skipped += 1;
-                continue;
-            }
+        let link = meta.file_type().is_symlink();
+        if link && opts.follow_links {
             meta = match std::fs::metadata(&path) {
                 Ok(m) => m,
                 Err(e) => {
@@ -329,6 +476,21 @@ fn walk(
                     continue;
                 }
             };
+        }
+        // Before any warning: what is excluded is not there at all. An
+        // excluded directory is not walked, so nothing below it can be
+        // included again (as rsync's).
+        if !opts.filter.admits(&rel, meta.is_dir()) {
+            debug!("{rel}: excluded");
+            continue;
+        }
+        if link && !opts.follow_links {
+            warn!(
+                "skipping symbolic link {} (use --follow-links to send what it points to)",
+                path.display()
+            );
+            plan.skipped += 1;
+            continue;
         }
         if meta.is_dir() {
             if ancestors.contains(&(meta.dev(), meta.ino())) {
@@ -364,16 +526,50 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::filter::Rule;
     use std::os::unix::fs::symlink;
 
     fn opts(recursive: bool, follow: bool) -> WalkOptions {
         WalkOptions {
             recursive,
             follow_links: follow,
-            preserve: false,
-            times: false,
             stdin_name: "stdin".into(),
+            ..WalkOptions::default()
         }
+    }
+
+    fn filtered(rules: &[Rule]) -> WalkOptions {
+        WalkOptions {
+            filter: Filter::new(rules).unwrap(),
+            ..opts(true, false)
+        }
+    }
+
+    /// `root/./rel`: what -R keeps is `rel`, wherever the test's root is.
+    fn anchored(root: &Path, rel: &str) -> PathBuf {
+        PathBuf::from(format!("{}/./{rel}", root.display()))
+    }
+
+    /// A tree with files to leave out: `top/{keep.tmp, drop.tmp, a.txt,
+    /// cache/{keep.tmp, c.bin}, sub/{x.tmp, cache (a file), deep/cache/y}}`.
+    fn selection_tree() -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().join("top");
+        std::fs::create_dir_all(top.join("cache")).unwrap();
+        std::fs::create_dir_all(top.join("sub/deep/cache")).unwrap();
+        for f in [
+            "keep.tmp",
+            "drop.tmp",
+            "a.txt",
+            "cache/keep.tmp",
+            "cache/c.bin",
+            "sub/x.tmp",
+            "sub/cache",
+            "sub/deep/cache/y",
+        ] {
+            std::fs::write(top.join(f), f).unwrap();
+        }
+        t
     }
 
     fn names(plan: &Plan) -> Vec<String> {
@@ -529,5 +725,198 @@ mod tests {
             Entry::Dir { mtime, .. } | Entry::File { mtime, .. } => mtime.is_none(),
             Entry::Stdin { .. } => false,
         }));
+    }
+
+    #[test]
+    fn first_matching_rule_decides_and_excluded_directories_are_not_walked() {
+        let t = selection_tree();
+        let top = t.path().join("top");
+        // rsync's order: the include before the exclusion it escapes.
+        let rules = [
+            Rule::include("keep.tmp"),
+            Rule::exclude("*.tmp"),
+            Rule::exclude("cache/"),
+        ];
+        let p = plan(std::slice::from_ref(&top), &filtered(&rules)).unwrap();
+        assert_eq!(
+            names(&p),
+            [
+                "top/",
+                "top/a.txt",
+                "top/keep.tmp",
+                "top/sub/",
+                "top/sub/cache",
+                "top/sub/deep/",
+            ],
+            "cache/ is a directory pattern: the file sub/cache stays; \
+             cache/keep.tmp is below an excluded directory"
+        );
+        assert_eq!(p.skipped, 0, "excluded is not skipped");
+        // The other order: the exclusion wins for keep.tmp too.
+        let rules = [Rule::exclude("*.tmp"), Rule::include("keep.tmp")];
+        let n = names(&plan(std::slice::from_ref(&top), &filtered(&rules)).unwrap());
+        assert!(!n.iter().any(|x| x.ends_with(".tmp")), "{n:?}");
+        assert!(n.contains(&"top/cache/c.bin".to_string()), "{n:?}");
+        // An include cannot reach below an excluded directory.
+        let rules = [Rule::include("/top/cache/c.bin"), Rule::exclude("cache/")];
+        let n = names(&plan(std::slice::from_ref(&top), &filtered(&rules)).unwrap());
+        assert!(!n.iter().any(|x| x.contains("cache/")), "{n:?}");
+    }
+
+    #[test]
+    fn anchored_patterns_match_from_the_arriving_path() {
+        let t = selection_tree();
+        let top = t.path().join("top");
+        let rules = [Rule::exclude("/top/cache"), Rule::exclude("/top/sub/**/y")];
+        let n = names(&plan(std::slice::from_ref(&top), &filtered(&rules)).unwrap());
+        assert!(!n.iter().any(|x| x.starts_with("top/cache")), "{n:?}");
+        assert!(n.contains(&"top/sub/cache".to_string()), "{n:?}");
+        assert!(n.contains(&"top/sub/deep/cache/".to_string()), "{n:?}");
+        assert!(!n.contains(&"top/sub/deep/cache/y".to_string()), "{n:?}");
+        // The tree named on the command line is matched too.
+        let p = plan(
+            &[top.clone(), top.join("a.txt")],
+            &filtered(&[Rule::exclude("/top/"), Rule::exclude("*.txt")]),
+        )
+        .unwrap();
+        assert!(p.entries.is_empty(), "{:?}", names(&p));
+        // Standard input has no path: no rule leaves it out.
+        let p = plan(&["-".into()], &filtered(&[Rule::exclude("*")])).unwrap();
+        assert_eq!(names(&p), ["stdin"]);
+    }
+
+    #[test]
+    fn kept_paths() {
+        let k = kept_path(Path::new("a/b/c.txt")).unwrap();
+        assert_eq!(k.name, "a/b/c.txt");
+        assert_eq!(
+            k.parents,
+            [
+                ("a".to_string(), PathBuf::from("a")),
+                ("a/b".to_string(), PathBuf::from("a/b"))
+            ]
+        );
+        // Absolute: found from /, arriving without it.
+        let k = kept_path(Path::new("/data/./x//f")).unwrap();
+        assert_eq!(k.name, "x/f");
+        assert_eq!(k.parents, [("x".to_string(), PathBuf::from("/data/x"))]);
+        let k = kept_path(Path::new("/data/x/f")).unwrap();
+        assert_eq!(k.name, "data/x/f");
+        assert_eq!(
+            k.parents[1],
+            ("data/x".to_string(), PathBuf::from("/data/x"))
+        );
+        // The anchor: what follows it is kept; `..` before it is fine.
+        let k = kept_path(Path::new("../src/./sub/f")).unwrap();
+        assert_eq!(k.name, "sub/f");
+        assert_eq!(
+            k.parents,
+            [("sub".to_string(), PathBuf::from("../src/sub"))]
+        );
+        let k = kept_path(Path::new("./one")).unwrap();
+        assert_eq!((k.name.as_str(), k.parents.len()), ("one", 0));
+        for bad in ["a/../b", "../x", ".", "/", "d/./", "d/./.."] {
+            assert!(kept_path(Path::new(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_arrive_as_given_with_their_directories_first() {
+        let t = selection_tree();
+        let root = t.path();
+        let mut o = opts(false, false);
+        o.relative = true;
+        o.preserve = true;
+        let p = plan(
+            &[
+                anchored(root, "top/sub/deep/cache/y"),
+                anchored(root, "top/sub/x.tmp"),
+                anchored(root, "top/a.txt"),
+            ],
+            &o,
+        )
+        .unwrap();
+        assert_eq!(
+            names(&p),
+            [
+                "top/",
+                "top/sub/",
+                "top/sub/deep/",
+                "top/sub/deep/cache/",
+                "top/sub/deep/cache/y",
+                "top/sub/x.tmp",
+                "top/a.txt",
+            ],
+            "each directory once, before what is in it"
+        );
+        assert!(p.entries.iter().all(|e| match e {
+            Entry::Dir { mtime, .. } => mtime.is_some(),
+            Entry::File { opened, .. } => opened.is_some(),
+            Entry::Stdin { .. } => false,
+        }));
+        // With -r: a tree under its kept path; a file also in it goes once.
+        o.recursive = true;
+        let p = plan(
+            &[anchored(root, "top/sub"), anchored(root, "top/sub/x.tmp")],
+            &o,
+        )
+        .unwrap();
+        let n = names(&p);
+        assert_eq!(n[..2], ["top/", "top/sub/"]);
+        assert_eq!(
+            n.iter().filter(|x| *x == "top/sub/x.tmp").count(),
+            1,
+            "{n:?}"
+        );
+        // A directory without -r is still a usage error; `..` too.
+        o.recursive = false;
+        let err = plan(&[anchored(root, "top/sub")], &o).unwrap_err();
+        assert!(err.to_string().contains("use -r"), "{err}");
+        let err = plan(&[anchored(root, "top/sub/../a.txt")], &o).unwrap_err();
+        assert_eq!(err.exit_code() as u8, 2);
+        assert!(err.to_string().contains("`..`"), "{err}");
+        // An argument below an excluded directory is left out, its
+        // directories with it.
+        o.filter = Filter::new(&[Rule::exclude("deep/")]).unwrap();
+        let p = plan(
+            &[
+                anchored(root, "top/sub/deep/cache/y"),
+                anchored(root, "top/a.txt"),
+            ],
+            &o,
+        )
+        .unwrap();
+        assert_eq!(names(&p), ["top/", "top/a.txt"]);
+    }
+
+    #[test]
+    fn listed_paths_send_directories_alone_and_open_files_late() {
+        let t = selection_tree();
+        let top = t.path().join("top");
+        let o = WalkOptions {
+            relative: true,
+            listed: true,
+            ..opts(false, false)
+        };
+        let p = plan(&[anchored(&top, "sub"), anchored(&top, "cache/c.bin")], &o).unwrap();
+        assert_eq!(names(&p), ["sub/", "cache/", "cache/c.bin"]);
+        assert!(
+            p.entries
+                .iter()
+                .all(|e| matches!(e, Entry::Dir { .. } | Entry::File { opened: None, .. }))
+        );
+        // With -r, a listed directory is a tree.
+        let o = WalkOptions {
+            recursive: true,
+            ..o
+        };
+        let n = names(&plan(&[anchored(&top, "sub/deep")], &o).unwrap());
+        assert_eq!(
+            n,
+            ["sub/", "sub/deep/", "sub/deep/cache/", "sub/deep/cache/y"]
+        );
+        // A missing listed file is a usage error, as on the command line.
+        let err = plan(&[anchored(&top, "nope")], &o).unwrap_err();
+        assert_eq!(err.exit_code() as u8, 2);
     }
 }

@@ -9,6 +9,7 @@ mod digest;
 pub mod entries;
 #[cfg(feature = "fault-injection")]
 mod fault;
+pub mod filter;
 pub mod fit;
 mod link;
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! that goes away (EPIPE), links in trees, hostile receiver-side links,
 //! --max-size on a stream, a slow producer kept alive (with progress lines
 //! in the tools' logs), corruption seen on
-//! standard output.
+//! standard output; the files `--exclude`/`--include`, `--files-from` and
+//! `-R` select.
 
 use crate::support::*;
 use std::collections::BTreeMap;
@@ -752,4 +753,97 @@ fn with_a_token_a_forged_chunk_never_reaches_standard_output() {
     assert_eq!(stages(&sent.stderr)[1], 5, "{}", sent.stderr);
     assert!(!forged(&sealed), "a forged byte reached the consumer");
     assert_eq!(std::fs::metadata(&sealed).expect("out").len(), 3 * MIB);
+}
+
+/// What arrived below `dst`: files by relative path, directories with a
+/// trailing `/`.
+fn arrived(dst: &Path) -> Vec<String> {
+    snapshot(dst)
+        .into_iter()
+        .map(|(k, (kind, _))| if kind == "dir" { format!("{k}/") } else { k })
+        .collect()
+}
+
+#[test]
+fn selected_files_arrive_and_nothing_else() {
+    let Some(net) = rdma_net() else { return };
+    let src = tempfile::tempdir().expect("src");
+    let tree = src.path().join("sel");
+    for (i, f) in [
+        "keep.tmp",
+        "drop.tmp",
+        "a.txt",
+        "cache/keep.tmp",
+        "cache/c.bin",
+        "sub/x.tmp",
+        "sub/cache",
+        "sub/deep/y",
+    ]
+    .iter()
+    .enumerate()
+    {
+        std::fs::create_dir_all(tree.join(f).parent().expect("parent")).expect("mkdir");
+        make_file(&tree.join(f), 1000 + i as u64, i as u64);
+    }
+    // rsync's first-match order: the include before the exclusion it
+    // escapes; an excluded directory is not walked (its keep.tmp stays).
+    let dst = tempfile::tempdir().expect("dst");
+    let filter = [
+        "-r",
+        "--include",
+        "keep.tmp",
+        "--exclude",
+        "*.tmp",
+        "--exclude",
+        "cache/",
+    ];
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &[],
+        std::slice::from_ref(&tree),
+        &filter,
+    );
+    assert_both_ok(&sent, &received);
+    assert_eq!(
+        arrived(dst.path()),
+        [
+            "sel/",
+            "sel/a.txt",
+            "sel/keep.tmp",
+            "sel/sub/",
+            "sel/sub/cache",
+            "sel/sub/deep/",
+            "sel/sub/deep/y"
+        ]
+    );
+    assert_eq!(
+        sha256_file(&dst.path().join("sel/sub/deep/y")),
+        sha256_file(&tree.join("sub/deep/y"))
+    );
+    // --files-from: the listed paths below the source directory, kept.
+    let list = src.path().join("list");
+    std::fs::write(&list, "# wanted\nsub/deep/y\n\ncache/c.bin\n").expect("list");
+    let dst = tempfile::tempdir().expect("dst");
+    let list_arg = list.to_str().expect("utf8");
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &[],
+        std::slice::from_ref(&tree),
+        &["--files-from", list_arg],
+    );
+    assert_both_ok(&sent, &received);
+    assert_eq!(
+        arrived(dst.path()),
+        ["cache/", "cache/c.bin", "sub/", "sub/deep/", "sub/deep/y"]
+    );
+    // -R: the path from the `/./` on.
+    let dst = tempfile::tempdir().expect("dst");
+    let kept = std::path::PathBuf::from(format!("{}/./sel/sub/x.tmp", src.path().display()));
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], &[kept], &["-R"]);
+    assert_both_ok(&sent, &received);
+    assert_eq!(arrived(dst.path()), ["sel/", "sel/sub/", "sel/sub/x.tmp"]);
 }

@@ -4,6 +4,7 @@
 
 use super::{CommonArgs, DEFAULT_PORT, ReceiverArgs, SenderArgs, Verify};
 use crate::cli::resolve;
+use crate::engine::filter::Filter;
 use crate::engine::fit::Given;
 use crate::engine::receiver::{Output, ReceiverConfig};
 use crate::engine::remote::{LaunchOptions, Target};
@@ -103,8 +104,17 @@ pub fn parse_addr(addr: &str) -> Result<(String, Option<u16>), XferError> {
 }
 
 impl SenderArgs {
-    /// How the command line's arguments become entries.
-    fn walk_options(&self, times: bool) -> entries::WalkOptions {
+    /// How the command line's arguments become entries; a bad pattern is
+    /// one of the `problems`.
+    fn walk_options(&self, times: bool, problems: &mut Problems) -> entries::WalkOptions {
+        // `filter` holds both options' values in their order once parsed
+        // by `try_parse_sender`; parsed otherwise, the order is lost.
+        let filter = if self.filter.len() == self.exclude.len() + self.include.len() {
+            problems.check(Filter::new(&self.filter))
+        } else {
+            problems.add("--exclude and --include were parsed without their order");
+            None
+        };
         entries::WalkOptions {
             recursive: self.recursive,
             follow_links: self.follow_links,
@@ -114,7 +124,75 @@ impl SenderArgs {
                 .name
                 .clone()
                 .unwrap_or_else(|| DEFAULT_STDIN_NAME.into()),
+            filter: filter.unwrap_or_default(),
+            relative: self.relative || self.files_from.is_some(),
+            listed: self.files_from.is_some(),
         }
+    }
+
+    /// `--files-from LIST`'s paths below the one source directory `files`
+    /// names, each as `DIR/./PATH` (the `/./` marks what `-R` keeps).
+    /// Blank lines and lines starting with `#` are skipped; an absolute
+    /// path or one with `..` is a problem (it would not be below DIR).
+    fn listed_files(
+        &self,
+        list: &Path,
+        files: &[PathBuf],
+        problems: &mut Problems,
+    ) -> Vec<PathBuf> {
+        let dir = match files {
+            [dir] if dir.is_dir() => dir,
+            _ => {
+                problems.add(
+                    "--files-from lists paths below one source directory: sender --files-from \
+                     LIST DIR HOST:DIR, or sender --files-from LIST ADDR DIR",
+                );
+                return Vec::new();
+            }
+        };
+        let read = if list.as_os_str() == "-" {
+            std::io::read_to_string(std::io::stdin().lock())
+        } else {
+            std::fs::read_to_string(list)
+        };
+        let text = match read {
+            Ok(t) => t,
+            Err(e) => {
+                problems.add(format!("cannot read --files-from {}: {e}", list.display()));
+                return Vec::new();
+            }
+        };
+        let mut paths = Vec::new();
+        let mut refused = false;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let at = format!("{}:{}: {line:?}", list.display(), n + 1);
+            let parts: Vec<&str> = line
+                .split('/')
+                .filter(|c| !c.is_empty() && *c != ".")
+                .collect();
+            let why = if line.starts_with('/') {
+                format!("{at} is absolute: list paths relative to {}", dir.display())
+            } else if parts.contains(&"..") {
+                format!("{at}: `..` would leave {}", dir.display())
+            } else if parts.is_empty() {
+                format!(
+                    "{at} names {} itself: list what is inside it",
+                    dir.display()
+                )
+            } else {
+                paths.push(dir.join(".").join(parts.join("/")));
+                continue;
+            };
+            problems.add(why);
+            refused = true;
+        }
+        if paths.is_empty() && !refused {
+            problems.add(format!("--files-from {}: no paths listed", list.display()));
+        }
+        paths
     }
 
     /// The engine's configuration for the direct form (`sender ADDR
@@ -209,10 +287,20 @@ impl SenderArgs {
         problems.check(self.common.check());
         let operands = self.operands(&mut problems);
         let remote = matches!(operands, Operands::Remote { .. });
-        let files: Vec<PathBuf> = match &operands {
+        let mut files: Vec<PathBuf> = match &operands {
             Operands::Direct => self.files.clone(),
             Operands::Remote { files, .. } => files.clone(),
         };
+        if let Some(list) = &self.files_from {
+            if list.as_os_str() == "-" && files.iter().any(|f| f.as_os_str() == "-") {
+                problems.add(
+                    "--files-from - reads the list from standard input: it cannot be sent too",
+                );
+                files.clear();
+            } else {
+                files = self.listed_files(list, &files, &mut problems);
+            }
+        }
         let target = if remote {
             self.check_remote_options(&mut problems);
             None
@@ -317,7 +405,7 @@ impl SenderArgs {
         };
         let resume = self.resume || self.retry > 0;
         // A resumed file is recognised by its size and modification time.
-        let walk = self.walk_options(resume);
+        let walk = self.walk_options(resume, &mut problems);
         // A name that does not resolve is a usage problem; a resolver that
         // cannot answer now is a connect error, said once all else is fine.
         let mut unanswered = None;

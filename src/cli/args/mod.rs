@@ -12,6 +12,7 @@ mod tests;
 pub use config::{MAX_TIMEOUT, RemotePlan, SendPlan, parse_addr};
 
 use super::{parse_size_arg, parse_timeout_arg};
+use crate::engine::filter::Rule;
 use crate::engine::receiver::{AllowedNet, DEFAULT_MAX_SESSIONS, DEFAULT_WRITER_THREADS};
 use crate::proto::DEFAULT_MAX_FILES;
 use crate::proto::DigestAlg;
@@ -75,8 +76,35 @@ pub fn parse_sender_args() -> SenderArgs {
 pub fn try_parse_sender(
     args: impl IntoIterator<Item = OsString>,
 ) -> Result<SenderArgs, clap::Error> {
-    use clap::Parser;
-    SenderArgs::try_parse_from(retry_count_joined(args))
+    use clap::{CommandFactory, FromArgMatches};
+    let mut cmd = SenderArgs::command();
+    let matches = cmd.try_get_matches_from_mut(retry_count_joined(args))?;
+    let mut parsed = SenderArgs::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+    parsed.filter = filter_rules(&matches);
+    Ok(parsed)
+}
+
+/// `--exclude` and `--include` in command-line order, the order their
+/// rules are tried in (clap keeps each option's values apart).
+fn filter_rules(matches: &clap::ArgMatches) -> Vec<Rule> {
+    let mut placed: Vec<(usize, Rule)> = Vec::new();
+    for (id, include) in [("exclude", false), ("include", true)] {
+        let (Some(at), Some(values)) = (matches.indices_of(id), matches.get_many::<String>(id))
+        else {
+            continue;
+        };
+        placed.extend(at.zip(values).map(|(i, pattern)| {
+            (
+                i,
+                Rule {
+                    include,
+                    pattern: pattern.clone(),
+                },
+            )
+        }));
+    }
+    placed.sort_by_key(|(i, _)| *i);
+    placed.into_iter().map(|(_, rule)| rule).collect()
 }
 
 /// `--retry 3` as `--retry=3`: a count right after a bare --retry is its
@@ -118,6 +146,7 @@ pub const DEFAULT_PORT: u16 = 7471;
 /// Headings `--help` groups the options under.
 const CONNECTION: &str = "Connection";
 const OUTPUT: &str = "Output";
+const SELECTION: &str = "File selection";
 const SECURITY: &str = "Integrity and security";
 const PERFORMANCE: &str = "Performance";
 const FORMAT: &str = "Output format";
@@ -310,6 +339,35 @@ pub struct SenderArgs {
     /// as with scp; setuid, setgid and sticky bits are never kept).
     #[arg(short, long, visible_alias = "preserve-times", help_heading = OUTPUT)]
     pub preserve: bool,
+    /// Leave out what matches PATTERN (repeatable; with --include, the
+    /// first matching rule in command-line order decides). Matched against
+    /// the path an entry arrives under: `*.tmp` (any depth; `*` stops at
+    /// `/`, `**` does not), `cache/` (directories only), `/tree/cache`
+    /// (anchored at the start of that path). An excluded directory is not
+    /// walked: nothing below it is sent, whatever --include says.
+    #[arg(long, value_name = "PATTERN", value_hint = ValueHint::Other, help_heading = SELECTION)]
+    pub exclude: Vec<String>,
+    /// Send what matches PATTERN even where a later --exclude matches it
+    /// (repeatable; patterns as --exclude's): `--include keep.tmp
+    /// --exclude '*.tmp'`.
+    #[arg(long, value_name = "PATTERN", value_hint = ValueHint::Other, help_heading = SELECTION)]
+    pub include: Vec<String>,
+    /// `--exclude` and `--include` in command-line order (set by
+    /// `try_parse_sender`).
+    #[arg(skip)]
+    pub filter: Vec<Rule>,
+    /// Send the paths listed in FILE (one a line; blank lines and lines
+    /// starting with # ignored; `-`: standard input), relative to the one
+    /// directory given as source, under those paths (implies -R). A listed
+    /// directory is sent alone, or as a tree with -r.
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath, help_heading = SELECTION)]
+    pub files_from: Option<PathBuf>,
+    /// Send files and directories under their paths as given (`a/b/c.txt`
+    /// arrives as a/b/c.txt, its directories created), not their base
+    /// name; a leading `/` is dropped, and in `dir/./sub/f` the part after
+    /// `/./` is kept.
+    #[arg(short = 'R', long, help_heading = SELECTION)]
+    pub relative: bool,
     /// Relative path standard input (`-`) arrives under [default: stdin].
     #[arg(long, value_name = "NAME", value_hint = ValueHint::Other, help_heading = OUTPUT)]
     pub name: Option<String>,

@@ -848,3 +848,130 @@ fn help_groups_options_and_shows_human_defaults() {
         assert!(help.contains("8  no usable RDMA device"), "{help}");
     }
 }
+
+#[test]
+fn exclude_and_include_keep_their_command_line_order() {
+    use crate::engine::filter::Rule;
+    let argv = [
+        "sender",
+        "--exclude",
+        "a",
+        "--include=b",
+        "--exclude",
+        "c/",
+        "--include",
+        "/d",
+        "h",
+        "f",
+    ];
+    let args = super::try_parse_sender(argv.map(std::ffi::OsString::from)).unwrap();
+    assert_eq!(
+        args.filter,
+        [
+            Rule::exclude("a"),
+            Rule::include("b"),
+            Rule::exclude("c/"),
+            Rule::include("/d"),
+        ]
+    );
+    // The order reaches the filter: the include before the exclusion wins.
+    let cfg = sender(&[
+        "--include",
+        "keep.tmp",
+        "--exclude",
+        "*.tmp",
+        "127.0.0.1",
+        "-",
+    ])
+    .unwrap();
+    assert!(cfg.walk.filter.admits("t/keep.tmp", false));
+    assert!(!cfg.walk.filter.admits("t/x.tmp", false));
+    assert!(!cfg.walk.relative && !cfg.walk.listed);
+    let cfg = sender(&["-R", "127.0.0.1", "-"]).unwrap();
+    assert!(cfg.walk.relative && !cfg.walk.listed);
+    // A bad pattern is a usage error, with the others.
+    usage(
+        sender(&["--exclude", "[z-a", "--port", "0", "127.0.0.1", "-"]),
+        "--exclude \"[z-a\"",
+    );
+    // Parsed without try_parse_sender, the order is lost: said, not guessed.
+    let args = SenderArgs::try_parse_from(["sender", "--exclude", "x", "h", "-"]).unwrap();
+    usage(args.plan(), "without their order");
+}
+
+#[test]
+fn files_from_lists_paths_below_one_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("a/b")).unwrap();
+    std::fs::write(src.join("a/b/c.txt"), b"c").unwrap();
+    std::fs::write(src.join("top.txt"), b"t").unwrap();
+    let list = t.path().join("list");
+    std::fs::write(&list, "# a comment\n\n  \na/b/c.txt\n./top.txt\r\na//b/\n").unwrap();
+    let l = list.to_str().unwrap();
+    let s = src.to_str().unwrap();
+    let SendPlan::Direct { cfg, files } = plan(&["--files-from", l, "127.0.0.1", s]).unwrap()
+    else {
+        panic!("the direct form")
+    };
+    assert!(cfg.walk.relative && cfg.walk.listed && !cfg.walk.recursive);
+    assert_eq!(
+        files,
+        [
+            src.join("./a/b/c.txt"),
+            src.join("./top.txt"),
+            src.join("./a/b")
+        ]
+    );
+    let p = entries::plan(&files, &cfg.walk).unwrap();
+    let names: Vec<&str> = p.entries.iter().map(|e| e.name()).collect();
+    assert_eq!(names, ["a", "a/b", "a/b/c.txt", "top.txt"]);
+    // The one-command form: the same list, the source before the target.
+    let p = remote_plan(&["--files-from", l, s, "node01:/in"]);
+    assert_eq!(p.files.len(), 3);
+    assert!(p.cfg.walk.listed);
+    // Absolute paths, `..`, the directory itself: each said with its line.
+    std::fs::write(&list, "top.txt\n/etc/passwd\na/../../x\n./\n").unwrap();
+    let Err(err) = plan(&["--files-from", l, "127.0.0.1", s]) else {
+        panic!("a bad list accepted")
+    };
+    let XferError::Problems(all) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(all.len(), 3, "{all:#?}");
+    assert!(
+        all[0].contains(":2: \"/etc/passwd\" is absolute"),
+        "{all:#?}"
+    );
+    assert!(
+        all[1].contains(":3:") && all[1].contains("`..`"),
+        "{all:#?}"
+    );
+    assert!(
+        all[2].contains(":4:") && all[2].contains("itself"),
+        "{all:#?}"
+    );
+    assert_eq!(err.exit_code() as u8, 2);
+    // One source directory, a list that exists and names something.
+    usage(
+        plan(&["--files-from", l, "127.0.0.1", s, s]),
+        "below one source directory",
+    );
+    usage(
+        plan(&["--files-from", l, "127.0.0.1", &format!("{s}/top.txt")]),
+        "below one source directory",
+    );
+    usage(
+        plan(&["--files-from", "/no/such/list", "127.0.0.1", s]),
+        "cannot read --files-from",
+    );
+    std::fs::write(&list, "# nothing\n").unwrap();
+    usage(
+        plan(&["--files-from", l, "127.0.0.1", s]),
+        "no paths listed",
+    );
+    usage(
+        plan(&["--files-from", "-", "127.0.0.1", "-"]),
+        "cannot be sent too",
+    );
+}
