@@ -701,3 +701,33 @@ fn the_doctor_reports_a_healthy_host() {
         "{text}"
     );
 }
+
+/// `--bwlimit` holds over a 10 s transfer: the data's rate is within 5 %
+/// of the limit (the first chunk goes at once: 2.5 % above it at most).
+#[test]
+fn a_bandwidth_limit_holds_over_ten_seconds() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let input = src.path().join("paced.bin");
+    let sum = make_file(&input, 40 * MIB, 41);
+    let port = next_port();
+    let receiver = start_receiver(&net, port, dst.path(), &["--once"]);
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        std::slice::from_ref(&input),
+        &["--bwlimit", "4M", "--json"],
+    );
+    assert_eq!(sent.code(), 0, "{}", sent.stderr);
+    assert_eq!(receiver.wait(Duration::from_secs(60)).code(), 0);
+    assert_eq!(sha256_file(&dst.path().join("paced.bin")), sum);
+    // The data phase's rate: connecting and the ring's set-up are not paced.
+    let file = &json_lines("sender", &sent.stdout)[0];
+    let data_s = file["phases"]["data_s"].as_f64().expect("data_s");
+    let rate = 40.0 / data_s;
+    assert!(
+        (4.0 * 0.95..=4.0 * 1.05).contains(&rate),
+        "{rate} MiB/s against --bwlimit 4M: {file}"
+    );
+}

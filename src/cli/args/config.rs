@@ -388,6 +388,15 @@ impl SenderArgs {
             problems.check(self.common.token(true)).flatten()
         };
         let ack_timeout = problems.check(self.common.ack_timeout());
+        if let Some(rate) = self
+            .bwlimit
+            .filter(|&r| r < crate::engine::sender::MIN_BWLIMIT)
+        {
+            problems.add(format!(
+                "--bwlimit {rate}: at least 1M (bytes a second), so that the receiver hears \
+                 from the sender within its --timeout"
+            ));
+        }
         // With a token the digest is authenticated (sealed FIN), so it must
         // resist deliberate changes: CRC32 does not (it can be kept while
         // the data is altered).
@@ -463,6 +472,7 @@ impl SenderArgs {
         cfg.resume = resume;
         cfg.checksum = self.checksum;
         cfg.retries = self.retry;
+        cfg.bwlimit = self.bwlimit;
         Ok(match (operands, launch) {
             (Operands::Remote { targets, .. }, Some(launch)) => {
                 // Each attempt starts a new receiver: the engine's own

@@ -395,6 +395,11 @@ pub struct SenderArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, value_hint = ValueHint::Other,
           help_heading = PERFORMANCE)]
     pub chunk_size: Option<u64>,
+    /// At most RATE bytes of data a second (K, M, G: binary; 1M at
+    /// least), per session: to share a fabric with other jobs.
+    #[arg(long, value_name = "RATE", value_parser = parse_size_arg, value_hint = ValueHint::Other,
+          help_heading = PERFORMANCE)]
+    pub bwlimit: Option<u64>,
     #[command(flatten)]
     pub common: CommonArgs,
 }

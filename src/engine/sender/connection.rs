@@ -3,6 +3,7 @@
 //! completions that drive the machine, and the close.
 
 use super::batch::{Next, Queue};
+use super::pace::Pacer;
 use super::pump::{Flow, Offered, Pipeline, Work};
 use super::verdicts::{PendingEntry, Tracker};
 use super::{
@@ -30,6 +31,9 @@ pub(super) struct Connection {
     pub(super) session: SenderSession<PendingEntry>,
     /// State machine events not yet acted upon, in order.
     pub(super) events: VecDeque<SenderEvent<PendingEntry>>,
+    /// `--bwlimit`, and when the chunk it held back may go.
+    pub(super) pacer: Option<Pacer>,
+    pub(super) paced_until: Option<Instant>,
 }
 
 impl Connection {
@@ -90,7 +94,8 @@ impl Connection {
             }
         };
         let session = SenderSession::carrying(cfg.chunk_size, auth).with_timeout(cfg.timeout);
-        let conn = Connection::new(connect_time, Box::new(RdmaLink::new(ep, control)), session);
+        let mut conn = Connection::new(connect_time, Box::new(RdmaLink::new(ep, control)), session);
+        conn.pace(cfg);
         Ok((conn, staging))
     }
 
@@ -105,7 +110,16 @@ impl Connection {
             link,
             session,
             events: VecDeque::new(),
+            pacer: None,
+            paced_until: None,
         }
+    }
+
+    /// Paces the chunk writes to `--bwlimit`, if given.
+    pub(super) fn pace(&mut self, cfg: &SenderConfig) {
+        self.pacer = cfg
+            .bwlimit
+            .map(|rate| Pacer::new(rate, cfg.chunk_size, Instant::now()));
     }
 
     /// The whole session, one loop: each turn takes what the link
@@ -385,6 +399,11 @@ impl Connection {
             .session
             .poll_timeout()
             .unwrap_or_else(|| crate::sys::os::deadline_after(Duration::MAX));
+        // A chunk held back by --bwlimit goes when it may.
+        let deadline = self
+            .paced_until
+            .take()
+            .map_or(deadline, |at| at.min(deadline));
         let waited = self.link.wait_until(deadline, self.session.waited_for());
         // What came before a failure still counts.
         self.handle_deliveries(pipe)?;

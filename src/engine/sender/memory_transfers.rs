@@ -83,7 +83,8 @@ pub(super) fn transfer_meddled(
             BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).expect("staging");
         let session =
             SenderSession::carrying(cfg.chunk_size, sender_auth(rcfg)).with_timeout(cfg.timeout);
-        let conn = Connection::new(Duration::ZERO, sender_end, session);
+        let mut conn = Connection::new(Duration::ZERO, sender_end, session);
+        conn.pace(cfg);
         let on_file = |e: FileEvent<'_>| sender_saw.push(reported(e));
         let sent = drive(cfg, plan, conn, &pool, tokens, on_file, Instant::now())
             .map_err(|ended| ended.0.0);
@@ -303,6 +304,27 @@ fn a_tree_arrives_whole_and_both_sides_report_each_file() {
     expected.sort();
     assert_eq!(names(&t.sender_saw), expected);
     assert_eq!(names(&t.receiver_saw), expected);
+}
+
+#[test]
+fn a_bandwidth_limit_paces_the_chunks() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..256 * 1024u32)
+        .map(|i| (i * 7 + i / 251) as u8)
+        .collect();
+    let input = src.path().join("paced.bin");
+    std::fs::write(&input, &data).unwrap();
+    let (mut cfg, rcfg) = configs(dest.path());
+    // 64 chunks of 4 KiB at 1 MiB/s: the first goes at once, then one
+    // every 3.9 ms.
+    cfg.bwlimit = Some(1 << 20);
+    let started = Instant::now();
+    let t = transfer(&cfg, &rcfg, &[input], None);
+    let took = started.elapsed();
+    assert!(t.sent.unwrap().first_error.is_none());
+    assert_arrived(dest.path(), &[("paced.bin".into(), data)]);
+    let least = Duration::from_secs_f64(63.0 * 4096.0 / f64::from(1u32 << 20));
+    assert!(took >= least, "{took:?} < {least:?}");
 }
 
 #[test]

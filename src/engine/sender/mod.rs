@@ -14,10 +14,12 @@ mod have_transfers;
 mod member;
 #[cfg(test)]
 mod memory_transfers;
+mod pace;
 mod pump;
 mod verdicts;
 
 use connection::Connection;
+pub use pace::MIN_BWLIMIT;
 
 use crate::engine::DEFAULT_TIMEOUT;
 use crate::engine::entries::{self, Entry, WalkOptions};
@@ -76,6 +78,8 @@ pub struct SenderConfig {
     /// connect again this many times at most (with a growing pause) and
     /// send what was not acknowledged yet.
     pub retries: u32,
+    /// `--bwlimit`: the session's data in bytes per second at most.
+    pub bwlimit: Option<u64>,
 }
 
 impl SenderConfig {
@@ -109,6 +113,7 @@ impl SenderConfig {
             resume: false,
             checksum: false,
             retries: 0,
+            bwlimit: None,
         }
     }
 }

@@ -426,7 +426,16 @@ impl Connection {
         while self.session.credits() > 0
             && let Some((token, len, crc)) = pipe.held.pop_front()
         {
+            let now = Instant::now();
+            if let Some(at) = self.pacer.as_mut().and_then(|p| p.ready_at(len, now)) {
+                pipe.held.push_front((token, len, crc));
+                self.paced_until = Some(at);
+                break;
+            }
             self.post_chunk(pipe, token, len, crc)?;
+            if let Some(p) = self.pacer.as_mut() {
+                p.spend(len);
+            }
             progress.advance(len.into());
         }
         if !pipe.held.is_empty() {
