@@ -18,8 +18,8 @@
 # the rxe ports stay ACTIVE, as when a cable between two switches is cut. A
 # link flap instead (RXFER_WIRE_CUT=link: `ip link set B down`, later up,
 # B being the wire's sending end) hits kernel rxe bugs after a flap with
-# traffic in flight, different per kernel (measured, see README "Tested
-# kernels"):
+# traffic in flight, different per kernel (measured, see docs/kernels.md,
+# "Tested kernels"):
 #   6.1:  B's rxe silently drops incoming connection replies for minutes;
 #         re-creating B's rxe device clears it (done by `up` in link mode);
 #   6.12: A's rxe, whose netdev only lost carrier, is left with its GSI QP
