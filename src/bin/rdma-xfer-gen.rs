@@ -48,9 +48,14 @@ enum Gen {
     /// route to it leaves by. Each problem comes with the command that
     /// fixes it. Exit 0: a transfer should work; 8: it would fail.
     Doctor {
-        /// A peer (name or address, a port may follow) to check the way to.
+        /// A receiver (name or address, a port may follow) to check the
+        /// way to, then to greet: a handshake that moves no data.
         #[arg(value_hint = clap::ValueHint::Hostname)]
         host: Option<String>,
+        /// The token for the handshake (else RDMA_XFER_TOKEN, else the
+        /// default places, as the sender looks).
+        #[arg(long, value_name = "PATH", value_hint = clap::ValueHint::FilePath)]
+        token_file: Option<PathBuf>,
     },
     /// Write both tools' completion scripts for SHELL into DIR (created if
     /// missing; bash: `sender`, zsh: `_sender`, fish: `sender.fish`; same
@@ -83,7 +88,9 @@ fn run(command: Gen) -> Result<ExitCode, XferError> {
             );
             return Ok(ExitCode::Ok);
         }
-        Gen::Doctor { host } => return Ok(doctor(host.as_deref())),
+        Gen::Doctor { host, token_file } => {
+            return Ok(doctor(host.as_deref(), token_file.as_deref()));
+        }
         Gen::Man { dir, unit } => into_dir(&dir, |d| write_man_pages(d, unit.as_deref()))?,
         Gen::Completions { shell, dir } => into_dir(&dir, |d| write_completions(shell, d))?,
     };
@@ -94,24 +101,76 @@ fn run(command: Gen) -> Result<ExitCode, XferError> {
 }
 
 /// Prints the doctor's findings; exit 8 when a transfer would fail.
-fn doctor(host: Option<&str>) -> ExitCode {
+fn doctor(host: Option<&str>, token_file: Option<&Path>) -> ExitCode {
     use rdma_xfer::cli::doctor::{Host, Route, examine, ready, render};
     let inventory = rdma_xfer::sys::rdma::Inventory::read();
     let verbs = rdma_xfer::sys::rdma::probe_devices();
     let memlock = rdma_xfer::sys::os::memlock_room();
     let route = host.map(Route::towards);
-    let findings = examine(&Host {
+    let mut findings = examine(&Host {
         inventory: &inventory,
         verbs: &verbs,
         memlock: &memlock,
         route: route.as_ref(),
     });
+    // The handshake only where the local steps are fine: it would fail
+    // for their reason.
+    if let Some(route) = &route
+        && let Some(peer) = route.peer
+        && ready(&findings)
+    {
+        let port = route.port.unwrap_or(rdma_xfer::cli::args::DEFAULT_PORT);
+        findings.push(greet(
+            std::net::SocketAddr::new(peer, port),
+            route.source,
+            token_file,
+        ));
+    }
     print!("{}", render(&findings));
     if ready(&findings) {
         ExitCode::Ok
     } else {
         ExitCode::NoDevice
     }
+}
+
+/// The doctor's handshake with the receiver at `addr`, with the token a
+/// sender would use (`token_file`, else RDMA_XFER_TOKEN, else the
+/// default places).
+fn greet(
+    addr: std::net::SocketAddr,
+    source: Option<std::net::IpAddr>,
+    token_file: Option<&Path>,
+) -> rdma_xfer::cli::doctor::Finding {
+    use rdma_xfer::cli::doctor::handshake_finding;
+    use rdma_xfer::cli::{TOKEN_ENV, default_token_paths, load_default_token, load_token};
+    let env = std::env::var_os(TOKEN_ENV);
+    let loaded = match (token_file, env) {
+        (None, None) => load_default_token(&default_token_paths(
+            std::env::var_os("XDG_CONFIG_HOME"),
+            std::env::var_os("HOME"),
+        ))
+        .map(|found| found.map(|(token, from)| (token, from.display().to_string()))),
+        (Some(file), env) => load_token(Some(file), env)
+            .map(|token| token.map(|token| (token, file.display().to_string()))),
+        (None, env) => {
+            load_token(None, env).map(|token| token.map(|token| (token, TOKEN_ENV.to_string())))
+        }
+    };
+    let (token, from) = match loaded {
+        Ok(Some((token, from))) => (Some(token), Some(from)),
+        Ok(None) => (None, None),
+        Err(e) => return handshake_finding(addr, Some("the token given"), &Err(e)),
+    };
+    let mut cfg = rdma_xfer::engine::sender::SenderConfig::new(addr);
+    cfg.source = source;
+    cfg.timeout = std::time::Duration::from_secs(5);
+    if token.is_some() {
+        cfg.verify = rdma_xfer::proto::DigestAlg::Sha256;
+    }
+    cfg.token = token;
+    let greeted = rdma_xfer::engine::sender::send_files(&cfg, &[], |_| {}).map(drop);
+    handshake_finding(addr, from.as_deref(), &greeted)
 }
 
 fn main() -> std::process::ExitCode {

@@ -6,12 +6,13 @@
 
 use crate::engine::fit::PROVIDER_HEADROOM;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS};
+use crate::error::XferError;
 use crate::sys::SysError;
 use crate::sys::os::MemlockRoom;
 use crate::sys::rdma::{DRIVER_MODULES, Inventory};
 use crate::units::format_bytes;
 use std::fmt::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 /// How a finding bears on a transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -66,6 +67,8 @@ pub struct Route {
     pub peer: Option<IpAddr>,
     /// The source address the routing table picks towards it.
     pub source: Option<IpAddr>,
+    /// The receiver's port, if one was given (else the default).
+    pub port: Option<u16>,
 }
 
 impl Route {
@@ -74,10 +77,15 @@ impl Route {
     pub fn towards(host: &str) -> Self {
         use std::net::ToSocketAddrs;
         // HOST, HOST:PORT, [V6]:PORT or a bare IPv6 address.
-        let bare = match host.strip_prefix('[') {
-            Some(rest) => rest.split_once(']').map_or(rest, |(ip, _)| ip),
-            None if host.matches(':').count() == 1 => host.split_once(':').map_or(host, |(h, _)| h),
-            None => host,
+        let (bare, port) = match host.strip_prefix('[') {
+            Some(rest) => match rest.split_once(']') {
+                Some((ip, tail)) => (ip, tail.strip_prefix(':').and_then(|p| p.parse().ok())),
+                None => (rest, None),
+            },
+            None if host.matches(':').count() == 1 => host
+                .split_once(':')
+                .map_or((host, None), |(h, p)| (h, p.parse().ok())),
+            None => (host, None),
         };
         let peer = (bare, 0)
             .to_socket_addrs()
@@ -88,6 +96,7 @@ impl Route {
             host: host.into(),
             peer,
             source: peer.and_then(crate::sys::os::source_towards),
+            port,
         }
     }
 }
@@ -333,6 +342,43 @@ fn route_finding(inv: &Inventory, route: &Route) -> Finding {
     }
 }
 
+/// What a handshake with the receiver at `addr` found: it authenticates
+/// (with `token`, where the token came from, if the doctor had one) and
+/// says BYE, moving no data.
+pub fn handshake_finding(
+    addr: SocketAddr,
+    token: Option<&str>,
+    greeted: &Result<(), XferError>,
+) -> Finding {
+    let err = match greeted {
+        Ok(()) => {
+            let auth = match token {
+                Some(from) => format!("the token from {from} proved both ways"),
+                None => "no token (it runs --insecure: anyone who reaches it may send)".into(),
+            };
+            return Finding::ok(format!(
+                "the receiver at {addr} answers, speaks protocol {}; {auth}",
+                crate::proto::PROTOCOL_VERSION
+            ));
+        }
+        Err(e) => e,
+    };
+    let fix = match err {
+        XferError::Connect { .. } => {
+            "start a receiver there (`receiver --dir DIR`), or give its port (HOST:PORT)"
+        }
+        XferError::Auth(_) if token.is_none() => {
+            "give the receiver's token: RDMA_XFER_TOKEN, --token-file FILE, or /etc/rdma-xfer/token"
+        }
+        XferError::Auth(_) => {
+            "use the same token on both hosts (`rdma-xfer-gen token FILE` makes one)"
+        }
+        XferError::Rejected { .. } => "run the same version of rdma-xfer on both hosts",
+        _ => "see the message; `receiver -v` on the other host says more",
+    };
+    Finding::fail(format!("the receiver at {addr}: {err}"), fix)
+}
+
 /// The findings as lines for a terminal or a log, and the verdict.
 pub fn render(findings: &[Finding]) -> String {
     let mut text = String::new();
@@ -415,6 +461,7 @@ mod tests {
             host: "peer".into(),
             peer: Some("10.77.0.2".parse().unwrap()),
             source: Some("10.77.0.1".parse().unwrap()),
+            port: None,
         };
         let findings = run(&inv, Ok(vec!["rxe0".into()]), Some(&route));
         assert!(ready(&findings), "{findings:?}");
@@ -431,6 +478,29 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("RDMA is ready here"), "{text}");
+    }
+
+    #[test]
+    fn a_handshake_says_what_the_receiver_wants() {
+        let addr: SocketAddr = "10.77.0.1:7471".parse().unwrap();
+        let ok = handshake_finding(addr, Some("/etc/rdma-xfer/token"), &Ok(()));
+        assert_eq!(ok.level, Level::Ok);
+        assert!(
+            ok.what
+                .contains("speaks protocol 5; the token from /etc/rdma-xfer/token"),
+            "{ok:?}"
+        );
+        let open = handshake_finding(addr, None, &Ok(()));
+        assert!(open.what.contains("runs --insecure"), "{open:?}");
+        let wants = handshake_finding(
+            addr,
+            None,
+            &Err(XferError::Auth("the receiver requires a token".into())),
+        );
+        assert_eq!(wants.level, Level::Fail);
+        assert!(wants.fix.unwrap().contains("RDMA_XFER_TOKEN"));
+        let wrong = handshake_finding(addr, Some("x"), &Err(XferError::Auth("bad proof".into())));
+        assert!(wrong.fix.unwrap().contains("same token"));
     }
 
     #[test]
@@ -460,6 +530,7 @@ mod tests {
             host: "peer".into(),
             peer: Some("192.0.2.7".parse().unwrap()),
             source: Some("192.0.2.1".parse().unwrap()),
+            port: None,
         };
         let findings = run(&inv, Ok(vec!["rxe0".into()]), Some(&route));
         let levels: Vec<Level> = findings.iter().map(|f| f.level).collect();
@@ -474,6 +545,7 @@ mod tests {
             host: "nowhere.invalid".into(),
             peer: None,
             source: None,
+            port: None,
         };
         let findings = run(&inv, Ok(vec!["rxe0".into()]), Some(&unresolved));
         assert_eq!(failing(&findings), ["nowhere.invalid: does not resolve"]);

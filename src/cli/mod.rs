@@ -115,7 +115,7 @@ impl CommonArgs {
                 std::env::var_os("XDG_CONFIG_HOME"),
                 std::env::var_os("HOME"),
             );
-            return load_default_token(&paths);
+            return Ok(load_default_token(&paths)?.map(|(token, _)| token));
         }
         load_token(self.token_file.as_deref(), env)
     }
@@ -147,10 +147,10 @@ pub fn default_token_paths(xdg_config: Option<OsString>, home: Option<OsString>)
         .collect()
 }
 
-/// The token of the first of `paths` that exists. One this user may not
-/// read (the service's, say) is passed over with a warning; anything
-/// else wrong with it fails as `--token-file` would.
-pub fn load_default_token(paths: &[PathBuf]) -> Result<Option<Token>, XferError> {
+/// The token of the first of `paths` that exists, and that path. One
+/// this user may not read (the service's, say) is passed over with a
+/// warning; anything else wrong with it fails as `--token-file` would.
+pub fn load_default_token(paths: &[PathBuf]) -> Result<Option<(Token, PathBuf)>, XferError> {
     for path in paths {
         match std::fs::File::open(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -163,7 +163,7 @@ pub fn load_default_token(paths: &[PathBuf]) -> Result<Option<Token>, XferError>
             }
             _ => {
                 tracing::info!("the token from {}", path.display());
-                return load_token(Some(path), None);
+                return Ok(load_token(Some(path), None)?.map(|token| (token, path.clone())));
             }
         }
     }
@@ -438,9 +438,10 @@ mod tests {
         );
         let first = write_token(dir.path(), "first", b"the-first-token-of-two\n", 0o600);
         let second = write_token(dir.path(), "second", b"the-second-token-of-two", 0o600);
-        let t = load_default_token(&[missing, first.clone(), second])
+        let (t, from) = load_default_token(&[missing, first.clone(), second])
             .unwrap()
             .unwrap();
+        assert_eq!(from, first);
         let nonce = [1u8; crate::proto::NONCE_LEN];
         let want = Token::new(b"the-first-token-of-two".to_vec()).unwrap();
         assert_eq!(t.mac(&nonce), want.mac(&nonce));

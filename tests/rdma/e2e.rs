@@ -680,13 +680,25 @@ fn the_receiver_says_where_it_listens_and_host_port_reaches_it() {
 #[test]
 fn the_doctor_reports_a_healthy_host() {
     let Some(net) = rdma_net() else { return };
-    let peer = net.addr_b.clone().unwrap_or_else(|| net.addr_a.clone());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdma-xfer-gen"))
-        .args(["doctor", &peer])
-        .output()
-        .expect("run the doctor");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}");
+    let dst = tempfile::tempdir().expect("dst");
+    let port = next_port();
+    // A serving receiver without a token: the handshake says so.
+    let receiver = start_receiver(&net, port, dst.path(), &[]);
+    let target = format!("{}:{port}", net.addr_a);
+    let doctor = |token: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rdma-xfer-gen"));
+        cmd.args(["doctor", &target]).env_remove("RDMA_XFER_TOKEN");
+        if let Some(t) = token {
+            cmd.env("RDMA_XFER_TOKEN", t);
+        }
+        let out = cmd.output().expect("run the doctor");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = doctor(None);
+    assert_eq!(code, Some(0), "{text}");
     assert!(!text.contains("FAIL"), "{text}");
     assert!(text.contains("user space: libibverbs lists "), "{text}");
     assert!(text.contains(" port 1: ACTIVE, LinkUp, "), "{text}");
@@ -695,11 +707,33 @@ fn the_doctor_reports_a_healthy_host() {
         "the GID of {}: {text}",
         net.addr_a
     );
-    assert!(text.contains(&format!("({peer}): leaves from ")), "{text}");
+    assert!(
+        text.contains(&format!("({}): leaves from ", net.addr_a)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "ok    the receiver at {target} answers, speaks protocol 5; no token (it runs --insecure"
+        )),
+        "{text}"
+    );
     assert!(
         text.ends_with("RDMA is ready here: a transfer should work.\n"),
         "{text}"
     );
+    // With a token the doctor, as a sender would, refuses a receiver
+    // that asks for none: a transfer would fail, exit 8.
+    let (code, text) = doctor(Some("sixteen-bytes-at-least"));
+    assert_eq!(code, Some(8), "{text}");
+    assert!(
+        text.contains(&format!("FAIL  the receiver at {target}: ")),
+        "{text}"
+    );
+    drop(receiver);
+    // Nobody there any more: it says so, exit 8.
+    let (code, text) = doctor(None);
+    assert_eq!(code, Some(8), "{text}");
+    assert!(text.contains("start a receiver there"), "{text}");
 }
 
 /// `--bwlimit` holds over a 10 s transfer: the data's rate is within 5 %

@@ -664,14 +664,15 @@ fn retry_waits_for_a_busy_receiver() {
     let input = src.path().join("later.bin");
     let sum = make_file(&input, MIB + 3, 36);
     let port = next_port();
-    let _receiver = start_receiver(&net, port, dst.path(), &["--max-sessions", "1"]);
+    let mut receiver = start_receiver(&net, port, dst.path(), &["--max-sessions", "1"]);
     // A stream whose input comes only after 6 s holds the one session.
     let script = format!(
         "(sleep 6; echo done) | {}",
         sender_line(sender_bin(), &net, port, &["--name", "held.txt"], &["-"])
     );
     let holder = pipeline("holder", &script, 1);
-    std::thread::sleep(Duration::from_secs(1));
+    // The stream's HELLO came: the one session is held.
+    receiver.wait_for_stderr("offer of a stream", Duration::from_secs(60));
     let sent = run_sender(
         &net,
         port,
