@@ -12,7 +12,7 @@ export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export RXFER_GIT_COMMIT ?= $(shell git describe --always --dirty --abbrev=12 --exclude='*' 2>/dev/null)
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-sinks bench-tune bench-native build-bins install uninstall clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-sinks bench-tune bench-native build-bins install uninstall deb clean
 
 all: build
 
@@ -68,7 +68,8 @@ fuzz: deps
 # The end-to-end suite on real RDMA: this host if it has RDMA, else the
 # SoftRoCE guest, once per kernel in RXFER_GUEST_KERNELS (default "6.1 6.12",
 # one boot each; see scripts/e2e.sh).
-e2e: build
+# (tests/rdma/deb.rs installs the .deb in the guest: `make deb` first.)
+e2e: build deb
 	scripts/e2e.sh
 
 test: lint unit e2e
@@ -112,6 +113,12 @@ build-bins: deps
 
 install: build-bins
 	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' scripts/install.sh '$(RELEASE_DIR)'
+
+# The Debian package, target/deb/rdma-xfer_VERSION_ARCH.deb: what `make
+# install PREFIX=/usr` installs, /etc/rdma-xfer, and Depends on rdma-core's
+# libraries and providers and the C runtime only; see scripts/deb.sh.
+deb: build-bins
+	scripts/deb.sh '$(RELEASE_DIR)'
 
 # Removes exactly what `make install` with the same PREFIX and DESTDIR put there.
 uninstall:

@@ -9,6 +9,7 @@
 mod support;
 
 mod auth;
+mod deb;
 mod e2e;
 mod faults;
 mod hostile;
