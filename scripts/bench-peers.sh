@@ -5,7 +5,10 @@
 # after installing rsync and netcat-openbsd on the host, whose / the guest
 # shares).
 #   - scp, rsync (-e ssh) and nc bind their client to B's address, so their
-#     TCP crosses the veth wire "ab" to A (the guest's sshd listens on A);
+#     TCP crosses the veth wire "ab" to A (the guest's sshd listens on A;
+#     ssh logs in as the test user rxfer, whose shell reads no startup files:
+#     root's ~/.bashrc is the host's, whose start-up took ~20 s under TCG;
+#     scp -O, the scp protocol: the guest's sshd has no SFTP subsystem);
 #   - rdma-xfer runs `sender --source B` to the receiver on A: the same wire;
 #   - rcopy (rsockets) cannot choose its source address: it copies to A from
 #     A itself (rxe loopback), and rdma-xfer runs that path too (sender
@@ -45,6 +48,9 @@ A=$RX_A B=$RXFER_ADDR_B
 NC_PORT=7494 RCOPY_PORT=7495
 src=$RX_WORK/src/peers.bin dst=$RX_WORK/dst
 mkdir -p "$RX_WORK/src" "$dst"
+# ssh's user (scripts/guest/sshd.sh) writes there too.
+chmod 755 "$RX_WORK"
+chown 4242:4242 "$dst"
 RCOPY_PID='' NC_PID=''
 # shellcheck disable=SC2317  # invoked from the EXIT trap
 peers_cleanup() {
@@ -60,10 +66,10 @@ echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (inside the guest)
 
 "$here/guest/sshd.sh" start "$RXFER_SSHD_DIR" "$A" || die "cannot start the guest's sshd"
 ssh_b=(ssh -b "$B")
-cipher=$("${ssh_b[@]}" -v "root@$A" true 2>&1 | sed -n 's/.*kex: client->server cipher: \([^ ]*\).*/\1/p' | head -1) ||
+cipher=$("${ssh_b[@]}" -v "rxfer@$A" true 2>&1 | sed -n 's/.*kex: client->server cipher: \([^ ]*\).*/\1/p' | head -1) ||
   true
-[[ -n $cipher ]] || die "ssh from $B to root@$A does not work: $("${ssh_b[@]}" "root@$A" true 2>&1 | tail -3)"
-echo "ssh: OpenSSH defaults, cipher $cipher"
+[[ -n $cipher ]] || die "ssh from $B to rxfer@$A does not work: $("${ssh_b[@]}" "rxfer@$A" true 2>&1 | tail -3)"
+echo "ssh: OpenSSH's defaults as rxfer@$A, cipher $cipher; scp -O (the scp protocol)"
 
 head -c "$((SIZE_MIB << 20))" /dev/urandom >"$src"
 
@@ -101,12 +107,12 @@ copy_once() {
   case $tool in
     scp)
       rx_now_us t0
-      scp -q -o BindAddress="$B" "$src" "root@$A:$dst/peers.bin" </dev/null >"$log" 2>&1 ||
+      scp -O -q -o BindAddress="$B" "$src" "rxfer@$A:$dst/peers.bin" </dev/null >"$log" 2>&1 ||
         { echo "scp failed: $(cat "$log")" >&2; return 1; }
       rx_now_us t1 ;;
     rsync)
       rx_now_us t0
-      rsync -e "ssh -b $B" "$src" "root@$A:$dst/peers.bin" </dev/null >"$log" 2>&1 ||
+      rsync -e "ssh -b $B" "$src" "rxfer@$A:$dst/peers.bin" </dev/null >"$log" 2>&1 ||
         { echo "rsync failed: $(cat "$log")" >&2; return 1; }
       rx_now_us t1 ;;
     nc)
@@ -192,7 +198,9 @@ for tool in scp rsync nc rcopy; do
     echo "RESULT peer=$tool FAILED (${failed[$tool]:+$tool failed}${failed[$mine]:+ $mine failed})"
     continue
   fi
-  echo "RESULT peer=$tool path=$(path_of "$tool" | tr -d ' ') ${SIZE_MIB}MiB median_of=$RUNS" \
+  path=wire
+  [[ $tool == rcopy ]] && path=loopback
+  echo "RESULT peer=$tool path=$path ${SIZE_MIB}MiB median_of=$RUNS" \
     "$tool=${med[$tool]} MiB/s rdma-xfer=${med[$mine]} MiB/s" \
     "time_ratio=$(ratio "${med[$tool]}" "${med[$mine]}") (rdma-xfer's time / $tool's; below 1: rdma-xfer faster)"
 done
