@@ -149,7 +149,7 @@ copy_once() {
 }
 
 tools=(scp rsync nc rcopy rdma-xfer rdma-xfer-lo)
-declare -A rates failed
+declare -A rates=() failed=()
 for ((run = 1; run <= RUNS; run++)); do
   order=()
   for ((i = 0; i < ${#tools[@]}; i++)); do order+=("${tools[(i + run - 1) % ${#tools[@]}]}"); done
