@@ -12,7 +12,7 @@ export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export RXFER_GIT_COMMIT ?= $(shell git describe --always --dirty --abbrev=12 --exclude='*' 2>/dev/null)
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-sinks bench-tune bench-native build-bins install uninstall deb clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-peers bench-sinks bench-tune bench-native build-bins install uninstall deb clean
 
 all: build
 
@@ -79,6 +79,16 @@ demo: build
 
 bench: build
 	scripts/guest/run.sh -t 3600 'scripts/bench.sh'
+
+# The peers (docs/performance.md#the-peers): the same 256 MiB file B -> A
+# with scp, rsync over ssh, a netcat pipe, rdma-core's rcopy and rdma-xfer,
+# median of 3 each, in one guest boot. rsync and netcat are installed on
+# this host (apt, only when missing): the guest's / is this host's.
+bench-peers: build
+	@. scripts/lib.sh && RX_APT_WHO=bench-peers rx_apt_install rsync netcat-openbsd
+	@echo "host before: $$(uptime)"
+	RXFER_HOST_UPTIME="$$(uptime)" scripts/guest/run.sh -t 3600 'scripts/bench-peers.sh'
+	@echo "host after: $$(uptime)"
 
 # Disk or network (docs/performance.md#disk-or-network): the same 1 GiB
 # into tmpfs, onto a disk (a sparse image under target/ as a virtio disk,
