@@ -143,20 +143,8 @@ fn greet(
     token_file: Option<&Path>,
 ) -> rdma_xfer::cli::doctor::Finding {
     use rdma_xfer::cli::doctor::handshake_finding;
-    use rdma_xfer::cli::{TOKEN_ENV, default_token_paths, load_default_token, load_token};
-    let env = std::env::var_os(TOKEN_ENV);
-    let loaded = match (token_file, env) {
-        (None, None) => load_default_token(&default_token_paths(
-            std::env::var_os("XDG_CONFIG_HOME"),
-            std::env::var_os("HOME"),
-        ))
-        .map(|found| found.map(|(token, from)| (token, from.display().to_string()))),
-        (Some(file), env) => load_token(Some(file), env)
-            .map(|token| token.map(|token| (token, file.display().to_string()))),
-        (None, env) => {
-            load_token(None, env).map(|token| token.map(|token| (token, TOKEN_ENV.to_string())))
-        }
-    };
+    use rdma_xfer::cli::{TOKEN_ENV, find_token};
+    let loaded = find_token(token_file, std::env::var_os(TOKEN_ENV), true);
     let (token, from) = match loaded {
         Ok(Some((token, from))) => (Some(token), Some(from)),
         Ok(None) => (None, None),

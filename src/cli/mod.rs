@@ -110,14 +110,7 @@ impl CommonArgs {
             Some(taken) => taken.clone().map(OsString::from_vec),
             None => std::env::var_os(TOKEN_ENV),
         };
-        if self.token_file.is_none() && env.is_none() && defaults {
-            let paths = default_token_paths(
-                std::env::var_os("XDG_CONFIG_HOME"),
-                std::env::var_os("HOME"),
-            );
-            return Ok(load_default_token(&paths)?.map(|(token, _)| token));
-        }
-        load_token(self.token_file.as_deref(), env)
+        Ok(find_token(self.token_file.as_deref(), env, defaults)?.map(|(token, _)| token))
     }
 
     /// The ACK timeout from RDMA_XFER_ACK_TIMEOUT (a bad value is a usage
@@ -127,6 +120,30 @@ impl CommonArgs {
             std::env::var_os(crate::engine::ACK_TIMEOUT_ENV).as_deref(),
         )
     }
+}
+
+/// The token a sender or receiver uses, and where it came from: `file`
+/// (which wins), else `env` (RDMA_XFER_TOKEN's value), else, with
+/// `defaults`, the first default place that holds one.
+pub fn find_token(
+    file: Option<&Path>,
+    env: Option<OsString>,
+    defaults: bool,
+) -> Result<Option<(Token, String)>, XferError> {
+    let from = match (file, &env) {
+        (Some(file), _) => file.display().to_string(),
+        (None, Some(_)) => TOKEN_ENV.to_string(),
+        (None, None) if defaults => {
+            let paths = default_token_paths(
+                std::env::var_os("XDG_CONFIG_HOME"),
+                std::env::var_os("HOME"),
+            );
+            let found = load_default_token(&paths)?;
+            return Ok(found.map(|(token, path)| (token, path.display().to_string())));
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(load_token(file, env)?.map(|token| (token, from)))
 }
 
 /// Where both tools look for a token when neither `--token-file` nor
