@@ -24,6 +24,15 @@ fn digest_hex(d: &Digest) -> String {
     }
 }
 
+/// A report's digest for JSON: its algorithm and hex, both null when
+/// nothing was read.
+fn digest_json(d: Option<&Digest>) -> (serde_json::Value, serde_json::Value) {
+    match d {
+        Some(d) => (d.alg().as_str().into(), digest_hex(d).into()),
+        None => (serde_json::Value::Null, serde_json::Value::Null),
+    }
+}
+
 /// The phases as a JSON object (seconds).
 fn phases_json(p: &Phases) -> serde_json::Value {
     json!({
@@ -79,27 +88,34 @@ pub fn listening_line(ready: &Listening, json: bool, ansi: bool) -> String {
 /// digest; with -v (`phases`) also the time of each phase and exact bytes.
 pub fn file_line(r: &FileReport, phases: bool) -> String {
     let secs = r.elapsed.as_secs_f64();
-    let digest = format!("{} {}", r.digest.alg().as_str(), digest_hex(&r.digest));
+    let digest = match &r.digest {
+        Some(d) => format!(" ({} {})", d.alg().as_str(), digest_hex(d)),
+        None => String::new(),
+    };
     let exact = if phases {
         format!(" ({} bytes)", r.bytes)
     } else {
         String::new()
     };
+    let left = |why: &str| {
+        format!(
+            "{}: {}{exact}, {why}{digest}",
+            escaped(&r.name),
+            format_bytes(r.bytes)
+        )
+    };
     match r.outcome {
-        Outcome::Skipped => {
-            return format!(
-                "{}: {}{exact}, skipped: the receiver has it complete ({digest})",
-                escaped(&r.name),
-                format_bytes(r.bytes),
-            );
+        Outcome::Unchanged if r.digest.is_some() => {
+            return left("unchanged: the receiver has the same content");
         }
-        Outcome::Linked => {
-            return format!(
-                "{}: {}{exact}, linked: the receiver had it under --link-dest ({digest})",
-                escaped(&r.name),
-                format_bytes(r.bytes),
-            );
+        Outcome::Unchanged => {
+            return left("unchanged: the receiver has it with the same size and modification time");
         }
+        Outcome::KeptExisting => {
+            return left("kept: the receiver has a file by that name (--ignore-existing)");
+        }
+        Outcome::KeptNewer => return left("kept: the receiver's file is newer (--update)"),
+        Outcome::Linked => return left("linked: the receiver had it under --link-dest"),
         Outcome::Stored | Outcome::Discarded | Outcome::Piped => {}
     }
     let resumed = if r.resumed_from > 0 {
@@ -112,7 +128,7 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
         String::new()
     };
     let mut line = format!(
-        "{}: {}{exact}{resumed} in {}, {:.1} MiB/s ({digest})",
+        "{}: {}{exact}{resumed} in {}, {:.1} MiB/s{digest}",
         escaped(&r.name),
         format_bytes(r.bytes),
         format_secs(secs),
@@ -164,12 +180,12 @@ pub fn file_log_json(r: &FileReport) -> serde_json::Value {
         "file": escaped(&r.name).to_string(),
         "bytes": r.bytes,
         "resumed_from": r.resumed_from,
-        "skipped": r.outcome == Outcome::Skipped,
+        "skipped": r.outcome.sent_nothing() && r.outcome != Outcome::Linked,
         "outcome": r.outcome.as_str(),
         "seconds": secs,
         "mib_per_s": mib_per_sec(r.moved(), secs),
-        "digest_alg": r.digest.alg().as_str(),
-        "digest": digest_hex(&r.digest),
+        "digest_alg": digest_json(r.digest.as_ref()).0,
+        "digest": digest_json(r.digest.as_ref()).1,
         "phases": phases_json(&r.phases),
     })
 }
@@ -211,12 +227,12 @@ pub fn report_json(r: &FileReport) -> serde_json::Value {
         "name": r.name,
         "bytes": r.bytes,
         "resumed_from": r.resumed_from,
-        "skipped": r.outcome == Outcome::Skipped,
+        "skipped": r.outcome.sent_nothing() && r.outcome != Outcome::Linked,
         "outcome": r.outcome.as_str(),
         "seconds": secs,
         "mib_per_s": mib_per_sec(r.moved(), secs),
-        "digest_alg": r.digest.alg().as_str(),
-        "digest": digest_hex(&r.digest),
+        "digest_alg": digest_json(r.digest.as_ref()).0,
+        "digest": digest_json(r.digest.as_ref()).1,
         "status": ExitCode::Ok.as_str(),
         "exit_code": ExitCode::Ok as u8,
         "phases": phases_json(&r.phases),
@@ -261,7 +277,10 @@ pub fn totals_json(t: &Totals, outcome: Result<(), &XferError>) -> serde_json::V
         "event": "summary",
         "files": t.files,
         "failed": t.failed,
-        "skipped": t.skipped,
+        // `skipped` as before: files the receiver had already.
+        "skipped": t.unchanged,
+        "unchanged": t.unchanged,
+        "kept": t.kept,
         "linked": t.linked,
         "discarded": t.discarded,
         "bytes": t.bytes,
@@ -304,10 +323,14 @@ pub fn session_summary_line(outcome: &SessionOutcome) -> String {
         format_secs(secs),
         mib_per_sec(sent, secs),
     );
-    let complete = outcome.count(Outcome::Skipped);
-    if complete > 0 {
+    let unchanged = outcome.count(Outcome::Unchanged);
+    if unchanged > 0 {
+        line.push_str(&format!("; {unchanged} unchanged (nothing sent)"));
+    }
+    let kept = outcome.count(Outcome::KeptExisting) + outcome.count(Outcome::KeptNewer);
+    if kept > 0 {
         line.push_str(&format!(
-            "; {complete} skipped (complete at the receiver already)"
+            "; {kept} kept as the receiver has them (--ignore-existing, --update)"
         ));
     }
     let linked = outcome.count(Outcome::Linked);
@@ -352,7 +375,10 @@ pub fn session_summary(outcome: &SessionOutcome, json: bool) -> String {
             // Links and special files left out of trees (as before
             // resuming existed); files the receiver had complete apart.
             "skipped": outcome.skipped,
-            "already_complete": outcome.count(Outcome::Skipped),
+            // `already_complete` as before: files the receiver had.
+            "already_complete": outcome.count(Outcome::Unchanged),
+            "unchanged": outcome.count(Outcome::Unchanged),
+            "kept": outcome.count(Outcome::KeptExisting) + outcome.count(Outcome::KeptNewer),
             "linked": outcome.count(Outcome::Linked),
             "resumed_bytes": outcome.files.iter().map(|f| f.resumed_from).sum::<u64>(),
             "bytes": bytes,
@@ -377,7 +403,7 @@ mod tests {
             name: name.into(),
             bytes,
             elapsed: Duration::from_secs_f64(secs),
-            digest: Digest::Crc32(0x0102_0a0b),
+            digest: Some(Digest::Crc32(0x0102_0a0b)),
             phases: Phases {
                 connect: Duration::from_millis(2),
                 mr_exchange: Duration::from_millis(1),
@@ -578,7 +604,7 @@ mod tests {
             name: "t/f".into(),
             bytes,
             elapsed: Duration::from_millis(5),
-            digest: Digest::Crc32(0),
+            digest: Some(Digest::Crc32(0)),
             phases: Phases::default(),
             resumed_from: 0,
             outcome: Outcome::Stored,
@@ -659,15 +685,15 @@ mod tests {
         assert_eq!(report_json(&resumed)["resumed_from"], 1 << 20);
         assert_eq!(report_json(&resumed)["mib_per_s"], 0.5);
         let mut skipped = r.clone();
-        skipped.outcome = Outcome::Skipped;
+        skipped.outcome = Outcome::Unchanged;
         assert_eq!(
             file_line(&skipped, false),
-            "a.bin: 2.0 MiB, skipped: the receiver has it complete (crc32 01020a0b)"
+            "a.bin: 2.0 MiB, unchanged: the receiver has the same content (crc32 01020a0b)"
         );
         assert_eq!(report_json(&skipped)["skipped"], true);
         assert_eq!(report_json(&skipped)["mib_per_s"], 0.0);
         let mut sha = r.clone();
-        sha.digest = Digest::Sha256([0xab; 32]);
+        sha.digest = Some(Digest::Sha256([0xab; 32]));
         assert!(file_line(&sha, false).contains(&format!("(sha256 {})", "ab".repeat(32))));
         let err = XferError::Integrity("crc mismatch".into());
         let f = FileFailure::new(

@@ -17,7 +17,9 @@ pub struct FileReport {
     /// From the file's HELLO to its ACK.
     pub elapsed: Duration,
     /// The whole-file digest both sides agreed on.
-    pub digest: Digest,
+    /// None when nothing was read: a file left as it is by its size and
+    /// modification time (or kept by --ignore-existing, --update).
+    pub digest: Option<Digest>,
     /// Where the time went.
     pub phases: Phases,
     /// Bytes at its start that an earlier attempt had delivered and that
@@ -53,15 +55,22 @@ impl FileReport {
 }
 
 /// What became of an acknowledged file (on the receiver, where its policy
-/// decides; the sender knows `Skipped` and `Linked`, and sees the rest as
-/// `Stored`).
+/// decides; the sender knows the outcomes without data, and sees the rest
+/// as `Stored`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Outcome {
     /// Received, verified and stored (under --dir, or on standard output).
     #[default]
     Stored,
-    /// The receiver had it complete already: nothing was sent.
-    Skipped,
+    /// The receiver had it: the same size and modification time, or (by
+    /// SHA-256: --checksum, --resume) the same content. Nothing was sent.
+    Unchanged,
+    /// A file was there and stays (sender --ignore-existing): nothing was
+    /// sent.
+    KeptExisting,
+    /// The receiver's file is newer and stays (sender --update): nothing
+    /// was sent.
+    KeptNewer,
     /// The receiver had it under --link-dest and linked (or copied) it
     /// into place: nothing was sent.
     Linked,
@@ -77,7 +86,9 @@ impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Stored => "stored",
-            Outcome::Skipped => "skipped",
+            Outcome::Unchanged => "unchanged",
+            Outcome::KeptExisting => "kept-existing",
+            Outcome::KeptNewer => "kept-newer",
             Outcome::Linked => "linked",
             Outcome::Discarded => "discarded",
             Outcome::Piped => "piped",
@@ -90,7 +101,11 @@ impl Outcome {
         match self {
             Outcome::Discarded => "discarded",
             Outcome::Piped => "piped",
-            Outcome::Stored | Outcome::Skipped | Outcome::Linked => "",
+            Outcome::Stored
+            | Outcome::Unchanged
+            | Outcome::KeptExisting
+            | Outcome::KeptNewer
+            | Outcome::Linked => "",
         }
     }
 
@@ -104,9 +119,32 @@ impl Outcome {
         }
     }
 
+    /// The outcome of an ACK that leaves the receiver's file as it is
+    /// (`AckStatus::leaves_file`), if it is one.
+    pub fn of_stays(status: crate::proto::AckStatus) -> Option<Outcome> {
+        use crate::proto::AckStatus;
+        match status {
+            AckStatus::Unchanged => Some(Outcome::Unchanged),
+            AckStatus::KeptExisting => Some(Outcome::KeptExisting),
+            AckStatus::KeptNewer => Some(Outcome::KeptNewer),
+            _ => None,
+        }
+    }
+
     /// No data crossed the link for it.
     pub fn sent_nothing(self) -> bool {
-        matches!(self, Outcome::Skipped | Outcome::Linked)
+        matches!(
+            self,
+            Outcome::Unchanged | Outcome::KeptExisting | Outcome::KeptNewer | Outcome::Linked
+        )
+    }
+
+    /// The receiver's file was left as it is (unchanged or kept).
+    pub fn left_as_is(self) -> bool {
+        matches!(
+            self,
+            Outcome::Unchanged | Outcome::KeptExisting | Outcome::KeptNewer
+        )
     }
 }
 
@@ -222,8 +260,11 @@ pub struct Totals {
     pub bytes: u64,
     /// Files that failed.
     pub failed: u64,
-    /// Acknowledged files the receiver had complete already (nothing sent).
-    pub skipped: u64,
+    /// Acknowledged files the receiver had already (nothing sent).
+    pub unchanged: u64,
+    /// Acknowledged files left as they were by the sender's
+    /// --ignore-existing or --update (nothing sent).
+    pub kept: u64,
     /// Acknowledged files linked from the receiver's --link-dest (nothing
     /// sent).
     pub linked: u64,
@@ -251,7 +292,11 @@ impl Totals {
             FileEvent::Done(r) => {
                 self.files += 1;
                 self.bytes += r.bytes;
-                self.skipped += u64::from(r.outcome == Outcome::Skipped);
+                self.unchanged += u64::from(r.outcome == Outcome::Unchanged);
+                self.kept += u64::from(matches!(
+                    r.outcome,
+                    Outcome::KeptExisting | Outcome::KeptNewer
+                ));
                 self.linked += u64::from(r.outcome == Outcome::Linked);
                 self.discarded += u64::from(r.outcome == Outcome::Discarded);
                 self.sent += r.moved();

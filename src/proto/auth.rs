@@ -597,7 +597,7 @@ mod tests {
     #[test]
     fn key_schedule_known_answers() {
         // Computed independently with Python's hmac/hashlib (HKDF written
-        // out per RFC 5869) and the blake3 package, protocol version 5:
+        // out per RFC 5869) and the blake3 package, protocol version 6:
         // nonce_r = 00 01 .. 1f, nonce_s = 80 81 .. 9f. Per case: K, both
         // proofs, the seals of BYE number 0 and 5, the chunk key and the
         // tag of "the bytes of one chunk" at offset 4096 of offer 3.
@@ -606,45 +606,45 @@ mod tests {
         let cases = [
             (
                 conn("10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "be6f2187d25bd1051bc2d00a79315334c27c7a4efe5fb3efac92c59b0b157155",
-                "b38c61c46dda3e36f2cd67826d0513c0ed1fd68a62d62f9735e16a7cb91d28f7",
-                "ca3e95a02e0b3eb5618b376b24317d76b5a41b3c0118b7da54d3f6fbe148077e",
-                "a5af568bd83bfde2b7a0cc8b6efa4e1224b43455e979f9cf5f947b11e452aae7",
-                "a2b6e474309db00a194c84fa87e9902b9575c61be65bc091b8eaca2894713a6e",
-                "1b7ec3e9f49e4ec5797db8ad785f4964fc9b1c18f8cebddc0cfad015ee5e47df",
-                "6b74cca0167e915c5980a63fbf1a77092de24bece400782fbb5f1ef1b690911a",
+                "e6cd7b165d795d676f992c30d1ed11fee093bae72781115e3f7e1f5e967cf4dd",
+                "77c845b23c80f2c35a69811a08cb2a9afb8df264d7e39e36034a48609b04e163",
+                "c9402708f8b1a9d64ae5f5c8c0a03a0e29f07675792582ea7ca77527c2ed9bf2",
+                "0d86976f747e346eebe837e45ad7bcd44b6823a15973e544c67f8c4a95e59bc0",
+                "7fc5a8fd13bb9ed9f9fafaef839243ba7deb807f1e51a75721ba1973dc71f615",
+                "6434c7a752919bb1706802c139f4a77784a148c87e4396f38c489bf7dc98660a",
+                "50b0a409190ca6a4672fea2646793a5517182ef92d269584bef72c33b328b2bc",
             ),
             // The IPv4-mapped form of the same address: the same key.
             (
                 conn("::ffff:10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "be6f2187d25bd1051bc2d00a79315334c27c7a4efe5fb3efac92c59b0b157155",
-                "b38c61c46dda3e36f2cd67826d0513c0ed1fd68a62d62f9735e16a7cb91d28f7",
-                "ca3e95a02e0b3eb5618b376b24317d76b5a41b3c0118b7da54d3f6fbe148077e",
-                "a5af568bd83bfde2b7a0cc8b6efa4e1224b43455e979f9cf5f947b11e452aae7",
-                "a2b6e474309db00a194c84fa87e9902b9575c61be65bc091b8eaca2894713a6e",
-                "1b7ec3e9f49e4ec5797db8ad785f4964fc9b1c18f8cebddc0cfad015ee5e47df",
-                "6b74cca0167e915c5980a63fbf1a77092de24bece400782fbb5f1ef1b690911a",
+                "e6cd7b165d795d676f992c30d1ed11fee093bae72781115e3f7e1f5e967cf4dd",
+                "77c845b23c80f2c35a69811a08cb2a9afb8df264d7e39e36034a48609b04e163",
+                "c9402708f8b1a9d64ae5f5c8c0a03a0e29f07675792582ea7ca77527c2ed9bf2",
+                "0d86976f747e346eebe837e45ad7bcd44b6823a15973e544c67f8c4a95e59bc0",
+                "7fc5a8fd13bb9ed9f9fafaef839243ba7deb807f1e51a75721ba1973dc71f615",
+                "6434c7a752919bb1706802c139f4a77784a148c87e4396f38c489bf7dc98660a",
+                "50b0a409190ca6a4672fea2646793a5517182ef92d269584bef72c33b328b2bc",
             ),
             (
                 conn("fe80::1", 0x11, "fe80::2", 0x12),
-                "8c736161267c30348c6585df1cf509dcaaea6ade8ff44c5996bc1b2d82088051",
-                "493ca0adebf0a98f27a7024c6338191831eb716e594d8c8cd278cb05dae8fc9b",
-                "5346ef86bb50b0534b2968849a50aebc07ca4ca74c8f1c3039e7468ac4a387e2",
-                "83bc849d15d6bed38a8aa0d3f4ead4235f1283997868aa905c7017c52fab7421",
-                "b84cc283f0bf18949fd8eda7d8c804552102e3c339eac2e191f4a2d1a8536ac6",
-                "f64c3a3769f934dc2ad902192fb18bad30584b0066a13fe0033500fc563d6841",
-                "5e78c1ccef19e03c14e81073e1dd569d62691f277504e3bf977d4dbded204d0f",
+                "aa559d93a61e95c2055d3d996672fc4559d056e69dd955591364c183af9c141a",
+                "8c689f7029e6199c980d17fb01e60637af4790a5997a21a0a7e48725cec32380",
+                "324abcbce08d7fe1cd0bb8b4fe4d4b1f2b53f18bdd583f6c4b2fd1ff003e15e5",
+                "1f7173aac278ad5788096dece4366b388d468fecdcc01bf26a27239f1524469a",
+                "a8d6161eab2cebe32cd975de078e789bd308c6fff1e694cf1e29d2518623a793",
+                "9b04da25bf0f39e1c2427dc90a5d78d73928e44530b8bba1745ae37192cd4aba",
+                "c930985ce536eca4bd402a1cbf488fdaddb9aff01c60369586e53ce328e64637",
             ),
             // Another receiver QPN: another key.
             (
                 conn("10.77.0.1", 0x13, "10.77.0.2", 0x12),
-                "e267ad3c697b1df722c42d31c2101184f2499b9ae3577073d2c1ceb4730eb9f5",
-                "924b10ba06c21dc8a677a8a0fdea88ffb0a6b3a0d77454d89f91c51aa2b054bc",
-                "889a45eac1ceb76a645554b820256b8b5a1266fc62510b51391bdf89b1ddafc9",
-                "993b67be2e003ca356678d16ff058f0b89a157c1d329a3dc06b62b7caa11bc3c",
-                "5d29540bfcc778c621e9ba5b0c0c007b079495971d845028ca80e4d483189b43",
-                "aafe79ccacd34ae44aba19aa40eed3e1020df6f814312899ecebbf19d80949b3",
-                "9c2ff1a84c59c404dc1b4f8acfdda15ae61dd086031d386486aafa5099fcb4fa",
+                "cbd00ae8c3ca585176b8eb84d5e5e177bad0cdfca8af670e9299be1e78503ac3",
+                "c0702440db1cadad39bc0e3c670fd49bd34f8237f8d1f438caec591efba9287b",
+                "7545d8e7526fae2e4512a7e2a880c965f457934ddc1c7b46b9aa334d7ee23e2e",
+                "41ea896b15dfd6e79e22d541a2fadc48ea9add745f45fa7d904f6c7825cd0c14",
+                "57e6e8a35420ddf98e46f5fb6305cd93ff034a65f081275b91e514c825990874",
+                "68c70a9786909f019be1bbf5995c57f165e08e02f069adcaf363ab12edfd2acd",
+                "c4ea86cf989a9e169296e7a06fae96da075306f8602df1cffdfbcd559715a31a",
             ),
         ];
         let bye = unhex("525846520107000000000000");

@@ -1,4 +1,4 @@
-//! rdma-xfer control protocol (session protocol 5): wire codec, name checks and the pure sender /
+//! rdma-xfer control protocol (session protocol 6): wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
 //!
 //! How a machine talks to its engine:
@@ -38,12 +38,13 @@ pub use names::{
 };
 pub use receiver::{
     AUTH_TIMEOUT, AuthFailure, Busy, ChunkError, ChunkPlacement, DEFAULT_MAX_FILES, DigestBudget,
-    Found, MAX_REFUSALS_IN_A_ROW, ReceiverConfig, ReceiverEvent, ReceiverSession, ReceiverState,
-    RecvError, TimedOut, Undecodable, busy_refusal,
+    Existing, Found, MAX_REFUSALS_IN_A_ROW, ReceiverConfig, ReceiverEvent, ReceiverSession,
+    ReceiverState, RecvError, Standing, TimedOut, Undecodable, busy_refusal,
 };
 pub use sender::{
     Capability, ChunkPlan, FileOffer, Greeting, MAX_PENDING, OfferKind, Pending, SameCopy,
-    SenderAuth, SenderEvent, SenderSession, SenderState, Verdict, Waiting, keepalive_interval,
+    SenderAuth, SenderEvent, SenderSession, SenderState, Verdict, Waiting, WhenExisting,
+    keepalive_interval,
 };
 pub use wire::{
     Ack, AckFailure, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, FailedAck, Fin,
@@ -58,10 +59,12 @@ use thiserror::Error;
 /// KEEPALIVE; version 3 the mutual, connection-bound authentication (PROVE,
 /// AUTH_OK) and sealed control messages; version 4 BATCH (small files
 /// offered, written and acknowledged together); version 5 the chunks'
-/// tags with a token (each write carries its chunk, then the chunk's tag).
+/// tags with a token (each write carries its chunk, then the chunk's tag);
+/// version 6 verdicts without data (ACK unchanged, kept-existing,
+/// kept-newer answering a HELLO: re-runs are no-ops).
 /// Both sides speak exactly
 /// one version: a peer of another one is refused, naming both.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Most files one BATCH may offer.
 pub const MAX_BATCH_FILES: usize = 256;
@@ -377,6 +380,9 @@ mod tests {
         out: Vec<u8>,
         delivered: Vec<usize>,
         rejected: usize,
+        /// Files the receiver found unchanged, as each side saw them.
+        unchanged: usize,
+        unchanged_r: usize,
         dirs_done: usize,
         max_outstanding: u64,
         max_pending: usize,
@@ -422,14 +428,19 @@ mod tests {
                 // have one).
                 digest: DigestAlg::Sha256,
                 kind,
-                mtime: None,
+                // Some files have a copy at the receiver (see `Offer`).
+                mtime: (i % 4 == 1).then_some(Mtime {
+                    secs: i as i64,
+                    nanos: 7,
+                }),
                 keep_mode: i % 2 == 1,
                 // (Resuming is simulated in the machines' own tests.)
                 resume: false,
                 // Never asked here (as by a receiver without --link-dest):
                 // such an offer goes on as any other; streams and
                 // directories drop the flag.
-                checksum: i.is_multiple_of(3),
+                checksum: i.is_multiple_of(3) && i % 4 != 1,
+                existing: Default::default(),
             };
             // The tag is the entry's index (offset so that 0 means nothing).
             self.s.start_file(offer, 1000 + i as u64).unwrap();
@@ -582,9 +593,29 @@ mod tests {
                             }
                             (e, false) => {
                                 assert_eq!(h.is_stream(), matches!(e, SimEntry::Stream(_)));
-                                self.out.clear();
-                                self.receiving = Some(i);
-                                self.r.accept(self.ring, ()).unwrap()
+                                // A file with a time has the same copy at
+                                // the receiver: it stays, nothing is sent.
+                                let copy = match h.mtime {
+                                    Some(m) if !h.is_stream() => Existing::File {
+                                        size: h.size,
+                                        secs: m.secs,
+                                        nsec: i64::from(m.nanos),
+                                    },
+                                    _ => Existing::NoFile,
+                                };
+                                let standing = if h.is_stream() {
+                                    Standing::Proceed
+                                } else {
+                                    self.r.existing(copy).unwrap()
+                                };
+                                if standing == Standing::Stays(AckStatus::Unchanged) {
+                                    self.unchanged_r += 1;
+                                } else {
+                                    assert_eq!(standing, Standing::Proceed);
+                                    self.out.clear();
+                                    self.receiving = Some(i);
+                                    self.r.accept(self.ring, ()).unwrap()
+                                }
                             }
                         }
                         self.transmit_r();
@@ -665,6 +696,13 @@ mod tests {
                 SenderEvent::Have(h) => panic!("HAVE without RESUME: {h:?}"),
                 SenderEvent::Keepalive => panic!("KEEPALIVE without a resumed prefix"),
                 SenderEvent::Same { ack, .. } => panic!("ACK of a COMPARE never sent: {ack:?}"),
+                SenderEvent::Stays(a) => {
+                    assert_eq!(a.status, AckStatus::Unchanged);
+                    assert!(self.awaiting.is_empty(), "ACK before earlier verdicts");
+                    let i = self.sending.take().expect("an unchanged offer");
+                    assert_eq!(i % 4, 1, "only a file with a copy is unchanged");
+                    self.unchanged += 1;
+                }
                 SenderEvent::Rejected(_) => {
                     assert!(self.awaiting.is_empty(), "REJECT before earlier verdicts");
                     self.sending.take().expect("a rejected offer");
@@ -704,6 +742,7 @@ mod tests {
         let mut rng = Rng(0x1234_5678_9abc_def1);
         let mut total_entries = 0;
         let mut total_rejected = 0;
+        let mut total_unchanged = 0;
         let mut deepest = 0;
         let mut streams = 0;
         let mut tagged = 0;
@@ -800,6 +839,8 @@ mod tests {
                 out: Vec::new(),
                 delivered: Vec::new(),
                 rejected: 0,
+                unchanged: 0,
+                unchanged_r: 0,
                 dirs_done: 0,
                 max_outstanding: 0,
                 max_pending: 0,
@@ -818,10 +859,15 @@ mod tests {
                 assert!(steps < 2_000_000, "round {round} stalled (deadlock?)");
             }
             assert_eq!(
-                sim.delivered.len() + sim.dirs_done + sim.rejected,
+                sim.delivered.len() + sim.dirs_done + sim.rejected + sim.unchanged,
                 entries.len()
             );
             assert!(sim.awaiting.is_empty() && sim.offered.is_empty());
+            assert_eq!(
+                sim.unchanged, sim.unchanged_r,
+                "each side saw every unchanged file"
+            );
+            total_unchanged += sim.unchanged;
             assert!(sim.max_outstanding <= u64::from(slot_count));
             assert!(sim.max_pending <= MAX_PENDING);
             if !sim.pipeline {
@@ -837,6 +883,7 @@ mod tests {
         }
         assert!(total_entries > 1000 && total_rejected > 50 && total_rejected < total_entries / 2);
         assert!(deepest >= 4, "pipelining barely exercised: depth {deepest}");
+        assert!(total_unchanged > 50, "unchanged files: {total_unchanged}");
         assert!(streams > 100);
         assert!(tagged > 1000, "{tagged} tagged chunks");
     }

@@ -23,8 +23,8 @@ use super::auth::{
 use super::names::{NameRules, escaped, validate_path};
 use super::sender::keepalive_interval;
 use super::wire::{
-    Ack, AckStatus, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Prove,
-    Reject, RejectCode, RingInfo, WireError, hello_flags,
+    Ack, AckStatus, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime,
+    Prove, Reject, RejectCode, RingInfo, WireError, hello_flags,
 };
 use super::{MAX_BATCH_FILES, PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -378,6 +378,13 @@ pub struct ReceiverSession<F = (), W = (), C = ()> {
     /// The current offer's sender answers a HAVE of kind Digest
     /// (`hello_flags::CHECKSUM`).
     checksum: bool,
+    /// The current offer's flags and modification time, for what is
+    /// under its final name (`existing`).
+    offer_caps: u32,
+    offer_mtime: Option<Mtime>,
+    /// `existing` decided that the file under the final name is compared
+    /// (a HAVE of a complete copy without RESUME).
+    compare_existing: bool,
     /// What HAVE told the sender about the current offer.
     have: Option<Have>,
     /// Where the current file's data starts (a resumed prefix).
@@ -417,6 +424,40 @@ enum Awaiting<W, C> {
     From(W),
     /// A complete copy or a digest request: COMPARE (or FROM 0) answers.
     Compare(W, C),
+}
+
+/// What the receiver has under an offer's final name, as the engine
+/// found it (`stat` without following a link): `ReceiverSession::existing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    /// Nothing, or something that is not a regular file (a directory, a
+    /// link): the engine's own checks refuse or replace it.
+    NoFile,
+    /// A regular file.
+    File {
+        /// Its size.
+        size: u64,
+        /// Its modification time as `stat` gives it: seconds and
+        /// nanoseconds.
+        secs: i64,
+        /// See `secs`.
+        nsec: i64,
+    },
+}
+
+/// What to do with an offer given what is under its final name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// On as any offer (HAVE for RESUME, a digest asked, the MR, or the
+    /// engine's refusal of a file it may not replace).
+    Proceed,
+    /// The receiver's file stays as it is: this ACK (unchanged,
+    /// kept-existing, kept-newer) is queued; nothing is sent.
+    Stays(AckStatus),
+    /// A file of the offered size whose SHA-256 decides (CHECKSUM): the
+    /// engine answers with `have_found` of its complete copy, COMPARE
+    /// follows.
+    Compare,
 }
 
 /// What the receiver's store found of an offer with RESUME; the machine
@@ -607,6 +648,9 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             refused_in_a_row: 0,
             resume: false,
             checksum: false,
+            offer_caps: 0,
+            offer_mtime: None,
+            compare_existing: false,
             have: None,
             base: ResumeBase::START,
             session_bytes: 0,
@@ -685,7 +729,8 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         // Only the sender of a CHECKSUM offer knows what a Digest HAVE asks.
         let offered = match have.kind {
             HaveKind::Digest => self.checksum,
-            HaveKind::Nothing | HaveKind::Prefix | HaveKind::Complete => self.resume,
+            HaveKind::Complete => self.resume || self.compare_existing,
+            HaveKind::Nothing | HaveKind::Prefix => self.resume,
         };
         let answering =
             self.state == ReceiverState::AwaitDecision && self.have.is_none() && offered;
@@ -1224,6 +1269,9 @@ impl<F, W, C> ReceiverSession<F, W, C> {
                 self.batch_files = 0;
                 self.resume = h.caps & hello_flags::RESUME != 0;
                 self.checksum = h.caps & hello_flags::CHECKSUM != 0;
+                self.offer_caps = h.caps;
+                self.offer_mtime = h.mtime;
+                self.compare_existing = false;
                 self.have = None;
                 self.base = ResumeBase::START;
                 self.digest = h.digest;
@@ -1399,6 +1447,9 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         // Its members may carry CHECKSUM, but a batch is never asked.
         self.resume = false;
         self.checksum = false;
+        self.offer_caps = 0;
+        self.offer_mtime = None;
+        self.compare_existing = false;
         self.have = None;
         self.base = ResumeBase::START;
         self.digest = digest;
@@ -1451,6 +1502,64 @@ impl<F, W, C> ReceiverSession<F, W, C> {
     /// Whether the current offer is a stream (of unknown size).
     pub fn offer_is_stream(&self) -> bool {
         self.stream
+    }
+
+    /// What is under the current offer's final name decides first
+    /// (AwaitDecision, a plain file, before any HAVE): the receiver's
+    /// file stays (`Standing::Stays`: the ACK is queued, AwaitHello), its
+    /// SHA-256 decides (`Standing::Compare`: answer with `have_found` of
+    /// the complete copy), or the offer goes on as any (`Proceed`: the
+    /// engine's own checks refuse an existing file it may not replace).
+    ///
+    /// The rules, in order (rsync's): IGNORE_EXISTING keeps any regular
+    /// file; UPDATE keeps one with a later modification time; a file of
+    /// another size goes on; CHECKSUM compares (within the session's
+    /// budget, `why_not_compare`); IGNORE_TIMES goes on; the offer's
+    /// modification time stored there is unchanged.
+    pub fn existing(&mut self, found: Existing) -> Result<Standing, ProtocolError> {
+        if self.state != ReceiverState::AwaitDecision || self.have.is_some() {
+            return Err(self.wrong_state("existing"));
+        }
+        if self.stream || self.directory || self.batch_files > 0 {
+            return Err(ProtocolError::OfferKind {
+                op: "existing",
+                kind: "not a plain file",
+            });
+        }
+        let Existing::File { size, secs, nsec } = found else {
+            return Ok(Standing::Proceed);
+        };
+        let caps = self.offer_caps;
+        let newer = self
+            .offer_mtime
+            .is_some_and(|m| m.earlier_than_stored(secs, nsec));
+        let same_time = self
+            .offer_mtime
+            .is_some_and(|m| m.matches_stored(secs, nsec));
+        let stays = if caps & hello_flags::IGNORE_EXISTING != 0 {
+            Some(AckStatus::KeptExisting)
+        } else if caps & hello_flags::UPDATE != 0 && newer {
+            Some(AckStatus::KeptNewer)
+        } else if size != self.size {
+            None
+        } else if self.checksum && self.may_compare(&self.name, size) {
+            self.compare_existing = true;
+            return Ok(Standing::Compare);
+        } else if caps & hello_flags::IGNORE_TIMES == 0 && same_time {
+            Some(AckStatus::Unchanged)
+        } else {
+            None
+        };
+        let Some(status) = stays else {
+            return Ok(Standing::Proceed);
+        };
+        // Not a refusal: the session is doing what it was asked.
+        self.refused_in_a_row = 0;
+        self.state = ReceiverState::AwaitHello;
+        self.work_done();
+        self.outbox
+            .push_back(Message::Ack(Ack::new(status, String::new())));
+        Ok(Standing::Stays(status))
     }
 
     /// AwaitDecision -> Receiving; queues the MR. `ring` must match the
@@ -1819,6 +1928,21 @@ fn check_hello(h: &Hello, cfg: &ReceiverConfig) -> Result<(), Reject> {
                  known before its data, a directory has none",
             ));
         }
+        let existing_rules =
+            hello_flags::IGNORE_TIMES | hello_flags::IGNORE_EXISTING | hello_flags::UPDATE;
+        if h.caps & existing_rules != 0 && (h.is_stream() || h.is_directory()) {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                "only a file can say what to do with an existing one (IGNORE_TIMES, \
+                 IGNORE_EXISTING, UPDATE)",
+            ));
+        }
+        if h.caps & hello_flags::UPDATE != 0 && h.mtime.is_none() {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                "only a file offered with its mtime can be compared by time (UPDATE)",
+            ));
+        }
         if let Err(e) = validate_path(&h.name, cfg.names) {
             return Err(Reject::new(RejectCode::BadName, e.to_string()));
         }
@@ -2108,12 +2232,12 @@ mod tests {
             Message::Auth { .. } => Err(RecvError::Version(Reject::new(
                 RejectCode::Version,
                 "the sender speaks protocol version 2 or older (its AUTH is protocol 2's); \
-                 this receiver speaks protocol version 5: upgrade the sender",
+                 this receiver speaks protocol version 6: upgrade the sender",
             ))),
             Message::Prove(p) if p.version != PROTOCOL_VERSION => {
                 Err(RecvError::Version(Reject::new(
                     RejectCode::Version,
-                    "the sender speaks protocol version 4; this receiver speaks protocol version 5",
+                    "the sender speaks protocol version 5; this receiver speaks protocol version 6",
                 )))
             }
             Message::Prove(p) if p.proof.is_empty() => Err(RecvError::Auth(AuthFailure::NoToken)),
@@ -2929,41 +3053,41 @@ mod tests {
             (v(2, 0, "f", 1), Some(RejectCode::Version)),
             (v(2, STREAM, "f", 0), Some(RejectCode::Version)),
             // Version 3: flags and relative paths.
-            (v(5, 0, "f", 1000), None),
-            (v(5, 0, "a/b/c", 1), None),
-            (v(5, STREAM, "stdin", 0), None),
-            (v(5, DIRECTORY, "top/sub", 0), None),
+            (v(6, 0, "f", 1000), None),
+            (v(6, 0, "a/b/c", 1), None),
+            (v(6, STREAM, "stdin", 0), None),
+            (v(6, DIRECTORY, "top/sub", 0), None),
             (
                 Hello {
                     mtime: t,
-                    ..v(5, DIRECTORY | MTIME, "top", 0)
+                    ..v(6, DIRECTORY | MTIME, "top", 0)
                 },
                 None,
             ),
-            (v(5, 0, "f", 1001), Some(RejectCode::TooLarge)),
-            (v(5, hello_flags::KEEP_MODE, "f", 1), None),
-            (v(5, 1 << 4, "f", 1), Some(RejectCode::Version)),
-            (v(5, 1 << 7, "f", 1), Some(RejectCode::Version)),
-            (v(5, hello_flags::CHECKSUM, "f", 1), None),
+            (v(6, 0, "f", 1001), Some(RejectCode::TooLarge)),
+            (v(6, hello_flags::KEEP_MODE, "f", 1), None),
+            (v(6, 1 << 4, "f", 1), Some(RejectCode::Version)),
+            (v(6, 1 << 10, "f", 1), Some(RejectCode::Version)),
+            (v(6, hello_flags::CHECKSUM, "f", 1), None),
             (
-                v(5, hello_flags::CHECKSUM | STREAM, "s", 0),
+                v(6, hello_flags::CHECKSUM | STREAM, "s", 0),
                 Some(RejectCode::Protocol),
             ),
             (
-                v(5, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
+                v(6, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
                 Some(RejectCode::Protocol),
             ),
             (
-                v(5, hello_flags::RESUME, "f", 1),
+                v(6, hello_flags::RESUME, "f", 1),
                 Some(RejectCode::Protocol),
             ),
-            (v(5, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
-            (v(5, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
-            (v(5, STREAM, "f", 5), Some(RejectCode::Protocol)),
-            (v(5, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
+            (v(6, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
+            (v(6, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
+            (v(6, STREAM, "f", 5), Some(RejectCode::Protocol)),
+            (v(6, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
             // Other versions.
             (v(0, 0, "f", 1), Some(RejectCode::Version)),
-            (v(6, 0, "f", 1), Some(RejectCode::Version)),
+            (v(5, 0, "f", 1), Some(RejectCode::Version)),
             (v(3, 0, "f", 1), Some(RejectCode::Version)),
             (v(4, 0, "f", 1), Some(RejectCode::Version)),
             (v(u16::MAX, 0, "f", 1), Some(RejectCode::Version)),
@@ -2971,14 +3095,14 @@ mod tests {
             assert_eq!(code(h.clone()), want, "{h:?}");
         }
         // A stream is not held to --max-size up front (its size is unknown).
-        assert_eq!(code(v(5, STREAM, "s", 0)), None);
+        assert_eq!(code(v(6, STREAM, "s", 0)), None);
         // The refusal names both versions.
         let mut r = ReceiverSession::new(c);
         let Err(RecvError::Version(j)) = r.on_message(Message::Hello(v(2, 0, "f", 1))) else {
             panic!("version 2 accepted");
         };
         assert!(
-            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 5"),
+            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 6"),
             "{}",
             j.reason
         );

@@ -114,6 +114,28 @@ pub struct FileOffer {
     /// (a HAVE of kind Digest) with COMPARE. Files only (a stream's digest
     /// is not known before its data).
     pub checksum: bool,
+    /// What the receiver does with a file already under the name (files
+    /// only).
+    pub existing: WhenExisting,
+}
+
+/// What the receiver does with a regular file already under an offer's
+/// name (rsync's rules; sender --ignore-times, --ignore-existing,
+/// --update). Whatever is not left as it is goes on as any offer: the
+/// receiver replaces a file only with --overwrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WhenExisting {
+    /// The same size and modification time (with --checksum: the same
+    /// size and SHA-256): unchanged.
+    #[default]
+    QuickCheck,
+    /// Never unchanged by size and time (`--ignore-times`).
+    IgnoreTimes,
+    /// Any regular file stays (`--ignore-existing`).
+    IgnoreExisting,
+    /// A file with a later modification time stays (`--update`); else
+    /// as `QuickCheck`.
+    Update,
 }
 
 impl FileOffer {
@@ -135,6 +157,15 @@ impl FileOffer {
         }
         if self.checksum && self.kind == OfferKind::File {
             caps |= hello_flags::CHECKSUM;
+        }
+        if self.kind == OfferKind::File {
+            caps |= match self.existing {
+                WhenExisting::QuickCheck => 0,
+                WhenExisting::IgnoreTimes => hello_flags::IGNORE_TIMES,
+                WhenExisting::IgnoreExisting => hello_flags::IGNORE_EXISTING,
+                WhenExisting::Update if self.mtime.is_some() => hello_flags::UPDATE,
+                WhenExisting::Update => 0,
+            };
         }
         caps
     }
@@ -234,6 +265,10 @@ pub enum SenderEvent<P = u64> {
         /// The SHA-256 sent in COMPARE (the file's digest).
         sha256: [u8; 32],
     },
+    /// The receiver's file under the offer's name stays as it is (ACK
+    /// unchanged, kept-existing or kept-newer, answering the HELLO):
+    /// nothing is sent; the ACK is the file's verdict. Now Idle.
+    Stays(Ack),
     /// The verdict on the oldest pending entry, with what the engine
     /// gave it to carry (`start_file`, `start_batch`, `finish_carrying`).
     Answered {
@@ -856,7 +891,10 @@ impl<P> SenderSession<P> {
             }),
             // Verdicts on pending entries come before anything about the
             // current HELLO.
-            (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Ack(a)) if front.is_some() => {
+            // (A verdict without data answers a HELLO, never a FIN.)
+            (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Ack(a))
+                if front.is_some() && !a.status.leaves_file() =>
+            {
                 self.answer_front(Verdict::Ack(a))
             }
             (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Reject(r))
@@ -883,12 +921,13 @@ impl<P> SenderSession<P> {
                 Ok(SenderEvent::Have(have))
             }
             // An offer with CHECKSUM (without RESUME): the receiver asks for
-            // its SHA-256 instead of the MR, once.
+            // its SHA-256 instead of the MR, once (for --link-dest, --exec,
+            // or a file of the offered size under the final name).
             (AwaitRing, Message::Have(have))
                 if front.is_none()
                     && self.checksum
                     && self.have.is_none()
-                    && have.kind == HaveKind::Digest =>
+                    && matches!(have.kind, HaveKind::Digest | HaveKind::Complete) =>
             {
                 self.check_have(&have)?;
                 self.have = Some(have.clone());
@@ -919,6 +958,24 @@ impl<P> SenderSession<P> {
                     copy,
                     sha256,
                 })
+            }
+            // The receiver's file stays: what it may say depends on what
+            // the offer asked (a plain file; kept only as asked).
+            (AwaitRing | AwaitHave, Message::Ack(a))
+                if front.is_none() && a.status.leaves_file() =>
+            {
+                let asked = match a.status {
+                    AckStatus::KeptExisting => self.offer_caps & hello_flags::IGNORE_EXISTING != 0,
+                    AckStatus::KeptNewer => self.offer_caps & hello_flags::UPDATE != 0,
+                    _ => !self.batching && !self.stream,
+                };
+                if !asked {
+                    return Err(self.unexpected(&Message::Ack(a)));
+                }
+                self.planned = self.size;
+                self.state = Idle;
+                self.carried = None;
+                Ok(SenderEvent::Stays(a))
             }
             // It differs: nothing to reuse, FROM 0 follows.
             (AwaitCompared, Message::Have(have)) if front.is_none() => {
@@ -1385,6 +1442,7 @@ mod tests {
             keep_mode: false,
             resume: false,
             checksum: false,
+            existing: Default::default(),
         }
     }
 
@@ -1839,7 +1897,7 @@ mod tests {
                             (Message::Reject(r), st) if st != Closed && version_reject => {
                                 ProtocolError::VersionMismatch {
                                     detail: format!(
-                                        "this sender speaks protocol version 5; the receiver says: {}",
+                                        "this sender speaks protocol version 6; the receiver says: {}",
                                         r.reason
                                     ),
                                 }
@@ -2039,7 +2097,7 @@ mod tests {
         let mut s = session_in(Situation::AwaitAuthOk);
         let err = s.on_message(ack(AckStatus::Protocol)).unwrap_err();
         assert!(
-            err.to_string().contains("protocol version 5")
+            err.to_string().contains("protocol version 6")
                 && err.to_string().contains("2 or earlier"),
             "{err}"
         );
@@ -2049,13 +2107,13 @@ mod tests {
         let err = s
             .on_message(Message::Reject(Reject::new(
                 RejectCode::Version,
-                "protocol version 5 is not supported (receiver speaks 1 to 2)",
+                "protocol version 6 is not supported (receiver speaks 1 to 2)",
             )))
             .unwrap_err();
         assert!(matches!(err, ProtocolError::VersionMismatch { .. }));
         assert!(
             err.to_string()
-                .contains("this sender speaks protocol version 5")
+                .contains("this sender speaks protocol version 6")
                 && err.to_string().contains("1 to 2"),
             "{err}"
         );
@@ -2087,7 +2145,7 @@ mod tests {
         let err = refused(both.clone());
         assert!(
             matches!(&err, ProtocolError::OlderReceiver { lacks: Capability::Checksum, detail }
-                if detail.contains("this sender speaks protocol version 5")
+                if detail.contains("this sender speaks protocol version 6")
                     && detail.contains("0x40")),
             "{err:?}"
         );
@@ -3385,7 +3443,8 @@ mod tests {
     }
 
     /// A HAVE of kind Digest only for an offer with CHECKSUM, only once,
-    /// fitting it; no other HAVE without RESUME; CHECKSUM only on files.
+    /// fitting it; of a complete copy only with CHECKSUM or RESUME; no
+    /// other HAVE without RESUME; CHECKSUM only on files.
     #[test]
     fn digest_haves_are_refused_out_of_place() {
         let refused = |offer: FileOffer, have: Have| {
@@ -3396,7 +3455,7 @@ mod tests {
             assert_eq!(s.state(), SenderState::Closed);
         };
         for have in [
-            Have::complete(1000),
+            Have::complete(999),
             Have::nothing(""),
             Have::ask_digest(999),
             Have {
@@ -3411,7 +3470,27 @@ mod tests {
             refused(checksummed(1000), have);
         }
         refused(offer(1000), Have::ask_digest(1000));
+        refused(offer(1000), Have::complete(1000));
         refused(resumable(1000), Have::ask_digest(1000));
+        // With CHECKSUM a file of its size under the final name is
+        // compared (protocol 6): a HAVE of a complete copy, then COMPARE.
+        let mut s = greeted(100);
+        queued(s.start_file(checksummed(1000), 1), &mut s).unwrap();
+        s.on_message(Message::Have(Have::complete(1000))).unwrap();
+        assert!(s.compare([1; 32]).is_ok());
+        let same = s
+            .on_message(Message::Ack(Ack::new(AckStatus::Ok, "")))
+            .unwrap();
+        assert!(
+            matches!(
+                same,
+                SenderEvent::Same {
+                    copy: SameCopy::Kept,
+                    ..
+                }
+            ),
+            "{same:?}"
+        );
         // With RESUME too: any fitting HAVE, Digest included.
         let both = FileOffer {
             checksum: true,

@@ -52,10 +52,31 @@ pub mod hello_flags {
     pub const RESUME: u32 = 1 << 5;
     /// `sender --checksum`: this sender answers a HAVE of kind `Digest`
     /// with COMPARE, the SHA-256 of the file, computed before any data
-    /// (the receiver looks for a copy under its --link-dest). Files only.
+    /// (the receiver looks for a copy under its --link-dest), and a HAVE
+    /// of a complete copy too: a file of the offered size under the final
+    /// name is unchanged when its SHA-256 is the same, whatever its
+    /// modification time. Files only.
     pub const CHECKSUM: u32 = 1 << 6;
+    /// `sender --ignore-times`: a file under the final name is never
+    /// taken as unchanged by its size and modification time (protocol 6).
+    pub const IGNORE_TIMES: u32 = 1 << 7;
+    /// `sender --ignore-existing`: any regular file under the final name
+    /// stays as it is (ACK(kept-existing)) (protocol 6).
+    pub const IGNORE_EXISTING: u32 = 1 << 8;
+    /// `sender --update`: a regular file under the final name with a later
+    /// modification time than the offer's stays as it is (ACK(kept-newer))
+    /// (protocol 6). Only with MTIME.
+    pub const UPDATE: u32 = 1 << 9;
     /// Every flag this build knows.
-    pub const KNOWN: u32 = STREAM | DIRECTORY | MTIME | KEEP_MODE | RESUME | CHECKSUM;
+    pub const KNOWN: u32 = STREAM
+        | DIRECTORY
+        | MTIME
+        | KEEP_MODE
+        | RESUME
+        | CHECKSUM
+        | IGNORE_TIMES
+        | IGNORE_EXISTING
+        | UPDATE;
 }
 /// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
 pub const MAX_REASON: usize = 1024;
@@ -309,6 +330,16 @@ pub enum AckStatus {
     Protocol = 3,
     /// Refused while it arrived (a stream over `--max-size`).
     Rejected = 4,
+    /// Answering a HELLO, before any MR (protocol 6): the receiver's file
+    /// under the final name has the offer's size and modification time
+    /// (or, after a COMPARE, its SHA-256). Nothing is sent; a success.
+    Unchanged = 5,
+    /// Answering a HELLO with IGNORE_EXISTING: a regular file is there and
+    /// stays. Nothing is sent; a success.
+    KeptExisting = 6,
+    /// Answering a HELLO with UPDATE: the receiver's file is newer and
+    /// stays. Nothing is sent; a success.
+    KeptNewer = 7,
 }
 
 /// The statuses of an ACK that fails its file: every one but Ok.
@@ -359,18 +390,22 @@ impl From<AckFailure> for AckStatus {
 
 impl AckStatus {
     /// Every status, in wire order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 8] = [
         Self::Ok,
         Self::Integrity,
         Self::Io,
         Self::Protocol,
         Self::Rejected,
+        Self::Unchanged,
+        Self::KeptExisting,
+        Self::KeptNewer,
     ];
 
-    /// The failure this status says; None for Ok.
+    /// The failure this status says; None for Ok and the verdicts that
+    /// leave the receiver's file as it is.
     pub const fn failure(self) -> Option<AckFailure> {
         match self {
-            Self::Ok => None,
+            Self::Ok | Self::Unchanged | Self::KeptExisting | Self::KeptNewer => None,
             Self::Integrity => Some(AckFailure::Integrity),
             Self::Io => Some(AckFailure::Io),
             Self::Protocol => Some(AckFailure::Protocol),
@@ -391,7 +426,16 @@ impl AckStatus {
             Self::Io => "I/O error",
             Self::Protocol => "protocol error",
             Self::Rejected => "rejected",
+            Self::Unchanged => "unchanged",
+            Self::KeptExisting => "kept: it exists",
+            Self::KeptNewer => "kept: newer at the receiver",
         }
+    }
+
+    /// A verdict that answers a HELLO without data (the receiver's file
+    /// stays as it is).
+    pub const fn leaves_file(self) -> bool {
+        matches!(self, Self::Unchanged | Self::KeptExisting | Self::KeptNewer)
     }
 
     /// A stable one-word name, for scripts (JSON, test tools).
@@ -402,6 +446,9 @@ impl AckStatus {
             Self::Io => "io",
             Self::Protocol => "protocol",
             Self::Rejected => "rejected",
+            Self::Unchanged => "unchanged",
+            Self::KeptExisting => "kept-existing",
+            Self::KeptNewer => "kept-newer",
         }
     }
 }
@@ -419,6 +466,26 @@ pub struct Mtime {
     pub secs: i64,
     /// Below 1_000_000_000 (the codec refuses anything else).
     pub nanos: u32,
+}
+
+impl Mtime {
+    /// Whether a file system's stored time (`secs`, `nsec` as `stat`
+    /// gives them) is this one. A time stored with less precision (a file
+    /// system keeping microseconds, say) matches this one cut to that
+    /// precision.
+    pub fn matches_stored(self, secs: i64, nsec: i64) -> bool {
+        secs == self.secs
+            && (0..=9).any(|digits| {
+                let unit = 10u32.pow(digits);
+                i64::from(self.nanos - self.nanos % unit) == nsec
+            })
+    }
+
+    /// Whether a stored time is later than this one, beyond what the
+    /// stored precision may have cut (`matches_stored` is not later).
+    pub fn earlier_than_stored(self, secs: i64, nsec: i64) -> bool {
+        !self.matches_stored(secs, nsec) && (secs, nsec) > (self.secs, i64::from(self.nanos))
+    }
 }
 
 /// The sender's offer of one entry: a file, a stream or a directory.
@@ -1920,7 +1987,7 @@ pub(crate) mod tests {
             );
         }
         let mut b = encode_to_vec(&Message::Ack(Ack::new(AckStatus::Ok, "x"))).unwrap();
-        for v in [5u16, u16::MAX] {
+        for v in [8u16, u16::MAX] {
             b[12..14].copy_from_slice(&v.to_be_bytes());
             assert_eq!(
                 decode(&b),

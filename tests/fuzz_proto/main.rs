@@ -61,7 +61,7 @@ use rdma_xfer::proto::{
     NameRules, OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig,
     ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role,
     SEAL_LEN, SameCopy, SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token,
-    Verdict, decode, encode_to_vec, hello_flags, is_invisible, validate_path,
+    Verdict, WhenExisting, decode, encode_to_vec, hello_flags, is_invisible, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,11 +69,11 @@ use std::time::Instant;
 
 /// How deep the generated inputs got (printed with the counts, so a weak
 /// generator shows): frames decoded, chunks placed, files verified, ...
-struct Reached([AtomicU64; 14]);
+struct Reached([AtomicU64; 16]);
 
 impl Reached {
     const fn new() -> Self {
-        Reached([const { AtomicU64::new(0) }; 14])
+        Reached([const { AtomicU64::new(0) }; 16])
     }
     fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, Ordering::Relaxed);

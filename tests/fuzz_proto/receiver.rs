@@ -2,7 +2,9 @@
 
 use super::strategies::*;
 use super::*;
-use rdma_xfer::proto::{AUTH_TIMEOUT, ChunkError, Found, TimedOut, keepalive_interval};
+use rdma_xfer::proto::{
+    AUTH_TIMEOUT, ChunkError, Existing, Found, Standing, TimedOut, keepalive_interval,
+};
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -53,6 +55,11 @@ pub(crate) enum RxAction {
     /// The engine refuses the current batch: one of its members (this
     /// one) may be linked from --link-dest.
     RefuseBatchForLink(u8),
+    /// What the engine found under the offer's final name
+    /// (`ReceiverSession::existing`): nothing (None), or a regular file
+    /// whose size is the offer's plus `dsize` and whose time is the
+    /// offer's plus `dsecs` seconds.
+    Existing(Option<(u8, i8)>),
     /// Time passes (milliseconds) and the engine's wait ends at the
     /// machine's deadline or later (`handle_timeout`).
     Elapse(u32),
@@ -134,6 +141,7 @@ pub(crate) fn rx_action() -> impl Strategy<Value = RxAction> {
             .prop_map(|(k, n, off)| RxAction::Have(k, n, off)),
         1 => (0u8..3).prop_map(RxAction::Compared),
         1 => any::<u8>().prop_map(RxAction::RefuseBatchForLink),
+        1 => proptest::option::of((0u8..2, -1i8..=1)).prop_map(RxAction::Existing),
         2 => prop_oneof![3 => 0u32..1_000, 1 => 0u32..70_000].prop_map(RxAction::Elapse),
         6 => Just(RxAction::ChunkDone),
         1 => Just(RxAction::Flush),
@@ -165,6 +173,8 @@ pub(crate) struct RxModel {
     stream_len: u64,
     /// The HAVE answering the current offer (with RESUME or CHECKSUM).
     have: Option<Have>,
+    /// `existing` decided that the file under the name is compared.
+    compare_existing: bool,
     /// Where the current file's data starts: bytes, chunks, chunk length.
     base: (u64, u64, u32),
     /// Digest questions (HAVE of a complete copy or of a digest) asked in
@@ -220,8 +230,18 @@ pub(crate) fn may_have(m: &RxModel, kind: HaveKind) -> bool {
     m.have.is_none()
         && match kind {
             HaveKind::Digest => checksummed(m),
+            HaveKind::Complete => resumable(m) || m.compare_existing,
             _ => resumable(m),
         }
+}
+
+/// The current offer is a plain file alone (not a stream, directory or
+/// batch): what is under its name may decide first.
+pub(crate) fn plain_file(m: &RxModel) -> bool {
+    m.batch_files == 0
+        && m.offer
+            .as_ref()
+            .is_some_and(|h| !h.is_stream() && !h.is_directory())
 }
 
 /// A HAVE after which COMPARE may come.
@@ -436,6 +456,24 @@ pub(crate) fn legal_rx(
                     let name = again.cloned().unwrap_or_else(|| format!("c{}", m.files));
                     (v, hello_flags::CHECKSUM, name)
                 }
+                7 if seed.is_multiple_of(3) => {
+                    (v, hello_flags::IGNORE_EXISTING, format!("f{}", m.files))
+                }
+                7 if seed % 3 == 1 => (
+                    v,
+                    hello_flags::UPDATE | hello_flags::MTIME,
+                    format!("f{}", m.files),
+                ),
+                8 if seed.is_multiple_of(2) => (
+                    v,
+                    hello_flags::MTIME
+                        | if seed.is_multiple_of(4) {
+                            hello_flags::IGNORE_TIMES
+                        } else {
+                            0
+                        },
+                    format!("f{}", m.files),
+                ),
                 0 => (v, hello_flags::STREAM, format!("s{}", m.files)),
                 1 => (v, hello_flags::DIRECTORY, format!("d/{}", m.files)),
                 2 => (v, 0, format!("d/f{}", m.files)),
@@ -472,6 +510,13 @@ pub(crate) fn legal_rx(
             }))
         }
         AwaitDecision if seed.is_multiple_of(6) => RxAction::Reject(RejectCode::Exists),
+        // What is under the name decides first: a file of its size is
+        // compared (CHECKSUM) with a HAVE of the complete copy.
+        AwaitDecision if m.compare_existing && m.have.is_none() => RxAction::Have(2, seed, false),
+        AwaitDecision if plain_file(m) && m.have.is_none() && seed % 3 == 2 => RxAction::Existing(
+            (!seed.is_multiple_of(7))
+                .then_some((u8::from(seed.is_multiple_of(5)), (seed / 3 % 3) as i8 - 1)),
+        ),
         // An offer with RESUME gets its HAVE first (with CHECKSUM too,
         // now and then the request for its digest).
         // The engine reads what it holds (KEEPALIVEs due while it does).
@@ -1223,6 +1268,8 @@ pub(crate) fn check_receiver(
                             }
                             // The copy differs (after RESUME's or CHECKSUM's COMPARE).
                             (Comparing, _) => {}
+                            // CHECKSUM's compare of the file under the name.
+                            (_, HaveKind::Complete) if m.compare_existing => {}
                             _ => prop_assert!(resumable(&m), "HAVE without RESUME"),
                         }
                         prop_assert!(fits, "an unfit HAVE: {:?}", have);
@@ -1375,6 +1422,80 @@ pub(crate) fn check_receiver(
                 }
                 Err(_) => prop_assert_eq!(r.state(), before),
             },
+            RxAction::Existing(found) => {
+                let offer = m.offer.clone();
+                let found = match (&offer, found) {
+                    (Some(h), Some((dsize, dsecs))) => {
+                        let t = h.mtime.unwrap_or(Mtime { secs: 0, nanos: 0 });
+                        Existing::File {
+                            size: h.size.wrapping_add(u64::from(dsize)),
+                            secs: t.secs.wrapping_add(i64::from(dsecs)),
+                            nsec: i64::from(t.nanos),
+                        }
+                    }
+                    _ => Existing::NoFile,
+                };
+                let deciding = before == AwaitDecision && plain_file(&m) && m.have.is_none();
+                // rsync's rules, in order.
+                let want = offer.as_ref().map(|h| {
+                    let flag = |f: u32| h.caps & f != 0;
+                    let Existing::File { size, secs, .. } = found else {
+                        return Standing::Proceed;
+                    };
+                    let t = h.mtime.map(|t| t.secs);
+                    if flag(hello_flags::IGNORE_EXISTING) {
+                        Standing::Stays(AckStatus::KeptExisting)
+                    } else if flag(hello_flags::UPDATE) && t.is_some_and(|t| secs > t) {
+                        Standing::Stays(AckStatus::KeptNewer)
+                    } else if size != h.size {
+                        Standing::Proceed
+                    } else if flag(hello_flags::CHECKSUM)
+                        && within_budget(&m, cfg.digest_budget, size)
+                        && !m.compared.contains(&h.name)
+                    {
+                        Standing::Compare
+                    } else if !flag(hello_flags::IGNORE_TIMES) && t == Some(secs) {
+                        Standing::Stays(AckStatus::Unchanged)
+                    } else {
+                        Standing::Proceed
+                    }
+                });
+                match r.existing(found) {
+                    Ok(standing) => {
+                        prop_assert!(deciding, "existing in {:?}", before);
+                        prop_assert_eq!(Some(standing), want, "{:?} for {:?}", found, offer);
+                        match standing {
+                            Standing::Stays(status) => {
+                                prop_assert_eq!(
+                                    replies(&mut r),
+                                    vec![Message::Ack(Ack::new(status, ""))]
+                                );
+                                prop_assert_eq!(r.state(), AwaitHello);
+                                refused = 0;
+                                RX.hit(14);
+                                m = RxModel {
+                                    files: m.files,
+                                    ..m.session_wide()
+                                };
+                            }
+                            Standing::Compare => {
+                                prop_assert!(replies(&mut r).is_empty());
+                                prop_assert_eq!(r.state(), AwaitDecision);
+                                m.compare_existing = true;
+                            }
+                            Standing::Proceed => {
+                                prop_assert!(replies(&mut r).is_empty());
+                                prop_assert_eq!(r.state(), AwaitDecision);
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        prop_assert!(!deciding, "existing refused in {:?}", before);
+                        prop_assert!(replies(&mut r).is_empty());
+                        prop_assert_eq!(r.state(), before);
+                    }
+                }
+            }
             RxAction::RefuseBatchForLink(i) => {
                 let member = format!("b/{i}");
                 let deciding = before == AwaitDecision && m.batch_files > 0;
@@ -1544,8 +1665,8 @@ pub(crate) fn machine_receiver() {
                  a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
                  copies compared ({} the same), {} batches passed, {} digests asked ({} the \
                  same), {} digest questions past the budget refused ({} about a name compared \
-                 already); {} KEEPALIVEs while the engine worked, {} sessions timed out, {} \
-                 early wakes",
+                 already), {} files left as they were; {} KEEPALIVEs while the engine worked, \
+                 {} sessions timed out, {} early wakes",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -1560,6 +1681,7 @@ pub(crate) fn machine_receiver() {
                 RX.get(11),
                 RX.get(12),
                 RX.get(13),
+                RX.get(14),
                 RX_TIMERS.get(0),
                 RX_TIMERS.get(1),
                 RX_TIMERS.get(2)

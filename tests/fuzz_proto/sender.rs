@@ -131,6 +131,10 @@ pub(crate) struct TxModel {
     compared: Option<[u8; 32]>,
     /// The current file was offered with CHECKSUM.
     checksum: bool,
+    /// The current offer's HELLO flags, and whether it is a batch: what
+    /// the receiver may answer without data (ACK unchanged, kept).
+    caps: u32,
+    batch: bool,
     /// Bytes of a chunk's tag after it: `CHUNK_TAG_LEN` once the receiver
     /// proved the token.
     tag_len: u32,
@@ -140,6 +144,18 @@ pub(crate) struct TxModel {
 /// streams and directories get the same option and must drop it.
 pub(crate) fn tx_checksum(size: u64) -> bool {
     size % 3 == 1
+}
+
+/// The sender's rule for a file the receiver has: now and then one of
+/// --ignore-times, --ignore-existing, --update (streams and directories
+/// get it too and must drop it).
+pub(crate) fn tx_existing(size: u64) -> WhenExisting {
+    match size % 7 {
+        4 => WhenExisting::IgnoreTimes,
+        5 => WhenExisting::IgnoreExisting,
+        6 => WhenExisting::Update,
+        _ => WhenExisting::QuickCheck,
+    }
 }
 
 pub(crate) static TX: Reached = Reached::new();
@@ -203,6 +219,10 @@ pub(crate) fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         },
         AwaitRing if seed.is_multiple_of(6) => {
             TxAction::Msg(Message::Reject(Reject::new(RejectCode::Exists, "exists")))
+        }
+        // The receiver has the file: it stays (a file alone only).
+        AwaitRing | AwaitHave if front.is_none() && !m.stream && !m.batch && seed % 11 == 10 => {
+            TxAction::AckLike(AckStatus::Unchanged)
         }
         // An offer with CHECKSUM may be asked for its digest (once).
         AwaitRing if m.checksum && m.have.is_none() && seed % 3 == 1 => {
@@ -318,6 +338,7 @@ pub(crate) fn check_sender(
                         keep_mode: false,
                         resume: false,
                         checksum: tx_checksum(size),
+                        existing: Default::default(),
                     })
                     .collect();
                 let total = sizes.iter().try_fold(0u64, |t, &x| t.checked_add(x));
@@ -359,8 +380,11 @@ pub(crate) fn check_sender(
                         m.tag_at_fin = at_fin;
                         m.have = None;
                         m.base_len = 0;
-                        // A batch is never asked for digests.
+                        // A batch is never asked for digests, nor
+                        // answered without data.
                         m.checksum = false;
+                        m.caps = 0;
+                        m.batch = true;
                         m.size = total.unwrap_or(u64::MAX);
                         m.stream = false;
                         m.short = false;
@@ -395,13 +419,23 @@ pub(crate) fn check_sender(
                     keep_mode: size % 2 == 1,
                     resume,
                     checksum: tx_checksum(size),
+                    existing: tx_existing(size),
                 };
                 let checksum = kind == OfferKind::File && tx_checksum(size);
+                // A rule for an existing file: files only, UPDATE only
+                // with a time.
+                let rule = match (kind, tx_existing(size)) {
+                    (OfferKind::File, WhenExisting::IgnoreTimes) => hello_flags::IGNORE_TIMES,
+                    (OfferKind::File, WhenExisting::IgnoreExisting) => hello_flags::IGNORE_EXISTING,
+                    (OfferKind::File, WhenExisting::Update) if resume => hello_flags::UPDATE,
+                    _ => 0,
+                };
                 let resume_caps = if resume {
                     hello_flags::RESUME | hello_flags::MTIME
                 } else {
                     0
-                } | if checksum { hello_flags::CHECKSUM } else { 0 };
+                } | if checksum { hello_flags::CHECKSUM } else { 0 }
+                    | rule;
                 let tag = m.next_tag;
                 m.next_tag += 1;
                 // Odd tags: the engine's way, the payload with the FIN; a
@@ -443,12 +477,18 @@ pub(crate) fn check_sender(
                             OfferKind::Stream => {
                                 prop_assert_eq!(h.size, 0);
                                 prop_assert!(h.is_stream() && h.version == PROTOCOL_VERSION);
-                                prop_assert_eq!(h.caps & hello_flags::CHECKSUM, 0);
+                                prop_assert_eq!(
+                                    h.caps & !hello_flags::KEEP_MODE,
+                                    hello_flags::STREAM
+                                );
                             }
                             OfferKind::Directory => {
                                 prop_assert_eq!(h.size, 0);
                                 prop_assert!(h.is_directory() && h.version == PROTOCOL_VERSION);
-                                prop_assert_eq!(h.caps & hello_flags::CHECKSUM, 0);
+                                prop_assert_eq!(
+                                    h.caps & !hello_flags::KEEP_MODE,
+                                    hello_flags::DIRECTORY
+                                );
                             }
                         }
                         if kind == OfferKind::Directory {
@@ -464,6 +504,8 @@ pub(crate) fn check_sender(
                             m.have = None;
                             m.base_len = 0;
                             m.checksum = checksum;
+                            m.caps = h.caps;
+                            m.batch = false;
                             m.size = if kind == OfferKind::File { size } else { 0 };
                             m.stream = kind == OfferKind::Stream;
                             m.short = false;
@@ -559,7 +601,11 @@ pub(crate) fn check_sender(
                 // for CHECKSUM, once; the others for RESUME).
                 if let (AwaitRing | AwaitHave, None, Message::Have(h)) = (before, front, &sent) {
                     let offered = match (before, h.kind) {
-                        (AwaitRing, HaveKind::Digest) => m.checksum && m.have.is_none(),
+                        // With CHECKSUM, once: the digest, or a complete
+                        // copy under the name compared.
+                        (AwaitRing, HaveKind::Digest | HaveKind::Complete) => {
+                            m.checksum && m.have.is_none()
+                        }
                         (AwaitRing, _) => false,
                         (_, HaveKind::Digest) => m.checksum,
                         _ => true,
@@ -574,7 +620,40 @@ pub(crate) fn check_sender(
                         result
                     );
                 }
+                // A verdict without data answers the HELLO of a file alone
+                // (once earlier entries are answered), and says "kept" only
+                // as the offer asked; never a FIN's verdict.
+                if let Message::Ack(a) = &sent
+                    && a.status.leaves_file()
+                {
+                    let asked = match a.status {
+                        AckStatus::KeptExisting => m.caps & hello_flags::IGNORE_EXISTING != 0,
+                        AckStatus::KeptNewer => m.caps & hello_flags::UPDATE != 0,
+                        _ => true,
+                    };
+                    let answering = matches!(before, AwaitRing | AwaitHave)
+                        && front.is_none()
+                        && !m.stream
+                        && !m.batch;
+                    prop_assert_eq!(
+                        result.is_ok(),
+                        answering && asked,
+                        "{:?} in {:?} gave {:?}",
+                        a,
+                        before,
+                        result
+                    );
+                }
                 match result {
+                    Ok(SenderEvent::Stays(a)) => {
+                        prop_assert!(matches!(before, AwaitRing | AwaitHave));
+                        prop_assert!(m.pending.is_empty());
+                        prop_assert_eq!(Message::Ack(a), sent);
+                        prop_assert_eq!(s.state(), Idle);
+                        prop_assert_eq!(s.pending(), 0);
+                        m.planned = m.size;
+                        TX.hit(13);
+                    }
                     Ok(SenderEvent::Greeted(g)) => {
                         prop_assert_eq!(before, AwaitChallenge);
                         let Message::Challenge(c) = sent else {
@@ -638,7 +717,10 @@ pub(crate) fn check_sender(
                             // Asked for the digest (not yet asked anything).
                             AwaitRing => {
                                 prop_assert!(m.checksum && m.have.is_none());
-                                prop_assert_eq!(h.kind, HaveKind::Digest);
+                                prop_assert!(matches!(
+                                    h.kind,
+                                    HaveKind::Digest | HaveKind::Complete
+                                ));
                                 TX.hit(9);
                             }
                             AwaitCompared => {
@@ -1097,7 +1179,7 @@ pub(crate) fn machine_sender() {
                 "{} greetings, {} rings granted ({} after a resumed prefix), {} chunks \
                  planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same), \
                  {} batches offered, {} digests asked ({} linked), {} silent receivers, \
-                 {} keepalives due",
+                 {} keepalives due, {} files unchanged",
                 TX.get(4),
                 TX.get(0),
                 TX.get(5),
@@ -1110,7 +1192,8 @@ pub(crate) fn machine_sender() {
                 TX.get(9),
                 TX.get(10),
                 TX.get(11),
-                TX.get(12)
+                TX.get(12),
+                TX.get(13)
             )
         },
     );

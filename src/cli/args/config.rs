@@ -11,7 +11,7 @@ use crate::engine::remote::{LaunchOptions, Target};
 use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
 use crate::error::{Problems, XferError};
-use crate::proto::{DigestAlg, NameRules, Token, validate_path};
+use crate::proto::{DigestAlg, NameRules, Token, WhenExisting, validate_path};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -305,6 +305,13 @@ impl SenderArgs {
             self.check_remote_options(&mut problems);
             None
         } else {
+            if self.overwrite {
+                problems.add(format!(
+                    "--overwrite starts the receivers of [USER@]HOST:DIR targets so; the running \
+                     receiver at {} decides for itself (receiver --overwrite)",
+                    self.addr
+                ));
+            }
             for (given, name) in [
                 (self.rsh.is_some(), "--rsh"),
                 (self.remote_bind.is_some(), "--remote-bind"),
@@ -414,7 +421,9 @@ impl SenderArgs {
         };
         let resume = self.resume || self.retry > 0;
         // A resumed file is recognised by its size and modification time.
-        let walk = self.walk_options(resume, &mut problems);
+        // Modification times always travel: a re-run finds them (rsync's
+        // quick check).
+        let walk = self.walk_options(true, &mut problems);
         // A name that does not resolve is a usage problem; a resolver that
         // cannot answer now is a connect error, said once all else is fine.
         let mut unanswered = None;
@@ -471,6 +480,15 @@ impl SenderArgs {
         cfg.walk = walk;
         cfg.resume = resume;
         cfg.checksum = self.checksum;
+        cfg.existing = if self.ignore_times {
+            WhenExisting::IgnoreTimes
+        } else if self.ignore_existing {
+            WhenExisting::IgnoreExisting
+        } else if self.update {
+            WhenExisting::Update
+        } else {
+            WhenExisting::QuickCheck
+        };
         cfg.retries = self.retry;
         cfg.bwlimit = self.bwlimit;
         Ok(match (operands, launch) {
@@ -515,6 +533,9 @@ impl SenderArgs {
         let mut receiver_args = vec!["--allow-dotfiles".to_string()];
         if let Some(bind) = &self.remote_bind {
             receiver_args.extend(["--bind".to_string(), bind.clone()]);
+        }
+        if self.overwrite {
+            receiver_args.push("--overwrite".to_string());
         }
         // Its warnings (a memlock fit, say) and errors reach the user;
         // -vv shows its info too.

@@ -35,11 +35,11 @@ const FOREIGN_FLAGS: &[(&str, &str)] = &[
     ),
     (
         "-a",
-        "rsync's -a: use -r for trees and -p to keep modification times (modes too if the receiver runs with --keep-modes)",
+        "rsync's -a: use -r for trees (modification times are always kept; -p keeps modes too if the receiver runs with --keep-modes)",
     ),
     (
         "--archive",
-        "rsync's --archive: use -r for trees and -p to keep modification times (modes too if the receiver runs with --keep-modes)",
+        "rsync's --archive: use -r for trees (modification times are always kept; -p keeps modes too if the receiver runs with --keep-modes)",
     ),
     (
         "-z",
@@ -334,11 +334,29 @@ pub struct SenderArgs {
     /// command line are always followed).
     #[arg(long, help_heading = OUTPUT)]
     pub follow_links: bool,
-    /// Keep modification times of files and directories, and their modes
-    /// if the receiver runs with --keep-modes (otherwise its umask applies,
-    /// as with scp; setuid, setgid and sticky bits are never kept).
+    /// Keep modes too, if the receiver runs with --keep-modes (otherwise
+    /// its umask applies, as with scp; setuid, setgid and sticky bits are
+    /// never kept). Modification times are always kept: a re-run finds
+    /// them.
     #[arg(short, long, visible_alias = "preserve-times", help_heading = OUTPUT)]
     pub preserve: bool,
+    /// A file the receiver has with a different size or modification time
+    /// replaces it: the one-command form starts its receivers with
+    /// --overwrite (a long-running receiver decides for itself).
+    #[arg(long, help_heading = OUTPUT)]
+    pub overwrite: bool,
+    /// Never take a file as unchanged by its size and modification time:
+    /// each goes on (and replaces the receiver's only with --overwrite).
+    #[arg(short = 'I', long, conflicts_with_all = ["ignore_existing", "update"], help_heading = OUTPUT)]
+    pub ignore_times: bool,
+    /// Leave every file the receiver has under the name as it is
+    /// (reported kept-existing, a success).
+    #[arg(long, conflicts_with = "update", help_heading = OUTPUT)]
+    pub ignore_existing: bool,
+    /// Leave a file the receiver has with a later modification time as it
+    /// is (reported kept-newer, a success).
+    #[arg(short = 'u', long, help_heading = OUTPUT)]
+    pub update: bool,
     /// Leave out what matches PATTERN (repeatable; with --include, the
     /// first matching rule in command-line order decides). Matched against
     /// the path an entry arrives under: `*.tmp` (any depth; `*` stops at
@@ -380,10 +398,12 @@ pub struct SenderArgs {
     /// [default: crc32; sha256 with a token, which requires it].
     #[arg(long, value_enum, help_heading = SECURITY)]
     pub verify: Option<Verify>,
-    /// Send each file's SHA-256 when the receiver asks for it, read before
-    /// any data: a file its --link-dest has is linked there instead of
-    /// sent; its --exec command gets it as RDMA_XFER_DIGEST.
-    #[arg(long, help_heading = OUTPUT)]
+    /// Decide by SHA-256 instead of modification time: a file the
+    /// receiver has with the same size and content is unchanged (both
+    /// sides read it). Also answers the receiver's other digest questions:
+    /// a file its --link-dest has is linked instead of sent; its --exec
+    /// command gets it as RDMA_XFER_DIGEST.
+    #[arg(short = 'c', long, help_heading = OUTPUT)]
     pub checksum: bool,
     /// RDMA writes kept in flight, 1-1024 (each uses one staging buffer);
     /// unless given, fewer where the memlock limit is lower [default: 16]

@@ -168,6 +168,7 @@ fn the_one_command_form_is_told_by_its_last_operands() {
         "10.0.0.1",
         "--parallel",
         "3",
+        "--overwrite",
         f,
         g,
         "a:/d",
@@ -182,7 +183,7 @@ fn the_one_command_form_is_told_by_its_last_operands() {
     assert_eq!(p.launch.rsh, ["ssh", "-p", "2222"]);
     assert_eq!(
         p.launch.receiver_args,
-        ["--allow-dotfiles", "--bind", "10.0.0.1"]
+        ["--allow-dotfiles", "--bind", "10.0.0.1", "--overwrite"]
     );
     // --hosts adds targets, one a line.
     let hosts = dir.path().join("hosts");
@@ -337,7 +338,8 @@ fn sender_config_carries_every_option() {
     assert!(cfg.token.is_some());
     assert!(cfg.walk.recursive && cfg.walk.follow_links && cfg.walk.preserve);
     assert_eq!(cfg.walk.stdin_name, "dir/in.tar");
-    assert!(!cfg.resume && cfg.retries == 0 && !cfg.walk.times && !cfg.checksum);
+    // Times always travel (a re-run finds them).
+    assert!(!cfg.resume && cfg.retries == 0 && cfg.walk.times && !cfg.checksum);
     // --checksum: every regular file is offered with CHECKSUM (streams
     // never are), batches included.
     let cfg = sender(&["--checksum", "127.0.0.1", "a", "-"]).unwrap();
@@ -974,4 +976,38 @@ fn files_from_lists_paths_below_one_directory() {
         plan(&["--files-from", "-", "127.0.0.1", "-"]),
         "cannot be sent too",
     );
+}
+
+#[test]
+fn rules_for_existing_files_are_rsyncs_and_overwrite_is_the_receivers() {
+    use crate::proto::WhenExisting;
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("f");
+    std::fs::write(&f, b"x").unwrap();
+    let f = f.to_str().unwrap();
+    let rule = |flag: &str| sender(&[flag, "127.0.0.1", f]).unwrap().existing;
+    assert_eq!(
+        sender(&["127.0.0.1", f]).unwrap().existing,
+        WhenExisting::QuickCheck
+    );
+    assert_eq!(rule("-I"), WhenExisting::IgnoreTimes);
+    assert_eq!(rule("--ignore-times"), WhenExisting::IgnoreTimes);
+    assert_eq!(rule("--ignore-existing"), WhenExisting::IgnoreExisting);
+    assert_eq!(rule("-u"), WhenExisting::Update);
+    assert_eq!(rule("--update"), WhenExisting::Update);
+    // One rule at a time.
+    for pair in [
+        ["-I", "--update"],
+        ["-I", "--ignore-existing"],
+        ["--update", "--ignore-existing"],
+    ] {
+        let argv = ["sender", pair[0], pair[1], "127.0.0.1", f];
+        let parsed = super::try_parse_sender(argv.map(std::ffi::OsString::from));
+        assert!(parsed.is_err(), "{pair:?}");
+    }
+    // -c is --checksum, as rsync's.
+    assert!(sender(&["-c", "127.0.0.1", f]).unwrap().checksum);
+    // A running receiver decides about replacing for itself.
+    let e = sender(&["--overwrite", "127.0.0.1", f]).err().unwrap();
+    assert!(e.to_string().contains("receiver --overwrite"), "{e}");
 }

@@ -300,6 +300,7 @@ impl Connection {
                     kind: OfferKind::Directory,
                     mtime,
                     keep_mode: cfg.walk.preserve,
+                    existing: Default::default(),
                 };
                 let dir = PendingEntry::Dir {
                     name,
@@ -326,6 +327,7 @@ impl Connection {
                     kind: OfferKind::Stream,
                     mtime: None,
                     keep_mode: false,
+                    existing: Default::default(),
                 };
                 (offer, Input::Stream(File::from(stdin)))
             }

@@ -354,7 +354,7 @@ fn a_second_run_with_resume_sends_nothing_again() {
     let again = transfer(&cfg, &rcfg, &[src.path().join("t")], None);
     let outcome = again.sent.unwrap();
     again.received.unwrap();
-    assert_eq!(outcome.count(Outcome::Skipped), files.len());
+    assert_eq!(outcome.count(Outcome::Unchanged), files.len());
     assert_arrived(dest.path(), &files);
 }
 
@@ -469,7 +469,7 @@ fn a_receiver_that_answers_late_is_waited_for_while_the_reader_reads_ahead() {
     let again = transfer_meddled(&cfg, &rcfg, &[src.path().join("t")], Box::new(meddled), r);
     let outcome = again.sent.unwrap();
     again.received.unwrap();
-    assert_eq!(outcome.count(Outcome::Skipped), files.len());
+    assert_eq!(outcome.count(Outcome::Unchanged), files.len());
     let mut expected: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
     expected.sort();
     assert_eq!(names(&again.sender_saw), expected);

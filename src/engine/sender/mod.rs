@@ -74,6 +74,9 @@ pub struct SenderConfig {
     /// a copy the receiver has under its --link-dest is linked instead of
     /// sent.
     pub checksum: bool,
+    /// What the receiver does with a file it has under the name
+    /// (--ignore-times, --ignore-existing, --update).
+    pub existing: crate::proto::WhenExisting,
     /// After a failure that may be transient (`XferError::is_transient`),
     /// connect again this many times at most (with a growing pause) and
     /// send what was not acknowledged yet.
@@ -112,6 +115,7 @@ impl SenderConfig {
             progress: ProgressSink::default(),
             resume: false,
             checksum: false,
+            existing: crate::proto::WhenExisting::QuickCheck,
             retries: 0,
             bwlimit: None,
         }
@@ -461,6 +465,7 @@ fn open_offer(
     let offer = FileOffer {
         resume: cfg.resume,
         checksum: cfg.checksum,
+        existing: cfg.existing,
         name,
         size: meta.len(),
         mode: meta.permissions().mode() & 0o7777,

@@ -273,9 +273,16 @@ impl Connection {
                     Outcome::Linked
                 } else {
                     info!(file = %escaped(&w.name), "skipped: the receiver's copy is the same");
-                    Outcome::Skipped
+                    Outcome::Unchanged
                 };
-                self.answered(cfg, w, outcome, Digest::Sha256(sha256), ack, tracker)?;
+                self.answered(cfg, w, outcome, Some(Digest::Sha256(sha256)), ack, tracker)?;
+                Ok(Flow::Done)
+            }
+            // The receiver's file stays: nothing is read or sent.
+            SenderEvent::Stays(ack) => {
+                let outcome = Outcome::of_stays(ack.status).unwrap_or(Outcome::Unchanged);
+                info!(file = %escaped(&w.name), "{}: nothing sent", ack.status.as_str());
+                self.answered(cfg, w, outcome, None, ack, tracker)?;
                 Ok(Flow::Done)
             }
             // This entry is refused; the session goes on (a refusal of
@@ -320,7 +327,7 @@ impl Connection {
         cfg: &SenderConfig,
         w: &mut Work,
         outcome: Outcome,
-        digest: Digest,
+        digest: Option<Digest>,
         ack: Ack,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), FileError> {
@@ -501,7 +508,7 @@ impl Connection {
                 name: w.name.clone(),
                 bytes,
                 elapsed: w.started.elapsed(),
-                digest,
+                digest: Some(digest),
                 phases: w.phases,
                 resumed_from,
                 outcome: Outcome::Stored,
@@ -516,7 +523,7 @@ impl Connection {
                         name: m.offer.name.clone(),
                         bytes: m.offer.size,
                         elapsed: w.started.elapsed() / n.max(1),
-                        digest,
+                        digest: Some(digest),
                         phases: w.phases.share(n),
                         resumed_from: 0,
                         outcome: Outcome::Stored,

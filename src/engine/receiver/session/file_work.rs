@@ -347,7 +347,7 @@ impl Session<'_, '_> {
             Ok(_) => Some(format!("{whose} differs from the source")),
             Err(e) => Some(format!("cannot read {whose} of {name}: {e}")),
         };
-        let mut outcome = crate::engine::Outcome::Skipped;
+        let mut outcome = crate::engine::Outcome::Unchanged;
         if let Some(linked) = linked {
             match linked {
                 Ok(Linked::HardLink) => info!(file = %name, "linked from --link-dest"),
@@ -373,7 +373,7 @@ impl Session<'_, '_> {
             name,
             bytes: waiting.hello.size,
             elapsed: waiting.hello_at.elapsed(),
-            digest: crate::proto::Digest::Sha256(sha256),
+            digest: Some(crate::proto::Digest::Sha256(sha256)),
             phases: Phases {
                 connect: self.connect_time,
                 ..Phases::default()

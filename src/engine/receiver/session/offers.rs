@@ -4,6 +4,7 @@
 //! work, `file_work.rs`), and FROM.
 
 use super::{AwaitingFrom, CompareOf, DigestFor, IncomingFile, Session};
+use crate::engine::Outcome;
 use crate::engine::digest::FileHasher;
 use crate::engine::link::ExposedRing;
 use crate::engine::progress::Progress;
@@ -11,9 +12,12 @@ use crate::engine::receiver::storage::partial::{Claim, KeptPrefix};
 use crate::engine::receiver::storage::sink::Sink;
 use crate::engine::receiver::storage::temp_file::Resume;
 use crate::engine::receiver::storage::write_behind::WriteBehind;
-use crate::engine::report::Phases;
+use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::error::XferError;
-use crate::proto::{DigestAlg, Hello, Reject, RejectCode, RingInfo, escaped, hello_flags};
+use crate::proto::{
+    AckStatus, DigestAlg, Found, Hello, Reject, RejectCode, RingInfo, Standing, escaped,
+    hello_flags,
+};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
 
@@ -37,6 +41,27 @@ impl Session<'_, '_> {
             info!(file = %hello.name, "offer of a stream (size unknown)");
         } else {
             info!(file = %hello.name, size = hello.size, "offer");
+        }
+        if !hello.is_stream() {
+            // What is under the final name decides first (re-runs).
+            let (found, copy) = self.store.existing(&hello);
+            match (self.machine.existing(found)?, copy) {
+                (Standing::Stays(status), _) => return self.stays(&hello, hello_at, status),
+                (Standing::Compare, Some(copy)) => {
+                    info!(file = %hello.name, "a file of its size is here: its SHA-256 decides");
+                    let waiting = AwaitingFrom {
+                        hello,
+                        hello_at,
+                        kept: None,
+                        announced: None,
+                        claim: None,
+                    };
+                    self.machine
+                        .have_found(Found::Complete(CompareOf::Copy(copy)), waiting)?;
+                    return Ok(());
+                }
+                (Standing::Proceed | Standing::Compare, _) => {}
+            }
         }
         if hello.caps & hello_flags::RESUME != 0 {
             return self.offer_holding(hello, hello_at);
@@ -250,6 +275,32 @@ impl Session<'_, '_> {
             }
             Err(refusal) => self.refuse(hello, hello_at, refusal),
         }
+    }
+
+    /// The receiver's file stays as it is (the machine queued the ACK):
+    /// reported, nothing read or written.
+    fn stays(
+        &mut self,
+        hello: &Hello,
+        hello_at: Instant,
+        status: AckStatus,
+    ) -> Result<(), XferError> {
+        info!(file = %escaped(&hello.name), "{}: nothing received", status.as_str());
+        let sent = self.transmit();
+        let report = FileReport {
+            name: hello.name.clone(),
+            bytes: hello.size,
+            elapsed: hello_at.elapsed(),
+            digest: None,
+            phases: Phases {
+                connect: self.connect_time,
+                ..Phases::default()
+            },
+            resumed_from: 0,
+            outcome: Outcome::of_stays(status).unwrap_or(Outcome::Unchanged),
+        };
+        (self.on_file)(FileEvent::Done(&report));
+        sent
     }
 
     /// Refuses an offer: logs and reports it, and sends the machine's REJECT.

@@ -144,7 +144,10 @@ pub(super) fn check_final_name(
         )),
         Ok(Some(_)) if !overwrite => Err(Reject::new(
             RejectCode::Exists,
-            format!("{name} already exists on the receiver (it runs without --overwrite)"),
+            format!(
+                "{name} already exists on the receiver and differs (size, modification time, or \
+                 content with --checksum); the receiver replaces files only with --overwrite"
+            ),
         )),
         Ok(_) => Ok(()),
         Err(e) => Err(Reject::new(

@@ -46,6 +46,7 @@ pub(super) fn file(name: &str, size: u64) -> FileOffer {
         keep_mode: false,
         resume: false,
         checksum: false,
+        existing: Default::default(),
     }
 }
 

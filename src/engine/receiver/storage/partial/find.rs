@@ -102,11 +102,7 @@ pub(crate) fn copy_of(
     }
     let f = parent.open_file(leaf, false).ok()?;
     let m = f.metadata().ok()?;
-    let same_time = m.mtime() == offered.secs
-        && (0..=9).any(|digits| {
-            let unit = 10u32.pow(digits);
-            i64::from(offered.nanos - offered.nanos % unit) == m.mtime_nsec()
-        });
+    let same_time = offered.matches_stored(m.mtime(), m.mtime_nsec());
     (m.len() == hello.size && same_time).then_some(f)
 }
 

@@ -53,7 +53,7 @@ fn parents_are_opened_without_following_links() {
     assert!(open_path(&r, "a/link").is_err());
 }
 
-fn hello(name: &str, size: u64) -> Hello {
+pub(super) fn hello(name: &str, size: u64) -> Hello {
     Hello {
         version: crate::proto::PROTOCOL_VERSION,
         caps: crate::proto::hello_flags::MTIME,
@@ -68,7 +68,7 @@ fn hello(name: &str, size: u64) -> Hello {
     }
 }
 
-fn store(dir: &Path) -> FileStore {
+pub(super) fn store(dir: &Path) -> FileStore {
     let cfg = ReceiverConfig::new("127.0.0.1:0".parse().unwrap(), dir.into());
     FileStore::open(&cfg, &Arc::default()).unwrap()
 }

@@ -1,0 +1,99 @@
+//! What is under an offer's name decides first: a re-run is a no-op
+//! (unchanged by size and time, or by SHA-256 with --checksum), a
+//! different file is refused without --overwrite, and --ignore-existing,
+//! --update and --ignore-times do what rsync's do.
+
+use super::peer::{bytes, file};
+use super::{Reported, config, done, session};
+use crate::engine::Outcome;
+use crate::proto::{AckStatus, HaveKind, Mtime, RejectCode, SameCopy, SenderEvent, WhenExisting};
+
+fn left(name: &str, bytes: u64, outcome: Outcome) -> Reported {
+    Reported::Done {
+        name: name.into(),
+        bytes,
+        outcome,
+    }
+}
+
+fn at(secs: i64) -> Option<Mtime> {
+    Some(Mtime { secs, nanos: 0 })
+}
+
+#[test]
+fn a_rerun_is_unchanged_and_a_different_file_is_refused_or_decided_as_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let data = bytes(4096 + 9, 3);
+    let size = data.len() as u64;
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        assert_eq!(peer.send_file("f", &data).status, AckStatus::Ok);
+        // The same size and time: unchanged, nothing sent.
+        let SenderEvent::Stays(ack) = peer.offer(file("f", size)) else {
+            panic!("not unchanged");
+        };
+        assert_eq!(ack.status, AckStatus::Unchanged);
+        // Another time: refused (no --overwrite).
+        let mut later = file("f", size);
+        later.mtime = at(1_800_000_000);
+        let SenderEvent::Rejected(rej) = peer.offer(later.clone()) else {
+            panic!("not refused");
+        };
+        assert_eq!(rej.code, RejectCode::Exists);
+        assert!(rej.reason.contains("--overwrite"), "{}", rej.reason);
+        // --checksum: the same content under another time is unchanged.
+        later.checksum = true;
+        let SenderEvent::Have(have) = peer.offer(later.clone()) else {
+            panic!("not compared");
+        };
+        assert_eq!(have.kind, HaveKind::Complete);
+        use sha2::Digest as _;
+        peer.machine
+            .compare(sha2::Sha256::digest(&data).into())
+            .unwrap();
+        peer.transmit();
+        assert!(matches!(
+            peer.event(),
+            SenderEvent::Same {
+                copy: SameCopy::Kept,
+                ..
+            }
+        ));
+        // --ignore-times: the same size and time goes on (and is refused).
+        let mut again = file("f", size);
+        again.existing = WhenExisting::IgnoreTimes;
+        assert!(matches!(peer.offer(again), SenderEvent::Rejected(_)));
+        // --ignore-existing: whatever is there stays.
+        let mut other = file("f", 5);
+        other.existing = WhenExisting::IgnoreExisting;
+        let SenderEvent::Stays(ack) = peer.offer(other) else {
+            panic!("not kept");
+        };
+        assert_eq!(ack.status, AckStatus::KeptExisting);
+        // --update: a newer file there stays; an older one does not.
+        let mut older = file("f", 5);
+        older.existing = WhenExisting::Update;
+        older.mtime = at(1_600_000_000);
+        let SenderEvent::Stays(ack) = peer.offer(older.clone()) else {
+            panic!("not kept");
+        };
+        assert_eq!(ack.status, AckStatus::KeptNewer);
+        older.mtime = at(1_800_000_000);
+        assert!(matches!(peer.offer(older), SenderEvent::Rejected(_)));
+        peer.bye();
+    });
+    ended.result.unwrap_err();
+    let r = &ended.reported;
+    assert_eq!(r[0], done("f", size));
+    assert_eq!(r[1], left("f", size, Outcome::Unchanged));
+    assert!(matches!(&r[2], Reported::Failed { .. }));
+    assert_eq!(r[3], left("f", size, Outcome::Unchanged));
+    assert!(matches!(&r[4], Reported::Failed { .. }));
+    assert_eq!(r[5], left("f", 5, Outcome::KeptExisting));
+    assert_eq!(r[6], left("f", 5, Outcome::KeptNewer));
+    assert!(matches!(&r[7], Reported::Failed { .. }));
+    assert_eq!(r.len(), 8);
+    // The file was never touched after the first run.
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+}
