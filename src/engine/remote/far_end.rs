@@ -139,7 +139,8 @@ pub(super) fn routable(ip: std::net::Ipv6Addr) -> Option<IpAddr> {
 /// arriving there under PATH's last component. That name is then any
 /// other: a link there is never followed, an existing file is refused
 /// unless replaced by the receiver's rules, and a directory made there
-/// after this decision is refused too.
+/// after this decision is refused too. Neither being a directory is a
+/// usage error naming PATH.
 pub fn scp_path(path: &Path) -> Result<Option<PathBuf>, XferError> {
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         return Ok(None);
@@ -159,5 +160,19 @@ pub fn scp_path(path: &Path) -> Result<Option<PathBuf>, XferError> {
             path.display()
         )));
     }
-    Ok(Some(PathBuf::from(std::ffi::OsStr::from_bytes(parent))))
+    let parent = PathBuf::from(std::ffi::OsStr::from_bytes(parent));
+    // Said here, naming PATH as given: the receiver would name the parent.
+    match std::fs::metadata(&parent) {
+        Ok(m) if m.is_dir() => Ok(Some(parent)),
+        Ok(_) => Err(XferError::Usage(format!(
+            "output directory {}: neither it nor {} is a directory",
+            path.display(),
+            parent.display()
+        ))),
+        Err(e) => Err(XferError::Usage(format!(
+            "output directory {} (or {}, to hold the file under its last name): {e}",
+            path.display(),
+            parent.display()
+        ))),
+    }
 }

@@ -286,6 +286,12 @@ fn the_far_end_decides_whether_path_is_a_directory() {
         let err = scp_path(Path::new(bad)).unwrap_err();
         assert_eq!(err.exit_code(), ExitCode::Usage, "{bad}");
     }
+    // No directory to put it in: PATH named, as the user wrote it.
+    for bad in [t.path().join("no/such"), t.path().join("file/x")] {
+        let err = scp_path(&bad).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{}", bad.display());
+        assert!(err.to_string().contains(&*bad.to_string_lossy()), "{err}");
+    }
 }
 
 /// A remote shell that answers as a receiver would: the ready line, with
