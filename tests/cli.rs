@@ -583,11 +583,27 @@ fn stream_and_stdout_usage_errors() {
         err.contains("a stream cannot be hashed before it is sent"),
         "{err}"
     );
+    // --name names one regular file or stream: not several, not a tree.
     let file = tempfile::NamedTempFile::new().expect("file");
     let path = file.path().to_str().expect("utf8");
-    let (code, _, err) = run(sender_bin(), &["--name", "x", "127.0.0.1", path]);
+    let (code, _, err) = run(sender_bin(), &["--name", "x", "127.0.0.1", path, "-"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--name"), "{err}");
+    assert!(
+        err.contains("--name") && err.contains("2 sources given"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let tree = dir.path().to_str().expect("utf8");
+    let (code, _, err) = run(sender_bin(), &["-r", "--name", "x", "127.0.0.1", tree]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is a directory: --name names one"), "{err}");
+    let (code, _, err) = run(sender_bin(), &["-R", "--name", "x", "127.0.0.1", path]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not with -R"), "{err}");
+    // The one-command form: before any host is logged in to.
+    let (code, _, err) = run(sender_bin(), &["--name", "x", path, "-", "node01:/d/"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("2 sources given"), "{err}");
 }
 
 #[test]

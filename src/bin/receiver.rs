@@ -36,16 +36,26 @@ fn main() -> std::process::ExitCode {
     let taken_token = take_token_env();
     let mut args = ReceiverArgs::parse();
     args.common.taken_token = taken_token;
+    // `sender FILE HOST:PATH`: decided once, before anything listens.
+    let settled = match args.ssh_path.then(|| remote::scp_path(&args.output_dir())) {
+        Some(Ok(Some(parent))) => {
+            args.dir_arg = Some(parent);
+            args.dir = None;
+            Ok(true)
+        }
+        Some(Err(e)) => Err(e),
+        Some(Ok(None)) | None => Ok(false),
+    };
     let mut ui = Ui::new(&args.common, false);
     if args.ssh_session {
-        ui = ui.with_ready_line();
+        ui = ui.with_ready_line(settled.as_ref().is_ok_and(|named| *named));
     }
     let ui = Arc::new(ui);
     init_logging("receiver", &args.common, &ui);
     if let Err(e) = install_shutdown_handlers() {
         tracing::warn!("{e}");
     }
-    let result = run(&args, &ui);
+    let result = settled.and_then(|_| run(&args, &ui));
     ui.finish();
     // A serving receiver reports per file only; --once sums up its session.
     if args.once || args.stdout || args.ssh_session {

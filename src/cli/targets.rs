@@ -206,6 +206,10 @@ fn attempt_once(
     let mut cfg = plan.cfg.clone();
     cfg.addr = receiver.addr;
     cfg.token = Some(token);
+    // scp's PATH named the file: it arrives under PATH's last component.
+    if let Some(name) = &receiver.file_name {
+        cfg.walk.name = Some(name.clone());
+    }
     cfg.progress = ProgressSink::new(progress.clone());
     let result = send_files(&cfg, &plan.files, |event| {
         counts.files.fetch_add(1, Ordering::Relaxed);

@@ -32,6 +32,8 @@ pub struct Ui {
     /// `receiver --ssh-session`: say where it listens on stdout, for the
     /// sender that started it.
     ready_line: bool,
+    /// With it: scp's PATH is no directory here (`--ssh-path`).
+    path_names_file: bool,
     totals: Mutex<Totals>,
 }
 
@@ -66,6 +68,7 @@ impl Ui {
             log_json: common.log_format == LogFormat::Json,
             print_failures,
             ready_line: false,
+            path_names_file: false,
             totals: Mutex::new(Totals::default()),
         }
     }
@@ -73,8 +76,10 @@ impl Ui {
     /// Prints the ready line of `engine::remote` on stdout once listening;
     /// per-file and listening lines are the sender's to show, so none
     /// here (warnings and errors still go to stderr, to the sender).
-    pub fn with_ready_line(mut self) -> Self {
+    /// `path_names_file`: the line says that scp's PATH names the file.
+    pub fn with_ready_line(mut self, path_names_file: bool) -> Self {
         self.ready_line = true;
+        self.path_names_file = path_names_file;
         self.quiet = true;
         self.log_progress = None;
         self
@@ -250,7 +255,10 @@ impl Progress for Ui {
     fn listening(&self, ready: &Listening) {
         if self.ready_line {
             let mut out = io::stdout().lock();
-            let line = crate::engine::remote::ready_line(ready.bind);
+            let line = crate::engine::remote::ready_line(crate::engine::remote::Ready {
+                addr: ready.bind,
+                path_names_file: self.path_names_file,
+            });
             if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
                 tracing::warn!("cannot tell the sender where to connect: {e}");
             }

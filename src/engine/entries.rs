@@ -27,8 +27,10 @@ pub struct WalkOptions {
     /// Carry modification times even without `preserve` (`--resume`: they
     /// identify the source; the receiver applies them too).
     pub times: bool,
-    /// Name of standard input on the receiver (`--name`, default "stdin").
-    pub stdin_name: String,
+    /// `--name`: the relative path the one source (a regular file or
+    /// standard input) arrives under; without it a file keeps its base
+    /// name and standard input arrives as `stdin`.
+    pub name: Option<String>,
     /// `--exclude`/`--include`: entries left out (an excluded directory
     /// is not walked).
     pub filter: Filter,
@@ -42,6 +44,20 @@ pub struct WalkOptions {
     /// open).
     pub listed: bool,
 }
+
+impl WalkOptions {
+    /// The name standard input arrives under.
+    pub fn stdin_name(&self) -> &str {
+        self.name
+            .as_deref()
+            .unwrap_or(super::sender::DEFAULT_STDIN_NAME)
+    }
+}
+
+/// The mode offered for the directories a `--name` names above its file
+/// (no directory here stands for them): the receiver's umask applies
+/// unless it keeps modes, and then they are not open to all.
+const NAMED_DIR_MODE: u32 = 0o755;
 
 /// One thing to send.
 #[derive(Debug)]
@@ -123,7 +139,8 @@ pub fn mtime_of(meta: &Metadata) -> Option<Mtime> {
 /// device), a name that is not UTF-8, or two arguments that would arrive
 /// under the same name.
 ///
-/// With `-R`, an argument's directories go before it, once; an argument
+/// The directories a `--name` names above its file go before it. With
+/// `-R`, an argument's directories go before it, once; an argument
 /// below a directory the filter excludes is left out with them, as a walk
 /// from the top would leave it. An entry that two arguments bring (a file
 /// also inside a tree) goes once, in its first place.
@@ -208,6 +225,16 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Checked
     };
     let mut stdin_seen = false;
     let mut args = Vec::new();
+    // With several sources --name is refused, and the others' problems
+    // are said as without it.
+    let one_name = opts.name.as_deref().filter(|_| paths.len() == 1);
+    if opts.name.is_some() && paths.len() != 1 {
+        problems.add(format!(
+            "--name gives the one file or standard input sent its path on the receiver: \
+             {} sources given (send the others with a command of their own)",
+            paths.len()
+        ));
+    }
     for path in paths {
         if path.as_os_str() == "-" {
             if stdin_seen {
@@ -215,11 +242,12 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Checked
                 continue;
             }
             stdin_seen = true;
-            claim(&opts.stdin_name, "standard input".into(), &mut problems);
+            let name = one_name.unwrap_or(super::sender::DEFAULT_STDIN_NAME);
+            claim(name, "standard input".into(), &mut problems);
             args.push(Checked {
                 parents: Vec::new(),
                 arg: Argument::Ready(Entry::Stdin {
-                    name: opts.stdin_name.clone(),
+                    name: name.to_string(),
                 }),
             });
             continue;
@@ -246,6 +274,14 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Checked
                 Ok(m) => parents.push(dir_entry(name.clone(), &m, opts)),
                 Err(e) => problems.add(format!("cannot open {}: {e}", source.display())),
             }
+        }
+        if meta.is_dir() && one_name.is_some() {
+            problems.add(format!(
+                "{} is a directory: --name names one regular file or standard input (a tree \
+                 arrives under its own name)",
+                path.display()
+            ));
+            continue;
         }
         if meta.is_dir() {
             if !opts.recursive && !opts.listed {
@@ -290,9 +326,13 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Checked
                 continue;
             }
         };
-        let name = match kept {
-            Some(k) => k.name,
-            None => match path.file_name().and_then(|n| n.to_str()) {
+        if let Some(name) = one_name {
+            parents = named_parents(name);
+        }
+        let name = match (one_name, kept) {
+            (Some(name), _) => name.to_string(),
+            (None, Some(k)) => k.name,
+            (None, None) => match path.file_name().and_then(|n| n.to_str()) {
                 Some(n) => n.to_string(),
                 None => {
                     problems.add(format!("{} has no valid UTF-8 file name", path.display()));
@@ -370,6 +410,20 @@ fn kept_path(path: &Path) -> Result<Kept, String> {
         name: parts.join("/"),
         parents,
     })
+}
+
+/// The directories `--name` names above its file (`a`, `a/b` for
+/// `a/b/f`), outermost first, offered before it so that the receiver
+/// makes them.
+fn named_parents(name: &str) -> Vec<Entry> {
+    let parts: Vec<&str> = name.split('/').collect();
+    (1..parts.len())
+        .map(|n| Entry::Dir {
+            name: parts[..n].join("/"),
+            mode: NAMED_DIR_MODE,
+            mtime: None,
+        })
+        .collect()
 }
 
 /// A directory's entry: its name, mode and (with `-p` or `--resume`) time.
@@ -533,7 +587,6 @@ mod tests {
         WalkOptions {
             recursive,
             follow_links: follow,
-            stdin_name: "stdin".into(),
             ..WalkOptions::default()
         }
     }
@@ -918,5 +971,49 @@ mod tests {
         // A missing listed file is a usage error, as on the command line.
         let err = plan(&[anchored(&top, "nope")], &o).unwrap_err();
         assert_eq!(err.exit_code() as u8, 2);
+    }
+
+    #[test]
+    fn a_name_gives_the_one_source_its_path() {
+        let t = tree();
+        let one = t.path().join("top/a/one");
+        let named = |name: &str| WalkOptions {
+            name: Some(name.into()),
+            ..opts(false, false)
+        };
+        // A file: its directories first, made by the receiver.
+        let p = plan(std::slice::from_ref(&one), &named("x/y/new.pt")).unwrap();
+        assert_eq!(names(&p), ["x/", "x/y/", "x/y/new.pt"]);
+        assert!(matches!(
+            &p.entries[..],
+            [
+                Entry::Dir {
+                    mode: NAMED_DIR_MODE,
+                    mtime: None,
+                    ..
+                },
+                _,
+                Entry::File {
+                    opened: Some(_),
+                    ..
+                }
+            ]
+        ));
+        let p = plan(std::slice::from_ref(&one), &named("new.pt")).unwrap();
+        assert_eq!(names(&p), ["new.pt"]);
+        // Standard input: under the name as it is.
+        let p = plan(&["-".into()], &named("s.tar")).unwrap();
+        assert_eq!(names(&p), ["s.tar"]);
+        // Not several sources, not a tree (with -r or without).
+        let err = plan(&[one.clone(), "-".into()], &named("n")).unwrap_err();
+        assert_eq!(err.exit_code() as u8, 2);
+        assert!(err.to_string().contains("2 sources given"), "{err}");
+        let mut o = named("n");
+        o.recursive = true;
+        let err = plan(&[t.path().join("top")], &o).unwrap_err();
+        assert!(
+            err.to_string().contains("--name names one regular file"),
+            "{err}"
+        );
     }
 }

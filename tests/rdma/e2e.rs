@@ -75,6 +75,38 @@ fn several_files_in_one_session() {
     );
 }
 
+/// `--name sub/deep/new.pt` for one regular file: its directories are
+/// offered first, so it arrives there in an empty directory, and nothing
+/// arrives under its own name.
+#[test]
+fn one_file_under_a_name_with_directories_into_an_empty_directory() {
+    let Some(net) = rdma_net() else { return };
+    let (src, dst) = dirs();
+    let file = src.path().join("ckpt.pt");
+    let sum = make_file(&file, 2 * CHUNK + 3, 0x4e41);
+    let (sent, received) = one_session(
+        &net,
+        Path_::Wire,
+        dst.path(),
+        &[],
+        &[file],
+        &["--name", "sub/deep/new.pt"],
+    );
+    assert_both_ok(&sent, &received);
+    assert_eq!(sha256_file(&dst.path().join("sub/deep/new.pt")), sum);
+    let top: Vec<_> = std::fs::read_dir(dst.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(top, ["sub"], "only the named path arrived");
+    assert!(
+        sent.stderr.contains("new.pt"),
+        "the file's line names it as it arrived:\n{}",
+        sent.stderr
+    );
+    assert_no_temp_files(&dst.path().join("sub/deep"));
+}
+
 #[test]
 fn hundred_mib_across_the_wire_uses_the_wire() {
     let Some(net) = rdma_net() else { return };

@@ -145,6 +145,74 @@ fn a_file_a_tree_and_a_named_stream_with_the_scp_form() {
     assert_no_temp_files(dst.path());
 }
 
+/// scp's `HOST:PATH`: one file into an existing directory (with or
+/// without a trailing `/`), or, where PATH is no directory, under PATH's
+/// last component in its parent; that name then follows the receiver's
+/// rules (an existing file is refused). Several files need a directory.
+#[test]
+fn one_file_under_a_new_name_with_the_scp_form() {
+    let Some(net) = ssh_net() else { return };
+    let (src, dst) = dirs();
+    let file = src.path().join("ckpt.pt");
+    let sum = make_file(&file, 2 * MIB + 5, 7);
+    let other = src.path().join("other.bin");
+    let other_sum = make_file(&other, 1000, 8);
+    let (file, other) = (file.to_str().unwrap(), other.to_str().unwrap());
+    let sub = dst.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+
+    // A new name: /dst/new.pt, nothing else there.
+    let new = dst.path().join("new.pt");
+    let sent = run(sender(
+        &net,
+        &["--json"],
+        &[file, &target(&net.addr_a, &new)],
+    ));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    assert_eq!(sha256_file(&new), sum);
+    assert!(!dst.path().join("ckpt.pt").exists());
+    assert!(
+        json_lines("sender", &sent.stdout)
+            .iter()
+            .any(|r| r["name"] == "new.pt" && r["status"] == "ok"),
+        "{}",
+        sent.stdout
+    );
+    assert_remote_gone(&new);
+
+    // An existing directory, with `/` and without: the file's own name.
+    let with_slash = format!("{}/", target(&net.addr_a, &sub));
+    let sent = run(sender(&net, &[], &[file, &with_slash]));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    assert_eq!(sha256_file(&sub.join("ckpt.pt")), sum);
+    let sent = run(sender(&net, &[], &[other, &target(&net.addr_a, &sub)]));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    assert_eq!(sha256_file(&sub.join("other.bin")), other_sum);
+    assert_remote_gone(&sub);
+
+    // The name exists: refused as any existing file, left as it was.
+    let sent = run(sender(&net, &[], &[other, &target(&net.addr_a, &new)]));
+    assert_eq!(sent.code(), 4, "{}", sent.transcript());
+    assert!(sent.stderr.contains("exists"), "{}", sent.stderr);
+    assert_eq!(sha256_file(&new), sum);
+    assert_remote_gone(&new);
+
+    // Several files and a PATH that is no directory: the remote's usage
+    // error, nothing written.
+    let none = dst.path().join("none.pt");
+    let sent = run(sender(
+        &net,
+        &[],
+        &[file, other, &target(&net.addr_a, &none)],
+    ));
+    assert_eq!(sent.code(), 2, "{}", sent.transcript());
+    assert!(sent.stderr.contains("none.pt"), "{}", sent.stderr);
+    assert!(!none.exists());
+    assert_remote_gone(&none);
+    assert_no_temp_files(dst.path());
+    assert_no_temp_files(&sub);
+}
+
 #[test]
 fn three_targets_in_one_command_each_with_its_result() {
     let Some(net) = ssh_net() else { return };
@@ -325,11 +393,12 @@ fn problems_say_where_they_are() {
     let r = run(sender_with(&net, "/no/such/receiver", &[], &[&file, &to]));
     assert_eq!(r.code(), 2, "{}", r.transcript());
     assert!(r.stderr.contains("--remote-receiver PATH"), "{}", r.stderr);
-    // No such directory there: exit 2, saying so.
+    // No such directory there (nor its parent, which would hold one file
+    // under PATH's last name): exit 2, saying so.
     let r = run(sender(
         &net,
         &[],
-        &[&file, &target(&net.addr_a, &dst.path().join("nope"))],
+        &[&file, &target(&net.addr_a, &dst.path().join("nope/deeper"))],
     ));
     assert_eq!(r.code(), 2, "{}", r.transcript());
     assert!(

@@ -8,7 +8,7 @@ use crate::engine::filter::Filter;
 use crate::engine::fit::Given;
 use crate::engine::receiver::{Output, ReceiverConfig};
 use crate::engine::remote::{LaunchOptions, Target};
-use crate::engine::sender::{DEFAULT_STDIN_NAME, SenderConfig};
+use crate::engine::sender::SenderConfig;
 use crate::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, check_buffers, entries};
 use crate::error::{Problems, XferError};
 use crate::proto::{DigestAlg, NameRules, Token, WhenExisting, validate_path};
@@ -120,10 +120,7 @@ impl SenderArgs {
             follow_links: self.follow_links,
             preserve: self.preserve,
             times,
-            stdin_name: self
-                .name
-                .clone()
-                .unwrap_or_else(|| DEFAULT_STDIN_NAME.into()),
+            name: self.name.clone(),
             filter: filter.unwrap_or_default(),
             relative: self.relative || self.files_from.is_some(),
             listed: self.files_from.is_some(),
@@ -270,7 +267,7 @@ impl SenderArgs {
     /// What the command line asks for, every option checked and every
     /// problem reported at once (exit 2): chunk size and depth, timeout,
     /// ADDR and port or the targets, `--name` (a relative path the
-    /// receiver will accept, and only with `-` among the files),
+    /// receiver will accept, not with -R or --files-from),
     /// `--follow-links` only with -r, the token (`--token-file` or
     /// RDMA_XFER_TOKEN; the one-command form makes its own), and with any
     /// of those wrong, the input files too (otherwise the engine checks
@@ -339,11 +336,14 @@ impl SenderArgs {
         };
         problems.check(check_port(port));
         if let Some(name) = &self.name {
-            if !files.iter().any(|f| f.as_os_str() == "-") {
+            if self.relative || self.files_from.is_some() {
                 problems.add(
-                    "--name names standard input, which is sent only when `-` is among the files",
+                    "--name gives the one file or standard input sent its own path: not with -R \
+                     or --files-from, which send paths as given",
                 );
             }
+            // One source, not a directory: checked with the inputs (see
+            // `entries::plan`).
             if let Err(e) = validate_path(name, NameRules::ANY_RECEIVER) {
                 problems.add(format!("invalid --name {name:?}: {e}"));
             }
@@ -446,7 +446,7 @@ impl SenderArgs {
                     self.rsh.as_deref(),
                     env.as_deref(),
                 ))
-                .map(|rsh| self.launch_options(rsh))
+                .map(|rsh| self.launch_options(rsh, &files))
         } else {
             None
         };
@@ -525,9 +525,10 @@ impl SenderArgs {
         }
     }
 
-    /// How the targets' receivers are started: the sender's timeout, and
-    /// its verbosity (warnings and errors; with -vv, info too).
-    fn launch_options(&self, rsh: Vec<String>) -> LaunchOptions {
+    /// How the targets' receivers are started: the sender's timeout, its
+    /// verbosity (warnings and errors; with -vv, info too), and whether a
+    /// target's PATH may name the one file (`files`), as scp's.
+    fn launch_options(&self, rsh: Vec<String>, files: &[PathBuf]) -> LaunchOptions {
         // The sender logged in with ssh as the user the receiver writes
         // as: its dotfiles (a tree's .git, say) are its to send, as scp's.
         let mut receiver_args = vec!["--allow-dotfiles".to_string()];
@@ -547,6 +548,10 @@ impl SenderArgs {
             remote_receiver: self.remote_receiver.clone(),
             receiver_args,
             timeout: self.common.timeout,
+            path_may_name_file: self.name.is_none()
+                && !self.relative
+                && self.files_from.is_none()
+                && matches!(files, [one] if one.as_os_str() == "-" || one.is_file()),
         }
     }
 }

@@ -255,6 +255,7 @@ exit code is the first failure's (with several targets, the highest of theirs)."
     after_help = concat!(
         "Examples:\n",
         "  sender ckpt.pt node01:/ckpt/\n",
+        "  sender ckpt.pt node01:/ckpt/step-100.pt\n",
         "  sender -r dataset/ node01:/data/ node02:/data/ node03:/data/\n",
         "  sender --hosts nodes.txt --parallel 8 image.sqfs\n",
         "  sender -e 'ssh -p 2222' --remote-receiver /opt/rdma-xfer/bin/receiver f.bin me@node01:in\n",
@@ -284,7 +285,10 @@ pub struct SenderArgs {
     /// Files to send, in order, in one session; `-` is standard input (of
     /// any length), directories need -r (they arrive under their own name).
     /// In the one-command form the last ones are the targets,
-    /// [USER@]HOST:DIR: a receiver is started there over ssh for each.
+    /// [USER@]HOST:DIR: a receiver is started there over ssh for each. As
+    /// scp's, with one regular file (or `-`) and no --name, a DIR that is
+    /// no directory there (and does not end with `/`) names the file:
+    /// `f host:/data/new.pt` writes /data/new.pt.
     #[arg(value_hint = ValueHint::AnyPath, value_name = "FILE|[USER@]HOST:DIR")]
     pub files: Vec<PathBuf>,
     /// More targets, one [USER@]HOST:DIR a line (blank lines and lines
@@ -386,7 +390,11 @@ pub struct SenderArgs {
     /// `/./` is kept.
     #[arg(short = 'R', long, help_heading = SELECTION)]
     pub relative: bool,
-    /// Relative path standard input (`-`) arrives under [default: stdin].
+    /// Relative path the one source, a regular file or standard input
+    /// (`-`), arrives under (`new.pt`, `sub/dir/new.pt`: a file's
+    /// directories are offered first, so the receiver makes them)
+    /// [default: a file's own name; stdin]. Not with several sources, a
+    /// tree, -R or --files-from.
     #[arg(long, value_name = "NAME", value_hint = ValueHint::Other, help_heading = OUTPUT)]
     pub name: Option<String>,
     /// If the transfer fails, the receiver keeps what it verified; sent
@@ -497,6 +505,11 @@ pub struct ReceiverArgs {
     /// standard input closes.
     #[arg(long, hide = true)]
     pub ssh_session: bool,
+    /// With --ssh-session, for `sender FILE HOST:PATH`: DIR is scp's PATH,
+    /// the output directory if it is one, else the one file's name in its
+    /// parent directory (said on the ready line).
+    #[arg(long, hide = true, requires = "ssh_session")]
+    pub ssh_path: bool,
     /// Sessions served at once, 1-65535 (each has its own queue pair and
     /// ring); further senders are refused as "busy". With --insecure one
     /// address holds at most half of them.

@@ -317,7 +317,6 @@ fn sender_config_carries_every_option() {
         "--name",
         "dir/in.tar",
         "127.0.0.1",
-        "a",
         "-",
     ])
     .unwrap();
@@ -337,7 +336,7 @@ fn sender_config_carries_every_option() {
     assert_eq!(cfg.timeout, Duration::from_secs(7));
     assert!(cfg.token.is_some());
     assert!(cfg.walk.recursive && cfg.walk.follow_links && cfg.walk.preserve);
-    assert_eq!(cfg.walk.stdin_name, "dir/in.tar");
+    assert_eq!(cfg.walk.name.as_deref(), Some("dir/in.tar"));
     // Times always travel (a re-run finds them).
     assert!(!cfg.resume && cfg.retries == 0 && cfg.walk.times && !cfg.checksum);
     // --checksum: every regular file is offered with CHECKSUM (streams
@@ -374,7 +373,8 @@ fn sender_config_carries_every_option() {
         chunk_size: true,
     };
     assert_eq!((cfg.chunk_size, cfg.given), (1 << 20, chunk));
-    assert_eq!(cfg.walk.stdin_name, DEFAULT_STDIN_NAME);
+    assert_eq!(cfg.walk.name, None);
+    assert_eq!(cfg.walk.stdin_name(), DEFAULT_STDIN_NAME);
     assert!(!cfg.walk.recursive && cfg.source.is_none());
 }
 
@@ -386,7 +386,11 @@ fn sender_config_refuses_bad_options() {
     usage(sender(&["--depth", "1025", "h", "f"]), "--depth");
     usage(sender(&["--timeout", "604801", "h", "f"]), "--timeout");
     usage(sender(&["--port", "0", "h", "f"]), "--port");
-    usage(sender(&["--name", "x", "h", "f"]), "`-` is among the files");
+    usage(sender(&["--name", "x", "-R", "h", "f"]), "not with -R");
+    usage(
+        sender(&["--name", "x", "--files-from", "list", "h", "d"]),
+        "not with -R or --files-from",
+    );
     for bad in [
         "",
         "/etc/passwd",
@@ -681,7 +685,7 @@ fn every_problem_is_reported_at_once() {
         "--depth",
         "at least 16 bytes",
         "invalid --name",
-        "`-` is among the files",
+        "4 sources given",
         "cannot open",
         "is a directory (use -r",
         "would both arrive as a",
@@ -1010,4 +1014,71 @@ fn rules_for_existing_files_are_rsyncs_and_overwrite_is_the_receivers() {
     // A running receiver decides about replacing for itself.
     let e = sender(&["--overwrite", "127.0.0.1", f]).err().unwrap();
     assert!(e.to_string().contains("receiver --overwrite"), "{e}");
+}
+
+/// `--name` gives the one regular file (or standard input) its path on
+/// the receiver, its directories offered first; not for several
+/// sources or a tree.
+#[test]
+fn name_gives_the_one_file_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    std::fs::write(d("f.pt"), b"f").unwrap();
+    std::fs::write(d("g.pt"), b"g").unwrap();
+    std::fs::create_dir(d("tree")).unwrap();
+    let cfg = sender(&["--name", "a/b/new.pt", "127.0.0.1", &d("f.pt")]).unwrap();
+    let p = entries::plan(&[PathBuf::from(d("f.pt"))], &cfg.walk).unwrap();
+    let got: Vec<(&str, bool)> = p
+        .entries
+        .iter()
+        .map(|e| (e.name(), matches!(e, entries::Entry::Dir { .. })))
+        .collect();
+    assert_eq!(got, [("a", true), ("a/b", true), ("a/b/new.pt", false)]);
+    // Several sources, a tree: usage errors (exit 2) before connecting.
+    let cfg = sender(&["--name", "x", "127.0.0.1", &d("f.pt"), &d("g.pt")]).unwrap();
+    let files = [PathBuf::from(d("f.pt")), PathBuf::from(d("g.pt"))];
+    usage(entries::plan(&files, &cfg.walk), "2 sources given");
+    let cfg = sender(&["-r", "--name", "x", "127.0.0.1", &d("tree")]).unwrap();
+    usage(
+        entries::plan(&[PathBuf::from(d("tree"))], &cfg.walk),
+        "is a directory: --name names one regular file",
+    );
+    // The one-command form checks the inputs at once.
+    usage(
+        plan(&["--name", "x", &d("f.pt"), &d("g.pt"), "h:/d/"]),
+        "2 sources given",
+    );
+    usage(
+        plan(&["-r", "--name", "x", &d("tree"), "h:/d/"]),
+        "is a directory",
+    );
+}
+
+/// scp's `HOST:PATH`: with one regular file (or standard input) and no
+/// --name, the remote is asked whether PATH names the file.
+#[test]
+fn a_target_path_may_name_the_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    std::fs::write(d("f.pt"), b"f").unwrap();
+    std::fs::write(d("g.pt"), b"g").unwrap();
+    std::fs::create_dir(d("tree")).unwrap();
+    assert!(
+        remote_plan(&[&d("f.pt"), "h:/d/new.pt"])
+            .launch
+            .path_may_name_file
+    );
+    assert!(
+        remote_plan(&["-", "h:/d/new.tar"])
+            .launch
+            .path_may_name_file
+    );
+    for not in [
+        &[&d("f.pt"), &d("g.pt"), "h:/d"][..],
+        &["-r", &d("tree"), "h:/d"],
+        &["--name", "n.pt", &d("f.pt"), "h:/d"],
+        &["-R", &d("f.pt"), "h:/d"],
+    ] {
+        assert!(!remote_plan(not).launch.path_may_name_file, "{not:?}");
+    }
 }

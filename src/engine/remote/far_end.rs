@@ -1,11 +1,13 @@
 //! The remote receiver's side of the ssh channel: the token line, the
-//! hang-up watch, where to listen (SSH_CONNECTION, the route, RoCE GIDs).
+//! hang-up watch, where to listen (SSH_CONNECTION, the route, RoCE GIDs),
+//! and where scp's `HOST:PATH` puts the one file.
 
 use super::ONE_TIME_TOKEN_BYTES;
 use crate::error::XferError;
 use crate::proto::Token;
 use std::io::{BufRead, Read};
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use zeroize::Zeroizing;
 
 /// Reads the one-time token, the first line of standard input. The rest
@@ -128,4 +130,49 @@ pub(super) fn routable(ip: std::net::Ipv6Addr) -> Option<IpAddr> {
     let first = ip.segments()[0];
     // Global unicast 2000::/3 and unique local fc00::/7 only.
     ((first & 0xe000) == 0x2000 || (first & 0xfe00) == 0xfc00).then_some(IpAddr::V6(ip))
+}
+
+/// Where the file of `sender FILE HOST:PATH` goes, decided once, before
+/// the receiver listens (`receiver --ssh-session --ssh-path`): None when
+/// PATH is a directory (a link to one included, as scp's), the file
+/// arriving under its own name; else PATH's parent directory, the file
+/// arriving there under PATH's last component. That name is then any
+/// other: a link there is never followed, an existing file is refused
+/// unless replaced by the receiver's rules, and a directory made there
+/// after this decision is refused too. Neither being a directory is a
+/// usage error naming PATH.
+pub fn scp_path(path: &Path) -> Result<Option<PathBuf>, XferError> {
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Ok(None);
+    }
+    // Split as the sender did, by the last `/` of the text as given.
+    use std::os::unix::ffi::OsStrExt;
+    let text = path.as_os_str().as_bytes();
+    let (parent, name): (&[u8], &[u8]) = match text.iter().rposition(|&b| b == b'/') {
+        Some(0) => (b"/", &text[1..]),
+        Some(i) => (&text[..i], &text[i + 1..]),
+        // `new.pt`: in the current directory (the login's home).
+        None => (b".", text),
+    };
+    if matches!(name, b"" | b"." | b"..") {
+        return Err(XferError::Usage(format!(
+            "{} is not a directory and names no file in one",
+            path.display()
+        )));
+    }
+    let parent = PathBuf::from(std::ffi::OsStr::from_bytes(parent));
+    // Said here, naming PATH as given: the receiver would name the parent.
+    match std::fs::metadata(&parent) {
+        Ok(m) if m.is_dir() => Ok(Some(parent)),
+        Ok(_) => Err(XferError::Usage(format!(
+            "output directory {}: neither it nor {} is a directory",
+            path.display(),
+            parent.display()
+        ))),
+        Err(e) => Err(XferError::Usage(format!(
+            "output directory {} (or {}, to hold the file under its last name): {e}",
+            path.display(),
+            parent.display()
+        ))),
+    }
 }

@@ -9,15 +9,18 @@
 //! The channel: sender -> receiver, one line with the token (hex), then
 //! nothing; its end (EOF: the sender finished, died or lost ssh) ends the
 //! remote receiver. Receiver -> sender, one line `rdma-xfer-ready 1
-//! ADDR:PORT` once it listens; other lines on its standard output (a
-//! shell's start-up files may print some) are ignored.
+//! ADDR:PORT` once it listens, with a last word `file` when the sender
+//! asked whether scp's PATH is a directory (`--ssh-path`) and it is not:
+//! then the one file arrives in PATH's parent under PATH's last
+//! component. Other lines on its standard output (a shell's start-up
+//! files may print some) are ignored.
 
 mod far_end;
 mod target;
 #[cfg(test)]
 mod tests;
 
-pub use far_end::{bind_candidates, read_token_line, watch_hangup};
+pub use far_end::{bind_candidates, read_token_line, scp_path, watch_hangup};
 pub use target::{Target, remote_word, rsh_command};
 
 use crate::error::{ExitCode, XferError};
@@ -32,6 +35,8 @@ use zeroize::Zeroizing;
 /// The word that starts the ready line, and the channel's version.
 const READY: &str = "rdma-xfer-ready";
 const CHANNEL_VERSION: &str = "1";
+/// The ready line's last word when PATH names the file (see `scp_path`).
+const NAMES_FILE: &str = "file";
 
 /// Random bytes of a one-time token (sent as hex: 64 characters).
 pub const ONE_TIME_TOKEN_BYTES: usize = 32;
@@ -116,18 +121,42 @@ pub fn one_time_token() -> Result<(Token, Zeroizing<String>), XferError> {
     Ok((Token::from_array(&hex), text))
 }
 
-/// The ready line for a receiver listening on `addr`.
-pub fn ready_line(addr: SocketAddr) -> String {
-    format!("{READY} {CHANNEL_VERSION} {addr}")
+/// What a remote receiver says once it listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// scp's PATH is no directory there: the one file arrives in its
+    /// parent under its last component.
+    pub path_names_file: bool,
 }
 
-/// The address in a ready line; None for any other line.
-pub fn parse_ready_line(line: &str) -> Option<SocketAddr> {
+/// The ready line for a receiver listening on `ready.addr`.
+pub fn ready_line(ready: Ready) -> String {
+    let file = if ready.path_names_file {
+        format!(" {NAMES_FILE}")
+    } else {
+        String::new()
+    };
+    format!("{READY} {CHANNEL_VERSION} {}{file}", ready.addr)
+}
+
+/// What a ready line says; None for any other line.
+pub fn parse_ready_line(line: &str) -> Option<Ready> {
     let mut words = line.split_whitespace();
-    (words.next() == Some(READY) && words.next() == Some(CHANNEL_VERSION))
-        .then(|| words.next()?.parse().ok())
-        .flatten()
-        .filter(|_| words.next().is_none())
+    if words.next() != Some(READY) || words.next() != Some(CHANNEL_VERSION) {
+        return None;
+    }
+    let addr = words.next()?.parse().ok()?;
+    let path_names_file = match words.next() {
+        None => false,
+        Some(NAMES_FILE) => true,
+        Some(_) => return None,
+    };
+    words.next().is_none().then_some(Ready {
+        addr,
+        path_names_file,
+    })
 }
 
 /// How the sender starts remote receivers.
@@ -141,6 +170,10 @@ pub struct LaunchOptions {
     pub receiver_args: Vec<String>,
     /// How long to wait for the ready line (ssh's log-in included).
     pub timeout: Duration,
+    /// One regular file or standard input is sent, without `--name`: a
+    /// target's PATH that is no directory there names it, as scp's
+    /// (asked with `--ssh-path`).
+    pub path_may_name_file: bool,
 }
 
 /// A receiver started over ssh for one session. Dropped, it tells the
@@ -155,6 +188,9 @@ pub struct RemoteReceiver {
     stdin: Option<ChildStdin>,
     /// Where the remote receiver listens.
     pub addr: SocketAddr,
+    /// The name the one file arrives under when the target's PATH is no
+    /// directory there (PATH's last component, in its parent).
+    pub file_name: Option<String>,
     stderr: Arc<Mutex<Vec<String>>>,
     readers: Vec<std::thread::JoinHandle<()>>,
     ended: bool,
@@ -177,6 +213,11 @@ pub fn launch(
         format!("{}s", opts.timeout.as_secs().max(1)),
     ];
     words.extend(opts.receiver_args.iter().map(|a| remote_word(a)));
+    // Only the remote host knows whether PATH is a directory.
+    let file_name = target.file_name().filter(|_| opts.path_may_name_file);
+    if file_name.is_some() {
+        words.push("--ssh-path".into());
+    }
     words.push("--".into());
     words.push(remote_word(if target.dir.is_empty() {
         "."
@@ -215,6 +256,7 @@ pub fn launch(
         child,
         stdin,
         addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        file_name: None,
         stderr: stderr.clone(),
         readers: Vec::new(),
         ended: false,
@@ -247,10 +289,10 @@ pub fn launch(
         remote.readers.push(std::thread::spawn(move || {
             let mut told = false;
             each_line(pipe, |line| {
-                if !told && let Some(addr) = parse_ready_line(&line) {
+                if !told && let Some(ready) = parse_ready_line(&line) {
                     told = true;
                     listening.store(true, std::sync::atomic::Ordering::SeqCst);
-                    let _ = ready_tx.send(addr);
+                    let _ = ready_tx.send(ready);
                 }
             })
         }));
@@ -280,17 +322,22 @@ pub fn launch(
     };
     match answer {
         // A wildcard says nothing about where to connect.
-        Ok(addr) if addr.ip().is_unspecified() => Err(XferError::Remote {
+        Ok(ready) if ready.addr.ip().is_unspecified() => Err(XferError::Remote {
             host: target.host.clone(),
             code: ExitCode::Usage,
             message: format!(
-                "the receiver on {} listens on {addr}, every address: give --remote-bind the \
+                "the receiver on {} listens on {}, every address: give --remote-bind the \
                  one to connect to",
-                target.host
+                target.host, ready.addr
             ),
         }),
-        Ok(addr) => {
-            remote.addr = addr;
+        Ok(ready) => {
+            remote.addr = ready.addr;
+            // Said only when asked; a remote that says it unasked is not
+            // obeyed.
+            remote.file_name = file_name
+                .filter(|_| ready.path_names_file)
+                .map(str::to_string);
             // From now on its errors are the session's: shown as they come.
             listening.store(true, std::sync::atomic::Ordering::SeqCst);
             Ok(remote)
@@ -364,7 +411,10 @@ impl RemoteReceiver {
             Some(n) => {
                 let code = exit_code_from(n);
                 let why = said.unwrap_or("it gave no reason").to_string();
-                let hint = if tail.iter().any(|l| l.contains("--ssh-session")) {
+                let hint = if tail
+                    .iter()
+                    .any(|l| l.contains("--ssh-session") || l.contains("--ssh-path"))
+                {
                     " (the receiver there may be older than this sender: install the same \
                      version, or name it with --remote-receiver PATH)"
                 } else {

@@ -4,8 +4,10 @@
 
 use super::RSH_ENV;
 use crate::error::XferError;
+use crate::proto::{NameRules, validate_path};
 
-/// One `[USER@]HOST:DIR` target as the user wrote it.
+/// One `[USER@]HOST:DIR` target as the user wrote it (scp's
+/// `[USER@]HOST:PATH`: see `file_name`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     /// What ssh logs in to: `[user@]host` (brackets of an IPv6 literal
@@ -13,7 +15,8 @@ pub struct Target {
     pub login: String,
     /// The host alone, as results are labelled.
     pub host: String,
-    /// The directory on the host ("" is the login's home, as scp's).
+    /// The directory on the host ("" is the login's home, as scp's); with
+    /// one file, it may name the file instead (see `file_name`).
     pub dir: String,
 }
 
@@ -45,6 +48,19 @@ impl Target {
             return None;
         }
         Some(Self::checked(arg, user, host, dir))
+    }
+
+    /// PATH's last component, when scp would read PATH as the one file's
+    /// new name if it is no directory there: PATH does not end with `/`,
+    /// is not `~` (the remote shell expands it) and its last component is
+    /// a name any receiver may accept (not empty, `.` or `..`).
+    pub fn file_name(&self) -> Option<&str> {
+        if self.dir.ends_with('/') || self.dir == "~" {
+            return None;
+        }
+        let last = self.dir.rsplit('/').next()?;
+        validate_path(last, NameRules::ANY_RECEIVER).ok()?;
+        Some(last)
     }
 
     fn checked(arg: &str, user: Option<&str>, host: &str, dir: &str) -> Result<Target, XferError> {

@@ -91,15 +91,29 @@ fn rsh_from_option_env_or_ssh() {
 #[test]
 fn ready_lines_round_trip_and_nothing_else_is_one() {
     for a in ["10.0.0.1:40000", "[fd00::1]:7"] {
-        let addr: SocketAddr = a.parse().unwrap();
-        assert_eq!(parse_ready_line(&ready_line(addr)), Some(addr));
+        for path_names_file in [false, true] {
+            let ready = Ready {
+                addr: a.parse().unwrap(),
+                path_names_file,
+            };
+            assert_eq!(parse_ready_line(&ready_line(ready)), Some(ready));
+        }
     }
+    assert_eq!(
+        parse_ready_line("rdma-xfer-ready 1 10.0.0.1:1"),
+        Some(Ready {
+            addr: "10.0.0.1:1".parse().unwrap(),
+            path_names_file: false
+        }),
+        "the line of a receiver that was not asked about PATH"
+    );
     for not in [
         "",
         "Welcome to node01",
         "rdma-xfer-ready 2 10.0.0.1:1",
         "rdma-xfer-ready 1 10.0.0.1",
         "rdma-xfer-ready 1 10.0.0.1:1 extra",
+        "rdma-xfer-ready 1 10.0.0.1:1 file extra",
     ] {
         assert_eq!(parse_ready_line(not), None, "{not}");
     }
@@ -212,4 +226,105 @@ fn remote_output_is_read_in_bounded_lossy_lines() {
     assert_eq!(got[1].len(), MAX_REMOTE_LINE);
     assert_eq!(got[2], "\u{fffd}\u{fffd} bytes");
     assert_eq!(got[3], "last");
+}
+
+#[test]
+fn scp_paths_name_a_file_only_where_a_name_is_left() {
+    for (path, name) in [
+        ("/data/new.pt", Some("new.pt")),
+        ("new.pt", Some("new.pt")),
+        ("~/in/x", Some("x")),
+        ("a//b", Some("b")),
+        ("/data/", None),
+        ("", None),
+        ("~", None),
+        ("/", None),
+        ("d/.", None),
+        ("d/..", None),
+        ("d/bad\u{1}", None),
+    ] {
+        let t = Target {
+            login: "h".into(),
+            host: "h".into(),
+            dir: path.into(),
+        };
+        assert_eq!(t.file_name(), name, "{path:?}");
+    }
+}
+
+#[test]
+fn the_far_end_decides_whether_path_is_a_directory() {
+    use std::path::{Path, PathBuf};
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("dir");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(t.path().join("file"), b"x").unwrap();
+    std::os::unix::fs::symlink(&dir, t.path().join("to-dir")).unwrap();
+    std::os::unix::fs::symlink(t.path().join("file"), t.path().join("to-file")).unwrap();
+    // A directory, or a link to one (as scp's): the file goes into it.
+    assert_eq!(scp_path(&dir).unwrap(), None);
+    assert_eq!(scp_path(&t.path().join("to-dir")).unwrap(), None);
+    // Anything else names the file in its parent: missing, a file, a
+    // link to a file (the receiver then refuses to follow it).
+    for name in ["new.pt", "file", "to-file"] {
+        assert_eq!(
+            scp_path(&t.path().join(name)).unwrap(),
+            Some(t.path().to_path_buf()),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        scp_path(Path::new("no-such-name-here")).unwrap(),
+        Some(PathBuf::from("."))
+    );
+    assert_eq!(
+        scp_path(Path::new("/no-such-name-here")).unwrap(),
+        Some(PathBuf::from("/"))
+    );
+    // Missing, and no name left to give the file.
+    for bad in ["/no/such/dir/.", "/no/such/dir/..", "/no/such/dir/"] {
+        let err = scp_path(Path::new(bad)).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{bad}");
+    }
+    // No directory to put it in: PATH named, as the user wrote it.
+    for bad in [t.path().join("no/such"), t.path().join("file/x")] {
+        let err = scp_path(&bad).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{}", bad.display());
+        assert!(err.to_string().contains(&*bad.to_string_lossy()), "{err}");
+    }
+}
+
+/// A remote shell that answers as a receiver would: the ready line, with
+/// `file` when asked with --ssh-path, then waits for its input to end.
+fn fake_rsh() -> LaunchOptions {
+    let script = "read -r token; case \"$2\" in *--ssh-path*) f=' file';; *) f='';; esac; \
+                  echo \"rdma-xfer-ready 1 10.0.0.1:5$f\"; cat >/dev/null";
+    LaunchOptions {
+        rsh: vec!["sh".into(), "-c".into(), script.into(), "sh".into()],
+        remote_receiver: "receiver".into(),
+        receiver_args: Vec::new(),
+        timeout: std::time::Duration::from_secs(20),
+        path_may_name_file: true,
+    }
+}
+
+#[test]
+fn the_sender_asks_about_path_only_for_one_file_and_a_name() {
+    let quiet: std::sync::Arc<dyn Fn(&str) + Send + Sync> = std::sync::Arc::new(|_| {});
+    let opts = fake_rsh();
+    let r = launch(&target("h:/d/new.pt"), &opts, "00", quiet.clone()).unwrap();
+    assert_eq!(r.addr, "10.0.0.1:5".parse().unwrap());
+    assert_eq!(r.file_name.as_deref(), Some("new.pt"));
+    drop(r);
+    // A trailing `/`: a directory, not asked.
+    let r = launch(&target("h:/d/"), &opts, "00", quiet.clone()).unwrap();
+    assert_eq!(r.file_name, None);
+    drop(r);
+    // Several files (or a tree, or --name): not asked either.
+    let opts = LaunchOptions {
+        path_may_name_file: false,
+        ..fake_rsh()
+    };
+    let r = launch(&target("h:/d/new.pt"), &opts, "00", quiet).unwrap();
+    assert_eq!(r.file_name, None);
 }

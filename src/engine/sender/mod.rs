@@ -108,10 +108,7 @@ impl SenderConfig {
             ack_timeout: super::AckTimeout::Auto,
             timeout: DEFAULT_TIMEOUT,
             token: None,
-            walk: WalkOptions {
-                stdin_name: DEFAULT_STDIN_NAME.into(),
-                ..WalkOptions::default()
-            },
+            walk: WalkOptions::default(),
             progress: ProgressSink::default(),
             resume: false,
             checksum: false,
@@ -218,7 +215,7 @@ pub fn send_files(
         // reported, if not, is the first failure (a receiver that failed an
         // entry may end the session right after saying why).
         let stdin_cut =
-            paths.iter().any(|p| p.as_os_str() == "-") && !settled.contains(&cfg.walk.stdin_name);
+            paths.iter().any(|p| p.as_os_str() == "-") && !settled.contains(cfg.walk.stdin_name());
         // Why not to try again, if so (said only when it is not obvious).
         let give_up = if retry >= cfg.retries || !err.is_transient() {
             Some("")
