@@ -29,14 +29,17 @@ fn run(args: &SenderArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
         ui.eprintln("sender: reading standard input from the terminal (end it with Ctrl-D)");
     }
     let (mut cfg, files) = match plan {
-        SendPlan::Remote(remote) => return send_to_targets(&remote, ui, args.recursive),
+        SendPlan::Remote(remote) => {
+            return send_to_targets(&remote, ui, args.recursive || args.dry_run);
+        }
         SendPlan::Direct { cfg, files } => (cfg, files),
     };
     cfg.progress = ProgressSink::new(ui.clone());
     let outcome = send_files(&cfg, &files, |event| ui.file_event(event))?;
-    if args.recursive && !args.common.quiet {
+    // A dry run's totals are what it is for.
+    if (args.recursive || args.dry_run) && !args.common.quiet {
         let json = args.common.log_format == LogFormat::Json;
-        ui.eprintln(&session_summary(&outcome, json));
+        ui.eprintln(&ui.summary_line(session_summary(&outcome, json)));
     }
     match outcome.first_error {
         Some(first) => {
@@ -56,7 +59,7 @@ fn main() -> std::process::ExitCode {
     let taken_token = take_token_env();
     let mut args = parse_sender_args();
     args.common.taken_token = taken_token;
-    let ui = Arc::new(Ui::new(&args.common, true));
+    let ui = Arc::new(Ui::new(&args.common, true).with_dry_run(args.dry_run));
     init_logging("sender", &args.common, &ui);
     if let Err(e) = install_shutdown_handlers() {
         tracing::warn!("{e}");

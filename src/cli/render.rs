@@ -116,6 +116,7 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
         }
         Outcome::KeptNewer => return left("kept: the receiver's file is newer (--update)"),
         Outcome::Linked => return left("linked: the receiver had it under --link-dest"),
+        Outcome::WouldSend => return left("would be sent (dry run)"),
         Outcome::Stored | Outcome::Discarded | Outcome::Piped => {}
     }
     let resumed = if r.resumed_from > 0 {
@@ -180,7 +181,7 @@ pub fn file_log_json(r: &FileReport) -> serde_json::Value {
         "file": escaped(&r.name).to_string(),
         "bytes": r.bytes,
         "resumed_from": r.resumed_from,
-        "skipped": r.outcome.sent_nothing() && r.outcome != Outcome::Linked,
+        "skipped": r.outcome.left_as_is(),
         "outcome": r.outcome.as_str(),
         "seconds": secs,
         "mib_per_s": mib_per_sec(r.moved(), secs),
@@ -227,7 +228,7 @@ pub fn report_json(r: &FileReport) -> serde_json::Value {
         "name": r.name,
         "bytes": r.bytes,
         "resumed_from": r.resumed_from,
-        "skipped": r.outcome.sent_nothing() && r.outcome != Outcome::Linked,
+        "skipped": r.outcome.left_as_is(),
         "outcome": r.outcome.as_str(),
         "seconds": secs,
         "mib_per_s": mib_per_sec(r.moved(), secs),
@@ -327,6 +328,10 @@ pub fn session_summary_line(outcome: &SessionOutcome) -> String {
     if unchanged > 0 {
         line.push_str(&format!("; {unchanged} unchanged (nothing sent)"));
     }
+    let would = outcome.count(Outcome::WouldSend);
+    if would > 0 {
+        line.push_str(&format!("; {would} would be sent"));
+    }
     let kept = outcome.count(Outcome::KeptExisting) + outcome.count(Outcome::KeptNewer);
     if kept > 0 {
         line.push_str(&format!(
@@ -379,6 +384,7 @@ pub fn session_summary(outcome: &SessionOutcome, json: bool) -> String {
             "already_complete": outcome.count(Outcome::Unchanged),
             "unchanged": outcome.count(Outcome::Unchanged),
             "kept": outcome.count(Outcome::KeptExisting) + outcome.count(Outcome::KeptNewer),
+            "would_send": outcome.count(Outcome::WouldSend),
             "linked": outcome.count(Outcome::Linked),
             "resumed_bytes": outcome.files.iter().map(|f| f.resumed_from).sum::<u64>(),
             "bytes": bytes,

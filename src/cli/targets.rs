@@ -137,7 +137,7 @@ fn one_target(
         let result = match result {
             Ok(outcome) => {
                 if summary && !ui.quiet() {
-                    let line = session_summary(&outcome, ui.log_json());
+                    let line = ui.summary_line(session_summary(&outcome, ui.log_json()));
                     ui.eprintln(&if labelled {
                         label.label_line(&line, ui.log_json())
                     } else {

@@ -34,6 +34,9 @@ pub struct Ui {
     ready_line: bool,
     /// With it: scp's PATH is no directory here (`--ssh-path`).
     path_names_file: bool,
+    /// `sender --dry-run`: every `--json` record says so, and so does the
+    /// summary line.
+    dry_run: bool,
     totals: Mutex<Totals>,
 }
 
@@ -69,6 +72,7 @@ impl Ui {
             print_failures,
             ready_line: false,
             path_names_file: false,
+            dry_run: false,
             totals: Mutex::new(Totals::default()),
         }
     }
@@ -83,6 +87,22 @@ impl Ui {
         self.quiet = true;
         self.log_progress = None;
         self
+    }
+
+    /// `sender --dry-run`: the records and the summary line say so.
+    pub fn with_dry_run(mut self, dry_run: bool) -> Self {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// A session's summary line (`render::session_summary`) as shown: a
+    /// dry run's says that nothing was written.
+    pub fn summary_line(&self, line: String) -> String {
+        if self.dry_run && !self.log_json {
+            format!("dry run, nothing sent or written: {line}")
+        } else {
+            line
+        }
     }
 
     /// `-q`: errors only.
@@ -217,6 +237,13 @@ impl Ui {
     /// can follow it (around the bars, in case stdout is the same terminal).
     /// A closed stdout (`| head -1`) is not an error of the transfer.
     fn print_json(&self, value: &serde_json::Value) {
+        let mut value = value.clone();
+        if self.dry_run
+            && let Some(record) = value.as_object_mut()
+        {
+            record.insert("dry_run".into(), true.into());
+        }
+        let value = &value;
         let print = || {
             let mut out = io::stdout().lock();
             let _ = writeln!(out, "{value}").and_then(|()| out.flush());

@@ -79,6 +79,8 @@ pub enum Outcome {
     /// Received, verified and handed to the receiver's --exec command,
     /// which read all of it and exited 0.
     Piped,
+    /// A dry run: the receiver would take it (nothing sent or written).
+    WouldSend,
 }
 
 impl Outcome {
@@ -92,6 +94,7 @@ impl Outcome {
             Outcome::Linked => "linked",
             Outcome::Discarded => "discarded",
             Outcome::Piped => "piped",
+            Outcome::WouldSend => "would-send",
         }
     }
 
@@ -105,7 +108,8 @@ impl Outcome {
             | Outcome::Unchanged
             | Outcome::KeptExisting
             | Outcome::KeptNewer
-            | Outcome::Linked => "",
+            | Outcome::Linked
+            | Outcome::WouldSend => "",
         }
     }
 
@@ -119,14 +123,15 @@ impl Outcome {
         }
     }
 
-    /// The outcome of an ACK that leaves the receiver's file as it is
-    /// (`AckStatus::leaves_file`), if it is one.
-    pub fn of_stays(status: crate::proto::AckStatus) -> Option<Outcome> {
+    /// The outcome of an ACK that answers a HELLO without data
+    /// (`AckStatus::without_data`), if it is one.
+    pub fn of_no_data(status: crate::proto::AckStatus) -> Option<Outcome> {
         use crate::proto::AckStatus;
         match status {
             AckStatus::Unchanged => Some(Outcome::Unchanged),
             AckStatus::KeptExisting => Some(Outcome::KeptExisting),
             AckStatus::KeptNewer => Some(Outcome::KeptNewer),
+            AckStatus::WouldReceive => Some(Outcome::WouldSend),
             _ => None,
         }
     }
@@ -135,7 +140,11 @@ impl Outcome {
     pub fn sent_nothing(self) -> bool {
         matches!(
             self,
-            Outcome::Unchanged | Outcome::KeptExisting | Outcome::KeptNewer | Outcome::Linked
+            Outcome::Unchanged
+                | Outcome::KeptExisting
+                | Outcome::KeptNewer
+                | Outcome::Linked
+                | Outcome::WouldSend
         )
     }
 

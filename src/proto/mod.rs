@@ -696,7 +696,7 @@ mod tests {
                 SenderEvent::Have(h) => panic!("HAVE without RESUME: {h:?}"),
                 SenderEvent::Keepalive => panic!("KEEPALIVE without a resumed prefix"),
                 SenderEvent::Same { ack, .. } => panic!("ACK of a COMPARE never sent: {ack:?}"),
-                SenderEvent::Stays(a) => {
+                SenderEvent::Settled(a) => {
                     assert_eq!(a.status, AckStatus::Unchanged);
                     assert!(self.awaiting.is_empty(), "ACK before earlier verdicts");
                     let i = self.sending.take().expect("an unchanged offer");

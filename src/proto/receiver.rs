@@ -1399,12 +1399,15 @@ impl<F, W, C> ReceiverSession<F, W, C> {
                     RecvError::Reject(r)
                 }
             })?;
-            let kind = hello_flags::STREAM | hello_flags::DIRECTORY | hello_flags::RESUME;
+            let kind = hello_flags::STREAM
+                | hello_flags::DIRECTORY
+                | hello_flags::RESUME
+                | hello_flags::DRY_RUN;
             if h.caps & kind != 0 {
                 return refuse(
                     RejectCode::Protocol,
                     format!(
-                        "{}: a batch holds plain files only (no stream, directory or resumed file)",
+                        "{}: a batch holds plain files only (no stream, directory, resumed file or dry run)",
                         escaped(&h.name)
                     ),
                 );
@@ -1581,6 +1584,12 @@ impl<F, W, C> ReceiverSession<F, W, C> {
                 reason: "ring shape differs from the receiver configuration",
             });
         }
+        if self.offer_caps & hello_flags::DRY_RUN != 0 {
+            return Err(ProtocolError::OfferKind {
+                op: "accept",
+                kind: "a dry run (answered by would_receive)",
+            });
+        }
         self.ring = ring;
         self.reset_file();
         self.refused_in_a_row = 0;
@@ -1602,6 +1611,38 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         self.work_done();
         self.outbox.push_back(Message::Mr(ring));
         Ok(())
+    }
+
+    /// A dry run's offer passed every check a real run makes (state
+    /// AwaitDecision, a file or stream offered with DRY_RUN, where a real
+    /// run would `accept`): queues ACK(would-receive) -> AwaitHello.
+    /// Nothing was created.
+    pub fn would_receive(&mut self) -> Result<(), ProtocolError> {
+        if self.state != ReceiverState::AwaitDecision {
+            return Err(self.wrong_state("would_receive"));
+        }
+        if self.offer_caps & hello_flags::DRY_RUN == 0 || self.directory || self.batch_files > 0 {
+            return Err(ProtocolError::OfferKind {
+                op: "would_receive",
+                kind: "not a file or stream of a dry run",
+            });
+        }
+        self.refused_in_a_row = 0;
+        self.state = ReceiverState::AwaitHello;
+        self.work_done();
+        self.outbox.push_back(Message::Ack(Ack::new(
+            AckStatus::WouldReceive,
+            String::new(),
+        )));
+        Ok(())
+    }
+
+    /// Whether the current offer is a dry run's (`hello_flags::DRY_RUN`):
+    /// the engine checks, writes nothing, and answers with
+    /// `would_receive` (or `accept_directory` for a directory that exists
+    /// or would be created) instead of `accept`.
+    pub fn offer_is_dry_run(&self) -> bool {
+        self.offer_caps & hello_flags::DRY_RUN != 0
     }
 
     /// A directory offer was carried out (the directory exists now):
@@ -1935,6 +1976,12 @@ fn check_hello(h: &Hello, cfg: &ReceiverConfig) -> Result<(), Reject> {
                 RejectCode::Protocol,
                 "only a file can say what to do with an existing one (IGNORE_TIMES, \
                  IGNORE_EXISTING, UPDATE)",
+            ));
+        }
+        if h.caps & hello_flags::DRY_RUN != 0 && h.caps & hello_flags::RESUME != 0 {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                "a dry run keeps nothing to resume (DRY_RUN with RESUME)",
             ));
         }
         if h.caps & hello_flags::UPDATE != 0 && h.mtime.is_none() {
@@ -3067,7 +3114,7 @@ mod tests {
             (v(6, 0, "f", 1001), Some(RejectCode::TooLarge)),
             (v(6, hello_flags::KEEP_MODE, "f", 1), None),
             (v(6, 1 << 4, "f", 1), Some(RejectCode::Version)),
-            (v(6, 1 << 10, "f", 1), Some(RejectCode::Version)),
+            (v(6, 1 << 11, "f", 1), Some(RejectCode::Version)),
             (v(6, hello_flags::CHECKSUM, "f", 1), None),
             (
                 v(6, hello_flags::CHECKSUM | STREAM, "s", 0),
@@ -4522,5 +4569,62 @@ mod tests {
             assert!(r.on_message(Message::Compare { sha256: [1; 32] }).is_err());
             assert_eq!(r.state(), ReceiverState::Closed);
         }
+    }
+
+    /// A dry run's file (or stream) gets ACK(would-receive) where a real
+    /// run gets the MR, never an MR; its directory is answered as any;
+    /// DRY_RUN never with RESUME, never in a batch.
+    #[test]
+    fn a_dry_run_is_answered_without_data() {
+        let dry = |name: &str, caps: u32| Hello {
+            caps: caps | hello_flags::DRY_RUN,
+            ..hello(name, 3)
+        };
+        let mut r = ReceiverSession::new(cfg(100, 4, 1));
+        sent(&mut r);
+        r.on_message(Message::Hello(dry("f", 0))).unwrap();
+        assert!(r.offer_is_dry_run());
+        assert!(
+            r.accept(ring(&cfg(100, 4, 1)), ()).is_err(),
+            "an MR in a dry run"
+        );
+        r.would_receive().unwrap();
+        assert_eq!(
+            sent(&mut r),
+            [Message::Ack(Ack::new(AckStatus::WouldReceive, ""))]
+        );
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        // A real offer is never answered so.
+        r.on_message(Message::Hello(hello("g", 3))).unwrap();
+        assert!(!r.offer_is_dry_run());
+        assert!(r.would_receive().is_err());
+        r.reject(RejectCode::Exists, "g".into()).unwrap();
+        sent(&mut r);
+        // Nor is a directory (it exists, or would be created: ACK ok).
+        let d = Hello {
+            size: 0,
+            ..dry("d", hello_flags::DIRECTORY)
+        };
+        r.on_message(Message::Hello(d)).unwrap();
+        assert!(r.would_receive().is_err());
+        r.accept_directory().unwrap();
+        sent(&mut r);
+        // With RESUME: refused.
+        let both = Hello {
+            mtime: Some(Mtime { secs: 1, nanos: 0 }),
+            ..dry("r", hello_flags::RESUME | hello_flags::MTIME)
+        };
+        let got = r.on_message(Message::Hello(both));
+        assert!(
+            matches!(got, Err(RecvError::Reject(ref j)) if j.code == RejectCode::Protocol),
+            "{got:?}"
+        );
+        sent(&mut r);
+        // In a batch: refused (the files come one by one).
+        let got = r.on_message(Message::Batch(vec![dry("b/0", 0), hello("b/1", 1)]));
+        assert!(
+            matches!(got, Err(RecvError::Reject(ref j)) if j.code == RejectCode::Protocol),
+            "{got:?}"
+        );
     }
 }

@@ -265,10 +265,12 @@ pub enum SenderEvent<P = u64> {
         /// The SHA-256 sent in COMPARE (the file's digest).
         sha256: [u8; 32],
     },
-    /// The receiver's file under the offer's name stays as it is (ACK
-    /// unchanged, kept-existing or kept-newer, answering the HELLO):
-    /// nothing is sent; the ACK is the file's verdict. Now Idle.
-    Stays(Ack),
+    /// The offer is settled without data (an ACK answering the HELLO):
+    /// the receiver's file under its name stays as it is (unchanged,
+    /// kept-existing, kept-newer), or a dry run would receive it
+    /// (would-receive). Nothing is sent; the ACK is the file's verdict.
+    /// Now Idle.
+    Settled(Ack),
     /// The verdict on the oldest pending entry, with what the engine
     /// gave it to carry (`start_file`, `start_batch`, `finish_carrying`).
     Answered {
@@ -397,6 +399,8 @@ pub struct SenderSession<P = u64> {
     /// The receiver refused a batch by policy (REJECT protocol: it takes
     /// files one by one, e.g. --exec): no more batches this session.
     batches_refused: bool,
+    /// A dry run (`dry_run`).
+    dry_run: bool,
     timers: Timers,
 }
 
@@ -439,8 +443,18 @@ impl<P> SenderSession<P> {
             offers: 0,
             batching: false,
             batches_refused: false,
+            dry_run: false,
             timers: Timers::default(),
         }
+    }
+
+    /// Every offer of this session is a dry run's (`sender --dry-run`):
+    /// its HELLO carries DRY_RUN and never RESUME, no batch is offered,
+    /// and the receiver answers without data (ACK would-receive where a
+    /// real run would get the MR).
+    pub fn dry_run(mut self) -> Self {
+        self.dry_run = true;
+        self
     }
 
     /// The session with its timers: the receiver may be silent for
@@ -620,7 +634,10 @@ impl<P> SenderSession<P> {
     /// after the receiver refused a batch by policy (it would refuse the
     /// next one too).
     pub fn may_batch(&self) -> bool {
-        self.can_start() && !self.batches_refused && self.expected_chunk_len().is_some()
+        self.can_start()
+            && !self.batches_refused
+            && !self.dry_run
+            && self.expected_chunk_len().is_some()
     }
 
     fn wrong_state(&self, op: &'static str) -> ProtocolError {
@@ -655,7 +672,10 @@ impl<P> SenderSession<P> {
         op: &'static str,
     ) -> Result<(), ProtocolError> {
         self.check_can_start(op)?;
-        let hello = offer_hello(offer);
+        let mut hello = offer_hello(offer);
+        if self.dry_run {
+            hello.caps = hello.caps & !hello_flags::RESUME | hello_flags::DRY_RUN;
+        }
         let resume = hello.caps & hello_flags::RESUME != 0;
         if hello.is_directory() {
             let Some(payload) = payload else {
@@ -701,6 +721,11 @@ impl<P> SenderSession<P> {
         op: &'static str,
     ) -> Result<(), ProtocolError> {
         self.check_can_start(op)?;
+        if self.dry_run {
+            return Err(ProtocolError::BadBatch {
+                reason: "a dry run offers its files one by one",
+            });
+        }
         let digest = offers
             .first()
             .map(|o| o.digest)
@@ -893,7 +918,7 @@ impl<P> SenderSession<P> {
             // current HELLO.
             // (A verdict without data answers a HELLO, never a FIN.)
             (Idle | AwaitRing | AwaitHave | AwaitCompared, Message::Ack(a))
-                if front.is_some() && !a.status.leaves_file() =>
+                if front.is_some() && !a.status.without_data() =>
             {
                 self.answer_front(Verdict::Ack(a))
             }
@@ -962,11 +987,12 @@ impl<P> SenderSession<P> {
             // The receiver's file stays: what it may say depends on what
             // the offer asked (a plain file; kept only as asked).
             (AwaitRing | AwaitHave, Message::Ack(a))
-                if front.is_none() && a.status.leaves_file() =>
+                if front.is_none() && a.status.without_data() =>
             {
                 let asked = match a.status {
                     AckStatus::KeptExisting => self.offer_caps & hello_flags::IGNORE_EXISTING != 0,
                     AckStatus::KeptNewer => self.offer_caps & hello_flags::UPDATE != 0,
+                    AckStatus::WouldReceive => self.dry_run,
                     _ => !self.batching && !self.stream,
                 };
                 if !asked {
@@ -975,7 +1001,7 @@ impl<P> SenderSession<P> {
                 self.planned = self.size;
                 self.state = Idle;
                 self.carried = None;
-                Ok(SenderEvent::Stays(a))
+                Ok(SenderEvent::Settled(a))
             }
             // It differs: nothing to reuse, FROM 0 follows.
             (AwaitCompared, Message::Have(have)) if front.is_none() => {
@@ -995,7 +1021,8 @@ impl<P> SenderSession<P> {
             (AwaitHave | AwaitCompared, Message::Keepalive) if front.is_none() => {
                 Ok(SenderEvent::Keepalive)
             }
-            (AwaitRing, Message::Mr(ring)) if front.is_none() => {
+            // (Never for a dry run: nothing is sent.)
+            (AwaitRing, Message::Mr(ring)) if front.is_none() && !self.dry_run => {
                 check_ring(&ring)?;
                 // A slot holds a chunk and its tag.
                 let room = match ring.slot_size.checked_sub(self.tag_len()) {
@@ -3552,5 +3579,35 @@ mod tests {
         };
         assert!(members.iter().all(|m| m.caps & hello_flags::CHECKSUM != 0));
         assert!(s.on_message(Message::Have(Have::ask_digest(3))).is_err());
+    }
+
+    /// A dry run's session: every HELLO carries DRY_RUN and never
+    /// RESUME, no batch, and ACK(would-receive) settles an offer; a real
+    /// session takes no such ACK.
+    #[test]
+    fn a_dry_run_offers_alone_and_is_settled_without_data() {
+        let mut s = SenderSession::new(100, None).dry_run();
+        s.on_message(challenge(0)).unwrap();
+        assert!(!s.may_batch());
+        assert!(s.start_batch(vec![offer(1)], 1).is_err());
+        let resumed = FileOffer {
+            resume: true,
+            mtime: Some(Mtime { secs: 1, nanos: 0 }),
+            ..offer(10)
+        };
+        let Message::Hello(h) = queued(s.start_file(resumed, 1), &mut s).unwrap() else {
+            panic!("no HELLO")
+        };
+        assert_eq!(h.caps, hello_flags::DRY_RUN | hello_flags::MTIME);
+        assert_eq!(s.state(), SenderState::AwaitRing);
+        let would = Ack::new(AckStatus::WouldReceive, "");
+        let got = s.on_message(Message::Ack(would.clone())).unwrap();
+        assert_eq!(got, SenderEvent::Settled(would.clone()));
+        assert_eq!(s.state(), SenderState::Idle);
+        // A real session: a protocol error.
+        let mut s = greeted(100);
+        queued(s.start_file(offer(10), 1), &mut s).unwrap();
+        assert!(s.on_message(Message::Ack(would)).is_err());
+        assert_eq!(s.state(), SenderState::Closed);
     }
 }

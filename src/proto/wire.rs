@@ -67,6 +67,10 @@ pub mod hello_flags {
     /// modification time than the offer's stays as it is (ACK(kept-newer))
     /// (protocol 6). Only with MTIME.
     pub const UPDATE: u32 = 1 << 9;
+    /// `sender --dry-run`: the receiver makes every check of a real run
+    /// and answers without data (ACK would-receive instead of the MR);
+    /// nothing is written. Never with RESUME, never in a BATCH.
+    pub const DRY_RUN: u32 = 1 << 10;
     /// Every flag this build knows.
     pub const KNOWN: u32 = STREAM
         | DIRECTORY
@@ -76,7 +80,8 @@ pub mod hello_flags {
         | CHECKSUM
         | IGNORE_TIMES
         | IGNORE_EXISTING
-        | UPDATE;
+        | UPDATE
+        | DRY_RUN;
 }
 /// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
 pub const MAX_REASON: usize = 1024;
@@ -340,6 +345,9 @@ pub enum AckStatus {
     /// Answering a HELLO with UPDATE: the receiver's file is newer and
     /// stays. Nothing is sent; a success.
     KeptNewer = 7,
+    /// Answering a HELLO with DRY_RUN where a real run would get the MR:
+    /// the receiver would take it. Nothing is sent or written; a success.
+    WouldReceive = 8,
 }
 
 /// The statuses of an ACK that fails its file: every one but Ok.
@@ -390,7 +398,7 @@ impl From<AckFailure> for AckStatus {
 
 impl AckStatus {
     /// Every status, in wire order.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Ok,
         Self::Integrity,
         Self::Io,
@@ -399,13 +407,18 @@ impl AckStatus {
         Self::Unchanged,
         Self::KeptExisting,
         Self::KeptNewer,
+        Self::WouldReceive,
     ];
 
     /// The failure this status says; None for Ok and the verdicts that
     /// leave the receiver's file as it is.
     pub const fn failure(self) -> Option<AckFailure> {
         match self {
-            Self::Ok | Self::Unchanged | Self::KeptExisting | Self::KeptNewer => None,
+            Self::Ok
+            | Self::Unchanged
+            | Self::KeptExisting
+            | Self::KeptNewer
+            | Self::WouldReceive => None,
             Self::Integrity => Some(AckFailure::Integrity),
             Self::Io => Some(AckFailure::Io),
             Self::Protocol => Some(AckFailure::Protocol),
@@ -429,13 +442,17 @@ impl AckStatus {
             Self::Unchanged => "unchanged",
             Self::KeptExisting => "kept: it exists",
             Self::KeptNewer => "kept: newer at the receiver",
+            Self::WouldReceive => "would be received (dry run)",
         }
     }
 
-    /// A verdict that answers a HELLO without data (the receiver's file
-    /// stays as it is).
-    pub const fn leaves_file(self) -> bool {
-        matches!(self, Self::Unchanged | Self::KeptExisting | Self::KeptNewer)
+    /// A verdict that answers a HELLO without data: the receiver's file
+    /// stays as it is, or a dry run would receive it.
+    pub const fn without_data(self) -> bool {
+        matches!(
+            self,
+            Self::Unchanged | Self::KeptExisting | Self::KeptNewer | Self::WouldReceive
+        )
     }
 
     /// A stable one-word name, for scripts (JSON, test tools).
@@ -449,6 +466,7 @@ impl AckStatus {
             Self::Unchanged => "unchanged",
             Self::KeptExisting => "kept-existing",
             Self::KeptNewer => "kept-newer",
+            Self::WouldReceive => "would-receive",
         }
     }
 }
@@ -1987,7 +2005,7 @@ pub(crate) mod tests {
             );
         }
         let mut b = encode_to_vec(&Message::Ack(Ack::new(AckStatus::Ok, "x"))).unwrap();
-        for v in [8u16, u16::MAX] {
+        for v in [9u16, u16::MAX] {
             b[12..14].copy_from_slice(&v.to_be_bytes());
             assert_eq!(
                 decode(&b),

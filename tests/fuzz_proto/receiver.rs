@@ -60,6 +60,8 @@ pub(crate) enum RxAction {
     /// whose size is the offer's plus `dsize` and whose time is the
     /// offer's plus `dsecs` seconds.
     Existing(Option<(u8, i8)>),
+    /// A dry run's offer passed the engine's checks (`would_receive`).
+    WouldReceive,
     /// Time passes (milliseconds) and the engine's wait ends at the
     /// machine's deadline or later (`handle_timeout`).
     Elapse(u32),
@@ -142,6 +144,7 @@ pub(crate) fn rx_action() -> impl Strategy<Value = RxAction> {
         1 => (0u8..3).prop_map(RxAction::Compared),
         1 => any::<u8>().prop_map(RxAction::RefuseBatchForLink),
         1 => proptest::option::of((0u8..2, -1i8..=1)).prop_map(RxAction::Existing),
+        1 => Just(RxAction::WouldReceive),
         2 => prop_oneof![3 => 0u32..1_000, 1 => 0u32..70_000].prop_map(RxAction::Elapse),
         6 => Just(RxAction::ChunkDone),
         1 => Just(RxAction::Flush),
@@ -242,6 +245,13 @@ pub(crate) fn plain_file(m: &RxModel) -> bool {
         && m.offer
             .as_ref()
             .is_some_and(|h| !h.is_stream() && !h.is_directory())
+}
+
+/// The current offer is a dry run's.
+pub(crate) fn dry(m: &RxModel) -> bool {
+    m.offer
+        .as_ref()
+        .is_some_and(|h| h.caps & hello_flags::DRY_RUN != 0)
 }
 
 /// A HAVE after which COMPARE may come.
@@ -464,6 +474,16 @@ pub(crate) fn legal_rx(
                     hello_flags::UPDATE | hello_flags::MTIME,
                     format!("f{}", m.files),
                 ),
+                8 if seed % 4 == 1 => (
+                    v,
+                    hello_flags::DRY_RUN | hello_flags::MTIME,
+                    format!("f{}", m.files),
+                ),
+                1 if seed % 6 == 1 => (
+                    v,
+                    hello_flags::DIRECTORY | hello_flags::DRY_RUN,
+                    format!("d/{}", m.files),
+                ),
                 8 if seed.is_multiple_of(2) => (
                     v,
                     hello_flags::MTIME
@@ -541,6 +561,10 @@ pub(crate) fn legal_rx(
         // Now and then --link-dest may hold a member: the batch is refused.
         AwaitDecision if m.batch_files > 0 && seed % 11 == 10 => {
             RxAction::RefuseBatchForLink(seed as u8)
+        }
+        // A dry run is answered without data where a real run gets its MR.
+        AwaitDecision if dry(m) && !m.offer.as_ref().is_some_and(Hello::is_directory) => {
+            RxAction::WouldReceive
         }
         AwaitDecision => RxAction::Accept {
             same_shape: true,
@@ -1178,6 +1202,7 @@ pub(crate) fn check_receiver(
                 tokens += 1;
                 match queued(r.accept(ring, tokens), &mut r) {
                     Ok(mr) => {
+                        prop_assert!(!dry(&m), "an MR for a dry run");
                         prop_assert_eq!(file_token.replace(tokens), None);
                         // An accepted batch's other files count now.
                         hellos += m.batch_files.saturating_sub(1);
@@ -1422,6 +1447,29 @@ pub(crate) fn check_receiver(
                 }
                 Err(_) => prop_assert_eq!(r.state(), before),
             },
+            RxAction::WouldReceive => {
+                let answering = before == AwaitDecision
+                    && dry(&m)
+                    && m.batch_files == 0
+                    && !m.offer.as_ref().is_some_and(Hello::is_directory);
+                match queued(r.would_receive(), &mut r) {
+                    Ok(msg) => {
+                        prop_assert!(answering, "would_receive in {:?}", before);
+                        prop_assert_eq!(msg, Message::Ack(Ack::new(AckStatus::WouldReceive, "")));
+                        prop_assert_eq!(r.state(), AwaitHello);
+                        refused = 0;
+                        RX.hit(15);
+                        m = RxModel {
+                            files: m.files,
+                            ..m.session_wide()
+                        };
+                    }
+                    Err(_) => {
+                        prop_assert!(!answering, "a dry run not answered");
+                        prop_assert_eq!(r.state(), before);
+                    }
+                }
+            }
             RxAction::Existing(found) => {
                 let offer = m.offer.clone();
                 let found = match (&offer, found) {
@@ -1665,8 +1713,8 @@ pub(crate) fn machine_receiver() {
                  a prefix), {} chunks placed, {} FINs verified, {} files acknowledged, {} \
                  copies compared ({} the same), {} batches passed, {} digests asked ({} the \
                  same), {} digest questions past the budget refused ({} about a name compared \
-                 already), {} files left as they were; {} KEEPALIVEs while the engine worked, \
-                 {} sessions timed out, {} early wakes",
+                 already), {} files left as they were, {} dry-run offers answered; {} \
+                 KEEPALIVEs while the engine worked, {} sessions timed out, {} early wakes",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -1682,6 +1730,7 @@ pub(crate) fn machine_receiver() {
                 RX.get(12),
                 RX.get(13),
                 RX.get(14),
+                RX.get(15),
                 RX_TIMERS.get(0),
                 RX_TIMERS.get(1),
                 RX_TIMERS.get(2)

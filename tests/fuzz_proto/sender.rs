@@ -135,6 +135,8 @@ pub(crate) struct TxModel {
     /// the receiver may answer without data (ACK unchanged, kept).
     caps: u32,
     batch: bool,
+    /// The session is a dry run's (`SenderSession::dry_run`).
+    dry_run: bool,
     /// Bytes of a chunk's tag after it: `CHUNK_TAG_LEN` once the receiver
     /// proved the token.
     tag_len: u32,
@@ -220,6 +222,10 @@ pub(crate) fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
         AwaitRing if seed.is_multiple_of(6) => {
             TxAction::Msg(Message::Reject(Reject::new(RejectCode::Exists, "exists")))
         }
+        // A dry run gets no ring: the receiver would receive the offer.
+        AwaitRing if m.dry_run && front.is_none() && seed % 4 != 3 => {
+            TxAction::AckLike(AckStatus::WouldReceive)
+        }
         // The receiver has the file: it stays (a file alone only).
         AwaitRing | AwaitHave if front.is_none() && !m.stream && !m.batch && seed % 11 == 10 => {
             TxAction::AckLike(AckStatus::Unchanged)
@@ -286,8 +292,10 @@ pub(crate) fn check_sender(
 ) -> Result<(), TestCaseError> {
     use SenderState::*;
     let token = secret.and_then(Token::new);
+    // Now and then a dry run's session.
+    let dry_run = chunk_size % 5 == 4;
     let new_session = || {
-        SenderSession::new(
+        let s = SenderSession::new(
             chunk_size,
             token.clone().map(|token| SenderAuth {
                 token,
@@ -295,20 +303,25 @@ pub(crate) fn check_sender(
                 conn: test_conn(),
             }),
         )
-        .with_timeout(TIMEOUT)
+        .with_timeout(TIMEOUT);
+        if dry_run { s.dry_run() } else { s }
+    };
+    let new_model = || TxModel {
+        dry_run,
+        ..TxModel::default()
     };
     // The synthetic clock.
     let mut now = Instant::now();
     // Whether the receiver proved itself in this session.
     let mut proven = false;
     let mut s = new_session();
-    let mut m = TxModel::default();
+    let mut m = new_model();
     for action in actions {
         let action = match action {
             TxAction::Legal(seed) => match legal_tx(s.state(), &m, seed) {
                 TxAction::Legal(_) => {
                     s = new_session();
-                    m = TxModel::default();
+                    m = new_model();
                     proven = false;
                     continue;
                 }
@@ -396,6 +409,7 @@ pub(crate) fn check_sender(
                     Err(_) => {
                         prop_assert!(
                             before != Idle
+                                || m.dry_run
                                 || m.pending.len() >= MAX_PENDING
                                 || n == 0
                                 || mixed
@@ -430,12 +444,15 @@ pub(crate) fn check_sender(
                     (OfferKind::File, WhenExisting::Update) if resume => hello_flags::UPDATE,
                     _ => 0,
                 };
-                let resume_caps = if resume {
-                    hello_flags::RESUME | hello_flags::MTIME
-                } else {
-                    0
+                // A dry run drops RESUME (its time stays) and says so.
+                let dry = if m.dry_run { hello_flags::DRY_RUN } else { 0 };
+                let resume_caps = match (resume, m.dry_run) {
+                    (true, false) => hello_flags::RESUME | hello_flags::MTIME,
+                    (true, true) => hello_flags::MTIME,
+                    (false, _) => 0,
                 } | if checksum { hello_flags::CHECKSUM } else { 0 }
-                    | rule;
+                    | rule
+                    | dry;
                 let tag = m.next_tag;
                 m.next_tag += 1;
                 // Odd tags: the engine's way, the payload with the FIN; a
@@ -479,7 +496,7 @@ pub(crate) fn check_sender(
                                 prop_assert!(h.is_stream() && h.version == PROTOCOL_VERSION);
                                 prop_assert_eq!(
                                     h.caps & !hello_flags::KEEP_MODE,
-                                    hello_flags::STREAM
+                                    hello_flags::STREAM | dry
                                 );
                             }
                             OfferKind::Directory => {
@@ -487,7 +504,7 @@ pub(crate) fn check_sender(
                                 prop_assert!(h.is_directory() && h.version == PROTOCOL_VERSION);
                                 prop_assert_eq!(
                                     h.caps & !hello_flags::KEEP_MODE,
-                                    hello_flags::DIRECTORY
+                                    hello_flags::DIRECTORY | dry
                                 );
                             }
                         }
@@ -499,7 +516,11 @@ pub(crate) fn check_sender(
                         } else {
                             m.tag = tag;
                             m.tag_at_fin = at_fin;
-                            let next = if resume { AwaitHave } else { AwaitRing };
+                            let next = if resume && !m.dry_run {
+                                AwaitHave
+                            } else {
+                                AwaitRing
+                            };
                             prop_assert_eq!(s.state(), next);
                             m.have = None;
                             m.base_len = 0;
@@ -624,17 +645,17 @@ pub(crate) fn check_sender(
                 // (once earlier entries are answered), and says "kept" only
                 // as the offer asked; never a FIN's verdict.
                 if let Message::Ack(a) = &sent
-                    && a.status.leaves_file()
+                    && a.status.without_data()
                 {
                     let asked = match a.status {
                         AckStatus::KeptExisting => m.caps & hello_flags::IGNORE_EXISTING != 0,
                         AckStatus::KeptNewer => m.caps & hello_flags::UPDATE != 0,
-                        _ => true,
+                        // A dry run's stream too.
+                        AckStatus::WouldReceive => m.dry_run,
+                        _ => !m.stream,
                     };
-                    let answering = matches!(before, AwaitRing | AwaitHave)
-                        && front.is_none()
-                        && !m.stream
-                        && !m.batch;
+                    let answering =
+                        matches!(before, AwaitRing | AwaitHave) && front.is_none() && !m.batch;
                     prop_assert_eq!(
                         result.is_ok(),
                         answering && asked,
@@ -645,7 +666,7 @@ pub(crate) fn check_sender(
                     );
                 }
                 match result {
-                    Ok(SenderEvent::Stays(a)) => {
+                    Ok(SenderEvent::Settled(a)) => {
                         prop_assert!(matches!(before, AwaitRing | AwaitHave));
                         prop_assert!(m.pending.is_empty());
                         prop_assert_eq!(Message::Ack(a), sent);
@@ -767,6 +788,7 @@ pub(crate) fn check_sender(
                     }
                     Ok(SenderEvent::Ring(ring)) => {
                         prop_assert_eq!(before, AwaitRing);
+                        prop_assert!(!m.dry_run, "a ring for a dry run");
                         // Only once every earlier entry is answered.
                         prop_assert!(m.pending.is_empty());
                         // A slot holds at least one byte besides a tag.
@@ -1179,7 +1201,7 @@ pub(crate) fn machine_sender() {
                 "{} greetings, {} rings granted ({} after a resumed prefix), {} chunks \
                  planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same), \
                  {} batches offered, {} digests asked ({} linked), {} silent receivers, \
-                 {} keepalives due, {} files unchanged",
+                 {} keepalives due, {} offers settled without data",
                 TX.get(4),
                 TX.get(0),
                 TX.get(5),

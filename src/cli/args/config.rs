@@ -490,6 +490,7 @@ impl SenderArgs {
             WhenExisting::QuickCheck
         };
         cfg.retries = self.retry;
+        cfg.dry_run = self.dry_run;
         cfg.bwlimit = self.bwlimit;
         Ok(match (operands, launch) {
             (Operands::Remote { targets, .. }, Some(launch)) => {

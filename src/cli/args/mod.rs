@@ -361,6 +361,12 @@ pub struct SenderArgs {
     /// is (reported kept-newer, a success).
     #[arg(short = 'u', long, help_heading = OUTPUT)]
     pub update: bool,
+    /// Say what would be sent, left unchanged or kept, and refused (and
+    /// why), with totals: the receiver makes every check of a real run
+    /// and nothing is sent or written on either side. The exit status is
+    /// the real run's (4 if any file would be refused).
+    #[arg(short = 'n', long, conflicts_with_all = ["resume", "retry"], help_heading = OUTPUT)]
+    pub dry_run: bool,
     /// Leave out what matches PATTERN (repeatable; with --include, the
     /// first matching rule in command-line order decides). Matched against
     /// the path an entry arrives under: `*.tmp` (any depth; `*` stops at

@@ -93,7 +93,7 @@ impl Connection {
                 })
             }
         };
-        let session = SenderSession::carrying(cfg.chunk_size, auth).with_timeout(cfg.timeout);
+        let session = session_for(cfg, auth);
         let mut conn = Connection::new(connect_time, Box::new(RdmaLink::new(ep, control)), session);
         conn.pace(cfg);
         Ok((conn, staging))
@@ -526,4 +526,15 @@ fn settle(
         Err(FileError::Fatal(e)) => return Err(e),
     }
     Ok(())
+}
+
+/// The session's machine as `cfg` asks for it: its chunk size, timeout
+/// and, for --dry-run, offers that are a dry run's.
+pub(super) fn session_for<P>(cfg: &SenderConfig, auth: Option<SenderAuth>) -> SenderSession<P> {
+    let session = SenderSession::carrying(cfg.chunk_size, auth).with_timeout(cfg.timeout);
+    if cfg.dry_run {
+        session.dry_run()
+    } else {
+        session
+    }
 }

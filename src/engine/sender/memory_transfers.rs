@@ -10,7 +10,7 @@ use crate::engine::memory_wire;
 use crate::engine::receiver::{ReceiverConfig, Reported, reported, sender_auth, serve_over};
 use crate::engine::report::{FileEvent, Outcome};
 use crate::error::XferError;
-use crate::proto::{Channel, DigestAlg, Message, Reject, RejectCode, SenderSession, Token};
+use crate::proto::{Channel, DigestAlg, Message, Reject, RejectCode, Token};
 use crate::sys::SysError;
 use crate::sys::rdma::{Buffer, BufferPool};
 use std::collections::VecDeque;
@@ -81,8 +81,7 @@ pub(super) fn transfer_meddled(
         let plan = entries::plan(paths, &cfg.walk).expect("a plan");
         let (pool, tokens) =
             BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).expect("staging");
-        let session =
-            SenderSession::carrying(cfg.chunk_size, sender_auth(rcfg)).with_timeout(cfg.timeout);
+        let session = super::connection::session_for(cfg, sender_auth(rcfg));
         let mut conn = Connection::new(Duration::ZERO, sender_end, session);
         conn.pace(cfg);
         let on_file = |e: FileEvent<'_>| sender_saw.push(reported(e));
@@ -249,7 +248,7 @@ impl WriteLink for Meddled {
 }
 
 /// A tree of files of 0 bytes to a few chunks, and one more level.
-fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+pub(super) fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
     let files = [
         ("t/empty", 0),
         ("t/small", 10),
@@ -271,7 +270,7 @@ fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Each file of `files` is in `dest` with its bytes.
-fn assert_arrived(dest: &Path, files: &[(String, Vec<u8>)]) {
+pub(super) fn assert_arrived(dest: &Path, files: &[(String, Vec<u8>)]) {
     for (name, data) in files {
         assert_eq!(&std::fs::read(dest.join(name)).unwrap(), data, "{name}");
     }

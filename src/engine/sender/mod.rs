@@ -16,6 +16,8 @@ mod member;
 mod memory_transfers;
 mod pace;
 mod pump;
+#[cfg(test)]
+mod rerun_transfers;
 mod verdicts;
 
 use connection::Connection;
@@ -77,6 +79,9 @@ pub struct SenderConfig {
     /// What the receiver does with a file it has under the name
     /// (--ignore-times, --ignore-existing, --update).
     pub existing: crate::proto::WhenExisting,
+    /// `--dry-run`: every offer checked by the receiver as a real run's
+    /// would be, nothing sent or written (`SenderSession::dry_run`).
+    pub dry_run: bool,
     /// After a failure that may be transient (`XferError::is_transient`),
     /// connect again this many times at most (with a growing pause) and
     /// send what was not acknowledged yet.
@@ -108,11 +113,17 @@ impl SenderConfig {
             ack_timeout: super::AckTimeout::Auto,
             timeout: DEFAULT_TIMEOUT,
             token: None,
-            walk: WalkOptions::default(),
+            // Times travel: a re-run finds them (the receiver's quick
+            // check).
+            walk: WalkOptions {
+                times: true,
+                ..WalkOptions::default()
+            },
             progress: ProgressSink::default(),
             resume: false,
             checksum: false,
             existing: crate::proto::WhenExisting::QuickCheck,
+            dry_run: false,
             retries: 0,
             bwlimit: None,
         }

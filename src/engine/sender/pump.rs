@@ -279,8 +279,8 @@ impl Connection {
                 Ok(Flow::Done)
             }
             // The receiver's file stays: nothing is read or sent.
-            SenderEvent::Stays(ack) => {
-                let outcome = Outcome::of_stays(ack.status).unwrap_or(Outcome::Unchanged);
+            SenderEvent::Settled(ack) => {
+                let outcome = Outcome::of_no_data(ack.status).unwrap_or(Outcome::Unchanged);
                 info!(file = %escaped(&w.name), "{}: nothing sent", ack.status.as_str());
                 self.answered(cfg, w, outcome, None, ack, tracker)?;
                 Ok(Flow::Done)

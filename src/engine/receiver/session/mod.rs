@@ -9,6 +9,7 @@ mod offers;
 #[cfg(test)]
 pub(super) mod tests;
 
+use crate::engine::receiver::storage::dry_run::WouldCreate;
 use crate::engine::worker::Worker;
 use file_work::Done;
 
@@ -87,6 +88,8 @@ struct Session<'a, 's> {
     ring: Option<ExposedRing>,
     /// `register_ring_ahead` ran (it tries once).
     ring_tried_ahead: bool,
+    /// The directories a dry run of this session would have created.
+    would_create: WouldCreate,
     /// Private copy of the chunk being handled: what is checked is what is
     /// written, whatever the peer does to the ring meanwhile.
     chunk: Vec<u8>,
@@ -253,6 +256,7 @@ pub(super) fn drive<'a>(
         link,
         ring: None,
         ring_tried_ahead: false,
+        would_create: WouldCreate::default(),
         chunk: Vec::new(),
         behind: None,
         writers_failed: false,

@@ -29,6 +29,13 @@ impl Session<'_, '_> {
         let hello_at = Instant::now();
         if hello.is_directory() {
             info!(dir = %hello.name, "directory");
+            if self.machine.offer_is_dry_run() {
+                let checked = self.dry_run_checks(&hello);
+                return match checked {
+                    Ok(()) => Ok(self.machine.accept_directory()?),
+                    Err(refusal) => self.refuse(&hello, hello_at, refusal),
+                };
+            }
             return match self.store.make_dir(&hello) {
                 Ok(()) => {
                     self.machine.accept_directory()?;
@@ -72,10 +79,21 @@ impl Session<'_, '_> {
         self.prepare_and_accept(&hello, hello_at, Resume::No, None, None)
     }
 
+    /// A dry run's checks of the current offer (nothing created).
+    fn dry_run_checks(&mut self, hello: &Hello) -> Result<(), Reject> {
+        let (overwrite, dir) = (self.cfg.overwrite, &self.cfg.dir);
+        self.store
+            .dry_run(hello, overwrite, dir, &mut self.would_create)
+    }
+
     /// Whether to ask an offer for its SHA-256 before its data, and why:
     /// for --exec's command, or for the file --link-dest may hold, when
-    /// the machine allows the question (`may_ask_digest`).
+    /// the machine allows the question (`may_ask_digest`). Never in a dry
+    /// run: a --link-dest copy would be linked into place.
     pub(super) fn digest_for(&self, hello: &Hello) -> Option<DigestFor> {
+        if self.machine.offer_is_dry_run() {
+            return None;
+        }
         if let Err(why) = self.machine.may_ask_digest(hello) {
             debug!(file = %hello.name, "its SHA-256 is not asked: {why}");
             return None;
@@ -236,6 +254,15 @@ impl Session<'_, '_> {
         continued: Option<(FileHasher, u64)>,
         sha256: Option<[u8; 32]>,
     ) -> Result<(), XferError> {
+        if self.machine.offer_is_dry_run() {
+            return match self.dry_run_checks(hello) {
+                Ok(()) => {
+                    info!(file = %escaped(&hello.name), "dry run: would be received");
+                    Ok(self.machine.would_receive()?)
+                }
+                Err(refusal) => self.refuse(hello, hello_at, refusal),
+            };
+        }
         // The ring is normally registered ahead (`register_ring_ahead`);
         // if that failed, it is tried again for an acceptable offer, and if
         // that fails (memlock limit, say) the sender hears why instead of
@@ -297,7 +324,7 @@ impl Session<'_, '_> {
                 ..Phases::default()
             },
             resumed_from: 0,
-            outcome: Outcome::of_stays(status).unwrap_or(Outcome::Unchanged),
+            outcome: Outcome::of_no_data(status).unwrap_or(Outcome::Unchanged),
         };
         (self.on_file)(FileEvent::Done(&report));
         sent

@@ -30,7 +30,7 @@ fn a_rerun_is_unchanged_and_a_different_file_is_refused_or_decided_as_asked() {
         peer.greet();
         assert_eq!(peer.send_file("f", &data).status, AckStatus::Ok);
         // The same size and time: unchanged, nothing sent.
-        let SenderEvent::Stays(ack) = peer.offer(file("f", size)) else {
+        let SenderEvent::Settled(ack) = peer.offer(file("f", size)) else {
             panic!("not unchanged");
         };
         assert_eq!(ack.status, AckStatus::Unchanged);
@@ -67,7 +67,7 @@ fn a_rerun_is_unchanged_and_a_different_file_is_refused_or_decided_as_asked() {
         // --ignore-existing: whatever is there stays.
         let mut other = file("f", 5);
         other.existing = WhenExisting::IgnoreExisting;
-        let SenderEvent::Stays(ack) = peer.offer(other) else {
+        let SenderEvent::Settled(ack) = peer.offer(other) else {
             panic!("not kept");
         };
         assert_eq!(ack.status, AckStatus::KeptExisting);
@@ -75,7 +75,7 @@ fn a_rerun_is_unchanged_and_a_different_file_is_refused_or_decided_as_asked() {
         let mut older = file("f", 5);
         older.existing = WhenExisting::Update;
         older.mtime = at(1_600_000_000);
-        let SenderEvent::Stays(ack) = peer.offer(older.clone()) else {
+        let SenderEvent::Settled(ack) = peer.offer(older.clone()) else {
             panic!("not kept");
         };
         assert_eq!(ack.status, AckStatus::KeptNewer);

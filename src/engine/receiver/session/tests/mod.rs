@@ -3,6 +3,7 @@
 //! protocol's sender machine and looks at the result, the replies, the
 //! reported files and the directory.
 
+mod dry_run;
 mod existing;
 mod file_work;
 mod peer;

@@ -1,0 +1,174 @@
+//! A dry run's checks (`sender --dry-run`): everything a real run checks
+//! on disk for an offer (its directory, the final name, free space), and
+//! nothing created. A directory the dry run would create is remembered,
+//! so that what would go inside it is judged as new.
+
+use super::FileStore;
+use super::paths::{check_exec_path, open_parent};
+use super::temp_file::check_final_name;
+use crate::proto::{Hello, Reject, RejectCode};
+use crate::sys::dirfd::EntryKind;
+use crate::sys::os::free_space;
+use std::collections::HashSet;
+use std::path::Path;
+
+/// The directories a dry run would have created so far in its session.
+#[derive(Debug, Default)]
+pub(in crate::engine::receiver) struct WouldCreate(HashSet<String>);
+
+impl WouldCreate {
+    /// Whether `name` lies inside a directory the dry run would create.
+    fn holds(&self, name: &str) -> bool {
+        let mut at = name;
+        while let Some((parent, _)) = at.rsplit_once('/') {
+            if self.0.contains(parent) {
+                return true;
+            }
+            at = parent;
+        }
+        false
+    }
+}
+
+impl FileStore {
+    /// The checks `make_dir` (a directory) or `create` (a file or stream)
+    /// would make of `hello`, with nothing created: Ok when a real run
+    /// would go on (and, for a directory, create it or use the one there),
+    /// else the refusal it would send.
+    pub(in crate::engine::receiver) fn dry_run(
+        &self,
+        hello: &Hello,
+        overwrite: bool,
+        dir: &Path,
+        would_create: &mut WouldCreate,
+    ) -> Result<(), Reject> {
+        let (root, ledger) = match self {
+            FileStore::Tree { root, ledger, .. } => (root, ledger),
+            FileStore::Discard => return Ok(()),
+            FileStore::Exec { root, .. } => return check_exec_path(root, &hello.name),
+            FileStore::Stdout(_) if hello.is_directory() => {
+                return Err(Reject::new(
+                    RejectCode::Protocol,
+                    format!(
+                        "the receiver writes to its standard output (--stdout) and cannot create directory {}",
+                        hello.name
+                    ),
+                ));
+            }
+            FileStore::Stdout(None) => {
+                return Err(Reject::new(
+                    RejectCode::Protocol,
+                    "the receiver writes to its standard output (--stdout): one file or stream per session",
+                ));
+            }
+            FileStore::Stdout(Some(_)) => return Ok(()),
+        };
+        // Below a directory this run would create: new, only the space
+        // counts.
+        if !would_create.holds(&hello.name) {
+            let (parent, leaf) = open_parent(root, &hello.name)?;
+            if hello.is_directory() {
+                let kind = parent.kind(&leaf).map_err(|e| {
+                    Reject::new(
+                        RejectCode::Io,
+                        format!("cannot inspect {}: {e}", hello.name),
+                    )
+                })?;
+                match kind {
+                    Some(EntryKind::Dir) => return Ok(()),
+                    Some(EntryKind::Symlink) => {
+                        return Err(Reject::new(
+                            RejectCode::Exists,
+                            format!(
+                                "{} is a symbolic link on the receiver: not followed",
+                                hello.name
+                            ),
+                        ));
+                    }
+                    Some(_) => {
+                        return Err(Reject::new(
+                            RejectCode::Exists,
+                            format!(
+                                "{} exists on the receiver and is not a directory",
+                                hello.name
+                            ),
+                        ));
+                    }
+                    None => {}
+                }
+            } else {
+                check_final_name(&parent, &leaf, &hello.name, overwrite)?;
+            }
+        }
+        if hello.is_directory() {
+            would_create.0.insert(hello.name.clone());
+            return Ok(());
+        }
+        // The space a real run would promise, given back at once.
+        let size = if hello.is_stream() { 0 } else { hello.size };
+        ledger
+            .promise(&hello.name, size, || free_space(dir))
+            .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::receiver::storage::tests::{entries, hello, store};
+    use crate::proto::hello_flags;
+
+    fn dir_offer(name: &str) -> Hello {
+        Hello {
+            caps: hello_flags::DIRECTORY | hello_flags::MTIME,
+            size: 0,
+            ..hello(name, 0)
+        }
+    }
+
+    #[test]
+    fn a_dry_run_checks_as_a_real_run_and_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"abc").unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("d", dir.path().join("l")).unwrap();
+        let s = store(dir.path());
+        let mut would = WouldCreate::default();
+        let check = |h: &Hello, overwrite: bool, would: &mut WouldCreate| {
+            s.dry_run(h, overwrite, dir.path(), would)
+                .map_err(|r| r.code)
+        };
+        // New names go; an existing file only with --overwrite.
+        assert_eq!(check(&hello("g", 3), false, &mut would), Ok(()));
+        assert_eq!(
+            check(&hello("f", 3), false, &mut would),
+            Err(RejectCode::Exists)
+        );
+        assert_eq!(check(&hello("f", 3), true, &mut would), Ok(()));
+        // Directories: one there is used, a link or a file refused.
+        assert_eq!(check(&dir_offer("d"), false, &mut would), Ok(()));
+        assert_eq!(
+            check(&dir_offer("l"), false, &mut would),
+            Err(RejectCode::Exists)
+        );
+        assert_eq!(
+            check(&dir_offer("f"), false, &mut would),
+            Err(RejectCode::Exists)
+        );
+        // Inside a missing directory: refused, unless this run would
+        // create it (then its whole subtree is new).
+        assert!(check(&hello("new/x", 3), false, &mut would).is_err());
+        assert_eq!(check(&dir_offer("new"), false, &mut would), Ok(()));
+        assert_eq!(check(&dir_offer("new/sub"), false, &mut would), Ok(()));
+        assert_eq!(check(&hello("new/sub/x", 3), false, &mut would), Ok(()));
+        // Through a link: refused as a real run would.
+        assert!(check(&hello("l/x", 3), false, &mut would).is_err());
+        // More than the file system holds: no space.
+        assert_eq!(
+            check(&hello("huge", u64::MAX / 2), false, &mut would),
+            Err(RejectCode::NoSpace)
+        );
+        // Nothing was created.
+        assert_eq!(entries(dir.path()), ["d", "f", "l"]);
+    }
+}
