@@ -10,7 +10,8 @@
 #            pages (tests/install.rs).
 #   --guest  the host side of the SoftRoCE test guest (QEMU, busybox, kmod,
 #            xz/zstd for the kernels, the rdma-core tools, perftest, tmux for
-#            the progress-bar test, the ssh client of the one-command tests):
+#            the progress-bar test, the ssh client of the one-command tests,
+#            rsync and netcat for the peers' test, tests/rdma/peers.rs):
 #            scripts/guest/prepare.sh.
 # Skips apt entirely when everything is installed; `apt-get update` runs at
 # most once; one retry after `dpkg --configure -a` (scripts/lib.sh). Without
@@ -28,7 +29,7 @@ LINT_PKGS=(shellcheck)
 UNIT_PKGS=(systemd groff-base)
 GUEST_PKGS=(qemu-system-x86 kmod xz-utils zstd busybox-static rdma-core ibverbs-utils
   ibverbs-providers rdmacm-utils perftest iproute2 cpio util-linux coreutils tmux
-  openssh-client)
+  openssh-client rsync netcat-openbsd)
 pkgs=()
 # Whether going on without these packages is possible (a build says itself
 # what it lacks; the guest's tools are not optional).

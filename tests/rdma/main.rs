@@ -10,11 +10,13 @@ mod support;
 
 mod auth;
 mod deb;
+mod dry_run;
 mod e2e;
 mod faults;
 mod hostile;
 mod json;
 mod memlock;
+mod peers;
 mod pipes;
 mod policies;
 mod resume;
