@@ -4,10 +4,9 @@
 //! so that what would go inside it is judged as new.
 
 use super::FileStore;
-use super::paths::{check_exec_path, open_parent};
+use super::paths::{check_exec_path, directory_in_place, open_parent};
 use super::temp_file::check_final_name;
 use crate::proto::{Hello, Reject, RejectCode};
-use crate::sys::dirfd::EntryKind;
 use crate::sys::os::free_space;
 use std::collections::HashSet;
 use std::path::Path;
@@ -68,33 +67,8 @@ impl FileStore {
         if !would_create.holds(&hello.name) {
             let (parent, leaf) = open_parent(root, &hello.name)?;
             if hello.is_directory() {
-                let kind = parent.kind(&leaf).map_err(|e| {
-                    Reject::new(
-                        RejectCode::Io,
-                        format!("cannot inspect {}: {e}", hello.name),
-                    )
-                })?;
-                match kind {
-                    Some(EntryKind::Dir) => return Ok(()),
-                    Some(EntryKind::Symlink) => {
-                        return Err(Reject::new(
-                            RejectCode::Exists,
-                            format!(
-                                "{} is a symbolic link on the receiver: not followed",
-                                hello.name
-                            ),
-                        ));
-                    }
-                    Some(_) => {
-                        return Err(Reject::new(
-                            RejectCode::Exists,
-                            format!(
-                                "{} exists on the receiver and is not a directory",
-                                hello.name
-                            ),
-                        ));
-                    }
-                    None => {}
+                if directory_in_place(&parent, &leaf, &hello.name)? {
+                    return Ok(());
                 }
             } else {
                 check_final_name(&parent, &leaf, &hello.name, overwrite)?;

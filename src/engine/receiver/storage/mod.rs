@@ -23,12 +23,12 @@ pub mod write_behind;
 use super::{Output, ReceiverConfig};
 use crate::error::XferError;
 use crate::proto::{Hello, Mtime, Reject, RejectCode};
-use crate::sys::dirfd::{DirFd, EntryKind, OwnFileError};
+use crate::sys::dirfd::{DirFd, OwnFileError};
 use crate::sys::os::{free_space, reserve_blocks};
 use batch::BatchSink;
 use exec::ExecSpec;
 use partial::{Claim, Holding, Identity, Resumable, SidecarKey, TempInUse};
-use paths::{check_exec_path, open_parent, open_path, system_time};
+use paths::{check_exec_path, directory_in_place, open_parent, open_path, system_time};
 use sink::Sink;
 use space::{Promise, SpaceLedger};
 use std::fs::File;
@@ -232,30 +232,9 @@ impl FileStore {
             };
             Reject::new(code, format!("{what} {}: {e}", hello.name))
         };
-        match parent.kind(&leaf).map_err(|e| io("cannot inspect", e))? {
-            Some(EntryKind::Dir) => {
-                debug!(dir = %hello.name, "exists already: kept as it is");
-                return Ok(());
-            }
-            Some(EntryKind::Symlink) => {
-                return Err(Reject::new(
-                    RejectCode::Exists,
-                    format!(
-                        "{} is a symbolic link on the receiver: not followed",
-                        hello.name
-                    ),
-                ));
-            }
-            Some(_) => {
-                return Err(Reject::new(
-                    RejectCode::Exists,
-                    format!(
-                        "{} exists on the receiver and is not a directory",
-                        hello.name
-                    ),
-                ));
-            }
-            None => {}
+        if directory_in_place(&parent, &leaf, &hello.name)? {
+            debug!(dir = %hello.name, "exists already: kept as it is");
+            return Ok(());
         }
         parent
             .mkdir(&leaf, 0o700)

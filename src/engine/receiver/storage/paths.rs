@@ -15,6 +15,28 @@ pub(super) fn open_path(root: &DirFd, path: &str) -> std::io::Result<DirFd> {
     Ok(dir)
 }
 
+/// What is in place of a directory offer `name` (`leaf` in `parent`):
+/// true for a directory (used as it is), false for nothing (to create),
+/// else the refusal: a link is never followed, nor anything else replaced.
+pub(super) fn directory_in_place(parent: &DirFd, leaf: &str, name: &str) -> Result<bool, Reject> {
+    match parent.kind(leaf) {
+        Ok(Some(EntryKind::Dir)) => Ok(true),
+        Ok(None) => Ok(false),
+        Ok(Some(EntryKind::Symlink)) => Err(Reject::new(
+            RejectCode::Exists,
+            format!("{name} is a symbolic link on the receiver: not followed"),
+        )),
+        Ok(Some(_)) => Err(Reject::new(
+            RejectCode::Exists,
+            format!("{name} exists on the receiver and is not a directory"),
+        )),
+        Err(e) => Err(Reject::new(
+            RejectCode::Io,
+            format!("cannot inspect {name}: {e}"),
+        )),
+    }
+}
+
 /// Opens the directory that holds `path`'s last component; returns it and
 /// that component. Refuses symbolic links and non-directories on the way.
 pub(super) fn open_parent(root: &DirFd, path: &str) -> Result<(DirFd, String), Reject> {
