@@ -7,12 +7,13 @@
 
 use super::{AwaitingFrom, CompareOf, DigestFor, Session, interrupted};
 use crate::engine::receiver::storage::FileStore;
+use crate::engine::receiver::storage::existing::take_time;
 use crate::engine::receiver::storage::link_dest::{LinkCandidate, LinkError, Linked};
 use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::engine::worker::{Cancel, Worker};
 use crate::error::XferError;
-use crate::proto::{Found, Hello, Reject, escaped};
+use crate::proto::{Found, Hello, Mtime, Reject, escaped};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
@@ -69,13 +70,28 @@ struct LinkCopy {
 }
 
 impl HeldCopy {
-    fn compare(self, sha256: [u8; 32], size: u64, chunk_len: u32, cancel: &Cancel) -> Compared {
+    /// The copy's SHA-256 against the sender's; the receiver's own copy
+    /// found the same takes `retime` (the offer's modification time, so
+    /// that the next run finds it unchanged by size and time alone).
+    fn compare(
+        self,
+        sha256: [u8; 32],
+        (size, chunk_len): (u64, u32),
+        retime: Option<Mtime>,
+        cancel: &Cancel,
+    ) -> Compared {
         let mut tick = || cancel.check();
         let file = match &self {
             HeldCopy::Own(file) => file,
             HeldCopy::Link(link) => &link.candidate.file,
         };
         let digest = copy_digest(file, size, chunk_len, &mut tick);
+        if let (HeldCopy::Own(file), Ok(d), Some(t)) = (&self, &digest, retime)
+            && *d == sha256
+            && let Err(e) = take_time(file, t)
+        {
+            debug!("cannot set the modification time of the same copy: {e}");
+        }
         let linked = match self {
             HeldCopy::Link(link) if matches!(digest, Ok(d) if d == sha256) => {
                 let LinkCopy {
@@ -224,6 +240,11 @@ impl Session<'_, '_> {
             }
         };
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
+        // A dry run changes nothing, not even a time.
+        let retime = waiting
+            .hello
+            .mtime
+            .filter(|_| !link && !self.machine.offer_is_dry_run());
         #[cfg(test)]
         let hook = COMPARE_HOOK.take();
         let job = move |cancel: &Cancel| {
@@ -232,7 +253,7 @@ impl Session<'_, '_> {
                 hook();
             }
             Done::Compare(Box::new(Comparison {
-                compared: copy.compare(sha256, size, chunk_len, cancel),
+                compared: copy.compare(sha256, (size, chunk_len), retime, cancel),
                 waiting,
                 sha256,
                 link,

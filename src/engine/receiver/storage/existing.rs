@@ -4,8 +4,8 @@
 //! COMPARE by SHA-256 (sender --checksum).
 
 use super::FileStore;
-use super::paths::open_parent;
-use crate::proto::{Existing, Hello};
+use super::paths::{open_parent, system_time};
+use crate::proto::{Existing, Hello, Mtime};
 use crate::sys::dirfd::EntryKind;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -40,6 +40,16 @@ impl FileStore {
             ),
             _ => (Existing::NoFile, None),
         }
+    }
+}
+
+/// Gives the file under the final name the offer's modification time:
+/// its content was found the same (--checksum), and the next run then
+/// finds it unchanged by size and time alone, as rsync's -c with -t.
+pub(in crate::engine::receiver) fn take_time(file: &File, mtime: Mtime) -> std::io::Result<()> {
+    match system_time(mtime) {
+        Some(t) => file.set_modified(t),
+        None => Ok(()),
     }
 }
 

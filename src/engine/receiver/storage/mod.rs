@@ -9,7 +9,7 @@
 pub(in crate::engine::receiver) mod batch;
 pub(in crate::engine::receiver) mod dry_run;
 pub(in crate::engine::receiver) mod exec;
-mod existing;
+pub(in crate::engine::receiver) mod existing;
 pub(in crate::engine::receiver) mod link_dest;
 pub(in crate::engine::receiver) mod partial;
 mod paths;
