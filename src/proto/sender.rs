@@ -401,6 +401,9 @@ pub struct SenderSession<P = u64> {
     batches_refused: bool,
     /// A dry run (`dry_run`).
     dry_run: bool,
+    /// No batch before this many offers (`offers`): a batch was refused
+    /// because a member exists.
+    alone_until: u64,
     timers: Timers,
 }
 
@@ -444,6 +447,7 @@ impl<P> SenderSession<P> {
             batching: false,
             batches_refused: false,
             dry_run: false,
+            alone_until: 0,
             timers: Timers::default(),
         }
     }
@@ -630,13 +634,16 @@ impl<P> SenderSession<P> {
 
     /// Whether a BATCH may be offered now: not the session's first offer
     /// (its HELLO checks the receiver's version, its MR makes the ring
-    /// known, so a batch is read while the receiver prepares it), and not
+    /// known, so a batch is read while the receiver prepares it), not
     /// after the receiver refused a batch by policy (it would refuse the
-    /// next one too).
+    /// next one too), not in a dry run, and not for a batch's worth of
+    /// offers after a batch refused because a member exists (a re-run:
+    /// its files are settled one by one without data).
     pub fn may_batch(&self) -> bool {
         self.can_start()
             && !self.batches_refused
             && !self.dry_run
+            && self.offers >= self.alone_until
             && self.expected_chunk_len().is_some()
     }
 
@@ -1056,6 +1063,13 @@ impl<P> SenderSession<P> {
                 // Not one file's problem but the receiver's way.
                 if self.batching && r.code == RejectCode::Protocol {
                     self.batches_refused = true;
+                }
+                // A member is there already (a re-run): its neighbours
+                // likely are too, and each gets its own verdict without
+                // data when offered alone; a batch would be read for
+                // nothing. Batching is tried again after a batch's worth.
+                if self.batching && r.code == RejectCode::Exists {
+                    self.alone_until = self.offers.saturating_add(MAX_BATCH_FILES as u64);
                 }
                 Ok(SenderEvent::Rejected(r))
             }
@@ -1595,7 +1609,8 @@ mod tests {
     }
 
     #[test]
-    fn the_first_offer_goes_alone_and_a_policy_refusal_ends_batching() {
+    fn the_first_offer_goes_alone_a_policy_refusal_ends_batching_and_an_existing_member_pauses_it()
+    {
         let mut s = greeted(100);
         // No ring known yet: the first file goes alone.
         assert!(!s.may_batch());
@@ -1605,10 +1620,16 @@ mod tests {
         queued(s.finish(Digest::Crc32(1)), &mut s).unwrap();
         s.on_message(ack(AckStatus::Ok)).unwrap();
         assert!(s.may_batch());
-        // A batch refused for one of its files: batches go on.
+        // A batch refused for one of its files (a re-run): a batch's worth
+        // of offers go alone, then batches again.
         queued(s.start_batch(vec![named("a", 1), named("b", 1)], 2), &mut s).unwrap();
         let exists = Reject::new(RejectCode::Exists, "b exists");
-        s.on_message(Message::Reject(exists)).unwrap();
+        s.on_message(Message::Reject(exists.clone())).unwrap();
+        for i in 0..MAX_BATCH_FILES {
+            assert!(!s.may_batch(), "offer {i}");
+            queued(s.start_file(named(&format!("x{i}"), 1), 10), &mut s).unwrap();
+            s.on_message(Message::Reject(exists.clone())).unwrap();
+        }
         assert!(s.may_batch());
         // A file refused by policy says nothing about batches.
         queued(s.start_file(named("c", 1), 3), &mut s).unwrap();
