@@ -195,6 +195,11 @@ impl Connection {
             if work.is_none() && self.session.can_start() {
                 match queue.next(cfg, self.session.may_batch(), tracker) {
                     Some(next) => {
+                        // The finished work's spans are left first: the next
+                        // file's span is the session's child, not theirs
+                        // (else every file's span would hold all earlier
+                        // ones, and each log line name them all).
+                        drop((_phase, _file));
                         *work = self.start(cfg, next, queue, pipe, tracker)?;
                         continue;
                     }

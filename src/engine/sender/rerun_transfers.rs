@@ -73,3 +73,43 @@ fn a_dry_run_says_what_would_happen_and_writes_nothing() {
     // The receiver's copy is the first run's.
     assert_arrived(dest.path(), &files);
 }
+
+/// The sender's log lines name the session and one file: a file's span
+/// is never made inside the one before it (else each line would name
+/// every earlier file, and the spans of a tree would all stay alive).
+#[test]
+fn each_files_log_lines_name_that_file_alone() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    tree(src.path());
+    let (cfg, rcfg) = configs(dest.path());
+    let paths = [src.path().join("t")];
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // A first run and a re-run: sent files and files settled without data.
+    tracing::subscriber::with_default(subscriber, || {
+        transfer(&cfg, &rcfg, &paths, None).sent.unwrap();
+        transfer(&cfg, &rcfg, &paths, None).sent.unwrap();
+    });
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("file{file=t/sub/big"), "{text}");
+    for line in text.lines() {
+        assert!(line.matches("file{").count() <= 1, "{line}");
+    }
+}
