@@ -385,6 +385,8 @@ pub struct ReceiverSession<F = (), W = (), C = ()> {
     /// `existing` decided that the file under the final name is compared
     /// (a HAVE of a complete copy without RESUME).
     compare_existing: bool,
+    /// `existing` was asked about the current offer (once per offer).
+    existing_decided: bool,
     /// What HAVE told the sender about the current offer.
     have: Option<Have>,
     /// Where the current file's data starts (a resumed prefix).
@@ -430,9 +432,13 @@ enum Awaiting<W, C> {
 /// found it (`stat` without following a link): `ReceiverSession::existing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Existing {
-    /// Nothing, or something that is not a regular file (a directory, a
-    /// link): the engine's own checks refuse or replace it.
+    /// Nothing under the name (or a path the engine's own checks will
+    /// refuse).
     NoFile,
+    /// Something that is not a regular file the engine can read (a
+    /// directory, a link, a FIFO, an unreadable file): kept with
+    /// IGNORE_EXISTING, else the engine's own checks refuse or replace it.
+    Other,
     /// A regular file.
     File {
         /// Its size.
@@ -651,6 +657,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             offer_caps: 0,
             offer_mtime: None,
             compare_existing: false,
+            existing_decided: false,
             have: None,
             base: ResumeBase::START,
             session_bytes: 0,
@@ -1272,6 +1279,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
                 self.offer_caps = h.caps;
                 self.offer_mtime = h.mtime;
                 self.compare_existing = false;
+                self.existing_decided = false;
                 self.have = None;
                 self.base = ResumeBase::START;
                 self.digest = h.digest;
@@ -1453,6 +1461,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         self.offer_caps = 0;
         self.offer_mtime = None;
         self.compare_existing = false;
+        self.existing_decided = false;
         self.have = None;
         self.base = ResumeBase::START;
         self.digest = digest;
@@ -1520,7 +1529,10 @@ impl<F, W, C> ReceiverSession<F, W, C> {
     /// budget, `why_not_compare`); IGNORE_TIMES goes on; the offer's
     /// modification time stored there is unchanged.
     pub fn existing(&mut self, found: Existing) -> Result<Standing, ProtocolError> {
-        if self.state != ReceiverState::AwaitDecision || self.have.is_some() {
+        if self.state != ReceiverState::AwaitDecision
+            || self.have.is_some()
+            || self.existing_decided
+        {
             return Err(self.wrong_state("existing"));
         }
         if self.stream || self.directory || self.batch_files > 0 {
@@ -1529,10 +1541,16 @@ impl<F, W, C> ReceiverSession<F, W, C> {
                 kind: "not a plain file",
             });
         }
-        let Existing::File { size, secs, nsec } = found else {
-            return Ok(Standing::Proceed);
-        };
+        self.existing_decided = true;
         let caps = self.offer_caps;
+        let (size, secs, nsec) = match found {
+            Existing::NoFile => return Ok(Standing::Proceed),
+            Existing::Other if caps & hello_flags::IGNORE_EXISTING != 0 => {
+                return Ok(self.stays(AckStatus::KeptExisting));
+            }
+            Existing::Other => return Ok(Standing::Proceed),
+            Existing::File { size, secs, nsec } => (size, secs, nsec),
+        };
         let newer = self
             .offer_mtime
             .is_some_and(|m| m.earlier_than_stored(secs, nsec));
@@ -1553,16 +1571,21 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         } else {
             None
         };
-        let Some(status) = stays else {
-            return Ok(Standing::Proceed);
-        };
-        // Not a refusal: the session is doing what it was asked.
-        self.refused_in_a_row = 0;
+        Ok(match stays {
+            Some(status) => self.stays(status),
+            None => Standing::Proceed,
+        })
+    }
+
+    /// The file stays: its ACK (without data) -> AwaitHello. Neither a
+    /// refusal nor an accepted offer: the refusals in a row go on
+    /// counting from where they were.
+    fn stays(&mut self, status: AckStatus) -> Standing {
         self.state = ReceiverState::AwaitHello;
         self.work_done();
         self.outbox
             .push_back(Message::Ack(Ack::new(status, String::new())));
-        Ok(Standing::Stays(status))
+        Standing::Stays(status)
     }
 
     /// AwaitDecision -> Receiving; queues the MR. `ring` must match the
@@ -1693,6 +1716,26 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         let reject = Reject::new(
             RejectCode::Exists,
             format!("{member} may be linked from --link-dest: the files come one by one"),
+        );
+        self.reject(reject.code, reject.reason.clone())?;
+        Ok(reject)
+    }
+
+    /// Refuses the current BATCH because its member `member` has
+    /// something under its name already: each file comes alone, so that
+    /// what is there decides (`existing`: unchanged, kept, compared,
+    /// replaced only with --overwrite). REJECT(exists), as
+    /// `refuse_batch_for_link`.
+    pub fn refuse_batch_for_existing(&mut self, member: &str) -> Result<Reject, ProtocolError> {
+        if self.batch_files == 0 {
+            return Err(ProtocolError::OfferKind {
+                op: "refuse_batch_for_existing",
+                kind: "not a batch",
+            });
+        }
+        let reject = Reject::new(
+            RejectCode::Exists,
+            format!("{member} is there already: the files come one by one"),
         );
         self.reject(reject.code, reject.reason.clone())?;
         Ok(reject)

@@ -996,12 +996,19 @@ impl<P> SenderSession<P> {
             (AwaitRing | AwaitHave, Message::Ack(a))
                 if front.is_none() && a.status.without_data() =>
             {
-                let asked = match a.status {
-                    AckStatus::KeptExisting => self.offer_caps & hello_flags::IGNORE_EXISTING != 0,
-                    AckStatus::KeptNewer => self.offer_caps & hello_flags::UPDATE != 0,
-                    AckStatus::WouldReceive => self.dry_run,
-                    _ => !self.batching && !self.stream,
-                };
+                // A file alone (a dry run's stream too), never a batch: its
+                // files get their own verdicts one by one.
+                let asked = !self.batching
+                    && match a.status {
+                        AckStatus::KeptExisting => {
+                            !self.stream && self.offer_caps & hello_flags::IGNORE_EXISTING != 0
+                        }
+                        AckStatus::KeptNewer => {
+                            !self.stream && self.offer_caps & hello_flags::UPDATE != 0
+                        }
+                        AckStatus::WouldReceive => self.dry_run,
+                        _ => !self.stream,
+                    };
                 if !asked {
                     return Err(self.unexpected(&Message::Ack(a)));
                 }

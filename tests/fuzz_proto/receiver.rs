@@ -56,9 +56,10 @@ pub(crate) enum RxAction {
     /// one) may be linked from --link-dest.
     RefuseBatchForLink(u8),
     /// What the engine found under the offer's final name
-    /// (`ReceiverSession::existing`): nothing (None), or a regular file
-    /// whose size is the offer's plus `dsize` and whose time is the
-    /// offer's plus `dsecs` seconds.
+    /// (`ReceiverSession::existing`): nothing (None), something that is
+    /// no regular file (`dsize` 2), or a regular file whose size is the
+    /// offer's plus `dsize` and whose time is the offer's plus `dsecs`
+    /// seconds.
     Existing(Option<(u8, i8)>),
     /// A dry run's offer passed the engine's checks (`would_receive`).
     WouldReceive,
@@ -143,7 +144,7 @@ pub(crate) fn rx_action() -> impl Strategy<Value = RxAction> {
             .prop_map(|(k, n, off)| RxAction::Have(k, n, off)),
         1 => (0u8..3).prop_map(RxAction::Compared),
         1 => any::<u8>().prop_map(RxAction::RefuseBatchForLink),
-        1 => proptest::option::of((0u8..2, -1i8..=1)).prop_map(RxAction::Existing),
+        1 => proptest::option::of((0u8..3, -1i8..=1)).prop_map(RxAction::Existing),
         1 => Just(RxAction::WouldReceive),
         2 => prop_oneof![3 => 0u32..1_000, 1 => 0u32..70_000].prop_map(RxAction::Elapse),
         6 => Just(RxAction::ChunkDone),
@@ -178,6 +179,8 @@ pub(crate) struct RxModel {
     have: Option<Have>,
     /// `existing` decided that the file under the name is compared.
     compare_existing: bool,
+    /// `existing` was asked about the current offer (once per offer).
+    existing_decided: bool,
     /// Where the current file's data starts: bytes, chunks, chunk length.
     base: (u64, u64, u32),
     /// Digest questions (HAVE of a complete copy or of a digest) asked in
@@ -533,10 +536,14 @@ pub(crate) fn legal_rx(
         // What is under the name decides first: a file of its size is
         // compared (CHECKSUM) with a HAVE of the complete copy.
         AwaitDecision if m.compare_existing && m.have.is_none() => RxAction::Have(2, seed, false),
-        AwaitDecision if plain_file(m) && m.have.is_none() && seed % 3 == 2 => RxAction::Existing(
-            (!seed.is_multiple_of(7))
-                .then_some((u8::from(seed.is_multiple_of(5)), (seed / 3 % 3) as i8 - 1)),
-        ),
+        AwaitDecision
+            if plain_file(m) && m.have.is_none() && !m.existing_decided && seed % 3 == 2 =>
+        {
+            RxAction::Existing(
+                (!seed.is_multiple_of(7))
+                    .then_some(((seed % 5 % 3) as u8, (seed / 3 % 3) as i8 - 1)),
+            )
+        }
         // An offer with RESUME gets its HAVE first (with CHECKSUM too,
         // now and then the request for its digest).
         // The engine reads what it holds (KEEPALIVEs due while it does).
@@ -1473,6 +1480,8 @@ pub(crate) fn check_receiver(
             RxAction::Existing(found) => {
                 let offer = m.offer.clone();
                 let found = match (&offer, found) {
+                    // Something that is no regular file.
+                    (Some(_), Some((2, _))) => Existing::Other,
                     (Some(h), Some((dsize, dsecs))) => {
                         let t = h.mtime.unwrap_or(Mtime { secs: 0, nanos: 0 });
                         Existing::File {
@@ -1483,12 +1492,19 @@ pub(crate) fn check_receiver(
                     }
                     _ => Existing::NoFile,
                 };
-                let deciding = before == AwaitDecision && plain_file(&m) && m.have.is_none();
+                let deciding = before == AwaitDecision
+                    && plain_file(&m)
+                    && m.have.is_none()
+                    && !m.existing_decided;
                 // rsync's rules, in order.
                 let want = offer.as_ref().map(|h| {
                     let flag = |f: u32| h.caps & f != 0;
-                    let Existing::File { size, secs, .. } = found else {
-                        return Standing::Proceed;
+                    let (size, secs) = match found {
+                        Existing::File { size, secs, .. } => (size, secs),
+                        Existing::Other if flag(hello_flags::IGNORE_EXISTING) => {
+                            return Standing::Stays(AckStatus::KeptExisting);
+                        }
+                        Existing::Other | Existing::NoFile => return Standing::Proceed,
                     };
                     let t = h.mtime.map(|t| t.secs);
                     if flag(hello_flags::IGNORE_EXISTING) {
@@ -1511,6 +1527,7 @@ pub(crate) fn check_receiver(
                 match r.existing(found) {
                     Ok(standing) => {
                         prop_assert!(deciding, "existing in {:?}", before);
+                        m.existing_decided = true;
                         prop_assert_eq!(Some(standing), want, "{:?} for {:?}", found, offer);
                         match standing {
                             Standing::Stays(status) => {

@@ -351,7 +351,7 @@ pub(crate) fn check_sender(
                         keep_mode: false,
                         resume: false,
                         checksum: tx_checksum(size),
-                        existing: Default::default(),
+                        existing: tx_existing(size),
                     })
                     .collect();
                 let total = sizes.iter().try_fold(0u64, |t, &x| t.checked_add(x));
@@ -382,6 +382,11 @@ pub(crate) fn check_sender(
                                 hello_flags::CHECKSUM
                             } else {
                                 0
+                            } | match tx_existing(size) {
+                                WhenExisting::IgnoreTimes => hello_flags::IGNORE_TIMES,
+                                WhenExisting::IgnoreExisting => hello_flags::IGNORE_EXISTING,
+                                // Without a time, no UPDATE.
+                                WhenExisting::Update | WhenExisting::QuickCheck => 0,
                             };
                             prop_assert_eq!(
                                 (h.size, h.caps, h.version),

@@ -15,7 +15,7 @@ use crate::engine::receiver::storage::write_behind::WriteBehind;
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
-    AckStatus, DigestAlg, Found, Hello, Reject, RejectCode, RingInfo, Standing, escaped,
+    AckStatus, DigestAlg, Existing, Found, Hello, Reject, RejectCode, RingInfo, Standing, escaped,
     hello_flags,
 };
 use std::time::{Duration, Instant};
@@ -149,8 +149,20 @@ impl Session<'_, '_> {
         let linkable = members
             .iter()
             .find(|h| matches!(self.digest_for(h), Some(DigestFor::Link(_))));
-        if let Some(h) = linkable {
-            let Reject { code, reason } = self.machine.refuse_batch_for_link(&h.name)?;
+        // Something under a member's name: each file comes alone, so that
+        // what is there decides for it (`existing`), never --overwrite
+        // alone.
+        let taken = || {
+            members
+                .iter()
+                .find(|h| self.store.existing(h).0 != Existing::NoFile)
+        };
+        let refused = match (linkable, taken()) {
+            (Some(h), _) => Some(self.machine.refuse_batch_for_link(&h.name)?),
+            (None, Some(h)) => Some(self.machine.refuse_batch_for_existing(&h.name)?),
+            (None, None) => None,
+        };
+        if let Some(Reject { code, reason }) = refused {
             info!(
                 code = code.as_str(),
                 "batch refused, its files come one by one: {}",

@@ -13,9 +13,10 @@ use std::os::unix::fs::MetadataExt;
 impl FileStore {
     /// The regular file under `hello`'s final name, open for reading
     /// (never through a link), with its size and modification time.
-    /// Anything else (nothing, a directory, a link, a path that cannot be
-    /// opened, a store that keeps nothing) is `NoFile`: the offer goes on,
-    /// and the store's own checks say what is wrong with it.
+    /// Anything else there (a directory, a link, a FIFO, a file that
+    /// cannot be opened) is `Other`; nothing there, a path that cannot be
+    /// opened, or a store that keeps nothing is `NoFile`: the offer goes
+    /// on, and the store's own checks say what is wrong with it.
     pub(in crate::engine::receiver) fn existing(&self, hello: &Hello) -> (Existing, Option<File>) {
         let FileStore::Tree { root, .. } = self else {
             return (Existing::NoFile, None);
@@ -23,11 +24,13 @@ impl FileStore {
         let Ok((parent, leaf)) = open_parent(root, &hello.name) else {
             return (Existing::NoFile, None);
         };
-        if !matches!(parent.kind(&leaf), Ok(Some(EntryKind::File))) {
-            return (Existing::NoFile, None);
+        match parent.kind(&leaf) {
+            Ok(None) => return (Existing::NoFile, None),
+            Ok(Some(EntryKind::File)) => {}
+            _ => return (Existing::Other, None),
         }
         let Ok(file) = parent.open_file(&leaf, false) else {
-            return (Existing::NoFile, None);
+            return (Existing::Other, None);
         };
         match file.metadata() {
             Ok(m) if m.is_file() => (
@@ -38,7 +41,7 @@ impl FileStore {
                 },
                 Some(file),
             ),
-            _ => (Existing::NoFile, None),
+            _ => (Existing::Other, None),
         }
     }
 }
@@ -77,7 +80,10 @@ mod tests {
             }
         );
         assert!(file.is_some());
-        for name in ["d", "l", "up/f", "missing", "d/missing"] {
+        for name in ["d", "l"] {
+            assert_eq!(store.existing(&hello(name, 3)).0, Existing::Other, "{name}");
+        }
+        for name in ["up/f", "missing", "d/missing"] {
             assert_eq!(
                 store.existing(&hello(name, 3)).0,
                 Existing::NoFile,
