@@ -17,6 +17,7 @@ mod json;
 mod memlock;
 mod pipes;
 mod policies;
+mod reruns;
 mod resume;
 mod sessions;
 mod ssh;
