@@ -24,8 +24,9 @@ pub struct WalkOptions {
     /// `-p`: carry modification times and ask the receiver to keep modes
     /// as they are (without it the receiver's umask applies).
     pub preserve: bool,
-    /// Carry modification times even without `preserve` (`--resume`: they
-    /// identify the source; the receiver applies them too).
+    /// Carry modification times even without `preserve` (the sender
+    /// always does: a re-run and `--resume` find files by them; the
+    /// receiver applies them).
     pub times: bool,
     /// `--name`: the relative path the one source (a regular file or
     /// standard input) arrives under; without it a file keeps its base
@@ -426,7 +427,8 @@ fn named_parents(name: &str) -> Vec<Entry> {
         .collect()
 }
 
-/// A directory's entry: its name, mode and (with `-p` or `--resume`) time.
+/// A directory's entry: its name, mode and time (`times`, which the
+/// sender always sets).
 fn dir_entry(name: String, meta: &Metadata, opts: &WalkOptions) -> Entry {
     Entry::Dir {
         name,

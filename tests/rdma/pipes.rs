@@ -234,10 +234,20 @@ fn send_r_of_the_same_tree_keeps_modes_and_times() {
     assert_no_temp_files_below(dst.path());
 
     // Again into the same directory: the directories merge, every file is
-    // refused as existing (exit 4) and nothing changes.
+    // unchanged (the same size and time: exit 0) and nothing changes.
     let before = snapshot(dst.path());
     let tree_arg = std::slice::from_ref(&tree);
     let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], tree_arg, &["-r"]);
+    assert_both_ok(&sent, &received);
+    assert!(
+        sent.stderr.contains("10 unchanged (nothing sent)"),
+        "{}",
+        sent.stderr
+    );
+    assert_eq!(snapshot(dst.path()), before);
+    // With -I (times not trusted) every file is refused as existing
+    // (exit 4), and still nothing changes.
+    let (sent, received) = one_session(&net, Path_::Wire, dst.path(), &[], tree_arg, &["-r", "-I"]);
     assert_eq!(sent.code(), 4, "sender:\n{}", sent.stderr);
     assert_eq!(received.code(), 4, "receiver:\n{}", received.stderr);
     assert!(sent.stderr.contains("already exists"), "{}", sent.stderr);

@@ -496,9 +496,11 @@ fn an_interrupted_tree_resumed_skips_what_is_complete() {
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
     let s = summary(&sent);
     assert_eq!(s["skipped"], complete as u64, "{s}");
+    assert_eq!(s["unchanged"], complete as u64, "{s}");
     assert_eq!(s["files"], 200, "{s}");
     assert!(
-        sent.stderr.contains(&format!("{complete} skipped")),
+        sent.stderr
+            .contains(&format!("{complete} unchanged (nothing sent)")),
         "{}",
         sent.stderr
     );
@@ -702,7 +704,8 @@ fn set_mtime(path: &Path, t: std::time::SystemTime) {
 }
 
 /// A copy under the final name with the source's size and modification
-/// time is compared, never disclosed: the same bytes are skipped, other
+/// time is unchanged at once (the quick check, nothing read); with -I it
+/// is compared, never disclosed: the same bytes are unchanged, other
 /// bytes are sent whole (with --overwrite). A copy with another time is
 /// no copy: sent whole, nothing compared. Without --overwrite a differing
 /// copy is refused and left as it was.
@@ -734,14 +737,31 @@ fn a_complete_copy_is_compared_and_skipped_or_replaced() {
     }
     let paths: Vec<PathBuf> = cases.iter().map(|c| src.path().join(c.0)).collect();
 
-    // Without --overwrite: the same is skipped, the others are refused
-    // and stay as they were.
+    // Without --overwrite: by size and time the same and the differing
+    // copy are unchanged (nothing read: no digest); touched.bin is refused.
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &[]);
     let theirs = sha256_file(&dst.path().join("differs.bin"));
     let sent = run_sender(&net, port, Path_::Wire, &paths, &["--resume", "--json"]);
     assert_eq!(sent.code(), 4, "{}", sent.stderr);
+    for name in ["same.bin", "differs.bin"] {
+        let r = file_result(&sent, name);
+        assert_eq!(r["outcome"], "unchanged", "{name}: {r}");
+        assert!(r["digest"].is_null(), "{name}: {r}");
+    }
+    assert_eq!(file_result(&sent, "touched.bin")["status"], "rejected");
+    // With -I they are compared by content: the same is unchanged, the
+    // others are refused and stay as they were.
+    let sent = run_sender(
+        &net,
+        port,
+        Path_::Wire,
+        &paths,
+        &["--resume", "-I", "--json"],
+    );
+    assert_eq!(sent.code(), 4, "{}", sent.stderr);
     assert_eq!(file_result(&sent, "same.bin")["skipped"], true);
+    assert_eq!(file_result(&sent, "same.bin")["outcome"], "unchanged");
     for name in ["differs.bin", "touched.bin"] {
         assert_eq!(file_result(&sent, name)["status"], "rejected", "{name}");
     }
@@ -768,7 +788,7 @@ fn a_complete_copy_is_compared_and_skipped_or_replaced() {
         port,
         Path_::Wire,
         &paths,
-        &args(&["--resume", "--json"], &token_args()),
+        &args(&["--resume", "-I", "--json"], &token_args()),
     );
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
     assert_eq!(file_result(&sent, "same.bin")["skipped"], true);

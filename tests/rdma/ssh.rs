@@ -320,6 +320,57 @@ fn a_refused_file_ends_the_remote_receiver_too() {
     assert_remote_gone(dst.path());
 }
 
+/// A re-run of the one-command form leaves the file as it is; a changed
+/// file is refused, and `sender --overwrite` (its receiver started so)
+/// replaces it.
+#[test]
+fn a_rerun_is_unchanged_and_overwrite_replaces_a_changed_file() {
+    let Some(net) = ssh_net() else { return };
+    let (src, dst) = dirs();
+    let file = src.path().join("weights.bin");
+    make_file(&file, 300_000, 11);
+    let got = dst.path().join("weights.bin");
+    let file_arg = file.to_str().unwrap().to_string();
+    let to = format!("{}/", target(&net.addr_a, dst.path()));
+    let sent = run(sender(&net, &[], &[&file_arg, &to]));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&got).unwrap());
+
+    let sent = run(sender(&net, &["--json"], &[&file_arg, &to]));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    assert!(
+        json_lines("sender", &sent.stdout)
+            .iter()
+            .any(|r| r["name"] == "weights.bin" && r["outcome"] == "unchanged"),
+        "{}",
+        sent.stdout
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&got).unwrap()),
+        ino
+    );
+    assert_remote_gone(dst.path());
+
+    // Changed (same size, other content, a later time): refused, then
+    // replaced with --overwrite.
+    let new = make_file(&file, 300_000, 21);
+    let later = std::fs::metadata(&got).unwrap().modified().unwrap() + Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .and_then(|f| f.set_modified(later))
+        .unwrap();
+    let sent = run(sender(&net, &[], &[&file_arg, &to]));
+    assert_eq!(sent.code(), 4, "{}", sent.transcript());
+    assert!(sent.stderr.contains("--overwrite"), "{}", sent.stderr);
+    assert_ne!(sha256_file(&got), new);
+    let sent = run(sender(&net, &["--overwrite"], &[&file_arg, &to]));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    assert_eq!(sha256_file(&got), new);
+    assert_remote_gone(dst.path());
+    assert_no_temp_files(dst.path());
+}
+
 /// A sender stopped mid-transfer (SIGINT, then SIGKILL in a second run):
 /// its receiver is gone within 5 s and nothing stands under the final name.
 #[test]

@@ -74,7 +74,7 @@ const STEPS_HELP: &str = "Steps (one argument each):
   hello:NAME[:SIZE[:DIGEST[:VERSION]]]
                           send an encoded HELLO; NAME is %-decoded (%2f = '/', %00 = NUL,
                           %3a = ':'); SIZE a number or 'max' (u64::MAX); DIGEST crc32|sha256;
-                          VERSION 3 (this build's) by default
+                          VERSION this build's by default
   fin:BYTES:CHUNKS[:CRC]  send an encoded FIN with a crc32 digest (hex, default 0)
   credit:N | bye          send an encoded CREDIT / BYE
   auth:TOKEN              send protocol 2's AUTH with HMAC-SHA256(TOKEN, nonce of the last

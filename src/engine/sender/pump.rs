@@ -272,7 +272,7 @@ impl Connection {
                     info!(file = %escaped(&w.name), "linked: the receiver had it under --link-dest");
                     Outcome::Linked
                 } else {
-                    info!(file = %escaped(&w.name), "skipped: the receiver's copy is the same");
+                    info!(file = %escaped(&w.name), "unchanged: the receiver's copy is the same");
                     Outcome::Unchanged
                 };
                 self.answered(cfg, w, outcome, Some(Digest::Sha256(sha256)), ack, tracker)?;

@@ -385,7 +385,7 @@ impl Session<'_, '_> {
             return Ok(());
         }
         if !link {
-            info!(file = %name, "skipped: the receiver's copy is the same");
+            info!(file = %name, "unchanged: the receiver's copy is the same");
         }
         self.machine.same()?;
         // The verdict goes out before the report, which is made either way.

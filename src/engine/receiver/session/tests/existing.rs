@@ -105,3 +105,52 @@ fn a_rerun_is_unchanged_and_a_different_file_is_refused_or_decided_as_asked() {
     // The file was never touched after the first run.
     assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
 }
+
+#[test]
+fn with_overwrite_a_batch_with_a_file_there_comes_one_by_one_and_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.overwrite = true;
+    let data = bytes(100, 5);
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        assert_eq!(peer.send_file("a", &data).status, AckStatus::Ok);
+        let before = std::fs::metadata(dir.path().join("a")).unwrap();
+        // Re-run: a batch of the same "a" and a new "b" is refused whole
+        // (not replacing "a" without its verdict).
+        let mut a = file("a", 100);
+        a.digest = peer.digest;
+        let mut b = file("b", 7);
+        b.digest = peer.digest;
+        peer.machine.start_batch(vec![a.clone(), b], 0).unwrap();
+        peer.transmit();
+        let SenderEvent::Rejected(rej) = peer.event() else {
+            panic!("batch not refused");
+        };
+        assert_eq!(rej.code, RejectCode::Exists);
+        // Alone, "a" is unchanged, and "b" is stored.
+        let SenderEvent::Stays(ack) = peer.offer(a) else {
+            panic!("not unchanged");
+        };
+        assert_eq!(ack.status, AckStatus::Unchanged);
+        assert_eq!(peer.send_file("b", &bytes(7, 6)).status, AckStatus::Ok);
+        peer.bye();
+        before
+    });
+    ended.result.unwrap();
+    let r = &ended.reported;
+    assert_eq!(r[0], done("a", 100));
+    assert_eq!(r[1], left("a", 100, Outcome::Unchanged));
+    assert_eq!(r[2], done("b", 7));
+    assert_eq!(r.len(), 3);
+    use std::os::unix::fs::MetadataExt;
+    let after = std::fs::metadata(dir.path().join("a")).unwrap();
+    assert_eq!(
+        (after.ino(), after.ctime(), after.ctime_nsec()),
+        (
+            ended.played.ino(),
+            ended.played.ctime(),
+            ended.played.ctime_nsec()
+        )
+    );
+}
