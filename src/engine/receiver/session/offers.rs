@@ -170,22 +170,6 @@ impl Session<'_, '_> {
             );
             return Ok(());
         }
-        // With --overwrite a member already there would be replaced
-        // without its own verdict (unchanged, kept): such a batch is
-        // refused, and each of its files is decided alone (re-runs).
-        // Without --overwrite `create_batch` refuses it anyway.
-        let there = members
-            .iter()
-            .find(|h| self.cfg.overwrite && self.store.existing(h).0 != Existing::NoFile);
-        if let Some(h) = there {
-            let reason = format!(
-                "{} is on the receiver already: the files come one by one",
-                escaped(&h.name)
-            );
-            info!("batch refused, its files come one by one: {reason}");
-            self.machine.reject(RejectCode::Exists, reason)?;
-            return Ok(());
-        }
         let prepared = self
             .store
             .create_batch(

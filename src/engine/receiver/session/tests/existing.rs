@@ -129,7 +129,7 @@ fn with_overwrite_a_batch_with_a_file_there_comes_one_by_one_and_stays() {
         };
         assert_eq!(rej.code, RejectCode::Exists);
         // Alone, "a" is unchanged, and "b" is stored.
-        let SenderEvent::Stays(ack) = peer.offer(a) else {
+        let SenderEvent::Settled(ack) = peer.offer(a) else {
             panic!("not unchanged");
         };
         assert_eq!(ack.status, AckStatus::Unchanged);
