@@ -67,6 +67,14 @@ fn not_own(st: &rustix::fs::Stat) -> Option<String> {
     None
 }
 
+/// Whether the open `file` is the receiver's own (a regular file with one
+/// link, owned by the effective uid), and if not, why: what a change of a
+/// file it did not write itself (its times, say) must check first.
+pub fn not_own_file(file: &File) -> io::Result<Option<String>> {
+    let st = rustix::fs::fstat(file).map_err(io::Error::from)?;
+    Ok(not_own(&st))
+}
+
 /// A single component: no separator, not empty, not `.` or `..` (the
 /// protocol layer already refuses such names; this is the last line). A
 /// NUL inside is refused by rustix when it builds the C string.

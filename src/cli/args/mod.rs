@@ -414,9 +414,12 @@ pub struct SenderArgs {
     pub verify: Option<Verify>,
     /// Decide by SHA-256 instead of modification time: a file the
     /// receiver has with the same size and content is unchanged (both
-    /// sides read it). Also answers the receiver's other digest questions:
-    /// a file its --link-dest has is linked instead of sent; its --exec
-    /// command gets it as RDMA_XFER_DIGEST.
+    /// sides read it; past the receiver's budget of compared files a
+    /// session falls back to size and time). A receiver with --overwrite
+    /// gives such a file of its own the source's time. Also answers the
+    /// receiver's other digest questions: a file its --link-dest has is
+    /// linked instead of sent; its --exec command gets it as
+    /// RDMA_XFER_DIGEST.
     #[arg(short = 'c', long, help_heading = OUTPUT)]
     pub checksum: bool,
     /// RDMA writes kept in flight, 1-1024 (each uses one staging buffer);

@@ -90,7 +90,7 @@ impl HeldCopy {
             && *d == sha256
             && let Err(e) = take_time(file, t)
         {
-            debug!("cannot set the modification time of the same copy: {e}");
+            info!("the same copy keeps its modification time: {e}");
         }
         let linked = match self {
             HeldCopy::Link(link) if matches!(digest, Ok(d) if d == sha256) => {
@@ -240,11 +240,12 @@ impl Session<'_, '_> {
             }
         };
         let (size, chunk_len) = (waiting.hello.size, self.cfg.chunk_size);
-        // A dry run changes nothing, not even a time.
+        // Only where files may be replaced (--overwrite); a dry run changes
+        // nothing, not even a time.
         let retime = waiting
             .hello
             .mtime
-            .filter(|_| !link && !self.machine.offer_is_dry_run());
+            .filter(|_| !link && self.cfg.overwrite && !self.machine.offer_is_dry_run());
         #[cfg(test)]
         let hook = COMPARE_HOOK.take();
         let job = move |cancel: &Cancel| {

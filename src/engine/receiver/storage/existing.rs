@@ -48,8 +48,17 @@ impl FileStore {
 
 /// Gives the file under the final name the offer's modification time:
 /// its content was found the same (--checksum), and the next run then
-/// finds it unchanged by size and time alone, as rsync's -c with -t.
+/// finds it unchanged by size and time alone, as rsync's -c with -t. Only
+/// the receiver's own files (one link, its uid: never another user's, nor
+/// one linked elsewhere, as a --link-dest snapshot's), and only where the
+/// receiver may replace files (--overwrite: the caller's to check).
 pub(in crate::engine::receiver) fn take_time(file: &File, mtime: Mtime) -> std::io::Result<()> {
+    if let Some(why) = crate::sys::dirfd::not_own_file(file)? {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("not the receiver's own file ({why}): its time stays"),
+        ));
+    }
     match system_time(mtime) {
         Some(t) => file.set_modified(t),
         None => Ok(()),

@@ -60,13 +60,13 @@ fn a_rerun_is_unchanged_and_a_different_file_is_refused_or_decided_as_asked() {
                 ..
             }
         ));
-        // The copy took the source's time: by size and time alone it is
-        // unchanged now.
+        // Without --overwrite the copy keeps its own time: by size and
+        // time alone it still differs.
         later.checksum = false;
-        let SenderEvent::Settled(ack) = peer.offer(later.clone()) else {
-            panic!("not unchanged after -c");
-        };
-        assert_eq!(ack.status, AckStatus::Unchanged);
+        assert!(matches!(
+            peer.offer(later.clone()),
+            SenderEvent::Rejected(_)
+        ));
         // --ignore-times: the same size and time goes on (and is refused).
         let mut again = file("f", size);
         again.existing = WhenExisting::IgnoreTimes;
@@ -96,7 +96,7 @@ fn a_rerun_is_unchanged_and_a_different_file_is_refused_or_decided_as_asked() {
     assert_eq!(r[1], left("f", size, Outcome::Unchanged));
     assert!(matches!(&r[2], Reported::Failed { .. }));
     assert_eq!(r[3], left("f", size, Outcome::Unchanged));
-    assert_eq!(r[4], left("f", size, Outcome::Unchanged));
+    assert!(matches!(&r[4], Reported::Failed { .. }));
     assert!(matches!(&r[5], Reported::Failed { .. }));
     assert_eq!(r[6], left("f", 5, Outcome::KeptExisting));
     assert_eq!(r[7], left("f", 5, Outcome::KeptNewer));
@@ -152,5 +152,49 @@ fn with_overwrite_a_batch_with_a_file_there_comes_one_by_one_and_stays() {
             ended.played.ctime(),
             ended.played.ctime_nsec()
         )
+    );
+}
+
+/// With --overwrite, a copy that --checksum finds the same takes the
+/// source's time (the next run finds it unchanged by size and time), but
+/// only a file of the receiver's own with one link: one linked elsewhere
+/// (a --link-dest snapshot) keeps its time.
+#[test]
+fn with_overwrite_a_same_copy_takes_the_time_unless_it_is_linked_elsewhere() {
+    use sha2::Digest as _;
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.overwrite = true;
+    let data = bytes(3000, 9);
+    let size = data.len() as u64;
+    let sha256: [u8; 32] = sha2::Sha256::digest(&data).into();
+    for name in ["own", "linked"] {
+        std::fs::write(dir.path().join(name), &data).unwrap();
+    }
+    std::fs::hard_link(dir.path().join("linked"), dir.path().join("snapshot")).unwrap();
+    let stamp = |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().mtime();
+    let old = stamp("linked");
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        for name in ["own", "linked"] {
+            let mut offer = file(name, size);
+            offer.checksum = true;
+            let SenderEvent::Have(have) = peer.offer(offer) else {
+                panic!("{name} not compared");
+            };
+            assert_eq!(have.kind, HaveKind::Complete);
+            peer.machine.compare(sha256).unwrap();
+            peer.transmit();
+            assert!(matches!(peer.event(), SenderEvent::Same { .. }), "{name}");
+        }
+        peer.bye();
+    });
+    ended.result.unwrap();
+    assert_eq!(stamp("own"), 1_700_000_000, "the source's time");
+    assert_eq!(
+        stamp("linked"),
+        old,
+        "a file linked elsewhere keeps its time"
     );
 }
