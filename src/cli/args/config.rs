@@ -539,6 +539,10 @@ impl SenderArgs {
         if self.overwrite {
             receiver_args.push("--overwrite".to_string());
         }
+        // A dry run removes nothing either, not even old partial files.
+        if self.dry_run {
+            receiver_args.push("--no-sweep".to_string());
+        }
         // Its warnings (a memlock fit, say) and errors reach the user;
         // -vv shows its info too.
         if self.common.verbose > 1 {
@@ -853,6 +857,7 @@ impl ReceiverArgs {
         cfg.token = token;
         cfg.allow = self.allow.clone();
         cfg.partial_ttl = self.partial_ttl;
+        cfg.sweep = !self.no_sweep;
         cfg.threads = usize::from(self.threads);
         cfg.allow_dotfiles = self.allow_dotfiles;
         Ok(cfg)

@@ -514,6 +514,10 @@ pub struct ReceiverArgs {
     /// standard input closes.
     #[arg(long, hide = true)]
     pub ssh_session: bool,
+    /// Remove no old partial files (the receiver a dry run starts over
+    /// ssh: a dry run writes and removes nothing).
+    #[arg(long, hide = true)]
+    pub no_sweep: bool,
     /// With --ssh-session, for `sender FILE HOST:PATH`: DIR is scp's PATH,
     /// the output directory if it is one, else the one file's name in its
     /// parent directory (said on the ready line).

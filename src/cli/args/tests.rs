@@ -1011,6 +1011,18 @@ fn rules_for_existing_files_are_rsyncs_and_overwrite_is_the_receivers() {
     }
     // -c is --checksum, as rsync's.
     assert!(sender(&["-c", "127.0.0.1", f]).unwrap().checksum);
+    // A dry run's receiver over ssh removes nothing, not even old
+    // partial files.
+    let p = remote_plan(&["-n", f, "h:/d"]);
+    assert!(p.cfg.dry_run);
+    assert!(p.launch.receiver_args.iter().any(|a| a == "--no-sweep"));
+    assert!(
+        !remote_plan(&[f, "h:/d"])
+            .launch
+            .receiver_args
+            .iter()
+            .any(|a| a == "--no-sweep")
+    );
     // A running receiver decides about replacing for itself.
     let e = sender(&["--overwrite", "127.0.0.1", f]).err().unwrap();
     assert!(e.to_string().contains("receiver --overwrite"), "{e}");

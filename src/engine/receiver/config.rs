@@ -59,6 +59,9 @@ pub struct ReceiverConfig {
     /// by a crash) that were not modified for this long are removed, at
     /// start-up and then periodically (see `SWEEP_EVERY`).
     pub partial_ttl: Duration,
+    /// Remove such old files at all (not for the receiver a dry run
+    /// starts over ssh: a dry run writes and removes nothing).
+    pub sweep: bool,
     /// Threads per session that write checked chunks into files (0: the
     /// session's own thread writes them).
     pub threads: usize,
@@ -144,6 +147,7 @@ impl ReceiverConfig {
             umask: crate::sys::os::process_umask(),
             keep_modes: false,
             partial_ttl: DEFAULT_PARTIAL_TTL,
+            sweep: true,
             threads: DEFAULT_WRITER_THREADS as usize,
             allow_dotfiles: false,
         }

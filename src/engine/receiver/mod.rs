@@ -181,7 +181,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
         // The sweeper stops when this is dropped: when the listener returns.
         let (_sweeping, stop_sweeping) = mpsc::channel::<()>();
         // Only a tree holds partial and temporary files.
-        if cfg.output == Output::Dir {
+        if cfg.output == Output::Dir && cfg.sweep {
             let spawned = std::thread::Builder::new()
                 .name("sweep".into())
                 .spawn_scoped(scope, move || sweep_periodically(cfg, &stop_sweeping));

@@ -11,16 +11,26 @@ use crate::sys::os::free_space;
 use std::collections::HashSet;
 use std::path::Path;
 
-/// The directories a dry run would have created so far in its session.
+/// Most bytes of directory names a dry run's session remembers (the
+/// directories it would create): past it, a directory offer is refused.
+const MAX_NAMES: usize = 16 << 20;
+
+/// What a dry run would have created so far in its session: its
+/// directories, and the bytes of its files (its free-space check counts
+/// them all, as a real run's promises would, without holding any).
 #[derive(Debug, Default)]
-pub(in crate::engine::receiver) struct WouldCreate(HashSet<String>);
+pub(in crate::engine::receiver) struct WouldCreate {
+    dirs: HashSet<String>,
+    names: usize,
+    bytes: u64,
+}
 
 impl WouldCreate {
     /// Whether `name` lies inside a directory the dry run would create.
     fn holds(&self, name: &str) -> bool {
         let mut at = name;
         while let Some((parent, _)) = at.rsplit_once('/') {
-            if self.0.contains(parent) {
+            if self.dirs.contains(parent) {
                 return true;
             }
             at = parent;
@@ -75,14 +85,27 @@ impl FileStore {
             }
         }
         if hello.is_directory() {
-            would_create.0.insert(hello.name.clone());
+            if would_create.names + hello.name.len() > MAX_NAMES {
+                return Err(Reject::new(
+                    RejectCode::TooLarge,
+                    format!(
+                        "{}: a dry run's session remembers at most {} MiB of directory names",
+                        hello.name,
+                        MAX_NAMES >> 20
+                    ),
+                ));
+            }
+            would_create.names += hello.name.len();
+            would_create.dirs.insert(hello.name.clone());
             return Ok(());
         }
-        // The space a real run would promise, given back at once.
+        // The space a real run would promise for this file and the ones
+        // before it, given back at once (nothing is held).
         let size = if hello.is_stream() { 0 } else { hello.size };
-        ledger
-            .promise(&hello.name, size, || free_space(dir))
-            .map(drop)
+        let all = would_create.bytes.saturating_add(size);
+        ledger.promise(&hello.name, all, || free_space(dir))?;
+        would_create.bytes = all;
+        Ok(())
     }
 }
 
@@ -137,9 +160,18 @@ mod tests {
         assert_eq!(check(&hello("new/sub/x", 3), false, &mut would), Ok(()));
         // Through a link: refused as a real run would.
         assert!(check(&hello("l/x", 3), false, &mut would).is_err());
-        // More than the file system holds: no space.
+        // More than the file system holds: no space; and files that fit
+        // one by one but not together (the dry run counts them all).
         assert_eq!(
             check(&hello("huge", u64::MAX / 2), false, &mut would),
+            Err(RejectCode::NoSpace)
+        );
+        let free = crate::sys::os::free_space(dir.path()).unwrap().bytes;
+        let mut fresh = WouldCreate::default();
+        let half = free / 2 + free / 8;
+        assert_eq!(check(&hello("h1", half), false, &mut fresh), Ok(()));
+        assert_eq!(
+            check(&hello("h2", half), false, &mut fresh),
             Err(RejectCode::NoSpace)
         );
         // Nothing was created.
