@@ -278,8 +278,8 @@ pub fn totals_json(t: &Totals, outcome: Result<(), &XferError>) -> serde_json::V
         "event": "summary",
         "files": t.files,
         "failed": t.failed,
-        // `skipped` as before: files the receiver had already.
-        "skipped": t.unchanged,
+        // `skipped`: as each file's, files left as the receiver had them.
+        "skipped": t.unchanged + t.kept,
         "unchanged": t.unchanged,
         "kept": t.kept,
         "linked": t.linked,
@@ -334,9 +334,7 @@ pub fn session_summary_line(outcome: &SessionOutcome) -> String {
     }
     let kept = outcome.count(Outcome::KeptExisting) + outcome.count(Outcome::KeptNewer);
     if kept > 0 {
-        line.push_str(&format!(
-            "; {kept} kept as the receiver has them (--ignore-existing, --update)"
-        ));
+        line.push_str(&format!("; {kept} kept (--ignore-existing, --update)"));
     }
     let linked = outcome.count(Outcome::Linked);
     if linked > 0 {

@@ -304,8 +304,9 @@ impl SenderArgs {
         } else {
             if self.overwrite {
                 problems.add(format!(
-                    "--overwrite starts the receivers of [USER@]HOST:DIR targets so; the running \
-                     receiver at {} decides for itself (receiver --overwrite)",
+                    "--overwrite is for [USER@]HOST:DIR targets (their receivers start with \
+                     --overwrite); the running receiver at {} replaces files only if it was \
+                     started with receiver --overwrite",
                     self.addr
                 ));
             }

@@ -85,6 +85,11 @@ impl Target {
         if dir.contains('\0') || dir.contains('\n') {
             return bad("the directory holds a NUL or newline");
         }
+        // `~user` would reach the remote shell quoted, not expanded: a
+        // file or directory literally named so in the login's home.
+        if dir.starts_with('~') && dir != "~" && !dir.starts_with("~/") {
+            return bad("another user's home (~user) is not expanded: give its full path");
+        }
         Ok(Target {
             login: match user {
                 Some(u) => format!("{u}@{host}"),

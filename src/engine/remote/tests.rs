@@ -54,6 +54,9 @@ fn targets_as_scp_writes_them() {
         "h;x:/d",
         "u@h@x:/d",
         "u%x@h:/d",
+        // Another user's home is not expanded (quoted for the shell).
+        "h:~bob",
+        "h:~bob/d",
     ] {
         assert!(
             matches!(Target::parse(bad), Some(Err(XferError::Usage(_)))),
