@@ -13,6 +13,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use tracing::{debug, warn};
 
+/// Name standard input arrives under unless `--name` says otherwise.
+pub const DEFAULT_STDIN_NAME: &str = "stdin";
+
 /// How command-line arguments become entries.
 #[derive(Debug, Clone, Default)]
 pub struct WalkOptions {
@@ -49,9 +52,7 @@ pub struct WalkOptions {
 impl WalkOptions {
     /// The name standard input arrives under.
     pub fn stdin_name(&self) -> &str {
-        self.name
-            .as_deref()
-            .unwrap_or(super::sender::DEFAULT_STDIN_NAME)
+        self.name.as_deref().unwrap_or(DEFAULT_STDIN_NAME)
     }
 }
 
@@ -243,7 +244,7 @@ fn arguments<'a>(paths: &'a [PathBuf], opts: &WalkOptions) -> Result<Vec<Checked
                 continue;
             }
             stdin_seen = true;
-            let name = one_name.unwrap_or(super::sender::DEFAULT_STDIN_NAME);
+            let name = one_name.unwrap_or(DEFAULT_STDIN_NAME);
             claim(name, "standard input".into(), &mut problems);
             args.push(Checked {
                 parents: Vec::new(),

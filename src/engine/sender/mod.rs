@@ -130,8 +130,7 @@ impl SenderConfig {
     }
 }
 
-/// Name standard input arrives under unless `--name` says otherwise.
-pub const DEFAULT_STDIN_NAME: &str = "stdin";
+pub use super::entries::DEFAULT_STDIN_NAME;
 
 /// Outcome of a whole session: reports of acknowledged files, directories
 /// created, and the first per-entry failure (later entries are still
