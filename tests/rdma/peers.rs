@@ -3,24 +3,16 @@
 //! rdma-xfer, each copy checked; the table and one RESULT line per peer.
 //! The figures themselves are `make bench-peers`'s (docs/performance.md).
 
-use crate::support::*;
 use std::path::Path;
 use std::process::Command;
 
 #[test]
 fn bench_peers_prints_its_table_with_every_copy_checked() {
-    let Some(_net) = rdma_net() else { return };
-    if !in_guest()
-        || std::env::var("RXFER_SSHD_DIR")
-            .unwrap_or_default()
-            .is_empty()
-    {
-        skip(
-            "needs the guest's sshd and second address",
-            everything_required(),
-        );
+    // The suites' sshd (both addresses, the stock memlock limit), which
+    // the script then finds running.
+    let Some(_net) = crate::ssh::ssh_net() else {
         return;
-    }
+    };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench-peers.sh");
     let out = Command::new("bash")
         .arg(script)

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 /// The guest's sshd, started once for this run (scripts/guest/sshd.sh)
 /// under a stock host's 8 MiB memlock limit, listening on both addresses;
-/// root (and root as the user rxfer) log in with a key.
-fn ssh_net() -> Option<Net> {
+/// root (and root as the user rxfer) log in with a key. Every suite that
+/// needs sshd starts it here first (sshd.sh keeps the first one running).
+pub(crate) fn ssh_net() -> Option<Net> {
     let net = rdma_net()?;
     let dir = std::env::var("RXFER_SSHD_DIR").unwrap_or_default();
     if !in_guest() || dir.is_empty() {
