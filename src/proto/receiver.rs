@@ -1707,18 +1707,10 @@ impl<F, W, C> ReceiverSession<F, W, C> {
     /// is not a policy against batches (the sender offers these files one
     /// by one and keeps batching others). Returns that refusal.
     pub fn refuse_batch_for_link(&mut self, member: &str) -> Result<Reject, ProtocolError> {
-        if self.batch_files == 0 {
-            return Err(ProtocolError::OfferKind {
-                op: "refuse_batch_for_link",
-                kind: "not a batch",
-            });
-        }
-        let reject = Reject::new(
-            RejectCode::Exists,
+        self.refuse_batch_one_by_one(
+            "refuse_batch_for_link",
             format!("{member} may be linked from --link-dest: the files come one by one"),
-        );
-        self.reject(reject.code, reject.reason.clone())?;
-        Ok(reject)
+        )
     }
 
     /// Refuses the current BATCH because its member `member` has
@@ -1727,16 +1719,27 @@ impl<F, W, C> ReceiverSession<F, W, C> {
     /// replaced only with --overwrite). REJECT(exists), as
     /// `refuse_batch_for_link`.
     pub fn refuse_batch_for_existing(&mut self, member: &str) -> Result<Reject, ProtocolError> {
+        self.refuse_batch_one_by_one(
+            "refuse_batch_for_existing",
+            format!("{member} is there already: the files come one by one"),
+        )
+    }
+
+    /// The current BATCH refused with REJECT(exists) and `reason` (its
+    /// files come one by one; no policy against batches); `op` names the
+    /// caller for the misuse error outside a batch.
+    fn refuse_batch_one_by_one(
+        &mut self,
+        op: &'static str,
+        reason: String,
+    ) -> Result<Reject, ProtocolError> {
         if self.batch_files == 0 {
             return Err(ProtocolError::OfferKind {
-                op: "refuse_batch_for_existing",
+                op,
                 kind: "not a batch",
             });
         }
-        let reject = Reject::new(
-            RejectCode::Exists,
-            format!("{member} is there already: the files come one by one"),
-        );
+        let reject = Reject::new(RejectCode::Exists, reason);
         self.reject(reject.code, reject.reason.clone())?;
         Ok(reject)
     }
