@@ -79,6 +79,26 @@ fn a_dry_run_says_what_would_happen_and_writes_nothing() {
 /// every earlier file, and the spans of a tree would all stay alive).
 #[test]
 fn each_files_log_lines_name_that_file_alone() {
+    // tracing caches each call site's interest for the whole process: a
+    // site first met by another test's thread, while this test's
+    // subscriber is being set up, can stay disabled for it. So the check
+    // runs in a process of its own, this test binary run for it alone.
+    const ALONE: &str = "RXFER_TEST_LOG_LINES_ALONE";
+    if std::env::var_os(ALONE).is_none() {
+        let name = "engine::sender::rerun_transfers::each_files_log_lines_name_that_file_alone";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env(ALONE, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
     use std::sync::{Arc, Mutex};
     #[derive(Clone, Default)]
     struct Lines(Arc<Mutex<Vec<u8>>>);
