@@ -322,43 +322,7 @@ pub fn parse_timeout_arg(s: &str) -> Result<Duration, String> {
     crate::units::parse_duration(s)
 }
 
-/// Resolves a host name or IPv4/IPv6 literal with a port. A name that
-/// does not resolve is a usage error (exit 2: a typo, found before
-/// connecting); a resolver that cannot answer right now is a connect error
-/// worth retrying (exit 3). Of several addresses an IPv4 one is preferred:
-/// a receiver listens on IPv4 by default.
-pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, XferError> {
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let addrs: Vec<SocketAddr> = match (host, port).to_socket_addrs() {
-        Ok(a) => a.collect(),
-        // std reports getaddrinfo's EAI_AGAIN only through its message
-        // (gai_strerror's "Temporary failure in name resolution").
-        Err(e) if e.to_string().contains("Temporary failure") => {
-            return Err(XferError::Connect {
-                addr: format!("{host}:{port}"),
-                source: crate::sys::SysError::Call {
-                    call: "getaddrinfo",
-                    source: std::io::Error::from_raw_os_error(libc::EAGAIN),
-                },
-            });
-        }
-        Err(e) => {
-            let why = e.to_string();
-            let why = why
-                .strip_prefix("failed to lookup address information: ")
-                .unwrap_or(&why);
-            return Err(XferError::Usage(format!(
-                "cannot resolve host name {host}: {why}"
-            )));
-        }
-    };
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(addrs.first())
-        .copied()
-        .ok_or_else(|| XferError::Usage(format!("host name {host} has no address")))
-}
+pub use crate::engine::resolve;
 
 /// Prints the error (if any) once, clearly, and returns the exit code. With
 /// `-v` it also reports the peak RSS (the memory bound is a promise) and

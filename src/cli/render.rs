@@ -416,6 +416,7 @@ mod tests {
             },
             resumed_from: 0,
             outcome: Outcome::Stored,
+            host: None,
         }
     }
 
@@ -612,6 +613,7 @@ mod tests {
             phases: Phases::default(),
             resumed_from: 0,
             outcome: Outcome::Stored,
+            host: None,
         };
         let outcome = SessionOutcome {
             files: vec![report(1000), report(48_576)],

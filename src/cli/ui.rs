@@ -153,6 +153,16 @@ impl Ui {
     /// its `--json` object carries `host`, and with `host.labelled` its
     /// line on stderr says it too.
     pub fn file_event_from(&self, host: Option<&HostLabel>, event: FileEvent<'_>) {
+        // A host of a relay chain: each file's line and record say which.
+        let relayed = match event {
+            FileEvent::Done(r) => r.host.as_ref(),
+            FileEvent::Failed(f) => f.host.as_ref(),
+        }
+        .map(|host| HostLabel {
+            host: host.clone(),
+            labelled: true,
+        });
+        let host = relayed.as_ref().or(host);
         self.totals
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -83,12 +83,20 @@ pub enum Entry {
     },
     /// Standard input, of unknown length.
     Stdin { name: String },
+    /// What a relay hop passes on: the offer it took, made again for the
+    /// next host, its bytes read from `input` (the pipe the hop's
+    /// receiver writes them into as it checks them) until its end.
+    Relayed {
+        offer: crate::proto::FileOffer,
+        input: File,
+    },
 }
 
 impl Entry {
     pub fn name(&self) -> &str {
         match self {
             Entry::File { name, .. } | Entry::Dir { name, .. } | Entry::Stdin { name } => name,
+            Entry::Relayed { offer, .. } => &offer.name,
         }
     }
 
@@ -96,6 +104,7 @@ impl Entry {
     pub fn size(&self) -> u64 {
         match self {
             Entry::File { size, .. } => *size,
+            Entry::Relayed { offer, .. } => offer.size,
             Entry::Dir { .. } | Entry::Stdin { .. } => 0,
         }
     }

@@ -18,6 +18,7 @@ pub mod per_byte;
 pub mod progress;
 mod reader;
 pub mod receiver;
+pub mod relay;
 pub mod remote;
 mod report;
 pub mod sender;
@@ -29,7 +30,11 @@ pub use progress::{FileProgress, Listening, NoProgress, Progress, ProgressSink};
 pub use report::{FileEvent, FileFailure, FileReport, Outcome, Phases, Totals};
 
 use crate::error::XferError;
+use std::net::SocketAddr;
 use std::time::Duration;
+
+/// The port both tools use unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7471;
 
 /// Default slot (chunk) size of the receiver's ring and the sender's buffers.
 pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 20;
@@ -335,6 +340,44 @@ impl WrId {
     pub fn recv_pool(self) -> usize {
         ((self.0 >> Self::POOL_SHIFT) & (Self::RECV_POOLS as u64 - 1)) as usize
     }
+}
+
+/// Resolves a host name or IPv4/IPv6 literal with a port. A name that
+/// does not resolve is a usage error (exit 2: a typo, found before
+/// connecting); a resolver that cannot answer right now is a connect error
+/// worth retrying (exit 3). Of several addresses an IPv4 one is preferred:
+/// a receiver listens on IPv4 by default.
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, XferError> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let addrs: Vec<SocketAddr> = match std::net::ToSocketAddrs::to_socket_addrs(&(host, port)) {
+        Ok(a) => a.collect(),
+        // std reports getaddrinfo's EAI_AGAIN only through its message
+        // (gai_strerror's "Temporary failure in name resolution").
+        Err(e) if e.to_string().contains("Temporary failure") => {
+            return Err(XferError::Connect {
+                addr: format!("{host}:{port}"),
+                source: crate::sys::SysError::Call {
+                    call: "getaddrinfo",
+                    source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+                },
+            });
+        }
+        Err(e) => {
+            let why = e.to_string();
+            let why = why
+                .strip_prefix("failed to lookup address information: ")
+                .unwrap_or(&why);
+            return Err(XferError::Usage(format!(
+                "cannot resolve host name {host}: {why}"
+            )));
+        }
+    };
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| XferError::Usage(format!("host name {host} has no address")))
 }
 
 #[cfg(test)]

@@ -27,6 +27,9 @@ pub struct FileReport {
     pub resumed_from: u64,
     /// What became of it.
     pub outcome: Outcome,
+    /// The host of a relay chain this is about, as the sender named it
+    /// (None: the receiver the session talks to, alone).
+    pub host: Option<String>,
 }
 
 #[cfg(test)]
@@ -222,6 +225,8 @@ pub struct FileFailure {
     pub retryable: bool,
     /// The failure ended the session (later files were not transferred).
     pub session_ended: bool,
+    /// As `FileReport::host`.
+    pub host: Option<String>,
 }
 
 impl FileFailure {
@@ -246,6 +251,7 @@ impl FileFailure {
             reason_code: error.reason_code(),
             retryable: error.is_transient(),
             session_ended,
+            host: None,
         }
     }
 }

@@ -282,9 +282,19 @@ impl SenderArgs {
             "--depth",
         ));
         problems.check(self.common.check());
-        let operands = self.operands(&mut problems);
+        // `--relay`: every operand is a file; the chain's first host is
+        // the receiver.
+        let relaying = !self.relay.is_empty();
+        let operands = if relaying {
+            Operands::Direct
+        } else {
+            self.operands(&mut problems)
+        };
         let remote = matches!(operands, Operands::Remote { .. });
         let mut files: Vec<PathBuf> = match &operands {
+            Operands::Direct if relaying => std::iter::once(PathBuf::from(&self.addr))
+                .chain(self.files.iter().cloned())
+                .collect(),
             Operands::Direct => self.files.clone(),
             Operands::Remote { files, .. } => files.clone(),
         };
@@ -301,6 +311,8 @@ impl SenderArgs {
         let target = if remote {
             self.check_remote_options(&mut problems);
             None
+        } else if relaying {
+            self.check_relay_options(&mut problems)
         } else {
             if self.overwrite {
                 problems.add(format!(
@@ -361,7 +373,11 @@ impl SenderArgs {
             );
         }
         // `--retry=5 3 FILE`: a number is no receiver's address.
-        if !remote && !self.addr.is_empty() && self.addr.bytes().all(|b| b.is_ascii_digit()) {
+        if !remote
+            && !relaying
+            && !self.addr.is_empty()
+            && self.addr.bytes().all(|b| b.is_ascii_digit())
+        {
             problems.add(format!(
                 "{} is a number, not the receiver's address",
                 self.addr
@@ -369,6 +385,7 @@ impl SenderArgs {
         }
         // `sender FILE HOST`: the address is a local file and a "file" is not.
         if !remote
+            && !relaying
             && !self.addr.is_empty()
             && Path::new(&self.addr).exists()
             && self
@@ -493,6 +510,7 @@ impl SenderArgs {
         cfg.retries = self.retry;
         cfg.dry_run = self.dry_run;
         cfg.bwlimit = self.bwlimit;
+        cfg.relay = self.relay.clone();
         Ok(match (operands, launch) {
             (Operands::Remote { targets, .. }, Some(launch)) => {
                 // Each attempt starts a new receiver: the engine's own
@@ -509,6 +527,46 @@ impl SenderArgs {
             }
             _ => SendPlan::Direct { cfg, files },
         })
+    }
+
+    /// `--relay`'s chain: each host's name as a RESULT may carry it, and
+    /// what a chain does not do; the first host, where this sender
+    /// connects.
+    fn check_relay_options(&self, problems: &mut Problems) -> Option<(String, Option<u16>)> {
+        for host in &self.relay {
+            if let Err(e) = crate::proto::check_host_label(host) {
+                problems.add(format!("--relay {:?}: {e}", crate::proto::escaped(host)));
+            }
+        }
+        if self.relay.len() > crate::proto::MAX_RELAY_HOPS {
+            problems.add(format!(
+                "--relay names {} hosts: at most {}",
+                self.relay.len(),
+                crate::proto::MAX_RELAY_HOPS
+            ));
+        }
+        if self.port.is_some() {
+            problems.add("--port with --relay: give each host as HOST:PORT");
+        }
+        for (given, name) in [
+            (self.resume || self.retry > 0, "--resume and --retry"),
+            (self.checksum, "--checksum"),
+            (self.dry_run, "--dry-run"),
+            (self.overwrite, "--overwrite"),
+            (self.rsh.is_some(), "--rsh"),
+            (self.hosts.is_some(), "--hosts"),
+        ] {
+            if given {
+                problems.add(format!("{name} cannot be used with --relay (yet)"));
+            }
+        }
+        if self.common.token(true).ok().flatten().is_none() {
+            problems.add(
+                "--relay needs a token that every host of the chain shares (RDMA_XFER_TOKEN,                  --token-file, or a default token file): a host forwards only for a sender that                  proved it",
+            );
+        }
+        let first = self.relay.first()?;
+        problems.check(parse_addr(first))
     }
 
     /// Options that make no sense with receivers started over ssh.

@@ -140,8 +140,7 @@ fn foreign_flag_hint(arg: &str) -> Option<&'static str> {
         .map(|(_, hint)| *hint)
 }
 
-/// The port both tools use unless told otherwise.
-pub const DEFAULT_PORT: u16 = 7471;
+pub use crate::engine::DEFAULT_PORT;
 
 /// Headings `--help` groups the options under.
 const CONNECTION: &str = "Connection";
@@ -330,6 +329,14 @@ pub struct SenderArgs {
     #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "5",
           default_value_t = 0, hide_default_value = true, value_hint = ValueHint::Other, help_heading = CONNECTION)]
     pub retry: u32,
+    /// Send to a chain of running receivers, each HOST[:PORT]: this
+    /// sender talks to the first only; each host keeps the files and
+    /// passes them on to the next as they arrive, so every byte leaves
+    /// this host once. Then every operand is a file. Needs a token (all
+    /// hosts share it); each host's result comes back per file.
+    #[arg(long, value_name = "HOST,...", value_delimiter = ',', value_hint = ValueHint::Hostname,
+          help_heading = CONNECTION)]
+    pub relay: Vec<String>,
     /// Send directories as trees: every file and directory below them
     /// (symbolic links inside are skipped unless --follow-links).
     #[arg(short, long, help_heading = OUTPUT)]

@@ -34,6 +34,9 @@ pub(super) struct Connection {
     /// `--bwlimit`, and when the chunk it held back may go.
     pub(super) pacer: Option<Pacer>,
     pub(super) paced_until: Option<Instant>,
+    /// A relay chain's hosts (`SenderConfig::relay`), told to the
+    /// receiver once it is authenticated.
+    relay: Vec<String>,
 }
 
 impl Connection {
@@ -112,6 +115,7 @@ impl Connection {
             events: VecDeque::new(),
             pacer: None,
             paced_until: None,
+            relay: Vec::new(),
         }
     }
 
@@ -136,6 +140,7 @@ impl Connection {
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
+        self.relay = cfg.relay.clone();
         let mut queue = Queue::new(entries);
         let mut work = None;
         let result = self.turns(cfg, &mut queue, &mut work, pipe, tracker);
@@ -193,7 +198,9 @@ impl Connection {
                 settle(flow, work, queue, tracker)?;
             }
             if work.is_none() && self.session.can_start() {
-                match queue.next(cfg, self.session.may_batch(), tracker) {
+                // A chain's hops forward files one by one.
+                let may_batch = self.session.may_batch() && cfg.relay.is_empty();
+                match queue.next(cfg, may_batch, tracker) {
                     Some(next) => {
                         // The finished work's spans are left first: the next
                         // file's span is the session's child, not theirs
@@ -245,6 +252,7 @@ impl Connection {
                 }
             }
             SenderEvent::Keepalive => debug!("the receiver reads its copy"),
+            SenderEvent::HopResult(result) => tracker.chain.result(result),
             SenderEvent::Aborted(failed) => {
                 return Err(FileError::Fatal(ack_error(failed)));
             }
@@ -336,6 +344,9 @@ impl Connection {
                 };
                 (offer, Input::Stream(File::from(stdin)))
             }
+            // The bytes come as the hop receives them: read as a stream,
+            // offered as the file they are.
+            Entry::Relayed { offer, input } => (offer, Input::Stream(input)),
             Entry::File {
                 path,
                 name,
@@ -453,6 +464,11 @@ impl Connection {
                             // both directions.
                             self.link.install(channel);
                             info!("receiver authenticated");
+                            // The chain after it, before any offer.
+                            if !self.relay.is_empty() {
+                                self.session.relay(&self.relay).map_err(proto_err)?;
+                                self.transmit()?;
+                            }
                         }
                         event => self.events.push_back(event),
                     }

@@ -16,6 +16,7 @@ mod member;
 mod memory_transfers;
 mod pace;
 mod pump;
+mod relayed;
 #[cfg(test)]
 mod rerun_transfers;
 mod verdicts;
@@ -88,6 +89,11 @@ pub struct SenderConfig {
     pub retries: u32,
     /// `--bwlimit`: the session's data in bytes per second at most.
     pub bwlimit: Option<u64>,
+    /// `--relay`: a chain of receivers, as the user named them; the first
+    /// is `addr`, and each forwards what it receives to the next. Each
+    /// host's result comes back per file (`FileReport::host`). Empty: the
+    /// receiver at `addr` alone.
+    pub relay: Vec<String>,
 }
 
 impl SenderConfig {
@@ -126,6 +132,7 @@ impl SenderConfig {
             dry_run: false,
             retries: 0,
             bwlimit: None,
+            relay: Vec::new(),
         }
     }
 }
@@ -336,6 +343,37 @@ fn try_session(
     let mut plan = entries::plan(paths, &cfg.walk)?;
     plan.entries
         .retain(|e| matches!(e, Entry::Dir { .. }) || !settled.contains(e.name()));
+    session_of(cfg, plan, on_file)
+}
+
+/// Sends `entries` in one session, as they are (a relay hop's offer to
+/// the next host): no retries, `cfg` fitted to the memlock limit first.
+pub fn send_entries(
+    cfg: &SenderConfig,
+    entries: Vec<Entry>,
+    on_file: impl FnMut(FileEvent<'_>),
+) -> Result<SessionOutcome, XferError> {
+    let cfg = &fit_staging(cfg)?;
+    let plan = entries::Plan {
+        entries,
+        problems: Vec::new(),
+        skipped: 0,
+    };
+    session_of(cfg, plan, on_file).map_err(|SessionEnded(ended)| {
+        let (e, outcome) = *ended;
+        // What the session reported before it ended stands; the error
+        // is the session's.
+        drop(outcome);
+        e
+    })
+}
+
+/// One session sending `plan`.
+fn session_of(
+    cfg: &SenderConfig,
+    plan: entries::Plan,
+    on_file: impl FnMut(FileEvent<'_>),
+) -> Result<SessionOutcome, SessionEnded> {
     let (files, bytes) = plan.files_and_bytes();
     cfg.progress.planned(files, bytes);
     let devices = probe_devices().map_err(XferError::from)?;
@@ -400,6 +438,7 @@ fn drive(
             connect: conn.connect_time,
             digest_alg: cfg.verify,
             refused_dirs: Vec::new(),
+            chain: relayed::Chain::new(cfg.relay.clone()),
         };
         let result = conn.run(cfg, plan.entries, &mut pipe, &mut tracker);
         if let Err(e) = result {

@@ -343,6 +343,7 @@ impl Connection {
             phases: w.phases,
             resumed_from: 0,
             outcome,
+            host: None,
         };
         tracker.answer(awaiting_ack(vec![report], progress), Verdict::Ack(ack))
     }
@@ -512,6 +513,7 @@ impl Connection {
                 phases: w.phases,
                 resumed_from,
                 outcome: Outcome::Stored,
+                host: None,
             }],
             // Each file's share of the batch's time (see `Phases::share`).
             Offered::Batch { members, .. } => {
@@ -527,6 +529,7 @@ impl Connection {
                         phases: w.phases.share(n),
                         resumed_from: 0,
                         outcome: Outcome::Stored,
+                        host: None,
                     })
                     .collect()
             }

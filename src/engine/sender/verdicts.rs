@@ -70,6 +70,10 @@ pub(super) struct Tracker<'f> {
     /// Directories the receiver refused: what is below them is not
     /// offered (a refused `.git` would be refused thousands of times).
     pub(super) refused_dirs: Vec<String>,
+    /// A relay chain's hosts, the first the one the session talks to,
+    /// and the RESULTs for the entry whose verdict comes next
+    /// (`relayed.rs`); no chain: reports as the receiver's verdicts say.
+    pub(super) chain: super::relayed::Chain,
 }
 
 impl Tracker<'_> {
@@ -80,7 +84,16 @@ impl Tracker<'_> {
         // log keeps it for -v and JSON logs.
         tracing::info!(file = %escaped(name), "failed: {e}");
         self.report(name, bytes, started, &e, false);
-        self.outcome.first_error.get_or_insert(e);
+        self.note_error(e);
+    }
+
+    /// The session's exit status: its first failure, or over a relay
+    /// chain the worst of its hosts'.
+    pub(super) fn note_error(&mut self, e: XferError) {
+        match &self.outcome.first_error {
+            Some(first) if !self.chain.is_on() || first.exit_code() >= e.exit_code() => {}
+            _ => self.outcome.first_error = Some(e),
+        }
     }
 
     /// Tells `on_file` about a failed entry.
@@ -101,6 +114,9 @@ impl Tracker<'_> {
             e,
             session_ended,
         );
+        if self.chain.is_on() {
+            return self.failed_over_chain(failure);
+        }
         (self.on_file)(FileEvent::Failed(&failure));
     }
 
@@ -138,6 +154,10 @@ impl Tracker<'_> {
                                 report.outcome = crate::engine::Outcome::from_ack_note(note);
                             }
                             report.phases.log(&report.name, report.bytes);
+                            if self.chain.is_on() {
+                                self.done_over_chain(report);
+                                continue;
+                            }
                             (self.on_file)(FileEvent::Done(&report));
                             self.outcome.files.push(report);
                         }
@@ -154,11 +174,18 @@ impl Tracker<'_> {
                     Ok(_) => {
                         debug!(dir = %name, "directory done");
                         self.outcome.directories += 1;
+                        if self.chain.is_on() {
+                            self.dir_over_chain(&name, started);
+                        }
                         return Ok(());
                     }
                     Err(refusal) => refusal.error(),
                 };
-                self.refused_dirs.push(name.clone());
+                // Over a chain the other hosts may have made it: what lies
+                // below goes on.
+                if !self.chain.is_on() {
+                    self.refused_dirs.push(name.clone());
+                }
                 self.fail(&name, 0, Some(started), err);
             }
         }

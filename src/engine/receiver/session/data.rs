@@ -101,6 +101,11 @@ impl Session<'_, '_> {
                                 "chunk longer than its buffer",
                             ))),
                         };
+                        if checked.is_ok()
+                            && let Some(forward) = file.forward.as_mut()
+                        {
+                            forward.write(&buf[..len]);
+                        }
                         match checked {
                             Ok(()) => behind
                                 .submit(
@@ -132,7 +137,12 @@ impl Session<'_, '_> {
                     |data, crc| {
                         t1 = Instant::now();
                         file.sink
-                            .write(data, placement.file_offset, crc, file.written)
+                            .write(data, placement.file_offset, crc, file.written)?;
+                        // Checked and written here: on to the next host.
+                        if let Some(forward) = file.forward.as_mut() {
+                            forward.write(data);
+                        }
+                        Ok(())
                     },
                     &mut file.hasher,
                 )
@@ -275,6 +285,9 @@ impl Session<'_, '_> {
                 Err(e) => (AckStatus::Io, e.to_string(), Some(e)),
             }
         };
+        // Over a relay chain: the results of this host and those after it.
+        let forward_only = file.own.is_some();
+        let (status, reason) = self.relay_verdict(&mut file, status, reason)?;
         self.machine
             .complete(status, reason)
             .map_err(XferError::from)?;
@@ -283,6 +296,8 @@ impl Session<'_, '_> {
         // reported whether or not it could be told.
         let sent = self.transmit();
         match err {
+            // Its refusal (or its staying) was reported at its offer.
+            None if forward_only => {}
             None if file.sink.members().is_some() => {
                 file.phases.commit = fin_at.elapsed();
                 file.phases.log(&file.name, fin.bytes);
@@ -304,6 +319,7 @@ impl Session<'_, '_> {
                         phases: file.phases.share(n),
                         resumed_from: 0,
                         outcome,
+                        host: None,
                     };
                     (self.on_file)(FileEvent::Done(&report));
                 }
@@ -319,6 +335,7 @@ impl Session<'_, '_> {
                     phases: file.phases,
                     resumed_from: file.resumed_from,
                     outcome,
+                    host: None,
                 };
                 file.progress.finished();
                 (self.on_file)(FileEvent::Done(&report));

@@ -402,6 +402,7 @@ impl Session<'_, '_> {
             },
             resumed_from: 0,
             outcome,
+            host: None,
         };
         (self.on_file)(FileEvent::Done(&report));
         sent

@@ -6,6 +6,7 @@ mod data;
 mod end;
 mod file_work;
 mod offers;
+mod relay;
 #[cfg(test)]
 pub(super) mod tests;
 
@@ -67,6 +68,11 @@ pub(super) struct IncomingFile {
     /// The descriptor the writer threads write a temporary file through
     /// (opened at its first chunk).
     writer: Option<Arc<std::fs::File>>,
+    /// In a relay chain: its bytes on their way to the next host.
+    forward: Option<crate::engine::relay::Forward>,
+    /// In a relay chain: an offer this host takes only to pass it on,
+    /// and its own verdict on it.
+    own: Option<relay::OwnVerdict>,
 }
 
 struct Session<'a, 's> {
@@ -108,6 +114,8 @@ struct Session<'a, 's> {
     /// Long file work for the current offer, on its own thread (the
     /// machine waits for its result; dropping it stops and joins it).
     work: Option<Worker<Done>>,
+    /// This host's place in a relay chain (the sender's RELAY).
+    relay: Option<relay::Relay>,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -265,6 +273,7 @@ pub(super) fn drive<'a>(
         first_error: None,
         output_closed: None,
         work: None,
+        relay: None,
     };
     let result = session.run();
     session.finish(result)
@@ -441,6 +450,7 @@ impl Session<'_, '_> {
                 self.link.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
+            Ok(ReceiverEvent::Relay(hops)) => self.on_relay(hops),
             Ok(ReceiverEvent::From { offset, waiting }) => self.on_from(offset, waiting)?,
             Ok(ReceiverEvent::Compare {
                 sha256,

@@ -14,9 +14,10 @@ use crate::engine::receiver::storage::temp_file::Resume;
 use crate::engine::receiver::storage::write_behind::WriteBehind;
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::error::XferError;
+use super::relay::OwnVerdict;
 use crate::proto::{
-    AckStatus, DigestAlg, Existing, Found, Hello, Reject, RejectCode, RingInfo, Standing, escaped,
-    hello_flags,
+    AckStatus, DigestAlg, Existing, Found, Hello, HopVerdict, Reject, RejectCode, RingInfo,
+    Standing, escaped, hello_flags,
 };
 use std::time::{Duration, Instant};
 use tracing::{debug, error, error_span, info, warn};
@@ -36,8 +37,14 @@ impl Session<'_, '_> {
                     Err(refusal) => self.refuse(&hello, hello_at, refusal),
                 };
             }
-            return match self.store.make_dir(&hello) {
+            let made = self.store.make_dir(&hello);
+            // Over a relay chain the hosts after this one make it too.
+            if let Some(forward) = self.forward(&hello) {
+                self.forwarded(forward);
+            }
+            return match made {
                 Ok(()) => {
+                    self.tell_results(HopVerdict::Ack(AckStatus::Ok), 0, "")?;
                     self.machine.accept_directory()?;
                     Ok(())
                 }
@@ -52,6 +59,26 @@ impl Session<'_, '_> {
         if !hello.is_stream() {
             // What is under the final name decides first (re-runs).
             let (found, copy) = self.store.existing(&hello);
+            if self.relaying() {
+                // Over a chain this host's verdict goes first; with hosts
+                // after it, a file it has stays and is passed on all the
+                // same (its bytes are not kept here).
+                let standing = self.machine.standing_of(found);
+                match (standing, self.next_hops().is_some()) {
+                    (Standing::Stays(status), true) => {
+                        let own = OwnVerdict {
+                            verdict: HopVerdict::Ack(status),
+                            reason: String::new(),
+                        };
+                        return self.forward_only(&hello, hello_at, own);
+                    }
+                    (_, true) => return self.prepare_and_accept(&hello, hello_at, Resume::No, None, None),
+                    (Standing::Stays(status), false) => {
+                        self.tell_results(HopVerdict::Ack(status), 0, "")?
+                    }
+                    (_, false) => {}
+                }
+            }
             match (self.machine.existing(found)?, copy) {
                 (Standing::Stays(status), _) => return self.stays(&hello, hello_at, status),
                 (Standing::Compare, Some(copy)) => {
@@ -91,7 +118,8 @@ impl Session<'_, '_> {
     /// the machine allows the question (`may_ask_digest`). Never in a dry
     /// run: a --link-dest copy would be linked into place.
     pub(super) fn digest_for(&self, hello: &Hello) -> Option<DigestFor> {
-        if self.machine.offer_is_dry_run() {
+        // Nor in a relay chain, whose verdicts go with RESULTs.
+        if self.machine.offer_is_dry_run() || self.relaying() {
             return None;
         }
         if let Err(why) = self.machine.may_ask_digest(hello) {
@@ -142,6 +170,12 @@ impl Session<'_, '_> {
     /// answer, reported as usual).
     pub(super) fn on_batch(&mut self, members: Vec<Hello>) -> Result<(), XferError> {
         let hello_at = Instant::now();
+        // A relay hop forwards files one by one.
+        if self.relaying() {
+            let reason = "a host of a relay chain takes files one by one".to_string();
+            self.machine.reject(RejectCode::Protocol, reason)?;
+            return Ok(());
+        }
         // The machine checked that the sizes add up without overflow.
         let total = members.iter().fold(0u64, |t, h| t.saturating_add(h.size));
         info!(files = members.len(), bytes = total, "offer of a batch");
@@ -223,6 +257,8 @@ impl Session<'_, '_> {
             check_time: Duration::ZERO,
             write_time: Duration::ZERO,
             writer: None,
+            forward: None,
+            own: None,
         };
         self.machine.accept(ring, file).map_err(XferError::from)?;
         Ok(())
@@ -302,6 +338,7 @@ impl Session<'_, '_> {
                 file.data_started = Instant::now();
                 file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
                 file.progress.advance(file.resumed_from);
+                file.forward = self.forward(hello);
                 let temp_file = file.sink.is_temp_file();
                 self.machine.accept(ring, file).map_err(XferError::from)?;
                 // Writer threads (`--threads`) write temporary files: they
@@ -312,7 +349,7 @@ impl Session<'_, '_> {
                 }
                 Ok(())
             }
-            Err(refusal) => self.refuse(hello, hello_at, refusal),
+            Err(refusal) => self.refuse_or_forward(hello, hello_at, refusal),
         }
     }
 
@@ -337,6 +374,7 @@ impl Session<'_, '_> {
             },
             resumed_from: 0,
             outcome: Outcome::of_no_data(status).unwrap_or(Outcome::Unchanged),
+            host: None,
         };
         (self.on_file)(FileEvent::Done(&report));
         sent
@@ -359,6 +397,7 @@ impl Session<'_, '_> {
         let elapsed = hello_at.elapsed();
         self.report_failure(&hello.name, size, hello.digest, elapsed, &err, false);
         self.first_error.get_or_insert(err);
+        self.tell_results(HopVerdict::Reject(code), 0, &reason)?;
         self.machine.reject(code, reason)?;
         Ok(())
     }
@@ -400,6 +439,8 @@ impl Session<'_, '_> {
             // Replaced by the observer's once the offer is accepted.
             progress: crate::engine::progress::NoProgress.file_started("", 0),
             writer: None,
+            forward: None,
+            own: None,
         })
     }
 

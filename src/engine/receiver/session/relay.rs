@@ -1,0 +1,264 @@
+//! A session in a relay chain (the sender's RELAY): this host's own
+//! verdict on each offer and the verdicts of the hosts after it go back
+//! as RESULTs before the offer's verdict; each offer this host takes is
+//! forwarded to the next host (`engine::relay`), even one it does not
+//! keep itself (a refusal, a file it has unchanged): the hosts after it
+//! still get it.
+
+use super::{IncomingFile, Session};
+use crate::engine::digest::FileHasher;
+use crate::engine::receiver::storage::sink::Sink;
+use crate::engine::relay::{Forward, NextHops};
+use crate::engine::report::Phases;
+use crate::error::XferError;
+use crate::proto::{AckStatus, Hello, HopResult, HopVerdict, Reject, escaped};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// This host's place in a relay chain.
+pub(super) struct Relay {
+    /// Its own name in the chain, as the sender gave it: its RESULTs say
+    /// it.
+    own: String,
+    /// The hosts after it, the next one first.
+    next: Vec<String>,
+    /// Results of the hosts after this one for the current offer, sent
+    /// after this host's own.
+    relayed: Vec<HopResult>,
+    /// The next host could not be reached for an earlier offer: later
+    /// offers do not wait for it again.
+    unreachable: Option<String>,
+}
+
+/// What an offer this host does not keep is forwarded with: its own
+/// verdict, told when the offer's data is over.
+pub(super) struct OwnVerdict {
+    pub verdict: HopVerdict,
+    pub reason: String,
+}
+
+impl Session<'_, '_> {
+    /// RELAY: the chain from this host on (this host first). A second
+    /// RELAY message continues the list.
+    pub(super) fn on_relay(&mut self, hops: Vec<String>) {
+        match self.relay.as_mut() {
+            Some(relay) => relay.next.extend(hops),
+            None => {
+                let mut hops = hops.into_iter();
+                let own = hops.next().unwrap_or_default();
+                self.relay = Some(Relay {
+                    own,
+                    next: hops.collect(),
+                    relayed: Vec::new(),
+                    unreachable: None,
+                });
+            }
+        }
+        if let Some(relay) = &self.relay {
+            info!(
+                own = %escaped(&relay.own),
+                next = relay.next.len(),
+                "in a relay chain"
+            );
+        }
+    }
+
+    /// Whether this session is in a relay chain (its verdicts go with
+    /// RESULTs).
+    pub(super) fn relaying(&self) -> bool {
+        self.relay.is_some()
+    }
+
+    /// The hosts after this one, if there are any to forward to.
+    pub(super) fn next_hops(&self) -> Option<NextHops> {
+        let relay = self.relay.as_ref()?;
+        if relay.next.is_empty() {
+            return None;
+        }
+        let token = self.cfg.token.clone()?;
+        Some(NextHops {
+            hosts: relay.next.clone(),
+            token,
+            timeout: self.cfg.timeout,
+            chunk_size: self.cfg.chunk_size,
+            ack_timeout: self.cfg.ack_timeout,
+        })
+    }
+
+    /// Starts forwarding the current offer to the next hosts (none: not
+    /// in a chain, or the last host).
+    pub(super) fn forward(&mut self, hello: &Hello) -> Option<Forward> {
+        let next = self.next_hops()?;
+        if let Some(why) = self.relay.as_ref().and_then(|r| r.unreachable.clone()) {
+            // Said for each offer without waiting for the host again.
+            let e = XferError::PeerLost(why);
+            self.take_relayed(crate::engine::relay::not_reached(&next.hosts, &e));
+            return None;
+        }
+        Some(Forward::start(&next, hello))
+    }
+
+    /// The next hosts' results, once the current offer's forwarding is
+    /// over: kept until this host's own verdict is told.
+    pub(super) fn forwarded(&mut self, forward: Forward) {
+        let Some(next) = self.next_hops() else {
+            return;
+        };
+        let forwarded = forward.finish(&next.hosts);
+        // A next host that could not be reached at all is not tried again
+        // for every offer of the session.
+        if let (Some(why), Some(relay)) = (forwarded.unreachable, self.relay.as_mut()) {
+            relay.unreachable = Some(format!("not reached earlier in this session: {why}"));
+        }
+        let results = forwarded.results;
+        self.take_relayed(results);
+    }
+
+    fn take_relayed(&mut self, results: Vec<HopResult>) {
+        if let Some(relay) = self.relay.as_mut() {
+            relay.relayed.extend(results);
+        }
+    }
+
+    /// Tells the sender this host's verdict on the current offer and
+    /// those of the hosts after it (RESULTs), before the machine's own
+    /// verdict goes; nothing outside a relay chain.
+    pub(super) fn tell_results(
+        &mut self,
+        verdict: HopVerdict,
+        bytes: u64,
+        reason: &str,
+    ) -> Result<(), XferError> {
+        let Some(relay) = self.relay.as_mut() else {
+            return Ok(());
+        };
+        let own = HopResult {
+            host: relay.own.clone(),
+            verdict,
+            bytes,
+            reason: crate::engine::relay::fit_reason(reason),
+        };
+        let relayed = std::mem::take(&mut relay.relayed);
+        self.machine.push_result(own)?;
+        for result in relayed {
+            self.machine.push_result(result)?;
+        }
+        Ok(())
+    }
+
+    /// An offer this host does not keep (`own` says why) but takes all
+    /// the same, for the hosts after it: its bytes are checked and
+    /// forwarded, and discarded here.
+    pub(super) fn forward_only(
+        &mut self,
+        hello: &Hello,
+        hello_at: Instant,
+        own: OwnVerdict,
+    ) -> Result<(), XferError> {
+        let forward = self.forward(hello);
+        let ring = match self.ring_for_offer() {
+            Ok(ring) => ring,
+            Err(refusal) => {
+                drop(forward);
+                return self.refuse(hello, hello_at, refusal);
+            }
+        };
+        match &own.verdict {
+            HopVerdict::Reject(code) => warn!(
+                name = %escaped(&hello.name),
+                code = code.as_str(),
+                "not kept here ({}): passed on to the next host",
+                own.reason
+            ),
+            HopVerdict::Ack(status) => info!(
+                file = %escaped(&hello.name),
+                "{} here: passed on to the next host",
+                status.as_str()
+            ),
+        }
+        let file = IncomingFile {
+            name: hello.name.clone(),
+            size: hello.size,
+            digest_alg: hello.digest,
+            sink: Sink::Discard,
+            mode: hello.mode,
+            mtime: hello.mtime,
+            hasher: FileHasher::new(hello.digest),
+            written: 0,
+            resumed_from: 0,
+            started: hello_at,
+            span: tracing::error_span!("file", file = %escaped(&hello.name), size = hello.size),
+            phases: Phases {
+                connect: self.connect_time,
+                mr_exchange: hello_at.elapsed(),
+                ..Phases::default()
+            },
+            data_started: Instant::now(),
+            check_time: Duration::ZERO,
+            write_time: Duration::ZERO,
+            progress: self.cfg.progress.file_started(&hello.name, hello.size),
+            writer: None,
+            forward,
+            own: Some(own),
+        };
+        self.machine.accept(ring, file)?;
+        Ok(())
+    }
+
+    /// An offer refused here: over a chain with hosts after this one it
+    /// is forwarded all the same (this host's result says the refusal),
+    /// else refused.
+    pub(super) fn refuse_or_forward(
+        &mut self,
+        hello: &Hello,
+        hello_at: Instant,
+        refusal: Reject,
+    ) -> Result<(), XferError> {
+        if self.next_hops().is_none() || hello.is_directory() {
+            return self.refuse(hello, hello_at, refusal);
+        }
+        let err = XferError::Rejected {
+            code: Some(refusal.code),
+            reason: refusal.reason.clone(),
+        };
+        self.report_failure(
+            &hello.name,
+            hello.size,
+            hello.digest,
+            hello_at.elapsed(),
+            &err,
+            false,
+        );
+        self.first_error.get_or_insert(err);
+        let own = OwnVerdict {
+            verdict: HopVerdict::Reject(refusal.code),
+            reason: refusal.reason,
+        };
+        self.forward_only(hello, hello_at, own)
+    }
+
+    /// The verdict of a file at its FIN over a chain: this host's own
+    /// (`status`, or the one it was forwarded with) and the next hosts'
+    /// results go first; the ACK of a file only forwarded says it went
+    /// on.
+    pub(super) fn relay_verdict(
+        &mut self,
+        file: &mut IncomingFile,
+        status: AckStatus,
+        reason: String,
+    ) -> Result<(AckStatus, String), XferError> {
+        if let Some(forward) = file.forward.take() {
+            self.forwarded(forward);
+        }
+        match file.own.take() {
+            Some(own) => {
+                self.tell_results(own.verdict, 0, &own.reason)?;
+                Ok((status, "relayed".into()))
+            }
+            None => {
+                self.tell_results(HopVerdict::Ack(status), file.written, &reason)?;
+                Ok((status, reason))
+            }
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! A relay hop's forwarding: a receiver in a relay chain sends each offer
+//! it takes on to the next host, in a sender session of its own (its
+//! token, its RDMA connection). A file's bytes go through a pipe as the
+//! receiver checks them; the session's reader reads the pipe, so a slow
+//! next host fills the pipe and then holds the receiver, which holds its
+//! credits: the chain goes at its slowest host's pace, in bounded memory.
+//! The next host's result, and those of the hosts after it, come back as
+//! `HopResult`s for the receiver's RESULTs.
+
+use crate::engine::{DEFAULT_PORT, Outcome};
+use crate::engine::entries::Entry;
+use crate::engine::report::FileEvent;
+use crate::engine::sender::{SenderConfig, send_entries};
+use crate::error::{ExitCode, XferError};
+use crate::proto::{
+    AckStatus, FileOffer, Hello, HopResult, HopVerdict, OfferKind, RejectCode, Token,
+    WhenExisting, escaped, hello_flags,
+};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// What a hop needs to reach the next host: the chain after this host
+/// (the next host first, as the sender named it) and the hop's own
+/// settings.
+#[derive(Debug, Clone)]
+pub struct NextHops {
+    pub hosts: Vec<String>,
+    pub token: Token,
+    /// The receiver's own --timeout: the next host gets half of it, so
+    /// that a stalled next host is dropped before the sender gives up on
+    /// this one.
+    pub timeout: Duration,
+    pub chunk_size: u32,
+    pub ack_timeout: crate::engine::AckTimeout,
+}
+
+/// What forwarding an offer came to: each next host's result, and
+/// whether the next host could not be reached at all (why).
+pub struct Forwarded {
+    pub results: Vec<HopResult>,
+    pub unreachable: Option<String>,
+}
+
+/// One offer on its way to the next hosts: the sender session on its
+/// thread, and for a file the pipe that feeds it.
+pub struct Forward {
+    name: String,
+    pipe: Option<std::io::PipeWriter>,
+    session: Option<JoinHandle<Forwarded>>,
+    /// Why the bytes stopped going on (the next host's session ended or
+    /// stalled), said once.
+    stopped: Option<String>,
+}
+
+/// The offer a hop makes to the next host for the offer it got: the
+/// same name, size, mode, time, digest and re-run rules.
+pub fn offer_for(hello: &Hello) -> FileOffer {
+    let caps = hello.caps;
+    let existing = if caps & hello_flags::IGNORE_EXISTING != 0 {
+        WhenExisting::IgnoreExisting
+    } else if caps & hello_flags::UPDATE != 0 {
+        WhenExisting::Update
+    } else if caps & hello_flags::IGNORE_TIMES != 0 {
+        WhenExisting::IgnoreTimes
+    } else {
+        WhenExisting::QuickCheck
+    };
+    let kind = if hello.is_directory() {
+        OfferKind::Directory
+    } else if hello.is_stream() {
+        OfferKind::Stream
+    } else {
+        OfferKind::File
+    };
+    FileOffer {
+        name: hello.name.clone(),
+        size: hello.size,
+        mode: hello.mode,
+        digest: hello.digest,
+        kind,
+        mtime: hello.mtime,
+        keep_mode: caps & hello_flags::KEEP_MODE != 0,
+        resume: false,
+        checksum: false,
+        existing,
+    }
+}
+
+/// A hop's name as the sender gave it (`HOST`, `HOST:PORT`, an IPv6
+/// address bare or as `[ADDR]:PORT`) resolved to an address.
+pub fn resolve(host: &str) -> Result<SocketAddr, XferError> {
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
+    }
+    if let Ok(addr) = host.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') => match port.parse::<u16>() {
+            Ok(port) => (name, port),
+            Err(_) => (host, DEFAULT_PORT),
+        },
+        _ => (host, DEFAULT_PORT),
+    };
+    crate::engine::resolve(name, port)
+}
+
+impl Forward {
+    /// Starts sending `hello`'s entry to the next hosts. For a file or a
+    /// stream its bytes come through `write`; `finish` waits for the
+    /// results.
+    pub fn start(next: &NextHops, hello: &Hello) -> Forward {
+        let offer = offer_for(hello);
+        let name = offer.name.clone();
+        let (entry, pipe) = if hello.is_directory() {
+            let entry = Entry::Dir {
+                name: offer.name.clone(),
+                mode: offer.mode,
+                mtime: offer.mtime,
+            };
+            (Ok(entry), None)
+        } else {
+            match std::io::pipe() {
+                Ok((reader, writer)) => {
+                    let input = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
+                    crate::engine::stdio::grow_pipe(&input, next.chunk_size as usize);
+                    (Ok(Entry::Relayed { offer, input }), Some(writer))
+                }
+                Err(e) => (Err(XferError::io("cannot make the pipe to the next host", e)), None),
+            }
+        };
+        let hosts = next.hosts.clone();
+        let cfg = hop_config(next, hello);
+        let session = std::thread::Builder::new()
+            .name("relay".into())
+            .spawn(move || match (entry, cfg) {
+                (Ok(entry), Ok(cfg)) => forward_one(&cfg, entry, &hosts),
+                (Err(e), _) | (_, Err(e)) => Forwarded {
+                    results: not_reached(&hosts, &e),
+                    unreachable: None,
+                },
+            });
+        match session {
+            Ok(handle) => Forward {
+                name,
+                pipe,
+                session: Some(handle),
+                stopped: None,
+            },
+            Err(e) => {
+                warn!("cannot start the relay to the next host: {e}");
+                Forward {
+                    name,
+                    pipe: None,
+                    session: None,
+                    stopped: Some(format!("cannot start the relay thread: {e}")),
+                }
+            }
+        }
+    }
+
+    /// Passes checked bytes on. A next host that is gone (its session
+    /// ended) stops the forwarding, not this host's transfer.
+    pub fn write(&mut self, data: &[u8]) {
+        let Some(pipe) = self.pipe.as_mut() else {
+            return;
+        };
+        if let Err(e) = pipe.write_all(data) {
+            debug!(file = %escaped(&self.name), "the next host takes no more of it: {e}");
+            self.stopped = Some(e.to_string());
+            self.pipe = None;
+        }
+    }
+
+    /// The end of the offer's bytes; the results of the next hosts, once
+    /// their verdicts came back up.
+    pub fn finish(mut self, hosts: &[String]) -> Forwarded {
+        self.pipe = None;
+        let lost = |why: String| Forwarded {
+            results: not_reached(hosts, &XferError::Internal(why)),
+            unreachable: None,
+        };
+        match self.session.take().map(JoinHandle::join) {
+            Some(Ok(forwarded)) => forwarded,
+            Some(Err(_)) => lost("the relay thread panicked".into()),
+            None => lost(self.stopped.take().unwrap_or_default()),
+        }
+    }
+}
+
+impl Drop for Forward {
+    /// An offer abandoned: the pipe's end tells the next host's session
+    /// that the file is cut short, and its thread is waited for.
+    fn drop(&mut self) {
+        self.pipe = None;
+        if let Some(session) = self.session.take() {
+            let _ = session.join();
+        }
+    }
+}
+
+/// The sender settings of the session to the next host for `hello`.
+fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError> {
+    let first = next
+        .hosts
+        .first()
+        .ok_or_else(|| XferError::Internal("a relay with no next host".into()))?;
+    let mut cfg = SenderConfig::new(resolve(first)?);
+    cfg.token = Some(next.token.clone());
+    cfg.timeout = (next.timeout / 2).max(Duration::from_secs(1));
+    cfg.chunk_size = next.chunk_size;
+    cfg.ack_timeout = next.ack_timeout;
+    cfg.verify = hello.digest;
+    cfg.walk.preserve = hello.caps & hello_flags::KEEP_MODE != 0;
+    cfg.relay = next.hosts.clone();
+    Ok(cfg)
+}
+
+/// Runs the session that sends `entry` to the chain `hosts`; each host's
+/// result, and a failure for each host the session did not reach.
+fn forward_one(cfg: &SenderConfig, entry: Entry, hosts: &[String]) -> Forwarded {
+    let mut results: Vec<HopResult> = Vec::new();
+    let sent = send_entries(cfg, vec![entry], |event| {
+        if let Some(result) = result_of(event, hosts) {
+            results.push(result);
+        }
+    });
+    let ended = match sent {
+        Ok(outcome) => outcome.first_error,
+        Err(e) => Some(e),
+    };
+    // Nothing heard from anyone: the next host was not there.
+    let unreachable = match &ended {
+        Some(e) if results.is_empty() && e.exit_code() == ExitCode::CannotConnect => {
+            Some(e.to_string())
+        }
+        _ => None,
+    };
+    // A directory made everywhere has no report; a host the session
+    // never heard from has the error that ended it.
+    for host in hosts {
+        if results.iter().any(|r| &r.host == host) {
+            continue;
+        }
+        results.push(match &ended {
+            None => HopResult {
+                host: host.clone(),
+                verdict: HopVerdict::Ack(AckStatus::Ok),
+                bytes: 0,
+                reason: String::new(),
+            },
+            Some(e) => failed(host, e.exit_code(), e.reason_code(), &e.to_string()),
+        });
+    }
+    Forwarded {
+        results,
+        unreachable,
+    }
+}
+
+/// Each of `hosts` failed for `e` (the chain broke before them).
+pub fn not_reached(hosts: &[String], e: &XferError) -> Vec<HopResult> {
+    hosts
+        .iter()
+        .map(|h| failed(h, e.exit_code(), e.reason_code(), &e.to_string()))
+        .collect()
+}
+
+/// A host's result from the session's report on it.
+fn result_of(event: FileEvent<'_>, hosts: &[String]) -> Option<HopResult> {
+    match event {
+        FileEvent::Done(r) => {
+            let host = r.host.clone().or_else(|| hosts.first().cloned())?;
+            let verdict = match r.outcome {
+                Outcome::Unchanged => AckStatus::Unchanged,
+                Outcome::KeptExisting => AckStatus::KeptExisting,
+                Outcome::KeptNewer => AckStatus::KeptNewer,
+                Outcome::WouldSend => AckStatus::WouldReceive,
+                _ => AckStatus::Ok,
+            };
+            Some(HopResult {
+                host,
+                verdict: HopVerdict::Ack(verdict),
+                bytes: r.bytes,
+                reason: r.outcome.ack_note().to_string(),
+            })
+        }
+        FileEvent::Failed(f) => {
+            let host = f.host.clone().or_else(|| hosts.first().cloned())?;
+            Some(failed(&host, f.exit_code, f.reason_code, &f.reason))
+        }
+    }
+}
+
+/// A host's failure, as close to its cause as a RESULT can say: the
+/// refusal's code, or the ACK status of its class.
+fn failed(host: &str, exit: ExitCode, code: Option<&str>, reason: &str) -> HopResult {
+    let refusal = code.and_then(|c| RejectCode::ALL.iter().find(|r| r.as_str() == c));
+    let verdict = match (refusal, exit) {
+        (Some(code), _) => HopVerdict::Reject(*code),
+        (None, ExitCode::Integrity) => HopVerdict::Ack(AckStatus::Integrity),
+        (None, _) => HopVerdict::Ack(AckStatus::Io),
+    };
+    let reason = fit_reason(reason);
+    HopResult {
+        host: host.to_string(),
+        verdict,
+        bytes: 0,
+        reason,
+    }
+}
+
+/// `reason` cut to what a RESULT carries (at a character boundary).
+pub fn fit_reason(reason: &str) -> String {
+    let mut end = reason.len().min(crate::proto::MAX_RESULT_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_string()
+}
