@@ -48,8 +48,10 @@ pub use sender::{
 };
 pub use wire::{
     Ack, AckFailure, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, FailedAck, Fin,
-    Have, HaveKind, Hello, MAX_FRAME, MAX_MESSAGE, Message, MessageType, Mtime, Prove, Reject,
-    RejectCode, RingInfo, WireError, batch_member_len, decode, encode, encode_to_vec, hello_flags,
+    Have, HaveKind, Hello, HopResult, HopVerdict, MAX_FRAME, MAX_HOST_LEN, MAX_MESSAGE,
+    MAX_RELAY_HOPS, Message, MessageType, Mtime, Prove, Reject, RejectCode, Relay, RingInfo,
+    WireError, batch_member_len, check_host, decode, encode, encode_to_vec, hello_flags,
+    relay_messages,
 };
 
 use thiserror::Error;
