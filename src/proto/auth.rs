@@ -597,7 +597,7 @@ mod tests {
     #[test]
     fn key_schedule_known_answers() {
         // Computed independently with Python's hmac/hashlib (HKDF written
-        // out per RFC 5869) and the blake3 package, protocol version 6:
+        // out per RFC 5869) and the blake3 package, protocol version 7:
         // nonce_r = 00 01 .. 1f, nonce_s = 80 81 .. 9f. Per case: K, both
         // proofs, the seals of BYE number 0 and 5, the chunk key and the
         // tag of "the bytes of one chunk" at offset 4096 of offer 3.
@@ -606,45 +606,45 @@ mod tests {
         let cases = [
             (
                 conn("10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "e6cd7b165d795d676f992c30d1ed11fee093bae72781115e3f7e1f5e967cf4dd",
-                "77c845b23c80f2c35a69811a08cb2a9afb8df264d7e39e36034a48609b04e163",
-                "c9402708f8b1a9d64ae5f5c8c0a03a0e29f07675792582ea7ca77527c2ed9bf2",
-                "0d86976f747e346eebe837e45ad7bcd44b6823a15973e544c67f8c4a95e59bc0",
-                "7fc5a8fd13bb9ed9f9fafaef839243ba7deb807f1e51a75721ba1973dc71f615",
-                "6434c7a752919bb1706802c139f4a77784a148c87e4396f38c489bf7dc98660a",
-                "50b0a409190ca6a4672fea2646793a5517182ef92d269584bef72c33b328b2bc",
+                "013141b68baa90cc17cf1f1f25502ca637ac55310008b132cb7a6e4a2c2719f1",
+                "7ee4b7bbf990081f6a95771d12745a48d21f8bff26400f043555eac7eb2a20b9",
+                "7aefe705d2af2ad7d6beaa356b43c1088e90227afeb89521c0b9fda55b53fc0a",
+                "c8ab9e4922ff7cda306060e9277ad49c333b11bf05402239e746e5d45e2dfe02",
+                "f60b208061008b93812ae3acd3093011a30ed94166acde14346285029b2add9e",
+                "606259c5dc61df3f759f9cb2b7ad7409dcd4d01b851c4b97e3c949bfc3d77309",
+                "673043108e3f930237d410ba89789588979c9e4bc398a23f8fe8f34c6f8e2657",
             ),
             // The IPv4-mapped form of the same address: the same key.
             (
                 conn("::ffff:10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "e6cd7b165d795d676f992c30d1ed11fee093bae72781115e3f7e1f5e967cf4dd",
-                "77c845b23c80f2c35a69811a08cb2a9afb8df264d7e39e36034a48609b04e163",
-                "c9402708f8b1a9d64ae5f5c8c0a03a0e29f07675792582ea7ca77527c2ed9bf2",
-                "0d86976f747e346eebe837e45ad7bcd44b6823a15973e544c67f8c4a95e59bc0",
-                "7fc5a8fd13bb9ed9f9fafaef839243ba7deb807f1e51a75721ba1973dc71f615",
-                "6434c7a752919bb1706802c139f4a77784a148c87e4396f38c489bf7dc98660a",
-                "50b0a409190ca6a4672fea2646793a5517182ef92d269584bef72c33b328b2bc",
+                "013141b68baa90cc17cf1f1f25502ca637ac55310008b132cb7a6e4a2c2719f1",
+                "7ee4b7bbf990081f6a95771d12745a48d21f8bff26400f043555eac7eb2a20b9",
+                "7aefe705d2af2ad7d6beaa356b43c1088e90227afeb89521c0b9fda55b53fc0a",
+                "c8ab9e4922ff7cda306060e9277ad49c333b11bf05402239e746e5d45e2dfe02",
+                "f60b208061008b93812ae3acd3093011a30ed94166acde14346285029b2add9e",
+                "606259c5dc61df3f759f9cb2b7ad7409dcd4d01b851c4b97e3c949bfc3d77309",
+                "673043108e3f930237d410ba89789588979c9e4bc398a23f8fe8f34c6f8e2657",
             ),
             (
                 conn("fe80::1", 0x11, "fe80::2", 0x12),
-                "aa559d93a61e95c2055d3d996672fc4559d056e69dd955591364c183af9c141a",
-                "8c689f7029e6199c980d17fb01e60637af4790a5997a21a0a7e48725cec32380",
-                "324abcbce08d7fe1cd0bb8b4fe4d4b1f2b53f18bdd583f6c4b2fd1ff003e15e5",
-                "1f7173aac278ad5788096dece4366b388d468fecdcc01bf26a27239f1524469a",
-                "a8d6161eab2cebe32cd975de078e789bd308c6fff1e694cf1e29d2518623a793",
-                "9b04da25bf0f39e1c2427dc90a5d78d73928e44530b8bba1745ae37192cd4aba",
-                "c930985ce536eca4bd402a1cbf488fdaddb9aff01c60369586e53ce328e64637",
+                "9da7ee214bacd5d833b05a43d14a3c94e3dcf8c4ede569ae3a116f1ee446532d",
+                "cffda67a3f44a20b60bb76dddd6807d37fff2e4e618b4c8b22937879b3e1da53",
+                "e28d93ccba75a1ee5436ef23595e90550fac0e20b9b2aef8f5f533be89a9e08b",
+                "73f3ef7382f561bd09f849fb9a7b400e644a1f6f56a1b10a1d5161eefc81e9e3",
+                "a9bbbc34da66d921f78fe9ff68bf4a388d0bde6f8d050f1581f01885d9b7bf52",
+                "2627b0f39223043fce4c23f774681947833e839eeb0031d542193271397c3b57",
+                "6200b19d7701c0ca6e44a0447901db037ee0daeccfe6f7ed94c4abaf7b49bf0e",
             ),
             // Another receiver QPN: another key.
             (
                 conn("10.77.0.1", 0x13, "10.77.0.2", 0x12),
-                "cbd00ae8c3ca585176b8eb84d5e5e177bad0cdfca8af670e9299be1e78503ac3",
-                "c0702440db1cadad39bc0e3c670fd49bd34f8237f8d1f438caec591efba9287b",
-                "7545d8e7526fae2e4512a7e2a880c965f457934ddc1c7b46b9aa334d7ee23e2e",
-                "41ea896b15dfd6e79e22d541a2fadc48ea9add745f45fa7d904f6c7825cd0c14",
-                "57e6e8a35420ddf98e46f5fb6305cd93ff034a65f081275b91e514c825990874",
-                "68c70a9786909f019be1bbf5995c57f165e08e02f069adcaf363ab12edfd2acd",
-                "c4ea86cf989a9e169296e7a06fae96da075306f8602df1cffdfbcd559715a31a",
+                "f7706da857fa4242e0de2f5a5a8955e7383f2a0edb055f678832e189884d6455",
+                "eda9ee88b6e0c77894905d8b64c58e29e319c0601e3144a503d959ff1da9f451",
+                "9f47f1a2a4480e8cdf74aa09d77d5e79f97cb794c9702c247c4000784a82d22a",
+                "dbb422d7176fd407794db8e5d64fe3b9b695b728639c2752706b152be9ae58e4",
+                "5f2ca640236340801b4612c9bc2162c2700664dff488597702a0cad29dc37e11",
+                "7c38b7fd5bfa0652bbf967a4498455867541985a004b74240e8f1c7366910895",
+                "d13011bf298603c4ad0ea09ef52e5e1cf0cee58db0c9ab426bbfa240828614fe",
             ),
         ];
         let bye = unhex("525846520107000000000000");

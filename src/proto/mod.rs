@@ -1,4 +1,4 @@
-//! rdma-xfer control protocol (session protocol 6): wire codec, name checks and the pure sender /
+//! rdma-xfer control protocol (session protocol 7): wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
 //!
 //! How a machine talks to its engine:
@@ -48,8 +48,10 @@ pub use sender::{
 };
 pub use wire::{
     Ack, AckFailure, AckStatus, BATCH_ROOM, CAP_NONE, Challenge, Digest, DigestAlg, FailedAck, Fin,
-    Have, HaveKind, Hello, MAX_FRAME, MAX_MESSAGE, Message, MessageType, Mtime, Prove, Reject,
-    RejectCode, RingInfo, WireError, batch_member_len, decode, encode, encode_to_vec, hello_flags,
+    Have, HaveKind, Hello, HopResult, HopVerdict, MAX_FRAME, MAX_HOST_LEN, MAX_MESSAGE,
+    MAX_RELAY_HOPS, Message, MessageType, Mtime, Prove, Reject, RejectCode, Relay, RingInfo,
+    WireError, batch_member_len, check_host, decode, encode, encode_to_vec, hello_flags,
+    relay_messages,
 };
 
 use thiserror::Error;
@@ -61,10 +63,11 @@ use thiserror::Error;
 /// offered, written and acknowledged together); version 5 the chunks'
 /// tags with a token (each write carries its chunk, then the chunk's tag);
 /// version 6 verdicts without data (ACK unchanged, kept-existing,
-/// kept-newer answering a HELLO: re-runs are no-ops).
-/// Both sides speak exactly
-/// one version: a peer of another one is refused, naming both.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// kept-newer answering a HELLO: re-runs are no-ops); version 7 relay
+/// chains (RELAY names the hosts after the receiver, RESULT reports each
+/// host's verdict before the offer's own). Both sides speak exactly one
+/// version: a peer of another one is refused, naming both.
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Most files one BATCH may offer.
 pub const MAX_BATCH_FILES: usize = 256;

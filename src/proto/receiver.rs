@@ -2325,12 +2325,12 @@ mod tests {
             Message::Auth { .. } => Err(RecvError::Version(Reject::new(
                 RejectCode::Version,
                 "the sender speaks protocol version 2 or older (its AUTH is protocol 2's); \
-                 this receiver speaks protocol version 6: upgrade the sender",
+                 this receiver speaks protocol version 7: upgrade the sender",
             ))),
             Message::Prove(p) if p.version != PROTOCOL_VERSION => {
                 Err(RecvError::Version(Reject::new(
                     RejectCode::Version,
-                    "the sender speaks protocol version 5; this receiver speaks protocol version 6",
+                    "the sender speaks protocol version 6; this receiver speaks protocol version 7",
                 )))
             }
             Message::Prove(p) if p.proof.is_empty() => Err(RecvError::Auth(AuthFailure::NoToken)),
@@ -3146,40 +3146,41 @@ mod tests {
             (v(2, 0, "f", 1), Some(RejectCode::Version)),
             (v(2, STREAM, "f", 0), Some(RejectCode::Version)),
             // Version 3: flags and relative paths.
-            (v(6, 0, "f", 1000), None),
-            (v(6, 0, "a/b/c", 1), None),
-            (v(6, STREAM, "stdin", 0), None),
-            (v(6, DIRECTORY, "top/sub", 0), None),
+            (v(7, 0, "f", 1000), None),
+            (v(7, 0, "a/b/c", 1), None),
+            (v(7, STREAM, "stdin", 0), None),
+            (v(7, DIRECTORY, "top/sub", 0), None),
             (
                 Hello {
                     mtime: t,
-                    ..v(6, DIRECTORY | MTIME, "top", 0)
+                    ..v(7, DIRECTORY | MTIME, "top", 0)
                 },
                 None,
             ),
-            (v(6, 0, "f", 1001), Some(RejectCode::TooLarge)),
-            (v(6, hello_flags::KEEP_MODE, "f", 1), None),
-            (v(6, 1 << 4, "f", 1), Some(RejectCode::Version)),
-            (v(6, 1 << 11, "f", 1), Some(RejectCode::Version)),
-            (v(6, hello_flags::CHECKSUM, "f", 1), None),
+            (v(7, 0, "f", 1001), Some(RejectCode::TooLarge)),
+            (v(7, hello_flags::KEEP_MODE, "f", 1), None),
+            (v(7, 1 << 4, "f", 1), Some(RejectCode::Version)),
+            (v(7, 1 << 11, "f", 1), Some(RejectCode::Version)),
+            (v(7, hello_flags::CHECKSUM, "f", 1), None),
             (
-                v(6, hello_flags::CHECKSUM | STREAM, "s", 0),
+                v(7, hello_flags::CHECKSUM | STREAM, "s", 0),
                 Some(RejectCode::Protocol),
             ),
             (
-                v(6, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
+                v(7, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
                 Some(RejectCode::Protocol),
             ),
             (
-                v(6, hello_flags::RESUME, "f", 1),
+                v(7, hello_flags::RESUME, "f", 1),
                 Some(RejectCode::Protocol),
             ),
-            (v(6, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
-            (v(6, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
-            (v(6, STREAM, "f", 5), Some(RejectCode::Protocol)),
-            (v(6, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
+            (v(7, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
+            (v(7, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
+            (v(7, STREAM, "f", 5), Some(RejectCode::Protocol)),
+            (v(7, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
             // Other versions.
             (v(0, 0, "f", 1), Some(RejectCode::Version)),
+            (v(6, 0, "f", 1), Some(RejectCode::Version)),
             (v(5, 0, "f", 1), Some(RejectCode::Version)),
             (v(3, 0, "f", 1), Some(RejectCode::Version)),
             (v(4, 0, "f", 1), Some(RejectCode::Version)),
@@ -3188,14 +3189,14 @@ mod tests {
             assert_eq!(code(h.clone()), want, "{h:?}");
         }
         // A stream is not held to --max-size up front (its size is unknown).
-        assert_eq!(code(v(6, STREAM, "s", 0)), None);
+        assert_eq!(code(v(7, STREAM, "s", 0)), None);
         // The refusal names both versions.
         let mut r = ReceiverSession::new(c);
         let Err(RecvError::Version(j)) = r.on_message(Message::Hello(v(2, 0, "f", 1))) else {
             panic!("version 2 accepted");
         };
         assert!(
-            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 6"),
+            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 7"),
             "{}",
             j.reason
         );

@@ -1952,7 +1952,7 @@ mod tests {
                             (Message::Reject(r), st) if st != Closed && version_reject => {
                                 ProtocolError::VersionMismatch {
                                     detail: format!(
-                                        "this sender speaks protocol version 6; the receiver says: {}",
+                                        "this sender speaks protocol version 7; the receiver says: {}",
                                         r.reason
                                     ),
                                 }
@@ -2152,7 +2152,7 @@ mod tests {
         let mut s = session_in(Situation::AwaitAuthOk);
         let err = s.on_message(ack(AckStatus::Protocol)).unwrap_err();
         assert!(
-            err.to_string().contains("protocol version 6")
+            err.to_string().contains("protocol version 7")
                 && err.to_string().contains("2 or earlier"),
             "{err}"
         );
@@ -2162,13 +2162,13 @@ mod tests {
         let err = s
             .on_message(Message::Reject(Reject::new(
                 RejectCode::Version,
-                "protocol version 6 is not supported (receiver speaks 1 to 2)",
+                "protocol version 7 is not supported (receiver speaks 1 to 2)",
             )))
             .unwrap_err();
         assert!(matches!(err, ProtocolError::VersionMismatch { .. }));
         assert!(
             err.to_string()
-                .contains("this sender speaks protocol version 6")
+                .contains("this sender speaks protocol version 7")
                 && err.to_string().contains("1 to 2"),
             "{err}"
         );
@@ -2200,7 +2200,7 @@ mod tests {
         let err = refused(both.clone());
         assert!(
             matches!(&err, ProtocolError::OlderReceiver { lacks: Capability::Checksum, detail }
-                if detail.contains("this sender speaks protocol version 6")
+                if detail.contains("this sender speaks protocol version 7")
                     && detail.contains("0x40")),
             "{err:?}"
         );

@@ -160,6 +160,10 @@ message_types! {
     Compare = 15, "COMPARE";
     /// [`Message::Batch`].
     Batch = 16, "BATCH";
+    /// [`Message::Relay`].
+    Relay = 17, "RELAY";
+    /// [`Message::Result`].
+    Result = 18, "RESULT";
 }
 
 /// The whole-file digest a HELLO announces and its FIN carries (its wire
@@ -652,6 +656,119 @@ impl Ack {
     }
 }
 
+/// Longest host name in RELAY and RESULT: "HOST:PORT" as the user gave it.
+pub const MAX_HOST_LEN: usize = 255;
+/// Most hosts a session's RELAY messages may name, all together.
+pub const MAX_RELAY_HOPS: usize = 1024;
+
+/// Sender -> receiver, after authentication and before any offer: the
+/// hosts after the receiver in a relay chain, in chain order (protocol 7).
+/// A long chain takes several RELAY messages; the receiver appends them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relay {
+    /// Each "HOST:PORT" as the user gave it (see [`check_host`]).
+    pub hops: Vec<String>,
+}
+
+/// One host's verdict on an offer, as RESULT carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HopVerdict {
+    /// The host answered with ACK of this status.
+    Ack(AckStatus),
+    /// The host refused the offer with REJECT of this code.
+    Reject(RejectCode),
+}
+
+/// RESULT: one host's verdict on the offer whose own verdict comes next
+/// (protocol 7). A relaying receiver sends one per host of the chain
+/// (its own first, then those it got from downstream) before its verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HopResult {
+    /// The host, as in RELAY (see [`check_host`]).
+    pub host: String,
+    /// Its verdict.
+    pub verdict: HopVerdict,
+    /// Bytes it wrote for the offer.
+    pub bytes: u64,
+    /// Details of a failure (empty for success; at most [`MAX_REASON`] bytes).
+    pub reason: String,
+}
+
+impl HopResult {
+    /// Cuts `reason` to `MAX_REASON` bytes so that it cannot fail on it.
+    pub fn new(host: String, verdict: HopVerdict, bytes: u64, reason: impl Into<String>) -> Self {
+        Self {
+            host,
+            verdict,
+            bytes,
+            reason: clamp_string(reason.into(), MAX_REASON),
+        }
+    }
+}
+
+/// Whether `host` may travel in RELAY or RESULT: 1 to [`MAX_HOST_LEN`]
+/// bytes, each a printable ASCII character (no space, no control, no
+/// non-ASCII), so that it is safe in logs and reports as it is.
+pub fn check_host(host: &str) -> Result<(), WireError> {
+    check_host_bytes("host", host.as_bytes())
+}
+
+fn check_host_bytes(field: &'static str, host: &[u8]) -> Result<(), WireError> {
+    if host.is_empty() {
+        return Err(WireError::BadHost {
+            field,
+            why: "is empty",
+        });
+    }
+    if host.len() > MAX_HOST_LEN {
+        return Err(WireError::TooLong {
+            field,
+            len: host.len(),
+            max: MAX_HOST_LEN,
+        });
+    }
+    if !host.iter().all(u8::is_ascii_graphic) {
+        return Err(WireError::BadHost {
+            field,
+            why: "has a space, a control or a non-ASCII character",
+        });
+    }
+    Ok(())
+}
+
+/// `hops` as few RELAY messages as each fit a frame ([`MAX_MESSAGE`]
+/// sealed), in order. Refuses an empty list, more than
+/// [`MAX_RELAY_HOPS`] hosts and any host [`check_host`] refuses.
+pub fn relay_messages(hops: &[String]) -> Result<Vec<Relay>, WireError> {
+    if hops.is_empty() {
+        return Err(WireError::NoHops);
+    }
+    if hops.len() > MAX_RELAY_HOPS {
+        return Err(WireError::TooManyHops {
+            count: hops.len(),
+            max: MAX_RELAY_HOPS,
+        });
+    }
+    let mut messages = Vec::new();
+    let mut current: Vec<String> = Vec::new();
+    let mut len = RELAY_FIXED;
+    for hop in hops {
+        check_host_bytes("RELAY hop", hop.as_bytes())?;
+        let hop_len = RELAY_HOP_FIXED + hop.len();
+        // A host fits an empty message: 2 + 2 + 255 bytes.
+        if len + hop_len > MAX_BODY && !current.is_empty() {
+            messages.push(Relay {
+                hops: std::mem::take(&mut current),
+            });
+            len = RELAY_FIXED;
+        }
+        len += hop_len;
+        current.push(hop.clone());
+    }
+    messages.push(Relay { hops: current });
+    Ok(messages)
+}
+
 /// Truncates to at most `max` bytes on a char boundary.
 pub fn clamp_string(mut s: String, max: usize) -> String {
     if s.len() > max {
@@ -730,6 +847,12 @@ pub enum Message {
         /// SHA-256 of the sender's whole file.
         sha256: [u8; 32],
     },
+    /// Sender -> receiver, after authentication and before any offer: the
+    /// hosts after the receiver in a relay chain (protocol 7).
+    Relay(Relay),
+    /// Receiver -> sender: one host's verdict on the offer whose verdict
+    /// comes next, before that verdict (protocol 7).
+    Result(HopResult),
 }
 
 /// What a receiver holds of a file offered for resuming.
@@ -850,6 +973,8 @@ impl Message {
             Self::Have(_) => MessageType::Have,
             Self::From { .. } => MessageType::From,
             Self::Compare { .. } => MessageType::Compare,
+            Self::Relay(_) => MessageType::Relay,
+            Self::Result(_) => MessageType::Result,
         }
     }
 
@@ -971,6 +1096,25 @@ pub enum WireError {
         /// The nanoseconds.
         nanos: u32,
     },
+    /// RELAY without a host.
+    #[error("RELAY names no host")]
+    NoHops,
+    /// More hosts than a relay chain may have.
+    #[error("{count} hosts to relay to, over the limit of {max}")]
+    TooManyHops {
+        /// Hosts named.
+        count: usize,
+        /// The limit ([`MAX_RELAY_HOPS`]).
+        max: usize,
+    },
+    /// A host in RELAY or RESULT that is empty or not printable ASCII.
+    #[error("{field} {why}")]
+    BadHost {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// `encode` was given a buffer shorter than the message.
     #[error("output buffer too small: need {need} bytes, have {have}")]
     BufferTooSmall {
@@ -1002,6 +1146,55 @@ const PROVE_FIXED: usize = 2 + NONCE_LEN + 2;
 /// algorithm, digest length, note length.
 const HAVE_FIXED: usize = 1 + 8 + 4 + 1 + 2 + 2;
 const MTIME_LEN: usize = 8 + 4;
+/// RELAY's host count; the hosts follow, each with a u16 length.
+const RELAY_FIXED: usize = 2;
+/// A RELAY host's length field.
+const RELAY_HOP_FIXED: usize = 2;
+/// RESULT without its host and reason: kind, code, bytes, the two
+/// lengths.
+const RESULT_FIXED: usize = 1 + 2 + 8 + 2 + 2;
+/// RESULT's kind byte of an ACK.
+const RESULT_ACK: u8 = 0;
+/// RESULT's kind byte of a REJECT.
+const RESULT_REJECT: u8 = 1;
+
+/// RELAY's body length, checking every host.
+fn relay_len(relay: &Relay) -> Result<usize, WireError> {
+    if relay.hops.is_empty() {
+        return Err(WireError::NoHops);
+    }
+    let mut len = RELAY_FIXED;
+    for hop in &relay.hops {
+        check_host_bytes("RELAY hop", hop.as_bytes())?;
+        len += RELAY_HOP_FIXED + hop.len();
+    }
+    if len > MAX_BODY {
+        return Err(WireError::TooLong {
+            field: "RELAY",
+            len,
+            max: MAX_BODY,
+        });
+    }
+    Ok(len)
+}
+
+/// RESULT's body length, checking its host and reason.
+fn result_len(r: &HopResult) -> Result<usize, WireError> {
+    check_host_bytes("RESULT host", r.host.as_bytes())?;
+    check_result_reason(r.reason.len())?;
+    Ok(RESULT_FIXED + r.host.len() + r.reason.len())
+}
+
+fn check_result_reason(len: usize) -> Result<(), WireError> {
+    if len > MAX_REASON {
+        return Err(WireError::TooLong {
+            field: "RESULT reason",
+            len,
+            max: MAX_REASON,
+        });
+    }
+    Ok(())
+}
 
 fn check_mtime(h: &Hello) -> Result<usize, WireError> {
     match (h.caps & hello_flags::MTIME != 0, h.mtime) {
@@ -1088,6 +1281,8 @@ fn body_len(msg: &Message) -> Result<usize, WireError> {
         ),
         Message::From { .. } => Ok(8),
         Message::Compare { .. } => Ok(32),
+        Message::Relay(relay) => relay_len(relay),
+        Message::Result(r) => result_len(r),
     }
 }
 
@@ -1235,6 +1430,24 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
         }
         Message::From { offset } => w.u64(*offset)?,
         Message::Compare { sha256 } => w.put(sha256)?,
+        Message::Relay(relay) => {
+            // relay_len checked the count (a body holds far fewer than 2^16).
+            w.u16(relay.hops.len() as u16)?;
+            for hop in &relay.hops {
+                w.bytes16("RELAY hop", hop.as_bytes())?;
+            }
+        }
+        Message::Result(r) => {
+            let (kind, code) = match r.verdict {
+                HopVerdict::Ack(status) => (RESULT_ACK, status as u16),
+                HopVerdict::Reject(code) => (RESULT_REJECT, code as u16),
+            };
+            w.u8(kind)?;
+            w.u16(code)?;
+            w.u64(r.bytes)?;
+            w.bytes16("RESULT host", r.host.as_bytes())?;
+            w.bytes16("RESULT reason", r.reason.as_bytes())?;
+        }
     }
     Ok(w.pos)
 }
@@ -1346,6 +1559,15 @@ impl<'a> Reader<'a> {
     fn bytes16(&mut self) -> Result<&'a [u8], WireError> {
         let len = self.u16()?;
         self.take(len.into())
+    }
+
+    /// A host as RELAY and RESULT carry it (see `check_host`).
+    fn host(&mut self, field: &'static str) -> Result<String, WireError> {
+        let b = self.bytes16()?;
+        check_host_bytes(field, b)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| WireError::BadUtf8 { field })
     }
 
     fn string(&mut self, field: &'static str) -> Result<String, WireError> {
@@ -1510,6 +1732,51 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
         MessageType::From => Message::From { offset: r.u64()? },
         MessageType::Compare => Message::Compare { sha256: r.array()? },
         MessageType::Bye => Message::Bye,
+        MessageType::Relay => {
+            let count = r.u16()?;
+            if count == 0 {
+                return Err(WireError::NoHops);
+            }
+            let mut hops = Vec::with_capacity(count.min(64).into());
+            for _ in 0..count {
+                hops.push(r.host("RELAY hop")?);
+            }
+            Message::Relay(Relay { hops })
+        }
+        MessageType::Result => {
+            let kind = r.u8()?;
+            let v = r.u16()?;
+            let verdict = match kind {
+                RESULT_ACK => {
+                    HopVerdict::Ack(AckStatus::from_u16(v).ok_or(WireError::BadEnum {
+                        field: "RESULT ack status",
+                        value: v.into(),
+                    })?)
+                }
+                RESULT_REJECT => {
+                    HopVerdict::Reject(RejectCode::from_u16(v).ok_or(WireError::BadEnum {
+                        field: "RESULT reject code",
+                        value: v.into(),
+                    })?)
+                }
+                _ => {
+                    return Err(WireError::BadEnum {
+                        field: "RESULT kind",
+                        value: kind.into(),
+                    });
+                }
+            };
+            let bytes = r.u64()?;
+            let host = r.host("RESULT host")?;
+            let reason = r.string("RESULT reason")?;
+            check_result_reason(reason.len())?;
+            Message::Result(HopResult {
+                host,
+                verdict,
+                bytes,
+                reason,
+            })
+        }
     };
     r.finish()?;
     Ok(msg)
@@ -1731,7 +1998,324 @@ pub(crate) mod tests {
             v.push(Message::Ack(Ack::new(status, "")));
         }
         v.extend(batch_samples());
+        v.extend(relay_samples());
         v
+    }
+
+    /// A hop of `len` bytes, different for each `i`.
+    fn hop(i: usize, len: usize) -> String {
+        let mut h = format!("h{i}:");
+        while h.len() < len {
+            h.push(char::from(b'!' + (h.len() % 94) as u8));
+        }
+        h.truncate(len);
+        h
+    }
+
+    fn result(host: &str, verdict: HopVerdict, bytes: u64, reason: &str) -> Message {
+        Message::Result(HopResult {
+            host: host.into(),
+            verdict,
+            bytes,
+            reason: reason.into(),
+        })
+    }
+
+    /// RELAY and RESULT at their edges.
+    fn relay_samples() -> Vec<Message> {
+        // As many 255-byte hosts as fit a body.
+        let per = RELAY_HOP_FIXED + MAX_HOST_LEN;
+        let full = (0..(MAX_BODY - RELAY_FIXED) / per)
+            .map(|i| hop(i, MAX_HOST_LEN))
+            .collect();
+        let mut v = vec![
+            Message::Relay(Relay {
+                hops: vec!["b:7471".into()],
+            }),
+            Message::Relay(Relay {
+                hops: vec!["[fe80::1%eth0]:7471".into(), "x".into(), "~".repeat(255)],
+            }),
+            Message::Relay(Relay { hops: full }),
+            result("b:7471", HopVerdict::Ack(AckStatus::Ok), 12345, ""),
+            result(
+                &"z".repeat(MAX_HOST_LEN),
+                HopVerdict::Reject(RejectCode::Auth),
+                u64::MAX,
+                &"r".repeat(MAX_REASON),
+            ),
+            result("h", HopVerdict::Ack(AckStatus::Io), 0, "ünïcødé: disk full"),
+        ];
+        for status in AckStatus::ALL {
+            v.push(result("a", HopVerdict::Ack(status), 1, status.as_str()));
+        }
+        for code in RejectCode::ALL {
+            v.push(result("r", HopVerdict::Reject(code), 0, code.as_str()));
+        }
+        v
+    }
+
+    #[test]
+    fn relay_layout_and_refusals() {
+        let m = Message::Relay(Relay {
+            hops: vec!["ab".into(), "c:1".into()],
+        });
+        let buf = encode_to_vec(&m).unwrap();
+        assert_eq!(buf[5], MessageType::Relay.code());
+        // Count, then each host with a u16 length.
+        assert_eq!(&buf[12..], b"\0\x02\0\x02ab\0\x03c:1");
+        let refused = |hops: Vec<String>| encode_to_vec(&Message::Relay(Relay { hops }));
+        assert_eq!(refused(Vec::new()), Err(WireError::NoHops));
+        for bad in ["", "a b", "tab\there", "caf\u{e9}:1", "nul\0", "del\x7f"] {
+            assert!(
+                matches!(
+                    refused(vec!["ok".into(), bad.into()]),
+                    Err(WireError::BadHost {
+                        field: "RELAY hop",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            refused(vec!["h".repeat(256)]),
+            Err(WireError::TooLong {
+                field: "RELAY hop",
+                len: 256,
+                max: MAX_HOST_LEN
+            })
+        );
+        // One host more than fits a body.
+        let per = RELAY_HOP_FIXED + MAX_HOST_LEN;
+        let over = (0..=(MAX_BODY - RELAY_FIXED) / per)
+            .map(|i| hop(i, MAX_HOST_LEN))
+            .collect();
+        assert!(matches!(
+            refused(over),
+            Err(WireError::TooLong { field: "RELAY", .. })
+        ));
+        // Decoding: the same checks on the received bytes.
+        let with = |body: &[u8]| {
+            let mut b = encode_to_vec(&m).unwrap();
+            b.truncate(HEADER_LEN);
+            b.extend_from_slice(body);
+            set_body_len(&mut b, body.len() as u32);
+            decode(&b)
+        };
+        assert_eq!(
+            with(b"\0\x01\0\x02ab"),
+            Ok(Message::Relay(Relay {
+                hops: vec!["ab".into()]
+            }))
+        );
+        assert_eq!(with(b"\0\0"), Err(WireError::NoHops));
+        assert!(matches!(
+            with(b"\0\x01\0\0"),
+            Err(WireError::BadHost { .. })
+        ));
+        assert!(matches!(
+            with(b"\0\x01\0\x02a "),
+            Err(WireError::BadHost { .. })
+        ));
+        assert!(matches!(
+            with(b"\0\x01\0\x02\xc3\xa9"),
+            Err(WireError::BadHost { .. })
+        ));
+        assert!(matches!(
+            with(b"\0\x02\0\x02ab"),
+            Err(WireError::ShortBody { kind: "RELAY", .. })
+        ));
+        assert!(matches!(
+            with(b"\0\x01\0\x02abc"),
+            Err(WireError::BodyTrailing {
+                kind: "RELAY",
+                extra: 1
+            })
+        ));
+        assert!(matches!(with(b"\0"), Err(WireError::ShortBody { .. })));
+        let mut long = b"\0\x01\x01\0".to_vec();
+        long.extend_from_slice(&[b'h'; 256]);
+        assert_eq!(
+            with(&long),
+            Err(WireError::TooLong {
+                field: "RELAY hop",
+                len: 256,
+                max: MAX_HOST_LEN
+            })
+        );
+        assert_eq!(check_host("a:1"), Ok(()));
+        assert!(check_host(" ").is_err() && check_host("").is_err());
+    }
+
+    #[test]
+    fn result_layout_and_refusals() {
+        let m = result("ab", HopVerdict::Reject(RejectCode::Exists), 0x0102, "why");
+        let buf = encode_to_vec(&m).unwrap();
+        assert_eq!(buf[5], MessageType::Result.code());
+        // Kind, code, bytes, host, reason.
+        assert_eq!(
+            &buf[12..],
+            b"\x01\0\x02\0\0\0\0\0\0\x01\x02\0\x02ab\0\x03why"
+        );
+        let ack =
+            encode_to_vec(&result("h", HopVerdict::Ack(AckStatus::KeptNewer), 0, "")).unwrap();
+        assert_eq!(&ack[12..15], &[0, 0, 7]);
+        let refused = |host: &str, reason: &str| {
+            encode_to_vec(&result(host, HopVerdict::Ack(AckStatus::Ok), 0, reason))
+        };
+        assert!(matches!(
+            refused("", ""),
+            Err(WireError::BadHost {
+                field: "RESULT host",
+                ..
+            })
+        ));
+        assert!(matches!(
+            refused("a\nb", ""),
+            Err(WireError::BadHost { .. })
+        ));
+        assert!(matches!(
+            refused(&"h".repeat(256), ""),
+            Err(WireError::TooLong {
+                field: "RESULT host",
+                len: 256,
+                ..
+            })
+        ));
+        assert_eq!(
+            refused("h", &"r".repeat(MAX_REASON + 1)),
+            Err(WireError::TooLong {
+                field: "RESULT reason",
+                len: MAX_REASON + 1,
+                max: MAX_REASON
+            })
+        );
+        // HopResult::new cuts the reason so it always encodes.
+        let cut = HopResult::new(
+            "h".into(),
+            HopVerdict::Ack(AckStatus::Io),
+            1,
+            "é".repeat(MAX_REASON),
+        );
+        assert!(cut.reason.len() <= MAX_REASON);
+        assert!(encode_to_vec(&Message::Result(cut)).is_ok());
+        // Decoding: unknown kinds and codes, bad hosts, long reasons.
+        let mut b = buf.clone();
+        for kind in [2u8, 255] {
+            b[12] = kind;
+            assert_eq!(
+                decode(&b),
+                Err(WireError::BadEnum {
+                    field: "RESULT kind",
+                    value: kind.into()
+                })
+            );
+        }
+        let mut b = buf.clone();
+        for v in [0u16, 10, u16::MAX] {
+            b[13..15].copy_from_slice(&v.to_be_bytes());
+            assert_eq!(
+                decode(&b),
+                Err(WireError::BadEnum {
+                    field: "RESULT reject code",
+                    value: v.into()
+                })
+            );
+        }
+        b[12] = 0;
+        for v in [9u16, u16::MAX] {
+            b[13..15].copy_from_slice(&v.to_be_bytes());
+            assert_eq!(
+                decode(&b),
+                Err(WireError::BadEnum {
+                    field: "RESULT ack status",
+                    value: v.into()
+                })
+            );
+        }
+        let mut b = buf.clone();
+        b[25] = b' ';
+        assert!(matches!(
+            decode(&b),
+            Err(WireError::BadHost {
+                field: "RESULT host",
+                ..
+            })
+        ));
+        let mut b = buf.clone();
+        b[29] = 0xff;
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BadUtf8 {
+                field: "RESULT reason"
+            })
+        );
+        // A reason over MAX_REASON still fits a body: refused when decoded.
+        let mut b = buf[..HEADER_LEN + 15].to_vec();
+        b.extend_from_slice(&((MAX_REASON + 1) as u16).to_be_bytes());
+        b.extend(std::iter::repeat_n(b'r', MAX_REASON + 1));
+        let len = (b.len() - HEADER_LEN) as u32;
+        set_body_len(&mut b, len);
+        assert_eq!(
+            decode(&b),
+            Err(WireError::TooLong {
+                field: "RESULT reason",
+                len: MAX_REASON + 1,
+                max: MAX_REASON
+            })
+        );
+    }
+
+    #[test]
+    fn relay_lists_split_into_as_few_messages_as_fit_and_join_back() {
+        let longest: Vec<String> = (0..MAX_RELAY_HOPS).map(|i| hop(i, MAX_HOST_LEN)).collect();
+        let per = (MAX_BODY - RELAY_FIXED) / (RELAY_HOP_FIXED + MAX_HOST_LEN);
+        let parts = relay_messages(&longest).unwrap();
+        assert_eq!(parts.len(), MAX_RELAY_HOPS.div_ceil(per));
+        for p in &parts {
+            let b = encode_to_vec(&Message::Relay(p.clone())).unwrap();
+            // Sealed, it fits a receive buffer.
+            assert!(b.len() + crate::proto::SEAL_LEN <= MAX_MESSAGE);
+            assert_eq!(decode(&b).unwrap(), Message::Relay(p.clone()));
+        }
+        let joined: Vec<String> = parts.into_iter().flat_map(|p| p.hops).collect();
+        assert_eq!(joined, longest);
+        // Mixed lengths: in order, each message full but for the last.
+        let mixed: Vec<String> = (0..MAX_RELAY_HOPS).map(|i| hop(i, 1 + i % 255)).collect();
+        let parts = relay_messages(&mixed).unwrap();
+        for (i, p) in parts.iter().enumerate() {
+            let len = relay_len(p).unwrap();
+            if let Some(next) = parts.get(i + 1) {
+                assert!(len + RELAY_HOP_FIXED + next.hops[0].len() > MAX_BODY);
+            }
+        }
+        let joined: Vec<String> = parts.into_iter().flat_map(|p| p.hops).collect();
+        assert_eq!(joined, mixed);
+        // Short lists: one message.
+        assert_eq!(
+            relay_messages(&["a:1".into()]).unwrap(),
+            vec![Relay {
+                hops: vec!["a:1".into()]
+            }]
+        );
+        // Refusals.
+        assert_eq!(relay_messages(&[]), Err(WireError::NoHops));
+        let mut too_many = longest.clone();
+        too_many.push("x".into());
+        assert_eq!(
+            relay_messages(&too_many),
+            Err(WireError::TooManyHops {
+                count: MAX_RELAY_HOPS + 1,
+                max: MAX_RELAY_HOPS
+            })
+        );
+        for bad in ["", "a b", "é"] {
+            assert!(
+                relay_messages(&["ok".into(), bad.into()]).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(relay_messages(&["h".repeat(256)]).is_err());
     }
 
     fn member(name: &str, size: u64, mtime: Option<Mtime>) -> Hello {
@@ -1900,7 +2484,7 @@ pub(crate) mod tests {
         b[4] = 2;
         assert_eq!(decode(&b), Err(WireError::UnknownVersion(2)));
 
-        for ty in [0u8, 17, 200, 255] {
+        for ty in [0u8, 19, 200, 255] {
             let mut b = good.clone();
             b[5] = ty;
             assert_eq!(decode(&b), Err(WireError::UnknownType(ty)));
