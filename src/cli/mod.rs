@@ -23,7 +23,6 @@ pub use log::init_logging;
 use crate::error::{ExitCode, XferError};
 use crate::proto::{MIN_TOKEN_LEN, Token};
 use std::ffi::OsString;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

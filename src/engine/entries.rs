@@ -782,13 +782,13 @@ mod tests {
                     }
                 }
                 Entry::File { mtime, name, .. } => assert!(mtime.is_some(), "{name}"),
-                Entry::Stdin { .. } => unreachable!(),
+                Entry::Stdin { .. } | Entry::Relayed { .. } => unreachable!(),
             }
         }
         let p = plan(&[top], &opts(true, false)).unwrap();
         assert!(p.entries.iter().all(|e| match e {
             Entry::Dir { mtime, .. } | Entry::File { mtime, .. } => mtime.is_none(),
-            Entry::Stdin { .. } => false,
+            Entry::Stdin { .. } | Entry::Relayed { .. } => false,
         }));
     }
 
@@ -917,7 +917,7 @@ mod tests {
         assert!(p.entries.iter().all(|e| match e {
             Entry::Dir { mtime, .. } => mtime.is_some(),
             Entry::File { opened, .. } => opened.is_some(),
-            Entry::Stdin { .. } => false,
+            Entry::Stdin { .. } | Entry::Relayed { .. } => false,
         }));
         // With -r: a tree under its kept path; a file also in it goes once.
         o.recursive = true;

@@ -35,6 +35,8 @@ pub struct NextHops {
     pub timeout: Duration,
     pub chunk_size: u32,
     pub ack_timeout: crate::engine::AckTimeout,
+    /// The local address to connect from (`--relay-source`).
+    pub source: Option<std::net::IpAddr>,
 }
 
 /// What forwarding an offer came to: each next host's result, and
@@ -213,6 +215,7 @@ fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError>
     cfg.timeout = (next.timeout / 2).max(Duration::from_secs(1));
     cfg.chunk_size = next.chunk_size;
     cfg.ack_timeout = next.ack_timeout;
+    cfg.source = next.source;
     cfg.verify = hello.digest;
     cfg.walk.preserve = hello.caps & hello_flags::KEEP_MODE != 0;
     cfg.relay = next.hosts.clone();
@@ -246,12 +249,7 @@ fn forward_one(cfg: &SenderConfig, entry: Entry, hosts: &[String]) -> Forwarded 
             continue;
         }
         results.push(match &ended {
-            None => HopResult {
-                host: host.clone(),
-                verdict: HopVerdict::Ack(AckStatus::Ok),
-                bytes: 0,
-                reason: String::new(),
-            },
+            None => HopResult::new(host.clone(), HopVerdict::Ack(AckStatus::Ok), 0, ""),
             Some(e) => failed(host, e.exit_code(), e.reason_code(), &e.to_string()),
         });
     }
@@ -281,12 +279,8 @@ fn result_of(event: FileEvent<'_>, hosts: &[String]) -> Option<HopResult> {
                 Outcome::WouldSend => AckStatus::WouldReceive,
                 _ => AckStatus::Ok,
             };
-            Some(HopResult {
-                host,
-                verdict: HopVerdict::Ack(verdict),
-                bytes: r.bytes,
-                reason: r.outcome.ack_note().to_string(),
-            })
+            let note = r.outcome.ack_note();
+            Some(HopResult::new(host, HopVerdict::Ack(verdict), r.bytes, note))
         }
         FileEvent::Failed(f) => {
             let host = f.host.clone().or_else(|| hosts.first().cloned())?;
@@ -304,20 +298,6 @@ fn failed(host: &str, exit: ExitCode, code: Option<&str>, reason: &str) -> HopRe
         (None, ExitCode::Integrity) => HopVerdict::Ack(AckStatus::Integrity),
         (None, _) => HopVerdict::Ack(AckStatus::Io),
     };
-    let reason = fit_reason(reason);
-    HopResult {
-        host: host.to_string(),
-        verdict,
-        bytes: 0,
-        reason,
-    }
+    HopResult::new(host.to_string(), verdict, 0, reason)
 }
 
-/// `reason` cut to what a RESULT carries (at a character boundary).
-pub fn fit_reason(reason: &str) -> String {
-    let mut end = reason.len().min(crate::proto::MAX_RESULT_REASON);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    reason[..end].to_string()
-}

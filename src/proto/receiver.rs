@@ -1542,13 +1542,28 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             });
         }
         self.existing_decided = true;
+        Ok(match self.standing_of(found) {
+            Standing::Stays(status) => self.stays(status),
+            Standing::Compare => {
+                self.compare_existing = true;
+                Standing::Compare
+            }
+            Standing::Proceed => Standing::Proceed,
+        })
+    }
+
+    /// What `existing` decides for `found`, by the same rules, without
+    /// deciding it (nothing queued, the state unchanged): a relay hop's
+    /// own verdict on an offer that it takes for the hosts after it all
+    /// the same.
+    pub fn standing_of(&self, found: Existing) -> Standing {
         let caps = self.offer_caps;
         let (size, secs, nsec) = match found {
-            Existing::NoFile => return Ok(Standing::Proceed),
+            Existing::NoFile => return Standing::Proceed,
             Existing::Other if caps & hello_flags::IGNORE_EXISTING != 0 => {
-                return Ok(self.stays(AckStatus::KeptExisting));
+                return Standing::Stays(AckStatus::KeptExisting);
             }
-            Existing::Other => return Ok(Standing::Proceed),
+            Existing::Other => return Standing::Proceed,
             Existing::File { size, secs, nsec } => (size, secs, nsec),
         };
         let newer = self
@@ -1557,24 +1572,19 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         let same_time = self
             .offer_mtime
             .is_some_and(|m| m.matches_stored(secs, nsec));
-        let stays = if caps & hello_flags::IGNORE_EXISTING != 0 {
-            Some(AckStatus::KeptExisting)
+        if caps & hello_flags::IGNORE_EXISTING != 0 {
+            Standing::Stays(AckStatus::KeptExisting)
         } else if caps & hello_flags::UPDATE != 0 && newer {
-            Some(AckStatus::KeptNewer)
+            Standing::Stays(AckStatus::KeptNewer)
         } else if size != self.size {
-            None
+            Standing::Proceed
         } else if self.checksum && self.may_compare(&self.name, size) {
-            self.compare_existing = true;
-            return Ok(Standing::Compare);
+            Standing::Compare
         } else if caps & hello_flags::IGNORE_TIMES == 0 && same_time {
-            Some(AckStatus::Unchanged)
+            Standing::Stays(AckStatus::Unchanged)
         } else {
-            None
-        };
-        Ok(match stays {
-            Some(status) => self.stays(status),
-            None => Standing::Proceed,
-        })
+            Standing::Proceed
+        }
     }
 
     /// The file stays: its ACK (without data) -> AwaitHello. Neither a

@@ -19,6 +19,7 @@ mod memlock;
 mod peers;
 mod pipes;
 mod policies;
+mod relay;
 mod reruns;
 mod resume;
 mod sessions;

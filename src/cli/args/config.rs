@@ -534,7 +534,7 @@ impl SenderArgs {
     /// connects.
     fn check_relay_options(&self, problems: &mut Problems) -> Option<(String, Option<u16>)> {
         for host in &self.relay {
-            if let Err(e) = crate::proto::check_host_label(host) {
+            if let Err(e) = crate::proto::check_host(host) {
                 problems.add(format!("--relay {:?}: {e}", crate::proto::escaped(host)));
             }
         }
@@ -883,6 +883,14 @@ impl ReceiverArgs {
         }
         let token = loaded.flatten();
         let ack_timeout = problems.check(self.common.ack_timeout());
+        let relay_source = self.relay_source.as_deref().and_then(|s| {
+            problems.check(resolve(s, 0).map(|a| a.ip()).map_err(|e| {
+                XferError::Usage(format!("--relay-source {s}: {}", connect_reason(&e)))
+            }))
+        });
+        if self.no_relay && relay_source.is_some() {
+            problems.add("--relay-source is for a relay host: not with --no-relay");
+        }
         problems.into_result()?;
         let (Some((chunk_size, slots)), Some(bind), Some(ack_timeout)) =
             (buffers, bind, ack_timeout)
@@ -919,6 +927,8 @@ impl ReceiverArgs {
         cfg.sweep = !self.no_sweep;
         cfg.threads = usize::from(self.threads);
         cfg.allow_dotfiles = self.allow_dotfiles;
+        cfg.relay = !self.no_relay;
+        cfg.relay_source = relay_source;
         Ok(cfg)
     }
 

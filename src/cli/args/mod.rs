@@ -596,6 +596,15 @@ pub struct ReceiverArgs {
     /// directory and does not show in `ls`.
     #[arg(long, help_heading = SECURITY)]
     pub allow_dotfiles: bool,
+    /// Refuse to be a host of a relay chain (`sender --relay`): without
+    /// it, a sender that proved the token may have this receiver pass
+    /// what it receives on to the next host of its chain.
+    #[arg(long, help_heading = SECURITY)]
+    pub no_relay: bool,
+    /// As a host of a relay chain, connect to the next host from this
+    /// local address (it selects the RDMA device and port).
+    #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = CONNECTION)]
+    pub relay_source: Option<String>,
     /// Refuse files larger than this (e.g. 100G); default: no limit
     /// besides the free space of the directory.
     #[arg(long, value_parser = parse_size_arg, value_name = "SIZE", value_hint = ValueHint::Other,

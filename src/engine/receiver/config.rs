@@ -68,6 +68,13 @@ pub struct ReceiverConfig {
     /// Names starting with `.` are accepted (`--allow-dotfiles`; the
     /// protocol machine decides, see `proto::NameRules`).
     pub allow_dotfiles: bool,
+    /// A sender that proved the token may make this receiver a host of a
+    /// relay chain (RELAY): it passes what it receives on to the next
+    /// host, with the same token (`--no-relay` refuses).
+    pub relay: bool,
+    /// The address a relay hop connects to the next host from
+    /// (`--relay-source`; None: the route decides).
+    pub relay_source: Option<std::net::IpAddr>,
 }
 
 /// What the receiver does with the files it accepts. Every output checks
@@ -150,6 +157,8 @@ impl ReceiverConfig {
             sweep: true,
             threads: DEFAULT_WRITER_THREADS as usize,
             allow_dotfiles: false,
+            relay: true,
+            relay_source: None,
         }
     }
 }

@@ -24,6 +24,8 @@ pub(super) struct Transfer {
     pub(super) sent: Result<SessionOutcome, XferError>,
     /// What the sender reported, file by file.
     pub(super) sender_saw: Vec<Reported>,
+    /// Which host of a relay chain each of those was about.
+    pub(super) sender_hosts: Vec<Option<String>>,
     pub(super) received: Result<(), XferError>,
     pub(super) receiver_saw: Vec<Reported>,
 }
@@ -73,6 +75,7 @@ pub(super) fn transfer_meddled(
 ) -> Transfer {
     let receiver_log = Mutex::new(Vec::new());
     let mut sender_saw = Vec::new();
+    let mut sender_hosts = Vec::new();
     let (sent, received) = std::thread::scope(|s| {
         let receiving = s.spawn(|| {
             let on_file = |e: FileEvent<'_>| receiver_log.lock().unwrap().push(reported(e));
@@ -84,7 +87,13 @@ pub(super) fn transfer_meddled(
         let session = super::connection::session_for(cfg, sender_auth(rcfg));
         let mut conn = Connection::new(Duration::ZERO, sender_end, session);
         conn.pace(cfg);
-        let on_file = |e: FileEvent<'_>| sender_saw.push(reported(e));
+        let on_file = |e: FileEvent<'_>| {
+            sender_hosts.push(match e {
+                FileEvent::Done(r) => r.host.clone(),
+                FileEvent::Failed(f) => f.host.clone(),
+            });
+            sender_saw.push(reported(e));
+        };
         let sent = drive(cfg, plan, conn, &pool, tokens, on_file, Instant::now())
             .map_err(|ended| ended.0.0);
         (sent, receiving.join().expect("the receiver panicked"))
@@ -92,6 +101,7 @@ pub(super) fn transfer_meddled(
     Transfer {
         sent,
         sender_saw,
+        sender_hosts,
         received,
         receiver_saw: receiver_log.into_inner().unwrap(),
     }

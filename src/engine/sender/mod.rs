@@ -18,6 +18,8 @@ mod pace;
 mod pump;
 mod relayed;
 #[cfg(test)]
+mod relay_transfers;
+#[cfg(test)]
 mod rerun_transfers;
 mod verdicts;
 

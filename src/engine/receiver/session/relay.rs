@@ -82,6 +82,7 @@ impl Session<'_, '_> {
             timeout: self.cfg.timeout,
             chunk_size: self.cfg.chunk_size,
             ack_timeout: self.cfg.ack_timeout,
+            source: self.cfg.relay_source,
         })
     }
 
@@ -132,12 +133,7 @@ impl Session<'_, '_> {
         let Some(relay) = self.relay.as_mut() else {
             return Ok(());
         };
-        let own = HopResult {
-            host: relay.own.clone(),
-            verdict,
-            bytes,
-            reason: crate::engine::relay::fit_reason(reason),
-        };
+        let own = HopResult::new(relay.own.clone(), verdict, bytes, reason);
         let relayed = std::mem::take(&mut relay.relayed);
         self.machine.push_result(own)?;
         for result in relayed {

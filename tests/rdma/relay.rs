@@ -1,0 +1,237 @@
+//! Relay chains on real RDMA (`sender --relay`): the sender at B talks to
+//! A only; A passes each file on to C over C's own wire (from its other
+//! end, `--relay-source`), C to D over D's. Every host keeps the files,
+//! each host's result comes back per file, and a file refused at one host
+//! is that host's failure alone (docs/protocol.md#relay-chains).
+
+use crate::support::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The chain's hosts after A: each a receiver on its wire's listening
+/// end, forwarding from the sending end of the next wire.
+struct Hop {
+    addr: String,
+    /// Where the host before it connects from to reach it.
+    upstream_source: String,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+/// The guest's wires C and D as hops (None outside the guest: skipped).
+fn hops() -> Option<[Hop; 2]> {
+    let c = guest_wire([
+        "RXFER_ADDR_C",
+        "RXFER_SRC_C",
+        "RXFER_NETDEV_C",
+        "RXFER_NETDEV_SRC_C",
+    ])?;
+    let d = guest_wire([
+        "RXFER_ADDR_D",
+        "RXFER_SRC_D",
+        "RXFER_NETDEV_D",
+        "RXFER_NETDEV_SRC_D",
+    ])?;
+    let hop = |w: Wire| Hop {
+        addr: w.net.addr_a,
+        upstream_source: w.net.addr_b.unwrap_or_default(),
+        dir: tempfile::tempdir().expect("hop dir"),
+        port: next_port(),
+    };
+    Some([hop(c), hop(d)])
+}
+
+/// `HOST:PORT` as --relay takes it.
+fn label(addr: &str, port: u16) -> String {
+    format!("{addr}:{port}")
+}
+
+/// A receiver of the chain with the shared token, listening on `addr`,
+/// passing files on from `source` (the next wire's sending end).
+fn chain_receiver(addr: &str, port: u16, dir: &Path, source: Option<&str>, extra: &[&str]) -> Running {
+    let net = Net {
+        addr_a: addr.to_string(),
+        addr_b: None,
+    };
+    let mut args: Vec<&str> = token_args().to_vec();
+    if let Some(s) = source {
+        args.extend(["--relay-source", s]);
+    }
+    args.extend_from_slice(extra);
+    ReceiverCommand::new(&net, port, dir).args(&args).start()
+}
+
+/// The sender at B: `--relay` over `chain`, the token, --json.
+fn relay_sender(net: &Net, chain: &[String], files: &[PathBuf], extra: &[&str]) -> Finished {
+    let mut cmd = std::process::Command::new(sender_bin());
+    cmd.arg("-v").env_remove("RDMA_XFER_ACK_TIMEOUT");
+    if let Some(b) = &net.addr_b {
+        cmd.args(["--source", b]);
+    }
+    cmd.args(token_args())
+        .arg("--json")
+        .args(extra)
+        .arg("--relay")
+        .arg(chain.join(","))
+        .args(files);
+    token_env(&mut cmd, None);
+    Running::spawn("sender", cmd).wait(Duration::from_secs(300))
+}
+
+/// The sender's `--json` file records: (host, name, status).
+fn records(run: &Finished) -> Vec<(String, String, String)> {
+    json_lines("sender", &run.stdout)
+        .into_iter()
+        .filter(|v| v["event"] == "file")
+        .map(|v| {
+            let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+            (s("host"), s("name"), s("status"))
+        })
+        .collect()
+}
+
+/// Every `names` under `src` is under `dst` with the same SHA-256, and
+/// nothing half-written is left.
+fn assert_copies(src: &Path, dst: &Path, names: &[&str]) {
+    for name in names {
+        let got = dst.join(name);
+        assert!(got.exists(), "{} missing", got.display());
+        assert_eq!(
+            sha256_file(&src.join(name)),
+            sha256_file(&got),
+            "{} differs",
+            got.display()
+        );
+    }
+    assert_no_temp_files(dst);
+}
+
+#[test]
+fn a_file_reaches_two_hosts_by_relay() {
+    let Some(net) = rdma_net() else { return };
+    let Some([c, _]) = hops() else { return };
+    let (src, dst_a) = dirs();
+    let file = src.path().join("ckpt.bin");
+    make_file(&file, 5 * MIB + 333, 61);
+    let port_a = next_port();
+    let _a = chain_receiver(&net.addr_a, port_a, dst_a.path(), Some(&c.upstream_source), &[]);
+    let _c = chain_receiver(&c.addr, c.port, c.dir.path(), None, &[]);
+    let chain = [label(&net.addr_a, port_a), label(&c.addr, c.port)];
+    let sent = relay_sender(&net, &chain, &[file], &[]);
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    assert_copies(src.path(), dst_a.path(), &["ckpt.bin"]);
+    assert_copies(src.path(), c.dir.path(), &["ckpt.bin"]);
+    // One record per host, each labelled, each ok.
+    let mut got = records(&sent);
+    got.sort();
+    let mut want: Vec<_> = chain
+        .iter()
+        .map(|h| (h.clone(), "ckpt.bin".to_string(), "ok".to_string()))
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "{}", sent.transcript());
+}
+
+#[test]
+fn a_file_and_a_tree_reach_three_hosts_each_byte_leaving_the_source_once() {
+    let Some(net) = rdma_net() else { return };
+    let Some([c, d]) = hops() else { return };
+    let Some([_, dev_b]) = own_guest() else { return };
+    let (src, dst_a) = dirs();
+    let file = src.path().join("image.bin");
+    let size = 6 * MIB + 17;
+    make_file(&file, size, 71);
+    let tree = src.path().join("t");
+    let mut names = vec!["image.bin".to_string()];
+    for i in 0..6u64 {
+        let rel = format!("t/d{}/f{i}", i % 2);
+        let path = src.path().join(&rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        make_file(&path, 40_000 * i + 3, 90 + i);
+        names.push(rel);
+    }
+    let port_a = next_port();
+    let _a = chain_receiver(&net.addr_a, port_a, dst_a.path(), Some(&c.upstream_source), &[]);
+    let _c = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
+    let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
+    let chain = [
+        label(&net.addr_a, port_a),
+        label(&c.addr, c.port),
+        label(&d.addr, d.port),
+    ];
+    let before = tx_bytes(&dev_b);
+    let sent = relay_sender(&net, &chain, &[file, tree], &["-r"]);
+    let from_b = tx_bytes(&dev_b) - before;
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for dir in [dst_a.path(), c.dir.path(), d.dir.path()] {
+        assert_copies(src.path(), dir, &names);
+    }
+    // Every host's result for every file, labelled.
+    let got = records(&sent);
+    for host in &chain {
+        for name in &names {
+            assert!(
+                got.iter()
+                    .any(|(h, n, s)| h == host && n == name && s == "ok"),
+                "no ok record for {name} at {host}:\n{}",
+                sent.transcript()
+            );
+        }
+    }
+    // The source's wire carried the bytes once (not three times).
+    let total: u64 = names
+        .iter()
+        .map(|n| std::fs::metadata(src.path().join(n)).unwrap().len())
+        .sum();
+    assert!(
+        from_b < total + total / 4 + MIB,
+        "{from_b} bytes left B for {total} bytes to 3 hosts"
+    );
+}
+
+#[test]
+fn a_file_refused_at_one_host_is_that_hosts_failure_alone() {
+    let Some(net) = rdma_net() else { return };
+    let Some([c, d]) = hops() else { return };
+    let (src, dst_a) = dirs();
+    let file = src.path().join("weights.bin");
+    make_file(&file, 3 * MIB + 5, 81);
+    // C has another file under the name, and does not overwrite.
+    make_file(&c.dir.path().join("weights.bin"), 1000, 82);
+    let port_a = next_port();
+    let _a = chain_receiver(&net.addr_a, port_a, dst_a.path(), Some(&c.upstream_source), &[]);
+    let _c = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
+    let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
+    let chain = [
+        label(&net.addr_a, port_a),
+        label(&c.addr, c.port),
+        label(&d.addr, d.port),
+    ];
+    let sent = relay_sender(&net, &chain, &[file], &[]);
+    // Exit 4: refused (at C only).
+    assert_eq!(sent.code(), 4, "{}", sent.transcript());
+    assert_copies(src.path(), dst_a.path(), &["weights.bin"]);
+    assert_copies(src.path(), d.dir.path(), &["weights.bin"]);
+    assert_eq!(
+        std::fs::metadata(c.dir.path().join("weights.bin")).unwrap().len(),
+        1000,
+        "C's own file was replaced"
+    );
+    let got = records(&sent);
+    let status_at = |host: &String| {
+        got.iter()
+            .find(|(h, n, _)| h == host && n == "weights.bin")
+            .map(|(_, _, s)| s.clone())
+            .unwrap_or_else(|| panic!("no record for {host}:\n{}", sent.transcript()))
+    };
+    assert_eq!(status_at(&chain[0]), "ok", "{}", sent.transcript());
+    assert_eq!(status_at(&chain[2]), "ok", "{}", sent.transcript());
+    assert_ne!(status_at(&chain[1]), "ok", "{}", sent.transcript());
+    // The line on stderr names C and why.
+    assert!(
+        sent.stderr.contains(&chain[1]) && sent.stderr.contains("exists"),
+        "{}",
+        sent.stderr
+    );
+}
