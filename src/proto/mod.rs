@@ -283,6 +283,28 @@ pub enum ProtocolError {
         /// The limit ([`MAX_PENDING`]).
         max: usize,
     },
+    /// Relaying where the protocol does not allow it: a RELAY (or the
+    /// engine's `relay` or `push_result`) without a token, after an offer,
+    /// a second time, or in a session that relays nothing.
+    #[error("relaying is not allowed here: {reason}")]
+    RelayNotAllowed {
+        /// Why not.
+        reason: &'static str,
+    },
+    /// A list of hosts to relay to that RELAY cannot carry (empty, too
+    /// many, a bad host), or more hosts than a session may relay to.
+    #[error("invalid relay chain: {0}")]
+    BadRelayChain(WireError),
+    /// A RESULT the engine asked for that RESULT cannot carry (a bad
+    /// host, too long a reason).
+    #[error("invalid RESULT: {0}")]
+    BadResult(WireError),
+    /// More RESULTs for one offer than a chain has hosts.
+    #[error("more than {max} RESULTs for one offer")]
+    TooManyResults {
+        /// The limit (`MAX_RELAY_HOPS` + 1: every host of the chain).
+        max: usize,
+    },
     /// The sender's engine closed the session while entries still awaited
     /// the receiver's answer.
     #[error("close with {pending} entries still awaiting the receiver's answer")]
@@ -736,6 +758,7 @@ mod tests {
                     }
                 }
                 SenderEvent::Aborted(a) => panic!("aborted: {a:?}"),
+                SenderEvent::HopResult(r) => panic!("RESULT without RELAY: {r:?}"),
             }
         }
     }

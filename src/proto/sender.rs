@@ -23,8 +23,8 @@ use super::auth::{
 };
 use super::names::escaped;
 use super::wire::{
-    Ack, AckStatus, Digest, DigestAlg, FailedAck, Fin, Have, HaveKind, Hello, Message, Mtime,
-    Prove, Reject, RejectCode, RingInfo, hello_flags,
+    Ack, AckStatus, Digest, DigestAlg, FailedAck, Fin, Have, HaveKind, Hello, HopResult, Message,
+    Mtime, Prove, Reject, RejectCode, RingInfo, hello_flags, relay_messages,
 };
 use super::{MAX_BATCH_FILES, PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -284,6 +284,24 @@ pub enum SenderEvent<P = u64> {
     /// The receiver gave up on the current file before its FIN (an ACK
     /// with a failure status): the session is Closed.
     Aborted(FailedAck),
+    /// A relaying session (`relay`): one host's verdict on the oldest
+    /// offer still unanswered, whose own verdict comes next (the receiver
+    /// answers in order). A notice: it needs no answer.
+    HopResult(HopResult),
+}
+
+impl<P> SenderEvent<P> {
+    /// Whether this event is an offer's verdict (what a RESULT precedes).
+    fn is_verdict(&self) -> bool {
+        matches!(
+            self,
+            Self::Rejected(_)
+                | Self::Same { .. }
+                | Self::Settled(_)
+                | Self::Answered { .. }
+                | Self::Aborted(_)
+        )
+    }
 }
 
 /// Whose copy a COMPARE found to be the sender's file.
@@ -404,6 +422,12 @@ pub struct SenderSession<P = u64> {
     /// No batch before this many offers (`offers`): a batch was refused
     /// because a member exists.
     alone_until: u64,
+    /// RELAY went out (`relay`): RESULTs may come.
+    relaying: bool,
+    /// Hosts in the chain after the receiver (`relay`'s).
+    relay_hops: usize,
+    /// RESULTs heard for the oldest unanswered offer.
+    results: usize,
     timers: Timers,
 }
 
@@ -448,6 +472,9 @@ impl<P> SenderSession<P> {
             batches_refused: false,
             dry_run: false,
             alone_until: 0,
+            relaying: false,
+            relay_hops: 0,
+            results: 0,
             timers: Timers::default(),
         }
     }
@@ -654,6 +681,39 @@ impl<P> SenderSession<P> {
         }
     }
 
+    /// Tells the receiver the hosts after it in a relay chain, in chain
+    /// order: queues the RELAY messages (as few as fit a frame each).
+    /// Once per session, only after the receiver proved the token (Idle
+    /// after `SenderEvent::Authenticated`) and before the first offer;
+    /// 1 to `MAX_RELAY_HOPS` hosts, each valid (`check_host`). Any misuse
+    /// is an error and queues nothing. From then on, RESULTs may precede
+    /// each verdict (`SenderEvent::HopResult`).
+    pub fn relay(&mut self, hops: &[String]) -> Result<(), ProtocolError> {
+        if self.state != SenderState::Idle {
+            return Err(self.wrong_state("relay"));
+        }
+        let refused = |reason| Err(ProtocolError::RelayNotAllowed { reason });
+        if self.relaying {
+            return refused("the hosts to relay to were sent already");
+        }
+        if self.chunk_key.is_none() {
+            return refused("a relay chain needs a session authenticated with a token");
+        }
+        if self.offers > 0 {
+            return refused("the hosts to relay to go before the first offer");
+        }
+        let messages = relay_messages(hops).map_err(ProtocolError::BadRelayChain)?;
+        self.outbox.extend(messages.into_iter().map(Message::Relay));
+        self.relaying = true;
+        self.relay_hops = hops.len();
+        Ok(())
+    }
+
+    /// Whether this session relays (`relay` queued the chain).
+    pub fn is_relaying(&self) -> bool {
+        self.relaying
+    }
+
     /// Idle -> AwaitRing (a file or stream) or Idle with one more pending
     /// entry (a directory); queues the HELLO. The name is not
     /// checked here: the receiver is the authority and answers a bad one
@@ -805,12 +865,35 @@ impl<P> SenderSession<P> {
     /// Applies a message from the receiver. Any error closes the session.
     pub fn on_message(&mut self, msg: Message) -> Result<SenderEvent<P>, ProtocolError> {
         let result = self.dispatch(msg);
-        if result.is_err() {
-            // Nothing queued goes out once the session is over.
-            self.state = SenderState::Closed;
-            self.outbox.clear();
+        match &result {
+            // The RESULTs heard were the answered offer's.
+            Ok(event) if event.is_verdict() => self.results = 0,
+            Ok(_) => {}
+            Err(_) => {
+                // Nothing queued goes out once the session is over.
+                self.state = SenderState::Closed;
+                self.outbox.clear();
+            }
         }
         result
+    }
+
+    /// A RESULT in a relaying session while an offer awaits its verdict:
+    /// the current one (from its HELLO or BATCH to its verdict) or a
+    /// pending one. At most one per host of the chain for each offer (the
+    /// receiver and the hosts after it: never more than
+    /// `MAX_RELAY_HOPS` + 1).
+    fn on_result(&mut self, result: HopResult) -> Result<SenderEvent<P>, ProtocolError> {
+        let awaited = self.state != SenderState::Idle || !self.pending.is_empty();
+        if !self.relaying || !awaited {
+            return Err(self.unexpected(&Message::Result(result)));
+        }
+        let hosts = self.relay_hops + 1;
+        if self.results >= hosts {
+            return Err(ProtocolError::TooManyResults { max: hosts });
+        }
+        self.results += 1;
+        Ok(SenderEvent::HopResult(result))
     }
 
     fn add_credits(&mut self, count: u32) -> Result<SenderEvent<P>, ProtocolError> {
@@ -921,6 +1004,11 @@ impl<P> SenderSession<P> {
                 code: r.code,
                 reason: r.reason,
             }),
+            // (Before authentication it is unexpected: no RELAY went out.)
+            (
+                Idle | AwaitRing | AwaitHave | AwaitFromDecision | AwaitCompared | Sending,
+                Message::Result(r),
+            ) => self.on_result(r),
             // Verdicts on pending entries come before anything about the
             // current HELLO.
             // (A verdict without data answers a HELLO, never a FIN.)
@@ -1400,7 +1488,7 @@ pub fn keepalive_interval(timeout: Duration) -> Duration {
 mod tests {
     use super::*;
     use crate::proto::auth::{AUTH_REQUIRED, NONCE_LEN};
-    use crate::proto::wire::Challenge;
+    use crate::proto::wire::{Challenge, MAX_RELAY_HOPS, WireError};
 
     const ADDR: u64 = 0x1000_0000;
     const NONCE: [u8; NONCE_LEN] = [0x5a; NONCE_LEN];
@@ -1867,7 +1955,268 @@ mod tests {
             },
             Message::AuthOk { proof: [0; 32] },
             Message::Keepalive,
+            // None of these sessions relays: RESULT is unexpected.
+            hop_result("b:1"),
+            Message::Relay(crate::proto::Relay {
+                hops: vec!["b:1".into()],
+            }),
         ]
+    }
+
+    fn hop_result(host: &str) -> Message {
+        Message::Result(HopResult::new(
+            host.into(),
+            crate::proto::HopVerdict::Ack(AckStatus::Ok),
+            7,
+            "",
+        ))
+    }
+
+    /// A session whose receiver proved the token: Idle, nothing offered.
+    fn authenticated() -> SenderSession {
+        let mut s = SenderSession::new(100, Some(auth()));
+        s.on_message(challenge(AUTH_REQUIRED)).unwrap();
+        assert_eq!(s.poll_transmit(), Some(expected_prove()));
+        let Ok(SenderEvent::Authenticated(_)) = s.on_message(good_auth_ok()) else {
+            panic!("not authenticated");
+        };
+        s
+    }
+
+    fn hosts(names: &[&str]) -> Vec<String> {
+        names.iter().map(|h| h.to_string()).collect()
+    }
+
+    /// `relay` refused: its error, with nothing queued and the session
+    /// as it was.
+    fn relay_refused(s: &mut SenderSession, hops: &[String]) -> ProtocolError {
+        let (state, relaying) = (s.state(), s.is_relaying());
+        let err = s.relay(hops).unwrap_err();
+        assert_eq!(s.poll_transmit(), None, "{err}");
+        assert_eq!((s.state(), s.is_relaying()), (state, relaying), "{err}");
+        err
+    }
+
+    #[test]
+    fn relay_goes_once_after_the_proof_and_before_any_offer() {
+        let mut s = authenticated();
+        assert!(!s.is_relaying());
+        assert_eq!(
+            queued(s.relay(&hosts(&["b:7471", "c"])), &mut s),
+            Ok(Message::Relay(crate::proto::Relay {
+                hops: hosts(&["b:7471", "c"])
+            }))
+        );
+        assert!(s.is_relaying());
+        assert_eq!(s.state(), SenderState::Idle);
+        // Once only.
+        assert!(matches!(
+            relay_refused(&mut s, &hosts(&["d"])),
+            ProtocolError::RelayNotAllowed { .. }
+        ));
+        // Then offers as usual.
+        assert!(matches!(
+            queued(s.start_file(offer(1), 0), &mut s),
+            Ok(Message::Hello(_))
+        ));
+
+        // Without a token: no chain (nothing authenticates the hosts).
+        let mut s = greeted(100);
+        assert!(matches!(
+            relay_refused(&mut s, &hosts(&["b"])),
+            ProtocolError::RelayNotAllowed { .. }
+        ));
+        // Before the receiver's proof, and once closed: the wrong state.
+        for sit in [Situation::AwaitChallenge, Situation::AwaitAuthOk] {
+            let mut s = session_in(sit);
+            while s.poll_transmit().is_some() {}
+            assert!(matches!(
+                relay_refused(&mut s, &hosts(&["b"])),
+                ProtocolError::WrongState { op: "relay", .. }
+            ));
+        }
+        let mut s = authenticated();
+        queued(s.close(), &mut s).unwrap();
+        assert!(matches!(
+            relay_refused(&mut s, &hosts(&["b"])),
+            ProtocolError::WrongState { op: "relay", .. }
+        ));
+        // After an offer: while it is open, pending, or answered.
+        let mut s = authenticated();
+        queued(s.start_file(offer(1), 0), &mut s).unwrap();
+        assert!(matches!(
+            relay_refused(&mut s, &hosts(&["b"])),
+            ProtocolError::WrongState { op: "relay", .. }
+        ));
+        let mut s = authenticated();
+        queued(s.start_file(dir_offer("d"), 0), &mut s).unwrap();
+        assert!(matches!(
+            relay_refused(&mut s, &hosts(&["b"])),
+            ProtocolError::RelayNotAllowed { .. }
+        ));
+        s.on_message(ack(AckStatus::Ok)).unwrap();
+        assert_eq!((s.state(), s.pending()), (SenderState::Idle, 0));
+        assert!(matches!(
+            relay_refused(&mut s, &hosts(&["b"])),
+            ProtocolError::RelayNotAllowed { .. }
+        ));
+    }
+
+    #[test]
+    fn relay_refuses_lists_relay_cannot_carry_and_splits_long_ones() {
+        let mut s = authenticated();
+        let too_many: Vec<String> = (0..=MAX_RELAY_HOPS).map(|i| format!("h{i}")).collect();
+        for (bad, want) in [
+            (Vec::new(), WireError::NoHops),
+            (
+                too_many,
+                WireError::TooManyHops {
+                    count: MAX_RELAY_HOPS + 1,
+                    max: MAX_RELAY_HOPS,
+                },
+            ),
+        ] {
+            assert_eq!(
+                relay_refused(&mut s, &bad),
+                ProtocolError::BadRelayChain(want)
+            );
+        }
+        for host in ["", "a b", "tab\t", "h\u{e9}", &"h".repeat(256)] {
+            assert!(
+                matches!(
+                    relay_refused(&mut s, &hosts(&["ok", host])),
+                    ProtocolError::BadRelayChain(_)
+                ),
+                "{host:?}"
+            );
+        }
+        assert!(!s.is_relaying());
+        // The longest chain: several messages, in order, each a frame.
+        let chain: Vec<String> = (0..MAX_RELAY_HOPS).map(|i| format!("{i:0>255}")).collect();
+        s.relay(&chain).unwrap();
+        let sent: Vec<Message> = std::iter::from_fn(|| s.poll_transmit()).collect();
+        assert!(sent.len() > 1, "{} messages", sent.len());
+        let mut joined = Vec::new();
+        for m in sent {
+            assert!(crate::proto::encode_to_vec(&m).unwrap().len() <= crate::proto::MAX_FRAME);
+            let Message::Relay(r) = m else {
+                panic!("{m:?}")
+            };
+            joined.extend(r.hops);
+        }
+        assert_eq!(joined, chain);
+    }
+
+    #[test]
+    fn results_come_while_an_offer_awaits_its_verdict_one_per_host() {
+        // Two hosts after the receiver: three RESULTs per offer at most.
+        let mut s = authenticated();
+        queued(s.relay(&hosts(&["b", "c"])), &mut s).unwrap();
+        let heard = |s: &mut SenderSession, host: &str| match s.on_message(hop_result(host)) {
+            Ok(SenderEvent::HopResult(r)) => {
+                assert_eq!(r.host, host);
+                Ok(())
+            }
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e),
+        };
+        // Nothing offered: unexpected.
+        let mut idle = s.clone();
+        assert_eq!(
+            heard(&mut idle, "a"),
+            Err(ProtocolError::Unexpected {
+                msg: "RESULT",
+                state: "IDLE"
+            })
+        );
+        assert_eq!(idle.state(), SenderState::Closed);
+        // A file: before its MR, while its data goes, after its FIN.
+        queued(s.start_file(offer(150), 0), &mut s).unwrap();
+        heard(&mut s, "c").unwrap();
+        assert_eq!(s.state(), SenderState::AwaitRing);
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        next_file(&mut s).unwrap();
+        heard(&mut s, "b").unwrap();
+        assert_eq!(s.state(), SenderState::Sending);
+        while next_file(&mut s).is_some() {}
+        queued(s.finish(Digest::Crc32(0)), &mut s).unwrap();
+        heard(&mut s, "a").unwrap();
+        // A fourth for the same offer: more hosts than the chain has.
+        let mut over = s.clone();
+        assert_eq!(
+            heard(&mut over, "a"),
+            Err(ProtocolError::TooManyResults { max: 3 })
+        );
+        assert_eq!(over.state(), SenderState::Closed);
+        // The next offer's RESULTs count anew from its predecessor's verdict.
+        queued(s.start_file(dir_offer("d"), 1), &mut s).unwrap();
+        assert!(matches!(
+            s.on_message(ack(AckStatus::Ok)),
+            Ok(SenderEvent::Answered { payload: 0, .. })
+        ));
+        for host in ["a", "b", "c"] {
+            heard(&mut s, host).unwrap();
+        }
+        assert_eq!(
+            heard(&mut s.clone(), "d"),
+            Err(ProtocolError::TooManyResults { max: 3 })
+        );
+        assert!(matches!(
+            s.on_message(Message::Reject(Reject::new(RejectCode::Exists, "d"))),
+            Ok(SenderEvent::Answered { payload: 1, .. })
+        ));
+        // Every verdict starts the count over: a refusal, a verdict
+        // without data.
+        queued(s.start_file(offer(1), 2), &mut s).unwrap();
+        for host in ["a", "b", "c"] {
+            heard(&mut s, host).unwrap();
+        }
+        assert!(matches!(
+            s.on_message(Message::Reject(Reject::new(RejectCode::Exists, "f"))),
+            Ok(SenderEvent::Rejected(_))
+        ));
+        queued(s.start_file(offer(1), 3), &mut s).unwrap();
+        for host in ["a", "b", "c"] {
+            heard(&mut s, host).unwrap();
+        }
+        assert!(matches!(
+            s.on_message(Message::Ack(Ack::new(AckStatus::Unchanged, ""))),
+            Ok(SenderEvent::Settled(_))
+        ));
+        heard(&mut s.clone(), "a").unwrap_err();
+        queued(s.start_file(offer(1), 4), &mut s).unwrap();
+        heard(&mut s, "a").unwrap();
+        // A failed ACK aborts the file and the session: nothing more.
+        assert!(matches!(
+            s.on_message(ack(AckStatus::Io)),
+            Ok(SenderEvent::Aborted(_))
+        ));
+        assert!(heard(&mut s, "b").is_err());
+    }
+
+    #[test]
+    fn results_are_unexpected_where_no_relay_went_out() {
+        // Authenticated, an offer open, but no RELAY sent.
+        let mut s = authenticated();
+        queued(s.start_file(offer(1), 0), &mut s).unwrap();
+        assert_eq!(
+            s.on_message(hop_result("b")),
+            Err(ProtocolError::Unexpected {
+                msg: "RESULT",
+                state: "AWAIT_RING"
+            })
+        );
+        assert_eq!(s.state(), SenderState::Closed);
+        // A receiver never sends RELAY.
+        let mut s = authenticated();
+        queued(s.relay(&hosts(&["b"])), &mut s).unwrap();
+        let relay = Message::Relay(crate::proto::Relay {
+            hops: hosts(&["c"]),
+        });
+        assert!(matches!(
+            s.on_message(relay),
+            Err(ProtocolError::Unexpected { msg: "RELAY", .. })
+        ));
     }
 
     #[test]
