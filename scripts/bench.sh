@@ -10,7 +10,9 @@
 #   5. 1% packet loss each way (netem on both ends of the wire): ib_write_bw
 #      (perftest's defaults, ACK timeout 2^14) before and after, the tool
 #      with its defaults (LOSS_RUNS runs of LOSS_MIB) in between;
-#   6. (part "sinks", not in the default parts; `make bench-sinks`) disk or
+#   6. (part "relay") scripts/bench-relay.sh: a RELAY_MIB file to 1, 2 and 3
+#      hosts by `sender --relay`, wires limited to 10 MiB/s, then not;
+#   7. (part "sinks", not in the default parts; `make bench-sinks`) disk or
 #      network: the same SINK_MIB file SINK_RUNS times into tmpfs, into
 #      RXFER_BENCH_DISK (a directory on a real disk, if given) and with
 #      `receiver --discard`.
@@ -20,7 +22,8 @@
 # Prints both throughputs and ratio = median tool throughput / ib_write_bw.
 # Usage: scripts/bench.sh [-s SIZE_MiB] [-r RUNS]
 # Env (RXFER_* pass into the guest): RXFER_BENCH_PARTS (default
-#   "file small loss": which of 1-3, 4, 5 and 6 "sinks" to run), RXFER_BENCH_BIG_MIB
+#   "file small loss relay": which of 1-3, 4, 5, 6 and 7 "sinks" to run),
+#   RXFER_BENCH_RELAY_MIB (RELAY_MIB, default 128), RXFER_BENCH_BIG_MIB
 #   (BIG_MIB, default 1024), RXFER_BENCH_BIG_RUNS (BIG_RUNS, default 3; 0
 #   skips it), RXFER_BENCH_LOSS_MIB
 #   (LOSS_MIB, default 64), RXFER_BENCH_LOSS_RUNS (LOSS_RUNS, default 3),
@@ -35,12 +38,12 @@ SIZE_MIB=256 RUNS=5
 rx_size_runs_opts "$@"
 here=$(cd "$(dirname "$0")" && pwd)
 
-PARTS=" ${RXFER_BENCH_PARTS:-file small loss} "
+PARTS=" ${RXFER_BENCH_PARTS:-file small loss relay} "
 BIG_MIB=${RXFER_BENCH_BIG_MIB:-1024} BIG_RUNS=${RXFER_BENCH_BIG_RUNS:-3}
 LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-64} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
 SINK_MIB=${RXFER_BENCH_SINK_MIB:-1024} SINK_RUNS=${RXFER_BENCH_SINK_RUNS:-3}
 for part in $PARTS; do
-  [[ $part == @(file|small|loss|sinks) ]] || { echo "bench: unknown part '$part' in RXFER_BENCH_PARTS (file, small, loss, sinks)" >&2; exit 2; }
+  [[ $part == @(file|small|loss|relay|sinks) ]] || { echo "bench: unknown part '$part' in RXFER_BENCH_PARTS (file, small, loss, relay, sinks)" >&2; exit 2; }
 done
 for n in "$SIZE_MIB" "$RUNS" "$BIG_MIB" "$LOSS_MIB" "$LOSS_RUNS" "$SINK_MIB" "$SINK_RUNS"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench: sizes and run counts must be whole numbers >= 1, got '$n'" >&2; exit 2; }
@@ -83,6 +86,9 @@ fi
 
 # Many small files against one file of the same size (files per second).
 if [[ $PARTS == *" small "* ]]; then "$here/small-files.sh"; fi
+
+# One file to 1, 2 and 3 hosts by relay (makespan ratios, source wire bytes).
+if [[ $PARTS == *" relay "* ]]; then "$here/bench-relay.sh" -s "${RXFER_BENCH_RELAY_MIB:-128}"; fi
 
 # Disk or network: the same file into tmpfs, onto a disk, and discarded
 # (verified, not written). Equal rates: the disk is not the limit.
