@@ -503,6 +503,8 @@ fn new_machine<F, W, C>(
         },
         digest_budget: crate::proto::DigestBudget::DEFAULT,
         timeout: cfg.timeout,
+        // The engine relays nothing yet.
+        relay_allowed: false,
     };
     let Some(token) = &cfg.token else {
         return Ok(ReceiverSession::carrying(machine_cfg));

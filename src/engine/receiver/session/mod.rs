@@ -441,6 +441,19 @@ impl Session<'_, '_> {
                 self.link.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
+            // The machine takes a RELAY only with `relay_allowed`, which
+            // this engine does not set yet: end the session, telling why.
+            Ok(ReceiverEvent::Relay(_)) => {
+                let refused = crate::proto::ProtocolError::RelayNotAllowed {
+                    reason: "this receiver does not relay",
+                };
+                self.machine
+                    .abort(AckStatus::Protocol, format!("protocol error: {refused}"));
+                return Err(self.abandon(XferError::Protocol {
+                    context: Some(format!("{kind} not allowed here")),
+                    source: refused,
+                }));
+            }
             Ok(ReceiverEvent::From { offset, waiting }) => self.on_from(offset, waiting)?,
             Ok(ReceiverEvent::Compare {
                 sha256,
