@@ -659,6 +659,7 @@ mod tests {
                         }
                         self.r_channel = Some(channel);
                     }
+                    ReceiverEvent::Relay(hops) => panic!("RELAY never sent: {hops:?}"),
                     ReceiverEvent::Closed | ReceiverEvent::Keepalive => {}
                 },
             }
@@ -821,6 +822,7 @@ mod tests {
                 names: NameRules::DEFAULT,
                 digest_budget: DigestBudget::DEFAULT,
                 timeout: std::time::Duration::from_secs(30),
+                relay_allowed: false,
             };
             let token = Token::new(b"sim".to_vec()).unwrap();
             let conn = ConnectionId {

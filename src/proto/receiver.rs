@@ -23,8 +23,9 @@ use super::auth::{
 use super::names::{NameRules, escaped, validate_path};
 use super::sender::keepalive_interval;
 use super::wire::{
-    Ack, AckStatus, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello, Message, Mtime,
-    Prove, Reject, RejectCode, RingInfo, WireError, hello_flags,
+    Ack, AckStatus, Challenge, Digest, DigestAlg, Fin, Have, HaveKind, Hello, HopResult,
+    MAX_RELAY_HOPS, Message, Mtime, Prove, Reject, RejectCode, Relay, RingInfo, WireError,
+    encoded_len, hello_flags,
 };
 use super::{MAX_BATCH_FILES, PROTOCOL_VERSION, ProtocolError, check_ring};
 
@@ -104,6 +105,10 @@ pub struct ReceiverConfig {
     /// the engine's own file work keeps the sender waiting, a KEEPALIVE
     /// goes out every `keepalive_interval` of it instead.
     pub timeout: Duration,
+    /// Whether this receiver relays (protocol 7): it takes a RELAY from an
+    /// authenticated sender. When false, a RELAY ends the session with
+    /// REJECT(protocol) "this receiver does not relay (--no-relay)".
+    pub relay_allowed: bool,
 }
 
 /// How many digest questions one session may ask, and of how many bytes
@@ -206,6 +211,12 @@ pub enum ReceiverEvent<F = (), W = (), C = ()> {
         /// What the engine gave `have`.
         waiting: W,
     },
+    /// RELAY: hosts after this receiver in a relay chain, in chain order
+    /// (one event per RELAY; the engine appends them). Only from an
+    /// authenticated sender, before its first offer, with
+    /// `ReceiverConfig::relay_allowed`. From then on the engine may
+    /// `push_result` while an offer is open.
+    Relay(Vec<String>),
 }
 
 /// Why a sender was not authenticated.
@@ -415,6 +426,10 @@ pub struct ReceiverSession<F = (), W = (), C = ()> {
     /// While the engine's file work for the offer runs (`work_started`
     /// until its decision): when the next KEEPALIVE is due.
     keepalive_due: Option<Instant>,
+    /// Hosts after this receiver that RELAY named (0: it relays nothing).
+    relay_hops: usize,
+    /// RESULTs queued for the current offer (`push_result`).
+    results: usize,
 }
 
 /// What the engine gave with a HAVE, by the HAVE's kind: a HAVE that
@@ -668,6 +683,8 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             waiting: None,
             progressed_at: None,
             keepalive_due: None,
+            relay_hops: 0,
+            results: 0,
         }
     }
 
@@ -1079,6 +1096,77 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         }
     }
 
+    /// Whether a RELAY came: this session relays.
+    pub fn is_relaying(&self) -> bool {
+        self.relay_hops > 0
+    }
+
+    /// Queues a RESULT, one host's verdict on the current offer, so that
+    /// it goes before the offer's verdict: only in a relaying session,
+    /// while an offer is open (from its `Offer` or `Batch` event until the
+    /// engine's verdict on it: `accept` ... `complete`, `reject`,
+    /// `existing` that keeps the file, `would_receive`, `same`,
+    /// `accept_directory`), once per host of the chain (this receiver and
+    /// those after it). Misuse is an error and queues nothing.
+    pub fn push_result(&mut self, result: HopResult) -> Result<(), ProtocolError> {
+        if !self.is_relaying() {
+            return Err(ProtocolError::RelayNotAllowed {
+                reason: "no RELAY came in this session",
+            });
+        }
+        if !self.offer_open() {
+            return Err(self.wrong_state("push_result"));
+        }
+        let hosts = self.relay_hops + 1;
+        if self.results >= hosts {
+            return Err(ProtocolError::TooManyResults { max: hosts });
+        }
+        let msg = Message::Result(result);
+        encoded_len(&msg).map_err(ProtocolError::BadResult)?;
+        self.results += 1;
+        self.outbox.push_back(msg);
+        Ok(())
+    }
+
+    /// An offer awaits the engine's verdict (or its data, its FIN's).
+    fn offer_open(&self) -> bool {
+        use ReceiverState::*;
+        matches!(
+            self.state,
+            AwaitDecision | AwaitFrom | Comparing | Receiving | Verifying
+        )
+    }
+
+    /// RELAY: only from a sender that proved the token, before its first
+    /// offer, within `MAX_RELAY_HOPS` for the session; refused by policy
+    /// without `relay_allowed` (the session ends: the sender asked for a
+    /// chain that cannot be).
+    fn on_relay(&mut self, relay: Relay) -> Result<ReceiverEvent<F, W, C>, RecvError> {
+        let refused = |reason| Err(ProtocolError::RelayNotAllowed { reason }.into());
+        if self.auth.is_none() {
+            return refused("a relay chain needs a session authenticated with a token");
+        }
+        if self.offers > 0 {
+            return refused("the hosts to relay to come before the first offer");
+        }
+        if !self.cfg.relay_allowed {
+            return Err(RecvError::SessionLimit(Reject::new(
+                RejectCode::Protocol,
+                "this receiver does not relay (--no-relay)",
+            )));
+        }
+        let total = self.relay_hops.saturating_add(relay.hops.len());
+        if total > MAX_RELAY_HOPS {
+            return Err(ProtocolError::BadRelayChain(WireError::TooManyHops {
+                count: total,
+                max: MAX_RELAY_HOPS,
+            })
+            .into());
+        }
+        self.relay_hops = total;
+        Ok(ReceiverEvent::Relay(relay.hops))
+    }
+
     fn reset_file(&mut self) {
         self.short_seen = false;
         self.bytes = 0;
@@ -1214,8 +1302,10 @@ impl<F, W, C> ReceiverSession<F, W, C> {
                 Ok(ReceiverEvent::Closed)
             }
             (AwaitAuth, _) => Err(RecvError::Auth(AuthFailure::Required)),
+            (AwaitHello, Message::Relay(relay)) => self.on_relay(relay),
             (AwaitHello, Message::Hello(h)) => {
                 self.offers += 1;
+                self.results = 0;
                 self.entries += 1;
                 if self.entries > self.cfg.max_files {
                     return Err(RecvError::SessionLimit(Reject::new(
@@ -1357,6 +1447,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         // refused batches cannot go on for ever), its other files when
         // accepted.
         self.offers += 1;
+        self.results = 0;
         self.entries = self.entries.saturating_add(1);
         let refuse = |code, reason: String| Err(RecvError::Reject(Reject::new(code, reason)));
         // Never the end of the session (the sender takes any REJECT of a
@@ -2093,6 +2184,7 @@ mod tests {
             names: NameRules::DEFAULT,
             digest_budget: DigestBudget::DEFAULT,
             timeout: Duration::from_secs(30),
+            relay_allowed: false,
         }
     }
 
@@ -2205,6 +2297,317 @@ mod tests {
         session_in_auth(state, false)
     }
 
+    fn relay(hops: &[&str]) -> Message {
+        Message::Relay(Relay {
+            hops: hops.iter().map(|h| h.to_string()).collect(),
+        })
+    }
+
+    fn hop(host: &str) -> HopResult {
+        HopResult::new(
+            host.into(),
+            crate::proto::HopVerdict::Ack(AckStatus::Ok),
+            100,
+            "",
+        )
+    }
+
+    /// An authenticated session of a receiver that relays, admitted,
+    /// with nothing offered yet.
+    fn relay_receiver() -> ReceiverSession {
+        let c = ReceiverConfig {
+            relay_allowed: true,
+            ..cfg(100 + CHUNK_TAG_LEN as u32, 4, 2)
+        };
+        let mut r = with_auth(c);
+        assert_eq!(r.on_message(good_auth()), Ok(ReceiverEvent::Authenticated));
+        r.admit().unwrap();
+        sent(&mut r);
+        r
+    }
+
+    /// `relay_receiver` told of `hops`: relaying.
+    fn relaying(hops: &[&str]) -> ReceiverSession {
+        let mut r = relay_receiver();
+        let want: Vec<String> = hops.iter().map(|h| h.to_string()).collect();
+        assert_eq!(r.on_message(relay(hops)), Ok(ReceiverEvent::Relay(want)));
+        assert!(r.is_relaying());
+        assert_eq!(sent(&mut r), []);
+        r
+    }
+
+    /// `push_result` refused: its error, with nothing queued.
+    fn result_refused(r: &mut ReceiverSession, result: HopResult) -> ProtocolError {
+        let (state, queued) = (r.state(), r.outbox.clone());
+        let err = r.push_result(result).unwrap_err();
+        assert_eq!(r.outbox, queued, "{err}");
+        assert_eq!(r.state(), state, "{err}");
+        err
+    }
+
+    #[test]
+    fn relay_comes_once_authenticated_before_any_offer() {
+        // Appended message by message, up to MAX_RELAY_HOPS in all.
+        let mut r = relaying(&["b:7471", "c"]);
+        let rest: Vec<String> = (2..MAX_RELAY_HOPS).map(|i| format!("h{i}")).collect();
+        for part in crate::proto::relay_messages(&rest).unwrap() {
+            let hops = part.hops.clone();
+            assert_eq!(
+                r.on_message(Message::Relay(part)),
+                Ok(ReceiverEvent::Relay(hops))
+            );
+        }
+        assert_eq!(sent(&mut r), []);
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        // One more: over the limit, the session ends with one reply.
+        let over = r.on_message(relay(&["z"]));
+        assert_eq!(
+            over,
+            Err(RecvError::Protocol(ProtocolError::BadRelayChain(
+                WireError::TooManyHops {
+                    count: MAX_RELAY_HOPS + 1,
+                    max: MAX_RELAY_HOPS
+                }
+            )))
+        );
+        let replies = sent(&mut r);
+        assert!(
+            matches!(&replies[..], [Message::Ack(a)] if a.status == AckStatus::Protocol),
+            "{replies:?}"
+        );
+        assert_eq!(r.state(), ReceiverState::Closed);
+
+        // One RELAY over the limit at once.
+        let mut r = relay_receiver();
+        let too_many: Vec<String> = (0..=MAX_RELAY_HOPS).map(|i| format!("h{i}")).collect();
+        let mut parts = crate::proto::relay_messages(&too_many[..MAX_RELAY_HOPS]).unwrap();
+        parts.last_mut().unwrap().hops.push("z".into());
+        let last = parts.pop().unwrap();
+        for part in parts {
+            r.on_message(Message::Relay(part)).unwrap();
+        }
+        assert!(r.on_message(Message::Relay(last)).is_err());
+        assert_eq!(sent(&mut r).len(), 1);
+
+        // Without a token nothing authenticates the hosts: a protocol error.
+        let mut r = ReceiverSession::new(ReceiverConfig {
+            relay_allowed: true,
+            ..cfg(100, 4, 2)
+        });
+        sent(&mut r);
+        assert!(matches!(
+            r.on_message(relay(&["b"])),
+            Err(RecvError::Protocol(ProtocolError::RelayNotAllowed { .. }))
+        ));
+        assert_eq!(sent(&mut r).len(), 1);
+        assert!(!r.is_relaying());
+        assert_eq!(r.state(), ReceiverState::Closed);
+
+        // Before the proof: the authentication failure, as for any message.
+        let c = ReceiverConfig {
+            relay_allowed: true,
+            ..cfg(132, 4, 2)
+        };
+        let mut r = with_auth(c);
+        sent(&mut r);
+        assert_eq!(
+            r.on_message(relay(&["b"])),
+            Err(RecvError::Auth(AuthFailure::Required))
+        );
+        assert_eq!(
+            sent(&mut r),
+            [Message::Reject(AuthFailure::Required.reject())]
+        );
+
+        // After an offer: while it is open, once answered, once refused.
+        let mut r = relay_receiver();
+        r.on_message(Message::Hello(hello("f", 1))).unwrap();
+        assert!(matches!(
+            r.clone().on_message(relay(&["b"])),
+            Err(RecvError::Protocol(ProtocolError::Unexpected {
+                msg: "RELAY",
+                ..
+            }))
+        ));
+        r.reject(RejectCode::Exists, "f".into()).unwrap();
+        sent(&mut r);
+        assert!(matches!(
+            r.on_message(relay(&["b"])),
+            Err(RecvError::Protocol(ProtocolError::RelayNotAllowed { .. }))
+        ));
+        assert_eq!(sent(&mut r).len(), 1);
+        let mut r = relay_receiver();
+        // (A refusal by the machine itself is an offer too.)
+        assert!(matches!(
+            r.on_message(Message::Hello(hello("../f", 1))),
+            Err(RecvError::Reject(_))
+        ));
+        sent(&mut r);
+        assert!(r.on_message(relay(&["b"])).is_err());
+        assert_eq!(sent(&mut r).len(), 1);
+        assert!(!r.is_relaying());
+
+        // A receiver that does not relay refuses with one REJECT and ends
+        // the session (the sender asked for a chain that cannot be).
+        let mut r = with_auth(cfg(132, 4, 2));
+        r.on_message(good_auth()).unwrap();
+        r.admit().unwrap();
+        sent(&mut r);
+        let refusal = Reject::new(
+            RejectCode::Protocol,
+            "this receiver does not relay (--no-relay)",
+        );
+        assert_eq!(
+            r.on_message(relay(&["b"])),
+            Err(RecvError::SessionLimit(refusal.clone()))
+        );
+        assert_eq!(sent(&mut r), [Message::Reject(refusal)]);
+        assert_eq!(r.state(), ReceiverState::Closed);
+        assert!(!r.is_relaying());
+    }
+
+    #[test]
+    fn results_are_queued_before_the_verdict_of_the_open_offer() {
+        let c = cfg(100 + CHUNK_TAG_LEN as u32, 4, 2);
+        // A directory: its RESULTs, then its ACK.
+        let mut r = relaying(&["b"]);
+        r.on_message(Message::Hello(hello_v2("d", hello_flags::DIRECTORY, 0)))
+            .unwrap();
+        r.push_result(hop("a")).unwrap();
+        r.push_result(hop("b")).unwrap();
+        // One per host of the chain (this receiver and b).
+        assert_eq!(
+            result_refused(&mut r, hop("c")),
+            ProtocolError::TooManyResults { max: 2 }
+        );
+        r.accept_directory().unwrap();
+        assert_eq!(
+            sent(&mut r),
+            [
+                Message::Result(hop("a")),
+                Message::Result(hop("b")),
+                Message::Ack(Ack::new(AckStatus::Ok, ""))
+            ]
+        );
+        // Answered: no offer is open.
+        assert!(matches!(
+            result_refused(&mut r, hop("a")),
+            ProtocolError::WrongState {
+                op: "push_result",
+                ..
+            }
+        ));
+        // A file: before its MR, while its data comes, while it is
+        // verified; the count starts over with each offer.
+        r.on_message(Message::Hello(hello("f", 100))).unwrap();
+        r.push_result(hop("b")).unwrap();
+        r.accept(ring(&c), ()).unwrap();
+        r.on_chunk(100 + CHUNK_TAG_LEN as u32, 0).unwrap();
+        assert_eq!(r.state(), ReceiverState::Receiving);
+        // A RESULT RESULT cannot carry: refused, not counted.
+        assert!(matches!(
+            result_refused(&mut r, hop("")),
+            ProtocolError::BadResult(WireError::BadHost { .. })
+        ));
+        let long = HopResult {
+            reason: "r".repeat(crate::proto::wire::MAX_REASON + 1),
+            ..hop("a")
+        };
+        assert!(matches!(
+            result_refused(&mut r, long),
+            ProtocolError::BadResult(WireError::TooLong { .. })
+        ));
+        r.chunk_done();
+        r.on_message(Message::Fin(fin(100, 1))).unwrap();
+        assert_eq!(r.state(), ReceiverState::Verifying);
+        r.push_result(hop("a")).unwrap();
+        assert_eq!(
+            result_refused(&mut r, hop("a")),
+            ProtocolError::TooManyResults { max: 2 }
+        );
+        r.complete(AckStatus::Ok, String::new()).unwrap();
+        let out = sent(&mut r);
+        let kinds: Vec<&str> = out.iter().map(Message::kind).collect();
+        assert_eq!(kinds.first(), Some(&"RESULT"));
+        assert_eq!(kinds.last(), Some(&"ACK"));
+        assert_eq!(kinds.iter().filter(|k| **k == "RESULT").count(), 2);
+        let mr = kinds.iter().position(|k| *k == "MR").unwrap();
+        assert!(kinds[..mr] == ["RESULT"], "{kinds:?}");
+        // Refusals and verdicts without data: RESULTs first too.
+        r.on_message(Message::Hello(hello("g", 1))).unwrap();
+        r.push_result(hop("a")).unwrap();
+        r.reject(RejectCode::Exists, "g".into()).unwrap();
+        let out = sent(&mut r);
+        assert!(matches!(&out[..], [Message::Result(_), Message::Reject(_)]));
+        let kept = Hello {
+            caps: hello_flags::MTIME,
+            mtime: Some(Mtime { secs: 5, nanos: 0 }),
+            ..hello("k", 10)
+        };
+        r.on_message(Message::Hello(kept)).unwrap();
+        r.push_result(hop("a")).unwrap();
+        r.push_result(hop("b")).unwrap();
+        assert_eq!(
+            r.existing(Existing::File {
+                size: 10,
+                secs: 5,
+                nsec: 0
+            }),
+            Ok(Standing::Stays(AckStatus::Unchanged))
+        );
+        let out = sent(&mut r);
+        assert!(matches!(
+            &out[..],
+            [Message::Result(_), Message::Result(_), Message::Ack(a)] if a.status == AckStatus::Unchanged
+        ));
+        // A resumed file's HAVE and a comparison: still open.
+        r.on_message(Message::Hello(resumable(1000))).unwrap();
+        r.have(Have::complete(1000), ()).unwrap();
+        assert_eq!(r.state(), ReceiverState::AwaitFrom);
+        r.push_result(hop("b")).unwrap();
+        r.on_message(Message::Compare { sha256: [1; 32] }).unwrap();
+        assert_eq!(r.state(), ReceiverState::Comparing);
+        r.push_result(hop("a")).unwrap();
+        r.same().unwrap();
+        let kinds: Vec<&str> = sent(&mut r).iter().map(Message::kind).collect();
+        assert_eq!(kinds, ["HAVE", "RESULT", "RESULT", "ACK"]);
+        // A batch is one offer.
+        r.on_message(Message::Batch(vec![hello("m1", 1), hello("m2", 1)]))
+            .unwrap();
+        r.push_result(hop("a")).unwrap();
+        r.reject(RejectCode::Exists, "m1".into()).unwrap();
+        assert_eq!(sent(&mut r).len(), 2);
+        // Once closed: nothing.
+        r.on_message(Message::Bye).unwrap();
+        assert!(matches!(
+            result_refused(&mut r, hop("a")),
+            ProtocolError::WrongState { .. }
+        ));
+    }
+
+    #[test]
+    fn results_need_a_relay() {
+        // Authenticated, an offer open, no RELAY came.
+        let mut r = relay_receiver();
+        r.on_message(Message::Hello(hello("f", 1))).unwrap();
+        assert!(!r.is_relaying());
+        assert!(matches!(
+            result_refused(&mut r, hop("a")),
+            ProtocolError::RelayNotAllowed { .. }
+        ));
+        // A sender never sends RESULT.
+        let mut r = relaying(&["b"]);
+        r.on_message(Message::Hello(hello("f", 1))).unwrap();
+        assert!(matches!(
+            r.on_message(Message::Result(hop("b"))),
+            Err(RecvError::Protocol(ProtocolError::Unexpected {
+                msg: "RESULT",
+                ..
+            }))
+        ));
+        assert_eq!(sent(&mut r).len(), 1);
+    }
+
     /// As `session_in`; with `auth` the session requires a token and every
     /// state past AwaitAuth is reached through a correct AUTH.
     fn session_in_auth(state: ReceiverState, auth: bool) -> ReceiverSession {
@@ -2264,6 +2667,13 @@ mod tests {
 
     fn all_messages(size_for_fin: u64) -> Vec<Message> {
         vec![
+            relay(&["b:1"]),
+            Message::Result(HopResult::new(
+                "b:1".into(),
+                crate::proto::HopVerdict::Ack(AckStatus::Ok),
+                1,
+                "",
+            )),
             Message::Hello(hello("x", 1)),
             Message::Mr(RingInfo::default()),
             Message::Reject(Reject::new(RejectCode::Io, "read error")),
@@ -2633,6 +3043,23 @@ mod tests {
                 }
                 let res = r.on_message(msg.clone());
                 let ctx = format!("{} in {} (auth {auth})", msg.kind(), state.as_str());
+                // RELAY before any offer: refused by this receiver's policy
+                // (it does not relay), or a protocol error without a token.
+                if let (AwaitHello, Message::Relay(_)) = (state, &msg) {
+                    let want = if auth {
+                        RecvError::SessionLimit(Reject::new(
+                            RejectCode::Protocol,
+                            "this receiver does not relay (--no-relay)",
+                        ))
+                    } else {
+                        RecvError::Protocol(ProtocolError::RelayNotAllowed {
+                            reason: "a relay chain needs a session authenticated with a token",
+                        })
+                    };
+                    assert_eq!(res, Err(want), "{ctx}");
+                    assert_eq!(r.state(), Closed, "{ctx}");
+                    continue;
+                }
                 let legal = match (state, &msg) {
                     (AwaitHello, Message::Hello(_)) => Some(AwaitDecision),
                     (AwaitHello, Message::Bye) => Some(Closed),

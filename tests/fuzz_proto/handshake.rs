@@ -91,6 +91,7 @@ pub(crate) fn check_handshake(
         names: NameRules::default(),
         digest_budget: DigestBudget::DEFAULT,
         timeout: std::time::Duration::from_secs(30),
+        relay_allowed: false,
     };
     let mut r = ReceiverSession::with_auth(cfg, token.clone(), r_nonce, conn);
     let sender_conn = match &interference {

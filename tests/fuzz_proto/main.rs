@@ -57,11 +57,12 @@ use rdma_xfer::proto::wire::{HEADER_LEN, MAX_BODY};
 use rdma_xfer::proto::{
     AUTH_REQUIRED, Ack, AckStatus, CHUNK_TAG_LEN, Challenge, Channel, ChannelError, ConnectionId,
     DEFAULT_MAX_FILES, Digest, DigestAlg, DigestBudget, FileOffer, Fin, Have, HaveKind, Hello,
-    MAX_BATCH_FILES, MAX_MESSAGE, MAX_PENDING, MAX_REFUSALS_IN_A_ROW, Message, Mtime, NONCE_LEN,
-    NameRules, OfferKind, PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig,
-    ReceiverEvent, ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, RingInfo, Role,
-    SEAL_LEN, SameCopy, SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token,
-    Verdict, WhenExisting, decode, encode_to_vec, hello_flags, is_invisible, validate_path,
+    HopResult, HopVerdict, MAX_BATCH_FILES, MAX_HOST_LEN, MAX_MESSAGE, MAX_PENDING,
+    MAX_REFUSALS_IN_A_ROW, MAX_RELAY_HOPS, Message, Mtime, NONCE_LEN, NameRules, OfferKind,
+    PROTOCOL_VERSION, Pending, ProtocolError, Prove, ReceiverConfig, ReceiverEvent,
+    ReceiverSession, ReceiverState, RecvError, Reject, RejectCode, Relay, RingInfo, Role, SEAL_LEN,
+    SameCopy, SenderAuth, SenderEvent, SenderSession, SenderState, SessionKey, Token, Verdict,
+    WhenExisting, decode, encode_to_vec, hello_flags, is_invisible, relay_messages, validate_path,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

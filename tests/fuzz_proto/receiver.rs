@@ -69,6 +69,10 @@ pub(crate) enum RxAction {
     ChunkDone,
     Flush,
     Complete(AckStatus),
+    /// The engine queues a RESULT (`push_result`): 0 a good one, 1 one
+    /// without a host, 2 one with a host that has a space, 3 one with too
+    /// long a reason.
+    PushResult(u8),
 }
 
 pub(crate) fn rx_action() -> impl Strategy<Value = RxAction> {
@@ -150,6 +154,9 @@ pub(crate) fn rx_action() -> impl Strategy<Value = RxAction> {
         6 => Just(RxAction::ChunkDone),
         1 => Just(RxAction::Flush),
         2 => prop_oneof![3 => Just(AckStatus::Ok), 1 => ack_status()].prop_map(RxAction::Complete),
+        1 => relay().prop_map(|r| RxAction::Msg(Message::Relay(r))),
+        1 => hop_result().prop_map(|r| RxAction::Msg(Message::Result(r))),
+        3 => prop_oneof![6 => Just(0u8), 1 => 1u8..4].prop_map(RxAction::PushResult),
     ]
 }
 
@@ -194,6 +201,22 @@ pub(crate) struct RxModel {
     /// The copy token a HAVE that asks for a COMPARE carried (`have`'s
     /// default, 0, when given none): only COMPARE hands it back.
     copy_token: Option<u64>,
+    /// Hosts after the receiver the session's RELAYs named (session-wide).
+    relay_hops: usize,
+    /// A HELLO or BATCH came in the session: no RELAY after it.
+    offered: bool,
+    /// RESULTs the engine queued for the current offer.
+    results: usize,
+}
+
+/// The states in which an offer is open: from its event to the engine's
+/// verdict (RESULTs may be queued).
+pub(crate) fn offer_open(state: ReceiverState) -> bool {
+    use ReceiverState::*;
+    matches!(
+        state,
+        AwaitDecision | AwaitFrom | Comparing | Receiving | Verifying
+    )
 }
 
 /// The machine under test carries numbered tokens for the engine, so that
@@ -270,6 +293,8 @@ impl RxModel {
             digest_questions: self.digest_questions,
             digest_bytes: self.digest_bytes,
             compared: self.compared.clone(),
+            relay_hops: self.relay_hops,
+            offered: self.offered,
             ..RxModel::default()
         }
     }
@@ -417,6 +442,36 @@ pub(crate) fn legal_rx(
     use ReceiverState::*;
     let slots = u64::from(cfg.slot_count);
     match state {
+        // A relaying engine queues each host's RESULT while the offer is
+        // open, one per host (now and then one too many: refused).
+        s if offer_open(s)
+            && m.relay_hops > 0
+            && (m.results <= m.relay_hops || seed % 12 == 1)
+            && seed % 3 == 1 =>
+        {
+            RxAction::PushResult(0)
+        }
+        // An authenticated sender names the hosts after the receiver
+        // before its first offer, now and then in several RELAYs, now and
+        // then hundreds at once (never more than MAX_RELAY_HOPS in all).
+        // (Now and then to a receiver that does not relay: it refuses.)
+        AwaitHello
+            if (cfg.relay_allowed || seed % 64 == 3)
+                && auth.is_some()
+                && !m.offered
+                && m.relay_hops < MAX_RELAY_HOPS
+                && seed % 2 == 1 =>
+        {
+            let n = if seed % 32 == 7 {
+                600
+            } else {
+                1 + (seed / 4 % 3) as usize
+            };
+            let n = n.min(MAX_RELAY_HOPS - m.relay_hops);
+            RxAction::Msg(Message::Relay(Relay {
+                hops: (0..n).map(|i| format!("h{i}:7471")).collect(),
+            }))
+        }
         AwaitAuth => match auth {
             Some(a) if seed.is_multiple_of(8) => RxAction::Msg(a.bad_proves(seed / 8)),
             Some(a) => RxAction::Msg(a.good_prove()),
@@ -639,6 +694,9 @@ pub(crate) fn legal_rx(
 }
 
 pub(crate) static RX: Reached = Reached::new();
+/// Relaying: 0 RELAYs taken, 1 RESULTs queued, 2 RELAYs refused by a
+/// receiver that does not relay.
+pub(crate) static RX_RELAY: Reached = Reached::new();
 /// The timers: 0 KEEPALIVEs due while the engine worked, 1 sessions timed
 /// out, 2 deadlines not reached yet.
 pub(crate) static RX_TIMERS: Reached = Reached::new();
@@ -789,7 +847,28 @@ pub(crate) fn check_receiver(
                 if (kind == "HELLO" || kind == "BATCH") && before == AwaitHello && admitted {
                     hellos += 1;
                 }
+                // RELAY is taken only from an authenticated sender, before
+                // its first offer, by a receiver that relays, within
+                // MAX_RELAY_HOPS for the session.
+                let relay_taken = match &sent {
+                    Message::Relay(relay) => Some(
+                        before == AwaitHello
+                            && auth.is_some()
+                            && !m.offered
+                            && cfg.relay_allowed
+                            && m.relay_hops + relay.hops.len() <= MAX_RELAY_HOPS,
+                    ),
+                    _ => None,
+                };
+                if (kind == "HELLO" || kind == "BATCH") && before == AwaitHello {
+                    m.offered = true;
+                }
                 let result = r.on_message(msg);
+                if let Some(taken) = relay_taken {
+                    prop_assert_eq!(result.is_ok(), taken, "RELAY in {:?}: {:?}", before, result);
+                }
+                // A sender never sends RESULT.
+                prop_assert!(!(kind == "RESULT" && result.is_ok()), "RESULT taken");
                 // One engine decision at a time (src/proto/mod.rs): a
                 // message that asks the engine for work leaves the machine
                 // waiting for its answer, and while it waits no message
@@ -1023,6 +1102,16 @@ pub(crate) fn check_receiver(
                         prop_assert_eq!(r.state(), Verifying);
                         RX.hit(2);
                     }
+                    Ok(ReceiverEvent::Relay(hops)) => {
+                        prop_assert_eq!(before, AwaitHello);
+                        prop_assert!(admitted && auth.is_some() && cfg.relay_allowed);
+                        prop_assert_eq!(Message::Relay(Relay { hops: hops.clone() }), sent);
+                        m.relay_hops += hops.len();
+                        prop_assert!(m.relay_hops <= MAX_RELAY_HOPS);
+                        prop_assert!(r.is_relaying());
+                        prop_assert_eq!(r.state(), AwaitHello);
+                        RX_RELAY.hit(0);
+                    }
                     Ok(ReceiverEvent::Closed) => {
                         prop_assert_eq!(kind, "BYE");
                         prop_assert!(matches!(before, AwaitHello | AwaitAuth));
@@ -1103,6 +1192,14 @@ pub(crate) fn check_receiver(
                         prop_assert!(!rej.reason.is_empty());
                     }
                     Err(RecvError::Protocol(_)) => prop_assert_eq!(r.state(), Closed),
+                    // A receiver that does not relay refuses a RELAY so.
+                    Err(RecvError::SessionLimit(rej)) if kind == "RELAY" => {
+                        prop_assert!(!cfg.relay_allowed);
+                        prop_assert_eq!(rej.code, RejectCode::Protocol);
+                        prop_assert!(rej.reason.contains("does not relay"), "{}", rej.reason);
+                        prop_assert_eq!(r.state(), Closed);
+                        RX_RELAY.hit(2);
+                    }
                     Err(RecvError::SessionLimit(rej)) => {
                         // Only the HELLO past --max-files, or after too many
                         // refusals in a row, ends a session so.
@@ -1597,6 +1694,46 @@ pub(crate) fn check_receiver(
                 }
                 Err(_) => prop_assert_eq!(r.state(), before),
             },
+            RxAction::PushResult(how) => {
+                let good = HopResult::new(
+                    format!("h{}:7471", m.results),
+                    HopVerdict::Ack(AckStatus::Ok),
+                    m.bytes,
+                    "",
+                );
+                let result = match how {
+                    1 => HopResult {
+                        host: String::new(),
+                        ..good
+                    },
+                    2 => HopResult {
+                        host: "a b".into(),
+                        ..good
+                    },
+                    3 => HopResult {
+                        reason: "r".repeat(rdma_xfer::proto::wire::MAX_REASON + 1),
+                        ..good
+                    },
+                    _ => good,
+                };
+                // Only in a relaying session, while an offer is open, once
+                // per host of the chain, and only one RESULT can carry.
+                let allowed = how == 0
+                    && m.relay_hops > 0
+                    && offer_open(before)
+                    && m.results < m.relay_hops + 1;
+                match queued(r.push_result(result.clone()), &mut r) {
+                    Ok(msg) => {
+                        prop_assert!(allowed, "RESULT {:?} queued in {:?}", result, before);
+                        prop_assert_eq!(msg, Message::Result(result));
+                        m.results += 1;
+                        RX_RELAY.hit(1);
+                    }
+                    Err(_) => prop_assert!(!allowed, "RESULT refused in {:?}", before),
+                }
+                prop_assert_eq!(r.state(), before);
+                prop_assert_eq!(r.is_relaying(), m.relay_hops > 0);
+            }
             RxAction::ChunkDone => {
                 r.chunk_done();
                 let credit = at_most_one(&mut r);
@@ -1688,23 +1825,32 @@ pub(crate) fn check_accepted_name(name: &str, rules: NameRules) -> Result<(), Te
 #[test]
 pub(crate) fn machine_receiver() {
     let cfg = (
-        1u32..64,
-        1u32..8,
-        0u32..10,
-        prop_oneof![3 => Just(u64::MAX), 1 => 0u64..300],
-        prop_oneof![3 => Just(DEFAULT_MAX_FILES), 1 => 1u64..4],
-        any::<bool>(),
-        prop_oneof![
-            1 => Just(DigestBudget::DEFAULT),
-            3 => (0u32..4, 0u64..600).prop_map(|(questions, bytes)| DigestBudget { questions, bytes }),
-        ],
-        prop_oneof![
-            1 => Just(Duration::from_secs(30)),
-            2 => (0u64..20_000).prop_map(Duration::from_millis),
-        ],
+        (
+            1u32..64,
+            1u32..8,
+            0u32..10,
+            prop_oneof![3 => Just(u64::MAX), 1 => 0u64..300],
+            prop_oneof![3 => Just(DEFAULT_MAX_FILES), 1 => 1u64..4],
+            any::<bool>(),
+        ),
+        (
+            prop_oneof![
+                1 => Just(DigestBudget::DEFAULT),
+                3 => (0u32..4, 0u64..600).prop_map(|(questions, bytes)| DigestBudget { questions, bytes }),
+            ],
+            prop_oneof![
+                1 => Just(Duration::from_secs(30)),
+                2 => (0u64..20_000).prop_map(Duration::from_millis),
+            ],
+            // Most receivers relay.
+            prop_oneof![3 => Just(true), 1 => Just(false)],
+        ),
     )
         .prop_map(
-            |(slot_size, slot_count, credit_batch, max_size, max_files, allow_dotfiles, digest_budget, timeout)| {
+            |(
+                (slot_size, slot_count, credit_batch, max_size, max_files, allow_dotfiles),
+                (digest_budget, timeout, relay_allowed),
+            )| {
                 ReceiverConfig {
                     slot_size,
                     slot_count,
@@ -1715,6 +1861,7 @@ pub(crate) fn machine_receiver() {
                     names: NameRules { allow_dotfiles },
                     digest_budget,
                     timeout,
+                    relay_allowed,
                 }
             },
         );
@@ -1731,7 +1878,8 @@ pub(crate) fn machine_receiver() {
                  copies compared ({} the same), {} batches passed, {} digests asked ({} the \
                  same), {} digest questions past the budget refused ({} about a name compared \
                  already), {} files left as they were, {} dry-run offers answered; {} \
-                 KEEPALIVEs while the engine worked, {} sessions timed out, {} early wakes",
+                 KEEPALIVEs while the engine worked, {} sessions timed out, {} early wakes; {} \
+                 RELAYs taken ({} refused by a receiver that does not relay), {} RESULTs queued",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -1750,7 +1898,10 @@ pub(crate) fn machine_receiver() {
                 RX.get(15),
                 RX_TIMERS.get(0),
                 RX_TIMERS.get(1),
-                RX_TIMERS.get(2)
+                RX_TIMERS.get(2),
+                RX_RELAY.get(0),
+                RX_RELAY.get(2),
+                RX_RELAY.get(1)
             )
         },
     );

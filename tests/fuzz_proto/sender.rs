@@ -50,6 +50,15 @@ pub(crate) enum TxAction {
         heard: bool,
         ms: u16,
     },
+    /// The engine names the hosts after the receiver (`relay`): this many
+    /// (0: none, past MAX_RELAY_HOPS: too many), each good, or one of them
+    /// not (`bad`).
+    Relay {
+        hops: usize,
+        bad: bool,
+    },
+    /// The RESULT a relaying receiver would send now.
+    ResultLike,
 }
 
 pub(crate) fn offer_kind() -> impl Strategy<Value = OfferKind> {
@@ -96,6 +105,16 @@ pub(crate) fn tx_action() -> impl Strategy<Value = TxAction> {
                 ms
             }
         ),
+        1 => (
+            prop_oneof![
+                6 => 1usize..4,
+                1 => Just(0usize),
+                1 => MAX_RELAY_HOPS - 1..=MAX_RELAY_HOPS + 1
+            ],
+            prop_oneof![5 => Just(false), 1 => Just(true)]
+        )
+            .prop_map(|(hops, bad)| TxAction::Relay { hops, bad }),
+        2 => Just(TxAction::ResultLike),
     ]
 }
 
@@ -140,6 +159,12 @@ pub(crate) struct TxModel {
     /// Bytes of a chunk's tag after it: `CHUNK_TAG_LEN` once the receiver
     /// proved the token.
     tag_len: u32,
+    /// Hosts after the receiver that RELAY named (0: not relaying).
+    relay_hops: usize,
+    /// An entry was offered in the session: no RELAY after it.
+    offered: bool,
+    /// RESULTs heard for the oldest unanswered offer.
+    results: usize,
 }
 
 /// The sender's offers: a file with CHECKSUM (`--checksum`) now and then;
@@ -161,12 +186,37 @@ pub(crate) fn tx_existing(size: u64) -> WhenExisting {
 }
 
 pub(crate) static TX: Reached = Reached::new();
+/// Relaying: 0 RELAYs queued, 1 RESULTs heard.
+pub(crate) static TX_RELAY: Reached = Reached::new();
 
 /// The legal next step in state `state`.
 pub(crate) fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
     use SenderState::*;
     let front = m.pending.front().copied();
+    // An offer awaits its verdict: the current one, or a pending one.
+    let awaited = !matches!(state, AwaitChallenge | AwaitAuthOk | Closed)
+        && (state != Idle || front.is_some());
     match state {
+        // A relaying receiver's RESULTs, before each verdict, one per host.
+        // (Now and then one too many: the session ends.)
+        _ if m.relay_hops > 0
+            && awaited
+            && (m.results <= m.relay_hops || seed % 12 == 1)
+            && seed % 4 == 1 =>
+        {
+            TxAction::ResultLike
+        }
+        // With a token, the hosts after the receiver, before any offer.
+        Idle if m.tag_len > 0 && m.relay_hops == 0 && !m.offered && seed % 3 == 2 => {
+            TxAction::Relay {
+                hops: if seed % 24 == 5 {
+                    MAX_RELAY_HOPS
+                } else {
+                    1 + (seed / 3 % 3) as usize
+                },
+                bad: false,
+            }
+        }
         AwaitChallenge => TxAction::Msg(Message::Challenge(Challenge {
             flags: if seed.is_multiple_of(8) {
                 0
@@ -394,6 +444,7 @@ pub(crate) fn check_sender(
                             );
                         }
                         prop_assert_eq!(s.state(), AwaitRing);
+                        m.offered = true;
                         m.tag = tag;
                         m.tag_at_fin = at_fin;
                         m.have = None;
@@ -483,6 +534,7 @@ pub(crate) fn check_sender(
                             return Err(TestCaseError::fail("start_file gave no HELLO"));
                         };
                         prop_assert!(encode_to_vec(&Message::Hello(h.clone())).is_ok());
+                        m.offered = true;
                         match kind {
                             // -p (keep_mode) sets its flag.
                             OfferKind::File if size % 2 == 1 => {
@@ -543,12 +595,59 @@ pub(crate) fn check_sender(
                     Err(_) => prop_assert_eq!(s.state(), before),
                 }
             }
+            TxAction::Relay { hops, bad } => {
+                let mut list: Vec<String> = (0..hops).map(|i| format!("h{i}:7471")).collect();
+                if bad && let Some(last) = list.last_mut() {
+                    *last = match hops % 3 {
+                        0 => String::new(),
+                        1 => "a b".into(),
+                        _ => "h".repeat(MAX_HOST_LEN + 1),
+                    };
+                }
+                // Once, after the receiver's proof, before any offer, a
+                // list RELAY can carry.
+                let allowed = before == Idle
+                    && proven
+                    && m.relay_hops == 0
+                    && !m.offered
+                    && !bad
+                    && (1..=MAX_RELAY_HOPS).contains(&hops);
+                let result = s.relay(&list);
+                let queued: Vec<Message> = std::iter::from_fn(|| s.poll_transmit()).collect();
+                match result {
+                    Ok(()) => {
+                        prop_assert!(allowed, "RELAY of {} hosts in {:?}", hops, before);
+                        // In order, as few messages as fit a frame each.
+                        let want: Vec<Message> = relay_messages(&list)
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?
+                            .into_iter()
+                            .map(Message::Relay)
+                            .collect();
+                        prop_assert_eq!(queued, want);
+                        m.relay_hops = hops;
+                        TX_RELAY.hit(0);
+                    }
+                    Err(e) => {
+                        prop_assert!(!allowed, "RELAY refused: {}", e);
+                        prop_assert!(queued.is_empty(), "a refused RELAY queued {:?}", queued);
+                    }
+                }
+                prop_assert_eq!(s.state(), before);
+                prop_assert_eq!(s.is_relaying(), m.relay_hops > 0);
+            }
             TxAction::Msg(_)
             | TxAction::CreditLike(_)
             | TxAction::AckLike(_)
-            | TxAction::HaveLike(_) => {
+            | TxAction::HaveLike(_)
+            | TxAction::ResultLike => {
                 let msg = match action {
                     TxAction::Msg(msg) => msg,
+                    TxAction::ResultLike => Message::Result(HopResult::new(
+                        format!("h{}:7471", m.results),
+                        HopVerdict::Ack(AckStatus::Ok),
+                        m.planned,
+                        "",
+                    )),
                     TxAction::CreditLike(k) => {
                         let in_use = m
                             .ring
@@ -572,6 +671,37 @@ pub(crate) fn check_sender(
                 let kind = msg.kind();
                 let sent = msg.clone();
                 let result = s.on_message(msg);
+                // A RESULT is taken only in a relaying session while an
+                // offer awaits its verdict, one per host of the chain.
+                if let Message::Result(r) = &sent {
+                    let awaited = !matches!(before, AwaitChallenge | AwaitAuthOk | Closed)
+                        && (before != Idle || front.is_some());
+                    let taken = m.relay_hops > 0 && awaited && m.results < m.relay_hops + 1;
+                    match &result {
+                        Ok(SenderEvent::HopResult(got)) => {
+                            prop_assert!(taken, "RESULT taken in {:?}", before);
+                            prop_assert_eq!(got, r);
+                            prop_assert_eq!(s.state(), before);
+                            m.results += 1;
+                            TX_RELAY.hit(1);
+                        }
+                        Ok(other) => {
+                            return Err(TestCaseError::fail(format!("RESULT gave {other:?}")));
+                        }
+                        Err(_) => prop_assert!(!taken, "RESULT refused in {:?}", before),
+                    }
+                }
+                // A RESULT before each verdict: the count starts over.
+                if matches!(
+                    result,
+                    Ok(SenderEvent::Rejected(_)
+                        | SenderEvent::Same { .. }
+                        | SenderEvent::Settled(_)
+                        | SenderEvent::Answered { .. }
+                        | SenderEvent::Aborted(_))
+                ) {
+                    m.results = 0;
+                }
                 // One engine decision at a time (src/proto/mod.rs): a HAVE
                 // leaves the machine waiting for the engine's answer
                 // (`start_from` or `compare`), and while it waits no message
@@ -858,6 +988,8 @@ pub(crate) fn check_sender(
                         prop_assert_eq!(&a.reason, &fed.reason);
                         prop_assert_eq!(s.state(), Closed);
                     }
+                    // Checked above.
+                    Ok(SenderEvent::HopResult(_)) => {}
                     Err(e) => {
                         prop_assert_eq!(s.state(), Closed);
                         if let (Message::Challenge(c), AwaitChallenge) = (&sent, before) {
@@ -1206,7 +1338,8 @@ pub(crate) fn machine_sender() {
                 "{} greetings, {} rings granted ({} after a resumed prefix), {} chunks \
                  planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same), \
                  {} batches offered, {} digests asked ({} linked), {} silent receivers, \
-                 {} keepalives due, {} offers settled without data",
+                 {} keepalives due, {} offers settled without data; {} chains relayed, {} \
+                 RESULTs heard",
                 TX.get(4),
                 TX.get(0),
                 TX.get(5),
@@ -1220,7 +1353,9 @@ pub(crate) fn machine_sender() {
                 TX.get(10),
                 TX.get(11),
                 TX.get(12),
-                TX.get(13)
+                TX.get(13),
+                TX_RELAY.get(0),
+                TX_RELAY.get(1)
             )
         },
     );

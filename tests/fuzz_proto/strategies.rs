@@ -142,9 +142,48 @@ pub(crate) fn ring() -> impl Strategy<Value = RingInfo> {
     ]
 }
 
+/// A host as RELAY and RESULT carry it: printable ASCII, 1 to 255
+/// bytes (mostly short).
+pub(crate) fn host() -> impl Strategy<Value = String> {
+    let graphic = proptest::sample::select((b'!'..=b'~').collect::<Vec<u8>>());
+    prop_oneof![
+        4 => proptest::collection::vec(graphic.clone(), 1..24),
+        1 => proptest::collection::vec(graphic, MAX_HOST_LEN..=MAX_HOST_LEN),
+    ]
+    .prop_map(|b| String::from_utf8(b).unwrap_or_default())
+}
+
+/// A RELAY that fits a frame: a few hosts, or hundreds of one-letter
+/// ones (two of those pass MAX_RELAY_HOPS), or a frame's worth of the
+/// longest.
+pub(crate) fn relay() -> impl Strategy<Value = Relay> {
+    prop_oneof![
+        4 => proptest::collection::vec(host(), 1..6),
+        1 => (500usize..700).prop_map(|n| vec!["h".to_string(); n]),
+        1 => (1usize..=15).prop_map(|n| vec!["~".repeat(MAX_HOST_LEN); n]),
+    ]
+    .prop_map(|hops| Relay { hops })
+}
+
+/// One host's verdict, as RESULT carries it.
+pub(crate) fn hop_result() -> impl Strategy<Value = HopResult> {
+    (
+        host(),
+        prop_oneof![
+            ack_status().prop_map(HopVerdict::Ack),
+            reject_code().prop_map(HopVerdict::Reject),
+        ],
+        size(),
+        text(40),
+    )
+        .prop_map(|(host, verdict, bytes, reason)| HopResult::new(host, verdict, bytes, reason))
+}
+
 /// Any message of the protocol, edge values included.
 pub(crate) fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
+        relay().prop_map(Message::Relay),
+        hop_result().prop_map(Message::Result),
         hello().prop_map(Message::Hello),
         ring().prop_map(Message::Mr),
         (reject_code(), text(40))

@@ -503,6 +503,7 @@ fn new_machine<F, W, C>(
         },
         digest_budget: crate::proto::DigestBudget::DEFAULT,
         timeout: cfg.timeout,
+        relay_allowed: cfg.relay,
     };
     let Some(token) = &cfg.token else {
         return Ok(ReceiverSession::carrying(machine_cfg));
