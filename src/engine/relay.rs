@@ -7,14 +7,14 @@
 //! The next host's result, and those of the hosts after it, come back as
 //! `HopResult`s for the receiver's RESULTs.
 
-use crate::engine::{DEFAULT_PORT, Outcome};
 use crate::engine::entries::Entry;
 use crate::engine::report::FileEvent;
 use crate::engine::sender::{SenderConfig, send_entries};
+use crate::engine::{DEFAULT_PORT, Outcome};
 use crate::error::{ExitCode, XferError};
 use crate::proto::{
-    AckStatus, FileOffer, Hello, HopResult, HopVerdict, OfferKind, RejectCode, Token,
-    WhenExisting, escaped, hello_flags,
+    AckStatus, FileOffer, Hello, HopResult, HopVerdict, OfferKind, RejectCode, Token, WhenExisting,
+    escaped, hello_flags,
 };
 use std::io::Write;
 use std::net::SocketAddr;
@@ -131,7 +131,10 @@ impl Forward {
                     crate::engine::stdio::grow_pipe(&input, next.chunk_size as usize);
                     (Ok(Entry::Relayed { offer, input }), Some(writer))
                 }
-                Err(e) => (Err(XferError::io("cannot make the pipe to the next host", e)), None),
+                Err(e) => (
+                    Err(XferError::io("cannot make the pipe to the next host", e)),
+                    None,
+                ),
             }
         };
         let hosts = next.hosts.clone();
@@ -280,7 +283,12 @@ fn result_of(event: FileEvent<'_>, hosts: &[String]) -> Option<HopResult> {
                 _ => AckStatus::Ok,
             };
             let note = r.outcome.ack_note();
-            Some(HopResult::new(host, HopVerdict::Ack(verdict), r.bytes, note))
+            Some(HopResult::new(
+                host,
+                HopVerdict::Ack(verdict),
+                r.bytes,
+                note,
+            ))
         }
         FileEvent::Failed(f) => {
             let host = f.host.clone().or_else(|| hosts.first().cloned())?;
@@ -300,4 +308,3 @@ fn failed(host: &str, exit: ExitCode, code: Option<&str>, reason: &str) -> HopRe
     };
     HopResult::new(host.to_string(), verdict, 0, reason)
 }
-

@@ -48,7 +48,13 @@ fn label(addr: &str, port: u16) -> String {
 
 /// A receiver of the chain with the shared token, listening on `addr`,
 /// passing files on from `source` (the next wire's sending end).
-fn chain_receiver(addr: &str, port: u16, dir: &Path, source: Option<&str>, extra: &[&str]) -> Running {
+fn chain_receiver(
+    addr: &str,
+    port: u16,
+    dir: &Path,
+    source: Option<&str>,
+    extra: &[&str],
+) -> Running {
     let net = Net {
         addr_a: addr.to_string(),
         addr_b: None,
@@ -114,7 +120,13 @@ fn a_file_reaches_two_hosts_by_relay() {
     let file = src.path().join("ckpt.bin");
     make_file(&file, 5 * MIB + 333, 61);
     let port_a = next_port();
-    let _a = chain_receiver(&net.addr_a, port_a, dst_a.path(), Some(&c.upstream_source), &[]);
+    let _a = chain_receiver(
+        &net.addr_a,
+        port_a,
+        dst_a.path(),
+        Some(&c.upstream_source),
+        &[],
+    );
     let _c = chain_receiver(&c.addr, c.port, c.dir.path(), None, &[]);
     let chain = [label(&net.addr_a, port_a), label(&c.addr, c.port)];
     let sent = relay_sender(&net, &chain, &[file], &[]);
@@ -136,7 +148,9 @@ fn a_file_reaches_two_hosts_by_relay() {
 fn a_file_and_a_tree_reach_three_hosts_each_byte_leaving_the_source_once() {
     let Some(net) = rdma_net() else { return };
     let Some([c, d]) = hops() else { return };
-    let Some([_, dev_b]) = own_guest() else { return };
+    let Some([_, dev_b]) = own_guest() else {
+        return;
+    };
     let (src, dst_a) = dirs();
     let file = src.path().join("image.bin");
     let size = 6 * MIB + 17;
@@ -151,7 +165,13 @@ fn a_file_and_a_tree_reach_three_hosts_each_byte_leaving_the_source_once() {
         names.push(rel);
     }
     let port_a = next_port();
-    let _a = chain_receiver(&net.addr_a, port_a, dst_a.path(), Some(&c.upstream_source), &[]);
+    let _a = chain_receiver(
+        &net.addr_a,
+        port_a,
+        dst_a.path(),
+        Some(&c.upstream_source),
+        &[],
+    );
     let _c = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
     let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
     let chain = [
@@ -200,7 +220,13 @@ fn a_file_refused_at_one_host_is_that_hosts_failure_alone() {
     // C has another file under the name, and does not overwrite.
     make_file(&c.dir.path().join("weights.bin"), 1000, 82);
     let port_a = next_port();
-    let _a = chain_receiver(&net.addr_a, port_a, dst_a.path(), Some(&c.upstream_source), &[]);
+    let _a = chain_receiver(
+        &net.addr_a,
+        port_a,
+        dst_a.path(),
+        Some(&c.upstream_source),
+        &[],
+    );
     let _c = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
     let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
     let chain = [
@@ -214,7 +240,9 @@ fn a_file_refused_at_one_host_is_that_hosts_failure_alone() {
     assert_copies(src.path(), dst_a.path(), &["weights.bin"]);
     assert_copies(src.path(), d.dir.path(), &["weights.bin"]);
     assert_eq!(
-        std::fs::metadata(c.dir.path().join("weights.bin")).unwrap().len(),
+        std::fs::metadata(c.dir.path().join("weights.bin"))
+            .unwrap()
+            .len(),
         1000,
         "C's own file was replaced"
     );

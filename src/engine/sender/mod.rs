@@ -16,9 +16,9 @@ mod member;
 mod memory_transfers;
 mod pace;
 mod pump;
-mod relayed;
 #[cfg(test)]
 mod relay_transfers;
+mod relayed;
 #[cfg(test)]
 mod rerun_transfers;
 mod verdicts;

@@ -43,9 +43,13 @@ fn the_last_host_of_a_chain_reports_each_file_as_its_own() {
         t.sender_hosts
     );
     assert!(
-        t.sender_saw
-            .iter()
-            .all(|r| matches!(r, Reported::Done { outcome: Outcome::Stored, .. })),
+        t.sender_saw.iter().all(|r| matches!(
+            r,
+            Reported::Done {
+                outcome: Outcome::Stored,
+                ..
+            }
+        )),
         "{:?}",
         t.sender_saw
     );
@@ -53,10 +57,13 @@ fn the_last_host_of_a_chain_reports_each_file_as_its_own() {
     let again = transfer(&cfg, &rcfg, &[src.path().join("t")], None);
     again.sent.unwrap();
     assert!(
-        again
-            .sender_saw
-            .iter()
-            .all(|r| matches!(r, Reported::Done { outcome: Outcome::Unchanged, .. })),
+        again.sender_saw.iter().all(|r| matches!(
+            r,
+            Reported::Done {
+                outcome: Outcome::Unchanged,
+                ..
+            }
+        )),
         "{:?}",
         again.sender_saw
     );
@@ -87,7 +94,10 @@ fn a_refusal_at_the_last_host_is_its_result() {
         "{:?}",
         t.sender_saw
     );
-    assert_eq!(std::fs::read(dest.path().join("f")).unwrap(), b"another file");
+    assert_eq!(
+        std::fs::read(dest.path().join("f")).unwrap(),
+        b"another file"
+    );
 }
 
 #[test]
@@ -113,8 +123,20 @@ fn a_next_host_that_cannot_be_reached_fails_alone_and_the_rest_are_not_reached()
             .map(|i| &t.sender_saw[i])
             .unwrap_or_else(|| panic!("no report for {host}: {:?}", t.sender_saw))
     };
-    assert!(matches!(at("h1"), Reported::Done { .. }), "{:?}", t.sender_saw);
-    assert!(matches!(at("127.0.0.1:9"), Reported::Failed { .. }), "{:?}", t.sender_saw);
-    assert!(matches!(at("h3"), Reported::Failed { .. }), "{:?}", t.sender_saw);
+    assert!(
+        matches!(at("h1"), Reported::Done { .. }),
+        "{:?}",
+        t.sender_saw
+    );
+    assert!(
+        matches!(at("127.0.0.1:9"), Reported::Failed { .. }),
+        "{:?}",
+        t.sender_saw
+    );
+    assert!(
+        matches!(at("h3"), Reported::Failed { .. }),
+        "{:?}",
+        t.sender_saw
+    );
     assert!(outcome.first_error.is_some());
 }

@@ -3,6 +3,7 @@
 //! digest for --link-dest or --exec; RESUME's HAVE and COMPARE are file
 //! work, `file_work.rs`), and FROM.
 
+use super::relay::OwnVerdict;
 use super::{AwaitingFrom, CompareOf, DigestFor, IncomingFile, Session};
 use crate::engine::Outcome;
 use crate::engine::digest::FileHasher;
@@ -14,7 +15,6 @@ use crate::engine::receiver::storage::temp_file::Resume;
 use crate::engine::receiver::storage::write_behind::WriteBehind;
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::error::XferError;
-use super::relay::OwnVerdict;
 use crate::proto::{
     AckStatus, DigestAlg, Existing, Found, Hello, HopVerdict, Reject, RejectCode, RingInfo,
     Standing, escaped, hello_flags,
@@ -72,7 +72,9 @@ impl Session<'_, '_> {
                         };
                         return self.forward_only(&hello, hello_at, own);
                     }
-                    (_, true) => return self.prepare_and_accept(&hello, hello_at, Resume::No, None, None),
+                    (_, true) => {
+                        return self.prepare_and_accept(&hello, hello_at, Resume::No, None, None);
+                    }
                     (Standing::Stays(status), false) => {
                         self.tell_results(HopVerdict::Ack(status), 0, "")?
                     }
