@@ -39,17 +39,21 @@ pub struct NextHops {
     pub source: Option<std::net::IpAddr>,
 }
 
-/// What forwarding an offer came to: each next host's result, and
-/// whether the next host could not be reached at all (why).
+/// What forwarding an offer came to: each next host's result, and, when
+/// the session to the next host ended without its verdict (it could not
+/// be reached, or was lost mid-file), why: the hosts after it heard
+/// nothing.
 pub struct Forwarded {
     pub results: Vec<HopResult>,
-    pub unreachable: Option<String>,
+    pub lost: Option<String>,
 }
 
 /// One offer on its way to the next hosts: the sender session on its
 /// thread, and for a file the pipe that feeds it.
 pub struct Forward {
     name: String,
+    /// The offer forwarded (a bypass makes it again).
+    hello: Hello,
     pipe: Option<std::io::PipeWriter>,
     session: Option<JoinHandle<Forwarded>>,
     /// Why the bytes stopped going on (the next host's session ended or
@@ -116,27 +120,45 @@ impl Forward {
     /// results.
     pub fn start(next: &NextHops, hello: &Hello) -> Forward {
         let offer = offer_for(hello);
-        let name = offer.name.clone();
-        let (entry, pipe) = if hello.is_directory() {
+        if hello.is_directory() {
             let entry = Entry::Dir {
                 name: offer.name.clone(),
                 mode: offer.mode,
                 mtime: offer.mtime,
             };
-            (Ok(entry), None)
-        } else {
-            match std::io::pipe() {
-                Ok((reader, writer)) => {
-                    let input = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
-                    crate::engine::stdio::grow_pipe(&input, next.chunk_size as usize);
-                    (Ok(Entry::Relayed { offer, input }), Some(writer))
-                }
-                Err(e) => (
-                    Err(XferError::io("cannot make the pipe to the next host", e)),
-                    None,
-                ),
+            return Forward::spawn(next, hello, Ok(entry), None);
+        }
+        match std::io::pipe() {
+            Ok((reader, writer)) => {
+                let input = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
+                crate::engine::stdio::grow_pipe(&input, next.chunk_size as usize);
+                let entry = Entry::Relayed { offer, input };
+                Forward::spawn(next, hello, Ok(entry), Some(writer))
             }
+            Err(e) => {
+                let e = XferError::io("cannot make the pipe to the next host", e);
+                Forward::spawn(next, hello, Err(e), None)
+            }
+        }
+    }
+
+    /// Sends `hello`'s file to the next hosts from `copy`, this host's own
+    /// (a host after one lost mid-file gets it so).
+    pub fn from_copy(next: &NextHops, hello: &Hello, copy: std::fs::File) -> Forward {
+        let entry = Entry::Relayed {
+            offer: offer_for(hello),
+            input: copy,
         };
+        Forward::spawn(next, hello, Ok(entry), None)
+    }
+
+    fn spawn(
+        next: &NextHops,
+        hello: &Hello,
+        entry: Result<Entry, XferError>,
+        pipe: Option<std::io::PipeWriter>,
+    ) -> Forward {
+        let name = hello.name.clone();
         let hosts = next.hosts.clone();
         let cfg = hop_config(next, hello);
         let session = std::thread::Builder::new()
@@ -145,12 +167,13 @@ impl Forward {
                 (Ok(entry), Ok(cfg)) => forward_one(&cfg, entry, &hosts),
                 (Err(e), _) | (_, Err(e)) => Forwarded {
                     results: not_reached(&hosts, &e),
-                    unreachable: None,
+                    lost: None,
                 },
             });
         match session {
             Ok(handle) => Forward {
                 name,
+                hello: hello.clone(),
                 pipe,
                 session: Some(handle),
                 stopped: None,
@@ -159,12 +182,18 @@ impl Forward {
                 warn!("cannot start the relay to the next host: {e}");
                 Forward {
                     name,
+                    hello: hello.clone(),
                     pipe: None,
                     session: None,
                     stopped: Some(format!("cannot start the relay thread: {e}")),
                 }
             }
         }
+    }
+
+    /// The offer this forwards.
+    pub fn hello(&self) -> &Hello {
+        &self.hello
     }
 
     /// Passes checked bytes on. A next host that is gone (its session
@@ -186,7 +215,7 @@ impl Forward {
         self.pipe = None;
         let lost = |why: String| Forwarded {
             results: not_reached(hosts, &XferError::Internal(why)),
-            unreachable: None,
+            lost: None,
         };
         match self.session.take().map(JoinHandle::join) {
             Some(Ok(forwarded)) => forwarded,
@@ -238,9 +267,10 @@ fn forward_one(cfg: &SenderConfig, entry: Entry, hosts: &[String]) -> Forwarded 
         Ok(outcome) => outcome.first_error,
         Err(e) => Some(e),
     };
-    // Nothing heard from anyone: the next host was not there.
-    let unreachable = match &ended {
-        Some(e) if results.is_empty() && e.exit_code() == ExitCode::CannotConnect => {
+    // The session to the next host ended by the connection (it could not
+    // be reached, or went away): what the hosts after it heard is unknown.
+    let lost = match &ended {
+        Some(e) if e.is_transient() || e.exit_code() == ExitCode::CannotConnect => {
             Some(e.to_string())
         }
         _ => None,
@@ -256,10 +286,7 @@ fn forward_one(cfg: &SenderConfig, entry: Entry, hosts: &[String]) -> Forwarded 
             Some(e) => failed(host, e.exit_code(), e.reason_code(), &e.to_string()),
         });
     }
-    Forwarded {
-        results,
-        unreachable,
-    }
+    Forwarded { results, lost }
 }
 
 /// Each of `hosts` failed for `e` (the chain broke before them).

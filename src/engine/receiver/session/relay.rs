@@ -25,9 +25,9 @@ pub(super) struct Relay {
     /// Results of the hosts after this one for the current offer, sent
     /// after this host's own.
     relayed: Vec<HopResult>,
-    /// The next host could not be reached for an earlier offer: later
-    /// offers do not wait for it again.
-    unreachable: Option<String>,
+    /// The next host was lost (could not be reached, or went away) for an
+    /// earlier offer, and why: later offers go to the hosts after it.
+    lost: Option<String>,
 }
 
 /// What an offer this host does not keep is forwarded with: its own
@@ -50,7 +50,7 @@ impl Session<'_, '_> {
                     own,
                     next: hops.collect(),
                     relayed: Vec::new(),
-                    unreachable: None,
+                    lost: None,
                 });
             }
         }
@@ -87,32 +87,70 @@ impl Session<'_, '_> {
     }
 
     /// Starts forwarding the current offer to the next hosts (none: not
-    /// in a chain, or the last host).
+    /// in a chain, or the last host). Past a next host lost earlier in
+    /// the session, to the hosts after it (the route choosing the device).
     pub(super) fn forward(&mut self, hello: &Hello) -> Option<Forward> {
         let next = self.next_hops()?;
-        if let Some(why) = self.relay.as_ref().and_then(|r| r.unreachable.clone()) {
-            // Said for each offer without waiting for the host again.
-            let e = XferError::PeerLost(why);
-            self.take_relayed(crate::engine::relay::not_reached(&next.hosts, &e));
-            return None;
-        }
-        Some(Forward::start(&next, hello))
+        let Some(why) = self.relay.as_ref().and_then(|r| r.lost.clone()) else {
+            return Some(Forward::start(&next, hello));
+        };
+        let gone = HopResult::new(
+            next.hosts[0].clone(),
+            HopVerdict::Ack(AckStatus::Io),
+            0,
+            format!("lost earlier in this session: {why}"),
+        );
+        self.take_relayed(vec![gone]);
+        let past = past_the_next(next)?;
+        Some(Forward::start(&past, hello))
     }
 
     /// The next hosts' results, once the current offer's forwarding is
-    /// over: kept until this host's own verdict is told.
-    pub(super) fn forwarded(&mut self, forward: Forward) {
+    /// over: kept until this host's own verdict is told. Whether the next
+    /// host was lost on the way (the hosts after it heard nothing).
+    pub(super) fn forwarded(&mut self, forward: Forward) -> bool {
         let Some(next) = self.next_hops() else {
+            return false;
+        };
+        let bypassing = self.relay.as_ref().is_some_and(|r| r.lost.is_some());
+        let hosts = match bypassing {
+            true => next.hosts[1..].to_vec(),
+            false => next.hosts,
+        };
+        let forwarded = forward.finish(&hosts);
+        let lost = !bypassing && forwarded.lost.is_some();
+        if let (Some(why), Some(relay), false) = (forwarded.lost, self.relay.as_mut(), bypassing) {
+            warn!(
+                host = %escaped(&hosts[0]),
+                "the next host of the chain is lost: {why}; the hosts after it get the files from here"
+            );
+            relay.lost = Some(why);
+        }
+        self.take_relayed(forwarded.results);
+        lost
+    }
+
+    /// The next host was lost while this host received `hello`'s file,
+    /// which it keeps: the hosts after the lost one get it from this
+    /// host's copy, now, and their results replace "not reached".
+    pub(super) fn bypass(&mut self, hello: &Hello) {
+        let Some(past) = self.next_hops().and_then(past_the_next) else {
             return;
         };
-        let forwarded = forward.finish(&next.hosts);
-        // A next host that could not be reached at all is not tried again
-        // for every offer of the session.
-        if let (Some(why), Some(relay)) = (forwarded.unreachable, self.relay.as_mut()) {
-            relay.unreachable = Some(format!("not reached earlier in this session: {why}"));
+        let (_, Some(copy)) = self.store.existing(hello) else {
+            warn!(file = %escaped(&hello.name), "cannot read this host's copy to pass it on");
+            return;
+        };
+        info!(
+            file = %escaped(&hello.name),
+            hosts = past.hosts.len(),
+            "passing this host's copy on past the lost host"
+        );
+        let again = Forward::from_copy(&past, hello, copy).finish(&past.hosts);
+        if let Some(relay) = self.relay.as_mut() {
+            relay.relayed.retain(|r| !past.hosts.contains(&r.host));
+            relay.relayed.extend(again.results);
         }
-        let results = forwarded.results;
-        self.take_relayed(results);
     }
 
     fn take_relayed(&mut self, results: Vec<HopResult>) {
@@ -243,8 +281,12 @@ impl Session<'_, '_> {
         status: AckStatus,
         reason: String,
     ) -> Result<(AckStatus, String), XferError> {
+        let mut lost = None;
         if let Some(forward) = file.forward.take() {
-            self.forwarded(forward);
+            let hello = forward.hello().clone();
+            if self.forwarded(forward) {
+                lost = Some(hello);
+            }
         }
         match file.own.take() {
             Some(own) => {
@@ -252,9 +294,26 @@ impl Session<'_, '_> {
                 Ok((status, "relayed".into()))
             }
             None => {
+                // A file kept here goes on past a next host lost mid-file.
+                if let Some(hello) = lost.filter(|_| status == AckStatus::Ok && file.sink.is_temp_file()) {
+                    self.bypass(&hello);
+                }
                 self.tell_results(HopVerdict::Ack(status), file.written, &reason)?;
                 Ok((status, reason))
             }
         }
     }
+}
+
+/// The hosts after the next one, reached by the route (the next host's
+/// `--relay-source` may not reach them); None when there are none.
+fn past_the_next(next: NextHops) -> Option<NextHops> {
+    if next.hosts.len() < 2 {
+        return None;
+    }
+    Some(NextHops {
+        hosts: next.hosts[1..].to_vec(),
+        source: None,
+        ..next
+    })
 }
