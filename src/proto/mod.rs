@@ -339,7 +339,9 @@ mod tests {
     //! Drives a SenderSession and a ReceiverSession against each other through the
     //! codec, with a simulated ring that the sender writes as early as possible.
     //! Sessions mix files, streams and directories, and half of them pipeline
-    //! (offer the next entry before the previous one is answered).
+    //! (offer the next entry before the previous one is answered). Most
+    //! sessions with a token relay: RELAY before the first offer, and every
+    //! host's RESULT before each verdict, some while a stream's data comes.
 
     use std::collections::VecDeque;
 
@@ -417,9 +419,49 @@ mod tests {
         sealed: usize,
         /// Chunks whose tag the receiver's placement checked.
         tagged: usize,
+        /// Hosts after the receiver in this session's relay chain (0: it
+        /// relays nothing), and the decisions about its RESULTs.
+        relay_hops: usize,
+        relay_rng: Rng,
+        /// The hosts the receiver was told (RELAY).
+        relay_heard: Vec<String>,
+        /// RESULTs the receiver still owes the open offer.
+        to_push: usize,
+        /// RESULTs the sender heard for the oldest unanswered offer, and
+        /// in all.
+        results_seen: usize,
+        results_total: usize,
+    }
+
+    fn chain(hops: usize) -> Vec<String> {
+        (0..hops).map(|k| format!("hop{k}:7471")).collect()
     }
 
     impl Sim {
+        /// The receiver's engine queues `n` more of the open offer's
+        /// RESULTs (each host's, this receiver's first).
+        fn push_results(&mut self, n: usize) {
+            for _ in 0..n.min(self.to_push) {
+                let host = self.relay_hops + 1 - self.to_push;
+                let result =
+                    HopResult::new(format!("host{host}"), HopVerdict::Ack(AckStatus::Ok), 0, "");
+                self.r.push_result(result).unwrap();
+                self.to_push -= 1;
+            }
+        }
+
+        /// A verdict reached the sender: every host's RESULT came first.
+        fn verdict_heard(&mut self) {
+            if self.relay_hops > 0 {
+                assert_eq!(
+                    self.results_seen,
+                    self.relay_hops + 1,
+                    "RESULTs before a verdict"
+                );
+            }
+            self.results_seen = 0;
+        }
+
         fn send_s(&mut self, m: &Message) {
             let mut b = encode_to_vec(m).unwrap();
             if let Some(c) = self.s_channel.as_mut() {
@@ -610,6 +652,17 @@ mod tests {
                         let i = self.offered.pop_front().expect("an offered entry");
                         assert_eq!(h.name, format!("e/{i}"));
                         let refuse = self.rng.below(5) == 0;
+                        // A relaying receiver owes each host's RESULT: some
+                        // now, all before a verdict (a stream's may wait
+                        // for its data).
+                        if self.relay_hops > 0 {
+                            self.to_push = self.relay_hops + 1;
+                            let now = self.relay_rng.below(self.to_push as u64 + 1) as usize;
+                            self.push_results(now);
+                        }
+                        if refuse || !h.is_stream() {
+                            self.push_results(self.to_push);
+                        }
                         match (&self.entries[i], refuse) {
                             (_, true) => self.r.reject(RejectCode::Exists, h.name).unwrap(),
                             (SimEntry::Dir, false) => {
@@ -659,7 +712,10 @@ mod tests {
                         }
                         self.r_channel = Some(channel);
                     }
-                    ReceiverEvent::Relay(hops) => panic!("RELAY never sent: {hops:?}"),
+                    ReceiverEvent::Relay(hops) => {
+                        assert!(self.relay_hops > 0, "RELAY never sent: {hops:?}");
+                        self.relay_heard.extend(hops);
+                    }
                     ReceiverEvent::Closed | ReceiverEvent::Keepalive => {}
                 },
             }
@@ -688,6 +744,9 @@ mod tests {
                 "placements not contiguous"
             );
             self.out.extend_from_slice(bytes);
+            if self.to_push > 0 && self.relay_rng.below(3) == 0 {
+                self.push_results(1);
+            }
             self.r.chunk_done();
             self.transmit_r();
         }
@@ -703,6 +762,7 @@ mod tests {
                 "placements must cover [0,size)"
             );
             self.delivered.push(i);
+            self.push_results(self.to_push);
             self.r.complete(AckStatus::Ok, String::new()).unwrap();
             self.transmit_r();
         }
@@ -713,7 +773,20 @@ mod tests {
             };
             match self.s.on_message(open(&mut self.s_channel, &b)).unwrap() {
                 SenderEvent::Greeted(_) => self.transmit_s(),
-                SenderEvent::Authenticated(channel) => self.s_channel = Some(channel),
+                SenderEvent::Authenticated(channel) => {
+                    self.s_channel = Some(channel);
+                    // The chain goes before any offer.
+                    if self.relay_hops > 0 {
+                        self.s.relay(&chain(self.relay_hops)).unwrap();
+                        self.transmit_s();
+                    }
+                }
+                SenderEvent::HopResult(r) => {
+                    self.results_seen += 1;
+                    self.results_total += 1;
+                    assert!(self.results_seen <= self.relay_hops + 1, "{r:?}");
+                    assert_eq!(r.host, format!("host{}", self.results_seen - 1));
+                }
                 SenderEvent::Ring(r) => {
                     assert_eq!(r, self.ring);
                     assert!(self.awaiting.is_empty(), "MR before earlier verdicts");
@@ -723,6 +796,7 @@ mod tests {
                 SenderEvent::Keepalive => panic!("KEEPALIVE without a resumed prefix"),
                 SenderEvent::Same { ack, .. } => panic!("ACK of a COMPARE never sent: {ack:?}"),
                 SenderEvent::Settled(a) => {
+                    self.verdict_heard();
                     assert_eq!(a.status, AckStatus::Unchanged);
                     assert!(self.awaiting.is_empty(), "ACK before earlier verdicts");
                     let i = self.sending.take().expect("an unchanged offer");
@@ -730,6 +804,7 @@ mod tests {
                     self.unchanged += 1;
                 }
                 SenderEvent::Rejected(_) => {
+                    self.verdict_heard();
                     assert!(self.awaiting.is_empty(), "REJECT before earlier verdicts");
                     self.sending.take().expect("a rejected offer");
                     self.rejected += 1;
@@ -739,6 +814,7 @@ mod tests {
                     entry,
                     verdict,
                 } => {
+                    self.verdict_heard();
                     let i = self.awaiting.pop_front().expect("a pending entry");
                     assert_eq!(tag, 1000 + i as u64, "the verdict names its entry");
                     let dir = matches!(self.entries[i], SimEntry::Dir);
@@ -759,7 +835,6 @@ mod tests {
                     }
                 }
                 SenderEvent::Aborted(a) => panic!("aborted: {a:?}"),
-                SenderEvent::HopResult(r) => panic!("RESULT without RELAY: {r:?}"),
             }
         }
     }
@@ -773,6 +848,7 @@ mod tests {
         let mut deepest = 0;
         let mut streams = 0;
         let mut tagged = 0;
+        let mut results = 0;
         for round in 0..400 {
             let slot_size = 1 + rng.below(200) as u32;
             let slot_count = 1 + rng.below(8) as u32;
@@ -822,7 +898,7 @@ mod tests {
                 names: NameRules::DEFAULT,
                 digest_budget: DigestBudget::DEFAULT,
                 timeout: std::time::Duration::from_secs(30),
-                relay_allowed: false,
+                relay_allowed: true,
             };
             let token = Token::new(b"sim".to_vec()).unwrap();
             let conn = ConnectionId {
@@ -876,6 +952,13 @@ mod tests {
                 r_channel: None,
                 sealed: 0,
                 tagged: 0,
+                // Sessions with a token relay to 0 to 3 hosts.
+                relay_hops: if authenticated { round as usize % 4 } else { 0 },
+                relay_rng: Rng(u64::from(round) * 7919 + 1),
+                relay_heard: Vec::new(),
+                to_push: 0,
+                results_seen: 0,
+                results_total: 0,
             };
             let greeting = sim.r.poll_transmit().expect("the CHALLENGE comes first");
             assert!(matches!(greeting, Message::Challenge(_)));
@@ -908,7 +991,12 @@ mod tests {
             if !authenticated {
                 assert_eq!(sim.tagged, 0);
             }
+            assert_eq!(sim.relay_heard, chain(sim.relay_hops));
+            assert_eq!(sim.s.is_relaying(), sim.relay_hops > 0);
+            assert_eq!(sim.to_push, 0);
+            results += sim.results_total;
         }
+        assert!(results > 1000, "{results} RESULTs heard");
         assert!(total_entries > 1000 && total_rejected > 50 && total_rejected < total_entries / 2);
         assert!(deepest >= 4, "pipelining barely exercised: depth {deepest}");
         assert!(total_unchanged > 50, "unchanged files: {total_unchanged}");

@@ -736,9 +736,9 @@ fn check_host_bytes(field: &'static str, host: &[u8]) -> Result<(), WireError> {
     Ok(())
 }
 
-/// `hops` as few RELAY messages as each fit a frame ([`MAX_MESSAGE`]
-/// sealed), in order. Refuses an empty list, more than
-/// [`MAX_RELAY_HOPS`] hosts and any host [`check_host`] refuses.
+/// Splits `hops` into as few RELAY messages as fit a frame each (within
+/// [`MAX_MESSAGE`] once sealed), in order. Refuses an empty list, more
+/// than [`MAX_RELAY_HOPS`] hosts and any host [`check_host`] refuses.
 pub fn relay_messages(hops: &[String]) -> Result<Vec<Relay>, WireError> {
     if hops.is_empty() {
         return Err(WireError::NoHops);

@@ -33,6 +33,14 @@
 //!   session, saying what was awaited; a KEEPALIVE only while a stream
 //!   waits for its input or a file is read for a HAVE. A HAVE waits for
 //!   the engine's `start_from` or `compare`: no HAVE or MR meanwhile.
+//! - Relay chains (protocol 7), in both machine properties: RELAY and
+//!   RESULT come as the peer's input in every state; the receiver takes a
+//!   RELAY only from an authenticated sender before its first offer,
+//!   within MAX_RELAY_HOPS, when it relays (else one reply, the session
+//!   over), and the sender a RESULT only after its own `relay`, while an
+//!   offer awaits its verdict, one per host of the chain per offer. The
+//!   engines' `relay` and `push_result` are called anywhere: a misuse
+//!   never panics and queues nothing.
 //! - `decode_sealed`: sealed control messages (protocol 3) through a
 //!   sender/receiver channel pair, delivered in order, replayed, reordered,
 //!   dropped, bit-flipped, truncated, extended or reflected: exactly the
