@@ -263,3 +263,63 @@ fn a_file_refused_at_one_host_is_that_hosts_failure_alone() {
         sent.stderr
     );
 }
+
+#[test]
+fn the_middle_host_killed_mid_file_leaves_the_last_host_complete() {
+    let Some(net) = rdma_net() else { return };
+    let Some([c, d]) = hops() else { return };
+    let (src, dst_a) = dirs();
+    let file = src.path().join("shard.bin");
+    make_file(&file, 16 * MIB + 9, 91);
+    let port_a = next_port();
+    let _a = chain_receiver(
+        &net.addr_a,
+        port_a,
+        dst_a.path(),
+        Some(&c.upstream_source),
+        &[],
+    );
+    let mut c_host = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
+    let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
+    let chain = [
+        label(&net.addr_a, port_a),
+        label(&c.addr, c.port),
+        label(&d.addr, d.port),
+    ];
+    // Paced at the source (4 MiB/s): C is killed with a few MiB in.
+    let mut cmd = std::process::Command::new(sender_bin());
+    cmd.arg("-v").env_remove("RDMA_XFER_ACK_TIMEOUT");
+    if let Some(b) = &net.addr_b {
+        cmd.args(["--source", b]);
+    }
+    cmd.args(token_args())
+        .args(["--json", "--bwlimit", "4M", "--relay", &chain.join(",")])
+        .arg(&file);
+    token_env(&mut cmd, None);
+    let sending = Running::spawn("sender", cmd);
+    wait_for_partial_file(c.dir.path(), 3 * MIB);
+    c_host.signal("KILL");
+    let sent = sending.wait(Duration::from_secs(300));
+    // The exit status is C's failure; A and D have the file, verified.
+    assert_ne!(sent.code(), 0, "{}", sent.transcript());
+    assert_copies(src.path(), dst_a.path(), &["shard.bin"]);
+    assert_copies(src.path(), d.dir.path(), &["shard.bin"]);
+    let got = records(&sent);
+    let status_at = |host: &String| {
+        got.iter()
+            .find(|(h, n, _)| h == host && n == "shard.bin")
+            .map(|(_, _, s)| s.clone())
+            .unwrap_or_else(|| panic!("no record for {host}:\n{}", sent.transcript()))
+    };
+    assert_eq!(status_at(&chain[0]), "ok", "{}", sent.transcript());
+    assert_eq!(status_at(&chain[2]), "ok", "{}", sent.transcript());
+    assert_ne!(status_at(&chain[1]), "ok", "{}", sent.transcript());
+    assert!(
+        sent.stderr
+            .lines()
+            .any(|l| l.contains("error") && l.contains(&chain[1])),
+        "the failure does not name {}:\n{}",
+        chain[1],
+        sent.stderr
+    );
+}

@@ -295,7 +295,9 @@ impl Session<'_, '_> {
             }
             None => {
                 // A file kept here goes on past a next host lost mid-file.
-                if let Some(hello) = lost.filter(|_| status == AckStatus::Ok && file.sink.is_temp_file()) {
+                if let Some(hello) =
+                    lost.filter(|_| status == AckStatus::Ok && file.sink.is_temp_file())
+                {
                     self.bypass(&hello);
                 }
                 self.tell_results(HopVerdict::Ack(status), file.written, &reason)?;
