@@ -251,6 +251,19 @@ fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError>
     cfg.verify = hello.digest;
     cfg.walk.preserve = hello.caps & hello_flags::KEEP_MODE != 0;
     cfg.relay = next.hosts.clone();
+    // Staging for what the offer needs: a small file or a directory does
+    // not register the whole depth (each forwarded entry has a session of
+    // its own).
+    if !hello.is_stream() {
+        let chunk = u64::from(cfg.chunk_size);
+        let chunks = hello.size.div_ceil(chunk).max(1);
+        cfg.depth = cfg.depth.min(u32::try_from(chunks).unwrap_or(u32::MAX));
+        if hello.size < chunk {
+            let page = 4096;
+            cfg.chunk_size =
+                u32::try_from(hello.size.div_ceil(page).max(1) * page).unwrap_or(cfg.chunk_size);
+        }
+    }
     Ok(cfg)
 }
 
@@ -333,5 +346,63 @@ fn failed(host: &str, exit: ExitCode, code: Option<&str>, reason: &str) -> HopRe
         (None, ExitCode::Integrity) => HopVerdict::Ack(AckStatus::Integrity),
         (None, _) => HopVerdict::Ack(AckStatus::Io),
     };
+    // The sender words the verdict itself ("rejected by the receiver
+    // (file exists): ..."): the reason goes without the words it was
+    // reported with here, so they are not said twice.
+    let said = match verdict {
+        HopVerdict::Reject(code) => XferError::Rejected {
+            code: Some(code),
+            reason: String::new(),
+        }
+        .to_string(),
+        HopVerdict::Ack(AckStatus::Integrity) => "the receiver reports: ".to_string(),
+        HopVerdict::Ack(_) => XferError::PeerIo(String::new()).to_string(),
+    };
+    let reason = reason.strip_prefix(said.as_str()).unwrap_or(reason);
     HopResult::new(host.to_string(), verdict, 0, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hosts_failure_keeps_its_code_and_is_not_worded_twice() {
+        let e = XferError::Rejected {
+            code: Some(RejectCode::Exists),
+            reason: "f already exists".into(),
+        };
+        let r = failed("h", e.exit_code(), e.reason_code(), &e.to_string());
+        assert_eq!(r.verdict, HopVerdict::Reject(RejectCode::Exists));
+        assert_eq!(r.reason, "f already exists");
+        let io = XferError::PeerIo("disk full".into());
+        let r = failed("h", io.exit_code(), io.reason_code(), &io.to_string());
+        assert_eq!(r.verdict, HopVerdict::Ack(AckStatus::Io));
+        assert_eq!(r.reason, "disk full");
+        let lost = XferError::PeerLost("gone".into());
+        let r = failed("h", lost.exit_code(), lost.reason_code(), &lost.to_string());
+        assert_eq!(r.verdict, HopVerdict::Ack(AckStatus::Io));
+        assert_eq!(r.reason, lost.to_string());
+    }
+
+    #[test]
+    fn hop_names_resolve_with_the_default_port() {
+        assert_eq!(
+            resolve("10.0.0.1").unwrap(),
+            "10.0.0.1:7471".parse().unwrap()
+        );
+        assert_eq!(
+            resolve("10.0.0.1:9").unwrap(),
+            "10.0.0.1:9".parse().unwrap()
+        );
+        assert_eq!(
+            resolve("fe80::1").unwrap(),
+            "[fe80::1]:7471".parse().unwrap()
+        );
+        assert_eq!(
+            resolve("[fe80::1]:9").unwrap(),
+            "[fe80::1]:9".parse().unwrap()
+        );
+        assert_eq!(resolve("localhost:9").unwrap().port(), 9);
+    }
 }
