@@ -279,7 +279,7 @@ fn the_middle_host_killed_mid_file_leaves_the_last_host_complete() {
         Some(&c.upstream_source),
         &[],
     );
-    let mut c_host = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
+    let c_host = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
     let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
     let chain = [
         label(&net.addr_a, port_a),
