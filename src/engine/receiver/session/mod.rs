@@ -75,6 +75,46 @@ pub(super) struct IncomingFile {
     own: Option<relay::OwnVerdict>,
 }
 
+impl IncomingFile {
+    /// An offer's bookkeeping from its HELLO at `hello_at` (after
+    /// `connect`), its bytes going into `sink`, reported to `progress`.
+    fn accepted(
+        name: String,
+        size: u64,
+        digest_alg: DigestAlg,
+        sink: Sink,
+        span: tracing::Span,
+        (hello_at, connect): (Instant, Duration),
+        progress: Box<dyn FileProgress>,
+    ) -> Self {
+        IncomingFile {
+            name,
+            size,
+            digest_alg,
+            sink,
+            mode: 0,
+            mtime: None,
+            hasher: FileHasher::new(digest_alg),
+            written: 0,
+            resumed_from: 0,
+            started: hello_at,
+            span,
+            phases: Phases {
+                connect,
+                mr_exchange: hello_at.elapsed(),
+                ..Phases::default()
+            },
+            data_started: Instant::now(),
+            check_time: Duration::ZERO,
+            write_time: Duration::ZERO,
+            progress,
+            writer: None,
+            forward: None,
+            own: None,
+        }
+    }
+}
+
 struct Session<'a, 's> {
     cfg: &'a ReceiverConfig,
     /// Whether the sender got a session slot, or must prove the token first.

@@ -234,34 +234,21 @@ impl Session<'_, '_> {
             members.first().map_or("", |h| h.name.as_str())
         );
         let digest_alg = members.first().map_or(DigestAlg::Crc32, |h| h.digest);
-        let file = IncomingFile {
-            span: error_span!("batch", files = members.len(), size = total),
-            progress: self
-                .cfg
-                .progress
-                .batch_started(&name, total, members.len() as u64),
+        let span = error_span!("batch", files = members.len(), size = total);
+        let progress = self
+            .cfg
+            .progress
+            .batch_started(&name, total, members.len() as u64);
+        let sink = Sink::Batch(Box::new(batch));
+        let file = IncomingFile::accepted(
             name,
-            size: total,
+            total,
             digest_alg,
-            sink: Sink::Batch(Box::new(batch)),
-            mode: 0,
-            mtime: None,
-            hasher: FileHasher::new(digest_alg),
-            written: 0,
-            resumed_from: 0,
-            started: hello_at,
-            phases: Phases {
-                connect: self.connect_time,
-                mr_exchange: hello_at.elapsed(),
-                ..Phases::default()
-            },
-            data_started: Instant::now(),
-            check_time: Duration::ZERO,
-            write_time: Duration::ZERO,
-            writer: None,
-            forward: None,
-            own: None,
-        };
+            sink,
+            span,
+            (hello_at, self.connect_time),
+            progress,
+        );
         self.machine.accept(ring, file).map_err(XferError::from)?;
         Ok(())
     }

@@ -6,13 +6,11 @@
 //! still get it.
 
 use super::{IncomingFile, Session};
-use crate::engine::digest::FileHasher;
 use crate::engine::receiver::storage::sink::Sink;
 use crate::engine::relay::{Forward, NextHops};
-use crate::engine::report::Phases;
 use crate::error::XferError;
 use crate::proto::{AckStatus, Hello, HopResult, HopVerdict, Reject, escaped};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::{info, warn};
 
 /// This host's place in a relay chain.
@@ -210,31 +208,19 @@ impl Session<'_, '_> {
                 status.as_str()
             ),
         }
-        let file = IncomingFile {
-            name: hello.name.clone(),
-            size: hello.size,
-            digest_alg: hello.digest,
-            sink: Sink::Discard,
-            mode: hello.mode,
-            mtime: hello.mtime,
-            hasher: FileHasher::new(hello.digest),
-            written: 0,
-            resumed_from: 0,
-            started: hello_at,
-            span: tracing::error_span!("file", file = %escaped(&hello.name), size = hello.size),
-            phases: Phases {
-                connect: self.connect_time,
-                mr_exchange: hello_at.elapsed(),
-                ..Phases::default()
-            },
-            data_started: Instant::now(),
-            check_time: Duration::ZERO,
-            write_time: Duration::ZERO,
-            progress: self.cfg.progress.file_started(&hello.name, hello.size),
-            writer: None,
-            forward,
-            own: Some(own),
-        };
+        let span = tracing::error_span!("file", file = %escaped(&hello.name), size = hello.size);
+        let progress = self.cfg.progress.file_started(&hello.name, hello.size);
+        let mut file = IncomingFile::accepted(
+            hello.name.clone(),
+            hello.size,
+            hello.digest,
+            Sink::Discard,
+            span,
+            (hello_at, self.connect_time),
+            progress,
+        );
+        file.forward = forward;
+        file.own = Some(own);
         self.machine.accept(ring, file)?;
         Ok(())
     }
