@@ -86,9 +86,12 @@ pub enum Entry {
     /// What a relay hop passes on: the offer it took, made again for the
     /// next host, its bytes read from `input` (the pipe the hop's
     /// receiver writes them into as it checks them) until its end.
+    /// Its end is the file's only once `whole` is set: the hop's own
+    /// checks of it passed.
     Relayed {
         offer: crate::proto::FileOffer,
         input: File,
+        whole: std::sync::Arc<std::sync::atomic::AtomicBool>,
     },
 }
 

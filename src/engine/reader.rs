@@ -21,8 +21,14 @@ use std::time::{Duration, Instant};
 pub enum Input {
     /// A file of known size, read by offset from 0.
     File { file: File, size: u64 },
-    /// A stream (standard input) read until end of file.
-    Stream(File),
+    /// A stream (standard input) read until end of file. With `whole`,
+    /// the end of file is the stream's end only once `whole` is set (a
+    /// relay hop sets it after its own checks passed); before, the
+    /// stream was abandoned and its end fails the read.
+    Stream {
+        file: File,
+        whole: Option<std::sync::Arc<AtomicBool>>,
+    },
     /// The files of a batch, read back to back as one file.
     Batch(Vec<BatchFile>),
 }
@@ -95,7 +101,7 @@ impl Reader<'_> {
             let resume = job.resume.take();
             let going_on = match &job.input {
                 Input::File { file, size } => self.read_file(&job, file, *size, resume),
-                Input::Stream(file) => self.read_stream(&job, file),
+                Input::Stream { file, whole } => self.read_stream(&job, file, whole.as_deref()),
                 Input::Batch(files) => self.read_batch(&job, files),
             };
             if !going_on {
@@ -222,7 +228,7 @@ impl Reader<'_> {
     /// Reads a stream to its end: every slot is filled completely (pipes
     /// deliver short reads) unless the end comes first. Returns false when
     /// the session is going away.
-    fn read_stream(&mut self, job: &ReadJob, mut file: &File) -> bool {
+    fn read_stream(&mut self, job: &ReadJob, mut file: &File, whole: Option<&AtomicBool>) -> bool {
         let mut hasher = FileHasher::new(job.digest);
         let mut total = 0u64;
         loop {
@@ -310,6 +316,16 @@ impl Reader<'_> {
                 self.spare = Some(token);
             }
             if eof {
+                if whole.is_some_and(|w| !w.load(Ordering::SeqCst)) {
+                    let _ = self.out.send(ReaderMsg::Failed(
+                        format!("{} was abandoned", job.name),
+                        std::io::Error::other(
+                            "the host before this one did not receive it whole: nothing of it is \
+                             kept",
+                        ),
+                    ));
+                    return true;
+                }
                 return self
                     .out
                     .send(ReaderMsg::Done(hasher.finish(), Vec::new()))

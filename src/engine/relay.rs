@@ -18,6 +18,8 @@ use crate::proto::{
 };
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tracing::{debug, warn};
@@ -55,6 +57,9 @@ pub struct Forward {
     /// The offer forwarded (a bypass makes it again).
     hello: Hello,
     pipe: Option<std::io::PipeWriter>,
+    /// Set once this host's own checks of the file passed (`finish`):
+    /// until then the pipe's end is the file abandoned, never its end.
+    whole: Option<Arc<AtomicBool>>,
     session: Option<JoinHandle<Forwarded>>,
     /// Why the bytes stopped going on (the next host's session ended or
     /// stalled), said once.
@@ -132,8 +137,13 @@ impl Forward {
             Ok((reader, writer)) => {
                 let input = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
                 crate::engine::stdio::grow_pipe(&input, next.chunk_size as usize);
-                let entry = Entry::Relayed { offer, input };
-                Forward::spawn(next, hello, Ok(entry), Some(writer))
+                let whole = Arc::new(AtomicBool::new(false));
+                let entry = Entry::Relayed {
+                    offer,
+                    input,
+                    whole: whole.clone(),
+                };
+                Forward::spawn(next, hello, Ok(entry), Some((writer, whole)))
             }
             Err(e) => {
                 let e = XferError::io("cannot make the pipe to the next host", e);
@@ -145,9 +155,11 @@ impl Forward {
     /// Sends `hello`'s file to the next hosts from `copy`, this host's own
     /// (a host after one lost mid-file gets it so).
     pub fn from_copy(next: &NextHops, hello: &Hello, copy: std::fs::File) -> Forward {
+        // This host's committed copy: whole as it is.
         let entry = Entry::Relayed {
             offer: offer_for(hello),
             input: copy,
+            whole: Arc::new(AtomicBool::new(true)),
         };
         Forward::spawn(next, hello, Ok(entry), None)
     }
@@ -156,7 +168,7 @@ impl Forward {
         next: &NextHops,
         hello: &Hello,
         entry: Result<Entry, XferError>,
-        pipe: Option<std::io::PipeWriter>,
+        pipe: Option<(std::io::PipeWriter, Arc<AtomicBool>)>,
     ) -> Forward {
         let name = hello.name.clone();
         let hosts = next.hosts.clone();
@@ -174,7 +186,8 @@ impl Forward {
             Ok(handle) => Forward {
                 name,
                 hello: hello.clone(),
-                pipe,
+                whole: pipe.as_ref().map(|(_, w)| w.clone()),
+                pipe: pipe.map(|(p, _)| p),
                 session: Some(handle),
                 stopped: None,
             },
@@ -183,6 +196,7 @@ impl Forward {
                 Forward {
                     name,
                     hello: hello.clone(),
+                    whole: None,
                     pipe: None,
                     session: None,
                     stopped: Some(format!("cannot start the relay thread: {e}")),
@@ -211,7 +225,20 @@ impl Forward {
 
     /// The end of the offer's bytes; the results of the next hosts, once
     /// their verdicts came back up.
-    pub fn finish(mut self, hosts: &[String]) -> Forwarded {
+    pub fn finish(self, hosts: &[String]) -> Forwarded {
+        if let Some(whole) = &self.whole {
+            whole.store(true, Ordering::SeqCst);
+        }
+        self.end(hosts)
+    }
+
+    /// The offer failed here: the next hosts' session ends without its
+    /// FIN (nothing of it is kept there); their results.
+    pub fn abandon(self, hosts: &[String]) -> Forwarded {
+        self.end(hosts)
+    }
+
+    fn end(mut self, hosts: &[String]) -> Forwarded {
         self.pipe = None;
         let lost = |why: String| Forwarded {
             results: not_reached(hosts, &XferError::Internal(why)),

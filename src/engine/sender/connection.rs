@@ -342,11 +342,22 @@ impl Connection {
                     keep_mode: false,
                     existing: Default::default(),
                 };
-                (offer, Input::Stream(File::from(stdin)))
+                let file = File::from(stdin);
+                (offer, Input::Stream { file, whole: None })
             }
             // The bytes come as the hop receives them: read as a stream,
             // offered as the file they are.
-            Entry::Relayed { offer, input } => (offer, Input::Stream(input)),
+            Entry::Relayed {
+                offer,
+                input,
+                whole,
+            } => (
+                offer,
+                Input::Stream {
+                    file: input,
+                    whole: Some(whole),
+                },
+            ),
             Entry::File {
                 path,
                 name,

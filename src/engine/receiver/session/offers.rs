@@ -40,7 +40,7 @@ impl Session<'_, '_> {
             let made = self.store.make_dir(&hello);
             // Over a relay chain the hosts after this one make it too.
             if let Some(forward) = self.forward(&hello) {
-                self.forwarded(forward);
+                self.forwarded(forward, true);
             }
             return match made {
                 Ok(()) => {

@@ -106,7 +106,7 @@ impl Session<'_, '_> {
     /// The next hosts' results, once the current offer's forwarding is
     /// over: kept until this host's own verdict is told. Whether the next
     /// host was lost on the way (the hosts after it heard nothing).
-    pub(super) fn forwarded(&mut self, forward: Forward) -> bool {
+    pub(super) fn forwarded(&mut self, forward: Forward, whole: bool) -> bool {
         let Some(next) = self.next_hops() else {
             return false;
         };
@@ -115,7 +115,12 @@ impl Session<'_, '_> {
             true => next.hosts[1..].to_vec(),
             false => next.hosts,
         };
-        let forwarded = forward.finish(&hosts);
+        // What failed here is abandoned there: never a file that this
+        // host did not receive whole and verified.
+        let forwarded = match whole {
+            true => forward.finish(&hosts),
+            false => forward.abandon(&hosts),
+        };
         let lost = !bypassing && forwarded.lost.is_some();
         if let (Some(why), Some(relay), false) = (forwarded.lost, self.relay.as_mut(), bypassing) {
             warn!(
@@ -270,7 +275,7 @@ impl Session<'_, '_> {
         let mut lost = None;
         if let Some(forward) = file.forward.take() {
             let hello = forward.hello().clone();
-            if self.forwarded(forward) {
+            if self.forwarded(forward, status == AckStatus::Ok) {
                 lost = Some(hello);
             }
         }
