@@ -44,7 +44,7 @@ start_hop() {
   log=$RX_WORK/receiver-$addr.log
   mkdir -p "$dir"
   [[ -n $src ]] && extra=(--relay-source "$src")
-  "$RX_BIN/receiver" --bind "$addr" --port "$port" --dir "$dir" --token-file "$token" \
+  "$RX_BIN/receiver" --bind "$addr" --port "$port" --dir "$dir" --token-file "$token" --allow-relay \
     "${extra[@]}" -v </dev/null >/dev/null 2>"$log" &
   pids+=($!)
   for ((w = 0; w < 600; w++)); do

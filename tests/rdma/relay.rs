@@ -60,6 +60,7 @@ fn chain_receiver(
         addr_b: None,
     };
     let mut args: Vec<&str> = token_args().to_vec();
+    args.push("--allow-relay");
     if let Some(s) = source {
         args.extend(["--relay-source", s]);
     }

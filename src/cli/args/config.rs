@@ -538,6 +538,14 @@ impl SenderArgs {
                 problems.add(format!("--relay {:?}: {e}", crate::proto::escaped(host)));
             }
         }
+        for (i, host) in self.relay.iter().enumerate() {
+            if self.relay[..i].contains(host) {
+                problems.add(format!(
+                    "--relay names {} twice: each host once",
+                    crate::proto::escaped(host)
+                ));
+            }
+        }
         if self.relay.len() > crate::proto::MAX_RELAY_HOPS {
             problems.add(format!(
                 "--relay names {} hosts: at most {}",
@@ -888,8 +896,14 @@ impl ReceiverArgs {
                 XferError::Usage(format!("--relay-source {s}: {}", connect_reason(&e)))
             }))
         });
-        if self.no_relay && relay_source.is_some() {
-            problems.add("--relay-source is for a relay host: not with --no-relay");
+        if relay_source.is_some() && !self.allow_relay {
+            problems.add("--relay-source is for a host of relay chains: it needs --allow-relay");
+        }
+        if self.allow_relay && !self.has_token_source(&token) {
+            problems.add(
+                "--allow-relay needs a token: a receiver passes files on only for a sender \
+                 that proved it, with its own copy",
+            );
         }
         problems.into_result()?;
         let (Some((chunk_size, slots)), Some(bind), Some(ack_timeout)) =
@@ -927,7 +941,7 @@ impl ReceiverArgs {
         cfg.sweep = !self.no_sweep;
         cfg.threads = usize::from(self.threads);
         cfg.allow_dotfiles = self.allow_dotfiles;
-        cfg.relay = !self.no_relay;
+        cfg.relay = self.allow_relay;
         cfg.relay_source = relay_source;
         Ok(cfg)
     }

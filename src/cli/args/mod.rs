@@ -596,11 +596,13 @@ pub struct ReceiverArgs {
     /// directory and does not show in `ls`.
     #[arg(long, help_heading = SECURITY)]
     pub allow_dotfiles: bool,
-    /// Refuse to be a host of a relay chain (`sender --relay`): without
-    /// it, a sender that proved the token may have this receiver pass
-    /// what it receives on to the next host of its chain.
+    /// Be a host of relay chains (`sender --relay`): a sender that proved
+    /// the token may then have this receiver pass what it receives on to
+    /// the next host the sender names, connecting there with this
+    /// receiver's token. Off by default: it lets every holder of the token
+    /// make this host connect to receivers of its choice.
     #[arg(long, help_heading = SECURITY)]
-    pub no_relay: bool,
+    pub allow_relay: bool,
     /// As a host of a relay chain, connect to the next host from this
     /// local address (it selects the RDMA device and port).
     #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = CONNECTION)]

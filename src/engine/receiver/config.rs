@@ -70,7 +70,7 @@ pub struct ReceiverConfig {
     pub allow_dotfiles: bool,
     /// A sender that proved the token may make this receiver a host of a
     /// relay chain (RELAY): it passes what it receives on to the next
-    /// host, with the same token (`--no-relay` refuses).
+    /// host, with the same token (`--allow-relay`; off by default).
     pub relay: bool,
     /// The address a relay hop connects to the next host from
     /// (`--relay-source`; None: the route decides).
@@ -157,7 +157,7 @@ impl ReceiverConfig {
             sweep: true,
             threads: DEFAULT_WRITER_THREADS as usize,
             allow_dotfiles: false,
-            relay: true,
+            relay: false,
             relay_source: None,
         }
     }

@@ -291,6 +291,8 @@ impl Connection {
             SenderEvent::Rejected(rej) => {
                 let back = match &mut w.offered {
                     Offered::File { .. } => {
+                        // A verdict: a chain's RESULTs came before it.
+                        tracker.chain.verdict();
                         return Err(FileError::Continue(XferError::Rejected {
                             code: Some(rej.code),
                             reason: rej.reason,

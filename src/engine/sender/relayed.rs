@@ -16,7 +16,12 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Default)]
 pub(super) struct Chain {
     hosts: Vec<String>,
-    results: Vec<HopResult>,
+    /// RESULTs that came before the next verdict.
+    arriving: Vec<HopResult>,
+    /// The RESULTs of the verdict being reported (`verdict`): only a
+    /// verdict takes them, never a failure of the sender's own (a file it
+    /// cannot open, the session's end).
+    settled: Option<Vec<HopResult>>,
 }
 
 impl Chain {
@@ -25,7 +30,7 @@ impl Chain {
     pub(super) fn new(hosts: Vec<String>) -> Self {
         Chain {
             hosts,
-            results: Vec::new(),
+            ..Chain::default()
         }
     }
 
@@ -40,13 +45,18 @@ impl Chain {
             verdict = ?result.verdict,
             "result from the chain"
         );
-        self.results.push(result);
+        self.arriving.push(result);
     }
 
-    /// The RESULTs of the verdict that came, and the chain's hosts none
-    /// of them is about.
+    /// A verdict came: the RESULTs before it are its entry's.
+    pub(super) fn verdict(&mut self) {
+        self.settled = Some(std::mem::take(&mut self.arriving));
+    }
+
+    /// The RESULTs of the verdict being reported (none for a failure of
+    /// the sender's own), and the chain's hosts none of them is about.
     fn take(&mut self) -> (Vec<HopResult>, Vec<String>) {
-        let results = std::mem::take(&mut self.results);
+        let results = self.settled.take().unwrap_or_default();
         let silent = self
             .hosts
             .iter()
@@ -106,20 +116,22 @@ impl Tracker<'_> {
         }
     }
 
-    /// A directory the chain's first host made: the hosts that failed it.
-    pub(super) fn dir_over_chain(&mut self, name: &str, started: Instant) {
-        let (results, silent) = self.chain.take();
+    /// The chain's verdict on a directory: the hosts that failed it (a
+    /// host without a RESULT failed with `silent`'s error).
+    pub(super) fn dir_over_chain(
+        &mut self,
+        name: &str,
+        started: Instant,
+        silent: impl Fn(&str) -> XferError,
+    ) {
+        let (results, hosts) = self.chain.take();
         for result in results {
             if let Err(e) = host_verdict(&result) {
                 self.host_failed(&result.host, name, 0, Some(started), e);
             }
         }
-        for host in silent {
-            let e = XferError::PeerLost(format!(
-                "no result from {}: the chain ended before it",
-                escaped(&host)
-            ));
-            self.host_failed(&host, name, 0, Some(started), e);
+        for host in hosts {
+            self.host_failed(&host, name, 0, Some(started), silent(&host));
         }
     }
 

@@ -122,6 +122,7 @@ impl Tracker<'_> {
 
     /// The receiver's verdict on the entry that carried `sent`.
     pub(super) fn answer(&mut self, sent: PendingEntry, verdict: Verdict) -> Result<(), FileError> {
+        self.chain.verdict();
         match (sent, verdict) {
             (
                 PendingEntry::Files {
@@ -175,8 +176,22 @@ impl Tracker<'_> {
                         debug!(dir = %name, "directory done");
                         self.outcome.directories += 1;
                         if self.chain.is_on() {
-                            self.dir_over_chain(&name, started);
+                            self.dir_over_chain(&name, started, |host| {
+                                XferError::PeerLost(format!(
+                                    "no result from {}: the chain ended before it",
+                                    escaped(host)
+                                ))
+                            });
                         }
+                        return Ok(());
+                    }
+                    Err(refusal) if self.chain.is_on() => {
+                        // Each host's own verdict; a host without one has
+                        // the refusal's.
+                        let refusal = refusal.clone();
+                        self.dir_over_chain(&name, started, |_| refusal.clone().error());
+                        let err = refusal.error();
+                        self.note_error(err);
                         return Ok(());
                     }
                     Err(refusal) => refusal.error(),

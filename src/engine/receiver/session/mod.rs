@@ -490,7 +490,7 @@ impl Session<'_, '_> {
                 self.link.install(channel);
             }
             Ok(ReceiverEvent::Keepalive) => debug!("the sender waits for its input"),
-            Ok(ReceiverEvent::Relay(hops)) => self.on_relay(hops),
+            Ok(ReceiverEvent::Relay(hops)) => self.on_relay(hops)?,
             Ok(ReceiverEvent::From { offset, waiting }) => self.on_from(offset, waiting)?,
             Ok(ReceiverEvent::Compare {
                 sha256,

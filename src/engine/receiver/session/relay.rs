@@ -38,7 +38,7 @@ pub(super) struct OwnVerdict {
 impl Session<'_, '_> {
     /// RELAY: the chain from this host on (this host first). A second
     /// RELAY message continues the list.
-    pub(super) fn on_relay(&mut self, hops: Vec<String>) {
+    pub(super) fn on_relay(&mut self, hops: Vec<String>) -> Result<(), XferError> {
         match self.relay.as_mut() {
             Some(relay) => relay.next.extend(hops),
             None => {
@@ -52,13 +52,31 @@ impl Session<'_, '_> {
                 });
             }
         }
-        if let Some(relay) = &self.relay {
-            info!(
-                own = %escaped(&relay.own),
-                next = relay.next.len(),
-                "in a relay chain"
+        let Some(relay) = &self.relay else {
+            return Ok(());
+        };
+        // A host named twice would have the chain go round in circles.
+        let mut names: Vec<&String> = std::iter::once(&relay.own).chain(&relay.next).collect();
+        names.sort();
+        if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+            let reason = format!(
+                "the relay chain names {} twice: each host once",
+                escaped(twice[0])
             );
+            self.machine.abort(AckStatus::Protocol, reason.clone());
+            return Err(self.abandon(XferError::Protocol {
+                context: Some("RELAY".into()),
+                source: crate::proto::ProtocolError::RelayNotAllowed {
+                    reason: "a host twice",
+                },
+            }));
         }
+        info!(
+            own = %escaped(&relay.own),
+            next = relay.next.len(),
+            "in a relay chain"
+        );
+        Ok(())
     }
 
     /// Whether this session is in a relay chain (its verdicts go with
