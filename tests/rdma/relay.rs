@@ -324,3 +324,57 @@ fn the_middle_host_killed_mid_file_leaves_the_last_host_complete() {
         sent.stderr
     );
 }
+
+/// The names in `dir` (temporary files included), sorted.
+fn names_in(dir: &Path) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names.join(" ")
+}
+
+#[test]
+fn a_stream_cut_at_the_source_is_kept_by_no_host() {
+    let Some(net) = rdma_net() else { return };
+    let Some([c, _]) = hops() else { return };
+    let (src, dst_a) = dirs();
+    let input = src.path().join("input.bin");
+    make_file(&input, 16 * MIB, 93);
+    let port_a = next_port();
+    let _a = chain_receiver(
+        &net.addr_a,
+        port_a,
+        dst_a.path(),
+        Some(&c.upstream_source),
+        &[],
+    );
+    let _c = chain_receiver(&c.addr, c.port, c.dir.path(), None, &[]);
+    let chain = [label(&net.addr_a, port_a), label(&c.addr, c.port)];
+    // Standard input, paced: the sender is killed with a few MiB at C
+    // (bash execs it: its PID is the sender's).
+    let mut words = vec![q(sender_bin()), "-v".into()];
+    if let Some(b) = &net.addr_b {
+        words.extend(["--source".into(), q(b)]);
+    }
+    words.extend(token_args().iter().map(q));
+    words.extend(["--bwlimit", "4M", "--name", "s.bin", "--relay"].map(q));
+    words.extend([q(chain.join(",")), "-".into(), "<".into(), qp(&input)]);
+    let script = format!("exec {}", words.join(" "));
+    let sending = pipeline("sender", &script, 0);
+    wait_for_partial_file(c.dir.path(), 3 * MIB);
+    sending.signal("KILL");
+    let _ = sending.wait(Duration::from_secs(60));
+    // A abandons the stream, and so does C: no host keeps any of it (a
+    // stream's end alone would look like its end).
+    for dir in [dst_a.path(), c.dir.path()] {
+        wait_until(
+            &format!("nothing left in {}", dir.display()),
+            || names_in(dir),
+            |names| names.is_empty(),
+            Duration::from_secs(60),
+        );
+    }
+}
