@@ -423,8 +423,9 @@ pub struct ReceiverSession<F = (), W = (), C = ()> {
     /// The session's clock: when it last made progress (`progressed`);
     /// None before the engine starts it.
     progressed_at: Option<Instant>,
-    /// While the engine's file work for the offer runs (`work_started`
-    /// until its decision): when the next KEEPALIVE is due.
+    /// While the engine's work for the offer runs (`work_started` until
+    /// its decision: file work, or a relaying engine's wait for the hosts
+    /// after it): when the next KEEPALIVE is due.
     keepalive_due: Option<Instant>,
     /// Hosts after this receiver that RELAY named (0: it relays nothing).
     relay_hops: usize,
@@ -927,30 +928,38 @@ impl<F, W, C> ReceiverSession<F, W, C> {
     /// (`poll_timeout`, `handle_timeout`) so that it does not time out.
     /// Only while such work is pending: after FROM the engine reads nothing
     /// (the kept prefix's digest came with its HAVE), so there it is misuse.
+    ///
+    /// A relaying session's engine also waits for the hosts after it
+    /// while an offer awaits its verdict: in AwaitDecision (the next host's
+    /// answer to the offer, before `accept` ... `reject`) and in Verifying
+    /// (their verdicts on the file, before `complete`). There too: its
+    /// KEEPALIVEs until the verdict.
     pub fn work_started(&mut self, now: Instant) -> Result<(), ProtocolError> {
-        let reading = self.state == ReceiverState::Comparing
-            || self.state == ReceiverState::AwaitDecision && self.resume && self.have.is_none();
-        if !reading {
+        use ReceiverState::*;
+        let reading = self.state == Comparing
+            || self.state == AwaitDecision && self.resume && self.have.is_none();
+        let relaying = self.is_relaying() && matches!(self.state, AwaitDecision | Verifying);
+        if !(reading || relaying) {
             return Err(self.wrong_state("work_started"));
         }
         self.keepalive_due = Some(now + keepalive_interval(self.cfg.timeout));
         Ok(())
     }
 
-    /// The engine's file work ended with its decision on the offer.
+    /// The engine's work ended with its decision on the offer.
     fn work_done(&mut self) {
         self.keepalive_due = None;
     }
 
     /// The session made progress at `now` (the sender's input was
-    /// handled, or the engine's file work ended): its wait for the sender
+    /// handled, or the engine's work ended): its wait for the sender
     /// starts over. The engine calls it first when the session starts.
     pub fn progressed(&mut self, now: Instant) {
         self.progressed_at = Some(now);
     }
 
     /// When `handle_timeout` is due next: the next KEEPALIVE while the
-    /// engine's file work runs, else the end of the wait for the sender.
+    /// engine's work runs (`work_started`), else the end of the wait for the sender.
     /// None once the session is over, before `progressed` started it, or
     /// when the wait ends past the clock's range (no deadline then).
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -964,7 +973,8 @@ impl<F, W, C> ReceiverSession<F, W, C> {
     }
 
     /// The deadline `poll_timeout` gave (or a later time) came at `now`:
-    /// a KEEPALIVE is queued while the engine's file work runs; else, once
+    /// a KEEPALIVE is queued while the engine's work runs (the sender
+    /// waits for it, so its silence ends nothing); else, once
     /// the sender made no progress for the whole wait, the session is over
     /// (`TimedOut`, nothing queued). Earlier, nothing happens.
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), TimedOut> {
@@ -2023,6 +2033,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             }
             _ => return Err(self.wrong_state("complete")),
         }
+        self.work_done();
         self.reset_file();
         self.outbox
             .push_back(Message::Ack(Ack::new(status, reason)));
@@ -2606,6 +2617,204 @@ mod tests {
             }))
         ));
         assert_eq!(sent(&mut r).len(), 1);
+    }
+
+    /// The engine's work started at `at(0)` with the session's clock
+    /// there: KEEPALIVEs every interval, well past the session's timeout
+    /// (the sender waits for the engine, its silence ends nothing), and
+    /// the state unchanged.
+    fn keepalives_while_working(r: &mut ReceiverSession) {
+        let state = r.state();
+        r.progressed(at(0));
+        r.work_started(at(0)).unwrap();
+        assert_eq!(sent(r), [], "nothing at once");
+        let interval = keepalive_interval(r.cfg.timeout);
+        let k_max = (r.cfg.timeout.as_millis() / interval.as_millis()) as u32 * 3;
+        for k in 1..=k_max {
+            let due = r.poll_timeout().expect("a KEEPALIVE is due");
+            assert_eq!(due, at(0) + interval * k);
+            assert_eq!(r.handle_timeout(due - Duration::from_millis(1)), Ok(()));
+            assert_eq!(sent(r), [], "not before it is due");
+            assert_eq!(r.handle_timeout(due), Ok(()));
+            assert_eq!(sent(r), [Message::Keepalive]);
+            assert_eq!(r.state(), state);
+        }
+        assert!(interval * k_max > r.cfg.timeout);
+    }
+
+    /// The engine's verdict ended its work: no KEEPALIVE is due, the wait
+    /// for the sender is back (from the engine's `progressed`).
+    fn no_more_keepalives(r: &mut ReceiverSession) {
+        let now = at(100_000);
+        r.progressed(now);
+        assert_eq!(r.poll_timeout(), Some(now + r.cfg.timeout));
+        let interval = keepalive_interval(r.cfg.timeout);
+        assert_eq!(r.handle_timeout(now + interval), Ok(()));
+        assert_eq!(sent(r), [], "a KEEPALIVE after the verdict");
+    }
+
+    /// `work_started` refused: the misuse error, nothing queued, no
+    /// KEEPALIVE due, the state unchanged.
+    fn work_refused(r: &mut ReceiverSession) -> ProtocolError {
+        let (state, queued, due) = (r.state(), r.outbox.clone(), r.poll_timeout());
+        let err = r.work_started(at(0)).unwrap_err();
+        assert_eq!(r.outbox, queued, "{err}");
+        assert_eq!(r.state(), state, "{err}");
+        assert_eq!(r.poll_timeout(), due, "{err}");
+        assert_eq!(
+            err,
+            ProtocolError::WrongState {
+                op: "work_started",
+                state: state.as_str()
+            }
+        );
+        err
+    }
+
+    /// A host of a relay chain waits for the hosts after it before its
+    /// verdict on an offer (after the offer, after a file's FIN): KEEPALIVEs
+    /// keep its sender waiting until the verdict, whichever it is.
+    #[test]
+    fn a_relaying_receiver_sends_keepalives_while_an_offer_awaits_its_verdict() {
+        let c = cfg(100 + CHUNK_TAG_LEN as u32, 4, 2);
+        let mut r = relaying(&["b"]);
+        // A file: after its offer, until the MR.
+        r.on_message(Message::Hello(hello("f", 100))).unwrap();
+        keepalives_while_working(&mut r);
+        r.push_result(hop("a")).unwrap();
+        r.accept(ring(&c), ()).unwrap();
+        assert!(matches!(
+            &sent(&mut r)[..],
+            [Message::Result(_), Message::Mr(_)]
+        ));
+        no_more_keepalives(&mut r);
+        // Its data is the sender's to send: no work there.
+        r.on_chunk(100 + CHUNK_TAG_LEN as u32, 0).unwrap();
+        work_refused(&mut r);
+        r.chunk_done();
+        // After its FIN, until its ACK.
+        r.on_message(Message::Fin(fin(100, 1))).unwrap();
+        assert_eq!(r.state(), ReceiverState::Verifying);
+        sent(&mut r);
+        keepalives_while_working(&mut r);
+        r.push_result(hop("b")).unwrap();
+        r.complete(AckStatus::Ok, String::new()).unwrap();
+        assert_eq!(r.state(), ReceiverState::AwaitHello);
+        sent(&mut r);
+        no_more_keepalives(&mut r);
+        work_refused(&mut r);
+        // A directory, until its ACK.
+        r.on_message(Message::Hello(hello_v2("d", hello_flags::DIRECTORY, 0)))
+            .unwrap();
+        keepalives_while_working(&mut r);
+        r.accept_directory().unwrap();
+        assert_eq!(sent(&mut r), [Message::Ack(Ack::new(AckStatus::Ok, ""))]);
+        no_more_keepalives(&mut r);
+        // Until a REJECT.
+        r.on_message(Message::Hello(hello("g", 1))).unwrap();
+        keepalives_while_working(&mut r);
+        r.reject(RejectCode::Exists, "g".into()).unwrap();
+        sent(&mut r);
+        no_more_keepalives(&mut r);
+        // What is under the name: a file that stays is a verdict; one that
+        // goes on is not (the wait goes on).
+        let kept = Hello {
+            caps: hello_flags::MTIME,
+            mtime: Some(Mtime { secs: 5, nanos: 0 }),
+            ..hello("k", 10)
+        };
+        let there = Existing::File {
+            size: 10,
+            secs: 5,
+            nsec: 0,
+        };
+        r.on_message(Message::Hello(kept.clone())).unwrap();
+        keepalives_while_working(&mut r);
+        assert_eq!(r.existing(there), Ok(Standing::Stays(AckStatus::Unchanged)));
+        sent(&mut r);
+        no_more_keepalives(&mut r);
+        r.on_message(Message::Hello(kept)).unwrap();
+        keepalives_while_working(&mut r);
+        assert_eq!(r.existing(Existing::NoFile), Ok(Standing::Proceed));
+        let due = r.poll_timeout().expect("still working");
+        assert_eq!(r.handle_timeout(due), Ok(()));
+        assert_eq!(sent(&mut r), [Message::Keepalive]);
+        // A verdict that ends the session ends the work too.
+        r.complete(AckStatus::Io, "gone".into()).unwrap();
+        assert_eq!(r.state(), ReceiverState::Closed);
+        assert_eq!(r.poll_timeout(), None);
+        work_refused(&mut r);
+        // A batch, and a dry run's file, until their verdicts.
+        let mut r = relaying(&["b"]);
+        r.on_message(Message::Batch(vec![hello("m1", 1), hello("m2", 1)]))
+            .unwrap();
+        keepalives_while_working(&mut r);
+        r.accept(ring(&c), ()).unwrap();
+        sent(&mut r);
+        no_more_keepalives(&mut r);
+        let mut r = relaying(&["b"]);
+        let dry = Hello {
+            caps: hello_flags::DRY_RUN | hello_flags::MTIME,
+            mtime: Some(Mtime { secs: 5, nanos: 0 }),
+            ..hello("w", 10)
+        };
+        r.on_message(Message::Hello(dry)).unwrap();
+        keepalives_while_working(&mut r);
+        r.would_receive().unwrap();
+        sent(&mut r);
+        no_more_keepalives(&mut r);
+        // After FROM too (the offer still awaits its MR).
+        let mut r = relaying(&["b"]);
+        r.on_message(Message::Hello(resumable(1000))).unwrap();
+        r.have(Have::nothing("none"), ()).unwrap();
+        sent(&mut r);
+        // (Between the HAVE and FROM the sender has the word.)
+        work_refused(&mut r);
+        r.on_message(Message::From { offset: 0 }).unwrap();
+        assert_eq!(r.state(), ReceiverState::AwaitDecision);
+        keepalives_while_working(&mut r);
+        r.accept(ring(&c), ()).unwrap();
+        sent(&mut r);
+        no_more_keepalives(&mut r);
+    }
+
+    /// Outside a relaying session, a file's verification and an offer
+    /// without RESUME are no work that keeps the sender waiting: misuse,
+    /// nothing queued; so is every other state of a relaying session.
+    #[test]
+    fn work_started_waits_for_the_hosts_after_it_only_in_a_relaying_session() {
+        let c = cfg(100 + CHUNK_TAG_LEN as u32, 4, 2);
+        // Authenticated, no RELAY.
+        let mut r = relay_receiver();
+        work_refused(&mut r);
+        r.on_message(Message::Hello(hello("f", 100))).unwrap();
+        work_refused(&mut r);
+        r.accept(ring(&c), ()).unwrap();
+        r.on_chunk(100 + CHUNK_TAG_LEN as u32, 0).unwrap();
+        r.chunk_done();
+        r.on_message(Message::Fin(fin(100, 1))).unwrap();
+        assert_eq!(r.state(), ReceiverState::Verifying);
+        work_refused(&mut r);
+        r.complete(AckStatus::Ok, String::new()).unwrap();
+        r.on_message(Message::Hello(hello_v2("d", hello_flags::DIRECTORY, 0)))
+            .unwrap();
+        work_refused(&mut r);
+        // Without a token.
+        for state in [ReceiverState::AwaitDecision, ReceiverState::Verifying] {
+            let mut r = session_in(state);
+            assert_eq!(r.state(), state);
+            work_refused(&mut r);
+        }
+        // A relaying session, where no offer awaits the engine's verdict.
+        let mut r = relaying(&["b"]);
+        work_refused(&mut r);
+        r.on_message(Message::Hello(resumable(1000))).unwrap();
+        r.have(Have::complete(1000), ()).unwrap();
+        assert_eq!(r.state(), ReceiverState::AwaitFrom);
+        work_refused(&mut r);
+        r.on_message(Message::Bye).unwrap_err();
+        assert_eq!(r.state(), ReceiverState::Closed);
+        work_refused(&mut r);
     }
 
     /// As `session_in`; with `auth` the session requires a token and every

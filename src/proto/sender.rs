@@ -252,8 +252,9 @@ pub enum SenderEvent<P = u64> {
     /// its file against it and calls `start_from` or `compare`.
     Have(Have),
     /// The receiver reads what it holds of a file offered with RESUME
-    /// before its HAVE, or its copy for a COMPARE: it is alive (progress
-    /// for the timeout).
+    /// before its HAVE, or its copy for a COMPARE; or, in a relaying
+    /// session, it waits for the hosts after it while an offer awaits its
+    /// verdict: it is alive (progress for the timeout).
     Keepalive,
     /// After COMPARE: the receiver's copy is the sender's file, nothing is
     /// sent; the ACK is the file's verdict. Now Idle.
@@ -422,7 +423,8 @@ pub struct SenderSession<P = u64> {
     /// No batch before this many offers (`offers`): a batch was refused
     /// because a member exists.
     alone_until: u64,
-    /// RELAY went out (`relay`): RESULTs may come.
+    /// RELAY went out (`relay`): RESULTs may come, and KEEPALIVEs while
+    /// an offer awaits its verdict.
     relaying: bool,
     /// Hosts in the chain after the receiver (`relay`'s).
     relay_hops: usize,
@@ -687,7 +689,9 @@ impl<P> SenderSession<P> {
     /// after `SenderEvent::Authenticated`) and before the first offer;
     /// 1 to `MAX_RELAY_HOPS` hosts, each valid (`check_host`). Any misuse
     /// is an error and queues nothing. From then on, RESULTs may precede
-    /// each verdict (`SenderEvent::HopResult`).
+    /// each verdict (`SenderEvent::HopResult`), and KEEPALIVEs come while
+    /// an offer awaits its verdict (`SenderEvent::Keepalive`: the receiver
+    /// waits for the hosts after it).
     pub fn relay(&mut self, hops: &[String]) -> Result<(), ProtocolError> {
         if self.state != SenderState::Idle {
             return Err(self.wrong_state("relay"));
@@ -884,8 +888,7 @@ impl<P> SenderSession<P> {
     /// receiver and the hosts after it: never more than
     /// `MAX_RELAY_HOPS` + 1).
     fn on_result(&mut self, result: HopResult) -> Result<SenderEvent<P>, ProtocolError> {
-        let awaited = self.state != SenderState::Idle || !self.pending.is_empty();
-        if !self.relaying || !awaited {
+        if !self.hears_chain() {
             return Err(self.unexpected(&Message::Result(result)));
         }
         let hosts = self.relay_hops + 1;
@@ -894,6 +897,14 @@ impl<P> SenderSession<P> {
         }
         self.results += 1;
         Ok(SenderEvent::HopResult(result))
+    }
+
+    /// A relaying session in which an offer awaits its verdict (the
+    /// current one, from its HELLO or BATCH to its verdict, or a pending
+    /// one): the hosts of the chain may be heard (RESULT), and the receiver
+    /// waits for them (KEEPALIVE). `dispatch` calls it once authenticated.
+    fn hears_chain(&self) -> bool {
+        self.relaying && (self.state != SenderState::Idle || !self.pending.is_empty())
     }
 
     fn add_credits(&mut self, count: u32) -> Result<SenderEvent<P>, ProtocolError> {
@@ -1009,6 +1020,12 @@ impl<P> SenderSession<P> {
                 Idle | AwaitRing | AwaitHave | AwaitFromDecision | AwaitCompared | Sending,
                 Message::Result(r),
             ) => self.on_result(r),
+            // A host of a relay chain waits for the hosts after it before
+            // its verdict on an offer (after the offer, after a file's FIN).
+            (
+                Idle | AwaitRing | AwaitHave | AwaitFromDecision | AwaitCompared | Sending,
+                Message::Keepalive,
+            ) if self.hears_chain() => Ok(SenderEvent::Keepalive),
             // Verdicts on pending entries come before anything about the
             // current HELLO.
             // (A verdict without data answers a HELLO, never a FIN.)
@@ -2192,6 +2209,128 @@ mod tests {
             Ok(SenderEvent::Aborted(_))
         ));
         assert!(heard(&mut s, "b").is_err());
+    }
+
+    /// A KEEPALIVE from the receiver: the event, the session as it was.
+    fn kept_waiting(s: &mut SenderSession) {
+        let (state, pending) = (s.state(), s.pending());
+        assert_eq!(s.on_message(Message::Keepalive), Ok(SenderEvent::Keepalive));
+        assert_eq!((s.state(), s.pending()), (state, pending));
+        assert_eq!(s.poll_transmit(), None);
+    }
+
+    /// A KEEPALIVE from the receiver, refused: a protocol error naming the
+    /// state, and the session over (tried on a copy).
+    fn keepalive_refused(s: &SenderSession) {
+        let mut s = s.clone();
+        let state = s.state();
+        assert_eq!(
+            s.on_message(Message::Keepalive),
+            Err(ProtocolError::Unexpected {
+                msg: "KEEPALIVE",
+                state: state.as_str()
+            })
+        );
+        assert_eq!(s.state(), SenderState::Closed);
+    }
+
+    /// A host of a relay chain waits for the hosts after it before its
+    /// verdict on an offer: its KEEPALIVEs come whenever an offer awaits
+    /// its verdict (where its RESULTs may come), and nowhere else.
+    #[test]
+    fn keepalives_come_from_a_relaying_receiver_while_an_offer_awaits_its_verdict() {
+        let mut s = authenticated();
+        queued(s.relay(&hosts(&["b"])), &mut s).unwrap();
+        // Nothing offered.
+        keepalive_refused(&s);
+        // A file: before its MR, while its data goes, after its FIN.
+        queued(s.start_file(offer(150), 0), &mut s).unwrap();
+        kept_waiting(&mut s);
+        // No verdict, no RESULT: both hosts' RESULTs still come.
+        s.on_message(hop_result("a")).unwrap();
+        kept_waiting(&mut s);
+        s.on_message(hop_result("b")).unwrap();
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        next_file(&mut s).unwrap();
+        assert_eq!(s.state(), SenderState::Sending);
+        kept_waiting(&mut s);
+        while next_file(&mut s).is_some() {}
+        queued(s.finish(Digest::Crc32(0)), &mut s).unwrap();
+        assert_eq!((s.state(), s.pending()), (SenderState::Idle, 1));
+        kept_waiting(&mut s);
+        // Pipelined: the next offer's HELLO went out, the file is pending.
+        queued(s.start_file(offer(1), 1), &mut s).unwrap();
+        kept_waiting(&mut s);
+        assert!(matches!(
+            s.on_message(ack(AckStatus::Ok)),
+            Ok(SenderEvent::Answered { payload: 0, .. })
+        ));
+        kept_waiting(&mut s);
+        assert!(matches!(
+            s.on_message(Message::Reject(Reject::new(RejectCode::Exists, "f"))),
+            Ok(SenderEvent::Rejected(_))
+        ));
+        keepalive_refused(&s);
+        // A directory: pending until its verdict.
+        queued(s.start_file(dir_offer("d"), 2), &mut s).unwrap();
+        kept_waiting(&mut s);
+        s.on_message(ack(AckStatus::Ok)).unwrap();
+        assert_eq!((s.state(), s.pending()), (SenderState::Idle, 0));
+        keepalive_refused(&s);
+        // An offer with RESUME, from its HELLO to its verdict.
+        queued(s.start_file(resumable(1000), 3), &mut s).unwrap();
+        assert_eq!(s.state(), SenderState::AwaitHave);
+        kept_waiting(&mut s);
+        s.on_message(Message::Have(Have::complete(1000))).unwrap();
+        assert_eq!(s.state(), SenderState::AwaitFromDecision);
+        kept_waiting(&mut s);
+        queued(s.compare([1; 32]), &mut s).unwrap();
+        assert_eq!(s.state(), SenderState::AwaitCompared);
+        kept_waiting(&mut s);
+        s.on_message(Message::Have(Have::nothing("differs")))
+            .unwrap();
+        queued(s.start_from(0), &mut s).unwrap();
+        assert_eq!(s.state(), SenderState::AwaitRing);
+        kept_waiting(&mut s);
+        assert!(matches!(
+            s.on_message(Message::Ack(Ack::new(AckStatus::Unchanged, ""))),
+            Ok(SenderEvent::Settled(_))
+        ));
+        keepalive_refused(&s);
+        // Closed: nothing.
+        queued(s.close(), &mut s).unwrap();
+        assert!(s.clone().on_message(Message::Keepalive).is_err());
+    }
+
+    /// Without a RELAY, a KEEPALIVE comes only while the receiver reads
+    /// its copy (AwaitHave, AwaitCompared, nothing pending), as before.
+    #[test]
+    fn keepalives_of_a_session_that_does_not_relay_are_as_before() {
+        let mut s = authenticated();
+        keepalive_refused(&s);
+        queued(s.start_file(offer(150), 0), &mut s).unwrap();
+        keepalive_refused(&s);
+        s.on_message(Message::Mr(ring(100, 4))).unwrap();
+        next_file(&mut s).unwrap();
+        keepalive_refused(&s);
+        while next_file(&mut s).is_some() {}
+        queued(s.finish(Digest::Crc32(0)), &mut s).unwrap();
+        assert_eq!(s.pending(), 1);
+        keepalive_refused(&s);
+        queued(s.start_file(resumable(1000), 1), &mut s).unwrap();
+        assert_eq!(s.state(), SenderState::AwaitHave);
+        // The pending file's verdict comes first.
+        keepalive_refused(&s);
+        s.on_message(ack(AckStatus::Ok)).unwrap();
+        kept_waiting(&mut s);
+        s.on_message(Message::Have(Have::complete(1000))).unwrap();
+        keepalive_refused(&s);
+        queued(s.compare([1; 32]), &mut s).unwrap();
+        kept_waiting(&mut s);
+        s.on_message(Message::Have(Have::nothing("differs")))
+            .unwrap();
+        queued(s.start_from(0), &mut s).unwrap();
+        keepalive_refused(&s);
     }
 
     #[test]
