@@ -223,18 +223,30 @@ impl Forward {
         }
     }
 
-    /// The end of the offer's bytes; the results of the next hosts, once
-    /// their verdicts came back up.
-    pub fn finish(self, hosts: &[String]) -> Forwarded {
-        if let Some(whole) = &self.whole {
-            whole.store(true, Ordering::SeqCst);
+    /// The end of the offer's bytes: `whole` once this host's own checks
+    /// of them passed, else the offer is abandoned there (the next hosts'
+    /// session ends without its FIN, nothing of it is kept).
+    pub fn end_input(&mut self, whole: bool) {
+        if let (true, Some(flag)) = (whole, &self.whole) {
+            flag.store(true, Ordering::SeqCst);
         }
+        self.pipe = None;
+    }
+
+    /// Whether the next hosts' session is over (`results` will not wait).
+    pub fn is_done(&self) -> bool {
+        self.session.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// The results of the next hosts, once their verdicts came back up
+    /// (after `end_input`).
+    pub fn results(self, hosts: &[String]) -> Forwarded {
         self.end(hosts)
     }
 
-    /// The offer failed here: the next hosts' session ends without its
-    /// FIN (nothing of it is kept there); their results.
-    pub fn abandon(self, hosts: &[String]) -> Forwarded {
+    /// `end_input(true)`, then the results.
+    pub fn finish(mut self, hosts: &[String]) -> Forwarded {
+        self.end_input(true);
         self.end(hosts)
     }
 

@@ -107,7 +107,7 @@ pub struct ReceiverConfig {
     pub timeout: Duration,
     /// Whether this receiver relays (protocol 7): it takes a RELAY from an
     /// authenticated sender. When false, a RELAY ends the session with
-    /// REJECT(protocol) "this receiver does not relay (--no-relay)".
+    /// REJECT(protocol) "this receiver does not relay (it runs without --allow-relay)".
     pub relay_allowed: bool,
 }
 
@@ -1162,7 +1162,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         if !self.cfg.relay_allowed {
             return Err(RecvError::SessionLimit(Reject::new(
                 RejectCode::Protocol,
-                "this receiver does not relay (--no-relay)",
+                "this receiver does not relay (it runs without --allow-relay)",
             )));
         }
         let total = self.relay_hops.saturating_add(relay.hops.len());
@@ -2466,7 +2466,7 @@ mod tests {
         sent(&mut r);
         let refusal = Reject::new(
             RejectCode::Protocol,
-            "this receiver does not relay (--no-relay)",
+            "this receiver does not relay (it runs without --allow-relay)",
         );
         assert_eq!(
             r.on_message(relay(&["b"])),
@@ -3258,7 +3258,7 @@ mod tests {
                     let want = if auth {
                         RecvError::SessionLimit(Reject::new(
                             RejectCode::Protocol,
-                            "this receiver does not relay (--no-relay)",
+                            "this receiver does not relay (it runs without --allow-relay)",
                         ))
                     } else {
                         RecvError::Protocol(ProtocolError::RelayNotAllowed {

@@ -7,11 +7,15 @@
 
 use super::{IncomingFile, Session};
 use crate::engine::receiver::storage::sink::Sink;
-use crate::engine::relay::{Forward, NextHops};
+use crate::engine::relay::{Forward, Forwarded, NextHops};
 use crate::error::XferError;
 use crate::proto::{AckStatus, Hello, HopResult, HopVerdict, Reject, escaped};
 use std::time::Instant;
 use tracing::{info, warn};
+
+/// How often a host waiting for the hosts after it looks whether they
+/// are done (and sends its KEEPALIVE when one is due).
+const FORWARD_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// This host's place in a relay chain.
 pub(super) struct Relay {
@@ -135,10 +139,7 @@ impl Session<'_, '_> {
         };
         // What failed here is abandoned there: never a file that this
         // host did not receive whole and verified.
-        let forwarded = match whole {
-            true => forward.finish(&hosts),
-            false => forward.abandon(&hosts),
-        };
+        let forwarded = self.await_forward(forward, whole, &hosts);
         let lost = !bypassing && forwarded.lost.is_some();
         if let (Some(why), Some(relay), false) = (forwarded.lost, self.relay.as_mut(), bypassing) {
             warn!(
@@ -167,11 +168,34 @@ impl Session<'_, '_> {
             hosts = past.hosts.len(),
             "passing this host's copy on past the lost host"
         );
-        let again = Forward::from_copy(&past, hello, copy).finish(&past.hosts);
+        let again = Forward::from_copy(&past, hello, copy);
+        let again = self.await_forward(again, true, &past.hosts);
         if let Some(relay) = self.relay.as_mut() {
             relay.relayed.retain(|r| !past.hosts.contains(&r.host));
             relay.relayed.extend(again.results);
         }
+    }
+
+    /// Ends `forward`'s input (`whole`: this host's checks passed) and
+    /// waits for the next hosts' results, telling the sender meanwhile
+    /// that this host is alive (KEEPALIVE: the hosts after it may take
+    /// long, a bypass a whole file).
+    fn await_forward(&mut self, mut forward: Forward, whole: bool, hosts: &[String]) -> Forwarded {
+        forward.end_input(whole);
+        if !forward.is_done() {
+            let keepalives = self.machine.work_started(Instant::now()).is_ok();
+            while !forward.is_done() {
+                std::thread::sleep(FORWARD_CHECK);
+                if keepalives {
+                    // The sender waits for this offer's verdict: its
+                    // silence ends nothing here; a KEEPALIVE that cannot
+                    // go says so when the verdict cannot either.
+                    let _ = self.machine.handle_timeout(Instant::now());
+                    let _ = self.transmit();
+                }
+            }
+        }
+        forward.results(hosts)
     }
 
     fn take_relayed(&mut self, results: Vec<HopResult>) {
