@@ -570,7 +570,9 @@ impl SenderArgs {
         }
         if self.common.token(true).ok().flatten().is_none() {
             problems.add(
-                "--relay needs a token that every host of the chain shares (RDMA_XFER_TOKEN,                  --token-file, or a default token file): a host forwards only for a sender that                  proved it",
+                "--relay needs a token that every host of the chain shares (RDMA_XFER_TOKEN, \
+                 --token-file, or a default token file): a host forwards only for a sender \
+                 that proved it",
             );
         }
         let first = self.relay.first()?;

@@ -1094,3 +1094,63 @@ fn a_target_path_may_name_the_one_file() {
         assert!(!remote_plan(not).launch.path_may_name_file, "{not:?}");
     }
 }
+
+/// `--relay`: every operand is a file, the chain's first host the
+/// receiver; a token, each host once, and what a chain does not do yet
+/// refused. A receiver relays only with --allow-relay and a token.
+#[test]
+fn relay_chains_take_files_a_token_and_each_host_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path(), b"a-secret-of-some-length\n");
+    let t = ["--token-file", token.as_str()];
+    let relay = |extra: &[&str]| {
+        let mut args = vec![t[0], t[1]];
+        args.extend_from_slice(extra);
+        sender(&args)
+    };
+    let chain = "10.0.0.1,10.0.0.2:9,[fe80::1]:7";
+    let cfg = relay(&["--relay", chain, "f", "g"]).unwrap();
+    assert_eq!(cfg.relay, ["10.0.0.1", "10.0.0.2:9", "[fe80::1]:7"]);
+    assert_eq!(cfg.addr, "10.0.0.1:7471".parse().unwrap());
+    let argv = ["sender", t[0], t[1], "--relay", chain, "f", "g"];
+    match plan(&argv[1..]) {
+        Ok(SendPlan::Direct { files, .. }) => {
+            assert_eq!(files, [PathBuf::from("f"), PathBuf::from("g")])
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    usage(
+        sender(&["--relay", "10.0.0.1", "f"]),
+        "--relay needs a token",
+    );
+    usage(
+        relay(&["--relay", "10.0.0.1,10.0.0.2,10.0.0.1", "f"]),
+        "twice",
+    );
+    usage(
+        relay(&["--relay", "10.0.0.1", "--resume", "f"]),
+        "cannot be used with --relay",
+    );
+    usage(
+        relay(&["--relay", "10.0.0.1", "-n", "f"]),
+        "--dry-run cannot be used",
+    );
+    usage(
+        relay(&["--relay", "10.0.0.1", "--port", "9", "f"]),
+        "--port with --relay",
+    );
+    usage(relay(&["--relay", "a b", "f"]), "--relay");
+    // The receiver: off by default, with a token only.
+    assert!(!receiver(&[t[0], t[1]]).unwrap().relay);
+    let r = receiver(&[t[0], t[1], "--allow-relay", "--relay-source", "127.0.0.1"]).unwrap();
+    assert!(r.relay);
+    assert_eq!(r.relay_source, Some("127.0.0.1".parse().unwrap()));
+    usage(
+        receiver(&["--insecure", "--allow-relay"]),
+        "--allow-relay needs a token",
+    );
+    usage(
+        receiver(&[t[0], t[1], "--relay-source", "127.0.0.1"]),
+        "it needs --allow-relay",
+    );
+}
