@@ -341,7 +341,9 @@ mod tests {
     //! Sessions mix files, streams and directories, and half of them pipeline
     //! (offer the next entry before the previous one is answered). Most
     //! sessions with a token relay: RELAY before the first offer, and every
-    //! host's RESULT before each verdict, some while a stream's data comes.
+    //! host's RESULT before each verdict, some while a stream's data comes;
+    //! now and then the receiver waits for the hosts after it before a
+    //! verdict, and its KEEPALIVE reaches the sender.
 
     use std::collections::VecDeque;
 
@@ -431,6 +433,11 @@ mod tests {
         /// in all.
         results_seen: usize,
         results_total: usize,
+        /// The receiver's clock (synthetic), and the KEEPALIVEs it sent
+        /// while it waited for the hosts after it, and the sender heard.
+        now: std::time::Instant,
+        keepalives_sent: usize,
+        keepalives_heard: usize,
     }
 
     fn chain(hops: usize) -> Vec<String> {
@@ -448,6 +455,19 @@ mod tests {
                 self.r.push_result(result).unwrap();
                 self.to_push -= 1;
             }
+        }
+
+        /// Now and then a relaying receiver waits for the hosts after it
+        /// before its verdict: its KEEPALIVE is due after an interval.
+        fn hop_waits(&mut self) {
+            if self.relay_hops == 0 || self.relay_rng.below(3) != 0 {
+                return;
+            }
+            self.r.work_started(self.now).unwrap();
+            let due = self.r.poll_timeout().expect("a KEEPALIVE is due");
+            self.now = due;
+            self.r.handle_timeout(due).unwrap();
+            self.keepalives_sent += 1;
         }
 
         /// A verdict reached the sender: every host's RESULT came first.
@@ -659,6 +679,7 @@ mod tests {
                             self.to_push = self.relay_hops + 1;
                             let now = self.relay_rng.below(self.to_push as u64 + 1) as usize;
                             self.push_results(now);
+                            self.hop_waits();
                         }
                         if refuse || !h.is_stream() {
                             self.push_results(self.to_push);
@@ -762,6 +783,7 @@ mod tests {
                 "placements must cover [0,size)"
             );
             self.delivered.push(i);
+            self.hop_waits();
             self.push_results(self.to_push);
             self.r.complete(AckStatus::Ok, String::new()).unwrap();
             self.transmit_r();
@@ -793,7 +815,14 @@ mod tests {
                 }
                 SenderEvent::Credit(_) => {}
                 SenderEvent::Have(h) => panic!("HAVE without RESUME: {h:?}"),
-                SenderEvent::Keepalive => panic!("KEEPALIVE without a resumed prefix"),
+                // (Never for a resumed prefix: none is offered here.)
+                SenderEvent::Keepalive => {
+                    assert!(
+                        self.relay_hops > 0,
+                        "KEEPALIVE from a receiver that waits for nothing"
+                    );
+                    self.keepalives_heard += 1;
+                }
                 SenderEvent::Same { ack, .. } => panic!("ACK of a COMPARE never sent: {ack:?}"),
                 SenderEvent::Settled(a) => {
                     self.verdict_heard();
@@ -849,6 +878,7 @@ mod tests {
         let mut streams = 0;
         let mut tagged = 0;
         let mut results = 0;
+        let mut keepalives = 0;
         for round in 0..400 {
             let slot_size = 1 + rng.below(200) as u32;
             let slot_count = 1 + rng.below(8) as u32;
@@ -959,6 +989,9 @@ mod tests {
                 to_push: 0,
                 results_seen: 0,
                 results_total: 0,
+                now: std::time::Instant::now(),
+                keepalives_sent: 0,
+                keepalives_heard: 0,
             };
             let greeting = sim.r.poll_transmit().expect("the CHALLENGE comes first");
             assert!(matches!(greeting, Message::Challenge(_)));
@@ -994,9 +1027,12 @@ mod tests {
             assert_eq!(sim.relay_heard, chain(sim.relay_hops));
             assert_eq!(sim.s.is_relaying(), sim.relay_hops > 0);
             assert_eq!(sim.to_push, 0);
+            assert_eq!(sim.keepalives_heard, sim.keepalives_sent);
             results += sim.results_total;
+            keepalives += sim.keepalives_heard;
         }
         assert!(results > 1000, "{results} RESULTs heard");
+        assert!(keepalives > 100, "{keepalives} KEEPALIVEs heard");
         assert!(total_entries > 1000 && total_rejected > 50 && total_rejected < total_entries / 2);
         assert!(deepest >= 4, "pipelining barely exercised: depth {deepest}");
         assert!(total_unchanged > 50, "unchanged files: {total_unchanged}");

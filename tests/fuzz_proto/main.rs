@@ -40,7 +40,11 @@
 //!   over), and the sender a RESULT only after its own `relay`, while an
 //!   offer awaits its verdict, one per host of the chain per offer. The
 //!   engines' `relay` and `push_result` are called anywhere: a misuse
-//!   never panics and queues nothing.
+//!   never panics and queues nothing. A relaying receiver's engine waits
+//!   for the hosts after it (`work_started` in AWAIT_DECISION and
+//!   VERIFYING, misuse elsewhere and outside a relaying session): a
+//!   KEEPALIVE every interval until its verdict, no timeout meanwhile; a
+//!   relaying sender takes KEEPALIVE wherever it takes RESULT.
 //! - `decode_sealed`: sealed control messages (protocol 3) through a
 //!   sender/receiver channel pair, delivered in order, replayed, reordered,
 //!   dropped, bit-flipped, truncated, extended or reflected: exactly the

@@ -49,7 +49,9 @@ pub(crate) enum RxAction {
     Have(u8, u32, bool),
     /// The engine comparing its copy (or --link-dest's) with the sender's SHA-256
     /// (after COMPARE): 0 it starts reading (`work_started`: KEEPALIVEs are
-    /// due while it reads), 1 the same (`same`), 2 it differs (`have` of
+    /// due while it reads; the same call for the HAVE of an offer with
+    /// RESUME, and for a relaying engine that waits for the hosts after it
+    /// before its verdict), 1 the same (`same`), 2 it differs (`have` of
     /// nothing).
     Compared(u8),
     /// The engine refuses the current batch: one of its members (this
@@ -587,6 +589,12 @@ pub(crate) fn legal_rx(
                 }),
             }))
         }
+        // A relaying engine waits for the hosts after it before its
+        // verdict (KEEPALIVEs due meanwhile): after the offer, after a FIN.
+        AwaitDecision | Verifying if m.relay_hops > 0 && seed % 7 == 5 => RxAction::Compared(0),
+        AwaitDecision | Verifying if m.relay_hops > 0 && matches!(seed % 7, 3 | 6) => {
+            RxAction::Elapse(seed % 1_500)
+        }
         AwaitDecision if seed.is_multiple_of(6) => RxAction::Reject(RejectCode::Exists),
         // What is under the name decides first: a file of its size is
         // compared (CHECKSUM) with a HAVE of the complete copy.
@@ -695,7 +703,8 @@ pub(crate) fn legal_rx(
 
 pub(crate) static RX: Reached = Reached::new();
 /// Relaying: 0 RELAYs taken, 1 RESULTs queued, 2 RELAYs refused by a
-/// receiver that does not relay.
+/// receiver that does not relay, 3 waits for the hosts after it started,
+/// 4 KEEPALIVEs due in such a wait.
 pub(crate) static RX_RELAY: Reached = Reached::new();
 /// The timers: 0 KEEPALIVEs due while the engine worked, 1 sessions timed
 /// out, 2 deadlines not reached yet.
@@ -1432,16 +1441,30 @@ pub(crate) fn check_receiver(
                 let comparing = before == Comparing;
                 match what {
                     // Reading its copy (or a kept prefix): the sender waits.
+                    // Or, relaying, waiting for the hosts after it before
+                    // its verdict on the offer (after it, after a FIN).
                     0 => {
                         let reading = comparing
                             || (before == AwaitDecision && resumable(&m) && m.have.is_none());
+                        let hop_waits =
+                            m.relay_hops > 0 && matches!(before, AwaitDecision | Verifying);
                         match r.work_started(now) {
                             Ok(()) => {
-                                prop_assert!(reading, "work started in {:?}", before);
+                                prop_assert!(reading || hop_waits, "work started in {:?}", before);
                                 prop_assert!(replies(&mut r).is_empty(), "sent at once");
                                 working = Some((now + interval, before));
+                                if !reading {
+                                    RX_RELAY.hit(3);
+                                }
                             }
-                            Err(_) => prop_assert!(!reading, "work refused in {:?}", before),
+                            Err(_) => {
+                                prop_assert!(
+                                    !reading && !hop_waits,
+                                    "work refused in {:?}",
+                                    before
+                                );
+                                prop_assert!(replies(&mut r).is_empty(), "misuse queued");
+                            }
                         }
                         prop_assert_eq!(r.state(), before);
                     }
@@ -1507,6 +1530,14 @@ pub(crate) fn check_receiver(
                     Some(deadline) if now >= deadline => match working {
                         Some(_) => {
                             RX_TIMERS.hit(0);
+                            let reading =
+                                before == AwaitDecision && resumable(&m) && m.have.is_none();
+                            if matches!(before, AwaitDecision | Verifying)
+                                && m.relay_hops > 0
+                                && !reading
+                            {
+                                RX_RELAY.hit(4);
+                            }
                             prop_assert_eq!(result, Ok(()));
                             prop_assert_eq!(sent, vec![Message::Keepalive]);
                             prop_assert_eq!(r.state(), before);
@@ -1879,7 +1910,8 @@ pub(crate) fn machine_receiver() {
                  same), {} digest questions past the budget refused ({} about a name compared \
                  already), {} files left as they were, {} dry-run offers answered; {} \
                  KEEPALIVEs while the engine worked, {} sessions timed out, {} early wakes; {} \
-                 RELAYs taken ({} refused by a receiver that does not relay), {} RESULTs queued",
+                 RELAYs taken ({} refused by a receiver that does not relay), {} RESULTs queued, \
+                 {} waits for the hosts after it ({} KEEPALIVEs due)",
                 RX.get(4) + RX.get(6),
                 RX.get(6),
                 RX.get(0),
@@ -1901,7 +1933,9 @@ pub(crate) fn machine_receiver() {
                 RX_TIMERS.get(2),
                 RX_RELAY.get(0),
                 RX_RELAY.get(2),
-                RX_RELAY.get(1)
+                RX_RELAY.get(1),
+                RX_RELAY.get(3),
+                RX_RELAY.get(4)
             )
         },
     );

@@ -185,17 +185,23 @@ pub(crate) fn tx_existing(size: u64) -> WhenExisting {
     }
 }
 
+/// An offer awaits its verdict in `state` (the current one, or a pending
+/// one): a relaying receiver's RESULTs and KEEPALIVEs may come.
+pub(crate) fn verdict_awaited(state: SenderState, front: Option<Pending>) -> bool {
+    use SenderState::*;
+    !matches!(state, AwaitChallenge | AwaitAuthOk | Closed) && (state != Idle || front.is_some())
+}
+
 pub(crate) static TX: Reached = Reached::new();
-/// Relaying: 0 RELAYs queued, 1 RESULTs heard.
+/// Relaying: 0 RELAYs queued, 1 RESULTs heard, 2 KEEPALIVEs taken only
+/// because the session relays.
 pub(crate) static TX_RELAY: Reached = Reached::new();
 
 /// The legal next step in state `state`.
 pub(crate) fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
     use SenderState::*;
     let front = m.pending.front().copied();
-    // An offer awaits its verdict: the current one, or a pending one.
-    let awaited = !matches!(state, AwaitChallenge | AwaitAuthOk | Closed)
-        && (state != Idle || front.is_some());
+    let awaited = verdict_awaited(state, front);
     match state {
         // A relaying receiver's RESULTs, before each verdict, one per host.
         // (Now and then one too many: the session ends.)
@@ -205,6 +211,11 @@ pub(crate) fn legal_tx(state: SenderState, m: &TxModel, seed: u32) -> TxAction {
             && seed % 4 == 1 =>
         {
             TxAction::ResultLike
+        }
+        // A relaying receiver waits for the hosts after it (KEEPALIVE).
+        // (Now and then with no offer awaiting its verdict: misuse.)
+        _ if m.relay_hops > 0 && state != Closed && (awaited || seed % 5 == 2) && seed % 9 == 7 => {
+            TxAction::Msg(Message::Keepalive)
         }
         // With a token, the hosts after the receiver, before any offer.
         Idle if m.tag_len > 0 && m.relay_hops == 0 && !m.offered && seed % 3 == 2 => {
@@ -673,9 +684,8 @@ pub(crate) fn check_sender(
                 let result = s.on_message(msg);
                 // A RESULT is taken only in a relaying session while an
                 // offer awaits its verdict, one per host of the chain.
+                let awaited = verdict_awaited(before, front);
                 if let Message::Result(r) = &sent {
-                    let awaited = !matches!(before, AwaitChallenge | AwaitAuthOk | Closed)
-                        && (before != Idle || front.is_some());
                     let taken = m.relay_hops > 0 && awaited && m.results < m.relay_hops + 1;
                     match &result {
                         Ok(SenderEvent::HopResult(got)) => {
@@ -721,11 +731,22 @@ pub(crate) fn check_sender(
                 }
                 // A KEEPALIVE is taken only while the receiver reads its
                 // copy (before the HAVE, after COMPARE), everything earlier
-                // answered; anywhere else (after FROM, say) it ends the
-                // session.
+                // answered, or, in a relaying session, while an offer awaits
+                // its verdict (the receiver waits for the hosts after it);
+                // anywhere else (after FROM, say) it ends the session.
                 if sent == Message::Keepalive {
                     let reading = matches!(before, AwaitHave | AwaitCompared) && front.is_none();
-                    prop_assert_eq!(result.is_ok(), reading, "KEEPALIVE in {:?}", before);
+                    let relaying = m.relay_hops > 0 && awaited;
+                    prop_assert_eq!(
+                        result.is_ok(),
+                        reading || relaying,
+                        "KEEPALIVE in {:?} (relaying: {})",
+                        before,
+                        m.relay_hops > 0
+                    );
+                    if relaying && !reading {
+                        TX_RELAY.hit(2);
+                    }
                 }
                 // After COMPARE (earlier entries answered): ACK(ok) is the
                 // file's verdict, a HAVE of nothing starts over, KEEPALIVE
@@ -854,10 +875,13 @@ pub(crate) fn check_sender(
                         prop_assert_eq!(s.tag_len(), m.tag_len);
                     }
                     Ok(SenderEvent::Keepalive) => {
-                        // Only while the receiver reads its copy: before
-                        // the HAVE or after COMPARE.
-                        prop_assert!(matches!(before, AwaitHave | AwaitCompared));
-                        prop_assert!(m.pending.is_empty());
+                        // Only while the receiver reads its copy (before
+                        // the HAVE or after COMPARE), or while a relaying
+                        // receiver waits for the hosts after it.
+                        prop_assert_eq!(&sent, &Message::Keepalive);
+                        let reading =
+                            matches!(before, AwaitHave | AwaitCompared) && m.pending.is_empty();
+                        prop_assert!(reading || m.relay_hops > 0 && awaited, "{:?}", before);
                         prop_assert_eq!(s.state(), before);
                     }
                     Ok(SenderEvent::Have(h)) => {
@@ -1339,7 +1363,7 @@ pub(crate) fn machine_sender() {
                  planned, {} FINs, {} verdicts in order, {} COMPAREs ({} copies the same), \
                  {} batches offered, {} digests asked ({} linked), {} silent receivers, \
                  {} keepalives due, {} offers settled without data; {} chains relayed, {} \
-                 RESULTs heard",
+                 RESULTs heard, {} KEEPALIVEs from a hop",
                 TX.get(4),
                 TX.get(0),
                 TX.get(5),
@@ -1355,7 +1379,8 @@ pub(crate) fn machine_sender() {
                 TX.get(12),
                 TX.get(13),
                 TX_RELAY.get(0),
-                TX_RELAY.get(1)
+                TX_RELAY.get(1),
+                TX_RELAY.get(2)
             )
         },
     );
