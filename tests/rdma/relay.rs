@@ -68,6 +68,25 @@ fn chain_receiver(
     ReceiverCommand::new(&net, port, dir).args(&args).start()
 }
 
+/// The chain's receivers, running: A (into `dst_a`), then C, then D
+/// when `d` is given, each forwarding over the next one's wire; their
+/// `--relay` names, in order.
+fn start_chain(net: &Net, dst_a: &Path, c: &Hop, d: Option<&Hop>) -> (Vec<Running>, Vec<String>) {
+    let port_a = next_port();
+    let a = chain_receiver(&net.addr_a, port_a, dst_a, Some(&c.upstream_source), &[]);
+    let c_next = d.map(|d| d.upstream_source.as_str());
+    let mut running = vec![
+        a,
+        chain_receiver(&c.addr, c.port, c.dir.path(), c_next, &[]),
+    ];
+    let mut chain = vec![label(&net.addr_a, port_a), label(&c.addr, c.port)];
+    if let Some(d) = d {
+        running.push(chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]));
+        chain.push(label(&d.addr, d.port));
+    }
+    (running, chain)
+}
+
 /// The sender at B: `--relay` over `chain`, the token, --json.
 fn relay_sender(net: &Net, chain: &[String], files: &[PathBuf], extra: &[&str]) -> Finished {
     let mut cmd = std::process::Command::new(sender_bin());
@@ -120,16 +139,7 @@ fn a_file_reaches_two_hosts_by_relay() {
     let (src, dst_a) = dirs();
     let file = src.path().join("ckpt.bin");
     make_file(&file, 5 * MIB + 333, 61);
-    let port_a = next_port();
-    let _a = chain_receiver(
-        &net.addr_a,
-        port_a,
-        dst_a.path(),
-        Some(&c.upstream_source),
-        &[],
-    );
-    let _c = chain_receiver(&c.addr, c.port, c.dir.path(), None, &[]);
-    let chain = [label(&net.addr_a, port_a), label(&c.addr, c.port)];
+    let (_running, chain) = start_chain(&net, dst_a.path(), &c, None);
     let sent = relay_sender(&net, &chain, &[file], &[]);
     assert_eq!(sent.code(), 0, "{}", sent.transcript());
     assert_copies(src.path(), dst_a.path(), &["ckpt.bin"]);
@@ -165,21 +175,7 @@ fn a_file_and_a_tree_reach_three_hosts_each_byte_leaving_the_source_once() {
         make_file(&path, 40_000 * i + 3, 90 + i);
         names.push(rel);
     }
-    let port_a = next_port();
-    let _a = chain_receiver(
-        &net.addr_a,
-        port_a,
-        dst_a.path(),
-        Some(&c.upstream_source),
-        &[],
-    );
-    let _c = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
-    let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
-    let chain = [
-        label(&net.addr_a, port_a),
-        label(&c.addr, c.port),
-        label(&d.addr, d.port),
-    ];
+    let (_running, chain) = start_chain(&net, dst_a.path(), &c, Some(&d));
     let before = tx_bytes(&dev_b);
     let sent = relay_sender(&net, &chain, &[file, tree], &["-r"]);
     let from_b = tx_bytes(&dev_b) - before;
@@ -220,21 +216,7 @@ fn a_file_refused_at_one_host_is_that_hosts_failure_alone() {
     make_file(&file, 3 * MIB + 5, 81);
     // C has another file under the name, and does not overwrite.
     make_file(&c.dir.path().join("weights.bin"), 1000, 82);
-    let port_a = next_port();
-    let _a = chain_receiver(
-        &net.addr_a,
-        port_a,
-        dst_a.path(),
-        Some(&c.upstream_source),
-        &[],
-    );
-    let _c = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
-    let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
-    let chain = [
-        label(&net.addr_a, port_a),
-        label(&c.addr, c.port),
-        label(&d.addr, d.port),
-    ];
+    let (_running, chain) = start_chain(&net, dst_a.path(), &c, Some(&d));
     let sent = relay_sender(&net, &chain, &[file], &[]);
     // Exit 4: refused (at C only).
     assert_eq!(sent.code(), 4, "{}", sent.transcript());
@@ -272,21 +254,7 @@ fn the_middle_host_killed_mid_file_leaves_the_last_host_complete() {
     let (src, dst_a) = dirs();
     let file = src.path().join("shard.bin");
     make_file(&file, 16 * MIB + 9, 91);
-    let port_a = next_port();
-    let _a = chain_receiver(
-        &net.addr_a,
-        port_a,
-        dst_a.path(),
-        Some(&c.upstream_source),
-        &[],
-    );
-    let c_host = chain_receiver(&c.addr, c.port, c.dir.path(), Some(&d.upstream_source), &[]);
-    let _d = chain_receiver(&d.addr, d.port, d.dir.path(), None, &[]);
-    let chain = [
-        label(&net.addr_a, port_a),
-        label(&c.addr, c.port),
-        label(&d.addr, d.port),
-    ];
+    let (running, chain) = start_chain(&net, dst_a.path(), &c, Some(&d));
     // Paced at the source (4 MiB/s): C is killed with a few MiB in.
     let mut cmd = std::process::Command::new(sender_bin());
     cmd.arg("-v").env_remove("RDMA_XFER_ACK_TIMEOUT");
@@ -299,7 +267,7 @@ fn the_middle_host_killed_mid_file_leaves_the_last_host_complete() {
     token_env(&mut cmd, None);
     let sending = Running::spawn("sender", cmd);
     wait_for_partial_file(c.dir.path(), 3 * MIB);
-    c_host.signal("KILL");
+    running[1].signal("KILL");
     let sent = sending.wait(Duration::from_secs(300));
     // The exit status is C's failure; A and D have the file, verified.
     assert_ne!(sent.code(), 0, "{}", sent.transcript());
@@ -343,16 +311,7 @@ fn a_stream_cut_at_the_source_is_kept_by_no_host() {
     let (src, dst_a) = dirs();
     let input = src.path().join("input.bin");
     make_file(&input, 16 * MIB, 93);
-    let port_a = next_port();
-    let _a = chain_receiver(
-        &net.addr_a,
-        port_a,
-        dst_a.path(),
-        Some(&c.upstream_source),
-        &[],
-    );
-    let _c = chain_receiver(&c.addr, c.port, c.dir.path(), None, &[]);
-    let chain = [label(&net.addr_a, port_a), label(&c.addr, c.port)];
+    let (_running, chain) = start_chain(&net, dst_a.path(), &c, None);
     // Standard input, paced: the sender is killed with a few MiB at C
     // (bash execs it: its PID is the sender's).
     let mut words = vec![q(sender_bin()), "-v".into()];

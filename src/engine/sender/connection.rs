@@ -251,7 +251,9 @@ impl Connection {
                     debug!("the receiver requires authentication: PROVE sent");
                 }
             }
-            SenderEvent::Keepalive => debug!("the receiver reads its copy"),
+            SenderEvent::Keepalive => {
+                debug!("the receiver reads its copy, or waits for the hosts after it")
+            }
             SenderEvent::HopResult(result) => tracker.chain.result(result),
             SenderEvent::Aborted(failed) => {
                 return Err(FileError::Fatal(ack_error(failed)));
