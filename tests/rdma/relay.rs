@@ -116,6 +116,21 @@ fn records(run: &Finished) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// `name`'s records: ok at the first and last host of `chain`, failed at
+/// the middle one.
+fn assert_only_the_middle_failed(sent: &Finished, chain: &[String], name: &str) {
+    let got = records(sent);
+    let status_at = |host: &String| {
+        got.iter()
+            .find(|(h, n, _)| h == host && n == name)
+            .map(|(_, _, s)| s.clone())
+            .unwrap_or_else(|| panic!("no record for {host}:\n{}", sent.transcript()))
+    };
+    assert_eq!(status_at(&chain[0]), "ok", "{}", sent.transcript());
+    assert_eq!(status_at(&chain[2]), "ok", "{}", sent.transcript());
+    assert_ne!(status_at(&chain[1]), "ok", "{}", sent.transcript());
+}
+
 /// Every `names` under `src` is under `dst` with the same SHA-256, and
 /// nothing half-written is left.
 fn assert_copies(src: &Path, dst: &Path, names: &[&str]) {
@@ -229,16 +244,7 @@ fn a_file_refused_at_one_host_is_that_hosts_failure_alone() {
         1000,
         "C's own file was replaced"
     );
-    let got = records(&sent);
-    let status_at = |host: &String| {
-        got.iter()
-            .find(|(h, n, _)| h == host && n == "weights.bin")
-            .map(|(_, _, s)| s.clone())
-            .unwrap_or_else(|| panic!("no record for {host}:\n{}", sent.transcript()))
-    };
-    assert_eq!(status_at(&chain[0]), "ok", "{}", sent.transcript());
-    assert_eq!(status_at(&chain[2]), "ok", "{}", sent.transcript());
-    assert_ne!(status_at(&chain[1]), "ok", "{}", sent.transcript());
+    assert_only_the_middle_failed(&sent, &chain, "weights.bin");
     // The line on stderr names C and why.
     assert!(
         sent.stderr.contains(&chain[1]) && sent.stderr.contains("exists"),
@@ -273,16 +279,7 @@ fn the_middle_host_killed_mid_file_leaves_the_last_host_complete() {
     assert_ne!(sent.code(), 0, "{}", sent.transcript());
     assert_copies(src.path(), dst_a.path(), &["shard.bin"]);
     assert_copies(src.path(), d.dir.path(), &["shard.bin"]);
-    let got = records(&sent);
-    let status_at = |host: &String| {
-        got.iter()
-            .find(|(h, n, _)| h == host && n == "shard.bin")
-            .map(|(_, _, s)| s.clone())
-            .unwrap_or_else(|| panic!("no record for {host}:\n{}", sent.transcript()))
-    };
-    assert_eq!(status_at(&chain[0]), "ok", "{}", sent.transcript());
-    assert_eq!(status_at(&chain[2]), "ok", "{}", sent.transcript());
-    assert_ne!(status_at(&chain[1]), "ok", "{}", sent.transcript());
+    assert_only_the_middle_failed(&sent, &chain, "shard.bin");
     assert!(
         sent.stderr
             .lines()
