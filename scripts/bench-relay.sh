@@ -110,3 +110,12 @@ measure "wires limited to $RATE"
 for w in ab c d; do "$here/guest/wire.sh" "$w" unlimit; done
 measure "wires unlimited (CPU-bound guest)"
 echo "bench-relay: load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Each host's peak RSS over every run (the receiver says it as it exits,
+# -v): bounded by its buffers, whatever the file's size.
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+pids=()
+for host in "$A" "$C" "$D"; do
+  rss=$(sed -n 's/.*peak_rss_bytes=\([0-9]*\).*/\1/p' "$RX_WORK/receiver-$host.log" | tail -1)
+  echo "RESULT relay peak RSS $host: $((${rss:-0} >> 20)) MiB (its ring and staging registered)"
+done
