@@ -99,9 +99,9 @@ measure() {
   read -r s2 b2 <<<"$two"
   read -r s3 b3 <<<"$three"
   echo "relay $label: ${SIZE_MIB} MiB to 1 host ${s1} s, to 2 hosts ${s2} s, to 3 hosts ${s3} s (median of $RUNS)"
-  awk -v s1="$s1" -v s2="$s2" -v s3="$s3" -v b1="$b1" -v b3="$b3" -v size="$size" -v l="$label" \
-    'BEGIN { printf "RESULT relay %s: makespan 2 hosts/1 host=%.2f 3 hosts/1 host=%.2f source wire bytes/file bytes: 1 host %.3f, 3 hosts %.3f\n",
-      l, s2 / s1, s3 / s1, b1 / size, b3 / size }'
+  awk -v s1="$s1" -v s2="$s2" -v s3="$s3" -v b1="$b1" -v b2="$b2" -v b3="$b3" -v size="$size" -v l="$label" \
+    'BEGIN { printf "RESULT relay %s: makespan 2 hosts/1 host=%.2f 3 hosts/1 host=%.2f source wire bytes/file bytes: 1 host %.3f, 2 hosts %.3f, 3 hosts %.3f\n",
+      l, s2 / s1, s3 / s1, b1 / size, b2 / size, b3 / size }'
 }
 
 echo "bench-relay: host load before: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -18,10 +18,11 @@ use crate::proto::{
 };
 use std::io::Write;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// What a hop needs to reach the next host: the chain after this host
@@ -60,6 +61,8 @@ pub struct Forward {
     /// Set once this host's own checks of the file passed (`finish`):
     /// until then the pipe's end is the file abandoned, never its end.
     whole: Option<Arc<AtomicBool>>,
+    /// How long a pipe write may wait for the next host.
+    stall: Duration,
     session: Option<JoinHandle<Forwarded>>,
     /// Why the bytes stopped going on (the next host's session ended or
     /// stalled), said once.
@@ -133,7 +136,13 @@ impl Forward {
             };
             return Forward::spawn(next, hello, Ok(entry), None);
         }
-        match std::io::pipe() {
+        let pipe = std::io::pipe().and_then(|(reader, writer)| {
+            // Written with a deadline (`write`).
+            crate::sys::os::set_nonblocking(writer.as_fd(), "fcntl")
+                .map_err(std::io::Error::other)?;
+            Ok((reader, writer))
+        });
+        match pipe {
             Ok((reader, writer)) => {
                 let input = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
                 crate::engine::stdio::grow_pipe(&input, next.chunk_size as usize);
@@ -177,7 +186,13 @@ impl Forward {
             .name("relay".into())
             .spawn(move || match (entry, cfg) {
                 (Ok(entry), Ok(cfg)) => forward_one(&cfg, entry, &hosts),
-                (Err(e), _) | (_, Err(e)) => Forwarded {
+                // The next host's name does not resolve: lost for the
+                // session.
+                (Ok(_), Err(e)) => Forwarded {
+                    results: not_reached(&hosts, &e),
+                    lost: Some(e.to_string()),
+                },
+                (Err(e), _) => Forwarded {
                     results: not_reached(&hosts, &e),
                     lost: None,
                 },
@@ -185,6 +200,7 @@ impl Forward {
         match session {
             Ok(handle) => Forward {
                 name,
+                stall: hop_timeout(next),
                 hello: hello.clone(),
                 whole: pipe.as_ref().map(|(_, w)| w.clone()),
                 pipe: pipe.map(|(p, _)| p),
@@ -195,6 +211,7 @@ impl Forward {
                 warn!("cannot start the relay to the next host: {e}");
                 Forward {
                     name,
+                    stall: hop_timeout(next),
                     hello: hello.clone(),
                     whole: None,
                     pipe: None,
@@ -212,15 +229,44 @@ impl Forward {
 
     /// Passes checked bytes on. A next host that is gone (its session
     /// ended) stops the forwarding, not this host's transfer.
-    pub fn write(&mut self, data: &[u8]) {
+    /// A next host that takes nothing for `stall` is dropped too: this
+    /// host must keep answering its own sender.
+    pub fn write(&mut self, mut data: &[u8]) {
         let Some(pipe) = self.pipe.as_mut() else {
             return;
         };
-        if let Err(e) = pipe.write_all(data) {
-            debug!(file = %escaped(&self.name), "the next host takes no more of it: {e}");
-            self.stopped = Some(e.to_string());
-            self.pipe = None;
-        }
+        let mut progress_at = Instant::now();
+        let failed = loop {
+            if data.is_empty() {
+                return;
+            }
+            match pipe.write(data) {
+                Ok(n) => {
+                    data = &data[n..];
+                    progress_at = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let deadline = progress_at + self.stall;
+                    match crate::sys::os::wait_writable(&*pipe, deadline) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            break format!(
+                                "the next host took nothing of it for {} s",
+                                self.stall.as_secs()
+                            );
+                        }
+                        Err(e) => break e.to_string(),
+                    }
+                }
+                Err(e) => break e.to_string(),
+            }
+        };
+        debug!(file = %escaped(&self.name), "the next host takes no more of it: {failed}");
+        self.stopped = Some(failed);
+        // Cut short: its end is never the file's.
+        self.whole = None;
+        self.pipe = None;
     }
 
     /// The end of the offer's bytes: `whole` once this host's own checks
@@ -275,6 +321,12 @@ impl Drop for Forward {
     }
 }
 
+/// The next host's timeout: half this receiver's own, so that a next
+/// host that stalls is dropped before this host's sender gives up on it.
+fn hop_timeout(next: &NextHops) -> Duration {
+    (next.timeout / 2).max(Duration::from_secs(1))
+}
+
 /// The sender settings of the session to the next host for `hello`.
 fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError> {
     let first = next
@@ -283,7 +335,7 @@ fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError>
         .ok_or_else(|| XferError::Internal("a relay with no next host".into()))?;
     let mut cfg = SenderConfig::new(resolve(first)?);
     cfg.token = Some(next.token.clone());
-    cfg.timeout = (next.timeout / 2).max(Duration::from_secs(1));
+    cfg.timeout = hop_timeout(next);
     cfg.chunk_size = next.chunk_size;
     cfg.ack_timeout = next.ack_timeout;
     cfg.source = next.source;
@@ -309,35 +361,37 @@ fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError>
 /// Runs the session that sends `entry` to the chain `hosts`; each host's
 /// result, and a failure for each host the session did not reach.
 fn forward_one(cfg: &SenderConfig, entry: Entry, hosts: &[String]) -> Forwarded {
-    let mut results: Vec<HopResult> = Vec::new();
+    let mut reported: Vec<HopResult> = Vec::new();
     let sent = send_entries(cfg, vec![entry], |event| {
         if let Some(result) = result_of(event, hosts) {
-            results.push(result);
+            reported.push(result);
         }
     });
-    let ended = match sent {
-        Ok(outcome) => outcome.first_error,
-        Err(e) => Some(e),
-    };
-    // The session to the next host ended by the connection (it could not
-    // be reached, or went away): what the hosts after it heard is unknown.
-    let lost = match &ended {
-        Some(e) if e.is_transient() || e.exit_code() == ExitCode::CannotConnect => {
-            Some(e.to_string())
+    let (ended, lost) = match sent {
+        Ok(outcome) => (outcome.first_error, None),
+        // The session to the next host itself ended by the connection (it
+        // could not be reached, or went away): what the hosts after it
+        // heard is unknown. (A host further down failing is not this.)
+        Err(e) => {
+            let lost = (e.is_transient() || e.exit_code() == ExitCode::CannotConnect)
+                .then(|| e.to_string());
+            (Some(e), lost)
         }
-        _ => None,
     };
-    // A directory made everywhere has no report; a host the session
-    // never heard from has the error that ended it.
-    for host in hosts {
-        if results.iter().any(|r| &r.host == host) {
-            continue;
-        }
-        results.push(match &ended {
-            None => HopResult::new(host.clone(), HopVerdict::Ack(AckStatus::Ok), 0, ""),
-            Some(e) => failed(host, e.exit_code(), e.reason_code(), &e.to_string()),
-        });
-    }
+    // One result per host of the chain, in its order: what a next host
+    // said of others, or twice, is not passed on.
+    let results = hosts
+        .iter()
+        .map(|host| match reported.iter().find(|r| &r.host == host) {
+            Some(result) => result.clone(),
+            // A directory made everywhere has no report; a host the
+            // session never heard from has the error that ended it.
+            None => match &ended {
+                None => HopResult::new(host.clone(), HopVerdict::Ack(AckStatus::Ok), 0, ""),
+                Some(e) => failed(host, e.exit_code(), e.reason_code(), &e.to_string()),
+            },
+        })
+        .collect();
     Forwarded { results, lost }
 }
 

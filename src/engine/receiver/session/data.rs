@@ -253,6 +253,13 @@ impl Session<'_, '_> {
             "all data received"
         );
         let outcome = file.sink.outcome();
+        // Verified: its end goes on to the next host of a relay chain now,
+        // so that the hosts commit side by side, not one after the other.
+        if digest == fin.digest
+            && let Some(forward) = file.forward.as_mut()
+        {
+            forward.end_input(true);
+        }
         let (status, reason, err) = if digest != fin.digest {
             let mut reason = format!(
                 "whole-file digest mismatch for {}: received data hashes to {}, the sender's is {}",

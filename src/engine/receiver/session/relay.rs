@@ -324,7 +324,11 @@ impl Session<'_, '_> {
         match file.own.take() {
             Some(own) => {
                 self.tell_results(own.verdict, 0, &own.reason)?;
-                Ok((status, "relayed".into()))
+                let reason = match status {
+                    AckStatus::Ok => "relayed".into(),
+                    _ => reason,
+                };
+                Ok((status, reason))
             }
             None => {
                 // A file kept here goes on past a next host lost mid-file.
