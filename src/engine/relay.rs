@@ -7,10 +7,10 @@
 //! The next host's result, and those of the hosts after it, come back as
 //! `HopResult`s for the receiver's RESULTs.
 
+use crate::engine::DEFAULT_PORT;
 use crate::engine::entries::Entry;
 use crate::engine::report::FileEvent;
 use crate::engine::sender::{SenderConfig, send_entries};
-use crate::engine::{DEFAULT_PORT, Outcome};
 use crate::error::{ExitCode, XferError};
 use crate::proto::{
     AckStatus, FileOffer, Hello, HopResult, HopVerdict, OfferKind, RejectCode, Token, WhenExisting,
@@ -58,8 +58,9 @@ pub struct Forward {
     /// The offer forwarded (a bypass makes it again).
     hello: Hello,
     pipe: Option<std::io::PipeWriter>,
-    /// Set once this host's own checks of the file passed (`finish`):
-    /// until then the pipe's end is the file abandoned, never its end.
+    /// Set once this host's own checks of the file passed
+    /// (`end_input(true)`): until then the pipe's end is the file
+    /// abandoned, never its end.
     whole: Option<Arc<AtomicBool>>,
     /// How long a pipe write may wait for the next host.
     stall: Duration,
@@ -124,8 +125,8 @@ pub fn resolve(host: &str) -> Result<SocketAddr, XferError> {
 
 impl Forward {
     /// Starts sending `hello`'s entry to the next hosts. For a file or a
-    /// stream its bytes come through `write`; `finish` waits for the
-    /// results.
+    /// stream its bytes come through `write`; `end_input` ends them, and
+    /// `results` waits for the next hosts' results.
     pub fn start(next: &NextHops, hello: &Hello) -> Forward {
         let offer = offer_for(hello);
         if hello.is_directory() {
@@ -286,17 +287,7 @@ impl Forward {
 
     /// The results of the next hosts, once their verdicts came back up
     /// (after `end_input`).
-    pub fn results(self, hosts: &[String]) -> Forwarded {
-        self.end(hosts)
-    }
-
-    /// `end_input(true)`, then the results.
-    pub fn finish(mut self, hosts: &[String]) -> Forwarded {
-        self.end_input(true);
-        self.end(hosts)
-    }
-
-    fn end(mut self, hosts: &[String]) -> Forwarded {
+    pub fn results(mut self, hosts: &[String]) -> Forwarded {
         self.pipe = None;
         let lost = |why: String| Forwarded {
             results: not_reached(hosts, &XferError::Internal(why)),
@@ -408,13 +399,7 @@ fn result_of(event: FileEvent<'_>, hosts: &[String]) -> Option<HopResult> {
     match event {
         FileEvent::Done(r) => {
             let host = r.host.clone().or_else(|| hosts.first().cloned())?;
-            let verdict = match r.outcome {
-                Outcome::Unchanged => AckStatus::Unchanged,
-                Outcome::KeptExisting => AckStatus::KeptExisting,
-                Outcome::KeptNewer => AckStatus::KeptNewer,
-                Outcome::WouldSend => AckStatus::WouldReceive,
-                _ => AckStatus::Ok,
-            };
+            let verdict = r.outcome.ack_status();
             let note = r.outcome.ack_note();
             Some(HopResult::new(
                 host,

@@ -44,6 +44,19 @@ mod tests {
         assert_eq!(Outcome::from_ack_note("something else"), Outcome::Stored);
         assert_eq!(Outcome::Piped.as_str(), "piped");
     }
+
+    #[test]
+    fn an_outcome_without_data_is_read_back_from_its_ack_status() {
+        for o in [
+            Outcome::Unchanged,
+            Outcome::KeptExisting,
+            Outcome::KeptNewer,
+            Outcome::WouldSend,
+        ] {
+            assert_eq!(Outcome::of_no_data(o.ack_status()), Some(o));
+        }
+        assert_eq!(Outcome::Stored.ack_status(), crate::proto::AckStatus::Ok);
+    }
 }
 
 impl FileReport {
@@ -136,6 +149,19 @@ impl Outcome {
             AckStatus::KeptNewer => Some(Outcome::KeptNewer),
             AckStatus::WouldReceive => Some(Outcome::WouldSend),
             _ => None,
+        }
+    }
+
+    /// The ACK status a receiver answers with for this outcome: the one
+    /// `of_no_data` reads back, else Ok.
+    pub fn ack_status(self) -> crate::proto::AckStatus {
+        use crate::proto::AckStatus;
+        match self {
+            Outcome::Unchanged => AckStatus::Unchanged,
+            Outcome::KeptExisting => AckStatus::KeptExisting,
+            Outcome::KeptNewer => AckStatus::KeptNewer,
+            Outcome::WouldSend => AckStatus::WouldReceive,
+            _ => AckStatus::Ok,
         }
     }
 
