@@ -18,7 +18,7 @@ fn run(args: &ReceiverArgs, ui: &Arc<Ui>) -> Result<(), XferError> {
         // Started by `sender FILE HOST:DIR`: its one-time token first,
         // then the end of standard input ends the session.
         cfg.token = Some(remote::read_token_line(&mut std::io::stdin().lock())?);
-        remote::watch_hangup();
+        remote::watch_hangup(cfg.relay_keys.clone());
         if args.bind.is_none() {
             let ssh = std::env::var("SSH_CONNECTION").ok();
             let ip = first_rdma_address(&remote::bind_candidates(ssh.as_deref()))?;

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+mod chain;
 pub mod doctor;
 pub mod generate;
 pub mod line;

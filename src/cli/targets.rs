@@ -1,10 +1,11 @@
 //! The one-command form's driver: for each `[USER@]HOST:DIR` target a
 //! receiver started over ssh (`engine::remote`), one session with it
 //! under a one-time token, and its end; up to `--parallel` targets at
-//! once, each with its own result. Every file's `--json` record names
+//! once, each with its own result. Several targets go by a relay chain
+//! (`chain`) unless `--no-relay`. Every file's `--json` record names
 //! its host; with several targets so does every text line.
 
-use super::args::RemotePlan;
+use super::args::{Chain, RemotePlan};
 use super::render::session_summary;
 use super::ui::{HostLabel, HostProgress, Ui};
 use crate::engine::ProgressSink;
@@ -19,6 +20,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// is. Several: each failure reported as it happens, then
 /// `TargetsFailed` with the worst (highest) exit status.
 pub fn send_to_targets(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(), XferError> {
+    match &plan.chain {
+        Chain::Relay => return super::chain::send_by_relay(plan, ui, summary),
+        Chain::DirectFor(why) => tracing::warn!("{why}"),
+        Chain::Direct => {}
+    }
     let labelled = plan.targets.len() > 1;
     let next = AtomicUsize::new(0);
     let failures: Mutex<Vec<XferError>> = Mutex::new(Vec::new());
@@ -97,7 +103,7 @@ fn within_memlock(workers: usize, cfg: &crate::engine::sender::SenderConfig) -> 
 }
 
 /// A target's error without its host in front (the line adds it).
-fn strip_host(e: &XferError, host: &str) -> String {
+pub(super) fn strip_host(e: &XferError, host: &str) -> String {
     let text = e.to_string();
     match text.strip_prefix(&format!("{host}: ")) {
         Some(rest) => rest.to_string(),

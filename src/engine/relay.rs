@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 #[derive(Debug, Clone)]
 pub struct NextHops {
     pub hosts: Vec<String>,
-    pub token: Token,
+    pub keys: HopKeys,
     /// The receiver's own --timeout: the next host gets half of it, so
     /// that a stalled next host is dropped before the sender gives up on
     /// this one.
@@ -40,6 +40,80 @@ pub struct NextHops {
     pub ack_timeout: crate::engine::AckTimeout,
     /// The local address to connect from (`--relay-source`).
     pub source: Option<std::net::IpAddr>,
+}
+
+/// The tokens a hop proves to the hosts after it.
+#[derive(Clone)]
+pub enum HopKeys {
+    /// Every host of the chain has this receiver's own token
+    /// (`receiver --allow-relay`, `sender --relay`).
+    Shared(Token),
+    /// Each host its own, handed to this host by the sender over ssh
+    /// (the one-command form's chain): a host it has none for is not
+    /// reached.
+    PerHost(Arc<KeyRing>),
+}
+
+impl std::fmt::Debug for HopKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HopKeys::Shared(_) => "HopKeys::Shared",
+            HopKeys::PerHost(_) => "HopKeys::PerHost",
+        })
+    }
+}
+
+impl HopKeys {
+    /// The token that `host` (a name of the chain) proves itself with.
+    pub fn key_for(&self, host: &str) -> Result<Token, XferError> {
+        match self {
+            HopKeys::Shared(token) => Ok(token.clone()),
+            HopKeys::PerHost(ring) => ring.key_for(host).ok_or_else(|| XferError::Rejected {
+                code: Some(RejectCode::Auth),
+                reason: format!(
+                    "no token for {} from the sender: this host may pass files on only to \
+                         the hosts it was started for",
+                    escaped(host)
+                ),
+            }),
+        }
+    }
+}
+
+/// The tokens of the hosts after a hop started over ssh, by their names
+/// in the chain: set once, when the sender hands them over, before it
+/// starts the chain.
+#[derive(Default)]
+pub struct KeyRing {
+    keys: std::sync::OnceLock<Vec<(String, Token)>>,
+}
+
+impl std::fmt::Debug for KeyRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyRing({} tokens)", self.len())
+    }
+}
+
+impl KeyRing {
+    /// Keeps `keys`; false when some were kept already (they stay).
+    pub fn set(&self, keys: Vec<(String, Token)>) -> bool {
+        self.keys.set(keys).is_ok()
+    }
+
+    /// How many hosts it has a token for.
+    pub fn len(&self) -> usize {
+        self.keys.get().map_or(0, Vec::len)
+    }
+
+    /// Whether it holds no token (none handed over, or none to hand).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn key_for(&self, host: &str) -> Option<Token> {
+        let keys = self.keys.get()?;
+        keys.iter().find(|(h, _)| h == host).map(|(_, t)| t.clone())
+    }
 }
 
 /// What forwarding an offer came to: each next host's result, and, when
@@ -187,8 +261,8 @@ impl Forward {
             .name("relay".into())
             .spawn(move || match (entry, cfg) {
                 (Ok(entry), Ok(cfg)) => forward_one(&cfg, entry, &hosts),
-                // The next host's name does not resolve: lost for the
-                // session.
+                // The next host's name does not resolve, or this host
+                // has no token for it: lost for the session.
                 (Ok(_), Err(e)) => Forwarded {
                     results: not_reached(&hosts, &e),
                     lost: Some(e.to_string()),
@@ -325,7 +399,7 @@ fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError>
         .first()
         .ok_or_else(|| XferError::Internal("a relay with no next host".into()))?;
     let mut cfg = SenderConfig::new(resolve(first)?);
-    cfg.token = Some(next.token.clone());
+    cfg.token = Some(next.keys.key_for(first)?);
     cfg.timeout = hop_timeout(next);
     cfg.chunk_size = next.chunk_size;
     cfg.ack_timeout = next.ack_timeout;

@@ -334,3 +334,148 @@ fn a_stream_cut_at_the_source_is_kept_by_no_host() {
         );
     }
 }
+
+/// The one-command form with targets A, C and D, from B: `extra`
+/// options, then the files, then the targets.
+fn chain_by_ssh(net: &Net, extra: &[&str], files: &[&Path], targets: &[String]) -> Finished {
+    let mut args: Vec<&str> = files.iter().map(|f| f.to_str().unwrap()).collect();
+    args.extend(targets.iter().map(String::as_str));
+    let mut extra = extra.to_vec();
+    extra.push("--json");
+    crate::ssh::run(crate::ssh::sender(net, &extra, &args))
+}
+
+#[test]
+fn one_command_sends_a_file_and_a_tree_along_three_targets() {
+    let Some(net) = crate::ssh::ssh_net() else {
+        return;
+    };
+    let Some([c, d]) = hops() else { return };
+    let Some([_, dev_b]) = own_guest() else {
+        return;
+    };
+    let (src, dst_a) = dirs();
+    let file = src.path().join("model.pt");
+    make_file(&file, 4 * MIB + 5, 41);
+    let tree = src.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    let mut names = vec!["model.pt".to_string()];
+    for i in 0..4u64 {
+        let rel = format!("t/f{i}");
+        make_file(&src.path().join(&rel), 30_000 * i + 1, 50 + i);
+        names.push(rel);
+    }
+    let dirs = [dst_a.path(), c.dir.path(), d.dir.path()];
+    let hosts = [&net.addr_a, &c.addr, &d.addr];
+    let targets: Vec<String> = hosts
+        .iter()
+        .zip(dirs)
+        .map(|(h, dir)| crate::ssh::target(h, dir))
+        .collect();
+    let before = tx_bytes(&dev_b);
+    let sent = chain_by_ssh(&net, &["-r"], &[&file, &tree], &targets);
+    let from_b = tx_bytes(&dev_b) - before;
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for dir in dirs {
+        assert_copies(src.path(), dir, &names);
+        crate::ssh::assert_remote_gone(dir);
+    }
+    // Every host's result for every file, labelled with its host.
+    let got = records(&sent);
+    for host in hosts {
+        for name in &names {
+            assert!(
+                got.iter()
+                    .any(|(h, n, s)| h == host && n == name && s == "ok"),
+                "no ok record for {name} at {host}:\n{}",
+                sent.transcript()
+            );
+        }
+    }
+    // By relay: the source's wire carried the bytes about once.
+    let total: u64 = names
+        .iter()
+        .map(|n| std::fs::metadata(src.path().join(n)).unwrap().len())
+        .sum();
+    assert!(
+        from_b < total + total / 4 + MIB,
+        "{from_b} bytes left B for {total} bytes to 3 hosts"
+    );
+}
+
+#[test]
+fn one_command_chain_goes_on_past_a_target_that_cannot_start_or_refuses() {
+    let Some(net) = crate::ssh::ssh_net() else {
+        return;
+    };
+    let Some([c, d]) = hops() else { return };
+    let (src, dst_a) = dirs();
+    let file = src.path().join("shard.bin");
+    make_file(&file, 2 * MIB + 7, 43);
+    // C's directory does not exist; D has another file under the name.
+    make_file(&d.dir.path().join("shard.bin"), 100, 44);
+    let missing = c.dir.path().join("no/such/dir");
+    let targets = vec![
+        crate::ssh::target(&net.addr_a, dst_a.path()),
+        crate::ssh::target(&c.addr, &missing),
+        crate::ssh::target(&d.addr, d.dir.path()),
+    ];
+    let sent = chain_by_ssh(&net, &[], &[&file], &targets);
+    // The worst (highest) status: D's refusal (4) over C's usage error.
+    assert_eq!(sent.code(), 4, "{}", sent.transcript());
+    assert_copies(src.path(), dst_a.path(), &["shard.bin"]);
+    assert_eq!(
+        std::fs::metadata(d.dir.path().join("shard.bin"))
+            .unwrap()
+            .len(),
+        100,
+        "D's own file was replaced"
+    );
+    let got = records(&sent);
+    let status_at = |host: &str| {
+        got.iter()
+            .find(|(h, n, _)| h == host && n == "shard.bin")
+            .map(|(_, _, s)| s.clone())
+    };
+    assert_eq!(
+        status_at(&net.addr_a).as_deref(),
+        Some("ok"),
+        "{}",
+        sent.transcript()
+    );
+    assert_eq!(
+        status_at(&d.addr).as_deref(),
+        Some("rejected"),
+        "{}",
+        sent.transcript()
+    );
+    // One record per target: A ok, C usage (2), D rejected (4).
+    let ends: Vec<(String, u64)> = json_lines("sender", &sent.stdout)
+        .into_iter()
+        .filter(|r| r["event"] == "target")
+        .map(|r| {
+            (
+                r["host"].as_str().unwrap_or_default().to_string(),
+                r["exit_code"].as_u64().unwrap_or(99),
+            )
+        })
+        .collect();
+    let mut ends = ends;
+    ends.sort();
+    let mut want = vec![
+        (net.addr_a.clone(), 0),
+        (c.addr.clone(), 2),
+        (d.addr.clone(), 4),
+    ];
+    want.sort();
+    assert_eq!(ends, want, "{}", sent.transcript());
+    assert!(
+        sent.stderr.contains("no/such/dir") && sent.stderr.contains("3 targets failed"),
+        "{}",
+        sent.stderr
+    );
+    for dir in [dst_a.path(), d.dir.path()] {
+        crate::ssh::assert_remote_gone(dir);
+    }
+}

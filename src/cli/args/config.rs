@@ -516,6 +516,7 @@ impl SenderArgs {
                 // Each attempt starts a new receiver: the engine's own
                 // retries (same address) do not apply.
                 cfg.retries = 0;
+                let chain = self.chain_for(targets.len());
                 SendPlan::Remote(RemotePlan {
                     cfg,
                     files,
@@ -523,6 +524,7 @@ impl SenderArgs {
                     launch,
                     parallel: usize::from(self.parallel),
                     retries: self.retry,
+                    chain,
                 })
             }
             _ => SendPlan::Direct { cfg, files },
@@ -579,6 +581,27 @@ impl SenderArgs {
         problems.check(parse_addr(first))
     }
 
+    /// How `targets` targets are served: a relay chain when there are
+    /// several, unless --no-relay or an option a chain does not do yet.
+    fn chain_for(&self, targets: usize) -> Chain {
+        if targets < 2 || self.no_relay {
+            return Chain::Direct;
+        }
+        for (given, name) in [
+            (self.resume || self.retry > 0, "--resume and --retry"),
+            (self.checksum, "--checksum"),
+            (self.dry_run, "--dry-run"),
+        ] {
+            if given {
+                return Chain::DirectFor(format!(
+                    "{name}: copying to each target directly (a relay chain does not do it \
+                     yet; --no-relay asks for direct copies without this warning)"
+                ));
+            }
+        }
+        Chain::Relay
+    }
+
     /// Options that make no sense with receivers started over ssh.
     fn check_remote_options(&self, problems: &mut Problems) {
         if self.port.is_some() {
@@ -626,6 +649,8 @@ impl SenderArgs {
                 && !self.relative
                 && self.files_from.is_none()
                 && matches!(files, [one] if one.as_os_str() == "-" || one.is_file()),
+            // The chain's driver asks for it (`cli::chain`).
+            relay: false,
         }
     }
 }
@@ -663,6 +688,20 @@ pub struct RemotePlan {
     pub parallel: usize,
     /// New receivers started after a failure that may be transient.
     pub retries: u32,
+    /// Whether the targets form a relay chain.
+    pub chain: Chain,
+}
+
+/// How the one-command form serves several targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chain {
+    /// A relay chain in the order given: the sender sends to the first.
+    Relay,
+    /// A copy to each target (one target, or `--no-relay`).
+    Direct,
+    /// A copy to each target, because of an option a chain does not do
+    /// (said once, as a warning).
+    DirectFor(String),
 }
 
 /// The targets of `--hosts FILE`: one `[USER@]HOST:DIR` a line.
@@ -915,8 +954,10 @@ impl ReceiverArgs {
         };
         let mut cfg = ReceiverConfig::new(bind, dir);
         cfg.ack_timeout = ack_timeout;
-        cfg.once = self.once || self.stdout || self.ssh_session;
-        cfg.wait = match (self.wait, self.ssh_session) {
+        // A relay hop serves a session per file of the host before it,
+        // until the sender hangs up.
+        cfg.once = (self.once || self.stdout || self.ssh_session) && !self.ssh_relay;
+        cfg.wait = match (self.wait, self.ssh_session && !self.ssh_relay) {
             (Some(w), _) => Some(w),
             (None, true) => Some(self.common.timeout),
             (None, false) => None,
@@ -943,8 +984,11 @@ impl ReceiverArgs {
         cfg.sweep = !self.no_sweep;
         cfg.threads = usize::from(self.threads);
         cfg.allow_dotfiles = self.allow_dotfiles;
-        cfg.relay = self.allow_relay;
+        cfg.relay = self.allow_relay || self.ssh_relay;
         cfg.relay_source = relay_source;
+        cfg.relay_keys = self
+            .ssh_relay
+            .then(|| std::sync::Arc::new(crate::engine::relay::KeyRing::default()));
         Ok(cfg)
     }
 

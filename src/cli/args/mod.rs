@@ -9,7 +9,7 @@ mod config;
 #[cfg(test)]
 mod tests;
 
-pub use config::{MAX_TIMEOUT, RemotePlan, SendPlan, parse_addr};
+pub use config::{Chain, MAX_TIMEOUT, RemotePlan, SendPlan, parse_addr};
 
 use super::{parse_size_arg, parse_timeout_arg};
 use crate::engine::filter::Rule;
@@ -310,7 +310,13 @@ pub struct SenderArgs {
     /// else the first RDMA address there].
     #[arg(long, value_name = "ADDR", value_hint = ValueHint::Hostname, help_heading = REMOTE)]
     pub remote_bind: Option<String>,
-    /// Targets served at once, 1-256.
+    /// Several targets: copy to each directly, up to --parallel at once,
+    /// instead of the default relay chain (the sender sends to the first
+    /// target only, each passes the files on to the next).
+    #[arg(long, conflicts_with = "relay", help_heading = REMOTE)]
+    pub no_relay: bool,
+    /// Targets served at once with --no-relay (and receivers started at
+    /// once in a chain), 1-256.
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u16).range(1..=256), value_hint = ValueHint::Other,
           help_heading = REMOTE)]
@@ -530,6 +536,12 @@ pub struct ReceiverArgs {
     /// parent directory (said on the ready line).
     #[arg(long, hide = true, requires = "ssh_session")]
     pub ssh_path: bool,
+    /// With --ssh-session, for `sender FILE HOST:DIR HOST:DIR...`: a host
+    /// of the sender's relay chain. It reads the tokens of the hosts after
+    /// it from standard input once it listens, serves the sessions of the
+    /// host before it until standard input ends, and passes each file on.
+    #[arg(long, hide = true, requires = "ssh_session")]
+    pub ssh_relay: bool,
     /// Sessions served at once, 1-65535 (each has its own queue pair and
     /// ring); further senders are refused as "busy". With --insecure one
     /// address holds at most half of them.

@@ -1154,3 +1154,32 @@ fn relay_chains_take_files_a_token_and_each_host_once() {
         "it needs --allow-relay",
     );
 }
+
+/// Several targets form a relay chain, unless --no-relay or an option a
+/// chain does not do (then direct copies, with the reason); a relay
+/// hop's receiver serves sessions until its sender hangs up.
+#[test]
+fn several_targets_form_a_chain_unless_told_or_unable() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("f");
+    std::fs::write(&f, b"x").unwrap();
+    let f = f.to_str().unwrap();
+    assert_eq!(remote_plan(&[f, "a:/d"]).chain, Chain::Direct);
+    assert_eq!(remote_plan(&[f, "a:/d", "b:/d"]).chain, Chain::Relay);
+    assert_eq!(
+        remote_plan(&["--no-relay", f, "a:/d", "b:/d"]).chain,
+        Chain::Direct
+    );
+    for extra in ["--resume", "--retry", "--checksum", "--dry-run"] {
+        match remote_plan(&[extra, f, "a:/d", "b:/d"]).chain {
+            Chain::DirectFor(why) => assert!(why.contains("--no-relay"), "{why}"),
+            other => panic!("{extra}: {other:?}"),
+        }
+    }
+    let out = dir.path().to_str().unwrap();
+    let hop = receiver(&["--ssh-session", "--ssh-relay", out]).unwrap();
+    assert!(hop.relay && !hop.once && hop.wait.is_none());
+    assert!(hop.relay_keys.is_some());
+    let plain = receiver(&["--ssh-session", out]).unwrap();
+    assert!(!plain.relay && plain.once && plain.relay_keys.is_none());
+}

@@ -75,6 +75,9 @@ pub struct ReceiverConfig {
     /// The address a relay hop connects to the next host from
     /// (`--relay-source`; None: the route decides).
     pub relay_source: Option<std::net::IpAddr>,
+    /// A relay hop started over ssh: the tokens of the hosts after it, as
+    /// its sender handed them over (None: they share this receiver's own).
+    pub relay_keys: Option<std::sync::Arc<crate::engine::relay::KeyRing>>,
 }
 
 /// What the receiver does with the files it accepts. Every output checks
@@ -159,6 +162,7 @@ impl ReceiverConfig {
             allow_dotfiles: false,
             relay: false,
             relay_source: None,
+            relay_keys: None,
         }
     }
 }

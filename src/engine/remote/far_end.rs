@@ -1,50 +1,134 @@
-//! The remote receiver's side of the ssh channel: the token line, the
-//! hang-up watch, where to listen (SSH_CONNECTION, the route, RoCE GIDs),
+//! The remote receiver's side of the ssh channel: the token line, a relay
+//! hop's key lines, the hang-up watch, where to listen (SSH_CONNECTION, the route, RoCE GIDs),
 //! and where scp's `HOST:PATH` puts the one file.
 
-use super::ONE_TIME_TOKEN_BYTES;
+use super::{KEY_LINE, KEYS_END, ONE_TIME_TOKEN_BYTES, keys_taken_line};
+use crate::engine::relay::KeyRing;
 use crate::error::XferError;
 use crate::proto::Token;
-use std::io::{BufRead, Read};
+use std::io::{BufRead, Read, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use zeroize::Zeroizing;
 
 /// Reads the one-time token, the first line of standard input. The rest
 /// of the input is the hang-up watch's (`watch_hangup`).
 pub fn read_token_line(input: &mut impl BufRead) -> Result<Token, XferError> {
-    // Bounded: a token line is 64 characters. Room for the most `take`
-    // gives, so that no reallocation leaves a copy behind; wiped on drop.
-    let mut line = Zeroizing::new(Vec::with_capacity(1025));
-    input
-        .take(1024)
-        .read_until(b'\n', &mut line)
-        .map_err(|e| XferError::io("cannot read the one-time token from standard input", e))?;
-    let ok = line.last() == Some(&b'\n');
-    line.pop();
-    let hex = line.len() == 2 * ONE_TIME_TOKEN_BYTES && line.iter().all(u8::is_ascii_hexdigit);
-    if ok && hex {
-        // Never empty: it has 2 * ONE_TIME_TOKEN_BYTES digits.
-        if let Some(token) = Token::new(std::mem::take(&mut *line)) {
-            return Ok(token);
-        }
+    match read_secret_line(input, "")
+        .map_err(|e| XferError::io("cannot read the one-time token from standard input", e))?
+    {
+        Some(token) => Ok(token),
+        None => Err(XferError::Usage(
+            "--ssh-session reads a one-time token from standard input, as `sender FILE \
+             HOST:DIR` writes it; it is not meant to be started by hand"
+                .into(),
+        )),
     }
-    Err(XferError::Usage(
-        "--ssh-session reads a one-time token from standard input, as `sender FILE \
-         HOST:DIR` writes it; it is not meant to be started by hand"
-            .into(),
-    ))
+}
+
+/// One line of `prefix` and a one-time token in hex; None when the line
+/// is anything else. Bounded, and every copy of the secret is wiped.
+fn read_secret_line(input: &mut impl BufRead, prefix: &str) -> std::io::Result<Option<Token>> {
+    // Room for the most `take` gives, so that no reallocation leaves a
+    // copy behind; wiped on drop.
+    let mut line = Zeroizing::new(Vec::with_capacity(MAX_KEY_LINE + 1));
+    input
+        .take(MAX_KEY_LINE as u64)
+        .read_until(b'\n', &mut line)?;
+    Ok(secret_of(&mut line, prefix))
+}
+
+/// Longest line the sender writes on the channel (a token line, a key line).
+const MAX_KEY_LINE: usize = 1024;
+
+/// The token in `line` after `prefix`, or None.
+fn secret_of(line: &mut Zeroizing<Vec<u8>>, prefix: &str) -> Option<Token> {
+    if line.last() != Some(&b'\n') || !line.starts_with(prefix.as_bytes()) {
+        return None;
+    }
+    line.pop();
+    let hex = &line[prefix.len()..];
+    if hex.len() != 2 * ONE_TIME_TOKEN_BYTES || !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    // Never empty: it has 2 * ONE_TIME_TOKEN_BYTES digits.
+    Token::new(hex.to_vec())
+}
+
+/// Reads the tokens of the hosts after this one in a relay chain
+/// (`receiver --ssh-relay`): a line `relay-key NAME HEX` per host, then
+/// `relay-keys-end`; at most `MAX_RELAY_HOPS` of them.
+pub fn read_relay_keys(input: &mut impl BufRead) -> Result<Vec<(String, Token)>, XferError> {
+    let bad = |what: &str| {
+        XferError::Usage(format!(
+            "--ssh-relay reads the next hosts' tokens from standard input, as the sender writes \
+             them: {what}"
+        ))
+    };
+    let mut keys: Vec<(String, Token)> = Vec::new();
+    loop {
+        let mut line = Zeroizing::new(Vec::with_capacity(MAX_KEY_LINE + 1));
+        input
+            .take(MAX_KEY_LINE as u64)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| XferError::io("cannot read the next hosts' tokens", e))?;
+        if line.as_slice() == format!("{KEYS_END}\n").as_bytes() {
+            return Ok(keys);
+        }
+        // `relay-key NAME HEX`: the name has no space (`check_host`).
+        let words: Vec<&[u8]> = line.splitn(3, |&b| b == b' ').collect();
+        let (Some(word), Some(name)) = (words.first(), words.get(1)) else {
+            return Err(bad("a line that is no key"));
+        };
+        if *word != KEY_LINE.as_bytes() {
+            return Err(bad("a line that is no key"));
+        }
+        let name = String::from_utf8(name.to_vec()).map_err(|_| bad("a name that is no text"))?;
+        crate::proto::check_host(&name).map_err(|e| bad(&e.to_string()))?;
+        let prefix = format!("{KEY_LINE} {name} ");
+        let Some(token) = secret_of(&mut line, &prefix) else {
+            return Err(bad("a key that is no token"));
+        };
+        if keys.iter().any(|(n, _)| *n == name) {
+            return Err(bad("a host twice"));
+        }
+        if keys.len() == crate::proto::MAX_RELAY_HOPS {
+            return Err(bad("more hosts than a chain has"));
+        }
+        keys.push((name, token));
+    }
 }
 
 /// Watches standard input on a thread of its own: its end (the sender
 /// finished, was killed, or ssh hung up) asks the receiver to shut down,
-/// as SIGTERM does.
-pub fn watch_hangup() {
+/// as SIGTERM does. A relay hop (`relay_keys`) first reads the next
+/// hosts' tokens into the ring and says so on standard output.
+pub fn watch_hangup(relay_keys: Option<Arc<KeyRing>>) {
     let spawned = std::thread::Builder::new()
         .name("ssh-hangup".into())
-        .spawn(|| {
+        .spawn(move || {
+            let mut input = std::io::stdin().lock();
+            if let Some(ring) = relay_keys {
+                match read_relay_keys(&mut input) {
+                    Ok(keys) => {
+                        let count = keys.len();
+                        ring.set(keys);
+                        let mut out = std::io::stdout().lock();
+                        let said =
+                            writeln!(out, "{}", keys_taken_line(count)).and_then(|()| out.flush());
+                        if let Err(e) = said {
+                            tracing::warn!("cannot tell the sender the tokens arrived: {e}");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!("{e}");
+                        crate::sys::os::request_shutdown();
+                        return;
+                    }
+                }
+            }
             let mut buf = [0u8; 256];
-            let mut input = std::io::stdin();
             loop {
                 match input.read(&mut buf) {
                     Ok(0) | Err(_) => break,

@@ -14,13 +14,19 @@
 //! then the one file arrives in PATH's parent under PATH's last
 //! component. Other lines on its standard output (a shell's start-up
 //! files may print some) are ignored.
+//!
+//! A host of a relay chain (`receiver --ssh-relay`, the one-command form
+//! with several targets) gets the tokens of the hosts after it once they
+//! all listen: lines `relay-key ADDR:PORT HEX`, then `relay-keys-end`,
+//! after its own token; it answers `rdma-xfer-keys N` once it holds them,
+//! and the sender starts the chain only then.
 
 mod far_end;
 mod target;
 #[cfg(test)]
 mod tests;
 
-pub use far_end::{bind_candidates, read_token_line, scp_path, watch_hangup};
+pub use far_end::{bind_candidates, read_relay_keys, read_token_line, scp_path, watch_hangup};
 pub use target::{Target, remote_word, rsh_command};
 
 use crate::error::{ExitCode, XferError};
@@ -37,6 +43,31 @@ const READY: &str = "rdma-xfer-ready";
 const CHANNEL_VERSION: &str = "1";
 /// The ready line's last word when PATH names the file (see `scp_path`).
 const NAMES_FILE: &str = "file";
+
+/// A relay hop's key line starts with this word, and this line ends them.
+const KEY_LINE: &str = "relay-key";
+const KEYS_END: &str = "relay-keys-end";
+/// The word of a relay hop's answer once it holds the keys.
+const KEYS_TAKEN: &str = "rdma-xfer-keys";
+
+/// How long a relay hop may take to answer that it holds its keys.
+const KEYS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A relay hop's answer once it holds `count` keys.
+pub fn keys_taken_line(count: usize) -> String {
+    format!("{KEYS_TAKEN} {count}")
+}
+
+/// How many keys a relay hop's answer says it holds; None for any other
+/// line.
+fn parse_keys_taken(line: &str) -> Option<usize> {
+    let mut words = line.split_whitespace();
+    if words.next() != Some(KEYS_TAKEN) {
+        return None;
+    }
+    let count = words.next()?.parse().ok()?;
+    words.next().is_none().then_some(count)
+}
 
 /// Random bytes of a one-time token (sent as hex: 64 characters).
 pub const ONE_TIME_TOKEN_BYTES: usize = 32;
@@ -174,6 +205,10 @@ pub struct LaunchOptions {
     /// target's PATH that is no directory there names it, as scp's
     /// (asked with `--ssh-path`).
     pub path_may_name_file: bool,
+    /// A host of a relay chain: it serves the sessions of the host before
+    /// it until its input ends, and takes the keys of the hosts after it
+    /// (`hand_relay_keys`).
+    pub relay: bool,
 }
 
 /// A receiver started over ssh for one session. Dropped, it tells the
@@ -193,6 +228,8 @@ pub struct RemoteReceiver {
     pub file_name: Option<String>,
     stderr: Arc<Mutex<Vec<String>>>,
     readers: Vec<std::thread::JoinHandle<()>>,
+    /// A relay hop's answers that it holds its keys (their count).
+    keys_taken: Option<mpsc::Receiver<usize>>,
     ended: bool,
 }
 
@@ -217,6 +254,9 @@ pub fn launch(
     let file_name = target.file_name().filter(|_| opts.path_may_name_file);
     if file_name.is_some() {
         words.push("--ssh-path".into());
+    }
+    if opts.relay {
+        words.push("--ssh-relay".into());
     }
     words.push("--".into());
     words.push(remote_word(if target.dir.is_empty() {
@@ -259,6 +299,7 @@ pub fn launch(
         file_name: None,
         stderr: stderr.clone(),
         readers: Vec::new(),
+        keys_taken: None,
         ended: false,
     };
     // Before it listens, the receiver's own error is said once, in the
@@ -284,6 +325,8 @@ pub fn launch(
         }));
     }
     let (ready_tx, ready_rx) = mpsc::channel();
+    let (keys_tx, keys_rx) = mpsc::channel();
+    remote.keys_taken = Some(keys_rx);
     if let Some(pipe) = stdout {
         let listening = listening.clone();
         remote.readers.push(std::thread::spawn(move || {
@@ -293,6 +336,8 @@ pub fn launch(
                     told = true;
                     listening.store(true, std::sync::atomic::Ordering::SeqCst);
                     let _ = ready_tx.send(ready);
+                } else if told && let Some(count) = parse_keys_taken(&line) {
+                    let _ = keys_tx.send(count);
                 }
             })
         }));
@@ -440,6 +485,57 @@ impl RemoteReceiver {
             host: self.host.clone(),
             code,
             message,
+        }
+    }
+
+    /// Hands a relay hop the tokens of the hosts after it, each under its
+    /// name in the chain, and waits until it says it holds them all.
+    pub fn hand_relay_keys(&mut self, keys: &[(String, &str)]) -> Result<(), XferError> {
+        let lost = |e: std::io::Error| XferError::Remote {
+            host: self.host.clone(),
+            code: ExitCode::TimeoutOrPeerLost,
+            message: format!("cannot hand the next hosts' tokens to ssh: {e}"),
+        };
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err(lost(std::io::ErrorKind::BrokenPipe.into()));
+        };
+        // In pieces, so that no other copy of a secret is made.
+        let mut wrote = Ok(());
+        for (name, hex) in keys {
+            wrote = wrote
+                .and_then(|()| write!(stdin, "{KEY_LINE} {name} "))
+                .and_then(|()| stdin.write_all(hex.as_bytes()))
+                .and_then(|()| stdin.write_all(b"\n"));
+        }
+        wrote = wrote
+            .and_then(|()| writeln!(stdin, "{KEYS_END}"))
+            .and_then(|()| stdin.flush());
+        wrote.map_err(lost)?;
+        let answer = self
+            .keys_taken
+            .as_ref()
+            .map(|rx| rx.recv_timeout(KEYS_TIMEOUT));
+        match answer {
+            Some(Ok(count)) if count == keys.len() => Ok(()),
+            Some(Ok(count)) => Err(XferError::Remote {
+                host: self.host.clone(),
+                code: ExitCode::Other,
+                message: format!(
+                    "the receiver there holds {count} of the {} tokens handed to it",
+                    keys.len()
+                ),
+            }),
+            _ => Err(XferError::Remote {
+                host: self.host.clone(),
+                code: ExitCode::TimeoutOrPeerLost,
+                message: format!(
+                    "the receiver there did not take the next hosts' tokens within {} s{}",
+                    KEYS_TIMEOUT.as_secs(),
+                    last_error_line(&self.stderr_tail())
+                        .map(|l| format!(": {}", crate::proto::escaped(l)))
+                        .unwrap_or_default()
+                ),
+            }),
         }
     }
 

@@ -308,7 +308,41 @@ fn fake_rsh() -> LaunchOptions {
         receiver_args: Vec::new(),
         timeout: std::time::Duration::from_secs(20),
         path_may_name_file: true,
+        relay: false,
     }
+}
+
+/// The sender hands a relay hop its keys and waits for its answer; the
+/// remote asked with --ssh-relay, and a wrong count is an error.
+#[test]
+fn a_relay_hop_is_handed_its_keys_and_says_it_holds_them() {
+    let quiet: std::sync::Arc<dyn Fn(&str) + Send + Sync> = std::sync::Arc::new(|_| {});
+    // Counts the key lines; answers one short when told `short`.
+    let script = "read -r token; case \"$2\" in *--ssh-relay*) ;; *) exit 9;; esac; \
+                  echo 'rdma-xfer-ready 1 10.0.0.1:5'; n=0; \
+                  while read -r w rest; do [ \"$w\" = relay-keys-end ] && break; n=$((n+1)); done; \
+                  case \"$2\" in *short*) n=$((n-1));; esac; \
+                  echo \"rdma-xfer-keys $n\"; cat >/dev/null";
+    let opts = LaunchOptions {
+        rsh: vec!["sh".into(), "-c".into(), script.into(), "sh".into()],
+        relay: true,
+        ..fake_rsh()
+    };
+    let (_, hex) = one_time_token().unwrap();
+    let keys = [
+        ("10.0.0.2:6".to_string(), hex.as_str()),
+        ("10.0.0.3:7".into(), hex.as_str()),
+    ];
+    let mut r = launch(&target("h:/d"), &opts, "00", quiet.clone()).unwrap();
+    r.hand_relay_keys(&keys).unwrap();
+    drop(r);
+    let opts = LaunchOptions {
+        receiver_args: vec!["short".into()],
+        ..opts
+    };
+    let mut r = launch(&target("h:/d"), &opts, "00", quiet).unwrap();
+    let e = r.hand_relay_keys(&keys).unwrap_err();
+    assert!(e.to_string().contains("holds 1 of the 2 tokens"), "{e}");
 }
 
 #[test]
@@ -330,4 +364,63 @@ fn the_sender_asks_about_path_only_for_one_file_and_a_name() {
     };
     let r = launch(&target("h:/d/new.pt"), &opts, "00", quiet).unwrap();
     assert_eq!(r.file_name, None);
+}
+
+/// A relay hop reads the tokens of the hosts after it by name, bounded;
+/// anything else on the channel is refused before it is used.
+#[test]
+fn relay_keys_are_read_by_name_and_nothing_else_is_one() {
+    let (a, hex_a) = one_time_token().unwrap();
+    let (b, hex_b) = one_time_token().unwrap();
+    let text = format!(
+        "{KEY_LINE} 10.0.0.2:7000 {}\n{KEY_LINE} [fe80::1]:9 {}\n{KEYS_END}\nrest",
+        *hex_a, *hex_b
+    );
+    let mut input = text.as_bytes();
+    let keys = read_relay_keys(&mut input).unwrap();
+    assert_eq!(input, b"rest", "the hang-up watch reads on after them");
+    let names: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["10.0.0.2:7000", "[fe80::1]:9"]);
+    let nonce = [3u8; crate::proto::NONCE_LEN];
+    assert_eq!(keys[0].1.mac(&nonce), a.mac(&nonce));
+    assert_eq!(keys[1].1.mac(&nonce), b.mac(&nonce));
+    // The ring hands each host its own, and none for a stranger.
+    let ring = std::sync::Arc::new(crate::engine::relay::KeyRing::default());
+    assert!(ring.set(keys));
+    let keys = crate::engine::relay::HopKeys::PerHost(ring);
+    assert_eq!(
+        keys.key_for("[fe80::1]:9").unwrap().mac(&nonce),
+        b.mac(&nonce)
+    );
+    let stranger = keys.key_for("10.0.0.9:7000").unwrap_err();
+    assert_eq!(stranger.exit_code(), ExitCode::Rejected);
+    assert_eq!(
+        read_relay_keys(&mut format!("{KEYS_END}\n").as_bytes())
+            .unwrap()
+            .len(),
+        0
+    );
+    let good = "ab".repeat(32);
+    for bad in [
+        String::new(),
+        format!("{KEY_LINE} h {good}\n"),
+        format!("{KEY_LINE} h {good}0\n{KEYS_END}\n"),
+        format!("{KEY_LINE} h\n{KEYS_END}\n"),
+        format!("{KEY_LINE} a\tb {good}\n{KEYS_END}\n"),
+        format!("{KEY_LINE} h {good}\n{KEY_LINE} h {good}\n{KEYS_END}\n"),
+        format!("key h {good}\n{KEYS_END}\n"),
+        format!("{KEY_LINE} {} {good}\n{KEYS_END}\n", "h".repeat(2000)),
+    ] {
+        let err = read_relay_keys(&mut bad.as_bytes()).unwrap_err();
+        assert_eq!(err.exit_code(), ExitCode::Usage, "{bad:?}");
+    }
+    assert_eq!(parse_keys_taken(&keys_taken_line(3)), Some(3));
+    for not in [
+        "rdma-xfer-keys",
+        "rdma-xfer-keys x",
+        "rdma-xfer-keys 1 2",
+        "3",
+    ] {
+        assert_eq!(parse_keys_taken(not), None, "{not}");
+    }
 }

@@ -7,7 +7,7 @@
 
 use super::{IncomingFile, Session};
 use crate::engine::receiver::storage::sink::Sink;
-use crate::engine::relay::{Forward, Forwarded, NextHops};
+use crate::engine::relay::{Forward, Forwarded, HopKeys, NextHops};
 use crate::error::XferError;
 use crate::proto::{AckStatus, Hello, HopResult, HopVerdict, Reject, escaped};
 use std::time::Instant;
@@ -95,10 +95,13 @@ impl Session<'_, '_> {
         if relay.next.is_empty() {
             return None;
         }
-        let token = self.cfg.token.clone()?;
+        let keys = match &self.cfg.relay_keys {
+            Some(ring) => HopKeys::PerHost(ring.clone()),
+            None => HopKeys::Shared(self.cfg.token.clone()?),
+        };
         Some(NextHops {
             hosts: relay.next.clone(),
-            token,
+            keys,
             timeout: self.cfg.timeout,
             chunk_size: self.cfg.chunk_size,
             ack_timeout: self.cfg.ack_timeout,
