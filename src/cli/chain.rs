@@ -1,28 +1,33 @@
 //! The one-command form's relay chain, the default with several targets:
 //! every target's receiver is started over ssh with a one-time token of
 //! its own (`receiver --ssh-relay`); once all of them listen, each is
-//! handed the tokens of the hosts after it (on its ssh channel, never on
-//! the fabric), and the sender sends to the first only. Each host passes
-//! the files on to the next (`engine::relay`) and its results come back
-//! per file. A target that cannot be started is left out of the chain
-//! and reported failed; the exit status is the worst of all.
+//! handed the tokens of the two hosts after it (on its ssh channel, never
+//! on the fabric: the next one, and the one after it for a bypass), and
+//! the sender sends to the first only. Each host passes the files on to
+//! the next (`engine::relay`) and its results come back per file. A
+//! target that cannot be started is left out of the chain and reported
+//! failed; a first host lost mid-way is reported failed and the chain
+//! starts again from the next one (what the hosts after it hold is
+//! `unchanged` on the way). The exit status is the worst of all.
 
 use super::args::RemotePlan;
 use super::render::session_summary;
 use super::ui::Ui;
-use crate::engine::ProgressSink;
 use crate::engine::remote::{self, RemoteReceiver, Target};
 use crate::engine::sender::send_files;
-use crate::engine::{FileEvent, FileFailure};
+use crate::engine::{FileEvent, FileFailure, ProgressSink};
 use crate::error::XferError;
 use crate::proto::Token;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use zeroize::Zeroizing;
 
 /// Receivers started at once, at least (ssh log-ins are mostly waiting).
 const LAUNCHES_AT_ONCE: usize = 16;
+
+/// Hosts after a hop whose tokens it holds: the next, and the one after
+/// it (the host a bypass of a lost next host reaches).
+const KEYS_PER_HOP: usize = 2;
 
 /// A host of the chain: its target, its receiver, its token, and its
 /// name in the chain (where it listens, as the hosts before it reach it).
@@ -36,42 +41,88 @@ struct Hop<'a> {
     name: String,
 }
 
+impl Hop<'_> {
+    /// How results name the host: by its target's host, as the direct
+    /// copies do.
+    fn label(&self) -> &str {
+        &self.target.host
+    }
+}
+
 /// Sends the plan's files along a chain of its targets, in their order.
 pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(), XferError> {
+    // Three pipes per host stay open for the whole chain.
+    crate::sys::os::raise_open_files();
     let targets = plan.targets.len();
-    let mut failed: Vec<(usize, XferError)> = Vec::new();
-    let mut hops = start_all(plan, ui, &mut failed)?;
-    hand_keys(&mut hops, &mut failed);
+    let (mut hops, mut failed) = start_all(plan, ui);
+    let aborted = if crate::sys::os::shutdown_requested() {
+        Some(crate::sys::SysError::Interrupted.into())
+    } else {
+        names_disagree(&hops)
+    };
+    if aborted.is_none() {
+        hand_keys(&mut hops, &mut failed);
+    }
+    failed.sort_by_key(|(i, _)| *i);
     for (i, e) in &failed {
         report_target(ui, &plan.targets[*i].host, Err(e));
     }
-    let mut worst: Vec<XferError> = failed.into_iter().map(|(_, e)| e).collect();
-    if !hops.is_empty() {
-        match relay_through(plan, ui, &hops, summary) {
-            Ok(per_host) => worst.extend(per_host),
-            Err(e) => {
-                // The session to the first host ended: no host's result
-                // is known.
-                for hop in &hops {
-                    report_target(ui, &label_of(hop), Err(&e));
-                }
-                let lost = hops.len();
-                end_all(hops);
-                return Err(if lost == targets {
-                    e
-                } else {
-                    XferError::TargetsFailed {
-                        worst: Box::new(e),
-                        failed: lost + worst.len(),
-                        targets,
+    let mut errors: Vec<XferError> = failed.into_iter().map(|(_, e)| e).collect();
+    if let Some(e) = aborted {
+        for hop in &hops {
+            errors.push(not_reached(ui, hop, &e));
+        }
+        if hops.is_empty() {
+            errors.push(e);
+        }
+        end_all(hops);
+        return worst_of(errors, targets);
+    }
+    let mut first = 0;
+    while first < hops.len() {
+        let chain = &hops[first..];
+        match relay_through(plan, ui, chain, summary) {
+            Ok(per_host) => {
+                errors.extend(per_host);
+                break;
+            }
+            Err((e, held)) => {
+                // The session to the chain's first host ended: that host
+                // failed; one that may come back gets no second try, the
+                // hosts after it start a chain of their own.
+                let again =
+                    e.is_transient() && chain.len() > 1 && !crate::sys::os::shutdown_requested();
+                if !again {
+                    for f in &held {
+                        ui.file_event_from(None, FileEvent::Failed(f));
                     }
-                });
+                    for hop in &chain[1..] {
+                        errors.push(not_reached(ui, hop, &e));
+                    }
+                }
+                report_target(ui, chain[0].label(), Err(&e));
+                errors.push(e);
+                if !again {
+                    break;
+                }
+                tracing::warn!(
+                    "{} is lost: the chain goes on from {}",
+                    crate::proto::escaped(chain[0].label()),
+                    crate::proto::escaped(chain[1].label())
+                );
+                first += 1;
             }
         }
     }
     end_all(hops);
-    let failed = worst.len();
-    match worst.into_iter().max_by_key(XferError::exit_code) {
+    worst_of(errors, targets)
+}
+
+/// One error per failed target: Ok when there is none, the only one with
+/// a single target, else `TargetsFailed` with the worst (highest) status.
+fn worst_of(errors: Vec<XferError>, targets: usize) -> Result<(), XferError> {
+    let failed = errors.len().min(targets);
+    match errors.into_iter().max_by_key(XferError::exit_code) {
         None => Ok(()),
         Some(only) if targets == 1 => Err(only),
         Some(worst) => Err(XferError::TargetsFailed {
@@ -82,10 +133,18 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
     }
 }
 
-/// How results name a host: by its target's host, as the direct copies'
-/// do.
-fn label_of(hop: &Hop<'_>) -> String {
-    hop.target.host.clone()
+/// `hop` never heard of the files for `e`: reported, and its error.
+fn not_reached(ui: &Ui, hop: &Hop<'_>, e: &XferError) -> XferError {
+    let e = XferError::Remote {
+        host: hop.label().to_string(),
+        code: e.exit_code(),
+        message: format!(
+            "not reached: {}",
+            super::targets::strip_host(e, hop.label())
+        ),
+    };
+    report_target(ui, hop.label(), Err(&e));
+    e
 }
 
 /// With `--json`, a target's record; a failure's line on stderr.
@@ -100,200 +159,234 @@ fn report_target(ui: &Ui, label: &str, result: Result<(), &XferError>) {
     }
 }
 
-/// Starts every target's receiver, up to `LAUNCHES_AT_ONCE` (or
-/// `--parallel`) at once; the ones that could not be started go to
-/// `failed` with their index.
-fn start_all<'a>(
-    plan: &'a RemotePlan,
-    ui: &Arc<Ui>,
-    failed: &mut Vec<(usize, XferError)>,
-) -> Result<Vec<Hop<'a>>, XferError> {
+/// Runs `each` on every item, `workers` at a time, in threads of their
+/// own where they can be had (else here); the results in the items'
+/// order.
+fn at_once<T: Send, R: Send>(
+    items: Vec<T>,
+    workers: usize,
+    each: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
+    let count = items.len();
+    let queue = Mutex::new(items.into_iter().enumerate());
+    let results: Mutex<Vec<(usize, R)>> = Mutex::new(Vec::with_capacity(count));
+    let work = || {
+        loop {
+            let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+            let Some((i, item)) = next else {
+                break;
+            };
+            let r = each(item);
+            results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((i, r));
+        }
+    };
+    std::thread::scope(|scope| {
+        let mut spawned = 0;
+        for _ in 0..workers.clamp(1, count.max(1)) {
+            if std::thread::Builder::new()
+                .name("chain".into())
+                .spawn_scoped(scope, work)
+                .is_ok()
+            {
+                spawned += 1;
+            }
+        }
+        if spawned == 0 {
+            work();
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(PoisonError::into_inner);
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Starts every target's receiver, `--parallel` (at least
+/// `LAUNCHES_AT_ONCE`) at once: the hops, in the order given, and the
+/// targets that could not be started, with their index.
+fn start_all<'a>(plan: &'a RemotePlan, ui: &Arc<Ui>) -> (Vec<Hop<'a>>, Vec<(usize, XferError)>) {
     let mut launch = plan.launch.clone();
     launch.relay = true;
     let on_stderr: Arc<dyn Fn(&str) + Send + Sync> = {
         let ui = ui.clone();
         Arc::new(move |line: &str| ui.eprintln(line))
     };
-    let mut tokens = Vec::with_capacity(plan.targets.len());
-    for _ in &plan.targets {
-        tokens.push(Mutex::new(Some(remote::one_time_token()?)));
-    }
-    let next = AtomicUsize::new(0);
-    let started: Mutex<Vec<(usize, Result<Hop<'a>, XferError>)>> = Mutex::new(Vec::new());
-    let workers = plan.parallel.max(LAUNCHES_AT_ONCE).min(plan.targets.len());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let (Some(target), Some(token)) = (plan.targets.get(i), tokens.get(i)) else {
-                        break;
-                    };
-                    let Some((token, token_hex)) =
-                        token.lock().unwrap_or_else(PoisonError::into_inner).take()
-                    else {
-                        break;
-                    };
-                    let result = if crate::sys::os::shutdown_requested() {
-                        Err(crate::sys::SysError::Interrupted.into())
-                    } else {
-                        remote::launch(target, &launch, &token_hex, on_stderr.clone())
-                    };
-                    let hop = result.map(|receiver| Hop {
-                        index: i,
-                        target,
-                        name: receiver.addr.to_string(),
-                        receiver,
-                        token,
-                        token_hex,
-                    });
-                    started
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push((i, hop));
-                }
-            });
-        }
-    });
-    let mut started = started.into_inner().unwrap_or_else(PoisonError::into_inner);
-    // The chain goes in the order given.
-    started.sort_by_key(|(i, _)| *i);
-    let mut hops = Vec::new();
-    for (i, hop) in started {
+    let workers = plan.parallel.max(LAUNCHES_AT_ONCE);
+    let started = at_once(
+        plan.targets.iter().enumerate().collect(),
+        workers,
+        |(index, target)| {
+            if crate::sys::os::shutdown_requested() {
+                return Err(crate::sys::SysError::Interrupted.into());
+            }
+            let (token, token_hex) = remote::one_time_token()?;
+            let receiver = remote::launch(target, &launch, &token_hex, on_stderr.clone())?;
+            Ok(Hop {
+                index,
+                target,
+                name: receiver.addr.to_string(),
+                receiver,
+                token,
+                token_hex,
+            })
+        },
+    );
+    let mut hops: Vec<Hop<'a>> = Vec::new();
+    let mut failed = Vec::new();
+    for (i, hop) in started.into_iter().enumerate() {
         match hop {
+            // Two receivers cannot listen on one address: a target that
+            // says another's is not believed.
+            Ok(hop) if hops.iter().any(|h| h.name == hop.name) => {
+                let e = XferError::Remote {
+                    host: hop.label().to_string(),
+                    code: crate::error::ExitCode::Other,
+                    message: format!(
+                        "its receiver says it listens on {}, as another target's does",
+                        hop.name
+                    ),
+                };
+                failed.push((i, e));
+                end_all(vec![hop]);
+            }
             Ok(hop) => hops.push(hop),
             Err(e) => failed.push((i, e)),
         }
     }
-    if crate::sys::os::shutdown_requested() {
-        end_all(hops);
-        return Err(crate::sys::SysError::Interrupted.into());
-    }
-    // scp's PATH naming the one file: the chain sends it under one name.
-    if let Some(first) = hops.first() {
-        let name = &first.receiver.file_name;
-        if let Some(other) = hops.iter().find(|h| h.receiver.file_name != *name) {
-            let e = XferError::Usage(format!(
-                "{} and {} disagree about the file's name (a PATH is a directory on one and \
-                 names the file on the other): a relay chain sends one name; give each target \
-                 as a directory, or --no-relay",
-                first.target.host, other.target.host
-            ));
-            end_all(hops);
-            return Err(e);
-        }
-    }
-    Ok(hops)
+    (hops, failed)
 }
 
-/// Hands each host the tokens of the hosts after it. A host that does
-/// not take them is left out (reported in `failed`); the hosts before it
-/// hold a token they will not use.
+/// scp's PATH naming the one file: the chain sends it under one name,
+/// so every host must name it alike.
+fn names_disagree(hops: &[Hop<'_>]) -> Option<XferError> {
+    let first = hops.first()?;
+    let name = &first.receiver.file_name;
+    let other = hops.iter().find(|h| h.receiver.file_name != *name)?;
+    let said = |h: &Hop<'_>| match &h.receiver.file_name {
+        Some(n) => format!("names the file {}", crate::proto::escaped(n)),
+        None => "is a directory".to_string(),
+    };
+    Some(XferError::Usage(format!(
+        "the targets' PATHs disagree ({} on {}, it {} on {}): a relay chain sends one name; \
+         give each target the same name or directory, or --no-relay",
+        said(first),
+        crate::proto::escaped(first.label()),
+        said(other),
+        crate::proto::escaped(other.label()),
+    )))
+}
+
+/// Hands each host the tokens of the `KEYS_PER_HOP` hosts after it. A
+/// host that does not take them is left out (reported in `failed`); the
+/// hosts before it hold a token they will not use.
 fn hand_keys(hops: &mut Vec<Hop<'_>>, failed: &mut Vec<(usize, XferError)>) {
     let names: Vec<(String, Zeroizing<String>)> = hops
         .iter()
         .map(|h| (h.name.clone(), h.token_hex.clone()))
         .collect();
-    let results: Vec<Result<(), XferError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = hops
-            .iter_mut()
-            .enumerate()
-            .map(|(i, hop)| {
-                let after: Vec<(String, &str)> = names[i + 1..]
-                    .iter()
-                    .map(|(n, hex)| (n.clone(), hex.as_str()))
-                    .collect();
-                scope.spawn(move || hop.receiver.hand_relay_keys(&after))
-            })
+    let work: Vec<(usize, &mut Hop<'_>)> = hops.iter_mut().enumerate().collect();
+    let results = at_once(work, LAUNCHES_AT_ONCE, |(i, hop)| {
+        let after: Vec<(String, &str)> = names
+            .iter()
+            .skip(i + 1)
+            .take(KEYS_PER_HOP)
+            .map(|(n, hex)| (n.clone(), hex.as_str()))
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(XferError::Internal("a key hand-over panicked".into())))
-            })
-            .collect()
+        hop.receiver.hand_relay_keys(&after)
     });
     let mut kept = Vec::with_capacity(hops.len());
+    let mut dropped = Vec::new();
     for (hop, result) in std::mem::take(hops).into_iter().zip(results) {
         match result {
             Ok(()) => kept.push(hop),
             Err(e) => {
                 failed.push((hop.index, e));
-                end_all(vec![hop]);
+                dropped.push(hop);
             }
         }
     }
+    end_all(dropped);
     *hops = kept;
 }
 
-/// The session along the chain: each file's line and record name its
-/// host by its target. Each host that failed for some file: its worst
-/// failure, as the target's error.
+/// The session along `chain`: each file's line and record name its host
+/// by its target. Each host that failed for some file: its worst failure,
+/// as the target's error. When the session itself ends, its error and
+/// the files it cut short at the hosts after the first, not reported:
+/// they are the caller's to report, unless it goes on without that host.
 fn relay_through(
     plan: &RemotePlan,
     ui: &Arc<Ui>,
-    hops: &[Hop<'_>],
+    chain: &[Hop<'_>],
     summary: bool,
-) -> Result<Vec<XferError>, XferError> {
-    let Some(first) = hops.first() else {
+) -> Result<Vec<XferError>, (XferError, Vec<FileFailure>)> {
+    let Some(first) = chain.first() else {
         return Ok(Vec::new());
     };
-    let by_name: HashMap<&str, String> = hops
-        .iter()
-        .map(|h| (h.name.as_str(), label_of(h)))
-        .collect();
-    let first_label = label_of(first);
+    let by_name: HashMap<&str, &Hop<'_>> = chain.iter().map(|h| (h.name.as_str(), h)).collect();
     let mut cfg = plan.cfg.clone();
     cfg.addr = first.receiver.addr;
     cfg.token = Some(first.token.clone());
-    cfg.relay = hops.iter().map(|h| h.name.clone()).collect();
+    cfg.relay = chain.iter().map(|h| h.name.clone()).collect();
     if let Some(name) = &first.receiver.file_name {
         cfg.walk.name = Some(name.clone());
     }
     cfg.progress = ProgressSink::new(ui.clone());
+    // By the host's name in the chain: two targets may share a host.
     let worst: Mutex<HashMap<String, FileFailure>> = Mutex::new(HashMap::new());
-    let label_for = |host: Option<&String>| {
-        host.and_then(|h| by_name.get(h.as_str()))
-            .cloned()
-            .unwrap_or_else(|| first_label.clone())
+    let mut held: Vec<FileFailure> = Vec::new();
+    let hop_of = |host: Option<&String>| {
+        host.and_then(|h| by_name.get(h.as_str()).copied())
+            .unwrap_or(first)
     };
     let outcome = send_files(&cfg, &plan.files, |event| match event {
         FileEvent::Done(report) => {
             let mut report = report.clone();
-            report.host = Some(label_for(report.host.as_ref()));
+            report.host = Some(hop_of(report.host.as_ref()).label().to_string());
             ui.file_event_from(None, FileEvent::Done(&report));
         }
         FileEvent::Failed(failure) => {
+            let hop = hop_of(failure.host.as_ref());
             let mut failure = failure.clone();
-            let label = label_for(failure.host.as_ref());
-            failure.host = Some(label.clone());
+            failure.host = Some(hop.label().to_string());
+            if failure.session_ended && !std::ptr::eq(hop, first) {
+                held.push(failure);
+                return;
+            }
             ui.file_event_from(None, FileEvent::Failed(&failure));
             let mut worst = worst.lock().unwrap_or_else(PoisonError::into_inner);
             let keep = worst
-                .get(&label)
+                .get(&hop.name)
                 .is_none_or(|w| w.exit_code < failure.exit_code);
             if keep {
-                worst.insert(label, failure);
+                worst.insert(hop.name.clone(), failure);
             }
         }
-    })?;
+    });
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => return Err((e, held)),
+    };
+    for f in &held {
+        ui.file_event_from(None, FileEvent::Failed(f));
+    }
     if summary && !ui.quiet() {
         ui.eprintln(&ui.summary_line(session_summary(&outcome, ui.log_json())));
     }
     let worst = worst.into_inner().unwrap_or_else(PoisonError::into_inner);
     let mut failures = Vec::new();
-    for hop in hops {
-        let label = label_of(hop);
-        match worst.get(&label) {
-            None => ui.target_ended(&label, Ok(())),
+    for hop in chain {
+        match worst.get(&hop.name) {
+            None => ui.target_ended(hop.label(), Ok(())),
             Some(f) => {
                 let e = XferError::Remote {
-                    host: label.clone(),
+                    host: hop.label().to_string(),
                     code: f.exit_code,
                     message: format!("{}: {}", crate::proto::escaped(&f.name), f.reason),
                 };
-                ui.target_ended(&label, Err(&e));
+                ui.target_ended(hop.label(), Err(&e));
                 failures.push(e);
             }
         }
@@ -307,14 +400,44 @@ fn relay_through(
     Ok(failures)
 }
 
-/// Ends every receiver at once (their input closed: each stops).
+/// Ends receivers, `LAUNCHES_AT_ONCE` at a time (their input closed:
+/// each stops).
 fn end_all(hops: Vec<Hop<'_>>) {
-    std::thread::scope(|scope| {
-        for hop in hops {
-            scope.spawn(move || {
-                let status = hop.receiver.finish(false);
-                tracing::debug!(host = %hop.target.host, ?status, "the remote receiver ended");
-            });
-        }
+    at_once(hops, LAUNCHES_AT_ONCE, |hop| {
+        let status = hop.receiver.finish(false);
+        tracing::debug!(host = %hop.target.host, ?status, "the remote receiver ended");
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ExitCode;
+
+    #[test]
+    fn work_at_once_comes_back_in_order() {
+        let out = at_once((0..50u64).collect(), 7, |n| n * 2);
+        assert_eq!(out, (0..50u64).map(|n| n * 2).collect::<Vec<_>>());
+        assert!(at_once(Vec::<u8>::new(), 4, |n| n).is_empty());
+    }
+
+    #[test]
+    fn the_worst_target_decides_and_several_are_summed_up() {
+        assert!(worst_of(Vec::new(), 3).is_ok());
+        let e = |code| XferError::Remote {
+            host: "h".into(),
+            code,
+            message: "m".into(),
+        };
+        let only = worst_of(vec![e(ExitCode::Usage)], 1).unwrap_err();
+        assert!(matches!(only, XferError::Remote { .. }));
+        match worst_of(vec![e(ExitCode::Usage), e(ExitCode::Rejected)], 3) {
+            Err(XferError::TargetsFailed {
+                worst,
+                failed: 2,
+                targets: 3,
+            }) => assert_eq!(worst.exit_code(), ExitCode::Rejected),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -479,3 +479,87 @@ fn one_command_chain_goes_on_past_a_target_that_cannot_start_or_refuses() {
         crate::ssh::assert_remote_gone(dir);
     }
 }
+
+#[test]
+fn one_command_chain_goes_on_from_the_next_target_when_the_first_is_lost() {
+    let Some(net) = crate::ssh::ssh_net() else {
+        return;
+    };
+    let Some([c, d]) = hops() else { return };
+    let (src, dst_a) = dirs();
+    let file = src.path().join("image.sqfs");
+    make_file(&file, 16 * MIB + 3, 45);
+    let targets = [
+        crate::ssh::target(&net.addr_a, dst_a.path()),
+        crate::ssh::target(&c.addr, c.dir.path()),
+        crate::ssh::target(&d.addr, d.dir.path()),
+    ];
+    // Paced at the source (4 MiB/s): A is killed with a few MiB in. The
+    // sender must reach C once A is gone: the route picks the device
+    // (from B, only A's wire is reachable in the guest).
+    let mut args = vec![file.to_str().unwrap()];
+    args.extend(targets.iter().map(String::as_str));
+    let from_anywhere = Net {
+        addr_a: net.addr_a.clone(),
+        addr_b: None,
+    };
+    let cmd = crate::ssh::sender(&from_anywhere, &["--json", "--bwlimit", "4M"], &args);
+    let sending = Running::spawn("sender", cmd);
+    wait_for_partial_file(dst_a.path(), 3 * MIB);
+    let pids = crate::ssh::remote_receivers(dst_a.path());
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pids[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let sent = sending.wait(Duration::from_secs(300));
+    // A's loss is the exit status; C and D have the file, verified.
+    assert_ne!(sent.code(), 0, "{}", sent.transcript());
+    for dir in [c.dir.path(), d.dir.path()] {
+        assert!(
+            dir.join("image.sqfs").exists(),
+            "{} has no copy:\n{}",
+            dir.display(),
+            sent.transcript()
+        );
+        assert_copies(src.path(), dir, &["image.sqfs"]);
+    }
+    // The file's records: failed at A only (C and D's first try, cut
+    // short with A, is not reported: their second is).
+    let got = records(&sent);
+    assert!(
+        got.iter()
+            .all(|(h, _, s)| (h == &net.addr_a) == (s != "ok")),
+        "{}",
+        sent.transcript()
+    );
+    let ends: Vec<(String, String)> = json_lines("sender", &sent.stdout)
+        .into_iter()
+        .filter(|r| r["event"] == "target")
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("host"), s("status"))
+        })
+        .collect();
+    let status_of = |host: &str| {
+        let got: Vec<&String> = ends
+            .iter()
+            .filter(|(h, _)| h == host)
+            .map(|(_, s)| s)
+            .collect();
+        assert_eq!(got.len(), 1, "{host}: {}", sent.transcript());
+        got[0].clone()
+    };
+    assert_ne!(status_of(&net.addr_a), "ok", "{}", sent.transcript());
+    assert_eq!(status_of(&c.addr), "ok", "{}", sent.transcript());
+    assert_eq!(status_of(&d.addr), "ok", "{}", sent.transcript());
+    assert!(
+        sent.stderr.contains("the chain goes on from"),
+        "{}",
+        sent.stderr
+    );
+    for dir in [c.dir.path(), d.dir.path()] {
+        crate::ssh::assert_remote_gone(dir);
+    }
+}

@@ -71,7 +71,7 @@ pub(crate) fn run(cmd: Command) -> Finished {
 }
 
 /// PIDs of receivers started over ssh that write into `dir`.
-fn remote_receivers(dir: &Path) -> Vec<u32> {
+pub(crate) fn remote_receivers(dir: &Path) -> Vec<u32> {
     let want = dir.display().to_string();
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {

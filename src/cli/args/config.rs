@@ -516,7 +516,7 @@ impl SenderArgs {
                 // Each attempt starts a new receiver: the engine's own
                 // retries (same address) do not apply.
                 cfg.retries = 0;
-                let chain = self.chain_for(targets.len());
+                let chain = self.chain_for(&targets);
                 SendPlan::Remote(RemotePlan {
                     cfg,
                     files,
@@ -583,9 +583,16 @@ impl SenderArgs {
 
     /// How `targets` targets are served: a relay chain when there are
     /// several, unless --no-relay or an option a chain does not do yet.
-    fn chain_for(&self, targets: usize) -> Chain {
-        if targets < 2 || self.no_relay {
+    fn chain_for(&self, targets: &[Target]) -> Chain {
+        if targets.len() < 2 || self.no_relay {
             return Chain::Direct;
+        }
+        if targets.len() > crate::proto::MAX_RELAY_HOPS {
+            return Chain::DirectFor(format!(
+                "{} targets: copying to each directly (a relay chain has at most {} hosts)",
+                targets.len(),
+                crate::proto::MAX_RELAY_HOPS
+            ));
         }
         for (given, name) in [
             (self.resume || self.retry > 0, "--resume and --retry"),

@@ -106,13 +106,15 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
             )));
         }
     }
-    if matches!(cfg.output, Output::Exec(_)) {
+    if matches!(cfg.output, Output::Exec(_)) || cfg.relay_keys.is_some() {
         // The commands run as the receiver's user: without this they could
         // read its memory and environment (the token) in /proc/PPID/mem
-        // and /proc/PPID/environ, or ptrace it.
+        // and /proc/PPID/environ, or ptrace it. A relay hop holds the
+        // tokens of the hosts after it: the same goes for any process of
+        // the ssh user there.
         crate::sys::os::set_not_dumpable().map_err(|e| {
             XferError::io(
-                "cannot make the receiver non-dumpable (PR_SET_DUMPABLE), which keeps its --exec commands out of its memory",
+                "cannot make the receiver non-dumpable (PR_SET_DUMPABLE), which keeps its --exec commands and the user's other processes out of its memory",
                 e,
             )
         })?;

@@ -58,8 +58,11 @@ fn secret_of(line: &mut Zeroizing<Vec<u8>>, prefix: &str) -> Option<Token> {
 
 /// Reads the tokens of the hosts after this one in a relay chain
 /// (`receiver --ssh-relay`): a line `relay-key NAME HEX` per host, then
-/// `relay-keys-end`; at most `MAX_RELAY_HOPS` of them.
-pub fn read_relay_keys(input: &mut impl BufRead) -> Result<Vec<(String, Token)>, XferError> {
+/// `relay-keys-end`; at most `MAX_RELAY_HOPS` of them. None when the
+/// input ends before anything came (the sender gave up the chain).
+pub fn read_relay_keys(
+    input: &mut impl BufRead,
+) -> Result<Option<Vec<(String, Token)>>, XferError> {
     let bad = |what: &str| {
         XferError::Usage(format!(
             "--ssh-relay reads the next hosts' tokens from standard input, as the sender writes \
@@ -73,8 +76,11 @@ pub fn read_relay_keys(input: &mut impl BufRead) -> Result<Vec<(String, Token)>,
             .take(MAX_KEY_LINE as u64)
             .read_until(b'\n', &mut line)
             .map_err(|e| XferError::io("cannot read the next hosts' tokens", e))?;
+        if line.is_empty() && keys.is_empty() {
+            return Ok(None);
+        }
         if line.as_slice() == format!("{KEYS_END}\n").as_bytes() {
-            return Ok(keys);
+            return Ok(Some(keys));
         }
         // `relay-key NAME HEX`: the name has no space (`check_host`).
         let words: Vec<&[u8]> = line.splitn(3, |&b| b == b' ').collect();
@@ -111,7 +117,12 @@ pub fn watch_hangup(relay_keys: Option<Arc<KeyRing>>) {
             let mut input = std::io::stdin().lock();
             if let Some(ring) = relay_keys {
                 match read_relay_keys(&mut input) {
-                    Ok(keys) => {
+                    Ok(None) => {
+                        tracing::debug!("the sender's ssh channel closed before the keys: ending");
+                        crate::sys::os::request_shutdown();
+                        return;
+                    }
+                    Ok(Some(keys)) => {
                         let count = keys.len();
                         ring.set(keys);
                         let mut out = std::io::stdout().lock();

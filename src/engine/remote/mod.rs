@@ -128,6 +128,17 @@ fn each_line(pipe: impl Read, mut each: impl FnMut(String)) {
     }
 }
 
+/// A thread that reads ssh's output (a failure to start one is an error,
+/// not a panic: a chain of many hosts needs many).
+fn reader_thread(
+    read: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, XferError> {
+    std::thread::Builder::new()
+        .name("ssh-output".into())
+        .spawn(read)
+        .map_err(|e| XferError::io("cannot start a thread to read ssh's output", e))
+}
+
 fn lossy(line: &[u8]) -> String {
     String::from_utf8_lossy(line)
         .trim_end_matches(['\n', '\r'])
@@ -309,7 +320,7 @@ pub fn launch(
     if let Some(pipe) = stderr_pipe {
         let host = target.host.clone();
         let listening = listening.clone();
-        remote.readers.push(std::thread::spawn(move || {
+        remote.readers.push(reader_thread(move || {
             each_line(pipe, |line| {
                 let held = line.starts_with("receiver: error: ")
                     && !listening.load(std::sync::atomic::Ordering::SeqCst);
@@ -322,25 +333,30 @@ pub fn launch(
                 }
                 tail.push(line);
             })
-        }));
+        })?);
     }
     let (ready_tx, ready_rx) = mpsc::channel();
     let (keys_tx, keys_rx) = mpsc::channel();
     remote.keys_taken = Some(keys_rx);
     if let Some(pipe) = stdout {
         let listening = listening.clone();
-        remote.readers.push(std::thread::spawn(move || {
-            let mut told = false;
+        remote.readers.push(reader_thread(move || {
+            let (mut told, mut keys_told) = (false, false);
             each_line(pipe, |line| {
                 if !told && let Some(ready) = parse_ready_line(&line) {
                     told = true;
                     listening.store(true, std::sync::atomic::Ordering::SeqCst);
                     let _ = ready_tx.send(ready);
-                } else if told && let Some(count) = parse_keys_taken(&line) {
+                } else if told
+                    && !keys_told
+                    && let Some(count) = parse_keys_taken(&line)
+                {
+                    // Once: a remote that says it again is not heard.
+                    keys_told = true;
                     let _ = keys_tx.send(count);
                 }
             })
-        }));
+        })?);
     }
     // ssh may already have failed (EPIPE): its status says why.
     let wrote = remote.stdin.as_mut().map(|s| {
@@ -456,10 +472,12 @@ impl RemoteReceiver {
             Some(n) => {
                 let code = exit_code_from(n);
                 let why = said.unwrap_or("it gave no reason").to_string();
-                let hint = if tail
-                    .iter()
-                    .any(|l| l.contains("--ssh-session") || l.contains("--ssh-path"))
-                {
+                let unknown = |flag: &str| tail.iter().any(|l| l.contains(flag));
+                let hint = if unknown("--ssh-relay") {
+                    " (the receiver there is older than this sender and cannot be a host of a \
+                     relay chain: install the same version, or name it with --remote-receiver \
+                     PATH, or copy to each host directly with --no-relay)"
+                } else if unknown("--ssh-session") || unknown("--ssh-path") {
                     " (the receiver there may be older than this sender: install the same \
                      version, or name it with --remote-receiver PATH)"
                 } else {
@@ -511,13 +529,26 @@ impl RemoteReceiver {
             .and_then(|()| writeln!(stdin, "{KEYS_END}"))
             .and_then(|()| stdin.flush());
         wrote.map_err(lost)?;
-        let answer = self
-            .keys_taken
-            .as_ref()
-            .map(|rx| rx.recv_timeout(KEYS_TIMEOUT));
+        // In slices, so that Ctrl-C is not kept waiting.
+        let deadline = Instant::now() + KEYS_TIMEOUT;
+        let answer = loop {
+            let Some(rx) = self.keys_taken.as_ref() else {
+                break None;
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(Duration::from_millis(100))) {
+                Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => {
+                    if crate::sys::os::shutdown_requested() {
+                        return Err(crate::sys::SysError::Interrupted.into());
+                    }
+                }
+                Ok(count) => break Some(count),
+                Err(_) => break None,
+            }
+        };
         match answer {
-            Some(Ok(count)) if count == keys.len() => Ok(()),
-            Some(Ok(count)) => Err(XferError::Remote {
+            Some(count) if count == keys.len() => Ok(()),
+            Some(count) => Err(XferError::Remote {
                 host: self.host.clone(),
                 code: ExitCode::Other,
                 message: format!(
@@ -649,10 +680,12 @@ fn exit_code_from(n: i32) -> ExitCode {
 }
 
 /// The most telling line of a remote's stderr: the receiver's own error
-/// (without its `receiver: error: ` prefix), else ssh's last line.
+/// (without its `receiver: error: ` prefix), else its command line's
+/// (`error: ...`), else ssh's last line.
 fn last_error_line(tail: &[String]) -> Option<&str> {
     tail.iter()
         .rev()
         .find_map(|l| l.strip_prefix("receiver: error: "))
+        .or_else(|| tail.iter().rev().find_map(|l| l.strip_prefix("error: ")))
         .or_else(|| tail.iter().rev().map(|l| l.trim()).find(|l| !l.is_empty()))
 }

@@ -192,6 +192,16 @@ fn remote_errors_say_the_receivers_own_line() {
     );
     let tail = vec!["ssh: connect to host x port 22: Connection refused".to_string()];
     assert_eq!(last_error_line(&tail), Some(tail[0].as_str()));
+    // An older receiver's command line refuses a newer option: that line.
+    let tail = vec![
+        "error: unexpected argument '--ssh-relay' found".to_string(),
+        "".to_string(),
+        "For more information, try '--help'.".to_string(),
+    ];
+    assert_eq!(
+        last_error_line(&tail),
+        Some("unexpected argument '--ssh-relay' found")
+    );
     assert_eq!(exit_code_from(8), ExitCode::NoDevice);
     for (said, class) in [
         (
@@ -377,7 +387,7 @@ fn relay_keys_are_read_by_name_and_nothing_else_is_one() {
         *hex_a, *hex_b
     );
     let mut input = text.as_bytes();
-    let keys = read_relay_keys(&mut input).unwrap();
+    let keys = read_relay_keys(&mut input).unwrap().unwrap();
     assert_eq!(input, b"rest", "the hang-up watch reads on after them");
     let names: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["10.0.0.2:7000", "[fe80::1]:9"]);
@@ -397,12 +407,14 @@ fn relay_keys_are_read_by_name_and_nothing_else_is_one() {
     assert_eq!(
         read_relay_keys(&mut format!("{KEYS_END}\n").as_bytes())
             .unwrap()
-            .len(),
-        0
+            .map(|k| k.len()),
+        Some(0)
     );
+    // A sender that gave up before the keys: no error, no keys.
+    assert!(read_relay_keys(&mut "".as_bytes()).unwrap().is_none());
     let good = "ab".repeat(32);
     for bad in [
-        String::new(),
+        "\n".to_string(),
         format!("{KEY_LINE} h {good}\n"),
         format!("{KEY_LINE} h {good}0\n{KEYS_END}\n"),
         format!("{KEY_LINE} h\n{KEYS_END}\n"),
