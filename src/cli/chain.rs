@@ -69,14 +69,24 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
     }
     let mut errors: Vec<XferError> = failed.into_iter().map(|(_, e)| e).collect();
     if let Some(e) = aborted {
+        // Said once, as the tool's error; each target has its record.
         for hop in &hops {
-            errors.push(not_reached(ui, hop, &e));
-        }
-        if hops.is_empty() {
-            errors.push(e);
+            ui.target_ended(hop.label(), Err(&e));
         }
         end_all(hops);
-        return worst_of(errors, targets);
+        let worst = errors
+            .into_iter()
+            .chain([e])
+            .max_by_key(XferError::exit_code);
+        return match worst {
+            Some(worst) if targets > 1 => Err(XferError::TargetsFailed {
+                worst: Box::new(worst),
+                failed: targets,
+                targets,
+            }),
+            Some(only) => Err(only),
+            None => Ok(()),
+        };
     }
     let mut first = 0;
     while first < hops.len() {

@@ -122,6 +122,13 @@ impl Output {
 }
 
 impl ReceiverConfig {
+    /// A host of a relay chain started over ssh (`--ssh-relay`): what
+    /// becomes of its sessions goes back to the sender in RESULTs, so its
+    /// own log says it quietly (its stderr is on the sender's terminal).
+    pub fn started_by_chain(&self) -> bool {
+        self.relay_keys.is_some()
+    }
+
     /// Bytes per ring slot: a chunk, and with a token its tag after it.
     pub fn slot_size(&self) -> u32 {
         let tag = if self.token.is_some() {

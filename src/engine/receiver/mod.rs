@@ -303,11 +303,14 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                         Some(r) => {
                             let _ = r.send(SessionReport::Ended { id, result });
                         }
-                        None => {
-                            if let Err(e) = result {
-                                error!("session {id} from {peer} failed: {e}");
+                        None => match result {
+                            // Its sender hears it through the chain.
+                            Err(e) if cfg.started_by_chain() => {
+                                info!("session {id} from {peer} failed: {e}")
                             }
-                        }
+                            Err(e) => error!("session {id} from {peer} failed: {e}"),
+                            Ok(_) => {}
+                        },
                     }
                 });
             if let Err(e) = spawned {

@@ -246,6 +246,14 @@ impl Session<'_, '_> {
             }
         };
         match &own.verdict {
+            // Said to the sender through the chain; a hop it started over
+            // ssh would say it twice on the sender's terminal.
+            HopVerdict::Reject(code) if self.cfg.started_by_chain() => info!(
+                name = %escaped(&hello.name),
+                code = code.as_str(),
+                "not kept here ({}): passed on to the next host",
+                own.reason
+            ),
             HopVerdict::Reject(code) => warn!(
                 name = %escaped(&hello.name),
                 code = code.as_str(),
