@@ -496,6 +496,7 @@ fn failed(host: &str, exit: ExitCode, code: Option<&str>, reason: &str) -> HopRe
     let verdict = match (refusal, exit) {
         (Some(code), _) => HopVerdict::Reject(*code),
         (None, ExitCode::Integrity) => HopVerdict::Ack(AckStatus::Integrity),
+        (None, ExitCode::TimeoutOrPeerLost | ExitCode::CannotConnect) => HopVerdict::Lost,
         (None, _) => HopVerdict::Ack(AckStatus::Io),
     };
     // The sender words the verdict itself ("rejected by the receiver
@@ -508,6 +509,7 @@ fn failed(host: &str, exit: ExitCode, code: Option<&str>, reason: &str) -> HopRe
         }
         .to_string(),
         HopVerdict::Ack(AckStatus::Integrity) => "the receiver reports: ".to_string(),
+        HopVerdict::Lost => XferError::PeerLost(String::new()).to_string(),
         HopVerdict::Ack(_) => XferError::PeerIo(String::new()).to_string(),
     };
     let reason = reason.strip_prefix(said.as_str()).unwrap_or(reason);
@@ -533,8 +535,8 @@ mod tests {
         assert_eq!(r.reason, "disk full");
         let lost = XferError::PeerLost("gone".into());
         let r = failed("h", lost.exit_code(), lost.reason_code(), &lost.to_string());
-        assert_eq!(r.verdict, HopVerdict::Ack(AckStatus::Io));
-        assert_eq!(r.reason, lost.to_string());
+        assert_eq!(r.verdict, HopVerdict::Lost);
+        assert_eq!(r.reason, "gone");
     }
 
     #[test]

@@ -677,6 +677,10 @@ pub enum HopVerdict {
     Ack(AckStatus),
     /// The host refused the offer with REJECT of this code.
     Reject(RejectCode),
+    /// The host before it could not reach it, or lost it before its
+    /// verdict (it died, its link went down, it stalled): the reason says
+    /// how. The sender counts it as a lost peer.
+    Lost,
 }
 
 /// RESULT: one host's verdict on the offer whose own verdict comes next
@@ -1157,6 +1161,8 @@ const RESULT_FIXED: usize = 1 + 2 + 8 + 2 + 2;
 const RESULT_ACK: u8 = 0;
 /// RESULT's kind byte of a REJECT.
 const RESULT_REJECT: u8 = 1;
+/// RESULT's kind byte of a host lost or not reached (its code is 0).
+const RESULT_LOST: u8 = 2;
 
 /// RELAY's body length, checking every host.
 fn relay_len(relay: &Relay) -> Result<usize, WireError> {
@@ -1441,6 +1447,7 @@ pub fn encode(msg: &Message, out: &mut [u8]) -> Result<usize, WireError> {
             let (kind, code) = match r.verdict {
                 HopVerdict::Ack(status) => (RESULT_ACK, status as u16),
                 HopVerdict::Reject(code) => (RESULT_REJECT, code as u16),
+                HopVerdict::Lost => (RESULT_LOST, 0),
             };
             w.u8(kind)?;
             w.u16(code)?;
@@ -1759,6 +1766,13 @@ pub fn decode(buf: &[u8]) -> Result<Message, WireError> {
                         value: v.into(),
                     })?)
                 }
+                RESULT_LOST if v == 0 => HopVerdict::Lost,
+                RESULT_LOST => {
+                    return Err(WireError::BadEnum {
+                        field: "RESULT lost code",
+                        value: v.into(),
+                    });
+                }
                 _ => {
                     return Err(WireError::BadEnum {
                         field: "RESULT kind",
@@ -2044,6 +2058,7 @@ pub(crate) mod tests {
                 &"r".repeat(MAX_REASON),
             ),
             result("h", HopVerdict::Ack(AckStatus::Io), 0, "ünïcødé: disk full"),
+            result("l", HopVerdict::Lost, 0, "connection lost"),
         ];
         for status in AckStatus::ALL {
             v.push(result("a", HopVerdict::Ack(status), 1, status.as_str()));
@@ -2201,7 +2216,7 @@ pub(crate) mod tests {
         assert!(encode_to_vec(&Message::Result(cut)).is_ok());
         // Decoding: unknown kinds and codes, bad hosts, long reasons.
         let mut b = buf.clone();
-        for kind in [2u8, 255] {
+        for kind in [3u8, 255] {
             b[12] = kind;
             assert_eq!(
                 decode(&b),
@@ -2211,6 +2226,15 @@ pub(crate) mod tests {
                 })
             );
         }
+        // A lost host has no code: any but 0 is refused.
+        b[12] = RESULT_LOST;
+        assert_eq!(
+            decode(&b),
+            Err(WireError::BadEnum {
+                field: "RESULT lost code",
+                value: 2
+            })
+        );
         let mut b = buf.clone();
         for v in [0u16, 10, u16::MAX] {
             b[13..15].copy_from_slice(&v.to_be_bytes());

@@ -172,6 +172,7 @@ pub(crate) fn hop_result() -> impl Strategy<Value = HopResult> {
         prop_oneof![
             ack_status().prop_map(HopVerdict::Ack),
             reject_code().prop_map(HopVerdict::Reject),
+            Just(HopVerdict::Lost),
         ],
         size(),
         text(40),

@@ -81,5 +81,6 @@ pub(super) fn host_verdict(result: &HopResult) -> Result<Outcome, XferError> {
             code: Some(code),
             reason: result.reason.clone(),
         }),
+        HopVerdict::Lost => Err(XferError::PeerLost(result.reason.clone())),
     }
 }

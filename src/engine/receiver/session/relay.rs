@@ -119,7 +119,7 @@ impl Session<'_, '_> {
         };
         let gone = HopResult::new(
             next.hosts[0].clone(),
-            HopVerdict::Ack(AckStatus::Io),
+            HopVerdict::Lost,
             0,
             format!("lost earlier in this session: {why}"),
         );
@@ -265,6 +265,8 @@ impl Session<'_, '_> {
                 "{} here: passed on to the next host",
                 status.as_str()
             ),
+            // Never this host's own verdict.
+            HopVerdict::Lost => {}
         }
         let span = tracing::error_span!("file", file = %escaped(&hello.name), size = hello.size);
         let progress = self.cfg.progress.file_started(&hello.name, hello.size);
