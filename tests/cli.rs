@@ -236,6 +236,23 @@ fn generator_writes_man_pages_and_completions() {
         dirs.push(d);
     }
     check_completions(&dirs[0], &dirs[1], &dirs[2]);
+    // `-`: both scripts on standard output, as the files hold them; man
+    // pages are two files: a usage error, and no directory named `-`.
+    let (code, out, err) = run(gen_bin(), &["completions", "bash", "-"]);
+    assert_eq!(code, 0, "{err}");
+    let files: String = ["sender", "receiver"]
+        .iter()
+        .map(|n| std::fs::read_to_string(dirs[0].join(n)).expect("script"))
+        .collect();
+    assert_eq!(out, files);
+    let cwd = tempfile::tempdir().expect("dir");
+    let out = Command::new(gen_bin())
+        .args(["man", "-"])
+        .current_dir(cwd.path())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(!cwd.path().join("-").exists());
     // A directory that cannot be made (below a file) is an I/O error,
     // with its name.
     let file = dir.path().join("a-file");
@@ -281,6 +298,19 @@ fn generator_makes_tokens() {
     let (code, _, err) = run(gen_bin(), &["token", missing.to_str().expect("utf8")]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("does not exist"), "{err}");
+    // `-`: a new token on standard output, a line on stderr; no file.
+    let cwd = tempfile::tempdir().expect("dir");
+    let out = Command::new(gen_bin())
+        .args(["token", "-"])
+        .current_dir(cwd.path())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let printed = String::from_utf8(out.stdout).expect("utf8");
+    assert_eq!(printed.len(), 65, "{printed:?}");
+    assert!(printed.trim_end().bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_ne!(printed, text);
+    assert!(!cwd.path().join("-").exists());
     assert!(!missing.exists());
 }
 

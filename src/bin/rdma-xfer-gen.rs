@@ -6,8 +6,9 @@
 use clap::Parser;
 use clap_complete::Shell;
 use rdma_xfer::cli::create_token_file;
-use rdma_xfer::cli::generate::{write_completions, write_man_pages};
+use rdma_xfer::cli::generate::{completion_scripts, write_completions, write_man_pages};
 use rdma_xfer::{ExitCode, XferError};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser, Debug)]
@@ -26,14 +27,15 @@ Exit codes: 0 done, 2 usage (FILE exists, its directory does not), 6 I/O error, 
 )]
 enum Gen {
     /// Write a new random token (64 hex digits) into FILE, created with
-    /// mode 0600; an existing FILE is never replaced. Give it to both
-    /// tools: `receiver --token-file FILE`, and a copy on the sending host
-    /// to `sender --token-file FILE`.
+    /// mode 0600; an existing FILE is never replaced (`-`: to standard
+    /// output). Give it to both tools: `receiver --token-file FILE`, and a
+    /// copy on the sending host to `sender --token-file FILE`.
     Token {
         #[arg(value_hint = clap::ValueHint::FilePath)]
         file: PathBuf,
     },
-    /// Write sender.1 and receiver.1 into DIR (created if missing).
+    /// Write sender.1 and receiver.1 into DIR (created if missing; two
+    /// pages, so never `-`).
     Man {
         #[arg(value_hint = clap::ValueHint::DirPath)]
         dir: PathBuf,
@@ -59,7 +61,8 @@ enum Gen {
     },
     /// Write both tools' completion scripts for SHELL into DIR (created if
     /// missing; bash: `sender`, zsh: `_sender`, fish: `sender.fish`; same
-    /// for receiver).
+    /// for receiver); `-`: both to standard output, e.g. `source
+    /// <(rdma-xfer-gen completions bash -)`.
     Completions {
         shell: Shell,
         #[arg(value_hint = clap::ValueHint::DirPath)]
@@ -79,6 +82,38 @@ fn into_dir(
 
 fn run(command: Gen) -> Result<ExitCode, XferError> {
     let files = match command {
+        Gen::Token { file } if file.as_os_str() == "-" => {
+            let (_, hex) = rdma_xfer::engine::remote::one_time_token()?;
+            let mut out = std::io::stdout().lock();
+            let wrote = out
+                .write_all(hex.as_bytes())
+                .and_then(|()| out.write_all(b"\n"))
+                .and_then(|()| out.flush());
+            wrote.map_err(|e| XferError::io("cannot write the token to standard output", e))?;
+            eprintln!(
+                "rdma-xfer-gen: new token on standard output: keep it in a file only its owner \
+                 can read (umask 077), for `receiver --token-file FILE` and `sender --token-file \
+                 FILE`"
+            );
+            return Ok(ExitCode::Ok);
+        }
+        Gen::Man { dir, .. } if dir.as_os_str() == "-" => {
+            return Err(XferError::Usage(
+                "man writes two pages (sender.1 and receiver.1): give a directory, not -".into(),
+            ));
+        }
+        Gen::Completions { shell, dir } if dir.as_os_str() == "-" => {
+            let scripts = completion_scripts(shell)
+                .map_err(|e| XferError::io("cannot make the completion scripts", e))?;
+            let mut out = std::io::stdout().lock();
+            for (_, script) in scripts {
+                out.write_all(&script)
+                    .map_err(|e| XferError::io("cannot write to standard output", e))?;
+            }
+            out.flush()
+                .map_err(|e| XferError::io("cannot write to standard output", e))?;
+            return Ok(ExitCode::Ok);
+        }
         Gen::Token { file } => {
             create_token_file(&file)?;
             let f = file.display();

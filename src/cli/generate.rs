@@ -306,6 +306,18 @@ pub fn completion_file_name(shell: Shell, name: &str) -> String {
 /// Writes both tools' completion scripts for `shell` into `dir`.
 pub fn write_completions(shell: Shell, dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
+    for (file_name, script) in completion_scripts(shell)? {
+        let path = dir.join(file_name);
+        std::fs::write(&path, script)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// Both tools' completion scripts for `shell`, each with the file name it
+/// is installed under.
+pub fn completion_scripts(shell: Shell) -> io::Result<Vec<(String, Vec<u8>)>> {
+    let mut scripts = Vec::new();
     for mut cmd in commands() {
         let name = cmd.get_name().to_string();
         cmd.set_bin_name(&name);
@@ -319,11 +331,9 @@ pub fn write_completions(shell: Shell, dir: &Path) -> io::Result<Vec<PathBuf>> {
                 .map_err(|e| io::Error::other(format!("bash completions for {name}: {e}")))?;
             script = bash_host_names(text, &cmd)?.into_bytes();
         }
-        let path = dir.join(completion_file_name(shell, &name));
-        std::fs::write(&path, script)?;
-        written.push(path);
+        scripts.push((completion_file_name(shell, &name), script));
     }
-    Ok(written)
+    Ok(scripts)
 }
 
 /// clap's bash completions complete file names where a host name goes
