@@ -12,7 +12,7 @@ export LIBCLANG_PATH ?= /usr/lib/llvm-14/lib
 export RXFER_GIT_COMMIT ?= $(shell git describe --always --dirty --abbrev=12 --exclude='*' 2>/dev/null)
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-peers bench-sinks bench-tune bench-native build-bins install uninstall deb clean
+.PHONY: all deps lint-deps build lint unit fuzz e2e test demo bench bench-peers bench-sinks bench-tune bench-native build-bins install uninstall deb deb-root clean
 
 all: build
 
@@ -68,8 +68,9 @@ fuzz: deps
 # The end-to-end suite on real RDMA: this host if it has RDMA, else the
 # SoftRoCE guest, once per kernel in RXFER_GUEST_KERNELS (default "6.1 6.12",
 # one boot each; see scripts/e2e.sh).
-# (tests/rdma/deb.rs installs the .deb in the guest: `make deb` first.)
-e2e: build deb
+# (tests/rdma/deb.rs installs the .deb in the guest, and transfers with it
+# from a clean Debian 12 root: `make deb` and `make deb-root` first.)
+e2e: build deb-root
 	scripts/e2e.sh
 
 test: lint unit e2e
@@ -129,6 +130,11 @@ install: build-bins
 # libraries and providers and the C runtime only; see scripts/deb.sh.
 deb: build-bins
 	scripts/deb.sh '$(RELEASE_DIR)'
+
+# target/deb-root: Debian 12 (debootstrap minbase) with the package
+# installed by apt-get from inside it; see scripts/deb-root.sh.
+deb-root: deb
+	scripts/deb-root.sh
 
 # Removes exactly what `make install` with the same PREFIX and DESTDIR put there.
 uninstall:

@@ -187,3 +187,116 @@ fn the_debian_package_installs_and_transfers() {
     assert!(Path::new(TOKEN).exists(), "dpkg -r removed the token");
     drop(installed);
 }
+
+/// Bind mounts into a root, undone (lazily, last first) when dropped.
+struct Mounts(Vec<PathBuf>);
+
+impl Mounts {
+    fn bind(root: &Path, dirs: &[&str]) -> Mounts {
+        let mut done = Mounts(Vec::new());
+        for d in dirs {
+            let target = root.join(d);
+            run_ok(
+                Command::new("mount")
+                    .arg("--bind")
+                    .arg(format!("/{d}"))
+                    .arg(&target),
+            );
+            done.0.push(target);
+        }
+        done
+    }
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for target in self.0.iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(target).output();
+        }
+    }
+}
+
+/// The package in a clean Debian 12 root (debootstrap minbase, the
+/// package installed there by apt-get from the Debian mirror: `make
+/// deb-root`): a transfer between two of its binaries, run inside that
+/// root, shows that the package declares every library it needs and
+/// that the installed tools work with nothing of this host's around.
+#[test]
+fn the_package_transfers_in_a_clean_debian_root() {
+    let Some(net) = rdma_net() else { return };
+    let Some(addr_b) = net.addr_b.clone() else {
+        skip("needs the guest's second address", everything_required());
+        return;
+    };
+    // Mounts into the root: only in the throw-away guest.
+    if !in_guest() {
+        skip(
+            "mounts /dev, /proc and /sys into a chroot: runs only in the SoftRoCE guest (make e2e)",
+            false,
+        );
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/deb-root");
+    if !root.join("usr/bin/receiver").is_file() {
+        skip(
+            "no target/deb-root with the package installed: run `make deb-root`",
+            everything_required(),
+        );
+        return;
+    }
+    let _mounts = Mounts::bind(&root, &["dev", "proc", "sys"]);
+    let inside = "/tmp/rxfer-clean-root";
+    let work = root.join(inside.trim_start_matches('/'));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(work.join("in")).expect("in");
+    std::fs::create_dir_all(work.join("out")).expect("out");
+    let sum = make_file(&work.join("in/clean.bin"), 2 * MIB + 3, 71);
+    // Only the root's own programs and libraries, no environment.
+    let in_root = |args: &[&str]| {
+        let mut cmd = Command::new("chroot");
+        cmd.arg(&root)
+            .args(["env", "-i", "PATH=/usr/bin:/bin", "HOME=/root"])
+            .args(args);
+        cmd
+    };
+    let token = format!("{inside}/token");
+    run_ok(&mut in_root(&["rdma-xfer-gen", "token", &token]));
+    let port = next_port().to_string();
+    let out_dir = format!("{inside}/out");
+    let mut receiver = Running::spawn(
+        "receiver",
+        in_root(&[
+            "receiver",
+            "--once",
+            "--bind",
+            &net.addr_a,
+            "--port",
+            &port,
+            "--token-file",
+            &token,
+            "--dir",
+            &out_dir,
+        ]),
+    );
+    receiver.wait_for_stderr("listening", Duration::from_secs(60));
+    let to = format!("{}:{port}", net.addr_a);
+    let file = format!("{inside}/in/clean.bin");
+    let sent = Running::spawn(
+        "sender",
+        in_root(&[
+            "sender",
+            "--source",
+            &addr_b,
+            "--token-file",
+            &token,
+            &to,
+            &file,
+        ]),
+    )
+    .wait(Duration::from_secs(300));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    let received = receiver.wait(Duration::from_secs(60));
+    assert_eq!(received.code(), 0, "{}", received.transcript());
+    assert_eq!(sha256_file(&work.join("out/clean.bin")), sum);
+    let _ = std::fs::remove_dir_all(&work);
+}
