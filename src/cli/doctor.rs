@@ -140,12 +140,14 @@ fn kernel(inv: &Inventory, out: &mut Vec<Finding>) {
             ),
             _ => "kernel: no RDMA device (/sys/class/infiniband is empty)".to_string(),
         };
-        out.push(Finding::fail(
-            what,
-            "load the NIC's RDMA driver (`modprobe mlx5_ib` for ConnectX, `irdma` for Intel \
-             E810, `bnxt_re` for Broadcom), or for SoftRoCE on an Ethernet interface IF: \
-             `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IF`",
-        ));
+        let fix = match inv.idle_nics_fix() {
+            Some(fix) => format!("{fix} (then its devices appear here)"),
+            None => "load the NIC's RDMA driver (`modprobe mlx5_ib` for ConnectX, `irdma` for \
+                     Intel E810, `bnxt_re` for Broadcom), or for SoftRoCE on an Ethernet \
+                     interface IF: `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IF`"
+                .to_string(),
+        };
+        out.push(Finding::fail(what, &fix));
         return;
     }
     let names: Vec<String> = inv
@@ -450,6 +452,22 @@ mod tests {
         let text = render(&findings);
         assert!(text.contains("modprobe rdma_rxe"), "{text}");
         assert!(text.contains("A transfer would fail"), "{text}");
+        // A ConnectX whose RDMA driver is not loaded: that module, named.
+        let nic = root.path().join("sys/class/net/ens1f0/device");
+        std::fs::create_dir_all(&nic).expect("nic");
+        let driver = root.path().join("sys/bus/pci/drivers/mlx5_core");
+        std::fs::create_dir_all(&driver).expect("driver");
+        std::os::unix::fs::symlink(&driver, nic.join("driver")).expect("link");
+        let inv = Inventory::read_below(root.path());
+        let text = render(&run(&inv, no_device(), None));
+        assert!(
+            text.contains("`modprobe mlx5_ib`: the RDMA driver of ens1f0 (mlx5_core)"),
+            "{text}"
+        );
+        assert!(inv.no_device_cause().contains("modprobe mlx5_ib"));
+        // Loaded already: not named.
+        put(root.path(), "proc/modules", "mlx5_ib 1 0 - Live 0x0\n");
+        assert!(Inventory::read_below(root.path()).idle_nics.is_empty());
     }
 
     #[test]

@@ -25,6 +25,30 @@ pub const DRIVER_MODULES: &[(&str, &str)] = &[
     ("siw", "Soft-iWARP: iWARP over any TCP/IP interface"),
 ];
 
+/// Ethernet drivers whose NICs do RDMA with a kernel module of their
+/// own: (the NIC's driver, its RDMA module).
+pub const NIC_RDMA_MODULES: &[(&str, &str)] = &[
+    ("mlx5_core", "mlx5_ib"),
+    ("mlx4_en", "mlx4_ib"),
+    ("mlx4_core", "mlx4_ib"),
+    ("ice", "irdma"),
+    ("i40e", "irdma"),
+    ("bnxt_en", "bnxt_re"),
+    ("qede", "qedr"),
+    ("mana", "mana_ib"),
+];
+
+/// A network interface whose NIC has an RDMA driver that is not loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleNic {
+    /// The interface (`eth0`).
+    pub netdev: String,
+    /// Its Ethernet driver (`mlx5_core`).
+    pub driver: String,
+    /// The RDMA module for it (`mlx5_ib`).
+    pub module: &'static str,
+}
+
 /// One GID table entry in use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gid {
@@ -109,6 +133,9 @@ pub struct Inventory {
     pub uverbs: Vec<DeviceFile>,
     /// /dev/infiniband/rdma_cm, for connection set-up; None if absent.
     pub rdma_cm: Option<DeviceFile>,
+    /// Interfaces whose NIC could do RDMA with a module that is not
+    /// loaded (known only where /proc/modules can be read).
+    pub idle_nics: Vec<IdleNic>,
 }
 
 impl Inventory {
@@ -132,12 +159,34 @@ impl Inventory {
         uverbs.sort_by(|a, b| a.path.cmp(&b.path));
         let cm = dev.join("rdma_cm");
         let rdma_cm = cm.exists().then(|| device_file(cm));
+        let idle_nics = idle_nics_below(root, modules.as_deref());
         Inventory {
             devices,
             modules,
             uverbs,
             rdma_cm,
+            idle_nics,
         }
+    }
+
+    /// What to load for the NICs here that could do RDMA: `modprobe
+    /// MODULE` naming the interfaces, or None when none is known.
+    pub fn idle_nics_fix(&self) -> Option<String> {
+        let mut modules: Vec<&str> = self.idle_nics.iter().map(|n| n.module).collect();
+        modules.dedup();
+        if modules.is_empty() {
+            return None;
+        }
+        let nics: Vec<String> = self
+            .idle_nics
+            .iter()
+            .map(|n| format!("{} ({})", n.netdev, n.driver))
+            .collect();
+        Some(format!(
+            "`modprobe {}`: the RDMA driver of {}",
+            modules.join(" "),
+            nics.join(", ")
+        ))
     }
 
     /// Whether module `name` is loaded (None: cannot tell).
@@ -152,6 +201,9 @@ impl Inventory {
     /// has them all) the user-space provider is missing.
     pub fn no_device_cause(&self) -> String {
         if self.devices.is_empty() {
+            if let Some(fix) = self.idle_nics_fix() {
+                return format!("the kernel has no RDMA device: {fix}");
+            }
             return match self.has_module("ib_core") {
                 Some(false) => "the kernel has no RDMA stack loaded (no ib_core module): load \
                                 the NIC's driver, e.g. `modprobe mlx5_ib`, or for SoftRoCE \
@@ -233,6 +285,31 @@ fn stack_modules(text: &str) -> Vec<String> {
         .filter(|m| STACK.contains(m) || DRIVER_MODULES.iter().any(|(d, _)| d == m))
         .map(str::to_owned)
         .collect()
+}
+
+/// Interfaces under `root`/sys/class/net whose driver has an RDMA module
+/// in `NIC_RDMA_MODULES` that is not among `modules` (none when the
+/// modules are unknown).
+fn idle_nics_below(root: &Path, modules: Option<&[String]>) -> Vec<IdleNic> {
+    let Some(modules) = modules else {
+        return Vec::new();
+    };
+    let net = root.join("sys/class/net");
+    let mut nics: Vec<IdleNic> = names_in(&net)
+        .into_iter()
+        .filter_map(|netdev| {
+            let link = std::fs::read_link(net.join(&netdev).join("device/driver")).ok()?;
+            let driver = link.file_name()?.to_str()?.to_owned();
+            let (_, module) = NIC_RDMA_MODULES.iter().find(|(d, _)| *d == driver)?;
+            (!modules.iter().any(|m| m == module)).then_some(IdleNic {
+                netdev,
+                driver,
+                module,
+            })
+        })
+        .collect();
+    nics.sort_by(|a, b| (a.module, &a.netdev).cmp(&(b.module, &b.netdev)));
+    nics
 }
 
 fn names_in(dir: &Path) -> Vec<String> {
