@@ -310,7 +310,21 @@ fn generator_makes_tokens() {
     assert_eq!(printed.len(), 65, "{printed:?}");
     assert!(printed.trim_end().bytes().all(|b| b.is_ascii_hexdigit()));
     assert_ne!(printed, text);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(printed.trim()));
     assert!(!cwd.path().join("-").exists());
+    // Into a file others may read: refused, nothing written.
+    let open = cwd.path().join("open");
+    let file = std::fs::File::create(&open).expect("file");
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
+    let out = Command::new(gen_bin())
+        .args(["token", "-"])
+        .stdout(file)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("umask 077"));
+    assert_eq!(std::fs::metadata(&open).expect("open").len(), 0);
     assert!(!missing.exists());
 }
 

@@ -83,6 +83,7 @@ fn into_dir(
 fn run(command: Gen) -> Result<ExitCode, XferError> {
     let files = match command {
         Gen::Token { file } if file.as_os_str() == "-" => {
+            refuse_open_stdout()?;
             let (_, hex) = rdma_xfer::engine::remote::one_time_token()?;
             let mut out = std::io::stdout().lock();
             let wrote = out
@@ -133,6 +134,33 @@ fn run(command: Gen) -> Result<ExitCode, XferError> {
         println!("{}", f.display());
     }
     Ok(ExitCode::Ok)
+}
+
+/// A token goes to standard output only where no one else reads it: not
+/// a terminal (its scrollback, a session log), not a file others may
+/// read (`umask 077` first).
+fn refuse_open_stdout() -> Result<(), XferError> {
+    use std::io::IsTerminal;
+    use std::os::unix::fs::PermissionsExt;
+    if std::io::stdout().is_terminal() {
+        return Err(XferError::Usage(
+            "token - would print the secret on this terminal: redirect it into a file only \
+             you can read (umask 077; rdma-xfer-gen token - > FILE), or give FILE"
+                .into(),
+        ));
+    }
+    let meta = std::fs::metadata("/dev/stdout");
+    if let Ok(m) = meta
+        && m.is_file()
+        && m.permissions().mode() & 0o077 != 0
+    {
+        return Err(XferError::Usage(format!(
+            "token - would write the secret into a file others may read (mode {:o}): run \
+             `umask 077` first, or give FILE (made with mode 600)",
+            m.permissions().mode() & 0o777
+        )));
+    }
+    Ok(())
 }
 
 /// Prints the doctor's findings; exit 8 when a transfer would fail.

@@ -141,7 +141,7 @@ fn kernel(inv: &Inventory, out: &mut Vec<Finding>) {
             _ => "kernel: no RDMA device (/sys/class/infiniband is empty)".to_string(),
         };
         let fix = match inv.idle_nics_fix() {
-            Some(fix) => format!("{fix} (then its devices appear here)"),
+            Some(fix) => fix,
             None => "load the NIC's RDMA driver (`modprobe mlx5_ib` for ConnectX, `irdma` for \
                      Intel E810, `bnxt_re` for Broadcom), or for SoftRoCE on an Ethernet \
                      interface IF: `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IF`"
@@ -461,12 +461,15 @@ mod tests {
         let inv = Inventory::read_below(root.path());
         let text = render(&run(&inv, no_device(), None));
         assert!(
-            text.contains("`modprobe mlx5_ib`: the RDMA driver of ens1f0 (mlx5_core)"),
+            text.contains("`modprobe -a mlx5_ib`: the RDMA driver of ens1f0 (mlx5_core)"),
             "{text}"
         );
-        assert!(inv.no_device_cause().contains("modprobe mlx5_ib"));
-        // Loaded already: not named.
+        assert!(inv.no_device_cause().contains("modprobe -a mlx5_ib"));
+        // Loaded already, or built in: not named.
         put(root.path(), "proc/modules", "mlx5_ib 1 0 - Live 0x0\n");
+        assert!(Inventory::read_below(root.path()).idle_nics.is_empty());
+        put(root.path(), "proc/modules", "ext4 1 0 - Live 0x0\n");
+        std::fs::create_dir_all(root.path().join("sys/module/mlx5_ib")).expect("built in");
         assert!(Inventory::read_below(root.path()).idle_nics.is_empty());
     }
 

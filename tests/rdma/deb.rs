@@ -192,6 +192,9 @@ fn the_debian_package_installs_and_transfers() {
 struct Mounts(Vec<PathBuf>);
 
 impl Mounts {
+    /// `dirs` of this host bound into `root`, and a fresh tmpfs on its
+    /// /tmp (the root itself may be read-only in the guest; what the test
+    /// leaves there goes with the mount).
     fn bind(root: &Path, dirs: &[&str]) -> Mounts {
         let mut done = Mounts(Vec::new());
         for d in dirs {
@@ -204,6 +207,13 @@ impl Mounts {
             );
             done.0.push(target);
         }
+        let tmp = root.join("tmp");
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "rxfer-clean-tmp"])
+                .arg(&tmp),
+        );
+        done.0.push(tmp);
         done
     }
 }
@@ -247,7 +257,6 @@ fn the_package_transfers_in_a_clean_debian_root() {
     let _mounts = Mounts::bind(&root, &["dev", "proc", "sys"]);
     let inside = "/tmp/rxfer-clean-root";
     let work = root.join(inside.trim_start_matches('/'));
-    let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(work.join("in")).expect("in");
     std::fs::create_dir_all(work.join("out")).expect("out");
     let sum = make_file(&work.join("in/clean.bin"), 2 * MIB + 3, 71);
@@ -259,6 +268,14 @@ fn the_package_transfers_in_a_clean_debian_root() {
             .args(args);
         cmd
     };
+    // This build's package, not an older one left in target/deb.
+    let installed = run_ok(&mut in_root(&[
+        "dpkg-query",
+        "-W",
+        "-f=${Version}",
+        PACKAGE,
+    ]));
+    assert_eq!(stdout(&installed), VERSION);
     let token = format!("{inside}/token");
     run_ok(&mut in_root(&["rdma-xfer-gen", "token", &token]));
     let port = next_port().to_string();
@@ -298,5 +315,4 @@ fn the_package_transfers_in_a_clean_debian_root() {
     let received = receiver.wait(Duration::from_secs(60));
     assert_eq!(received.code(), 0, "{}", received.transcript());
     assert_eq!(sha256_file(&work.join("out/clean.bin")), sum);
-    let _ = std::fs::remove_dir_all(&work);
 }

@@ -29,7 +29,6 @@ pub const DRIVER_MODULES: &[(&str, &str)] = &[
 /// own: (the NIC's driver, its RDMA module).
 pub const NIC_RDMA_MODULES: &[(&str, &str)] = &[
     ("mlx5_core", "mlx5_ib"),
-    ("mlx4_en", "mlx4_ib"),
     ("mlx4_core", "mlx4_ib"),
     ("ice", "irdma"),
     ("i40e", "irdma"),
@@ -183,7 +182,8 @@ impl Inventory {
             .map(|n| format!("{} ({})", n.netdev, n.driver))
             .collect();
         Some(format!(
-            "`modprobe {}`: the RDMA driver of {}",
+            "`modprobe -a {}`: the RDMA driver of {} (if the card has RDMA; else SoftRoCE on \
+             it: `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IF`)",
             modules.join(" "),
             nics.join(", ")
         ))
@@ -301,7 +301,10 @@ fn idle_nics_below(root: &Path, modules: Option<&[String]>) -> Vec<IdleNic> {
             let link = std::fs::read_link(net.join(&netdev).join("device/driver")).ok()?;
             let driver = link.file_name()?.to_str()?.to_owned();
             let (_, module) = NIC_RDMA_MODULES.iter().find(|(d, _)| *d == driver)?;
-            (!modules.iter().any(|m| m == module)).then_some(IdleNic {
+            // Built into the kernel: in /sys/module, never in /proc/modules.
+            let loaded = modules.iter().any(|m| m == module)
+                || root.join("sys/module").join(module).exists();
+            (!loaded).then_some(IdleNic {
                 netdev,
                 driver,
                 module,
