@@ -60,9 +60,10 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
     } else {
         names_disagree(&hops)
     };
-    if aborted.is_none() {
+    let aborted = aborted.or_else(|| {
         hand_keys(&mut hops, &mut failed);
-    }
+        crate::sys::os::shutdown_requested().then(|| crate::sys::SysError::Interrupted.into())
+    });
     failed.sort_by_key(|(i, _)| *i);
     for (i, e) in &failed {
         report_target(ui, &plan.targets[*i].host, Err(e));
@@ -74,58 +75,134 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
             ui.target_ended(hop.label(), Err(&e));
         }
         end_all(hops);
-        let worst = errors
-            .into_iter()
-            .chain([e])
-            .max_by_key(XferError::exit_code);
-        return match worst {
-            Some(worst) if targets > 1 => Err(XferError::TargetsFailed {
-                worst: Box::new(worst),
+        // The reason nothing was sent, whatever else failed to start.
+        return Err(if targets > 1 {
+            XferError::TargetsFailed {
+                worst: Box::new(e),
                 failed: targets,
                 targets,
-            }),
-            Some(only) => Err(only),
-            None => Ok(()),
-        };
+            }
+        } else {
+            e
+        });
     }
+    let mut reported = Reported::default();
+    // Each started host's error, when it has one other than its files'.
+    let mut host_errors: HashMap<String, XferError> = HashMap::new();
+    // A stream cannot be read again for a second chain.
+    let rereadable = !plan.files.iter().any(|f| f.as_os_str() == "-");
     let mut first = 0;
     while first < hops.len() {
         let chain = &hops[first..];
-        match relay_through(plan, ui, chain, summary) {
-            Ok(per_host) => {
-                errors.extend(per_host);
+        let ended = match relay_through(plan, ui, chain, summary, &mut reported) {
+            Ok(own) => {
+                // A failure no host's result explains (the sender's own).
+                errors.extend(own);
                 break;
             }
-            Err((e, held)) => {
-                // The session to the chain's first host ended: that host
-                // failed; one that may come back gets no second try, the
-                // hosts after it start a chain of their own.
-                let again =
-                    e.is_transient() && chain.len() > 1 && !crate::sys::os::shutdown_requested();
-                if !again {
-                    for f in &held {
-                        ui.file_event_from(None, FileEvent::Failed(f));
-                    }
-                    for hop in &chain[1..] {
-                        errors.push(not_reached(ui, hop, &e));
-                    }
-                }
-                report_target(ui, chain[0].label(), Err(&e));
-                errors.push(e);
-                if !again {
-                    break;
-                }
-                tracing::warn!(
-                    "{} is lost: the chain goes on from {}",
-                    crate::proto::escaped(chain[0].label()),
-                    crate::proto::escaped(chain[1].label())
-                );
-                first += 1;
+            Err(ended) => ended,
+        };
+        // The session to the chain's first host ended: that host failed;
+        // the hosts after it start a chain of their own, unless the
+        // cause is this host's, or the input cannot be read again.
+        let again =
+            ended.restart && rereadable && chain.len() > 1 && !crate::sys::os::shutdown_requested();
+        if !again {
+            for (name, f) in &ended.held {
+                reported.say(ui, name, FileEvent::Failed(f));
             }
+            for hop in &chain[1..] {
+                host_errors.insert(hop.name.clone(), not_reached(hop, &ended.error));
+            }
+        }
+        host_errors.insert(chain[0].name.clone(), ended.error);
+        if !again {
+            break;
+        }
+        // Gone for good: its ssh ends now, so that nothing of it writes on.
+        hops[first].receiver.hang_up();
+        first += 1;
+        // A host the lost one already found lost is passed by too.
+        while first + 1 < hops.len() && reported.lost(&hops[first].name) {
+            first += 1;
+        }
+        tracing::warn!(
+            "{} is lost: the chain goes on from {}",
+            crate::proto::escaped(hops[first - 1].label()),
+            crate::proto::escaped(hops[first].label())
+        );
+    }
+    // One record per started host, in the order given.
+    for hop in &hops {
+        if let Some(e) = host_errors.remove(&hop.name) {
+            report_target(ui, hop.label(), Err(&e));
+            errors.push(e);
+        } else if let Some(f) = reported.worst.get(&hop.name) {
+            let e = XferError::Remote {
+                host: hop.label().to_string(),
+                code: f.exit_code,
+                message: format!("{}: {}", crate::proto::escaped(&f.name), f.reason),
+            };
+            ui.target_ended(hop.label(), Err(&e));
+            errors.push(e);
+        } else {
+            ui.target_ended(hop.label(), Ok(()));
         }
     }
     end_all(hops);
     worst_of(errors, targets)
+}
+
+/// What the sender said so far along the chain, over every attempt: one
+/// record per host and file (the first: a second chain sends again what
+/// the first did not finish, and the hosts that had it say `unchanged`),
+/// and each host's worst failure, by its name in the chain.
+#[derive(Default)]
+struct Reported {
+    said: std::collections::HashSet<(String, String)>,
+    worst: HashMap<String, FileFailure>,
+}
+
+impl Reported {
+    /// Says `event` for the host named `name` in the chain, unless its
+    /// record of the file was said already.
+    fn say(&mut self, ui: &Ui, name: &str, event: FileEvent<'_>) {
+        let file = match event {
+            FileEvent::Done(r) => &r.name,
+            FileEvent::Failed(f) => &f.name,
+        };
+        if !self.said.insert((name.to_string(), file.clone())) {
+            return;
+        }
+        ui.file_event_from(None, event);
+        if let FileEvent::Failed(f) = event {
+            let keep = self
+                .worst
+                .get(name)
+                .is_none_or(|w| w.exit_code < f.exit_code);
+            if keep {
+                self.worst.insert(name.to_string(), f.clone());
+            }
+        }
+    }
+
+    /// Whether the host named `name` was found lost (a LOST result).
+    fn lost(&self, name: &str) -> bool {
+        self.worst
+            .get(name)
+            .is_some_and(|f| f.exit_code == crate::error::ExitCode::TimeoutOrPeerLost)
+    }
+}
+
+/// How a session along the chain ended before its end: the error, whether
+/// the cause was the first host's (its connection, its side: a new chain
+/// from the next host may go on), and the files it cut short at the hosts
+/// after the first, not said yet.
+struct Ended {
+    error: XferError,
+    restart: bool,
+    /// By the host's name in the chain.
+    held: Vec<(String, FileFailure)>,
 }
 
 /// One error per failed target: Ok when there is none, the only one with
@@ -143,18 +220,17 @@ fn worst_of(errors: Vec<XferError>, targets: usize) -> Result<(), XferError> {
     }
 }
 
-/// `hop` never heard of the files for `e`: reported, and its error.
-fn not_reached(ui: &Ui, hop: &Hop<'_>, e: &XferError) -> XferError {
-    let e = XferError::Remote {
+/// `hop`, after a first host lost for `e`, never heard of the files: a
+/// host not reached, as a lost peer (exit 7).
+fn not_reached(hop: &Hop<'_>, e: &XferError) -> XferError {
+    XferError::Remote {
         host: hop.label().to_string(),
-        code: e.exit_code(),
+        code: crate::error::ExitCode::TimeoutOrPeerLost,
         message: format!(
             "not reached: {}",
             super::targets::strip_host(e, hop.label())
         ),
-    };
-    report_target(ui, hop.label(), Err(&e));
-    e
+    }
 }
 
 /// With `--json`, a target's record; a failure's line on stderr.
@@ -322,18 +398,18 @@ fn hand_keys(hops: &mut Vec<Hop<'_>>, failed: &mut Vec<(usize, XferError)>) {
 }
 
 /// The session along `chain`: each file's line and record name its host
-/// by its target. Each host that failed for some file: its worst failure,
-/// as the target's error. When the session itself ends, its error and
-/// the files it cut short at the hosts after the first, not reported:
-/// they are the caller's to report, unless it goes on without that host.
+/// by its target (`reported`). Ok with the sender's own failure, if it
+/// had one no host's result explains; when the session itself ended, how
+/// (`Ended`).
 fn relay_through(
     plan: &RemotePlan,
     ui: &Arc<Ui>,
     chain: &[Hop<'_>],
     summary: bool,
-) -> Result<Vec<XferError>, (XferError, Vec<FileFailure>)> {
+    reported: &mut Reported,
+) -> Result<Option<XferError>, Ended> {
     let Some(first) = chain.first() else {
-        return Ok(Vec::new());
+        return Ok(None);
     };
     let by_name: HashMap<&str, &Hop<'_>> = chain.iter().map(|h| (h.name.as_str(), h)).collect();
     let mut cfg = plan.cfg.clone();
@@ -344,70 +420,71 @@ fn relay_through(
         cfg.walk.name = Some(name.clone());
     }
     cfg.progress = ProgressSink::new(ui.clone());
-    // By the host's name in the chain: two targets may share a host.
-    let worst: Mutex<HashMap<String, FileFailure>> = Mutex::new(HashMap::new());
-    let mut held: Vec<FileFailure> = Vec::new();
+    let mut held: Vec<(String, FileFailure)> = Vec::new();
+    // What cut the session short at the first host.
+    let mut cut: Option<FileFailure> = None;
     let hop_of = |host: Option<&String>| {
         host.and_then(|h| by_name.get(h.as_str()).copied())
             .unwrap_or(first)
     };
     let outcome = send_files(&cfg, &plan.files, |event| match event {
         FileEvent::Done(report) => {
+            let hop = hop_of(report.host.as_ref());
             let mut report = report.clone();
-            report.host = Some(hop_of(report.host.as_ref()).label().to_string());
-            ui.file_event_from(None, FileEvent::Done(&report));
+            report.host = Some(hop.label().to_string());
+            reported.say(ui, &hop.name, FileEvent::Done(&report));
         }
         FileEvent::Failed(failure) => {
             let hop = hop_of(failure.host.as_ref());
             let mut failure = failure.clone();
             failure.host = Some(hop.label().to_string());
-            if failure.session_ended && !std::ptr::eq(hop, first) {
-                held.push(failure);
-                return;
+            if failure.session_ended {
+                if !std::ptr::eq(hop, first) {
+                    // Said only if no second chain sends it again.
+                    held.push((hop.name.clone(), failure));
+                    return;
+                }
+                cut.get_or_insert_with(|| failure.clone());
             }
-            ui.file_event_from(None, FileEvent::Failed(&failure));
-            let mut worst = worst.lock().unwrap_or_else(PoisonError::into_inner);
-            let keep = worst
-                .get(&hop.name)
-                .is_none_or(|w| w.exit_code < failure.exit_code);
-            if keep {
-                worst.insert(hop.name.clone(), failure);
-            }
+            reported.say(ui, &hop.name, FileEvent::Failed(&failure));
         }
     });
     let outcome = match outcome {
         Ok(outcome) => outcome,
-        Err(e) => return Err((e, held)),
+        Err(error) => {
+            // The first failure is what `send_files` returns; what ended
+            // the session decides (a host's refusal earlier is no reason
+            // to give up on the others).
+            use crate::error::ExitCode;
+            let (error, restart) = match cut {
+                Some(f) => (
+                    // The first host's own end, not an earlier failure of
+                    // another host.
+                    XferError::Remote {
+                        host: first.label().to_string(),
+                        code: f.exit_code,
+                        message: f.reason,
+                    },
+                    f.retryable || !matches!(f.exit_code, ExitCode::Usage | ExitCode::NoDevice),
+                ),
+                None => {
+                    let restart = error.is_transient();
+                    (error, restart)
+                }
+            };
+            return Err(Ended {
+                error,
+                restart,
+                held,
+            });
+        }
     };
-    for f in &held {
-        ui.file_event_from(None, FileEvent::Failed(f));
-    }
     if summary && !ui.quiet() {
         ui.eprintln(&ui.summary_line(session_summary(&outcome, ui.log_json())));
     }
-    let worst = worst.into_inner().unwrap_or_else(PoisonError::into_inner);
-    let mut failures = Vec::new();
-    for hop in chain {
-        match worst.get(&hop.name) {
-            None => ui.target_ended(hop.label(), Ok(())),
-            Some(f) => {
-                let e = XferError::Remote {
-                    host: hop.label().to_string(),
-                    code: f.exit_code,
-                    message: format!("{}: {}", crate::proto::escaped(&f.name), f.reason),
-                };
-                ui.target_ended(hop.label(), Err(&e));
-                failures.push(e);
-            }
-        }
-    }
     // A failure no host's result explains (the sender's own).
-    if failures.is_empty()
-        && let Some(first) = outcome.first_error
-    {
-        failures.push(first);
-    }
-    Ok(failures)
+    let own = outcome.first_error.filter(|_| reported.worst.is_empty());
+    Ok(own)
 }
 
 /// Ends receivers, `LAUNCHES_AT_ONCE` at a time (their input closed:

@@ -68,13 +68,13 @@ impl HopKeys {
     pub fn key_for(&self, host: &str) -> Result<Token, XferError> {
         match self {
             HopKeys::Shared(token) => Ok(token.clone()),
-            HopKeys::PerHost(ring) => ring.key_for(host).ok_or_else(|| XferError::Rejected {
-                code: Some(RejectCode::Auth),
-                reason: format!(
-                    "no token for {} from the sender: this host may pass files on only to \
-                         the hosts it was started for",
+            // Not reached (LOST): this host cannot prove itself there.
+            HopKeys::PerHost(ring) => ring.key_for(host).ok_or_else(|| {
+                XferError::PeerLost(format!(
+                    "not reached: this host holds no token for {} (the sender hands each host \
+                     those of the two after it)",
                     escaped(host)
-                ),
+                ))
             }),
         }
     }

@@ -570,6 +570,12 @@ impl RemoteReceiver {
         }
     }
 
+    /// Ends the remote receiver now (its input closed: it stops at once),
+    /// before the session that owns it is over: a host given up on.
+    pub fn hang_up(&mut self) {
+        self.end(false);
+    }
+
     /// The last lines the remote printed on stderr.
     pub fn stderr_tail(&self) -> Vec<String> {
         self.stderr

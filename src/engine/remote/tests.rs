@@ -403,7 +403,7 @@ fn relay_keys_are_read_by_name_and_nothing_else_is_one() {
         b.mac(&nonce)
     );
     let stranger = keys.key_for("10.0.0.9:7000").unwrap_err();
-    assert_eq!(stranger.exit_code(), ExitCode::Rejected);
+    assert_eq!(stranger.exit_code(), ExitCode::TimeoutOrPeerLost);
     assert_eq!(
         read_relay_keys(&mut format!("{KEYS_END}\n").as_bytes())
             .unwrap()

@@ -521,11 +521,20 @@ impl Session<'_, '_> {
                 );
             }
             Err(RecvError::Reject(reject)) => {
-                warn!(
-                    code = reject.code.as_str(),
-                    "refused: {}",
-                    escaped(&reject.reason)
-                );
+                // A chain's hop: its sender hears it in a RESULT.
+                if self.cfg.started_by_chain() {
+                    info!(
+                        code = reject.code.as_str(),
+                        "refused: {}",
+                        escaped(&reject.reason)
+                    );
+                } else {
+                    warn!(
+                        code = reject.code.as_str(),
+                        "refused: {}",
+                        escaped(&reject.reason)
+                    );
+                }
                 let err = XferError::Rejected {
                     code: Some(reject.code),
                     reason: reject.reason.clone(),

@@ -376,7 +376,12 @@ impl Session<'_, '_> {
         hello_at: Instant,
         Reject { code, reason }: Reject,
     ) -> Result<(), XferError> {
-        warn!(name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
+        // A chain's hop: its sender hears it in a RESULT (said once).
+        if self.cfg.started_by_chain() {
+            info!(name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
+        } else {
+            warn!(name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
+        }
         let err = XferError::Rejected {
             code: Some(code),
             reason: reason.clone(),

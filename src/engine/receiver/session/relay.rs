@@ -121,7 +121,10 @@ impl Session<'_, '_> {
             next.hosts[0].clone(),
             HopVerdict::Lost,
             0,
-            format!("lost earlier in this session: {why}"),
+            format!(
+                "lost earlier in this session: {}",
+                why.strip_prefix("peer lost: ").unwrap_or(&why)
+            ),
         );
         self.take_relayed(vec![gone]);
         let past = past_the_next(next)?;
