@@ -226,10 +226,7 @@ fn not_reached(hop: &Hop<'_>, e: &XferError) -> XferError {
     XferError::Remote {
         host: hop.label().to_string(),
         code: crate::error::ExitCode::TimeoutOrPeerLost,
-        message: format!(
-            "not reached: {}",
-            super::targets::strip_host(e, hop.label())
-        ),
+        message: format!("not reached: {}", super::ui::strip_host(e, hop.label())),
     }
 }
 
@@ -240,7 +237,7 @@ fn report_target(ui: &Ui, label: &str, result: Result<(), &XferError>) {
         ui.eprintln(&format!(
             "sender: error: {}: {}",
             crate::proto::escaped(label),
-            super::targets::strip_host(e, label)
+            super::ui::strip_host(e, label)
         ));
     }
 }

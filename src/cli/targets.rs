@@ -51,7 +51,7 @@ pub fn send_to_targets(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result
                         ui.eprintln(&format!(
                             "sender: error: {}: {}",
                             crate::proto::escaped(&target.host),
-                            strip_host(e, &target.host)
+                            super::ui::strip_host(e, &target.host)
                         ));
                     }
                     if let Err(e) = result {
@@ -100,15 +100,6 @@ fn within_memlock(workers: usize, cfg: &crate::engine::sender::SenderConfig) -> 
         );
     }
     workers.min(fit)
-}
-
-/// A target's error without its host in front (the line adds it).
-pub(super) fn strip_host(e: &XferError, host: &str) -> String {
-    let text = e.to_string();
-    match text.strip_prefix(&format!("{host}: ")) {
-        Some(rest) => rest.to_string(),
-        None => text,
-    }
 }
 
 /// One target: start its receiver, send, end it; after a failure that

@@ -308,6 +308,15 @@ impl Progress for Ui {
     }
 }
 
+/// A target's error without its host in front (the line adds it).
+pub fn strip_host(e: &XferError, host: &str) -> String {
+    let text = e.to_string();
+    match text.strip_prefix(&format!("{host}: ")) {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
+}
+
 /// Which host a file went to, in the one-command form.
 #[derive(Debug, Clone)]
 pub struct HostLabel {
