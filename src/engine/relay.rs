@@ -1,6 +1,7 @@
 //! A relay hop's forwarding: a receiver in a relay chain sends each offer
 //! it takes on to the next host, in a sender session of its own (its
-//! token, its RDMA connection). A file's bytes go through a pipe as the
+//! token, its RDMA connection), one per session of its own: the offers
+//! are handed to it one at a time (`Downstream`). A file's bytes go through a pipe as the
 //! receiver checks them; the session's reader reads the pipe, so a slow
 //! next host fills the pipe and then holds the receiver, which holds its
 //! credits: the chain goes at its slowest host's pace, in bounded memory.
@@ -10,17 +11,17 @@
 use crate::engine::DEFAULT_PORT;
 use crate::engine::entries::Entry;
 use crate::engine::report::FileEvent;
-use crate::engine::sender::{SenderConfig, send_entries};
+use crate::engine::sender::{Feed, SenderConfig, send_fed};
 use crate::error::{ExitCode, XferError};
 use crate::proto::{
-    AckStatus, FileOffer, Hello, HopResult, HopVerdict, OfferKind, RejectCode, Token, WhenExisting,
-    escaped, hello_flags,
+    AckStatus, DigestAlg, FileOffer, Hello, HopResult, HopVerdict, OfferKind, RejectCode, Token,
+    WhenExisting, escaped, hello_flags,
 };
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
@@ -125,8 +126,34 @@ pub struct Forwarded {
     pub lost: Option<String>,
 }
 
-/// One offer on its way to the next hosts: the sender session on its
-/// thread, and for a file the pipe that feeds it.
+/// The session a hop keeps to the next hosts for the offers of one
+/// session of its own: each offer it passes on is handed to it (a feed),
+/// one at a time; its thread reports each host's result. A tree of small
+/// files costs one connection per hop, not one per file.
+pub struct Downstream {
+    /// The hosts it reaches, the next one first.
+    hosts: Vec<String>,
+    /// The settings it was opened with: an offer with others needs a
+    /// session of its own.
+    digest: DigestAlg,
+    keep_mode: bool,
+    stall: Duration,
+    chunk_size: usize,
+    feed: Option<mpsc::Sender<Entry>>,
+    drained: Option<mpsc::Receiver<()>>,
+    reports: Option<mpsc::Receiver<HopResult>>,
+    session: Option<JoinHandle<Result<(), XferError>>>,
+    /// Why it ended: no offer goes to it any more.
+    ended: Option<XferError>,
+    /// The offer handed over last was answered.
+    answered: bool,
+    /// When it last answered an offer (the next host's receiver ends a
+    /// session that idles too long).
+    idle_since: Instant,
+}
+
+/// One offer on its way to the next hosts: for a file, the pipe that
+/// feeds the `Downstream` session.
 pub struct Forward {
     name: String,
     /// The offer forwarded (a bypass makes it again).
@@ -138,7 +165,6 @@ pub struct Forward {
     whole: Option<Arc<AtomicBool>>,
     /// How long a pipe write may wait for the next host.
     stall: Duration,
-    session: Option<JoinHandle<Forwarded>>,
     /// Why the bytes stopped going on (the next host's session ended or
     /// stalled), said once.
     stopped: Option<String>,
@@ -197,19 +223,100 @@ pub fn resolve(host: &str) -> Result<SocketAddr, XferError> {
     crate::engine::resolve(name, port)
 }
 
-impl Forward {
+/// Whether an offer keeps its files' modes (the next host's must too).
+fn keeps_mode(hello: &Hello) -> bool {
+    hello.caps & hello_flags::KEEP_MODE != 0
+}
+
+impl Downstream {
+    /// Opens the session to `next`'s hosts with the settings of `hello`
+    /// (its thread connects while this host takes the offer). A next host
+    /// that does not resolve, or that this host has no token for, ends it
+    /// at once: lost for the session.
+    pub fn open(next: &NextHops, hello: &Hello) -> Downstream {
+        let (feed, entries) = mpsc::channel();
+        let (drained_tx, drained) = mpsc::channel();
+        let (report_tx, reports) = mpsc::channel();
+        let mut downstream = Downstream {
+            hosts: next.hosts.clone(),
+            digest: hello.digest,
+            keep_mode: keeps_mode(hello),
+            stall: hop_timeout(next),
+            chunk_size: next.chunk_size as usize,
+            feed: Some(feed),
+            drained: Some(drained),
+            reports: Some(reports),
+            session: None,
+            ended: None,
+            answered: false,
+            idle_since: Instant::now(),
+        };
+        let cfg = match hop_config(next, hello) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                downstream.ended = Some(e);
+                return downstream;
+            }
+        };
+        let hosts = next.hosts.clone();
+        let feed = Feed {
+            entries,
+            drained: drained_tx,
+        };
+        let session = std::thread::Builder::new()
+            .name("relay".into())
+            .spawn(move || {
+                let sent = send_fed(&cfg, feed, |event| {
+                    if let Some(result) = result_of(event, &hosts) {
+                        let _ = report_tx.send(result);
+                    }
+                });
+                sent.map(drop)
+            });
+        match session {
+            Ok(handle) => downstream.session = Some(handle),
+            Err(e) => {
+                warn!("cannot start the relay to the next host: {e}");
+                downstream.ended = Some(XferError::io("cannot start the relay thread", e));
+            }
+        }
+        downstream
+    }
+
+    /// Whether the offer `hello` for `hosts` may go to this session: the
+    /// same hosts and settings, still going, and not idle so long that
+    /// the next host may have given up on it.
+    pub fn serves(&self, hosts: &[String], hello: &Hello) -> bool {
+        self.ended.is_none()
+            && !self.session.as_ref().is_none_or(JoinHandle::is_finished)
+            && self.hosts == hosts
+            && self.digest == hello.digest
+            && self.keep_mode == keeps_mode(hello)
+            && self.idle_since.elapsed() < self.stall / 2
+    }
+
     /// Starts sending `hello`'s entry to the next hosts. For a file or a
-    /// stream its bytes come through `write`; `end_input` ends them, and
-    /// `results` waits for the next hosts' results.
-    pub fn start(next: &NextHops, hello: &Hello) -> Forward {
+    /// stream its bytes come through the `Forward`'s `write`;
+    /// `end_input` ends them, and `results` waits for the next hosts'
+    /// results.
+    pub fn offer(&mut self, hello: &Hello) -> Forward {
         let offer = offer_for(hello);
+        let mut forward = Forward {
+            name: hello.name.clone(),
+            hello: hello.clone(),
+            pipe: None,
+            whole: None,
+            stall: self.stall,
+            stopped: None,
+        };
         if hello.is_directory() {
             let entry = Entry::Dir {
                 name: offer.name.clone(),
                 mode: offer.mode,
                 mtime: offer.mtime,
             };
-            return Forward::spawn(next, hello, Ok(entry), None);
+            self.hand_over(entry);
+            return forward;
         }
         let pipe = std::io::pipe().and_then(|(reader, writer)| {
             // Written with a deadline (`write`).
@@ -220,83 +327,141 @@ impl Forward {
         match pipe {
             Ok((reader, writer)) => {
                 let input = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
-                crate::engine::stdio::grow_pipe(&input, next.chunk_size as usize);
+                crate::engine::stdio::grow_pipe(&input, self.chunk_size);
                 let whole = Arc::new(AtomicBool::new(false));
-                let entry = Entry::Relayed {
+                forward.pipe = Some(writer);
+                forward.whole = Some(whole.clone());
+                self.hand_over(Entry::Relayed {
                     offer,
                     input,
-                    whole: whole.clone(),
-                };
-                Forward::spawn(next, hello, Ok(entry), Some((writer, whole)))
+                    whole,
+                });
             }
             Err(e) => {
                 let e = XferError::io("cannot make the pipe to the next host", e);
-                Forward::spawn(next, hello, Err(e), None)
+                forward.stopped = Some(e.to_string());
+                self.end(e);
             }
         }
+        forward
     }
 
     /// Sends `hello`'s file to the next hosts from `copy`, this host's own
     /// (a host after one lost mid-file gets it so).
-    pub fn from_copy(next: &NextHops, hello: &Hello, copy: std::fs::File) -> Forward {
+    pub fn offer_copy(&mut self, hello: &Hello, copy: std::fs::File) -> Forward {
         // This host's committed copy: whole as it is.
-        let entry = Entry::Relayed {
+        self.hand_over(Entry::Relayed {
             offer: offer_for(hello),
             input: copy,
             whole: Arc::new(AtomicBool::new(true)),
-        };
-        Forward::spawn(next, hello, Ok(entry), None)
-    }
-
-    fn spawn(
-        next: &NextHops,
-        hello: &Hello,
-        entry: Result<Entry, XferError>,
-        pipe: Option<(std::io::PipeWriter, Arc<AtomicBool>)>,
-    ) -> Forward {
-        let name = hello.name.clone();
-        let hosts = next.hosts.clone();
-        let cfg = hop_config(next, hello);
-        let session = std::thread::Builder::new()
-            .name("relay".into())
-            .spawn(move || match (entry, cfg) {
-                (Ok(entry), Ok(cfg)) => forward_one(&cfg, entry, &hosts),
-                // The next host's name does not resolve, or this host
-                // has no token for it: lost for the session.
-                (Ok(_), Err(e)) => Forwarded {
-                    results: not_reached(&hosts, &e),
-                    lost: Some(e.to_string()),
-                },
-                (Err(e), _) => Forwarded {
-                    results: not_reached(&hosts, &e),
-                    lost: None,
-                },
-            });
-        match session {
-            Ok(handle) => Forward {
-                name,
-                stall: hop_timeout(next),
-                hello: hello.clone(),
-                whole: pipe.as_ref().map(|(_, w)| w.clone()),
-                pipe: pipe.map(|(p, _)| p),
-                session: Some(handle),
-                stopped: None,
-            },
-            Err(e) => {
-                warn!("cannot start the relay to the next host: {e}");
-                Forward {
-                    name,
-                    stall: hop_timeout(next),
-                    hello: hello.clone(),
-                    whole: None,
-                    pipe: None,
-                    session: None,
-                    stopped: Some(format!("cannot start the relay thread: {e}")),
-                }
-            }
+        });
+        Forward {
+            name: hello.name.clone(),
+            hello: hello.clone(),
+            pipe: None,
+            whole: None,
+            stall: self.stall,
+            stopped: None,
         }
     }
 
+    fn hand_over(&mut self, entry: Entry) {
+        self.answered = false;
+        let given = self.feed.as_ref().is_some_and(|f| f.send(entry).is_ok());
+        if !given && self.ended.is_none() {
+            // Its thread is gone: `is_answered` finds out why.
+            debug!("the session to the next host is over: the offer is not passed on");
+        }
+    }
+
+    /// Ends the session for `e` (this host cannot feed it).
+    fn end(&mut self, e: XferError) {
+        self.feed = None;
+        self.ended.get_or_insert(e);
+    }
+
+    /// Whether the offer handed over last was answered by every host, or
+    /// the session ended (`results` will not wait).
+    pub fn is_answered(&mut self) -> bool {
+        if self.answered || self.ended.is_some() {
+            return true;
+        }
+        if self.drained.as_ref().is_some_and(|d| d.try_recv().is_ok()) {
+            self.answered = true;
+            return true;
+        }
+        if !self.session.as_ref().is_none_or(JoinHandle::is_finished) {
+            return false;
+        }
+        // One more look: an answer said just before the session ended.
+        if self.drained.as_ref().is_some_and(|d| d.try_recv().is_ok()) {
+            self.answered = true;
+            return true;
+        }
+        let ended = match self.session.take().map(JoinHandle::join) {
+            Some(Ok(Err(e))) => e,
+            Some(Ok(Ok(()))) | None => {
+                XferError::Internal("the session to the next host ended".into())
+            }
+            Some(Err(_)) => XferError::Internal("the relay thread panicked".into()),
+        };
+        self.end(ended);
+        true
+    }
+
+    /// The next hosts' results on the offer handed over last, once
+    /// `is_answered`: one per host, in the chain's order; `lost` when the
+    /// session ended by the connection before its verdict.
+    pub fn results(&mut self) -> Forwarded {
+        let reported: Vec<HopResult> = self
+            .reports
+            .as_ref()
+            .map(|r| r.try_iter().collect())
+            .unwrap_or_default();
+        self.idle_since = Instant::now();
+        let ended = (!self.answered).then_some(self.ended.as_ref()).flatten();
+        // The session to the next host itself ended by the connection (it
+        // could not be reached, or went away): what the hosts after it
+        // heard is unknown. (A host further down failing is not this.)
+        let lost = ended
+            .filter(|e| e.is_transient() || e.exit_code() == ExitCode::CannotConnect)
+            .map(ToString::to_string);
+        // One result per host of the chain, in its order: what a next host
+        // said of others, or twice, is not passed on.
+        let results = self
+            .hosts
+            .iter()
+            .map(|host| match reported.iter().find(|r| &r.host == host) {
+                Some(result) => result.clone(),
+                // A directory made everywhere has no report; a host the
+                // session never heard from has the error that ended it.
+                None => match ended {
+                    None => HopResult::new(host.clone(), HopVerdict::Ack(AckStatus::Ok), 0, ""),
+                    Some(e) => failed(host, e.exit_code(), e.reason_code(), &e.to_string()),
+                },
+            })
+            .collect();
+        Forwarded { results, lost }
+    }
+
+    /// Whether the session ended (a new one is needed for more offers).
+    pub fn has_ended(&self) -> bool {
+        self.ended.is_some()
+    }
+}
+
+impl Drop for Downstream {
+    /// The feed hangs up: the session closes once its offers are answered
+    /// (a file cut short ends it at once), and its thread is waited for.
+    fn drop(&mut self) {
+        self.feed = None;
+        if let Some(session) = self.session.take() {
+            let _ = session.join();
+        }
+    }
+}
+
+impl Forward {
     /// The offer this forwards.
     pub fn hello(&self) -> &Hello {
         &self.hello
@@ -353,36 +518,13 @@ impl Forward {
         }
         self.pipe = None;
     }
-
-    /// Whether the next hosts' session is over (`results` will not wait).
-    pub fn is_done(&self) -> bool {
-        self.session.as_ref().is_none_or(JoinHandle::is_finished)
-    }
-
-    /// The results of the next hosts, once their verdicts came back up
-    /// (after `end_input`).
-    pub fn results(mut self, hosts: &[String]) -> Forwarded {
-        self.pipe = None;
-        let lost = |why: String| Forwarded {
-            results: not_reached(hosts, &XferError::Internal(why)),
-            lost: None,
-        };
-        match self.session.take().map(JoinHandle::join) {
-            Some(Ok(forwarded)) => forwarded,
-            Some(Err(_)) => lost("the relay thread panicked".into()),
-            None => lost(self.stopped.take().unwrap_or_default()),
-        }
-    }
 }
 
 impl Drop for Forward {
     /// An offer abandoned: the pipe's end tells the next host's session
-    /// that the file is cut short, and its thread is waited for.
+    /// that the file is cut short.
     fn drop(&mut self) {
         self.pipe = None;
-        if let Some(session) = self.session.take() {
-            let _ = session.join();
-        }
     }
 }
 
@@ -392,7 +534,8 @@ fn hop_timeout(next: &NextHops) -> Duration {
     (next.timeout / 2).max(Duration::from_secs(1))
 }
 
-/// The sender settings of the session to the next host for `hello`.
+/// The sender settings of the session to the next host for offers like
+/// `hello` (whole staging: it serves every offer of a session).
 fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError> {
     let first = next
         .hosts
@@ -405,67 +548,9 @@ fn hop_config(next: &NextHops, hello: &Hello) -> Result<SenderConfig, XferError>
     cfg.ack_timeout = next.ack_timeout;
     cfg.source = next.source;
     cfg.verify = hello.digest;
-    cfg.walk.preserve = hello.caps & hello_flags::KEEP_MODE != 0;
+    cfg.walk.preserve = keeps_mode(hello);
     cfg.relay = next.hosts.clone();
-    // Staging for what the offer needs: a small file or a directory does
-    // not register the whole depth (each forwarded entry has a session of
-    // its own).
-    if !hello.is_stream() {
-        let chunk = u64::from(cfg.chunk_size);
-        let chunks = hello.size.div_ceil(chunk).max(1);
-        cfg.depth = cfg.depth.min(u32::try_from(chunks).unwrap_or(u32::MAX));
-        if hello.size < chunk {
-            let page = 4096;
-            cfg.chunk_size =
-                u32::try_from(hello.size.div_ceil(page).max(1) * page).unwrap_or(cfg.chunk_size);
-        }
-    }
     Ok(cfg)
-}
-
-/// Runs the session that sends `entry` to the chain `hosts`; each host's
-/// result, and a failure for each host the session did not reach.
-fn forward_one(cfg: &SenderConfig, entry: Entry, hosts: &[String]) -> Forwarded {
-    let mut reported: Vec<HopResult> = Vec::new();
-    let sent = send_entries(cfg, vec![entry], |event| {
-        if let Some(result) = result_of(event, hosts) {
-            reported.push(result);
-        }
-    });
-    let (ended, lost) = match sent {
-        Ok(outcome) => (outcome.first_error, None),
-        // The session to the next host itself ended by the connection (it
-        // could not be reached, or went away): what the hosts after it
-        // heard is unknown. (A host further down failing is not this.)
-        Err(e) => {
-            let lost = (e.is_transient() || e.exit_code() == ExitCode::CannotConnect)
-                .then(|| e.to_string());
-            (Some(e), lost)
-        }
-    };
-    // One result per host of the chain, in its order: what a next host
-    // said of others, or twice, is not passed on.
-    let results = hosts
-        .iter()
-        .map(|host| match reported.iter().find(|r| &r.host == host) {
-            Some(result) => result.clone(),
-            // A directory made everywhere has no report; a host the
-            // session never heard from has the error that ended it.
-            None => match &ended {
-                None => HopResult::new(host.clone(), HopVerdict::Ack(AckStatus::Ok), 0, ""),
-                Some(e) => failed(host, e.exit_code(), e.reason_code(), &e.to_string()),
-            },
-        })
-        .collect();
-    Forwarded { results, lost }
-}
-
-/// Each of `hosts` failed for `e` (the chain broke before them).
-pub fn not_reached(hosts: &[String], e: &XferError) -> Vec<HopResult> {
-    hosts
-        .iter()
-        .map(|h| failed(h, e.exit_code(), e.reason_code(), &e.to_string()))
-        .collect()
 }
 
 /// A host's result from the session's report on it.

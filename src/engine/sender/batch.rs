@@ -14,6 +14,7 @@ use crate::engine::reader::ReadJob;
 use crate::error::XferError;
 use crate::proto::{BATCH_ROOM, FileOffer, MAX_BATCH_FILES, batch_member_len};
 use std::collections::VecDeque;
+use std::sync::mpsc;
 use std::time::Instant;
 use tracing::{error_span, info};
 
@@ -171,6 +172,15 @@ pub(super) enum Next {
     Batch(Vec<Entry>),
 }
 
+/// Entries handed to a session while it runs (a relay hop's, one per
+/// offer it passes on): the session says `drained` each time it has
+/// answered all it was given, then waits for more; it closes once the
+/// feed hangs up.
+pub struct Feed {
+    pub entries: mpsc::Receiver<Entry>,
+    pub drained: mpsc::Sender<()>,
+}
+
 /// The entries still to offer, in order: what lies below a refused
 /// directory is dropped; small files go in batches when the machine
 /// allows one, except those put back (a refused batch's, one by one).
@@ -180,14 +190,46 @@ pub(super) struct Queue {
     alone: usize,
     /// Refused directories already pruned from `entries`.
     pruned: usize,
+    /// Where more entries come from, if they do.
+    feed: Option<Feed>,
+    /// Entries came from the feed since `drained` was last said.
+    owed: bool,
+}
+
+/// What a drained queue waits for came.
+pub(super) enum Fed {
+    More,
+    /// Nothing more will come: the session may close.
+    Over,
 }
 
 impl Queue {
-    pub(super) fn new(entries: Vec<Entry>) -> Self {
+    pub(super) fn new(entries: Vec<Entry>, feed: Option<Feed>) -> Self {
         Queue {
             entries: VecDeque::from(entries),
             alone: 0,
             pruned: 0,
+            feed,
+            owed: false,
+        }
+    }
+
+    /// Everything given was answered: says so to the feed and waits for
+    /// its next entry (`Over` when it hangs up, or there is none).
+    pub(super) fn drained(&mut self) -> Fed {
+        let Some(feed) = &self.feed else {
+            return Fed::Over;
+        };
+        if std::mem::take(&mut self.owed) && feed.drained.send(()).is_err() {
+            return Fed::Over;
+        }
+        match feed.entries.recv() {
+            Ok(entry) => {
+                self.owed = true;
+                self.entries.push_back(entry);
+                Fed::More
+            }
+            Err(mpsc::RecvError) => Fed::Over,
         }
     }
 
@@ -206,8 +248,16 @@ impl Queue {
         tracker: &mut Tracker<'_>,
     ) -> Option<Next> {
         loop {
+            if self.entries.is_empty()
+                && let Some(entry) = self.feed.as_ref().and_then(|f| f.entries.try_recv().ok())
+            {
+                self.owed = true;
+                self.entries.push_back(entry);
+            }
             // What lies below a refused directory would be refused too.
-            if tracker.refused_dirs.len() > self.pruned {
+            // (Not a feed's: each of its entries is answered, by the
+            // receiver.)
+            if tracker.refused_dirs.len() > self.pruned && self.feed.is_none() {
                 let dirs = &tracker.refused_dirs[self.pruned..];
                 let before = self.entries.len();
                 self.entries.retain(|e| !below_any(e.name(), dirs));
@@ -222,7 +272,7 @@ impl Queue {
                 self.pruned = tracker.refused_dirs.len();
             }
             let entry = self.entries.pop_front()?;
-            if below_any(entry.name(), &tracker.refused_dirs) {
+            if self.feed.is_none() && below_any(entry.name(), &tracker.refused_dirs) {
                 tracker.outcome.skipped += 1;
                 self.alone = self.alone.saturating_sub(1);
                 continue;

@@ -2,7 +2,7 @@
 //! greeting, authentication), the loop over the entries, the events and
 //! completions that drive the machine, and the close.
 
-use super::batch::{Next, Queue};
+use super::batch::{Fed, Next, Queue};
 use super::pace::Pacer;
 use super::pump::{Flow, Offered, Pipeline, Work};
 use super::verdicts::{PendingEntry, Tracker};
@@ -136,12 +136,11 @@ impl Connection {
     pub(super) fn run(
         &mut self,
         cfg: &SenderConfig,
-        entries: Vec<Entry>,
+        mut queue: Queue,
         pipe: &mut Pipeline<'_>,
         tracker: &mut Tracker<'_>,
     ) -> Result<(), XferError> {
         self.relay = cfg.relay.clone();
-        let mut queue = Queue::new(entries);
         let mut work = None;
         let result = self.turns(cfg, &mut queue, &mut work, pipe, tracker);
         if let Err(e) = &result {
@@ -210,7 +209,10 @@ impl Connection {
                         *work = self.start(cfg, next, queue, pipe, tracker)?;
                         continue;
                     }
-                    None if self.session.pending() == 0 => return self.close(pipe),
+                    None if self.session.pending() == 0 => match queue.drained() {
+                        Fed::More => continue,
+                        Fed::Over => return self.close(pipe),
+                    },
                     None => {}
                 }
             }

@@ -94,8 +94,16 @@ pub(super) fn transfer_meddled(
             });
             sender_saw.push(reported(e));
         };
-        let sent = drive(cfg, plan, conn, &pool, tokens, on_file, Instant::now())
-            .map_err(|ended| ended.0.0);
+        let sent = drive(
+            cfg,
+            plan.into(),
+            conn,
+            &pool,
+            tokens,
+            on_file,
+            Instant::now(),
+        )
+        .map_err(|ended| ended.0.0);
         (sent, receiving.join().expect("the receiver panicked"))
     });
     Transfer {

@@ -23,6 +23,7 @@ mod relayed;
 mod rerun_transfers;
 mod verdicts;
 
+pub use batch::Feed;
 use connection::Connection;
 pub use pace::MIN_BWLIMIT;
 
@@ -345,23 +346,27 @@ fn try_session(
     let mut plan = entries::plan(paths, &cfg.walk)?;
     plan.entries
         .retain(|e| matches!(e, Entry::Dir { .. }) || !settled.contains(e.name()));
-    session_of(cfg, plan, on_file)
+    session_of(cfg, plan.into(), on_file)
 }
 
-/// Sends `entries` in one session, as they are (a relay hop's offer to
-/// the next host): no retries, `cfg` fitted to the memlock limit first.
-pub fn send_entries(
+/// Sends the entries `feed` hands over, in one session, as they are (a
+/// relay hop's offers to the next host), until the feed hangs up: no
+/// retries, `cfg` fitted to the memlock limit first.
+pub fn send_fed(
     cfg: &SenderConfig,
-    entries: Vec<Entry>,
+    feed: Feed,
     on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, XferError> {
     let cfg = &fit_staging(cfg)?;
-    let plan = entries::Plan {
-        entries,
-        problems: Vec::new(),
-        skipped: 0,
+    let offers = Offers {
+        plan: entries::Plan {
+            entries: Vec::new(),
+            problems: Vec::new(),
+            skipped: 0,
+        },
+        feed: Some(feed),
     };
-    session_of(cfg, plan, on_file).map_err(|SessionEnded(ended)| {
+    session_of(cfg, offers, on_file).map_err(|SessionEnded(ended)| {
         let (e, outcome) = *ended;
         // What the session reported before it ended stands; the error
         // is the session's.
@@ -370,13 +375,26 @@ pub fn send_entries(
     })
 }
 
-/// One session sending `plan`.
+/// What a session offers: the entries planned before it starts, and
+/// those a feed hands over while it runs.
+struct Offers {
+    plan: entries::Plan,
+    feed: Option<Feed>,
+}
+
+impl From<entries::Plan> for Offers {
+    fn from(plan: entries::Plan) -> Self {
+        Offers { plan, feed: None }
+    }
+}
+
+/// One session sending `offers`.
 fn session_of(
     cfg: &SenderConfig,
-    plan: entries::Plan,
+    offers: Offers,
     on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, SessionEnded> {
-    let (files, bytes) = plan.files_and_bytes();
+    let (files, bytes) = offers.plan.files_and_bytes();
     cfg.progress.planned(files, bytes);
     let devices = probe_devices().map_err(XferError::from)?;
     tracing::info!("RDMA devices: {}", devices.join(", "));
@@ -386,20 +404,21 @@ fn session_of(
     // `drive` ends `conn` before the pool goes; a slot still posted would
     // keep its memory registered and allocated until the QP is destroyed.
     let (conn, (pool, tokens)) = Connection::open(cfg)?;
-    drive(cfg, plan, conn, &pool, tokens, on_file, started)
+    drive(cfg, offers, conn, &pool, tokens, on_file, started)
 }
 
-/// Runs the session of `plan` over `conn`, the reader thread filling
+/// Runs the session of `offers` over `conn`, the reader thread filling
 /// `pool`'s slots (`tokens`, one per slot) as their writes complete.
 fn drive(
     cfg: &SenderConfig,
-    plan: entries::Plan,
+    offers: Offers,
     mut conn: Connection,
     pool: &BufferPool,
     tokens: Vec<Buffer>,
     mut on_file: impl FnMut(FileEvent<'_>),
     started: Instant,
 ) -> Result<SessionOutcome, SessionEnded> {
+    let Offers { plan, feed } = offers;
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (job_tx, job_rx) = mpsc::channel();
@@ -442,7 +461,8 @@ fn drive(
             refused_dirs: Vec::new(),
             chain: relayed::Chain::new(cfg.relay.clone()),
         };
-        let result = conn.run(cfg, plan.entries, &mut pipe, &mut tracker);
+        let queue = batch::Queue::new(plan.entries, feed);
+        let result = conn.run(cfg, queue, &mut pipe, &mut tracker);
         if let Err(e) = result {
             conn.abort();
             // A receiver that failed an entry may end the session right

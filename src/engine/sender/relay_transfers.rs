@@ -142,3 +142,70 @@ fn a_next_host_that_cannot_be_reached_fails_and_the_first_host_keeps_its_copy() 
     );
     assert!(outcome.first_error.is_some());
 }
+
+/// A relay hop's session to the next host: entries handed over one at a
+/// time, each answered (`drained`) before the next comes, in one session
+/// that closes when the feed hangs up.
+#[test]
+fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
+    use super::{Connection, Feed, Offers, drive};
+    use crate::engine::{entries, memory_wire};
+    use crate::sys::rdma::BufferPool;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let files = tree(src.path());
+    let (cfg, rcfg) = configs(dest.path());
+    let plan = entries::plan(&[src.path().join("t")], &cfg.walk).unwrap();
+    let dirs = plan
+        .entries
+        .iter()
+        .filter(|e| matches!(e, entries::Entry::Dir { .. }))
+        .count() as u64;
+    let at = dest.path();
+    let (feed_tx, entries) = mpsc::channel();
+    let (drained_tx, drained) = mpsc::channel();
+    let offers = Offers {
+        plan: entries::Plan {
+            entries: Vec::new(),
+            problems: Vec::new(),
+            skipped: 0,
+        },
+        feed: Some(Feed {
+            entries,
+            drained: drained_tx,
+        }),
+    };
+    let (sender_end, receiver_end) = memory_wire::pair();
+    let (sent, received) = std::thread::scope(|s| {
+        let receiving =
+            s.spawn(|| crate::engine::receiver::serve_over(&rcfg, receiver_end, &|_| {}));
+        let feeding = s.spawn(move || {
+            for entry in plan.entries {
+                let name = entry.name().to_string();
+                feed_tx.send(entry).unwrap();
+                drained
+                    .recv_timeout(Duration::from_secs(20))
+                    .unwrap_or_else(|e| panic!("{name} not answered: {e}"));
+                // Answered means committed there.
+                assert!(at.join(&name).exists(), "{name}");
+            }
+            // Nothing more: the session closes.
+        });
+        let (pool, tokens) =
+            BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).unwrap();
+        let session = super::connection::session_for(&cfg, None);
+        let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
+        let sent = drive(&cfg, offers, conn, &pool, tokens, |_| {}, Instant::now())
+            .map_err(|ended| ended.0.0);
+        feeding.join().expect("the feeder panicked");
+        (sent, receiving.join().expect("the receiver panicked"))
+    });
+    let outcome = sent.unwrap();
+    received.unwrap();
+    assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
+    assert_arrived(dest.path(), &files);
+    assert_eq!(outcome.files.len(), files.len());
+    assert_eq!(outcome.directories, dirs);
+}

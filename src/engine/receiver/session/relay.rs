@@ -7,7 +7,7 @@
 
 use super::{IncomingFile, Session};
 use crate::engine::receiver::storage::sink::Sink;
-use crate::engine::relay::{Forward, Forwarded, HopKeys, NextHops};
+use crate::engine::relay::{Downstream, Forward, Forwarded, HopKeys, NextHops};
 use crate::error::XferError;
 use crate::proto::{AckStatus, Hello, HopResult, HopVerdict, Reject, escaped};
 use std::time::Instant;
@@ -30,6 +30,8 @@ pub(super) struct Relay {
     /// The next host was lost (could not be reached, or went away) for an
     /// earlier offer, and why: later offers go to the hosts after it.
     lost: Option<String>,
+    /// The session to the next hosts, kept from offer to offer.
+    downstream: Option<Downstream>,
 }
 
 /// What an offer this host does not keep is forwarded with: its own
@@ -53,6 +55,7 @@ impl Session<'_, '_> {
                     next: hops.collect(),
                     relayed: Vec::new(),
                     lost: None,
+                    downstream: None,
                 });
             }
         }
@@ -115,7 +118,7 @@ impl Session<'_, '_> {
     pub(super) fn forward(&mut self, hello: &Hello) -> Option<Forward> {
         let next = self.next_hops()?;
         let Some(why) = self.relay.as_ref().and_then(|r| r.lost.clone()) else {
-            return Some(Forward::start(&next, hello));
+            return self.downstream_for(&next, hello).map(|d| d.offer(hello));
         };
         let gone = HopResult::new(
             next.hosts[0].clone(),
@@ -128,7 +131,23 @@ impl Session<'_, '_> {
         );
         self.take_relayed(vec![gone]);
         let past = past_the_next(next)?;
-        Some(Forward::start(&past, hello))
+        self.downstream_for(&past, hello).map(|d| d.offer(hello))
+    }
+
+    /// The session to `next`'s hosts for offers like `hello`: the one
+    /// kept, or a new one in its place (the hosts or settings changed, it
+    /// ended, or it idled too long).
+    fn downstream_for(&mut self, next: &NextHops, hello: &Hello) -> Option<&mut Downstream> {
+        let relay = self.relay.as_mut()?;
+        if let Some(kept) = relay.downstream.take_if(|d| !d.serves(&next.hosts, hello)) {
+            // Its thread closes the session (BYE) and is waited for.
+            drop(kept);
+        }
+        Some(
+            relay
+                .downstream
+                .get_or_insert_with(|| Downstream::open(next, hello)),
+        )
     }
 
     /// The next hosts' results, once the current offer's forwarding is
@@ -139,17 +158,13 @@ impl Session<'_, '_> {
             return false;
         };
         let bypassing = self.relay.as_ref().is_some_and(|r| r.lost.is_some());
-        let hosts = match bypassing {
-            true => next.hosts[1..].to_vec(),
-            false => next.hosts,
-        };
         // What failed here is abandoned there: never a file that this
         // host did not receive whole and verified.
-        let forwarded = self.await_forward(forward, whole, &hosts);
+        let forwarded = self.await_forward(forward, whole);
         let lost = !bypassing && forwarded.lost.is_some();
         if let (Some(why), Some(relay), false) = (forwarded.lost, self.relay.as_mut(), bypassing) {
             warn!(
-                host = %escaped(&hosts[0]),
+                host = %escaped(&next.hosts[0]),
                 "the next host of the chain is lost: {why}; the hosts after it get the files from here"
             );
             relay.lost = Some(why);
@@ -174,8 +189,13 @@ impl Session<'_, '_> {
             hosts = past.hosts.len(),
             "passing this host's copy on past the lost host"
         );
-        let again = Forward::from_copy(&past, hello, copy);
-        let again = self.await_forward(again, true, &past.hosts);
+        let Some(again) = self
+            .downstream_for(&past, hello)
+            .map(|d| d.offer_copy(hello, copy))
+        else {
+            return;
+        };
+        let again = self.await_forward(again, true);
         if let Some(relay) = self.relay.as_mut() {
             relay.relayed.retain(|r| !past.hosts.contains(&r.host));
             relay.relayed.extend(again.results);
@@ -185,23 +205,39 @@ impl Session<'_, '_> {
     /// Ends `forward`'s input (`whole`: this host's checks passed) and
     /// waits for the next hosts' results, telling the sender meanwhile
     /// that this host is alive (KEEPALIVE: the hosts after it may take
-    /// long, a bypass a whole file).
-    fn await_forward(&mut self, mut forward: Forward, whole: bool, hosts: &[String]) -> Forwarded {
+    /// long, a bypass a whole file). A session to them that ended is let
+    /// go: the next offer opens another.
+    fn await_forward(&mut self, mut forward: Forward, whole: bool) -> Forwarded {
         forward.end_input(whole);
-        if !forward.is_done() {
-            let keepalives = self.machine.work_started(Instant::now()).is_ok();
-            while !forward.is_done() {
-                std::thread::sleep(FORWARD_CHECK);
-                if keepalives {
-                    // The sender waits for this offer's verdict: its
-                    // silence ends nothing here; a KEEPALIVE that cannot
-                    // go says so when the verdict cannot either.
-                    let _ = self.machine.handle_timeout(Instant::now());
-                    let _ = self.transmit();
+        drop(forward);
+        let mut keepalives = None;
+        loop {
+            let Some(downstream) = self.relay.as_mut().and_then(|r| r.downstream.as_mut()) else {
+                return Forwarded {
+                    results: Vec::new(),
+                    lost: None,
+                };
+            };
+            if downstream.is_answered() {
+                let forwarded = downstream.results();
+                if downstream.has_ended()
+                    && let Some(relay) = self.relay.as_mut()
+                {
+                    relay.downstream = None;
                 }
+                return forwarded;
+            }
+            let keepalives = *keepalives
+                .get_or_insert_with(|| self.machine.work_started(Instant::now()).is_ok());
+            std::thread::sleep(FORWARD_CHECK);
+            if keepalives {
+                // The sender waits for this offer's verdict: its
+                // silence ends nothing here; a KEEPALIVE that cannot
+                // go says so when the verdict cannot either.
+                let _ = self.machine.handle_timeout(Instant::now());
+                let _ = self.transmit();
             }
         }
-        forward.results(hosts)
     }
 
     fn take_relayed(&mut self, results: Vec<HopResult>) {
