@@ -239,26 +239,23 @@ pub fn load_token(file: Option<&Path>, env: Option<OsString>) -> Result<Option<T
     }
 }
 
-/// Bytes of randomness in a token made by [`create_token_file`].
-pub const NEW_TOKEN_BYTES: usize = 32;
-
-/// Makes a new token (`rdma-xfer-gen token FILE`): 32 random bytes as 64
-/// lowercase hex digits and a newline, in a file created with mode 0600
-/// (O_CREAT|O_EXCL with the mode: never a moment with a wider one). An
-/// existing file is never replaced (a usage error: it may be the token
-/// in use); the directory must exist.
+/// Makes a new token (`rdma-xfer-gen token FILE`): the text of
+/// [`one_time_token`](crate::engine::remote::one_time_token) (32 random
+/// bytes as 64 lowercase hex digits) and a newline, in a file created
+/// with mode 0600 (O_CREAT|O_EXCL with the mode: never a moment with a
+/// wider one). An existing file is never replaced (a usage error: it may
+/// be the token in use); the directory must exist.
 pub fn create_token_file(path: &Path) -> Result<(), XferError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut secret = [0u8; NEW_TOKEN_BYTES];
-    getrandom::fill(&mut secret)
-        .map_err(|e| XferError::io("no random bytes for a token", std::io::Error::other(e)))?;
-    let mut text: Vec<u8> = secret
-        .iter()
-        .flat_map(|b| format!("{b:02x}").into_bytes())
-        .chain([b'\n'])
-        .collect();
-    secret.fill(0);
+    // Both copies of the secret are wiped when they drop.
+    let text = {
+        let (_, hex) = crate::engine::remote::one_time_token()?;
+        let mut text = zeroize::Zeroizing::new(Vec::with_capacity(hex.len() + 1));
+        text.extend_from_slice(hex.as_bytes());
+        text.push(b'\n');
+        text
+    };
     let created = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -267,7 +264,6 @@ pub fn create_token_file(path: &Path) -> Result<(), XferError> {
     let mut file = match created {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            text.fill(0);
             return Err(XferError::Usage(format!(
                 "{} exists: a token file is never replaced (it may be the token in use); \
                  remove it first or give another name",
@@ -275,7 +271,6 @@ pub fn create_token_file(path: &Path) -> Result<(), XferError> {
             )));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            text.fill(0);
             let parent = match path.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p.display().to_string(),
                 _ => ".".into(),
@@ -286,7 +281,6 @@ pub fn create_token_file(path: &Path) -> Result<(), XferError> {
             )));
         }
         Err(e) => {
-            text.fill(0);
             return Err(XferError::io(
                 format!("cannot create token file {}", path.display()),
                 e,
@@ -294,7 +288,7 @@ pub fn create_token_file(path: &Path) -> Result<(), XferError> {
         }
     };
     let written = file.write_all(&text).and_then(|()| file.sync_all());
-    text.fill(0);
+    drop(text);
     if let Err(e) = written {
         // Half a token is no token: nothing is left to be mistaken for one.
         let _ = std::fs::remove_file(path);
@@ -526,7 +520,11 @@ mod tests {
         let a = dir.path().join("a");
         create_token_file(&a).unwrap();
         let text = std::fs::read_to_string(&a).unwrap();
-        assert_eq!(text.len(), 2 * NEW_TOKEN_BYTES + 1, "{text:?}");
+        assert_eq!(
+            text.len(),
+            2 * crate::engine::remote::ONE_TIME_TOKEN_BYTES + 1,
+            "{text:?}"
+        );
         let hex = text.strip_suffix('\n').unwrap();
         assert!(
             hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
