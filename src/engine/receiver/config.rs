@@ -121,6 +121,28 @@ impl Output {
     }
 }
 
+/// Logs what the sender also hears through the chain: at info on a host
+/// a chain started ([`ReceiverConfig::started_by_chain`]), else at warn,
+/// or at the level after `else`:
+/// `said_upstream!(cfg, [else error,] fields..., "message")`.
+macro_rules! said_upstream {
+    ($cfg:expr, else $level:ident, $($event:tt)+) => {
+        if $cfg.started_by_chain() {
+            ::tracing::info!($($event)+)
+        } else {
+            ::tracing::$level!($($event)+)
+        }
+    };
+    ($cfg:expr, $($event:tt)+) => {
+        if $cfg.started_by_chain() {
+            ::tracing::info!($($event)+)
+        } else {
+            ::tracing::warn!($($event)+)
+        }
+    };
+}
+pub(crate) use said_upstream;
+
 impl ReceiverConfig {
     /// A host of a relay chain started over ssh (`--ssh-relay`): what
     /// becomes of its sessions goes back to the sender in RESULTs, so its

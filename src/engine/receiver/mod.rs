@@ -16,6 +16,7 @@ pub(in crate::engine) use session::tests::{Reported, reported, sender_auth, serv
 pub mod storage;
 
 pub use allow::AllowedNet;
+use config::said_upstream;
 pub use config::{Output, ReceiverConfig};
 
 use crate::engine::control::Control;
@@ -36,7 +37,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 use storage::space::SpaceLedger;
-use tracing::{debug, error, error_span, info, warn};
+use tracing::{debug, error_span, info, warn};
 
 /// Default of --partial-ttl: a day.
 pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -303,14 +304,15 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                         Some(r) => {
                             let _ = r.send(SessionReport::Ended { id, result });
                         }
-                        None => match result {
-                            // Its sender hears it through the chain.
-                            Err(e) if cfg.started_by_chain() => {
-                                info!("session {id} from {peer} failed: {e}")
+                        None => {
+                            if let Err(e) = result {
+                                said_upstream!(
+                                    cfg,
+                                    else error,
+                                    "session {id} from {peer} failed: {e}"
+                                );
                             }
-                            Err(e) => error!("session {id} from {peer} failed: {e}"),
-                            Ok(_) => {}
-                        },
+                        }
                     }
                 });
             if let Err(e) = spawned {

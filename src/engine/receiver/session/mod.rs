@@ -21,7 +21,7 @@ use super::storage::partial::{Claim, KeptPrefix};
 use super::storage::sink::Sink;
 use super::storage::space::SpaceLedger;
 use super::storage::write_behind::WriteBehind;
-use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS};
+use super::{CONTROL_RECVS, OnFile, ReceiverConfig, SEND_BUFFERS, said_upstream};
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::digest::FileHasher;
 use crate::engine::link::{ExposedRing, RdmaLink, RingDelivery, RingLink, Until};
@@ -522,19 +522,12 @@ impl Session<'_, '_> {
             }
             Err(RecvError::Reject(reject)) => {
                 // A chain's hop: its sender hears it in a RESULT.
-                if self.cfg.started_by_chain() {
-                    info!(
-                        code = reject.code.as_str(),
-                        "refused: {}",
-                        escaped(&reject.reason)
-                    );
-                } else {
-                    warn!(
-                        code = reject.code.as_str(),
-                        "refused: {}",
-                        escaped(&reject.reason)
-                    );
-                }
+                said_upstream!(
+                    self.cfg,
+                    code = reject.code.as_str(),
+                    "refused: {}",
+                    escaped(&reject.reason)
+                );
                 let err = XferError::Rejected {
                     code: Some(reject.code),
                     reason: reject.reason.clone(),

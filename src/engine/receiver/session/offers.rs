@@ -9,6 +9,7 @@ use crate::engine::Outcome;
 use crate::engine::digest::FileHasher;
 use crate::engine::link::ExposedRing;
 use crate::engine::progress::Progress;
+use crate::engine::receiver::said_upstream;
 use crate::engine::receiver::storage::partial::{Claim, KeptPrefix};
 use crate::engine::receiver::storage::sink::Sink;
 use crate::engine::receiver::storage::temp_file::Resume;
@@ -377,11 +378,7 @@ impl Session<'_, '_> {
         Reject { code, reason }: Reject,
     ) -> Result<(), XferError> {
         // A chain's hop: its sender hears it in a RESULT (said once).
-        if self.cfg.started_by_chain() {
-            info!(name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
-        } else {
-            warn!(name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
-        }
+        said_upstream!(self.cfg, name = %escaped(&hello.name), code = code.as_str(), "refused: {reason}");
         let err = XferError::Rejected {
             code: Some(code),
             reason: reason.clone(),
