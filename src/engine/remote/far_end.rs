@@ -15,9 +15,9 @@ use zeroize::Zeroizing;
 /// Reads the one-time token, the first line of standard input. The rest
 /// of the input is the hang-up watch's (`watch_hangup`).
 pub fn read_token_line(input: &mut impl BufRead) -> Result<Token, XferError> {
-    match read_secret_line(input, "")
-        .map_err(|e| XferError::io("cannot read the one-time token from standard input", e))?
-    {
+    let mut line = read_bounded_line(input)
+        .map_err(|e| XferError::io("cannot read the one-time token from standard input", e))?;
+    match secret_of(&mut line, "") {
         Some(token) => Ok(token),
         None => Err(XferError::Usage(
             "--ssh-session reads a one-time token from standard input, as `sender FILE \
@@ -27,22 +27,23 @@ pub fn read_token_line(input: &mut impl BufRead) -> Result<Token, XferError> {
     }
 }
 
-/// One line of `prefix` and a one-time token in hex; None when the line
-/// is anything else. Bounded, and every copy of the secret is wiped.
-fn read_secret_line(input: &mut impl BufRead, prefix: &str) -> std::io::Result<Option<Token>> {
+/// One line of input, its newline included, of at most `MAX_KEY_LINE`
+/// bytes (a longer one is cut there); wiped on drop.
+fn read_bounded_line(input: &mut impl BufRead) -> std::io::Result<Zeroizing<Vec<u8>>> {
     // Room for the most `take` gives, so that no reallocation leaves a
-    // copy behind; wiped on drop.
+    // copy behind.
     let mut line = Zeroizing::new(Vec::with_capacity(MAX_KEY_LINE + 1));
     input
         .take(MAX_KEY_LINE as u64)
         .read_until(b'\n', &mut line)?;
-    Ok(secret_of(&mut line, prefix))
+    Ok(line)
 }
 
 /// Longest line the sender writes on the channel (a token line, a key line).
 const MAX_KEY_LINE: usize = 1024;
 
-/// The token in `line` after `prefix`, or None.
+/// The token in `line`: `prefix`, a one-time token in hex and a newline;
+/// None when the line is anything else. Every copy is wiped.
 fn secret_of(line: &mut Zeroizing<Vec<u8>>, prefix: &str) -> Option<Token> {
     if line.last() != Some(&b'\n') || !line.starts_with(prefix.as_bytes()) {
         return None;
@@ -71,10 +72,7 @@ pub fn read_relay_keys(
     };
     let mut keys: Vec<(String, Token)> = Vec::new();
     loop {
-        let mut line = Zeroizing::new(Vec::with_capacity(MAX_KEY_LINE + 1));
-        input
-            .take(MAX_KEY_LINE as u64)
-            .read_until(b'\n', &mut line)
+        let mut line = read_bounded_line(input)
             .map_err(|e| XferError::io("cannot read the next hosts' tokens", e))?;
         if line.is_empty() && keys.is_empty() {
             return Ok(None);
