@@ -80,17 +80,26 @@ fn into_dir(
     write(dir).map_err(|e| XferError::io(ctx(), e))
 }
 
+/// Writes `parts` to standard output and flushes it; an error is said
+/// with `context`.
+fn write_stdout(parts: &[&[u8]], context: &str) -> Result<(), XferError> {
+    let mut out = std::io::stdout().lock();
+    let wrote = parts
+        .iter()
+        .try_for_each(|part| out.write_all(part))
+        .and_then(|()| out.flush());
+    wrote.map_err(|e| XferError::io(context, e))
+}
+
 fn run(command: Gen) -> Result<ExitCode, XferError> {
     let files = match command {
         Gen::Token { file } if file.as_os_str() == "-" => {
             refuse_open_stdout()?;
             let (_, hex) = rdma_xfer::engine::remote::one_time_token()?;
-            let mut out = std::io::stdout().lock();
-            let wrote = out
-                .write_all(hex.as_bytes())
-                .and_then(|()| out.write_all(b"\n"))
-                .and_then(|()| out.flush());
-            wrote.map_err(|e| XferError::io("cannot write the token to standard output", e))?;
+            write_stdout(
+                &[hex.as_bytes(), b"\n"],
+                "cannot write the token to standard output",
+            )?;
             eprintln!(
                 "rdma-xfer-gen: new token on standard output: keep it in a file only its owner \
                  can read (umask 077), for `receiver --token-file FILE` and `sender --token-file \
@@ -106,13 +115,8 @@ fn run(command: Gen) -> Result<ExitCode, XferError> {
         Gen::Completions { shell, dir } if dir.as_os_str() == "-" => {
             let scripts = completion_scripts(shell)
                 .map_err(|e| XferError::io("cannot make the completion scripts", e))?;
-            let mut out = std::io::stdout().lock();
-            for (_, script) in scripts {
-                out.write_all(&script)
-                    .map_err(|e| XferError::io("cannot write to standard output", e))?;
-            }
-            out.flush()
-                .map_err(|e| XferError::io("cannot write to standard output", e))?;
+            let scripts: Vec<&[u8]> = scripts.iter().map(|(_, script)| &script[..]).collect();
+            write_stdout(&scripts, "cannot write to standard output")?;
             return Ok(ExitCode::Ok);
         }
         Gen::Token { file } => {
