@@ -6,6 +6,7 @@
 //! still get it.
 
 use super::{IncomingFile, Session};
+use crate::engine::receiver::said_upstream;
 use crate::engine::receiver::storage::sink::Sink;
 use crate::engine::relay::{Downstream, Forward, Forwarded, HopKeys, NextHops};
 use crate::error::XferError;
@@ -287,13 +288,8 @@ impl Session<'_, '_> {
         match &own.verdict {
             // Said to the sender through the chain; a hop it started over
             // ssh would say it twice on the sender's terminal.
-            HopVerdict::Reject(code) if self.cfg.started_by_chain() => info!(
-                name = %escaped(&hello.name),
-                code = code.as_str(),
-                "not kept here ({}): passed on to the next host",
-                own.reason
-            ),
-            HopVerdict::Reject(code) => warn!(
+            HopVerdict::Reject(code) => said_upstream!(
+                self.cfg,
                 name = %escaped(&hello.name),
                 code = code.as_str(),
                 "not kept here ({}): passed on to the next host",
