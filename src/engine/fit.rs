@@ -123,6 +123,10 @@ pub fn fit_buffers(
 pub(crate) enum Pool {
     /// The receiver's ring: `--slots`.
     Ring,
+    /// The ring of a receiver that may pass files on in a relay chain:
+    /// its defaults take half the room, the staging of its session to
+    /// the next host the other half.
+    RelayRing,
     /// The sender's staging buffers: `--depth`.
     Staging,
 }
@@ -130,7 +134,7 @@ pub(crate) enum Pool {
 impl Pool {
     fn count_option(self) -> &'static str {
         match self {
-            Pool::Ring => "--slots",
+            Pool::Ring | Pool::RelayRing => "--slots",
             Pool::Staging => "--depth",
         }
     }
@@ -145,6 +149,10 @@ impl Pool {
         );
         match self {
             Pool::Ring => format!("a ring of {count} slots of {size} per session ({options})"),
+            Pool::RelayRing => format!(
+                "a ring of {count} slots of {size} per session ({options}; half the room, the \
+                 other half for passing files on in a relay chain)"
+            ),
             Pool::Staging => format!("{count} staging buffers of {size} ({options})"),
         }
     }
@@ -161,7 +169,12 @@ pub(crate) fn fit_to_memlock(
     overhead: Overhead,
 ) -> Result<Buffers, XferError> {
     let room = crate::sys::os::memlock_room();
-    match fit_buffers(asked, given, overhead, room.available()) {
+    match fit_buffers(
+        asked,
+        given,
+        overhead,
+        room_for(role, given, room.available()),
+    ) {
         Ok(fitted) if fitted == asked => Ok(asked),
         Ok(fitted) => {
             tracing::warn!(
@@ -181,6 +194,15 @@ pub(crate) fn fit_to_memlock(
                 room.refusal(overhead.total(smallest), Some(what)),
             ))
         }
+    }
+}
+
+/// The room `role`'s buffers may take of `available` (None: no limit):
+/// a relay ring's defaults half of it.
+fn room_for(role: Pool, given: Given, available: Option<u64>) -> Option<u64> {
+    match role {
+        Pool::RelayRing if given == Given::default() => available.map(|a| a / 2),
+        _ => available,
     }
 }
 
@@ -479,5 +501,31 @@ mod tests {
             Pool::Staging.describe(b(7, 512 << 10)),
             "7 staging buffers of 512.0 KiB (--depth 7 --chunk-size 512K)"
         );
+    }
+
+    #[test]
+    fn a_relay_ring_leaves_half_the_room_to_the_staging_of_its_next_hop() {
+        let room = Some(8 * MIB);
+        let receiver = Overhead::control(32, 1);
+        let half = room_for(Pool::RelayRing, Given::default(), room);
+        assert_eq!(half, Some(4 * MIB));
+        let ring = fit_buffers(DEFAULTS, Given::default(), receiver, half).unwrap();
+        let pinned = receiver.total(ring);
+        assert!(pinned <= 4 * MIB, "{ring:?}");
+        // What is left takes the staging of the session to the next host.
+        let staging = fit_buffers(DEFAULTS, Given::default(), sender(), Some(8 * MIB - pinned));
+        assert!(
+            staging.is_ok_and(|b| b.count >= MIN_FITTED_COUNT),
+            "{staging:?}"
+        );
+        // A ring of its own (no relay) takes the whole room; settings the
+        // user gave keep it too; no limit stays no limit.
+        assert_eq!(room_for(Pool::Ring, Given::default(), room), room);
+        let given = Given {
+            count: true,
+            chunk_size: false,
+        };
+        assert_eq!(room_for(Pool::RelayRing, given, room), room);
+        assert_eq!(room_for(Pool::RelayRing, Given::default(), None), None);
     }
 }

@@ -74,7 +74,13 @@ fn fit_ring(cfg: &ReceiverConfig) -> Result<ReceiverConfig, XferError> {
     // receives and sends.
     let messages = u64::from(CONTROL_RECVS) + SEND_BUFFERS as u64;
     let overhead = Overhead::control(messages, 1);
-    let fitted = fit_to_memlock(Pool::Ring, asked, cfg.given, overhead)?;
+    // A host of a relay chain also registers the staging of its session
+    // to the next host.
+    let pool = match cfg.relay || cfg.relay_keys.is_some() {
+        true => Pool::RelayRing,
+        false => Pool::Ring,
+    };
+    let fitted = fit_to_memlock(pool, asked, cfg.given, overhead)?;
     Ok(ReceiverConfig {
         slots: fitted.count,
         chunk_size: fitted.chunk_size,
