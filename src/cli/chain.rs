@@ -8,7 +8,9 @@
 //! target that cannot be started is left out of the chain and reported
 //! failed; a first host lost mid-way is reported failed and the chain
 //! starts again from the next one (what the hosts after it hold is
-//! `unchanged` on the way). The exit status is the worst of all.
+//! `unchanged` on the way); hosts the chain did not reach (two lost in a
+//! row before them) get the files from the sender directly. The exit
+//! status is the worst of all.
 
 use super::args::RemotePlan;
 use super::render::session_summary;
@@ -93,8 +95,8 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
     let rereadable = !plan.files.iter().any(|f| f.as_os_str() == "-");
     let mut first = 0;
     while first < hops.len() {
-        let chain = &hops[first..];
-        let ended = match relay_through(plan, ui, chain, summary, &mut reported) {
+        let chain: Vec<&Hop<'_>> = hops[first..].iter().collect();
+        let ended = match relay_through(plan, ui, &chain, summary, &mut reported) {
             Ok(own) => {
                 // A failure no host's result explains (the sender's own).
                 errors.extend(own);
@@ -119,6 +121,7 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
         if !again {
             break;
         }
+        drop(chain);
         // Gone for good: its ssh ends now, so that nothing of it writes on.
         hops[first].receiver.hang_up();
         first += 1;
@@ -132,6 +135,17 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
             crate::proto::escaped(hops[first].label())
         );
     }
+    if rereadable {
+        reach_orphans(
+            plan,
+            ui,
+            &mut hops,
+            summary,
+            &mut reported,
+            &mut host_errors,
+        );
+    }
+    reported.flush(ui);
     // One record per started host, in the order given.
     for hop in &hops {
         if let Some(e) = host_errors.remove(&hop.name) {
@@ -153,44 +167,132 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
     worst_of(errors, targets)
 }
 
+/// Sends the files to the hosts the chain did not reach (`reported` holds
+/// a lost peer's record for them) whose receivers still run: in a chain
+/// of their own, again while that reaches some of them.
+fn reach_orphans(
+    plan: &RemotePlan,
+    ui: &Arc<Ui>,
+    hops: &mut [Hop<'_>],
+    summary: bool,
+    reported: &mut Reported,
+    host_errors: &mut HashMap<String, XferError>,
+) {
+    let mut tried = std::collections::HashSet::new();
+    loop {
+        let mut orphans = Vec::new();
+        for (i, hop) in hops.iter_mut().enumerate() {
+            let unreached = reported.unreached(&hop.name) && !host_errors.contains_key(&hop.name);
+            if unreached && hop.receiver.is_running() {
+                orphans.push(i);
+            }
+        }
+        // Each round starts from a host not tried first before: a host
+        // that cannot be reached ends the rounds.
+        let head = orphans.first().map(|&i| hops[i].name.clone());
+        let Some(head) = head.filter(|h| tried.insert(h.clone())) else {
+            return;
+        };
+        if crate::sys::os::shutdown_requested() {
+            return;
+        }
+        let chain: Vec<&Hop<'_>> = orphans.iter().map(|&i| &hops[i]).collect();
+        let names: Vec<String> = chain
+            .iter()
+            .map(|h| crate::proto::escaped(h.label()).to_string())
+            .collect();
+        tracing::warn!(
+            "not reached along the chain: sending to {} directly",
+            names.join(", ")
+        );
+        if let Err(ended) = relay_through(plan, ui, &chain, summary, reported) {
+            for (name, f) in &ended.held {
+                reported.say(ui, name, FileEvent::Failed(f));
+            }
+            host_errors.insert(head, ended.error);
+        }
+    }
+}
+
 /// What the sender said so far along the chain, over every attempt: one
 /// record per host and file (the first: a second chain sends again what
 /// the first did not finish, and the hosts that had it say `unchanged`),
-/// and each host's worst failure, by its name in the chain.
+/// and each host's worst failure, by its name in the chain. A lost peer's
+/// record waits until the end (`flush`): the sender may still reach the
+/// host another way.
 #[derive(Default)]
 struct Reported {
     said: std::collections::HashSet<(String, String)>,
     worst: HashMap<String, FileFailure>,
+    /// Lost-peer records not said yet, by host name, in order.
+    lost: Vec<(String, FileFailure)>,
 }
 
 impl Reported {
     /// Says `event` for the host named `name` in the chain, unless its
-    /// record of the file was said already.
+    /// record of the file was said already; a lost peer's is kept back.
     fn say(&mut self, ui: &Ui, name: &str, event: FileEvent<'_>) {
         let file = match event {
             FileEvent::Done(r) => &r.name,
             FileEvent::Failed(f) => &f.name,
         };
-        if !self.said.insert((name.to_string(), file.clone())) {
+        let key = (name.to_string(), file.clone());
+        if self.said.contains(&key) {
             return;
         }
+        if let FileEvent::Failed(f) = event
+            && f.exit_code == crate::error::ExitCode::TimeoutOrPeerLost
+        {
+            if !self.lost.iter().any(|(n, l)| n == name && &l.name == file) {
+                self.lost.push((name.to_string(), f.clone()));
+            }
+            return;
+        }
+        self.lost.retain(|(n, l)| !(n == name && &l.name == file));
+        self.said.insert(key);
         ui.file_event_from(None, event);
         if let FileEvent::Failed(f) = event {
-            let keep = self
-                .worst
-                .get(name)
-                .is_none_or(|w| w.exit_code < f.exit_code);
-            if keep {
-                self.worst.insert(name.to_string(), f.clone());
+            self.count(name, f);
+        }
+    }
+
+    fn count(&mut self, name: &str, f: &FileFailure) {
+        let keep = self
+            .worst
+            .get(name)
+            .is_none_or(|w| w.exit_code < f.exit_code);
+        if keep {
+            self.worst.insert(name.to_string(), f.clone());
+        }
+    }
+
+    /// Says the lost-peer records no later attempt replaced.
+    fn flush(&mut self, ui: &Ui) {
+        for (name, f) in std::mem::take(&mut self.lost) {
+            if self.said.insert((name.clone(), f.name.clone())) {
+                ui.file_event_from(None, FileEvent::Failed(&f));
+                self.count(&name, &f);
             }
         }
     }
 
     /// Whether the host named `name` was found lost (a LOST result).
     fn lost(&self, name: &str) -> bool {
-        self.worst
-            .get(name)
-            .is_some_and(|f| f.exit_code == crate::error::ExitCode::TimeoutOrPeerLost)
+        self.unreached(name)
+            || self
+                .worst
+                .get(name)
+                .is_some_and(|f| f.exit_code == crate::error::ExitCode::TimeoutOrPeerLost)
+    }
+
+    /// Whether some file's record for `name` is a lost peer's, not said.
+    fn unreached(&self, name: &str) -> bool {
+        self.lost.iter().any(|(n, _)| n == name)
+    }
+
+    /// Whether any host failed some file (said or kept back).
+    fn any_failed(&self) -> bool {
+        !self.worst.is_empty() || !self.lost.is_empty()
     }
 }
 
@@ -401,14 +503,14 @@ fn hand_keys(hops: &mut Vec<Hop<'_>>, failed: &mut Vec<(usize, XferError)>) {
 fn relay_through(
     plan: &RemotePlan,
     ui: &Arc<Ui>,
-    chain: &[Hop<'_>],
+    chain: &[&Hop<'_>],
     summary: bool,
     reported: &mut Reported,
 ) -> Result<Option<XferError>, Ended> {
-    let Some(first) = chain.first() else {
+    let Some(&first) = chain.first() else {
         return Ok(None);
     };
-    let by_name: HashMap<&str, &Hop<'_>> = chain.iter().map(|h| (h.name.as_str(), h)).collect();
+    let by_name: HashMap<&str, &Hop<'_>> = chain.iter().map(|&h| (h.name.as_str(), h)).collect();
     let mut cfg = plan.cfg.clone();
     cfg.addr = first.receiver.addr;
     cfg.token = Some(first.token.clone());
@@ -480,7 +582,7 @@ fn relay_through(
         ui.eprintln(&ui.summary_line(session_summary(&outcome, ui.log_json())));
     }
     // A failure no host's result explains (the sender's own).
-    let own = outcome.first_error.filter(|_| reported.worst.is_empty());
+    let own = outcome.first_error.filter(|_| !reported.any_failed());
     Ok(own)
 }
 

@@ -576,3 +576,73 @@ fn one_command_chain_goes_on_from_the_next_target_when_the_first_is_lost() {
         crate::ssh::assert_remote_gone(dir);
     }
 }
+
+#[test]
+fn one_command_chain_sends_directly_to_a_target_past_two_lost_ones() {
+    let Some(net) = crate::ssh::ssh_net() else {
+        return;
+    };
+    let Some([c, d]) = hops() else { return };
+    let (src, dst_a) = dirs();
+    // A fourth target: a second receiver on A, last in the chain. The
+    // first host holds the tokens of the two after it (C and D) only.
+    let dst_last = tempfile::tempdir().expect("last dir");
+    let file = src.path().join("weights.bin");
+    make_file(&file, 16 * MIB + 5, 48);
+    let targets = [
+        crate::ssh::target(&net.addr_a, dst_a.path()),
+        crate::ssh::target(&c.addr, c.dir.path()),
+        crate::ssh::target(&d.addr, d.dir.path()),
+        crate::ssh::target(&net.addr_a, dst_last.path()),
+    ];
+    let mut args = vec![file.to_str().unwrap()];
+    args.extend(targets.iter().map(String::as_str));
+    let from_anywhere = Net {
+        addr_a: net.addr_a.clone(),
+        addr_b: None,
+    };
+    // Paced (4 MiB/s): C and D are killed with a few MiB at A.
+    let cmd = crate::ssh::sender(&from_anywhere, &["--json", "--bwlimit", "4M"], &args);
+    let sending = Running::spawn("sender", cmd);
+    wait_for_partial_file(dst_a.path(), 3 * MIB);
+    for dir in [c.dir.path(), d.dir.path()] {
+        let pids = crate::ssh::remote_receivers(dir);
+        assert_eq!(pids.len(), 1, "{pids:?}");
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &pids[0].to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+    }
+    let sent = sending.wait(Duration::from_secs(300));
+    // C and D are lost (exit 7); A has the file by the chain, and the last
+    // target, past two lost hosts, from the sender directly.
+    assert_eq!(sent.code(), 7, "{}", sent.transcript());
+    for dir in [dst_a.path(), dst_last.path()] {
+        assert_copies(src.path(), dir, &["weights.bin"]);
+    }
+    assert!(
+        sent.stderr
+            .contains("not reached along the chain: sending to"),
+        "{}",
+        sent.stderr
+    );
+    // One record per host and file: ok at both of A's targets, lost at C
+    // and D (said once, at the end).
+    let got = records(&sent);
+    let said = |host: &str| -> Vec<String> {
+        got.iter()
+            .filter(|(h, n, _)| h == host && n == "weights.bin")
+            .map(|(_, _, s)| s.clone())
+            .collect()
+    };
+    assert_eq!(said(&net.addr_a), ["ok", "ok"], "{}", sent.transcript());
+    for host in [&c.addr, &d.addr] {
+        let s = said(host);
+        assert_eq!(s.len(), 1, "{host}: {}", sent.transcript());
+        assert_ne!(s[0], "ok", "{host}: {}", sent.transcript());
+    }
+    for dir in [dst_a.path(), dst_last.path()] {
+        crate::ssh::assert_remote_gone(dir);
+    }
+}

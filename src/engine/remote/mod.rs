@@ -570,6 +570,11 @@ impl RemoteReceiver {
         }
     }
 
+    /// Whether its ssh (and so the receiver there) is still running.
+    pub fn is_running(&mut self) -> bool {
+        !self.ended && matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Ends the remote receiver now (its input closed: it stops at once),
     /// before the session that owns it is over: a host given up on.
     pub fn hang_up(&mut self) {
