@@ -301,14 +301,7 @@ impl Downstream {
     /// results.
     pub fn offer(&mut self, hello: &Hello) -> Forward {
         let offer = offer_for(hello);
-        let mut forward = Forward {
-            name: hello.name.clone(),
-            hello: hello.clone(),
-            pipe: None,
-            whole: None,
-            stall: self.stall,
-            stopped: None,
-        };
+        let mut forward = self.forward_of(hello);
         if hello.is_directory() {
             let entry = Entry::Dir {
                 name: offer.name.clone(),
@@ -355,6 +348,11 @@ impl Downstream {
             input: copy,
             whole: Arc::new(AtomicBool::new(true)),
         });
+        self.forward_of(hello)
+    }
+
+    /// The handle of `hello`'s offer, with no pipe yet.
+    fn forward_of(&self, hello: &Hello) -> Forward {
         Forward {
             name: hello.name.clone(),
             hello: hello.clone(),

@@ -496,20 +496,9 @@ fn one_command_chain_goes_on_from_the_next_target_when_the_first_is_lost() {
     // (from B, only A's wire is reachable in the guest).
     let mut args = vec![note.to_str().unwrap(), file.to_str().unwrap()];
     args.extend(targets.iter().map(String::as_str));
-    let from_anywhere = Net {
-        addr_a: net.addr_a.clone(),
-        addr_b: None,
-    };
-    let cmd = crate::ssh::sender(&from_anywhere, &["--json", "--bwlimit", "4M"], &args);
-    let sending = Running::spawn("sender", cmd);
+    let sending = paced_by_ssh(&net, &args);
     wait_for_partial_file(dst_a.path(), 3 * MIB);
-    let pids = crate::ssh::remote_receivers(dst_a.path());
-    assert_eq!(pids.len(), 1, "{pids:?}");
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pids[0].to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    kill_receiver_of(dst_a.path());
     let sent = sending.wait(Duration::from_secs(300));
     // A's loss is the worst status (7, over D's refusal, 4); C and D
     // have the file, verified.
@@ -597,23 +586,11 @@ fn one_command_chain_sends_directly_to_a_target_past_two_lost_ones() {
     ];
     let mut args = vec![file.to_str().unwrap()];
     args.extend(targets.iter().map(String::as_str));
-    let from_anywhere = Net {
-        addr_a: net.addr_a.clone(),
-        addr_b: None,
-    };
-    // Paced (4 MiB/s): C and D are killed with a few MiB at A.
-    let cmd = crate::ssh::sender(&from_anywhere, &["--json", "--bwlimit", "4M"], &args);
-    let sending = Running::spawn("sender", cmd);
+    // C and D are killed with a few MiB at A.
+    let sending = paced_by_ssh(&net, &args);
     wait_for_partial_file(dst_a.path(), 3 * MIB);
-    for dir in [c.dir.path(), d.dir.path()] {
-        let pids = crate::ssh::remote_receivers(dir);
-        assert_eq!(pids.len(), 1, "{pids:?}");
-        let killed = std::process::Command::new("kill")
-            .args(["-KILL", &pids[0].to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-    }
+    kill_receiver_of(c.dir.path());
+    kill_receiver_of(d.dir.path());
     let sent = sending.wait(Duration::from_secs(300));
     // C and D are lost (exit 7); A has the file by the chain, and the last
     // target, past two lost hosts, from the sender directly.
@@ -645,4 +622,27 @@ fn one_command_chain_sends_directly_to_a_target_past_two_lost_ones() {
     for dir in [dst_a.path(), dst_last.path()] {
         crate::ssh::assert_remote_gone(dir);
     }
+}
+
+/// The one-command form with `args` (files, then targets), paced at the
+/// source (4 MiB/s, so that a test can act mid-file), `--json`, the route
+/// choosing the device (from B only A's wire is reachable).
+fn paced_by_ssh(net: &Net, args: &[&str]) -> Running {
+    let from_anywhere = Net {
+        addr_a: net.addr_a.clone(),
+        addr_b: None,
+    };
+    let cmd = crate::ssh::sender(&from_anywhere, &["--json", "--bwlimit", "4M"], args);
+    Running::spawn("sender", cmd)
+}
+
+/// Kills (SIGKILL) the one receiver the sender started over ssh for `dir`.
+fn kill_receiver_of(dir: &Path) {
+    let pids = crate::ssh::remote_receivers(dir);
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pids[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
 }
