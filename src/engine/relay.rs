@@ -147,6 +147,9 @@ pub struct Downstream {
     ended: Option<XferError>,
     /// The offer handed over last was answered.
     answered: bool,
+    /// Its results were taken (`results`): nothing handed over is left
+    /// without its owner waiting for it.
+    settled: bool,
     /// When it last answered an offer (the next host's receiver ends a
     /// session that idles too long).
     idle_since: Instant,
@@ -169,6 +172,12 @@ pub struct Forward {
     /// stalled), said once.
     stopped: Option<String>,
 }
+
+/// How long a hop's session to the next host may have idled and still
+/// take its next offer: far below any receiver's --timeout (the next host
+/// ends a session silent that long), far above the gap between the
+/// entries of a tree.
+const IDLE_REUSE: Duration = Duration::from_secs(2);
 
 /// The offer a hop makes to the next host for the offer it got: the
 /// same name, size, mode, time, digest and re-run rules.
@@ -249,6 +258,7 @@ impl Downstream {
             session: None,
             ended: None,
             answered: false,
+            settled: true,
             idle_since: Instant::now(),
         };
         let cfg = match hop_config(next, hello) {
@@ -284,15 +294,18 @@ impl Downstream {
     }
 
     /// Whether the offer `hello` for `hosts` may go to this session: the
-    /// same hosts and settings, still going, and not idle so long that
-    /// the next host may have given up on it.
+    /// same hosts and settings, still going, its last offer settled (an
+    /// offer abandoned unanswered ends it), and not idle so long that the
+    /// next host may have given up on it (`IDLE_REUSE`: entries of a tree
+    /// come milliseconds apart).
     pub fn serves(&self, hosts: &[String], hello: &Hello) -> bool {
-        self.ended.is_none()
+        self.settled
+            && self.ended.is_none()
             && !self.session.as_ref().is_none_or(JoinHandle::is_finished)
             && self.hosts == hosts
             && self.digest == hello.digest
             && self.keep_mode == keeps_mode(hello)
-            && self.idle_since.elapsed() < self.stall / 2
+            && self.idle_since.elapsed() < IDLE_REUSE.min(self.stall / 2)
     }
 
     /// Starts sending `hello`'s entry to the next hosts. For a file or a
@@ -365,6 +378,7 @@ impl Downstream {
 
     fn hand_over(&mut self, entry: Entry) {
         self.answered = false;
+        self.settled = false;
         let given = self.feed.as_ref().is_some_and(|f| f.send(entry).is_ok());
         if !given && self.ended.is_none() {
             // Its thread is gone: `is_answered` finds out why.
@@ -417,6 +431,7 @@ impl Downstream {
             .map(|r| r.try_iter().collect())
             .unwrap_or_default();
         self.idle_since = Instant::now();
+        self.settled = true;
         let ended = (!self.answered).then_some(self.ended.as_ref()).flatten();
         // The session to the next host itself ended by the connection (it
         // could not be reached, or went away): what the hosts after it

@@ -209,8 +209,13 @@ impl Connection {
                         *work = self.start(cfg, next, queue, pipe, tracker)?;
                         continue;
                     }
-                    None if self.session.pending() == 0 => match queue.drained() {
-                        Fed::More => continue,
+                    None if self.session.pending() == 0 => match queue.drained(tracker) {
+                        Fed::More => {
+                            // The receiver's silence while the feed was
+                            // idle was ours: its wait starts now.
+                            self.session.heard(Instant::now());
+                            continue;
+                        }
                         Fed::Over => return self.close(pipe),
                     },
                     None => {}

@@ -178,6 +178,7 @@ fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
         }),
     };
     let (sender_end, receiver_end) = memory_wire::pair();
+    let mut done = 0;
     let (sent, received) = std::thread::scope(|s| {
         let receiving =
             s.spawn(|| crate::engine::receiver::serve_over(&rcfg, receiver_end, &|_| {}));
@@ -197,7 +198,12 @@ fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
             BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).unwrap();
         let session = super::connection::session_for(&cfg, None);
         let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
-        let sent = drive(&cfg, offers, conn, &pool, tokens, |_| {}, Instant::now())
+        let on_file = |e: crate::engine::FileEvent<'_>| {
+            if matches!(e, crate::engine::FileEvent::Done(_)) {
+                done += 1;
+            }
+        };
+        let sent = drive(&cfg, offers, conn, &pool, tokens, on_file, Instant::now())
             .map_err(|ended| ended.0.0);
         feeding.join().expect("the feeder panicked");
         (sent, receiving.join().expect("the receiver panicked"))
@@ -206,6 +212,8 @@ fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
     received.unwrap();
     assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
     assert_arrived(dest.path(), &files);
-    assert_eq!(outcome.files.len(), files.len());
+    // Each file reported once; a session fed for long keeps no reports.
+    assert_eq!(done, files.len());
+    assert!(outcome.files.is_empty());
     assert_eq!(outcome.directories, dirs);
 }
