@@ -143,6 +143,7 @@ pub fn send_by_relay(plan: &RemotePlan, ui: &Arc<Ui>, summary: bool) -> Result<(
             summary,
             &mut reported,
             &mut host_errors,
+            &mut errors,
         );
     }
     reported.flush(ui);
@@ -177,6 +178,7 @@ fn reach_orphans(
     summary: bool,
     reported: &mut Reported,
     host_errors: &mut HashMap<String, XferError>,
+    errors: &mut Vec<XferError>,
 ) {
     let mut tried = std::collections::HashSet::new();
     loop {
@@ -187,29 +189,33 @@ fn reach_orphans(
                 orphans.push(i);
             }
         }
-        // Each round starts from a host not tried first before: a host
-        // that cannot be reached ends the rounds.
-        let head = orphans.first().map(|&i| hops[i].name.clone());
-        let Some(head) = head.filter(|h| tried.insert(h.clone())) else {
+        // Each round starts from a host not tried first before (the
+        // hosts before it go last): every round tries a new one.
+        let Some(at) = orphans.iter().position(|&i| !tried.contains(&hops[i].name)) else {
             return;
         };
         if crate::sys::os::shutdown_requested() {
             return;
         }
+        orphans.rotate_left(at);
+        let head = hops[orphans[0]].name.clone();
+        tried.insert(head.clone());
         let chain: Vec<&Hop<'_>> = orphans.iter().map(|&i| &hops[i]).collect();
         let names: Vec<String> = chain
             .iter()
             .map(|h| crate::proto::escaped(h.label()).to_string())
             .collect();
         tracing::warn!(
-            "not reached along the chain: sending to {} directly",
+            "lost or not reached along the chain: sending to {} directly",
             names.join(", ")
         );
-        if let Err(ended) = relay_through(plan, ui, &chain, summary, reported) {
-            for (name, f) in &ended.held {
-                reported.say(ui, name, FileEvent::Failed(f));
+        match relay_through(plan, ui, &chain, summary, reported) {
+            Ok(own) => errors.extend(own),
+            // The head's failure: the hosts after it keep their own
+            // records (the next round tries them).
+            Err(ended) => {
+                host_errors.insert(head, ended.error);
             }
-            host_errors.insert(head, ended.error);
         }
     }
 }
@@ -243,9 +249,16 @@ impl Reported {
         if let FileEvent::Failed(f) = event
             && f.exit_code == crate::error::ExitCode::TimeoutOrPeerLost
         {
-            if !self.lost.iter().any(|(n, l)| n == name && &l.name == file) {
-                self.lost.push((name.to_string(), f.clone()));
+            if !self.unreached(name) {
+                tracing::warn!(
+                    "{}: lost ({})",
+                    crate::proto::escaped(f.host.as_deref().unwrap_or(name)),
+                    f.reason
+                );
             }
+            // The latest word on it.
+            self.lost.retain(|(n, l)| !(n == name && &l.name == file));
+            self.lost.push((name.to_string(), f.clone()));
             return;
         }
         self.lost.retain(|(n, l)| !(n == name && &l.name == file));

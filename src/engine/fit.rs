@@ -169,12 +169,13 @@ pub(crate) fn fit_to_memlock(
     overhead: Overhead,
 ) -> Result<Buffers, XferError> {
     let room = crate::sys::os::memlock_room();
-    match fit_buffers(
-        asked,
-        given,
-        overhead,
-        room_for(role, given, room.available()),
-    ) {
+    let share = room_for(role, given, room.available());
+    // Said as a relay ring's only where it took half.
+    let role = match role {
+        Pool::RelayRing if share == room.available() => Pool::Ring,
+        role => role,
+    };
+    match fit_buffers(asked, given, overhead, share) {
         Ok(fitted) if fitted == asked => Ok(asked),
         Ok(fitted) => {
             tracing::warn!(

@@ -610,4 +610,41 @@ fn a_plain_user_under_the_stock_memlock_limit() {
         sent.stderr
     );
     assert_remote_gone(dir.path());
+    // A relay chain of plain users, A then C: A's ring and its session to
+    // C share A's 8 MiB (each half of it).
+    let Ok(addr_c) = std::env::var("RXFER_ADDR_C") else {
+        return;
+    };
+    let user_dir = || {
+        let d = tempfile::tempdir_in(home).unwrap();
+        let chown = Command::new("chown")
+            .arg("4242:4242")
+            .arg(d.path())
+            .status();
+        assert!(chown.unwrap().success());
+        d
+    };
+    let (at_a, at_c) = (user_dir(), user_dir());
+    let anywhere = Net {
+        addr_a: net.addr_a.clone(),
+        addr_b: None,
+    };
+    let sent = run(sender(
+        &anywhere,
+        &[],
+        &[
+            file.to_str().unwrap(),
+            &target(&format!("rxfer@{}", net.addr_a), at_a.path()),
+            &target(&format!("rxfer@{addr_c}"), at_c.path()),
+        ],
+    ));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    for d in [&at_a, &at_c] {
+        assert_eq!(sha256_file(&d.path().join("user.bin")), sha256_file(&file));
+    }
+    assert!(
+        sent.stderr.contains("half the room"),
+        "A says it fitted its ring in half the limit:\n{}",
+        sent.stderr
+    );
 }
