@@ -145,6 +145,10 @@ pub struct Downstream {
     session: Option<JoinHandle<Result<(), XferError>>>,
     /// Why it ended: no offer goes to it any more.
     ended: Option<XferError>,
+    /// It could not even be set up for the next host (its name does not
+    /// resolve, or this host holds no token for it): lost for the
+    /// session, whatever the error's class.
+    unreachable: bool,
     /// The offer handed over last was answered.
     answered: bool,
     /// Its results were taken (`results`): nothing handed over is left
@@ -257,6 +261,7 @@ impl Downstream {
             reports: Some(reports),
             session: None,
             ended: None,
+            unreachable: false,
             answered: false,
             settled: true,
             idle_since: Instant::now(),
@@ -265,6 +270,7 @@ impl Downstream {
             Ok(cfg) => cfg,
             Err(e) => {
                 downstream.ended = Some(e);
+                downstream.unreachable = true;
                 return downstream;
             }
         };
@@ -437,7 +443,9 @@ impl Downstream {
         // could not be reached, or went away): what the hosts after it
         // heard is unknown. (A host further down failing is not this.)
         let lost = ended
-            .filter(|e| e.is_transient() || e.exit_code() == ExitCode::CannotConnect)
+            .filter(|e| {
+                self.unreachable || e.is_transient() || e.exit_code() == ExitCode::CannotConnect
+            })
             .map(ToString::to_string);
         // One result per host of the chain, in its order: what a next host
         // said of others, or twice, is not passed on.
@@ -656,5 +664,42 @@ mod tests {
             "[fe80::1]:9".parse().unwrap()
         );
         assert_eq!(resolve("localhost:9").unwrap().port(), 9);
+    }
+
+    #[test]
+    fn a_next_host_that_cannot_be_set_up_is_lost_for_the_session() {
+        // "" does not resolve, and asks no name server.
+        let next = NextHops {
+            hosts: vec![String::new(), "after:7471".into()],
+            keys: HopKeys::Shared(Token::new(b"relay-test-token".to_vec()).unwrap()),
+            timeout: Duration::from_secs(30),
+            chunk_size: 4096,
+            ack_timeout: crate::engine::AckTimeout::Auto,
+            source: None,
+        };
+        let dir = Hello {
+            version: crate::proto::PROTOCOL_VERSION,
+            caps: hello_flags::DIRECTORY,
+            name: "d".into(),
+            size: 0,
+            mode: 0o755,
+            digest: DigestAlg::Crc32,
+            mtime: None,
+        };
+        let mut downstream = Downstream::open(&next, &dir);
+        assert!(hop_config(&next, &dir).is_err());
+        drop(downstream.offer(&dir));
+        assert!(downstream.is_answered());
+        let forwarded = downstream.results();
+        // Lost (the hosts after it are passed on to), each host failed.
+        assert!(forwarded.lost.is_some());
+        assert_eq!(forwarded.results.len(), 2);
+        assert!(
+            forwarded
+                .results
+                .iter()
+                .all(|r| r.verdict != HopVerdict::Ack(AckStatus::Ok))
+        );
+        assert!(downstream.has_ended());
     }
 }
