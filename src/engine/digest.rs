@@ -87,6 +87,19 @@ pub fn read_prefix(
     chunk_len: u32,
     alg: DigestAlg,
     tick: &mut dyn FnMut() -> std::io::Result<()>,
+    each_chunk: impl FnMut(u64, &[u8], u32) -> std::io::Result<()>,
+) -> std::io::Result<PrefixRead> {
+    let fill = |data: &mut [u8], offset: u64| read_in_pieces(file, data, offset, tick);
+    read_prefix_from(upto, chunk_len, alg, fill, each_chunk)
+}
+
+/// `read_prefix` over any source: `fill` fills a buffer with the bytes
+/// from an offset on (in order, from 0), or fails.
+pub fn read_prefix_from(
+    upto: u64,
+    chunk_len: u32,
+    alg: DigestAlg,
+    mut fill: impl FnMut(&mut [u8], u64) -> std::io::Result<()>,
     mut each_chunk: impl FnMut(u64, &[u8], u32) -> std::io::Result<()>,
 ) -> std::io::Result<PrefixRead> {
     let mut hasher = FileHasher::new(alg);
@@ -97,7 +110,7 @@ pub fn read_prefix(
     while offset < upto {
         let len = (upto - offset).min(u64::from(chunk_len.max(1))) as usize;
         let data = &mut buf[..len];
-        read_in_pieces(file, data, offset, tick)?;
+        fill(data, offset)?;
         let crc = crc32fast::hash(data);
         each_chunk(index, data, crc)?;
         hasher.update(data, crc);

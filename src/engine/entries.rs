@@ -84,13 +84,17 @@ pub enum Entry {
     /// Standard input, of unknown length.
     Stdin { name: String },
     /// What a relay hop passes on: the offer it took, made again for the
-    /// next host, its bytes read from `input` (the pipe the hop's
-    /// receiver writes them into as it checks them) until its end.
-    /// Its end is the file's only once `whole` is set: the hop's own
+    /// next host, its bytes read from the part of the file the hop kept
+    /// from an earlier transfer (`kept`: its first bytes, in the hop's own
+    /// copy), then from `pipe` (the hop's receiver writes them into it as
+    /// it checks them, from the file offset given) until its end. Without
+    /// a pipe, `kept` is the whole file (the hop's committed copy). The
+    /// pipe's end is the file's only once `whole` is set: the hop's own
     /// checks of it passed.
     Relayed {
         offer: crate::proto::FileOffer,
-        input: File,
+        kept: Option<(File, u64)>,
+        pipe: Option<(File, u64)>,
         whole: std::sync::Arc<std::sync::atomic::AtomicBool>,
     },
 }

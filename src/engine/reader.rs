@@ -31,6 +31,116 @@ pub enum Input {
     },
     /// The files of a batch, read back to back as one file.
     Batch(Vec<BatchFile>),
+    /// What a relay hop passes on while it receives it.
+    Relayed(RelayedInput),
+}
+
+/// A file a relay hop passes on while it receives it: the part it kept
+/// from an earlier transfer (its own partial file, read by offset), then
+/// the bytes it receives, through a pipe, as they pass its checks.
+pub struct RelayedInput {
+    /// `[0, len)` of the file, in the hop's own copy.
+    pub kept: Option<(File, u64)>,
+    /// The rest of the file, from `pipe_at` on.
+    pub pipe: File,
+    /// The file offset of the pipe's next byte: the kept part's end, or
+    /// further once the check of the next host's HAVE read on.
+    pub pipe_at: u64,
+    /// As for a stream: the pipe's end is the file's only once set (the
+    /// hop's own checks passed).
+    pub whole: std::sync::Arc<AtomicBool>,
+}
+
+impl RelayedInput {
+    /// `pipe` carries the file from byte `pipe_at` on: `kept`'s end, or
+    /// further if this host could not read its kept part back (the file
+    /// then cannot be sent from before `pipe_at`).
+    pub fn new(
+        kept: Option<(File, u64)>,
+        (pipe, pipe_at): (File, u64),
+        whole: std::sync::Arc<AtomicBool>,
+    ) -> Self {
+        Self {
+            kept,
+            pipe,
+            pipe_at,
+            whole,
+        }
+    }
+
+    /// The kept part's length.
+    pub fn kept_len(&self) -> u64 {
+        self.kept.as_ref().map_or(0, |(_, len)| *len)
+    }
+
+    /// Why it cannot be read from `offset` on, if it cannot: the pipe's
+    /// bytes from there went by already (read to check what the next host
+    /// kept, which differed), or this host could not read its kept part.
+    fn cannot_start_at(&self, offset: u64) -> Option<String> {
+        let pipe_from = offset.max(self.kept_len());
+        (self.pipe_at != pipe_from).then(|| {
+            format!(
+                "this host cannot send it from byte {offset}: it holds its first {} bytes and \
+                 those from byte {} on (what the next host kept differs from them); run again",
+                self.kept_len(),
+                self.pipe_at
+            )
+        })
+    }
+
+    /// Fills `buf` with the file's bytes from `offset` on, from the kept
+    /// part, then the pipe (`offset` at most `pipe_at` there): the bytes
+    /// filled, fewer than asked only at the pipe's end. Waits for the
+    /// pipe's input without blocking in read(), looking at `stopped`
+    /// every 200 ms (`Ok(None)` once it says so).
+    pub fn fill(
+        &mut self,
+        buf: &mut [u8],
+        offset: u64,
+        stopped: &mut dyn FnMut() -> bool,
+    ) -> std::io::Result<Option<usize>> {
+        let mut filled = 0;
+        if let Some((kept, len)) = &self.kept
+            && offset < *len
+        {
+            let n = ((*len - offset) as usize).min(buf.len());
+            kept.read_exact_at(&mut buf[..n], offset)?;
+            filled = n;
+        }
+        if filled < buf.len() && offset + filled as u64 != self.pipe_at {
+            return Err(std::io::Error::other(format!(
+                "bytes {} to {} of it are not here to be passed on",
+                offset + filled as u64,
+                self.pipe_at
+            )));
+        }
+        let Some(piped) = fill_from_pipe(&self.pipe, &mut buf[filled..], stopped)? else {
+            return Ok(None);
+        };
+        self.pipe_at += piped as u64;
+        Ok(Some(filled + piped))
+    }
+
+    /// A descriptor of each part, for a check read on another thread
+    /// (the pipe's bytes it reads are gone for this one: `read_on`).
+    pub fn try_clone(&self) -> std::io::Result<RelayedInput> {
+        let kept = match &self.kept {
+            Some((file, len)) => Some((file.try_clone()?, *len)),
+            None => None,
+        };
+        Ok(RelayedInput {
+            kept,
+            pipe: self.pipe.try_clone()?,
+            pipe_at: self.pipe_at,
+            whole: self.whole.clone(),
+        })
+    }
+
+    /// A clone (`try_clone`) read up to `offset`: the pipe's next byte is
+    /// at `offset` now, if it reached into the pipe.
+    pub fn read_on(&mut self, offset: u64) {
+        self.pipe_at = self.pipe_at.max(offset);
+    }
 }
 
 /// One file of a batch: read from 0 to its size as measured when offered.
@@ -78,6 +188,11 @@ pub enum ReaderMsg {
     Failed(String, std::io::Error),
 }
 
+/// Fills a buffer with the bytes from a file offset on: fewer only at the
+/// end, None once the given `stopped` says so.
+type Fill<'a> =
+    dyn FnMut(&mut [u8], u64, &mut dyn FnMut() -> bool) -> std::io::Result<Option<usize>> + 'a;
+
 /// How long a stream read waits before it looks at `stop` again.
 const STOP_CHECK: Duration = Duration::from_millis(200);
 
@@ -99,10 +214,12 @@ impl Reader<'_> {
     pub fn run(mut self) {
         while let Ok(mut job) = self.jobs.recv() {
             let resume = job.resume.take();
-            let going_on = match &job.input {
+            let mut input = std::mem::replace(&mut job.input, Input::Batch(Vec::new()));
+            let going_on = match &mut input {
                 Input::File { file, size } => self.read_file(&job, file, *size, resume),
                 Input::Stream { file, whole } => self.read_stream(&job, file, whole.as_deref()),
                 Input::Batch(files) => self.read_batch(&job, files),
+                Input::Relayed(input) => self.read_relayed(&job, input, resume),
             };
             if !going_on {
                 return;
@@ -228,9 +345,49 @@ impl Reader<'_> {
     /// Reads a stream to its end: every slot is filled completely (pipes
     /// deliver short reads) unless the end comes first. Returns false when
     /// the session is going away.
-    fn read_stream(&mut self, job: &ReadJob, mut file: &File, whole: Option<&AtomicBool>) -> bool {
-        let mut hasher = FileHasher::new(job.digest);
-        let mut total = 0u64;
+    fn read_stream(&mut self, job: &ReadJob, file: &File, whole: Option<&AtomicBool>) -> bool {
+        let start = (0, FileHasher::new(job.digest));
+        self.read_on(job, start, whole, &mut |buf, _, stopped| {
+            fill_from_pipe(file, buf, stopped)
+        })
+    }
+
+    /// Reads what a relay hop passes on, from the resumed offset (or 0):
+    /// its kept part, then the pipe.
+    fn read_relayed(
+        &mut self,
+        job: &ReadJob,
+        input: &mut RelayedInput,
+        resume: Option<(u64, FileHasher)>,
+    ) -> bool {
+        let start = resume.unwrap_or_else(|| (0, FileHasher::new(job.digest)));
+        if let Some(why) = input.cannot_start_at(start.0) {
+            let _ = self.out.send(ReaderMsg::Failed(
+                format!("{} is not passed on", job.name),
+                std::io::Error::other(why),
+            ));
+            return true;
+        }
+        let whole = input.whole.clone();
+        self.read_on(job, start, Some(&whole), &mut |buf, offset, stopped| {
+            input.fill(buf, offset, stopped)
+        })
+    }
+
+    /// Reads chunks from `fill` (which fills a buffer from a file offset
+    /// on: fewer bytes only at the end, None once told to stop) from
+    /// `offset` on, with the digest so far, to the end. With `whole`, the
+    /// end is the file's only once it is set. Returns false when the
+    /// session is going away.
+    fn read_on(
+        &mut self,
+        job: &ReadJob,
+        (mut total, mut hasher): (u64, FileHasher),
+        whole: Option<&AtomicBool>,
+        fill: &mut Fill<'_>,
+    ) -> bool {
+        let stop = self.stop;
+        let mut stopped = || stop.load(Ordering::SeqCst);
         loop {
             let Some(mut token) = self.next_slot() else {
                 return false;
@@ -250,51 +407,22 @@ impl Reader<'_> {
                     return true;
                 }
             };
-            let mut filled = 0usize;
-            let mut eof = false;
             let room = data.len() - tag_len;
-            while filled < room {
-                // Wait for input without blocking in read(), so that a
-                // session that ends meanwhile is not held up by a silent
-                // producer.
-                match wait_readable(file, Instant::now() + STOP_CHECK) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        if self.stop.load(Ordering::SeqCst) {
-                            return false;
-                        }
-                        continue;
-                    }
-                    Err(SysError::Interrupted) => {
-                        self.spare = Some(token);
-                        let _ = self.out.send(ReaderMsg::Failed(
-                            format!("reading {}", job.name),
-                            std::io::Error::new(std::io::ErrorKind::Interrupted, "interrupted"),
-                        ));
-                        return true;
-                    }
-                    // poll() itself failed: let read() block or say why.
-                    Err(_) => {}
+            let filled = match fill(&mut data[..room], total, &mut stopped) {
+                Ok(Some(filled)) => filled,
+                Ok(None) => return false,
+                Err(e) => {
+                    self.spare = Some(token);
+                    let context = if e.kind() == std::io::ErrorKind::Interrupted {
+                        format!("reading {}", job.name)
+                    } else {
+                        format!("cannot read {} at offset {total}", job.name)
+                    };
+                    let _ = self.out.send(ReaderMsg::Failed(context, e));
+                    return true;
                 }
-                match file.read(&mut data[filled..room]) {
-                    Ok(0) => {
-                        eof = true;
-                        break;
-                    }
-                    Ok(n) => filled += n,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
-                        ) => {}
-                    Err(e) => {
-                        self.spare = Some(token);
-                        let context = format!("cannot read {} at offset {total}", job.name);
-                        let _ = self.out.send(ReaderMsg::Failed(context, e));
-                        return true;
-                    }
-                }
-            }
+            };
+            let eof = filled < room;
             if filled > 0 {
                 // The tag goes right after the chunk, short or not.
                 let (chunk, tag) = data.split_at_mut(filled);
@@ -333,6 +461,44 @@ impl Reader<'_> {
             }
         }
     }
+}
+
+/// Fills `buf` from a pipe (or standard input): the bytes filled, fewer
+/// only at its end. Waits for input without blocking in read(), so that a
+/// session that ends meanwhile is not held up by a silent producer: looks
+/// at `stopped` every 200 ms (`Ok(None)` once it says so).
+pub fn fill_from_pipe(
+    mut pipe: &File,
+    buf: &mut [u8],
+    stopped: &mut dyn FnMut() -> bool,
+) -> std::io::Result<Option<usize>> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match wait_readable(pipe, Instant::now() + STOP_CHECK) {
+            Ok(true) => {}
+            Ok(false) if stopped() => return Ok(None),
+            Ok(false) => continue,
+            Err(SysError::Interrupted) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::Interrupted,
+                    "interrupted",
+                ));
+            }
+            // poll() itself failed: let read() block or say why.
+            Err(_) => {}
+        }
+        match pipe.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(filled))
 }
 
 /// What a failed read of `len` bytes at `offset` of `name` (`size` bytes

@@ -159,6 +159,17 @@ pub struct Downstream {
     idle_since: Instant,
 }
 
+/// What a hop kept of a file from an earlier transfer, when the sender
+/// resumed it there: the bytes it receives come after that part.
+pub enum Kept {
+    Nothing,
+    /// The file's first bytes, in this host's copy (read back from it).
+    Part(std::fs::File, u64),
+    /// That many first bytes, which this host cannot read back: the next
+    /// host gets the file only if it kept at least as much.
+    Unreadable(u64),
+}
+
 /// One offer on its way to the next hosts: for a file, the pipe that
 /// feeds the `Downstream` session.
 pub struct Forward {
@@ -211,7 +222,8 @@ pub fn offer_for(hello: &Hello) -> FileOffer {
         kind,
         mtime: hello.mtime,
         keep_mode: caps & hello_flags::KEEP_MODE != 0,
-        resume: false,
+        // The next host keeps what it verified, as this one does.
+        resume: caps & hello_flags::RESUME != 0,
         checksum: false,
         existing,
     }
@@ -307,7 +319,7 @@ impl Downstream {
     pub fn serves(&self, hosts: &[String], hello: &Hello) -> bool {
         self.settled
             && self.ended.is_none()
-            && !self.session.as_ref().is_none_or(JoinHandle::is_finished)
+            && self.running()
             && self.hosts == hosts
             && self.digest == hello.digest
             && self.keep_mode == keeps_mode(hello)
@@ -315,10 +327,11 @@ impl Downstream {
     }
 
     /// Starts sending `hello`'s entry to the next hosts. For a file or a
-    /// stream its bytes come through the `Forward`'s `write`;
-    /// `end_input` ends them, and `results` waits for the next hosts'
-    /// results.
-    pub fn offer(&mut self, hello: &Hello) -> Forward {
+    /// stream its bytes come through the `Forward`'s `write` (after
+    /// `kept`, the file's first bytes this host kept from an earlier
+    /// transfer, read from its copy); `end_input` ends them, and
+    /// `results` waits for the next hosts' results.
+    pub fn offer(&mut self, hello: &Hello, kept: Kept) -> Forward {
         let offer = offer_for(hello);
         let mut forward = self.forward_of(hello);
         if hello.is_directory() {
@@ -343,9 +356,15 @@ impl Downstream {
                 let whole = Arc::new(AtomicBool::new(false));
                 forward.pipe = Some(writer);
                 forward.whole = Some(whole.clone());
+                let (kept, from) = match kept {
+                    Kept::Nothing => (None, 0),
+                    Kept::Part(file, len) => (Some((file, len)), len),
+                    Kept::Unreadable(len) => (None, len),
+                };
                 self.hand_over(Entry::Relayed {
                     offer,
-                    input,
+                    kept,
+                    pipe: Some((input, from)),
                     whole,
                 });
             }
@@ -362,9 +381,12 @@ impl Downstream {
     /// (a host after one lost mid-file gets it so).
     pub fn offer_copy(&mut self, hello: &Hello, copy: std::fs::File) -> Forward {
         // This host's committed copy: whole as it is.
+        // (With RESUME, a host that kept part of it gets only the rest.)
+        let size = hello.size;
         self.hand_over(Entry::Relayed {
             offer: offer_for(hello),
-            input: copy,
+            kept: Some((copy, size)),
+            pipe: None,
             whole: Arc::new(AtomicBool::new(true)),
         });
         self.forward_of(hello)
@@ -408,7 +430,7 @@ impl Downstream {
             self.answered = true;
             return true;
         }
-        if !self.session.as_ref().is_none_or(JoinHandle::is_finished) {
+        if self.running() {
             return false;
         }
         // One more look: an answer said just before the session ended.
@@ -463,6 +485,13 @@ impl Downstream {
             })
             .collect();
         Forwarded { results, lost }
+    }
+
+    /// Whether its thread still runs.
+    fn running(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|session| !session.is_finished())
     }
 
     /// Whether the session ended (a new one is needed for more offers).
@@ -584,7 +613,8 @@ fn result_of(event: FileEvent<'_>, hosts: &[String]) -> Option<HopResult> {
             Some(HopResult::new(
                 host,
                 HopVerdict::Ack(verdict),
-                r.bytes,
+                // What it received this time (not what it kept before).
+                r.bytes.saturating_sub(r.resumed_from),
                 note,
             ))
         }
@@ -688,7 +718,7 @@ mod tests {
         };
         let mut downstream = Downstream::open(&next, &dir);
         assert!(hop_config(&next, &dir).is_err());
-        drop(downstream.offer(&dir));
+        drop(downstream.offer(&dir, Kept::Nothing));
         assert!(downstream.is_answered());
         let forwarded = downstream.results();
         // Lost (the hosts after it are passed on to), each host failed.

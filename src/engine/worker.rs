@@ -48,6 +48,13 @@ impl Cancel {
         }
         Ok(())
     }
+
+    /// Whether the session stopped the job (or SIGINT or SIGTERM came),
+    /// without counting a piece: for a job waiting on someone else's
+    /// input, whose wait is no progress of its own.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || crate::sys::os::shutdown_requested()
+    }
 }
 
 /// One job on its thread. Dropping it stops the job and waits for its

@@ -266,23 +266,35 @@ fn a_file_refused_at_one_host_is_that_hosts_failure_alone() {
 
 #[test]
 fn the_middle_host_killed_mid_file_leaves_the_last_host_complete() {
-    let Some(net) = rdma_net() else { return };
-    let Some([c, d]) = hops() else { return };
+    middle_host_killed_mid_file(&[]);
+}
+
+/// With --resume the last host keeps what it verified when the middle
+/// one dies, and the first host's copy continues it: only the rest goes.
+#[test]
+fn with_resume_the_last_host_continues_its_part_past_a_killed_middle_host() {
+    let d_log = middle_host_killed_mid_file(&["--resume"]);
+    assert!(
+        d_log.contains("continuing the kept part"),
+        "D did not continue its kept part:\n{d_log}"
+    );
+}
+
+/// C is killed with a few MiB of a file in: A and D end with the file,
+/// verified, C's loss is the exit status and named. D's log, returned.
+fn middle_host_killed_mid_file(extra: &[&str]) -> String {
+    let Some(net) = rdma_net() else {
+        return String::new();
+    };
+    let Some([c, d]) = hops() else {
+        return String::new();
+    };
     let (src, dst_a) = dirs();
     let file = src.path().join("shard.bin");
     make_file(&file, 16 * MIB + 9, 91);
     let (running, chain) = start_chain(&net, dst_a.path(), &c, Some(&d));
     // Paced at the source (4 MiB/s): C is killed with a few MiB in.
-    let mut cmd = std::process::Command::new(sender_bin());
-    cmd.arg("-v").env_remove("RDMA_XFER_ACK_TIMEOUT");
-    if let Some(b) = &net.addr_b {
-        cmd.args(["--source", b]);
-    }
-    cmd.args(token_args())
-        .args(["--json", "--bwlimit", "4M", "--relay", &chain.join(",")])
-        .arg(&file);
-    token_env(&mut cmd, None);
-    let sending = Running::spawn("sender", cmd);
+    let sending = paced_relay_sender(&net, &chain, &file, extra);
     wait_for_partial_file(c.dir.path(), 3 * MIB);
     running[1].signal("KILL");
     let sent = sending.wait(Duration::from_secs(300));
@@ -299,6 +311,78 @@ fn the_middle_host_killed_mid_file_leaves_the_last_host_complete() {
         chain[1],
         sent.stderr
     );
+    running[2].stderr_so_far()
+}
+
+/// `relay_sender` paced at 4 MiB/s, started: a fault lands mid-file.
+fn paced_relay_sender(net: &Net, chain: &[String], file: &Path, extra: &[&str]) -> Running {
+    let mut cmd = std::process::Command::new(sender_bin());
+    cmd.arg("-v").env_remove("RDMA_XFER_ACK_TIMEOUT");
+    if let Some(b) = &net.addr_b {
+        cmd.args(["--source", b]);
+    }
+    cmd.args(token_args())
+        .args(["--json", "--bwlimit", "4M", "--relay", &chain.join(",")])
+        .args(extra)
+        .arg(file);
+    token_env(&mut cmd, None);
+    Running::spawn("sender", cmd)
+}
+
+/// A chain's transfer cut at the source (the sender killed mid-file) and
+/// run again with --resume: every host continues what it kept, so each
+/// wire of the chain carries only the rest of the file.
+#[test]
+fn a_chain_run_again_with_resume_sends_each_host_only_what_it_lacks() {
+    let Some(net) = rdma_net() else { return };
+    let Some([c, d]) = hops() else { return };
+    let Some([_, dev_b]) = own_guest() else {
+        return;
+    };
+    let wire_of = |var: &str| std::env::var(var).unwrap_or_else(|_| panic!("{var} not set"));
+    let (dev_c, dev_d) = (wire_of("RXFER_NETDEV_SRC_C"), wire_of("RXFER_NETDEV_SRC_D"));
+    let (src, dst_a) = dirs();
+    let file = src.path().join("ckpt.bin");
+    let size = 16 * MIB + 21;
+    make_file(&file, size, 93);
+    let (_running, chain) = start_chain(&net, dst_a.path(), &c, Some(&d));
+    let sending = paced_relay_sender(&net, &chain, &file, &["--resume"]);
+    // The last host holds 4 MiB (the others more): the source goes.
+    wait_for_partial_file(d.dir.path(), 4 * MIB);
+    sending.signal("KILL");
+    let cut = sending.wait(Duration::from_secs(60));
+    assert_ne!(cut.code(), 0, "{}", cut.transcript());
+    let before = [&dev_b, &dev_c, &dev_d].map(|dev| tx_bytes(dev));
+    let sent = relay_sender(&net, &chain, std::slice::from_ref(&file), &["--resume"]);
+    let carried = [&dev_b, &dev_c, &dev_d].map(|dev| tx_bytes(dev));
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    for dir in [dst_a.path(), c.dir.path(), d.dir.path()] {
+        assert_copies(src.path(), dir, &["ckpt.bin"]);
+    }
+    // Each host's record says what it had kept.
+    let resumed: Vec<(String, u64)> = json_lines("sender", &sent.stdout)
+        .into_iter()
+        .filter(|v| v["event"] == "file")
+        .map(|v| {
+            let host = v["host"].as_str().unwrap_or_default().to_string();
+            (host, v["resumed_from"].as_u64().unwrap_or(0))
+        })
+        .collect();
+    assert_eq!(resumed.len(), 3, "{}", sent.transcript());
+    assert!(
+        resumed.iter().all(|(_, kept)| *kept >= 3 * MIB),
+        "{resumed:?}\n{}",
+        sent.transcript()
+    );
+    for (i, wire) in ["B to A", "A to C", "C to D"].iter().enumerate() {
+        let moved = carried[i] - before[i];
+        assert!(
+            moved < size - 3 * MIB,
+            "the wire {wire} carried {moved} bytes of a {size}-byte file of which every host \
+             kept 4 MiB or more:\n{}",
+            sent.transcript()
+        );
+    }
 }
 
 /// The names in `dir` (temporary files included), sorted.
@@ -587,8 +671,8 @@ fn one_command_chain_sends_directly_to_a_target_past_two_lost_ones() {
     let mut args = vec![file.to_str().unwrap()];
     args.extend(targets.iter().map(String::as_str));
     // C and D are killed with a few MiB at A.
-    let sending = paced_by_ssh(&net, &args);
-    wait_for_partial_file(dst_a.path(), 3 * MIB);
+    let mut sending = paced_by_ssh(&net, &args);
+    wait_for_partial_file_from(dst_a.path(), 3 * MIB, &mut sending);
     kill_receiver_of(c.dir.path());
     kill_receiver_of(d.dir.path());
     let sent = sending.wait(Duration::from_secs(300));

@@ -7,21 +7,44 @@ use super::*;
 /// Waits until the receiver's temporary file in `dir` holds `bytes`, so a
 /// fault lands in the middle of the data phase.
 pub fn wait_for_partial_file(dir: &Path, bytes: u64) {
-    let largest_temp_file = || {
-        std::fs::read_dir(dir)
-            .expect("read dir")
-            .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().starts_with(".rdma-xfer-"))
-            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
-            .max()
-            .unwrap_or(0)
-    };
     wait_until(
         &format!("a temporary file of {bytes} bytes"),
-        largest_temp_file,
+        || largest_temp_file(dir),
         |&len| len >= bytes,
         Duration::from_secs(120),
     );
+}
+
+/// `wait_for_partial_file` while `sending` runs: if it ends first, or the
+/// wait times out, the failure shows what it said.
+pub fn wait_for_partial_file_from(dir: &Path, bytes: u64, sending: &mut Running) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let len = largest_temp_file(dir);
+        if len >= bytes {
+            return;
+        }
+        let ended = !sending.is_running();
+        assert!(
+            !ended && Instant::now() < deadline,
+            "a temporary file of {bytes} bytes never came in {} (last {len}); the sender {}:\n{}",
+            dir.display(),
+            if ended { "ended" } else { "still runs" },
+            sending.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The size of the largest temporary file in `dir` (0 if none).
+pub fn largest_temp_file(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".rdma-xfer-"))
+        .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Cuts or restores the guest's veth wire (scripts/guest/wire.sh).

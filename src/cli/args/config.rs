@@ -559,7 +559,6 @@ impl SenderArgs {
             problems.add("--port with --relay: give each host as HOST:PORT");
         }
         for (given, name) in [
-            (self.resume || self.retry > 0, "--resume and --retry"),
             (self.checksum, "--checksum"),
             (self.dry_run, "--dry-run"),
             (self.overwrite, "--overwrite"),
@@ -594,11 +593,7 @@ impl SenderArgs {
                 crate::proto::MAX_RELAY_HOPS
             ));
         }
-        for (given, name) in [
-            (self.resume || self.retry > 0, "--resume and --retry"),
-            (self.checksum, "--checksum"),
-            (self.dry_run, "--dry-run"),
-        ] {
+        for (given, name) in [(self.checksum, "--checksum"), (self.dry_run, "--dry-run")] {
             if given {
                 return Chain::DirectFor(format!(
                     "{name}: copying to each target directly (a relay chain does not do it \

@@ -1128,9 +1128,12 @@ fn relay_chains_take_files_a_token_and_each_host_once() {
         "twice",
     );
     usage(
-        relay(&["--relay", "10.0.0.1", "--resume", "f"]),
+        relay(&["--relay", "10.0.0.1", "--checksum", "f"]),
         "cannot be used with --relay",
     );
+    // A chain resumes: each host keeps what it verified.
+    let cfg = relay(&["--relay", "10.0.0.1,10.0.0.2", "--retry", "f"]).unwrap();
+    assert!(cfg.resume && cfg.retries == 5 && cfg.relay.len() == 2);
     usage(
         relay(&["--relay", "10.0.0.1", "-n", "f"]),
         "--dry-run cannot be used",
@@ -1170,7 +1173,11 @@ fn several_targets_form_a_chain_unless_told_or_unable() {
         remote_plan(&["--no-relay", f, "a:/d", "b:/d"]).chain,
         Chain::Direct
     );
-    for extra in ["--resume", "--retry", "--checksum", "--dry-run"] {
+    // A chain resumes at each host.
+    for extra in ["--resume", "--retry"] {
+        assert_eq!(remote_plan(&[extra, f, "a:/d", "b:/d"]).chain, Chain::Relay);
+    }
+    for extra in ["--checksum", "--dry-run"] {
         match remote_plan(&[extra, f, "a:/d", "b:/d"]).chain {
             Chain::DirectFor(why) => assert!(why.contains("--no-relay"), "{why}"),
             other => panic!("{extra}: {other:?}"),

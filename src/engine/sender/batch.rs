@@ -215,14 +215,11 @@ impl Queue {
     }
 
     /// Everything given was answered: says so to the feed and waits for
-    /// its next entry (`Over` when it hangs up, or there is none). The
-    /// feed's owner had each report (`on_file`): a session fed for long
-    /// keeps none of them.
-    pub(super) fn drained(&mut self, tracker: &mut Tracker<'_>) -> Fed {
+    /// its next entry (`Over` when it hangs up, or there is none).
+    pub(super) fn drained(&mut self) -> Fed {
         let Some(feed) = &self.feed else {
             return Fed::Over;
         };
-        tracker.outcome.files.clear();
         if std::mem::take(&mut self.owed) && feed.drained.send(()).is_err() {
             return Fed::Over;
         }

@@ -13,7 +13,7 @@ use super::{
 use crate::engine::control::{Control, Undelivered};
 use crate::engine::entries::Entry;
 use crate::engine::link::{RdmaLink, WriteDelivery, WriteLink};
-use crate::engine::reader::Input;
+use crate::engine::reader::{Input, RelayedInput};
 use crate::error::XferError;
 use crate::proto::{
     FileOffer, NONCE_LEN, OfferKind, Role, SenderAuth, SenderEvent, SenderSession, Waiting, escaped,
@@ -209,7 +209,7 @@ impl Connection {
                         *work = self.start(cfg, next, queue, pipe, tracker)?;
                         continue;
                     }
-                    None if self.session.pending() == 0 => match queue.drained(tracker) {
+                    None if self.session.pending() == 0 => match queue.drained() {
                         Fed::More => {
                             // The receiver's silence while the feed was
                             // idle was ours: its wait starts now.
@@ -354,19 +354,26 @@ impl Connection {
                 let file = File::from(stdin);
                 (offer, Input::Stream { file, whole: None })
             }
-            // The bytes come as the hop receives them: read as a stream,
-            // offered as the file they are.
+            // The bytes come as the hop receives them (after the part it
+            // kept), offered as the file they are; a committed copy is a
+            // file like any.
             Entry::Relayed {
                 offer,
-                input,
+                kept,
+                pipe,
                 whole,
-            } => (
-                offer,
-                Input::Stream {
-                    file: input,
-                    whole: Some(whole),
-                },
-            ),
+            } => match (pipe, kept) {
+                (Some((pipe, from)), kept) => {
+                    let input = RelayedInput::new(kept, (pipe, from), whole);
+                    (offer, Input::Relayed(input))
+                }
+                (None, Some((file, size))) => (offer, Input::File { file, size }),
+                (None, None) => {
+                    return Err(FileError::Fatal(XferError::Internal(
+                        "a relayed entry with nothing to read".into(),
+                    )));
+                }
+            },
             Entry::File {
                 path,
                 name,

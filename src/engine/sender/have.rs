@@ -7,8 +7,8 @@
 use super::have_read::HaveRead;
 use super::pump::{Offered, Pipeline, Stage, Work};
 use super::{Connection, FileError, SenderConfig, proto_err, unexpected};
-use crate::engine::digest::{FileHasher, read_prefix, read_sha256};
-use crate::engine::reader::Input;
+use crate::engine::digest::{FileHasher, PrefixRead, read_prefix, read_prefix_from, read_sha256};
+use crate::engine::reader::{Input, RelayedInput};
 use crate::engine::worker::{Cancel, Lost, WORK_CHECK, Worker};
 use crate::error::XferError;
 use crate::proto::{Digest, Have, HaveKind, SenderEvent, Waiting, escaped};
@@ -83,19 +83,15 @@ impl Connection {
         else {
             return Err(unexpected(&SenderEvent::Have(have)));
         };
-        // Streams are never offered with RESUME or CHECKSUM.
-        let Input::File { file, size } = input else {
-            return self.reply(&mut w.stage, Answer::From(0, None));
-        };
         let name = &w.name;
-        let read = match have.kind {
-            HaveKind::Nothing => {
+        let read = match (have.kind, input) {
+            (HaveKind::Nothing, _) => {
                 if !have.note.is_empty() {
                     warn!(file = %escaped(name), "starting from zero: {}", escaped(&have.note));
                 }
                 return self.reply(&mut w.stage, Answer::From(0, None));
             }
-            HaveKind::Prefix if have.chunk_len > cfg.chunk_size => {
+            (HaveKind::Prefix, _) if have.chunk_len > cfg.chunk_size => {
                 warn!(
                     file = %escaped(name),
                     "starting from zero: the receiver kept {} bytes in chunks of {}, larger than \
@@ -104,7 +100,7 @@ impl Connection {
                 );
                 return self.reply(&mut w.stage, Answer::From(0, None));
             }
-            HaveKind::Prefix => {
+            (HaveKind::Prefix, Input::File { file, .. }) => {
                 let what = format!(
                     "reading {} to check the part the receiver kept",
                     escaped(name)
@@ -123,8 +119,26 @@ impl Connection {
                     }),
                 }
             }
+            // A relay hop's: its kept part, then the bytes as they come.
+            (HaveKind::Prefix, Input::Relayed(input)) => {
+                let what = format!(
+                    "reading {} to check the part the next host kept",
+                    escaped(name)
+                );
+                let Some((input, worker)) = start_relayed(cfg, name, what, input) else {
+                    return self.reply(&mut w.stage, Answer::From(0, None));
+                };
+                let (bytes, chunk_len, alg) = (have.bytes, have.chunk_len, cfg.verify);
+                HaveRead::Prefix {
+                    bytes,
+                    want: have.digest,
+                    worker: worker.run(move |cancel| {
+                        read_relayed_prefix(input, bytes, chunk_len, alg, cancel)
+                    }),
+                }
+            }
             // Read before any data, whatever the receiver then decides.
-            HaveKind::Complete | HaveKind::Digest => {
+            (HaveKind::Complete | HaveKind::Digest, Input::File { file, size }) => {
                 // FROM 0 answers any HAVE: the receiver takes the data.
                 let what = format!("reading {} for the receiver's HAVE", escaped(name));
                 let Some((file, worker)) = start(cfg, name, what, file) else {
@@ -137,6 +151,12 @@ impl Connection {
                         read_sha256(&file, size, chunk_len, || before.tick(cancel))
                     }),
                 )
+            }
+            // A stream's SHA-256 (a relay hop's file as it comes) is not
+            // known before its data; streams are never offered with
+            // RESUME or CHECKSUM.
+            (_, Input::Stream { .. } | Input::Batch(_) | Input::Relayed(_)) => {
+                return self.reply(&mut w.stage, Answer::From(0, None));
             }
         };
         w.have_read = Some(read);
@@ -157,6 +177,14 @@ impl Connection {
                     return Ok(());
                 };
                 let read = finished(name, read)?;
+                // A relay hop's bytes up to there are read, from its pipe.
+                if let Offered::File {
+                    input: Some(Input::Relayed(input)),
+                    ..
+                } = &mut w.offered
+                {
+                    input.read_on(*bytes);
+                }
                 if Digest::Sha256(read.crc_digest) == *want {
                     info!(file = %escaped(name), bytes = *bytes, "continuing after the part the receiver kept");
                     Answer::From(*bytes, Some((*bytes, read.hasher)))
@@ -252,6 +280,61 @@ fn start<T: Send + 'static>(
             None
         }
     }
+}
+
+/// `start` for a relay hop's input: a descriptor of each part.
+fn start_relayed<T: Send + 'static>(
+    cfg: &SenderConfig,
+    name: &str,
+    what: String,
+    input: &RelayedInput,
+) -> Option<(RelayedInput, Worker<T>)> {
+    let started = input
+        .try_clone()
+        .and_then(|input| Ok((input, Worker::start("have-read", what, cfg.timeout)?)));
+    match started {
+        Ok(started) => Some(started),
+        Err(e) => {
+            warn!(
+                file = %escaped(name),
+                "starting from zero: cannot start the read to compare it with what the \
+                 next host holds: {e}"
+            );
+            None
+        }
+    }
+}
+
+/// A relay hop's first `bytes` of a file read as `read_prefix` does: its
+/// kept part, then the bytes from its pipe as they come (the host before
+/// it sends them meanwhile). Each chunk counts as progress; the wait for
+/// the pipe does not.
+fn read_relayed_prefix(
+    mut input: RelayedInput,
+    bytes: u64,
+    chunk_len: u32,
+    alg: crate::proto::DigestAlg,
+    cancel: &Cancel,
+) -> std::io::Result<PrefixRead> {
+    let mut stopped = || cancel.is_stopped();
+    let fill = |data: &mut [u8], offset: u64| {
+        cancel.check()?;
+        match input.fill(data, offset, &mut stopped)? {
+            Some(n) if n == data.len() => Ok(()),
+            Some(n) => Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the host before this one ended the file at byte {}",
+                    offset + n as u64
+                ),
+            )),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "interrupted",
+            )),
+        }
+    };
+    read_prefix_from(bytes, chunk_len, alg, fill, |_, _, _| Ok(()))
 }
 
 /// A read's result: its value, or why the session ends (SIGINT or SIGTERM

@@ -56,7 +56,7 @@ pub(super) fn transfer(
 }
 
 /// `transfer` over the ends of `wire`.
-fn transfer_over(
+pub(super) fn transfer_over(
     cfg: &SenderConfig,
     rcfg: &ReceiverConfig,
     paths: &[PathBuf],

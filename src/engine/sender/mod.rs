@@ -209,18 +209,19 @@ pub fn send_files(
     let mut settled: HashSet<String> = HashSet::new();
     let mut total = SessionOutcome::default();
     let mut retry = 0;
-    // Failures of files cut short by a session's end, by name: reported
-    // only if no later session settles them.
-    let mut cut_short: BTreeMap<String, FileFailure> = BTreeMap::new();
+    // Failures of files cut short by a session's end, by host (over a
+    // relay chain) and name: reported only if no later session settles
+    // them.
+    let mut cut_short: BTreeMap<(Option<String>, String), FileFailure> = BTreeMap::new();
     loop {
         let mut now_settled = Vec::new();
         let (outcome, ended_by) = run_session(cfg, paths, &settled, |event| match event {
             FileEvent::Failed(f) if f.session_ended && retry < cfg.retries => {
-                cut_short.insert(f.name.clone(), f.clone());
+                cut_short.insert((f.host.clone(), f.name.clone()), f.clone());
             }
-            FileEvent::Done(FileReport { name, .. })
-            | FileEvent::Failed(FileFailure { name, .. }) => {
-                cut_short.remove(name);
+            FileEvent::Done(FileReport { name, host, .. })
+            | FileEvent::Failed(FileFailure { name, host, .. }) => {
+                cut_short.remove(&(host.clone(), name.clone()));
                 now_settled.push(name.clone());
                 on_file(event);
             }
@@ -460,6 +461,9 @@ fn drive(
             digest_alg: cfg.verify,
             refused_dirs: Vec::new(),
             chain: relayed::Chain::new(cfg.relay.clone()),
+            // A fed session's owner has each report (`on_file`): a session
+            // fed for long keeps none of them.
+            keeps_reports: feed.is_none(),
         };
         let queue = batch::Queue::new(plan.entries, feed);
         let result = conn.run(cfg, queue, &mut pipe, &mut tracker);

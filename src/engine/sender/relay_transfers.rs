@@ -143,16 +143,149 @@ fn a_next_host_that_cannot_be_reached_fails_and_the_first_host_keeps_its_copy() 
     assert!(outcome.first_error.is_some());
 }
 
-/// A relay hop's session to the next host: entries handed over one at a
-/// time, each answered (`drained`) before the next comes, in one session
-/// that closes when the feed hangs up.
+/// With RESUME, a host with hosts after it keeps what it verified when
+/// its transfer breaks, and continues it on the next run like any
+/// receiver (and passes its kept part on first: here the next host
+/// cannot be reached, so only this host's copy is checked).
 #[test]
-fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
+fn a_host_with_hosts_after_it_resumes_its_own_copy() {
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..4096 * 6).map(|b| (b % 249) as u8).collect();
+    let path = src.path().join("f");
+    std::fs::write(&path, &data).unwrap();
+    let (mut cfg, rcfg) = with_token(dest.path(), &["h1", "127.0.0.1:9"]);
+    cfg.resume = true;
+    cfg.walk.times = true;
+    let mut broken = crate::engine::memory_wire::pair();
+    broken.0.side.break_at_write = Some(3);
+    let t =
+        super::memory_transfers::transfer_over(&cfg, &rcfg, std::slice::from_ref(&path), broken);
+    assert!(t.sent.is_err());
+    assert!(!dest.path().join("f").exists());
+    let again = transfer(&cfg, &rcfg, std::slice::from_ref(&path), None);
+    let outcome = again.sent.unwrap();
+    again.received.unwrap();
+    assert_eq!(std::fs::read(dest.path().join("f")).unwrap(), data);
+    let first = outcome
+        .files
+        .iter()
+        .find(|f| f.host.as_deref() == Some("h1"));
+    assert_eq!(
+        first.map(|f| f.resumed_from),
+        Some(3 * 4096),
+        "{:?}",
+        outcome.files
+    );
+    // The next host could not be reached: its own failure.
+    assert!(
+        again
+            .sender_hosts
+            .iter()
+            .zip(&again.sender_saw)
+            .any(|(h, r)| h.as_deref() == Some("127.0.0.1:9")
+                && matches!(r, Reported::Failed { .. })),
+        "{:?}",
+        again.sender_saw
+    );
+    // Once more: the first host has it (HAVE of nothing, then the data
+    // taken only to pass it on), unchanged.
+    let third = transfer(&cfg, &rcfg, std::slice::from_ref(&path), None);
+    third.sent.unwrap();
+    third.received.unwrap();
+    let at_first = third
+        .sender_hosts
+        .iter()
+        .position(|h| h.as_deref() == Some("h1"));
+    assert!(
+        matches!(
+            at_first.map(|i| &third.sender_saw[i]),
+            Some(Reported::Done {
+                outcome: Outcome::Unchanged,
+                ..
+            })
+        ),
+        "{:?}",
+        third.sender_saw
+    );
+    assert_eq!(std::fs::read(dest.path().join("f")).unwrap(), data);
+}
+
+/// What a fed session reported of each entry (name, where its data
+/// started), and how it ended.
+type Fed = (
+    Result<super::SessionOutcome, XferError>,
+    Vec<(String, u64, Outcome)>,
+);
+
+/// A relay hop's session to the next host over the memory wire: each
+/// entry handed over once the one before was answered (`drained`),
+/// `after_each` then told its name; the feed hangs up after the last.
+fn feed(
+    cfg: &super::SenderConfig,
+    rcfg: &crate::engine::receiver::ReceiverConfig,
+    entries: Vec<crate::engine::entries::Entry>,
+    after_each: impl Fn(&str) + Send,
+) -> Fed {
     use super::{Connection, Feed, Offers, drive};
     use crate::engine::{entries, memory_wire};
     use crate::sys::rdma::BufferPool;
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
+
+    let (feed_tx, fed) = mpsc::channel();
+    let (drained_tx, drained) = mpsc::channel();
+    let offers = Offers {
+        plan: entries::Plan {
+            entries: Vec::new(),
+            problems: Vec::new(),
+            skipped: 0,
+        },
+        feed: Some(Feed {
+            entries: fed,
+            drained: drained_tx,
+        }),
+    };
+    let (sender_end, receiver_end) = memory_wire::pair();
+    let mut done = Vec::new();
+    let (sent, received) = std::thread::scope(|s| {
+        let receiving =
+            s.spawn(|| crate::engine::receiver::serve_over(rcfg, receiver_end, &|_| {}));
+        let feeding = s.spawn(move || {
+            for entry in entries {
+                let name = entry.name().to_string();
+                feed_tx.send(entry).unwrap();
+                // Not answered: the session ended (it says why).
+                if drained.recv_timeout(Duration::from_secs(20)).is_err() {
+                    return;
+                }
+                after_each(&name);
+            }
+            // Nothing more: the session closes.
+        });
+        let (pool, tokens) =
+            BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).unwrap();
+        let session = super::connection::session_for(cfg, None);
+        let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
+        let on_file = |e: crate::engine::FileEvent<'_>| {
+            if let crate::engine::FileEvent::Done(r) = e {
+                done.push((r.name.clone(), r.resumed_from, r.outcome));
+            }
+        };
+        let sent = drive(cfg, offers, conn, &pool, tokens, on_file, Instant::now())
+            .map_err(|ended| ended.0.0);
+        feeding.join().expect("the feeder panicked");
+        (sent, receiving.join().expect("the receiver panicked"))
+    });
+    received.unwrap();
+    (sent, done)
+}
+
+/// A relay hop's session to the next host: entries handed over one at a
+/// time, each answered (`drained`) before the next comes, in one session
+/// that closes when the feed hangs up.
+#[test]
+fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
+    use crate::engine::entries;
 
     let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let files = tree(src.path());
@@ -164,56 +297,96 @@ fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
         .filter(|e| matches!(e, entries::Entry::Dir { .. }))
         .count() as u64;
     let at = dest.path();
-    let (feed_tx, entries) = mpsc::channel();
-    let (drained_tx, drained) = mpsc::channel();
-    let offers = Offers {
-        plan: entries::Plan {
-            entries: Vec::new(),
-            problems: Vec::new(),
-            skipped: 0,
-        },
-        feed: Some(Feed {
-            entries,
-            drained: drained_tx,
-        }),
-    };
-    let (sender_end, receiver_end) = memory_wire::pair();
-    let mut done = 0;
-    let (sent, received) = std::thread::scope(|s| {
-        let receiving =
-            s.spawn(|| crate::engine::receiver::serve_over(&rcfg, receiver_end, &|_| {}));
-        let feeding = s.spawn(move || {
-            for entry in plan.entries {
-                let name = entry.name().to_string();
-                feed_tx.send(entry).unwrap();
-                drained
-                    .recv_timeout(Duration::from_secs(20))
-                    .unwrap_or_else(|e| panic!("{name} not answered: {e}"));
-                // Answered means committed there.
-                assert!(at.join(&name).exists(), "{name}");
-            }
-            // Nothing more: the session closes.
-        });
-        let (pool, tokens) =
-            BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).unwrap();
-        let session = super::connection::session_for(&cfg, None);
-        let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
-        let on_file = |e: crate::engine::FileEvent<'_>| {
-            if matches!(e, crate::engine::FileEvent::Done(_)) {
-                done += 1;
-            }
-        };
-        let sent = drive(&cfg, offers, conn, &pool, tokens, on_file, Instant::now())
-            .map_err(|ended| ended.0.0);
-        feeding.join().expect("the feeder panicked");
-        (sent, receiving.join().expect("the receiver panicked"))
+    // Answered means committed there.
+    let (sent, done) = feed(&cfg, &rcfg, plan.entries, |name| {
+        assert!(at.join(name).exists(), "{name}")
     });
     let outcome = sent.unwrap();
-    received.unwrap();
     assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
     assert_arrived(dest.path(), &files);
     // Each file reported once; a session fed for long keeps no reports.
-    assert_eq!(done, files.len());
+    assert_eq!(done.len(), files.len());
     assert!(outcome.files.is_empty());
     assert_eq!(outcome.directories, dirs);
+}
+
+/// A relayed file with RESUME: the next host kept `held` chunks (a
+/// transfer broken there), the hop kept `kept` chunks of its own (its
+/// copy) and passes the rest on through its pipe as it receives them.
+/// The next host's kept part is checked against the hop's bytes (its
+/// copy, then the pipe) and only the rest is sent.
+fn relayed_resume(kept: u64, held: u64) {
+    use crate::engine::entries::{self, Entry};
+    use crate::proto::{FileOffer, OfferKind};
+    use std::io::Write;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const CHUNK: u64 = 4096;
+    let (src, dest) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..CHUNK * 8).map(|b| (b * 7 % 251) as u8).collect();
+    let path = src.path().join("f");
+    std::fs::write(&path, &data).unwrap();
+    let (mut cfg, rcfg) = configs(dest.path());
+    cfg.resume = true;
+    cfg.walk.times = true;
+    // The next host keeps `held` chunks of an earlier transfer.
+    let mut broken = crate::engine::memory_wire::pair();
+    broken.0.side.break_at_write = Some(held);
+    let t =
+        super::memory_transfers::transfer_over(&cfg, &rcfg, std::slice::from_ref(&path), broken);
+    assert!(t.sent.is_err());
+    let plan = entries::plan(std::slice::from_ref(&path), &cfg.walk).unwrap();
+    let Some(Entry::File { mtime, .. }) = plan.entries.into_iter().next() else {
+        panic!("no file planned")
+    };
+    let offer = FileOffer {
+        name: "f".into(),
+        size: data.len() as u64,
+        mode: 0o644,
+        digest: cfg.verify,
+        kind: OfferKind::File,
+        mtime,
+        keep_mode: false,
+        resume: true,
+        checksum: false,
+        existing: Default::default(),
+    };
+    // The hop's copy of the kept part, and the pipe with the rest.
+    let copy = src.path().join("hop-copy");
+    std::fs::write(&copy, &data[..(kept * CHUNK) as usize]).unwrap();
+    let (pipe_out, mut pipe_in) = std::io::pipe().unwrap();
+    let whole = Arc::new(AtomicBool::new(false));
+    let entry = Entry::Relayed {
+        offer,
+        kept: Some((std::fs::File::open(&copy).unwrap(), kept * CHUNK)),
+        pipe: Some((
+            std::fs::File::from(std::os::fd::OwnedFd::from(pipe_out)),
+            kept * CHUNK,
+        )),
+        whole: whole.clone(),
+    };
+    let rest = data[(kept * CHUNK) as usize..].to_vec();
+    let (sent, done) = std::thread::scope(|s| {
+        s.spawn(move || {
+            pipe_in.write_all(&rest).unwrap();
+            whole.store(true, Ordering::SeqCst);
+        });
+        feed(&cfg, &rcfg, vec![entry], |_| {})
+    });
+    let outcome = sent.unwrap();
+    assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
+    assert_eq!(done, [("f".to_string(), held * CHUNK, Outcome::Stored)]);
+    assert_eq!(std::fs::read(dest.path().join("f")).unwrap(), data);
+}
+
+#[test]
+fn a_relayed_file_resumes_the_next_host_from_the_hops_kept_part() {
+    relayed_resume(5, 3);
+}
+
+#[test]
+fn a_relayed_file_resumes_the_next_host_past_the_hops_kept_part_from_its_pipe() {
+    relayed_resume(1, 3);
+    relayed_resume(0, 3);
 }

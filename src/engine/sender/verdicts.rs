@@ -74,9 +74,20 @@ pub(super) struct Tracker<'f> {
     /// and the RESULTs for the entry whose verdict comes next
     /// (`relayed.rs`); no chain: reports as the receiver's verdicts say.
     pub(super) chain: super::relayed::Chain,
+    /// Whether the session's outcome keeps each file's report (not when
+    /// its entries are fed: `on_file` has them).
+    pub(super) keeps_reports: bool,
 }
 
 impl Tracker<'_> {
+    /// Keeps a file's report in the session's outcome (see
+    /// `keeps_reports`).
+    fn keep(&mut self, report: FileReport) {
+        if self.keeps_reports {
+            self.outcome.files.push(report);
+        }
+    }
+
     /// An entry failed and the session goes on (`started`: when its HELLO
     /// went out); the first such failure is the session's exit status.
     pub(super) fn fail(&mut self, name: &str, bytes: u64, started: Option<Instant>, e: XferError) {
@@ -160,7 +171,7 @@ impl Tracker<'_> {
                                 continue;
                             }
                             (self.on_file)(FileEvent::Done(&report));
-                            self.outcome.files.push(report);
+                            self.keep(report);
                         }
                         Err(refusal) => {
                             let err = refusal.clone().error();
@@ -219,12 +230,17 @@ impl Tracker<'_> {
                 Ok(outcome) => {
                     let mut theirs = report.clone();
                     theirs.outcome = outcome;
+                    // What it kept from an earlier transfer: the rest came.
+                    theirs.resumed_from = match outcome.sent_nothing() {
+                        true => 0,
+                        false => report.bytes.saturating_sub(result.bytes),
+                    };
                     if outcome.sent_nothing() {
                         theirs.digest = None;
                     }
                     theirs.host = Some(result.host);
                     (self.on_file)(FileEvent::Done(&theirs));
-                    self.outcome.files.push(theirs);
+                    self.keep(theirs);
                 }
                 Err(e) => self.host_failed(&result.host, &report.name, report.bytes, started, e),
             }
@@ -280,7 +296,7 @@ impl Tracker<'_> {
                         host: Some(result.host),
                     };
                     (self.on_file)(FileEvent::Done(&report));
-                    self.outcome.files.push(report);
+                    self.keep(report);
                 }
             }
         }

@@ -13,7 +13,7 @@ use crate::engine::receiver::storage::partial::{Claim, Holding, copy_digest};
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::engine::worker::{Cancel, Worker};
 use crate::error::XferError;
-use crate::proto::{Found, Hello, Mtime, Reject, escaped};
+use crate::proto::{AckStatus, Found, Hello, HopVerdict, Mtime, Reject, escaped};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
@@ -316,12 +316,16 @@ impl Session<'_, '_> {
         interrupted()?;
         let (mut holding, claim) = match held {
             Ok(h) => h,
-            Err(refusal) => return self.refuse(&hello, hello_at, refusal),
+            Err(refusal) => return self.refuse_or_forward_resumable(hello, hello_at, refusal),
         };
-        if matches!(holding.found, Found::Complete(_))
-            && let Some(why) = self.machine.why_not_compare(&hello.name, hello.size)
-        {
-            holding = Holding::nothing(why);
+        if matches!(holding.found, Found::Complete(_)) {
+            if let Some(why) = self.machine.why_not_compare(&hello.name, hello.size) {
+                holding = Holding::nothing(why);
+            } else if self.next_hops().is_some() {
+                // With hosts after it, a host takes the data to pass it on
+                // (what is here then decides as for any offer).
+                holding = Holding::nothing(String::new());
+            }
         }
         // Nothing kept here: --link-dest may still have it.
         if matches!(holding.found, Found::Nothing(_))
@@ -343,6 +347,7 @@ impl Session<'_, '_> {
             kept: holding.kept,
             announced: None,
             claim,
+            own: None,
         };
         let found = holding.found.map_copy(CompareOf::Copy);
         self.machine.have_found(found, waiting)?;
@@ -387,6 +392,8 @@ impl Session<'_, '_> {
         }
         if !link {
             info!(file = %name, "unchanged: the receiver's copy is the same");
+            // The last host of a chain (the others take the data).
+            self.tell_results(HopVerdict::Ack(AckStatus::Unchanged), 0, "")?;
         }
         self.machine.same()?;
         // The verdict goes out before the report, which is made either way.

@@ -168,6 +168,9 @@ pub(super) struct AwaitingFrom {
     /// The session's claim on the partial file (none: a plain temporary
     /// file is written).
     claim: Option<Claim>,
+    /// In a relay chain: an offer this host does not keep, passed on
+    /// after the FROM (its HAVE said nothing).
+    own: Option<relay::OwnVerdict>,
 }
 
 /// What a COMPARE is about, carried by the machine from the HAVE that

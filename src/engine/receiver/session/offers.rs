@@ -14,6 +14,7 @@ use crate::engine::receiver::storage::partial::{Claim, KeptPrefix};
 use crate::engine::receiver::storage::sink::Sink;
 use crate::engine::receiver::storage::temp_file::Resume;
 use crate::engine::receiver::storage::write_behind::WriteBehind;
+use crate::engine::relay::Kept;
 use crate::engine::report::{FileEvent, FileReport, Phases};
 use crate::error::XferError;
 use crate::proto::{
@@ -40,7 +41,7 @@ impl Session<'_, '_> {
             }
             let made = self.store.make_dir(&hello);
             // Over a relay chain the hosts after this one make it too.
-            if let Some(forward) = self.forward(&hello) {
+            if let Some(forward) = self.forward(&hello, Kept::Nothing) {
                 self.forwarded(forward, true);
             }
             return match made {
@@ -71,7 +72,10 @@ impl Session<'_, '_> {
                             verdict: HopVerdict::Ack(status),
                             reason: String::new(),
                         };
-                        return self.forward_only(&hello, hello_at, own);
+                        return self.forward_only_resumable(hello, hello_at, own);
+                    }
+                    (_, true) if hello.caps & hello_flags::RESUME != 0 => {
+                        return self.offer_holding(hello, hello_at);
                     }
                     (_, true) => {
                         return self.prepare_and_accept(&hello, hello_at, Resume::No, None, None);
@@ -92,6 +96,7 @@ impl Session<'_, '_> {
                         kept: None,
                         announced: None,
                         claim: None,
+                        own: None,
                     };
                     self.machine
                         .have_found(Found::Complete(CompareOf::Copy(copy)), waiting)?;
@@ -161,6 +166,7 @@ impl Session<'_, '_> {
             kept: None,
             announced: None,
             claim,
+            own: None,
         };
         self.machine.ask_digest(CompareOf::Asked(why), waiting)?;
         Ok(())
@@ -263,8 +269,11 @@ impl Session<'_, '_> {
             kept,
             claim,
             announced,
-            ..
+            own,
         } = waiting;
+        if let Some(own) = own {
+            return self.forward_only(&hello, hello_at, own);
+        }
         match (kept, claim) {
             (Some(kept), Some(claim)) if offset > 0 => {
                 let KeptPrefix { sidecar, hasher } = kept;
@@ -328,7 +337,18 @@ impl Session<'_, '_> {
                 file.data_started = Instant::now();
                 file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
                 file.progress.advance(file.resumed_from);
-                file.forward = self.forward(hello);
+                // The part kept here goes on first (the sender checked it).
+                let kept = match file.resumed_from {
+                    0 => Kept::Nothing,
+                    prefix => match file.sink.kept_part() {
+                        Ok(copy) => Kept::Part(copy, prefix),
+                        Err(e) => {
+                            warn!(file = %escaped(&hello.name), "cannot read the kept part back to pass it on: {e}");
+                            Kept::Unreadable(prefix)
+                        }
+                    },
+                };
+                file.forward = self.forward(hello, kept);
                 let temp_file = file.sink.is_temp_file();
                 self.machine.accept(ring, file).map_err(XferError::from)?;
                 // Writer threads (`--threads`) write temporary files: they

@@ -5,12 +5,12 @@
 //! keep itself (a refusal, a file it has unchanged): the hosts after it
 //! still get it.
 
-use super::{IncomingFile, Session};
+use super::{AwaitingFrom, IncomingFile, Session};
 use crate::engine::receiver::said_upstream;
 use crate::engine::receiver::storage::sink::Sink;
-use crate::engine::relay::{Downstream, Forward, Forwarded, HopKeys, NextHops};
+use crate::engine::relay::{Downstream, Forward, Forwarded, HopKeys, Kept, NextHops};
 use crate::error::XferError;
-use crate::proto::{AckStatus, Hello, HopResult, HopVerdict, Reject, escaped};
+use crate::proto::{AckStatus, Found, Hello, HopResult, HopVerdict, Reject, escaped, hello_flags};
 use std::time::Instant;
 use tracing::{info, warn};
 
@@ -114,12 +114,16 @@ impl Session<'_, '_> {
     }
 
     /// Starts forwarding the current offer to the next hosts (none: not
-    /// in a chain, or the last host). Past a next host lost earlier in
-    /// the session, to the hosts after it (the route choosing the device).
-    pub(super) fn forward(&mut self, hello: &Hello) -> Option<Forward> {
+    /// in a chain, or the last host), its bytes after `kept` (the file's
+    /// first bytes this host kept from an earlier transfer, in its copy).
+    /// Past a next host lost earlier in the session, to the hosts after
+    /// it (the route choosing the device).
+    pub(super) fn forward(&mut self, hello: &Hello, kept: Kept) -> Option<Forward> {
         let next = self.next_hops()?;
         let Some(why) = self.relay.as_ref().and_then(|r| r.lost.clone()) else {
-            return self.downstream_for(&next, hello).map(|d| d.offer(hello));
+            return self
+                .downstream_for(&next, hello)
+                .map(|d| d.offer(hello, kept));
         };
         let gone = HopResult::new(
             next.hosts[0].clone(),
@@ -132,7 +136,8 @@ impl Session<'_, '_> {
         );
         self.take_relayed(vec![gone]);
         let past = past_the_next(next)?;
-        self.downstream_for(&past, hello).map(|d| d.offer(hello))
+        self.downstream_for(&past, hello)
+            .map(|d| d.offer(hello, kept))
     }
 
     /// The session to `next`'s hosts for offers like `hello`: the one
@@ -277,7 +282,7 @@ impl Session<'_, '_> {
         hello_at: Instant,
         own: OwnVerdict,
     ) -> Result<(), XferError> {
-        let forward = self.forward(hello);
+        let forward = self.forward(hello, Kept::Nothing);
         let ring = match self.ring_for_offer() {
             Ok(ring) => ring,
             Err(refusal) => {
@@ -320,6 +325,31 @@ impl Session<'_, '_> {
         Ok(())
     }
 
+    /// `forward_only` for an offer that may have RESUME: such an offer
+    /// gets its HAVE first (of nothing: nothing of it is kept here), and
+    /// is passed on after the sender's FROM.
+    pub(super) fn forward_only_resumable(
+        &mut self,
+        hello: Hello,
+        hello_at: Instant,
+        own: OwnVerdict,
+    ) -> Result<(), XferError> {
+        if hello.caps & hello_flags::RESUME == 0 {
+            return self.forward_only(&hello, hello_at, own);
+        }
+        let waiting = AwaitingFrom {
+            hello,
+            hello_at,
+            kept: None,
+            announced: None,
+            claim: None,
+            own: Some(own),
+        };
+        self.machine
+            .have_found(Found::Nothing(String::new()), waiting)?;
+        Ok(())
+    }
+
     /// An offer refused here: over a chain with hosts after this one it
     /// is forwarded all the same (this host's result says the refusal),
     /// else refused.
@@ -332,6 +362,27 @@ impl Session<'_, '_> {
         if self.next_hops().is_none() || hello.is_directory() {
             return self.refuse(hello, hello_at, refusal);
         }
+        let own = self.refused_here(hello, hello_at, refusal);
+        self.forward_only(hello, hello_at, own)
+    }
+
+    /// `refuse_or_forward` for an offer with RESUME before its HAVE.
+    pub(super) fn refuse_or_forward_resumable(
+        &mut self,
+        hello: Hello,
+        hello_at: Instant,
+        refusal: Reject,
+    ) -> Result<(), XferError> {
+        if self.next_hops().is_none() || hello.is_directory() {
+            return self.refuse(&hello, hello_at, refusal);
+        }
+        let own = self.refused_here(&hello, hello_at, refusal);
+        self.forward_only_resumable(hello, hello_at, own)
+    }
+
+    /// A refusal of this host's own, reported here, for an offer passed
+    /// on all the same: its RESULT says it.
+    fn refused_here(&mut self, hello: &Hello, hello_at: Instant, refusal: Reject) -> OwnVerdict {
         let err = XferError::Rejected {
             code: Some(refusal.code),
             reason: refusal.reason.clone(),
@@ -345,11 +396,10 @@ impl Session<'_, '_> {
             false,
         );
         self.first_error.get_or_insert(err);
-        let own = OwnVerdict {
+        OwnVerdict {
             verdict: HopVerdict::Reject(refusal.code),
             reason: refusal.reason,
-        };
-        self.forward_only(hello, hello_at, own)
+        }
     }
 
     /// The verdict of a file at its FIN over a chain: this host's own
@@ -385,7 +435,9 @@ impl Session<'_, '_> {
                 {
                     self.bypass(&hello);
                 }
-                self.tell_results(HopVerdict::Ack(status), file.written, &reason)?;
+                // What came this time (a resumed file's kept part did not).
+                let received = file.written.saturating_sub(file.resumed_from);
+                self.tell_results(HopVerdict::Ack(status), received, &reason)?;
                 Ok((status, reason))
             }
         }

@@ -63,6 +63,15 @@ impl Sink {
         matches!(self, Sink::Temp(_))
     }
 
+    /// A descriptor to read back what is written (a relay hop passes its
+    /// kept part on from it): a continued partial file's.
+    pub(in crate::engine::receiver) fn kept_part(&self) -> std::io::Result<std::fs::File> {
+        match self {
+            Sink::Temp(t) => t.file.try_clone(),
+            _ => Err(std::io::Error::other("nothing of it is kept here")),
+        }
+    }
+
     /// The file for writer threads (`--threads`): only a temporary file
     /// takes them.
     pub(in crate::engine::receiver) fn temp_file(&mut self) -> Option<&mut TempFile> {
