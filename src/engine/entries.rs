@@ -96,6 +96,8 @@ pub enum Entry {
         kept: Option<(File, u64)>,
         pipe: Option<(File, u64)>,
         whole: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        /// Set once the pipe is read (the hop waits for it).
+        flowing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     },
 }
 

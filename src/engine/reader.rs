@@ -49,6 +49,9 @@ pub struct RelayedInput {
     /// As for a stream: the pipe's end is the file's only once set (the
     /// hop's own checks passed).
     pub whole: std::sync::Arc<AtomicBool>,
+    /// Set when the pipe is first read: the hop holds its sender until
+    /// then (the pipe is small).
+    pub flowing: std::sync::Arc<AtomicBool>,
 }
 
 impl RelayedInput {
@@ -59,12 +62,14 @@ impl RelayedInput {
         kept: Option<(File, u64)>,
         (pipe, pipe_at): (File, u64),
         whole: std::sync::Arc<AtomicBool>,
+        flowing: std::sync::Arc<AtomicBool>,
     ) -> Self {
         Self {
             kept,
             pipe,
             pipe_at,
             whole,
+            flowing,
         }
     }
 
@@ -81,7 +86,8 @@ impl RelayedInput {
         (self.pipe_at != pipe_from).then(|| {
             format!(
                 "this host cannot send it from byte {offset}: it holds its first {} bytes and \
-                 those from byte {} on (what the next host kept differs from them); run again",
+                 those from byte {} on (what the next host kept differs from them; it starts \
+                 afresh on the next run)",
                 self.kept_len(),
                 self.pipe_at
             )
@@ -114,6 +120,9 @@ impl RelayedInput {
                 self.pipe_at
             )));
         }
+        if filled < buf.len() {
+            self.flowing.store(true, Ordering::SeqCst);
+        }
         let Some(piped) = fill_from_pipe(&self.pipe, &mut buf[filled..], stopped)? else {
             return Ok(None);
         };
@@ -133,6 +142,7 @@ impl RelayedInput {
             pipe: self.pipe.try_clone()?,
             pipe_at: self.pipe_at,
             whole: self.whole.clone(),
+            flowing: self.flowing.clone(),
         })
     }
 

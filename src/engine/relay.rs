@@ -165,9 +165,6 @@ pub enum Kept {
     Nothing,
     /// The file's first bytes, in this host's copy (read back from it).
     Part(std::fs::File, u64),
-    /// That many first bytes, which this host cannot read back: the next
-    /// host gets the file only if it kept at least as much.
-    Unreadable(u64),
 }
 
 /// One offer on its way to the next hosts: for a file, the pipe that
@@ -181,6 +178,9 @@ pub struct Forward {
     /// (`end_input(true)`): until then the pipe's end is the file
     /// abandoned, never its end.
     whole: Option<Arc<AtomicBool>>,
+    /// Set once the next host's session reads the pipe (see
+    /// `is_flowing`).
+    flowing: Option<Arc<AtomicBool>>,
     /// How long a pipe write may wait for the next host.
     stall: Duration,
     /// Why the bytes stopped going on (the next host's session ended or
@@ -359,13 +359,15 @@ impl Downstream {
                 let (kept, from) = match kept {
                     Kept::Nothing => (None, 0),
                     Kept::Part(file, len) => (Some((file, len)), len),
-                    Kept::Unreadable(len) => (None, len),
                 };
+                let flowing = Arc::new(AtomicBool::new(false));
+                forward.flowing = Some(flowing.clone());
                 self.hand_over(Entry::Relayed {
                     offer,
                     kept,
                     pipe: Some((input, from)),
                     whole,
+                    flowing,
                 });
             }
             Err(e) => {
@@ -388,6 +390,7 @@ impl Downstream {
             kept: Some((copy, size)),
             pipe: None,
             whole: Arc::new(AtomicBool::new(true)),
+            flowing: Arc::new(AtomicBool::new(true)),
         });
         self.forward_of(hello)
     }
@@ -399,6 +402,7 @@ impl Downstream {
             hello: hello.clone(),
             pipe: None,
             whole: None,
+            flowing: None,
             stall: self.stall,
             stopped: None,
         }
@@ -517,6 +521,17 @@ impl Forward {
         &self.hello
     }
 
+    /// Whether the next host's session takes the bytes from the pipe (a
+    /// resumed file's: once past its kept part's check), or there is no
+    /// pipe to wait for.
+    pub fn is_flowing(&self) -> bool {
+        self.pipe.is_none()
+            || self
+                .flowing
+                .as_ref()
+                .is_none_or(|f| f.load(Ordering::SeqCst))
+    }
+
     /// Passes checked bytes on. A next host that is gone (its session
     /// ended) stops the forwarding, not this host's transfer.
     /// A next host that takes nothing for `stall` is dropped too: this
@@ -613,8 +628,11 @@ fn result_of(event: FileEvent<'_>, hosts: &[String]) -> Option<HopResult> {
             Some(HopResult::new(
                 host,
                 HopVerdict::Ack(verdict),
-                // What it received this time (not what it kept before).
-                r.bytes.saturating_sub(r.resumed_from),
+                // What it wrote this time (not what it kept before).
+                match r.outcome.sent_nothing() {
+                    true => 0,
+                    false => r.bytes.saturating_sub(r.resumed_from),
+                },
                 note,
             ))
         }

@@ -369,6 +369,7 @@ fn a_chain_run_again_with_resume_sends_each_host_only_what_it_lacks() {
         })
         .collect();
     assert_eq!(resumed.len(), 3, "{}", sent.transcript());
+    eprintln!("resumed chain: kept at each host {resumed:?}");
     assert!(
         resumed.iter().all(|(_, kept)| *kept >= 3 * MIB),
         "{resumed:?}\n{}",
@@ -376,6 +377,9 @@ fn a_chain_run_again_with_resume_sends_each_host_only_what_it_lacks() {
     );
     for (i, wire) in ["B to A", "A to C", "C to D"].iter().enumerate() {
         let moved = carried[i] - before[i];
+        // For the record (--nocapture): what each wire carried, what each
+        // host had kept.
+        eprintln!("resumed chain: the wire {wire} carried {moved} of {size} bytes");
         assert!(
             moved < size - 3 * MIB,
             "the wire {wire} carried {moved} bytes of a {size}-byte file of which every host \
@@ -648,6 +652,53 @@ fn one_command_chain_goes_on_from_the_next_target_when_the_first_is_lost() {
     for dir in [c.dir.path(), d.dir.path()] {
         crate::ssh::assert_remote_gone(dir);
     }
+}
+
+/// The one-command chain stopped mid-file (Ctrl-C at the source) and run
+/// again with --resume: every host continues what it kept, passing its
+/// kept part on as the rest arrives (per-host tokens), and says so in
+/// its record.
+#[test]
+fn one_command_chain_run_again_with_resume_continues_at_every_host() {
+    let Some(net) = crate::ssh::ssh_net() else {
+        return;
+    };
+    let Some([c, d]) = hops() else { return };
+    let (src, dst_a) = dirs();
+    let file = src.path().join("ckpt.bin");
+    make_file(&file, 16 * MIB + 23, 94);
+    let targets = [
+        crate::ssh::target(&net.addr_a, dst_a.path()),
+        crate::ssh::target(&c.addr, c.dir.path()),
+        crate::ssh::target(&d.addr, d.dir.path()),
+    ];
+    let mut args = vec!["--resume", file.to_str().unwrap()];
+    args.extend(targets.iter().map(String::as_str));
+    let mut sending = paced_by_ssh(&net, &args);
+    wait_for_partial_file_from(d.dir.path(), 4 * MIB, &mut sending);
+    sending.signal("INT");
+    let cut = sending.wait(Duration::from_secs(60));
+    assert_ne!(cut.code(), 0, "{}", cut.transcript());
+    let sent = chain_by_ssh(&net, &["--resume"], &[&file], &targets);
+    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    for dir in [dst_a.path(), c.dir.path(), d.dir.path()] {
+        assert_copies(src.path(), dir, &["ckpt.bin"]);
+    }
+    let resumed: Vec<(String, u64)> = json_lines("sender", &sent.stdout)
+        .into_iter()
+        .filter(|v| v["event"] == "file")
+        .map(|v| {
+            let host = v["host"].as_str().unwrap_or_default().to_string();
+            (host, v["resumed_from"].as_u64().unwrap_or(0))
+        })
+        .collect();
+    eprintln!("resumed one-command chain: kept at each host {resumed:?}");
+    assert_eq!(resumed.len(), 3, "{}", sent.transcript());
+    assert!(
+        resumed.iter().all(|(_, kept)| *kept >= 3 * MIB),
+        "{resumed:?}\n{}",
+        sent.transcript()
+    );
 }
 
 #[test]

@@ -362,9 +362,10 @@ impl Connection {
                 kept,
                 pipe,
                 whole,
+                flowing,
             } => match (pipe, kept) {
                 (Some((pipe, from)), kept) => {
-                    let input = RelayedInput::new(kept, (pipe, from), whole);
+                    let input = RelayedInput::new(kept, (pipe, from), whole, flowing);
                     (offer, Input::Relayed(input))
                 }
                 (None, Some((file, size))) => (offer, Input::File { file, size }),

@@ -119,6 +119,15 @@ impl Connection {
                     }),
                 }
             }
+            (HaveKind::Prefix, Input::Relayed(_)) if have.chunk_len < MIN_CHECKED_CHUNK => {
+                warn!(
+                    file = %escaped(name),
+                    "starting from zero: the next host kept {} bytes in chunks of {} bytes, \
+                     too small to check",
+                    have.bytes, have.chunk_len
+                );
+                return self.reply(&mut w.stage, Answer::From(0, None));
+            }
             // A relay hop's: its kept part, then the bytes as they come.
             (HaveKind::Prefix, Input::Relayed(input)) => {
                 let what = format!(
@@ -305,6 +314,14 @@ fn start_relayed<T: Send + 'static>(
     }
 }
 
+/// The most of a relay hop's pipe its HAVE check waits for at once.
+const CHECK_PIECE: usize = 64 << 10;
+
+/// The smallest chunk length of a next host's kept part a relay hop
+/// checks (smaller ones cost it a read per few bytes): below it the file
+/// goes whole.
+const MIN_CHECKED_CHUNK: u32 = 4096;
+
 /// A relay hop's first `bytes` of a file read as `read_prefix` does: its
 /// kept part, then the bytes from its pipe as they come (the host before
 /// it sends them meanwhile). Each chunk counts as progress; the wait for
@@ -317,22 +334,32 @@ fn read_relayed_prefix(
     cancel: &Cancel,
 ) -> std::io::Result<PrefixRead> {
     let mut stopped = || cancel.is_stopped();
+    // In pieces, each counted as progress: the stall limit is on the
+    // bytes coming, however large the chunks.
     let fill = |data: &mut [u8], offset: u64| {
-        cancel.check()?;
-        match input.fill(data, offset, &mut stopped)? {
-            Some(n) if n == data.len() => Ok(()),
-            Some(n) => Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "the host before this one ended the file at byte {}",
-                    offset + n as u64
-                ),
-            )),
-            None => Err(std::io::Error::new(
-                std::io::ErrorKind::Interrupted,
-                "interrupted",
-            )),
+        let mut at = offset;
+        for piece in data.chunks_mut(CHECK_PIECE) {
+            cancel.check()?;
+            match input.fill(piece, at, &mut stopped)? {
+                Some(n) if n == piece.len() => at += n as u64,
+                Some(n) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "the host before this one ended the file at byte {}",
+                            at + n as u64
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::Interrupted,
+                        "interrupted",
+                    ));
+                }
+            }
         }
+        Ok(())
     };
     read_prefix_from(bytes, chunk_len, alg, fill, |_, _, _| Ok(()))
 }

@@ -226,10 +226,25 @@ pub fn send_files(
                 on_file(event);
             }
         });
-        settled.extend(now_settled);
+        // Over a chain a file some host failed by the session's end is
+        // offered again (the hosts that have it say so), not settled.
+        settled.extend(
+            now_settled
+                .into_iter()
+                .filter(|name| !cut_short.keys().any(|(_, n)| n == name)),
+        );
         total.absorb(outcome);
         total.elapsed = started.elapsed();
         let Some(err) = ended_by else {
+            // Failures the last session's end left: said, and the status.
+            for f in cut_short.values() {
+                on_file(FileEvent::Failed(f));
+                total.first_error.get_or_insert_with(|| XferError::Remote {
+                    host: f.host.clone().unwrap_or_default(),
+                    code: f.exit_code,
+                    message: format!("{}: {}", crate::proto::escaped(&f.name), f.reason),
+                });
+            }
             return Ok(total);
         };
         // Whether to try again depends on what ended the session; what is

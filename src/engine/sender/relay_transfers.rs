@@ -211,10 +211,11 @@ fn a_host_with_hosts_after_it_resumes_its_own_copy() {
 }
 
 /// What a fed session reported of each entry (name, where its data
-/// started), and how it ended.
+/// started), and how it and the receiver's session ended.
 type Fed = (
     Result<super::SessionOutcome, XferError>,
     Vec<(String, u64, Outcome)>,
+    Result<(), XferError>,
 );
 
 /// A relay hop's session to the next host over the memory wire: each
@@ -276,8 +277,7 @@ fn feed(
         feeding.join().expect("the feeder panicked");
         (sent, receiving.join().expect("the receiver panicked"))
     });
-    received.unwrap();
-    (sent, done)
+    (sent, done, received)
 }
 
 /// A relay hop's session to the next host: entries handed over one at a
@@ -298,9 +298,10 @@ fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
         .count() as u64;
     let at = dest.path();
     // Answered means committed there.
-    let (sent, done) = feed(&cfg, &rcfg, plan.entries, |name| {
+    let (sent, done, received) = feed(&cfg, &rcfg, plan.entries, |name| {
         assert!(at.join(name).exists(), "{name}")
     });
+    received.unwrap();
     let outcome = sent.unwrap();
     assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
     assert_arrived(dest.path(), &files);
@@ -316,6 +317,24 @@ fn a_fed_session_answers_each_entry_before_the_next_and_closes_on_hang_up() {
 /// The next host's kept part is checked against the hop's bytes (its
 /// copy, then the pipe) and only the rest is sent.
 fn relayed_resume(kept: u64, held: u64) {
+    let (data, done, outcome) = relayed_resume_of(kept, held, false);
+    let outcome = outcome.unwrap();
+    assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
+    assert_eq!(done, [("f".to_string(), held * 4096, Outcome::Stored)]);
+    assert_eq!(data.1, data.0);
+}
+
+/// What `relayed_resume_of` gives: the source's bytes and the next
+/// host's copy, the fed session's reports and its end.
+type Resumed = (
+    (Vec<u8>, Vec<u8>),
+    Vec<(String, u64, Outcome)>,
+    Result<super::SessionOutcome, XferError>,
+);
+
+/// `relayed_resume`'s transfer. With `changed`, the source changed after
+/// the next host kept its part (same size and time).
+fn relayed_resume_of(kept: u64, held: u64, changed: bool) -> Resumed {
     use crate::engine::entries::{self, Entry};
     use crate::proto::{FileOffer, OfferKind};
     use std::io::Write;
@@ -336,6 +355,15 @@ fn relayed_resume(kept: u64, held: u64) {
     let t =
         super::memory_transfers::transfer_over(&cfg, &rcfg, std::slice::from_ref(&path), broken);
     assert!(t.sent.is_err());
+    let mut data = data;
+    if changed {
+        // Another source of the same size and time.
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        data.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+        std::fs::write(&path, &data).unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+    }
     let plan = entries::plan(std::slice::from_ref(&path), &cfg.walk).unwrap();
     let Some(Entry::File { mtime, .. }) = plan.entries.into_iter().next() else {
         panic!("no file planned")
@@ -359,25 +387,51 @@ fn relayed_resume(kept: u64, held: u64) {
     let whole = Arc::new(AtomicBool::new(false));
     let entry = Entry::Relayed {
         offer,
-        kept: Some((std::fs::File::open(&copy).unwrap(), kept * CHUNK)),
+        kept: (kept > 0).then(|| (std::fs::File::open(&copy).unwrap(), kept * CHUNK)),
         pipe: Some((
             std::fs::File::from(std::os::fd::OwnedFd::from(pipe_out)),
             kept * CHUNK,
         )),
         whole: whole.clone(),
+        flowing: Arc::new(AtomicBool::new(false)),
     };
     let rest = data[(kept * CHUNK) as usize..].to_vec();
-    let (sent, done) = std::thread::scope(|s| {
+    let (sent, done, _) = std::thread::scope(|s| {
+        // The rest as it arrives: in pieces, the check waiting for them.
         s.spawn(move || {
-            pipe_in.write_all(&rest).unwrap();
+            for piece in rest.chunks(1500) {
+                if pipe_in.write_all(piece).is_err() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
             whole.store(true, Ordering::SeqCst);
         });
         feed(&cfg, &rcfg, vec![entry], |_| {})
     });
-    let outcome = sent.unwrap();
-    assert!(outcome.first_error.is_none(), "{:?}", outcome.first_error);
-    assert_eq!(done, [("f".to_string(), held * CHUNK, Outcome::Stored)]);
-    assert_eq!(std::fs::read(dest.path().join("f")).unwrap(), data);
+    let arrived = std::fs::read(dest.path().join("f")).unwrap_or_default();
+    ((data, arrived), done, sent)
+}
+
+/// The next host's kept part differs from the source (changed with the
+/// same size and time): checked from the hop's kept part, the file goes
+/// whole; checked from the pipe (whose bytes went by), it fails there,
+/// nothing of it committed, and the next run starts afresh.
+#[test]
+fn a_next_hosts_kept_part_that_differs_is_never_continued() {
+    let (data, done, outcome) = relayed_resume_of(5, 3, true);
+    assert!(outcome.unwrap().first_error.is_none());
+    assert_eq!(done, [("f".to_string(), 0, Outcome::Stored)]);
+    assert_eq!(data.1, data.0);
+    let (data, done, outcome) = relayed_resume_of(1, 3, true);
+    assert!(done.is_empty(), "{done:?}");
+    assert!(data.1.is_empty(), "committed");
+    let failed = match outcome {
+        Ok(o) => o.first_error,
+        Err(e) => Some(e),
+    };
+    let why = failed.map(|e| e.to_string()).unwrap_or_default();
+    assert!(why.contains("starts afresh"), "{why}");
 }
 
 #[test]

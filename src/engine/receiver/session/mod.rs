@@ -73,6 +73,9 @@ pub(super) struct IncomingFile {
     /// In a relay chain: an offer this host takes only to pass it on,
     /// and its own verdict on it.
     own: Option<relay::OwnVerdict>,
+    /// In a relay chain: a resumed file passed on from this host's copy
+    /// once committed, not as it arrives (see `Session::forward_resumed`).
+    pass_on: Option<crate::proto::Hello>,
 }
 
 impl IncomingFile {
@@ -111,6 +114,7 @@ impl IncomingFile {
             writer: None,
             forward: None,
             own: None,
+            pass_on: None,
         }
     }
 }

@@ -337,18 +337,7 @@ impl Session<'_, '_> {
                 file.data_started = Instant::now();
                 file.progress = self.cfg.progress.file_started(&hello.name, hello.size);
                 file.progress.advance(file.resumed_from);
-                // The part kept here goes on first (the sender checked it).
-                let kept = match file.resumed_from {
-                    0 => Kept::Nothing,
-                    prefix => match file.sink.kept_part() {
-                        Ok(copy) => Kept::Part(copy, prefix),
-                        Err(e) => {
-                            warn!(file = %escaped(&hello.name), "cannot read the kept part back to pass it on: {e}");
-                            Kept::Unreadable(prefix)
-                        }
-                    },
-                };
-                file.forward = self.forward(hello, kept);
+                self.forward_resumed(hello, &mut file);
                 let temp_file = file.sink.is_temp_file();
                 self.machine.accept(ring, file).map_err(XferError::from)?;
                 // Writer threads (`--threads`) write temporary files: they
@@ -452,6 +441,7 @@ impl Session<'_, '_> {
             writer: None,
             forward: None,
             own: None,
+            pass_on: None,
         })
     }
 

@@ -12,7 +12,7 @@ use crate::engine::relay::{Downstream, Forward, Forwarded, HopKeys, Kept, NextHo
 use crate::error::XferError;
 use crate::proto::{AckStatus, Found, Hello, HopResult, HopVerdict, Reject, escaped, hello_flags};
 use std::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// How often a host waiting for the hosts after it looks whether they
 /// are done (and sends its KEEPALIVE when one is due).
@@ -116,14 +116,20 @@ impl Session<'_, '_> {
     /// Starts forwarding the current offer to the next hosts (none: not
     /// in a chain, or the last host), its bytes after `kept` (the file's
     /// first bytes this host kept from an earlier transfer, in its copy).
-    /// Past a next host lost earlier in the session, to the hosts after
-    /// it (the route choosing the device).
     pub(super) fn forward(&mut self, hello: &Hello, kept: Kept) -> Option<Forward> {
+        let hosts = self.route()?;
+        self.downstream_for(&hosts, hello)
+            .map(|d| d.offer(hello, kept))
+    }
+
+    /// The hosts the current offer goes to: the next ones, or past a next
+    /// host lost earlier in the session the hosts after it (the route
+    /// choosing the device; that host's result says it was lost). None:
+    /// not in a chain, or no host left to reach.
+    fn route(&mut self) -> Option<NextHops> {
         let next = self.next_hops()?;
         let Some(why) = self.relay.as_ref().and_then(|r| r.lost.clone()) else {
-            return self
-                .downstream_for(&next, hello)
-                .map(|d| d.offer(hello, kept));
+            return Some(next);
         };
         let gone = HopResult::new(
             next.hosts[0].clone(),
@@ -135,9 +141,77 @@ impl Session<'_, '_> {
             ),
         );
         self.take_relayed(vec![gone]);
-        let past = past_the_next(next)?;
-        self.downstream_for(&past, hello)
-            .map(|d| d.offer(hello, kept))
+        past_the_next(next)
+    }
+
+    /// Forwards the accepted `file` (offered as `hello`). A file this host
+    /// continues (RESUME) goes on as it arrives, after its kept part, only
+    /// where that part may go before the sender has shown it holds the
+    /// same bytes (its whole-file digest, at FIN): with the per-host
+    /// tokens of a one-command chain, whose next hosts only the sender
+    /// chose. With a shared token anyone who has it could name the next
+    /// hosts and answer FROM without the bytes, and so read another
+    /// sender's kept part: there (and when the part cannot be read back)
+    /// the file goes on from this host's copy once committed. A file that
+    /// goes on as it arrives waits here, the sender told this host is
+    /// alive, until the next host takes the bytes (past its own kept
+    /// part's check) or answered: the pipe holds 1 MiB only.
+    pub(super) fn forward_resumed(&mut self, hello: &Hello, file: &mut IncomingFile) {
+        if self.next_hops().is_none() {
+            return;
+        }
+        let prefix = file.resumed_from;
+        let kept = match prefix {
+            0 => Kept::Nothing,
+            _ if self.cfg.relay_keys.is_none() => {
+                debug!(file = %escaped(&hello.name), "passed on once committed (a shared token)");
+                file.pass_on = Some(hello.clone());
+                return;
+            }
+            _ => match file.sink.kept_part() {
+                Ok(copy) => Kept::Part(copy, prefix),
+                Err(e) => {
+                    warn!(
+                        file = %escaped(&hello.name),
+                        "passed on once committed: cannot read the kept part back: {e}"
+                    );
+                    file.pass_on = Some(hello.clone());
+                    return;
+                }
+            },
+        };
+        file.forward = self.forward(hello, kept);
+        if hello.caps & hello_flags::RESUME != 0
+            && let Some(forward) = &file.forward
+        {
+            self.await_flowing(forward);
+        }
+    }
+
+    /// Waits until the next host takes `forward`'s bytes from the pipe, or
+    /// answered the offer (the session to it ended, say), sending
+    /// KEEPALIVE upstream meanwhile: the next host may read its own kept
+    /// part, or this host check it, for longer than a pipe write may wait.
+    fn await_flowing(&mut self, forward: &Forward) {
+        let mut keepalives = None;
+        loop {
+            if forward.is_flowing() {
+                return;
+            }
+            let Some(downstream) = self.relay.as_mut().and_then(|r| r.downstream.as_mut()) else {
+                return;
+            };
+            if downstream.is_answered() {
+                return;
+            }
+            let keepalives = *keepalives
+                .get_or_insert_with(|| self.machine.work_started(Instant::now()).is_ok());
+            std::thread::sleep(FORWARD_CHECK);
+            if keepalives {
+                let _ = self.machine.handle_timeout(Instant::now());
+                let _ = self.transmit();
+            }
+        }
     }
 
     /// The session to `next`'s hosts for offers like `hello`: the one
@@ -183,27 +257,33 @@ impl Session<'_, '_> {
     /// which it keeps: the hosts after the lost one get it from this
     /// host's copy, now, and their results replace "not reached".
     pub(super) fn bypass(&mut self, hello: &Hello) {
-        let Some(past) = self.next_hops().and_then(past_the_next) else {
-            return;
-        };
+        if let Some(past) = self.next_hops().and_then(past_the_next) {
+            self.pass_copy_on(hello, &past);
+        }
+    }
+
+    /// `hosts` get `hello`'s file from this host's committed copy (with
+    /// RESUME, only what each lacks), now; their results replace any
+    /// said of them before.
+    fn pass_copy_on(&mut self, hello: &Hello, hosts: &NextHops) {
         let (_, Some(copy)) = self.store.existing(hello) else {
             warn!(file = %escaped(&hello.name), "cannot read this host's copy to pass it on");
             return;
         };
         info!(
             file = %escaped(&hello.name),
-            hosts = past.hosts.len(),
-            "passing this host's copy on past the lost host"
+            hosts = hosts.hosts.len(),
+            "passing this host's copy on"
         );
         let Some(again) = self
-            .downstream_for(&past, hello)
+            .downstream_for(hosts, hello)
             .map(|d| d.offer_copy(hello, copy))
         else {
             return;
         };
         let again = self.await_forward(again, true);
         if let Some(relay) = self.relay.as_mut() {
-            relay.relayed.retain(|r| !past.hosts.contains(&r.host));
+            relay.relayed.retain(|r| !hosts.hosts.contains(&r.host));
             relay.relayed.extend(again.results);
         }
     }
@@ -429,11 +509,24 @@ impl Session<'_, '_> {
                 Ok((status, reason))
             }
             None => {
+                let committed = status == AckStatus::Ok && file.sink.is_temp_file();
                 // A file kept here goes on past a next host lost mid-file.
-                if let Some(hello) =
-                    lost.filter(|_| status == AckStatus::Ok && file.sink.is_temp_file())
-                {
+                if let Some(hello) = lost.filter(|_| committed) {
                     self.bypass(&hello);
+                }
+                // A resumed file that goes on only once committed.
+                if let Some(hello) = file.pass_on.take() {
+                    match (committed, self.route()) {
+                        (true, Some(hosts)) => self.pass_copy_on(&hello, &hosts),
+                        (false, Some(hosts)) => {
+                            let why = format!("not passed on: {reason}");
+                            let failed = hosts.hosts.iter().map(|h| {
+                                HopResult::new(h.clone(), HopVerdict::Ack(status), 0, why.clone())
+                            });
+                            self.take_relayed(failed.collect());
+                        }
+                        (_, None) => {}
+                    }
                 }
                 // What came this time (a resumed file's kept part did not).
                 let received = file.written.saturating_sub(file.resumed_from);
