@@ -104,6 +104,18 @@ fn relay_sender(net: &Net, chain: &[String], files: &[PathBuf], extra: &[&str]) 
     Running::spawn("sender", cmd).wait(Duration::from_secs(300))
 }
 
+/// The sender's `--json` file records: (host, what it had kept).
+fn resumed_by_host(run: &Finished) -> Vec<(String, u64)> {
+    json_lines("sender", &run.stdout)
+        .into_iter()
+        .filter(|v| v["event"] == "file")
+        .map(|v| {
+            let host = v["host"].as_str().unwrap_or_default().to_string();
+            (host, v["resumed_from"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
+
 /// The sender's `--json` file records: (host, name, status).
 fn records(run: &Finished) -> Vec<(String, String, String)> {
     json_lines("sender", &run.stdout)
@@ -345,7 +357,7 @@ fn a_chain_run_again_with_resume_sends_each_host_only_what_it_lacks() {
     let file = src.path().join("ckpt.bin");
     let size = 16 * MIB + 21;
     make_file(&file, size, 93);
-    let (_running, chain) = start_chain(&net, dst_a.path(), &c, Some(&d));
+    let (running, chain) = start_chain(&net, dst_a.path(), &c, Some(&d));
     let sending = paced_relay_sender(&net, &chain, &file, &["--resume"]);
     // The last host holds 4 MiB (the others more): the source goes.
     wait_for_partial_file(d.dir.path(), 4 * MIB);
@@ -360,16 +372,15 @@ fn a_chain_run_again_with_resume_sends_each_host_only_what_it_lacks() {
         assert_copies(src.path(), dir, &["ckpt.bin"]);
     }
     // Each host's record says what it had kept.
-    let resumed: Vec<(String, u64)> = json_lines("sender", &sent.stdout)
-        .into_iter()
-        .filter(|v| v["event"] == "file")
-        .map(|v| {
-            let host = v["host"].as_str().unwrap_or_default().to_string();
-            (host, v["resumed_from"].as_u64().unwrap_or(0))
-        })
-        .collect();
+    let resumed = resumed_by_host(&sent);
     assert_eq!(resumed.len(), 3, "{}", sent.transcript());
     eprintln!("resumed chain: kept at each host {resumed:?}");
+    // With the shared token, A passed the file on once committed.
+    let a_log = running[0].stderr_so_far();
+    assert!(
+        a_log.contains("passing this host's copy on"),
+        "A passed on a resumed file before its commit:\n{a_log}"
+    );
     assert!(
         resumed.iter().all(|(_, kept)| *kept >= 3 * MIB),
         "{resumed:?}\n{}",
@@ -684,14 +695,7 @@ fn one_command_chain_run_again_with_resume_continues_at_every_host() {
     for dir in [dst_a.path(), c.dir.path(), d.dir.path()] {
         assert_copies(src.path(), dir, &["ckpt.bin"]);
     }
-    let resumed: Vec<(String, u64)> = json_lines("sender", &sent.stdout)
-        .into_iter()
-        .filter(|v| v["event"] == "file")
-        .map(|v| {
-            let host = v["host"].as_str().unwrap_or_default().to_string();
-            (host, v["resumed_from"].as_u64().unwrap_or(0))
-        })
-        .collect();
+    let resumed = resumed_by_host(&sent);
     eprintln!("resumed one-command chain: kept at each host {resumed:?}");
     assert_eq!(resumed.len(), 3, "{}", sent.transcript());
     assert!(

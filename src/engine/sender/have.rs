@@ -275,20 +275,7 @@ fn start<T: Send + 'static>(
     what: String,
     file: &std::fs::File,
 ) -> Option<(std::fs::File, Worker<T>)> {
-    let started = file
-        .try_clone()
-        .and_then(|file| Ok((file, Worker::start("have-read", what, cfg.timeout)?)));
-    match started {
-        Ok(started) => Some(started),
-        Err(e) => {
-            warn!(
-                file = %escaped(name),
-                "starting from zero: cannot start the read to compare it with what the \
-                 receiver holds: {e}"
-            );
-            None
-        }
-    }
+    start_with(cfg, name, what, "receiver", || file.try_clone())
 }
 
 /// `start` for a relay hop's input: a descriptor of each part.
@@ -298,16 +285,27 @@ fn start_relayed<T: Send + 'static>(
     what: String,
     input: &RelayedInput,
 ) -> Option<(RelayedInput, Worker<T>)> {
-    let started = input
-        .try_clone()
-        .and_then(|input| Ok((input, Worker::start("have-read", what, cfg.timeout)?)));
+    start_with(cfg, name, what, "next host", || input.try_clone())
+}
+
+/// What `start` and `start_relayed` share: `input`'s own descriptors and
+/// the thread, or None, said (`peer`: who holds the other copy).
+fn start_with<I, T: Send + 'static>(
+    cfg: &SenderConfig,
+    name: &str,
+    what: String,
+    peer: &str,
+    input: impl FnOnce() -> std::io::Result<I>,
+) -> Option<(I, Worker<T>)> {
+    let started =
+        input().and_then(|input| Ok((input, Worker::start("have-read", what, cfg.timeout)?)));
     match started {
         Ok(started) => Some(started),
         Err(e) => {
             warn!(
                 file = %escaped(name),
                 "starting from zero: cannot start the read to compare it with what the \
-                 next host holds: {e}"
+                 {peer} holds: {e}"
             );
             None
         }
@@ -324,8 +322,8 @@ const MIN_CHECKED_CHUNK: u32 = 4096;
 
 /// A relay hop's first `bytes` of a file read as `read_prefix` does: its
 /// kept part, then the bytes from its pipe as they come (the host before
-/// it sends them meanwhile). Each chunk counts as progress; the wait for
-/// the pipe does not.
+/// it sends them meanwhile). Each piece of `CHECK_PIECE` bytes counts as
+/// progress; the wait for the pipe does not.
 fn read_relayed_prefix(
     mut input: RelayedInput,
     bytes: u64,

@@ -215,7 +215,7 @@ pub fn send_files(
     let mut cut_short: BTreeMap<(Option<String>, String), FileFailure> = BTreeMap::new();
     loop {
         let mut now_settled = Vec::new();
-        let (outcome, ended_by) = run_session(cfg, paths, &settled, |event| match event {
+        let (mut outcome, ended_by) = run_session(cfg, paths, &settled, |event| match event {
             FileEvent::Failed(f) if f.session_ended && retry < cfg.retries => {
                 cut_short.insert((f.host.clone(), f.name.clone()), f.clone());
             }
@@ -226,25 +226,31 @@ pub fn send_files(
                 on_file(event);
             }
         });
-        // Over a chain a file some host failed by the session's end is
-        // offered again (the hosts that have it say so), not settled.
-        settled.extend(
-            now_settled
-                .into_iter()
-                .filter(|name| !cut_short.keys().any(|(_, n)| n == name)),
-        );
+        // Over a chain, a file some hosts have while another lost it by
+        // the session's end is settled (not offered again): that host's
+        // failure is said now, and counts.
+        let orphaned: Vec<_> = cut_short
+            .keys()
+            .filter(|(_, name)| now_settled.contains(name))
+            .cloned()
+            .collect();
+        for key in orphaned {
+            if let Some(mut f) = cut_short.remove(&key) {
+                f.session_ended = false;
+                on_file(FileEvent::Failed(&f));
+                outcome
+                    .first_error
+                    .get_or_insert_with(|| XferError::Remote {
+                        host: f.host.clone().unwrap_or_default(),
+                        code: f.exit_code,
+                        message: format!("{}: {}", crate::proto::escaped(&f.name), f.reason),
+                    });
+            }
+        }
+        settled.extend(now_settled);
         total.absorb(outcome);
         total.elapsed = started.elapsed();
         let Some(err) = ended_by else {
-            // Failures the last session's end left: said, and the status.
-            for f in cut_short.values() {
-                on_file(FileEvent::Failed(f));
-                total.first_error.get_or_insert_with(|| XferError::Remote {
-                    host: f.host.clone().unwrap_or_default(),
-                    code: f.exit_code,
-                    message: format!("{}: {}", crate::proto::escaped(&f.name), f.reason),
-                });
-            }
             return Ok(total);
         };
         // Whether to try again depends on what ended the session; what is

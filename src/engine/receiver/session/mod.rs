@@ -177,6 +177,20 @@ pub(super) struct AwaitingFrom {
     own: Option<relay::OwnVerdict>,
 }
 
+impl AwaitingFrom {
+    /// An offer with nothing kept, announced or claimed yet.
+    fn of(hello: Hello, hello_at: Instant) -> Self {
+        AwaitingFrom {
+            hello,
+            hello_at,
+            kept: None,
+            announced: None,
+            claim: None,
+            own: None,
+        }
+    }
+}
+
 /// What a COMPARE is about, carried by the machine from the HAVE that
 /// asked for the sender's SHA-256.
 pub(super) enum CompareOf {

@@ -90,14 +90,7 @@ impl Session<'_, '_> {
                 (Standing::Stays(status), _) => return self.stays(&hello, hello_at, status),
                 (Standing::Compare, Some(copy)) => {
                     info!(file = %hello.name, "a file of its size is here: its SHA-256 decides");
-                    let waiting = AwaitingFrom {
-                        hello,
-                        hello_at,
-                        kept: None,
-                        announced: None,
-                        claim: None,
-                        own: None,
-                    };
+                    let waiting = AwaitingFrom::of(hello, hello_at);
                     self.machine
                         .have_found(Found::Complete(CompareOf::Copy(copy)), waiting)?;
                     return Ok(());
@@ -161,12 +154,8 @@ impl Session<'_, '_> {
             }
         }
         let waiting = AwaitingFrom {
-            hello,
-            hello_at,
-            kept: None,
-            announced: None,
             claim,
-            own: None,
+            ..AwaitingFrom::of(hello, hello_at)
         };
         self.machine.ask_digest(CompareOf::Asked(why), waiting)?;
         Ok(())

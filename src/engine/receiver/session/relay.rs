@@ -192,10 +192,13 @@ impl Session<'_, '_> {
     /// answered the offer (the session to it ended, say), sending
     /// KEEPALIVE upstream meanwhile: the next host may read its own kept
     /// part, or this host check it, for longer than a pipe write may wait.
+    /// At most this receiver's --timeout: then the pipe's own stall limit
+    /// decides.
     fn await_flowing(&mut self, forward: &Forward) {
         let mut keepalives = None;
+        let until = Instant::now() + self.cfg.timeout;
         loop {
-            if forward.is_flowing() {
+            if forward.is_flowing() || Instant::now() >= until {
                 return;
             }
             let Some(downstream) = self.relay.as_mut().and_then(|r| r.downstream.as_mut()) else {
@@ -204,13 +207,22 @@ impl Session<'_, '_> {
             if downstream.is_answered() {
                 return;
             }
-            let keepalives = *keepalives
-                .get_or_insert_with(|| self.machine.work_started(Instant::now()).is_ok());
-            std::thread::sleep(FORWARD_CHECK);
-            if keepalives {
-                let _ = self.machine.handle_timeout(Instant::now());
-                let _ = self.transmit();
-            }
+            self.wait_a_little(&mut keepalives);
+        }
+    }
+
+    /// One turn of a wait for the hosts after this one: a short sleep,
+    /// then the KEEPALIVE that is due (the sender waits for this offer;
+    /// `keepalives`: whether the machine sends them, asked once). The
+    /// sender's silence ends nothing here; a KEEPALIVE that cannot go
+    /// says so when the verdict cannot either.
+    fn wait_a_little(&mut self, keepalives: &mut Option<bool>) {
+        let keepalives =
+            *keepalives.get_or_insert_with(|| self.machine.work_started(Instant::now()).is_ok());
+        std::thread::sleep(FORWARD_CHECK);
+        if keepalives {
+            let _ = self.machine.handle_timeout(Instant::now());
+            let _ = self.transmit();
         }
     }
 
@@ -262,30 +274,74 @@ impl Session<'_, '_> {
         }
     }
 
+    /// A resumed file that goes on only once committed (`pass_on`): to
+    /// the hosts the route gives, or, `committed` false, their failure.
+    /// A next host lost on the way is passed by, as for a file that goes
+    /// on as it arrives.
+    fn pass_on_committed(
+        &mut self,
+        hello: &Hello,
+        committed: bool,
+        status: AckStatus,
+        reason: &str,
+    ) {
+        let bypassing = self.relay.as_ref().is_some_and(|r| r.lost.is_some());
+        let Some(hosts) = self.route() else {
+            return;
+        };
+        if !committed {
+            let why = format!("not passed on: {reason}");
+            let failed = hosts
+                .hosts
+                .iter()
+                .map(|h| HopResult::new(h.clone(), HopVerdict::Ack(status), 0, why.clone()));
+            self.take_relayed(failed.collect());
+            return;
+        }
+        let lost = self.pass_copy_on(hello, &hosts);
+        if let (Some(why), false) = (lost, bypassing) {
+            warn!(
+                host = %escaped(&hosts.hosts[0]),
+                "the next host of the chain is lost: {why}; the hosts after it get the files from here"
+            );
+            if let Some(relay) = self.relay.as_mut() {
+                relay.lost = Some(why);
+            }
+            self.bypass(hello);
+        }
+    }
+
     /// `hosts` get `hello`'s file from this host's committed copy (with
     /// RESUME, only what each lacks), now; their results replace any
-    /// said of them before.
-    fn pass_copy_on(&mut self, hello: &Hello, hosts: &NextHops) {
+    /// said of them before. Why the first of them was lost, if it was.
+    fn pass_copy_on(&mut self, hello: &Hello, hosts: &NextHops) -> Option<String> {
         let (_, Some(copy)) = self.store.existing(hello) else {
-            warn!(file = %escaped(&hello.name), "cannot read this host's copy to pass it on");
-            return;
+            let why = "this host cannot read its copy to pass it on";
+            warn!(file = %escaped(&hello.name), "{why}");
+            let failed = hosts
+                .hosts
+                .iter()
+                .map(|h| HopResult::new(h.clone(), HopVerdict::Ack(AckStatus::Io), 0, why));
+            if let Some(relay) = self.relay.as_mut() {
+                relay.relayed.retain(|r| !hosts.hosts.contains(&r.host));
+                relay.relayed.extend(failed);
+            }
+            return None;
         };
         info!(
             file = %escaped(&hello.name),
             hosts = hosts.hosts.len(),
             "passing this host's copy on"
         );
-        let Some(again) = self
+        let again = self
             .downstream_for(hosts, hello)
-            .map(|d| d.offer_copy(hello, copy))
-        else {
-            return;
-        };
+            .map(|d| d.offer_copy(hello, copy))?;
         let again = self.await_forward(again, true);
         if let Some(relay) = self.relay.as_mut() {
             relay.relayed.retain(|r| !hosts.hosts.contains(&r.host));
             relay.relayed.extend(again.results);
         }
+        again.lost
     }
 
     /// Ends `forward`'s input (`whole`: this host's checks passed) and
@@ -313,16 +369,7 @@ impl Session<'_, '_> {
                 }
                 return forwarded;
             }
-            let keepalives = *keepalives
-                .get_or_insert_with(|| self.machine.work_started(Instant::now()).is_ok());
-            std::thread::sleep(FORWARD_CHECK);
-            if keepalives {
-                // The sender waits for this offer's verdict: its
-                // silence ends nothing here; a KEEPALIVE that cannot
-                // go says so when the verdict cannot either.
-                let _ = self.machine.handle_timeout(Instant::now());
-                let _ = self.transmit();
-            }
+            self.wait_a_little(&mut keepalives);
         }
     }
 
@@ -363,6 +410,11 @@ impl Session<'_, '_> {
         own: OwnVerdict,
     ) -> Result<(), XferError> {
         let forward = self.forward(hello, Kept::Nothing);
+        if hello.caps & hello_flags::RESUME != 0
+            && let Some(forward) = &forward
+        {
+            self.await_flowing(forward);
+        }
         let ring = match self.ring_for_offer() {
             Ok(ring) => ring,
             Err(refusal) => {
@@ -418,12 +470,8 @@ impl Session<'_, '_> {
             return self.forward_only(&hello, hello_at, own);
         }
         let waiting = AwaitingFrom {
-            hello,
-            hello_at,
-            kept: None,
-            announced: None,
-            claim: None,
             own: Some(own),
+            ..AwaitingFrom::of(hello, hello_at)
         };
         self.machine
             .have_found(Found::Nothing(String::new()), waiting)?;
@@ -516,17 +564,7 @@ impl Session<'_, '_> {
                 }
                 // A resumed file that goes on only once committed.
                 if let Some(hello) = file.pass_on.take() {
-                    match (committed, self.route()) {
-                        (true, Some(hosts)) => self.pass_copy_on(&hello, &hosts),
-                        (false, Some(hosts)) => {
-                            let why = format!("not passed on: {reason}");
-                            let failed = hosts.hosts.iter().map(|h| {
-                                HopResult::new(h.clone(), HopVerdict::Ack(status), 0, why.clone())
-                            });
-                            self.take_relayed(failed.collect());
-                        }
-                        (_, None) => {}
-                    }
+                    self.pass_on_committed(&hello, committed, status, &reason);
                 }
                 // What came this time (a resumed file's kept part did not).
                 let received = file.written.saturating_sub(file.resumed_from);
