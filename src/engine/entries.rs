@@ -86,15 +86,15 @@ pub enum Entry {
     /// What a relay hop passes on: the offer it took, made again for the
     /// next host, its bytes read from the part of the file the hop kept
     /// from an earlier transfer (`kept`: its first bytes, in the hop's own
-    /// copy), then from `pipe` (the hop's receiver writes them into it as
-    /// it checks them, from the file offset given) until its end. Without
+    /// copy), then from `pipe` (the hop's receiver writes the rest into it
+    /// as it checks them) until its end. Without
     /// a pipe, `kept` is the whole file (the hop's committed copy). The
     /// pipe's end is the file's only once `whole` is set: the hop's own
     /// checks of it passed.
     Relayed {
         offer: crate::proto::FileOffer,
         kept: Option<(File, u64)>,
-        pipe: Option<(File, u64)>,
+        pipe: Option<File>,
         whole: std::sync::Arc<std::sync::atomic::AtomicBool>,
         /// Set once the pipe is read (the hop waits for it).
         flowing: std::sync::Arc<std::sync::atomic::AtomicBool>,

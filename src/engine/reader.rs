@@ -55,15 +55,14 @@ pub struct RelayedInput {
 }
 
 impl RelayedInput {
-    /// `pipe` carries the file from byte `pipe_at` on: `kept`'s end, or
-    /// further if this host could not read its kept part back (the file
-    /// then cannot be sent from before `pipe_at`).
+    /// `pipe` carries the file from `kept`'s end on.
     pub fn new(
         kept: Option<(File, u64)>,
-        (pipe, pipe_at): (File, u64),
+        pipe: File,
         whole: std::sync::Arc<AtomicBool>,
         flowing: std::sync::Arc<AtomicBool>,
     ) -> Self {
+        let pipe_at = kept.as_ref().map_or(0, |(_, len)| *len);
         Self {
             kept,
             pipe,
@@ -80,7 +79,7 @@ impl RelayedInput {
 
     /// Why it cannot be read from `offset` on, if it cannot: the pipe's
     /// bytes from there went by already (read to check what the next host
-    /// kept, which differed), or this host could not read its kept part.
+    /// kept, which differed).
     fn cannot_start_at(&self, offset: u64) -> Option<String> {
         let pipe_from = offset.max(self.kept_len());
         (self.pipe_at != pipe_from).then(|| {
@@ -95,7 +94,8 @@ impl RelayedInput {
     }
 
     /// Fills `buf` with the file's bytes from `offset` on, from the kept
-    /// part, then the pipe (`offset` at most `pipe_at` there): the bytes
+    /// part, then the pipe (`cannot_start_at` said yes to the first
+    /// `offset`; the reads follow on from it): the bytes
     /// filled, fewer than asked only at the pipe's end. Waits for the
     /// pipe's input without blocking in read(), looking at `stopped`
     /// every 200 ms (`Ok(None)` once it says so).
@@ -112,13 +112,6 @@ impl RelayedInput {
             let n = ((*len - offset) as usize).min(buf.len());
             kept.read_exact_at(&mut buf[..n], offset)?;
             filled = n;
-        }
-        if filled < buf.len() && offset + filled as u64 != self.pipe_at {
-            return Err(std::io::Error::other(format!(
-                "bytes {} to {} of it are not here to be passed on",
-                offset + filled as u64,
-                self.pipe_at
-            )));
         }
         if filled < buf.len() {
             self.flowing.store(true, Ordering::SeqCst);

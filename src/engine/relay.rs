@@ -356,16 +356,16 @@ impl Downstream {
                 let whole = Arc::new(AtomicBool::new(false));
                 forward.pipe = Some(writer);
                 forward.whole = Some(whole.clone());
-                let (kept, from) = match kept {
-                    Kept::Nothing => (None, 0),
-                    Kept::Part(file, len) => (Some((file, len)), len),
+                let kept = match kept {
+                    Kept::Nothing => None,
+                    Kept::Part(file, len) => Some((file, len)),
                 };
                 let flowing = Arc::new(AtomicBool::new(false));
                 forward.flowing = Some(flowing.clone());
                 self.hand_over(Entry::Relayed {
                     offer,
                     kept,
-                    pipe: Some((input, from)),
+                    pipe: Some(input),
                     whole,
                     flowing,
                 });

@@ -364,8 +364,8 @@ impl Connection {
                 whole,
                 flowing,
             } => match (pipe, kept) {
-                (Some((pipe, from)), kept) => {
-                    let input = RelayedInput::new(kept, (pipe, from), whole, flowing);
+                (Some(pipe), kept) => {
+                    let input = RelayedInput::new(kept, pipe, whole, flowing);
                     (offer, Input::Relayed(input))
                 }
                 (None, Some((file, size))) => (offer, Input::File { file, size }),

@@ -388,10 +388,7 @@ fn relayed_resume_of(kept: u64, held: u64, changed: bool) -> Resumed {
     let entry = Entry::Relayed {
         offer,
         kept: (kept > 0).then(|| (std::fs::File::open(&copy).unwrap(), kept * CHUNK)),
-        pipe: Some((
-            std::fs::File::from(std::os::fd::OwnedFd::from(pipe_out)),
-            kept * CHUNK,
-        )),
+        pipe: Some(std::fs::File::from(std::os::fd::OwnedFd::from(pipe_out))),
         whole: whole.clone(),
         flowing: Arc::new(AtomicBool::new(false)),
     };

@@ -116,10 +116,17 @@ impl Session<'_, '_> {
     /// Starts forwarding the current offer to the next hosts (none: not
     /// in a chain, or the last host), its bytes after `kept` (the file's
     /// first bytes this host kept from an earlier transfer, in its copy).
+    /// A file offered with RESUME returns once the next host takes its
+    /// bytes (`await_flowing`).
     pub(super) fn forward(&mut self, hello: &Hello, kept: Kept) -> Option<Forward> {
         let hosts = self.route()?;
-        self.downstream_for(&hosts, hello)
-            .map(|d| d.offer(hello, kept))
+        let forward = self
+            .downstream_for(&hosts, hello)
+            .map(|d| d.offer(hello, kept))?;
+        if hello.caps & hello_flags::RESUME != 0 && !hello.is_directory() {
+            self.await_flowing(&forward);
+        }
+        Some(forward)
     }
 
     /// The hosts the current offer goes to: the next ones, or past a next
@@ -181,11 +188,6 @@ impl Session<'_, '_> {
             },
         };
         file.forward = self.forward(hello, kept);
-        if hello.caps & hello_flags::RESUME != 0
-            && let Some(forward) = &file.forward
-        {
-            self.await_flowing(forward);
-        }
     }
 
     /// Waits until the next host takes `forward`'s bytes from the pipe, or
@@ -290,12 +292,7 @@ impl Session<'_, '_> {
             return;
         };
         if !committed {
-            let why = format!("not passed on: {reason}");
-            let failed = hosts
-                .hosts
-                .iter()
-                .map(|h| HopResult::new(h.clone(), HopVerdict::Ack(status), 0, why.clone()));
-            self.take_relayed(failed.collect());
+            self.fail_hosts(&hosts, status, &format!("not passed on: {reason}"));
             return;
         }
         let lost = self.pass_copy_on(hello, &hosts);
@@ -318,14 +315,7 @@ impl Session<'_, '_> {
         let (_, Some(copy)) = self.store.existing(hello) else {
             let why = "this host cannot read its copy to pass it on";
             warn!(file = %escaped(&hello.name), "{why}");
-            let failed = hosts
-                .hosts
-                .iter()
-                .map(|h| HopResult::new(h.clone(), HopVerdict::Ack(AckStatus::Io), 0, why));
-            if let Some(relay) = self.relay.as_mut() {
-                relay.relayed.retain(|r| !hosts.hosts.contains(&r.host));
-                relay.relayed.extend(failed);
-            }
+            self.fail_hosts(hosts, AckStatus::Io, why);
             return None;
         };
         info!(
@@ -337,11 +327,27 @@ impl Session<'_, '_> {
             .downstream_for(hosts, hello)
             .map(|d| d.offer_copy(hello, copy))?;
         let again = self.await_forward(again, true);
+        self.replace_results(hosts, again.results);
+        again.lost
+    }
+
+    /// Every host of `hosts` failed `hello`'s file with `status`, for
+    /// `why`: said in place of anything said of them before.
+    fn fail_hosts(&mut self, hosts: &NextHops, status: AckStatus, why: &str) {
+        let failed = hosts
+            .hosts
+            .iter()
+            .map(|h| HopResult::new(h.clone(), HopVerdict::Ack(status), 0, why))
+            .collect();
+        self.replace_results(hosts, failed);
+    }
+
+    /// `results` of `hosts`, in place of any said of them before.
+    fn replace_results(&mut self, hosts: &NextHops, results: Vec<HopResult>) {
         if let Some(relay) = self.relay.as_mut() {
             relay.relayed.retain(|r| !hosts.hosts.contains(&r.host));
-            relay.relayed.extend(again.results);
+            relay.relayed.extend(results);
         }
-        again.lost
     }
 
     /// Ends `forward`'s input (`whole`: this host's checks passed) and
@@ -410,11 +416,6 @@ impl Session<'_, '_> {
         own: OwnVerdict,
     ) -> Result<(), XferError> {
         let forward = self.forward(hello, Kept::Nothing);
-        if hello.caps & hello_flags::RESUME != 0
-            && let Some(forward) = &forward
-        {
-            self.await_flowing(forward);
-        }
         let ring = match self.ring_for_offer() {
             Ok(ring) => ring,
             Err(refusal) => {
