@@ -108,11 +108,14 @@ bench-tune: build
 	scripts/guest/run.sh -t 3600 'scripts/bench-tune.sh'
 
 # Each side's per-byte CPU cost on this host at native speed, next to
-# memcpy, CRC32, SHA-256, pread and pwrite (benches/per_byte.rs, under a
-# minute): no RDMA and no guest, whose emulation hides these costs. Files
-# go to /dev/shm (RXFER_BENCH_DIR to change). See docs/performance.md.
+# memcpy, CRC32, SHA-256, pread and pwrite, and lanes: one file by 1 and 2
+# threads a side, into tmpfs and into ext4 (buffered, O_DIRECT)
+# (benches/per_byte.rs, about a minute): no RDMA and no guest, whose
+# emulation hides these costs. Files go to /dev/shm (RXFER_BENCH_DIR to
+# change) and an ext4 on a loop device (scripts/bench-native.sh). See
+# docs/performance.md.
 bench-native: deps
-	$(CARGO) bench --locked --bench per_byte
+	CARGO=$(CARGO) scripts/bench-native.sh
 
 # Binaries, man pages (share/man/man1), bash/zsh/fish completions and the
 # receiver's systemd unit (never enabled), all under $(DESTDIR)$(PREFIX);

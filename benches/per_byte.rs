@@ -2,19 +2,30 @@
 //! host at native speed, no RDMA needed. The sender's path is
 //! `per_byte::fill_chunk` (file in page cache -> staging slot, CRC32,
 //! whole-file digest), the receiver's `per_byte::receive_chunk` (ring slot
-//! -> private copy -> CRC32 check -> pwrite into the page cache, digest):
-//! the functions the tools call, with page-aligned heap memory standing in
-//! for the registered slots (registration does not change the CPU cost).
-//! With `tagged=yes` each chunk is authenticated too, as with a token
-//! (`per_byte::tag_chunk` on the sender, the tag check in `receive_chunk`:
-//! keyed BLAKE3 over the chunk). memcpy, the ring copy, CRC32, SHA-256,
-//! the chunk tag, pread and pwrite alone are printed beside them. Figures are GB/s (10^9 bytes/s), the median of several timed
-//! repetitions after a warm-up; the bench fails (exit 1) if a path produced
-//! wrong bytes or checksums, never because of its speed.
+//! -> private copy with its CRC32 in one pass -> CRC32 check -> pwrite into
+//! the page cache, digest): the functions the tools call, with page-aligned
+//! heap memory standing in for the registered slots (registration does not
+//! change the CPU cost). With `tagged=yes` each chunk is authenticated too,
+//! as with a token (`per_byte::tag_chunk` on the sender, the tag check in
+//! `receive_chunk`: keyed BLAKE3 over the chunk). memcpy, the ring copy
+//! (alone, then its CRC32 in a second pass, and both in one), CRC32,
+//! SHA-256, the chunk tag, pread and pwrite alone are printed beside them.
+//! Lanes: one file by 1 and 2 threads a side, each with its own slots,
+//! the receiver's writing at offsets through `ChunkFile` (buffered, and
+//! O_DIRECT on the ext4 that RXFER_BENCH_EXT4_DIR names). Figures are GB/s
+//! (10^9 bytes/s), the median of several timed repetitions after a
+//! warm-up; the bench fails (exit 1) if a path produced wrong bytes or
+//! checksums, never because of its speed. RXFER_BENCH_ONLY=TEXT measures
+//! only the steps whose name contains TEXT.
 
-use rdma_xfer::engine::per_byte::{TagCheck, fill_chunk, receive_chunk, tag_chunk};
+use rdma_xfer::engine::per_byte::{
+    PageAligned, TagCheck, copy_and_crc, fill_chunk, receive_chunk, tag_chunk,
+};
+use rdma_xfer::engine::receiver::storage::chunk_file::{ChunkFile, WriteMode};
 use rdma_xfer::engine::receiver::storage::write_behind::WriteBehind;
-use rdma_xfer::engine::{DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, FileHasher};
+use rdma_xfer::engine::{
+    DEFAULT_CHUNK_SIZE, DEFAULT_DEPTH, DEFAULT_SLOTS, FileHasher, crc32_of_chunks,
+};
 use rdma_xfer::proto::{CHUNK_TAG_LEN, ChunkAuth, ChunkKey, Digest, DigestAlg};
 use rdma_xfer::sys::rdma::ring_copy;
 use sha2::{Digest as _, Sha256};
@@ -55,6 +66,12 @@ enum Step {
     Memcpy,
     /// The same with the receiver's copy out of the ring (atomic loads).
     RingCopy,
+    /// The ring copy of a whole chunk, then its CRC32: two passes over the
+    /// bytes.
+    CopyThenCrc,
+    /// The receiver's copy with the CRC32 in one pass
+    /// (`per_byte::copy_and_crc`, 64 KiB blocks).
+    CopyCrcOnePass,
     Crc32,
     Sha256,
     /// A chunk's tag (keyed BLAKE3), as the sender computes it with a token.
@@ -73,6 +90,15 @@ enum Step {
     /// `engine::receiver::storage::write_behind`): this thread copies and checks,
     /// N threads write. Its CPU time is the whole process's.
     ReceiverThreads(DigestAlg, usize),
+    /// The sender's path (CRC32) on one file by N lanes: lane i reads the
+    /// chunks k with k % N == i into its own slots, on its own thread; the
+    /// whole-file CRC32 combined from the chunks' afterwards.
+    SenderLanes(usize),
+    /// The receiver's path (CRC32) on one file by N lanes, each with its
+    /// own ring slots, private copy and thread, writing its chunks at
+    /// their offsets into the one file (`ChunkFile`, written as the mode
+    /// says: O_DIRECT is asked for, and must be what the file gets).
+    ReceiverLanes(usize, WriteMode),
 }
 
 impl Step {
@@ -84,6 +110,8 @@ impl Step {
         match self {
             Step::Memcpy => "memcpy".into(),
             Step::RingCopy => "ring_copy".into(),
+            Step::CopyThenCrc => "ring_copy_then_crc32 passes=2".into(),
+            Step::CopyCrcOnePass => "ring_copy_crc32 passes=1".into(),
             Step::Crc32 => "crc32fast".into(),
             Step::Sha256 => "sha256".into(),
             Step::Tag => "chunk_tag".into(),
@@ -102,6 +130,13 @@ impl Step {
             }
             Step::ReceiverThreads(alg, n) => {
                 format!("receiver_path digest={} writers={n}", digest(alg))
+            }
+            Step::SenderLanes(n) => format!("sender_path digest=crc32 lanes={n}"),
+            Step::ReceiverLanes(n, mode) => {
+                format!(
+                    "receiver_path digest=crc32 lanes={n} write={}",
+                    mode.as_str()
+                )
             }
         }
     }
@@ -167,39 +202,6 @@ impl Lane {
     }
 }
 
-/// Zeroed memory that starts on a page boundary, as registered memory does
-/// (`sys::rdma` allocates it so): on some CPUs (this host's AMD EPYC among
-/// them) the kernel's copy into memory that is not 64-byte aligned, as a
-/// `Vec`'s often is not, makes pread 2.5 times slower.
-struct PageAligned {
-    raw: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl PageAligned {
-    const PAGE: usize = 4096;
-
-    fn new(len: usize) -> PageAligned {
-        let raw = vec![0u8; len + Self::PAGE];
-        let start = raw.as_ptr().align_offset(Self::PAGE);
-        PageAligned { raw, start, len }
-    }
-}
-
-impl std::ops::Deref for PageAligned {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
-    }
-}
-
-impl std::ops::DerefMut for PageAligned {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
-    }
-}
-
 /// One thread's part of a measurement.
 struct Worker<'a> {
     step: Step,
@@ -223,6 +225,8 @@ struct Worker<'a> {
     /// The writer threads of `ReceiverThreads`, started once (as a
     /// session starts them once for all its files).
     behind: Option<WriteBehind>,
+    /// How the last repetition of `ReceiverLanes` wrote its file.
+    written: Option<WriteMode>,
 }
 
 impl<'a> Worker<'a> {
@@ -242,7 +246,7 @@ impl<'a> Worker<'a> {
             _ => Vec::new(),
         };
         let crcs = match step {
-            Step::SenderPath(..) => {
+            Step::SenderPath(..) | Step::SenderLanes(_) => {
                 let mut crcs = Vec::with_capacity(FILE_BYTES / chunk);
                 let mut buf = vec![0u8; chunk];
                 for at in (0..FILE_BYTES).step_by(chunk) {
@@ -271,6 +275,7 @@ impl<'a> Worker<'a> {
                 }
                 _ => None,
             },
+            written: None,
         })
     }
 
@@ -278,7 +283,10 @@ impl<'a> Worker<'a> {
     fn prepare(&mut self) -> Outcome<()> {
         if matches!(
             self.step,
-            Step::Pwrite | Step::ReceiverPath(..) | Step::ReceiverThreads(..)
+            Step::Pwrite
+                | Step::ReceiverPath(..)
+                | Step::ReceiverThreads(..)
+                | Step::ReceiverLanes(..)
         ) {
             // A new file each time, as a transfer writes: its pages are
             // allocated in the timed part.
@@ -321,6 +329,20 @@ impl<'a> Worker<'a> {
                     black_box(&mut *copy);
                 }
             }
+            Step::CopyThenCrc => {
+                for (_, _, slot) in slot_ranges {
+                    ring_copy(&mut slots[slot], copy).map_err(|e| e.to_string())?;
+                    black_box(crc32fast::hash(copy));
+                }
+            }
+            Step::CopyCrcOnePass => {
+                for (_, _, slot) in slot_ranges {
+                    let ring = &mut slots[slot];
+                    let crc = copy_and_crc(|at, block| ring_copy(&mut ring[at..], block), copy)
+                        .map_err(|e| e.to_string())?;
+                    black_box(crc);
+                }
+            }
             Step::Crc32 => {
                 for (_, _, slot) in slot_ranges {
                     black_box(crc32fast::hash(&slots[slot]));
@@ -358,7 +380,7 @@ impl<'a> Worker<'a> {
                 let mut tag = [0u8; CHUNK_TAG_LEN];
                 for (i, at, slot) in slot_ranges {
                     let data = &mut slots[slot];
-                    let crc = fill_chunk(&lane.input, at, data, &mut hasher)
+                    let crc = fill_chunk(&lane.input, at, data, Some(&mut hasher))
                         .map_err(|e| format!("sender path at {at}: {e}"))?;
                     tag_chunk(auth, at, data, &mut tag);
                     black_box(&tag);
@@ -380,13 +402,14 @@ impl<'a> Worker<'a> {
                         offset: at,
                         tag,
                     });
+                    let ring = &mut slots[slot];
                     let received = receive_chunk(
-                        |chunk| ring_copy(&mut slots[slot], chunk),
+                        |at, block| ring_copy(&mut ring[at..], block),
                         copy,
                         expected_crc,
                         check.as_ref(),
                         |data, _crc| lane.output.write_all_at(data, at),
-                        &mut hasher,
+                        Some(&mut hasher),
                     );
                     received.map_err(|e| format!("receiver path at {at}: {e:?}"))?;
                 }
@@ -406,13 +429,14 @@ impl<'a> Worker<'a> {
                 for (i, at, slot) in slot_ranges {
                     let expected_crc = crcs[i % SLOTS];
                     let mut buf = behind.buffer(&mut retired).map_err(|e| e.to_string())?;
+                    let ring = &mut slots[slot];
                     let received = receive_chunk(
-                        |chunk| ring_copy(&mut slots[slot], chunk),
+                        |at, block| ring_copy(&mut ring[at..], block),
                         &mut buf,
                         expected_crc,
                         None,
                         |_, _| Ok::<(), ()>(()),
-                        &mut hasher,
+                        Some(&mut hasher),
                     );
                     received.map_err(|e| format!("receiver path at {at}: {e:?}"))?;
                     behind
@@ -428,6 +452,54 @@ impl<'a> Worker<'a> {
                 }
                 self.digest = Some(hasher.finish());
             }
+            Step::SenderLanes(n) => {
+                let crcs = &*crcs;
+                let chunks = by_lane(slots, chunk, n, |lane_no, mut own| {
+                    let (mut done, owned) = (Vec::new(), own.len());
+                    for k in (lane_no..FILE_BYTES / chunk).step_by(n) {
+                        let at = (k * chunk) as u64;
+                        let data = &mut own[(k / n) % owned];
+                        let crc = fill_chunk(&lane.input, at, data, None)
+                            .map_err(|e| format!("sender lane at {at}: {e}"))?;
+                        if crc != crcs[k] {
+                            return Err(format!("sender lane: chunk {k} has a wrong CRC32"));
+                        }
+                        done.push((k, crc));
+                    }
+                    Ok(done)
+                })?;
+                self.digest = Some(Digest::Crc32(whole_crc(chunks, chunk)));
+            }
+            Step::ReceiverLanes(n, mode) => {
+                if let Err(e) = rdma_xfer::sys::os::reserve_blocks(&lane.output, FILE_BYTES as u64)
+                {
+                    return Err(format!("reserving the output: {e}"));
+                }
+                let out = ChunkFile::new(&lane.output, mode == WriteMode::Direct)
+                    .map_err(|e| format!("opening the output: {e}"))?;
+                let (out, crcs) = (&out, &*crcs);
+                let chunks = by_lane(slots, chunk, n, |lane_no, mut own| {
+                    let mut copy = PageAligned::new(chunk);
+                    let (mut done, owned) = (Vec::new(), own.len());
+                    for k in (lane_no..FILE_BYTES / chunk).step_by(n) {
+                        let at = (k * chunk) as u64;
+                        let ring = &mut own[(k / n) % owned];
+                        let crc = receive_chunk(
+                            |from, block| ring_copy(&mut ring[from..], block),
+                            &mut copy,
+                            crcs[k % SLOTS],
+                            None,
+                            |data, _| out.write_at(data, at),
+                            None,
+                        )
+                        .map_err(|e| format!("receiver lane at {at}: {e:?}"))?;
+                        done.push((k, crc));
+                    }
+                    Ok(done)
+                })?;
+                self.written = Some(out.mode());
+                self.digest = Some(Digest::Crc32(whole_crc(chunks, chunk)));
+            }
         }
         Ok(())
     }
@@ -437,6 +509,9 @@ impl<'a> Worker<'a> {
     fn verify(&self) -> Outcome<()> {
         let wrong = |what: &str| Err(format!("{}: wrong {what}", self.step.name()));
         match self.step {
+            Step::SenderLanes(_) if self.digest != Some(Digest::Crc32(self.lane.input_crc32)) => {
+                return wrong("whole-file digest");
+            }
             Step::SenderPath(alg, _) => {
                 let want = match alg {
                     DigestAlg::Crc32 => Digest::Crc32(self.lane.input_crc32),
@@ -446,7 +521,14 @@ impl<'a> Worker<'a> {
                     return wrong("whole-file digest");
                 }
             }
-            Step::ReceiverPath(alg, _) | Step::ReceiverThreads(alg, _) => {
+            Step::ReceiverLanes(_, mode) if self.written != Some(mode) => {
+                return wrong("write mode: the file system did not take O_DIRECT");
+            }
+            Step::ReceiverPath(..) | Step::ReceiverThreads(..) | Step::ReceiverLanes(..) => {
+                let alg = match self.step {
+                    Step::ReceiverPath(alg, _) | Step::ReceiverThreads(alg, _) => alg,
+                    _ => DigestAlg::Crc32,
+                };
                 // The output must be the slots in turn, chunk i at offset
                 // i * chunk, and the digest that of those bytes.
                 let mut want = crc32fast::Hasher::new();
@@ -474,6 +556,47 @@ impl<'a> Worker<'a> {
         }
         Ok(())
     }
+}
+
+/// Runs `work(i, its slots)` for each lane i of `n` on a thread of its
+/// own: lane i owns the slots s with s % n == i (chunk k, on lane k % n,
+/// finds its bytes in slot k % SLOTS, as in the one-thread steps). The
+/// chunks each lane checked, with their CRC32s.
+fn by_lane<'s>(
+    slots: &'s mut [u8],
+    chunk: usize,
+    n: usize,
+    work: impl Fn(usize, Vec<&'s mut [u8]>) -> Outcome<Vec<(usize, u32)>> + Sync,
+) -> Outcome<Vec<(usize, u32)>> {
+    if n == 0 || !SLOTS.is_multiple_of(n) {
+        return Err(format!("{n} lanes do not share {SLOTS} slots evenly"));
+    }
+    let mut owned: Vec<Vec<&mut [u8]>> = (0..n).map(|_| Vec::new()).collect();
+    for (s, slot) in slots.chunks_mut(chunk).enumerate() {
+        owned[s % n].push(slot);
+    }
+    let work = &work;
+    std::thread::scope(|scope| {
+        let lanes: Vec<_> = owned
+            .into_iter()
+            .enumerate()
+            .map(|(i, own)| scope.spawn(move || work(i, own)))
+            .collect();
+        let mut all = Vec::new();
+        for lane in lanes {
+            all.extend(
+                lane.join()
+                    .unwrap_or_else(|_| Err("a lane panicked".into()))?,
+            );
+        }
+        Ok(all)
+    })
+}
+
+/// The whole file's CRC32 from its chunks' (any order, each once).
+fn whole_crc(mut chunks: Vec<(usize, u32)>, chunk: usize) -> u32 {
+    chunks.sort_unstable_by_key(|&(k, _)| k);
+    crc32_of_chunks(chunks.into_iter().map(|(_, crc)| (crc, chunk as u64)))
 }
 
 /// CRC32 and SHA-256 of a whole `FILE_BYTES` file, which must be that long.
@@ -563,7 +686,9 @@ fn measure(step: Step, lanes: &[Lane], chunk: usize) -> Outcome<Rate> {
                         }
                         start.wait();
                         let clock = match worker.step {
-                            Step::ReceiverThreads(..) => process_cpu_time,
+                            Step::ReceiverThreads(..)
+                            | Step::SenderLanes(_)
+                            | Step::ReceiverLanes(..) => process_cpu_time,
                             _ => thread_cpu_time,
                         };
                         let (t, cpu) = (Instant::now(), clock());
@@ -614,6 +739,16 @@ fn mib(bytes: usize) -> String {
 /// Measures and prints one line; `single` is the one-thread rate (GB/s by
 /// the clock) the scaling of several threads is given against.
 fn report(step: Step, lanes: &[Lane], chunk: usize, single: Option<f64>) -> Outcome<Rate> {
+    if let Ok(only) = std::env::var("RXFER_BENCH_ONLY")
+        && !step.name().contains(&only)
+    {
+        return Ok(Rate {
+            wall: f64::NAN,
+            wall_min: f64::NAN,
+            wall_max: f64::NAN,
+            per_cpu: f64::NAN,
+        });
+    }
     let rate = measure(step, lanes, chunk)?;
     let scaling = single.map_or(String::new(), |one| {
         format!(" scaling={:.2}", rate.wall / one)
@@ -629,6 +764,37 @@ fn report(step: Step, lanes: &[Lane], chunk: usize, single: Option<f64>) -> Outc
         rate.per_cpu,
     );
     Ok(rate)
+}
+
+/// The lane steps on `lane`'s files (on a file system of type `fs`): the
+/// sender's, and the receiver's written each way of `modes`, by 1 and 2
+/// lanes; the 2-lane scaling of each (target 1.8) goes into `scalings`.
+fn lanes_on(
+    lane: &[Lane],
+    fs: &str,
+    modes: &[WriteMode],
+    scalings: &mut Vec<String>,
+) -> Outcome<()> {
+    let mut kinds: Vec<Box<dyn Fn(usize) -> Step>> = vec![Box::new(Step::SenderLanes)];
+    for &mode in modes {
+        kinds.push(Box::new(move |n| Step::ReceiverLanes(n, mode)));
+    }
+    for step in &kinds {
+        let one = report(step(1), lane, CHUNK_SIZES[0], None)?;
+        let two = report(step(2), lane, CHUNK_SIZES[0], Some(one.wall))?;
+        let scaling = two.wall / one.wall;
+        // What one lane's bytes cost in CPU with two lanes, against
+        // alone: 1.00 where the lanes do not wait for each other.
+        scalings.push(format!(
+            "{} fs={fs} 2_lanes_over_1={scaling:.2} target=1.80 met={} \
+             per_cpu_2_over_1={:.2} 1_lane_Gb/s_per_core={:.1}",
+            step(2).name().replace(" lanes=2", ""),
+            if scaling >= 1.8 { "yes" } else { "no" },
+            two.per_cpu / one.per_cpu,
+            one.per_cpu * 8.0,
+        ));
+    }
+    Ok(())
 }
 
 /// The header: what the figures depend on.
@@ -701,6 +867,8 @@ fn run() -> Outcome<()> {
     let references = [
         Step::Memcpy,
         Step::RingCopy,
+        Step::CopyThenCrc,
+        Step::CopyCrcOnePass,
         Step::Crc32,
         Step::Sha256,
         Step::Tag,
@@ -739,6 +907,36 @@ fn run() -> Outcome<()> {
                 single,
             )?;
         }
+    }
+    // Lanes: one file by 1 and 2 threads on each side, in the page cache
+    // (tmpfs: buffered), then on ext4 (buffered and O_DIRECT).
+    let mut scalings = Vec::new();
+    let fs = fs_type(&dir);
+    lanes_on(one, &fs, &[WriteMode::Buffered], &mut scalings)?;
+    match std::env::var_os("RXFER_BENCH_EXT4_DIR") {
+        Some(ext4) => {
+            let ext4 = PathBuf::from(ext4);
+            println!(
+                "native: setup ext4_dir={} fs={}",
+                ext4.display(),
+                fs_type(&ext4)
+            );
+            let on_ext4 = [Lane::new(&ext4, 0x5eed_0003)?];
+            report(
+                Step::ReceiverPath(DigestAlg::Crc32, false),
+                &on_ext4,
+                CHUNK_SIZES[0],
+                None,
+            )?;
+            let modes = [WriteMode::Buffered, WriteMode::Direct];
+            lanes_on(&on_ext4, &fs_type(&ext4), &modes, &mut scalings)?;
+        }
+        None => println!(
+            "native: ext4 not measured: RXFER_BENCH_EXT4_DIR is not set (make bench-native sets it)"
+        ),
+    }
+    for line in scalings {
+        println!("native: summary {line}");
     }
     // Cores needed if every core did what one did here, per CPU second.
     for (step, rate) in per_core {

@@ -3,6 +3,17 @@
 use crate::proto::{Digest, DigestAlg};
 use sha2::{Digest as _, Sha256};
 
+/// The CRC32 of chunks one after the other, from each chunk's CRC32 and
+/// length in file order: what lanes that each checked some of a file's
+/// chunks give as the whole file's.
+pub fn crc32_of_chunks(chunks: impl IntoIterator<Item = (u32, u64)>) -> u32 {
+    let mut whole = crc32fast::Hasher::new();
+    for (crc, len) in chunks {
+        whole.combine(&crc32fast::Hasher::new_with_initial_len(crc, len));
+    }
+    whole.finalize()
+}
+
 /// CRC32 is combined from the per-chunk CRCs that are computed anyway (for
 /// the immediate data), so it costs no second pass over the bytes.
 pub enum FileHasher {
@@ -172,6 +183,11 @@ mod tests {
                 Digest::Crc32(crc32fast::hash(&data)),
                 "chunk {chunk}"
             );
+            // The same from the chunks' CRCs and lengths alone (lanes).
+            let crcs = data
+                .chunks(chunk)
+                .map(|c| (crc32fast::hash(c), c.len() as u64));
+            assert_eq!(crc32_of_chunks(crcs), crc32fast::hash(&data));
         }
     }
 

@@ -25,7 +25,7 @@ pub mod sender;
 mod stdio;
 mod worker;
 
-pub use digest::FileHasher;
+pub use digest::{FileHasher, crc32_of_chunks};
 pub use progress::{FileProgress, Listening, NoProgress, Progress, ProgressSink};
 pub use report::{FileEvent, FileFailure, FileReport, Outcome, Phases, Totals};
 

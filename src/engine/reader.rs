@@ -255,7 +255,7 @@ impl Reader<'_> {
                 .and_then(|slot| {
                     let (data, tag) = slot.split_at_mut(len as usize);
                     #[allow(unused_mut)]
-                    let mut crc = fill_chunk(file, offset, data, &mut hasher)?;
+                    let mut crc = fill_chunk(file, offset, data, Some(&mut hasher))?;
                     tag_chunk(job.auth.as_ref(), offset, data, tag);
                     #[cfg(feature = "fault-injection")]
                     super::fault::after_checksum(offset / u64::from(job.chunk_len), data, &mut crc);

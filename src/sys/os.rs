@@ -618,18 +618,44 @@ pub fn free_space(path: &std::path::Path) -> std::io::Result<FreeSpace> {
 /// returns Ok(false), as where the file system cannot (EOPNOTSUPP). An
 /// error means the space is not there (ENOSPC, EDQUOT, EFBIG).
 pub fn reserve_blocks(file: &std::fs::File, len: u64) -> std::io::Result<bool> {
-    const TMPFS_MAGIC: u64 = 0x0102_1994;
-    const RAMFS_MAGIC: u64 = 0x8584_58f6;
-    if len == 0 {
-        return Ok(false);
-    }
-    let fs_type = rustix::fs::fstatfs(file)?.f_type as u64;
-    if fs_type == TMPFS_MAGIC || fs_type == RAMFS_MAGIC {
+    if len == 0 || in_memory(file)? {
         return Ok(false);
     }
     match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::KEEP_SIZE, 0, len) {
         Ok(()) => Ok(true),
         Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `file` lives in memory (tmpfs, ramfs): its page cache is its
+/// storage.
+fn in_memory(file: &std::fs::File) -> std::io::Result<bool> {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    let fs_type = rustix::fs::fstatfs(file)?.f_type as u64;
+    Ok(fs_type == TMPFS_MAGIC || fs_type == RAMFS_MAGIC)
+}
+
+/// `file` opened again for writing with O_DIRECT (through /proc/self/fd:
+/// the flag belongs to an open file description, so `file`'s own stays
+/// buffered), where that bypasses a page cache: None on tmpfs and ramfs
+/// (the page cache is the file there) and where the file system refuses
+/// the flag (EINVAL).
+pub fn open_direct(file: &std::fs::File) -> std::io::Result<Option<std::fs::File>> {
+    use rustix::fs::{Mode, OFlags};
+    if in_memory(file)? {
+        return Ok(None);
+    }
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    match rustix::fs::open(
+        path.as_str(),
+        OFlags::WRONLY | OFlags::DIRECT | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => Ok(Some(std::fs::File::from(fd))),
+        Err(rustix::io::Errno::INVAL) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

@@ -87,7 +87,9 @@ impl Session<'_, '_> {
                         // like a write, after what retired is recorded.
                         let checked = match buf.get_mut(..len) {
                             Some(data) => per_byte::receive_chunk(
-                                |chunk| link.copy_out(placement.slot_offset as usize, chunk),
+                                |at, block| {
+                                    link.copy_out(placement.slot_offset as usize + at, block)
+                                },
                                 data,
                                 placement.expected_crc,
                                 tag.as_ref(),
@@ -95,8 +97,9 @@ impl Session<'_, '_> {
                                     t1 = Instant::now();
                                     Ok(())
                                 },
-                                &mut file.hasher,
-                            ),
+                                Some(&mut file.hasher),
+                            )
+                            .map(drop),
                             None => Err(ChunkRefused::Write(std::io::Error::other(
                                 "chunk longer than its buffer",
                             ))),
@@ -130,7 +133,7 @@ impl Session<'_, '_> {
                 self.chunk.resize(len, 0);
                 let data = self.chunk.as_mut_slice();
                 per_byte::receive_chunk(
-                    |chunk| link.copy_out(placement.slot_offset as usize, chunk),
+                    |at, block| link.copy_out(placement.slot_offset as usize + at, block),
                     data,
                     placement.expected_crc,
                     tag.as_ref(),
@@ -144,8 +147,9 @@ impl Session<'_, '_> {
                         }
                         Ok(())
                     },
-                    &mut file.hasher,
+                    Some(&mut file.hasher),
                 )
+                .map(drop)
             }
         };
         if let Some(behind) = self.behind.as_mut() {

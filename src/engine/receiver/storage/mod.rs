@@ -7,6 +7,7 @@
 //! link. No RDMA here: unit-tested with a temporary directory.
 
 pub(in crate::engine::receiver) mod batch;
+pub mod chunk_file;
 pub(in crate::engine::receiver) mod dry_run;
 pub(in crate::engine::receiver) mod exec;
 pub(in crate::engine::receiver) mod existing;
