@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod assembly;
 pub mod auth;
 pub mod names;
 pub mod receiver;

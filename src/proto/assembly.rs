@@ -1,0 +1,479 @@
+//! A file that arrives in pieces over several lanes (sessions of one
+//! sender, each its own connection, queue pair and thread on both sides):
+//! which pieces are there, which are under way and on which lane, and when
+//! the file is whole. Pure state, no I/O: the receiver's engine keeps one
+//! `Assembly` per file being assembled, shared by the sessions that carry
+//! its pieces, and commits the file when `verified` says it is complete.
+//!
+//! A piece is a range of the file on a grid the sender chose and every
+//! piece offer repeats (`Piece`): piece i is bytes `[i * piece_size,
+//! min((i + 1) * piece_size, file_size))`. Each piece is offered, written
+//! and verified like a file of its own (its own FIN digest); the file is
+//! whole when every piece is verified. Its digest is then computed from the
+//! pieces' (`whole_digest`): with CRC32 the file's own CRC32, with SHA-256
+//! the SHA-256 of the pieces' SHA-256s in order (a digest lanes can compute
+//! in parallel; not the file's plain SHA-256).
+
+use super::wire::{Digest, DigestAlg, Hello, Mtime, Reject, RejectCode};
+use sha2::{Digest as _, Sha256};
+
+/// Names the file a piece belongs to, chosen at random by the sender for
+/// each file it sends in pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransferId(pub [u8; 16]);
+
+/// Where a piece offer's bytes go: what HELLO carries with the PIECE flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// The file it belongs to.
+    pub transfer: TransferId,
+    /// The piece's number on the grid.
+    pub index: u32,
+    /// The grid: every piece but the last has this many bytes.
+    pub piece_size: u64,
+    /// The whole file's size.
+    pub file_size: u64,
+}
+
+/// The smallest grid: a multiple of this (so O_DIRECT can write whole
+/// pages at every piece's start) and at least this much.
+pub const PIECE_ALIGN: u64 = 64 << 10;
+/// Most pieces one file may have (the per-piece state stays small).
+pub const MAX_PIECES: u64 = 1 << 20;
+
+impl Piece {
+    /// The number of pieces on the grid.
+    pub const fn count(&self) -> u64 {
+        self.file_size.div_ceil(self.piece_size)
+    }
+
+    /// The piece's first byte in the file.
+    pub const fn offset(&self) -> u64 {
+        self.index as u64 * self.piece_size
+    }
+
+    /// The piece's length.
+    pub fn len(&self) -> u64 {
+        self.piece_size.min(self.file_size - self.offset())
+    }
+
+    /// Whether the grid and the index make sense: an aligned grid of at
+    /// most `MAX_PIECES` over a file of at least one byte, the index on it.
+    pub fn check(&self) -> Result<(), Reject> {
+        let bad = |why: String| Err(Reject::new(RejectCode::Protocol, why));
+        if self.piece_size < PIECE_ALIGN || !self.piece_size.is_multiple_of(PIECE_ALIGN) {
+            return bad(format!(
+                "a piece size of {} bytes (a multiple of {PIECE_ALIGN} is needed)",
+                self.piece_size
+            ));
+        }
+        if self.file_size == 0 || self.count() > MAX_PIECES {
+            return bad(format!(
+                "a file of {} bytes in pieces of {} (1 to {MAX_PIECES} pieces)",
+                self.file_size, self.piece_size
+            ));
+        }
+        if u64::from(self.index) >= self.count() {
+            return bad(format!(
+                "piece {} of a file of {} pieces",
+                self.index,
+                self.count()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A lane, as the engine names it (say, its session's number): whose
+/// pieces go back to be offered again when it is gone.
+pub type LaneId = u64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PieceState {
+    Missing,
+    Receiving(LaneId),
+    Verified(Digest),
+}
+
+/// What becomes of a piece offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PieceAnswer {
+    /// Receive it.
+    Receive {
+        /// Where its bytes go in the file.
+        offset: u64,
+        /// How many.
+        len: u64,
+    },
+    /// It was verified already (its ACK was lost with a lane): ACK it, no
+    /// data.
+    AlreadyVerified,
+}
+
+/// Where the file stands after a piece was verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// Pieces are still missing or under way.
+    Pending {
+        /// Pieces verified so far.
+        verified: u64,
+        /// Pieces in all.
+        of: u64,
+    },
+    /// Every piece is verified: the file is whole, with this digest
+    /// (`whole_digest`).
+    Complete(Digest),
+}
+
+/// What a piece offer must share with the first of its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    name: String,
+    file_size: u64,
+    piece_size: u64,
+    digest: DigestAlg,
+    mtime: Option<Mtime>,
+    mode: u32,
+}
+
+impl Identity {
+    fn of(hello: &Hello, piece: &Piece) -> Self {
+        Identity {
+            name: hello.name.clone(),
+            file_size: piece.file_size,
+            piece_size: piece.piece_size,
+            digest: hello.digest,
+            mtime: hello.mtime,
+            mode: hello.mode,
+        }
+    }
+}
+
+/// One file being assembled from pieces (see the module's docs).
+#[derive(Debug)]
+pub struct Assembly {
+    transfer: TransferId,
+    identity: Identity,
+    pieces: Vec<PieceState>,
+    verified: u64,
+}
+
+impl Assembly {
+    /// The file `hello`'s piece belongs to, nothing of it there yet.
+    pub fn new(hello: &Hello, piece: &Piece) -> Result<Self, Reject> {
+        piece.check()?;
+        Ok(Assembly {
+            transfer: piece.transfer,
+            identity: Identity::of(hello, piece),
+            // At most MAX_PIECES (checked).
+            pieces: vec![PieceState::Missing; piece.count() as usize],
+            verified: 0,
+        })
+    }
+
+    /// The file's final name.
+    pub fn name(&self) -> &str {
+        &self.identity.name
+    }
+
+    /// The file's size.
+    pub fn file_size(&self) -> u64 {
+        self.identity.file_size
+    }
+
+    /// `lane` offers `hello`'s piece: receive it, or ACK it at once. A
+    /// piece of another file under this transfer, a piece another lane is
+    /// receiving, or one off the grid is refused.
+    pub fn offer(
+        &mut self,
+        lane: LaneId,
+        hello: &Hello,
+        piece: &Piece,
+    ) -> Result<PieceAnswer, Reject> {
+        piece.check()?;
+        if piece.transfer != self.transfer || Identity::of(hello, piece) != self.identity {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                format!(
+                    "piece {} does not belong to the file its transfer names ({})",
+                    piece.index,
+                    super::escaped(&self.identity.name)
+                ),
+            ));
+        }
+        let at = piece.index as usize;
+        match &self.pieces[at] {
+            PieceState::Verified(_) => Ok(PieceAnswer::AlreadyVerified),
+            PieceState::Receiving(other) if *other != lane => Err(Reject::new(
+                RejectCode::Busy,
+                format!("piece {} is under way on another lane", piece.index),
+            )),
+            _ => {
+                self.pieces[at] = PieceState::Receiving(lane);
+                Ok(PieceAnswer::Receive {
+                    offset: piece.offset(),
+                    len: piece.len(),
+                })
+            }
+        }
+    }
+
+    /// `lane`'s piece `index` passed its checks with `digest` (its FIN's).
+    /// A piece the lane was not receiving, or a digest of another kind, is
+    /// an error of the engine's and changes nothing.
+    pub fn verified(
+        &mut self,
+        lane: LaneId,
+        index: u32,
+        digest: Digest,
+    ) -> Result<Progress, Reject> {
+        let at = index as usize;
+        if self.pieces.get(at) != Some(&PieceState::Receiving(lane))
+            || digest.alg() != self.identity.digest
+        {
+            return Err(Reject::new(
+                RejectCode::Protocol,
+                format!("piece {index} was not under way on this lane"),
+            ));
+        }
+        self.pieces[at] = PieceState::Verified(digest);
+        self.verified += 1;
+        if self.verified < self.pieces.len() as u64 {
+            return Ok(Progress::Pending {
+                verified: self.verified,
+                of: self.pieces.len() as u64,
+            });
+        }
+        Ok(Progress::Complete(self.whole_digest()))
+    }
+
+    /// `lane`'s piece `index` failed (its data, its check, its write): it
+    /// may be offered again, on any lane.
+    pub fn failed(&mut self, lane: LaneId, index: u32) {
+        if let Some(state) = self.pieces.get_mut(index as usize)
+            && *state == PieceState::Receiving(lane)
+        {
+            *state = PieceState::Missing;
+        }
+    }
+
+    /// `lane` is gone: the pieces it was receiving may be offered again.
+    /// Whether any lane is still receiving a piece.
+    pub fn lane_gone(&mut self, lane: LaneId) -> bool {
+        let mut busy = false;
+        for state in &mut self.pieces {
+            match state {
+                PieceState::Receiving(l) if *l == lane => *state = PieceState::Missing,
+                PieceState::Receiving(_) => busy = true,
+                _ => {}
+            }
+        }
+        busy
+    }
+
+    /// The whole file's digest from its pieces' (all verified): CRC32
+    /// combined in order, or SHA-256 over the pieces' SHA-256s in order.
+    fn whole_digest(&self) -> Digest {
+        let digests = self.pieces.iter().filter_map(|p| match p {
+            PieceState::Verified(d) => Some(d),
+            _ => None,
+        });
+        let piece_size = self.identity.piece_size;
+        let file_size = self.identity.file_size;
+        match self.identity.digest {
+            DigestAlg::Crc32 => {
+                let mut whole = crc32fast::Hasher::new();
+                for (i, d) in digests.enumerate() {
+                    if let Digest::Crc32(crc) = d {
+                        let len = piece_size.min(file_size - i as u64 * piece_size);
+                        whole.combine(&crc32fast::Hasher::new_with_initial_len(*crc, len));
+                    }
+                }
+                Digest::Crc32(whole.finalize())
+            }
+            DigestAlg::Sha256 => Digest::Sha256(pieces_sha256(digests.filter_map(|d| match d {
+                Digest::Sha256(h) => Some(h),
+                Digest::Crc32(_) => None,
+            }))),
+        }
+    }
+}
+
+/// The SHA-256 of pieces' SHA-256s in order: a file's digest when its
+/// pieces were hashed apart (the sender computes it the same way).
+pub fn pieces_sha256<'a>(pieces: impl IntoIterator<Item = &'a [u8; 32]>) -> [u8; 32] {
+    let mut whole = Sha256::new();
+    for piece in pieces {
+        whole.update(piece);
+    }
+    whole.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::CAP_NONE;
+
+    const MIB: u64 = 1 << 20;
+
+    fn hello(name: &str, alg: DigestAlg) -> Hello {
+        Hello {
+            version: crate::proto::PROTOCOL_VERSION,
+            caps: CAP_NONE,
+            name: name.into(),
+            size: 0,
+            mode: 0o644,
+            digest: alg,
+            mtime: Some(Mtime { secs: 7, nanos: 0 }),
+        }
+    }
+
+    fn piece(index: u32) -> Piece {
+        Piece {
+            transfer: TransferId([3; 16]),
+            index,
+            piece_size: 4 * MIB,
+            file_size: 10 * MIB + 5,
+        }
+    }
+
+    #[test]
+    fn a_grid_is_aligned_and_its_pieces_cover_the_file() {
+        let p = piece(2);
+        assert_eq!(p.count(), 3);
+        assert_eq!((p.offset(), p.len()), (8 * MIB, 2 * MIB + 5));
+        assert_eq!(piece(0).len(), 4 * MIB);
+        assert!(p.check().is_ok());
+        for bad in [
+            Piece { index: 3, ..p },
+            Piece {
+                piece_size: PIECE_ALIGN + 1,
+                ..p
+            },
+            Piece { piece_size: 0, ..p },
+            Piece { file_size: 0, ..p },
+            Piece {
+                piece_size: PIECE_ALIGN,
+                file_size: (MAX_PIECES + 1) * PIECE_ALIGN,
+                index: 0,
+                ..p
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_file_is_whole_once_every_piece_is_verified_on_any_lane() {
+        let data: Vec<u8> = (0..10 * MIB + 5)
+            .map(|i| (i * 7 + i / 4099) as u8)
+            .collect();
+        let crc_of = |p: &Piece| {
+            let at = p.offset() as usize;
+            Digest::Crc32(crc32fast::hash(&data[at..at + p.len() as usize]))
+        };
+        let h = hello("ckpt.bin", DigestAlg::Crc32);
+        let mut file = Assembly::new(&h, &piece(1)).unwrap();
+        // Lanes 1 and 2 take pieces 1 and 0; lane 2 cannot take 1 too.
+        assert_eq!(
+            file.offer(1, &h, &piece(1)),
+            Ok(PieceAnswer::Receive {
+                offset: 4 * MIB,
+                len: 4 * MIB
+            })
+        );
+        assert!(file.offer(2, &h, &piece(0)).is_ok());
+        assert_eq!(
+            file.offer(2, &h, &piece(1)).unwrap_err().code,
+            RejectCode::Busy
+        );
+        // Lane 1 is lost: its piece goes to lane 2, and the file is whole
+        // when the last piece is verified.
+        assert!(file.lane_gone(1));
+        assert!(file.offer(2, &h, &piece(1)).is_ok());
+        let p0 = file.verified(2, 0, crc_of(&piece(0))).unwrap();
+        assert_eq!(p0, Progress::Pending { verified: 1, of: 3 });
+        // A piece not under way on that lane: an error, nothing changes.
+        assert!(file.verified(1, 1, crc_of(&piece(1))).is_err());
+        assert!(file.verified(2, 1, Digest::Sha256([0; 32])).is_err());
+        assert!(file.verified(2, 1, crc_of(&piece(1))).is_ok());
+        // A piece that failed may come again.
+        assert!(file.offer(1, &h, &piece(2)).is_ok());
+        file.failed(1, 2);
+        assert!(file.offer(2, &h, &piece(2)).is_ok());
+        // One verified already is ACKed without its data.
+        assert_eq!(
+            file.offer(1, &h, &piece(0)),
+            Ok(PieceAnswer::AlreadyVerified)
+        );
+        let done = file.verified(2, 2, crc_of(&piece(2))).unwrap();
+        assert_eq!(
+            done,
+            Progress::Complete(Digest::Crc32(crc32fast::hash(&data)))
+        );
+        assert!(!file.lane_gone(2));
+    }
+
+    #[test]
+    fn a_piece_of_another_file_under_the_same_transfer_is_refused() {
+        let h = hello("a.bin", DigestAlg::Sha256);
+        let mut file = Assembly::new(&h, &piece(0)).unwrap();
+        let other_name = hello("b.bin", DigestAlg::Sha256);
+        let other_alg = hello("a.bin", DigestAlg::Crc32);
+        let other_time = Hello {
+            mtime: None,
+            ..h.clone()
+        };
+        for (h, p) in [
+            (&other_name, piece(1)),
+            (&other_alg, piece(1)),
+            (&other_time, piece(1)),
+            (
+                &h,
+                Piece {
+                    file_size: 11 * MIB,
+                    ..piece(1)
+                },
+            ),
+            (
+                &h,
+                Piece {
+                    piece_size: 2 * MIB,
+                    ..piece(1)
+                },
+            ),
+            (
+                &h,
+                Piece {
+                    transfer: TransferId([4; 16]),
+                    ..piece(1)
+                },
+            ),
+        ] {
+            let refused = file.offer(1, h, &p).unwrap_err();
+            assert_eq!(refused.code, RejectCode::Protocol, "{h:?} {p:?}");
+        }
+        // The file's own pieces still come.
+        assert!(file.offer(1, &h, &piece(1)).is_ok());
+    }
+
+    #[test]
+    fn with_sha256_the_files_digest_is_that_of_its_pieces_digests() {
+        let h = hello("a.bin", DigestAlg::Sha256);
+        let mut file = Assembly::new(&h, &piece(0)).unwrap();
+        let digests = [[1u8; 32], [2; 32], [3; 32]];
+        let mut last = None;
+        for (i, d) in digests.iter().enumerate() {
+            file.offer(9, &h, &piece(i as u32)).unwrap();
+            last = Some(file.verified(9, i as u32, Digest::Sha256(*d)).unwrap());
+        }
+        let mut want = Sha256::new();
+        for d in &digests {
+            want.update(d);
+        }
+        assert_eq!(
+            last,
+            Some(Progress::Complete(Digest::Sha256(want.finalize().into())))
+        );
+    }
+}
