@@ -733,6 +733,7 @@ mod tests {
             mode: 0o755,
             digest: DigestAlg::Crc32,
             mtime: None,
+            piece: None,
         };
         let mut downstream = Downstream::open(&next, &dir);
         assert!(hop_config(&next, &dir).is_err());

@@ -325,6 +325,7 @@ mod tests {
             mode: 0o644,
             digest: alg,
             mtime: Some(Mtime { secs: 7, nanos: 0 }),
+            piece: None,
         }
     }
 

@@ -1511,12 +1511,14 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             let kind = hello_flags::STREAM
                 | hello_flags::DIRECTORY
                 | hello_flags::RESUME
-                | hello_flags::DRY_RUN;
+                | hello_flags::DRY_RUN
+                | hello_flags::PIECE;
             if h.caps & kind != 0 {
                 return refuse(
                     RejectCode::Protocol,
                     format!(
-                        "{}: a batch holds plain files only (no stream, directory, resumed file or dry run)",
+                        "{}: a batch holds plain files only (no stream, directory, resumed file, \
+                         dry run or piece)",
                         escaped(&h.name)
                     ),
                 );
@@ -2148,6 +2150,9 @@ fn check_hello(h: &Hello, cfg: &ReceiverConfig) -> Result<(), Reject> {
                 "only a file offered with its mtime can be compared by time (UPDATE)",
             ));
         }
+        if let Some(piece) = &h.piece {
+            check_piece(h, piece)?;
+        }
         if let Err(e) = validate_path(&h.name, cfg.names) {
             return Err(Reject::new(RejectCode::BadName, e.to_string()));
         }
@@ -2158,6 +2163,36 @@ fn check_hello(h: &Hello, cfg: &ReceiverConfig) -> Result<(), Reject> {
             format!(
                 "file is {} bytes; the receiver accepts at most {max_size} bytes",
                 h.size
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A piece of a file sent over lanes (PIECE): of a file with its mtime,
+/// not a stream, directory, resume, compare or dry run, on a grid that
+/// makes sense, announcing its own length.
+fn check_piece(h: &Hello, piece: &super::assembly::Piece) -> Result<(), Reject> {
+    let alone = hello_flags::STREAM
+        | hello_flags::DIRECTORY
+        | hello_flags::RESUME
+        | hello_flags::CHECKSUM
+        | hello_flags::DRY_RUN;
+    if h.caps & alone != 0 || h.mtime.is_none() {
+        return Err(Reject::new(
+            RejectCode::Protocol,
+            "a piece is of a file offered with its mtime, never resumed, compared or dry-run",
+        ));
+    }
+    piece.check()?;
+    if h.size != piece.len() {
+        return Err(Reject::new(
+            RejectCode::Protocol,
+            format!(
+                "piece {} announces {} bytes; on its grid it has {}",
+                piece.index,
+                h.size,
+                piece.len()
             ),
         ));
     }
@@ -2234,6 +2269,7 @@ mod tests {
             // Taken with and without a token.
             digest: DigestAlg::Sha256,
             mtime: None,
+            piece: None,
         }
     }
 
@@ -3806,7 +3842,7 @@ mod tests {
             (v(7, 0, "f", 1001), Some(RejectCode::TooLarge)),
             (v(7, hello_flags::KEEP_MODE, "f", 1), None),
             (v(7, 1 << 4, "f", 1), Some(RejectCode::Version)),
-            (v(7, 1 << 11, "f", 1), Some(RejectCode::Version)),
+            (v(7, 1 << 12, "f", 1), Some(RejectCode::Version)),
             (v(7, hello_flags::CHECKSUM, "f", 1), None),
             (
                 v(7, hello_flags::CHECKSUM | STREAM, "s", 0),
@@ -3836,6 +3872,52 @@ mod tests {
         }
         // A stream is not held to --max-size up front (its size is unknown).
         assert_eq!(code(v(7, STREAM, "s", 0)), None);
+        // A piece of a file on lanes: with its mtime, its own length, on a
+        // grid that makes sense; never a stream, resumed, compared or dry
+        // run.
+        let grid = crate::proto::assembly::Piece {
+            transfer: crate::proto::assembly::TransferId([1; 16]),
+            index: 1,
+            piece_size: 1 << 20,
+            file_size: (1 << 20) + 10,
+        };
+        let piece = |caps, size, piece| Hello {
+            mtime: t,
+            piece: Some(piece),
+            ..v(7, hello_flags::PIECE | hello_flags::MTIME | caps, "p", size)
+        };
+        assert_eq!(code(piece(0, 10, grid)), None);
+        for (bad, why) in [
+            (piece(0, 11, grid), "not its length"),
+            (
+                piece(0, 10, crate::proto::assembly::Piece { index: 2, ..grid }),
+                "off the grid",
+            ),
+            (
+                piece(
+                    0,
+                    10,
+                    crate::proto::assembly::Piece {
+                        piece_size: 1000,
+                        ..grid
+                    },
+                ),
+                "a grid not aligned",
+            ),
+            (piece(hello_flags::RESUME, 10, grid), "resumed"),
+            (piece(hello_flags::CHECKSUM, 10, grid), "compared"),
+            (piece(hello_flags::DRY_RUN, 10, grid), "a dry run"),
+            (
+                Hello {
+                    mtime: None,
+                    caps: hello_flags::PIECE,
+                    ..piece(0, 10, grid)
+                },
+                "no mtime",
+            ),
+        ] {
+            assert_eq!(code(bad), Some(RejectCode::Protocol), "{why}");
+        }
         // The refusal names both versions.
         let mut r = ReceiverSession::new(c);
         let Err(RecvError::Version(j)) = r.on_message(Message::Hello(v(2, 0, "f", 1))) else {

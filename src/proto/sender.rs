@@ -1490,6 +1490,7 @@ fn offer_hello(offer: FileOffer) -> Hello {
         mode: offer.mode,
         digest: offer.digest,
         mtime: offer.mtime,
+        piece: None,
     }
 }
 
@@ -1930,6 +1931,7 @@ mod tests {
                 mode: 0,
                 digest: DigestAlg::Crc32,
                 mtime: None,
+                piece: None,
             }),
             Message::Mr(ring(100, 4)),
             Message::Reject(Reject::new(RejectCode::Exists, "exists")),
@@ -3018,6 +3020,7 @@ mod tests {
                 mode: 0o600,
                 digest: DigestAlg::Crc32,
                 mtime: None,
+                piece: None,
             }
         );
         // A path, a stream, a directory, an mtime.

@@ -9,6 +9,7 @@ use std::fmt;
 
 use thiserror::Error;
 
+use super::assembly::{Piece, TransferId};
 use super::auth::{CHALLENGE_FLAGS_KNOWN, MAC_LEN, NONCE_LEN, SEAL_LEN};
 
 /// "RXFR".
@@ -71,6 +72,12 @@ pub mod hello_flags {
     /// and answers without data (ACK would-receive instead of the MR);
     /// nothing is written. Never with RESUME, never in a BATCH.
     pub const DRY_RUN: u32 = 1 << 10;
+    /// `sender --lanes`: the offer is one piece of a file sent over
+    /// several lanes (`Hello::piece`, after the mtime: the transfer, the
+    /// piece's index, the grid's piece size, the file's size); `size` is
+    /// the piece's length. Only with MTIME, never with STREAM, DIRECTORY,
+    /// RESUME, CHECKSUM or DRY_RUN, never in a BATCH (protocol 8).
+    pub const PIECE: u32 = 1 << 11;
     /// Every flag this build knows.
     pub const KNOWN: u32 = STREAM
         | DIRECTORY
@@ -81,7 +88,8 @@ pub mod hello_flags {
         | IGNORE_TIMES
         | IGNORE_EXISTING
         | UPDATE
-        | DRY_RUN;
+        | DRY_RUN
+        | PIECE;
 }
 /// `Reject::new` / `Ack::new` cut reasons to this many bytes so any reason fits a frame.
 pub const MAX_REASON: usize = 1024;
@@ -528,6 +536,8 @@ pub struct Hello {
     pub digest: DigestAlg,
     /// Present on the wire exactly when `caps` has `hello_flags::MTIME`.
     pub mtime: Option<Mtime>,
+    /// Present on the wire exactly when `caps` has `hello_flags::PIECE`.
+    pub piece: Option<Piece>,
 }
 
 impl Hello {
@@ -1094,6 +1104,9 @@ pub enum WireError {
     /// HELLO's MTIME flag is set without an mtime, or the reverse.
     #[error("HELLO mtime flag and mtime field disagree")]
     MtimeFlag,
+    /// HELLO's piece (`Hello::piece`) does not match its PIECE flag.
+    #[error("HELLO piece present without the PIECE flag, or the reverse")]
+    PieceFlag,
     /// An mtime with a billion nanoseconds or more.
     #[error("HELLO mtime has {nanos} nanoseconds (must be below 1000000000)")]
     BadMtime {
@@ -1150,6 +1163,8 @@ const PROVE_FIXED: usize = 2 + NONCE_LEN + 2;
 /// algorithm, digest length, note length.
 const HAVE_FIXED: usize = 1 + 8 + 4 + 1 + 2 + 2;
 const MTIME_LEN: usize = 8 + 4;
+/// A piece: transfer, index, piece size, file size.
+const PIECE_LEN: usize = 16 + 4 + 8 + 8;
 /// RELAY's host count; the hosts follow, each with a u16 length.
 const RELAY_FIXED: usize = 2;
 /// A RELAY host's length field.
@@ -1203,12 +1218,20 @@ fn check_result_reason(len: usize) -> Result<(), WireError> {
 }
 
 fn check_mtime(h: &Hello) -> Result<usize, WireError> {
-    match (h.caps & hello_flags::MTIME != 0, h.mtime) {
-        (true, Some(m)) if m.nanos >= 1_000_000_000 => Err(WireError::BadMtime { nanos: m.nanos }),
-        (true, Some(_)) => Ok(MTIME_LEN),
-        (false, None) => Ok(0),
-        _ => Err(WireError::MtimeFlag),
-    }
+    let mtime = match (h.caps & hello_flags::MTIME != 0, h.mtime) {
+        (true, Some(m)) if m.nanos >= 1_000_000_000 => {
+            return Err(WireError::BadMtime { nanos: m.nanos });
+        }
+        (true, Some(_)) => MTIME_LEN,
+        (false, None) => 0,
+        _ => return Err(WireError::MtimeFlag),
+    };
+    let piece = match (h.caps & hello_flags::PIECE != 0, h.piece) {
+        (true, Some(_)) => PIECE_LEN,
+        (false, None) => 0,
+        _ => return Err(WireError::PieceFlag),
+    };
+    Ok(mtime + piece)
 }
 
 /// AUTH carries no MAC (the sender has no token) or a whole HMAC-SHA256.
@@ -1345,6 +1368,12 @@ impl Writer<'_> {
         if let Some(m) = h.mtime {
             self.u64(m.secs as u64)?;
             self.u32(m.nanos)?;
+        }
+        if let Some(p) = h.piece {
+            self.put(&p.transfer.0)?;
+            self.u32(p.index)?;
+            self.u64(p.piece_size)?;
+            self.u64(p.file_size)?;
         }
         Ok(())
     }
@@ -1552,6 +1581,18 @@ impl<'a> Reader<'a> {
         } else {
             None
         };
+        let piece = if caps & hello_flags::PIECE != 0 {
+            let mut transfer = [0u8; 16];
+            transfer.copy_from_slice(self.take(16)?);
+            Some(Piece {
+                transfer: TransferId(transfer),
+                index: self.u32()?,
+                piece_size: self.u64()?,
+                file_size: self.u64()?,
+            })
+        } else {
+            None
+        };
         Ok(Hello {
             version,
             caps,
@@ -1560,6 +1601,7 @@ impl<'a> Reader<'a> {
             mode,
             digest,
             mtime,
+            piece,
         })
     }
 
@@ -1848,6 +1890,7 @@ pub(crate) mod tests {
             mode: 0o644,
             digest: DigestAlg::Sha256,
             mtime: None,
+            piece: None,
         })
     }
 
@@ -1860,6 +1903,7 @@ pub(crate) mod tests {
             mode: 0o755,
             digest: DigestAlg::Crc32,
             mtime,
+            piece: None,
         })
     }
 
@@ -1874,12 +1918,13 @@ pub(crate) mod tests {
             hello(&max_name, 1),
             Message::Hello(Hello {
                 version: u16::MAX,
-                caps: !hello_flags::MTIME,
+                caps: !(hello_flags::MTIME | hello_flags::PIECE),
                 name: "x".into(),
                 size: 0,
                 mode: u32::MAX,
                 digest: DigestAlg::Crc32,
                 mtime: None,
+                piece: None,
             }),
             Message::Hello(Hello {
                 version: u16::MAX,
@@ -1891,6 +1936,12 @@ pub(crate) mod tests {
                 mtime: Some(Mtime {
                     secs: i64::MAX,
                     nanos: 999_999_999,
+                }),
+                piece: Some(Piece {
+                    transfer: TransferId([0xa5; 16]),
+                    index: u32::MAX,
+                    piece_size: u64::MAX,
+                    file_size: 1,
                 }),
             }),
             flagged("stdin", hello_flags::STREAM, None),
@@ -2355,6 +2406,7 @@ pub(crate) mod tests {
             mode: 0o640,
             digest: DigestAlg::Sha256,
             mtime,
+            piece: None,
         }
     }
 
@@ -3094,6 +3146,51 @@ pub(crate) mod tests {
                 extra: 1
             })
         );
+    }
+
+    #[test]
+    fn hello_piece_layout_and_errors() {
+        let piece = Piece {
+            transfer: TransferId([0x11; 16]),
+            index: 0x0203_0405,
+            piece_size: 0x0607,
+            file_size: 0x0809,
+        };
+        let mtime = Mtime { secs: 1, nanos: 2 };
+        let offer = Message::Hello(Hello {
+            piece: Some(piece),
+            ..match flagged("p", hello_flags::MTIME | hello_flags::PIECE, Some(mtime)) {
+                Message::Hello(h) => h,
+                _ => unreachable!(),
+            }
+        });
+        let buf = encode_to_vec(&offer).unwrap();
+        // After the mtime: the transfer, the index, the grid, the size.
+        let tail = &buf[buf.len() - PIECE_LEN..];
+        assert_eq!(&tail[..16], &[0x11; 16]);
+        assert_eq!(&tail[16..20], &[2, 3, 4, 5]);
+        assert_eq!(&tail[20..28], &0x0607u64.to_be_bytes());
+        assert_eq!(&tail[28..], &0x0809u64.to_be_bytes());
+        assert_eq!(decode(&buf).unwrap(), offer);
+        // The flag and the field go together.
+        let Message::Hello(h) = &offer else {
+            unreachable!()
+        };
+        for lying in [
+            Hello {
+                piece: None,
+                ..h.clone()
+            },
+            Hello {
+                caps: hello_flags::MTIME,
+                ..h.clone()
+            },
+        ] {
+            assert_eq!(
+                encode_to_vec(&Message::Hello(lying)),
+                Err(WireError::PieceFlag)
+            );
+        }
     }
 
     #[test]

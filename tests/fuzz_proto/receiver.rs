@@ -500,6 +500,7 @@ pub(crate) fn legal_rx(
                     mode: 0o644,
                     digest,
                     mtime: None,
+                    piece: None,
                 })
                 .collect();
             RxAction::Msg(Message::Batch(members))
@@ -587,6 +588,7 @@ pub(crate) fn legal_rx(
                     secs: i64::from(seed),
                     nanos: 0,
                 }),
+                piece: None,
             }))
         }
         // A relaying engine waits for the hosts after it before its

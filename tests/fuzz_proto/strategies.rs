@@ -2,6 +2,7 @@
 //! messages, connections, challenges, and the mutations of valid frames.
 
 use super::*;
+use rdma_xfer::proto::assembly::{PIECE_ALIGN, Piece, TransferId};
 
 pub(crate) fn text(max_chars: usize) -> impl Strategy<Value = String> {
     prop_oneof![
@@ -83,7 +84,7 @@ pub(crate) fn ack_status() -> impl Strategy<Value = AckStatus> {
 
 /// HELLO flags: mostly the known kinds, sometimes anything.
 pub(crate) fn caps() -> impl Strategy<Value = u32> {
-    use hello_flags::{CHECKSUM, DIRECTORY, MTIME, STREAM};
+    use hello_flags::{CHECKSUM, DIRECTORY, MTIME, PIECE, RESUME, STREAM};
     prop_oneof![
         3 => Just(0),
         2 => Just(STREAM),
@@ -93,8 +94,30 @@ pub(crate) fn caps() -> impl Strategy<Value = u32> {
         1 => Just(STREAM | DIRECTORY),
         1 => Just(CHECKSUM),
         1 => Just(CHECKSUM | STREAM),
+        1 => Just(PIECE | MTIME),
+        1 => Just(PIECE | MTIME | RESUME),
         1 => any::<u32>(),
     ]
+}
+
+/// A piece on a small grid (mostly sound, sometimes off it).
+fn piece() -> impl Strategy<Value = Piece> {
+    (
+        any::<[u8; 2]>(),
+        0u32..4,
+        prop_oneof![3 => Just(PIECE_ALIGN), 1 => any::<u64>()],
+        prop_oneof![3 => 1u64..4 * PIECE_ALIGN, 1 => any::<u64>()],
+    )
+        .prop_map(|(id, index, piece_size, file_size)| {
+            let mut transfer = [0u8; 16];
+            transfer[..2].copy_from_slice(&id);
+            Piece {
+                transfer: TransferId(transfer),
+                index,
+                piece_size,
+                file_size,
+            }
+        })
 }
 
 pub(crate) fn hello() -> impl Strategy<Value = Hello> {
@@ -106,17 +129,19 @@ pub(crate) fn hello() -> impl Strategy<Value = Hello> {
         any::<u32>(),
         digest_alg(),
         (any::<i64>(), 0u32..1_000_000_000),
+        piece(),
     )
         .prop_map(
-            |(version, caps, name, size, mode, digest, (secs, nanos))| Hello {
+            |(version, caps, name, size, mode, digest, (secs, nanos), piece)| Hello {
                 version,
                 caps,
                 name,
                 size,
                 mode,
                 digest,
-                // The codec needs the flag and the field to agree.
+                // The codec needs the flags and the fields to agree.
                 mtime: (caps & hello_flags::MTIME != 0).then_some(Mtime { secs, nanos }),
+                piece: (caps & hello_flags::PIECE != 0).then_some(piece),
             },
         )
 }

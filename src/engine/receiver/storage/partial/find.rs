@@ -285,6 +285,7 @@ mod tests {
             mode: 0o644,
             digest: DigestAlg::Sha256,
             mtime: Some(Mtime { secs: 9, nanos: 1 }),
+            piece: None,
         }
     }
 

@@ -65,6 +65,7 @@ pub(super) fn hello(name: &str, size: u64) -> Hello {
             secs: 1_000_000_000,
             nanos: 5,
         }),
+        piece: None,
     }
 }
 
