@@ -299,6 +299,180 @@ impl Assembly {
     }
 }
 
+/// The grid a sender chooses for a file of `file_size` bytes over `lanes`
+/// lanes: about four pieces a lane (so a slow lane or a lost one costs a
+/// quarter of its share), each a multiple of `PIECE_ALIGN` and of `chunk`
+/// (so no chunk straddles two pieces), between `min_piece` and 256 MiB,
+/// and never more than `MAX_PIECES`.
+pub fn piece_size_for(file_size: u64, lanes: u32, chunk: u64, min_piece: u64) -> u64 {
+    const MAX_PIECE: u64 = 256 << 20;
+    let gcd = |mut a: u64, mut b: u64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let chunk = chunk.max(1);
+    let unit = PIECE_ALIGN / gcd(PIECE_ALIGN, chunk) * chunk;
+    let want = file_size.div_ceil(u64::from(lanes.max(1)) * 4);
+    let size = want
+        .clamp(min_piece, MAX_PIECE.max(min_piece))
+        .max(file_size.div_ceil(MAX_PIECES));
+    size.div_ceil(unit) * unit
+}
+
+/// What a piece's ACK did to its file, at the sender.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Striped {
+    /// More pieces to send or to hear of.
+    Pending,
+    /// The file is whole at the receiver (the last piece's ACK, Ok), or
+    /// the receiver's copy stays as it was (a verdict without data: the
+    /// file is not sent).
+    Done(super::wire::AckStatus),
+    /// The file failed: the ACK's status and reason.
+    Failed(super::wire::AckStatus, String),
+}
+
+/// The sender's side of a file sent in pieces over lanes: which piece
+/// each lane sends next, the pieces of a lost lane offered again, and the
+/// file's verdict from its pieces' ACKs. Pure state.
+#[derive(Debug)]
+pub struct Striping {
+    transfer: TransferId,
+    piece_size: u64,
+    file_size: u64,
+    /// The next piece never offered.
+    next: u32,
+    /// Pieces to offer again (their lane was lost).
+    again: std::collections::VecDeque<u32>,
+    /// Pieces offered and not answered, with their lane.
+    out: std::collections::BTreeMap<u32, LaneId>,
+    kept: u64,
+    verdict: Option<Striped>,
+}
+
+impl Striping {
+    /// A file of `file_size` bytes on a grid of `piece_size` (see
+    /// `piece_size_for`), named `transfer`.
+    pub fn new(transfer: TransferId, file_size: u64, piece_size: u64) -> Result<Self, Reject> {
+        Piece {
+            transfer,
+            index: 0,
+            piece_size,
+            file_size,
+        }
+        .check()?;
+        Ok(Striping {
+            transfer,
+            piece_size,
+            file_size,
+            next: 0,
+            again: Default::default(),
+            out: Default::default(),
+            kept: 0,
+            verdict: None,
+        })
+    }
+
+    fn count(&self) -> u64 {
+        self.file_size.div_ceil(self.piece_size)
+    }
+
+    /// The piece `lane` sends next, if one is left to send.
+    pub fn next_for(&mut self, lane: LaneId) -> Option<Piece> {
+        if self.verdict.is_some() {
+            return None;
+        }
+        let index = match self.again.pop_front() {
+            Some(i) => i,
+            None if u64::from(self.next) < self.count() => {
+                self.next += 1;
+                self.next - 1
+            }
+            None => return None,
+        };
+        self.out.insert(index, lane);
+        Some(Piece {
+            transfer: self.transfer,
+            index,
+            piece_size: self.piece_size,
+            file_size: self.file_size,
+        })
+    }
+
+    /// The ACK of `lane`'s piece `index`. PieceKept counts it; Ok makes
+    /// the file whole only when every other piece was kept (else the
+    /// receiver lost the file's other pieces: it failed); a verdict
+    /// without data ends the file; a failure fails it.
+    pub fn answered(
+        &mut self,
+        lane: LaneId,
+        index: u32,
+        status: super::wire::AckStatus,
+        reason: &str,
+    ) -> Striped {
+        use super::wire::AckStatus;
+        if let Some(verdict) = &self.verdict {
+            return verdict.clone();
+        }
+        if self.out.get(&index) != Some(&lane) {
+            return Striped::Pending;
+        }
+        self.out.remove(&index);
+        let verdict = match status {
+            AckStatus::PieceKept => {
+                self.kept += 1;
+                // Every piece kept and none said Ok: the receiver did not
+                // make the file whole.
+                if self.kept == self.count() {
+                    Striped::Failed(
+                        AckStatus::Io,
+                        "every piece was kept, but the receiver did not say the file is whole"
+                            .into(),
+                    )
+                } else {
+                    return Striped::Pending;
+                }
+            }
+            AckStatus::Ok if self.kept + 1 == self.count() => Striped::Done(AckStatus::Ok),
+            AckStatus::Ok => Striped::Failed(
+                AckStatus::Protocol,
+                format!(
+                    "the receiver said the file is whole after {} of its {} pieces",
+                    self.kept + 1,
+                    self.count()
+                ),
+            ),
+            s if s.without_data() => Striped::Done(s),
+            s => Striped::Failed(s, reason.into()),
+        };
+        self.verdict = Some(verdict.clone());
+        verdict
+    }
+
+    /// `lane` is gone: its pieces go to the other lanes. Whether pieces
+    /// remain to send or to hear of.
+    pub fn lane_gone(&mut self, lane: LaneId) -> bool {
+        let lost: Vec<u32> = self
+            .out
+            .iter()
+            .filter(|(_, l)| **l == lane)
+            .map(|(i, _)| *i)
+            .collect();
+        for index in lost {
+            self.out.remove(&index);
+            self.again.push_back(index);
+        }
+        self.verdict.is_none()
+    }
+
+    /// Pieces offered and not answered.
+    pub fn under_way(&self) -> usize {
+        self.out.len()
+    }
+}
+
 /// The SHA-256 of pieces' SHA-256s in order: a file's digest when its
 /// pieces were hashed apart (the sender computes it the same way).
 pub fn pieces_sha256<'a>(pieces: impl IntoIterator<Item = &'a [u8; 32]>) -> [u8; 32] {
@@ -456,6 +630,86 @@ mod tests {
         }
         // The file's own pieces still come.
         assert!(file.offer(1, &h, &piece(1)).is_ok());
+    }
+
+    #[test]
+    fn a_grid_gives_each_lane_about_four_pieces_on_chunk_boundaries() {
+        // 1 GiB over 2 lanes: 8 pieces of 128 MiB.
+        assert_eq!(piece_size_for(1 << 30, 2, MIB, 4 * MIB), 128 * MIB);
+        // Small files: the least piece size; huge ones: at most 256 MiB.
+        assert_eq!(piece_size_for(10 * MIB, 4, MIB, 4 * MIB), 4 * MIB);
+        assert_eq!(piece_size_for(1 << 40, 2, MIB, 4 * MIB), 256 * MIB);
+        // A chunk that is not a power of two: pieces still hold whole ones.
+        let odd = 3 * PIECE_ALIGN;
+        let size = piece_size_for(100 * MIB, 2, odd, 4 * MIB);
+        assert!(size.is_multiple_of(odd) && size.is_multiple_of(PIECE_ALIGN));
+        // Never more than MAX_PIECES.
+        let size = piece_size_for(u64::MAX / 2, 1, MIB, MIB);
+        assert!((u64::MAX / 2).div_ceil(size) <= MAX_PIECES);
+    }
+
+    #[test]
+    fn a_striped_file_is_done_when_its_last_piece_makes_it_whole() {
+        use crate::proto::AckStatus;
+        let id = TransferId([5; 16]);
+        let mut file = Striping::new(id, 10 * MIB + 5, 4 * MIB).unwrap();
+        let p0 = file.next_for(1).unwrap();
+        let p1 = file.next_for(2).unwrap();
+        assert_eq!((p0.index, p1.index), (0, 1));
+        // Lane 2 is lost: its piece goes to lane 1, after the new ones.
+        assert!(file.lane_gone(2));
+        assert_eq!(file.next_for(1).unwrap().index, 1);
+        assert_eq!(file.next_for(1).unwrap().index, 2);
+        assert_eq!(file.next_for(1), None);
+        // A late ACK from the lost lane changes nothing.
+        assert_eq!(
+            file.answered(2, 1, AckStatus::PieceKept, ""),
+            Striped::Pending
+        );
+        assert_eq!(file.under_way(), 3);
+        assert_eq!(
+            file.answered(1, 0, AckStatus::PieceKept, ""),
+            Striped::Pending
+        );
+        assert_eq!(
+            file.answered(1, 2, AckStatus::PieceKept, ""),
+            Striped::Pending
+        );
+        assert_eq!(
+            file.answered(1, 1, AckStatus::Ok, ""),
+            Striped::Done(AckStatus::Ok)
+        );
+        assert!(!file.lane_gone(1));
+        // Ok before the other pieces, or every piece kept and no Ok: the
+        // file failed.
+        let mut early = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        early.next_for(1);
+        assert!(matches!(
+            early.answered(1, 0, AckStatus::Ok, ""),
+            Striped::Failed(AckStatus::Protocol, _)
+        ));
+        let mut never = Striping::new(id, 4 * MIB, 4 * MIB).unwrap();
+        never.next_for(1);
+        assert!(matches!(
+            never.answered(1, 0, AckStatus::PieceKept, ""),
+            Striped::Failed(AckStatus::Io, _)
+        ));
+        // Unchanged at the receiver: done, nothing more is sent.
+        let mut same = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        same.next_for(1);
+        same.next_for(2);
+        assert_eq!(
+            same.answered(2, 1, AckStatus::Unchanged, ""),
+            Striped::Done(AckStatus::Unchanged)
+        );
+        assert_eq!(same.next_for(1), None);
+        // A failure fails the file with its reason.
+        let mut bad = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        bad.next_for(1);
+        assert_eq!(
+            bad.answered(1, 0, AckStatus::Io, "disk full"),
+            Striped::Failed(AckStatus::Io, "disk full".into())
+        );
     }
 
     #[test]

@@ -360,6 +360,12 @@ pub enum AckStatus {
     /// Answering a HELLO with DRY_RUN where a real run would get the MR:
     /// the receiver would take it. Nothing is sent or written; a success.
     WouldReceive = 8,
+    /// A piece (PIECE) verified and written; its file is not whole yet
+    /// (protocol 8). After its FIN, or answering its HELLO when it was
+    /// verified before (its ACK lost with a lane): a success. The ACK of
+    /// the piece that makes the file whole is Ok (verified whole, fsynced,
+    /// renamed).
+    PieceKept = 9,
 }
 
 /// The statuses of an ACK that fails its file: every one but Ok.
@@ -410,7 +416,7 @@ impl From<AckFailure> for AckStatus {
 
 impl AckStatus {
     /// Every status, in wire order.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Ok,
         Self::Integrity,
         Self::Io,
@@ -420,6 +426,7 @@ impl AckStatus {
         Self::KeptExisting,
         Self::KeptNewer,
         Self::WouldReceive,
+        Self::PieceKept,
     ];
 
     /// The failure this status says; None for Ok and the verdicts that
@@ -430,7 +437,8 @@ impl AckStatus {
             | Self::Unchanged
             | Self::KeptExisting
             | Self::KeptNewer
-            | Self::WouldReceive => None,
+            | Self::WouldReceive
+            | Self::PieceKept => None,
             Self::Integrity => Some(AckFailure::Integrity),
             Self::Io => Some(AckFailure::Io),
             Self::Protocol => Some(AckFailure::Protocol),
@@ -455,6 +463,7 @@ impl AckStatus {
             Self::KeptExisting => "kept: it exists",
             Self::KeptNewer => "kept: newer at the receiver",
             Self::WouldReceive => "would be received (dry run)",
+            Self::PieceKept => "piece kept (its file not whole yet)",
         }
     }
 
@@ -479,6 +488,7 @@ impl AckStatus {
             Self::KeptExisting => "kept-existing",
             Self::KeptNewer => "kept-newer",
             Self::WouldReceive => "would-receive",
+            Self::PieceKept => "piece-kept",
         }
     }
 }
