@@ -52,8 +52,8 @@ impl Piece {
         self.index as u64 * self.piece_size
     }
 
-    /// The piece's length.
-    pub fn len(&self) -> u64 {
+    /// The piece's length in bytes.
+    pub fn bytes(&self) -> u64 {
         self.piece_size.min(self.file_size - self.offset())
     }
 
@@ -212,7 +212,7 @@ impl Assembly {
                 self.pieces[at] = PieceState::Receiving(lane);
                 Ok(PieceAnswer::Receive {
                     offset: piece.offset(),
-                    len: piece.len(),
+                    len: piece.bytes(),
                 })
             }
         }
@@ -516,8 +516,8 @@ mod tests {
     fn a_grid_is_aligned_and_its_pieces_cover_the_file() {
         let p = piece(2);
         assert_eq!(p.count(), 3);
-        assert_eq!((p.offset(), p.len()), (8 * MIB, 2 * MIB + 5));
-        assert_eq!(piece(0).len(), 4 * MIB);
+        assert_eq!((p.offset(), p.bytes()), (8 * MIB, 2 * MIB + 5));
+        assert_eq!(piece(0).bytes(), 4 * MIB);
         assert!(p.check().is_ok());
         for bad in [
             Piece { index: 3, ..p },
@@ -545,7 +545,7 @@ mod tests {
             .collect();
         let crc_of = |p: &Piece| {
             let at = p.offset() as usize;
-            Digest::Crc32(crc32fast::hash(&data[at..at + p.len() as usize]))
+            Digest::Crc32(crc32fast::hash(&data[at..at + p.bytes() as usize]))
         };
         let h = hello("ckpt.bin", DigestAlg::Crc32);
         let mut file = Assembly::new(&h, &piece(1)).unwrap();

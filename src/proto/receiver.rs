@@ -2185,14 +2185,14 @@ fn check_piece(h: &Hello, piece: &super::assembly::Piece) -> Result<(), Reject> 
         ));
     }
     piece.check()?;
-    if h.size != piece.len() {
+    if h.size != piece.bytes() {
         return Err(Reject::new(
             RejectCode::Protocol,
             format!(
                 "piece {} announces {} bytes; on its grid it has {}",
                 piece.index,
                 h.size,
-                piece.len()
+                piece.bytes()
             ),
         ));
     }
