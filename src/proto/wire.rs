@@ -2308,7 +2308,7 @@ pub(crate) mod tests {
             );
         }
         b[12] = 0;
-        for v in [9u16, u16::MAX] {
+        for v in [10u16, u16::MAX] {
             b[13..15].copy_from_slice(&v.to_be_bytes());
             assert_eq!(
                 decode(&b),
@@ -2675,7 +2675,7 @@ pub(crate) mod tests {
             );
         }
         let mut b = encode_to_vec(&Message::Ack(Ack::new(AckStatus::Ok, "x"))).unwrap();
-        for v in [9u16, u16::MAX] {
+        for v in [10u16, u16::MAX] {
             b[12..14].copy_from_slice(&v.to_be_bytes());
             assert_eq!(
                 decode(&b),
