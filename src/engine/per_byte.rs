@@ -73,7 +73,9 @@ pub enum ChunkRefused<E> {
 
 /// The block the receiver copies out of the ring and checksums before the
 /// next: small enough to stay in the core's cache between the two, so the
-/// bytes cross the memory bus once (measured by `make bench-native`).
+/// checksum does not read the copy back from memory (on the build host,
+/// whose L3 holds a whole chunk, one pass and two measure the same:
+/// docs/performance.md).
 pub const COPY_BLOCK: usize = 64 << 10;
 
 /// Copies a chunk out of the ring into `chunk` and computes its CRC32 in
@@ -139,7 +141,7 @@ impl PageAligned {
 
     pub fn new(len: usize) -> PageAligned {
         let raw = vec![0u8; len + Self::PAGE];
-        let start = raw.as_ptr().align_offset(Self::PAGE);
+        let start = (Self::PAGE - raw.as_ptr() as usize % Self::PAGE) % Self::PAGE;
         PageAligned { raw, start, len }
     }
 }

@@ -94,8 +94,7 @@ impl RelayedInput {
     }
 
     /// Fills `buf` with the file's bytes from `offset` on, from the kept
-    /// part, then the pipe (`cannot_start_at` said yes to the first
-    /// `offset`; the reads follow on from it): the bytes
+    /// part, then the pipe (`offset` at most `pipe_at` there): the bytes
     /// filled, fewer than asked only at the pipe's end. Waits for the
     /// pipe's input without blocking in read(), looking at `stopped`
     /// every 200 ms (`Ok(None)` once it says so).
@@ -112,6 +111,15 @@ impl RelayedInput {
             let n = ((*len - offset) as usize).min(buf.len());
             kept.read_exact_at(&mut buf[..n], offset)?;
             filled = n;
+        }
+        // `cannot_start_at` let the first read in; the reads follow on
+        // from it. Should one not, no byte goes out as another offset's.
+        if filled < buf.len() && offset + filled as u64 != self.pipe_at {
+            return Err(std::io::Error::other(format!(
+                "bytes {} to {} of it are not here to be passed on",
+                offset + filled as u64,
+                self.pipe_at
+            )));
         }
         if filled < buf.len() {
             self.flowing.store(true, Ordering::SeqCst);

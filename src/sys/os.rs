@@ -637,27 +637,81 @@ fn in_memory(file: &std::fs::File) -> std::io::Result<bool> {
     Ok(fs_type == TMPFS_MAGIC || fs_type == RAMFS_MAGIC)
 }
 
-/// `file` opened again for writing with O_DIRECT (through /proc/self/fd:
-/// the flag belongs to an open file description, so `file`'s own stays
-/// buffered), where that bypasses a page cache: None on tmpfs and ramfs
-/// (the page cache is the file there) and where the file system refuses
-/// the flag (EINVAL).
-pub fn open_direct(file: &std::fs::File) -> std::io::Result<Option<std::fs::File>> {
+/// `file` opened again for writing with O_DIRECT, and the alignment its
+/// direct writes need (offset, length and memory), where that bypasses a
+/// page cache: None on tmpfs and ramfs (the page cache is the file
+/// there), where `file` is not open for writing, and wherever the reopen
+/// does not work out (no procfs, the file system refuses the flag): the
+/// caller writes through the page cache then. The reopen goes through
+/// /proc/self/fd (O_DIRECT belongs to an open file description, so
+/// `file`'s own stays buffered) and must reach the same inode.
+pub fn open_direct(file: &std::fs::File) -> Option<(std::fs::File, DirectAlign)> {
     use rustix::fs::{Mode, OFlags};
-    if in_memory(file)? {
-        return Ok(None);
-    }
     use std::os::fd::AsRawFd;
-    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-    match rustix::fs::open(
-        path.as_str(),
-        OFlags::WRONLY | OFlags::DIRECT | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(fd) => Ok(Some(std::fs::File::from(fd))),
-        Err(rustix::io::Errno::INVAL) => Ok(None),
-        Err(e) => Err(e.into()),
+    if in_memory(file).unwrap_or(true) {
+        return None;
     }
+    let access = rustix::fs::fcntl_getfl(file).ok()? & OFlags::RWMODE;
+    if access != OFlags::WRONLY && access != OFlags::RDWR {
+        return None;
+    }
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let direct = rustix::fs::open(
+        path.as_str(),
+        OFlags::WRONLY | OFlags::DIRECT | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+    .ok()
+    .map(std::fs::File::from)?;
+    // Whatever /proc is here, only the same inode will do.
+    let (ours, reopened) = (
+        rustix::fs::fstat(file).ok()?,
+        rustix::fs::fstat(&direct).ok()?,
+    );
+    if (ours.st_dev, ours.st_ino) != (reopened.st_dev, reopened.st_ino) {
+        return None;
+    }
+    // What direct writes must be aligned to: the file system's answer
+    // (Linux 6.1 and later) and never less than its block or a page, so
+    // that a direct write and a buffered one never share a block.
+    let dio = rustix::fs::statx(
+        &direct,
+        "",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::DIOALIGN | rustix::fs::StatxFlags::BASIC_STATS,
+    )
+    .ok()?;
+    if dio.stx_mask & rustix::fs::StatxFlags::DIOALIGN.bits() != 0 && dio.stx_dio_offset_align == 0
+    {
+        // The file system says it takes no direct I/O for this file.
+        return None;
+    }
+    let offset = [
+        u64::from(dio.stx_dio_offset_align),
+        u64::from(dio.stx_blksize),
+        4096,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(4096);
+    // Without the file system's answer (before 6.1), a page.
+    let memory = match dio.stx_mask & rustix::fs::StatxFlags::DIOALIGN.bits() {
+        0 => 4096,
+        _ => usize::try_from(dio.stx_dio_mem_align)
+            .unwrap_or(usize::MAX)
+            .max(1),
+    };
+    Some((direct, DirectAlign { offset, memory }))
+}
+
+/// What a direct write of a file must be aligned to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectAlign {
+    /// Its offset and length (never less than the file system's block or
+    /// a page).
+    pub offset: u64,
+    /// The memory it is written from.
+    pub memory: usize,
 }
 
 /// Asks for a pipe buffer of `bytes` on `fd` (Linux F_SETPIPE_SZ), so that
