@@ -226,6 +226,7 @@ pub fn offer_for(hello: &Hello) -> FileOffer {
         resume: caps & hello_flags::RESUME != 0,
         checksum: false,
         existing,
+        piece: None,
     }
 }
 

@@ -106,8 +106,11 @@ pub enum PieceAnswer {
         len: u64,
     },
     /// It was verified already (its ACK was lost with a lane): ACK it, no
-    /// data.
-    AlreadyVerified,
+    /// data (Ok when the file is whole, PieceKept otherwise).
+    AlreadyVerified {
+        /// Every piece of the file is verified.
+        file_whole: bool,
+    },
 }
 
 /// Where the file stands after a piece was verified.
@@ -203,7 +206,9 @@ impl Assembly {
         }
         let at = piece.index as usize;
         match &self.pieces[at] {
-            PieceState::Verified(_) => Ok(PieceAnswer::AlreadyVerified),
+            PieceState::Verified(_) => Ok(PieceAnswer::AlreadyVerified {
+                file_whole: self.verified == self.pieces.len() as u64,
+            }),
             PieceState::Receiving(other) if *other != lane => Err(Reject::new(
                 RejectCode::Busy,
                 format!("piece {} is under way on another lane", piece.index),
@@ -579,12 +584,17 @@ mod tests {
         // One verified already is ACKed without its data.
         assert_eq!(
             file.offer(1, &h, &piece(0)),
-            Ok(PieceAnswer::AlreadyVerified)
+            Ok(PieceAnswer::AlreadyVerified { file_whole: false })
         );
         let done = file.verified(2, 2, crc_of(&piece(2))).unwrap();
         assert_eq!(
             done,
             Progress::Complete(Digest::Crc32(crc32fast::hash(&data)))
+        );
+        // The last piece's ACK lost with its lane: offered again, Ok.
+        assert_eq!(
+            file.offer(1, &h, &piece(2)),
+            Ok(PieceAnswer::AlreadyVerified { file_whole: true })
         );
         assert!(!file.lane_gone(2));
     }

@@ -529,6 +529,7 @@ mod tests {
                 // directories drop the flag.
                 checksum: i.is_multiple_of(3) && i % 4 != 1,
                 existing: Default::default(),
+                piece: None,
             };
             // The tag is the entry's index (offset so that 0 means nothing).
             self.s.start_file(offer, 1000 + i as u64).unwrap();

@@ -393,6 +393,9 @@ pub struct ReceiverSession<F = (), W = (), C = ()> {
     /// under its final name (`existing`).
     offer_caps: u32,
     offer_mtime: Option<Mtime>,
+    /// The current offer's place in its file when it is a piece (its
+    /// file's size is what `existing` compares).
+    offer_piece: Option<super::assembly::Piece>,
     /// `existing` decided that the file under the final name is compared
     /// (a HAVE of a complete copy without RESUME).
     compare_existing: bool,
@@ -672,6 +675,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             checksum: false,
             offer_caps: 0,
             offer_mtime: None,
+            offer_piece: None,
             compare_existing: false,
             existing_decided: false,
             have: None,
@@ -1378,6 +1382,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
                 self.checksum = h.caps & hello_flags::CHECKSUM != 0;
                 self.offer_caps = h.caps;
                 self.offer_mtime = h.mtime;
+                self.offer_piece = h.piece;
                 self.compare_existing = false;
                 self.existing_decided = false;
                 self.have = None;
@@ -1563,6 +1568,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         self.checksum = false;
         self.offer_caps = 0;
         self.offer_mtime = None;
+        self.offer_piece = None;
         self.compare_existing = false;
         self.existing_decided = false;
         self.have = None;
@@ -1679,7 +1685,7 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             Standing::Stays(AckStatus::KeptExisting)
         } else if caps & hello_flags::UPDATE != 0 && newer {
             Standing::Stays(AckStatus::KeptNewer)
-        } else if size != self.size {
+        } else if size != self.piece_or_file_size() {
             Standing::Proceed
         } else if self.checksum && self.may_compare(&self.name, size) {
             Standing::Compare
@@ -1688,6 +1694,33 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         } else {
             Standing::Proceed
         }
+    }
+
+    /// The size of the current offer's file: a piece's whole file's.
+    fn piece_or_file_size(&self) -> u64 {
+        self.offer_piece.map_or(self.size, |p| p.file_size)
+    }
+
+    /// The current offer is a piece verified before (its ACK was lost
+    /// with a lane): its ACK without data, PieceKept, or Ok when its file
+    /// is whole already -> AwaitHello.
+    pub fn piece_verified_before(&mut self, file_whole: bool) -> Result<(), ProtocolError> {
+        if self.state != ReceiverState::AwaitDecision || self.have.is_some() {
+            return Err(self.wrong_state("piece_verified_before"));
+        }
+        if self.offer_piece.is_none() {
+            return Err(ProtocolError::OfferKind {
+                op: "piece_verified_before",
+                kind: "not a piece",
+            });
+        }
+        let status = if file_whole {
+            AckStatus::Ok
+        } else {
+            AckStatus::PieceKept
+        };
+        self.stays(status);
+        Ok(())
     }
 
     /// The file stays: its ACK (without data) -> AwaitHello. Neither a

@@ -117,6 +117,10 @@ pub struct FileOffer {
     /// What the receiver does with a file already under the name (files
     /// only).
     pub existing: WhenExisting,
+    /// A piece of a file sent over lanes (`sender --lanes`): `size` is the
+    /// piece's length. Files with an mtime only, never resumed or
+    /// compared.
+    pub piece: Option<super::assembly::Piece>,
 }
 
 /// What the receiver does with a regular file already under an offer's
@@ -166,6 +170,10 @@ impl FileOffer {
                 WhenExisting::Update if self.mtime.is_some() => hello_flags::UPDATE,
                 WhenExisting::Update => 0,
             };
+        }
+        if self.piece.is_some() && self.kind == OfferKind::File && self.mtime.is_some() {
+            caps |= hello_flags::PIECE;
+            caps &= !(hello_flags::RESUME | hello_flags::CHECKSUM);
         }
         caps
     }
@@ -1096,6 +1104,18 @@ impl<P> SenderSession<P> {
                     sha256,
                 })
             }
+            // A piece verified before (its ACK lost with a lane): PieceKept,
+            // or Ok when its file is whole; no data.
+            (AwaitRing, Message::Ack(a))
+                if front.is_none()
+                    && self.offer_caps & hello_flags::PIECE != 0
+                    && matches!(a.status, AckStatus::PieceKept | AckStatus::Ok) =>
+            {
+                self.planned = self.size;
+                self.state = Idle;
+                self.carried = None;
+                Ok(SenderEvent::Settled(a))
+            }
             // The receiver's file stays: what it may say depends on what
             // the offer asked (a plain file; kept only as asked).
             (AwaitRing | AwaitHave, Message::Ack(a))
@@ -1490,7 +1510,7 @@ fn offer_hello(offer: FileOffer) -> Hello {
         mode: offer.mode,
         digest: offer.digest,
         mtime: offer.mtime,
-        piece: None,
+        piece: offer.piece.filter(|_| caps & hello_flags::PIECE != 0),
     }
 }
 
@@ -1597,6 +1617,7 @@ mod tests {
             resume: false,
             checksum: false,
             existing: Default::default(),
+            piece: None,
         }
     }
 

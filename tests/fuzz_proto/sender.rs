@@ -413,6 +413,7 @@ pub(crate) fn check_sender(
                         resume: false,
                         checksum: tx_checksum(size),
                         existing: tx_existing(size),
+                        piece: None,
                     })
                     .collect();
                 let total = sizes.iter().try_fold(0u64, |t, &x| t.checked_add(x));
@@ -501,6 +502,7 @@ pub(crate) fn check_sender(
                     resume,
                     checksum: tx_checksum(size),
                     existing: tx_existing(size),
+                    piece: None,
                 };
                 let checksum = kind == OfferKind::File && tx_checksum(size);
                 // A rule for an existing file: files only, UPDATE only

@@ -78,6 +78,9 @@ pub struct ReceiverConfig {
     /// A relay hop started over ssh: the tokens of the hosts after it, as
     /// its sender handed them over (None: they share this receiver's own).
     pub relay_keys: Option<std::sync::Arc<crate::engine::relay::KeyRing>>,
+    /// The files arriving in pieces over several lanes, shared by every
+    /// session (`storage::pieces`).
+    pub(in crate::engine::receiver) pieces: std::sync::Arc<super::storage::pieces::PieceBoard>,
 }
 
 /// What the receiver does with the files it accepts. Every output checks
@@ -192,6 +195,7 @@ impl ReceiverConfig {
             relay: false,
             relay_source: None,
             relay_keys: None,
+            pieces: Default::default(),
         }
     }
 }

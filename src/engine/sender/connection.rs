@@ -323,6 +323,7 @@ impl Connection {
                     mtime,
                     keep_mode: cfg.walk.preserve,
                     existing: Default::default(),
+                    piece: None,
                 };
                 let dir = PendingEntry::Dir {
                     name,
@@ -350,6 +351,7 @@ impl Connection {
                     mtime: None,
                     keep_mode: false,
                     existing: Default::default(),
+                    piece: None,
                 };
                 let file = File::from(stdin);
                 (offer, Input::Stream { file, whole: None })

@@ -566,6 +566,7 @@ fn open_offer(
         kind: OfferKind::File,
         mtime,
         keep_mode: cfg.walk.preserve,
+        piece: None,
     };
     Ok((offer, file))
 }

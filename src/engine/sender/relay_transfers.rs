@@ -379,6 +379,7 @@ fn relayed_resume_of(kept: u64, held: u64, changed: bool) -> Resumed {
         resume: true,
         checksum: false,
         existing: Default::default(),
+        piece: None,
     };
     // The hop's copy of the kept part, and the pipe with the rest.
     let copy = src.path().join("hop-copy");

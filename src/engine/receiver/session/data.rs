@@ -286,10 +286,18 @@ impl Session<'_, '_> {
             let e = XferError::Internal(format!("{}: writes still pending at FIN", file.name));
             (AckStatus::Io, e.to_string(), Some(e))
         } else {
+            // A piece counts as verified with its digest.
+            if let Some(piece) = file.sink.piece_mut() {
+                piece.verified_as(digest);
+            }
             match file
                 .sink
                 .commit(&file.name, file.mode, file.mtime, self.cfg.overwrite)
             {
+                // A piece whose file is not whole yet.
+                Ok(()) if file.sink.piece_end() == Some(None) => {
+                    (AckStatus::PieceKept, String::new(), None)
+                }
                 // The sender says what became of it too.
                 Ok(()) => (AckStatus::Ok, outcome.ack_note().to_string(), None),
                 Err(e @ XferError::Integrity(_)) => (AckStatus::Integrity, e.to_string(), Some(e)),
@@ -335,12 +343,22 @@ impl Session<'_, '_> {
                     (self.on_file)(FileEvent::Done(&report));
                 }
             }
+            // A piece: its file is reported when whole.
+            None if status == AckStatus::PieceKept => {
+                debug!(file = %file.name, bytes = fin.bytes, "piece verified and written");
+                file.progress.finished();
+            }
             None => {
                 file.phases.commit = fin_at.elapsed();
                 file.phases.log(&file.name, fin.bytes);
+                // A piece that made its file whole: the file's figures.
+                let (bytes, digest) = match (file.sink.piece_end(), file.sink.piece_mut()) {
+                    (Some(Some(whole)), Some(piece)) => (piece.file_size(), whole),
+                    _ => (fin.bytes, digest),
+                };
                 let report = FileReport {
                     name: file.name.clone(),
-                    bytes: fin.bytes,
+                    bytes,
                     elapsed: file.started.elapsed(),
                     digest: Some(digest),
                     phases: file.phases,

@@ -83,6 +83,12 @@ impl Session<'_, '_> {
         session_ended: bool,
     ) {
         let elapsed = file.started.elapsed();
+        // A piece's failure is not its file's: the piece goes back to be
+        // sent again, on this lane or another.
+        if file.sink.piece().is_some() {
+            warn!(file = %file.name, "a piece of it failed and goes back: {err}");
+            return;
+        }
         if let Some(members) = file.sink.members() {
             for m in members {
                 let alg = file.digest_alg;

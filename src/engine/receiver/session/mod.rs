@@ -6,6 +6,7 @@ mod data;
 mod end;
 mod file_work;
 mod offers;
+mod pieces;
 mod relay;
 #[cfg(test)]
 pub(super) mod tests;
@@ -160,6 +161,9 @@ struct Session<'a, 's> {
     work: Option<Worker<Done>>,
     /// This host's place in a relay chain (the sender's RELAY).
     relay: Option<relay::Relay>,
+    /// This session as a lane: the files it took pieces of (their pieces
+    /// it was receiving go back when it ends).
+    held: super::storage::pieces::Held,
 }
 
 /// An offer with RESUME between its HAVE and the sender's FROM.
@@ -335,6 +339,7 @@ pub(super) fn drive<'a>(
         output_closed: None,
         work: None,
         relay: None,
+        held: super::storage::pieces::Held::new(parts.cfg.pieces.new_lane()),
     };
     let result = session.run();
     session.finish(result)

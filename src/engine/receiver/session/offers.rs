@@ -53,6 +53,9 @@ impl Session<'_, '_> {
                 Err(refusal) => self.refuse(&hello, hello_at, refusal),
             };
         }
+        if let Some(piece) = hello.piece {
+            return self.on_piece(hello, piece, hello_at);
+        }
         if hello.is_stream() {
             info!(file = %hello.name, "offer of a stream (size unknown)");
         } else {
@@ -343,7 +346,7 @@ impl Session<'_, '_> {
 
     /// The receiver's file stays as it is (the machine queued the ACK):
     /// reported, nothing read or written.
-    fn stays(
+    pub(super) fn stays(
         &mut self,
         hello: &Hello,
         hello_at: Instant,

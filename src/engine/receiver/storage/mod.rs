@@ -14,6 +14,7 @@ pub(in crate::engine::receiver) mod existing;
 pub(in crate::engine::receiver) mod link_dest;
 pub(in crate::engine::receiver) mod partial;
 mod paths;
+pub(in crate::engine::receiver) mod pieces;
 pub(in crate::engine::receiver) mod sink;
 pub(in crate::engine::receiver) mod space;
 pub(in crate::engine::receiver) mod temp_file;
@@ -147,6 +148,12 @@ impl FileStore {
     /// offer the session can take (its ring registered).
     pub(in crate::engine::receiver) fn starts_commands(&self) -> bool {
         matches!(self, FileStore::Exec { .. })
+    }
+
+    /// Whether files may come in pieces over several lanes: into a
+    /// directory tree only (the others take bytes in order, or none).
+    pub(in crate::engine::receiver) fn takes_pieces(&self) -> bool {
+        matches!(self, FileStore::Tree { .. })
     }
 
     /// The store a worker thread reads and links in (`--dir` only: the

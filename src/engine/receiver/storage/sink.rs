@@ -7,10 +7,12 @@
 
 use super::batch::{BatchMember, BatchSink};
 use super::exec::{ExecFailure, ExecSink};
+use super::pieces::{PieceEnd, PieceSink};
 use super::temp_file::TempFile;
 use super::write_behind::Retired;
 use crate::engine::Outcome;
 use crate::error::XferError;
+use crate::proto::Digest;
 use crate::proto::Mtime;
 use std::fs::File;
 use std::io::Write;
@@ -26,6 +28,9 @@ pub(in crate::engine::receiver) enum Sink {
     Discard,
     /// --exec: the standard input of the file's command (in order).
     Exec(Box<ExecSink>),
+    /// One piece of a file sent over lanes, written at its place in the
+    /// file its sessions share (see `pieces`).
+    Piece(Box<PieceSink>),
 }
 
 impl Sink {
@@ -45,6 +50,7 @@ impl Sink {
             Sink::Batch(b) => b.write_chunk(data, offset),
             Sink::Stdout(out) => out.write_all(data),
             Sink::Exec(e) => e.write(data, written),
+            Sink::Piece(p) => p.write(data, offset),
             Sink::Discard => Ok(()),
         }
     }
@@ -142,6 +148,12 @@ impl Sink {
                 Some("; the --exec command was stopped before the end of its input")
             }
             Sink::Batch(_) | Sink::Discard => None,
+            // Its place in the file is not counted verified: the piece
+            // comes again.
+            Sink::Piece(p) => {
+                p.end_failed();
+                None
+            }
         }
     }
 
@@ -167,6 +179,7 @@ impl Sink {
             },
             Sink::Batch(b) => b.commit(overwrite),
             Sink::Temp(t) => t.commit(name, mode, mtime, overwrite),
+            Sink::Piece(p) => p.commit(name, mode, mtime, overwrite),
             Sink::Discard => Ok(()),
             Sink::Exec(e) => e.finish().map_err(|failure| match failure {
                 ExecFailure::Integrity(why) => XferError::Integrity(format!("{name}: {why}")),
@@ -183,6 +196,10 @@ impl Sink {
             Sink::Temp(t) => t.end_uncommitted(),
             Sink::Exec(e) => {
                 e.stop();
+                0
+            }
+            Sink::Piece(p) => {
+                p.end_failed();
                 0
             }
             // Batch members go when dropped.
@@ -206,13 +223,41 @@ impl Sink {
         }
     }
 
+    /// A piece's sink, for its digest before the commit.
+    pub(in crate::engine::receiver) fn piece_mut(&mut self) -> Option<&mut PieceSink> {
+        match self {
+            Sink::Piece(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// A piece's sink, if this is one.
+    pub(in crate::engine::receiver) fn piece(&self) -> Option<&PieceSink> {
+        match self {
+            Sink::Piece(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// A committed piece: whether it made its file whole, and the file's
+    /// digest then.
+    pub(in crate::engine::receiver) fn piece_end(&self) -> Option<Option<Digest>> {
+        match self {
+            Sink::Piece(p) => p.end().map(|end| match end {
+                PieceEnd::Kept => None,
+                PieceEnd::Whole(d) => Some(*d),
+            }),
+            _ => None,
+        }
+    }
+
     /// What became of a file committed through this sink.
     pub(in crate::engine::receiver) fn outcome(&self) -> Outcome {
         match self {
             Sink::Discard => Outcome::Discarded,
             Sink::Exec(_) => Outcome::Piped,
             Sink::Batch(b) if b.discards() => Outcome::Discarded,
-            Sink::Temp(_) | Sink::Batch(_) | Sink::Stdout(_) => Outcome::Stored,
+            Sink::Temp(_) | Sink::Batch(_) | Sink::Stdout(_) | Sink::Piece(_) => Outcome::Stored,
         }
     }
 }

@@ -7,6 +7,7 @@ mod dry_run;
 mod existing;
 mod file_work;
 mod peer;
+mod pieces;
 
 use super::{Parts, drive};
 use crate::engine::memory_wire::{self, ReceiverEnd};

@@ -47,6 +47,7 @@ pub(super) fn file(name: &str, size: u64) -> FileOffer {
         resume: false,
         checksum: false,
         existing: Default::default(),
+        piece: None,
     }
 }
 
