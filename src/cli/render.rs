@@ -117,6 +117,7 @@ pub fn file_line(r: &FileReport, phases: bool) -> String {
         Outcome::KeptNewer => return left("kept: the receiver's file is newer (--update)"),
         Outcome::Linked => return left("linked: the receiver had it under --link-dest"),
         Outcome::WouldSend => return left("would be sent (dry run)"),
+        Outcome::PieceKept => return left("piece kept: its file is not whole yet"),
         Outcome::Stored | Outcome::Discarded | Outcome::Piped => {}
     }
     let resumed = if r.resumed_from > 0 {

@@ -91,6 +91,13 @@ pub enum Entry {
     /// a pipe, `kept` is the whole file (the hop's committed copy). The
     /// pipe's end is the file's only once `whole` is set: the hop's own
     /// checks of it passed.
+    /// One piece of a file sent over lanes (`sender --lanes`): its offer
+    /// (with the piece), the open file, and the piece's first byte in it.
+    Piece {
+        offer: crate::proto::FileOffer,
+        file: File,
+        start: u64,
+    },
     Relayed {
         offer: crate::proto::FileOffer,
         kept: Option<(File, u64)>,
@@ -105,7 +112,7 @@ impl Entry {
     pub fn name(&self) -> &str {
         match self {
             Entry::File { name, .. } | Entry::Dir { name, .. } | Entry::Stdin { name } => name,
-            Entry::Relayed { offer, .. } => &offer.name,
+            Entry::Relayed { offer, .. } | Entry::Piece { offer, .. } => &offer.name,
         }
     }
 
@@ -113,7 +120,7 @@ impl Entry {
     pub fn size(&self) -> u64 {
         match self {
             Entry::File { size, .. } => *size,
-            Entry::Relayed { offer, .. } => offer.size,
+            Entry::Relayed { offer, .. } | Entry::Piece { offer, .. } => offer.size,
             Entry::Dir { .. } | Entry::Stdin { .. } => 0,
         }
     }
@@ -791,13 +798,13 @@ mod tests {
                     }
                 }
                 Entry::File { mtime, name, .. } => assert!(mtime.is_some(), "{name}"),
-                Entry::Stdin { .. } | Entry::Relayed { .. } => unreachable!(),
+                Entry::Stdin { .. } | Entry::Relayed { .. } | Entry::Piece { .. } => unreachable!(),
             }
         }
         let p = plan(&[top], &opts(true, false)).unwrap();
         assert!(p.entries.iter().all(|e| match e {
             Entry::Dir { mtime, .. } | Entry::File { mtime, .. } => mtime.is_none(),
-            Entry::Stdin { .. } | Entry::Relayed { .. } => false,
+            Entry::Stdin { .. } | Entry::Relayed { .. } | Entry::Piece { .. } => false,
         }));
     }
 
@@ -926,7 +933,7 @@ mod tests {
         assert!(p.entries.iter().all(|e| match e {
             Entry::Dir { mtime, .. } => mtime.is_some(),
             Entry::File { opened, .. } => opened.is_some(),
-            Entry::Stdin { .. } | Entry::Relayed { .. } => false,
+            Entry::Stdin { .. } | Entry::Relayed { .. } | Entry::Piece { .. } => false,
         }));
         // With -r: a tree under its kept path; a file also in it goes once.
         o.recursive = true;

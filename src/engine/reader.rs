@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 /// What a job reads.
 pub enum Input {
     /// A file of known size, read by offset from 0.
-    File { file: File, size: u64 },
+    /// `size` bytes of `file` from `start` on (0, or a piece's first
+    /// byte); the offer's offsets count from `start`.
+    File { file: File, size: u64, start: u64 },
     /// A stream (standard input) read until end of file. With `whole`,
     /// the end of file is the stream's end only once `whole` is set (a
     /// relay hop sets it after its own checks passed); before, the
@@ -227,7 +229,9 @@ impl Reader<'_> {
             let resume = job.resume.take();
             let mut input = std::mem::replace(&mut job.input, Input::Batch(Vec::new()));
             let going_on = match &mut input {
-                Input::File { file, size } => self.read_file(&job, file, *size, resume),
+                Input::File { file, size, start } => {
+                    self.read_file(&job, (file, *start), *size, resume)
+                }
                 Input::Stream { file, whole } => self.read_stream(&job, file, whole.as_deref()),
                 Input::Batch(files) => self.read_batch(&job, files),
                 Input::Relayed(input) => self.read_relayed(&job, input, resume),
@@ -246,7 +250,7 @@ impl Reader<'_> {
     fn read_file(
         &mut self,
         job: &ReadJob,
-        file: &File,
+        (file, start): (&File, u64),
         size: u64,
         resume: Option<(u64, FileHasher)>,
     ) -> bool {
@@ -263,7 +267,7 @@ impl Reader<'_> {
                 .and_then(|slot| {
                     let (data, tag) = slot.split_at_mut(len as usize);
                     #[allow(unused_mut)]
-                    let mut crc = fill_chunk(file, offset, data, Some(&mut hasher))?;
+                    let mut crc = fill_chunk(file, start + offset, data, Some(&mut hasher))?;
                     tag_chunk(job.auth.as_ref(), offset, data, tag);
                     #[cfg(feature = "fault-injection")]
                     super::fault::after_checksum(offset / u64::from(job.chunk_len), data, &mut crc);

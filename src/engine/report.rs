@@ -97,6 +97,9 @@ pub enum Outcome {
     Piped,
     /// A dry run: the receiver would take it (nothing sent or written).
     WouldSend,
+    /// A piece of a file sent over lanes, verified and kept by the
+    /// receiver; its file is not whole yet (never a file's own outcome).
+    PieceKept,
 }
 
 impl Outcome {
@@ -111,6 +114,7 @@ impl Outcome {
             Outcome::Discarded => "discarded",
             Outcome::Piped => "piped",
             Outcome::WouldSend => "would-send",
+            Outcome::PieceKept => "piece-kept",
         }
     }
 
@@ -125,7 +129,8 @@ impl Outcome {
             | Outcome::KeptExisting
             | Outcome::KeptNewer
             | Outcome::Linked
-            | Outcome::WouldSend => "",
+            | Outcome::WouldSend
+            | Outcome::PieceKept => "",
         }
     }
 
@@ -148,6 +153,7 @@ impl Outcome {
             AckStatus::KeptExisting => Some(Outcome::KeptExisting),
             AckStatus::KeptNewer => Some(Outcome::KeptNewer),
             AckStatus::WouldReceive => Some(Outcome::WouldSend),
+            AckStatus::PieceKept => Some(Outcome::PieceKept),
             _ => None,
         }
     }
@@ -161,6 +167,7 @@ impl Outcome {
             Outcome::KeptExisting => AckStatus::KeptExisting,
             Outcome::KeptNewer => AckStatus::KeptNewer,
             Outcome::WouldSend => AckStatus::WouldReceive,
+            Outcome::PieceKept => AckStatus::PieceKept,
             _ => AckStatus::Ok,
         }
     }

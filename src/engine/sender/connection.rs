@@ -370,7 +370,14 @@ impl Connection {
                     let input = RelayedInput::new(kept, pipe, whole, flowing);
                     (offer, Input::Relayed(input))
                 }
-                (None, Some((file, size))) => (offer, Input::File { file, size }),
+                (None, Some((file, size))) => (
+                    offer,
+                    Input::File {
+                        file,
+                        size,
+                        start: 0,
+                    },
+                ),
                 (None, None) => {
                     return Err(FileError::Fatal(XferError::Internal(
                         "a relayed entry with nothing to read".into(),
@@ -387,7 +394,19 @@ impl Connection {
                 let (offer, file) =
                     open_offer(cfg, &path, name, opened, mtime).map_err(FileError::Continue)?;
                 let size = offer.size;
-                (offer, Input::File { file, size })
+                (
+                    offer,
+                    Input::File {
+                        file,
+                        size,
+                        start: 0,
+                    },
+                )
+            }
+            // A piece of a file sent over lanes: its bytes from its place.
+            Entry::Piece { offer, file, start } => {
+                let size = offer.size;
+                (offer, Input::File { file, size, start })
             }
         };
         let stream = offer.kind == OfferKind::Stream;

@@ -147,7 +147,8 @@ impl Connection {
                 }
             }
             // Read before any data, whatever the receiver then decides.
-            (HaveKind::Complete | HaveKind::Digest, Input::File { file, size }) => {
+            // (A piece, never resumed or compared, starts at 0 here.)
+            (HaveKind::Complete | HaveKind::Digest, Input::File { file, size, .. }) => {
                 // FROM 0 answers any HAVE: the receiver takes the data.
                 let what = format!("reading {} for the receiver's HAVE", escaped(name));
                 let Some((file, worker)) = start(cfg, name, what, file) else {

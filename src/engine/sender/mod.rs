@@ -11,6 +11,8 @@ mod have;
 mod have_read;
 #[cfg(test)]
 mod have_transfers;
+#[cfg(test)]
+mod lane_transfers;
 mod member;
 #[cfg(test)]
 mod memory_transfers;

@@ -280,7 +280,11 @@ impl Connection {
             }
             // The receiver's file stays: nothing is read or sent.
             SenderEvent::Settled(ack) => {
-                let outcome = Outcome::of_no_data(ack.status).unwrap_or(Outcome::Unchanged);
+                // A piece verified before whose file is whole: stored.
+                let outcome = match ack.status {
+                    crate::proto::AckStatus::Ok => Outcome::Stored,
+                    status => Outcome::of_no_data(status).unwrap_or(Outcome::Unchanged),
+                };
                 info!(file = %escaped(&w.name), "{}: nothing sent", ack.status.as_str());
                 self.answered(cfg, w, outcome, None, ack, tracker)?;
                 Ok(Flow::Done)

@@ -152,6 +152,10 @@ impl Tracker<'_> {
                 // ACK(ok) says how it was stored; anything else fails it.
                 // (The machine refuses a file's REJECT after its FIN; taken
                 // as said all the same.)
+                let piece_kept = matches!(
+                    &verdict,
+                    Verdict::Ack(a) if a.status == crate::proto::AckStatus::PieceKept
+                );
                 let stored = Refusal::of(verdict);
                 if stored.is_ok() {
                     progress.finished();
@@ -162,7 +166,9 @@ impl Tracker<'_> {
                     report.elapsed += commit;
                     match &stored {
                         Ok(note) => {
-                            if report.outcome == crate::engine::Outcome::Stored {
+                            if piece_kept {
+                                report.outcome = crate::engine::Outcome::PieceKept;
+                            } else if report.outcome == crate::engine::Outcome::Stored {
                                 report.outcome = crate::engine::Outcome::from_ack_note(note);
                             }
                             report.phases.log(&report.name, report.bytes);
