@@ -123,3 +123,111 @@ fn a_file_sent_in_pieces_over_two_lanes_arrives_whole_once() {
     let whole = outcomes.iter().filter(|o| **o == Outcome::Stored).count();
     assert_eq!((kept, whole), (3, 1), "{outcomes:?}");
 }
+
+/// `send_striped` over lanes on the memory wire: lane `cut` (if any) has
+/// its connection broken at its write number `at`.
+fn striped_over_memory(
+    files: Vec<super::lanes::StripedFile>,
+    lanes: u32,
+    cut: Option<(u64, u64)>,
+    dst: &std::path::Path,
+) -> (Vec<Reported>, Vec<Reported>) {
+    let (cfg, rcfg) = configs(dst);
+    let receiver_log = Mutex::new(Vec::new());
+    let run_lane = |lane: u64,
+                    feed: super::Feed,
+                    on_file: &mut dyn FnMut(FileEvent<'_>)|
+     -> Result<super::SessionOutcome, crate::error::XferError> {
+        let (mut sender_end, receiver_end) = memory_wire::pair();
+        if let Some((cut_lane, at)) = cut
+            && cut_lane == lane
+        {
+            sender_end.side.break_at_write = Some(at);
+        }
+        std::thread::scope(|s| {
+            let log = &receiver_log;
+            let rcfg = &rcfg;
+            s.spawn(move || {
+                let on_file = |e: FileEvent<'_>| log.lock().unwrap().push(reported(e));
+                // A cut lane's session fails; that is the point.
+                let _ = serve_over(rcfg, receiver_end, &on_file);
+            });
+            let (pool, tokens) =
+                BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).unwrap();
+            let session = super::connection::session_for(&cfg, sender_auth(rcfg));
+            let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
+            let offers = super::Offers {
+                plan: Plan {
+                    entries: Vec::new(),
+                    problems: Vec::new(),
+                    skipped: 0,
+                },
+                feed: Some(feed),
+            };
+            drive(&cfg, offers, conn, &pool, tokens, on_file, Instant::now())
+                .map_err(|ended| ended.0.0)
+        })
+    };
+    let mut sender_log = Vec::new();
+    super::lanes::send_striped(
+        files,
+        (lanes, cfg.chunk_size, cfg.verify),
+        &run_lane,
+        &mut |e| sender_log.push(reported(e)),
+    )
+    .expect("striped");
+    (sender_log, receiver_log.into_inner().unwrap())
+}
+
+fn striped_file(
+    dir: &std::path::Path,
+    name: &str,
+    size: usize,
+) -> (super::lanes::StripedFile, Vec<u8>) {
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 65521) as u8).collect();
+    let path = dir.join(name);
+    std::fs::write(&path, &data).unwrap();
+    let file = super::lanes::StripedFile {
+        name: name.into(),
+        path,
+        size: size as u64,
+        mode: 0o644,
+        mtime: Mtime {
+            secs: 1_700_000_000,
+            nanos: 0,
+        },
+    };
+    (file, data)
+}
+
+#[test]
+fn the_lanes_send_a_big_file_in_pieces_and_report_it_once() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (file, data) = striped_file(src.path(), "model.bin", 10 << 20);
+    let (sent, received) = striped_over_memory(vec![file], 2, None, dst.path());
+    let done = Reported::Done {
+        name: "model.bin".into(),
+        bytes: data.len() as u64,
+        outcome: Outcome::Stored,
+    };
+    assert_eq!(sent, std::slice::from_ref(&done));
+    assert_eq!(received, [done]);
+    assert!(std::fs::read(dst.path().join("model.bin")).unwrap() == data);
+}
+
+#[test]
+fn a_lane_lost_mid_file_gives_its_piece_to_the_other_and_the_file_arrives() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (file, data) = striped_file(src.path(), "model.bin", 10 << 20);
+    // Lane 1's connection breaks at its 100th write (of its first piece).
+    let (sent, _) = striped_over_memory(vec![file], 2, Some((1, 100)), dst.path());
+    assert_eq!(
+        sent,
+        [Reported::Done {
+            name: "model.bin".into(),
+            bytes: data.len() as u64,
+            outcome: Outcome::Stored,
+        }]
+    );
+    assert!(std::fs::read(dst.path().join("model.bin")).unwrap() == data);
+}

@@ -13,6 +13,7 @@ mod have_read;
 mod have_transfers;
 #[cfg(test)]
 mod lane_transfers;
+pub mod lanes;
 mod member;
 #[cfg(test)]
 mod memory_transfers;
