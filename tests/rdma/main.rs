@@ -15,6 +15,7 @@ mod e2e;
 mod faults;
 mod hostile;
 mod json;
+mod lanes;
 mod memlock;
 mod peers;
 mod pipes;

@@ -510,6 +510,7 @@ impl SenderArgs {
         cfg.retries = self.retry;
         cfg.dry_run = self.dry_run;
         cfg.bwlimit = self.bwlimit;
+        cfg.lanes = self.lanes.unwrap_or(1);
         cfg.relay = self.relay.clone();
         Ok(match (operands, launch) {
             (Operands::Remote { targets, .. }, Some(launch)) => {

@@ -450,6 +450,14 @@ pub struct SenderArgs {
     #[arg(long, value_name = "RATE", value_parser = parse_size_arg, value_hint = ValueHint::Other,
           help_heading = PERFORMANCE)]
     pub bwlimit: Option<u64>,
+    /// Send each file of 8M or more in pieces over N sessions side by side
+    /// (lanes: each its own connection, queue pair and core on both
+    /// sides); a lane lost mid-file gives its piece to the others. Not
+    /// with --resume, --checksum, --dry-run, --bwlimit or a relay chain
+    /// (files go whole then) [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16),
+          value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
+    pub lanes: Option<u32>,
     #[command(flatten)]
     pub common: CommonArgs,
 }

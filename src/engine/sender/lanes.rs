@@ -29,6 +29,34 @@ pub struct StripedFile {
     pub mtime: Mtime,
 }
 
+/// The files of `entries` to send in pieces: regular files of two least
+/// pieces or more, with their mtimes (a piece's offer needs one).
+pub fn striped_files(entries: &[Entry]) -> Vec<StripedFile> {
+    use std::os::unix::fs::PermissionsExt;
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::File {
+                path,
+                name,
+                size,
+                mtime: Some(mtime),
+                ..
+            } if *size >= 2 * MIN_PIECE => {
+                let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
+                Some(StripedFile {
+                    name: name.clone(),
+                    path: path.clone(),
+                    size: *size,
+                    mode,
+                    mtime: *mtime,
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// What a lane says to the dispatcher.
 enum LaneSays {
     /// The verdict on its piece: the outcome, or why it failed.

@@ -95,6 +95,9 @@ pub struct SenderConfig {
     pub retries: u32,
     /// `--bwlimit`: the session's data in bytes per second at most.
     pub bwlimit: Option<u64>,
+    /// `--lanes`: big files in pieces over this many sessions at once
+    /// (`lanes::send_striped`); 1: every file whole, in one session.
+    pub lanes: u32,
     /// `--relay`: a chain of receivers, as the user named them; the first
     /// is `addr`, and each forwards what it receives to the next. Each
     /// host's result comes back per file (`FileReport::host`). Empty: the
@@ -138,6 +141,7 @@ impl SenderConfig {
             dry_run: false,
             retries: 0,
             bwlimit: None,
+            lanes: 1,
             relay: Vec::new(),
         }
     }
@@ -204,12 +208,50 @@ pub fn send_files(
     paths: &[PathBuf],
     mut on_file: impl FnMut(FileEvent<'_>),
 ) -> Result<SessionOutcome, XferError> {
+    let striping = cfg.lanes > 1
+        && !cfg.resume
+        && !cfg.checksum
+        && !cfg.dry_run
+        && cfg.bwlimit.is_none()
+        && cfg.relay.is_empty();
+    if !striping {
+        return send_files_but(cfg, paths, HashSet::new(), on_file);
+    }
+    // Big files go in pieces over the lanes, after the rest (their
+    // directories first) went in one session.
+    let plan = entries::plan(paths, &cfg.walk)?;
+    let big = lanes::striped_files(&plan.entries);
+    let names = big.iter().map(|f| f.name.clone()).collect();
+    let mut outcome = send_files_but(cfg, paths, names, &mut on_file)?;
+    let fitted = fit_staging(cfg)?;
+    let run_lane: &lanes::RunLane<'_> = &|_, feed, on_piece| send_fed(&fitted, feed, on_piece);
+    let lanes_of = (cfg.lanes, fitted.chunk_size, cfg.verify);
+    lanes::send_striped(big, lanes_of, run_lane, &mut |event| {
+        match event {
+            FileEvent::Done(r) => outcome.files.push(r.clone()),
+            FileEvent::Failed(f) => {
+                outcome.first_error.get_or_insert_with(|| {
+                    XferError::io(&f.name, std::io::Error::other(f.reason.clone()))
+                });
+            }
+        }
+        on_file(event);
+    })?;
+    Ok(outcome)
+}
+
+/// `send_files` of every entry but those named in `settled` (sent in
+/// pieces over lanes).
+fn send_files_but(
+    cfg: &SenderConfig,
+    paths: &[PathBuf],
+    mut settled: HashSet<String>,
+    mut on_file: impl FnMut(FileEvent<'_>),
+) -> Result<SessionOutcome, XferError> {
     let started = Instant::now();
     let cfg = &fit_staging(cfg)?;
     // A batch keeps its files open until its data is sent.
     crate::sys::os::raise_open_files();
-    // Files acknowledged or failed for good: not offered again.
-    let mut settled: HashSet<String> = HashSet::new();
     let mut total = SessionOutcome::default();
     let mut retry = 0;
     // Failures of files cut short by a session's end, by host (over a
