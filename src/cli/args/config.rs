@@ -511,6 +511,7 @@ impl SenderArgs {
         cfg.dry_run = self.dry_run;
         cfg.bwlimit = self.bwlimit;
         cfg.lanes = self.lanes.unwrap_or(1);
+        cfg.rails = self.rails.clone();
         cfg.relay = self.relay.clone();
         Ok(match (operands, launch) {
             (Operands::Remote { targets, .. }, Some(launch)) => {

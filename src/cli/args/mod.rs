@@ -458,8 +458,27 @@ pub struct SenderArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16),
           value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
     pub lanes: Option<u32>,
+    /// With --lanes: other addresses of the receiver, one per rail (a
+    /// device or wire of its own), each as [SRC=]ADDR (SRC: the local
+    /// address to connect from; else the route's); lane i goes to the
+    /// receiver's address (i mod (R+1) = 0) or to rail i mod (R+1)
+    #[arg(long, value_name = "[SRC=]ADDR,...", value_delimiter = ',', requires = "lanes",
+          value_parser = parse_rail, value_hint = ValueHint::Other, help_heading = PERFORMANCE)]
+    pub rails: Vec<(Option<std::net::IpAddr>, std::net::IpAddr)>,
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// One `--rails` item: `[SRC=]ADDR`.
+fn parse_rail(s: &str) -> Result<(Option<std::net::IpAddr>, std::net::IpAddr), String> {
+    let ip = |a: &str| {
+        a.parse::<std::net::IpAddr>()
+            .map_err(|_| format!("{a:?} is not an IP address ([SRC=]ADDR)"))
+    };
+    match s.split_once('=') {
+        Some((src, dst)) => Ok((Some(ip(src)?), ip(dst)?)),
+        None => Ok((None, ip(s)?)),
+    }
 }
 
 /// `--verify`: the whole-file digest.

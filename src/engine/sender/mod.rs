@@ -98,6 +98,9 @@ pub struct SenderConfig {
     /// `--lanes`: big files in pieces over this many sessions at once
     /// (`lanes::send_striped`); 1: every file whole, in one session.
     pub lanes: u32,
+    /// `--rails`: the receiver's other addresses, one per rail; lane i
+    /// goes to rail i mod (1 + rails) (0: `addr`, from `source`).
+    pub rails: Vec<(Option<IpAddr>, IpAddr)>,
     /// `--relay`: a chain of receivers, as the user named them; the first
     /// is `addr`, and each forwards what it receives to the next. Each
     /// host's result comes back per file (`FileReport::host`). Empty: the
@@ -142,6 +145,7 @@ impl SenderConfig {
             retries: 0,
             bwlimit: None,
             lanes: 1,
+            rails: Vec::new(),
             relay: Vec::new(),
         }
     }
@@ -224,7 +228,23 @@ pub fn send_files(
     let names = big.iter().map(|f| f.name.clone()).collect();
     let mut outcome = send_files_but(cfg, paths, names, &mut on_file)?;
     let fitted = fit_staging(cfg)?;
-    let run_lane: &lanes::RunLane<'_> = &|_, feed, on_piece| send_fed(&fitted, feed, on_piece);
+    let run_lane: &lanes::RunLane<'_> = &|lane, feed, on_piece| {
+        let rail = (lane % (1 + cfg.rails.len() as u64)) as usize;
+        match rail.checked_sub(1).and_then(|r| cfg.rails.get(r)) {
+            // Another address of the receiver, from the rail's source (or
+            // the route's).
+            Some((source, addr)) => {
+                let on_rail = SenderConfig {
+                    addr: SocketAddr::new(*addr, cfg.addr.port()),
+                    source: *source,
+                    ..fitted.clone()
+                };
+                info!(lane, rail = %addr, "lane on its rail");
+                send_fed(&on_rail, feed, on_piece)
+            }
+            None => send_fed(&fitted, feed, on_piece),
+        }
+    };
     let lanes_of = (cfg.lanes, fitted.chunk_size, cfg.verify);
     lanes::send_striped(big, lanes_of, run_lane, &mut |event| {
         match event {
