@@ -518,6 +518,13 @@ impl SenderArgs {
                 // Each attempt starts a new receiver: the engine's own
                 // retries (same address) do not apply.
                 cfg.retries = 0;
+                // The far end serves one session: files go whole there.
+                if cfg.lanes > 1 {
+                    tracing::warn!(
+                        "--lanes: a receiver started over ssh serves one session; files go whole"
+                    );
+                    cfg.lanes = 1;
+                }
                 let chain = self.chain_for(&targets);
                 SendPlan::Remote(RemotePlan {
                     cfg,
