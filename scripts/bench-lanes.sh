@@ -40,7 +40,7 @@ head -c $((SIZE2 << 20)) /dev/urandom > "$work/file.bin"
 want=$(sha256sum < "$work/file.bin" | cut -d' ' -f1)
 rm -f "$work/dst/file.bin"
 t0=$(date +%s.%N)
-"$bin/sender" --port 7999 --source "$RXFER_ADDR_B" --lanes 2 --rails "$RXFER_ADDR_B2=$RXFER_ADDR_A2" "$RXFER_ADDR_A" "$work/file.bin" > "$work/send.log" 2>&1 &
+"$bin/sender" --port 7999 ${SENDER_LOG:+-vv} --source "$RXFER_ADDR_B" --lanes 2 --rails "$RXFER_ADDR_B2=$RXFER_ADDR_A2" "$RXFER_ADDR_A" "$work/file.bin" > "$work/send.log" 2>&1 &
 spid=$!
 # Two rails at 10 MiB/s: a third of the file in about SIZE2/60 s.
 sleep "$(echo "$SIZE2 / 60" | bc -l)"
@@ -51,7 +51,7 @@ wait "$spid" && rc=0 || rc=$?
 t1=$(date +%s.%N)
 got=$(sha256sum < "$work/dst/file.bin" 2>/dev/null | cut -d' ' -f1 || true)
 echo "rails: cut run rc=$rc took $(echo "$t1 - $t0" | bc) s sha256 $([[ $got == "$want" ]] && echo equal || echo DIFFERS) lane_down=$(grep -c lane_down "$work/send.log" || true)"
-grep -E "lane_down|lane on|sending in pieces" "$work/send.log" | head -5
+grep -E "lane_down|lane on|sending in pieces" "$work/send.log" | head -5; [[ -z ${SENDER_LOG:-} ]] || grep -iE "keepalive|lane=1|error|retry" "$work/send.log" | tail -20
 "$W" ab2 up
 kill "$rpid"; wait "$rpid" 2>/dev/null || true
 "$W" ab unlimit; "$W" ab2 unlimit

@@ -1441,7 +1441,18 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             // to compare it with HAVE: it says it is alive meanwhile.
             (AwaitFrom, Message::Keepalive) => Ok(ReceiverEvent::Keepalive),
             // Only a stream may wait for its input; a file's data is there.
-            (Receiving, Message::Keepalive) if self.stream => Ok(ReceiverEvent::Keepalive),
+            // A stream's sender waiting on its input; a lane probing its
+            // path while a piece waits for credit.
+            (Receiving, Message::Keepalive) if self.stream || self.offer_piece.is_some() => {
+                Ok(ReceiverEvent::Keepalive)
+            }
+            // A lane probing its path about a piece: before its MR, after
+            // its FIN (the ACK may be on its way).
+            (AwaitHello | AwaitDecision | Verifying, Message::Keepalive)
+                if self.offer_piece.is_some() =>
+            {
+                Ok(ReceiverEvent::Keepalive)
+            }
             // The sender aborting (e.g. a local read error) ends the session.
             (_, Message::Reject(r)) => Err(ProtocolError::PeerRejected {
                 code: r.code,

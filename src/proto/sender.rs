@@ -348,6 +348,10 @@ struct Timers {
     keepalive_at: Option<Instant>,
     /// A message or chunk went out since the keepalive was armed.
     spoke: bool,
+    /// Probe the path while a piece waits for credit (a lane): a KEEPALIVE
+    /// every interval, so that a dead path fails in the transport's retry
+    /// time, not after the receive timeout (`probing`).
+    probe: bool,
 }
 
 /// A capability an older receiver of this protocol version does not
@@ -506,6 +510,15 @@ impl<P> SenderSession<P> {
         self
     }
 
+    /// A lane's session: while a piece waits for credit, a KEEPALIVE goes
+    /// every `keepalive_interval`, so that a dead path is found by the
+    /// transport (its retries) within seconds (a receiver of pieces takes
+    /// them).
+    pub fn probing(mut self) -> Self {
+        self.timers.probe = true;
+        self
+    }
+
     /// The engine now waits on `on`: waiting on the receiver starts its
     /// timeout (unless it runs already); waiting on its own input starts
     /// the keepalive's interval (again after anything went out).
@@ -513,11 +526,19 @@ impl<P> SenderSession<P> {
         let Some(timeout) = self.timers.timeout else {
             return;
         };
+        let probes = self.probes();
         let t = &mut self.timers;
         let changed = t.waiting != Some(on);
         match on {
             Waiting::Peer => {
-                t.keepalive_at = None;
+                // A lane waiting on its receiver about a piece probes its
+                // path.
+                let probe = t.probe && probes;
+                t.keepalive_at = match (probe, t.keepalive_at) {
+                    (true, Some(at)) if !changed => Some(at),
+                    (true, _) => now.checked_add(keepalive_interval(timeout)),
+                    (false, _) => None,
+                };
                 if changed || t.silent_at.is_none() {
                     t.silent_at = now.checked_add(timeout);
                 }
@@ -1451,6 +1472,7 @@ impl<P> SenderSession<P> {
     /// of silence). Nothing else may keep the receiver waiting.
     pub fn keepalive(&mut self) -> Result<(), ProtocolError> {
         let waiting = match self.state {
+            _ if self.timers.probe && self.probes() => true,
             SenderState::Sending => self.stream,
             // Reading its file for a HAVE's answer.
             SenderState::AwaitFromDecision => true,
@@ -1461,6 +1483,17 @@ impl<P> SenderSession<P> {
         }
         self.outbox.push_back(Message::Keepalive);
         Ok(())
+    }
+
+    /// Whether a lane's wait here is about a piece (its MR, credit, its
+    /// ACK), which KEEPALIVEs may probe (the receiver takes them then).
+    fn probes(&self) -> bool {
+        self.offer_caps & hello_flags::PIECE != 0
+            && match self.state {
+                SenderState::AwaitRing | SenderState::Sending => true,
+                SenderState::Idle => !self.pending.is_empty(),
+                _ => false,
+            }
     }
 
     /// The next message the machine queued for the receiver, if any. The

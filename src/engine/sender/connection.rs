@@ -602,6 +602,7 @@ fn settle(
 /// and, for --dry-run, offers that are a dry run's.
 pub(super) fn session_for<P>(cfg: &SenderConfig, auth: Option<SenderAuth>) -> SenderSession<P> {
     let session = SenderSession::carrying(cfg.chunk_size, auth).with_timeout(cfg.timeout);
+    let session = if cfg.lane { session.probing() } else { session };
     if cfg.dry_run {
         session.dry_run()
     } else {

@@ -101,6 +101,9 @@ pub struct SenderConfig {
     /// `--rails`: the receiver's other addresses, one per rail; lane i
     /// goes to rail i mod (1 + rails) (0: `addr`, from `source`).
     pub rails: Vec<(Option<IpAddr>, IpAddr)>,
+    /// This session is a lane (`lanes::send_striped`): it probes its path
+    /// while a piece waits for credit (`SenderSession::probing`).
+    pub lane: bool,
     /// `--relay`: a chain of receivers, as the user named them; the first
     /// is `addr`, and each forwards what it receives to the next. Each
     /// host's result comes back per file (`FileReport::host`). Empty: the
@@ -146,6 +149,7 @@ impl SenderConfig {
             bwlimit: None,
             lanes: 1,
             rails: Vec::new(),
+            lane: false,
             relay: Vec::new(),
         }
     }
@@ -227,7 +231,10 @@ pub fn send_files(
     let big = lanes::striped_files(&plan.entries);
     let names = big.iter().map(|f| f.name.clone()).collect();
     let mut outcome = send_files_but(cfg, paths, names, &mut on_file)?;
-    let fitted = fit_staging(cfg)?;
+    let fitted = SenderConfig {
+        lane: true,
+        ..fit_staging(cfg)?
+    };
     let run_lane: &lanes::RunLane<'_> = &|lane, feed, on_piece| {
         let rail = (lane % (1 + cfg.rails.len() as u64)) as usize;
         match rail.checked_sub(1).and_then(|r| cfg.rails.get(r)) {
