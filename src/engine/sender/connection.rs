@@ -476,10 +476,13 @@ impl Connection {
         self.handle_deliveries(pipe)?;
         match waited {
             Ok(true) => self.session.heard(Instant::now()),
-            Ok(false) => self
-                .session
-                .handle_timeout(Instant::now())
-                .map_err(proto_err)?,
+            Ok(false) => {
+                self.session
+                    .handle_timeout(Instant::now())
+                    .map_err(proto_err)?;
+                // A lane's probe (KEEPALIVE), if one is due, goes now.
+                self.transmit()?;
+            }
             Err(e) => return Err(self.failure(e)),
         }
         Ok(())
