@@ -51,7 +51,7 @@ wait "$spid" && rc=0 || rc=$?
 t1=$(date +%s.%N)
 got=$(sha256sum < "$work/dst/file.bin" 2>/dev/null | cut -d' ' -f1 || true)
 echo "rails: cut run rc=$rc took $(echo "$t1 - $t0" | bc) s sha256 $([[ $got == "$want" ]] && echo equal || echo DIFFERS) lane_down=$(grep -c lane_down "$work/send.log" || true)"
-grep -E "lane_down|lane on|sending in pieces" "$work/send.log" | head -5; [[ -z ${SENDER_LOG:-} ]] || grep -iE "keepalive|lane=1|error|retry" "$work/send.log" | tail -20
+grep -E "lane_down|lane on|sending in pieces" "$work/send.log" | head -5; [[ -z ${SENDER_LOG:-} ]] || grep -iE "keepalive|probe|lane=1|error|retry|completion" "$work/send.log" | tail -20
 "$W" ab2 up
 kill "$rpid"; wait "$rpid" 2>/dev/null || true
 "$W" ab unlimit; "$W" ab2 unlimit

@@ -481,7 +481,9 @@ impl Connection {
                     .handle_timeout(Instant::now())
                     .map_err(proto_err)?;
                 // A lane's probe (KEEPALIVE), if one is due, goes now.
-                self.transmit()?;
+                if self.transmit()? > 0 {
+                    debug!("probe sent while waiting for {}", self.session.waited_for());
+                }
             }
             Err(e) => return Err(self.failure(e)),
         }
