@@ -508,7 +508,7 @@ mod tests {
         assert_eq!(ok.level, Level::Ok);
         assert!(
             ok.what
-                .contains("speaks protocol 7; the token from /etc/rdma-xfer/token"),
+                .contains("speaks protocol 8; the token from /etc/rdma-xfer/token"),
             "{ok:?}"
         );
         let open = handshake_finding(addr, None, &Ok(()));

@@ -129,7 +129,7 @@ impl Entry {
 /// The entries to send, and problems met on the way (an unreadable
 /// directory inside a tree, a name that is not UTF-8): those were reported
 /// and are skipped, and the sender's exit status will say so.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Plan {
     pub entries: Vec<Entry>,
     pub problems: Vec<XferError>,

@@ -129,13 +129,16 @@ pub(crate) enum Pool {
     RelayRing,
     /// The sender's staging buffers: `--depth`.
     Staging,
+    /// The staging buffers of each of a sender's N lanes: an Nth of the
+    /// room each.
+    LaneStaging(u32),
 }
 
 impl Pool {
     fn count_option(self) -> &'static str {
         match self {
             Pool::Ring | Pool::RelayRing => "--slots",
-            Pool::Staging => "--depth",
+            Pool::Staging | Pool::LaneStaging(_) => "--depth",
         }
     }
 
@@ -154,6 +157,9 @@ impl Pool {
                  other half for passing files on in a relay chain)"
             ),
             Pool::Staging => format!("{count} staging buffers of {size} ({options})"),
+            Pool::LaneStaging(n) => {
+                format!("{count} staging buffers of {size} per lane, {n} lanes ({options})")
+            }
         }
     }
 }
@@ -203,6 +209,7 @@ pub(crate) fn fit_to_memlock(
 fn room_for(role: Pool, given: Given, available: Option<u64>) -> Option<u64> {
     match role {
         Pool::RelayRing if given == Given::default() => available.map(|a| a / 2),
+        Pool::LaneStaging(n) => available.map(|a| a / u64::from(n.max(1))),
         _ => available,
     }
 }

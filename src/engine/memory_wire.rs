@@ -115,6 +115,10 @@ pub(super) trait Side {
     fn broken(&self) -> bool {
         false
     }
+    /// The path went dead without a word: what goes out vanishes.
+    fn stalled(&self) -> bool {
+        false
+    }
 }
 
 /// One end of the wire.
@@ -140,6 +144,14 @@ pub(super) struct SenderSide {
     /// later send; the receiver sees the peer go.
     pub(super) break_at_write: Option<u64>,
     broken: bool,
+    /// From the write of this number on, the path is dead with its
+    /// carrier up: writes and messages vanish both ways, no completion
+    /// and no error comes (a rail cut with packets dropped).
+    pub(super) stall_at_write: Option<u64>,
+    /// Keeps the stalled side's new inbox open (it hears nothing).
+    mute: Option<Sender<ToSender>>,
+    /// The slots of the writes that vanished.
+    lost: Vec<Buffer>,
 }
 
 /// The receiver's side.
@@ -170,6 +182,10 @@ impl Side for SenderSide {
 
     fn broken(&self) -> bool {
         self.broken
+    }
+
+    fn stalled(&self) -> bool {
+        self.mute.is_some()
     }
 }
 
@@ -240,6 +256,9 @@ impl<S: Side> Link for End<S> {
         if self.side.broken() {
             return Err(XferError::PeerLost("the connection broke".into()));
         }
+        if self.side.stalled() {
+            return Ok(());
+        }
         let bytes = self.codec.seal(msg)?;
         self.send_raw(bytes);
         Ok(())
@@ -287,6 +306,16 @@ impl WriteLink for SenderEnd {
             // The receiver's side of the connection goes too.
             self.to_peer = mpsc::channel().0;
             return Err(SysError::Disconnected);
+        }
+        if side.mute.is_none() && side.stall_at_write.is_some_and(|n| side.writes >= n) {
+            let (mute, deaf) = mpsc::channel();
+            side.mute = Some(mute);
+            self.inbox = Inbox::new(deaf);
+        }
+        if side.mute.is_some() {
+            // Gone without a trace; its slot never comes back.
+            side.lost.push(buf);
+            return Ok(());
         }
         let bytes = pool.bytes(&buf, len)?;
         {

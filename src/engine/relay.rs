@@ -291,6 +291,7 @@ impl Downstream {
         let feed = Feed {
             entries,
             drained: drained_tx,
+            watch: None,
         };
         let session = std::thread::Builder::new()
             .name("relay".into())

@@ -304,9 +304,12 @@ impl Assembly {
     }
 }
 
+/// Pieces a lane carries of a file, about (`piece_size_for`).
+pub const PIECES_PER_LANE: u64 = 8;
+
 /// The grid a sender chooses for a file of `file_size` bytes over `lanes`
-/// lanes: about four pieces a lane (so a slow lane or a lost one costs a
-/// quarter of its share), each a multiple of `PIECE_ALIGN` and of `chunk`
+/// lanes: about eight pieces a lane (so a slow lane or a lost one costs
+/// an eighth of its share, and the last pieces end close together), each a multiple of `PIECE_ALIGN` and of `chunk`
 /// (so no chunk straddles two pieces), between `min_piece` and 256 MiB,
 /// and never more than `MAX_PIECES`.
 pub fn piece_size_for(file_size: u64, lanes: u32, chunk: u64, min_piece: u64) -> u64 {
@@ -319,7 +322,7 @@ pub fn piece_size_for(file_size: u64, lanes: u32, chunk: u64, min_piece: u64) ->
     };
     let chunk = chunk.max(1);
     let unit = PIECE_ALIGN / gcd(PIECE_ALIGN, chunk) * chunk;
-    let want = file_size.div_ceil(u64::from(lanes.max(1)) * 4);
+    let want = file_size.div_ceil(u64::from(lanes.max(1)) * PIECES_PER_LANE);
     let size = want
         .clamp(min_piece, MAX_PIECE.max(min_piece))
         .max(file_size.div_ceil(MAX_PIECES));
@@ -642,9 +645,9 @@ mod tests {
     }
 
     #[test]
-    fn a_grid_gives_each_lane_about_four_pieces_on_chunk_boundaries() {
-        // 1 GiB over 2 lanes: 8 pieces of 128 MiB.
-        assert_eq!(piece_size_for(1 << 30, 2, MIB, 4 * MIB), 128 * MIB);
+    fn a_grid_gives_each_lane_about_eight_pieces_on_chunk_boundaries() {
+        // 1 GiB over 2 lanes: 16 pieces of 64 MiB.
+        assert_eq!(piece_size_for(1 << 30, 2, MIB, 4 * MIB), 64 * MIB);
         // Small files: the least piece size; huge ones: at most 256 MiB.
         assert_eq!(piece_size_for(10 * MIB, 4, MIB, 4 * MIB), 4 * MIB);
         assert_eq!(piece_size_for(1 << 40, 2, MIB, 4 * MIB), 256 * MIB);

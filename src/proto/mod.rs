@@ -1,4 +1,4 @@
-//! rdma-xfer control protocol (session protocol 7): wire codec, name checks and the pure sender /
+//! rdma-xfer control protocol (session protocol 8): wire codec, name checks and the pure sender /
 //! receiver session state machines. No I/O happens here; the engine drives it.
 //!
 //! How a machine talks to its engine:
@@ -66,9 +66,11 @@ use thiserror::Error;
 /// version 6 verdicts without data (ACK unchanged, kept-existing,
 /// kept-newer answering a HELLO: re-runs are no-ops); version 7 relay
 /// chains (RELAY names the hosts after the receiver, RESULT reports each
-/// host's verdict before the offer's own). Both sides speak exactly one
-/// version: a peer of another one is refused, naming both.
-pub const PROTOCOL_VERSION: u16 = 7;
+/// host's verdict before the offer's own); version 8 pieces (HELLO's
+/// PIECE: one file offered in pieces over several sessions, lanes; ACK
+/// PieceKept). Both sides speak exactly one version: a peer of another one
+/// is refused, naming both.
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// Most files one BATCH may offer.
 pub const MAX_BATCH_FILES: usize = 256;

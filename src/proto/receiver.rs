@@ -1276,6 +1276,15 @@ impl<F, W, C> ReceiverSession<F, W, C> {
         err
     }
 
+    /// A lane's probe (KEEPALIVE about a piece) is answered with a
+    /// KEEPALIVE (one queued at a time): its sender tells a dead path from
+    /// a busy receiver by the answer (protocol 8).
+    fn echo_probe(&mut self) {
+        if !self.outbox.contains(&Message::Keepalive) {
+            self.outbox.push_back(Message::Keepalive);
+        }
+    }
+
     /// Queues `reply`; with `close`, the session is over.
     fn close_with(&mut self, reply: Message, close: bool) {
         self.outbox.push_back(reply);
@@ -1443,14 +1452,17 @@ impl<F, W, C> ReceiverSession<F, W, C> {
             // Only a stream may wait for its input; a file's data is there.
             // A stream's sender waiting on its input; a lane probing its
             // path while a piece waits for credit.
-            (Receiving, Message::Keepalive) if self.stream || self.offer_piece.is_some() => {
+            (Receiving, Message::Keepalive) if self.offer_piece.is_some() => {
+                self.echo_probe();
                 Ok(ReceiverEvent::Keepalive)
             }
+            (Receiving, Message::Keepalive) if self.stream => Ok(ReceiverEvent::Keepalive),
             // A lane probing its path about a piece: before its MR, after
             // its FIN (the ACK may be on its way).
             (AwaitHello | AwaitDecision | Verifying, Message::Keepalive)
                 if self.offer_piece.is_some() =>
             {
+                self.echo_probe();
                 Ok(ReceiverEvent::Keepalive)
             }
             // The sender aborting (e.g. a local read error) ends the session.
@@ -3034,12 +3046,12 @@ mod tests {
             Message::Auth { .. } => Err(RecvError::Version(Reject::new(
                 RejectCode::Version,
                 "the sender speaks protocol version 2 or older (its AUTH is protocol 2's); \
-                 this receiver speaks protocol version 7: upgrade the sender",
+                 this receiver speaks protocol version 8: upgrade the sender",
             ))),
             Message::Prove(p) if p.version != PROTOCOL_VERSION => {
                 Err(RecvError::Version(Reject::new(
                     RejectCode::Version,
-                    "the sender speaks protocol version 6; this receiver speaks protocol version 7",
+                    "the sender speaks protocol version 7; this receiver speaks protocol version 8",
                 )))
             }
             Message::Prove(p) if p.proof.is_empty() => Err(RecvError::Auth(AuthFailure::NoToken)),
@@ -3872,40 +3884,41 @@ mod tests {
             (v(2, 0, "f", 1), Some(RejectCode::Version)),
             (v(2, STREAM, "f", 0), Some(RejectCode::Version)),
             // Version 3: flags and relative paths.
-            (v(7, 0, "f", 1000), None),
-            (v(7, 0, "a/b/c", 1), None),
-            (v(7, STREAM, "stdin", 0), None),
-            (v(7, DIRECTORY, "top/sub", 0), None),
+            (v(8, 0, "f", 1000), None),
+            (v(8, 0, "a/b/c", 1), None),
+            (v(8, STREAM, "stdin", 0), None),
+            (v(8, DIRECTORY, "top/sub", 0), None),
             (
                 Hello {
                     mtime: t,
-                    ..v(7, DIRECTORY | MTIME, "top", 0)
+                    ..v(8, DIRECTORY | MTIME, "top", 0)
                 },
                 None,
             ),
-            (v(7, 0, "f", 1001), Some(RejectCode::TooLarge)),
-            (v(7, hello_flags::KEEP_MODE, "f", 1), None),
-            (v(7, 1 << 4, "f", 1), Some(RejectCode::Version)),
-            (v(7, 1 << 12, "f", 1), Some(RejectCode::Version)),
-            (v(7, hello_flags::CHECKSUM, "f", 1), None),
+            (v(8, 0, "f", 1001), Some(RejectCode::TooLarge)),
+            (v(8, hello_flags::KEEP_MODE, "f", 1), None),
+            (v(8, 1 << 4, "f", 1), Some(RejectCode::Version)),
+            (v(8, 1 << 12, "f", 1), Some(RejectCode::Version)),
+            (v(8, hello_flags::CHECKSUM, "f", 1), None),
             (
-                v(7, hello_flags::CHECKSUM | STREAM, "s", 0),
+                v(8, hello_flags::CHECKSUM | STREAM, "s", 0),
                 Some(RejectCode::Protocol),
             ),
             (
-                v(7, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
+                v(8, hello_flags::CHECKSUM | DIRECTORY, "d", 0),
                 Some(RejectCode::Protocol),
             ),
             (
-                v(7, hello_flags::RESUME, "f", 1),
+                v(8, hello_flags::RESUME, "f", 1),
                 Some(RejectCode::Protocol),
             ),
-            (v(7, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
-            (v(7, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
-            (v(7, STREAM, "f", 5), Some(RejectCode::Protocol)),
-            (v(7, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
+            (v(8, 1 << 31 | STREAM, "f", 0), Some(RejectCode::Version)),
+            (v(8, STREAM | DIRECTORY, "f", 0), Some(RejectCode::Protocol)),
+            (v(8, STREAM, "f", 5), Some(RejectCode::Protocol)),
+            (v(8, DIRECTORY, "d", 5), Some(RejectCode::Protocol)),
             // Other versions.
             (v(0, 0, "f", 1), Some(RejectCode::Version)),
+            (v(7, 0, "f", 1), Some(RejectCode::Version)),
             (v(6, 0, "f", 1), Some(RejectCode::Version)),
             (v(5, 0, "f", 1), Some(RejectCode::Version)),
             (v(3, 0, "f", 1), Some(RejectCode::Version)),
@@ -3915,7 +3928,7 @@ mod tests {
             assert_eq!(code(h.clone()), want, "{h:?}");
         }
         // A stream is not held to --max-size up front (its size is unknown).
-        assert_eq!(code(v(7, STREAM, "s", 0)), None);
+        assert_eq!(code(v(8, STREAM, "s", 0)), None);
         // A piece of a file on lanes: with its mtime, its own length, on a
         // grid that makes sense; never a stream, resumed, compared or dry
         // run.
@@ -3928,7 +3941,7 @@ mod tests {
         let piece = |caps, size, piece| Hello {
             mtime: t,
             piece: Some(piece),
-            ..v(7, hello_flags::PIECE | hello_flags::MTIME | caps, "p", size)
+            ..v(8, hello_flags::PIECE | hello_flags::MTIME | caps, "p", size)
         };
         assert_eq!(code(piece(0, 10, grid)), None);
         for (bad, why) in [
@@ -3968,7 +3981,7 @@ mod tests {
             panic!("version 2 accepted");
         };
         assert!(
-            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 7"),
+            j.reason.contains("protocol version 2") && j.reason.contains("protocol version 8"),
             "{}",
             j.reason
         );

@@ -1055,6 +1055,12 @@ impl<P> SenderSession<P> {
                 Idle | AwaitRing | AwaitHave | AwaitFromDecision | AwaitCompared | Sending,
                 Message::Keepalive,
             ) if self.hears_chain() => Ok(SenderEvent::Keepalive),
+            // A lane's receiver answers its probes (protocol 8), and may
+            // answer the last after the piece's verdict.
+            (
+                Idle | AwaitRing | AwaitHave | AwaitFromDecision | AwaitCompared | Sending,
+                Message::Keepalive,
+            ) if self.timers.probe => Ok(SenderEvent::Keepalive),
             // Verdicts on pending entries come before anything about the
             // current HELLO.
             // (A verdict without data answers a HELLO, never a FIN.)
@@ -2496,7 +2502,7 @@ mod tests {
                             (Message::Reject(r), st) if st != Closed && version_reject => {
                                 ProtocolError::VersionMismatch {
                                     detail: format!(
-                                        "this sender speaks protocol version 7; the receiver says: {}",
+                                        "this sender speaks protocol version 8; the receiver says: {}",
                                         r.reason
                                     ),
                                 }
@@ -2696,7 +2702,7 @@ mod tests {
         let mut s = session_in(Situation::AwaitAuthOk);
         let err = s.on_message(ack(AckStatus::Protocol)).unwrap_err();
         assert!(
-            err.to_string().contains("protocol version 7")
+            err.to_string().contains("protocol version 8")
                 && err.to_string().contains("2 or earlier"),
             "{err}"
         );
@@ -2706,13 +2712,13 @@ mod tests {
         let err = s
             .on_message(Message::Reject(Reject::new(
                 RejectCode::Version,
-                "protocol version 7 is not supported (receiver speaks 1 to 2)",
+                "protocol version 8 is not supported (receiver speaks 1 to 2)",
             )))
             .unwrap_err();
         assert!(matches!(err, ProtocolError::VersionMismatch { .. }));
         assert!(
             err.to_string()
-                .contains("this sender speaks protocol version 7")
+                .contains("this sender speaks protocol version 8")
                 && err.to_string().contains("1 to 2"),
             "{err}"
         );
@@ -2744,7 +2750,7 @@ mod tests {
         let err = refused(both.clone());
         assert!(
             matches!(&err, ProtocolError::OlderReceiver { lacks: Capability::Checksum, detail }
-                if detail.contains("this sender speaks protocol version 7")
+                if detail.contains("this sender speaks protocol version 8")
                     && detail.contains("0x40")),
             "{err:?}"
         );

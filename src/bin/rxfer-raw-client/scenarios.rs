@@ -45,6 +45,7 @@ fn plain_hello(name: &str, size: u64) -> Hello {
         mode: 0o644,
         digest: DigestAlg::Crc32,
         mtime: None,
+        piece: None,
     }
 }
 
@@ -131,6 +132,7 @@ pub(crate) fn scenarios() -> Vec<(&'static str, &'static str, Vec<Step>)> {
                     mode: 0o644,
                     digest: DigestAlg::Crc32,
                     mtime: None,
+                    piece: None,
                 })),
                 expect(ANSWER),
             ],

@@ -160,6 +160,7 @@ pub(crate) fn parse_step(arg: &str) -> Result<Step, String> {
                 mode: 0o644,
                 digest,
                 mtime: None,
+                piece: None,
             }))
         }
         "fin" => {

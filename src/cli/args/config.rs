@@ -511,6 +511,18 @@ impl SenderArgs {
         cfg.dry_run = self.dry_run;
         cfg.bwlimit = self.bwlimit;
         cfg.lanes = self.lanes.unwrap_or(1);
+        if cfg.lanes > 1 {
+            let whole = [
+                (cfg.resume, "--resume (or --retry)"),
+                (self.checksum, "--checksum"),
+                (self.dry_run, "--dry-run"),
+                (self.bwlimit.is_some(), "--bwlimit"),
+                (!self.relay.is_empty(), "--relay"),
+            ];
+            if let Some((_, why)) = whole.iter().find(|(on, _)| *on) {
+                tracing::warn!("--lanes: with {why}, files go whole, in one session");
+            }
+        }
         cfg.rails = self.rails.clone();
         cfg.relay = self.relay.clone();
         Ok(match (operands, launch) {
@@ -518,13 +530,6 @@ impl SenderArgs {
                 // Each attempt starts a new receiver: the engine's own
                 // retries (same address) do not apply.
                 cfg.retries = 0;
-                // The far end serves one session: files go whole there.
-                if cfg.lanes > 1 {
-                    tracing::warn!(
-                        "--lanes: a receiver started over ssh serves one session; files go whole"
-                    );
-                    cfg.lanes = 1;
-                }
                 let chain = self.chain_for(&targets);
                 SendPlan::Remote(RemotePlan {
                     cfg,

@@ -538,7 +538,9 @@ pub struct ReceiverArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = DEFAULT_PORT, value_hint = ValueHint::Other, help_heading = CONNECTION)]
     pub port: u16,
-    /// Serve one session, then exit with its status.
+    /// Serve one sender, then exit with its first session's status (the
+    /// sessions that join it while it runs, a sender's --lanes, are
+    /// served too; with --stdout, one session alone).
     #[arg(long, help_heading = CONNECTION)]
     pub once: bool,
     /// With --once: how long to wait for the first sender (s, m, h, d)

@@ -32,6 +32,7 @@ use crate::sys::SysError;
 use crate::sys::os::shutdown_requested;
 use crate::sys::rdma::{CmId, Endpoint, EventChannel, IncomingConnection, QpCaps, probe_devices};
 use admission::{Admission, HANDSHAKE_PER_ADDRESS, HANDSHAKE_POOL, HandshakePool, SessionSlots};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
@@ -165,8 +166,15 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
         output_name: cfg.output.json_name(&shown_dir),
         unauthenticated,
     });
-    // --once serves one session: no other waits for a slot meanwhile.
-    let slots = SessionSlots::new(if cfg.once { 1 } else { cfg.max_sessions });
+    // --once serves one sender: its first session and those that join
+    // it while it runs (its lanes); with --stdout, one session alone
+    // (standard output takes one file).
+    let joins = cfg.output != Output::Stdout;
+    let slots = SessionSlots::new(if cfg.once && !joins {
+        1
+    } else {
+        cfg.max_sessions
+    });
     #[cfg(feature = "fault-injection")]
     let pool_size = crate::engine::fault::handshake_pool(HANDSHAKE_POOL);
     #[cfg(not(feature = "fault-injection"))]
@@ -198,27 +206,53 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 warn!("cannot start the thread that removes old partial files: {e}");
             }
         }
+        // --once: the first admitted session, the admitted sessions still
+        // running (the first and those that joined it: a sender's lanes),
+        // and the first one's result.
         let mut admitted: Option<u64> = None;
+        let mut running: HashSet<u64> = HashSet::new();
+        let mut first_result: Option<Result<(), XferError>> = None;
         loop {
             if cfg.once {
                 while let Ok(report) = reports.try_recv() {
                     match report {
-                        SessionReport::Admitted(id) => admitted = admitted.or(Some(id)),
-                        SessionReport::Ended { id, result } if Some(id) == admitted => {
-                            return result;
+                        SessionReport::Admitted(id) => {
+                            admitted = admitted.or(Some(id));
+                            running.insert(id);
                         }
-                        SessionReport::Ended { .. } => {
+                        SessionReport::Ended { id, result } if running.remove(&id) => {
+                            if Some(id) == admitted {
+                                first_result = Some(result);
+                            } else if let Err(e) = result {
+                                warn!("session {id} (joining the first) ended: {e}");
+                            }
+                        }
+                        SessionReport::Ended { .. } if admitted.is_none() => {
                             info!("no authenticated session yet: waiting for the next connection")
                         }
+                        SessionReport::Ended { .. } => {}
                     }
                 }
-                if let Some(id) = admitted {
+                if let Some(id) = admitted
+                    && !joins
+                {
                     // Take no more connections; stop the handshakes; the
                     // admitted session's end is the receiver's.
                     handshakes.evict_all();
-                    return wait_for_end(&reports, id);
+                    return match first_result.take() {
+                        Some(result) => result,
+                        None => wait_for_end(&reports, id),
+                    };
                 }
-                if let Some(wait) = cfg.wait
+                if admitted.is_some() && running.is_empty() {
+                    // The sender's last session ended: take no more
+                    // connections, stop the handshakes; the first
+                    // session's result is the receiver's.
+                    handshakes.evict_all();
+                    return first_result.unwrap_or(Ok(()));
+                }
+                if admitted.is_none()
+                    && let Some(wait) = cfg.wait
                     && started.elapsed() >= wait
                 {
                     handshakes.evict_all();
@@ -283,7 +317,10 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 },
                 None => match slots.take_unauthenticated(from) {
                     Ok(slot) => {
-                        admitted = admitted.or(cfg.once.then_some(id));
+                        if cfg.once {
+                            admitted = admitted.or(Some(id));
+                            running.insert(id);
+                        }
                         Admission::Admitted { _slot: slot }
                     }
                     Err(busy) => {
@@ -323,6 +360,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 });
             if let Err(e) = spawned {
                 warn!("cannot start a session thread: {e}");
+                running.remove(&id);
                 if admitted == Some(id) {
                     admitted = None;
                 }

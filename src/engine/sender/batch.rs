@@ -179,6 +179,8 @@ pub(super) enum Next {
 pub struct Feed {
     pub entries: mpsc::Receiver<Entry>,
     pub drained: mpsc::Sender<()>,
+    /// A lane's: what its session and the lanes' dispatcher share.
+    pub watch: Option<std::sync::Arc<super::lanes::LaneWatch>>,
 }
 
 /// The entries still to offer, in order: what lies below a refused
@@ -205,12 +207,15 @@ pub(super) enum Fed {
 
 impl Queue {
     pub(super) fn new(entries: Vec<Entry>, feed: Option<Feed>) -> Self {
+        // A fed session with entries of its own says when it answered
+        // them too (a lane 0's: the other lanes wait for its directories).
+        let owed = feed.is_some() && !entries.is_empty();
         Queue {
             entries: VecDeque::from(entries),
             alone: 0,
             pruned: 0,
             feed,
-            owed: false,
+            owed,
         }
     }
 

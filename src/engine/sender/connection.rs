@@ -37,6 +37,9 @@ pub(super) struct Connection {
     /// A relay chain's hosts (`SenderConfig::relay`), told to the
     /// receiver once it is authenticated.
     relay: Vec<String>,
+    /// A lane's: when it last heard its receiver, and whether the lanes'
+    /// dispatcher gave it up.
+    pub(super) watch: Option<std::sync::Arc<super::lanes::LaneWatch>>,
 }
 
 impl Connection {
@@ -116,6 +119,7 @@ impl Connection {
             pacer: None,
             paced_until: None,
             relay: Vec::new(),
+            watch: None,
         }
     }
 
@@ -224,6 +228,7 @@ impl Connection {
             if !self.events.is_empty() {
                 continue;
             }
+            fatal(self.check_watch())?;
             fatal(match work.as_mut() {
                 Some(w) if w.have_read.is_some() => self.wait_have_read(w, pipe),
                 Some(w) if w.waits_on_reader(pipe) => self.wait_reader(cfg, w, pipe),
@@ -259,7 +264,10 @@ impl Connection {
                 }
             }
             SenderEvent::Keepalive => {
-                debug!("the receiver reads its copy, or waits for the hosts after it")
+                debug!(
+                    "the receiver's KEEPALIVE (it reads its copy, waits for the hosts after it, \
+                     or answers a lane's probe)"
+                )
             }
             SenderEvent::HopResult(result) => tracker.chain.result(result),
             SenderEvent::Aborted(failed) => {
@@ -471,11 +479,16 @@ impl Connection {
             .paced_until
             .take()
             .map_or(deadline, |at| at.min(deadline));
+        // A lane looks at its dispatcher's word now and then.
+        let deadline = match self.watch {
+            Some(_) => deadline.min(now + super::lanes::WATCH_EVERY),
+            None => deadline,
+        };
         let waited = self.link.wait_until(deadline, self.session.waited_for());
         // What came before a failure still counts.
         self.handle_deliveries(pipe)?;
         match waited {
-            Ok(true) => self.session.heard(Instant::now()),
+            Ok(true) => self.heard(),
             Ok(false) => {
                 self.session
                     .handle_timeout(Instant::now())
@@ -487,7 +500,33 @@ impl Connection {
             }
             Err(e) => return Err(self.failure(e)),
         }
-        Ok(())
+        self.check_watch()
+    }
+
+    /// A lane the dispatcher gave up (its path silent) ends here.
+    pub(super) fn check_watch(&self) -> Result<(), FileError> {
+        match self.watch.as_ref().and_then(|w| w.given_up()) {
+            Some(silent) => Err(FileError::Fatal(XferError::io(
+                "lane given up",
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "its receiver did not answer for {:.1} s while the other lanes were heard",
+                        silent.as_secs_f64()
+                    ),
+                ),
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The link delivered something: the receiver is there.
+    fn heard(&mut self) {
+        let now = Instant::now();
+        self.session.heard(now);
+        if let Some(w) = &self.watch {
+            w.heard(now);
+        }
     }
 
     /// Applies what the link delivered: slots go back to the reader,
@@ -496,7 +535,7 @@ impl Connection {
     pub(super) fn handle_deliveries(&mut self, pipe: &mut Pipeline<'_>) -> Result<(), FileError> {
         while let Some(delivery) = self.link.next()? {
             // The receiver's timeout starts again (when it is awaited).
-            self.session.heard(Instant::now());
+            self.heard();
             match delivery {
                 WriteDelivery::Written(token) => pipe.write_done(token),
                 WriteDelivery::Message(decoded) => {

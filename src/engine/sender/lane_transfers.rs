@@ -132,7 +132,35 @@ fn striped_over_memory(
     cut: Option<(u64, u64)>,
     dst: &std::path::Path,
 ) -> (Vec<Reported>, Vec<Reported>) {
+    striped_after_own(None, files, lanes, cut, dst)
+}
+
+/// `striped_over_memory` with lane 0 offering `own` first.
+fn striped_after_own(
+    own: Option<Plan>,
+    files: Vec<super::lanes::StripedFile>,
+    lanes: u32,
+    cut: Option<(u64, u64)>,
+    dst: &std::path::Path,
+) -> (Vec<Reported>, Vec<Reported>) {
+    striped_with(own, files, lanes, (cut, None), dst)
+}
+
+/// A fault of one lane's wire: (lane, at its write number).
+type LaneFault = Option<(u64, u64)>;
+
+/// `striped_after_own` where lane `stall.0`'s path also goes dead
+/// without a word at its write number `stall.1`.
+fn striped_with(
+    own: Option<Plan>,
+    files: Vec<super::lanes::StripedFile>,
+    lanes: u32,
+    (cut, stall): (LaneFault, LaneFault),
+    dst: &std::path::Path,
+) -> (Vec<Reported>, Vec<Reported>) {
     let (cfg, rcfg) = configs(dst);
+    let first_own = own.is_some();
+    let own = Mutex::new(own);
     let receiver_log = Mutex::new(Vec::new());
     let run_lane = |lane: u64,
                     feed: super::Feed,
@@ -143,6 +171,11 @@ fn striped_over_memory(
             && cut_lane == lane
         {
             sender_end.side.break_at_write = Some(at);
+        }
+        if let Some((stall_lane, at)) = stall
+            && stall_lane == lane
+        {
+            sender_end.side.stall_at_write = Some(at);
         }
         std::thread::scope(|s| {
             let log = &receiver_log;
@@ -156,12 +189,12 @@ fn striped_over_memory(
                 BufferPool::in_memory(cfg.slot_size() as usize, cfg.depth as usize).unwrap();
             let session = super::connection::session_for(&cfg, sender_auth(rcfg));
             let conn = Connection::new(Duration::ZERO, Box::new(sender_end), session);
+            let plan = match lane {
+                0 => own.lock().unwrap().take(),
+                _ => None,
+            };
             let offers = super::Offers {
-                plan: Plan {
-                    entries: Vec::new(),
-                    problems: Vec::new(),
-                    skipped: 0,
-                },
+                plan: plan.unwrap_or_default(),
                 feed: Some(feed),
             };
             drive(&cfg, offers, conn, &pool, tokens, on_file, Instant::now())
@@ -172,6 +205,7 @@ fn striped_over_memory(
     super::lanes::send_striped(
         files,
         (lanes, cfg.chunk_size, cfg.verify),
+        first_own,
         &run_lane,
         &mut |e| sender_log.push(reported(e)),
     )
@@ -230,4 +264,62 @@ fn a_lane_lost_mid_file_gives_its_piece_to_the_other_and_the_file_arrives() {
         }]
     );
     assert!(std::fs::read(dst.path().join("model.bin")).unwrap() == data);
+}
+
+#[test]
+fn lane_0_offers_the_rest_first_and_the_pieces_go_into_its_directory() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let tree = src.path().join("run");
+    std::fs::create_dir(&tree).unwrap();
+    std::fs::write(tree.join("notes.txt"), b"small").unwrap();
+    let (mut file, data) = striped_file(&tree, "model.bin", 10 << 20);
+    file.name = "run/model.bin".into();
+    let walk = crate::engine::entries::WalkOptions {
+        recursive: true,
+        ..Default::default()
+    };
+    let mut own = crate::engine::entries::plan(&[tree], &walk).unwrap();
+    own.entries.retain(|e| e.name() != "run/model.bin");
+    assert_eq!(own.entries.len(), 2, "{:?}", own.entries);
+    let (sent, received) = striped_after_own(Some(own), vec![file], 2, None, dst.path());
+    let done = |name: &str, bytes: u64| Reported::Done {
+        name: name.into(),
+        bytes,
+        outcome: Outcome::Stored,
+    };
+    // The small file first (lane 0, before any piece), then the big one.
+    assert_eq!(
+        sent,
+        [
+            done("run/notes.txt", 5),
+            done("run/model.bin", data.len() as u64)
+        ]
+    );
+    assert!(received.contains(&done("run/model.bin", data.len() as u64)));
+    assert!(std::fs::read(dst.path().join("run/model.bin")).unwrap() == data);
+    assert_eq!(
+        std::fs::read(dst.path().join("run/notes.txt")).unwrap(),
+        b"small"
+    );
+}
+
+#[test]
+fn a_lane_whose_path_goes_silent_is_given_up_while_the_other_is_heard() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (file, data) = striped_file(src.path(), "model.bin", 10 << 20);
+    let started = Instant::now();
+    // Lane 1's path goes dead at its 10th write: no error, no word.
+    let (sent, _) = striped_with(None, vec![file], 2, (None, Some((1, 10))), dst.path());
+    assert_eq!(
+        sent,
+        [Reported::Done {
+            name: "model.bin".into(),
+            bytes: data.len() as u64,
+            outcome: Outcome::Stored,
+        }]
+    );
+    assert!(std::fs::read(dst.path().join("model.bin")).unwrap() == data);
+    // Given up after its silence, not after the 30 s receive timeout.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(15), "{took:?}");
 }

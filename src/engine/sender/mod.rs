@@ -174,12 +174,17 @@ pub struct SessionOutcome {
 /// `cfg` with staging buffers that fit the memlock limit, before
 /// anything connects (see `fit::fit_to_memlock`).
 fn fit_staging(cfg: &SenderConfig) -> Result<SenderConfig, XferError> {
+    fit_staging_as(cfg, Pool::Staging)
+}
+
+/// `fit_staging` for buffers of `pool`.
+fn fit_staging_as(cfg: &SenderConfig, pool: Pool) -> Result<SenderConfig, XferError> {
     let asked = Buffers {
         count: cfg.depth,
         chunk_size: cfg.chunk_size,
     };
     let overhead = Overhead::control((RECV_BUFFERS + SEND_BUFFERS) as u64, 0);
-    let fitted = fit_to_memlock(Pool::Staging, asked, cfg.given, overhead)?;
+    let fitted = fit_to_memlock(pool, asked, cfg.given, overhead)?;
     Ok(SenderConfig {
         depth: fitted.count,
         chunk_size: fitted.chunk_size,
@@ -225,46 +230,89 @@ pub fn send_files(
     if !striping {
         return send_files_but(cfg, paths, HashSet::new(), on_file);
     }
-    // Big files go in pieces over the lanes, after the rest (their
-    // directories first) went in one session.
-    let plan = entries::plan(paths, &cfg.walk)?;
+    // Big files go in pieces over the lanes. Lane 0's session first
+    // offers the rest (their directories first), then carries pieces like
+    // the others, which start once it answered its own: one session runs
+    // from first to last (a receiver with --once serves the sessions that
+    // join it meanwhile).
+    let started = Instant::now();
+    let mut plan = entries::plan(paths, &cfg.walk)?;
     let big = lanes::striped_files(&plan.entries);
-    let names = big.iter().map(|f| f.name.clone()).collect();
-    let mut outcome = send_files_but(cfg, paths, names, &mut on_file)?;
+    if big.is_empty() {
+        return send_files_but(cfg, paths, HashSet::new(), on_file);
+    }
+    let names: HashSet<&str> = big.iter().map(|f| f.name.as_str()).collect();
+    plan.entries.retain(|e| !names.contains(e.name()));
+    let first_own = !plan.entries.is_empty();
+    let own = std::sync::Mutex::new(Some(plan));
+    let own_outcome = std::sync::Mutex::new(None);
+    // Fitted once for all lanes (an Nth of the memlock room each): a
+    // lane starting later must not find the room the first ones took.
     let fitted = SenderConfig {
         lane: true,
-        ..fit_staging(cfg)?
+        ..fit_staging_as(cfg, Pool::LaneStaging(cfg.lanes))?
     };
     let run_lane: &lanes::RunLane<'_> = &|lane, feed, on_piece| {
         let rail = (lane % (1 + cfg.rails.len() as u64)) as usize;
-        match rail.checked_sub(1).and_then(|r| cfg.rails.get(r)) {
+        let on_rail;
+        let lane_cfg = match rail.checked_sub(1).and_then(|r| cfg.rails.get(r)) {
             // Another address of the receiver, from the rail's source (or
             // the route's).
             Some((source, addr)) => {
-                let on_rail = SenderConfig {
+                on_rail = SenderConfig {
                     addr: SocketAddr::new(*addr, cfg.addr.port()),
                     source: *source,
                     ..fitted.clone()
                 };
                 info!(lane, rail = %addr, "lane on its rail");
-                send_fed(&on_rail, feed, on_piece)
+                &on_rail
             }
-            None => send_fed(&fitted, feed, on_piece),
+            None => &fitted,
+        };
+        let plan = match lane {
+            0 => own.lock().ok().and_then(|mut p| p.take()),
+            _ => None,
+        };
+        let offers = Offers {
+            plan: plan.unwrap_or_default(),
+            feed: Some(feed),
+        };
+        let (outcome, ended) = match session_of(lane_cfg, offers, on_piece) {
+            Ok(outcome) => (outcome, None),
+            Err(SessionEnded(ended)) => (ended.1, Some(ended.0)),
+        };
+        if lane == 0
+            && let Ok(mut o) = own_outcome.lock()
+        {
+            *o = Some(outcome);
+        }
+        match ended {
+            Some(e) => Err(e),
+            None => Ok(SessionOutcome::default()),
         }
     };
     let lanes_of = (cfg.lanes, fitted.chunk_size, cfg.verify);
-    lanes::send_striped(big, lanes_of, run_lane, &mut |event| {
+    let mut files = Vec::new();
+    let mut first_error = None;
+    let result = lanes::send_striped(big, lanes_of, first_own, run_lane, &mut |event| {
         match event {
-            FileEvent::Done(r) => outcome.files.push(r.clone()),
+            FileEvent::Done(r) => files.push(r.clone()),
             FileEvent::Failed(f) => {
-                outcome.first_error.get_or_insert_with(|| {
+                first_error.get_or_insert_with(|| {
                     XferError::io(&f.name, std::io::Error::other(f.reason.clone()))
                 });
             }
         }
         on_file(event);
-    })?;
-    Ok(outcome)
+    });
+    let mut outcome = own_outcome.into_inner().ok().flatten().unwrap_or_default();
+    // A fed session keeps no reports: they came to `on_file`.
+    outcome.files = files;
+    if let Some(e) = first_error {
+        outcome.first_error.get_or_insert(e);
+    }
+    outcome.elapsed = started.elapsed();
+    result.map(|()| outcome)
 }
 
 /// `send_files` of every entry but those named in `settled` (sent in
@@ -558,6 +606,7 @@ fn drive(
             // fed for long keeps none of them.
             keeps_reports: feed.is_none(),
         };
+        conn.watch = feed.as_ref().and_then(|f| f.watch.clone());
         let queue = batch::Queue::new(plan.entries, feed);
         let result = conn.run(cfg, queue, &mut pipe, &mut tracker);
         if let Err(e) = result {

@@ -244,6 +244,7 @@ fn feed(
         feed: Some(Feed {
             entries: fed,
             drained: drained_tx,
+            watch: None,
         }),
     };
     let (sender_end, receiver_end) = memory_wire::pair();
