@@ -193,6 +193,15 @@ impl Ui {
         }
     }
 
+    /// `--json`'s record of a lane lost.
+    fn lane_down_record(lane: u64, why: &str) -> serde_json::Value {
+        serde_json::json!({
+            "event": "lane down",
+            "lane": lane,
+            "reason": why,
+        })
+    }
+
     /// With `--json`, one record for a target of the one-command form
     /// once it is done: its host, status and exit code (and why it failed):
     /// a host that failed before any file is in the results too.
@@ -277,6 +286,12 @@ impl Progress for Ui {
 
     fn file_started(&self, name: &str, size: u64) -> Box<dyn FileProgress> {
         self.batch_started(name, size, 1)
+    }
+
+    fn lane_down(&self, lane: u64, why: &str) {
+        if self.json {
+            self.print_json(&Ui::lane_down_record(lane, why));
+        }
     }
 
     fn batch_started(&self, name: &str, size: u64, files: u64) -> Box<dyn FileProgress> {
@@ -392,6 +407,16 @@ impl Progress for HostProgress {
     }
 
     fn listening(&self, _ready: &Listening) {}
+
+    fn lane_down(&self, lane: u64, why: &str) {
+        if !self.label.labelled {
+            return self.ui.lane_down(lane, why);
+        }
+        if self.ui.json {
+            let record = self.label.label_json(Ui::lane_down_record(lane, why));
+            self.ui.print_json(&record);
+        }
+    }
 }
 
 /// Writes one formatted log event to stderr, suspending the bars meanwhile.

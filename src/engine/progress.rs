@@ -25,6 +25,10 @@ pub trait Progress: Send + Sync {
 
     /// The receiver is ready: it listens (said once, before any session).
     fn listening(&self, _ready: &Listening) {}
+
+    /// `sender --lanes`: lane `lane` is gone (`why`); its piece goes to
+    /// the others (said once per lane, besides the log's warning).
+    fn lane_down(&self, _lane: u64, _why: &str) {}
 }
 
 /// Where a receiver listens and what it writes to, once it is ready.

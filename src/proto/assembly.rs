@@ -276,31 +276,14 @@ impl Assembly {
         busy
     }
 
-    /// The whole file's digest from its pieces' (all verified): CRC32
-    /// combined in order, or SHA-256 over the pieces' SHA-256s in order.
+    /// The whole file's digest from its pieces' (all verified).
     fn whole_digest(&self) -> Digest {
         let digests = self.pieces.iter().filter_map(|p| match p {
             PieceState::Verified(d) => Some(d),
             _ => None,
         });
-        let piece_size = self.identity.piece_size;
-        let file_size = self.identity.file_size;
-        match self.identity.digest {
-            DigestAlg::Crc32 => {
-                let mut whole = crc32fast::Hasher::new();
-                for (i, d) in digests.enumerate() {
-                    if let Digest::Crc32(crc) = d {
-                        let len = piece_size.min(file_size - i as u64 * piece_size);
-                        whole.combine(&crc32fast::Hasher::new_with_initial_len(*crc, len));
-                    }
-                }
-                Digest::Crc32(whole.finalize())
-            }
-            DigestAlg::Sha256 => Digest::Sha256(pieces_sha256(digests.filter_map(|d| match d {
-                Digest::Sha256(h) => Some(h),
-                Digest::Crc32(_) => None,
-            }))),
-        }
+        let id = &self.identity;
+        digest_of_pieces(id.digest, id.piece_size, id.file_size, digests)
     }
 }
 
@@ -358,6 +341,8 @@ pub struct Striping {
     out: std::collections::BTreeMap<u32, LaneId>,
     kept: u64,
     verdict: Option<Striped>,
+    /// The digests of the pieces this sender read and sent, by index.
+    digests: std::collections::BTreeMap<u32, Digest>,
 }
 
 impl Striping {
@@ -380,6 +365,7 @@ impl Striping {
             out: Default::default(),
             kept: 0,
             verdict: None,
+            digests: Default::default(),
         })
     }
 
@@ -478,6 +464,62 @@ impl Striping {
     /// Pieces offered and not answered.
     pub fn under_way(&self) -> usize {
         self.out.len()
+    }
+
+    /// Piece `index`'s bytes, as this sender read and sent them, hash to
+    /// `digest` (its FIN's).
+    pub fn piece_digest(&mut self, index: u32, digest: Digest) {
+        if u64::from(index) < self.count() {
+            self.digests.insert(index, digest);
+        }
+    }
+
+    /// The whole file's digest (`digest_of_pieces`) once this sender sent
+    /// every piece itself; None when one was answered without its data
+    /// (verified before), or the digests are of two kinds.
+    pub fn whole_digest(&self) -> Option<Digest> {
+        let first = self.digests.values().next()?;
+        let alg = first.alg();
+        if self.digests.len() as u64 != self.count()
+            || self.digests.values().any(|d| d.alg() != alg)
+        {
+            return None;
+        }
+        Some(digest_of_pieces(
+            alg,
+            self.piece_size,
+            self.file_size,
+            self.digests.values(),
+        ))
+    }
+}
+
+/// A file's digest from its pieces' (`digests`, in order, on a grid of
+/// `piece_size` over `file_size` bytes): CRC32 combined (the file's own
+/// CRC32), or SHA-256 over the pieces' SHA-256s (`pieces_sha256`).
+pub fn digest_of_pieces<'a>(
+    alg: DigestAlg,
+    piece_size: u64,
+    file_size: u64,
+    digests: impl IntoIterator<Item = &'a Digest>,
+) -> Digest {
+    match alg {
+        DigestAlg::Crc32 => {
+            let mut whole = crc32fast::Hasher::new();
+            for (i, d) in digests.into_iter().enumerate() {
+                if let Digest::Crc32(crc) = d {
+                    let len = piece_size.min(file_size.saturating_sub(i as u64 * piece_size));
+                    whole.combine(&crc32fast::Hasher::new_with_initial_len(*crc, len));
+                }
+            }
+            Digest::Crc32(whole.finalize())
+        }
+        DigestAlg::Sha256 => {
+            Digest::Sha256(pieces_sha256(digests.into_iter().filter_map(|d| match d {
+                Digest::Sha256(h) => Some(h),
+                Digest::Crc32(_) => None,
+            })))
+        }
     }
 }
 
@@ -742,5 +784,40 @@ mod tests {
             last,
             Some(Progress::Complete(Digest::Sha256(want.finalize().into())))
         );
+    }
+
+    #[test]
+    fn the_sender_builds_the_whole_digest_the_receiver_does_from_the_pieces_it_sent() {
+        let data: Vec<u8> = (0..3 * PIECE_ALIGN as usize + 777)
+            .map(|i| (i * 31 + i / 977) as u8)
+            .collect();
+        let size = data.len() as u64;
+        let pieces: Vec<&[u8]> = data.chunks(PIECE_ALIGN as usize).collect();
+        let id = TransferId([3; 16]);
+        // CRC32: the file's own.
+        let mut crc = Striping::new(id, size, PIECE_ALIGN).unwrap();
+        for (i, p) in pieces.iter().enumerate().rev() {
+            assert_eq!(crc.whole_digest(), None, "not every piece yet");
+            crc.piece_digest(i as u32, Digest::Crc32(crc32fast::hash(p)));
+        }
+        assert_eq!(
+            crc.whole_digest(),
+            Some(Digest::Crc32(crc32fast::hash(&data)))
+        );
+        // SHA-256: over the pieces' SHA-256s in order.
+        let mut sha = Striping::new(id, size, PIECE_ALIGN).unwrap();
+        let mut over = Sha256::new();
+        for (i, p) in pieces.iter().enumerate() {
+            let h: [u8; 32] = Sha256::digest(p).into();
+            over.update(h);
+            sha.piece_digest(i as u32, Digest::Sha256(h));
+        }
+        assert_eq!(
+            sha.whole_digest(),
+            Some(Digest::Sha256(over.finalize().into()))
+        );
+        // A piece of the other kind: no whole digest.
+        sha.piece_digest(0, Digest::Crc32(1));
+        assert_eq!(sha.whole_digest(), None);
     }
 }

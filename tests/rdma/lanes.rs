@@ -18,10 +18,16 @@ fn a_big_file_goes_in_pieces_over_two_lanes_and_arrives_whole() {
         &net,
         port,
         Path_::Wire,
-        &[big, small],
-        &["--lanes", "2", "-v"],
+        &[big.clone(), small],
+        &["--lanes", "2", "-v", "--json"],
     );
     assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    // The sender's digest of the file sent in pieces: its CRC32, combined
+    // from the pieces'.
+    let crc = format!("{:08x}", crc32fast::hash(&std::fs::read(&big).unwrap()));
+    let lines = json_lines("sender", &sent.stdout);
+    let line = lines.iter().find(|v| v["name"] == "big.bin").unwrap();
+    assert_eq!(line["digest"], crc.as_str(), "{}", sent.stdout);
     assert!(
         sent.stderr.contains("sending in pieces"),
         "{}",
@@ -48,11 +54,22 @@ fn a_once_receiver_serves_all_lanes_of_a_tree_with_a_token() {
         &net,
         Path_::Wire,
         dst.path(),
-        &token,
+        &args(&token, &["--json"]),
         &[tree],
-        &args(&token, &["-r", "--lanes", "2"]),
+        &args(&token, &["-r", "--lanes", "2", "--json"]),
     );
     assert_both_ok(&sent, &received);
+    // Both sides give the same SHA-256 of the pieces' SHA-256s.
+    let digest_of = |who: &str, out: &str| {
+        json_lines(who, out)
+            .into_iter()
+            .find(|v| v["name"] == "run/model.bin")
+            .map(|v| v["digest"].clone())
+            .unwrap()
+    };
+    let digest = digest_of("sender", &sent.stdout);
+    assert_eq!(digest.as_str().map(str::len), Some(64), "{}", sent.stdout);
+    assert_eq!(digest_of("receiver", &received.stdout), digest);
     assert!(
         sent.stderr.contains("sending in pieces"),
         "{}",
@@ -116,7 +133,7 @@ fn a_rail_that_goes_silent_mid_file_is_dropped_and_the_file_completes_on_the_oth
     let rails = format!("{b2}={}", rail.net.addr_a);
     let cmd = SenderCommand::new(&net, port, Path_::Wire)
         .files(std::slice::from_ref(&big))
-        .args(&["--lanes", "2", "--rails", &rails])
+        .args(&["--lanes", "2", "--rails", &rails, "--json"])
         .command();
     let before = tx_bytes(&rail.netdevs[1]);
     let started = std::time::Instant::now();
@@ -134,6 +151,12 @@ fn a_rail_that_goes_silent_mid_file_is_dropped_and_the_file_completes_on_the_oth
     let took = started.elapsed();
     assert_eq!(sent.code(), 0, "{}", sent.transcript());
     assert!(sent.stderr.contains("lane_down"), "{}", sent.transcript());
+    let lost: Vec<_> = json_lines("sender", &sent.stdout)
+        .into_iter()
+        .filter(|v| v["event"] == "lane down")
+        .collect();
+    assert_eq!(lost.len(), 1, "{}", sent.stdout);
+    assert_eq!(lost[0]["lane"], 1, "{}", sent.stdout);
     assert_eq!(sha256_file(&dst.path().join("big.bin")), big_sum);
     // Dropped within seconds (the lane's silence while the other is
     // heard), not after the 30 s receive timeout: 48 MiB at 10 MiB/s on

@@ -488,7 +488,9 @@ impl Connection {
         // What came before a failure still counts.
         self.handle_deliveries(pipe)?;
         match waited {
-            Ok(true) => self.heard(),
+            // (Woken: what came is taken by `handle_deliveries`; the lane's
+            // watch hears only what the receiver sent.)
+            Ok(true) => self.session.heard(Instant::now()),
             Ok(false) => {
                 self.session
                     .handle_timeout(Instant::now())

@@ -206,6 +206,7 @@ fn striped_with(
         files,
         (lanes, cfg.chunk_size, cfg.verify),
         first_own,
+        &Default::default(),
         &run_lane,
         &mut |e| sender_log.push(reported(e)),
     )

@@ -8,11 +8,12 @@
 use super::SessionOutcome;
 use super::batch::Feed;
 use crate::engine::entries::Entry;
+use crate::engine::progress::ProgressSink;
 use crate::engine::report::{FileEvent, FileFailure, FileReport, Outcome};
 use crate::error::XferError;
 use crate::proto::assembly::{LaneId, Piece, Striped, Striping, TransferId, piece_size_for};
-use crate::proto::{AckStatus, DigestAlg, FileOffer, Mtime, OfferKind, escaped};
-use std::collections::HashSet;
+use crate::proto::{AckStatus, Digest, DigestAlg, FileOffer, Mtime, OfferKind, escaped};
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -24,8 +25,8 @@ use tracing::{info, warn};
 /// its path is dead (a rail cut with its carrier up), not the receiver
 /// busy (then every lane is silent). A healthy lane hears something at least every probe interval
 /// (0.5 s: credits, completions, the receiver's answers to its probes).
-pub const LANE_SILENCE: Duration = Duration::from_millis(1500);
-const FRESH: Duration = Duration::from_millis(750);
+pub const LANE_SILENCE: Duration = Duration::from_millis(1000);
+const FRESH: Duration = Duration::from_millis(600);
 /// How often the dispatcher looks at the lanes' silences.
 pub(super) const WATCH_EVERY: Duration = Duration::from_millis(250);
 
@@ -80,6 +81,11 @@ impl LaneWatch {
     }
 }
 
+/// Pieces a lane is given ahead of their answers: the next one's HELLO
+/// goes while the last one's ACK is on its way (the receiver verifies and
+/// fsyncs it), so that the lane's wire never idles between pieces.
+const PIECES_AHEAD: usize = 2;
+
 /// The least piece: smaller files go whole, on one lane.
 pub const MIN_PIECE: u64 = 4 << 20;
 
@@ -122,8 +128,9 @@ pub fn striped_files(entries: &[Entry]) -> Vec<StripedFile> {
 
 /// What a lane says to the dispatcher.
 enum LaneSays {
-    /// The verdict on its piece: the outcome, or why it failed.
-    Answer(LaneId, Result<Outcome, String>),
+    /// The verdict on its piece: the outcome (with the digest of what it
+    /// sent, if it sent data), or why it failed.
+    Answer(LaneId, Result<(Outcome, Option<Digest>), String>),
     /// Lane 0 answered the entries it had of its own (`send_striped`'s
     /// `first_own`): the other lanes may start, and pieces go out.
     Ready,
@@ -153,11 +160,13 @@ pub type RunLane<'a> = dyn Fn(LaneId, Feed, &mut dyn FnMut(FileEvent<'_>)) -> Re
 /// start, and pieces go out, once it answered them (a piece's file may
 /// lie in one of those directories). Lane 0 runs from first to last, so a
 /// receiver serving one sender's sessions (`--once`) sees no gap. If lane
-/// 0 ends before it answered its own, that is the run's error.
+/// 0 ends before it answered its own, that is the run's error. Each
+/// lane lost is told to `progress` too.
 pub fn send_striped(
     files: Vec<StripedFile>,
     (lanes, chunk, verify): (u32, u32, DigestAlg),
     first_own: bool,
+    progress: &ProgressSink,
     run_lane: &RunLane<'_>,
     on_file: &mut dyn FnMut(FileEvent<'_>),
 ) -> Result<(), XferError> {
@@ -223,7 +232,7 @@ pub fn send_striped(
                         return;
                     }
                     let verdict = match event {
-                        FileEvent::Done(r) => Ok(r.outcome),
+                        FileEvent::Done(r) => Ok((r.outcome, r.digest)),
                         // Cut short with the session: the lane's loss (its
                         // Ended follows), not the piece's verdict.
                         FileEvent::Failed(f) if f.session_ended => return,
@@ -239,7 +248,7 @@ pub fn send_striped(
         drop(says);
         let mut dispatch = Dispatch {
             feeds,
-            carrying: vec![None; lanes.max(1) as usize],
+            carrying: vec![VecDeque::new(); lanes.max(1) as usize],
             heard: &heard,
             chunk,
             verify,
@@ -247,6 +256,7 @@ pub fn send_striped(
             starts,
             on_file,
             watches,
+            progress,
         };
         let mut result = Ok(());
         for file in files {
@@ -277,7 +287,7 @@ struct Dispatch<'h, 'f> {
     /// Each lane's feed; None once its session ended.
     feeds: Vec<Option<mpsc::Sender<Entry>>>,
     /// The piece each lane carries: (file's transfer, index).
-    carrying: Vec<Option<(TransferId, u32)>>,
+    carrying: Vec<VecDeque<(TransferId, u32)>>,
     heard: &'h mpsc::Receiver<LaneSays>,
     chunk: u32,
     verify: DigestAlg,
@@ -288,6 +298,8 @@ struct Dispatch<'h, 'f> {
     on_file: &'f mut dyn FnMut(FileEvent<'_>),
     /// Each lane's silence, and its giving up.
     watches: Vec<Arc<LaneWatch>>,
+    /// Told of each lane lost (`--json`).
+    progress: &'f ProgressSink,
 }
 
 /// What the dispatcher heard, once lane 0's own business is dealt with.
@@ -296,7 +308,7 @@ enum Heard {
     Ready,
     /// A lane given up for its silence (`LANE_SILENCE`).
     Silent(LaneId),
-    Answer(LaneId, Result<Outcome, String>),
+    Answer(LaneId, Result<(Outcome, Option<Digest>), String>),
     Ended(LaneId, Option<XferError>),
 }
 
@@ -355,15 +367,24 @@ impl Dispatch<'_, '_> {
         let standing: Vec<usize> = (0..self.feeds.len())
             .filter(|&l| self.feeds[l].is_some())
             .collect();
-        let idle = standing.iter().any(|&l| self.carrying[l].is_none());
+        let idle = standing.iter().any(|&l| self.carrying[l].is_empty());
         let carrying: Vec<(usize, Duration)> = standing
             .into_iter()
-            .filter(|&l| self.carrying[l].is_some())
+            .filter(|&l| !self.carrying[l].is_empty())
             .map(|l| (l, self.watches[l].silent(now)))
             .collect();
         let freshest = carrying.iter().map(|&(_, s)| s).min()?;
         let (lane, silent) = carrying.into_iter().max_by_key(|&(_, s)| s)?;
-        if silent < LANE_SILENCE || (freshest > FRESH && !idle) {
+        if silent < LANE_SILENCE {
+            return None;
+        }
+        if freshest > FRESH && !idle {
+            tracing::debug!(
+                lane,
+                ?silent,
+                ?freshest,
+                "a lane is silent, and so are the others: the receiver is slow"
+            );
             return None;
         }
         self.watches[lane].give_up(silent);
@@ -390,8 +411,9 @@ impl Dispatch<'_, '_> {
         }
         let why = why.map_or_else(|| "its session ended".into(), |e| e.to_string());
         warn!(lane, "lane_down: {why}; its piece goes to the other lanes");
+        self.progress.lane_down(lane, &why);
         self.feeds[lane as usize] = None;
-        self.carrying[lane as usize] = None;
+        self.carrying[lane as usize].clear();
         if let Some(striping) = striping {
             striping.lane_gone(lane);
         }
@@ -412,6 +434,7 @@ impl Dispatch<'_, '_> {
         info!(
             file = %escaped(&file.name),
             pieces = file.size.div_ceil(piece_size),
+            piece_size,
             lanes,
             "sending in pieces"
         );
@@ -425,16 +448,20 @@ impl Dispatch<'_, '_> {
             };
             match heard {
                 Heard::Answer(lane, verdict) => {
-                    let Some((t, index)) = self.carrying[lane as usize].take() else {
+                    // A lane's session answers its pieces in order.
+                    let Some((t, index)) = self.carrying[lane as usize].pop_front() else {
                         continue;
                     };
                     if t != transfer {
                         continue;
                     }
+                    if let Ok((_, Some(digest))) = &verdict {
+                        striping.piece_digest(index, *digest);
+                    }
                     let (status, reason) = match verdict {
-                        Ok(Outcome::PieceKept) => (AckStatus::PieceKept, String::new()),
-                        Ok(Outcome::Stored) => (AckStatus::Ok, String::new()),
-                        Ok(other) => (other.ack_status(), String::new()),
+                        Ok((Outcome::PieceKept, _)) => (AckStatus::PieceKept, String::new()),
+                        Ok((Outcome::Stored, _)) => (AckStatus::Ok, String::new()),
+                        Ok((other, _)) => (other.ack_status(), String::new()),
                         Err(why) => (AckStatus::Io, why),
                     };
                     match striping.answered(lane, index, status, &reason) {
@@ -457,31 +484,36 @@ impl Dispatch<'_, '_> {
                 Heard::Ready => {}
             }
         };
-        self.report(file, started, verdict);
+        self.report(file, started, verdict, striping.whole_digest());
         Ok(())
     }
 
-    /// Gives each idle standing lane its next piece of `file`.
+    /// Gives each standing lane its next pieces of `file`, up to
+    /// `PIECES_AHEAD` (round by round, so that pieces spread over lanes).
     fn hand_out(&mut self, file: &StripedFile, striping: &mut Striping) -> Result<(), XferError> {
-        for lane in 0..self.feeds.len() {
-            if self.carrying[lane].is_some() || self.feeds[lane].is_none() {
-                continue;
-            }
-            let Some(piece) = striping.next_for(lane as LaneId) else {
-                return Ok(());
-            };
-            let entry = self.entry(file, piece)?;
-            let sent = self.feeds[lane].as_ref().map(|f| f.send(entry).is_ok());
-            match sent {
-                Some(true) => {
-                    // Its silence counts from its new piece.
-                    self.watches[lane].heard(Instant::now());
-                    self.carrying[lane] = Some((piece.transfer, piece.index));
+        for round in 0..PIECES_AHEAD {
+            for lane in 0..self.feeds.len() {
+                if self.carrying[lane].len() > round || self.feeds[lane].is_none() {
+                    continue;
                 }
-                // Its session is gone: its Ended says so.
-                _ => {
-                    striping.lane_gone(lane as LaneId);
-                    self.feeds[lane] = None;
+                let Some(piece) = striping.next_for(lane as LaneId) else {
+                    return Ok(());
+                };
+                let entry = self.entry(file, piece)?;
+                let sent = self.feeds[lane].as_ref().map(|f| f.send(entry).is_ok());
+                match sent {
+                    Some(true) => {
+                        // An idle lane's silence counts from its new piece.
+                        if self.carrying[lane].is_empty() {
+                            self.watches[lane].heard(Instant::now());
+                        }
+                        self.carrying[lane].push_back((piece.transfer, piece.index));
+                    }
+                    // Its session is gone: its Ended says so.
+                    _ => {
+                        striping.lane_gone(lane as LaneId);
+                        self.feeds[lane] = None;
+                    }
                 }
             }
         }
@@ -511,7 +543,13 @@ impl Dispatch<'_, '_> {
         })
     }
 
-    fn report(&mut self, file: &StripedFile, started: Instant, verdict: Striped) {
+    fn report(
+        &mut self,
+        file: &StripedFile,
+        started: Instant,
+        verdict: Striped,
+        digest: Option<Digest>,
+    ) {
         match verdict {
             Striped::Done(status) => {
                 let outcome = match status {
@@ -522,7 +560,8 @@ impl Dispatch<'_, '_> {
                     name: file.name.clone(),
                     bytes: file.size,
                     elapsed: started.elapsed(),
-                    digest: None,
+                    // With every piece sent here: the receiver's too.
+                    digest: digest.filter(|_| outcome == Outcome::Stored),
                     phases: Default::default(),
                     resumed_from: 0,
                     outcome,

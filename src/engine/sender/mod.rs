@@ -294,7 +294,8 @@ pub fn send_files(
     let lanes_of = (cfg.lanes, fitted.chunk_size, cfg.verify);
     let mut files = Vec::new();
     let mut first_error = None;
-    let result = lanes::send_striped(big, lanes_of, first_own, run_lane, &mut |event| {
+    let progress = &cfg.progress;
+    let result = lanes::send_striped(big, lanes_of, first_own, progress, run_lane, &mut |event| {
         match event {
             FileEvent::Done(r) => files.push(r.clone()),
             FileEvent::Failed(f) => {
