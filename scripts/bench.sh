@@ -22,7 +22,8 @@
 # Prints both throughputs and ratio = median tool throughput / ib_write_bw.
 # Usage: scripts/bench.sh [-s SIZE_MiB] [-r RUNS]
 # Env (RXFER_* pass into the guest): RXFER_BENCH_PARTS (default
-#   "file small loss relay": which of 1-3, 4, 5, 6 and 7 "sinks" to run),
+#   "file small loss relay lanes": which of 1-3, 4, 5, 6, 7 "sinks" and 8
+#   "lanes" to run),
 #   RXFER_BENCH_RELAY_MIB (RELAY_MIB, default 128), RXFER_BENCH_BIG_MIB
 #   (BIG_MIB, default 1024), RXFER_BENCH_BIG_RUNS (BIG_RUNS, default 3; 0
 #   skips it), RXFER_BENCH_LOSS_MIB
@@ -38,12 +39,12 @@ SIZE_MIB=256 RUNS=5
 rx_size_runs_opts "$@"
 here=$(cd "$(dirname "$0")" && pwd)
 
-PARTS=" ${RXFER_BENCH_PARTS:-file small loss relay} "
+PARTS=" ${RXFER_BENCH_PARTS:-file small loss relay lanes} "
 BIG_MIB=${RXFER_BENCH_BIG_MIB:-1024} BIG_RUNS=${RXFER_BENCH_BIG_RUNS:-3}
 LOSS_MIB=${RXFER_BENCH_LOSS_MIB:-64} LOSS_RUNS=${RXFER_BENCH_LOSS_RUNS:-3}
 SINK_MIB=${RXFER_BENCH_SINK_MIB:-1024} SINK_RUNS=${RXFER_BENCH_SINK_RUNS:-3}
 for part in $PARTS; do
-  [[ $part == @(file|small|loss|relay|sinks) ]] || { echo "bench: unknown part '$part' in RXFER_BENCH_PARTS (file, small, loss, relay, sinks)" >&2; exit 2; }
+  [[ $part == @(file|small|loss|relay|sinks|lanes) ]] || { echo "bench: unknown part '$part' in RXFER_BENCH_PARTS (file, small, loss, relay, sinks, lanes)" >&2; exit 2; }
 done
 for n in "$SIZE_MIB" "$RUNS" "$BIG_MIB" "$LOSS_MIB" "$LOSS_RUNS" "$SINK_MIB" "$SINK_RUNS"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench: sizes and run counts must be whole numbers >= 1, got '$n'" >&2; exit 2; }
@@ -109,6 +110,22 @@ if [[ $PARTS == *" sinks "* ]]; then
   done
   echo "RESULT sinks ${SINK_MIB} MiB (median of $SINK_RUNS, process start to exit): ${sinks[*]}"
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (inside the guest)"
+fi
+# Lanes: one file over 1 and 2 lanes on the one B->A wire against
+# ib_write_bw on 2 queue pairs (no target under emulation: rxe's kernel
+# threads share the guest's two CPUs); then two rails at 10 MiB/s each,
+# one rail against two, and one rail cut mid-file (bench-lanes.sh).
+if [[ $PARTS == *" lanes "* ]]; then
+  q2=$(rx_ib_write_bw -q 2)
+  echo "lanes: ib_write_bw -q 2 (RC, 1 MiB, B->A wire): $q2 MiB/s"
+  one=$("$here/transfer.sh" -s "$SIZE_MIB" -r "$RUNS" | sed -n 's/^median_MiBps=//p')
+  two=$(SENDER_OPTS="--lanes 2 ${SENDER_OPTS:-}" "$here/transfer.sh" -s "$SIZE_MIB" -r "$RUNS" | sed -n 's/^median_MiBps=//p')
+  echo "RESULT lanes ${SIZE_MIB} MiB one wire (median of $RUNS, process start to exit):" \
+    "1 lane=$one MiB/s 2 lanes=$two MiB/s ib_write_bw -q 2=$q2 MiB/s" \
+    "2 lanes/1=$(awk -v a="$two" -v b="$one" 'BEGIN { printf "%.2f", a / b }')" \
+    "2 lanes/ib_write_bw -q 2=$(awk -v a="$two" -v b="$q2" 'BEGIN { printf "%.2f", a / b }')"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (inside the guest)"
+  RXFER_BIN=${RXFER_BIN_DIR:-$here/../target/release} "$here/bench-lanes.sh"
 fi
 [[ $PARTS == *" loss "* ]] || exit 0
 

@@ -4,28 +4,30 @@
 # background, client on side B (rxe1) writing to 10.77.0.1, so the data
 # crosses the veth wire B->A. Prints exactly one line on stdout:
 #   ib_write_bw_MiBps=<float>
-# Usage: scripts/guest/ib-write-bw.sh [-n ITERS] [-s BYTES] [-p PORT] [-t TIMEOUT_S]
-#   defaults: -n 2000 -s 1048576 -p 18515 -t 600; diagnostics go to stderr.
+# Usage: scripts/guest/ib-write-bw.sh [-n ITERS] [-s BYTES] [-p PORT] [-t TIMEOUT_S] [-q QPS]
+#   defaults: -n 2000 -s 1048576 -p 18515 -t 600 -q 1 (queue pairs, each
+#   ITERS writes); diagnostics go to stderr.
 # Unit: perftest (4.5-0.17, Debian 12) reports "BW average[MB/sec]" with
 # format_factor 0x100000 (unless --report_gbits), i.e. MB here means MiB,
 # so the value is already MiB/s and is printed unchanged.
 set -euo pipefail
 
-ITERS=2000 SIZE=1048576 PORT=18515 TMO=600
-while getopts 'n:s:p:t:h' o; do
+ITERS=2000 SIZE=1048576 PORT=18515 TMO=600 QPS=1
+while getopts 'n:s:p:t:q:h' o; do
   case $o in
     n) ITERS=$OPTARG ;;
     s) SIZE=$OPTARG ;;
     p) PORT=$OPTARG ;;
     t) TMO=$OPTARG ;;
-    *) sed -n '7,8p' "$0" >&2; exit 2 ;;
+    q) QPS=$OPTARG ;;
+    *) sed -n '7,9p' "$0" >&2; exit 2 ;;
   esac
 done
 
 ADDR_A=${RXFER_ADDR_A:-10.77.0.1}
 DEV_A=${RXFER_DEV_A:-rxe0} DEV_B=${RXFER_DEV_B:-rxe1}
 # GID index 1 is the IPv4 (RoCEv2) GID on rxe; index 0 is link-local.
-COMMON=(-F -x 1 -s "$SIZE" -n "$ITERS" -p "$PORT" -c RC)
+COMMON=(-F -x 1 -s "$SIZE" -n "$ITERS" -p "$PORT" -c RC -q "$QPS")
 
 command -v ib_write_bw >/dev/null || { echo "ib-write-bw: ib_write_bw not installed (perftest)" >&2; exit 1; }
 tmp=$(mktemp -d)
@@ -67,7 +69,8 @@ wait "$SPID" || { echo "ib-write-bw: server failed" >&2; cat "$tmp/server.out" >
 SPID=
 
 # Result row: "#bytes #iterations BW-peak BW-average MsgRate".
-bw=$(awk -v s="$SIZE" -v n="$ITERS" '$1 == s && $2 == n && NF >= 5 { print $4; exit }' "$tmp/client.out")
+# (With several queue pairs it counts the iterations of all.)
+bw=$(awk -v s="$SIZE" -v n="$((ITERS * QPS))" '$1 == s && $2 == n && NF >= 5 { print $4; exit }' "$tmp/client.out")
 if [[ ! $bw =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
   echo "ib-write-bw: could not parse result" >&2
   cat "$tmp/client.out" >&2

@@ -231,6 +231,7 @@ fn striped_file(
             secs: 1_700_000_000,
             nanos: 0,
         },
+        keep_mode: false,
     };
     (file, data)
 }

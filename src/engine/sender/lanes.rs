@@ -96,11 +96,13 @@ pub struct StripedFile {
     pub size: u64,
     pub mode: u32,
     pub mtime: Mtime,
+    /// `-p`: the receiver keeps its permission bits (with --keep-modes).
+    pub keep_mode: bool,
 }
 
 /// The files of `entries` to send in pieces: regular files of two least
 /// pieces or more, with their mtimes (a piece's offer needs one).
-pub fn striped_files(entries: &[Entry]) -> Vec<StripedFile> {
+pub fn striped_files(entries: &[Entry], keep_mode: bool) -> Vec<StripedFile> {
     use std::os::unix::fs::PermissionsExt;
     entries
         .iter()
@@ -119,6 +121,7 @@ pub fn striped_files(entries: &[Entry]) -> Vec<StripedFile> {
                     size: *size,
                     mode,
                     mtime: *mtime,
+                    keep_mode,
                 })
             }
             _ => None,
@@ -532,7 +535,7 @@ impl Dispatch<'_, '_> {
                 digest: self.verify,
                 kind: OfferKind::File,
                 mtime: Some(file.mtime),
-                keep_mode: false,
+                keep_mode: file.keep_mode,
                 resume: false,
                 checksum: false,
                 existing: Default::default(),

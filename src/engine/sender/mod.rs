@@ -237,7 +237,7 @@ pub fn send_files(
     // join it meanwhile).
     let started = Instant::now();
     let mut plan = entries::plan(paths, &cfg.walk)?;
-    let big = lanes::striped_files(&plan.entries);
+    let big = lanes::striped_files(&plan.entries, cfg.walk.preserve);
     if big.is_empty() {
         return send_files_but(cfg, paths, HashSet::new(), on_file);
     }
