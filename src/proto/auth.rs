@@ -597,7 +597,7 @@ mod tests {
     #[test]
     fn key_schedule_known_answers() {
         // Computed independently with Python's hmac/hashlib (HKDF written
-        // out per RFC 5869) and the blake3 package, protocol version 7:
+        // out per RFC 5869) and the blake3 package, protocol version 8:
         // nonce_r = 00 01 .. 1f, nonce_s = 80 81 .. 9f. Per case: K, both
         // proofs, the seals of BYE number 0 and 5, the chunk key and the
         // tag of "the bytes of one chunk" at offset 4096 of offer 3.
@@ -606,45 +606,45 @@ mod tests {
         let cases = [
             (
                 conn("10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "013141b68baa90cc17cf1f1f25502ca637ac55310008b132cb7a6e4a2c2719f1",
-                "7ee4b7bbf990081f6a95771d12745a48d21f8bff26400f043555eac7eb2a20b9",
-                "7aefe705d2af2ad7d6beaa356b43c1088e90227afeb89521c0b9fda55b53fc0a",
-                "c8ab9e4922ff7cda306060e9277ad49c333b11bf05402239e746e5d45e2dfe02",
-                "f60b208061008b93812ae3acd3093011a30ed94166acde14346285029b2add9e",
-                "606259c5dc61df3f759f9cb2b7ad7409dcd4d01b851c4b97e3c949bfc3d77309",
-                "673043108e3f930237d410ba89789588979c9e4bc398a23f8fe8f34c6f8e2657",
+                "a89d1c3472fa469822714f161a34bc4bc9386ec36076fa6f959aef8efed8f0f0",
+                "8252e4c7460d7116c4baf9c758de10041170a31a79008cc66e75387f3861847c",
+                "2f1ab0748763d09f6193dc997b25180d32eba067c8fb5b9b5713a4ba1f4714bb",
+                "51522694f5757b81d6ef43a077538e206e23461a130d548ffa67310e76f80b97",
+                "8a3f72b9d3faf741afb627f5ef5b1ecdd9a3fbe57339e323d13b394d180aea6a",
+                "7cd9b461cc520456ab4b8eb8bbd8f2a729081eabd8ee02f83835398be9124e4a",
+                "9a4f23e331409ff57a6606acf17344d5e840155e9cc30a5f0568dfb1cfbfc211",
             ),
             // The IPv4-mapped form of the same address: the same key.
             (
                 conn("::ffff:10.77.0.1", 0x11, "10.77.0.2", 0x12),
-                "013141b68baa90cc17cf1f1f25502ca637ac55310008b132cb7a6e4a2c2719f1",
-                "7ee4b7bbf990081f6a95771d12745a48d21f8bff26400f043555eac7eb2a20b9",
-                "7aefe705d2af2ad7d6beaa356b43c1088e90227afeb89521c0b9fda55b53fc0a",
-                "c8ab9e4922ff7cda306060e9277ad49c333b11bf05402239e746e5d45e2dfe02",
-                "f60b208061008b93812ae3acd3093011a30ed94166acde14346285029b2add9e",
-                "606259c5dc61df3f759f9cb2b7ad7409dcd4d01b851c4b97e3c949bfc3d77309",
-                "673043108e3f930237d410ba89789588979c9e4bc398a23f8fe8f34c6f8e2657",
+                "a89d1c3472fa469822714f161a34bc4bc9386ec36076fa6f959aef8efed8f0f0",
+                "8252e4c7460d7116c4baf9c758de10041170a31a79008cc66e75387f3861847c",
+                "2f1ab0748763d09f6193dc997b25180d32eba067c8fb5b9b5713a4ba1f4714bb",
+                "51522694f5757b81d6ef43a077538e206e23461a130d548ffa67310e76f80b97",
+                "8a3f72b9d3faf741afb627f5ef5b1ecdd9a3fbe57339e323d13b394d180aea6a",
+                "7cd9b461cc520456ab4b8eb8bbd8f2a729081eabd8ee02f83835398be9124e4a",
+                "9a4f23e331409ff57a6606acf17344d5e840155e9cc30a5f0568dfb1cfbfc211",
             ),
             (
                 conn("fe80::1", 0x11, "fe80::2", 0x12),
-                "9da7ee214bacd5d833b05a43d14a3c94e3dcf8c4ede569ae3a116f1ee446532d",
-                "cffda67a3f44a20b60bb76dddd6807d37fff2e4e618b4c8b22937879b3e1da53",
-                "e28d93ccba75a1ee5436ef23595e90550fac0e20b9b2aef8f5f533be89a9e08b",
-                "73f3ef7382f561bd09f849fb9a7b400e644a1f6f56a1b10a1d5161eefc81e9e3",
-                "a9bbbc34da66d921f78fe9ff68bf4a388d0bde6f8d050f1581f01885d9b7bf52",
-                "2627b0f39223043fce4c23f774681947833e839eeb0031d542193271397c3b57",
-                "6200b19d7701c0ca6e44a0447901db037ee0daeccfe6f7ed94c4abaf7b49bf0e",
+                "432304357d6a9b05afb9e7c5cd5a51743b7a991f7e82914d8c9de3a4c7e2601d",
+                "28847d2e52ed24c5adad44d346889c754f2e150b84d0d8756c68b57e8bbc71ef",
+                "6bc0890d614a347c82dc1eb627500b5cad653d98fc287e96ff97872d0bfb1804",
+                "4196cd926c0b838a5a90c3fdcb73275a0941d3fde145899dc43587b9c5e18469",
+                "fdc1f8f99bebf7f501595dcd7dc78391db40037dfe601187086b378662992555",
+                "96a36df7dc915fa702832320b55dff1c0bca7bea037ce958e5b75a3b824a4527",
+                "765f874edf5fdca91d3ee74f1f0dce4ee3acc734c908b77a250ca38cadf0386e",
             ),
             // Another receiver QPN: another key.
             (
                 conn("10.77.0.1", 0x13, "10.77.0.2", 0x12),
-                "f7706da857fa4242e0de2f5a5a8955e7383f2a0edb055f678832e189884d6455",
-                "eda9ee88b6e0c77894905d8b64c58e29e319c0601e3144a503d959ff1da9f451",
-                "9f47f1a2a4480e8cdf74aa09d77d5e79f97cb794c9702c247c4000784a82d22a",
-                "dbb422d7176fd407794db8e5d64fe3b9b695b728639c2752706b152be9ae58e4",
-                "5f2ca640236340801b4612c9bc2162c2700664dff488597702a0cad29dc37e11",
-                "7c38b7fd5bfa0652bbf967a4498455867541985a004b74240e8f1c7366910895",
-                "d13011bf298603c4ad0ea09ef52e5e1cf0cee58db0c9ab426bbfa240828614fe",
+                "1456f1c5f27b4fbb026d374421c075e61600687ef3fe2ed7088219db8107ce1d",
+                "a2cdbde782bbaf5195310224151ed9117e699af82db9ded5f5a1ca8b1e4a374e",
+                "9828fabb272aaece07a9089f9b541d31ad4dad1e45151eb68a9c1ee16ad15af8",
+                "e76f8c6c2861031bad32778991c52bbd00cf25f692c1d6cea3b2ec7f3238bdad",
+                "3066cbabdad26fb9fe2465d0b30c9adee88a08a7b565f7260992027adf3abe41",
+                "8b01ea7003cdfaf6c7371098819ffbf06d6c4e5a02d63849415d1a3ad6bcf0ea",
+                "f76a82f5e1aa8d0df5f2c8ed3d3af2cf67636dd7d835bf6bbd0b1de59198409a",
             ),
         ];
         let bye = unhex("525846520107000000000000");
