@@ -745,7 +745,7 @@ fn the_doctor_reports_a_healthy_host() {
     );
     assert!(
         text.contains(&format!(
-            "ok    the receiver at {target} answers, speaks protocol 7; no token (it runs --insecure"
+            "ok    the receiver at {target} answers, speaks protocol 8; no token (it runs --insecure"
         )),
         "{text}"
     );

@@ -384,7 +384,7 @@ fn unauthenticated_input_is_refused_before_anything() {
         Case {
             scenario: "auth-v2",
             answer: Some(&["REJECT code=version reason="]),
-            reason: "protocol version 7",
+            reason: "protocol version 8",
             session_goes_on: false,
         },
         Case {
