@@ -26,7 +26,7 @@ fn start_big_transfer(
 ) -> MidTransfer {
     let (src, dst) = dirs();
     let input = src.path().join("big.bin");
-    make_file(&input, 300 * MIB, seed);
+    make_file_undigested(&input, 300 * MIB, seed);
     let port = next_port();
     let receiver = start_receiver(net, port, dst.path(), receiver_args);
     let sender = Running::spawn(
@@ -426,7 +426,7 @@ fn output_filesystem_full_mid_file_sender_exits_6_with_the_reason() {
     let _mount = Mount(mnt.path().to_path_buf());
     let dst = mnt.path();
     let input = src.path().join("big.bin");
-    make_file(&input, 80 * MIB, 31);
+    make_file_undigested(&input, 80 * MIB, 31);
     let port = next_port();
     let receiver = start_receiver(&net, port, dst, &[]);
     // The free-space check passes (96 MiB free); another writer then
@@ -484,7 +484,7 @@ fn concurrent_sessions_cannot_both_take_the_same_free_space() {
     let first = src.path().join("first.bin");
     let second = src.path().join("second.bin");
     let first_sum = make_file(&first, 60 * MIB, 51);
-    make_file(&second, 60 * MIB, 52);
+    make_file_undigested(&second, 60 * MIB, 52);
     let port = next_port();
     let receiver = start_receiver(&net, port, dst, &[]);
     let sender = Running::spawn(

@@ -472,7 +472,7 @@ fn epipe_on_the_receivers_stdout_ends_it_quietly() {
     let Some(net) = rdma_net() else { return };
     let dir = tempfile::tempdir().expect("dir");
     let input = dir.path().join("input.bin");
-    make_file(&input, 64 * MIB, 0xe919e);
+    make_file_undigested(&input, 64 * MIB, 0xe919e);
     let port = next_port();
     let receiver = receiver_to(&net, port, "head -c 1000 > /dev/null", &[]);
     let sent =

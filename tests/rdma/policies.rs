@@ -66,7 +66,7 @@ fn discard_verifies_300_mib_and_a_tree_of_100_files_and_writes_nothing() {
     let Some(net) = rdma_net() else { return };
     let (src, dst) = dirs();
     let big = src.path().join("big.bin");
-    make_file(&big, 300 * MIB, 31);
+    make_file_undigested(&big, 300 * MIB, 31);
     let (sent, received) = one_session(
         &net,
         Path_::Wire,

@@ -623,7 +623,7 @@ fn retry_reports_a_file_cut_short_when_no_attempt_is_left() {
     let Some(net) = rdma_net() else { return };
     let (src, dst) = dirs();
     let input = src.path().join("cut.bin");
-    make_file(&input, 200 * MIB, 50);
+    make_file_undigested(&input, 200 * MIB, 50);
     let port = next_port();
     let receiver = start_receiver(&net, port, dst.path(), &[]);
     let sender = Running::spawn(
