@@ -38,8 +38,10 @@ pub struct Piece {
 /// The smallest grid: a multiple of this (so O_DIRECT can write whole
 /// pages at every piece's start) and at least this much.
 pub const PIECE_ALIGN: u64 = 64 << 10;
-/// Most pieces one file may have (the per-piece state stays small).
-pub const MAX_PIECES: u64 = 1 << 20;
+/// Most pieces one file may have: the receiver's state per file stays
+/// small (a piece offer names the grid; 2^16 pieces of up to 256 MiB
+/// cover 16 TiB).
+pub const MAX_PIECES: u64 = 1 << 16;
 
 impl Piece {
     /// The number of pieces on the grid.
@@ -159,6 +161,11 @@ pub struct Assembly {
     identity: Identity,
     pieces: Vec<PieceState>,
     verified: u64,
+    /// The engine committed the whole file (`committed`).
+    committed: bool,
+    /// The whole file's commit failed (`commit_failed`): why. Every later
+    /// offer is refused with it.
+    failed: Option<String>,
 }
 
 impl Assembly {
@@ -171,6 +178,8 @@ impl Assembly {
             // At most MAX_PIECES (checked).
             pieces: vec![PieceState::Missing; piece.count() as usize],
             verified: 0,
+            committed: false,
+            failed: None,
         })
     }
 
@@ -204,10 +213,21 @@ impl Assembly {
                 ),
             ));
         }
+        if let Some(why) = &self.failed {
+            return Err(Reject::new(
+                RejectCode::Io,
+                format!(
+                    "{} failed as it was made whole: {why}",
+                    super::escaped(&self.identity.name)
+                ),
+            ));
+        }
         let at = piece.index as usize;
         match &self.pieces[at] {
+            // Whole only once committed: a file whose commit is under way
+            // or failed is not said to be there.
             PieceState::Verified(_) => Ok(PieceAnswer::AlreadyVerified {
-                file_whole: self.verified == self.pieces.len() as u64,
+                file_whole: self.committed,
             }),
             // Under way on another lane: the sender gave that lane up (its
             // path died before this receiver noticed). This lane takes it
@@ -250,6 +270,27 @@ impl Assembly {
             });
         }
         Ok(Progress::Complete(self.whole_digest()))
+    }
+
+    /// Whether `lane` is receiving piece `index` (its writes may land).
+    pub fn is_receiving(&self, lane: LaneId, index: u32) -> bool {
+        self.pieces.get(index as usize) == Some(&PieceState::Receiving(lane))
+    }
+
+    /// The engine committed the whole file (after `verified` said
+    /// Complete): later offers of its pieces are told it is whole.
+    pub fn committed(&mut self) {
+        self.committed = true;
+    }
+
+    /// The whole file's commit failed: every later offer is refused.
+    pub fn commit_failed(&mut self, why: String) {
+        self.failed = Some(why);
+    }
+
+    /// Committed, or its commit failed: nothing more happens to it.
+    pub fn is_finished(&self) -> bool {
+        self.committed || self.failed.is_some()
     }
 
     /// `lane`'s piece `index` failed (its data, its check, its write): it
@@ -635,12 +676,49 @@ mod tests {
             done,
             Progress::Complete(Digest::Crc32(crc32fast::hash(&data)))
         );
+        // Whole only once the engine committed it.
+        assert_eq!(
+            file.offer(1, &h, &piece(2)),
+            Ok(PieceAnswer::AlreadyVerified { file_whole: false })
+        );
+        assert!(!file.is_finished());
+        file.committed();
         // The last piece's ACK lost with its lane: offered again, Ok.
         assert_eq!(
             file.offer(1, &h, &piece(2)),
             Ok(PieceAnswer::AlreadyVerified { file_whole: true })
         );
+        assert!(file.is_finished());
         assert!(!file.lane_gone(2));
+    }
+
+    #[test]
+    fn a_file_whose_commit_failed_refuses_every_later_offer() {
+        let h = hello("f.bin", DigestAlg::Crc32);
+        let p = Piece {
+            file_size: 4 * MIB,
+            ..piece(0)
+        };
+        let mut file = Assembly::new(&h, &p).unwrap();
+        assert!(file.offer(1, &h, &p).is_ok());
+        assert!(file.is_receiving(1, 0));
+        assert!(!file.is_receiving(2, 0));
+        let crc = Digest::Crc32(crc32fast::hash(&[]));
+        assert!(matches!(
+            file.verified(1, 0, crc),
+            Ok(Progress::Complete(_))
+        ));
+        assert!(!file.is_receiving(1, 0));
+        file.commit_failed("no space left".into());
+        assert!(file.is_finished());
+        // Never "verified before, whole": the file is not there.
+        let refused = file.offer(2, &h, &p).unwrap_err();
+        assert_eq!(refused.code, RejectCode::Io);
+        assert!(
+            refused.reason.contains("no space left"),
+            "{}",
+            refused.reason
+        );
     }
 
     #[test]

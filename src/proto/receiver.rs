@@ -2213,13 +2213,12 @@ fn check_hello(h: &Hello, cfg: &ReceiverConfig) -> Result<(), Reject> {
             return Err(Reject::new(RejectCode::BadName, e.to_string()));
         }
     }
-    if h.size > max_size {
+    // A piece is held to the limit by its whole file's size.
+    let size = h.piece.map_or(h.size, |p| p.file_size);
+    if size > max_size {
         return Err(Reject::new(
             RejectCode::TooLarge,
-            format!(
-                "file is {} bytes; the receiver accepts at most {max_size} bytes",
-                h.size
-            ),
+            format!("file is {size} bytes; the receiver accepts at most {max_size} bytes"),
         ));
     }
     Ok(())
@@ -3943,7 +3942,16 @@ mod tests {
             piece: Some(piece),
             ..v(8, hello_flags::PIECE | hello_flags::MTIME | caps, "p", size)
         };
-        assert_eq!(code(piece(0, 10, grid)), None);
+        // Held to --max-size by its whole file's size, not its own.
+        assert_eq!(code(piece(0, 10, grid)), Some(RejectCode::TooLarge));
+        let mut roomy = c;
+        roomy.max_size = grid.file_size;
+        let mut r = ReceiverSession::new(roomy);
+        let offered = r.on_message(Message::Hello(piece(0, 10, grid)));
+        assert!(
+            matches!(offered, Ok(ReceiverEvent::Offer(_))),
+            "{offered:?}"
+        );
         for (bad, why) in [
             (piece(0, 11, grid), "not its length"),
             (

@@ -686,17 +686,20 @@ pub fn open_direct(file: &std::fs::File) -> Option<(std::fs::File, DirectAlign)>
         // The file system says it takes no direct I/O for this file.
         return None;
     }
+    // The page of this host (4 KiB on most, 16 or 64 KiB on some arm64
+    // and ppc64 kernels).
+    let page = rustix::param::page_size().max(4096);
     let offset = [
         u64::from(dio.stx_dio_offset_align),
         u64::from(dio.stx_blksize),
-        4096,
+        page as u64,
     ]
     .into_iter()
     .max()
-    .unwrap_or(4096);
+    .unwrap_or(page as u64);
     // Without the file system's answer (before 6.1), a page.
     let memory = match dio.stx_mask & rustix::fs::StatxFlags::DIOALIGN.bits() {
-        0 => 4096,
+        0 => page,
         _ => usize::try_from(dio.stx_dio_mem_align)
             .unwrap_or(usize::MAX)
             .max(1),

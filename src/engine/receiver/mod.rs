@@ -183,6 +183,10 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
     let refusals = AtomicUsize::new(0);
     let next_id = AtomicU64::new(1);
     let ledger = Arc::new(SpaceLedger::default());
+    // --once: the first session admitted (0: none yet), as the sessions
+    // see it: those admitted after it join it, and carry pieces only
+    // (`Session::joined`).
+    let first = &AtomicU64::new(0);
     // --once: the sessions tell the listener when one is admitted and when
     // they end; the first admitted session's end is the receiver's.
     let (report_tx, reports) = mpsc::channel::<SessionReport>();
@@ -212,7 +216,12 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
         let mut admitted: Option<u64> = None;
         let mut running: HashSet<u64> = HashSet::new();
         let mut first_result: Option<Result<(), XferError>> = None;
+        // The sender ended well if one of its sessions did: a lane it
+        // gave up (its first among them) fails here, not there.
+        let mut one_ended_well = false;
         loop {
+            // Files in pieces no lane brings any more go (`ASSEMBLY_IDLE`).
+            cfg.pieces.sweep(Instant::now());
             if cfg.once {
                 while let Ok(report) = reports.try_recv() {
                     match report {
@@ -221,6 +230,7 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                             running.insert(id);
                         }
                         SessionReport::Ended { id, result } if running.remove(&id) => {
+                            one_ended_well |= result.is_ok();
                             if Some(id) == admitted {
                                 first_result = Some(result);
                             } else if let Err(e) = result {
@@ -247,9 +257,16 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                 if admitted.is_some() && running.is_empty() {
                     // The sender's last session ended: take no more
                     // connections, stop the handshakes; the first
-                    // session's result is the receiver's.
+                    // session's result is the receiver's, unless another
+                    // ended well (the sender gave the first up as a lane).
                     handshakes.evict_all();
-                    return first_result.unwrap_or(Ok(()));
+                    return match first_result {
+                        Some(Err(e)) if one_ended_well => {
+                            warn!("the first session ended so, the sender's others well: {e}");
+                            Ok(())
+                        }
+                        result => result.unwrap_or(Ok(())),
+                    };
                 }
                 if admitted.is_none()
                     && let Some(wait) = cfg.wait
@@ -320,6 +337,8 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                         if cfg.once {
                             admitted = admitted.or(Some(id));
                             running.insert(id);
+                            let _ =
+                                first.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed);
                         }
                         Admission::Admitted { _slot: slot }
                     }
@@ -337,11 +356,14 @@ pub fn serve(cfg: &ReceiverConfig, on_file: &OnFile<'_>) -> Result<(), XferError
                     let _enter = span.enter();
                     let on_admitted = || {
                         if let Some(r) = &report {
+                            let _ =
+                                first.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed);
                             let _ = r.send(SessionReport::Admitted(id));
                         }
                     };
-                    let result =
-                        run_logged(cfg, conn, on_file, ledger, &mut admission, &on_admitted);
+                    let joined = || cfg.once && first.load(Ordering::Relaxed) != id;
+                    let once: (&dyn Fn(), &dyn Fn() -> bool) = (&on_admitted, &joined);
+                    let result = run_logged(cfg, conn, on_file, ledger, &mut admission, once);
                     match &report {
                         // --once: the listener returns (or reports) it.
                         Some(r) => {
@@ -496,10 +518,10 @@ fn run_logged(
     on_file: &OnFile<'_>,
     ledger: &Arc<SpaceLedger>,
     admission: &mut Admission<'_>,
-    on_admitted: &dyn Fn(),
+    once: (&dyn Fn(), &dyn Fn() -> bool),
 ) -> Result<(), XferError> {
     let started = Instant::now();
-    let result = session::run(cfg, conn, on_file, ledger, admission, on_admitted);
+    let result = session::run(cfg, conn, on_file, ledger, admission, once);
     // A failed session is said once: by the serving loop (with its id and
     // peer), or with --once by the tool's final error.
     match &result {

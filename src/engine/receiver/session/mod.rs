@@ -126,6 +126,9 @@ struct Session<'a, 's> {
     admission: &'a mut Admission<'s>,
     /// Told when the sender is admitted (--once's listener listens).
     on_admitted: &'a dyn Fn(),
+    /// Whether this session joined another's (--once: one sender's
+    /// lanes); then it carries pieces only.
+    joined: &'a dyn Fn() -> bool,
     /// Receives to post once the sender is admitted.
     unposted_recvs: usize,
     on_file: &'a OnFile<'a>,
@@ -242,7 +245,7 @@ pub(super) fn run(
     on_file: &OnFile<'_>,
     ledger: &Arc<SpaceLedger>,
     admission: &mut Admission<'_>,
-    on_admitted: &dyn Fn(),
+    (on_admitted, joined): (&dyn Fn(), &dyn Fn() -> bool),
 ) -> Result<(), XferError> {
     let store = FileStore::open(cfg, ledger)?;
     let id = conn.into_id()?;
@@ -289,6 +292,7 @@ pub(super) fn run(
         cfg,
         admission,
         on_admitted,
+        joined,
         on_file,
         unposted_recvs: recvs as usize - first_recvs,
         peer,
@@ -302,6 +306,8 @@ pub(super) struct Parts<'a, 's> {
     pub cfg: &'a ReceiverConfig,
     pub admission: &'a mut Admission<'s>,
     pub on_admitted: &'a dyn Fn(),
+    /// Whether this session joined another's (see `Session::joined`).
+    pub joined: &'a dyn Fn() -> bool,
     pub on_file: &'a OnFile<'a>,
     /// Receives to post once the sender is admitted.
     pub unposted_recvs: usize,
@@ -322,6 +328,7 @@ pub(super) fn drive<'a>(
         cfg: parts.cfg,
         admission: parts.admission,
         on_admitted: parts.on_admitted,
+        joined: parts.joined,
         unposted_recvs: parts.unposted_recvs,
         on_file: parts.on_file,
         peer: parts.peer,

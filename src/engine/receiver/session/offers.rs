@@ -30,6 +30,14 @@ impl Session<'_, '_> {
     /// created (or found) and answered at once.
     pub(super) fn on_hello(&mut self, hello: Hello) -> Result<(), XferError> {
         let hello_at = Instant::now();
+        if hello.piece.is_none() && (self.joined)() {
+            let refusal = Reject::new(
+                RejectCode::Protocol,
+                "this receiver (--once) serves one sender: a session that joins its first \
+                 carries pieces of its files only (sender --lanes)",
+            );
+            return self.refuse(&hello, hello_at, refusal);
+        }
         if hello.is_directory() {
             info!(dir = %hello.name, "directory");
             if self.machine.offer_is_dry_run() {

@@ -3,11 +3,14 @@
 //! pure `proto::assembly::Assembly`, the temporary file of the whole file
 //! and its `ChunkFile` for writes from several lanes), and a piece's sink.
 //!
-//! Ownership: the board holds each file weakly; every session that took a
-//! piece of it holds it strongly until the session ends (`Held`). So the
-//! file lives while any lane of its transfer does, and when the last one
-//! is gone uncommitted its temporary file is removed (the `TempFile`'s
-//! drop). The file is committed by the session whose piece makes it whole.
+//! Ownership: the board holds each file, and so does every session that
+//! took a piece of it (`Held`, until the file is finished). A file no
+//! session holds stays on the board for `ASSEMBLY_IDLE` after it was last
+//! offered a piece: its verified pieces wait for the sender's other lanes
+//! (the only lane that held it may be gone). Then it leaves the board; an
+//! uncommitted file's temporary file goes with it (the `TempFile`'s drop).
+//! The file is committed by the session whose piece makes it whole; from
+//! then on no lane's write reaches it (`PieceSink::write`).
 
 use super::chunk_file::ChunkFile;
 use super::temp_file::TempFile;
@@ -16,15 +19,27 @@ use crate::proto::assembly::{Assembly, LaneId, Piece, PieceAnswer, Progress, Tra
 use crate::proto::{Digest, Hello, Mtime, Reject, RejectCode};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+/// How long a file no session holds stays on the board, waiting for
+/// another lane to bring its missing pieces: well past the sender's
+/// giving up a silent lane (seconds) and its next offer.
+pub(in crate::engine::receiver) const ASSEMBLY_IDLE: Duration = Duration::from_secs(60);
 
 /// One file being assembled.
 pub(in crate::engine::receiver) struct Assembling {
     assembly: Assembly,
-    /// The whole file's temporary file; committed once whole.
-    temp: TempFile,
-    /// Written by the lanes without the lock.
-    out: Arc<ChunkFile>,
+    /// The whole file's temporary file; taken (committed) once whole.
+    temp: Option<TempFile>,
+    /// Written by the lanes without the lock; dropped once committed.
+    out: Option<Arc<ChunkFile>>,
+    /// Open to the lanes' writes (true) until the commit closes it: a
+    /// write holds it shared, the commit exclusively, so no write lands
+    /// in the file once it bears its final name.
+    open: Arc<RwLock<bool>>,
+    /// When a piece of it was last offered.
+    touched: Instant,
 }
 
 type Shared = Arc<Mutex<Assembling>>;
@@ -32,7 +47,7 @@ type Shared = Arc<Mutex<Assembling>>;
 /// Every file being assembled, by transfer, shared by all sessions.
 #[derive(Default)]
 pub(in crate::engine::receiver) struct PieceBoard {
-    files: Mutex<HashMap<TransferId, Weak<Mutex<Assembling>>>>,
+    files: Mutex<HashMap<TransferId, Shared>>,
     next_lane: AtomicU64,
 }
 
@@ -48,17 +63,40 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Drops the files no session holds that were offered no piece for
+/// `ASSEMBLY_IDLE`, as of `now`. A finished one (committed, or its commit
+/// failed) stays as long, small (its temporary file and descriptors went
+/// with the commit): a piece offered again (its ACK lost with a lane) is
+/// told the file is whole, or why it failed.
+fn sweep_files(files: &mut HashMap<TransferId, Shared>, now: Instant) {
+    files.retain(|_, f| {
+        // A file a session holds is held by it too (its `Held`), and
+        // locked only briefly: try, and keep it when busy.
+        let Ok(file) = f.try_lock() else {
+            return true;
+        };
+        let unheld = Arc::strong_count(f) == 1;
+        !(unheld && now.saturating_duration_since(file.touched) >= ASSEMBLY_IDLE)
+    });
+}
+
 impl PieceBoard {
     /// A name for a new session as a lane.
     pub(in crate::engine::receiver) fn new_lane(&self) -> LaneId {
         self.next_lane.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Drops the files finished or left idle (see `sweep_files`): called
+    /// by the serving loop now and then, and by each offer of a piece.
+    pub(in crate::engine::receiver) fn sweep(&self, now: Instant) {
+        sweep_files(&mut locked(&self.files), now);
+    }
+
     /// The file `piece` belongs to, if it is being assembled.
     pub(in crate::engine::receiver) fn find(&self, transfer: TransferId) -> Option<Shared> {
         let mut files = locked(&self.files);
-        files.retain(|_, f| f.strong_count() > 0);
-        files.get(&transfer).and_then(Weak::upgrade)
+        sweep_files(&mut files, Instant::now());
+        files.get(&transfer).cloned()
     }
 
     /// Starts assembling `hello`'s file (its first piece seen) into
@@ -80,22 +118,25 @@ impl PieceBoard {
             )
         })?;
         let mut files = locked(&self.files);
-        files.retain(|_, f| f.strong_count() > 0);
-        if let Some(there) = files.get(&piece.transfer).and_then(Weak::upgrade) {
-            return Ok(there);
+        sweep_files(&mut files, Instant::now());
+        if let Some(there) = files.get(&piece.transfer) {
+            return Ok(Arc::clone(there));
         }
         let shared = Arc::new(Mutex::new(Assembling {
             assembly,
-            temp,
-            out: Arc::new(out),
+            temp: Some(temp),
+            out: Some(Arc::new(out)),
+            open: Arc::new(RwLock::new(true)),
+            touched: Instant::now(),
         }));
-        files.insert(piece.transfer, Arc::downgrade(&shared));
+        files.insert(piece.transfer, Arc::clone(&shared));
         Ok(shared)
     }
 }
 
-/// The files a session took pieces of, held until it ends; then the
-/// pieces it was receiving may be offered again on other lanes.
+/// The files a session took pieces of, held until it ends (or they are
+/// finished); then the pieces it was receiving may be offered again on
+/// other lanes.
 pub(in crate::engine::receiver) struct Held {
     lane: LaneId,
     files: HashMap<TransferId, Shared>,
@@ -117,25 +158,40 @@ impl Held {
         hello: &Hello,
         piece: &Piece,
     ) -> Result<Result<PieceSink, bool>, Reject> {
-        let answer = locked(&file).assembly.offer(self.lane, hello, piece)?;
-        self.files
-            .entry(piece.transfer)
-            .or_insert_with(|| Arc::clone(&file));
-        let out = Arc::clone(&locked(&file).out);
+        // Files finished since: nothing more to hold them for.
+        self.files.retain(|_, f| !locked(f).assembly.is_finished());
+        let (answer, out, open) = {
+            let mut assembling = locked(&file);
+            assembling.touched = Instant::now();
+            let answer = assembling.assembly.offer(self.lane, hello, piece)?;
+            let out = assembling.out.clone();
+            (answer, out, Arc::clone(&assembling.open))
+        };
         Ok(match answer {
-            PieceAnswer::Receive { offset, len } => Ok(PieceSink {
-                out,
-                file,
-                lane: self.lane,
-                index: piece.index,
-                offset,
-                len,
-                file_size: piece.file_size,
-                written: 0,
-                digest: None,
-                done: false,
-                end: None,
-            }),
+            PieceAnswer::Receive { offset, len } => {
+                let Some(out) = out else {
+                    // (Only a finished file has no output, and it takes
+                    // no piece.)
+                    return Err(Reject::new(RejectCode::Io, "the file is no longer open"));
+                };
+                self.files
+                    .entry(piece.transfer)
+                    .or_insert_with(|| Arc::clone(&file));
+                Ok(PieceSink {
+                    out,
+                    open,
+                    file,
+                    lane: self.lane,
+                    index: piece.index,
+                    offset,
+                    len,
+                    file_size: piece.file_size,
+                    written: 0,
+                    digest: None,
+                    done: false,
+                    end: None,
+                })
+            }
             PieceAnswer::AlreadyVerified { file_whole } => Err(file_whole),
         })
     }
@@ -162,6 +218,8 @@ pub(in crate::engine::receiver) enum PieceEnd {
 pub(in crate::engine::receiver) struct PieceSink {
     file: Shared,
     out: Arc<ChunkFile>,
+    /// The file's gate (`Assembling::open`).
+    open: Arc<RwLock<bool>>,
     lane: LaneId,
     index: u32,
     /// The piece's first byte in the file, and its length.
@@ -179,7 +237,10 @@ pub(in crate::engine::receiver) struct PieceSink {
 }
 
 impl PieceSink {
-    /// Writes the checked chunk `data` at `offset` within the piece.
+    /// Writes the checked chunk `data` at `offset` within the piece, as
+    /// long as the piece is this lane's and the file not committed (a
+    /// lane the sender gave up may still be writing what another lane
+    /// took over).
     pub(in crate::engine::receiver) fn write(
         &mut self,
         data: &[u8],
@@ -193,7 +254,27 @@ impl PieceSink {
                 self.len
             )));
         }
+        // The claim first (the file's lock, briefly), then the gate: the
+        // commit holds the lock while it waits for the gate.
+        if !locked(&self.file)
+            .assembly
+            .is_receiving(self.lane, self.index)
+        {
+            return Err(std::io::Error::other(format!(
+                "piece {} is no longer this lane's (another lane took it over, or the file \
+                 was made whole)",
+                self.index
+            )));
+        }
+        let open = self.open.read().unwrap_or_else(|e| e.into_inner());
+        if !*open {
+            return Err(std::io::Error::other(format!(
+                "piece {}: its file was committed",
+                self.index
+            )));
+        }
         self.out.write_at(data, self.offset + offset)?;
+        drop(open);
         self.written += data.len() as u64;
         Ok(())
     }
@@ -224,27 +305,44 @@ impl PieceSink {
                 self.index, self.written, self.len
             )));
         }
-        // Its writes are on the device before it counts as verified.
+        // Its writes are made durable with the whole file's, at its
+        // commit (one fsync, not one per piece on a lane's thread).
         let mut file = locked(&self.file);
         self.done = true;
-        file.temp
-            .file
-            .sync_data()
-            .map_err(|e| XferError::io(format!("cannot fsync {name}"), e))?;
-        file.temp.promise.wrote(self.len);
         let progress = file
             .assembly
             .verified(self.lane, self.index, digest)
             .map_err(|r| XferError::Internal(format!("{name}: {}", r.reason)))?;
-        let end = match progress {
-            Progress::Pending { .. } => PieceEnd::Kept,
-            Progress::Complete(whole) => {
-                file.temp.commit(name, mode, mtime, overwrite)?;
-                PieceEnd::Whole(whole)
+        if let Some(temp) = file.temp.as_mut() {
+            temp.promise.wrote(self.len);
+        }
+        let whole = match progress {
+            Progress::Pending { .. } => {
+                self.end = Some(PieceEnd::Kept);
+                return Ok(());
             }
+            Progress::Complete(whole) => whole,
         };
-        self.end = Some(end);
-        Ok(())
+        // No lane's write lands from here on (it waits for those under
+        // way); the temporary file and the writers' descriptors go with
+        // the commit, whatever its result.
+        *file.open.write().unwrap_or_else(|e| e.into_inner()) = false;
+        file.out = None;
+        let committed = match file.temp.take() {
+            Some(mut temp) => temp.commit(name, mode, mtime, overwrite),
+            None => Err(XferError::Internal(format!("{name}: committed twice"))),
+        };
+        match committed {
+            Ok(()) => {
+                file.assembly.committed();
+                self.end = Some(PieceEnd::Whole(whole));
+                Ok(())
+            }
+            Err(e) => {
+                file.assembly.commit_failed(e.to_string());
+                Err(e)
+            }
+        }
     }
 
     /// The whole file's size.

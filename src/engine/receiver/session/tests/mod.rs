@@ -77,6 +77,16 @@ pub(in crate::engine) fn serve(
     end: ReceiverEnd,
     on_file: &OnFile<'_>,
 ) -> Result<(), XferError> {
+    serve_as(cfg, end, on_file, false)
+}
+
+/// `serve`, the session joining another's (`--once`) if `joined`.
+fn serve_as(
+    cfg: &ReceiverConfig,
+    end: ReceiverEnd,
+    on_file: &OnFile<'_>,
+    joined: bool,
+) -> Result<(), XferError> {
     let slots = SessionSlots::new(1);
     let mut admission = Admission::Admitted {
         _slot: slots.take().expect("a free slot"),
@@ -85,6 +95,7 @@ pub(in crate::engine) fn serve(
         cfg,
         admission: &mut admission,
         on_admitted: &|| {},
+        joined: &|| joined,
         on_file,
         unposted_recvs: 0,
         peer: "the test's sender".into(),
@@ -132,6 +143,21 @@ fn session_hooked<T>(
     hook: impl FnOnce() + Send,
     play: impl FnOnce(&mut Peer) -> T,
 ) -> Ended<T> {
+    session_as(cfg, hook, false, play)
+}
+
+/// `session` joining another's (`--once`): it carries pieces only.
+fn session_joined<T>(cfg: &ReceiverConfig, play: impl FnOnce(&mut Peer) -> T) -> Ended<T> {
+    session_as(cfg, || {}, true, play)
+}
+
+/// `session_hooked`, joining another's if `joined`.
+fn session_as<T>(
+    cfg: &ReceiverConfig,
+    hook: impl FnOnce() + Send,
+    joined: bool,
+    play: impl FnOnce(&mut Peer) -> T,
+) -> Ended<T> {
     let (sender_end, receiver_end) = memory_wire::pair();
     let disconnected = receiver_end.side.disconnected.clone();
     let log = Mutex::new(Vec::new());
@@ -146,7 +172,7 @@ fn session_hooked<T>(
         let running = s.spawn(|| {
             hook();
             let on_file = |event: FileEvent<'_>| log.lock().unwrap().push(reported(event));
-            serve(cfg, receiver_end, &on_file)
+            serve_as(cfg, receiver_end, &on_file, joined)
         });
         let played = play(&mut peer);
         drop(peer);
