@@ -777,7 +777,15 @@ fn paced_by_ssh(net: &Net, args: &[&str]) -> Running {
 
 /// Kills (SIGKILL) the one receiver the sender started over ssh for `dir`.
 fn kill_receiver_of(dir: &Path) {
-    let pids = crate::ssh::remote_receivers(dir);
+    // Its ssh may still be starting it on a loaded host: wait for it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let pids = loop {
+        let pids = crate::ssh::remote_receivers(dir);
+        if !pids.is_empty() || std::time::Instant::now() > deadline {
+            break pids;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(pids.len(), 1, "{pids:?}");
     let killed = std::process::Command::new("kill")
         .args(["-KILL", &pids[0].to_string()])
