@@ -119,6 +119,21 @@ pub(super) trait Side {
     fn stalled(&self) -> bool {
         false
     }
+    /// `msg` goes out now: what the wire does then (a test's fault).
+    fn on_send(&mut self, _msg: &Message) -> OnSend {
+        OnSend::Pass
+    }
+    /// Keeps a stalled side's new inbox open (it hears nothing).
+    fn keep_mute(&mut self, _mute: Sender<Self::In>) {}
+}
+
+/// What the wire does when a message goes out (`Side::on_send`).
+pub(super) enum OnSend {
+    Pass,
+    /// It goes; what reaches this side comes only this much later.
+    Hold(Duration),
+    /// The path goes dead with it (as `SenderSide::stall_at_write`).
+    Stall,
 }
 
 /// One end of the wire.
@@ -126,6 +141,8 @@ pub(super) struct End<S: Side> {
     pub(super) codec: Codec,
     to_peer: Sender<S::Out>,
     inbox: Inbox<S::In>,
+    /// Until when what reaches this side is held back (`OnSend::Hold`).
+    held_until: Option<Instant>,
     ring: SharedRing,
     /// The side's own state (its faults, what it saw).
     pub(super) side: S,
@@ -148,6 +165,15 @@ pub(super) struct SenderSide {
     /// carrier up: writes and messages vanish both ways, no completion
     /// and no error comes (a rail cut with packets dropped).
     pub(super) stall_at_write: Option<u64>,
+    /// From its HELLO of this number (from 0) on, the path is dead as
+    /// with `stall_at_write` (the HELLO vanishes too).
+    pub(super) stall_at_hello: Option<u64>,
+    hellos: u64,
+    /// (n, d): after its FIN of number n (from 0), what the receiver
+    /// sends reaches this side only d later (a receiver slow to answer
+    /// that FIN: its commit's fsync, say).
+    pub(super) hold_after_fin: Option<(u64, Duration)>,
+    fins: u64,
     /// Keeps the stalled side's new inbox open (it hears nothing).
     mute: Option<Sender<ToSender>>,
     /// The slots of the writes that vanished.
@@ -187,6 +213,31 @@ impl Side for SenderSide {
     fn stalled(&self) -> bool {
         self.mute.is_some()
     }
+
+    fn on_send(&mut self, msg: &Message) -> OnSend {
+        match msg {
+            Message::Hello(_) => {
+                self.hellos += 1;
+                if self.stall_at_hello.is_some_and(|n| self.hellos > n) {
+                    return OnSend::Stall;
+                }
+            }
+            Message::Fin(_) => {
+                self.fins += 1;
+                if let Some((n, d)) = self.hold_after_fin
+                    && self.fins == n + 1
+                {
+                    return OnSend::Hold(d);
+                }
+            }
+            _ => {}
+        }
+        OnSend::Pass
+    }
+
+    fn keep_mute(&mut self, mute: Sender<ToSender>) {
+        self.mute = Some(mute);
+    }
 }
 
 impl Side for ReceiverSide {
@@ -219,6 +270,7 @@ pub(super) fn pair() -> (SenderEnd, ReceiverEnd) {
         codec: Codec::default(),
         to_peer: to_receiver,
         inbox: Inbox::new(sender_rx),
+        held_until: None,
         ring: ring.clone(),
         side: SenderSide::default(),
     };
@@ -226,6 +278,7 @@ pub(super) fn pair() -> (SenderEnd, ReceiverEnd) {
         codec: Codec::default(),
         to_peer: to_sender,
         inbox: Inbox::new(receiver_rx),
+        held_until: None,
         ring,
         side: ReceiverSide::default(),
     };
@@ -239,8 +292,29 @@ fn ring_of(ring: &SharedRing) -> std::sync::MutexGuard<'_, Vec<u8>> {
 impl<S: Side> End<S> {
     /// The oldest arrival, as this side's link delivers it.
     fn next_delivery(&mut self) -> Option<S::Delivery> {
+        if self.held() {
+            return None;
+        }
         let arrival = self.inbox.kept.pop_front()?;
         Some(S::delivery(&mut self.codec, arrival))
+    }
+
+    /// Whether what reaches this side is still held back.
+    fn held(&mut self) -> bool {
+        match self.held_until {
+            Some(at) if Instant::now() < at => true,
+            _ => {
+                self.held_until = None;
+                false
+            }
+        }
+    }
+
+    /// The path went dead: nothing reaches this side any more.
+    fn stall(&mut self) {
+        let (mute, deaf) = mpsc::channel();
+        self.side.keep_mute(mute);
+        self.inbox = Inbox::new(deaf);
     }
 
     /// Puts `bytes` on the wire as they are (a test's forgery).
@@ -256,15 +330,45 @@ impl<S: Side> Link for End<S> {
         if self.side.broken() {
             return Err(XferError::PeerLost("the connection broke".into()));
         }
+        let hold = match self.side.on_send(msg) {
+            OnSend::Pass => None,
+            OnSend::Hold(d) => Some(d),
+            OnSend::Stall if !self.side.stalled() => {
+                self.stall();
+                None
+            }
+            OnSend::Stall => None,
+        };
         if self.side.stalled() {
             return Ok(());
         }
         let bytes = self.codec.seal(msg)?;
         self.send_raw(bytes);
+        if let Some(d) = hold {
+            self.held_until = Instant::now().checked_add(d);
+        }
         Ok(())
     }
 
     fn wait(&mut self, until: Until<'_>) -> Result<(), XferError> {
+        // Held back: nothing comes before the hold ends.
+        while let Some(at) = self.held_until {
+            if !self.held() {
+                break;
+            }
+            if let Some(e) = (until.give_up)() {
+                return Err(e);
+            }
+            let now = Instant::now();
+            if now >= until.deadline {
+                return Err((until.expired)());
+            }
+            std::thread::sleep(
+                at.min(until.deadline)
+                    .saturating_duration_since(now)
+                    .min(until.slice),
+            );
+        }
         self.inbox.wait(until)
     }
 
@@ -308,10 +412,9 @@ impl WriteLink for SenderEnd {
             return Err(SysError::Disconnected);
         }
         if side.mute.is_none() && side.stall_at_write.is_some_and(|n| side.writes >= n) {
-            let (mute, deaf) = mpsc::channel();
-            side.mute = Some(mute);
-            self.inbox = Inbox::new(deaf);
+            self.stall();
         }
+        let side = &mut self.side;
         if side.mute.is_some() {
             // Gone without a trace; its slot never comes back.
             side.lost.push(buf);

@@ -378,6 +378,9 @@ pub struct Striping {
     next: u32,
     /// Pieces to offer again (their lane was lost).
     again: std::collections::VecDeque<u32>,
+    /// Pieces offered again: only these may be answered without their
+    /// data (verified before, their first ACK lost with their lane).
+    offered_again: std::collections::BTreeSet<u32>,
     /// Pieces offered and not answered, with their lane.
     out: std::collections::BTreeMap<u32, LaneId>,
     kept: u64,
@@ -403,6 +406,7 @@ impl Striping {
             file_size,
             next: 0,
             again: Default::default(),
+            offered_again: Default::default(),
             out: Default::default(),
             kept: 0,
             verdict: None,
@@ -420,7 +424,10 @@ impl Striping {
             return None;
         }
         let index = match self.again.pop_front() {
-            Some(i) => i,
+            Some(i) => {
+                self.offered_again.insert(i);
+                i
+            }
             None if u64::from(self.next) < self.count() => {
                 self.next += 1;
                 self.next - 1
@@ -436,16 +443,26 @@ impl Striping {
         })
     }
 
-    /// The ACK of `lane`'s piece `index`. PieceKept counts it; Ok makes
+    /// Whether a piece is left to offer (`next_for` has one).
+    pub fn more_to_send(&self) -> bool {
+        self.verdict.is_none() && (!self.again.is_empty() || u64::from(self.next) < self.count())
+    }
+
+    /// The ACK of `lane`'s piece `index`; `data`: it answers the piece's
+    /// data (its FIN), not its offer alone. PieceKept counts it; Ok makes
     /// the file whole only when every other piece was kept (else the
     /// receiver lost the file's other pieces: it failed); a verdict
-    /// without data ends the file; a failure fails it.
+    /// without data ends the file; a failure fails it. A piece answered
+    /// PieceKept or Ok without its data was verified before: only a
+    /// piece offered again may be (its first ACK was lost with its
+    /// lane); at its first offer, someone else filled it: the file failed.
     pub fn answered(
         &mut self,
         lane: LaneId,
         index: u32,
         status: super::wire::AckStatus,
         reason: &str,
+        data: bool,
     ) -> Striped {
         use super::wire::AckStatus;
         if let Some(verdict) = &self.verdict {
@@ -455,7 +472,12 @@ impl Striping {
             return Striped::Pending;
         }
         self.out.remove(&index);
+        let verified_before = !data && matches!(status, AckStatus::PieceKept | AckStatus::Ok);
         let verdict = match status {
+            _ if verified_before && !self.offered_again.contains(&index) => Striped::Failed(
+                AckStatus::Protocol,
+                format!("the receiver had piece {index} before this sender sent it"),
+            ),
             AckStatus::PieceKept => {
                 self.kept += 1;
                 // Every piece kept and none said Ok: the receiver did not
@@ -795,20 +817,20 @@ mod tests {
         assert_eq!(file.next_for(1), None);
         // A late ACK from the lost lane changes nothing.
         assert_eq!(
-            file.answered(2, 1, AckStatus::PieceKept, ""),
+            file.answered(2, 1, AckStatus::PieceKept, "", true),
             Striped::Pending
         );
         assert_eq!(file.under_way(), 3);
         assert_eq!(
-            file.answered(1, 0, AckStatus::PieceKept, ""),
+            file.answered(1, 0, AckStatus::PieceKept, "", true),
             Striped::Pending
         );
         assert_eq!(
-            file.answered(1, 2, AckStatus::PieceKept, ""),
+            file.answered(1, 2, AckStatus::PieceKept, "", true),
             Striped::Pending
         );
         assert_eq!(
-            file.answered(1, 1, AckStatus::Ok, ""),
+            file.answered(1, 1, AckStatus::Ok, "", true),
             Striped::Done(AckStatus::Ok)
         );
         assert!(!file.lane_gone(1));
@@ -817,13 +839,13 @@ mod tests {
         let mut early = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
         early.next_for(1);
         assert!(matches!(
-            early.answered(1, 0, AckStatus::Ok, ""),
+            early.answered(1, 0, AckStatus::Ok, "", true),
             Striped::Failed(AckStatus::Protocol, _)
         ));
         let mut never = Striping::new(id, 4 * MIB, 4 * MIB).unwrap();
         never.next_for(1);
         assert!(matches!(
-            never.answered(1, 0, AckStatus::PieceKept, ""),
+            never.answered(1, 0, AckStatus::PieceKept, "", true),
             Striped::Failed(AckStatus::Io, _)
         ));
         // Unchanged at the receiver: done, nothing more is sent.
@@ -831,7 +853,7 @@ mod tests {
         same.next_for(1);
         same.next_for(2);
         assert_eq!(
-            same.answered(2, 1, AckStatus::Unchanged, ""),
+            same.answered(2, 1, AckStatus::Unchanged, "", false),
             Striped::Done(AckStatus::Unchanged)
         );
         assert_eq!(same.next_for(1), None);
@@ -839,8 +861,70 @@ mod tests {
         let mut bad = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
         bad.next_for(1);
         assert_eq!(
-            bad.answered(1, 0, AckStatus::Io, "disk full"),
+            bad.answered(1, 0, AckStatus::Io, "disk full", true),
             Striped::Failed(AckStatus::Io, "disk full".into())
+        );
+    }
+
+    #[test]
+    fn only_a_piece_offered_again_may_be_answered_without_its_data() {
+        use crate::proto::AckStatus;
+        let id = TransferId([6; 16]);
+        // Piece 0 at its first offer, verified before: someone else
+        // filled it; the file failed, and nothing more goes.
+        for status in [AckStatus::PieceKept, AckStatus::Ok] {
+            let mut file = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+            file.next_for(1);
+            file.next_for(2);
+            assert_eq!(
+                file.answered(1, 0, status, "", false),
+                Striped::Failed(
+                    AckStatus::Protocol,
+                    "the receiver had piece 0 before this sender sent it".into()
+                ),
+                "{status:?}"
+            );
+            assert!(!file.more_to_send());
+            assert_eq!(file.next_for(1), None);
+        }
+        // Piece 1 offered again after its lane was lost (its first ACK
+        // lost with it): answered without data, it counts.
+        let mut file = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        assert_eq!(file.next_for(1).unwrap().index, 0);
+        assert_eq!(file.next_for(2).unwrap().index, 1);
+        file.lane_gone(2);
+        assert_eq!(file.next_for(1).unwrap().index, 1);
+        assert_eq!(
+            file.answered(1, 0, AckStatus::PieceKept, "", true),
+            Striped::Pending
+        );
+        assert_eq!(
+            file.answered(1, 1, AckStatus::PieceKept, "", false),
+            Striped::Pending
+        );
+        assert!(file.more_to_send());
+        assert_eq!(file.next_for(1).unwrap().index, 2);
+        assert!(!file.more_to_send());
+        // The last piece at its first offer, answered Ok without data:
+        // the receiver made the file whole without it.
+        let mut last = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        for lane in [1, 2, 1] {
+            last.next_for(lane);
+        }
+        for (lane, index) in [(1, 0), (2, 1)] {
+            last.answered(lane, index, AckStatus::PieceKept, "", true);
+        }
+        assert!(matches!(
+            last.answered(1, 2, AckStatus::Ok, "", false),
+            Striped::Failed(AckStatus::Protocol, _)
+        ));
+        // A verdict on the whole file without data (kept, unchanged) is
+        // no piece verified before: it ends the file.
+        let mut kept = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        kept.next_for(1);
+        assert_eq!(
+            kept.answered(1, 0, AckStatus::KeptExisting, "", false),
+            Striped::Done(AckStatus::KeptExisting)
         );
     }
 

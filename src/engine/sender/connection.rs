@@ -256,7 +256,12 @@ impl Connection {
         match event {
             SenderEvent::Answered {
                 payload, verdict, ..
-            } => tracker.answer(payload, verdict)?,
+            } => {
+                if let (PendingEntry::Files { .. }, Some(w)) = (&payload, &self.watch) {
+                    w.fin_answered();
+                }
+                tracker.answer(payload, verdict)?
+            }
             SenderEvent::Greeted(greeting) => {
                 self.transmit()?;
                 if greeting.proving {

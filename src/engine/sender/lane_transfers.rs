@@ -143,41 +143,79 @@ fn striped_after_own(
     cut: Option<(u64, u64)>,
     dst: &std::path::Path,
 ) -> (Vec<Reported>, Vec<Reported>) {
-    striped_with(own, files, lanes, (cut, None), dst)
+    let run = striped_run(
+        Setup {
+            own,
+            lanes,
+            cut,
+            ..Setup::default()
+        },
+        files,
+        dst,
+    );
+    (run.sent, run.received)
 }
 
 /// A fault of one lane's wire: (lane, at its write number).
 type LaneFault = Option<(u64, u64)>;
 
-/// `striped_after_own` where lane `stall.0`'s path also goes dead
-/// without a word at its write number `stall.1`.
-fn striped_with(
+/// What sees a lane's verdicts: (lane, verdict).
+type OnVerdict = dyn Fn(u64, FileEvent<'_>) + Sync;
+
+/// How `striped_run` runs, and the faults its lanes meet.
+#[derive(Default)]
+struct Setup {
+    /// Lane 0 offers these first.
     own: Option<Plan>,
-    files: Vec<super::lanes::StripedFile>,
     lanes: u32,
-    (cut, stall): (LaneFault, LaneFault),
-    dst: &std::path::Path,
-) -> (Vec<Reported>, Vec<Reported>) {
-    let (cfg, rcfg) = configs(dst);
-    let first_own = own.is_some();
-    let own = Mutex::new(own);
+    /// The lane's connection breaks at its write number.
+    cut: LaneFault,
+    /// The lane's path goes dead without a word at its write number.
+    stall: LaneFault,
+    /// (lane, n): the lane's path goes dead at its HELLO number n.
+    stall_at_hello: LaneFault,
+    /// (lane, n, d): the receiver's answers after the lane's FIN number
+    /// n reach it only d later.
+    hold_after_fin: Option<(u64, u64, Duration)>,
+    /// The receiver replaces files (--overwrite).
+    overwrite: bool,
+    /// Sees each verdict a lane's session reports, before the dispatcher.
+    on_verdict: Option<Box<OnVerdict>>,
+}
+
+/// What `striped_run` saw.
+struct Run {
+    /// The sender's reports.
+    sent: Vec<Reported>,
+    /// The receiver's.
+    received: Vec<Reported>,
+    /// How each lane's session ended: (lane, its error).
+    ended: Vec<(u64, Option<String>)>,
+}
+
+/// `send_striped` of `files` over the memory wire into `dst`, as `setup`
+/// says.
+fn striped_run(setup: Setup, files: Vec<super::lanes::StripedFile>, dst: &std::path::Path) -> Run {
+    let (cfg, mut rcfg) = configs(dst);
+    rcfg.overwrite = setup.overwrite;
+    let first_own = setup.own.is_some();
+    let own = Mutex::new(setup.own);
     let receiver_log = Mutex::new(Vec::new());
+    let ended = Mutex::new(Vec::new());
+    let faulty = |fault: LaneFault, lane: u64| fault.filter(|f| f.0 == lane).map(|f| f.1);
     let run_lane = |lane: u64,
                     feed: super::Feed,
                     on_file: &mut dyn FnMut(FileEvent<'_>)|
      -> Result<super::SessionOutcome, crate::error::XferError> {
         let (mut sender_end, receiver_end) = memory_wire::pair();
-        if let Some((cut_lane, at)) = cut
-            && cut_lane == lane
-        {
-            sender_end.side.break_at_write = Some(at);
-        }
-        if let Some((stall_lane, at)) = stall
-            && stall_lane == lane
-        {
-            sender_end.side.stall_at_write = Some(at);
-        }
-        std::thread::scope(|s| {
+        sender_end.side.break_at_write = faulty(setup.cut, lane);
+        sender_end.side.stall_at_write = faulty(setup.stall, lane);
+        sender_end.side.stall_at_hello = faulty(setup.stall_at_hello, lane);
+        sender_end.side.hold_after_fin = setup
+            .hold_after_fin
+            .filter(|h| h.0 == lane)
+            .map(|h| (h.1, h.2));
+        let result = std::thread::scope(|s| {
             let log = &receiver_log;
             let rcfg = &rcfg;
             s.spawn(move || {
@@ -197,21 +235,49 @@ fn striped_with(
                 plan: plan.unwrap_or_default(),
                 feed: Some(feed),
             };
+            let on_file = |e: FileEvent<'_>| {
+                if let Some(see) = &setup.on_verdict {
+                    see(lane, e);
+                }
+                on_file(e);
+            };
             drive(&cfg, offers, conn, &pool, tokens, on_file, Instant::now())
                 .map_err(|ended| ended.0.0)
-        })
+        });
+        let error = result.as_ref().err().map(ToString::to_string);
+        ended.lock().unwrap().push((lane, error));
+        result
     };
     let mut sender_log = Vec::new();
     super::lanes::send_striped(
         files,
-        (lanes, cfg.chunk_size, cfg.verify),
+        (setup.lanes, cfg.chunk_size, cfg.verify),
         first_own,
         &Default::default(),
         &run_lane,
         &mut |e| sender_log.push(reported(e)),
     )
     .expect("striped");
-    (sender_log, receiver_log.into_inner().unwrap())
+    Run {
+        sent: sender_log,
+        received: receiver_log.into_inner().unwrap(),
+        ended: ended.into_inner().unwrap(),
+    }
+}
+
+/// The modification time `striped_file`'s files are listed with.
+const LISTED_SECS: u64 = 1_700_000_000;
+
+/// Writes `data` to `path`, modified at `LISTED_SECS`.
+fn write_listed(path: &std::path::Path, data: &[u8]) {
+    std::fs::write(path, data).unwrap();
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(LISTED_SECS);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(at)
+        .unwrap();
 }
 
 fn striped_file(
@@ -221,17 +287,18 @@ fn striped_file(
 ) -> (super::lanes::StripedFile, Vec<u8>) {
     let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 65521) as u8).collect();
     let path = dir.join(name);
-    std::fs::write(&path, &data).unwrap();
+    write_listed(&path, &data);
     let file = super::lanes::StripedFile {
         name: name.into(),
         path,
         size: size as u64,
         mode: 0o644,
         mtime: Mtime {
-            secs: 1_700_000_000,
+            secs: LISTED_SECS as i64,
             nanos: 0,
         },
         keep_mode: false,
+        existing: Default::default(),
     };
     (file, data)
 }
@@ -311,7 +378,12 @@ fn a_lane_whose_path_goes_silent_is_given_up_while_the_other_is_heard() {
     let (file, data) = striped_file(src.path(), "model.bin", 10 << 20);
     let started = Instant::now();
     // Lane 1's path goes dead at its 10th write: no error, no word.
-    let (sent, _) = striped_with(None, vec![file], 2, (None, Some((1, 10))), dst.path());
+    let setup = Setup {
+        lanes: 2,
+        stall: Some((1, 10)),
+        ..Setup::default()
+    };
+    let sent = striped_run(setup, vec![file], dst.path()).sent;
     assert_eq!(
         sent,
         [Reported::Done {
@@ -324,4 +396,178 @@ fn a_lane_whose_path_goes_silent_is_given_up_while_the_other_is_heard() {
     // Given up after its silence, not after the 30 s receive timeout.
     let took = started.elapsed();
     assert!(took < Duration::from_secs(15), "{took:?}");
+}
+
+/// The first verdict any lane reports runs `change` (once; the other
+/// lanes' verdicts wait until it is done), before the dispatcher hears
+/// it: the pieces handed out after it are read after the change.
+fn after_first_verdict(change: impl Fn() + Send + Sync + 'static) -> Setup {
+    let changed = Mutex::new(false);
+    Setup {
+        lanes: 2,
+        on_verdict: Some(Box::new(move |_, e| {
+            let mut changed = changed.lock().unwrap();
+            if !*changed && matches!(e, FileEvent::Done(_)) {
+                change();
+                *changed = true;
+            }
+        })),
+        ..Setup::default()
+    }
+}
+
+#[test]
+fn a_source_renamed_over_while_its_pieces_go_out_arrives_as_listed_never_a_mix() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // Six pieces: four go out at once, the rest after answers.
+    let (file, data) = striped_file(src.path(), "model.bin", 24 << 20);
+    // Another version, same size and time: its path says nothing changed.
+    let other: Vec<u8> = data.iter().map(|b| !b).collect();
+    let other_path = src.path().join("model.bin.new");
+    write_listed(&other_path, &other);
+    let source = file.path.clone();
+    let setup = after_first_verdict(move || std::fs::rename(&other_path, &source).unwrap());
+    let run = striped_run(setup, vec![file], dst.path());
+    // Read from the file that was listed, start to end.
+    assert_eq!(
+        run.sent,
+        [Reported::Done {
+            name: "model.bin".into(),
+            bytes: data.len() as u64,
+            outcome: Outcome::Stored,
+        }]
+    );
+    let got = std::fs::read(dst.path().join("model.bin")).unwrap();
+    assert!(got == data, "the receiver's copy is not the listed file");
+}
+
+#[test]
+fn a_source_changed_while_its_pieces_go_out_fails_and_is_never_committed() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (file, _) = striped_file(src.path(), "model.bin", 24 << 20);
+    let source = file.path.clone();
+    // Written to in place: same file, a byte longer.
+    let setup = after_first_verdict(move || {
+        use std::io::Write;
+        let mut f = std::fs::File::options().append(true).open(&source).unwrap();
+        f.write_all(b"!").unwrap();
+    });
+    let run = striped_run(setup, vec![file], dst.path());
+    match &run.sent[..] {
+        [Reported::Failed { name, reason }] => {
+            assert_eq!(name, "model.bin");
+            assert!(reason.contains("changed while it was sent"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!dst.path().join("model.bin").exists());
+}
+
+#[test]
+fn a_source_changed_since_it_was_listed_fails_before_any_piece() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (file, _) = striped_file(src.path(), "model.bin", 10 << 20);
+    write_listed(&file.path, &[7u8; 9 << 20]);
+    let (sent, received) = striped_over_memory(vec![file], 2, None, dst.path());
+    match &sent[..] {
+        [Reported::Failed { name, reason }] => {
+            assert_eq!(name, "model.bin");
+            assert!(reason.contains("changed since it was listed"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(received, []);
+}
+
+/// A 10 MiB file of `src` sent with `--ignore-existing` over two lanes,
+/// and a file of `dst` under its name.
+fn kept_existing(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+) -> (super::lanes::StripedFile, Setup) {
+    std::fs::write(dst.join("model.bin"), b"the receiver's own").unwrap();
+    let (mut file, _) = striped_file(src, "model.bin", 10 << 20);
+    file.existing = crate::proto::WhenExisting::IgnoreExisting;
+    let setup = Setup {
+        lanes: 2,
+        // It would be replaced, were it not kept.
+        overwrite: true,
+        ..Setup::default()
+    };
+    (file, setup)
+}
+
+#[test]
+fn ignore_existing_keeps_the_receivers_file_for_a_file_sent_in_pieces_too() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (file, setup) = kept_existing(src.path(), dst.path());
+    let run = striped_run(setup, vec![file], dst.path());
+    assert_eq!(
+        run.sent,
+        [Reported::Done {
+            name: "model.bin".into(),
+            bytes: 10 << 20,
+            outcome: Outcome::KeptExisting,
+        }]
+    );
+    assert_eq!(
+        std::fs::read(dst.path().join("model.bin")).unwrap(),
+        b"the receiver's own"
+    );
+}
+
+#[test]
+fn a_lane_awaiting_its_fins_answer_is_not_given_up_while_the_receiver_commits() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // Three pieces: lane 0 carries 0 and 2, lane 1 carries 1 and then
+    // stands idle while the answer to lane 0's last FIN takes 2.5 s.
+    let (file, data) = striped_file(src.path(), "model.bin", 12 << 20);
+    let setup = Setup {
+        lanes: 2,
+        hold_after_fin: Some((0, 1, Duration::from_millis(2500))),
+        ..Setup::default()
+    };
+    let run = striped_run(setup, vec![file], dst.path());
+    assert_eq!(
+        run.sent,
+        [Reported::Done {
+            name: "model.bin".into(),
+            bytes: data.len() as u64,
+            outcome: Outcome::Stored,
+        }]
+    );
+    assert!(std::fs::read(dst.path().join("model.bin")).unwrap() == data);
+    // Neither lane was given up.
+    let mut ended = run.ended;
+    ended.sort();
+    assert_eq!(ended, [(0, None), (1, None)]);
+}
+
+#[test]
+fn a_lane_gone_silent_after_the_files_verdict_is_given_up_not_awaited() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (file, mut setup) = kept_existing(src.path(), dst.path());
+    // Lane 1's path dies with its first HELLO: lane 0's piece is answered
+    // (kept), and lane 1 waits for an answer that never comes.
+    setup.stall_at_hello = Some((1, 0));
+    let started = Instant::now();
+    let run = striped_run(setup, vec![file], dst.path());
+    let took = started.elapsed();
+    assert_eq!(
+        run.sent,
+        [Reported::Done {
+            name: "model.bin".into(),
+            bytes: 10 << 20,
+            outcome: Outcome::KeptExisting,
+        }]
+    );
+    // Given up a few seconds after the verdict, not after the 30 s
+    // receive timeout.
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let lane_1 = run.ended.iter().find(|(lane, _)| *lane == 1);
+    assert!(
+        matches!(lane_1, Some((_, Some(e))) if e.contains("given up")),
+        "{:?}",
+        run.ended
+    );
 }

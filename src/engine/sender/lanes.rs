@@ -12,8 +12,11 @@ use crate::engine::progress::ProgressSink;
 use crate::engine::report::{FileEvent, FileFailure, FileReport, Outcome};
 use crate::error::XferError;
 use crate::proto::assembly::{LaneId, Piece, Striped, Striping, TransferId, piece_size_for};
-use crate::proto::{AckStatus, Digest, DigestAlg, FileOffer, Mtime, OfferKind, escaped};
+use crate::proto::{
+    AckStatus, Digest, DigestAlg, FileOffer, Mtime, OfferKind, WhenExisting, escaped,
+};
 use std::collections::{HashSet, VecDeque};
+use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -27,6 +30,18 @@ use tracing::{info, warn};
 /// (0.5 s: credits, completions, the receiver's answers to its probes).
 pub const LANE_SILENCE: Duration = Duration::from_millis(1000);
 const FRESH: Duration = Duration::from_millis(600);
+/// A lane that sent a piece's FIN and awaits its answer is given up only
+/// after this much silence: the receiver verifies the piece and, when it
+/// is the file's last, fsyncs and commits the whole file on that lane's
+/// session thread, which says nothing meanwhile (gigabytes to a slow
+/// disk take seconds) while the other lanes stand idle.
+pub const FIN_SILENCE: Duration = Duration::from_secs(30);
+/// Once every file is done, a lane whose session has not ended after
+/// this much silence (four `LANE_SILENCE`s) is given up: a healthy lane
+/// ends at once (its BYE) or hears its receiver's answers to its probes
+/// every 0.5 s, so its path is dead (it carried nothing, and nothing
+/// gave it up), and its BYE would wait for --timeout.
+const END_SILENCE: Duration = Duration::from_millis(4000);
 /// How often the dispatcher looks at the lanes' silences.
 pub(super) const WATCH_EVERY: Duration = Duration::from_millis(250);
 
@@ -39,6 +54,8 @@ pub struct LaneWatch {
     /// How long it had been silent when the dispatcher gave it up (ms;
     /// 0: not given up).
     given_up_ms: AtomicU64,
+    /// FINs its session sent whose answers have not come yet.
+    fins_owed: AtomicU64,
 }
 
 impl LaneWatch {
@@ -47,7 +64,25 @@ impl LaneWatch {
             epoch,
             heard_ms: AtomicU64::new(0),
             given_up_ms: AtomicU64::new(0),
+            fins_owed: AtomicU64::new(0),
         }
+    }
+
+    /// The lane's session sent a FIN: it awaits its answer.
+    pub fn fin_sent(&self) {
+        self.fins_owed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The answer to one of the lane's FINs came.
+    pub fn fin_answered(&self) {
+        let _ = self
+            .fins_owed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    /// Whether the lane awaits the answer to a FIN.
+    fn fin_owed(&self) -> bool {
+        self.fins_owed.load(Ordering::Relaxed) > 0
     }
 
     fn ms(&self, at: Instant) -> u64 {
@@ -79,6 +114,56 @@ impl LaneWatch {
         let ms = u64::try_from(silent.as_millis()).unwrap_or(u64::MAX).max(1);
         self.given_up_ms.store(ms, Ordering::Relaxed);
     }
+
+    /// How the dispatcher sees lane `lane` at `now`.
+    fn look(&self, lane: usize, now: Instant) -> Look {
+        Look {
+            lane,
+            silent: self.silent(now),
+            fin_owed: self.fin_owed(),
+        }
+    }
+}
+
+/// A lane as the dispatcher looks at it.
+#[derive(Debug, Clone, Copy)]
+struct Look {
+    lane: usize,
+    /// Since it last heard its receiver.
+    silent: Duration,
+    /// It awaits the answer to a FIN.
+    fin_owed: bool,
+}
+
+impl Look {
+    /// Whether the lane has been silent longer than it may be: `usual`,
+    /// or `FIN_SILENCE` while it awaits a FIN's answer.
+    fn past(&self, usual: Duration) -> bool {
+        self.silent >= if self.fin_owed { FIN_SILENCE } else { usual }
+    }
+}
+
+/// Which of the `carrying` lanes to give up, with its silence: the most
+/// silent of those past their allowance (`Look::past` of
+/// `LANE_SILENCE`), provided another carrying lane heard its receiver
+/// within `FRESH` or some lane stands `idle` (else every lane is silent:
+/// the receiver is slow, not a path dead).
+fn to_give_up(carrying: &[Look], idle: bool) -> Option<(usize, Duration)> {
+    let freshest = carrying.iter().map(|l| l.silent).min()?;
+    let most = carrying
+        .iter()
+        .filter(|l| l.past(LANE_SILENCE))
+        .max_by_key(|l| l.silent)?;
+    if freshest > FRESH && !idle {
+        tracing::debug!(
+            lane = most.lane,
+            silent = ?most.silent,
+            ?freshest,
+            "a lane is silent, and so are the others: the receiver is slow"
+        );
+        return None;
+    }
+    Some((most.lane, most.silent))
 }
 
 /// Pieces a lane is given ahead of their answers: the next one's HELLO
@@ -98,11 +183,19 @@ pub struct StripedFile {
     pub mtime: Mtime,
     /// `-p`: the receiver keeps its permission bits (with --keep-modes).
     pub keep_mode: bool,
+    /// What the receiver does with a file it has under the name (-u,
+    /// --ignore-existing, -I), as for a file sent whole.
+    pub existing: WhenExisting,
 }
 
 /// The files of `entries` to send in pieces: regular files of two least
-/// pieces or more, with their mtimes (a piece's offer needs one).
-pub fn striped_files(entries: &[Entry], keep_mode: bool) -> Vec<StripedFile> {
+/// pieces or more, with their mtimes (a piece's offer needs one); each
+/// offered with `keep_mode` and `existing`.
+pub fn striped_files(
+    entries: &[Entry],
+    keep_mode: bool,
+    existing: WhenExisting,
+) -> Vec<StripedFile> {
     use std::os::unix::fs::PermissionsExt;
     entries
         .iter()
@@ -122,6 +215,7 @@ pub fn striped_files(entries: &[Entry], keep_mode: bool) -> Vec<StripedFile> {
                     mode,
                     mtime: *mtime,
                     keep_mode,
+                    existing,
                 })
             }
             _ => None,
@@ -183,6 +277,8 @@ pub fn send_striped(
     std::thread::scope(|s| {
         let mut feeds = Vec::new();
         let mut starts = Vec::new();
+        // Lanes whose thread the system refused, with why.
+        let mut unstarted = Vec::new();
         for lane in 0..u64::from(lanes.max(1)) {
             let watch = watches[lane as usize].clone();
             let (entries, taken) = mpsc::channel::<Entry>();
@@ -195,60 +291,80 @@ pub fn send_striped(
                 starts.push(start);
             }
             let says = says.clone();
-            s.spawn(move || {
-                // A lane's session says when it answered all it was given;
-                // the dispatcher goes by the answers (and lane 0's first
-                // one), but the session needs someone to say it to (else
-                // it takes the feed for hung up).
-                let ready = says.clone();
-                let listener = std::thread::spawn(move || {
-                    let mut first = lane == 0 && first_own;
-                    for () in drained_heard.iter() {
-                        if std::mem::take(&mut first) {
-                            let _ = ready.send(LaneSays::Ready);
+            let spawned = std::thread::Builder::new()
+                .name(format!("lane-{lane}"))
+                .spawn_scoped(s, move || {
+                    // A lane's session says when it answered all it was
+                    // given; the dispatcher goes by the answers (and lane
+                    // 0's first one), but the session needs someone to say
+                    // it to (else it takes the feed for hung up).
+                    let ready = says.clone();
+                    let listener = std::thread::Builder::new()
+                        .name(format!("lane-{lane}-drained"))
+                        .spawn(move || {
+                            let mut first = lane == 0 && first_own;
+                            for () in drained_heard.iter() {
+                                if std::mem::take(&mut first) {
+                                    let _ = ready.send(LaneSays::Ready);
+                                }
+                            }
+                        });
+                    let listener = match listener {
+                        Ok(listener) => listener,
+                        Err(e) => {
+                            // The lane is down before it began.
+                            let e =
+                                XferError::io(format!("cannot start a thread for lane {lane}"), e);
+                            let _ = says.send(LaneSays::Ended(lane, Some(e)));
+                            return;
                         }
-                    }
-                });
-                if started.recv().is_err() {
-                    // The run ended before this lane was needed.
-                    drop(drained);
-                    let _ = listener.join();
-                    return;
-                }
-                let feed = Feed {
-                    entries: taken,
-                    drained,
-                    watch: Some(watch),
-                };
-                let answers = says.clone();
-                let mut on_piece = |event: FileEvent<'_>| {
-                    let name = match event {
-                        FileEvent::Done(r) => r.name.as_str(),
-                        FileEvent::Failed(f) => f.name.as_str(),
                     };
-                    if !striped.contains(name) {
-                        let own = match event {
-                            FileEvent::Done(r) => OwnEvent::Done(r.clone()),
-                            FileEvent::Failed(f) => OwnEvent::Failed(f.clone()),
-                        };
-                        let _ = answers.send(LaneSays::Own(own));
+                    if started.recv().is_err() {
+                        // The run ended before this lane was needed.
+                        drop(drained);
+                        let _ = listener.join();
                         return;
                     }
-                    let verdict = match event {
-                        FileEvent::Done(r) => Ok((r.outcome, r.digest)),
-                        // Cut short with the session: the lane's loss (its
-                        // Ended follows), not the piece's verdict.
-                        FileEvent::Failed(f) if f.session_ended => return,
-                        FileEvent::Failed(f) => Err(f.reason.clone()),
+                    let feed = Feed {
+                        entries: taken,
+                        drained,
+                        watch: Some(watch),
                     };
-                    let _ = answers.send(LaneSays::Answer(lane, verdict));
-                };
-                let ended = run_lane(lane, feed, &mut on_piece);
-                let _ = says.send(LaneSays::Ended(lane, ended.err()));
-                let _ = listener.join();
-            });
+                    let answers = says.clone();
+                    let mut on_piece = |event: FileEvent<'_>| {
+                        let name = match event {
+                            FileEvent::Done(r) => r.name.as_str(),
+                            FileEvent::Failed(f) => f.name.as_str(),
+                        };
+                        if !striped.contains(name) {
+                            let own = match event {
+                                FileEvent::Done(r) => OwnEvent::Done(r.clone()),
+                                FileEvent::Failed(f) => OwnEvent::Failed(f.clone()),
+                            };
+                            let _ = answers.send(LaneSays::Own(own));
+                            return;
+                        }
+                        let verdict = match event {
+                            FileEvent::Done(r) => Ok((r.outcome, r.digest)),
+                            // Cut short with the session: the lane's loss
+                            // (its Ended follows), not the piece's verdict.
+                            FileEvent::Failed(f) if f.session_ended => return,
+                            FileEvent::Failed(f) => Err(f.reason.clone()),
+                        };
+                        let _ = answers.send(LaneSays::Answer(lane, verdict));
+                    };
+                    let ended = run_lane(lane, feed, &mut on_piece);
+                    let _ = says.send(LaneSays::Ended(lane, ended.err()));
+                    let _ = listener.join();
+                });
+            if let Err(e) = spawned {
+                let e = XferError::io(format!("cannot start a thread for lane {lane}"), e);
+                warn!(lane, "{e}");
+                unstarted.push((lane, e));
+            }
         }
         drop(says);
+        let started = (0..lanes.max(1)).map(|l| l == 0 || !first_own).collect();
         let mut dispatch = Dispatch {
             feeds,
             carrying: vec![VecDeque::new(); lanes.max(1) as usize],
@@ -257,10 +373,26 @@ pub fn send_striped(
             verify,
             waiting: first_own,
             starts,
+            started,
             on_file,
             watches,
             progress,
         };
+        // A lane that cannot start is a lane down; the run cannot go
+        // without any, nor without lane 0 when it offers entries of its
+        // own first.
+        let none_started = unstarted.len() == dispatch.feeds.len();
+        let mut cannot = None;
+        for (lane, e) in unstarted {
+            if none_started || (lane == 0 && first_own) {
+                cannot.get_or_insert(e);
+            } else {
+                dispatch.lane_down(lane, Some(e), None);
+            }
+        }
+        if let Some(e) = cannot {
+            return Err(e);
+        }
         let mut result = Ok(());
         for file in files {
             if let Err(e) = dispatch.send(&file) {
@@ -272,16 +404,7 @@ pub fn send_striped(
         if result.is_ok() && dispatch.waiting {
             result = dispatch.await_ready();
         }
-        // The lanes' sessions end (BYE) once their feeds hang up; lanes
-        // not started never start.
-        dispatch.feeds.clear();
-        dispatch.starts.clear();
-        // Lane 0's last verdicts on its own entries.
-        while let Ok(said) = heard.recv() {
-            if let LaneSays::Own(own) = said {
-                dispatch.own(own);
-            }
-        }
+        dispatch.await_ends();
         result
     })
 }
@@ -298,6 +421,8 @@ struct Dispatch<'h, 'f> {
     waiting: bool,
     /// What starts lanes 1.. once lane 0 is ready.
     starts: Vec<mpsc::Sender<()>>,
+    /// Each lane's session was started.
+    started: Vec<bool>,
     on_file: &'f mut dyn FnMut(FileEvent<'_>),
     /// Each lane's silence, and its giving up.
     watches: Vec<Arc<LaneWatch>>,
@@ -346,6 +471,7 @@ impl Dispatch<'_, '_> {
                     for start in self.starts.drain(..) {
                         let _ = start.send(());
                     }
+                    self.started.fill(true);
                     return Ok(Some(Heard::Ready));
                 }
                 LaneSays::Ended(0, why) if self.waiting => {
@@ -359,9 +485,7 @@ impl Dispatch<'_, '_> {
         }
     }
 
-    /// A carrying lane silent for `LANE_SILENCE` while another carrying
-    /// lane heard its receiver within `FRESH`, or while another lane
-    /// stands idle (its piece goes there, which tells): given up (its
+    /// A carrying lane silent too long (`to_give_up`): given up (its
     /// session ends at its next look), its piece to go to the others. A
     /// receiver that is only slow leaves every lane silent, and costs one
     /// lane at most.
@@ -371,27 +495,61 @@ impl Dispatch<'_, '_> {
             .filter(|&l| self.feeds[l].is_some())
             .collect();
         let idle = standing.iter().any(|&l| self.carrying[l].is_empty());
-        let carrying: Vec<(usize, Duration)> = standing
+        let carrying: Vec<Look> = standing
             .into_iter()
             .filter(|&l| !self.carrying[l].is_empty())
-            .map(|l| (l, self.watches[l].silent(now)))
+            .map(|l| self.watches[l].look(l, now))
             .collect();
-        let freshest = carrying.iter().map(|&(_, s)| s).min()?;
-        let (lane, silent) = carrying.into_iter().max_by_key(|&(_, s)| s)?;
-        if silent < LANE_SILENCE {
-            return None;
-        }
-        if freshest > FRESH && !idle {
-            tracing::debug!(
-                lane,
-                ?silent,
-                ?freshest,
-                "a lane is silent, and so are the others: the receiver is slow"
-            );
-            return None;
-        }
+        let (lane, silent) = to_give_up(&carrying, idle)?;
         self.watches[lane].give_up(silent);
         Some(lane as LaneId)
+    }
+
+    /// Every file is done: the lanes' sessions end (BYE) once their feeds
+    /// hang up, lanes not started never start. Waits for their ends (and
+    /// lane 0's last verdicts on its own entries), giving up a lane silent
+    /// past `END_SILENCE` meanwhile (its session's `check_watch` ends it).
+    fn await_ends(&mut self) {
+        let mut ending: Vec<bool> = (0..self.feeds.len())
+            .map(|l| self.feeds[l].is_some() && self.started[l])
+            .collect();
+        self.feeds.clear();
+        self.starts.clear();
+        // An idle lane heard nothing while its feed had nothing for it:
+        // its silence counts from now.
+        let now = Instant::now();
+        for watch in &self.watches {
+            watch.heard(now);
+        }
+        loop {
+            match self.heard.recv_timeout(WATCH_EVERY) {
+                Ok(LaneSays::Own(own)) => self.own(own),
+                Ok(LaneSays::Ended(lane, _)) => {
+                    if let Some(e) = ending.get_mut(lane as usize) {
+                        *e = false;
+                    }
+                }
+                Ok(LaneSays::Answer(..) | LaneSays::Ready) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let now = Instant::now();
+                    for (lane, e) in ending.iter_mut().enumerate() {
+                        let look = self.watches[lane].look(lane, now);
+                        if !*e || !look.past(END_SILENCE) {
+                            continue;
+                        }
+                        *e = false;
+                        self.watches[lane].give_up(look.silent);
+                        let why = format!(
+                            "given up: no word from its receiver for {:.1} s while its session was ending",
+                            look.silent.as_secs_f64()
+                        );
+                        warn!(lane, "lane_down: {why}");
+                        self.progress.lane_down(lane as LaneId, &why);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
     }
 
     /// Waits until lane 0 answered its own entries (or ended).
@@ -426,6 +584,13 @@ impl Dispatch<'_, '_> {
     fn send(&mut self, file: &StripedFile) -> Result<(), XferError> {
         self.await_ready()?;
         let started = Instant::now();
+        let source = match Source::open(file) {
+            Ok(source) => source,
+            Err(why) => {
+                self.report(file, started, Striped::Failed(AckStatus::Io, why), None);
+                return Ok(());
+            }
+        };
         let mut id = [0u8; 16];
         getrandom::fill(&mut id)
             .map_err(|e| XferError::Internal(format!("no random transfer id: {e}")))?;
@@ -442,7 +607,9 @@ impl Dispatch<'_, '_> {
             "sending in pieces"
         );
         let verdict = loop {
-            self.hand_out(file, &mut striping)?;
+            if let Some(failed) = self.hand_out(file, &source, &mut striping) {
+                break failed;
+            }
             if self.feeds.iter().all(Option::is_none) {
                 break Striped::Failed(AckStatus::Io, "every lane is gone".into());
             }
@@ -458,6 +625,9 @@ impl Dispatch<'_, '_> {
                     if t != transfer {
                         continue;
                     }
+                    // No digest: answered without its data (verified
+                    // before).
+                    let data = matches!(verdict, Ok((_, Some(_))));
                     if let Ok((_, Some(digest))) = &verdict {
                         striping.piece_digest(index, *digest);
                     }
@@ -467,7 +637,7 @@ impl Dispatch<'_, '_> {
                         Ok((other, _)) => (other.ack_status(), String::new()),
                         Err(why) => (AckStatus::Io, why),
                     };
-                    match striping.answered(lane, index, status, &reason) {
+                    match striping.answered(lane, index, status, &reason, data) {
                         Striped::Pending => {}
                         done => break done,
                     }
@@ -493,16 +663,29 @@ impl Dispatch<'_, '_> {
 
     /// Gives each standing lane its next pieces of `file`, up to
     /// `PIECES_AHEAD` (round by round, so that pieces spread over lanes).
-    fn hand_out(&mut self, file: &StripedFile, striping: &mut Striping) -> Result<(), XferError> {
+    /// The file's failure if it changed, or no piece can be read.
+    fn hand_out(
+        &mut self,
+        file: &StripedFile,
+        source: &Source,
+        striping: &mut Striping,
+    ) -> Option<Striped> {
         for round in 0..PIECES_AHEAD {
             for lane in 0..self.feeds.len() {
                 if self.carrying[lane].len() > round || self.feeds[lane].is_none() {
                     continue;
                 }
-                let Some(piece) = striping.next_for(lane as LaneId) else {
-                    return Ok(());
+                if !striping.more_to_send() {
+                    return None;
+                }
+                // A file changed under its pieces would arrive a mix of
+                // two versions: no more of it goes.
+                let opened = match source.check(file).and_then(|()| source.piece(file)) {
+                    Ok(opened) => opened,
+                    Err(why) => return Some(Striped::Failed(AckStatus::Io, why)),
                 };
-                let entry = self.entry(file, piece)?;
+                let piece = striping.next_for(lane as LaneId)?;
+                let entry = self.entry(file, piece, opened);
                 let sent = self.feeds[lane].as_ref().map(|f| f.send(entry).is_ok());
                 match sent {
                     Some(true) => {
@@ -520,14 +703,12 @@ impl Dispatch<'_, '_> {
                 }
             }
         }
-        Ok(())
+        None
     }
 
-    /// The entry of `piece` of `file`.
-    fn entry(&self, file: &StripedFile, piece: Piece) -> Result<Entry, XferError> {
-        let opened = std::fs::File::open(&file.path)
-            .map_err(|e| XferError::io(format!("cannot open {}", file.path.display()), e))?;
-        Ok(Entry::Piece {
+    /// The entry of `piece` of `file`, read from `opened`.
+    fn entry(&self, file: &StripedFile, piece: Piece, opened: File) -> Entry {
+        Entry::Piece {
             offer: FileOffer {
                 name: file.name.clone(),
                 size: piece.bytes(),
@@ -538,12 +719,12 @@ impl Dispatch<'_, '_> {
                 keep_mode: file.keep_mode,
                 resume: false,
                 checksum: false,
-                existing: Default::default(),
+                existing: file.existing,
                 piece: Some(piece),
             },
             file: opened,
             start: piece.offset(),
-        })
+        }
     }
 
     fn report(
@@ -596,5 +777,117 @@ impl Dispatch<'_, '_> {
             // (The loop ends only with a verdict.)
             Striped::Pending => {}
         }
+    }
+}
+
+/// A file sent in pieces, opened once: every piece reads this one file
+/// (a duplicate of its descriptor; pieces are read at their offsets, so
+/// the shared file position does not matter), whatever its path names
+/// meanwhile, and it is the file that was listed (size, modification
+/// time) while its pieces go out; else the receiver would commit a mix
+/// of two versions.
+struct Source(File);
+
+impl Source {
+    /// Opens `file` and checks it is still what was listed.
+    fn open(file: &StripedFile) -> Result<Self, String> {
+        let opened = File::open(&file.path)
+            .map_err(|e| format!("cannot open {}: {e}", file.path.display()))?;
+        let source = Source(opened);
+        source.changed(file).map_or(Ok(source), |how| {
+            Err(format!(
+                "{} changed since it was listed: {how}",
+                file.path.display()
+            ))
+        })
+    }
+
+    /// Fails once the file changed (size, modification time).
+    fn check(&self, file: &StripedFile) -> Result<(), String> {
+        match self.changed(file) {
+            None => Ok(()),
+            Some(how) => Err(format!(
+                "{} changed while it was sent: {how}",
+                file.path.display()
+            )),
+        }
+    }
+
+    /// How the open file differs from what was listed, if it does.
+    fn changed(&self, file: &StripedFile) -> Option<String> {
+        let meta = match self.0.metadata() {
+            Ok(meta) => meta,
+            Err(e) => return Some(format!("cannot stat it: {e}")),
+        };
+        if !meta.is_file() {
+            return Some("it is no longer a regular file".into());
+        }
+        if meta.len() != file.size {
+            return Some(format!(
+                "{} bytes now, {} when listed",
+                meta.len(),
+                file.size
+            ));
+        }
+        if crate::engine::entries::mtime_of(&meta) != Some(file.mtime) {
+            return Some("its modification time changed".into());
+        }
+        None
+    }
+
+    /// A descriptor of the file for one piece.
+    fn piece(&self, file: &StripedFile) -> Result<File, String> {
+        self.0
+            .try_clone()
+            .map_err(|e| format!("cannot read {} once more: {e}", file.path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn look(lane: usize, silent_ms: u64, fin_owed: bool) -> Look {
+        Look {
+            lane,
+            silent: Duration::from_millis(silent_ms),
+            fin_owed,
+        }
+    }
+
+    #[test]
+    fn a_lane_awaiting_a_fins_answer_may_be_silent_far_longer() {
+        let ms = Duration::from_millis;
+        // Silent past LANE_SILENCE while the other lane is heard: gone.
+        let heard = look(1, 100, false);
+        assert_eq!(
+            to_give_up(&[look(0, 1200, false), heard], false),
+            Some((0, ms(1200)))
+        );
+        // Awaiting its FIN's answer (the receiver may be committing the
+        // file): kept, the others heard or idle.
+        assert_eq!(to_give_up(&[look(0, 1200, true), heard], false), None);
+        assert_eq!(to_give_up(&[look(0, 20_000, true)], true), None);
+        // Until FIN_SILENCE.
+        assert_eq!(
+            to_give_up(&[look(0, 30_000, true), heard], false),
+            Some((0, FIN_SILENCE))
+        );
+        // The most silent of those past their allowance goes.
+        let lanes = [
+            look(0, 5000, true),
+            look(1, 1500, false),
+            look(2, 50, false),
+        ];
+        assert_eq!(to_give_up(&lanes, false), Some((1, ms(1500))));
+        // Every lane silent and none idle: the receiver is slow.
+        let slow = [look(0, 2000, false), look(1, 1500, false)];
+        assert_eq!(to_give_up(&slow, false), None);
+        assert_eq!(to_give_up(&slow, true), Some((0, ms(2000))));
+        assert_eq!(to_give_up(&[], true), None);
+        // Once every file is done: END_SILENCE, or FIN_SILENCE.
+        assert!(!look(0, 3000, false).past(END_SILENCE));
+        assert!(look(0, 4000, false).past(END_SILENCE));
+        assert!(!look(0, 4000, true).past(END_SILENCE));
     }
 }

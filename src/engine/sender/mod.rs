@@ -237,7 +237,7 @@ pub fn send_files(
     // join it meanwhile).
     let started = Instant::now();
     let mut plan = entries::plan(paths, &cfg.walk)?;
-    let big = lanes::striped_files(&plan.entries, cfg.walk.preserve);
+    let big = lanes::striped_files(&plan.entries, cfg.walk.preserve, cfg.existing);
     if big.is_empty() {
         return send_files_but(cfg, paths, HashSet::new(), on_file);
     }
@@ -578,7 +578,14 @@ fn drive(
             stop: &stop,
             spare: None,
         };
-        scope.spawn(move || reader.run());
+        let spawned = std::thread::Builder::new()
+            .name("reader".into())
+            .spawn_scoped(scope, move || reader.run());
+        if let Err(e) = spawned {
+            conn.abort();
+            let e = XferError::io("cannot start the reader thread", e);
+            return Err(SessionEnded::from(e));
+        }
         let mut pipe = Pipeline {
             pool,
             jobs: job_tx,

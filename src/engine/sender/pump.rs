@@ -545,6 +545,11 @@ impl Connection {
         self.session
             .finish_carrying(digest, awaiting_ack(reports, progress))
             .map_err(proto_err)?;
+        // A lane awaiting this answer may be silent for long: the
+        // receiver may be committing the file (`lanes::FIN_SILENCE`).
+        if let Some(watch) = &self.watch {
+            watch.fin_sent();
+        }
         self.transmit()?;
         debug!(file = %escaped(&w.name), bytes, "FIN sent");
         Ok(())
