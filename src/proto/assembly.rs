@@ -364,6 +364,9 @@ pub enum Striped {
     Done(super::wire::AckStatus),
     /// The file failed: the ACK's status and reason.
     Failed(super::wire::AckStatus, String),
+    /// The receiver refused the file's first pieces as pieces (it takes
+    /// files whole: standard output, --exec, --discard): send it whole.
+    Whole(String),
 }
 
 /// The sender's side of a file sent in pieces over lanes: which piece
@@ -478,6 +481,9 @@ impl Striping {
                 AckStatus::Protocol,
                 format!("the receiver had piece {index} before this sender sent it"),
             ),
+            // A refusal of the offer (no data) before any piece was kept:
+            // the receiver takes no pieces; the file goes whole.
+            AckStatus::Protocol if !data && self.kept == 0 => Striped::Whole(reason.into()),
             AckStatus::PieceKept => {
                 self.kept += 1;
                 // Every piece kept and none said Ok: the receiver did not
@@ -863,6 +869,33 @@ mod tests {
         assert_eq!(
             bad.answered(1, 0, AckStatus::Io, "disk full", true),
             Striped::Failed(AckStatus::Io, "disk full".into())
+        );
+    }
+
+    #[test]
+    fn a_file_whose_first_piece_is_refused_as_a_piece_goes_whole() {
+        use crate::proto::AckStatus;
+        let id = TransferId([5; 16]);
+        let mut file = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        file.next_for(1);
+        file.next_for(2);
+        let why = "this receiver takes files whole";
+        assert_eq!(
+            file.answered(1, 0, AckStatus::Protocol, why, false),
+            Striped::Whole(why.into())
+        );
+        assert!(!file.more_to_send());
+        // Once a piece was kept, a refusal fails the file instead.
+        let mut file = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        file.next_for(1);
+        file.next_for(2);
+        assert_eq!(
+            file.answered(1, 0, AckStatus::PieceKept, "", true),
+            Striped::Pending
+        );
+        assert_eq!(
+            file.answered(2, 1, AckStatus::Protocol, why, false),
+            Striped::Failed(AckStatus::Protocol, why.into())
         );
     }
 

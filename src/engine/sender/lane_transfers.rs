@@ -179,6 +179,9 @@ struct Setup {
     hold_after_fin: Option<(u64, u64, Duration)>,
     /// The receiver replaces files (--overwrite).
     overwrite: bool,
+    /// The receiver checks files and drops them (--discard): it takes
+    /// files whole.
+    discard: bool,
     /// Sees each verdict a lane's session reports, before the dispatcher.
     on_verdict: Option<Box<OnVerdict>>,
 }
@@ -198,6 +201,9 @@ struct Run {
 fn striped_run(setup: Setup, files: Vec<super::lanes::StripedFile>, dst: &std::path::Path) -> Run {
     let (cfg, mut rcfg) = configs(dst);
     rcfg.overwrite = setup.overwrite;
+    if setup.discard {
+        rcfg.output = crate::engine::receiver::Output::Discard;
+    }
     let first_own = setup.own.is_some();
     let own = Mutex::new(setup.own);
     let receiver_log = Mutex::new(Vec::new());
@@ -567,6 +573,46 @@ fn a_lane_gone_silent_after_the_files_verdict_is_given_up_not_awaited() {
     let lane_1 = run.ended.iter().find(|(lane, _)| *lane == 1);
     assert!(
         matches!(lane_1, Some((_, Some(e))) if e.contains("given up")),
+        "{:?}",
+        run.ended
+    );
+}
+
+#[test]
+fn a_receiver_that_takes_files_whole_gets_them_whole_on_one_lane() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (first, _) = striped_file(src.path(), "a.bin", 9 << 20);
+    let (second, _) = striped_file(src.path(), "b.bin", 9 << 20);
+    let run = striped_run(
+        Setup {
+            lanes: 2,
+            discard: true,
+            ..Setup::default()
+        },
+        vec![first, second],
+        dst.path(),
+    );
+    // Its pieces refused (--discard), each file goes whole, verified.
+    let discarded = |name: &str| Reported::Done {
+        name: name.into(),
+        bytes: 9 << 20,
+        outcome: Outcome::Discarded,
+    };
+    assert_eq!(run.sent, [discarded("a.bin"), discarded("b.bin")]);
+    // The receiver tells of the pieces it refused, then of each file.
+    let taken: Vec<&Reported> = run
+        .received
+        .iter()
+        .filter(|r| matches!(r, Reported::Done { .. }))
+        .collect();
+    assert_eq!(taken, [&discarded("a.bin"), &discarded("b.bin")]);
+    // The second file went whole at once: only the first's pieces were
+    // refused.
+    let refused = run.received.len() - taken.len();
+    assert!((1..=4).contains(&refused), "{:?}", run.received);
+    // No lane was lost on the way.
+    assert!(
+        run.ended.iter().all(|(_, e)| e.is_none()),
         "{:?}",
         run.ended
     );

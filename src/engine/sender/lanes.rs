@@ -223,11 +223,15 @@ pub fn striped_files(
         .collect()
 }
 
+/// The verdict on a lane's piece: the outcome (with the digest of what
+/// it sent, if it sent data), or the failure's status (Protocol for an
+/// offer refused so, else Io) and reason.
+type Verdict = Result<(Outcome, Option<Digest>), (AckStatus, String)>;
+
 /// What a lane says to the dispatcher.
 enum LaneSays {
-    /// The verdict on its piece: the outcome (with the digest of what it
-    /// sent, if it sent data), or why it failed.
-    Answer(LaneId, Result<(Outcome, Option<Digest>), String>),
+    /// The verdict on its piece (or on its file sent whole).
+    Answer(LaneId, Verdict),
     /// Lane 0 answered the entries it had of its own (`send_striped`'s
     /// `first_own`): the other lanes may start, and pieces go out.
     Ready,
@@ -349,7 +353,14 @@ pub fn send_striped(
                             // Cut short with the session: the lane's loss
                             // (its Ended follows), not the piece's verdict.
                             FileEvent::Failed(f) if f.session_ended => return,
-                            FileEvent::Failed(f) => Err(f.reason.clone()),
+                            FileEvent::Failed(f) => {
+                                let protocol = crate::proto::RejectCode::Protocol.slug();
+                                let status = match f.reason_code {
+                                    Some(code) if code == protocol => AckStatus::Protocol,
+                                    _ => AckStatus::Io,
+                                };
+                                Err((status, f.reason.clone()))
+                            }
                         };
                         let _ = answers.send(LaneSays::Answer(lane, verdict));
                     };
@@ -377,6 +388,7 @@ pub fn send_striped(
             on_file,
             watches,
             progress,
+            whole_only: false,
         };
         // A lane that cannot start is a lane down; the run cannot go
         // without any, nor without lane 0 when it offers entries of its
@@ -428,6 +440,9 @@ struct Dispatch<'h, 'f> {
     watches: Vec<Arc<LaneWatch>>,
     /// Told of each lane lost (`--json`).
     progress: &'f ProgressSink,
+    /// The receiver refused pieces (it takes files whole): every file
+    /// goes whole.
+    whole_only: bool,
 }
 
 /// What the dispatcher heard, once lane 0's own business is dealt with.
@@ -436,7 +451,7 @@ enum Heard {
     Ready,
     /// A lane given up for its silence (`LANE_SILENCE`).
     Silent(LaneId),
-    Answer(LaneId, Result<(Outcome, Option<Digest>), String>),
+    Answer(LaneId, Verdict),
     Ended(LaneId, Option<XferError>),
 }
 
@@ -591,6 +606,9 @@ impl Dispatch<'_, '_> {
                 return Ok(());
             }
         };
+        if self.whole_only {
+            return self.send_whole(file, &source, started);
+        }
         let mut id = [0u8; 16];
         getrandom::fill(&mut id)
             .map_err(|e| XferError::Internal(format!("no random transfer id: {e}")))?;
@@ -635,7 +653,7 @@ impl Dispatch<'_, '_> {
                         Ok((Outcome::PieceKept, _)) => (AckStatus::PieceKept, String::new()),
                         Ok((Outcome::Stored, _)) => (AckStatus::Ok, String::new()),
                         Ok((other, _)) => (other.ack_status(), String::new()),
-                        Err(why) => (AckStatus::Io, why),
+                        Err(failed) => failed,
                     };
                     match striping.answered(lane, index, status, &reason, data) {
                         Striped::Pending => {}
@@ -644,20 +662,114 @@ impl Dispatch<'_, '_> {
                 }
                 Heard::Ended(lane, why) => self.lane_down(lane, why, Some(&mut striping)),
                 Heard::Silent(lane) => {
-                    let silent = self.watches[lane as usize].given_up().unwrap_or_default();
-                    let why = XferError::io(
-                        "given up",
-                        std::io::Error::other(format!(
-                            "no word from its receiver for {:.1} s while the other lanes heard theirs",
-                            silent.as_secs_f64()
-                        )),
-                    );
+                    let why = self.silence_of(lane);
                     self.lane_down(lane, Some(why), Some(&mut striping));
                 }
                 Heard::Ready => {}
             }
         };
+        if let Striped::Whole(why) = verdict {
+            // So will the next files be.
+            self.whole_only = true;
+            info!(
+                file = %escaped(&file.name),
+                "the receiver takes it whole ({}): it goes whole, on one lane",
+                escaped(&why)
+            );
+            return self.send_whole(file, &source, started);
+        }
         self.report(file, started, verdict, striping.whole_digest());
+        Ok(())
+    }
+
+    /// Why lane `lane` was given up for its silence.
+    fn silence_of(&self, lane: LaneId) -> XferError {
+        let silent = self.watches[lane as usize].given_up().unwrap_or_default();
+        XferError::io(
+            "given up",
+            std::io::Error::other(format!(
+                "no word from its receiver for {:.1} s while the other lanes heard theirs",
+                silent.as_secs_f64()
+            )),
+        )
+    }
+
+    /// Sends `file` whole on one lane (the receiver takes no pieces), on
+    /// another if that lane is lost; its report.
+    fn send_whole(
+        &mut self,
+        file: &StripedFile,
+        source: &Source,
+        started: Instant,
+    ) -> Result<(), XferError> {
+        // Names this offer among what the lanes carry (never a piece's).
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id)
+            .map_err(|e| XferError::Internal(format!("no random transfer id: {e}")))?;
+        let whole = TransferId(id);
+        let verdict = 'offers: loop {
+            // The least busy lane standing.
+            let Some(lane) = (0..self.feeds.len())
+                .filter(|&l| self.feeds[l].is_some())
+                .min_by_key(|&l| self.carrying[l].len())
+            else {
+                break Err((AckStatus::Io, "every lane is gone".to_string()));
+            };
+            let opened = match source.check(file).and_then(|()| source.piece(file)) {
+                Ok(opened) => opened,
+                Err(why) => break Err((AckStatus::Io, why)),
+            };
+            let entry = Entry::Piece {
+                offer: FileOffer {
+                    size: file.size,
+                    piece: None,
+                    ..self.offer_of(file)
+                },
+                file: opened,
+                start: 0,
+            };
+            if self.feeds[lane]
+                .as_ref()
+                .is_none_or(|f| f.send(entry).is_err())
+            {
+                self.feeds[lane] = None;
+                continue;
+            }
+            if self.carrying[lane].is_empty() {
+                self.watches[lane].heard(Instant::now());
+            }
+            self.carrying[lane].push_back((whole, 0));
+            loop {
+                let Some(heard) = self.hear()? else {
+                    break 'offers Err((AckStatus::Io, "every lane is gone".to_string()));
+                };
+                match heard {
+                    Heard::Answer(l, verdict) => {
+                        if self.carrying[l as usize].pop_front() == Some((whole, 0)) {
+                            break 'offers verdict;
+                        }
+                    }
+                    Heard::Ended(l, why) => {
+                        self.lane_down(l, why, None);
+                        if l as usize == lane {
+                            continue 'offers;
+                        }
+                    }
+                    Heard::Silent(l) => {
+                        let why = self.silence_of(l);
+                        self.lane_down(l, Some(why), None);
+                        if l as usize == lane {
+                            continue 'offers;
+                        }
+                    }
+                    Heard::Ready => {}
+                }
+            }
+        };
+        match verdict {
+            Ok((outcome, digest)) => self.report_done(file, started, outcome, digest),
+            Err((status, why)) => self.report(file, started, Striped::Failed(status, why), None),
+        }
         Ok(())
     }
 
@@ -710,20 +822,29 @@ impl Dispatch<'_, '_> {
     fn entry(&self, file: &StripedFile, piece: Piece, opened: File) -> Entry {
         Entry::Piece {
             offer: FileOffer {
-                name: file.name.clone(),
                 size: piece.bytes(),
-                mode: file.mode,
-                digest: self.verify,
-                kind: OfferKind::File,
-                mtime: Some(file.mtime),
-                keep_mode: file.keep_mode,
-                resume: false,
-                checksum: false,
-                existing: file.existing,
                 piece: Some(piece),
+                ..self.offer_of(file)
             },
             file: opened,
             start: piece.offset(),
+        }
+    }
+
+    /// The offer of `file` (whole; a piece's names its place).
+    fn offer_of(&self, file: &StripedFile) -> FileOffer {
+        FileOffer {
+            name: file.name.clone(),
+            size: file.size,
+            mode: file.mode,
+            digest: self.verify,
+            kind: OfferKind::File,
+            mtime: Some(file.mtime),
+            keep_mode: file.keep_mode,
+            resume: false,
+            checksum: false,
+            existing: file.existing,
+            piece: None,
         }
     }
 
@@ -740,18 +861,7 @@ impl Dispatch<'_, '_> {
                     AckStatus::Ok => Outcome::Stored,
                     other => Outcome::of_no_data(other).unwrap_or(Outcome::Unchanged),
                 };
-                let report = FileReport {
-                    name: file.name.clone(),
-                    bytes: file.size,
-                    elapsed: started.elapsed(),
-                    // With every piece sent here: the receiver's too.
-                    digest: digest.filter(|_| outcome == Outcome::Stored),
-                    phases: Default::default(),
-                    resumed_from: 0,
-                    outcome,
-                    host: None,
-                };
-                (self.on_file)(FileEvent::Done(&report));
+                self.report_done(file, started, outcome, digest);
             }
             Striped::Failed(status, why) => {
                 let e = match status {
@@ -774,9 +884,31 @@ impl Dispatch<'_, '_> {
                 );
                 (self.on_file)(FileEvent::Failed(&failure));
             }
-            // (The loop ends only with a verdict.)
-            Striped::Pending => {}
+            // (The loop ends only with a verdict; Whole is sent whole.)
+            Striped::Pending | Striped::Whole(_) => {}
         }
+    }
+
+    /// `file` arrived (or stays, or was taken otherwise: `outcome`).
+    fn report_done(
+        &mut self,
+        file: &StripedFile,
+        started: Instant,
+        outcome: Outcome,
+        digest: Option<Digest>,
+    ) {
+        let report = FileReport {
+            name: file.name.clone(),
+            bytes: file.size,
+            elapsed: started.elapsed(),
+            // Of what was sent from here: the receiver's too.
+            digest: digest.filter(|_| outcome == Outcome::Stored),
+            phases: Default::default(),
+            resumed_from: 0,
+            outcome,
+            host: None,
+        };
+        (self.on_file)(FileEvent::Done(&report));
     }
 }
 
