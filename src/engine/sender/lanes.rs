@@ -30,11 +30,14 @@ use tracing::{info, warn};
 /// (0.5 s: credits, completions, the receiver's answers to its probes).
 pub const LANE_SILENCE: Duration = Duration::from_millis(1000);
 const FRESH: Duration = Duration::from_millis(600);
-/// A lane that sent a piece's FIN and awaits its answer is given up only
-/// after this much silence: the receiver verifies the piece and, when it
-/// is the file's last, fsyncs and commits the whole file on that lane's
-/// session thread, which says nothing meanwhile (gigabytes to a slow
-/// disk take seconds) while the other lanes stand idle.
+/// A lane that sent the FIN of a file's last answer owed (every other
+/// piece kept, or the file sent whole) is given up only after this much
+/// silence: the receiver fsyncs and commits the whole file on that
+/// lane's session thread, which says nothing meanwhile (gigabytes to a
+/// slow disk take seconds) while the other lanes stand idle. Any other
+/// FIN is answered at once (the piece's digest is computed as its chunks
+/// come): a lane that owes one is held to `LANE_SILENCE` (after a rail
+/// cut a lane almost always owes a FIN it sent into the void).
 pub const FIN_SILENCE: Duration = Duration::from_secs(30);
 /// Once every file is done, a lane whose session has not ended after
 /// this much silence (four `LANE_SILENCE`s) is given up: a healthy lane
@@ -167,8 +170,8 @@ fn to_give_up(carrying: &[Look], idle: bool) -> Option<(usize, Duration)> {
 }
 
 /// Pieces a lane is given ahead of their answers: the next one's HELLO
-/// goes while the last one's ACK is on its way (the receiver verifies and
-/// fsyncs it), so that the lane's wire never idles between pieces.
+/// goes while the last one's ACK is on its way (the receiver verifies
+/// it), so that the lane's wire never idles between pieces.
 const PIECES_AHEAD: usize = 2;
 
 /// The least piece: smaller files go whole, on one lane.
@@ -389,6 +392,7 @@ pub fn send_striped(
             watches,
             progress,
             whole_only: false,
+            committing: false,
         };
         // A lane that cannot start is a lane down; the run cannot go
         // without any, nor without lane 0 when it offers entries of its
@@ -443,6 +447,9 @@ struct Dispatch<'h, 'f> {
     /// The receiver refused pieces (it takes files whole): every file
     /// goes whole.
     whole_only: bool,
+    /// Only the file's last answer is owed: the receiver may be
+    /// committing it (`FIN_SILENCE`).
+    committing: bool,
 }
 
 /// What the dispatcher heard, once lane 0's own business is dealt with.
@@ -513,7 +520,12 @@ impl Dispatch<'_, '_> {
         let carrying: Vec<Look> = standing
             .into_iter()
             .filter(|&l| !self.carrying[l].is_empty())
-            .map(|l| self.watches[l].look(l, now))
+            .map(|l| {
+                let look = self.watches[l].look(l, now);
+                // A FIN's answer may take long only at the file's commit.
+                let fin_owed = look.fin_owed && self.committing;
+                Look { fin_owed, ..look }
+            })
             .collect();
         let (lane, silent) = to_give_up(&carrying, idle)?;
         self.watches[lane].give_up(silent);
@@ -631,6 +643,7 @@ impl Dispatch<'_, '_> {
             if self.feeds.iter().all(Option::is_none) {
                 break Striped::Failed(AckStatus::Io, "every lane is gone".into());
             }
+            self.committing = !striping.more_to_send() && striping.under_way() <= 1;
             let Some(heard) = self.hear()? else {
                 break Striped::Failed(AckStatus::Io, "every lane is gone".into());
             };
@@ -668,6 +681,7 @@ impl Dispatch<'_, '_> {
                 Heard::Ready => {}
             }
         };
+        self.committing = false;
         if let Striped::Whole(why) = verdict {
             // So will the next files be.
             self.whole_only = true;
@@ -739,6 +753,8 @@ impl Dispatch<'_, '_> {
                 self.watches[lane].heard(Instant::now());
             }
             self.carrying[lane].push_back((whole, 0));
+            // One answer owed: its FIN's, after the commit.
+            self.committing = true;
             loop {
                 let Some(heard) = self.hear()? else {
                     break 'offers Err((AckStatus::Io, "every lane is gone".to_string()));
@@ -766,6 +782,7 @@ impl Dispatch<'_, '_> {
                 }
             }
         };
+        self.committing = false;
         match verdict {
             Ok((outcome, digest)) => self.report_done(file, started, outcome, digest),
             Err((status, why)) => self.report(file, started, Striped::Failed(status, why), None),

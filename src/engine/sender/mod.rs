@@ -243,6 +243,9 @@ pub fn send_files(
     }
     let names: HashSet<&str> = big.iter().map(|f| f.name.as_str()).collect();
     plan.entries.retain(|e| !names.contains(e.name()));
+    // The walk's problems are the run's first error; lane 0's session
+    // sees refusals of pieces too, which are the dispatcher's to judge.
+    let problem = std::mem::take(&mut plan.problems).into_iter().next();
     let first_own = !plan.entries.is_empty();
     let own = std::sync::Mutex::new(Some(plan));
     let own_outcome = std::sync::Mutex::new(None);
@@ -309,9 +312,7 @@ pub fn send_files(
     let mut outcome = own_outcome.into_inner().ok().flatten().unwrap_or_default();
     // A fed session keeps no reports: they came to `on_file`.
     outcome.files = files;
-    if let Some(e) = first_error {
-        outcome.first_error.get_or_insert(e);
-    }
+    outcome.first_error = problem.or(first_error);
     outcome.elapsed = started.elapsed();
     result.map(|()| outcome)
 }
