@@ -387,6 +387,8 @@ pub struct Striping {
     /// Pieces offered and not answered, with their lane.
     out: std::collections::BTreeMap<u32, LaneId>,
     kept: u64,
+    /// The receiver said the file is whole (an Ok).
+    whole_said: bool,
     verdict: Option<Striped>,
     /// The digests of the pieces this sender read and sent, by index.
     digests: std::collections::BTreeMap<u32, Digest>,
@@ -412,6 +414,7 @@ impl Striping {
             offered_again: Default::default(),
             out: Default::default(),
             kept: 0,
+            whole_said: false,
             verdict: None,
             digests: Default::default(),
         })
@@ -484,29 +487,27 @@ impl Striping {
             // A refusal of the offer (no data) before any piece was kept:
             // the receiver takes no pieces; the file goes whole.
             AckStatus::Protocol if !data && self.kept == 0 => Striped::Whole(reason.into()),
-            AckStatus::PieceKept => {
+            // Kept, or kept and the file whole (Ok: the receiver
+            // committed it). The lanes' answers race one another to the
+            // dispatcher: an Ok may come before the PieceKept of a piece
+            // under way elsewhere, so the file is done once every piece is
+            // answered.
+            AckStatus::PieceKept | AckStatus::Ok => {
                 self.kept += 1;
-                // Every piece kept and none said Ok: the receiver did not
-                // make the file whole.
-                if self.kept == self.count() {
+                self.whole_said |= status == AckStatus::Ok;
+                if self.kept < self.count() {
+                    return Striped::Pending;
+                }
+                if self.whole_said {
+                    Striped::Done(AckStatus::Ok)
+                } else {
                     Striped::Failed(
                         AckStatus::Io,
                         "every piece was kept, but the receiver did not say the file is whole"
                             .into(),
                     )
-                } else {
-                    return Striped::Pending;
                 }
             }
-            AckStatus::Ok if self.kept + 1 == self.count() => Striped::Done(AckStatus::Ok),
-            AckStatus::Ok => Striped::Failed(
-                AckStatus::Protocol,
-                format!(
-                    "the receiver said the file is whole after {} of its {} pieces",
-                    self.kept + 1,
-                    self.count()
-                ),
-            ),
             s if s.without_data() => Striped::Done(s),
             s => Striped::Failed(s, reason.into()),
         };
@@ -840,14 +841,38 @@ mod tests {
             Striped::Done(AckStatus::Ok)
         );
         assert!(!file.lane_gone(1));
-        // Ok before the other pieces, or every piece kept and no Ok: the
-        // file failed.
+        // The Ok before another lane's PieceKept (their answers race):
+        // done once every piece is answered.
         let mut early = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
-        early.next_for(1);
+        for lane in 1..=3 {
+            early.next_for(lane);
+        }
+        assert_eq!(
+            early.answered(3, 2, AckStatus::Ok, "", true),
+            Striped::Pending
+        );
+        assert_eq!(
+            early.answered(1, 0, AckStatus::PieceKept, "", true),
+            Striped::Pending
+        );
+        assert_eq!(
+            early.answered(2, 1, AckStatus::PieceKept, "", true),
+            Striped::Done(AckStatus::Ok)
+        );
+        // Whole before this sender offered every piece: someone else
+        // filled the others, which a first offer then finds.
+        let mut filled = Striping::new(id, 10 * MIB, 4 * MIB).unwrap();
+        filled.next_for(1);
+        assert_eq!(
+            filled.answered(1, 0, AckStatus::Ok, "", true),
+            Striped::Pending
+        );
+        let next = filled.next_for(1).unwrap();
         assert!(matches!(
-            early.answered(1, 0, AckStatus::Ok, "", true),
+            filled.answered(1, next.index, AckStatus::Ok, "", false),
             Striped::Failed(AckStatus::Protocol, _)
         ));
+        // Every piece kept and no Ok: the file failed.
         let mut never = Striping::new(id, 4 * MIB, 4 * MIB).unwrap();
         never.next_for(1);
         assert!(matches!(

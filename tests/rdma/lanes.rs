@@ -83,32 +83,42 @@ fn a_once_receiver_serves_all_lanes_of_a_tree_with_a_token() {
 }
 
 #[test]
-fn a_receiver_that_takes_files_whole_gets_a_big_file_whole_from_lanes() {
+fn a_once_receiver_that_takes_files_whole_gets_big_files_whole_from_lanes() {
     let Some(net) = rdma_net() else { return };
     let (src, dst) = dirs();
-    let big = src.path().join("big.bin");
-    make_file(&big, 12 * MIB + 1, 0x1a53);
-    let port = next_port();
-    let receiver = start_receiver(&net, port, dst.path(), &["--discard"]);
-    let sent = run_sender(
+    let files: Vec<_> = ["a.bin", "b.bin"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let path = src.path().join(name);
+            make_file_undigested(&path, 9 * MIB + 1, 0x1a53 + i as u64);
+            path
+        })
+        .collect();
+    // Every lane's session joins the one receiver; whole files go on its
+    // first session only, whichever lane that is.
+    let token = token_args();
+    let (sent, received) = one_session(
         &net,
-        port,
         Path_::Wire,
-        std::slice::from_ref(&big),
-        &["--lanes", "2", "-v", "--json"],
+        dst.path(),
+        &args(&token, &["--discard"]),
+        &files,
+        &args(&token, &["--lanes", "2", "-v", "--json"]),
     );
-    // Its pieces refused, the file goes whole, verified and dropped.
-    assert_eq!(sent.code(), 0, "{}", sent.transcript());
+    // Their pieces refused, the files go whole, verified and dropped.
+    assert_both_ok(&sent, &received);
     assert!(
         sent.stderr.contains("it goes whole, on one lane"),
         "{}",
         sent.transcript()
     );
     let lines = json_lines("sender", &sent.stdout);
-    let line = lines.iter().find(|v| v["name"] == "big.bin").unwrap();
-    assert_eq!(line["outcome"], "discarded", "{}", sent.stdout);
+    for name in ["a.bin", "b.bin"] {
+        let line = lines.iter().find(|v| v["name"] == name).unwrap();
+        assert_eq!(line["outcome"], "discarded", "{}", sent.stdout);
+    }
     assert!(!sent.stderr.contains("lane_down"), "{}", sent.transcript());
-    drop(receiver);
 }
 
 /// Restores the guest's two A-B wires (uncut, unlimited) however the test

@@ -18,7 +18,7 @@ use crate::proto::{
 use std::collections::{HashSet, VecDeque};
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -59,6 +59,8 @@ pub struct LaneWatch {
     given_up_ms: AtomicU64,
     /// FINs its session sent whose answers have not come yet.
     fins_owed: AtomicU64,
+    /// Its session is connected (`connected`).
+    connected: AtomicBool,
 }
 
 impl LaneWatch {
@@ -68,7 +70,16 @@ impl LaneWatch {
             heard_ms: AtomicU64::new(0),
             given_up_ms: AtomicU64::new(0),
             fins_owed: AtomicU64::new(0),
+            connected: AtomicBool::new(false),
         }
+    }
+
+    /// The lane's session is connected: its silence counts from `at`
+    /// (not while it connects, registers and authenticates: its own
+    /// timeouts watch that).
+    pub fn connected(&self, at: Instant) {
+        self.heard(at);
+        self.connected.store(true, Ordering::Relaxed);
     }
 
     /// The lane's session sent a FIN: it awaits its answer.
@@ -99,6 +110,9 @@ impl LaneWatch {
 
     /// How long the lane has been silent at `now`.
     fn silent(&self, now: Instant) -> Duration {
+        if !self.connected.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
         Duration::from_millis(
             self.ms(now)
                 .saturating_sub(self.heard_ms.load(Ordering::Relaxed)),
@@ -393,6 +407,8 @@ pub fn send_striped(
             progress,
             whole_only: false,
             committing: false,
+            sending_whole: false,
+            whole_lane: None,
         };
         // A lane that cannot start is a lane down; the run cannot go
         // without any, nor without lane 0 when it offers entries of its
@@ -450,6 +466,10 @@ struct Dispatch<'h, 'f> {
     /// Only the file's last answer is owed: the receiver may be
     /// committing it (`FIN_SILENCE`).
     committing: bool,
+    /// A file goes whole (`send_whole`).
+    sending_whole: bool,
+    /// The lane that took the last file sent whole.
+    whole_lane: Option<usize>,
 }
 
 /// What the dispatcher heard, once lane 0's own business is dealt with.
@@ -512,6 +532,11 @@ impl Dispatch<'_, '_> {
     /// receiver that is only slow leaves every lane silent, and costs one
     /// lane at most.
     fn silent_lane(&mut self) -> Option<LaneId> {
+        // A file sent whole does not probe its path (only a piece does):
+        // its session's own timeout watches it.
+        if self.sending_whole {
+            return None;
+        }
         let now = Instant::now();
         let standing: Vec<usize> = (0..self.feeds.len())
             .filter(|&l| self.feeds[l].is_some())
@@ -721,13 +746,19 @@ impl Dispatch<'_, '_> {
         getrandom::fill(&mut id)
             .map_err(|e| XferError::Internal(format!("no random transfer id: {e}")))?;
         let whole = TransferId(id);
+        // Lanes that refused it for a protocol reason: a `--once`
+        // receiver takes whole files on its first session only (the
+        // others joined it, and carry pieces only).
+        let mut refused = vec![false; self.feeds.len()];
+        let mut refusal = None;
         let verdict = 'offers: loop {
-            // The least busy lane standing.
+            // The lane that took the last whole file, then lane 0 (the
+            // first to connect, usually), then the least busy.
             let Some(lane) = (0..self.feeds.len())
-                .filter(|&l| self.feeds[l].is_some())
-                .min_by_key(|&l| self.carrying[l].len())
+                .filter(|&l| self.feeds[l].is_some() && !refused[l])
+                .min_by_key(|&l| (Some(l) != self.whole_lane, l != 0, self.carrying[l].len()))
             else {
-                break Err((AckStatus::Io, "every lane is gone".to_string()));
+                break Err(refusal.unwrap_or((AckStatus::Io, "every lane is gone".to_string())));
             };
             let opened = match source.check(file).and_then(|()| source.piece(file)) {
                 Ok(opened) => opened,
@@ -755,14 +786,26 @@ impl Dispatch<'_, '_> {
             self.carrying[lane].push_back((whole, 0));
             // One answer owed: its FIN's, after the commit.
             self.committing = true;
+            self.sending_whole = true;
             loop {
                 let Some(heard) = self.hear()? else {
                     break 'offers Err((AckStatus::Io, "every lane is gone".to_string()));
                 };
                 match heard {
                     Heard::Answer(l, verdict) => {
-                        if self.carrying[l as usize].pop_front() == Some((whole, 0)) {
-                            break 'offers verdict;
+                        if self.carrying[l as usize].pop_front() != Some((whole, 0)) {
+                            continue;
+                        }
+                        match verdict {
+                            Err((AckStatus::Protocol, why)) => {
+                                refused[lane] = true;
+                                refusal = Some((AckStatus::Protocol, why));
+                                continue 'offers;
+                            }
+                            verdict => {
+                                self.whole_lane = Some(lane);
+                                break 'offers verdict;
+                            }
                         }
                     }
                     Heard::Ended(l, why) => {
@@ -783,6 +826,7 @@ impl Dispatch<'_, '_> {
             }
         };
         self.committing = false;
+        self.sending_whole = false;
         match verdict {
             Ok((outcome, digest)) => self.report_done(file, started, outcome, digest),
             Err((status, why)) => self.report(file, started, Striped::Failed(status, why), None),
@@ -824,11 +868,9 @@ impl Dispatch<'_, '_> {
                         }
                         self.carrying[lane].push_back((piece.transfer, piece.index));
                     }
-                    // Its session is gone: its Ended says so.
-                    _ => {
-                        striping.lane_gone(lane as LaneId);
-                        self.feeds[lane] = None;
-                    }
+                    // Its session is gone (its Ended, later, finds it
+                    // down already).
+                    _ => self.lane_down(lane as LaneId, None, Some(striping)),
                 }
             }
         }

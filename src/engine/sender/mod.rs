@@ -302,9 +302,7 @@ pub fn send_files(
         match event {
             FileEvent::Done(r) => files.push(r.clone()),
             FileEvent::Failed(f) => {
-                first_error.get_or_insert_with(|| {
-                    XferError::io(&f.name, std::io::Error::other(f.reason.clone()))
-                });
+                first_error.get_or_insert_with(|| error_of(f));
             }
         }
         on_file(event);
@@ -315,6 +313,24 @@ pub fn send_files(
     outcome.first_error = problem.or(first_error);
     outcome.elapsed = started.elapsed();
     result.map(|()| outcome)
+}
+
+/// A file's failure as the run's error, its exit code kept: a digest
+/// that did not match is an integrity failure, a refusal a refusal.
+fn error_of(f: &crate::engine::report::FileFailure) -> XferError {
+    let reason = format!("{}: {}", crate::proto::escaped(&f.name), f.reason);
+    match f.exit_code {
+        crate::error::ExitCode::Integrity => XferError::Integrity(reason),
+        crate::error::ExitCode::Rejected => XferError::Rejected {
+            code: f.reason_code.and_then(|c| {
+                crate::proto::RejectCode::ALL
+                    .into_iter()
+                    .find(|r| r.slug() == c)
+            }),
+            reason,
+        },
+        _ => XferError::io(&f.name, std::io::Error::other(f.reason.clone())),
+    }
 }
 
 /// `send_files` of every entry but those named in `settled` (sent in
@@ -616,6 +632,9 @@ fn drive(
             keeps_reports: feed.is_none(),
         };
         conn.watch = feed.as_ref().and_then(|f| f.watch.clone());
+        if let Some(watch) = &conn.watch {
+            watch.connected(Instant::now());
+        }
         let queue = batch::Queue::new(plan.entries, feed);
         let result = conn.run(cfg, queue, &mut pipe, &mut tracker);
         if let Err(e) = result {

@@ -568,6 +568,10 @@ impl Connection {
         let now = Instant::now();
         let since = *w.reader_wait.get_or_insert(now);
         self.session.waiting(Waiting::Input, now);
+        // A lane waiting on its own reader is not silent for its path.
+        if let Some(watch) = &self.watch {
+            watch.heard(now);
+        }
         let slice = self.session.poll_timeout().map_or(READER_SLICE, |due| {
             due.saturating_duration_since(now).min(READER_SLICE)
         });

@@ -86,7 +86,10 @@ impl Session<'_, '_> {
         // A piece's failure is not its file's: the piece goes back to be
         // sent again, on this lane or another.
         if file.sink.piece().is_some() {
-            warn!(file = %file.name, "a piece of it failed and goes back: {err}");
+            warn!(
+                file = %file.name,
+                "a piece of it failed (its sender sends it again, or fails the file): {err}"
+            );
             return;
         }
         if let Some(members) = file.sink.members() {

@@ -32,6 +32,9 @@ impl Session<'_, '_> {
             of = piece.count(),
             "offer of a piece"
         );
+        if let Err(refusal) = self.held.may_take(piece.transfer) {
+            return self.refuse(&hello, hello_at, refusal);
+        }
         let board: &PieceBoard = &self.cfg.pieces;
         let file = match board.find(piece.transfer) {
             Some(file) => file,

@@ -38,6 +38,17 @@ pub struct ChunkFile {
 }
 
 impl ChunkFile {
+    /// Starts writing back the `len` bytes at `offset` (not waiting for
+    /// them), so that the fsync at the file's commit has less left to do
+    /// (pieces verified on the way, the file committed once whole).
+    /// Advice only: its failure changes nothing.
+    pub fn start_writeback(&self, offset: u64, len: u64) {
+        if let Some(len) = std::num::NonZeroU64::new(len) {
+            let advice = rustix::fs::Advice::DontNeed;
+            let _ = rustix::fs::fadvise(&self.buffered, offset, Some(len), advice);
+        }
+    }
+
     /// Writes to `file` (open for writing), made `size` bytes long first
     /// (so that writes are overwrites), directly where it can
     /// (`want_direct` and the file system takes O_DIRECT).

@@ -26,6 +26,12 @@ use std::time::{Duration, Instant};
 /// another lane to bring its missing pieces: well past the sender's
 /// giving up a silent lane (seconds) and its next offer.
 pub(in crate::engine::receiver) const ASSEMBLY_IDLE: Duration = Duration::from_secs(60);
+/// Files one session may hold unfinished at once: a sender's lane works
+/// on one file at a time, two pieces ahead (its next file's first).
+const HELD_AT_ONCE: usize = 4;
+/// Files the receiver assembles at once, all sessions together (each a
+/// temporary file and its descriptors).
+const ASSEMBLING_AT_ONCE: usize = 128;
 
 /// One file being assembled.
 pub(in crate::engine::receiver) struct Assembling {
@@ -38,7 +44,7 @@ pub(in crate::engine::receiver) struct Assembling {
     /// write holds it shared, the commit exclusively, so no write lands
     /// in the file once it bears its final name.
     open: Arc<RwLock<bool>>,
-    /// When a piece of it was last offered.
+    /// When a piece of it was last offered or written.
     touched: Instant,
 }
 
@@ -122,6 +128,12 @@ impl PieceBoard {
         if let Some(there) = files.get(&piece.transfer) {
             return Ok(Arc::clone(there));
         }
+        if files.len() >= ASSEMBLING_AT_ONCE {
+            return Err(Reject::new(
+                RejectCode::Busy,
+                format!("the receiver assembles {ASSEMBLING_AT_ONCE} files in pieces already"),
+            ));
+        }
         let shared = Arc::new(Mutex::new(Assembling {
             assembly,
             temp: Some(temp),
@@ -150,6 +162,23 @@ impl Held {
         }
     }
 
+    /// Whether this session may take a piece of `transfer`: one of a
+    /// file it holds, or of a new one while it holds fewer than
+    /// `HELD_AT_ONCE` unfinished.
+    pub(in crate::engine::receiver) fn may_take(
+        &mut self,
+        transfer: TransferId,
+    ) -> Result<(), Reject> {
+        self.release_stale(Instant::now());
+        if self.files.contains_key(&transfer) || self.files.len() < HELD_AT_ONCE {
+            return Ok(());
+        }
+        Err(Reject::new(
+            RejectCode::Busy,
+            format!("a session holds at most {HELD_AT_ONCE} unfinished files in pieces"),
+        ))
+    }
+
     /// `lane` offers `hello`'s piece of `file`: its sink, or "verified
     /// already" (`Err(whether its file is whole)`), or the refusal.
     pub(in crate::engine::receiver) fn offer(
@@ -158,8 +187,7 @@ impl Held {
         hello: &Hello,
         piece: &Piece,
     ) -> Result<Result<PieceSink, bool>, Reject> {
-        // Files finished since: nothing more to hold them for.
-        self.files.retain(|_, f| !locked(f).assembly.is_finished());
+        self.release_stale(Instant::now());
         let (answer, out, open) = {
             let mut assembling = locked(&file);
             assembling.touched = Instant::now();
@@ -194,6 +222,26 @@ impl Held {
             }
             PieceAnswer::AlreadyVerified { file_whole } => Err(file_whole),
         })
+    }
+}
+
+impl Held {
+    /// Lets go of the files finished since, and of those offered no piece
+    /// for `ASSEMBLY_IDLE` (their sender gave them up): its pieces under
+    /// way on them go back.
+    fn release_stale(&mut self, now: Instant) {
+        let lane = self.lane;
+        self.files.retain(|_, f| {
+            let mut file = locked(f);
+            if file.assembly.is_finished() {
+                return false;
+            }
+            let idle = now.saturating_duration_since(file.touched) >= ASSEMBLY_IDLE;
+            if idle {
+                file.assembly.lane_gone(lane);
+            }
+            !idle
+        });
     }
 }
 
@@ -256,15 +304,17 @@ impl PieceSink {
         }
         // The claim first (the file's lock, briefly), then the gate: the
         // commit holds the lock while it waits for the gate.
-        if !locked(&self.file)
-            .assembly
-            .is_receiving(self.lane, self.index)
         {
-            return Err(std::io::Error::other(format!(
-                "piece {} is no longer this lane's (another lane took it over, or the file \
-                 was made whole)",
-                self.index
-            )));
+            let mut file = locked(&self.file);
+            if !file.assembly.is_receiving(self.lane, self.index) {
+                return Err(std::io::Error::other(format!(
+                    "piece {} is no longer this lane's (another lane took it over, or the file \
+                     was made whole)",
+                    self.index
+                )));
+            }
+            // A file being written is not idle (`ASSEMBLY_IDLE`).
+            file.touched = Instant::now();
         }
         let open = self.open.read().unwrap_or_else(|e| e.into_inner());
         if !*open {
@@ -319,6 +369,10 @@ impl PieceSink {
         let whole = match progress {
             Progress::Pending { .. } => {
                 self.end = Some(PieceEnd::Kept);
+                drop(file);
+                // Its pages go to the device now, not all at the commit
+                // (whose fsync, on one lane's thread, must stay short).
+                self.out.start_writeback(self.offset, self.len);
                 return Ok(());
             }
             Progress::Complete(whole) => whole,

@@ -347,3 +347,29 @@ fn a_session_joining_a_once_receivers_first_carries_pieces_only() {
     );
     assert!(!listing(dir.path()).contains(&"other".to_string()));
 }
+
+#[test]
+fn a_session_holds_a_few_unfinished_files_in_pieces_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let data = bytes(2 * PIECE as usize, 12);
+    let ended = session(&cfg, |peer| {
+        peer.greet();
+        // One piece of each of five files: the fifth is refused, busy.
+        let kept: Vec<AckStatus> = (0..4)
+            .map(|i| send_piece(peer, &format!("f{i}"), &data, 0).status)
+            .collect();
+        let (offer, _) = piece_offer("f4", &data, 0);
+        let fifth = peer.offer(offer);
+        // A piece of a file it holds is still taken.
+        let more = send_piece(peer, "f0", &data, 1).status;
+        (kept, fifth, more)
+    });
+    let (kept, fifth, more) = ended.played;
+    assert_eq!(kept, [AckStatus::PieceKept; 4]);
+    match fifth {
+        SenderEvent::Rejected(r) => assert_eq!(r.code, RejectCode::Busy, "{}", r.reason),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(more, AckStatus::Ok);
+}
