@@ -36,7 +36,7 @@ impl Session<'_, '_> {
                 "this receiver (--once) serves one sender: a session that joins its first \
                  carries pieces of its files only (sender --lanes)",
             );
-            return self.refuse(&hello, hello_at, refusal);
+            return self.decline(&hello, refusal);
         }
         if hello.is_directory() {
             info!(dir = %hello.name, "directory");
@@ -397,6 +397,21 @@ impl Session<'_, '_> {
         let elapsed = hello_at.elapsed();
         self.report_failure(&hello.name, size, hello.digest, elapsed, &err, false);
         self.first_error.get_or_insert(err);
+        self.tell_results(HopVerdict::Reject(code), 0, &reason)?;
+        self.machine.reject(code, reason)?;
+        Ok(())
+    }
+
+    /// Refuses an offer its sender takes back at once and sends another
+    /// way (a piece to a receiver that takes files whole, a whole file to
+    /// a session that joined a `--once` receiver's first): neither a
+    /// file's failure nor the session's.
+    pub(super) fn decline(
+        &mut self,
+        hello: &Hello,
+        Reject { code, reason }: Reject,
+    ) -> Result<(), XferError> {
+        info!(name = %escaped(&hello.name), "declined: {reason}");
         self.tell_results(HopVerdict::Reject(code), 0, &reason)?;
         self.machine.reject(code, reason)?;
         Ok(())

@@ -71,7 +71,7 @@ impl Session<'_, '_> {
                 "this receiver takes files whole (standard output, --exec, --discard or a \
                  relay chain): they go on one lane",
             );
-            self.refuse(hello, hello_at, refusal)?;
+            self.decline(hello, refusal)?;
             return Ok(None);
         }
         let whole = Hello {
