@@ -648,9 +648,9 @@ fn result_of(event: FileEvent<'_>, hosts: &[String]) -> Option<HopResult> {
 /// A host's failure, as close to its cause as a RESULT can say: the
 /// refusal's code, or the ACK status of its class.
 fn failed(host: &str, exit: ExitCode, code: Option<&str>, reason: &str) -> HopResult {
-    let refusal = code.and_then(|c| RejectCode::ALL.iter().find(|r| r.slug() == c));
+    let refusal = code.and_then(RejectCode::from_slug);
     let verdict = match (refusal, exit) {
-        (Some(code), _) => HopVerdict::Reject(*code),
+        (Some(code), _) => HopVerdict::Reject(code),
         (None, ExitCode::Integrity) => HopVerdict::Ack(AckStatus::Integrity),
         (None, ExitCode::TimeoutOrPeerLost | ExitCode::CannotConnect) => HopVerdict::Lost,
         (None, _) => HopVerdict::Ack(AckStatus::Io),

@@ -296,6 +296,11 @@ impl RejectCode {
         Self::ALL.into_iter().find(|c| *c as u16 == v)
     }
 
+    /// The code named by `slug` (`slug`'s inverse), if one is.
+    pub fn from_slug(slug: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.slug() == slug)
+    }
+
     /// A short description, for messages.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -2926,6 +2931,10 @@ pub(crate) mod tests {
         // Slugs are what scripts match on: distinct, lowercase, no spaces.
         let slugs: std::collections::HashSet<_> = RejectCode::ALL.map(RejectCode::slug).into();
         assert_eq!(slugs.len(), RejectCode::ALL.len());
+        for code in RejectCode::ALL {
+            assert_eq!(RejectCode::from_slug(code.slug()), Some(code));
+        }
+        assert_eq!(RejectCode::from_slug("rejected"), None);
         let statuses: std::collections::HashSet<_> = AckStatus::ALL.map(AckStatus::slug).into();
         assert_eq!(statuses.len(), AckStatus::ALL.len());
         for s in slugs.iter().chain(&statuses) {

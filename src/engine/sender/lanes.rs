@@ -13,7 +13,7 @@ use crate::engine::report::{FileEvent, FileFailure, FileReport, Outcome};
 use crate::error::XferError;
 use crate::proto::assembly::{LaneId, Piece, Striped, Striping, TransferId, piece_size_for};
 use crate::proto::{
-    AckStatus, Digest, DigestAlg, FileOffer, Mtime, OfferKind, WhenExisting, escaped,
+    AckStatus, Digest, DigestAlg, FileOffer, Mtime, OfferKind, RejectCode, WhenExisting, escaped,
 };
 use std::collections::{HashSet, VecDeque};
 use std::fs::File;
@@ -371,9 +371,9 @@ pub fn send_striped(
                             // (its Ended follows), not the piece's verdict.
                             FileEvent::Failed(f) if f.session_ended => return,
                             FileEvent::Failed(f) => {
-                                let protocol = crate::proto::RejectCode::Protocol.slug();
-                                let status = match f.reason_code {
-                                    Some(code) if code == protocol => AckStatus::Protocol,
+                                let refusal = f.reason_code.and_then(RejectCode::from_slug);
+                                let status = match refusal {
+                                    Some(RejectCode::Protocol) => AckStatus::Protocol,
                                     _ => AckStatus::Io,
                                 };
                                 Err((status, f.reason.clone()))
@@ -646,10 +646,7 @@ impl Dispatch<'_, '_> {
         if self.whole_only {
             return self.send_whole(file, &source, started);
         }
-        let mut id = [0u8; 16];
-        getrandom::fill(&mut id)
-            .map_err(|e| XferError::Internal(format!("no random transfer id: {e}")))?;
-        let transfer = TransferId(id);
+        let transfer = new_transfer_id()?;
         let lanes = self.feeds.len() as u32;
         let piece_size = piece_size_for(file.size, lanes, u64::from(self.chunk), MIN_PIECE);
         let mut striping = Striping::new(transfer, file.size, piece_size)
@@ -742,10 +739,7 @@ impl Dispatch<'_, '_> {
         started: Instant,
     ) -> Result<(), XferError> {
         // Names this offer among what the lanes carry (never a piece's).
-        let mut id = [0u8; 16];
-        getrandom::fill(&mut id)
-            .map_err(|e| XferError::Internal(format!("no random transfer id: {e}")))?;
-        let whole = TransferId(id);
+        let whole = new_transfer_id()?;
         // Lanes that refused it for a protocol reason: a `--once`
         // receiver takes whole files on its first session only (the
         // others joined it, and carry pieces only).
@@ -760,16 +754,12 @@ impl Dispatch<'_, '_> {
             else {
                 break Err(refusal.unwrap_or((AckStatus::Io, "every lane is gone".to_string())));
             };
-            let opened = match source.check(file).and_then(|()| source.piece(file)) {
+            let opened = match source.reader(file) {
                 Ok(opened) => opened,
                 Err(why) => break Err((AckStatus::Io, why)),
             };
             let entry = Entry::Piece {
-                offer: FileOffer {
-                    size: file.size,
-                    piece: None,
-                    ..self.offer_of(file)
-                },
+                offer: self.offer_of(file),
                 file: opened,
                 start: 0,
             };
@@ -777,15 +767,15 @@ impl Dispatch<'_, '_> {
                 .as_ref()
                 .is_none_or(|f| f.send(entry).is_err())
             {
-                self.feeds[lane] = None;
+                // Its session is gone (its Ended finds it down already).
+                self.lane_down(lane as LaneId, None, None);
                 continue;
             }
             if self.carrying[lane].is_empty() {
                 self.watches[lane].heard(Instant::now());
             }
             self.carrying[lane].push_back((whole, 0));
-            // One answer owed: its FIN's, after the commit.
-            self.committing = true;
+            // Not watched for silence meanwhile (`silent_lane`).
             self.sending_whole = true;
             loop {
                 let Some(heard) = self.hear()? else {
@@ -825,7 +815,6 @@ impl Dispatch<'_, '_> {
                 }
             }
         };
-        self.committing = false;
         self.sending_whole = false;
         match verdict {
             Ok((outcome, digest)) => self.report_done(file, started, outcome, digest),
@@ -853,7 +842,7 @@ impl Dispatch<'_, '_> {
                 }
                 // A file changed under its pieces would arrive a mix of
                 // two versions: no more of it goes.
-                let opened = match source.check(file).and_then(|()| source.piece(file)) {
+                let opened = match source.reader(file) {
                     Ok(opened) => opened,
                     Err(why) => return Some(Striped::Failed(AckStatus::Io, why)),
                 };
@@ -971,6 +960,15 @@ impl Dispatch<'_, '_> {
     }
 }
 
+/// A new transfer's id: random, so that pieces of two transfers never
+/// meet at the receiver.
+fn new_transfer_id() -> Result<TransferId, XferError> {
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id)
+        .map_err(|e| XferError::Internal(format!("no random transfer id: {e}")))?;
+    Ok(TransferId(id))
+}
+
 /// A file sent in pieces, opened once: every piece reads this one file
 /// (a duplicate of its descriptor; pieces are read at their offsets, so
 /// the shared file position does not matter), whatever its path names
@@ -991,17 +989,6 @@ impl Source {
                 file.path.display()
             ))
         })
-    }
-
-    /// Fails once the file changed (size, modification time).
-    fn check(&self, file: &StripedFile) -> Result<(), String> {
-        match self.changed(file) {
-            None => Ok(()),
-            Some(how) => Err(format!(
-                "{} changed while it was sent: {how}",
-                file.path.display()
-            )),
-        }
     }
 
     /// How the open file differs from what was listed, if it does.
@@ -1026,8 +1013,15 @@ impl Source {
         None
     }
 
-    /// A descriptor of the file for one piece.
-    fn piece(&self, file: &StripedFile) -> Result<File, String> {
+    /// A descriptor of the file for one piece (or for the whole file),
+    /// once the file is found unchanged (size, modification time).
+    fn reader(&self, file: &StripedFile) -> Result<File, String> {
+        if let Some(how) = self.changed(file) {
+            return Err(format!(
+                "{} changed while it was sent: {how}",
+                file.path.display()
+            ));
+        }
         self.0
             .try_clone()
             .map_err(|e| format!("cannot read {} once more: {e}", file.path.display()))

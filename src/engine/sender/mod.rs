@@ -322,11 +322,7 @@ fn error_of(f: &crate::engine::report::FileFailure) -> XferError {
     match f.exit_code {
         crate::error::ExitCode::Integrity => XferError::Integrity(reason),
         crate::error::ExitCode::Rejected => XferError::Rejected {
-            code: f.reason_code.and_then(|c| {
-                crate::proto::RejectCode::ALL
-                    .into_iter()
-                    .find(|r| r.slug() == c)
-            }),
+            code: f.reason_code.and_then(crate::proto::RejectCode::from_slug),
             reason,
         },
         _ => XferError::io(&f.name, std::io::Error::other(f.reason.clone())),

@@ -92,8 +92,8 @@ impl PieceBoard {
         self.next_lane.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Drops the files finished or left idle (see `sweep_files`): called
-    /// by the serving loop now and then, and by each offer of a piece.
+    /// Drops the files left idle (see `sweep_files`): called by the
+    /// serving loop now and then, and by each offer of a piece.
     pub(in crate::engine::receiver) fn sweep(&self, now: Instant) {
         sweep_files(&mut locked(&self.files), now);
     }
@@ -180,14 +180,14 @@ impl Held {
     }
 
     /// `lane` offers `hello`'s piece of `file`: its sink, or "verified
-    /// already" (`Err(whether its file is whole)`), or the refusal.
+    /// already" (`Err(whether its file is whole)`), or the refusal. (After
+    /// `may_take`, which lets go of the files finished or idle.)
     pub(in crate::engine::receiver) fn offer(
         &mut self,
         file: Shared,
         hello: &Hello,
         piece: &Piece,
     ) -> Result<Result<PieceSink, bool>, Reject> {
-        self.release_stale(Instant::now());
         let (answer, out, open) = {
             let mut assembling = locked(&file);
             assembling.touched = Instant::now();
